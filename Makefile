@@ -1,0 +1,61 @@
+# llmfleet — every target bootstraps what it needs (venv, pip install, protobuf stubs), idempotently.
+PY            ?= $(shell command -v python3.11 || command -v python3)
+VENV          ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN           := $(VENV)/bin
+PYTHON        := $(BIN)/python
+STAMP         := $(VENV)/.llmfleet-installed
+PYTEST_ARGS   ?=
+RUN_ARGS      ?=
+
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help
+
+help:
+	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
+	@echo "make test   - run every test (unit + integration)"
+	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
+	@echo "make lint   - ruff check + stub freshness"
+	@echo "make clean  - remove venv, caches and local state"
+
+$(PYTHON):
+	$(PY) -m venv $(VENV)
+
+# Reinstalls only when pyproject.toml changes (or the venv is new).
+$(STAMP): pyproject.toml | $(PYTHON)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
+	$(PYTHON) -m pip install -q -e '.[dev]' torch==$(TORCH_VERSION)
+	touch $@
+
+setup: $(STAMP)
+	@$(PYTHON) tools/gen_protos.py --quiet
+
+protos: $(STAMP)
+	$(PYTHON) tools/gen_protos.py
+
+protos-check: $(STAMP)
+	$(PYTHON) tools/gen_protos.py --check
+
+run: setup
+	$(BIN)/llmfleet up $(RUN_ARGS)
+
+test: setup
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PYTHON) -m pytest libs/tests services $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
+
+lint: setup protos-check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .llmfleet .pytest_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

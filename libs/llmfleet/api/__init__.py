@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs (see tools/gen_protos.py)."""

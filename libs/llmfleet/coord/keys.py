@@ -1,0 +1,53 @@
+"""etcd key layout (ARCHITECTURE.md, "Coordination"); every key lives under a configurable prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "/llmfleet"
+
+    def _k(self, *parts: str) -> str:
+        return "/".join((self.prefix.rstrip("/"), *parts))
+
+    @property
+    def nodes(self) -> str:
+        return self._k("nodes", "")
+
+    def node(self, node_id: str) -> str:
+        return self._k("nodes", node_id)
+
+    @property
+    def services(self) -> str:
+        return self._k("services", "")
+
+    def service(self, name: str) -> str:
+        return self._k("services", name)
+
+    @property
+    def placements(self) -> str:
+        return self._k("placement", "")
+
+    def placement(self, engine_id: str) -> str:
+        return self._k("placement", engine_id)
+
+    @property
+    def profiles(self) -> str:
+        return self._k("profiles", "")
+
+    def profile(self, model: str, hardware: str) -> str:
+        return self._k("profiles", model, hardware)
+
+    @property
+    def leaders(self) -> str:
+        return self._k("leaders", "")
+
+    def leader(self, role: str) -> str:
+        return self._k("leaders", role)
+
+    @staticmethod
+    def leaf(key: str) -> str:
+        """Last path component (the id) of a key."""
+        return key.rstrip("/").rsplit("/", 1)[-1]

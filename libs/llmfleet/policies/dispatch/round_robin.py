@@ -1,0 +1,24 @@
+"""Round-robin dispatch: cycle through the engines hosting the model, per model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmfleet.policies.dispatch.base import EngineCandidate, eligible
+
+
+@dataclass
+class RoundRobin:
+    """Each model keeps its own cursor; the engine set may change between calls."""
+
+    name: str = "round_robin"
+    _next: dict[str, int] = field(default_factory=dict)
+
+    def choose(
+        self, model: str, candidates: Sequence[EngineCandidate], exclude: frozenset[str] = frozenset()
+    ) -> str:
+        pool = eligible(model, candidates, exclude)
+        i = self._next.get(model, 0) % len(pool)
+        self._next[model] = i + 1
+        return pool[i].engine_id

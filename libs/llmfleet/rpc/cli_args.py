@@ -1,0 +1,40 @@
+"""Command-line flags every service shares (``llmfleet-<service> --help``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+
+from llmfleet.config import EtcdSettings
+
+
+def add_common_args(ap: argparse.ArgumentParser, role: str, default_port: int) -> None:
+    ap.add_argument("--id", default=None, help=f"node id (default: {role}-<hostname>-<pid>)")
+    ap.add_argument("--host", default=os.environ.get("LLMFLEET_HOST", "127.0.0.1"), help="bind address")
+    ap.add_argument("--port", type=int, default=default_port, help="gRPC port (0 = any free port)")
+    ap.add_argument("--advertise", default=None, help="address others use to reach this node (host:port)")
+    ap.add_argument("--etcd", default=None, help="etcd endpoints host:port[,host:port] (env LLMFLEET_ETCD)")
+    ap.add_argument("--prefix", default=None, help="etcd key prefix (env LLMFLEET_PREFIX, default /llmfleet)")
+    ap.add_argument(
+        "--ttl", type=int, default=None, help="lease TTL seconds (env LLMFLEET_LEASE_TTL, default 10)"
+    )
+    ap.add_argument("--log-level", default=os.environ.get("LLMFLEET_LOG_LEVEL", "INFO"))
+
+
+def etcd_settings(args: argparse.Namespace) -> EtcdSettings:
+    return EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix, ttl=args.ttl)
+
+
+def node_id(args: argparse.Namespace, role: str) -> str:
+    return args.id or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def setup_logging(level: str, name: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s",
+    )
+    for noisy in ("aetcd", "grpc", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

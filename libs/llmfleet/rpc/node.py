@@ -1,0 +1,130 @@
+"""The shell every service process shares: gRPC server up first, then etcd in the background.
+
+A service answers health as soon as it starts, even while etcd is unreachable: connecting, leasing
+and registering ``nodes/{id}`` happen in a background task that retries with backoff and logs, so an
+etcd outage degrades a service instead of killing it. ``on_etcd`` hooks run once etcd is reached
+(views, elections, watches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from llmfleet.config import EtcdSettings
+from llmfleet.rpc.server import GrpcServer
+from llmfleet.types import NodeRecord
+
+log = logging.getLogger(__name__)
+
+EtcdHook = Callable[["ServiceNode"], Awaitable[None]]
+
+
+@dataclass
+class ServiceNode:
+    role: str
+    node_id: str
+    settings: EtcdSettings
+    server: GrpcServer
+    advertise: str | None = None
+    describe: Callable[[NodeRecord], NodeRecord] | None = None  # enrich the record (engine: models, memory)
+    on_etcd: list[EtcdHook] = field(default_factory=list)
+    # Run at shutdown after spawned tasks are cancelled, before the lease is revoked (resign, stop views).
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    etcd: object | None = None  # llmfleet.coord.EtcdClient once started
+    registration: object | None = None
+    etcd_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _started_at: float = field(default_factory=time.time)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.advertise or self.server.address
+
+    def record(self) -> NodeRecord:
+        base = NodeRecord(
+            node_id=self.node_id,
+            role=self.role,
+            address=self.address,
+            pid=os.getpid(),
+            started_at=self._started_at,
+        )
+        return self.describe(base) if self.describe else base
+
+    async def start(self) -> None:
+        from llmfleet.coord import EtcdClient
+
+        await self.server.start()
+        self.etcd = EtcdClient(self.settings)
+        self._tasks.append(asyncio.create_task(self._attach(), name=f"{self.role}-etcd-attach"))
+
+    async def _attach(self) -> None:
+        from llmfleet.coord import Registration
+
+        assert self.etcd is not None
+        await self.etcd.connect(wait=True)  # retries forever, logging each failure
+        key = self.etcd.keys.node(self.node_id)
+        self.registration = Registration(
+            self.etcd, key, lambda: self.record().to_json(), self.settings.lease_ttl_s
+        )
+        await self.registration.start()
+        self.etcd_ready.set()
+        log.info(
+            "%s %s reached etcd %s; registering %s", self.role, self.node_id, self.settings.endpoints, key
+        )
+        for hook in self.on_etcd:
+            try:
+                await hook(self)
+            except Exception:  # a hook failing must not take the process down
+                log.exception("%s: etcd hook %s failed", self.node_id, getattr(hook, "__name__", hook))
+
+    async def update_record(self) -> None:
+        """Re-publish ``nodes/{id}`` (e.g. after the engine's model set changed)."""
+        if self.registration is not None:
+            await self.registration.update()
+
+    def spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.append(task)
+        return task
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.server.set_serving(False)
+        for t in reversed(self._tasks):
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for hook in self.on_stop:
+            try:
+                await hook()
+            except Exception:
+                log.exception("%s: shutdown hook failed", self.node_id)
+        if self.registration is not None:
+            with contextlib.suppress(Exception):
+                await self.registration.stop()
+        await self.server.stop()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                await self.etcd.close()
+
+
+async def serve_until_signalled(node: ServiceNode) -> None:
+    """Start ``node``, run until SIGINT/SIGTERM, then stop cleanly (lease revoked, server drained)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    log.info("%s %s serving on %s", node.role, node.node_id, node.address)
+    await stop.wait()
+    log.info("%s %s shutting down", node.role, node.node_id)
+    await node.stop()

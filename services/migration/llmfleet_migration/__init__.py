@@ -1,0 +1,1 @@
+"""Migration coordinator: tracks per-engine KV use (later: epochs, bin packing, KV transfers)."""

@@ -1,0 +1,1 @@
+"""Profiler service: output-length prediction (and, later, resource characterization)."""

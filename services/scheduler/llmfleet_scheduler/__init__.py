@@ -1,0 +1,1 @@
+"""Scheduler service: admission, dispatch to an engine and token relay."""

@@ -1,0 +1,52 @@
+"""The scheduler's read-only picture of the cluster: services and live nodes from etcd views,
+plus the latest load each engine reported (fed by WatchLoad in the future; empty for now)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+from llmfleet.policies.dispatch import EngineCandidate
+from llmfleet.rpc.channels import open_channel
+from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
+
+
+@dataclass
+class ClusterDirectory:
+    services_view: object | None = None  # PrefixView[ServiceSpec]
+    nodes_view: object | None = None  # PrefixView[NodeRecord]
+    _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return all(v is not None and v.ready.is_set() for v in (self.services_view, self.nodes_view))
+
+    def services(self) -> dict[str, ServiceSpec]:
+        return self.services_view.snapshot() if self.services_view is not None else {}
+
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.nodes_view.snapshot() if self.nodes_view is not None else {}
+
+    def engines(self) -> dict[str, NodeRecord]:
+        return {k: n for k, n in self.nodes().items() if n.role == ENGINE_ROLE}
+
+    def candidates(self) -> list[EngineCandidate]:
+        return [EngineCandidate(engine_id=n.node_id, models=n.models) for n in self.engines().values()]
+
+    def first_of_role(self, role: str) -> NodeRecord | None:
+        nodes = sorted((n for n in self.nodes().values() if n.role == role), key=lambda n: n.node_id)
+        return nodes[0] if nodes else None
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = open_channel(address)
+        return ch
+
+    async def close(self) -> None:
+        for v in (self.services_view, self.nodes_view):
+            if v is not None:
+                await v.stop()
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()

@@ -1,0 +1,135 @@
+"""Per-request journal: the tokens delivered so far, the outcome, and who is listening.
+
+The journal is what makes request ids idempotent (a retried id attaches to the running request or
+replays its finished result; it never runs twice) and what lets a stream survive an engine change:
+chunks are kept in completion order, numbered by token index, so nothing is sent twice or skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from llmfleet.api.v1 import common_pb2
+
+
+class RequestFailed(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    service: str
+    model: str
+    fingerprint: bytes  # the serialized request minus its id: a reused id must carry the same request
+    arrival: float = field(default_factory=time.monotonic)
+    chunks: list[common_pb2.TokenChunk] = field(default_factory=list)
+    n_tokens: int = 0
+    prompt_tokens: int = 0
+    first_token_at: float | None = None
+    dispatched_at: float | None = None
+    final: common_pb2.TokenChunk | None = None
+    error: RequestFailed | None = None
+    subscribers: int = 0
+    driver: asyncio.Task | None = None
+    engines: list[str] = field(default_factory=list)
+    predicted_tokens: float | None = None  # the profiler's estimate, when it answered
+    finished_at: float | None = None
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def done(self) -> bool:
+        return self.final is not None or self.error is not None
+
+    def delivered_token_ids(self) -> list[int]:
+        return [t for c in self.chunks for t in c.token_ids]
+
+    async def append(self, chunk: common_pb2.TokenChunk) -> None:
+        """Add an engine chunk; tokens this journal already has (index < n_tokens) are dropped."""
+        skip = self.n_tokens - chunk.index
+        if skip > 0:
+            if skip >= len(chunk.token_ids):
+                return
+            del chunk.token_ids[:skip]
+            chunk.text = ""  # text of a partial overlap cannot be split reliably; tokens are authoritative
+            chunk.index = self.n_tokens
+        if not chunk.token_ids and not chunk.text:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.n_tokens += len(chunk.token_ids)
+        self.chunks.append(chunk)
+        await self._notify()
+
+    async def finish(self, final: common_pb2.TokenChunk) -> None:
+        self.final = final
+        self.finished_at = time.monotonic()
+        await self._notify()
+
+    async def fail(self, code: grpc.StatusCode, details: str) -> None:
+        if self.done:
+            return
+        self.error = RequestFailed(code, details)
+        self.finished_at = time.monotonic()
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def follow(self) -> AsyncIterator[common_pb2.TokenChunk]:
+        """Every chunk from the start, then new ones as they come, then the final chunk (or raise)."""
+        pos = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda seen=pos: len(self.chunks) > seen or self.done)
+            while pos < len(self.chunks):
+                pos += 1
+                yield self.chunks[pos - 1]
+            if self.done and pos == len(self.chunks):
+                if self.error is not None:
+                    raise self.error
+                assert self.final is not None
+                yield self.final
+                return
+
+
+@dataclass
+class Journal:
+    """Live and recently finished requests; finished ones are kept ``retain_s`` (at most ``capacity``)."""
+
+    retain_s: float = 600.0
+    capacity: int = 10_000
+    _records: OrderedDict[str, RequestRecord] = field(default_factory=OrderedDict)
+
+    def get(self, request_id: str) -> RequestRecord | None:
+        return self._records.get(request_id)
+
+    def add(self, record: RequestRecord) -> None:
+        self._prune()
+        self._records[record.request_id] = record
+
+    def live(self) -> list[RequestRecord]:
+        return [r for r in self._records.values() if not r.done]
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for rid in [
+            rid
+            for rid, r in self._records.items()
+            if r.done and r.finished_at is not None and now - r.finished_at > self.retain_s
+        ]:
+            del self._records[rid]
+        while len(self._records) >= self.capacity:
+            oldest = next((rid for rid, r in self._records.items() if r.done), None)
+            if oldest is None:
+                break
+            del self._records[oldest]

@@ -1,0 +1,69 @@
+"""``llmfleet-scheduler``: the request front door (Submit stream, Cancel, ListServices)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.policies.dispatch import POLICIES, make_dispatch_policy
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
+from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.telemetry import setup_tracing
+
+from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.relay import Relay
+from llmfleet_scheduler.servicer import SchedulerServicer
+
+ROLE = "scheduler"
+
+
+def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer]:
+    directory = ClusterDirectory()
+    relay = Relay(directory, make_dispatch_policy(args.dispatch), max_attempts=args.max_attempts)
+    servicer = SchedulerServicer(directory, relay, orphan_grace_s=args.orphan_grace_s)
+    server = GrpcServer(
+        [
+            (
+                scheduler_pb2_grpc.add_SchedulerServicer_to_server,
+                servicer,
+                service_name(scheduler_pb2, "Scheduler"),
+            )
+        ],
+        host=args.host,
+        port=args.port,
+    )
+    node = ServiceNode(ROLE, node_id(args, ROLE), etcd_settings(args), server, advertise=args.advertise)
+
+    async def attach_views(n: ServiceNode) -> None:
+        from llmfleet.coord import node_view, service_view
+
+        directory.services_view = service_view(n.etcd)
+        directory.nodes_view = node_view(n.etcd)
+        await directory.services_view.start()
+        await directory.nodes_view.start()
+
+    node.on_etcd.append(attach_views)
+    node.on_stop.append(servicer.close)
+    node.on_stop.append(directory.close)
+    return node, servicer
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="llmfleet-scheduler", description=__doc__)
+    add_common_args(ap, ROLE, default_port=50051)
+    ap.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
+    ap.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on failure")
+    ap.add_argument(
+        "--orphan-grace-s", type=float, default=2.0, help="cancel a request this long after its client left"
+    )
+    args = ap.parse_args(argv)
+    setup_logging(args.log_level, ROLE)
+    setup_tracing(f"llmfleet-{ROLE}")
+    node, _ = build_node(args)
+    asyncio.run(serve_until_signalled(node))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Drive one request: pick an engine with the dispatch policy, relay its token stream into the
+journal, and fail over to another engine (resuming from the delivered tokens) if it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from llmfleet.policies.dispatch import DispatchPolicy, NoCandidate
+from opentelemetry import trace
+
+from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import RequestRecord
+
+log = logging.getLogger(__name__)
+
+# Engine failures after which the request moves to another engine; anything else is the answer.
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN}
+# Only naturally finished requests teach the length predictor (a cancelled one is truncated).
+COMPLETED = {common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_EOS}
+
+
+@dataclass
+class Relay:
+    directory: ClusterDirectory
+    policy: DispatchPolicy
+    max_attempts: int = 3
+    profiler_timeout_s: float = 0.25
+    _background: set[asyncio.Task] = field(default_factory=set)
+
+    async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
+        """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
+        try:
+            await self._predict(rec, req)
+            await self._dispatch(rec, req, deadline)
+        except asyncio.CancelledError:
+            await rec.finish(self._final(rec, common_pb2.FINISH_REASON_CANCELLED))
+            raise
+        except Exception as e:  # never leave a request hanging
+            log.exception("request %s failed", rec.request_id)
+            await rec.fail(grpc.StatusCode.INTERNAL, f"scheduler error: {e}")
+        if rec.final is not None and rec.final.finish_reason in COMPLETED:
+            self._background.add(t := asyncio.create_task(self._observe(rec)))
+            t.add_done_callback(self._background.discard)
+
+    async def _dispatch(
+        self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None
+    ) -> None:
+        excluded: set[str] = set()
+        last_error = ""
+        for _ in range(self.max_attempts):
+            try:
+                engine_id = self.policy.choose(rec.model, self.directory.candidates(), frozenset(excluded))
+            except NoCandidate as e:
+                why = f"{e}" + (f"; last engine error: {last_error}" if last_error else "")
+                await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {why}")
+                return
+            node = self.directory.engines().get(engine_id)
+            if node is None:
+                excluded.add(engine_id)
+                continue
+            rec.engines.append(engine_id)
+            if rec.dispatched_at is None:
+                rec.dispatched_at = time.monotonic()
+            del req.resume_token_ids[:]
+            req.resume_token_ids.extend(rec.delivered_token_ids())
+            timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+            try:
+                await self._stream(rec, req, engine_id, node.address, timeout)
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    await rec.fail(e.code(), f"deadline exceeded after {rec.n_tokens} tokens")
+                    return
+                if e.code() not in RETRYABLE:
+                    await rec.fail(e.code(), e.details() or str(e.code()))
+                    return
+                last_error = f"{engine_id}: {e.code().name}: {e.details()}"
+                log.warning(
+                    "request %s: engine %s failed (%s); failing over", rec.request_id, engine_id, last_error
+                )
+                excluded.add(engine_id)
+        await rec.fail(
+            grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: all attempts failed; {last_error}"
+        )
+
+    async def _stream(
+        self,
+        rec: RequestRecord,
+        req: engine_pb2.GenerateRequest,
+        engine_id: str,
+        address: str,
+        timeout: float | None,
+    ) -> None:
+        stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
+        call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
+        try:
+            async for chunk in call:
+                if chunk.usage.prompt_tokens:
+                    rec.prompt_tokens = chunk.usage.prompt_tokens
+                if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    tail = common_pb2.TokenChunk()
+                    tail.CopyFrom(chunk)
+                    tail.ClearField("finish_reason")
+                    tail.ClearField("usage")
+                    await rec.append(tail)
+                    await rec.finish(self._final(rec, chunk.finish_reason, engine_id))
+                    return
+                await rec.append(chunk)
+        finally:
+            call.cancel()  # no-op when finished; frees the engine's work when we are cancelled
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            "stream ended without a final chunk",
+        )
+
+    def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
+        now = time.monotonic()
+        return common_pb2.TokenChunk(
+            request_id=rec.request_id,
+            index=rec.n_tokens,
+            finish_reason=reason,
+            engine_id=engine_id or (rec.engines[-1] if rec.engines else ""),
+            usage=common_pb2.Usage(
+                prompt_tokens=rec.prompt_tokens,
+                completion_tokens=rec.n_tokens,
+                queue_s=(rec.dispatched_at or now) - rec.arrival,
+                ttft_s=(rec.first_token_at or now) - rec.arrival,
+                latency_s=now - rec.arrival,
+            ),
+        )
+
+    async def _predict(self, rec: RequestRecord, req: engine_pb2.GenerateRequest) -> None:
+        """Ask the profiler for the expected output length (advisory; an absent profiler is fine)."""
+        prof = self.directory.first_of_role("profiler")
+        if prof is None:
+            return
+        stub = profiler_pb2_grpc.ProfilerStub(self.directory.channel(prof.address))
+        item = profiler_pb2.PredictItem(request_id=rec.request_id, service=rec.service, prompt=req.prompt)
+        try:
+            resp = await stub.Predict(
+                profiler_pb2.PredictRequest(items=[item]), timeout=self.profiler_timeout_s
+            )
+            p = resp.predictions[0]
+            rec.predicted_tokens = p.mean_output_tokens
+            trace.get_current_span().set_attribute("llmfleet.predicted_output_tokens", p.mean_output_tokens)
+        except grpc.aio.AioRpcError as e:
+            log.debug("profiler unavailable for %s: %s", rec.request_id, e.code())
+
+    async def _observe(self, rec: RequestRecord) -> None:
+        prof = self.directory.first_of_role("profiler")
+        if prof is None or rec.final is None:
+            return
+        obs = profiler_pb2.Observation(
+            request_id=rec.request_id,
+            service=rec.service,
+            prompt_tokens=rec.prompt_tokens,
+            output_tokens=rec.n_tokens,
+            latency_s=rec.final.usage.latency_s,
+        )
+        stub = profiler_pb2_grpc.ProfilerStub(self.directory.channel(prof.address))
+        try:
+            await stub.Observe(profiler_pb2.ObserveRequest(items=[obs]), timeout=1.0)
+        except grpc.aio.AioRpcError as e:
+            log.debug("profiler Observe failed for %s: %s", rec.request_id, e.code())

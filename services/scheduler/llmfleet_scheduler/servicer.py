@@ -1,0 +1,133 @@
+"""Scheduler gRPC shell: validate, look the service up, start or attach to a request, relay chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
+from llmfleet_scheduler.relay import Relay
+from llmfleet_scheduler.validation import InvalidField, validate_submit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    directory: ClusterDirectory
+    relay: Relay
+    journal: Journal = field(default_factory=Journal)
+    orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
+    _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
+
+    async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
+        try:
+            validate_submit(request)
+        except InvalidField as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        rid = request.request_id or uuid.uuid4().hex
+        rec = self.journal.get(rid)
+        if rec is None:
+            rec = await self._start(rid, request, context)
+        elif rec.fingerprint != _fingerprint(request):
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
+            )
+        rec.subscribers += 1
+        self._cancel_reaper(rid)
+        try:
+            async for chunk in rec.follow():
+                yield chunk
+        except RequestFailed as e:
+            await context.abort(e.code, e.details)
+        finally:
+            rec.subscribers -= 1
+            if rec.subscribers == 0 and not rec.done:
+                self._reapers[rid] = asyncio.create_task(self._reap(rec))
+
+    async def _start(
+        self, rid: str, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> RequestRecord:
+        if not self.directory.ready:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is not connected to etcd yet; retry")
+        spec = self.directory.services().get(request.service)
+        if spec is None:
+            known = ", ".join(sorted(self.directory.services())) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r} (known: {known})"
+            )
+        sampling = common_pb2.SamplingParams()
+        sampling.CopyFrom(request.sampling)
+        if not sampling.HasField("max_tokens"):
+            sampling.max_tokens = spec.default_max_tokens
+        gen = engine_pb2.GenerateRequest(
+            request_id=rid, model=spec.model, prompt=request.prompt, sampling=sampling
+        )
+        rec = RequestRecord(
+            request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request)
+        )
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        self.journal.add(rec)
+        rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
+        return rec
+
+    async def _reap(self, rec: RequestRecord) -> None:
+        """Cancel a request whose every listener left (client gone) unless one re-attaches in time."""
+        await asyncio.sleep(self.orphan_grace_s)
+        self._reapers.pop(rec.request_id, None)
+        if rec.subscribers == 0 and not rec.done and rec.driver is not None:
+            log.info("request %s: client gone for %.1fs, cancelling", rec.request_id, self.orphan_grace_s)
+            rec.driver.cancel()
+
+    def _cancel_reaper(self, rid: str) -> None:
+        t = self._reapers.pop(rid, None)
+        if t is not None:
+            t.cancel()
+
+    async def Cancel(self, request: common_pb2.CancelRequest, context: grpc.aio.ServicerContext):
+        rec = self.journal.get(request.request_id)
+        if rec is None or rec.done or rec.driver is None:
+            return common_pb2.CancelResponse(found=False)
+        rec.driver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await rec.driver
+        return common_pb2.CancelResponse(found=True)
+
+    async def ListServices(
+        self, request: scheduler_pb2.ListServicesRequest, context: grpc.aio.ServicerContext
+    ):
+        engines = self.directory.engines().values()
+        out = scheduler_pb2.ListServicesResponse()
+        for name, spec in sorted(self.directory.services().items()):
+            out.services.add(
+                name=name,
+                model=spec.model,
+                ttft_slo_s=spec.slo.ttft_s,
+                tpot_slo_s=spec.slo.tpot_s,
+                priority=spec.priority,
+                engines=sorted(n.node_id for n in engines if spec.model in n.models),
+            )
+        return out
+
+    async def close(self) -> None:
+        for rec in self.journal.live():
+            if rec.driver is not None:
+                rec.driver.cancel()
+        for t in self._reapers.values():
+            t.cancel()
+
+
+def _fingerprint(request: scheduler_pb2.SubmitRequest) -> bytes:
+    r = scheduler_pb2.SubmitRequest()
+    r.CopyFrom(request)
+    r.request_id = ""
+    return r.SerializeToString(deterministic=True)
