@@ -66,11 +66,15 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
     return node, servicer
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-migration", description=__doc__)
     add_common_args(ap, ROLE, default_port=50054)
     ap.add_argument("--load-interval-s", type=float, default=1.0, help="WatchLoad snapshot interval")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level, ROLE)
     setup_tracing(f"llmfleet-{ROLE}")
     node, _ = build_node(args)

@@ -65,12 +65,16 @@ def build_node(args: argparse.Namespace, config: ClusterConfig) -> tuple[Service
     return node, servicer
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-placement", description=__doc__)
     add_common_args(ap, ROLE, default_port=50053)
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="cluster config (services -> models -> engines)")
     ap.add_argument("--resync-s", type=float, default=5.0, help="periodic full reconcile interval")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level, ROLE)
     try:
         config = ClusterConfig.load(args.config)

@@ -34,12 +34,16 @@ def build_node(args: argparse.Namespace) -> ServiceNode:
     return ServiceNode(ROLE, node_id(args, ROLE), etcd_settings(args), server, advertise=args.advertise)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-profiler", description=__doc__)
     add_common_args(ap, ROLE, default_port=50052)
     ap.add_argument("--prior-mean", type=float, default=64.0, help="predicted length before any observation")
     ap.add_argument("--prior-std", type=float, default=32.0)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level, ROLE)
     setup_tracing(f"llmfleet-{ROLE}")
     asyncio.run(serve_until_signalled(build_node(args)))

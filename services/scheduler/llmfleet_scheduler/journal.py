@@ -117,6 +117,9 @@ class Journal:
         self._prune()
         self._records[record.request_id] = record
 
+    def discard(self, request_id: str) -> None:
+        self._records.pop(request_id, None)
+
     def live(self) -> list[RequestRecord]:
         return [r for r in self._records.values() if not r.done]
 

@@ -50,7 +50,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     return node, servicer
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-scheduler", description=__doc__)
     add_common_args(ap, ROLE, default_port=50051)
     ap.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--orphan-grace-s", type=float, default=2.0, help="cancel a request this long after its client left"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level, ROLE)
     setup_tracing(f"llmfleet-{ROLE}")
     node, _ = build_node(args)

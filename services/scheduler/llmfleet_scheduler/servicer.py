@@ -78,6 +78,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         deadline = None if remaining is None else time.monotonic() + remaining
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
+        # A failed request was not served: forget it so a retry with the same id runs afresh
+        # (followers already attached still see the error).
+        rec.driver.add_done_callback(lambda _t: rec.error is not None and self.journal.discard(rid))
         return rec
 
     async def _reap(self, rec: RequestRecord) -> None:

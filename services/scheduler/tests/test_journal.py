@@ -60,3 +60,11 @@ async def test_journal_prunes_finished_records_over_capacity():
     await a.finish(common_pb2.TokenChunk(request_id="a"))
     j.add(rec("c"))
     assert j.get("a") is None and j.get("b") is not None and j.get("c") is not None
+
+
+def test_discard_forgets_a_record():
+    j = Journal()
+    j.add(rec("a"))
+    j.discard("a")
+    j.discard("a")  # idempotent
+    assert j.get("a") is None

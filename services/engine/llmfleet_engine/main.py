@@ -1,0 +1,111 @@
+"""``llmfleet-engine``: an engine node: serves Engine, registers under nodes/{id}, follows placement."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from dataclasses import replace
+
+from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
+from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.telemetry import setup_tracing
+from llmfleet.types import ModelSpec, NodeRecord
+
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.placement_follower import PlacementFollower
+from llmfleet_engine.servicer import EngineServicer
+
+ROLE = "engine"
+
+
+def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
+    nid = node_id(args, ROLE)
+    executor = Executor(
+        ExecutorConfig(
+            device=args.device,
+            cache_dir=args.models_dir,
+            max_running=args.max_running,
+            num_threads=args.threads,
+            allow_download=not args.offline,
+        )
+    )
+    servicer = EngineServicer(executor, nid, default_max_tokens=args.default_max_tokens)
+    server = GrpcServer(
+        [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))],
+        host=args.host,
+        port=args.port,
+    )
+
+    def describe(r: NodeRecord) -> NodeRecord:
+        return replace(
+            r,
+            device=executor.device,
+            memory_bytes=executor.memory_bytes,
+            kv_capacity_bytes=executor.kv_capacity_bytes,
+            models=executor.model_names(),
+        )
+
+    node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise, describe=describe)
+
+    async def follow(n: ServiceNode) -> None:
+        from llmfleet.coord import placement_view
+
+        loop = asyncio.get_running_loop()
+        # The model set changes in the executor's thread; republish nodes/{id} from the event loop.
+        executor.on_models_changed.append(
+            lambda _names: loop.call_soon_threadsafe(lambda: n.spawn(n.update_record(), "republish"))
+        )
+        view = placement_view(n.etcd)
+        await view.start()
+        n.on_stop.append(view.stop)
+        n.spawn(PlacementFollower(nid, executor).run(view), "placement-follower")
+
+    async def preload(n: ServiceNode) -> None:
+        for spec in args.model:
+            name, _, source = spec.partition("=")
+            await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
+
+    node.on_etcd.append(follow)
+    node.on_stop.append(executor.aclose)
+    if args.model:
+        node.on_etcd.insert(0, preload)
+    return node, servicer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llmfleet-engine", description=__doc__)
+    add_common_args(ap, ROLE, default_port=50061)
+    ap.add_argument(
+        "--device", default=os.environ.get("LLMFLEET_DEVICE", "cpu"), help="cpu, cuda, cuda:1, ..."
+    )
+    ap.add_argument("--models-dir", default=os.environ.get("LLMFLEET_MODEL_CACHE", ".llmfleet/models"))
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--max-running", type=int, default=8, help="requests decoded concurrently")
+    ap.add_argument("--default-max-tokens", type=int, default=64)
+    ap.add_argument("--offline", action="store_true", help="never download from the hub")
+    ap.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=SOURCE",
+        help="load at start (in addition to the placement in etcd); repeatable",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, ROLE)
+    setup_tracing(f"llmfleet-{ROLE}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    node, _ = build_node(args)
+    asyncio.run(serve_until_signalled(node))
+
+
+if __name__ == "__main__":
+    main()

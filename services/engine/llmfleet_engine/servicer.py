@@ -1,0 +1,200 @@
+"""The ``llmfleet.v1.Engine`` gRPC servicer: protobuf <-> executor dataclasses, errors -> statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.types import ModelSpec
+
+from llmfleet_engine.executor import (
+    Chunk,
+    DuplicateRequestError,
+    Executor,
+    ExecutorClosedError,
+    LoadSnapshot,
+    ModelConflictError,
+    QueueFullError,
+)
+from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
+from llmfleet_engine.validation import (
+    DEFAULT_MAX_TOKENS,
+    UnknownModelError,
+    ValidationError,
+    validate_generate,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WATCH_INTERVAL_S = 1.0
+MIN_WATCH_INTERVAL_S = 0.05
+MAX_WATCH_INTERVAL_S = 3600.0
+
+
+def chunk_to_proto(chunk: Chunk, engine_id: str) -> common_pb2.TokenChunk:
+    msg = common_pb2.TokenChunk(
+        request_id=chunk.request_id,
+        index=chunk.index,
+        token_ids=list(chunk.token_ids),
+        text=chunk.text,
+        engine_id=engine_id,
+    )
+    if chunk.finish_reason is not None:
+        msg.finish_reason = int(chunk.finish_reason)
+    if chunk.usage is not None:
+        u = chunk.usage
+        msg.usage.CopyFrom(
+            common_pb2.Usage(
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                queue_s=u.queue_s,
+                ttft_s=u.ttft_s,
+                latency_s=u.latency_s,
+            )
+        )
+    return msg
+
+
+def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnapshot:
+    return common_pb2.LoadSnapshot(
+        engine_id=engine_id,
+        timestamp=snap.timestamp,
+        running=snap.running,
+        waiting=snap.waiting,
+        kv_used_bytes=snap.kv_used_bytes,
+        kv_capacity_bytes=snap.kv_capacity_bytes,
+        tokens_per_s=snap.tokens_per_s,
+        models=[
+            common_pb2.ModelLoad(
+                model=m.model,
+                running=m.running,
+                waiting=m.waiting,
+                kv_used_bytes=m.kv_used_bytes,
+                kv_tokens=m.kv_tokens,
+            )
+            for m in snap.models
+        ],
+    )
+
+
+def loaded_model_to_proto(m: LoadedModel) -> engine_pb2.LoadedModel:
+    return engine_pb2.LoadedModel(
+        name=m.name,
+        source=m.source,
+        architecture=m.architecture,
+        weight_bytes=m.weight_bytes,
+        max_context=m.max_context,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+    )
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    """Serves one ``Executor`` as engine ``engine_id``."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        engine_id: str,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        self.executor = executor
+        self.engine_id = engine_id
+        self.default_max_tokens = default_max_tokens
+
+    def engine_info(self) -> engine_pb2.EngineInfo:
+        ex = self.executor
+        return engine_pb2.EngineInfo(
+            engine_id=self.engine_id,
+            device=ex.device,
+            backend=ex.backend,
+            memory_bytes=ex.memory_bytes,
+            kv_capacity_bytes=ex.kv_capacity_bytes,
+            models=[loaded_model_to_proto(m) for _, m in sorted(ex.models.items())],
+        )
+
+    async def Generate(
+        self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        try:
+            req = validate_generate(request, self.executor.models, default_max_tokens=self.default_max_tokens)
+            stream = self.executor.submit(req)
+        except UnknownModelError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except DuplicateRequestError as e:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except QueueFullError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ExecutorClosedError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        try:
+            async for chunk in stream:
+                yield chunk_to_proto(chunk, self.engine_id)
+        finally:  # client gone, deadline, or server shutdown: stop the work
+            stream.close()
+
+    async def Cancel(
+        self, request: common_pb2.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CancelResponse:
+        return common_pb2.CancelResponse(found=self.executor.cancel(request.request_id))
+
+    async def LoadModel(
+        self, request: engine_pb2.LoadModelRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.LoadModelResponse:
+        spec_pb = request.model
+        if not spec_pb.name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model.name: must not be empty")
+        if not spec_pb.source:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model.source: must not be empty")
+        spec = ModelSpec(name=spec_pb.name, source=spec_pb.source, dtype=spec_pb.dtype or "float32")
+        started = time.perf_counter()
+        try:
+            result = await asyncio.to_thread(self.executor.load, spec)
+        except ModelSourceNotFound as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model.source: {e}")
+        except ModelLoadError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model.source: {e}")
+        except ModelConflictError as e:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"model.name: {e}")
+        except ExecutorClosedError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Exception as e:
+            log.exception("loading %s from %s failed", spec.name, spec.source)
+            await context.abort(grpc.StatusCode.INTERNAL, f"loading {spec.source!r} failed: {e}")
+        m = result.model
+        return engine_pb2.LoadModelResponse(
+            model=m.name,
+            weight_bytes=m.weight_bytes,
+            max_context=m.max_context,
+            load_s=time.perf_counter() - started,
+        )
+
+    async def UnloadModel(
+        self, request: engine_pb2.UnloadModelRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.UnloadModelResponse:
+        if not await asyncio.to_thread(self.executor.unload, request.model):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.model!r} is not loaded on this engine; loaded: {list(self.executor.model_names())}",
+            )
+        return engine_pb2.UnloadModelResponse(unloaded=True)
+
+    async def GetInfo(
+        self, request: engine_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.EngineInfo:
+        return self.engine_info()
+
+    async def WatchLoad(
+        self, request: engine_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.LoadSnapshot]:
+        interval = request.interval_s if request.interval_s > 0 else DEFAULT_WATCH_INTERVAL_S
+        interval = min(max(interval, MIN_WATCH_INTERVAL_S), MAX_WATCH_INTERVAL_S)
+        while True:
+            yield snapshot_to_proto(self.executor.load_snapshot(), self.engine_id)
+            await asyncio.sleep(interval)
