@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import pytest
-
 from llmfleet.config import ClusterConfig, EtcdSettings
 from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
 

@@ -4,7 +4,6 @@ import statistics
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from llmfleet.predict import LengthQuery, ServiceMeanPredictor
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from llmfleet.policies.dispatch import EngineCandidate, NoCandidate, RoundRobin, make_dispatch_policy
 
 E = [

@@ -50,28 +50,28 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
 
     node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise, describe=describe)
 
-    async def follow(n: ServiceNode) -> None:
-        from llmfleet.coord import placement_view
-
+    async def republish_on_model_change(n: ServiceNode) -> None:
         loop = asyncio.get_running_loop()
         # The model set changes in the executor's thread; republish nodes/{id} from the event loop.
         executor.on_models_changed.append(
             lambda _names: loop.call_soon_threadsafe(lambda: n.spawn(n.update_record(), "republish"))
         )
-        view = placement_view(n.etcd)
-        await view.start()
-        n.on_stop.append(view.stop)
-        n.spawn(PlacementFollower(nid, executor).run(view), "placement-follower")
 
     async def preload(n: ServiceNode) -> None:
         for spec in args.model:
             name, _, source = spec.partition("=")
             await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
 
-    node.on_etcd.append(follow)
+    async def follow_placement(n: ServiceNode) -> None:
+        from llmfleet.coord import placement_view
+
+        view = placement_view(n.etcd)
+        await view.start()
+        n.on_stop.append(view.stop)
+        n.spawn(PlacementFollower(nid, executor).run(view), "placement-follower")
+
+    node.on_etcd.extend([republish_on_model_change, preload, follow_placement])
     node.on_stop.append(executor.aclose)
-    if args.model:
-        node.on_etcd.insert(0, preload)
     return node, servicer
 
 

@@ -1,6 +1,5 @@
 import grpc
 import pytest
-
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
 from llmfleet.predict import ServiceMeanPredictor
 from llmfleet.rpc import GrpcServer, open_channel

@@ -98,27 +98,32 @@ class Relay:
     ) -> None:
         stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
         call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
+        final: common_pb2.TokenChunk | None = None
         try:
+            # Read to the end of the stream (not just the final chunk) so the call, and its client
+            # span, complete normally.
             async for chunk in call:
                 if chunk.usage.prompt_tokens:
                     rec.prompt_tokens = chunk.usage.prompt_tokens
-                if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    tail = common_pb2.TokenChunk()
-                    tail.CopyFrom(chunk)
-                    tail.ClearField("finish_reason")
-                    tail.ClearField("usage")
-                    await rec.append(tail)
-                    await rec.finish(self._final(rec, chunk.finish_reason, engine_id))
-                    return
-                await rec.append(chunk)
+                if chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+                    await rec.append(chunk)
+                    continue
+                final = chunk
+                tail = common_pb2.TokenChunk()
+                tail.CopyFrom(chunk)
+                tail.ClearField("finish_reason")
+                tail.ClearField("usage")
+                await rec.append(tail)
         finally:
             call.cancel()  # no-op when finished; frees the engine's work when we are cancelled
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.UNAVAILABLE,
-            grpc.aio.Metadata(),
-            grpc.aio.Metadata(),
-            "stream ended without a final chunk",
-        )
+        if final is None:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "stream ended without a final chunk",
+            )
+        await rec.finish(self._final(rec, final.finish_reason, engine_id))
 
     def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
         now = time.monotonic()

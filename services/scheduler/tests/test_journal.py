@@ -2,7 +2,6 @@ import asyncio
 
 import grpc
 import pytest
-
 from llmfleet.api.v1 import common_pb2
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
 

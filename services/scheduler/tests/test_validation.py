@@ -1,5 +1,4 @@
 import pytest
-
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet_scheduler.validation import InvalidField, validate_submit
 

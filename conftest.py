@@ -1,0 +1,39 @@
+"""Shared pytest fixtures (repo root): a real etcd per test and settings pointing at it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from llmfleet.config import EtcdSettings
+from llmfleet.coord.client import EtcdClient
+from llmfleet.coord.local_etcd import LocalEtcd
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[LocalEtcd]:
+    """A fresh single-node etcd (real binary) on free ports, data in tmp_path; stopped afterwards."""
+    server = LocalEtcd(tmp_path / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_settings(etcd: LocalEtcd) -> EtcdSettings:
+    """Settings for ``etcd`` with a unique key prefix and a short lease TTL (2 s)."""
+    return EtcdSettings(endpoints=[etcd.endpoint], prefix=f"/test-{uuid.uuid4().hex[:8]}", lease_ttl_s=2)
+
+
+@pytest.fixture
+async def etcd_client(etcd_settings: EtcdSettings) -> AsyncIterator[EtcdClient]:
+    """A connected EtcdClient for ``etcd_settings``; closed afterwards."""
+    client = EtcdClient(etcd_settings)
+    await client.connect(wait=False)
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -1,0 +1,97 @@
+"""One request's spans (SDK -> scheduler -> engine, and the scheduler's profiler calls) share one
+trace id. The services run in this process (built by their own ``build_node``) so one in-memory
+exporter sees every span; etcd is real."""
+
+from __future__ import annotations
+
+import asyncio
+
+from llmfleet.client import AsyncClient
+from llmfleet.coord import EtcdClient, put_service
+from llmfleet.telemetry import setup_tracing
+from llmfleet.types import ServiceSpec
+from llmfleet_engine import main as engine_main
+from llmfleet_profiler import main as profiler_main
+from llmfleet_scheduler import main as scheduler_main
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+
+async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, tmp_path):
+    exporter = InMemorySpanExporter()
+    setup_tracing("integration-test", exporter=exporter)  # before servers/channels are built
+    common = [
+        "--etcd",
+        etcd_settings.endpoints[0],
+        "--prefix",
+        etcd_settings.prefix,
+        "--ttl",
+        "2",
+        "--port",
+        "0",
+    ]
+    engine, _ = engine_main.build_node(
+        engine_main.build_parser().parse_args(
+            [
+                *common,
+                "--id",
+                "engine-t",
+                "--models-dir",
+                str(tmp_path),
+                "--threads",
+                "1",
+                "--model",
+                "m=tiny://llama",
+            ]
+        )
+    )
+    scheduler, _ = scheduler_main.build_node(
+        scheduler_main.build_parser().parse_args([*common, "--id", "sched-t"])
+    )
+    profiler = profiler_main.build_node(profiler_main.build_parser().parse_args([*common, "--id", "prof-t"]))
+    nodes = [engine, scheduler, profiler]
+    etcd = EtcdClient(etcd_settings)
+    await etcd.connect(wait=False)
+    try:
+        for n in nodes:
+            await n.start()
+        await put_service(etcd, ServiceSpec(name="chat", model="m"))
+        await asyncio.wait_for(engine.etcd_ready.wait(), 30)
+        await asyncio.wait_for(scheduler.etcd_ready.wait(), 30)
+        # wait until the scheduler sees the engine with the model loaded
+        await scheduler_main_directory(scheduler).nodes_view.wait_for(
+            lambda nodes: "m" in getattr(nodes.get("engine-t"), "models", ()), timeout=60
+        )
+        exporter.clear()
+        async with AsyncClient(scheduler.address, timeout_s=30) as client:
+            done = await client.complete("trace me", service="chat", max_tokens=3)
+        assert done.usage.engine_id == "engine-t"
+        await asyncio.sleep(0.2)  # let the scheduler's Observe call finish
+        spans = exporter.get_finished_spans()
+        by_name: dict[str, set[int]] = {}
+        for s in spans:
+            by_name.setdefault(s.name, set()).add(s.context.trace_id)
+        submit = by_name.get("/llmfleet.v1.Scheduler/Submit", set())
+        generate = by_name.get("/llmfleet.v1.Engine/Generate", set())
+        predict = by_name.get("/llmfleet.v1.Profiler/Predict", set())
+        assert len(submit) == 1, by_name
+        assert generate == submit and predict == submit, by_name
+        kinds = {(s.name, s.kind.name) for s in spans if s.context.trace_id in submit}
+        # client and server side of each hop
+        assert {
+            ("/llmfleet.v1.Scheduler/Submit", "CLIENT"),
+            ("/llmfleet.v1.Scheduler/Submit", "SERVER"),
+        } <= kinds
+        assert {
+            ("/llmfleet.v1.Engine/Generate", "CLIENT"),
+            ("/llmfleet.v1.Engine/Generate", "SERVER"),
+        } <= kinds
+    finally:
+        for n in reversed(nodes):
+            await n.stop()
+        await etcd.close()
+
+
+def scheduler_main_directory(node):
+    """The scheduler's ClusterDirectory, reached through its servicer registration."""
+    servicer = node.server.services[0][1]
+    return servicer.directory

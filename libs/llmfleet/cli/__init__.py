@@ -1,0 +1,1 @@
+"""The ``llmfleet`` command line (entry point ``llmfleet.cli.main:main``)."""

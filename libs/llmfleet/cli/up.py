@@ -1,0 +1,288 @@
+"""``llmfleet up``: run a whole local cluster (etcd, control plane, engines) until Ctrl-C.
+
+Starts a local etcd (unless ``--etcd`` points at one), then the scheduler (base port), profiler
+(+1), placement (+2), migration (+3) and one engine per ``engines`` entry of the cluster config
+(its ``port`` or base+10+i), each a child process logging to ``<state-dir>/logs/<name>.log``. Waits
+for every child's grpc.health.v1 to answer SERVING, prints the endpoints (also written to
+``<state-dir>/endpoints.json``) and supervises: a child that dies is reported with its log tail while
+the rest keep running. Ctrl-C or SIGTERM stops everything (reverse start order) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig
+from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
+
+NAME = "up"
+HELP = "start etcd, the control plane and the engines locally; Ctrl-C stops everything"
+
+# (child name, console script, module with main(), port offset from --base-port)
+CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
+    ("scheduler", "llmfleet-scheduler", "llmfleet_scheduler.main", 0),
+    ("profiler", "llmfleet-profiler", "llmfleet_profiler.main", 1),
+    ("placement", "llmfleet-placement", "llmfleet_placement.main", 2),
+    ("migration", "llmfleet-migration", "llmfleet_migration.main", 3),
+)
+ENGINE_SCRIPT = ("llmfleet-engine", "llmfleet_engine.main")
+ENGINE_PORT_OFFSET = 10
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """One child to start: its command line, gRPC address and log file."""
+
+    name: str
+    argv: list[str]
+    address: str
+    log_path: Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=os.environ.get("LLMFLEET_CONFIG", DEFAULT_CONFIG),
+        help=f"cluster config (env LLMFLEET_CONFIG, default {DEFAULT_CONFIG})",
+    )
+    p.add_argument("--etcd", default=None, help="use this etcd (host:port[,...]) instead of starting one")
+    p.add_argument("--etcd-port", type=int, default=2379, help="client port of the local etcd (0 = any)")
+    p.add_argument("--state-dir", default=".llmfleet", help="etcd data, logs and models live here")
+    p.add_argument("--host", default="127.0.0.1", help="address every service binds to")
+    p.add_argument("--base-port", type=int, default=50051, help="scheduler port; others follow it")
+    p.add_argument("--prefix", default=None, help="etcd key prefix (default /llmfleet)")
+    p.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="node lease TTL in seconds")
+    p.add_argument("--log-level", default="INFO", help="log level of the services")
+    p.add_argument(
+        "--health-timeout", type=float, default=180.0, help="seconds to wait for all to be healthy"
+    )
+    p.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop on SIGTERM")
+
+
+def service_command(script: str, module: str) -> list[str]:
+    """The console script from this interpreter's environment, else PATH, else ``python -c``."""
+    local = Path(sys.executable).parent / script
+    if local.exists():
+        return [str(local)]
+    found = shutil.which(script)
+    if found:
+        return [found]
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+
+
+def plan_services(
+    config: ClusterConfig,
+    config_path: str | Path,
+    *,
+    etcd: str,
+    state_dir: str | Path,
+    host: str = "127.0.0.1",
+    base_port: int = 50051,
+    prefix: str | None = None,
+    ttl: int = DEFAULT_TTL_S,
+    log_level: str = "INFO",
+) -> list[ServicePlan]:
+    """The children ``up`` starts, in start order (pure: nothing is started)."""
+    state = Path(state_dir)
+    logs = state / "logs"
+
+    def common(name: str, port: int) -> list[str]:
+        argv = ["--id", name, "--host", host, "--port", str(port), "--etcd", etcd, "--ttl", str(ttl)]
+        if prefix:
+            argv += ["--prefix", prefix]
+        return [*argv, "--log-level", log_level]
+
+    plans = []
+    for name, script, module, offset in CONTROL_PLANE:
+        port = base_port + offset
+        extra = ["--config", str(config_path)] if name == "placement" else []
+        plans.append(
+            ServicePlan(
+                name=name,
+                argv=[*service_command(script, module), *common(name, port), *extra],
+                address=f"{host}:{port}",
+                log_path=logs / f"{name}.log",
+            )
+        )
+    used = {base_port + offset for *_, offset in CONTROL_PLANE}
+    for i, (engine_id, engine) in enumerate(config.engines.items()):
+        port = engine.port or base_port + ENGINE_PORT_OFFSET + i
+        if port in used:
+            raise ValueError(f"engine {engine_id!r}: port {port} is already used by another service")
+        used.add(port)
+        plans.append(
+            ServicePlan(
+                name=engine_id,
+                argv=[
+                    *service_command(*ENGINE_SCRIPT),
+                    *common(engine_id, port),
+                    "--models-dir",
+                    str(state / "models"),
+                    "--device",
+                    engine.device,
+                ],
+                address=f"{host}:{port}",
+                log_path=logs / f"{engine_id}.log",
+            )
+        )
+    return plans
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _warn_exit(console: Console, name: str, pid: int, rc: int | None, log_path: Path, log_tail: str) -> None:
+    console.print(
+        f"[bold red]warning:[/] {escape(name)} (pid {pid}) exited with {describe_returncode(rc)}; "
+        f"the rest keep running. Last lines of {escape(str(log_path))}:"
+    )
+    console.print(escape(log_tail), style="dim", highlight=False)
+
+
+def endpoints_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="llmfleet is up", title_justify="left")
+    for col in ("name", "address", "pid", "status"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("log", overflow="fold")
+    for r in rows:
+        colour = {"healthy": "green", "external": "cyan"}.get(r["status"], "red")
+        table.add_row(
+            r["name"],
+            r["address"],
+            str(r["pid"] or "-"),
+            f"[{colour}]{r['status']}[/]",
+            escape(r["log"] or "-"),
+        )
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(soft_wrap=True)
+    try:
+        config = ClusterConfig.load(args.config)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+    state = Path(args.state_dir).resolve()
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    (state / "models").mkdir(parents=True, exist_ok=True)
+
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    group = ProcessGroup(log_dir=state / "logs")
+    etcd = None
+    try:
+        try:
+            if args.etcd:
+                endpoint = args.etcd
+                etcd_row = {
+                    "name": "etcd",
+                    "address": endpoint,
+                    "pid": None,
+                    "status": "external",
+                    "log": None,
+                }
+            else:
+                from llmfleet.coord.local_etcd import LocalEtcd
+
+                etcd = LocalEtcd(state / "etcd", client_port=args.etcd_port)
+                console.print(f"starting etcd on {etcd.endpoint} (data {state / 'etcd'}) ...")
+                try:
+                    etcd.start(timeout=30)
+                except RuntimeError as e:
+                    console.print(f"[red]error:[/] etcd did not start: {escape(str(e))}")
+                    return 1
+                endpoint = etcd.endpoint
+                etcd_row = {
+                    "name": "etcd",
+                    "address": endpoint,
+                    "pid": etcd.pid,
+                    "status": "healthy",
+                    "log": str(etcd.log_path),
+                }
+            try:
+                plans = plan_services(
+                    config,
+                    Path(args.config).resolve(),
+                    etcd=endpoint,
+                    state_dir=state,
+                    host=args.host,
+                    base_port=args.base_port,
+                    prefix=args.prefix,
+                    ttl=args.ttl,
+                    log_level=args.log_level,
+                )
+                for plan in plans:
+                    group.spawn(plan.name, plan.argv, log_path=plan.log_path)
+            except (ValueError, SupervisorError) as e:
+                console.print(f"[red]error:[/] {escape(str(e))}")
+                return 1
+            console.print(f"started {len(plans)} services; waiting for them to be healthy ...")
+
+            reported: set[int] = set()
+            rows = [etcd_row]
+            deadline = time.monotonic() + args.health_timeout
+            for plan in plans:
+                child = group[plan.name]
+                try:
+                    group.wait_healthy(child, plan.address, timeout=max(0.5, deadline - time.monotonic()))
+                    status = "healthy"
+                except SupervisorError as e:
+                    status = "exited" if not child.alive else "unhealthy"
+                    if not child.alive:
+                        reported.add(child.pid)
+                    console.print(f"[bold red]warning:[/] {escape(str(e).splitlines()[0])}")
+                    console.print(escape(child.log_tail()), style="dim", highlight=False)
+                rows.append(
+                    {
+                        "name": plan.name,
+                        "address": plan.address,
+                        "pid": child.pid,
+                        "status": status,
+                        "log": str(plan.log_path),
+                    }
+                )
+            console.print(endpoints_table(rows))
+            (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
+            console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}   Ctrl-C to stop")
+
+            while True:
+                for child in group.poll_exited():
+                    if child.pid not in reported:
+                        reported.add(child.pid)
+                        _warn_exit(
+                            console, child.name, child.pid, child.returncode, child.log_path, child.log_tail()
+                        )
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        console.print("stopping ...")
+        try:
+            group.stop_all(grace=args.grace)
+        except KeyboardInterrupt:  # a second Ctrl-C: no more patience
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            group.stop_all(grace=0)
+        console.print("stopped")
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        group.stop_all(grace=0)  # no-op when already stopped; covers early returns and errors
+        if etcd is not None:
+            etcd.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

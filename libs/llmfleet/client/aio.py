@@ -1,0 +1,385 @@
+"""``AsyncClient``: the asyncio SDK for the llmfleet scheduler.
+
+    async with AsyncClient("127.0.0.1:50051") as client:
+        stream = client.generate("Hello", service="chat", max_tokens=32)
+        async for chunk in stream:
+            print(chunk.text, end="", flush=True)
+        print(stream.usage)
+
+Streams are resumable: when the scheduler becomes UNAVAILABLE mid-stream the client reconnects with
+the same request id (the scheduler attaches to the running request and replays it) and drops tokens
+it already delivered, so the caller sees every token exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_any,
+    wait_exponential,
+)
+
+from llmfleet.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.client.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, from_rpc_error
+from llmfleet.client.resume import StreamResumer
+from llmfleet.client.types import Chunk, Completion, ServiceInfo, Usage, usage_from_chunk
+from llmfleet.rpc.channels import open_channel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+T = TypeVar("T")
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def new_request_id() -> str:
+    """A fresh client-side request id (uuid4 hex)."""
+    return uuid.uuid4().hex
+
+
+def build_submit_request(
+    prompt: str,
+    service: str,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    request_id: str | None = None,
+) -> scheduler_pb2.SubmitRequest:
+    """The SubmitRequest for these arguments; unset options are left unset (server defaults apply).
+
+    Raises :class:`InvalidArgument` for values protobuf cannot represent (e.g. a negative seed);
+    range checks (``max_tokens > 0`` ...) are the scheduler's, so its message is the one users see.
+    """
+    try:
+        sampling = common_pb2.SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=[stop] if isinstance(stop, str) else list(stop or ()),
+        )
+        return scheduler_pb2.SubmitRequest(
+            request_id=request_id or new_request_id(), service=service, prompt=prompt, sampling=sampling
+        )
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {e}") from None
+
+
+class GenerateStream:
+    """An async iterator of :class:`Chunk` for one request; lazily starts the call on first iteration.
+
+    After the stream is exhausted ``usage`` (and ``finish_reason``) are set. ``await text()`` and
+    ``await collect()`` consume the rest and return everything, including chunks already iterated.
+    """
+
+    def __init__(self, client: AsyncClient, request: scheduler_pb2.SubmitRequest, timeout_s: float | None):
+        self._client = client
+        self._request = request
+        self._timeout_s = timeout_s
+        self.request_id: str = request.request_id
+        self.usage: Usage | None = None
+        self.engine_id: str = ""
+        self.attempts: int = 0
+        self._resumer = StreamResumer(request_id=request.request_id)
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._gen: AsyncGenerator[Chunk, None] | None = None
+        self._call: grpc.aio.UnaryStreamCall | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.usage.finish_reason if self.usage is not None else None
+
+    @property
+    def finished(self) -> bool:
+        return self.usage is not None
+
+    def __aiter__(self) -> GenerateStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._gen is None:
+            self._gen = self._run()
+        return await self._gen.__anext__()
+
+    async def text(self) -> str:
+        """The whole completion text (consumes the rest of the stream)."""
+        async for _ in self:
+            pass
+        return "".join(self._text)
+
+    async def collect(self) -> Completion:
+        """The whole completion (consumes the rest of the stream)."""
+        text = await self.text()
+        if self.usage is None:  # only after aclose(): a live stream ends normally after its final chunk
+            raise Cancelled(grpc.StatusCode.CANCELLED, "the stream was closed before the request finished")
+        return Completion(
+            text=text, token_ids=tuple(self._token_ids), usage=self.usage, request_id=self.request_id
+        )
+
+    async def cancel(self, timeout_s: float | None = None) -> bool:
+        """Cancel the request on the scheduler (not just this stream); True if it was still running."""
+        try:
+            return await self._client.cancel(self.request_id, timeout_s=timeout_s)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop reading: cancels the RPC (the scheduler may keep running the request; see cancel())."""
+        gen, self._gen = self._gen, _exhausted()
+        if self._call is not None:
+            self._call.cancel()
+        if gen is not None:
+            await gen.aclose()
+
+    async def __aenter__(self) -> GenerateStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals -------------------------------------------------------------------------------------
+    async def _run(self) -> AsyncGenerator[Chunk, None]:
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        try:
+            async for attempt in self._client._retrying(deadline, f"request {self.request_id}"):
+                failure: grpc.RpcError | None = None
+                try:
+                    async with contextlib.aclosing(self._attempt(deadline)) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                except grpc.aio.AioRpcError as e:
+                    failure = e
+                # Only the outcome goes through tenacity: it must never see the consumer's GeneratorExit.
+                with attempt:
+                    if failure is not None:
+                        raise failure
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e, request_id=self.request_id) from None
+
+    async def _attempt(self, deadline: float | None) -> AsyncGenerator[Chunk, None]:
+        timeout = _remaining(deadline, self.request_id)
+        self.attempts += 1
+        self._resumer.begin_attempt()
+        call = self._client._scheduler().Submit(self._request, timeout=timeout)
+        self._call = call
+        try:
+            async for msg in call:
+                if msg.engine_id:
+                    self.engine_id = msg.engine_id
+                chunk = self._resumer.accept(msg)
+                if msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED and self.usage is None:
+                    self.usage = usage_from_chunk(msg, self.engine_id)
+                if chunk is not None:
+                    self._text.append(chunk.text)
+                    self._token_ids.extend(chunk.token_ids)
+                    yield chunk
+        except grpc.aio.AioRpcError:
+            if self.usage is None:  # an error after the final chunk changes nothing for the caller
+                raise
+        finally:
+            self._call = None
+            if not call.done():
+                call.cancel()
+        if self.usage is None:
+            raise Internal(
+                grpc.StatusCode.INTERNAL,
+                "the scheduler ended the stream without a final chunk",
+                request_id=self.request_id,
+            )
+
+
+async def _exhausted() -> AsyncGenerator[Chunk, None]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+def _remaining(deadline: float | None, request_id: str | None = None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", request_id=request_id)
+    return left
+
+
+class AsyncClient:
+    """Async client for the scheduler at ``address`` (``host:port``).
+
+    ``timeout_s`` is the default deadline of every call (None: no deadline); ``retries`` is how many
+    times a call is retried after UNAVAILABLE (exponential backoff from ``backoff_s`` up to
+    ``max_backoff_s``). No other status is retried. The channel opens lazily on first use.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout_s: float | None = None,
+        retries: int = 3,
+        *,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.address = address
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+
+    # -- API -------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str,
+        service: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> GenerateStream:
+        """Start a completion; iterate the returned stream for :class:`Chunk` s (the call starts lazily)."""
+        request = build_submit_request(
+            prompt,
+            service,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            request_id=request_id,
+        )
+        return GenerateStream(self, request, timeout_s if timeout_s is not None else self.timeout_s)
+
+    async def complete(
+        self,
+        prompt: str,
+        service: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        """Run a completion to the end and return it whole."""
+        stream = self.generate(
+            prompt,
+            service,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            request_id=request_id,
+            timeout_s=timeout_s,
+        )
+        async with stream:
+            return await stream.collect()
+
+    async def cancel(self, request_id: str, *, timeout_s: float | None = None) -> bool:
+        """Cancel a request by id; False when it was unknown or already finished."""
+        request = common_pb2.CancelRequest(request_id=request_id)
+        resp = await self._unary(
+            lambda t: self._scheduler().Cancel(request, timeout=t), timeout_s, f"cancel {request_id}"
+        )
+        return bool(resp.found)
+
+    async def list_services(self, *, timeout_s: float | None = None) -> list[ServiceInfo]:
+        """The services the scheduler serves."""
+        resp = await self._unary(
+            lambda t: self._scheduler().ListServices(scheduler_pb2.ListServicesRequest(), timeout=t),
+            timeout_s,
+            "list_services",
+        )
+        return [ServiceInfo.from_proto(s) for s in resp.services]
+
+    async def close(self) -> None:
+        """Close the channel (open streams fail with CANCELLED)."""
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.address!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
+        if self._stub is None:
+            self._channel = open_channel(self.address)
+            self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        return self._stub
+
+    def _retrying(self, deadline: float | None, what: str) -> AsyncRetrying:
+        def past_deadline(rs: RetryCallState) -> bool:
+            return deadline is not None and time.monotonic() + rs.upcoming_sleep >= deadline
+
+        def before_sleep(rs: RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
+            log.warning(
+                "%s: scheduler at %s unavailable (%s); retry %d/%d in %.2fs",
+                what,
+                self.address,
+                detail,
+                rs.attempt_number,
+                self.retries,
+                rs.upcoming_sleep,
+            )
+
+        return AsyncRetrying(
+            retry=retry_if_exception(_is_unavailable),
+            stop=stop_any(stop_after_attempt(self.retries + 1), past_deadline),
+            wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _unary(
+        self, call: Callable[[float | None], Awaitable[T]], timeout_s: float | None, what: str
+    ) -> T:
+        timeout_s = timeout_s if timeout_s is not None else self.timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            async for attempt in self._retrying(deadline, what):
+                with attempt:
+                    return await call(_remaining(deadline))
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
