@@ -124,8 +124,13 @@ def launch(root: Path, engines: int = 2, placement_replicas: int = 2) -> Cluster
         "services": {
             "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16},
             "summarize": {"model": "tiny-qwen2", "default_max_tokens": 16},
+            "unplaced": {"model": "tiny-mistral"},  # a model no engine is given
         },
-        "models": {"tiny-llama": {"source": str(endless)}, "tiny-qwen2": {"source": "tiny://qwen2"}},
+        "models": {
+            "tiny-llama": {"source": str(endless)},
+            "tiny-qwen2": {"source": "tiny://qwen2"},
+            "tiny-mistral": {"source": "tiny://mistral"},
+        },
         "engines": {
             f"engine-{i}": {"models": ["tiny-llama", "tiny-qwen2"] if i == 0 else ["tiny-llama"]}
             for i in range(engines)

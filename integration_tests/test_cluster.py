@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from harness import TTL_S, Cluster
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 from llmfleet.client import AsyncClient
-from llmfleet.client.errors import AlreadyExists, InvalidArgument, NotFound
+from llmfleet.client.errors import AlreadyExists, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, LocalEtcd
 from util import flatten, hf_greedy, migration_status, wait_running
@@ -103,6 +103,34 @@ async def test_bad_input_statuses(cluster: Cluster, kwargs, exc, needle):
         with pytest.raises(exc) as e:
             await client.complete(args.pop("prompt"), args.pop("service"), **args)
     assert needle in str(e.value)
+
+
+async def test_service_without_engine_is_unavailable(cluster: Cluster):
+    async with AsyncClient(cluster.scheduler, timeout_s=30, retries=1) as client:
+        with pytest.raises(Unavailable, match="no engine hosts it") as e:
+            await client.complete("hi", service="unplaced", max_tokens=4)
+    assert "tiny-mistral" in str(e.value)
+
+
+async def test_cancel_stops_the_request_everywhere(cluster: Cluster):
+    mig = cluster.addresses["migration"]
+    async with AsyncClient(cluster.scheduler, timeout_s=60) as client:
+        stream = client.generate(PROMPT, service="chat", max_tokens=1900, request_id="to-cancel")
+        async for _ in stream:
+            break
+        assert await client.cancel("to-cancel")
+        _ = [c async for c in stream]  # drain to the final chunk
+        assert stream.usage.finish_reason == "cancelled" and stream.usage.completion_tokens < 1900
+        assert not await client.cancel("to-cancel")  # already finished
+    await wait_running(mig, lambda r: sum(r.values()) == 0, 5, "the engine to drop the cancelled request")
+
+
+async def test_deadline_propagates_and_frees_the_engine(cluster: Cluster):
+    mig = cluster.addresses["migration"]
+    async with AsyncClient(cluster.scheduler, timeout_s=0.5, retries=0) as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.complete(PROMPT, service="chat", max_tokens=1900)
+    await wait_running(mig, lambda r: sum(r.values()) == 0, 5, "the engine to drop the expired request")
 
 
 async def test_retried_request_id_is_not_served_twice(cluster: Cluster):
