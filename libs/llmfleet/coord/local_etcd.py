@@ -57,7 +57,8 @@ def _bin_dir() -> Path:
 
 
 class LocalEtcd:
-    """A single-node etcd on 127.0.0.1 with its data in ``data_dir`` (log: ``data_dir/etcd.log``)."""
+    """A single-node etcd on 127.0.0.1: etcd's ``--data-dir`` is ``data_dir/data``, its output goes to
+    ``data_dir/etcd.log``. Ports are picked free when 0 and kept across restart()."""
 
     def __init__(
         self,

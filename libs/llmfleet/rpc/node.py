@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from llmfleet.config import EtcdSettings
+from llmfleet.coord import EtcdClient, Registration
 from llmfleet.rpc.server import GrpcServer
 from llmfleet.types import NodeRecord
 
@@ -37,8 +38,8 @@ class ServiceNode:
     on_etcd: list[EtcdHook] = field(default_factory=list)
     # Run at shutdown after spawned tasks are cancelled, before the lease is revoked (resign, stop views).
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    etcd: object | None = None  # llmfleet.coord.EtcdClient once started
-    registration: object | None = None
+    etcd: EtcdClient | None = None  # set by start()
+    registration: Registration | None = None  # set once etcd is reached
     etcd_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task] = field(default_factory=list)
@@ -58,15 +59,11 @@ class ServiceNode:
         return self.describe(base) if self.describe else base
 
     async def start(self) -> None:
-        from llmfleet.coord import EtcdClient
-
         await self.server.start()
         self.etcd = EtcdClient(self.settings)
         self._tasks.append(asyncio.create_task(self._attach(), name=f"{self.role}-etcd-attach"))
 
     async def _attach(self) -> None:
-        from llmfleet.coord import Registration
-
         assert self.etcd is not None
         await self.etcd.connect(wait=True)  # retries forever, logging each failure
         key = self.etcd.keys.node(self.node_id)

@@ -73,7 +73,7 @@ async def test_snapshot_equals_get_prefix_at_same_revision(
     task = asyncio.create_task(writer())
     checked = set()
     try:
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             snap, rev = raw_view.snapshot(), raw_view.revision  # taken together: no await in between
             truth, _ = await etcd_client.get_prefix(p, revision=rev)

@@ -8,6 +8,7 @@ import os
 from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
+from llmfleet.coord import placement_view
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
 from llmfleet.rpc.node import ServiceNode, serve_until_signalled
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -63,8 +64,6 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
             await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
 
     async def follow_placement(n: ServiceNode) -> None:
-        from llmfleet.coord import placement_view
-
         view = placement_view(n.etcd)
         await view.start()
         n.on_stop.append(view.stop)

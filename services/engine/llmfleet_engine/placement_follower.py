@@ -12,6 +12,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from llmfleet.coord import PrefixView
 from llmfleet.types import DesiredPlacement
 
 from llmfleet_engine.executor import Executor
@@ -27,8 +28,8 @@ class PlacementFollower:
     applied: DesiredPlacement | None = None
     passes: int = 0
 
-    async def run(self, view: object) -> None:
-        """Follow ``view`` (PrefixView[DesiredPlacement]) forever."""
+    async def run(self, view: PrefixView[DesiredPlacement]) -> None:
+        """Follow ``view`` forever."""
         changed = asyncio.Event()
 
         async def pump() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.coord import PrefixView
 from llmfleet.rpc.channels import open_channel
 from llmfleet.types import ENGINE_ROLE, NodeRecord
 
@@ -35,7 +36,7 @@ class LoadMonitor:
     engines: dict[str, EngineLoadState] = field(default_factory=dict)
     _streams: dict[str, asyncio.Task] = field(default_factory=dict)
 
-    async def track(self, nodes_view: object) -> None:
+    async def track(self, nodes_view: PrefixView[NodeRecord]) -> None:
         """Follow the node view forever, opening/closing streams as engines join and leave."""
         async for _, nodes in nodes_view.subscribe():
             self.reconcile(nodes)

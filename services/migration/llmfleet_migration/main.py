@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
+from llmfleet.coord import LeaderElection, node_view
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
 from llmfleet.rpc.node import ServiceNode, serve_until_signalled
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -38,8 +39,6 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
     node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise)
 
     async def attach(n: ServiceNode) -> None:
-        from llmfleet.coord import LeaderElection, node_view
-
         nodes = node_view(n.etcd)
         await nodes.start()
         # Every replica follows engine load so a standby can take over with a warm picture.

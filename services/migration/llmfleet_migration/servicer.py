@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
+from llmfleet.coord import LeaderElection
 
 from llmfleet_migration.load_monitor import LoadMonitor
 
@@ -15,7 +16,7 @@ from llmfleet_migration.load_monitor import LoadMonitor
 class MigrationServicer(migration_pb2_grpc.MigrationServicer):
     node_id: str
     monitor: LoadMonitor
-    election: object | None = None  # LeaderElection once etcd is reached
+    election: LeaderElection | None = None  # set once etcd is reached
 
     async def Status(self, request: migration_pb2.StatusRequest, context: grpc.aio.ServicerContext):
         leader = ""

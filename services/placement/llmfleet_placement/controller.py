@@ -7,8 +7,16 @@ import logging
 from dataclasses import dataclass, field
 
 from llmfleet.config import ClusterConfig
+from llmfleet.coord import (
+    EtcdClient,
+    PrefixView,
+    delete_placement,
+    delete_service,
+    put_placement,
+    put_service,
+)
 from llmfleet.policies.placement import StaticConfigPlacement
-from llmfleet.types import ENGINE_ROLE, ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +24,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class PlacementController:
     config: ClusterConfig
-    etcd: object  # llmfleet.coord.EtcdClient
-    placement_view: object  # PrefixView[DesiredPlacement]
-    services_view: object  # PrefixView[ServiceSpec]
-    nodes_view: object  # PrefixView[NodeRecord]
+    etcd: EtcdClient
+    placement_view: PrefixView[DesiredPlacement]
+    services_view: PrefixView[ServiceSpec]
+    nodes_view: PrefixView[NodeRecord]
     resync_s: float = 5.0
     policy: StaticConfigPlacement = field(init=False)
     writes: int = 0
@@ -29,8 +37,6 @@ class PlacementController:
 
     async def reconcile_once(self) -> int:
         """Write what differs between the plan and etcd; returns the number of keys changed."""
-        from llmfleet.coord import delete_placement, delete_service, put_placement, put_service
-
         changed = 0
         want: dict[str, ServiceSpec] = {s.name: s for s in self.config.service_specs()}
         have = self.services_view.snapshot()
@@ -57,7 +63,7 @@ class PlacementController:
         """Reconcile now, then whenever the desired state is touched by someone else, and every resync_s."""
         changes = asyncio.Queue[int]()
 
-        async def pump(view: object) -> None:
+        async def pump(view: PrefixView) -> None:
             async for rev, _ in view.subscribe():
                 changes.put_nowait(rev)
 

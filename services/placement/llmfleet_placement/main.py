@@ -8,6 +8,7 @@ import logging
 
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
 from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
+from llmfleet.coord import LeaderElection, node_view, placement_view, service_view
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
 from llmfleet.rpc.node import ServiceNode, serve_until_signalled
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -37,8 +38,6 @@ def build_node(args: argparse.Namespace, config: ClusterConfig) -> tuple[Service
     node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise)
 
     async def lead(n: ServiceNode) -> None:
-        from llmfleet.coord import LeaderElection, node_view, placement_view, service_view
-
         views = placement_view(n.etcd), service_view(n.etcd), node_view(n.etcd)
         for v in views:
             await v.start()

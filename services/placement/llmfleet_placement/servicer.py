@@ -7,15 +7,17 @@ from dataclasses import dataclass
 
 import grpc
 from llmfleet.api.v1 import engine_pb2, placement_pb2, placement_pb2_grpc
+from llmfleet.coord import LeaderElection, PrefixView
+from llmfleet.types import DesiredPlacement, NodeRecord
 
 
 @dataclass
 class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     node_id: str
-    election: object | None = None  # LeaderElection, once etcd is reached
-    placement_view: object | None = None
-    nodes_view: object | None = None
-    views: tuple = ()
+    election: LeaderElection | None = None  # set once etcd is reached
+    placement_view: PrefixView[DesiredPlacement] | None = None
+    nodes_view: PrefixView[NodeRecord] | None = None
+    views: tuple[PrefixView, ...] = ()
 
     async def shutdown(self) -> None:
         """Hand leadership over at once (resign) and stop the watches (the campaign is cancelled first)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import grpc
+from llmfleet.coord import PrefixView
 from llmfleet.policies.dispatch import EngineCandidate
 from llmfleet.rpc.channels import open_channel
 from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
@@ -13,8 +14,8 @@ from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
 
 @dataclass
 class ClusterDirectory:
-    services_view: object | None = None  # PrefixView[ServiceSpec]
-    nodes_view: object | None = None  # PrefixView[NodeRecord]
+    services_view: PrefixView[ServiceSpec] | None = None
+    nodes_view: PrefixView[NodeRecord] | None = None
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
 
     @property

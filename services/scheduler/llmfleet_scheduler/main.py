@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.coord import node_view, service_view
 from llmfleet.policies.dispatch import POLICIES, make_dispatch_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
 from llmfleet.rpc.node import ServiceNode, serve_until_signalled
@@ -37,8 +38,6 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     node = ServiceNode(ROLE, node_id(args, ROLE), etcd_settings(args), server, advertise=args.advertise)
 
     async def attach_views(n: ServiceNode) -> None:
-        from llmfleet.coord import node_view, service_view
-
         directory.services_view = service_view(n.etcd)
         directory.nodes_view = node_view(n.etcd)
         await directory.services_view.start()
