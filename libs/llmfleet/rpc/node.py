@@ -8,6 +8,7 @@ etcd outage degrades a service instead of killing it. ``on_etcd`` hooks run once
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -112,6 +113,23 @@ class ServiceNode:
         if self.etcd is not None:
             with contextlib.suppress(Exception):
                 await self.etcd.close()
+
+
+def run_service(
+    role: str,
+    parser: argparse.ArgumentParser,
+    build: Callable[[argparse.Namespace], ServiceNode],
+    argv: list[str] | None = None,
+) -> None:
+    """The body of every ``llmfleet-<role>`` console script: parse flags, set up logging and tracing
+    (before any server or channel exists, so the interceptors are installed), build, serve."""
+    from llmfleet.rpc.cli_args import setup_logging
+    from llmfleet.telemetry import setup_tracing
+
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level, role)
+    setup_tracing(f"llmfleet-{role}")
+    asyncio.run(serve_until_signalled(build(args)))
 
 
 async def serve_until_signalled(node: ServiceNode) -> None:

@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, LeaderElection, LocalEtcd
+from llmfleet.testing import eventually
 
 TTL = 2
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float, what: str) -> None:
-    """Poll ``check`` (sync or async) until true; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok = check()
-        if inspect.isawaitable(ok):
-            ok = await ok
-        if ok:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from llmfleet.coord import EtcdClient, LocalEtcd, Registration
+from llmfleet.testing import eventually
 from llmfleet.types import NodeRecord
 
 TTL = 2
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float, what: str) -> None:
-    """Poll ``check`` (sync or async) until true; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok = check()
-        if inspect.isawaitable(ok):
-            ok = await ok
-        if ok:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -9,10 +9,9 @@ from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import placement_view
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
-from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.telemetry import setup_tracing
 from llmfleet.types import ModelSpec, NodeRecord
 
 from llmfleet_engine.executor import Executor, ExecutorConfig
@@ -96,14 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, ROLE)
-    setup_tracing(f"llmfleet-{ROLE}")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    node, _ = build_node(args)
-    asyncio.run(serve_until_signalled(node))
+    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
 
 
 if __name__ == "__main__":

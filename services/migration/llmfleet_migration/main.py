@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection, node_view
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
-from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.telemetry import setup_tracing
 
 from llmfleet_migration.load_monitor import LoadMonitor
 from llmfleet_migration.servicer import MigrationServicer
@@ -73,11 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, ROLE)
-    setup_tracing(f"llmfleet-{ROLE}")
-    node, _ = build_node(args)
-    asyncio.run(serve_until_signalled(node))
+    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
 
 
 if __name__ == "__main__":

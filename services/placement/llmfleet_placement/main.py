@@ -9,10 +9,9 @@ import logging
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
 from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
 from llmfleet.coord import LeaderElection, node_view, placement_view, service_view
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
-from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.telemetry import setup_tracing
 
 from llmfleet_placement.controller import PlacementController
 from llmfleet_placement.servicer import PlacementServicer
@@ -73,15 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, ROLE)
-    try:
-        config = ClusterConfig.load(args.config)
-    except ValueError as e:  # pydantic ValidationError is a ValueError
-        raise SystemExit(f"llmfleet-placement: invalid config {args.config}: {e}") from None
-    setup_tracing(f"llmfleet-{ROLE}")
-    node, _ = build_node(args, config)
-    asyncio.run(serve_until_signalled(node))
+    def build(args: argparse.Namespace) -> ServiceNode:
+        try:
+            config = ClusterConfig.load(args.config)
+        except ValueError as e:  # pydantic ValidationError is a ValueError
+            raise SystemExit(f"llmfleet-placement: invalid config {args.config}: {e}") from None
+        return build_node(args, config)[0]
+
+    run_service(ROLE, build_parser(), build, argv)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
 from llmfleet.predict import ServiceMeanPredictor
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
-from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.telemetry import setup_tracing
 
 from llmfleet_profiler.servicer import ProfilerServicer
 
@@ -43,10 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, ROLE)
-    setup_tracing(f"llmfleet-{ROLE}")
-    asyncio.run(serve_until_signalled(build_node(args)))
+    run_service(ROLE, build_parser(), build_node, argv)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
 from llmfleet.policies.dispatch import POLICIES, make_dispatch_policy
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, setup_logging
-from llmfleet.rpc.node import ServiceNode, serve_until_signalled
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.telemetry import setup_tracing
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.relay import Relay
@@ -61,11 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, ROLE)
-    setup_tracing(f"llmfleet-{ROLE}")
-    node, _ = build_node(args)
-    asyncio.run(serve_until_signalled(node))
+    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
 
 
 if __name__ == "__main__":
