@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import placement_view
+from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -21,17 +22,33 @@ from llmfleet_engine.servicer import EngineServicer
 ROLE = "engine"
 
 
-def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
-    nid = node_id(args, ROLE)
-    executor = Executor(
+def make_executor(args: argparse.Namespace) -> Executor:
+    """The backend named by ``--backend``: the native paged executor, or vLLM (imported lazily)."""
+    if args.backend == "vllm":
+        from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
+
+        # vLLM picks its GPU from CUDA_VISIBLE_DEVICES; the native knobs (pool, policy) do not apply.
+        return VllmExecutor(VllmConfig(cache_dir=args.models_dir, allow_download=not args.offline))
+    return Executor(
         ExecutorConfig(
             device=args.device,
             cache_dir=args.models_dir,
+            memory_budget_bytes=args.memory_budget,
+            block_bytes=args.block_bytes,
+            watermark=args.watermark,
+            policy=args.policy,
             max_running=args.max_running,
+            max_batch_requests=args.max_batch_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
             num_threads=args.threads,
             allow_download=not args.offline,
         )
     )
+
+
+def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
+    nid = node_id(args, ROLE)
+    executor = make_executor(args)
     servicer = EngineServicer(executor, nid, default_max_tokens=args.default_max_tokens)
     server = GrpcServer(
         [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))],
@@ -73,6 +90,31 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
     return node, servicer
 
 
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 1 << 30,
+}
+
+
+def _bytes(text: str) -> int:
+    """``65536``, ``64KiB``, ``2GiB``, ``1.5GB`` -> bytes."""
+    num = text.strip().rstrip("BbIiKkMmGg")
+    unit = text.strip()[len(num) :].lower()
+    try:
+        return int(float(num) * _UNITS[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64KiB, 2GiB)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-engine", description=__doc__)
     add_common_args(ap, ROLE, default_port=50061)
@@ -81,7 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--models-dir", default=os.environ.get("LLMFLEET_MODEL_CACHE", ".llmfleet/models"))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--max-running", type=int, default=8, help="requests decoded concurrently")
+    ap.add_argument("--backend", default="native", choices=["native", "vllm"], help="executor backend")
+    ap.add_argument(
+        "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
+    )
+    ap.add_argument("--block-bytes", type=_bytes, default=64 * 1024, help="merged KV block size (64KiB)")
+    ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
+    ap.add_argument("--policy", default="fcfs", choices=sorted(REQUEST_POLICIES), help="local request policy")
+    ap.add_argument("--max-running", type=int, default=256, help="requests holding KV at once")
+    ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")
+    ap.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill batch")
     ap.add_argument("--default-max-tokens", type=int, default=64)
     ap.add_argument("--offline", action="store_true", help="never download from the hub")
     ap.add_argument(

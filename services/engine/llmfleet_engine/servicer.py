@@ -11,16 +11,19 @@ import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.types import ModelSpec
 
-from llmfleet_engine.executor import (
+from llmfleet_engine import kv_rpc, profiling, transfer
+from llmfleet_engine.executor import Executor
+from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
+from llmfleet_engine.outputs import (
     Chunk,
     DuplicateRequestError,
-    Executor,
     ExecutorClosedError,
     LoadSnapshot,
     ModelConflictError,
     QueueFullError,
+    ResourceExhaustedError,
+    TransferError,
 )
-from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
 from llmfleet_engine.validation import (
     DEFAULT_MAX_TOKENS,
     UnknownModelError,
@@ -45,6 +48,7 @@ def chunk_to_proto(chunk: Chunk, engine_id: str) -> common_pb2.TokenChunk:
     )
     if chunk.finish_reason is not None:
         msg.finish_reason = int(chunk.finish_reason)
+        msg.migrated_to = chunk.migrated_to
     if chunk.usage is not None:
         u = chunk.usage
         msg.usage.CopyFrom(
@@ -75,14 +79,20 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
                 waiting=m.waiting,
                 kv_used_bytes=m.kv_used_bytes,
                 kv_tokens=m.kv_tokens,
+                kv_blocks=m.kv_blocks,
+                tokens_per_block=m.tokens_per_block,
             )
             for m in snap.models
         ],
+        kv_blocks_used=snap.kv_blocks_used,
+        kv_blocks_total=snap.kv_blocks_total,
+        preemptions=snap.preemptions,
+        kv_fragmentation=snap.kv_fragmentation,
     )
 
 
-def loaded_model_to_proto(m: LoadedModel) -> engine_pb2.LoadedModel:
-    return engine_pb2.LoadedModel(
+def loaded_model_to_proto(m: LoadedModel, executor: object) -> engine_pb2.LoadedModel:
+    msg = engine_pb2.LoadedModel(
         name=m.name,
         source=m.source,
         architecture=m.architecture,
@@ -90,6 +100,10 @@ def loaded_model_to_proto(m: LoadedModel) -> engine_pb2.LoadedModel:
         max_context=m.max_context,
         kv_bytes_per_token=m.kv_bytes_per_token,
     )
+    if getattr(executor, "supports_kv_transfer", False):
+        msg.tokens_per_block = executor.tokens_per_block(m.name)
+        msg.reserved_bytes = executor.reserved_bytes(m.name)
+    return msg
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -101,35 +115,50 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         engine_id: str,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        unattached_timeout_s: float = 30.0,
     ) -> None:
         self.executor = executor
         self.engine_id = engine_id
         self.default_max_tokens = default_max_tokens
+        self.unattached_timeout_s = unattached_timeout_s
+        self._reapers: set[asyncio.Task] = set()
 
     def engine_info(self) -> engine_pb2.EngineInfo:
         ex = self.executor
-        return engine_pb2.EngineInfo(
+        info = engine_pb2.EngineInfo(
             engine_id=self.engine_id,
             device=ex.device,
             backend=ex.backend,
             memory_bytes=ex.memory_bytes,
             kv_capacity_bytes=ex.kv_capacity_bytes,
-            models=[loaded_model_to_proto(m) for _, m in sorted(ex.models.items())],
+            models=[loaded_model_to_proto(m, ex) for _, m in sorted(ex.models.items())],
         )
+        if ex.supports_kv_transfer:
+            info.kv_block_bytes = ex.plan.block_bytes
+            info.kv_num_blocks = ex.plan.num_blocks
+            info.policy = ex.policy.name
+            info.memory_budget_bytes = ex.plan.budget_bytes
+        return info
 
     async def Generate(
         self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
+        attached = self.executor.attach(request.request_id) if request.request_id else None
         try:
-            req = validate_generate(request, self.executor.models, default_max_tokens=self.default_max_tokens)
-            stream = self.executor.submit(req)
+            if attached is not None:  # a request migrated in: continue its stream
+                stream = attached
+            else:
+                req = validate_generate(
+                    request, self.executor.models, default_max_tokens=self.default_max_tokens
+                )
+                stream = self.executor.submit(req)
         except UnknownModelError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except DuplicateRequestError as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
-        except QueueFullError as e:
+        except (QueueFullError, ResourceExhaustedError) as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ExecutorClosedError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
@@ -162,6 +191,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model.source: {e}")
         except ModelConflictError as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"model.name: {e}")
+        except ResourceExhaustedError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ExecutorClosedError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except Exception as e:
@@ -198,3 +229,110 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         while True:
             yield snapshot_to_proto(self.executor.load_snapshot(), self.engine_id)
             await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------ KV transfer
+
+    def _require_kv_transfer(self) -> str | None:
+        if getattr(self.executor, "supports_kv_transfer", False):
+            return None
+        return f"the {self.executor.backend} backend has no KV transfer; it migrates by re-prefill"
+
+    async def ExportKv(
+        self, request: engine_pb2.ExportKvRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[engine_pb2.KvChunk]:
+        if why := self._require_kv_transfer():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        chunk_tokens = request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS
+        try:
+            header = await asyncio.to_thread(transfer.pause, self.executor, request.request_id)
+        except TransferError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        try:  # a snapshot: the request keeps running here afterwards
+            async for msg in kv_rpc.export_stream(self.executor, header, chunk_tokens):
+                yield msg
+        finally:
+            transfer.resume(self.executor, request.request_id)
+
+    async def ImportKv(
+        self, request_iterator: AsyncIterator[engine_pb2.KvChunk], context: grpc.aio.ServicerContext
+    ) -> engine_pb2.ImportKvResponse:
+        if why := self._require_kv_transfer():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        try:
+            resp = await kv_rpc.import_stream(self.executor, request_iterator)
+        except (TransferError, DuplicateRequestError) as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ResourceExhaustedError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        task = asyncio.create_task(self._reap_unattached(resp.request_id))
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
+        return resp
+
+    async def _reap_unattached(self, request_id: str) -> None:
+        await asyncio.sleep(self.unattached_timeout_s)
+        if self.executor.cancel_if_unattached(request_id):
+            log.warning("imported request %s was never attached; cancelled", request_id)
+
+    async def Migrate(
+        self, request: engine_pb2.MigrateRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.MigrateResponse:
+        if why := self._require_kv_transfer():
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        if not request.destination:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "destination: host:port is required")
+        try:
+            result = await kv_rpc.migrate(
+                self.executor,
+                self.engine_id,
+                request.request_id,
+                request.destination,
+                request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS,
+            )
+        except TransferError as e:
+            code = grpc.StatusCode.NOT_FOUND if "no active request" in str(e) else grpc.StatusCode.ABORTED
+            await context.abort(code, str(e))
+        return engine_pb2.MigrateResponse(
+            request_id=request.request_id,
+            num_tokens=result.num_tokens,
+            bytes=result.bytes,
+            transfer_s=result.transfer_s,
+            pause_s=result.pause_s,
+        )
+
+    # -------------------------------------------------------------- profiling
+
+    async def Profile(
+        self, request: engine_pb2.ProfileRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.ProfileResponse:
+        if not hasattr(self.executor, "run_in_worker"):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{self.executor.backend} cannot profile"
+            )
+        if request.model not in self.executor.model_names():
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.model!r} is not loaded; loaded: {list(self.executor.model_names())}",
+            )
+        kwargs = {
+            "batch_sizes": list(request.batch_sizes) or [1, 2, 4, 8],
+            "input_lengths": list(request.input_lengths) or [16, 64, 256],
+            "context_lengths": list(request.context_lengths) or [16, 64, 256],
+            "repeats": request.repeats or 3,
+        }
+        try:
+            result = await asyncio.to_thread(profiling.profile, self.executor, request.model, **kwargs)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except ResourceExhaustedError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        return engine_pb2.ProfileResponse(
+            model=request.model,
+            device=self.executor.device,
+            samples=[
+                engine_pb2.ProfileSample(
+                    phase=s.phase, batch_size=s.batch_size, tokens=s.tokens, seconds=s.seconds
+                )
+                for s in result.samples
+            ],
+        )

@@ -49,6 +49,11 @@ class GenerationRequest:
     sampling: SamplingConfig
     resume_token_ids: tuple[int, ...] = ()
     arrival_s: float = field(default_factory=time.monotonic)
+    service: str = ""  # budget group for the local policy; empty means the model name
+
+    @property
+    def group(self) -> str:
+        return self.service or self.model
 
     @property
     def prompt_tokens(self) -> int:
@@ -72,6 +77,7 @@ def build_request(
     resume_token_ids: Sequence[int] = (),
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     arrival_s: float | None = None,
+    service: str = "",
 ) -> GenerationRequest:
     """Validate plain request values against ``model`` and tokenize the prompt.
 
@@ -132,6 +138,7 @@ def build_request(
         ),
         resume_token_ids=resume,
         arrival_s=time.monotonic() if arrival_s is None else arrival_s,
+        service=service,
     )
 
 
@@ -161,4 +168,5 @@ def validate_generate(
         resume_token_ids=list(request.resume_token_ids),
         default_max_tokens=default_max_tokens,
         arrival_s=arrival_s,
+        service=request.service,
     )

@@ -121,3 +121,11 @@ def hf_greedy():
 def long_prompt():
     """``long_prompt(model, n, skip=0)``: a prompt whose greedy output runs n tokens without EOS."""
     return _long_prompt
+
+
+MISTRAL = ModelSpec(name="tiny-mistral", source="tiny://mistral")
+
+
+@pytest.fixture(scope="session")
+def mistral(cache_dir: Path) -> LoadedModel:
+    return load_model(MISTRAL, cache_dir=cache_dir)

@@ -127,7 +127,7 @@ async def test_load_unload_and_info(engine: Engine, cache_dir) -> None:
     assert again.weight_bytes == loaded.weight_bytes
 
     info = await engine.stub.GetInfo(engine_pb2.GetInfoRequest())
-    assert info.engine_id == ENGINE_ID and info.device == "cpu" and info.backend == "torch"
+    assert info.engine_id == ENGINE_ID and info.device == "cpu" and info.backend == "native"
     assert info.memory_bytes > 0 and info.kv_capacity_bytes > 0
     by_name = {m.name: m for m in info.models}
     assert sorted(by_name) == ["tiny-llama", "tiny-llama-endless", "tiny-mistral", "tiny-qwen2"]

@@ -34,6 +34,10 @@ class ClusterDirectory:
     def candidates(self) -> list[EngineCandidate]:
         return [EngineCandidate(engine_id=n.node_id, models=n.models) for n in self.engines().values()]
 
+    def engine_at(self, address: str) -> str | None:
+        """Id of the engine registered at ``address``, if any."""
+        return next((n.node_id for n in self.engines().values() if n.address == address), None)
+
     def first_of_role(self, role: str) -> NodeRecord | None:
         nodes = sorted((n for n in self.nodes().values() if n.role == role), key=lambda n: n.node_id)
         return nodes[0] if nodes else None

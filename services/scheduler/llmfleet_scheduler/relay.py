@@ -29,6 +29,7 @@ class Relay:
     directory: ClusterDirectory
     policy: DispatchPolicy
     max_attempts: int = 3
+    max_migrations: int = 16
     profiler_timeout_s: float = 0.25
     _background: set[asyncio.Task] = field(default_factory=set)
 
@@ -63,14 +64,10 @@ class Relay:
             if node is None:
                 excluded.add(engine_id)
                 continue
-            rec.engines.append(engine_id)
             if rec.dispatched_at is None:
                 rec.dispatched_at = time.monotonic()
-            del req.resume_token_ids[:]
-            req.resume_token_ids.extend(rec.delivered_token_ids())
-            timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
             try:
-                await self._stream(rec, req, engine_id, node.address, timeout)
+                await self._follow(rec, req, engine_id, node.address, deadline)
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -88,6 +85,29 @@ class Relay:
             grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: all attempts failed; {last_error}"
         )
 
+    async def _follow(
+        self,
+        rec: RequestRecord,
+        req: engine_pb2.GenerateRequest,
+        engine_id: str,
+        address: str,
+        deadline: float | None,
+    ) -> None:
+        """Stream from ``address``; when the engine migrates the request, follow it to the destination
+        (the destination recognises the request id and continues the same stream)."""
+        for _ in range(self.max_migrations):
+            rec.engines.append(engine_id)
+            del req.resume_token_ids[:]
+            req.resume_token_ids.extend(rec.delivered_token_ids())
+            timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+            moved_to = await self._stream(rec, req, engine_id, address, timeout)
+            if moved_to is None:
+                return
+            log.info("request %s migrated from %s to %s", rec.request_id, engine_id, moved_to)
+            address = moved_to
+            engine_id = self.directory.engine_at(moved_to) or moved_to
+        await rec.fail(grpc.StatusCode.ABORTED, f"request migrated more than {self.max_migrations} times")
+
     async def _stream(
         self,
         rec: RequestRecord,
@@ -95,7 +115,8 @@ class Relay:
         engine_id: str,
         address: str,
         timeout: float | None,
-    ) -> None:
+    ) -> str | None:
+        """Relay one engine stream into the journal; returns the destination if the request migrated."""
         stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
         call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
         final: common_pb2.TokenChunk | None = None
@@ -123,7 +144,10 @@ class Relay:
                 grpc.aio.Metadata(),
                 "stream ended without a final chunk",
             )
+        if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
+            return final.migrated_to
         await rec.finish(self._final(rec, final.finish_reason, engine_id))
+        return None
 
     def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
         now = time.monotonic()

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids")
+    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
     sampling: _common_pb2.SamplingParams
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    service: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("name", "source", "dtype")
@@ -66,39 +68,189 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("name", "source", "architecture", "weight_bytes", "max_context", "kv_bytes_per_token")
+    __slots__ = ("name", "source", "architecture", "weight_bytes", "max_context", "kv_bytes_per_token", "tokens_per_block", "reserved_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     source: str
     architecture: str
     weight_bytes: int
     max_context: int
     kv_bytes_per_token: int
-    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., architecture: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., max_context: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
+    tokens_per_block: int
+    reserved_bytes: int
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., architecture: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., max_context: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., tokens_per_block: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("engine_id", "device", "backend", "memory_bytes", "kv_capacity_bytes", "models")
+    __slots__ = ("engine_id", "device", "backend", "memory_bytes", "kv_capacity_bytes", "models", "kv_block_bytes", "kv_num_blocks", "policy", "memory_budget_bytes")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     device: str
     backend: str
     memory_bytes: int
     kv_capacity_bytes: int
     models: _containers.RepeatedCompositeFieldContainer[LoadedModel]
-    def __init__(self, engine_id: _Optional[str] = ..., device: _Optional[str] = ..., backend: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ...) -> None: ...
+    kv_block_bytes: int
+    kv_num_blocks: int
+    policy: str
+    memory_budget_bytes: int
+    def __init__(self, engine_id: _Optional[str] = ..., device: _Optional[str] = ..., backend: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., kv_block_bytes: _Optional[int] = ..., kv_num_blocks: _Optional[int] = ..., policy: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchLoadRequest(_message.Message):
     __slots__ = ("interval_s",)
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     interval_s: float
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
+
+class KvShape(_message.Message):
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class KvTransferHeader(_message.Message):
+    __slots__ = ("request_id", "model", "shape", "num_tokens", "prompt_token_ids", "generated_token_ids", "sampling", "service", "rng_state", "age_s", "source_engine_id", "prompt")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    shape: KvShape
+    num_tokens: int
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    service: str
+    rng_state: bytes
+    age_s: float
+    source_engine_id: str
+    prompt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., shape: _Optional[_Union[KvShape, _Mapping]] = ..., num_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., service: _Optional[str] = ..., rng_state: _Optional[bytes] = ..., age_s: _Optional[float] = ..., source_engine_id: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
+
+class KvData(_message.Message):
+    __slots__ = ("start_token", "num_tokens", "data")
+    START_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    start_token: int
+    num_tokens: int
+    data: bytes
+    def __init__(self, start_token: _Optional[int] = ..., num_tokens: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class KvChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: KvTransferHeader
+    data: KvData
+    def __init__(self, header: _Optional[_Union[KvTransferHeader, _Mapping]] = ..., data: _Optional[_Union[KvData, _Mapping]] = ...) -> None: ...
+
+class ExportKvRequest(_message.Message):
+    __slots__ = ("request_id", "chunk_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    chunk_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
+
+class ImportKvResponse(_message.Message):
+    __slots__ = ("request_id", "num_tokens", "blocks", "bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_tokens: int
+    blocks: int
+    bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class MigrateRequest(_message.Message):
+    __slots__ = ("request_id", "destination", "chunk_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    destination: str
+    chunk_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., destination: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
+
+class MigrateResponse(_message.Message):
+    __slots__ = ("request_id", "num_tokens", "bytes", "transfer_s", "pause_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_tokens: int
+    bytes: int
+    transfer_s: float
+    pause_s: float
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ("model", "batch_sizes", "input_lengths", "context_lengths", "repeats")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    batch_sizes: _containers.RepeatedScalarFieldContainer[int]
+    input_lengths: _containers.RepeatedScalarFieldContainer[int]
+    context_lengths: _containers.RepeatedScalarFieldContainer[int]
+    repeats: int
+    def __init__(self, model: _Optional[str] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., input_lengths: _Optional[_Iterable[int]] = ..., context_lengths: _Optional[_Iterable[int]] = ..., repeats: _Optional[int] = ...) -> None: ...
+
+class ProfileSample(_message.Message):
+    __slots__ = ("phase", "batch_size", "tokens", "seconds")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    batch_size: int
+    tokens: int
+    seconds: float
+    def __init__(self, phase: _Optional[str] = ..., batch_size: _Optional[int] = ..., tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ProfileResponse(_message.Message):
+    __slots__ = ("model", "device", "samples")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: str
+    samples: _containers.RepeatedCompositeFieldContainer[ProfileSample]
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[ProfileSample, _Mapping]]] = ...) -> None: ...

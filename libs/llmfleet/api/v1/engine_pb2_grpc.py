@@ -66,6 +66,26 @@ class EngineStub:
                 request_serializer=llmfleet_dot_v1_dot_engine__pb2.WatchLoadRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_common__pb2.LoadSnapshot.FromString,
                 _registered_method=True)
+        self.ExportKv = channel.unary_stream(
+                '/llmfleet.v1.Engine/ExportKv',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.ExportKvRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.KvChunk.FromString,
+                _registered_method=True)
+        self.ImportKv = channel.stream_unary(
+                '/llmfleet.v1.Engine/ImportKv',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.KvChunk.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.ImportKvResponse.FromString,
+                _registered_method=True)
+        self.Migrate = channel.unary_unary(
+                '/llmfleet.v1.Engine/Migrate',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.FromString,
+                _registered_method=True)
+        self.Profile = channel.unary_unary(
+                '/llmfleet.v1.Engine/Profile',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.ProfileResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -110,6 +130,36 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportKv(self, request, context):
+        """Snapshot of a running request's KV and token state (the request is paused while it is read).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportKv(self, request_iterator, context):
+        """Receives a request's KV and token state (header first, then data) and continues decoding it;
+        a consumer attaches with Generate(request_id). Model or shape mismatch: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Migrate(self, request, context):
+        """Live migration: stream the request to `destination` (ImportKv), then end its Generate stream here
+        with FINISH_REASON_MIGRATED. If the transfer fails the request keeps running here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Profile(self, request, context):
+        """Timed prefill (batch x input length) and decode (batch x context length) sweeps.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +192,26 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.WatchLoad,
                     request_deserializer=llmfleet_dot_v1_dot_engine__pb2.WatchLoadRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_common__pb2.LoadSnapshot.SerializeToString,
+            ),
+            'ExportKv': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportKv,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.ExportKvRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.KvChunk.SerializeToString,
+            ),
+            'ImportKv': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportKv,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.KvChunk.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.ImportKvResponse.SerializeToString,
+            ),
+            'Migrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Migrate,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.SerializeToString,
+            ),
+            'Profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.ProfileRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.ProfileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +377,114 @@ class Engine:
             '/llmfleet.v1.Engine/WatchLoad',
             llmfleet_dot_v1_dot_engine__pb2.WatchLoadRequest.SerializeToString,
             llmfleet_dot_v1_dot_common__pb2.LoadSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmfleet.v1.Engine/ExportKv',
+            llmfleet_dot_v1_dot_engine__pb2.ExportKvRequest.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.KvChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportKv(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Engine/ImportKv',
+            llmfleet_dot_v1_dot_engine__pb2.KvChunk.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.ImportKvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Migrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmfleet.v1.Engine/Migrate',
+            llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmfleet.v1.Engine/Profile',
+            llmfleet_dot_v1_dot_engine__pb2.ProfileRequest.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.ProfileResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,520 @@
+"""The unified KV pool's block allocator (SeaLLM §5 merged blocks), pure Python.
+
+One pool of ``num_blocks`` physical blocks of ``block_bytes`` each is shared by every registered model.
+A block belongs to one model at a time and holds ``T_m = floor(block_bytes / bytes_per_token_m)`` of its
+tokens (all layers and KV heads), so a sequence's block table is a list of block ids and token ``p``
+lives at ``Slot(block=blocks[p // T_m], offset=p % T_m)``.
+
+This object only plans: it owns block ids, reference counts and block tables, never bytes. The engine's
+torch storage (``llmfleet.kvblocks.storage``) moves the bytes; the simulator uses this very object for
+KV accounting. No torch, no I/O, no clock.
+
+Conventions:
+
+- ``allocate(seq, model, n)`` records ``n`` tokens as present (prefill) and reserves ``ceil(n / T_m)``
+  blocks; ``n == 0`` reserves nothing (the first ``append_slot`` takes a block).
+- ``allocate``, ``reserve_import``, ``fork`` and the appends check the hard capacity only. The
+  watermark is an *admission* rule applied by ``can_allocate`` (vLLM-style): new sequences are admitted
+  only if ``watermark_blocks`` stay free afterwards, so running sequences can keep decoding into them.
+- Forking shares full blocks (reference counted) and copies the partial last block; shared blocks are
+  full, so appending never writes into a shared block and no copy-on-write happens later.
+- Every failing operation leaves the allocator unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from llmfleet.kvblocks.shapes import KvShape
+from llmfleet.kvblocks.stats import ModelUsage, PoolStats
+
+__all__ = [
+    "BlockAllocator",
+    "BlockTable",
+    "DuplicateSequence",
+    "KvBlocksError",
+    "ModelInUse",
+    "OutOfBlocks",
+    "ShapeMismatch",
+    "Slot",
+    "TokenRange",
+    "UnknownModel",
+    "UnknownSequence",
+]
+
+
+# --------------------------------------------------------------------------------------------- errors
+class KvBlocksError(Exception):
+    """Base of every error the KV block allocator raises."""
+
+
+class OutOfBlocks(KvBlocksError):
+    """Not enough free blocks: ``needed`` blocks were asked for, ``free`` were available."""
+
+    def __init__(self, needed: int, free: int, message: str | None = None) -> None:
+        self.needed = needed
+        self.free = free
+        self.message = message or f"need {needed} KV blocks but only {free} are free"
+        super().__init__(self.message)
+
+    def __reduce__(self):  # keep it picklable (the simulator may run in worker processes)
+        return (type(self), (self.needed, self.free, self.message))
+
+
+class _LookupMessage(KvBlocksError, KeyError):
+    """A KeyError whose str() is the plain message (KeyError would print its repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownModel(_LookupMessage):
+    """The model is not registered with this pool."""
+
+
+class UnknownSequence(_LookupMessage):
+    """The sequence id is not live in this pool."""
+
+
+class DuplicateSequence(KvBlocksError, ValueError):
+    """The sequence id is already live."""
+
+
+class ShapeMismatch(KvBlocksError, ValueError):
+    """A model name is used with a KV shape other than the registered one."""
+
+
+class ModelInUse(KvBlocksError, RuntimeError):
+    """The model still has live sequences."""
+
+
+# ------------------------------------------------------------------------------------------ plain data
+class Slot(NamedTuple):
+    """Where one token's K/V live: physical ``block`` and the token ``offset`` inside it (< T_m)."""
+
+    block: int
+    offset: int
+
+
+class TokenRange(NamedTuple):
+    """Token positions ``[start, end)`` of a sequence."""
+
+    start: int
+    end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTable:
+    """A snapshot of one sequence's blocks: token ``p`` is at ``blocks[p // T], p % T``."""
+
+    model: str
+    blocks: tuple[int, ...]
+    num_tokens: int
+    tokens_per_block: int
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the reserved blocks can hold (appends below this take no new block)."""
+        return len(self.blocks) * self.tokens_per_block
+
+    def slot(self, position: int) -> Slot:
+        if not 0 <= position < self.num_tokens:
+            raise IndexError(f"position {position} outside [0, {self.num_tokens})")
+        q, r = divmod(position, self.tokens_per_block)
+        return Slot(self.blocks[q], r)
+
+
+# ------------------------------------------------------------------------------------ internal state
+class _Model:
+    """A registered model and its live usage counters (maintained incrementally)."""
+
+    __slots__ = ("blocks", "bytes_per_token", "name", "sequences", "shape", "tokens", "tpb")
+
+    def __init__(self, name: str, shape: KvShape, tpb: int) -> None:
+        self.name = name
+        self.shape = shape
+        self.tpb = tpb
+        self.bytes_per_token = shape.bytes_per_token
+        self.blocks = 0  # distinct physical blocks
+        self.tokens = 0  # tokens physically stored in them (shared ones once)
+        self.sequences = 0
+
+
+class _Seq:
+    __slots__ = ("blocks", "model", "num_tokens")
+
+    def __init__(self, model: _Model, blocks: list[int], num_tokens: int) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.num_tokens = num_tokens
+
+
+def _count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ allocator
+class BlockAllocator:
+    """Block ids, reference counts and per-sequence block tables of one unified KV pool."""
+
+    __slots__ = ("_block_bytes", "_free", "_models", "_num_blocks", "_refcount", "_seqs", "_watermark", "_wm")
+
+    def __init__(self, num_blocks: int, block_bytes: int, watermark: float = 0.01) -> None:
+        for name, v in (("num_blocks", num_blocks), ("block_bytes", block_bytes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(watermark, int | float) or not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        self._num_blocks = num_blocks
+        self._block_bytes = block_bytes
+        self._watermark = float(watermark)
+        self._wm = int(watermark * num_blocks)
+        # A stack: pop() hands out the lowest ids first; freed blocks are reused first (LIFO).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._refcount: list[int] = [0] * num_blocks
+        self._models: dict[str, _Model] = {}
+        self._seqs: dict[str, _Seq] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockAllocator(num_blocks={self._num_blocks}, block_bytes={self._block_bytes}, "
+            f"free={len(self._free)}, models={len(self._models)}, sequences={len(self._seqs)})"
+        )
+
+    # ------------------------------------------------------------------------------------ properties
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_bytes(self) -> int:
+        return self._block_bytes
+
+    @property
+    def watermark(self) -> float:
+        return self._watermark
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks admission keeps free: ``int(watermark · num_blocks)``."""
+        return self._wm
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self._num_blocks - len(self._free)
+
+    # ------------------------------------------------------------------------------------ models
+    def register_model(self, name: str, shape: KvShape) -> int:
+        """Add a model to the pool and return its T_m; re-registering the same shape is a no-op."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"model name must be a non-empty str, got {name!r}")
+        if not isinstance(shape, KvShape):
+            raise TypeError(f"shape must be a KvShape, got {type(shape).__name__}")
+        m = self._models.get(name)
+        if m is not None:
+            if m.shape != shape:
+                raise ShapeMismatch(f"model {name!r} is registered with {m.shape}, not {shape}")
+            return m.tpb
+        tpb = shape.tokens_per_block(self._block_bytes)  # ValueError if a block can't hold one token
+        self._models[name] = _Model(name, shape, tpb)
+        return tpb
+
+    def unregister_model(self, name: str) -> None:
+        m = self._model(name)
+        if m.sequences:
+            raise ModelInUse(f"model {name!r} still has {m.sequences} live sequences ({m.blocks} blocks)")
+        del self._models[name]
+
+    def models(self) -> dict[str, KvShape]:
+        return {name: m.shape for name, m in self._models.items()}
+
+    def tokens_per_block(self, model: str) -> int:
+        return self._model(model).tpb
+
+    def blocks_needed(self, model: str, num_tokens: int) -> int:
+        """Blocks a new sequence of ``num_tokens`` tokens of ``model`` takes."""
+        return -(-_count("num_tokens", num_tokens) // self._model(model).tpb)
+
+    def max_sequence_tokens(self, model: str, *, ignore_watermark: bool = False) -> int:
+        """The longest sequence ``can_allocate`` could ever admit (on an empty pool)."""
+        usable = self._num_blocks - (0 if ignore_watermark else self._wm)
+        return usable * self._model(model).tpb
+
+    # ------------------------------------------------------------------------------------ sequences
+    def can_allocate(self, model: str, num_tokens: int, *, ignore_watermark: bool = False) -> bool:
+        """Admission check: would ``allocate`` succeed and leave ``watermark_blocks`` free?"""
+        needed = self.blocks_needed(model, num_tokens)
+        reserve = 0 if ignore_watermark else self._wm
+        return len(self._free) - needed >= reserve
+
+    def allocate(self, seq_id: str, model: str, num_tokens: int) -> BlockTable:
+        """Start a sequence holding ``num_tokens`` tokens (e.g. a prompt) and reserve their blocks.
+
+        Reserves ``ceil(num_tokens / T_m)`` blocks (none for 0 tokens). Checks the hard capacity only;
+        call ``can_allocate`` first to respect the watermark.
+        """
+        m = self._model(model)
+        num_tokens = _count("num_tokens", num_tokens)
+        self._check_new(seq_id)
+        needed = -(-num_tokens // m.tpb)
+        self._ensure_free(needed, lambda: f"to allocate {num_tokens} tokens of {m.name!r} ({m.tpb}/block)")
+        self._seqs[seq_id] = _Seq(m, self._take(needed, m), num_tokens)
+        m.tokens += num_tokens
+        m.sequences += 1
+        return self.table(seq_id)
+
+    def reserve_import(self, seq_id: str, model: str, shape: KvShape, num_tokens: int) -> BlockTable:
+        """Reserve blocks for ``num_tokens`` tokens migrating in from another engine.
+
+        The model must be registered with exactly ``shape`` (``ShapeMismatch`` otherwise) and the blocks
+        must fit (``OutOfBlocks``); on either error nothing is allocated. The storage then writes the
+        incoming K/V at ``slots(seq_id, 0, num_tokens)``.
+        """
+        m = self._model(model)
+        if m.shape != shape:
+            raise ShapeMismatch(
+                f"cannot import {seq_id!r}: model {model!r} is registered here with {m.shape}, "
+                f"the sender's KV has {shape}"
+            )
+        return self.allocate(seq_id, model, num_tokens)
+
+    def append_slot(self, seq_id: str) -> Slot:
+        """The slot where the next token's K/V go; takes a new block when the last one is full.
+
+        O(1), on the per-token hot path. ``OutOfBlocks`` when a block is needed and none is free (the
+        engine then preempts); this may use the watermark blocks.
+        """
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise self._unknown(seq_id)
+        m = seq.model
+        n = seq.num_tokens
+        offset = n % m.tpb
+        if offset == 0:
+            free = self._free
+            if not free:
+                raise OutOfBlocks(
+                    1,
+                    0,
+                    f"need 1 KV block to append to {seq_id!r} ({m.name!r}) but 0 of {self._num_blocks} are free",
+                )
+            block = free.pop()
+            self._refcount[block] = 1
+            seq.blocks.append(block)
+            m.blocks += 1
+        else:
+            block = seq.blocks[-1]
+        seq.num_tokens = n + 1
+        m.tokens += 1
+        return Slot(block, offset)
+
+    def append_slots(self, seq_id: str, n: int) -> list[Slot]:
+        """Slots for the next ``n`` tokens (a prefill chunk); all or nothing."""
+        seq = self._seq(seq_id)
+        n = _count("n", n)
+        m = seq.model
+        t = m.tpb
+        start = seq.num_tokens
+        end = start + n
+        needed = -(-end // t) - len(seq.blocks)
+        self._ensure_free(needed, lambda: f"to append {n} tokens to {seq_id!r} ({m.name!r}, {t}/block)")
+        seq.blocks.extend(self._take(needed, m))
+        seq.num_tokens = end
+        m.tokens += n
+        blocks = seq.blocks
+        return [Slot(blocks[p // t], p % t) for p in range(start, end)]
+
+    def blocks_needed_to_append(self, seq_id: str, n: int = 1) -> int:
+        """New blocks that appending ``n`` tokens to the sequence would take."""
+        seq = self._seq(seq_id)
+        return -(-(seq.num_tokens + _count("n", n)) // seq.model.tpb) - len(seq.blocks)
+
+    def slots(self, seq_id: str, start: int, end: int) -> list[Slot]:
+        """Slots of the existing tokens ``[start, end)`` (``0 <= start <= end <= num_tokens``)."""
+        seq = self._seq(seq_id)
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= seq.num_tokens):
+            raise IndexError(f"token range [{start}, {end}) outside [0, {seq.num_tokens}] of {seq_id!r}")
+        t = seq.model.tpb
+        blocks = seq.blocks
+        return [Slot(blocks[p // t], p % t) for p in range(start, end)]
+
+    def slot_of(self, seq_id: str, position: int) -> Slot:
+        seq = self._seq(seq_id)
+        if not (isinstance(position, int) and 0 <= position < seq.num_tokens):
+            raise IndexError(f"position {position!r} outside [0, {seq.num_tokens}) of {seq_id!r}")
+        q, r = divmod(position, seq.model.tpb)
+        return Slot(seq.blocks[q], r)
+
+    def free(self, seq_id: str) -> int:
+        """End a sequence; returns how many blocks went back to the free list (refcount reached 0)."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise self._unknown(seq_id)
+        m = seq.model
+        t = m.tpb
+        blocks = seq.blocks
+        last = len(blocks) - 1
+        rc = self._refcount
+        free = self._free
+        released = 0
+        # Reversed, so that the stack hands the sequence's blocks out again in their original order.
+        for i in range(last, -1, -1):
+            b = blocks[i]
+            rc[b] -= 1
+            if rc[b] == 0:
+                free.append(b)
+                released += 1
+                m.tokens -= t if i < last else seq.num_tokens - last * t
+        m.blocks -= released
+        m.sequences -= 1
+        return released
+
+    def fork(self, src_seq_id: str, dst_seq_id: str) -> list[tuple[int, int]]:
+        """Copy-on-write fork: ``dst`` shares ``src``'s full blocks and gets a copy of the partial one.
+
+        Returns the ``(src_block, dst_block)`` copies the storage must perform before either sequence
+        appends (at most one). Needs one free block when the last block is partial (``OutOfBlocks``).
+        """
+        src = self._seq(src_seq_id)
+        self._check_new(dst_seq_id)
+        m = src.model
+        t = m.tpb
+        full, partial = divmod(src.num_tokens, t)
+        self._ensure_free(1 if partial else 0, lambda: f"to fork {src_seq_id!r} into {dst_seq_id!r}")
+        shared = src.blocks[:full]
+        rc = self._refcount
+        for b in shared:
+            rc[b] += 1
+        copies: list[tuple[int, int]] = []
+        if partial:
+            (new,) = self._take(1, m)
+            copies.append((src.blocks[full], new))
+            shared.append(new)
+            m.tokens += partial
+        self._seqs[dst_seq_id] = _Seq(m, shared, src.num_tokens)
+        m.sequences += 1
+        return copies
+
+    # ------------------------------------------------------------------------------------ queries
+    def table(self, seq_id: str) -> BlockTable:
+        seq = self._seq(seq_id)
+        return BlockTable(seq.model.name, tuple(seq.blocks), seq.num_tokens, seq.model.tpb)
+
+    def sequences(self, model: str | None = None) -> list[str]:
+        """Live sequence ids (in allocation order), optionally only those of ``model``."""
+        if model is None:
+            return list(self._seqs)
+        m = self._model(model)
+        return [s for s, seq in self._seqs.items() if seq.model is m]
+
+    def num_tokens(self, seq_id: str) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def model_of(self, seq_id: str) -> str:
+        return self._seq(seq_id).model.name
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def block_refcount(self, block: int) -> int:
+        """How many live sequences hold ``block`` (0 = free)."""
+        if not 0 <= block < self._num_blocks:
+            raise IndexError(f"block {block} outside [0, {self._num_blocks})")
+        return self._refcount[block]
+
+    def free_block_ids(self) -> list[int]:
+        """A copy of the free list, next-to-be-allocated last (for debugging and tests; O(num_blocks))."""
+        return list(self._free)
+
+    def export_plan(self, seq_id: str, chunk_tokens: int) -> list[TokenRange]:
+        """Split ``[0, num_tokens)`` into consecutive ranges of at most ``chunk_tokens`` tokens."""
+        seq = self._seq(seq_id)
+        if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+        n = seq.num_tokens
+        return [TokenRange(s, min(s + chunk_tokens, n)) for s in range(0, n, chunk_tokens)]
+
+    def stats(self) -> PoolStats:
+        bb = self._block_bytes
+        models: dict[str, ModelUsage] = {}
+        frag = 0
+        for name, m in self._models.items():
+            models[name] = ModelUsage(m.blocks, m.tokens, m.sequences, m.blocks * m.tpb)
+            frag += m.blocks * bb - m.tokens * m.bytes_per_token
+        used = self.used_blocks
+        return PoolStats(
+            total_blocks=self._num_blocks,
+            free_blocks=len(self._free),
+            used_blocks=used,
+            block_bytes=bb,
+            watermark_blocks=self._wm,
+            num_sequences=len(self._seqs),
+            models=models,
+            internal_fragmentation_bytes=frag,
+            fragmentation=frag / (used * bb) if used else 0.0,
+            utilization=used / self._num_blocks,
+        )
+
+    # ------------------------------------------------------------------------------------ internals
+    def _model(self, name: str) -> _Model:
+        m = self._models.get(name)
+        if m is None:
+            raise UnknownModel(f"model {name!r} is not registered (registered: {sorted(self._models)})")
+        return m
+
+    def _seq(self, seq_id: str) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise self._unknown(seq_id)
+        return seq
+
+    def _unknown(self, seq_id: str) -> UnknownSequence:
+        return UnknownSequence(f"sequence {seq_id!r} is not live in this KV pool")
+
+    def _check_new(self, seq_id: str) -> None:
+        if not isinstance(seq_id, str):
+            raise TypeError(f"seq_id must be a str, got {type(seq_id).__name__}")
+        if seq_id in self._seqs:
+            raise DuplicateSequence(f"sequence {seq_id!r} is already live")
+
+    def _ensure_free(self, needed: int, what) -> None:
+        free = len(self._free)
+        if needed > free:
+            raise OutOfBlocks(
+                needed,
+                free,
+                f"need {needed} KV blocks {what()} but only {free} of {self._num_blocks} are free "
+                f"({self._block_bytes} bytes each)",
+            )
+
+    def _take(self, n: int, m: _Model) -> list[int]:
+        """Pop ``n`` free blocks (the caller checked they exist) for model ``m``."""
+        if n <= 0:
+            return []
+        free = self._free
+        taken = free[-n:]
+        del free[-n:]
+        taken.reverse()
+        rc = self._refcount
+        for b in taken:
+            rc[b] = 1
+        m.blocks += n
+        return taken

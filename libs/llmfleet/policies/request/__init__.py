@@ -1,0 +1,52 @@
+"""Engine-local request scheduling policies: which requests of one model run in the next iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmfleet.policies.request.base import (
+    Batch,
+    BatchLimits,
+    BatchPhase,
+    Phase,
+    PoolView,
+    RequestPolicy,
+    SchedRequest,
+    admission_blocks,
+    stuck_requests,
+)
+from llmfleet.policies.request.doubling_budget import DoublingBudget
+from llmfleet.policies.request.fcfs import Fcfs
+from llmfleet.policies.request.service_stats import ServiceStats
+
+POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget}
+
+
+def make_request_policy(name: str, **kwargs: Any) -> RequestPolicy:
+    """A new policy object by registry name; options go to its constructor."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown request policy {name!r}; valid: {sorted(POLICIES)}") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad options for request policy {name!r}: {e}") from None
+
+
+__all__ = [
+    "POLICIES",
+    "Batch",
+    "BatchLimits",
+    "BatchPhase",
+    "DoublingBudget",
+    "Fcfs",
+    "Phase",
+    "PoolView",
+    "RequestPolicy",
+    "SchedRequest",
+    "ServiceStats",
+    "admission_blocks",
+    "make_request_policy",
+    "stuck_requests",
+]

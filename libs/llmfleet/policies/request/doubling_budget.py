@@ -1,0 +1,231 @@
+"""SeaLLM's doubling-budget (DB) scheduling (SeaLLM §4.3 and Algorithm 2, appendix A.2).
+
+Ideal priority (eq. 7): O_r = T'_r · L̂_s, the estimated remaining time times the service's mean execution
+time, smallest first — the c-μ / exchange-argument order that minimises the normalized latency
+L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget instead:
+
+* Budget at arrival: Q_r = L̂_s + σ_s (mean and standard deviation of service s's execution time,
+  :class:`~llmfleet.policies.request.service_stats.ServiceStats`, fed by ``on_finish``).
+* Q_r decreases by the duration of every iteration r takes part in (the whole iteration is charged to
+  each member of the batch).
+* Priority O_r = Q_r · L̂_s; the smallest runs first. Ties: earlier arrival, then request id.
+* Renewal with geometric doubling: when Q_r ≤ 0 the k-th renewal grants 2^k (L̂_s + σ_s), k = 1, 2, ...
+  (``renewals`` after the increment). **Overshoot is carried**: the time run past the exhausted budget
+  is taken off the new one (Q_r ← Q_r + 2^k (L̂_s + σ_s), repeated while Q_r ≤ 0), so after k renewals
+  Q_r = (2^{k+1} − 1)(L̂_s + σ_s) − executed time. Q_r then depends only on the executed time, not on how
+  it was cut into iterations (engine and simulator agree); charged exactly to a budget boundary,
+  Q_r = 2^k (L̂_s + σ_s).
+* Starvation: a service is starving when one of its requests has made no progress for longer than the
+  service's threshold (config per service; default ``starvation_factor`` × L̂_s = 10 L̂_s). "No progress"
+  is counted from the end of the last iteration the request took part in (from its arrival if it never
+  ran), for waiting prefills and running decodes alike, so neither a queued nor an admitted request can
+  stall forever. Starving services are served first, the longest-stalled first; a starving service's
+  batch is seeded with its longest-stalled request.
+* A batch holds ONE service, ONE phase and ONE model: seed it with the top request, then add requests of
+  the same service, phase and model in priority order until ``max_requests``, or for prefills until
+  the next one does not fit the prefill-token limit or the pool (summed over the batch).
+* Seed = the first request of the ranking (starving services first, then all by O_r). If it is a
+  prefill that does not fit the pool, the batch is seeded with the best decode instead (decodes free KV
+  as they finish), or, with nothing running, with the best prefill that fits; ``None`` only when
+  nothing can run. Queues are never mutated (Algorithm 2 as printed can loop forever; this cannot).
+* Preemption victim: the running request with the largest O_r (least urgent), ties by later arrival.
+
+Budgets live in the requests' policy-owned fields, so they survive preemption; a request the policy
+has not seen (``budget_s <= 0``, e.g. imported by migration without ``on_arrival``) is initialised on
+first sight. ``on_finish`` observes execution time = now − first_scheduled_s (or − arrival_s if it never
+ran); ``first_scheduled_s`` is the start of the first iteration it took part in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from llmfleet.policies.request.base import (
+    Batch,
+    BatchLimits,
+    Phase,
+    PoolView,
+    SchedRequest,
+    admit_prefills,
+    batch_members,
+    check_duration,
+    fits_alone,
+    mark_ran,
+)
+from llmfleet.policies.request.service_stats import ServiceStats
+
+MIN_BUDGET_UNIT_S = 1e-6  # floor of L̂_s + σ_s so a degenerate service (all zeros) still renews finitely
+
+
+class DoublingBudget:
+    """SeaLLM DB scheduling. ``stats`` shares an existing ServiceStats (its priors then apply)."""
+
+    name = "doubling_budget"
+
+    def __init__(
+        self,
+        *,
+        default_mean_s: float = 1.0,
+        default_std_s: float = 0.5,
+        starvation_factor: float | None = 10.0,
+        starvation_threshold_s: Mapping[str, float] | None = None,
+        stats: ServiceStats | None = None,
+    ) -> None:
+        self.stats = stats if stats is not None else ServiceStats(default_mean_s, default_std_s)
+        if starvation_factor is not None and not starvation_factor > 0:
+            raise ValueError(f"starvation_factor must be > 0 or None, got {starvation_factor!r}")
+        thresholds = dict(starvation_threshold_s or {})
+        bad = {s: t for s, t in thresholds.items() if not t > 0}
+        if bad:
+            raise ValueError(f"starvation thresholds must be > 0 (inf disables): {bad}")
+        self.starvation_factor = starvation_factor
+        self.starvation_threshold_s = thresholds
+
+    # ------------------------------------------------------------------ formulas
+
+    def observe(self, service: str, exec_time_s: float) -> None:
+        """Seed/feed service statistics with one execution time (see ServiceStats.observe)."""
+        self.stats.observe(service, exec_time_s)
+
+    def budget_unit(self, service: str) -> float:
+        """L̂_s + σ_s: the initial budget, and the base of the geometric renewals 2^k (L̂_s + σ_s)."""
+        return max(self.stats.mean(service) + self.stats.std(service), MIN_BUDGET_UNIT_S)
+
+    def priority_of(self, req: SchedRequest) -> float:
+        """O_r = Q_r · L̂_s (smaller runs first)."""
+        return req.budget_s * self.stats.mean(req.service)
+
+    def starvation_threshold(self, service: str) -> float:
+        """The configured threshold, else starvation_factor × L̂_s; inf when starvation is disabled."""
+        if service in self.starvation_threshold_s:
+            return self.starvation_threshold_s[service]
+        if self.starvation_factor is None:
+            return math.inf
+        return self.starvation_factor * self.stats.mean(service)
+
+    def charge(self, req: SchedRequest, duration_s: float) -> None:
+        """Q_r −= duration; while Q_r ≤ 0: k += 1, Q_r += 2^k (L̂_s + σ_s) (overshoot carried)."""
+        self._init(req)
+        req.budget_s -= duration_s
+        while req.budget_s <= 0:
+            req.renewals += 1
+            req.budget_s += (2**req.renewals) * self.budget_unit(req.service)
+        req.priority = self.priority_of(req)
+
+    def starving_services(
+        self, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
+    ) -> list[tuple[str, SchedRequest]]:
+        """(service, its longest-stalled request) for every starving service, longest stall first."""
+        worst: dict[str, tuple[float, SchedRequest]] = {}
+        for r in (*waiting, *running):
+            s = _stall(r, now)
+            cur = worst.get(r.service)
+            if cur is None or (-s, r.arrival_s, r.request_id) < (
+                -cur[0],
+                cur[1].arrival_s,
+                cur[1].request_id,
+            ):
+                worst[r.service] = (s, r)
+        starving = [(s, svc, r) for svc, (s, r) in worst.items() if s > self.starvation_threshold(svc)]
+        starving.sort(key=lambda t: (-t[0], t[1]))
+        return [(svc, r) for _, svc, r in starving]
+
+    # ------------------------------------------------------------------ RequestPolicy
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        """InitBudget + InitPriority: Q_r = L̂_s + σ_s, O_r = Q_r · L̂_s (kept if already initialised)."""
+        self._init(req)
+
+    def next_batch(
+        self,
+        waiting: Sequence[SchedRequest],
+        running: Sequence[SchedRequest],
+        pool: PoolView,
+        limits: BatchLimits,
+        now: float,
+    ) -> Batch | None:
+        if not waiting and not running:
+            return None
+        for r in (*waiting, *running):
+            self._init(r)
+            r.priority = self.priority_of(r)
+        prefills = sorted(waiting, key=_key)
+        decodes = sorted(running, key=_key)
+        ranked = self._ranking(prefills, decodes, now)
+        seed, phase = ranked[0]
+        if phase == "prefill" and not fits_alone(pool, seed):
+            alt = next(((r, p) for r, p in ranked if p == "decode"), None)
+            if alt is None:
+                alt = next(((r, p) for r, p in ranked if p == "prefill" and fits_alone(pool, r)), None)
+            if alt is None:
+                return None
+            seed, phase = alt
+        queue = prefills if phase == "prefill" else decodes
+        peers = [
+            r
+            for r in queue
+            if r.request_id != seed.request_id and r.service == seed.service and r.model == seed.model
+        ]
+        if phase == "decode":
+            members = [seed, *peers][: limits.max_requests]
+        else:
+            members = admit_prefills([seed, *peers], pool, limits, limits.max_requests)
+        return Batch(seed.model, phase, tuple(r.request_id for r in members))
+
+    def on_iteration(
+        self, batch: Batch, duration_s: float, now: float, requests: Sequence[SchedRequest]
+    ) -> None:
+        """UpdateBudget + UpdatePriority for the members of ``batch``."""
+        check_duration(duration_s)
+        for r in batch_members(batch, requests):
+            mark_ran(r, duration_s, now)
+            self.charge(r, duration_s)
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        """Observe the execution time now − first_scheduled_s (arrival_s if it never ran), floored at 0."""
+        start = req.first_scheduled_s if req.first_scheduled_s is not None else req.arrival_s
+        self.stats.observe(req.service, max(0.0, now - start))
+
+    def preemption_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest:
+        """The running request with the largest O_r; ties: the later arrival, then the larger id."""
+        if not running:
+            raise ValueError("no running request to preempt")
+        for r in running:
+            self._init(r)
+            r.priority = self.priority_of(r)
+        return max(running, key=_key)
+
+    # ------------------------------------------------------------------ internals
+
+    def _init(self, req: SchedRequest) -> None:
+        if req.budget_s <= 0:
+            req.budget_s = self.budget_unit(req.service)
+            req.renewals = 0
+            req.priority = self.priority_of(req)
+
+    def _ranking(
+        self, prefills: list[SchedRequest], decodes: list[SchedRequest], now: float
+    ) -> list[tuple[SchedRequest, Phase]]:
+        """Seed order: each starving service (longest stall first) with its longest-stalled request
+        first, then its other requests by O_r; then every other request by O_r."""
+        both: list[tuple[SchedRequest, Phase]] = [(r, "prefill") for r in prefills]
+        both += [(r, "decode") for r in decodes]
+        both.sort(key=lambda t: _key(t[0]))
+        out: list[tuple[SchedRequest, Phase]] = []
+        starving = self.starving_services(prefills, decodes, now)
+        for svc, stalled in starving:
+            out += [t for t in both if t[0].request_id == stalled.request_id]
+            out += [t for t in both if t[0].service == svc and t[0].request_id != stalled.request_id]
+        names = {svc for svc, _ in starving}
+        out += [t for t in both if t[0].service not in names]
+        return out
+
+
+def _key(req: SchedRequest) -> tuple[float, float, str]:
+    return (req.priority, req.arrival_s, req.request_id)
+
+
+def _stall(req: SchedRequest, now: float) -> float:
+    """Time since ``req`` last made progress (since arrival if it never ran)."""
+    return now - (req.last_run_s if req.last_run_s is not None else req.arrival_s)

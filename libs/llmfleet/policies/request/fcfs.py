@@ -1,0 +1,86 @@
+"""FCFS continuous batching, vLLM-like, over several models sharing one engine (the baseline).
+
+Per iteration: take the model of the oldest request (by arrival, ties by request id) among waiting and
+running; its batch is all its running decodes (oldest first, up to ``max_requests``) plus its waiting
+prefills in arrival order while they fit (slots, prefill tokens, pool). A model with nothing runnable is
+skipped for the next model by oldest arrival.
+
+Head-of-line rule (strict FCFS, no silent starvation): when the oldest waiting request overall does not
+fit the pool and something is running (which will free KV), no later prefill of any model is admitted;
+decodes still run, so memory frees up and the head gets in. When nothing runs, waiting cannot help the
+head (``stuck_requests`` names it), so later requests are admitted instead of idling forever.
+
+Victim: the most recently arrived running request (vLLM's policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmfleet.policies.request.base import (
+    Batch,
+    BatchLimits,
+    BatchPhase,
+    PoolView,
+    SchedRequest,
+    admit_prefills,
+    arrival_key,
+    batch_members,
+    check_duration,
+    fits_alone,
+    mark_ran,
+)
+
+
+class Fcfs:
+    """First come, first served; one model per batch, prefills and decodes of that model mixed."""
+
+    name = "fcfs"
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        return None
+
+    def next_batch(
+        self,
+        waiting: Sequence[SchedRequest],
+        running: Sequence[SchedRequest],
+        pool: PoolView,
+        limits: BatchLimits,
+        now: float,
+    ) -> Batch | None:
+        if not waiting and not running:
+            return None
+        waits = sorted(waiting, key=arrival_key)
+        runs = sorted(running, key=arrival_key)
+        oldest: dict[str, tuple[float, str]] = {}
+        for r in (*waits, *runs):
+            k = arrival_key(r)
+            if r.model not in oldest or k < oldest[r.model]:
+                oldest[r.model] = k
+        head_blocked = bool(waits) and bool(runs) and not fits_alone(pool, waits[0])
+        for model in sorted(oldest, key=lambda m: (oldest[m], m)):
+            decodes = [r for r in runs if r.model == model][: limits.max_requests]
+            prefills: list[SchedRequest] = []
+            if not head_blocked:
+                prefills = admit_prefills(
+                    (r for r in waits if r.model == model), pool, limits, limits.max_requests - len(decodes)
+                )
+            if decodes or prefills:
+                phase: BatchPhase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
+                return Batch(model, phase, tuple(r.request_id for r in (*decodes, *prefills)))
+        return None
+
+    def on_iteration(
+        self, batch: Batch, duration_s: float, now: float, requests: Sequence[SchedRequest]
+    ) -> None:
+        check_duration(duration_s)
+        for r in batch_members(batch, requests):
+            mark_ran(r, duration_s, now)
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        return None
+
+    def preemption_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest:
+        if not running:
+            raise ValueError("no running request to preempt")
+        return max(running, key=arrival_key)

@@ -1,0 +1,218 @@
+import random
+
+import pytest
+from llmfleet.policies.request import Batch, BatchLimits, DoublingBudget, PoolView, SchedRequest, ServiceStats
+
+BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16, "m2": 16})
+
+
+def w(rid, service="short", arrival=0.0, prompt=15, model=None):
+    model = model or {"short": "ms", "long": "ml"}.get(service, "ms")
+    return SchedRequest(rid, service, model, arrival, prompt, 8)
+
+
+def d(rid, service="short", arrival=0.0, prompt=15, model=None):
+    r = w(rid, service, arrival, prompt, model)
+    r.phase, r.generated = "decode", 1
+    return r
+
+
+def policy(short=(0.1, 0.02), long=(1.0, 0.2), **kw):
+    """DB whose service stats have exactly these (L̂, σ): two samples m ± σ/√2 per service."""
+    p = DoublingBudget(**kw)
+    for svc, (mean, std) in (("short", short), ("long", long)):
+        # two samples m ± s/√2 have mean m and sample std s
+        p.observe(svc, mean - std / 2**0.5)
+        p.observe(svc, mean + std / 2**0.5)
+    return p
+
+
+def arrive(p, *reqs, now=0.0):
+    for r in reqs:
+        p.on_arrival(r, now)
+    return reqs
+
+
+def test_budget_initialised_from_service_stats():
+    p = policy()
+    s, lg, unseen = arrive(p, w("s"), w("l", "long"), w("u", "new"))
+    assert s.budget_s == pytest.approx(0.12) and s.renewals == 0
+    assert s.priority == pytest.approx(0.12 * 0.1)  # O_r = Q_r · L̂_s
+    assert lg.budget_s == pytest.approx(1.2) and lg.priority == pytest.approx(1.2)
+    assert unseen.budget_s == pytest.approx(1.0 + 0.5)  # default prior: mean 1.0, std 0.5
+    s.budget_s = 0.05
+    p.on_arrival(s, 1.0)  # idempotent: an initialised budget is kept
+    assert s.budget_s == 0.05
+
+
+def test_charging_and_geometric_doubling_at_exact_boundaries():
+    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)  # L̂ + σ = 1
+    (r,) = arrive(p, w("r", "svc"))
+    b = Batch("ms", "prefill", ("r",))
+    p.on_iteration(b, 0.25, 1.0, [r])
+    assert (r.budget_s, r.renewals) == (0.75, 0)
+    p.on_iteration(b, 0.75, 2.0, [r])  # Q = 0 -> first renewal: 2^1 (L̂ + σ)
+    assert (r.budget_s, r.renewals, r.priority) == (2.0, 1, 2.0)
+    for k in (2, 3, 4):
+        p.on_iteration(b, r.budget_s, 3.0, [r])  # use the whole budget exactly
+        assert (r.budget_s, r.renewals) == (2.0**k, k)
+        assert r.priority == 2.0**k * 1.0  # priority recomputed: Q_r · L̂_s
+
+
+def test_overshoot_is_carried_and_independent_of_iteration_granularity():
+    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)
+    one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
+    p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> + 2 = 1.5
+    assert (one.budget_s, one.renewals) == (1.5, 1)
+    for _ in range(15):
+        p.charge(many, 0.1)
+    assert many.budget_s == pytest.approx(1.5) and many.renewals == 1
+    p.charge(big, 10.0)  # one long iteration exhausts several budgets: granted 1+2+4+8 = 15
+    assert (big.budget_s, big.renewals) == (5.0, 3)
+
+
+def test_shorter_service_first_when_budgets_equal_c_mu():
+    p = policy(short=(0.1, 0.0), long=(1.0, 0.0))
+    s, lg = arrive(p, w("s", "short", arrival=5.0), w("l", "long", arrival=1.0))
+    s.budget_s = lg.budget_s = 0.5
+    assert p.next_batch([lg, s], [], BIG, BatchLimits(), 6.0) == Batch("ms", "prefill", ("s",))
+    assert s.priority == pytest.approx(0.05) and lg.priority == pytest.approx(0.5)
+
+
+def test_priority_order_short_before_long_and_nearly_done_first():
+    p = policy(starvation_factor=None)
+    ls = arrive(p, w("l", "long"))
+    ss = arrive(p, w("s1", "short", 1.0), w("s2", "short", 2.0))
+    assert p.next_batch([*ls, *ss], [], BIG, BatchLimits(), 3.0).request_ids == ("s1", "s2")
+    dl = d("dl", "long")  # a long decode that used most of its budget beats fresh short prefills
+    arrive(p, dl)
+    p.charge(dl, 1.199)
+    assert p.next_batch(list(ss), [dl], BIG, BatchLimits(), 3.0) == Batch("ml", "decode", ("dl",))
+    s3 = d("s3", "short", 2.5)  # within a service, more budget used = higher priority (SRPT-like)
+    arrive(p, s3)
+    p.charge(s3, 0.05)
+    b = p.next_batch([], [dl, d("s4", "short", 0.0), s3], BIG, BatchLimits(), 3.0)
+    assert b.request_ids[0] == "dl" and b.phase == "decode"
+
+
+def test_one_service_one_phase_one_model_per_batch():
+    p = policy()
+    waiting = [w("sw1"), w("sw2"), w("lw", "long"), w("sx", model="m2")]
+    running = [d("sd1", arrival=1.0), d("ld", "long")]
+    arrive(p, *waiting, *running)
+    running[0].budget_s = 0.001  # the short decode is the top request
+    b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
+    assert b == Batch("ms", "decode", ("sd1",))
+    running[0].budget_s = 0.2  # now fresh short prefills lead; sx is the same service on another model
+    b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
+    assert b == Batch("ms", "prefill", ("sw1", "sw2"))
+
+
+def test_fill_respects_limits_and_pool_without_over_admission():
+    p = policy()
+    waiting = [w(f"s{i}", arrival=float(i), prompt=31) for i in range(6)]  # 2 blocks each
+    arrive(p, *waiting)
+    pool = PoolView(free_blocks=9, watermark_blocks=2, tokens_per_block={"ms": 16})  # 7 available
+    assert p.next_batch(waiting, [], pool, BatchLimits(), 9.0).request_ids == ("s0", "s1", "s2")
+    assert p.next_batch(waiting, [], BIG, BatchLimits(max_requests=2), 9.0).request_ids == ("s0", "s1")
+    lim = BatchLimits(max_prefill_tokens=70)
+    assert p.next_batch(waiting, [], BIG, lim, 9.0).request_ids == ("s0", "s1")
+    decodes = [d(f"d{i}", arrival=float(i)) for i in range(5)]
+    arrive(p, *decodes)
+    for r in decodes:
+        r.budget_s = 0.01
+    assert p.next_batch([], decodes, pool, BatchLimits(max_requests=3), 9.0).request_ids == ("d0", "d1", "d2")
+
+
+def test_prefill_seed_that_does_not_fit_falls_back():
+    p = policy()
+    huge = w("huge", prompt=1000)
+    small = w("small", "long", arrival=1.0)
+    dec = d("dec", "long", arrival=0.5)
+    arrive(p, huge, small, dec)
+    pool = PoolView(free_blocks=10, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16})
+    # huge is the top request but does not fit: run the best decode, admit no later prefill
+    assert p.next_batch([huge, small], [dec], pool, BatchLimits(), 2.0) == Batch("ml", "decode", ("dec",))
+    # nothing running: the next prefill that fits
+    assert p.next_batch([huge, small], [], pool, BatchLimits(), 2.0) == Batch("ml", "prefill", ("small",))
+    assert p.next_batch([huge], [], pool, BatchLimits(), 2.0) is None
+    assert p.next_batch([], [], pool, BatchLimits(), 2.0) is None
+
+
+def test_starvation_threshold_promotes_a_long_waiting_service():
+    p = policy()  # default threshold 10 × L̂_s: 10 s for "long", 1 s for "short"
+    lw = w("lw", "long", arrival=0.0)
+    fresh = [w(f"s{i}", arrival=10.0 + i / 10) for i in range(3)]
+    arrive(p, lw, *fresh)
+    assert p.next_batch([lw, *fresh], [], BIG, BatchLimits(), 9.9).request_ids[0] == "s0"
+    assert p.starving_services([lw, *fresh], [], 10.5) == [("long", lw)]
+    assert p.next_batch([lw, *fresh], [], BIG, BatchLimits(), 10.5) == Batch("ml", "prefill", ("lw",))
+    # a decode that has not run for longer than the threshold starves too
+    ld = d("ld", "long", arrival=0.0)
+    arrive(p, ld)
+    p.on_iteration(Batch("ml", "decode", ("ld",)), 0.1, 20.0, [ld])
+    fresh = [w(f"t{i}", arrival=29.6 + i / 10) for i in range(3)]
+    arrive(p, *fresh)
+    assert p.next_batch(fresh, [ld], BIG, BatchLimits(), 29.9).request_ids[0] == "t0"
+    assert p.starving_services(fresh, [ld], 30.5) == [("long", ld)]
+    assert p.next_batch(fresh, [ld], BIG, BatchLimits(), 30.5) == Batch("ml", "decode", ("ld",))
+
+
+def test_starvation_order_config_and_disable():
+    p = policy(starvation_threshold_s={"short": 100.0, "long": 5.0})
+    old_l, old_s = w("l", "long", arrival=3.0), w("s", "short", arrival=0.0)
+    arrive(p, old_l, old_s)
+    assert p.starvation_threshold("long") == 5.0 and p.starvation_threshold("x") == 10.0
+    assert p.starving_services([old_l, old_s], [], 10.0) == [("long", old_l)]  # short's threshold: 100 s
+    both = policy(starvation_factor=1.0)  # thresholds 0.1 s and 1 s: both starve, longest wait first
+    arrive(both, old_l, old_s)
+    assert [s for s, _ in both.starving_services([old_l, old_s], [], 10.0)] == ["short", "long"]
+    off = policy(starvation_factor=None)
+    assert off.starving_services([old_l, old_s], [], 1e9) == []
+    with pytest.raises(ValueError):
+        DoublingBudget(starvation_factor=0.0)
+    with pytest.raises(ValueError):
+        DoublingBudget(starvation_threshold_s={"x": -1.0})
+
+
+def test_victim_is_least_urgent():
+    p = policy()
+    running = [d("s", "short"), d("l1", "long", arrival=1.0), d("l2", "long", arrival=2.0)]
+    arrive(p, *running)
+    assert p.preemption_victim(running, 3.0).request_id == "l2"  # equal O_r: the later arrival
+    p.charge(running[2], 1.0)
+    assert p.preemption_victim(running, 3.0).request_id == "l1"
+    with pytest.raises(ValueError):
+        p.preemption_victim([], 0.0)
+
+
+def test_deterministic_ties_by_arrival_then_id():
+    def build():
+        p = policy()
+        reqs = [w("b", arrival=1.0), w("a", arrival=1.0), w("c", arrival=0.5), w("z", arrival=2.0)]
+        arrive(p, *reqs)
+        return p, reqs
+
+    p, reqs = build()
+    first = p.next_batch(reqs, [], BIG, BatchLimits(), 3.0)
+    assert first.request_ids == ("c", "a", "b", "z")
+    for seed in range(5):
+        p2, reqs2 = build()
+        random.Random(seed).shuffle(reqs2)
+        assert p2.next_batch(tuple(reqs2), (), BIG, BatchLimits(), 3.0) == first
+    assert p.next_batch(reqs, [], BIG, BatchLimits(), 3.0) == first  # calling again changes nothing
+
+
+def test_inputs_untouched_lazy_init_and_finish_statistics():
+    p = policy()
+    waiting, running = (w("s"),), (d("x", "long"),)  # never announced via on_arrival
+    b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
+    assert waiting[0].budget_s == pytest.approx(0.12) and running[0].budget_s == pytest.approx(1.2)
+    assert b == Batch("ms", "prefill", ("s",)) and len(waiting) == 1 and len(running) == 1
+    p.on_iteration(b, 0.5, 1.5, [*waiting, *running])  # only batch members are charged
+    assert waiting[0].first_scheduled_s == 1.0 and running[0].budget_s == pytest.approx(1.2)
+    stats = ServiceStats(default_mean_s=1.0, default_std_s=0.0)
+    q = DoublingBudget(stats=stats)
+    q.on_finish(waiting[0], 3.0)  # execution time = now - first_scheduled_s
+    q.on_finish(w("never", arrival=2.5), 3.0)  # never scheduled: now - arrival
+    assert stats.count("short") == 2 and stats.mean("short") == pytest.approx((2.0 + 0.5) / 2)

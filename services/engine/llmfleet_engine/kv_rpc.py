@@ -1,0 +1,165 @@
+"""The async side of KV transfer: header <-> protobuf, ExportKv/ImportKv streams, Migrate.
+
+Migrate (source): pause the request, stream header + K/V chunks to the destination's ImportKv, then
+end the local stream with MIGRATED. Any failure before the destination acknowledges resumes the
+request here, so a broken transfer costs a pause, never the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.kvblocks import KvShape
+from llmfleet.rpc.channels import open_channel
+
+from llmfleet_engine import transfer
+from llmfleet_engine.executor import Executor
+from llmfleet_engine.outputs import TransferError
+from llmfleet_engine.sampling import SamplingConfig
+from llmfleet_engine.transfer import ImportHandle, TransferHeader
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_TOKENS = 256
+
+
+def header_to_proto(h: TransferHeader) -> engine_pb2.KvTransferHeader:
+    s = h.sampling
+    sampling = common_pb2.SamplingParams(
+        max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, stop=list(s.stop)
+    )
+    if s.seed is not None:
+        sampling.seed = s.seed
+    return engine_pb2.KvTransferHeader(
+        request_id=h.request_id,
+        model=h.model,
+        shape=engine_pb2.KvShape(
+            num_layers=h.shape.num_layers,
+            num_kv_heads=h.shape.num_kv_heads,
+            head_dim=h.shape.head_dim,
+            dtype=h.shape.dtype,
+        ),
+        num_tokens=h.num_tokens,
+        prompt_token_ids=list(h.prompt_token_ids),
+        generated_token_ids=list(h.generated_token_ids),
+        sampling=sampling,
+        service=h.service,
+        rng_state=h.rng_state,
+        age_s=h.age_s,
+        source_engine_id=h.source_engine_id,
+        prompt=h.prompt,
+    )
+
+
+def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
+    if not m.request_id or not m.model:
+        raise TransferError("header: request_id and model are required")
+    try:
+        shape = KvShape(m.shape.num_layers, m.shape.num_kv_heads, m.shape.head_dim, m.shape.dtype)
+    except ValueError as e:
+        raise TransferError(f"header.shape: {e}") from None
+    s = m.sampling
+    if s.max_tokens <= 0:
+        raise TransferError("header.sampling.max_tokens must be > 0")
+    return TransferHeader(
+        request_id=m.request_id,
+        model=m.model,
+        shape=shape,
+        num_tokens=m.num_tokens,
+        prompt=m.prompt,
+        prompt_token_ids=tuple(m.prompt_token_ids),
+        generated_token_ids=tuple(m.generated_token_ids),
+        sampling=SamplingConfig(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p if s.HasField("top_p") else 1.0,
+            seed=s.seed if s.HasField("seed") else None,
+            stop=tuple(s.stop),
+        ),
+        service=m.service,
+        rng_state=m.rng_state,
+        age_s=m.age_s,
+        source_engine_id=m.source_engine_id,
+    )
+
+
+async def export_stream(
+    ex: Executor, header: TransferHeader, chunk_tokens: int
+) -> AsyncIterator[engine_pb2.KvChunk]:
+    """Header, then K/V in ranges of ``chunk_tokens`` tokens (the request must be paused)."""
+    yield engine_pb2.KvChunk(header=header_to_proto(header))
+    for start in range(0, header.num_tokens, chunk_tokens):
+        end = min(start + chunk_tokens, header.num_tokens)
+        data = await asyncio.to_thread(transfer.export_tokens, ex, header.request_id, start, end)
+        yield engine_pb2.KvChunk(data=engine_pb2.KvData(start_token=start, num_tokens=end - start, data=data))
+
+
+async def import_stream(
+    ex: Executor, chunks: AsyncIterator[engine_pb2.KvChunk]
+) -> engine_pb2.ImportKvResponse:
+    """Consume an ImportKv stream; on any failure the reserved blocks are freed (no leak)."""
+    first = await anext(chunks, None)
+    if first is None or first.WhichOneof("payload") != "header":
+        raise TransferError("ImportKv: the first message must be the header")
+    header = header_from_proto(first.header)
+    handle: ImportHandle = await asyncio.to_thread(transfer.begin_import, ex, header)
+    nbytes = 0
+    try:
+        async for msg in chunks:
+            if msg.WhichOneof("payload") != "data":
+                raise TransferError("ImportKv: only one header per stream")
+            d = msg.data
+            await asyncio.to_thread(handle.write, d.start_token, d.num_tokens, d.data)
+            nbytes += len(d.data)
+        handle.commit(asyncio.get_running_loop())
+    except BaseException:
+        handle.abort()
+        raise
+    return engine_pb2.ImportKvResponse(
+        request_id=header.request_id, num_tokens=header.num_tokens, blocks=len(handle.blocks), bytes=nbytes
+    )
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    num_tokens: int
+    bytes: int
+    transfer_s: float
+    pause_s: float
+
+
+async def migrate(
+    ex: Executor, engine_id: str, request_id: str, destination: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> MigrationResult:
+    """Move ``request_id`` to ``destination``; resumes it locally if anything fails before the commit."""
+    t0 = time.perf_counter()
+    header = await asyncio.to_thread(transfer.pause, ex, request_id)
+    header = dataclasses.replace(header, source_engine_id=engine_id)
+    t1 = time.perf_counter()
+    try:
+        async with open_channel(destination) as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=120)
+    except BaseException as e:
+        transfer.resume(ex, request_id)
+        if isinstance(e, grpc.aio.AioRpcError):
+            raise TransferError(f"transfer to {destination} failed: {e.code().name}: {e.details()}") from e
+        raise
+    transfer.finish_migrated(ex, request_id, destination)
+    done = time.perf_counter()
+    log.info(
+        "migrated %s to %s: %d tokens, %d B in %.3fs",
+        request_id,
+        destination,
+        resp.num_tokens,
+        resp.bytes,
+        done - t1,
+    )
+    return MigrationResult(resp.num_tokens, resp.bytes, done - t1, done - t0)

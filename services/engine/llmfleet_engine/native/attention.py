@@ -1,0 +1,213 @@
+"""Paged attention over ``KvStorage``: per-iteration plans and the per-layer attention step.
+
+A batch is laid out decode-first: the ``B`` single-token sequences (decodes) occupy rows ``[0, B)`` of
+the flat ``[T_total, ...]`` activation, then each multi-token sequence (prompt or prompt chunk) has its
+own contiguous segment. Per layer:
+
+1. the step's new K/V of all tokens are written to their slots with ONE indexed assignment;
+2. every block the step reads is fetched with ONE ``index_select`` over whole blocks, along the block
+   dim of the ``[2, H_kv, N, T_m, D]`` view: it copies ``T_m · D`` contiguous slabs (on CPU 4x faster
+   than a token-level gather at 512 tokens of context) and lands consecutive blocks of a sequence
+   next to each other, so ``[.., nb · T_m, D]`` keys are a view, no second layout copy; the block
+   indices are computed once per iteration for all layers;
+3. decodes run as ONE padded ``scaled_dot_product_attention`` call ``[B, H, 1, D] × [B, H_kv, C, D]``
+   with a key-padding mask; every multi-token segment (and a lone decode) runs its own SDPA call over
+   exactly its keys, with a causal mask offset by ``start_pos`` (``is_causal`` when it starts at 0).
+
+Slots of a block that the sequence has not written (the tail of its last block) may hold anything,
+e.g. another model's data that reads as NaN in this dtype. Masking does not neutralise NaN
+(``NaN + -inf`` is NaN), so such keys never reach SDPA: exact segments slice them away; the padded
+decode group right-aligns each row's blocks, pads in front with a block that is fully written (the first
+block of the longest row) and zeroes the unwritten slots of the last column only (a small masked fill,
+instead of a full ``where`` over all keys).
+
+A segment starting at position 0 attends to its freshly computed K/V directly: those are exactly the
+values just written to the pool, so reading them back would only cost a copy.
+
+Sliding windows (Mistral, Qwen2 sliding layers) are applied in the mask, with HF's semantics: a query
+at position p sees keys k with ``p - W < k <= p``; blocks entirely older than the window are not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+
+@dataclass
+class Segment:
+    """Rows ``[a, b)`` of the batch with keys fresh, or at blocks ``[g0, g1)`` of the gather output.
+
+    ``lo``/``hi`` slice the keys out of the gathered blocks' ``g_n · T_m`` positions.
+    """
+
+    a: int
+    b: int
+    fresh: bool
+    g0: int = 0
+    g1: int = 0
+    lo: int = 0
+    hi: int = 0
+    mask: torch.Tensor | None = None  # bool [q, k]
+    is_causal: bool = False
+
+
+@dataclass
+class AttnPlan:
+    """Everything attention needs for one iteration and one window value, shared by its layers."""
+
+    num_decode: int = 0  # padded decode group size (0: none, or a lone decode handled as a segment)
+    decode_blocks: int = 0  # blocks per decode row (nb_max)
+    decode_keys: tuple[int, int] = (0, 0)  # the crop [lo, hi) of the nb_max · T_m key columns
+    decode_mask: torch.Tensor | None = None  # bool [B, 1, 1, hi - lo]; None: every cropped key is valid
+    decode_tail: torch.Tensor | None = None  # bool [B, T_m, 1]: unwritten slots of each last block
+    segments: list[Segment] = field(default_factory=list)
+    gather: torch.Tensor | None = None  # [G] block ids
+
+
+@dataclass
+class BatchLayout:
+    """Host facts of one iteration in internal (decode-first) order."""
+
+    q_len: list[int]
+    start: list[int]
+    tok_off: list[int]  # first row of each sequence in the flat batch
+    tbl_off: list[int]  # first entry of each sequence in the flat block table
+    num_decode: int
+    table: torch.Tensor  # flat concatenated block tables, on device
+    tokens_per_block: int
+
+
+def _window_lo(pos: int, window: int | None) -> int:
+    return 0 if window is None else max(0, pos - window + 1)
+
+
+def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    m = kpos[None, :] <= qpos[:, None]
+    if window is not None:
+        m &= kpos[None, :] > qpos[:, None] - window
+    return m
+
+
+def build_plan(layout: BatchLayout, window: int | None, device: torch.device) -> AttnPlan:
+    """Block indices and masks for one iteration (one plan per distinct sliding window of the layers)."""
+    t_m = layout.tokens_per_block
+    table = layout.table
+    plan = AttnPlan()
+    parts: list[torch.Tensor] = []
+    g = 0
+    nd = layout.num_decode
+    first_segment = 0
+    if nd >= 2:
+        # Row i holds its blocks right-aligned in nb_max columns; the last column is each row's last
+        # (possibly partial) block, the front padding repeats a FULL block (the first block of the
+        # longest row), so only the last column can hold bytes the row has not written.
+        lo = [_window_lo(layout.start[i], window) for i in range(nd)]
+        ends = [layout.start[i] + 1 for i in range(nd)]
+        b0 = [x // t_m for x in lo]
+        nb = [-(-ends[i] // t_m) - b0[i] for i in range(nd)]
+        nb_max = max(nb)
+        pad = [nb_max - n for n in nb]
+        first = [layout.tbl_off[i] + b0[i] for i in range(nd)]
+        longest = first[nb.index(nb_max)]
+        v_lo = [pad[i] * t_m + lo[i] - b0[i] * t_m for i in range(nd)]  # valid keys: [v_lo, v_hi)
+        v_hi = [pad[i] * t_m + ends[i] - b0[i] * t_m for i in range(nd)]
+        tail = [ends[i] - (b0[i] + nb[i] - 1) * t_m for i in range(nd)]  # written slots of the last block
+        meta = torch.tensor([first, pad, v_lo, v_hi, tail], dtype=torch.long).to(device, non_blocking=True)
+        c = torch.arange(nb_max, device=device)[None, :]
+        rows = torch.where(c >= meta[1][:, None], meta[0][:, None] + c - meta[1][:, None], longest)
+        parts.append(table[rows].reshape(-1))
+        g = nd * nb_max
+        plan.num_decode, plan.decode_blocks = nd, nb_max
+        # keys outside [min v_lo, max v_hi) are cropped away; inside, rows that differ need a mask
+        k_lo, k_hi = min(v_lo), max(v_hi)
+        plan.decode_keys = (k_lo, k_hi)
+        if max(v_lo) > k_lo or min(v_hi) < k_hi:
+            j = torch.arange(k_lo, k_hi, device=device)[None, :]
+            plan.decode_mask = ((j >= meta[2][:, None]) & (j < meta[3][:, None]))[:, None, None, :]
+        if min(v_hi) < k_hi:  # some row's unwritten tail lies inside the crop
+            t = torch.arange(t_m, device=device)[None, :]
+            plan.decode_tail = (t >= meta[4][:, None]).view(nd, t_m, 1)
+        first_segment = nd
+    for i in range(first_segment, len(layout.q_len)):
+        n, start = layout.q_len[i], layout.start[i]
+        a = layout.tok_off[i]
+        seg = Segment(a=a, b=a + n, fresh=start == 0)
+        if seg.fresh:
+            if window is None or window >= n:
+                seg.is_causal = True
+            else:
+                qpos = torch.arange(n, device=device)
+                seg.mask = _mask(qpos, qpos, window)
+        else:
+            end = start + n
+            lo = _window_lo(start, window)
+            b0, b1 = lo // t_m, -(-end // t_m)
+            parts.append(table[layout.tbl_off[i] + b0 : layout.tbl_off[i] + b1])
+            seg.g0, seg.g1 = g, g + (b1 - b0)
+            seg.lo, seg.hi = lo - b0 * t_m, end - b0 * t_m
+            g = seg.g1
+            if n > 1:  # a lone decode sees exactly its keys [lo, end): no mask at all
+                qpos = torch.arange(start, end, device=device)
+                seg.mask = _mask(qpos, torch.arange(lo, end, device=device), window)
+        plan.segments.append(seg)
+    if parts:
+        plan.gather = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return plan
+
+
+def paged_attention(
+    layer_slots: torch.Tensor,
+    layer_blocks: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    write_block: torch.Tensor,
+    write_offset: torch.Tensor,
+    plan: AttnPlan,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one layer for the whole batch; returns ``[T, H, D]``.
+
+    ``layer_slots`` is the storage's token-major layer view ``[N, T_m, 2, H_kv, D]`` (for writes),
+    ``layer_blocks`` the block-major one ``[N, 2, H_kv, T_m, D]`` (for reads); ``q`` ``[T, H, D]``,
+    ``k``/``v`` ``[T, H_kv, D]`` with RoPE applied.
+    """
+    layer_slots[write_block, write_offset] = torch.stack((k, v), dim=1)
+    gqa = q.shape[1] != k.shape[1]
+    # ONE copy: index_select along the block dim of the [2, H, N, T, D] permuted view puts each gathered
+    # block's T·D slab contiguously, so consecutive blocks of a row merge into [.., nb·T, D] by a view.
+    x = None if plan.gather is None else layer_blocks.permute(1, 2, 0, 3, 4).index_select(2, plan.gather)
+    outs: list[torch.Tensor] = []
+    if plan.num_decode:
+        nd, nb = plan.num_decode, plan.decode_blocks
+        two, h, _, t_m, d = x.shape
+        xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)
+        if plan.decode_tail is not None:  # unwritten slots may hold any bytes (NaN): zero them
+            xd[:, :, :, -1].masked_fill_(plan.decode_tail, 0)
+        k_lo, k_hi = plan.decode_keys
+        kv = xd.view(two, h, nd, nb * t_m, d)[:, :, :, k_lo:k_hi].transpose(1, 2)  # [2, B, H_kv, C, D]
+        o = sdpa(q[:nd].unsqueeze(2), kv[0], kv[1], attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa)
+        outs.append(o.squeeze(2))
+    for seg in plan.segments:
+        qs = q[seg.a : seg.b].transpose(0, 1)
+        if seg.fresh:
+            ks, vs = k[seg.a : seg.b].transpose(0, 1), v[seg.a : seg.b].transpose(0, 1)
+        else:
+            two, h, _, t_m, d = x.shape
+            kv = x[:, :, seg.g0 : seg.g1].reshape(two, h, -1, d)[:, :, seg.lo : seg.hi]  # a view
+            ks, vs = kv[0], kv[1]
+        # 4-D inputs: on CPU a 3-D call misses the fused kernel (and rounds differently in bf16)
+        o = sdpa(
+            qs[None],
+            ks[None],
+            vs[None],
+            attn_mask=seg.mask,
+            is_causal=seg.is_causal,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]

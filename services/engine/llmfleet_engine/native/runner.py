@@ -1,0 +1,260 @@
+"""``PagedRunner``: one forward per iteration over a mixed prefill/decode batch, KV in ``KvStorage``.
+
+The runner drives a loaded Hugging Face causal LM of the Llama family (``LlamaForCausalLM``,
+``MistralForCausalLM``, ``Qwen2ForCausalLM``) with the model's own modules and weights: embeddings,
+each decoder layer's norms, q/k/v/o projections (Qwen2's qkv biases included), MLP, the final norm,
+``lm_head``, the model's rotary embedding module and the architecture's ``apply_rotary_pos_emb``. Only
+attention is replaced (see ``attention.py``): the new tokens of all sequences form ONE ``[T, hidden]``
+activation, so every projection, norm and MLP runs once per layer for the whole batch.
+
+Sliding windows: Mistral's ``config.sliding_window`` (all layers) and Qwen2's sliding layers
+(``layer_types``) are applied in the attention mask with HF's semantics, so contexts longer than the
+window are served (keys older than the window are not read). Contexts beyond
+``config.max_position_embeddings`` are rejected.
+
+Block bookkeeping is the caller's: each ``SeqStep`` names the sequence's block table after allocation
+and the slots of its new tokens; the runner checks that they agree with each other and with the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from llmfleet.kvblocks.shapes import KvShape
+from llmfleet.kvblocks.storage import KvStorage, dtype_name
+from transformers import LlamaForCausalLM, MistralForCausalLM, PretrainedConfig, Qwen2ForCausalLM
+
+from llmfleet_engine.native.attention import AttnPlan, BatchLayout, build_plan, paged_attention
+
+SUPPORTED_MODELS: tuple[type, ...] = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
+
+Ints = Sequence[int] | torch.Tensor
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not of an architecture the paged runner implements."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeqStep:
+    """One sequence's part of an iteration.
+
+    ``token_ids``: the NEW tokens (a prompt, a prompt chunk, or one decode token); ``start_pos``: tokens
+    already in the KV; ``blocks``: the block table after allocating the new slots; ``slots_block`` /
+    ``slots_offset``: where the new tokens' K/V go (one per new token; they must equal
+    ``blocks[p // T_m], p % T_m`` for ``p = start_pos + i``). Sequences of ints or CPU LongTensors
+    (everything is packed into one host buffer and copied to the device once per forward).
+    The K/V of positions ``[0, start_pos)`` must already be in ``blocks`` (earlier steps or an import).
+    """
+
+    token_ids: Ints
+    start_pos: int
+    blocks: Ints
+    slots_block: Ints
+    slots_offset: Ints
+
+
+def kv_shape_of(config: PretrainedConfig, dtype: torch.dtype | str) -> KvShape:
+    """The KV geometry (layers, KV heads, head dim, dtype) of a Llama-family config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return KvShape(
+        num_layers=config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype_name(dtype)
+    )
+
+
+def _ints(x: Ints) -> list[int]:
+    if isinstance(x, list):
+        return x
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+
+
+class PagedRunner:
+    """Runs ``model`` over KV in ``storage`` (registered there under ``name``)."""
+
+    def __init__(self, model: Any, storage: KvStorage, name: str, *, check_slots: bool = True) -> None:
+        if type(model) not in SUPPORTED_MODELS:  # exact classes: a subclass may change the math
+            names = ", ".join(c.__name__ for c in SUPPORTED_MODELS)
+            raise UnsupportedModelError(
+                f"PagedRunner supports {names}; got {type(model).__name__} "
+                f"(model_type {getattr(getattr(model, 'config', None), 'model_type', '?')!r})"
+            )
+        config = model.config
+        param = next(model.parameters())
+        if torch.device(param.device) != storage.device:
+            raise ValueError(f"model is on {param.device} but the KV storage is on {storage.device}")
+        self.model = model
+        self.config = config
+        self.name = name
+        self.storage = storage
+        self.dtype = param.dtype
+        self.device = storage.device
+        self.shape = kv_shape_of(config, self.dtype)
+        base = model.model
+        self._embed = base.embed_tokens
+        self._norm = base.norm
+        self._rotary = base.rotary_emb
+        self._lm_head = model.lm_head
+        self._layers = list(base.layers[: config.num_hidden_layers])
+        attn0 = self._layers[0].self_attn
+        if attn0.head_dim != self.shape.head_dim:
+            raise UnsupportedModelError(
+                f"attention head_dim {attn0.head_dim} != config {self.shape.head_dim}"
+            )
+        self._scales = [float(layer.self_attn.scaling) for layer in self._layers]
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
+        self.windows = [self._window_of(layer) for layer in self._layers]
+        self._apply_rope: Callable = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
+        self.check_slots = check_slots
+        storage.register(name, self.shape)
+        self.tokens_per_block = storage.tokens_per_block(name)
+        view = storage.view(name)
+        self._layer_slots = [storage.layer_view(name, i) for i in range(self.shape.num_layers)]
+        self._layer_blocks = [view[:, i] for i in range(self.shape.num_layers)]
+
+    def _window_of(self, layer: Any) -> int | None:
+        if isinstance(self.model, MistralForCausalLM):
+            w = getattr(self.config, "sliding_window", None)
+        else:  # Qwen2 sliding layers carry their window; Llama has none
+            w = getattr(layer.self_attn, "sliding_window", None)
+        if w is None or (self.max_context is not None and w >= self.max_context):
+            return None  # the window can never bite
+        return int(w)
+
+    def close(self) -> None:
+        """Unregister from the storage (the blocks themselves belong to the allocator)."""
+        if self.name in self.storage:
+            self.storage.unregister(self.name)
+
+    # ------------------------------------------------------------------ API
+    def forward(self, seqs: Sequence[SeqStep]) -> torch.Tensor:
+        """float32 logits ``[num_seqs, vocab]`` of each sequence's LAST new token."""
+        return self._run(seqs, all_positions=False)
+
+    __call__ = forward
+
+    def forward_all(self, seqs: Sequence[SeqStep]) -> list[torch.Tensor]:
+        """float32 logits of every new token: one ``[len(token_ids), vocab]`` tensor per sequence."""
+        return self._run(seqs, all_positions=True)
+
+    # ------------------------------------------------------------ internals
+    def _layout(
+        self, seqs: Sequence[SeqStep]
+    ) -> tuple[BatchLayout, list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t_m = self.tokens_per_block
+        nblk = self.storage.num_blocks
+        max_ctx = self.max_context or (1 << 62)
+        check = self.check_slots
+        decodes: list[int] = []
+        others: list[int] = []
+        cols: list[tuple[list[int], list[int], list[int], list[int]]] = []
+        for i, s in enumerate(seqs):
+            t, blocks, b, o = _ints(s.token_ids), _ints(s.blocks), _ints(s.slots_block), _ints(s.slots_offset)
+            n, p0 = len(t), int(s.start_pos)
+            end = p0 + n
+            if n == 0 or p0 < 0 or len(b) != n or len(o) != n:
+                raise ValueError(
+                    f"sequence {i}: needs new tokens, start_pos >= 0 and one slot per token; got "
+                    f"{n} new tokens, start_pos {p0}, {len(b)} slot blocks / {len(o)} offsets"
+                )
+            if end > len(blocks) * t_m:
+                raise ValueError(
+                    f"sequence {i}: context of {end} tokens does not fit its {len(blocks)} blocks of {t_m} tokens"
+                )
+            if end > max_ctx:
+                raise ValueError(f"sequence {i}: context {end} exceeds the model's maximum {max_ctx}")
+            if min(blocks) < 0 or max(blocks) >= nblk:
+                raise ValueError(f"sequence {i}: block ids outside [0, {nblk})")
+            if check:
+                for j in range(n):
+                    p = p0 + j
+                    if b[j] != blocks[p // t_m] or o[j] != p % t_m:
+                        raise ValueError(
+                            f"sequence {i}: slot {j} is ({b[j]}, {o[j]}) but position {p} lives at "
+                            f"({blocks[p // t_m]}, {p % t_m}) in its block table"
+                        )
+            cols.append((t, blocks, b, o))
+            (decodes if n == 1 else others).append(i)
+        order = decodes + others
+        ids: list[int] = []
+        pos: list[int] = []
+        sb: list[int] = []
+        so: list[int] = []
+        table: list[int] = []
+        q_len, start, tok_off, tbl_off = [], [], [], []
+        for i in order:
+            t, blocks, b, o = cols[i]
+            p0 = int(seqs[i].start_pos)
+            q_len.append(len(t))
+            start.append(p0)
+            tok_off.append(len(ids))
+            tbl_off.append(len(table))
+            ids += t
+            pos += range(p0, p0 + len(t))
+            sb += b
+            so += o
+            table += blocks
+        total = len(ids)
+        packed = torch.tensor(ids + pos + sb + so + table, dtype=torch.long).to(
+            self.device, non_blocking=True
+        )
+        ids_t, pos_t, sb_t, so_t = packed[: 4 * total].view(4, total)
+        layout = BatchLayout(
+            q_len=q_len,
+            start=start,
+            tok_off=tok_off,
+            tbl_off=tbl_off,
+            num_decode=len(decodes),
+            table=packed[4 * total :],
+            tokens_per_block=t_m,
+        )
+        return layout, order, ids_t, pos_t, sb_t, so_t
+
+    @torch.inference_mode()
+    def _run(self, seqs: Sequence[SeqStep], all_positions: bool) -> Any:
+        if not seqs:
+            raise ValueError("forward needs at least one sequence")
+        layout, order, ids, pos, sb, so = self._layout(seqs)
+        plans: dict[int | None, AttnPlan] = {w: build_plan(layout, w, self.device) for w in set(self.windows)}
+        total = ids.numel()
+        h = self._embed(ids)  # [T, hidden]
+        cos, sin = self._rotary(h[None], pos[None])
+        cos, sin = cos[0], sin[0]  # [T, D]
+        d = self.shape.head_dim
+        for li, layer in enumerate(self._layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(total, -1, d)
+            k = attn.k_proj(x).view(total, -1, d)
+            v = attn.v_proj(x).view(total, -1, d)
+            q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=1)
+            o = paged_attention(
+                self._layer_slots[li],
+                self._layer_blocks[li],
+                q,
+                k,
+                v,
+                sb,
+                so,
+                plans[self.windows[li]],
+                self._scales[li],
+            )
+            h = h + attn.o_proj(o.reshape(total, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        internal = [0] * len(order)  # caller's index -> row in the decode-first layout
+        for j, i in enumerate(order):
+            internal[i] = j
+        if all_positions:
+            logits = self._lm_head(self._norm(h)).float()
+            return [logits[layout.tok_off[j] : layout.tok_off[j] + layout.q_len[j]] for j in internal]
+        last = [layout.tok_off[j] + layout.q_len[j] - 1 for j in internal]
+        if last == list(range(total)):  # all decodes, in order
+            rows = h
+        else:
+            rows = h.index_select(0, torch.tensor(last, dtype=torch.long).to(self.device, non_blocking=True))
+        return self._lm_head(self._norm(rows)).float()

@@ -1,0 +1,112 @@
+"""What an executor hands out: stream chunks, usage, load snapshots, errors (shared by backends)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from llmfleet_engine.models import LoadedModel
+
+
+class FinishReason(enum.IntEnum):
+    """Why a stream ended; values equal ``llmfleet.v1.FinishReason``."""
+
+    LENGTH = 1
+    STOP = 2
+    EOS = 3
+    CANCELLED = 4
+    ERROR = 5
+    MIGRATED = 6
+
+
+class ExecutorClosedError(RuntimeError):
+    """The executor is shut down."""
+
+
+class DuplicateRequestError(ValueError):
+    """A request with this id is already active."""
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at ``max_waiting``."""
+
+
+class ResourceExhaustedError(RuntimeError):
+    """The request (or import, or model) can never fit the engine's memory; the message has the sizes."""
+
+
+class TransferError(RuntimeError):
+    """A KV export/import/migration cannot proceed (unknown request, model or shape mismatch)."""
+
+
+class ModelConflictError(ValueError):
+    """A model of this name is already loaded from a different source or dtype."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Final accounting of a request; ``completion_tokens`` includes resumed tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    queue_s: float
+    ttft_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stream increment; ``index`` is the completion position of ``token_ids[0]``."""
+
+    request_id: str
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    migrated_to: str = ""  # with FinishReason.MIGRATED: the destination engine's address
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    model: str
+    running: int
+    waiting: int
+    kv_tokens: int
+    kv_used_bytes: int
+    kv_blocks: int = 0
+    tokens_per_block: int = 0
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """Engine load at ``timestamp`` (seconds since the epoch)."""
+
+    timestamp: float
+    running: int
+    waiting: int
+    kv_used_bytes: int
+    kv_capacity_bytes: int
+    tokens_per_s: float
+    models: tuple[ModelLoad, ...]
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0
+    kv_fragmentation: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    model: LoadedModel
+    already_loaded: bool
+
+
+@dataclass
+class ReconcileResult:
+    loaded: list[str] = field(default_factory=list)
+    unloaded: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,127 @@
+"""Timed sweeps for resource characterization: raw measurements, no fitting (the profiler fits).
+
+Prefill: ``b`` sequences of ``n`` new tokens in one forward, for every (b, n). Decode: ``b`` sequences
+holding ``c`` tokens of context (prefilled untimed) each decode one token in one forward, for every
+(b, c). Each point runs one warm-up and ``repeats`` timed iterations on the worker thread, so it
+never overlaps serving iterations; the temporary sequences live in the real pool and are freed
+after each point. Points that do not fit the free pool are skipped and reported as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from llmfleet.kvblocks import OutOfBlocks
+
+from llmfleet_engine.native.runner import SeqStep
+from llmfleet_engine.outputs import ResourceExhaustedError
+
+if TYPE_CHECKING:
+    from llmfleet_engine.executor import Executor
+
+log = logging.getLogger(__name__)
+
+PREFIX = "__profile__/"
+
+
+@dataclass(frozen=True)
+class ProfileSample:
+    phase: str  # "prefill" | "decode"
+    batch_size: int
+    tokens: int  # input length (prefill) or context length (decode) per sequence
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    samples: tuple[ProfileSample, ...]
+    skipped: tuple[tuple[str, int, int], ...]  # (phase, batch, tokens) that did not fit
+
+
+def profile(
+    ex: Executor,
+    model: str,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    input_lengths: Sequence[int] = (16, 64, 256),
+    context_lengths: Sequence[int] = (16, 64, 256),
+    repeats: int = 3,
+) -> ProfileResult:
+    """Run the sweeps (blocking; raises KeyError for an unknown model, ValueError for bad sizes)."""
+    if model not in ex.model_names():
+        raise KeyError(model)
+    sizes = [*batch_sizes, *input_lengths, *context_lengths]
+    if any(x <= 0 for x in sizes) or repeats <= 0:
+        raise ValueError("batch sizes, lengths and repeats must be positive")
+    max_context = ex.models[model].max_context
+    if any(n >= max_context for n in [*input_lengths, *context_lengths]):
+        raise ValueError(f"lengths must be below the model's context of {max_context}")
+    return ex.run_in_worker(lambda: _sweep(ex, model, batch_sizes, input_lengths, context_lengths, repeats))
+
+
+def _sweep(ex: Executor, model: str, batch_sizes, input_lengths, context_lengths, repeats) -> ProfileResult:
+    runner = ex._models[model].runner
+    vocab = ex.models[model].vocab_size
+    gen = torch.Generator().manual_seed(0)
+    samples: list[ProfileSample] = []
+    skipped: list[tuple[str, int, int]] = []
+    with torch.inference_mode():
+        for phase, lengths in (("prefill", input_lengths), ("decode", context_lengths)):
+            for b in batch_sizes:
+                for n in lengths:
+                    try:
+                        seconds = _point(ex, runner, model, vocab, gen, phase, b, n, repeats)
+                    except OutOfBlocks:
+                        skipped.append((phase, b, n))
+                        continue
+                    samples.extend(ProfileSample(phase, b, n, s) for s in seconds)
+    if not samples:
+        raise ResourceExhaustedError(
+            f"no profiling point fits the free KV pool of {model!r}; skipped {skipped}"
+        )
+    return ProfileResult(tuple(samples), tuple(skipped))
+
+
+def _point(ex, runner, model, vocab, gen, phase: str, b: int, n: int, repeats: int) -> list[float]:
+    seqs = [f"{PREFIX}{phase}/{b}/{n}/{i}" for i in range(b)]
+    try:
+        with ex._cond:
+            for s in seqs:
+                ex.allocator.allocate(s, model, n + repeats + 1)  # room for the timed decode steps
+        prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for _ in seqs]
+        prefill = [_step(ex, s, p, 0) for s, p in zip(seqs, prompts, strict=True)]
+        runner.forward(prefill)  # warm-up (prefill) or the untimed context fill (decode)
+        out = []
+        for r in range(repeats):
+            if phase == "prefill":
+                steps = prefill
+            else:
+                steps = [_step(ex, s, [p[-1]], n + r) for s, p in zip(seqs, prompts, strict=True)]
+            t0 = time.perf_counter()
+            runner.forward(steps)
+            if torch.device(ex.device).type == "cuda":
+                torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+        return out
+    finally:
+        with ex._cond:
+            for s in seqs:
+                if s in ex.allocator:
+                    ex.allocator.free(s)
+
+
+def _step(ex: Executor, seq: str, token_ids: list[int], start: int) -> SeqStep:
+    with ex._cond:
+        slots = ex.allocator.slots(seq, start, start + len(token_ids))
+        blocks = ex.allocator.table(seq).blocks
+    return SeqStep(
+        token_ids=token_ids,
+        start_pos=start,
+        blocks=blocks,
+        slots_block=[s.block for s in slots],
+        slots_offset=[s.offset for s in slots],
+    )
