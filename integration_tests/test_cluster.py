@@ -11,7 +11,14 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from harness import TTL_S, Cluster
-from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from llmfleet.api.v1 import (
+    engine_pb2,
+    engine_pb2_grpc,
+    placement_pb2,
+    placement_pb2_grpc,
+    profiler_pb2,
+    profiler_pb2_grpc,
+)
 from llmfleet.client import AsyncClient
 from llmfleet.client.errors import AlreadyExists, DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from llmfleet.config import EtcdSettings
@@ -186,6 +193,30 @@ async def test_client_disconnect_frees_engine_work(cluster: Cluster):
         await stream.aclose()
     # Scheduler grace is 0.5 s; the engine must drop the request long before 1900 tokens are done.
     await wait_running(mig, lambda r: sum(r.values()) == 0, 5, "the engine to drop the request")
+
+
+async def test_migration_mid_stream_is_invisible_to_the_client(cluster: Cluster):
+    mig = cluster.addresses["migration"]
+    async with AsyncClient(cluster.scheduler, timeout_s=120) as client:
+        stream = client.generate(PROMPT, service="chat", max_tokens=300, request_id="move-me")
+        chunks = []
+        async for c in stream:
+            chunks.append(c)
+            if len(flatten(chunks)) >= 10:
+                break
+        running = await wait_running(mig, lambda r: sum(r.values()) == 1, 10, "the request to run")
+        source = next(e for e, n in running.items() if n == 1)
+        target = ({"engine-0", "engine-1"} - {source}).pop()
+        async with grpc.aio.insecure_channel(cluster.addresses[source]) as ch:
+            await engine_pb2_grpc.EngineStub(ch).Migrate(
+                engine_pb2.MigrateRequest(request_id="move-me", destination=cluster.addresses[target]),
+                timeout=60,
+            )
+        chunks.extend([c async for c in stream])
+    assert stream.usage.engine_id == target and stream.usage.finish_reason == "length"
+    indices = [c.index for c in chunks]
+    assert indices == sorted(set(indices))
+    assert flatten(chunks) == hf_greedy(cluster.models_dir / "endless-llama", PROMPT, 300)
 
 
 async def test_revoked_lease_reregisters(cluster: Cluster):

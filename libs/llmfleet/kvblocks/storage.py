@@ -71,7 +71,9 @@ class KvStorage:
             raise ValueError(f"block_bytes must be a positive multiple of {BLOCK_ALIGN}, got {block_bytes}")
         self._num_blocks = int(num_blocks)
         self._block_bytes = int(block_bytes)
-        self._pool = torch.zeros(self._num_blocks, self._block_bytes, dtype=torch.uint8, device=device)
+        # Uninitialised on purpose: the runner never reads a slot before writing it, and on CPU the OS
+        # commits pages only when they are first written, so an idle pool costs no memory.
+        self._pool = torch.empty(self._num_blocks, self._block_bytes, dtype=torch.uint8, device=device)
         self._models: dict[str, _ModelView] = {}
 
     # ------------------------------------------------------------------ facts

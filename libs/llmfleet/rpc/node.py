@@ -37,6 +37,8 @@ class ServiceNode:
     advertise: str | None = None
     describe: Callable[[NodeRecord], NodeRecord] | None = None  # enrich the record (engine: models, memory)
     on_etcd: list[EtcdHook] = field(default_factory=list)
+    # Spawned right after the server starts, whether or not etcd is reachable (e.g. preloading models).
+    on_start: list[EtcdHook] = field(default_factory=list)
     # Run at shutdown after spawned tasks are cancelled, before the lease is revoked (resign, stop views).
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     etcd: EtcdClient | None = None  # set by start()
@@ -61,6 +63,8 @@ class ServiceNode:
 
     async def start(self) -> None:
         await self.server.start()
+        for hook in self.on_start:
+            self.spawn(self._guarded(hook), f"{self.role}-start-{getattr(hook, '__name__', 'hook')}")
         self.etcd = EtcdClient(self.settings)
         self._tasks.append(asyncio.create_task(self._attach(), name=f"{self.role}-etcd-attach"))
 
@@ -77,10 +81,13 @@ class ServiceNode:
             "%s %s reached etcd %s; registering %s", self.role, self.node_id, self.settings.endpoints, key
         )
         for hook in self.on_etcd:
-            try:
-                await hook(self)
-            except Exception:  # a hook failing must not take the process down
-                log.exception("%s: etcd hook %s failed", self.node_id, getattr(hook, "__name__", hook))
+            await self._guarded(hook)
+
+    async def _guarded(self, hook: EtcdHook) -> None:
+        try:
+            await hook(self)
+        except Exception:  # a hook failing must not take the process down
+            log.exception("%s: hook %s failed", self.node_id, getattr(hook, "__name__", hook))
 
     async def update_record(self) -> None:
         """Re-publish ``nodes/{id}`` (e.g. after the engine's model set changed)."""

@@ -52,6 +52,7 @@ def test_register_makes_typed_views_of_the_same_bytes():
     assert va.stride(0) * 4 == vb.stride(0) * 2 == BB  # rows are block_bytes apart
     assert s.tokens_per_block("a") == 4 and s.tokens_per_block("b") == 8
     assert s.models == ("a", "b") and "a" in s and "c" not in s
+    s.pool.zero_()  # the pool starts uninitialised
     va[3, 1, 1, 1, 3, 15] = 1.0  # last element of A's slab in block 3
     row = s.pool[3]
     assert (

@@ -73,6 +73,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
         executor.on_models_changed.append(
             lambda _names: loop.call_soon_threadsafe(lambda: n.spawn(n.update_record(), "republish"))
         )
+        await n.update_record()  # a preload may have finished before the callback was in place
 
     async def preload(n: ServiceNode) -> None:
         for spec in args.model:
@@ -85,7 +86,8 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
         n.on_stop.append(view.stop)
         n.spawn(PlacementFollower(nid, executor).run(view), "placement-follower")
 
-    node.on_etcd.extend([republish_on_model_change, preload, follow_placement])
+    node.on_start.append(preload)  # --model preloads do not wait for etcd
+    node.on_etcd.extend([republish_on_model_change, follow_placement])
     node.on_stop.append(executor.aclose)
     return node, servicer
 

@@ -191,17 +191,16 @@ def materialize(source: str, cache_dir: str | Path | None = None) -> str:
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for value in (
-        getattr(model.config, "eos_token_id", None),
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-    ):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(v for v in value if isinstance(v, int))
-    return frozenset(ids)
+    """The ids that end generation, by ``generate``'s rule: the generation config's ``eos_token_id``
+    (which transformers initialises from the model config); the tokenizer's only when the model
+    has no generation config at all. A checkpoint that sets it to null never stops on EOS."""
+    gen = getattr(model, "generation_config", None)
+    value = gen.eos_token_id if gen is not None else getattr(tokenizer, "eos_token_id", None)
+    if isinstance(value, int):
+        return frozenset({value})
+    if isinstance(value, list | tuple):
+        return frozenset(v for v in value if isinstance(v, int))
+    return frozenset()
 
 
 def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
