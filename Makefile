@@ -8,13 +8,14 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
 	@echo "make test   - run every test (unit + integration)"
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
+	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -47,6 +48,11 @@ test-unit: setup
 
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
+
+bench: bench-engine
+
+bench-engine: setup
+	$(PYTHON) tools/bench/engine_bench.py --out .bench/engine $(BENCH_ARGS)
 
 lint: setup protos-check
 	$(BIN)/ruff check .

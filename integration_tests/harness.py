@@ -4,7 +4,6 @@ engines as separate processes on free ports, with a short lease TTL so failures 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -21,25 +20,11 @@ TTL_S = 2
 
 
 def prepare_endless_llama(models_dir: Path) -> Path:
-    """A checkpoint dir of the tiny llama with its EOS removed, so greedy runs always reach max_tokens.
+    """The tiny llama without EOS (greedy runs always reach max_tokens), as a checkpoint dir the
+    engine loads like any local model."""
+    from llmfleet_engine.models import materialize, without_eos
 
-    Built with the engine's own ``materialize`` and loaded by the engine as an ordinary local
-    checkpoint directory (the same path a real model takes)."""
-    from llmfleet_engine.models import materialize
-
-    src = Path(materialize("tiny://llama", models_dir))
-    dst = models_dir / "endless-llama"
-    if not dst.exists():
-        tmp = models_dir / f".endless-{uuid.uuid4().hex}"
-        shutil.copytree(src, tmp)
-        for name in ("config.json", "generation_config.json"):
-            p = tmp / name
-            if p.exists():
-                d = json.loads(p.read_text())
-                d["eos_token_id"] = None
-                p.write_text(json.dumps(d, indent=2))
-        tmp.rename(dst)
-    return dst
+    return without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
 
 
 @dataclass

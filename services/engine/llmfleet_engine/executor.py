@@ -205,6 +205,7 @@ class Executor:
         self._inflight: set[str] = set()
         self._deferred_free: set[str] = set()
         self._jobs: deque[Callable[[], None]] = deque()
+        self._outbox: list[tuple[_Request, Chunk]] | None = None
         self._generated: deque[tuple[float, int]] = deque()
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
@@ -679,9 +680,10 @@ class Executor:
         t0 = time.perf_counter()
         try:
             logits = plan.model.runner.forward(plan.steps)
-            picked = [
-                select_token(logits[i], r.req.sampling, r.generator) for i, r in enumerate(plan.requests)
-            ]
+            picked = logits.argmax(dim=-1).tolist()  # greedy rows: one batched argmax
+            for i, r in enumerate(plan.requests):
+                if not r.req.sampling.greedy:
+                    picked[i] = select_token(logits[i], r.req.sampling, r.generator)
         except Exception:
             log.exception("model step failed for %s", [r.request_id for r in plan.requests])
             with self._cond:
@@ -693,6 +695,7 @@ class Executor:
             return
         duration = time.perf_counter() - t0
         now = time.monotonic()
+        self._outbox = []
         with self._cond:
             self._inflight.clear()
             self._flush_deferred_locked()
@@ -703,6 +706,7 @@ class Executor:
                 r.in_kv = step.start_pos + len(step.token_ids)
                 self._accept_token_locked(r, token, now)
             self._cond.notify_all()
+        self._flush_outbox()
 
     def _accept_token_locked(self, r: _Request, token: int, now: float) -> None:
         reason: FinishReason | None = None
@@ -781,8 +785,28 @@ class Executor:
         self._emit(state, Chunk(state.request_id, idx, token_ids, text, reason, usage, migrated_to))
 
     def _emit(self, state: _Request, chunk: Chunk) -> None:
+        if self._outbox is not None and threading.current_thread() is self._worker:
+            self._outbox.append((state, chunk))  # delivered in one hand-off per loop after the iteration
+            return
+        self._deliver(state.loop, [(state, chunk)])
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[_Request, Chunk]]) -> None:
+        def put_all() -> None:
+            for state, chunk in items:
+                state.queue.put_nowait(chunk)
+
         try:
-            state.loop.call_soon_threadsafe(state.queue.put_nowait, chunk)
-        except RuntimeError:  # the consumer's loop is gone: nobody will read this request
-            if not state.finished:
-                self._finish_locked(state, FinishReason.CANCELLED)
+            loop.call_soon_threadsafe(put_all)
+        except RuntimeError:  # the consumer's loop is gone: nobody will read these requests
+            with self._cond:
+                for state, _ in items:
+                    if not state.finished:
+                        self._finish_locked(state, FinishReason.CANCELLED)
+
+    def _flush_outbox(self) -> None:
+        outbox, self._outbox = self._outbox or [], None
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Chunk]]] = {}
+        for state, chunk in outbox:
+            by_loop.setdefault(state.loop, []).append((state, chunk))
+        for loop, items in by_loop.items():
+            self._deliver(loop, items)

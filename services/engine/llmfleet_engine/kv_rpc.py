@@ -28,6 +28,7 @@ from llmfleet_engine.transfer import ImportHandle, TransferHeader
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_TOKENS = 256
+MAX_CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit of any client
 
 
 def header_to_proto(h: TransferHeader) -> engine_pb2.KvTransferHeader:
@@ -93,7 +94,9 @@ def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
 async def export_stream(
     ex: Executor, header: TransferHeader, chunk_tokens: int
 ) -> AsyncIterator[engine_pb2.KvChunk]:
-    """Header, then K/V in ranges of ``chunk_tokens`` tokens (the request must be paused)."""
+    """Header, then K/V in ranges of ``chunk_tokens`` tokens, at most MAX_CHUNK_BYTES each (the request
+    must be paused)."""
+    chunk_tokens = max(1, min(chunk_tokens, MAX_CHUNK_BYTES // header.shape.bytes_per_token))
     yield engine_pb2.KvChunk(header=header_to_proto(header))
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)

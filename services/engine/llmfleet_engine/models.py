@@ -268,3 +268,24 @@ def load_model(
         path=path,
         load_s=time.perf_counter() - started,
     )
+
+
+def without_eos(checkpoint: str | Path, dest: str | Path) -> Path:
+    """A copy of a checkpoint dir whose configs set ``eos_token_id`` to null, so generation always runs
+    to ``max_tokens`` (for benchmarks and long-running tests). Atomic and reused when present."""
+    src, dst = Path(checkpoint), Path(dest)
+    if dst.exists():
+        return dst
+    tmp = dst.with_name(f".{dst.name}-{os.getpid()}-{time.monotonic_ns()}")
+    shutil.copytree(src, tmp)
+    for name in ("config.json", "generation_config.json"):
+        p = tmp / name
+        if p.exists():
+            data = json.loads(p.read_text())
+            data["eos_token_id"] = None
+            p.write_text(json.dumps(data, indent=2))
+    try:
+        tmp.rename(dst)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst

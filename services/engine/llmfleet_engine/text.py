@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21
+    DecodeStream = None
+
 
 class IncrementalDetokenizer:
     """Turns a token stream into text deltas without splitting multi-byte characters.
+
+    Fast tokenizers use the tokenizers library's native ``DecodeStream`` (one Rust call per token);
+    others fall back to the Python window decoding below.
 
     Decodes a short window of recent tokens twice (before/after the new token) and emits the new
     suffix only once it no longer ends in an incomplete character (U+FFFD). ``context_ids`` (the
@@ -19,6 +27,13 @@ class IncrementalDetokenizer:
         self._ids: list[int] = list(context_ids)[-context_window:] if context_window else []
         self._prefix = 0
         self._read = len(self._ids)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._native = None
+        if backend is not None and DecodeStream is not None:
+            self._native = (DecodeStream(skip_special_tokens=True), backend)
+            if self._ids:  # the prompt tail as context, its own text discarded
+                self._native[0].step(backend, list(self._ids))
+            self._held: list[int] = []
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -30,6 +45,14 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add a token; returns the newly completed text (possibly empty)."""
+        if self._native is not None:
+            stream, backend = self._native
+            text = stream.step(backend, token_id)
+            if text is None:
+                self._held.append(token_id)
+                return ""
+            self._held.clear()
+            return text
         self._ids.append(token_id)
         delta = self._delta()
         if not delta or delta.endswith("\ufffd"):
@@ -43,6 +66,9 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Text of tokens still held back (an incomplete character decodes as U+FFFD)."""
+        if self._native is not None:
+            held, self._held = self._held, []
+            return self._decode(held) if held else ""
         delta = self._delta()
         self._prefix = self._read = len(self._ids)
         return delta

@@ -1,0 +1,380 @@
+"""``make bench-engine``: the native engine measured side by side in one run.
+
+1. Decode throughput of the native executor vs transformers ``generate`` on the same tiny llama,
+   batch 1, 8 and 32 (equal-length prompts, so HF needs no padding: its best case).
+2. Two models sharing one pool vs each alone on the same work (SeaLLM reports <= 8% overhead).
+3. KV transfer on loopback between two engine servers: ExportKv throughput and a live Migrate of a
+   1,000-token request, with a llama-shaped model large enough for the bytes to matter.
+
+Writes ``engine.json``, ``engine.md`` and PNG plots to ``--out``. Nothing is asserted: these are
+measurements; the goals from the issue are printed next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import torch
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.rpc import GrpcServer
+from llmfleet.rpc.server import service_name
+from llmfleet.types import ModelSpec
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.models import LoadedModel, load_model, materialize, without_eos
+from llmfleet_engine.sampling import SamplingConfig
+from llmfleet_engine.servicer import EngineServicer
+from llmfleet_engine.validation import GenerationRequest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+NEW_TOKENS = 64
+PROMPT_TOKENS = 32
+
+
+def endless(source: str, models: Path, name: str) -> LoadedModel:
+    path = without_eos(materialize(source, models), models / f"{name}-no-eos")
+    return load_model(ModelSpec(name=name, source=str(path)), cache_dir=models, allow_download=False)
+
+
+def medium_llama(models: Path) -> LoadedModel:
+    """A random llama with 16 KiB of KV per token (4 layers x 8 KV heads x 64 dims, fp32)."""
+    path = models / "medium-llama"
+    if not path.exists():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=512,
+            hidden_size=512,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=4096,
+            eos_token_id=None,
+        )
+        LlamaForCausalLM(cfg).save_pretrained(path)
+        tok_src = Path(materialize("tiny://llama", models))
+        for f in tok_src.glob("*token*"):
+            (path / f.name).write_bytes(f.read_bytes())
+    return load_model(
+        ModelSpec(name="medium-llama", source=str(path)), cache_dir=models, allow_download=False
+    )
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def request(model: LoadedModel, ids: list[int], rid: str, new: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid,
+        model=model.name,
+        prompt="<bench>",
+        prompt_token_ids=tuple(ids),
+        sampling=SamplingConfig(max_tokens=new),
+    )
+
+
+async def run_requests(ex: Executor, work: list[tuple[LoadedModel, list[int]]], new: int) -> float:
+    t0 = time.perf_counter()
+    streams = [
+        ex.submit(request(m, ids, f"r{i}-{time.monotonic_ns()}", new)) for i, (m, ids) in enumerate(work)
+    ]
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    dt = time.perf_counter() - t0
+    assert all(sum(len(c.token_ids) for c in r) == new for r in results), "every request runs to max_tokens"
+    return dt
+
+
+def hf_generate_s(model: LoadedModel, batch: list[list[int]], new: int) -> float:
+    ids = torch.tensor(batch)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )
+        dt = time.perf_counter() - t0
+    assert out.shape[1] == ids.shape[1] + new
+    return dt
+
+
+def best(values: list[float]) -> float:
+    return min(values)
+
+
+async def throughput(llama: LoadedModel, models: Path, repeats: int) -> list[dict]:
+    rows = []
+    ex = Executor(ExecutorConfig(cache_dir=models, max_batch_requests=32, allow_download=False))
+    ex.add_loaded(llama)
+    try:
+        for b in (1, 8, 32):
+            batch = prompts(b, PROMPT_TOKENS, llama.vocab_size, seed=b)
+            work = [(llama, ids) for ids in batch]
+            await run_requests(ex, work, 4)  # warm-up
+            hf_generate_s(llama, batch, 4)
+            native = best([await run_requests(ex, work, NEW_TOKENS) for _ in range(repeats)])
+            hf = best([hf_generate_s(llama, batch, NEW_TOKENS) for _ in range(repeats)])
+            rows.append(
+                {
+                    "batch": b,
+                    "native_tokens_per_s": b * NEW_TOKENS / native,
+                    "hf_tokens_per_s": b * NEW_TOKENS / hf,
+                    "ratio": hf / native,
+                }
+            )
+            print(
+                f"  batch {b:>2}: native {rows[-1]['native_tokens_per_s']:8.0f} tok/s, "
+                f"HF generate {rows[-1]['hf_tokens_per_s']:8.0f} tok/s, ratio {rows[-1]['ratio']:.2f}x"
+            )
+    finally:
+        ex.close()
+    return rows
+
+
+async def sharing(llama: LoadedModel, qwen: LoadedModel, models: Path, repeats: int) -> dict:
+    def make(*ms: LoadedModel) -> Executor:
+        ex = Executor(ExecutorConfig(cache_dir=models, max_batch_requests=8, allow_download=False))
+        for m in ms:
+            ex.add_loaded(m)
+        return ex
+
+    work_a = [(llama, ids) for ids in prompts(8, PROMPT_TOKENS, llama.vocab_size, seed=11)]
+    work_b = [(qwen, ids) for ids in prompts(8, PROMPT_TOKENS, qwen.vocab_size, seed=12)]
+    times: dict[str, list[float]] = {"alone_a": [], "alone_b": [], "shared": []}
+    alone_a, alone_b, shared = make(llama), make(qwen), make(llama, qwen)
+    try:
+        for ex, work in ((alone_a, work_a), (alone_b, work_b), (shared, work_a + work_b)):
+            await run_requests(ex, work, 4)  # warm-up
+        for _ in range(repeats):  # interleave the three so drift hits all alike
+            times["alone_a"].append(await run_requests(alone_a, work_a, NEW_TOKENS))
+            times["alone_b"].append(await run_requests(alone_b, work_b, NEW_TOKENS))
+            times["shared"].append(await run_requests(shared, work_a + work_b, NEW_TOKENS))
+    finally:
+        for ex in (alone_a, alone_b, shared):
+            ex.close()
+    a, b, s = (statistics.median(times[k]) for k in ("alone_a", "alone_b", "shared"))
+    out = {"alone_llama_s": a, "alone_qwen2_s": b, "shared_s": s, "overhead": s / (a + b) - 1}
+    print(f"  alone {a:.3f}s + {b:.3f}s vs shared {s:.3f}s: overhead {100 * out['overhead']:+.1f}%")
+    return out
+
+
+async def kv_transfer(models: Path) -> dict:
+    medium = medium_llama(models)
+    servers, channels, executors = [], [], []
+    for name in ("src", "dst"):
+        ex = Executor(ExecutorConfig(cache_dir=models, block_bytes=256 * 1024, allow_download=False))
+        ex.add_loaded(medium)
+        executors.append(ex)
+        servicer = EngineServicer(ex, name)
+        servers.append(
+            await GrpcServer(
+                [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))]
+            ).start()
+        )
+    try:
+        src_ch = grpc.aio.insecure_channel(servers[0].address)
+        dst_ch = grpc.aio.insecure_channel(servers[1].address)
+        channels += [src_ch, dst_ch]
+        src, dst = engine_pb2_grpc.EngineStub(src_ch), engine_pb2_grpc.EngineStub(dst_ch)
+        ids = prompts(1, 1000, medium.vocab_size, seed=5)[0]
+        bpt = executors[0]._models["medium-llama"].shape.bytes_per_token
+
+        async def start(rid: str) -> grpc.aio.UnaryStreamCall:
+            req = engine_pb2.GenerateRequest(
+                request_id=rid,
+                model="medium-llama",
+                prompt=medium.tokenizer.decode(ids),
+                sampling=common_pb2.SamplingParams(max_tokens=2000),
+            )
+            call = src.Generate(req)
+            await anext(aiter(call))
+            return call
+
+        call = await start("export-1")
+        t0 = time.perf_counter()
+        nbytes = 0
+        async for msg in src.ExportKv(engine_pb2.ExportKvRequest(request_id="export-1", chunk_tokens=256)):
+            if msg.WhichOneof("payload") == "data":
+                nbytes += len(msg.data.data)
+        export_s = time.perf_counter() - t0
+        call.cancel()
+
+        call = await start("migrate-1")
+        resp = await src.Migrate(
+            engine_pb2.MigrateRequest(
+                request_id="migrate-1", destination=servers[1].address, chunk_tokens=256
+            )
+        )
+        tail = dst.Generate(
+            engine_pb2.GenerateRequest(request_id="migrate-1", model="medium-llama", prompt="x")
+        )
+        first = await anext(aiter(tail))
+        tail.cancel()
+        call.cancel()
+        out = {
+            "bytes_per_token": bpt,
+            "export_tokens": nbytes // bpt,
+            "export_mb_per_s": nbytes / export_s / 1e6,
+            "migrate_tokens": resp.num_tokens,
+            "migrate_bytes": resp.bytes,
+            "migrate_transfer_s": resp.transfer_s,
+            "migrate_pause_s": resp.pause_s,
+            "migrate_mb_per_s": resp.bytes / resp.transfer_s / 1e6,
+            "destination_continued": first.index > 0,
+        }
+        print(
+            f"  ExportKv {out['export_tokens']} tokens at {out['export_mb_per_s']:.0f} MB/s; Migrate "
+            f"{resp.num_tokens} tokens ({resp.bytes / 1e6:.1f} MB) in {resp.transfer_s * 1e3:.0f} ms "
+            f"(request paused {resp.pause_s * 1e3:.0f} ms)"
+        )
+        return out
+    finally:
+        for ch in channels:
+            await ch.close()
+        for s in servers:
+            await s.stop(0)
+        for ex in executors:
+            ex.close()
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Engine benchmark",
+        "",
+        f"{result['machine']} · torch {result['torch']} · {result['threads']} threads · "
+        f"{NEW_TOKENS} new tokens, {PROMPT_TOKENS}-token prompts · best of {result['repeats']}",
+        "",
+        "## Decode throughput: native engine vs transformers `generate` (tiny llama)",
+        "",
+        "| batch | native tok/s | HF generate tok/s | native / HF | goal |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for r in result["throughput"]:
+        goal = "≥ 1.0× at batch ≥ 8" if r["batch"] >= 8 else ""
+        lines.append(
+            f"| {r['batch']} | {r['native_tokens_per_s']:.0f} | {r['hf_tokens_per_s']:.0f} | {r['ratio']:.2f}× | {goal} |"
+        )
+    s = result["sharing"]
+    lines += [
+        "",
+        "## Two models sharing one pool (8 requests each, median)",
+        "",
+        "| llama alone | qwen2 alone | both on one engine | overhead | goal |",
+        "|---:|---:|---:|---:|---|",
+        f"| {s['alone_llama_s']:.3f} s | {s['alone_qwen2_s']:.3f} s | {s['shared_s']:.3f} s | "
+        f"{100 * s['overhead']:+.1f}% | ≤ 8% |",
+    ]
+    k = result["kv_transfer"]
+    lines += [
+        "",
+        f"## KV transfer on loopback (llama-shaped, {k['bytes_per_token'] // 1024} KiB of KV per token)",
+        "",
+        "| ExportKv | Migrate: tokens | bytes | transfer | request paused | MB/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {k['export_mb_per_s']:.0f} MB/s | {k['migrate_tokens']} | {k['migrate_bytes'] / 1e6:.1f} MB | "
+        f"{k['migrate_transfer_s'] * 1e3:.0f} ms | {k['migrate_pause_s'] * 1e3:.0f} ms | {k['migrate_mb_per_s']:.0f} |",
+        "",
+        "GPU: " + result["gpu"],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(result: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["throughput"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["native_tokens_per_s"] for r in rows], 0.4, label="native engine")
+    ax.bar([x + 0.2 for x in xs], [r["hf_tokens_per_s"] for r in rows], 0.4, label="transformers generate")
+    ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+    ax.set_ylabel("tokens / s")
+    ax.set_title("Decode throughput, tiny llama, CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "engine_throughput.png", dpi=120)
+    plt.close(fig)
+    s = result["sharing"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(
+        ["llama alone", "qwen2 alone", "sum", "shared pool"],
+        [s["alone_llama_s"], s["alone_qwen2_s"], s["alone_llama_s"] + s["alone_qwen2_s"], s["shared_s"]],
+    )
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Sharing overhead {100 * s['overhead']:+.1f}%")
+    fig.tight_layout()
+    fig.savefig(out / "engine_sharing.png", dpi=120)
+    plt.close(fig)
+    return ["engine_throughput.png", "engine_sharing.png"]
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    models = Path(args.models_dir or tempfile.mkdtemp(prefix="llmfleet-bench-"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    llama = endless("tiny://llama", models, "tiny-llama")
+    qwen = endless("tiny://qwen2", models, "tiny-qwen2")
+    print("decode throughput:")
+    tp = await throughput(llama, models, args.repeats)
+    print("sharing one pool:")
+    sh = await sharing(llama, qwen, models, args.repeats)
+    print("KV transfer:")
+    kv = await kv_transfer(models)
+    gpu = (
+        f"CUDA available ({torch.cuda.get_device_name(0)}) but this run used the CPU"
+        if torch.cuda.is_available()
+        else "no GPU on this machine: the CUDA path of the native engine and the vLLM backend are unverified here"
+    )
+    return {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "new_tokens": NEW_TOKENS,
+        "prompt_tokens": PROMPT_TOKENS,
+        "throughput": tp,
+        "sharing": sh,
+        "kv_transfer": kv,
+        "gpu": gpu,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=".bench/engine", help="output directory")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--models-dir", default=None, help="where tiny checkpoints are built (default: a temp dir)"
+    )
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = asyncio.run(main_async(args))
+    result["plots"] = plots(result, out)
+    (out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "engine.md").write_text(markdown(result))
+    print(f"\nwrote {out}/engine.json, engine.md, {', '.join(result['plots'])}")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
