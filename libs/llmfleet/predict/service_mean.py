@@ -6,30 +6,10 @@ service has any observation the predictor answers with a configurable prior (mea
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from llmfleet.predict.base import LengthQuery, Prediction
-
-
-@dataclass
-class RunningStats:
-    """Welford accumulator: count, mean and M2 (sum of squared deviations)."""
-
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, x: float) -> None:
-        self.count += 1
-        delta = x - self.mean
-        self.mean += delta / self.count
-        self.m2 += delta * (x - self.mean)
-
-    @property
-    def std(self) -> float:
-        """Population standard deviation (0 with fewer than two samples)."""
-        return math.sqrt(self.m2 / self.count) if self.count > 1 else 0.0
+from llmfleet.welford import RunningStats
 
 
 @dataclass

@@ -56,6 +56,7 @@ from llmfleet_engine.outputs import (
     ResourceExhaustedError,
     Usage,
 )
+from llmfleet_engine.reconcile import reconcile as reconcile_models
 from llmfleet_engine.sampling import make_generator, select_token
 from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.text import IncrementalDetokenizer, TextStream
@@ -345,20 +346,9 @@ class Executor:
 
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
         """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""
-        want = {s.name: s for s in desired}
-        result = ReconcileResult()
-        for name, model in self.models.items():
-            spec = want.get(name)
-            stale = spec is None or (spec.source, spec.dtype or DEFAULT_DTYPE) != (model.source, model.dtype)
-            if stale and self.unload(name):
-                result.unloaded.append(name)
-        for name, spec in want.items():
-            try:
-                if not self.load(spec).already_loaded:
-                    result.loaded.append(name)
-            except (ModelLoadError, ModelConflictError, ExecutorClosedError, ResourceExhaustedError) as e:
-                result.errors[name] = str(e)
-        return result
+        return reconcile_models(
+            self, desired, (ModelLoadError, ModelConflictError, ExecutorClosedError, ResourceExhaustedError)
+        )
 
     def _models_changed(self) -> None:
         names = self.model_names()

@@ -80,6 +80,7 @@ from llmfleet_engine.models import (
     kv_bytes_per_token,
     materialize,
 )
+from llmfleet_engine.reconcile import reconcile as reconcile_models
 from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError
 
@@ -841,20 +842,7 @@ class VllmExecutor:
 
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
         """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""
-        want = {s.name: s for s in desired}
-        result = ReconcileResult()
-        for name, model in self.models.items():
-            spec = want.get(name)
-            stale = spec is None or (spec.source, spec.dtype or DEFAULT_DTYPE) != (model.source, model.dtype)
-            if stale and self.unload(name):
-                result.unloaded.append(name)
-        for name, spec in want.items():
-            try:
-                if not self.load(spec).already_loaded:
-                    result.loaded.append(name)
-            except (ModelLoadError, ModelConflictError, ExecutorClosedError) as e:
-                result.errors[name] = str(e)
-        return result
+        return reconcile_models(self, desired, (ModelLoadError, ModelConflictError, ExecutorClosedError))
 
     def _models_changed(self) -> None:
         names = self.model_names()

@@ -1,6 +1,6 @@
 """Per-service execution-time statistics for SeaLLM's DB scheduling: L̂_s (mean) and σ_s (std).
 
-Welford's online algorithm, one accumulator per service. Before a service has two observations its σ
+RunningStats's online algorithm, one accumulator per service. Before a service has two observations its σ
 is the prior ``default_std_s``; before any, its mean is the prior ``default_mean_s``. The engine may
 seed a service (e.g. from the profiler's measurements) with :meth:`ServiceStats.observe`.
 """
@@ -10,25 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
-@dataclass
-class Welford:
-    """Running count, mean and sum of squared deviations (M2) of one series."""
-
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, x: float) -> None:
-        self.count += 1
-        delta = x - self.mean
-        self.mean += delta / self.count
-        self.m2 += delta * (x - self.mean)
-
-    @property
-    def sample_std(self) -> float:
-        """Sample standard deviation (n − 1); 0.0 below two observations."""
-        return math.sqrt(self.m2 / (self.count - 1)) if self.count >= 2 else 0.0
+from llmfleet.welford import RunningStats
 
 
 @dataclass
@@ -37,7 +19,7 @@ class ServiceStats:
 
     default_mean_s: float = 1.0
     default_std_s: float = 0.5
-    _acc: dict[str, Welford] = field(default_factory=dict, repr=False)
+    _acc: dict[str, RunningStats] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.default_mean_s) and self.default_mean_s > 0):
@@ -49,7 +31,7 @@ class ServiceStats:
         """Add one request's execution time (seconds, finite, >= 0) to ``service``'s statistics."""
         if not (math.isfinite(exec_time_s) and exec_time_s >= 0):
             raise ValueError(f"execution time must be finite and >= 0, got {exec_time_s!r}")
-        self._acc.setdefault(service, Welford()).add(exec_time_s)
+        self._acc.setdefault(service, RunningStats()).add(exec_time_s)
 
     def count(self, service: str) -> int:
         acc = self._acc.get(service)
