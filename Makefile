@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -49,7 +49,10 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine
+bench: bench-engine bench-profiler
+
+bench-profiler: setup
+	$(PYTHON) tools/bench/profiler_bench.py --out .bench/profiler $(BENCH_ARGS)
 
 bench-engine: setup
 	$(PYTHON) tools/bench/engine_bench.py --out .bench/engine $(BENCH_ARGS)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmfleet/v1/profiler.proto\x12\x0bllmfleet.v1\"Y\n\x0bPredictItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\"9\n\x0ePredictRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.PredictItem\"\x80\x01\n\nPrediction\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1a\n\x12mean_output_tokens\x18\x02 \x01(\x01\x12\x19\n\x11std_output_tokens\x18\x03 \x01(\x01\x12\x14\n\x0cobservations\x18\x04 \x01(\x04\x12\x11\n\tpredictor\x18\x05 \x01(\t\"?\n\x0fPredictResponse\x12,\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x17.llmfleet.v1.Prediction\"s\n\x0bObservation\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12\x11\n\tlatency_s\x18\x05 \x01(\x01\"9\n\x0eObserveRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.Observation\"#\n\x0fObserveResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r2\x96\x01\n\x08Profiler\x12\x44\n\x07Predict\x12\x1b.llmfleet.v1.PredictRequest\x1a\x1c.llmfleet.v1.PredictResponse\x12\x44\n\x07Observe\x12\x1b.llmfleet.v1.ObserveRequest\x1a\x1c.llmfleet.v1.ObserveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmfleet/v1/profiler.proto\x12\x0bllmfleet.v1\"s\n\x0bPredictItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\"9\n\x0ePredictRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.PredictItem\"\xbf\x01\n\nPrediction\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1a\n\x12mean_output_tokens\x18\x02 \x01(\x01\x12\x19\n\x11std_output_tokens\x18\x03 \x01(\x01\x12\x14\n\x0cobservations\x18\x04 \x01(\x04\x12\x11\n\tpredictor\x18\x05 \x01(\t\x12\x11\n\tquantiles\x18\x06 \x03(\x01\x12\x14\n\x0c\x62ucket_probs\x18\x07 \x03(\x01\x12\x14\n\x0c\x62ucket_edges\x18\x08 \x03(\r\"?\n\x0fPredictResponse\x12,\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x17.llmfleet.v1.Prediction\"s\n\x0bObservation\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12\x11\n\tlatency_s\x18\x05 \x01(\x01\"9\n\x0eObserveRequest\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.Observation\"#\n\x0fObserveResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\"\x9f\x01\n\x13\x43haracterizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x04 \x03(\r\x12\x15\n\rinput_lengths\x18\x05 \x03(\r\x12\x17\n\x0f\x63ontext_lengths\x18\x06 \x03(\r\x12\x0f\n\x07repeats\x18\x07 \x01(\r\"4\n\x11GetProfileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\"Q\n\nFitQuality\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06rmse_s\x18\x02 \x01(\x01\x12\x15\n\rmax_rel_error\x18\x03 \x01(\x01\x12\x0e\n\x06points\x18\x04 \x01(\r\"\xaf\x01\n\x0b\x43ostProfile\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61te\x18\x05 \x01(\t\x12\x19\n\x11\x63oefficients_json\x18\x06 \x01(\t\x12%\n\x04\x66its\x18\x07 \x03(\x0b\x32\x17.llmfleet.v1.FitQuality\x12\x0f\n\x07samples\x18\x08 \x01(\r2\xfa\x02\n\x08Profiler\x12\x44\n\x07Predict\x12\x1b.llmfleet.v1.PredictRequest\x1a\x1c.llmfleet.v1.PredictResponse\x12N\n\rPredictStream\x12\x1b.llmfleet.v1.PredictRequest\x1a\x1c.llmfleet.v1.PredictResponse(\x01\x30\x01\x12\x44\n\x07Observe\x12\x1b.llmfleet.v1.ObserveRequest\x1a\x1c.llmfleet.v1.ObserveResponse\x12J\n\x0c\x43haracterize\x12 .llmfleet.v1.CharacterizeRequest\x1a\x18.llmfleet.v1.CostProfile\x12\x46\n\nGetProfile\x12\x1e.llmfleet.v1.GetProfileRequest\x1a\x18.llmfleet.v1.CostProfileb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmfleet.v1.profiler_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREDICTITEM']._serialized_start=43
-  _globals['_PREDICTITEM']._serialized_end=132
-  _globals['_PREDICTREQUEST']._serialized_start=134
-  _globals['_PREDICTREQUEST']._serialized_end=191
-  _globals['_PREDICTION']._serialized_start=194
-  _globals['_PREDICTION']._serialized_end=322
-  _globals['_PREDICTRESPONSE']._serialized_start=324
-  _globals['_PREDICTRESPONSE']._serialized_end=387
-  _globals['_OBSERVATION']._serialized_start=389
-  _globals['_OBSERVATION']._serialized_end=504
-  _globals['_OBSERVEREQUEST']._serialized_start=506
-  _globals['_OBSERVEREQUEST']._serialized_end=563
-  _globals['_OBSERVERESPONSE']._serialized_start=565
-  _globals['_OBSERVERESPONSE']._serialized_end=600
-  _globals['_PROFILER']._serialized_start=603
-  _globals['_PROFILER']._serialized_end=753
+  _globals['_PREDICTITEM']._serialized_end=158
+  _globals['_PREDICTREQUEST']._serialized_start=160
+  _globals['_PREDICTREQUEST']._serialized_end=217
+  _globals['_PREDICTION']._serialized_start=220
+  _globals['_PREDICTION']._serialized_end=411
+  _globals['_PREDICTRESPONSE']._serialized_start=413
+  _globals['_PREDICTRESPONSE']._serialized_end=476
+  _globals['_OBSERVATION']._serialized_start=478
+  _globals['_OBSERVATION']._serialized_end=593
+  _globals['_OBSERVEREQUEST']._serialized_start=595
+  _globals['_OBSERVEREQUEST']._serialized_end=652
+  _globals['_OBSERVERESPONSE']._serialized_start=654
+  _globals['_OBSERVERESPONSE']._serialized_end=689
+  _globals['_CHARACTERIZEREQUEST']._serialized_start=692
+  _globals['_CHARACTERIZEREQUEST']._serialized_end=851
+  _globals['_GETPROFILEREQUEST']._serialized_start=853
+  _globals['_GETPROFILEREQUEST']._serialized_end=905
+  _globals['_FITQUALITY']._serialized_start=907
+  _globals['_FITQUALITY']._serialized_end=988
+  _globals['_COSTPROFILE']._serialized_start=991
+  _globals['_COSTPROFILE']._serialized_end=1166
+  _globals['_PROFILER']._serialized_start=1169
+  _globals['_PROFILER']._serialized_end=1547
 # @@protoc_insertion_point(module_scope)

@@ -40,10 +40,25 @@ class ProfilerStub:
                 request_serializer=llmfleet_dot_v1_dot_profiler__pb2.PredictRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_profiler__pb2.PredictResponse.FromString,
                 _registered_method=True)
+        self.PredictStream = channel.stream_stream(
+                '/llmfleet.v1.Profiler/PredictStream',
+                request_serializer=llmfleet_dot_v1_dot_profiler__pb2.PredictRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_profiler__pb2.PredictResponse.FromString,
+                _registered_method=True)
         self.Observe = channel.unary_unary(
                 '/llmfleet.v1.Profiler/Observe',
                 request_serializer=llmfleet_dot_v1_dot_profiler__pb2.ObserveRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_profiler__pb2.ObserveResponse.FromString,
+                _registered_method=True)
+        self.Characterize = channel.unary_unary(
+                '/llmfleet.v1.Profiler/Characterize',
+                request_serializer=llmfleet_dot_v1_dot_profiler__pb2.CharacterizeRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_profiler__pb2.CostProfile.FromString,
+                _registered_method=True)
+        self.GetProfile = channel.unary_unary(
+                '/llmfleet.v1.Profiler/GetProfile',
+                request_serializer=llmfleet_dot_v1_dot_profiler__pb2.GetProfileRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_profiler__pb2.CostProfile.FromString,
                 _registered_method=True)
 
 
@@ -58,8 +73,30 @@ class ProfilerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PredictStream(self, request_iterator, context):
+        """The same as Predict over one long-lived stream (one response per request message, in order).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Observe(self, request, context):
         """Online update from completed requests.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Characterize(self, request, context):
+        """Runs an engine's Profile sweeps for a model, fits the cost models and stores the coefficients
+        in etcd under profiles/{model}/{hardware}.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProfile(self, request, context):
+        """Fitted coefficients of a model on a hardware, or roofline defaults (source "roofline").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,10 +110,25 @@ def add_ProfilerServicer_to_server(servicer, server):
                     request_deserializer=llmfleet_dot_v1_dot_profiler__pb2.PredictRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_profiler__pb2.PredictResponse.SerializeToString,
             ),
+            'PredictStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PredictStream,
+                    request_deserializer=llmfleet_dot_v1_dot_profiler__pb2.PredictRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_profiler__pb2.PredictResponse.SerializeToString,
+            ),
             'Observe': grpc.unary_unary_rpc_method_handler(
                     servicer.Observe,
                     request_deserializer=llmfleet_dot_v1_dot_profiler__pb2.ObserveRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_profiler__pb2.ObserveResponse.SerializeToString,
+            ),
+            'Characterize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Characterize,
+                    request_deserializer=llmfleet_dot_v1_dot_profiler__pb2.CharacterizeRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_profiler__pb2.CostProfile.SerializeToString,
+            ),
+            'GetProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProfile,
+                    request_deserializer=llmfleet_dot_v1_dot_profiler__pb2.GetProfileRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_profiler__pb2.CostProfile.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -118,6 +170,33 @@ class Profiler:
             _registered_method=True)
 
     @staticmethod
+    def PredictStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Profiler/PredictStream',
+            llmfleet_dot_v1_dot_profiler__pb2.PredictRequest.SerializeToString,
+            llmfleet_dot_v1_dot_profiler__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Observe(request,
             target,
             options=(),
@@ -134,6 +213,60 @@ class Profiler:
             '/llmfleet.v1.Profiler/Observe',
             llmfleet_dot_v1_dot_profiler__pb2.ObserveRequest.SerializeToString,
             llmfleet_dot_v1_dot_profiler__pb2.ObserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Characterize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmfleet.v1.Profiler/Characterize',
+            llmfleet_dot_v1_dot_profiler__pb2.CharacterizeRequest.SerializeToString,
+            llmfleet_dot_v1_dot_profiler__pb2.CostProfile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmfleet.v1.Profiler/GetProfile',
+            llmfleet_dot_v1_dot_profiler__pb2.GetProfileRequest.SerializeToString,
+            llmfleet_dot_v1_dot_profiler__pb2.CostProfile.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,92 @@
+"""Latency and memory cost models: Aladdin and SCLS forms, tensor parallelism, fitting from engine
+profiles, model/hardware catalogs and roofline defaults. Pure: no I/O beyond the explicit JSON helpers
+in ``serialize``, no clock reads inside the models.
+"""
+
+from llmfleet.costmodel.aladdin import (
+    AladdinModel,
+    DecodeModel,
+    KvModel,
+    PrefillModel,
+    TpModel,
+    fit_decode,
+    fit_kv,
+    fit_prefill,
+    fit_tp,
+)
+from llmfleet.costmodel.fit import FitError, FitReport, fit_curve, fit_linear
+from llmfleet.costmodel.hardware import HARDWARE_CATALOG, Hardware, UnknownHardware, hardware, local_cpu
+from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch, UnknownModel, arch_from_hf_config, model_arch
+from llmfleet.costmodel.profile_fit import EngineProfileFit, fit_engine_profile
+from llmfleet.costmodel.roofline import (
+    RooflineDecode,
+    RooflineModel,
+    RooflinePrefill,
+    allreduce_time,
+    decode_time,
+    prefill_time,
+)
+from llmfleet.costmodel.scls import (
+    SclsDecode,
+    SclsModel,
+    SclsPrefill,
+    fit_scls_decode,
+    fit_scls_prefill,
+    n_max,
+)
+from llmfleet.costmodel.serialize import (
+    AladdinCoefficients,
+    ProfileRecord,
+    SclsCoefficients,
+    load_record,
+    record_from_fit,
+    roofline_record,
+    save_record,
+)
+
+__all__ = [
+    "HARDWARE_CATALOG",
+    "MODEL_CATALOG",
+    "AladdinCoefficients",
+    "AladdinModel",
+    "DecodeModel",
+    "EngineProfileFit",
+    "FitError",
+    "FitReport",
+    "Hardware",
+    "KvModel",
+    "ModelArch",
+    "PrefillModel",
+    "ProfileRecord",
+    "RooflineDecode",
+    "RooflineModel",
+    "RooflinePrefill",
+    "SclsCoefficients",
+    "SclsDecode",
+    "SclsModel",
+    "SclsPrefill",
+    "TpModel",
+    "UnknownHardware",
+    "UnknownModel",
+    "allreduce_time",
+    "arch_from_hf_config",
+    "decode_time",
+    "fit_curve",
+    "fit_decode",
+    "fit_engine_profile",
+    "fit_kv",
+    "fit_linear",
+    "fit_prefill",
+    "fit_scls_decode",
+    "fit_scls_prefill",
+    "fit_tp",
+    "hardware",
+    "load_record",
+    "local_cpu",
+    "model_arch",
+    "n_max",
+    "prefill_time",
+    "record_from_fit",
+    "roofline_record",
+    "save_record",
+]

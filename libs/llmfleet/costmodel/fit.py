@@ -1,0 +1,128 @@
+"""Shared least-squares fitting for the cost-model forms (all are linear in their coefficients).
+
+Constraint policy (used by every form in this package): all coefficients are bounded ≥ 0. Each is a
+time or byte count per unit of work (tokens, batch, context, devices) or a fixed overhead; a negative
+slope would make derived limits such as Aladdin's l_d(b) non-monotone, and a negative intercept would
+predict negative time for small batches (which unconstrained fits produce when the true curve bends,
+e.g. memory-bound short prompts). ``nonneg`` stays per-coefficient for callers that need otherwise.
+
+Columns are scaled to unit norm before solving (token counts ~1e4 against seconds ~1e-2), which keeps
+the bounded solvers well conditioned; positive scaling preserves the ≥ 0 bounds. Too few points, a
+rank-deficient design (e.g. all x equal) or non-finite data raise :class:`FitError` — never NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import curve_fit, lsq_linear
+
+
+class FitError(ValueError):
+    """The data cannot determine the coefficients (too few points, degenerate design, non-finite)."""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """Quality of a fit on its own points; ``rmse_s`` is in the target's unit (seconds, or bytes for KV)."""
+
+    rmse_s: float
+    max_rel_error: float
+    n_points: int
+    params: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {
+            "rmse_s": self.rmse_s,
+            "max_rel_error": self.max_rel_error,
+            "n_points": self.n_points,
+            "params": dict(self.params),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FitReport:
+        return cls(float(d["rmse_s"]), float(d["max_rel_error"]), int(d["n_points"]), dict(d["params"]))
+
+
+def _validate(design: np.ndarray, y: np.ndarray, names: Sequence[str], what: str) -> None:
+    n, p = design.shape
+    if len(names) != p:
+        raise ValueError(f"{len(names)} names for {p} columns")
+    if n < p:
+        raise FitError(f"{what}: {n} points cannot determine {p} coefficients {list(names)}; need ≥ {p}")
+    if not (np.all(np.isfinite(design)) and np.all(np.isfinite(y))):
+        raise FitError(f"{what}: samples contain NaN or infinity")
+    if np.linalg.matrix_rank(design) < p:
+        raise FitError(
+            f"{what}: degenerate samples, {list(names)} are not separately identifiable "
+            "(vary every input, e.g. more than one distinct batch size and length)"
+        )
+
+
+def _report(design: np.ndarray, y: np.ndarray, coef: np.ndarray, names: Sequence[str]) -> FitReport:
+    pred = design @ coef
+    err = pred - y
+    rel = np.abs(err) / np.maximum(np.abs(y), np.finfo(float).tiny)
+    return FitReport(
+        rmse_s=float(np.sqrt(np.mean(err**2))),
+        max_rel_error=float(np.max(rel)),
+        n_points=len(y),
+        params={k: float(v) for k, v in zip(names, coef, strict=True)},
+    )
+
+
+def _prepare(design: Sequence[Sequence[float]], y: Sequence[float], names: Sequence[str], what: str):
+    a = np.asarray(design, dtype=float)
+    b = np.asarray(y, dtype=float)
+    if a.ndim != 2 or b.ndim != 1 or a.shape[0] != b.shape[0]:
+        if a.size == 0:
+            raise FitError(f"{what}: no samples")
+        raise ValueError(f"{what}: design {a.shape} does not match targets {b.shape}")
+    _validate(a, b, names, what)
+    scale = np.linalg.norm(a, axis=0)
+    return a, b, scale
+
+
+def fit_linear(
+    design: Sequence[Sequence[float]],
+    y: Sequence[float],
+    names: Sequence[str],
+    nonneg: Sequence[bool],
+    what: str = "fit",
+) -> tuple[dict[str, float], FitReport]:
+    """min ‖design·θ − y‖² with θ_i ≥ 0 where ``nonneg[i]`` (scipy ``lsq_linear``)."""
+    a, b, scale = _prepare(design, y, names, what)
+    lower = np.where(np.asarray(nonneg, dtype=bool), 0.0, -np.inf)
+    res = lsq_linear(a / scale, b, bounds=(lower, np.full(len(names), np.inf)), method="bvls")
+    coef = res.x / scale
+    report = _report(a, b, coef, names)
+    return report.params, report
+
+
+def fit_curve(
+    design: Sequence[Sequence[float]],
+    y: Sequence[float],
+    names: Sequence[str],
+    nonneg: Sequence[bool],
+    what: str = "fit",
+) -> tuple[dict[str, float], FitReport]:
+    """Same problem as :func:`fit_linear`, solved by ``scipy.optimize.curve_fit`` (as SCLS §4 does)."""
+    a, b, scale = _prepare(design, y, names, what)
+    scaled = a / scale
+    nn = np.asarray(nonneg, dtype=bool)
+    lower = np.where(nn, 0.0, -np.inf)
+    p0 = np.linalg.lstsq(scaled, b, rcond=None)[0]
+    p0 = np.where(nn, np.maximum(p0, 1e-12), p0)  # start strictly inside the bounds
+
+    def model(idx: np.ndarray, *theta: float) -> np.ndarray:
+        return scaled[idx.astype(int)] @ np.asarray(theta)
+
+    x = np.arange(len(b), dtype=float)
+    theta, _ = curve_fit(model, x, b, p0=p0, bounds=(lower, np.full(len(names), np.inf)))
+    coef = np.asarray(theta) / scale
+    if not np.all(np.isfinite(coef)):
+        raise FitError(f"{what}: solver returned non-finite coefficients")
+    report = _report(a, b, coef, names)
+    return report.params, report
