@@ -37,3 +37,19 @@ async def etcd_client(etcd_settings: EtcdSettings) -> AsyncIterator[EtcdClient]:
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+def node_args(etcd_settings: EtcdSettings) -> list[str]:
+    """Common flags for building a service in-process (``main.build_parser().parse_args([...])``) against
+    ``etcd_settings``, on any free port."""
+    return [
+        "--etcd",
+        etcd_settings.endpoints[0],
+        "--prefix",
+        etcd_settings.prefix,
+        "--ttl",
+        "2",
+        "--port",
+        "0",
+    ]

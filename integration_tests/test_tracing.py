@@ -16,19 +16,10 @@ from llmfleet_scheduler import main as scheduler_main
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
-async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, tmp_path):
+async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, node_args, tmp_path):
     exporter = InMemorySpanExporter()
     setup_tracing("integration-test", exporter=exporter)  # before servers/channels are built
-    common = [
-        "--etcd",
-        etcd_settings.endpoints[0],
-        "--prefix",
-        etcd_settings.prefix,
-        "--ttl",
-        "2",
-        "--port",
-        "0",
-    ]
+    common = node_args
     engine, _ = engine_main.build_node(
         engine_main.build_parser().parse_args(
             [

@@ -22,17 +22,8 @@ SWEEP = {
 
 
 @pytest.fixture
-async def stack(etcd_settings, tmp_path):
-    common = [
-        "--etcd",
-        etcd_settings.endpoints[0],
-        "--prefix",
-        etcd_settings.prefix,
-        "--ttl",
-        "2",
-        "--port",
-        "0",
-    ]
+async def stack(node_args, tmp_path):
+    common = node_args
     engine, _ = engine_main.build_node(
         engine_main.build_parser().parse_args(
             [
