@@ -1,4 +1,4 @@
-"""One request's spans (SDK -> scheduler -> engine, and the scheduler's profiler calls) share one
+"""One request's spans (SDK -> scheduler -> engine, and the scheduler's Observe to the profiler) share one
 trace id. The services run in this process (built by their own ``build_node``) so one in-memory
 exporter sees every span; etcd is real."""
 
@@ -9,6 +9,7 @@ import asyncio
 from llmfleet.client import AsyncClient
 from llmfleet.coord import EtcdClient, put_service
 from llmfleet.telemetry import setup_tracing
+from llmfleet.testing import eventually
 from llmfleet.types import ServiceSpec
 from llmfleet_engine import main as engine_main
 from llmfleet_profiler import main as profiler_main
@@ -56,16 +57,20 @@ async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, node_args, tm
         async with AsyncClient(scheduler.address, timeout_s=30) as client:
             done = await client.complete("trace me", service="chat", max_tokens=3)
         assert done.usage.engine_id == "engine-t"
-        await asyncio.sleep(0.2)  # let the scheduler's Observe call finish
+        await eventually(
+            lambda: any(s.name.endswith("Profiler/Observe") for s in exporter.get_finished_spans()),
+            5,
+            "the scheduler's Observe call to finish",
+        )
         spans = exporter.get_finished_spans()
         by_name: dict[str, set[int]] = {}
         for s in spans:
             by_name.setdefault(s.name, set()).add(s.context.trace_id)
         submit = by_name.get("/llmfleet.v1.Scheduler/Submit", set())
         generate = by_name.get("/llmfleet.v1.Engine/Generate", set())
-        predict = by_name.get("/llmfleet.v1.Profiler/Predict", set())
+        observe = by_name.get("/llmfleet.v1.Profiler/Observe", set())
         assert len(submit) == 1, by_name
-        assert generate == submit and predict == submit, by_name
+        assert generate == submit and observe == submit, by_name
         kinds = {(s.name, s.kind.name) for s in spans if s.context.trace_id in submit}
         # client and server side of each hop
         assert {

@@ -17,6 +17,7 @@ from llmfleet.coord import (
     put_service,
     service_view,
 )
+from llmfleet.testing import eventually
 from llmfleet.types import NodeRecord, ServiceSpec, Slo
 
 
@@ -122,14 +123,12 @@ async def test_subscribe_yields_on_ready_and_after_each_change(
             seen.append((rev, snap))
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await eventually(lambda: len(seen) >= 1, 5, "the initial snapshot")
     assert seen == [(raw_view.revision, {})]
     r1 = await etcd_client.put(p + "x", b"1")
-    await raw_view.wait_for(lambda s: "x" in s, 5)
-    await asyncio.sleep(0.05)
+    await eventually(lambda: len(seen) >= 2, 5, "the first change")
     r2 = await etcd_client.put(p + "x", b"2")
-    await raw_view.wait_for(lambda s: s.get("x") == b"2", 5)
-    await asyncio.sleep(0.05)
+    await eventually(lambda: len(seen) >= 3, 5, "the second change")
     assert seen[1:] == [(r1, {"x": b"1"}), (r2, {"x": b"2"})]
     await raw_view.stop()
     await asyncio.wait_for(task, 2)  # subscribers end when the view stops

@@ -199,6 +199,7 @@ class Executor:
         )
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self.preemptions = 0
+        self._reserved_blocks = 0  # pool blocks held by model reservations (weights + activation)
         self._models: dict[str, _Model] = {}
         self._requests: dict[str, _Request] = {}
         self._waiting: list[_Request] = []
@@ -229,9 +230,7 @@ class Executor:
     @property
     def kv_capacity_bytes(self) -> int:
         """Pool bytes usable for KV: the budget minus every model's reservation."""
-        stats = self.allocator.stats()
-        reserved = stats.models[RESERVED_MODEL].blocks if RESERVED_MODEL in stats.models else 0
-        return (self.plan.num_blocks - reserved) * self.plan.block_bytes
+        return (self.plan.num_blocks - self._reserved_blocks) * self.plan.block_bytes
 
     @property
     def watermark_blocks(self) -> int:
@@ -302,6 +301,7 @@ class Executor:
         with self._cond:
             try:
                 self.allocator.allocate(seq, RESERVED_MODEL, self.plan.blocks_for_bytes(reserve))
+                self._reserved_blocks += self.plan.blocks_for_bytes(reserve)
             except OutOfBlocks as e:
                 raise ResourceExhaustedError(
                     f"cannot load {loaded.name!r}: weights {loaded.weight_bytes} B + peak activation "
@@ -313,7 +313,7 @@ class Executor:
                 self.storage.register(loaded.name, shape)
                 runner = PagedRunner(loaded.model, self.storage, loaded.name)
             except Exception:
-                self.allocator.free(seq)
+                self._reserved_blocks -= self.allocator.free(seq)
                 with contextlib.suppress(Exception):
                     self.allocator.unregister_model(loaded.name)
                 with contextlib.suppress(Exception):
@@ -337,7 +337,7 @@ class Executor:
             self._flush_deferred_locked()
             self.allocator.unregister_model(name)
             self.storage.unregister(name)
-            self.allocator.free(f"{RESERVED_MODEL}/{name}")
+            self._reserved_blocks -= self.allocator.free(f"{RESERVED_MODEL}/{name}")
         del model
         self._free_memory()
         log.info("unloaded model %s", name)
@@ -490,7 +490,7 @@ class Executor:
                 )
                 for name, m in sorted(self._models.items())
             )
-            reserved = stats.models[RESERVED_MODEL].blocks if RESERVED_MODEL in stats.models else 0
+            reserved = self._reserved_blocks
         return LoadSnapshot(
             timestamp=time.time(),
             running=running,

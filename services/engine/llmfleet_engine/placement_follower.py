@@ -26,7 +26,6 @@ class PlacementFollower:
     executor: Executor
     retry_s: float = 5.0
     applied: DesiredPlacement | None = None
-    passes: int = 0
 
     async def run(self, view: PrefixView[DesiredPlacement]) -> None:
         """Follow ``view`` forever."""
@@ -50,7 +49,6 @@ class PlacementFollower:
             pump_task.cancel()
 
     async def apply(self, desired: DesiredPlacement) -> bool:
-        self.passes += 1
         result = await asyncio.to_thread(self.executor.reconcile, desired.models)
         if result.loaded or result.unloaded:
             log.info("%s: loaded %s, unloaded %s", self.engine_id, result.loaded, result.unloaded)

@@ -30,7 +30,6 @@ class PlacementController:
     nodes_view: PrefixView[NodeRecord]
     resync_s: float = 5.0
     policy: StaticConfigPlacement = field(init=False)
-    writes: int = 0
 
     def __post_init__(self) -> None:
         self.policy = StaticConfigPlacement(tuple(self.config.placements()))
@@ -56,7 +55,6 @@ class PlacementController:
         changed += len(diff.put) + len(diff.delete)
         if changed:
             log.info("placement: wrote %d desired-state keys", changed)
-        self.writes += changed
         return changed
 
     async def run(self) -> None:

@@ -41,7 +41,6 @@ class RequestRecord:
     subscribers: int = 0
     driver: asyncio.Task | None = None
     engines: list[str] = field(default_factory=list)
-    predicted_tokens: float | None = None  # the profiler's estimate, when it answered
     finished_at: float | None = None
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 from llmfleet.policies.dispatch import DispatchPolicy, NoCandidate
-from opentelemetry import trace
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
@@ -30,13 +29,11 @@ class Relay:
     policy: DispatchPolicy
     max_attempts: int = 3
     max_migrations: int = 16
-    profiler_timeout_s: float = 0.25
     _background: set[asyncio.Task] = field(default_factory=set)
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
         try:
-            await self._predict(rec, req)
             await self._dispatch(rec, req, deadline)
         except asyncio.CancelledError:
             await rec.finish(self._final(rec, common_pb2.FINISH_REASON_CANCELLED))
@@ -164,23 +161,6 @@ class Relay:
                 latency_s=now - rec.arrival,
             ),
         )
-
-    async def _predict(self, rec: RequestRecord, req: engine_pb2.GenerateRequest) -> None:
-        """Ask the profiler for the expected output length (advisory; an absent profiler is fine)."""
-        prof = self.directory.first_of_role("profiler")
-        if prof is None:
-            return
-        stub = profiler_pb2_grpc.ProfilerStub(self.directory.channel(prof.address))
-        item = profiler_pb2.PredictItem(request_id=rec.request_id, service=rec.service, prompt=req.prompt)
-        try:
-            resp = await stub.Predict(
-                profiler_pb2.PredictRequest(items=[item]), timeout=self.profiler_timeout_s
-            )
-            p = resp.predictions[0]
-            rec.predicted_tokens = p.mean_output_tokens
-            trace.get_current_span().set_attribute("llmfleet.predicted_output_tokens", p.mean_output_tokens)
-        except grpc.aio.AioRpcError as e:
-            log.debug("profiler unavailable for %s: %s", rec.request_id, e.code())
 
     async def _observe(self, rec: RequestRecord) -> None:
         prof = self.directory.first_of_role("profiler")
