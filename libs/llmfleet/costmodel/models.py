@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from llmfleet.kvblocks.shapes import DTYPE_BYTES, KvShape
@@ -57,12 +58,12 @@ class ModelArch:
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         """Token (and learned position) embedding tables: lookups, not matmuls."""
         return (self.vocab_size + self.learned_positions) * self.hidden_size
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         """One decoder layer: attention + MLP + its two norms."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -77,19 +78,19 @@ class ModelArch:
         norms = 2 * h * (2 if self.linear_bias else 1)
         return attn + mlp + norms
 
-    @property
+    @cached_property
     def params(self) -> int:
         """Total parameters: embeddings + layers + final norm + untied lm_head (see module doc)."""
         final_norm = self.hidden_size * (2 if self.linear_bias else 1)
         lm_head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
         return self.embedding_params + self.num_layers * self.layer_params + final_norm + lm_head
 
-    @property
+    @cached_property
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: layers + lm_head (2 FLOPs each)."""
         return self.num_layers * self.layer_params + self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
@@ -97,7 +98,7 @@ class ModelArch:
     def kv_shape(self) -> KvShape:
         return KvShape(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         """2 · L · H_kv · d · dtype_bytes."""
         return self.kv_shape.bytes_per_token

@@ -339,6 +339,20 @@ class BlockAllocator:
         blocks = seq.blocks
         return [Slot(blocks[p // t], p % t) for p in range(start, end)]
 
+    def grow(self, seq_id: str, n: int) -> int:
+        """Record ``n`` more tokens (like :meth:`append_slots` without building the slot list, for
+        planners such as the simulator); all or nothing. Returns the number of new blocks."""
+        seq = self._seq(seq_id)
+        n = _count("n", n)
+        m = seq.model
+        end = seq.num_tokens + n
+        needed = -(-end // m.tpb) - len(seq.blocks)
+        self._ensure_free(needed, lambda: f"to grow {seq_id!r} by {n} tokens ({m.name!r}, {m.tpb}/block)")
+        seq.blocks.extend(self._take(needed, m))
+        seq.num_tokens = end
+        m.tokens += n
+        return needed
+
     def blocks_needed_to_append(self, seq_id: str, n: int = 1) -> int:
         """New blocks that appending ``n`` tokens to the sequence would take."""
         seq = self._seq(seq_id)

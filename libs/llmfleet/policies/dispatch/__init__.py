@@ -1,23 +1,50 @@
 """Cluster dispatch policies: choose an engine for a request among those hosting its model."""
 
-from llmfleet.policies.dispatch.base import DispatchPolicy, EngineCandidate, NoCandidate
+from __future__ import annotations
+
+from typing import Any
+
+from llmfleet.policies.dispatch.base import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
+from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
+from llmfleet.policies.dispatch.jsq import JoinShortestQueue
+from llmfleet.policies.dispatch.least_loaded import LeastLoaded
+from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.round_robin import RoundRobin
+from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
 
-POLICIES: dict[str, type] = {"round_robin": RoundRobin}
+POLICIES: dict[str, type] = {
+    "round_robin": RoundRobin,
+    "jsq": JoinShortestQueue,
+    "power_of_two": PowerOfTwo,
+    "least_loaded": LeastLoaded,
+    "best_fit_kv": BestFitKv,
+    "worst_fit_kv": WorstFitKv,
+}
 
 
-def make_dispatch_policy(name: str) -> DispatchPolicy:
+def make_dispatch_policy(name: str, **kwargs: Any) -> DispatchPolicy:
+    """A new policy object by registry name; options go to its constructor."""
     try:
-        return POLICIES[name]()
+        cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown dispatch policy {name!r}; valid: {sorted(POLICIES)}") from None
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad options for dispatch policy {name!r}: {e}") from None
 
 
 __all__ = [
     "POLICIES",
+    "BestFitKv",
     "DispatchPolicy",
+    "DispatchRequest",
     "EngineCandidate",
+    "JoinShortestQueue",
+    "LeastLoaded",
     "NoCandidate",
+    "PowerOfTwo",
     "RoundRobin",
+    "WorstFitKv",
     "make_dispatch_policy",
 ]

@@ -1,4 +1,9 @@
-"""Dispatch interface shared by the scheduler service and the simulator."""
+"""Dispatch interface shared by the scheduler service and the simulator.
+
+``choose(model, candidates, exclude, request)`` picks an engine for one request. ``request`` carries what
+load-aware policies need (prompt length, predicted output, KV bytes per token); policies that only need
+the model ignore it, and callers that know nothing more may leave it ``None``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,11 @@ class NoCandidate(LookupError):
 
 @dataclass(frozen=True)
 class EngineCandidate:
-    """An engine as the dispatcher sees it: id, hosted models, and its latest load (if known)."""
+    """An engine as the dispatcher sees it: id, hosted models, and its latest load (if known).
+
+    ``running``/``waiting`` count requests; ``kv_used_bytes``/``kv_capacity_bytes`` describe its KV pool
+    (capacity 0 means unknown).
+    """
 
     engine_id: str
     models: tuple[str, ...]
@@ -22,11 +31,44 @@ class EngineCandidate:
     kv_used_bytes: int = 0
     kv_capacity_bytes: int = 0
 
+    @property
+    def queued(self) -> int:
+        """Requests on the engine, running or waiting (the JSQ queue length)."""
+        return self.running + self.waiting
+
+    @property
+    def kv_free_bytes(self) -> int:
+        return max(0, self.kv_capacity_bytes - self.kv_used_bytes)
+
+
+@dataclass(frozen=True)
+class DispatchRequest:
+    """What a dispatcher may know about one request (no oracle: ``predicted_output_tokens`` is a guess)."""
+
+    request_id: str
+    model: str
+    service: str = ""
+    prompt_tokens: int = 0
+    predicted_output_tokens: float = 0.0
+    kv_bytes_per_token: int = 0
+    arrival_s: float = 0.0
+
+    @property
+    def kv_need_bytes(self) -> int:
+        """KV bytes the request is expected to hold at its end: (prompt + predicted output) · bytes/token."""
+        return int((self.prompt_tokens + self.predicted_output_tokens) * self.kv_bytes_per_token)
+
 
 class DispatchPolicy(Protocol):
     name: str
 
-    def choose(self, model: str, candidates: Sequence[EngineCandidate], exclude: frozenset[str] = ...) -> str:
+    def choose(
+        self,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str] = ...,
+        request: DispatchRequest | None = ...,
+    ) -> str:
         """Engine id for a request of ``model``; raises NoCandidate when none qualifies."""
         ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmfleet.policies.dispatch.base import EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
 
 
 @dataclass
@@ -16,8 +16,13 @@ class RoundRobin:
     _next: dict[str, int] = field(default_factory=dict)
 
     def choose(
-        self, model: str, candidates: Sequence[EngineCandidate], exclude: frozenset[str] = frozenset()
+        self,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str] = frozenset(),
+        request: DispatchRequest | None = None,
     ) -> str:
+        del request
         pool = eligible(model, candidates, exclude)
         i = self._next.get(model, 0) % len(pool)
         self._next[model] = i + 1

@@ -17,9 +17,10 @@ from llmfleet.policies.request.base import (
 )
 from llmfleet.policies.request.doubling_budget import DoublingBudget
 from llmfleet.policies.request.fcfs import Fcfs
+from llmfleet.policies.request.muxserve_rr import MuxServeRR
 from llmfleet.policies.request.service_stats import ServiceStats
 
-POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget}
+POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget, "muxserve_rr": MuxServeRR}
 
 
 def make_request_policy(name: str, **kwargs: Any) -> RequestPolicy:
@@ -41,6 +42,7 @@ __all__ = [
     "BatchPhase",
     "DoublingBudget",
     "Fcfs",
+    "MuxServeRR",
     "Phase",
     "PoolView",
     "RequestPolicy",

@@ -55,6 +55,9 @@ class SchedRequest:
     max_new_tokens: int
     generated: int = 0
     phase: Phase = "prefill"
+    # set by whoever submits (scheduler or simulator) from a length predictor; None when unknown
+    predicted_output_tokens: float | None = None
+    deadline_s: float | None = None  # absolute SLO deadline (UELLM), None when the service has none
     # policy-owned bookkeeping (the engine never touches these)
     budget_s: float = 0.0
     renewals: int = 0

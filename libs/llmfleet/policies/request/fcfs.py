@@ -15,6 +15,7 @@ Victim: the most recently arrived running request (vLLM's policy).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from llmfleet.policies.request.base import (
@@ -69,6 +70,17 @@ class Fcfs:
                 phase: BatchPhase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
                 return Batch(model, phase, tuple(r.request_id for r in (*decodes, *prefills)))
         return None
+
+    def stable_until(
+        self, batch: Batch, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
+    ) -> float:
+        """How long ``batch`` stays the answer if only time passes (the simulator's fast-forward).
+
+        A pure-decode batch stays FCFS's choice until an arrival, a finish or a preemption: free blocks
+        only shrink while decoding, so no waiting prefill becomes admissible and the model order by
+        oldest arrival does not change. Any other batch may change at the next iteration.
+        """
+        return math.inf if batch.phase == "decode" else now
 
     def on_iteration(
         self, batch: Batch, duration_s: float, now: float, requests: Sequence[SchedRequest]

@@ -52,14 +52,14 @@ def test_dataclass_validation():
 
 
 def test_registry_and_protocol():
-    assert set(POLICIES) == {"fcfs", "doubling_budget"}
+    assert set(POLICIES) == {"fcfs", "doubling_budget", "muxserve_rr"}
     assert isinstance(make_request_policy("fcfs"), Fcfs)
     db = make_request_policy("doubling_budget", default_mean_s=2.0, default_std_s=0.0)
     assert isinstance(db, DoublingBudget) and db.budget_unit("x") == 2.0
-    for p in (Fcfs(), DoublingBudget()):
+    for p in (Fcfs(), DoublingBudget(), make_request_policy("muxserve_rr")):
         assert isinstance(p, RequestPolicy)
     with pytest.raises(
-        ValueError, match=r"unknown request policy 'sjf'; valid: \['doubling_budget', 'fcfs'\]"
+        ValueError, match=r"unknown request policy 'sjf'; valid: \['doubling_budget', 'fcfs', 'muxserve_rr'\]"
     ):
         make_request_policy("sjf")
     with pytest.raises(ValueError, match="bad options for request policy 'fcfs'"):

@@ -1,0 +1,83 @@
+"""Static sequence-level scheduling (SLS): FCFS static batches of a fixed maximum size.
+
+The baseline of SCLS (Cheng et al., "Slice-Level Scheduling for High Throughput and Load Balanced LLM
+Serving", 2024): a batch is formed once, in arrival order, and runs until its longest output ends
+(``max_iterations=None``) or for at most ``max_iterations`` iterations.
+
+Forming a batch (the engine is idle):
+
+* Seed: the oldest waiting request (arrival, then id) whose padded admission
+  ``padded_blocks(pool, [r], 1)`` fits ``pool.available_blocks``; the batch's model is its model.
+  Older requests that do not fit even alone are passed over: nothing runs, so waiting cannot help
+  (:func:`~llmfleet.policies.request.base.stuck_requests` names them for the engine to fail).
+* Then the following waiting requests of that model, in arrival order, while the batch stays within
+  ``min(batch_size, limits.max_requests)`` requests, its padded admission ``padded_blocks(pool,
+  members, 1)`` (n rows of the longest prompt + 1) fits ``pool.available_blocks``, and its padded
+  prefill ``n · longest prompt`` stays within ``limits.max_prefill_tokens`` (the seed alone is exempt,
+  as a long prompt runs alone under continuous batching). It stops at the first request that does not
+  fit: no later request jumps ahead (FCFS).
+* ``None`` when nothing is waiting or nothing fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmfleet.policies.batching.base import StaticBatch, padded_blocks, padded_tokens
+from llmfleet.policies.request.base import (
+    BatchLimits,
+    PoolView,
+    SchedRequest,
+    arrival_key,
+    check_duration,
+    mark_ran,
+)
+
+
+class StaticSls:
+    """FCFS static batches of up to ``batch_size`` requests of one model (SCLS's SLS baseline)."""
+
+    name = "static_sls"
+
+    def __init__(self, batch_size: int = 16, max_iterations: int | None = None) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if max_iterations is not None and (
+            isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1
+        ):
+            raise ValueError(f"max_iterations must be an int >= 1 or None, got {max_iterations!r}")
+        self.batch_size = batch_size
+        self.max_iterations = max_iterations
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        return None
+
+    def form_batch(
+        self, waiting: Sequence[SchedRequest], pool: PoolView, limits: BatchLimits, now: float
+    ) -> StaticBatch | None:
+        waits = sorted(waiting, key=arrival_key)
+        avail = pool.available_blocks
+        start = next((i for i, r in enumerate(waits) if padded_blocks(pool, [r], 1) <= avail), None)
+        if start is None:
+            return None
+        members = [waits[start]]
+        cap = min(self.batch_size, limits.max_requests)
+        for r in waits[start + 1 :]:
+            if len(members) >= cap:
+                break
+            if r.model != members[0].model:
+                continue
+            trial = [*members, r]
+            if padded_blocks(pool, trial, 1) > avail or padded_tokens(trial, 0) > limits.max_prefill_tokens:
+                break
+            members = trial
+        return StaticBatch(members[0].model, tuple(r.request_id for r in members), self.max_iterations)
+
+    def on_batch_done(
+        self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
+    ) -> None:
+        check_duration(duration_s)
+        ids = set(batch.request_ids)
+        for r in requests:
+            if r.request_id in ids:
+                mark_ran(r, duration_s, now)

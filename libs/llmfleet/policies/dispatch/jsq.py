@@ -1,0 +1,29 @@
+"""Join-the-shortest-queue dispatch: the engine with the fewest requests on it.
+
+Queue length = ``running + waiting`` (:attr:`EngineCandidate.queued`), as last reported. Ties go to the
+smallest engine id (the :func:`eligible` order). Stateless and deterministic; the request is ignored.
+Classic JSQ (Winston 1977; Gupta et al., "Analysis of join-the-shortest-queue routing", 2007).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+
+
+class JoinShortestQueue:
+    """Fewest queued (running + waiting) requests; ties by engine id."""
+
+    name = "jsq"
+
+    def choose(
+        self,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str] = frozenset(),
+        request: DispatchRequest | None = None,
+    ) -> str:
+        del request
+        pool = eligible(model, candidates, exclude)
+        return min(pool, key=lambda c: c.queued).engine_id  # min keeps the first (smallest id) of ties

@@ -1,0 +1,153 @@
+"""Iteration latency for the simulator: one latency model per (model, TP degree) on one hardware type.
+
+Defaults are the roofline (``costmodel.roofline``); a fitted :class:`~llmfleet.costmodel.ProfileRecord`
+(Aladdin forms, e.g. from the profiler's Characterize) replaces it for its model. Both are compiled to
+the same piecewise-linear form so an iteration costs a few float operations:
+
+- prefill of prompts l_i (T = Σ l_i, Q = Σ l_i²):  max_legs(α + β·T + γ·Q)
+- decode of b sequences with Σ context S:          max_legs(α + β·b + γ·S)
+
+Aladdin (one leg each): t_pre = k1·T + c1 and t_d = (k2·l_ave + c2)·b + c3 = c3 + c2·b + k2·S.
+Roofline (compute and memory legs, the all-reduce added to both), from ``costmodel.roofline``:
+prefill compute 2·P_mm·T + 2·L·H·d·Q FLOPs, memory W + T·kv bytes; decode compute 2·P_mm·b + 4·L·H·d·S,
+memory W + S·kv. A mixed batch costs prefill + decode; a static batch t_pre(n·max l) then
+t_d(n, n·(max l + i)) per step (padded rows compute too).
+
+A request's solo execution time (SeaLLM's "execution time", the basis of normalized latency and of the
+5× SLO) is t_pre(l_in) + Σ_{i=1}^{l_out−1} t_d(1, l_in + i), summed in closed form per leg when one leg
+dominates the whole range, else term by term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from llmfleet.costmodel import Hardware, ModelArch, ProfileRecord, allreduce_time
+
+Leg = tuple[float, float, float]  # (α, β, γ)
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Compiled latency of one model at one TP degree (see the module docstring)."""
+
+    prefill_legs: tuple[Leg, ...]
+    decode_legs: tuple[Leg, ...]
+    source: str
+
+    def prefill(self, tokens: float, sq_tokens: float | None = None) -> float:
+        """Prefill of ``tokens`` prompt tokens; ``sq_tokens`` = Σ l_i² (default: one prompt, T²)."""
+        q = tokens * tokens if sq_tokens is None else sq_tokens
+        return max(a + b * tokens + g * q for a, b, g in self.prefill_legs)
+
+    def decode(self, batch: float, context_sum: float) -> float:
+        """One decode iteration of ``batch`` sequences holding ``context_sum`` tokens in total."""
+        return max(a + b * batch + g * context_sum for a, b, g in self.decode_legs)
+
+    def decode_steps(self, batch: int, context_sum: float, growth: int, steps: int) -> list[float]:
+        """Durations of ``steps`` decode iterations whose Σ context grows by ``growth`` each step."""
+        legs = self.decode_legs
+        if len(legs) == 1:
+            a, b, g = legs[0]
+            base = a + b * batch + g * context_sum
+            inc = g * growth
+            return [base + inc * i for i in range(steps)]
+        return [self.decode(batch, context_sum + growth * i) for i in range(steps)]
+
+    def prefill_time(self, total_tokens: float) -> float:
+        return self.prefill(total_tokens)
+
+    def decode_time(self, batch: float, mean_context: float) -> float:
+        return self.decode(batch, batch * mean_context)
+
+
+def roofline_cost(arch: ModelArch, hw: Hardware, tp: int = 1) -> LinearCost:
+    if tp < 1:
+        raise ValueError(f"tensor-parallel degree must be ≥ 1, got {tp}")
+    f, bw = tp * hw.flops, tp * hw.bandwidth
+    attn = arch.num_layers * arch.num_heads * arch.head_dim
+    ar = allreduce_time(arch, hw, 1, tp)  # per token (prefill) / per sequence (decode)
+    prefill = (
+        (0.0, 2 * arch.matmul_params / f + ar, 2 * attn / f),
+        (arch.weight_bytes / bw, arch.kv_bytes_per_token / bw + ar, 0.0),
+    )
+    decode = (
+        (0.0, 2 * arch.matmul_params / f + ar, 4 * attn / f),
+        (arch.weight_bytes / bw, ar, arch.kv_bytes_per_token / bw),
+    )
+    return LinearCost(prefill, decode, "roofline")
+
+
+def fitted_cost(rec: ProfileRecord) -> LinearCost:
+    p, d = rec.aladdin.prefill, rec.aladdin.decode
+    return LinearCost(((p.c1, p.k1, 0.0),), ((d.c3, d.c2, d.k2),), f"fitted:{rec.hardware}:{rec.engine}")
+
+
+@dataclass
+class CostBook:
+    """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the roofline."""
+
+    hw: Hardware
+    archs: Mapping[str, ModelArch]
+    records: Mapping[str, ProfileRecord] = field(default_factory=dict)
+    _cache: dict[tuple[str, int], LinearCost] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls, hw: Hardware, archs: Mapping[str, ModelArch], records: Iterable[ProfileRecord] = ()
+    ) -> CostBook:
+        by_model = {r.model: r for r in records}
+        unknown = sorted(set(by_model) - set(archs))
+        if unknown:
+            raise ValueError(
+                f"profile records for models not in the simulation: {unknown}; known: {sorted(archs)}"
+            )
+        return cls(hw, dict(archs), by_model)
+
+    def model(self, name: str, tp: int = 1) -> LinearCost:
+        key = (name, tp)
+        lm = self._cache.get(key)
+        if lm is None:
+            rec = self.records.get(name)
+            if rec is not None and rec.tp == tp:
+                lm = fitted_cost(rec)
+            else:
+                try:
+                    arch = self.archs[name]
+                except KeyError:
+                    raise ValueError(
+                        f"no architecture for model {name!r}; known: {sorted(self.archs)}"
+                    ) from None
+                lm = roofline_cost(arch, self.hw, tp)
+            self._cache[key] = lm
+        return lm
+
+    def sources(self) -> dict[str, str]:
+        return {f"{m}@tp{tp}": lm.source for (m, tp), lm in sorted(self._cache.items())}
+
+    def iteration(
+        self, model: str, tp: int, prefill_tokens: int, prefill_sq: int, decodes: int, context_sum: int
+    ) -> float:
+        """One continuous-batching iteration: prefill part + decode part (either may be empty)."""
+        lm = self.model(model, tp)
+        t = 0.0
+        if prefill_tokens:
+            t += lm.prefill(prefill_tokens, prefill_sq)
+        if decodes:
+            t += lm.decode(decodes, context_sum)
+        return t
+
+    def solo_time(self, model: str, tp: int, prompt_tokens: int, output_tokens: int) -> float:
+        """Execution time of the request alone on the instance (no queueing, batch of one)."""
+        lm = self.model(model, tp)
+        t = lm.prefill(prompt_tokens)
+        n = output_tokens - 1
+        if n <= 0:
+            return t
+        lo, hi = prompt_tokens + 1, prompt_tokens + n
+        legs = lm.decode_legs
+        for a, b, g in legs:  # one leg dominating at both ends dominates throughout (linear legs)
+            if all(a + b + g * x >= a2 + b2 + g2 * x for a2, b2, g2 in legs for x in (lo, hi)):
+                return t + n * (a + b) + g * (lo + hi) * n / 2
+        return t + sum(lm.decode(1, x) for x in range(lo, hi + 1))

@@ -1,0 +1,52 @@
+"""KV pool sizing of a simulated instance (weights and peak activation reserved, the rest is KV).
+
+pool = tp · mem_bytes · mem_fraction − Σ_m (weights_m + activation_m), with the activation estimate
+activation_m = max_prefill_tokens · (4·h + 2·f) · dtype_bytes + max_requests · vocab · 4 (hidden states,
+attention/MLP intermediates of one prefill chunk, fp32 logits of a decode batch). Merged blocks
+(SeaLLM §5): ``block_bytes = block_tokens · max_m kv_bytes_per_token_m`` so the largest model gets
+``block_tokens`` tokens per block and the others more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmfleet.costmodel import Hardware, ModelArch
+from llmfleet.sim.spec import EngineSettings
+
+
+class DoesNotFit(ValueError):
+    """The instance's models leave no room for KV."""
+
+
+def activation_bytes(arch: ModelArch, eng: EngineSettings) -> int:
+    per_token = (4 * arch.hidden_size + 2 * arch.ffn_size) * arch.dtype_bytes
+    return eng.max_prefill_tokens * per_token + eng.max_requests * arch.vocab_size * 4
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    kv_bytes: int
+    block_bytes: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_bytes // self.block_bytes
+
+
+def pool_layout(hw: Hardware, tp: int, archs: Sequence[ModelArch], eng: EngineSettings) -> PoolLayout:
+    block_bytes = eng.block_tokens * max(a.kv_bytes_per_token for a in archs)
+    if eng.kv_bytes is not None:
+        kv = eng.kv_bytes
+    else:
+        total = int(tp * hw.mem_bytes * eng.mem_fraction)
+        reserved = sum(a.weight_bytes + activation_bytes(a, eng) for a in archs)
+        kv = total - reserved
+    if kv < block_bytes:
+        names = ", ".join(a.name for a in archs)
+        raise DoesNotFit(
+            f"{names} on {tp}×{hw.name}: weights + activations leave {max(kv, 0) / 2**30:.2f} GiB for KV, "
+            f"less than one block ({block_bytes / 2**20:.1f} MiB); use a larger TP degree"
+        )
+    return PoolLayout(kv, block_bytes)

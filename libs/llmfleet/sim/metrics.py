@@ -1,0 +1,135 @@
+"""Metrics of a simulation (or of a live run, from the same records).
+
+Per request: TTFT, TPOT (= Aladdin's ATGT: (finish − first token)/(l_out − 1), 0 for one token),
+end-to-end latency, normalized latency L_r / L̂_s (SeaLLM: L̂_s = the service's mean execution time,
+the mean of its requests' solo times). SLO attainment, each paper's definition (a failed request misses
+every SLO):
+
+- ``aladdin``: TTFT ≤ T_pre and ATGT ≤ T_dec (services that set ``ttft_s`` and ``atgt_s``)
+- ``seallm``:  latency ≤ latency_scale × the request's execution time (default 5×)
+- ``uellm``:   latency ≤ deadline_s (services that set it)
+
+Cluster: throughput (requests and output tokens per second over the makespan, first arrival to last
+finish), GPU-seconds (Σ tp × busy time of each instance), provisioned GPU-seconds, peak and
+time-weighted mean active GPUs, mean and peak KV utilisation (from the periodic samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from llmfleet.sim.records import RequestRecord
+from llmfleet.sim.simulator import Sample, SimResult
+from llmfleet.sim.spec import SimService
+
+PCTS = (50, 90, 99)
+
+
+def dist(values: Sequence[float]) -> dict[str, float]:
+    """mean / p50 / p90 / p99 / max (NaN-free: empty → zeros with n = 0)."""
+    if len(values) == 0:
+        return {"n": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    a = np.asarray(values, dtype=float)
+    p = np.percentile(a, PCTS)
+    return {
+        "n": int(a.size),
+        "mean": float(a.mean()),
+        **{f"p{q}": float(v) for q, v in zip(PCTS, p, strict=True)},
+        "max": float(a.max()),
+    }
+
+
+def _attain(records: Sequence[RequestRecord], ok) -> float | None:
+    if not records:
+        return None
+    return sum(1 for r in records if r.done and ok(r)) / len(records)
+
+
+def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimService]) -> dict:
+    """Latency distributions and SLO attainment over ``records`` (one service or all)."""
+    by_name = {s.name: s for s in services}
+    done = [r for r in records if r.done]
+    solo_mean: dict[str, float] = {}
+    for name in {r.service for r in records}:
+        solos = [r.solo_s for r in records if r.service == name and r.solo_s > 0]
+        solo_mean[name] = float(np.mean(solos)) if solos else 0.0
+    norm = [r.latency_s / solo_mean[r.service] for r in done if solo_mean[r.service] > 0]
+    out: dict = {
+        "requests": len(records),
+        "completed": len(done),
+        "failed": sum(1 for r in records if r.failed),
+        "ttft_s": dist([r.ttft_s for r in done]),
+        "tpot_s": dist([r.tpot_s for r in done]),
+        "latency_s": dist([r.latency_s for r in done]),
+        "normalized_latency": dist(norm),
+        "preemptions": sum(r.preemptions for r in records),
+        "slo": {},
+    }
+    seallm = _attain(records, lambda r: r.latency_s <= by_name[r.service].latency_scale * r.solo_s)
+    out["slo"]["seallm"] = seallm
+    ala = [
+        r for r in records if by_name[r.service].ttft_s is not None and by_name[r.service].atgt_s is not None
+    ]
+    if ala:
+        out["slo"]["aladdin"] = _attain(
+            ala, lambda r: r.ttft_s <= by_name[r.service].ttft_s and r.tpot_s <= by_name[r.service].atgt_s
+        )
+    ue = [r for r in records if by_name[r.service].deadline_s is not None]
+    if ue:
+        out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= by_name[r.service].deadline_s)
+    return out
+
+
+def _mean_active(samples: Sequence[Sample], end_s: float) -> float:
+    """Time-weighted mean of the step function given by the samples up to ``end_s``."""
+    if not samples:
+        return 0.0
+    total = area = 0.0
+    for s, nxt in zip(samples, [*samples[1:], None], strict=True):
+        t1 = nxt.t if nxt is not None else max(end_s, s.t)
+        area += s.active_gpus * (t1 - s.t)
+        total += t1 - s.t
+    return area / total if total > 0 else float(samples[-1].active_gpus)
+
+
+def cluster_metrics(result: SimResult) -> dict:
+    recs = result.records
+    done = [r for r in recs if r.done]
+    start = min((r.arrival_s for r in recs), default=0.0)
+    end = max((r.finish_s for r in done), default=start)
+    span = max(end - start, 1e-12)
+    kv = [s.kv_used / s.kv_capacity for s in result.samples if s.kv_capacity]
+    gpu_s = sum(i["tp"] * i["busy_s"] for i in result.instances)
+    return {
+        "makespan_s": end - start,
+        "throughput_rps": len(done) / span,
+        "throughput_tokens_per_s": sum(r.output_tokens for r in done) / span,
+        "gpu_seconds_busy": gpu_s,
+        "gpu_seconds_provisioned": result.provisioned_gpus * span,
+        "provisioned_gpus": result.provisioned_gpus,
+        "instances": len(result.instances),
+        "peak_active_gpus": max((s.active_gpus for s in result.samples), default=0),
+        "mean_active_gpus": _mean_active(result.samples, end),
+        "kv_utilization_mean": float(np.mean(kv)) if kv else 0.0,
+        "kv_utilization_peak": float(max(kv)) if kv else 0.0,
+        "iterations": sum(i["iterations"] for i in result.instances),
+        "events": result.events,
+        "wall_s": result.wall_s,
+        "events_per_s": result.events / result.wall_s if result.wall_s > 0 else 0.0,
+    }
+
+
+def summarize(result: SimResult, services: Sequence[SimService]) -> dict:
+    """The whole report: overall and per-service request metrics plus cluster metrics."""
+    per = {}
+    for s in services:
+        rs = [r for r in result.records if r.service == s.name]
+        if rs:
+            per[s.name] = request_metrics(rs, services)
+    return {
+        "overall": request_metrics(result.records, services),
+        "services": per,
+        "cluster": cluster_metrics(result),
+        "cost_models": result.cost_sources,
+    }

@@ -1,0 +1,48 @@
+"""Per-request outcome of a simulation (the raw material of every metric)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    service: str
+    model: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    instance: str = ""
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    produced: int = 0  # output tokens generated so far (kept across preemptions)
+    solo_s: float = 0.0  # execution time alone on its instance (cost model)
+    preemptions: int = 0
+    moves: int = 0
+    failed: str = ""  # why the request could not be served ("" = served)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_s is not None
+
+    @property
+    def latency_s(self) -> float:
+        assert self.finish_s is not None
+        return self.finish_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float:
+        assert self.first_token_s is not None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (Aladdin's ATGT); 0 for one-token outputs."""
+        assert self.finish_s is not None and self.first_token_s is not None
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,339 @@
+"""The discrete-event cluster simulator.
+
+Events (a heap ordered by time, then insertion): request arrivals (read lazily from the workload, so a
+million requests cost one pending event), ends of engine iterations (or chunks), periodic hooks and
+request moves. At an arrival the **dispatch policy object** (``policies/dispatch``) picks an instance
+among those hosting the service's model, from :class:`~llmfleet.policies.dispatch.EngineCandidate`
+load views kept current per instance; each instance runs its own **request policy object**
+(``policies/request`` or ``policies/batching``) exactly as the live engine does
+(:mod:`llmfleet.sim.instance`).
+
+Hooks for the controllers that act later: ``every(period_s, fn)`` calls ``fn(sim, now)`` each period
+(epoch ticks for placement/migration), ``move_request(request_id, instance_id, transfer_s, now)`` moves a
+request (its KV if it has any) to another instance, arriving after ``transfer_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from llmfleet.costmodel import Hardware, ModelArch
+from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
+from llmfleet.policies.placement.base import InstancePlan
+from llmfleet.sim.cost import CostBook
+from llmfleet.sim.instance import SimInstance, _Req
+from llmfleet.sim.records import RequestRecord
+from llmfleet.sim.spec import SimService, SimSpec
+
+_END, _ARRIVAL, _HOOK, _MOVE, _SAMPLE = 0, 1, 2, 3, 4
+Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Cluster state at ``t``: KV used/capacity bytes, GPUs of instances with work, requests inside."""
+
+    t: float
+    kv_used: int
+    kv_capacity: int
+    active_gpus: int
+    in_system: int
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    samples: list[Sample]
+    instances: list[dict]
+    end_s: float
+    events: int
+    wall_s: float
+    cost_sources: dict[str, str] = field(default_factory=dict)
+    provisioned_gpus: int = 0
+
+
+class Simulator:
+    def __init__(
+        self,
+        spec: SimSpec,
+        plan: Sequence[InstancePlan],
+        make_policy: Callable[[], object],
+        dispatch: DispatchPolicy,
+        cost: CostBook,
+        *,
+        fast_forward: bool = True,
+        sample_period_s: float | None = None,
+        predict: Predict | None = None,
+    ) -> None:
+        if not plan:
+            raise ValueError("the placement plan has no instances")
+        used = sum(p.tp for p in plan)
+        if used > spec.cluster.count:
+            raise ValueError(f"the plan uses {used} GPUs but the cluster has {spec.cluster.count}")
+        self.spec = spec
+        self.cost = cost
+        self.dispatch = dispatch
+        self.predict = predict
+        self.sample_period_s = sample_period_s
+        archs: dict[str, ModelArch] = spec.archs()
+        hw: Hardware = spec.cluster.hw
+        # KV-aware dispatchers read kv_used, which a chunk only updates at its end: no chunks then.
+        kv_aware = bool(getattr(dispatch, "uses_kv_load", False))
+        self.instances: dict[str, SimInstance] = {}
+        for p in plan:
+            missing = [m for m in p.models if m not in archs]
+            if missing:
+                raise ValueError(f"instance {p.instance_id} hosts {missing}, which no service uses")
+            self.instances[p.instance_id] = SimInstance(
+                p.instance_id, p.models, p.tp, hw, archs, spec.engine, cost, make_policy(),
+                fast_forward=fast_forward and not kv_aware,
+            )  # fmt: skip
+        self._cands: dict[str, list[EngineCandidate]] = {}
+        self._slot: dict[str, list[tuple[str, int]]] = {}  # instance -> [(model, index in _cands[model])]
+        for iid, inst in sorted(self.instances.items()):
+            for m in inst.models:
+                lst = self._cands.setdefault(m, [])
+                self._slot.setdefault(iid, []).append((m, len(lst)))
+                lst.append(self._candidate(inst))
+        self._dirty: set[str] = set()
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._where: dict[str, SimInstance] = {}
+        self._hooks: list[tuple[float, Callable[[Simulator, float], None]]] = []
+        self.records: list[RequestRecord] = []
+        self._moving = 0
+        self.now = 0.0
+        self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in archs.items()}
+
+    # ------------------------------------------------------------------------------------- plumbing
+    def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+
+    @staticmethod
+    def _candidate(inst: SimInstance) -> EngineCandidate:
+        return EngineCandidate(
+            inst.instance_id, inst.models, len(inst.running), len(inst.waiting),
+            inst.kv_used_bytes, inst.kv_capacity_bytes,
+        )  # fmt: skip
+
+    def _refresh(self) -> None:
+        for iid in self._dirty:
+            c = self._candidate(self.instances[iid])
+            for m, i in self._slot[iid]:
+                self._cands[m][i] = c
+        self._dirty.clear()
+
+    def _fail(self, r: _Req, why: str) -> None:
+        r.rec.failed = why
+        self._where.pop(r.rec.request_id, None)
+
+    def _kick(self, inst: SimInstance, now: float) -> None:
+        self._dirty.add(inst.instance_id)
+        if inst.work is None:
+            end = inst.start(now, self._fail)
+            if end is not None:
+                self._push(end, _END, inst.instance_id, inst.version)
+        else:
+            end = inst.interrupt(now)
+            if end is not None:
+                self._push(end, _END, inst.instance_id, inst.version)
+
+    # ---------------------------------------------------------------------------------------- hooks
+    def every(self, period_s: float, fn: Callable[[Simulator, float], None]) -> None:
+        """Call ``fn(sim, now)`` every ``period_s`` simulated seconds while requests remain."""
+        if period_s <= 0:
+            raise ValueError(f"hook period must be > 0, got {period_s}")
+        self._hooks.append((period_s, fn))
+
+    def instance_of(self, request_id: str) -> str | None:
+        inst = self._where.get(request_id)
+        return inst.instance_id if inst else None
+
+    def move_request(self, request_id: str, instance_id: str, transfer_s: float, now: float) -> bool:
+        """Move a queued or running request (not one in the batch in flight) to ``instance_id``; it
+        arrives after ``transfer_s`` with its KV (or re-prefills there if the KV does not fit)."""
+        src = self._where.get(request_id)
+        dst = self.instances.get(instance_id)
+        if src is None or dst is None or src is dst or transfer_s < 0:
+            return False
+        if src.work is not None and any(r.sched.request_id == request_id for r in src.work.members):
+            return False
+        r = src.waiting.pop(request_id, None) or src.running.pop(request_id, None)
+        if r is None or r.sched.model not in dst.tpb:
+            if r is not None:  # put it back: the destination cannot host it
+                (src.running if r.sched.phase == "decode" else src.waiting)[request_id] = r
+            return False
+        if request_id in src.alloc:
+            src.alloc.free(request_id)
+        r.rec.moves += 1
+        self._where[request_id] = dst
+        self._moving += 1
+        self._push(now + transfer_s, _MOVE, r, dst)
+        self._kick(src, now)
+        return True
+
+    def _land(self, r: _Req, dst: SimInstance, now: float) -> None:
+        rid = r.sched.request_id
+        kv = r.sched.context_tokens if r.sched.phase == "decode" else 0
+        if kv and dst.alloc.can_allocate(r.sched.model, kv):
+            dst.alloc.allocate(rid, r.sched.model, kv)
+            dst.running[rid] = r
+            dst.policy.on_arrival(r.sched, now)
+        else:
+            r.sched.prompt_tokens = r.prompt + r.rec.produced
+            r.sched.generated = 0
+            dst._enqueue(r, now)
+        r.rec.instance = dst.instance_id
+        self._kick(dst, now)
+
+    # ------------------------------------------------------------------------------------- dispatch
+    def _arrive(self, wr, now: float) -> None:
+        svc = self._service(wr.service)
+        rec = RequestRecord(
+            wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
+        )
+        self.records.append(rec)
+        predicted = self.predict(svc.name, wr.prompt_tokens) if self.predict else None
+        self._refresh()
+        req = DispatchRequest(
+            wr.request_id, svc.model, svc.name, wr.prompt_tokens, predicted or 0.0,
+            self._kv_bytes_per_token[svc.model], now,
+        )  # fmt: skip
+        try:
+            iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), frozenset(), request=req)
+        except NoCandidate as e:
+            rec.failed = str(e)
+            return
+        inst = self.instances[iid]
+        rec.instance = iid
+        rec.solo_s = self.cost.solo_time(svc.model, inst.tp, wr.prompt_tokens, wr.output_tokens)
+        deadline = now + svc.deadline_s if svc.deadline_s is not None else None
+        inst.admit(rec, svc.max_tokens, now, predicted, deadline)
+        self._where[wr.request_id] = inst
+        self._kick(inst, now)
+
+    def _service(self, name: str) -> SimService:
+        svc = self._svc_cache.get(name)
+        if svc is None:
+            if len(self.spec.services) == 1 and not self._strict_services:
+                svc = self.spec.services[0]
+            else:
+                svc = self.spec.service(name)  # KeyError names the known services
+            self._svc_cache[name] = svc
+        return svc
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(
+        self,
+        requests: Iterable,
+        *,
+        total: int | None = None,
+        progress: Callable[[int, float], None] | None = None,
+        strict_services: bool = False,
+    ) -> SimResult:
+        """Simulate ``requests`` (arrival-ordered objects with request_id, arrival_s, prompt_tokens,
+        output_tokens, service). With one service and ``strict_services`` False, every request goes
+        to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``."""
+        t0 = time.perf_counter()
+        self._svc_cache: dict[str, SimService] = {}
+        self._strict_services = strict_services
+        it = iter(requests)
+        first = next(it, None)
+        if first is None:
+            raise ValueError("the workload has no requests")
+        self._push(first.arrival_s, _ARRIVAL, first)
+        for i, (period, _) in enumerate(self._hooks):
+            self._push(first.arrival_s + period, _HOOK, i)
+        span = self.sample_period_s
+        if span is not None:
+            self._push(first.arrival_s, _SAMPLE)
+        samples: list[Sample] = []
+        events = arrived = 0
+        last_arrival = first.arrival_s
+        step = max(1, (total or 0) // 100)
+        pending = True  # arrivals not yet read
+        while self._heap:
+            t, _, kind, a, b = heapq.heappop(self._heap)
+            if t < self.now - 1e-9:
+                raise RuntimeError(f"event at {t} before now {self.now}: time went backwards")
+            self.now = t
+            events += 1
+            if kind == _END:
+                inst = self.instances[a]
+                if b != inst.version or inst.work is None:
+                    continue  # superseded by a truncated chunk
+                for r in inst.finish_work(t):
+                    self._where.pop(r.sched.request_id, None)
+                self._kick(inst, t)
+            elif kind == _ARRIVAL:
+                if a.arrival_s < last_arrival:
+                    raise ValueError(f"requests must be sorted by arrival: {a.request_id} arrives earlier")
+                last_arrival = a.arrival_s
+                nxt = next(it, None)
+                if nxt is not None:
+                    self._push(nxt.arrival_s, _ARRIVAL, nxt)
+                else:
+                    pending = False
+                self._arrive(a, t)
+                arrived += 1
+                if progress and arrived % step == 0:
+                    progress(arrived, t)
+            elif kind == _MOVE:
+                self._moving -= 1
+                self._land(a, b, t)
+            elif kind == _HOOK:
+                period, fn = self._hooks[a]
+                fn(self, t)
+                if pending or self._busy():
+                    self._push(t + period, _HOOK, a)
+            elif kind == _SAMPLE:
+                samples.append(self._sample(t))
+                if pending or self._busy():
+                    self._push(t + span, _SAMPLE)
+        if progress:
+            progress(arrived, self.now)
+        stranded = [r for r in self.records if not r.done and not r.failed]
+        for rec in stranded:  # cannot happen unless a policy never schedules a runnable request
+            rec.failed = "never scheduled (the request policy left it waiting with the instance idle)"
+        return SimResult(
+            records=self.records,
+            samples=samples,
+            instances=[self._instance_stats(i) for i in self.instances.values()],
+            end_s=self.now,
+            events=events,
+            wall_s=time.perf_counter() - t0,
+            cost_sources=self.cost.sources(),
+            provisioned_gpus=sum(i.tp for i in self.instances.values()),
+        )
+
+    def _busy(self) -> bool:
+        """Work that will produce events: a batch in flight or a move under way."""
+        return self._moving > 0 or any(i.work is not None for i in self.instances.values())
+
+    def _sample(self, t: float) -> Sample:
+        used = cap = active = inside = 0
+        for inst in self.instances.values():
+            used += inst.kv_used_bytes
+            cap += inst.kv_capacity_bytes
+            q = inst.queued
+            inside += q
+            if q:
+                active += inst.tp
+        return Sample(t, used, cap, active, inside)
+
+    @staticmethod
+    def _instance_stats(inst: SimInstance) -> dict:
+        return {
+            "instance": inst.instance_id,
+            "models": list(inst.models),
+            "tp": inst.tp,
+            "iterations": inst.iterations,
+            "busy_s": inst.busy_s,
+            "preemptions": inst.preemptions,
+            "kv_blocks": inst.alloc.num_blocks,
+            "block_bytes": inst.layout.block_bytes,
+        }

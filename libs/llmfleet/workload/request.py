@@ -1,0 +1,190 @@
+"""A workload: timed requests with known prompt and output lengths, as the simulator replays them.
+
+Times are float seconds from the workload's start (t = 0); lengths are int tokens. ``Workload`` keeps
+its requests sorted by arrival, ties broken by request id with digit runs compared as numbers
+(``r9`` before ``r10``), so a workload built from the same requests in any order is equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import operator
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request: when it arrives and how long its prompt and (true) output are."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    service: str = "default"
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {self.request_id!r}")
+        if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, numbers.Real):
+            raise TypeError(f"{self.request_id}: arrival_s must be a number, got {self.arrival_s!r}")
+        arrival = float(self.arrival_s)
+        if not math.isfinite(arrival) or arrival < 0:
+            raise ValueError(f"{self.request_id}: arrival_s must be finite and >= 0, got {self.arrival_s!r}")
+        prompt = _as_int("prompt_tokens", self.prompt_tokens)
+        output = _as_int("output_tokens", self.output_tokens)
+        if prompt < 0:
+            raise ValueError(f"{self.request_id}: prompt_tokens must be >= 0, got {prompt}")
+        if output < 1:
+            raise ValueError(f"{self.request_id}: output_tokens must be >= 1, got {output}")
+        if not isinstance(self.service, str) or not isinstance(self.model, str):
+            raise TypeError(f"{self.request_id}: service and model must be str")
+        object.__setattr__(self, "arrival_s", arrival)
+        object.__setattr__(self, "prompt_tokens", prompt)
+        object.__setattr__(self, "output_tokens", output)
+
+
+def _order_key(r: WorkloadRequest) -> tuple[float, tuple[str | int, ...]]:
+    parts = _DIGITS.split(r.request_id)  # alternates str, digits, str, ...: same types line up
+    return r.arrival_s, tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def _stats(values: Sequence[int]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests sorted by (arrival, id); request ids are unique."""
+
+    requests: tuple[WorkloadRequest, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        reqs = tuple(self.requests)
+        for r in reqs:
+            if not isinstance(r, WorkloadRequest):
+                raise TypeError(f"Workload holds WorkloadRequest, got {type(r).__name__}")
+        dups = sorted(i for i, c in Counter(r.request_id for r in reqs).items() if c > 1)
+        if dups:
+            raise ValueError(f"duplicate request_id(s): {dups[:5]}")
+        object.__setattr__(self, "requests", tuple(sorted(reqs, key=_order_key)))
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[WorkloadRequest]:
+        return iter(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the workload's start (t = 0) to its last arrival; 0.0 when empty."""
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+    @property
+    def rate_rps(self) -> float:
+        """Requests per second over ``duration_s``; 0.0 when the duration is 0 (undefined)."""
+        d = self.duration_s
+        return len(self.requests) / d if d > 0 else 0.0
+
+    def services(self) -> tuple[str, ...]:
+        """Distinct service names, sorted."""
+        return tuple(sorted({r.service for r in self.requests}))
+
+    def by_service(self) -> dict[str, Workload]:
+        """One workload per service, on the same timeline (arrivals are not re-based)."""
+        groups: dict[str, list[WorkloadRequest]] = {}
+        for r in self.requests:
+            groups.setdefault(r.service, []).append(r)
+        return {name: Workload(tuple(groups[name])) for name in sorted(groups)}
+
+    def lengths(self) -> list[tuple[int, int]]:
+        """(prompt_tokens, output_tokens) of each request, in arrival order."""
+        return [(r.prompt_tokens, r.output_tokens) for r in self.requests]
+
+    def window(self, start_s: float, end_s: float) -> Workload:
+        """Requests arriving in [start_s, end_s), re-based so that start_s becomes t = 0."""
+        if not (math.isfinite(start_s) and math.isfinite(end_s)) or not 0 <= start_s < end_s:
+            raise ValueError(f"window needs 0 <= start_s < end_s (finite), got [{start_s}, {end_s})")
+        kept = (r for r in self.requests if start_s <= r.arrival_s < end_s)
+        return Workload(tuple(replace(r, arrival_s=r.arrival_s - start_s) for r in kept))
+
+    def head(self, n: int) -> Workload:
+        """The first ``n`` requests by arrival."""
+        if _as_int("n", n) < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        return Workload(self.requests[:n])
+
+    def to_jsonl(self, path: str | Path) -> None:
+        """Write one JSON object per request (the ``WorkloadRequest`` fields), in arrival order."""
+        with Path(path).open("w", encoding="utf-8") as f:
+            for r in self.requests:
+                f.write(json.dumps(asdict(r)) + "\n")
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path) -> Workload:
+        """Read what ``to_jsonl`` wrote; errors name the file and the 1-based line."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"workload file not found: {p}")
+        reqs = []
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if not isinstance(obj, dict):
+                        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+                    reqs.append(WorkloadRequest(**obj))
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"{p}:{lineno}: bad workload request: {e}") from e
+        return cls(tuple(reqs))
+
+    def summary(self) -> dict[str, Any]:
+        """Count, duration, rate, and mean/p50/p99 prompt and output tokens, overall and per service.
+
+        A service's ``rate_rps`` is its count over the whole workload's ``duration_s``.
+        """
+
+        def describe(w: Workload) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "count": len(w),
+                "rate_rps": len(w) / self.duration_s if self.duration_s else 0.0,
+            }
+            if len(w):
+                out["prompt_tokens"] = _stats([r.prompt_tokens for r in w])
+                out["output_tokens"] = _stats([r.output_tokens for r in w])
+            return out
+
+        return {
+            "count": len(self),
+            "duration_s": self.duration_s,
+            "rate_rps": self.rate_rps,
+            "all": describe(self),
+            "services": {name: describe(w) for name, w in self.by_service().items()},
+        }
