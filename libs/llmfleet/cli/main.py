@@ -11,9 +11,9 @@ import logging
 import sys
 from types import ModuleType
 
-from llmfleet.cli import status, submit, up
+from llmfleet.cli import sim, status, submit, up
 
-COMMANDS: tuple[ModuleType, ...] = (up, status, submit)
+COMMANDS: tuple[ModuleType, ...] = (up, status, submit, sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

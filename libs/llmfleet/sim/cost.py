@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch, ProfileRecord, allreduce_time
 
 Leg = tuple[float, float, float]  # (α, β, γ)
@@ -45,15 +46,15 @@ class LinearCost:
         """One decode iteration of ``batch`` sequences holding ``context_sum`` tokens in total."""
         return max(a + b * batch + g * context_sum for a, b, g in self.decode_legs)
 
-    def decode_steps(self, batch: int, context_sum: float, growth: int, steps: int) -> list[float]:
-        """Durations of ``steps`` decode iterations whose Σ context grows by ``growth`` each step."""
-        legs = self.decode_legs
-        if len(legs) == 1:
-            a, b, g = legs[0]
-            base = a + b * batch + g * context_sum
-            inc = g * growth
-            return [base + inc * i for i in range(steps)]
-        return [self.decode(batch, context_sum + growth * i) for i in range(steps)]
+    def decode_steps(self, batch: int, context_sum: int, growth: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` decode iterations whose Σ context starts at ``context_sum`` and grows by
+        ``growth`` each step (vectorised; the same float operations as :meth:`decode`)."""
+        ctx = (context_sum + growth * np.arange(steps, dtype=np.int64)).astype(np.float64)
+        out = None
+        for a, b, g in self.decode_legs:
+            leg = a + b * batch + g * ctx
+            out = leg if out is None else np.maximum(out, leg)
+        return out if out is not None else np.zeros(steps)
 
     def prefill_time(self, total_tokens: float) -> float:
         return self.prefill(total_tokens)

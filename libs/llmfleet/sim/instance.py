@@ -19,10 +19,10 @@ is one event. ``static_release="batch_end"`` (HF ``generate``) delivers outputs 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
 from llmfleet.policies.batching import StaticBatch, StaticBatchPolicy
@@ -60,15 +60,15 @@ class _Work:
 
     batch: Batch | StaticBatch
     members: list[_Req]
-    starts: list[float]
-    ends: list[float]
+    starts: np.ndarray
+    ends: np.ndarray
     k: int
     static: bool = False
     rows_done_at: dict[str, float] | None = None  # static: when each finished row produced its EOS
 
     @property
     def end(self) -> float:
-        return self.ends[self.k - 1]
+        return float(self.ends[self.k - 1])
 
 
 class SimInstance:
@@ -157,7 +157,7 @@ class SimInstance:
         w = self.work
         if w is None or w.static or w.k == 1:
             return None
-        k = max(1, bisect_left(w.starts, now, 0, w.k))
+        k = max(1, int(np.searchsorted(w.starts[: w.k], now, side="left")))
         if k == w.k:
             return None
         w.k = k
@@ -207,9 +207,9 @@ class SimInstance:
         if not members:
             return None
         dur = self.cost.iteration(batch.model, self.tp, prefill, prefill_sq, decodes, ctx)
-        starts, ends = [now], [now + dur]
+        starts, ends = np.array([now]), np.array([now + dur])
         if self.fast_forward and prefill == 0:
-            self._extend_chunk(batch, members, starts, ends, decodes, ctx, scheds_w, scheds_r, now)
+            starts, ends = self._extend_chunk(batch, members, ends[0], decodes, ctx, scheds_w, scheds_r, now)
         self.work = _Work(batch, members, starts, ends, len(ends))
         self.version += 1
         return self.work.end
@@ -245,22 +245,25 @@ class SimInstance:
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _extend_chunk(self, batch, members, starts, ends, n, ctx, scheds_w, scheds_r, now) -> None:
-        """Grow a pure-decode iteration into a chunk (see the module docstring)."""
+    def _extend_chunk(self, batch, members, end0, n, ctx, scheds_w, scheds_r, now):
+        """Grow a pure-decode iteration (ending at ``end0``) into a chunk: (starts, ends) arrays."""
+        one = np.array([now]), np.array([end0])
         k_max = min(r.remaining for r in members)
         if k_max <= 1:
-            return
+            return one
         horizon = self.policy.stable_until(batch, scheds_w, scheds_r, now)  # type: ignore[union-attr]
-        if horizon <= ends[0]:
-            return
+        if horizon <= end0:
+            return one
         k_max = self._kv_bound(members, k_max)
-        t = ends[0]
-        for d in self.cost.model(batch.model, self.tp).decode_steps(n, ctx + n, n, k_max - 1):
-            if t >= horizon:
-                break
-            starts.append(t)
-            t += d
-            ends.append(t)
+        if k_max <= 1:
+            return one
+        durs = self.cost.model(batch.model, self.tp).decode_steps(n, ctx + n, n, k_max - 1)
+        durs[0] += end0  # cumsum from end0 with the same additions as a running t += d
+        rest = np.cumsum(durs)
+        starts = np.concatenate(([now, end0], rest[:-1]))
+        ends = np.concatenate(([end0], rest))
+        keep = int(np.searchsorted(starts, horizon, side="left"))  # iterations starting before the horizon
+        return starts[: max(1, keep)], ends[: max(1, keep)]
 
     def _kv_bound(self, members: list[_Req], k_max: int) -> int:
         """Largest k ≤ k_max such that k − 1 more tokens per member fit the free blocks."""
@@ -289,7 +292,7 @@ class SimInstance:
         if w.static:
             return self._finish_static(w, now)
         k = w.k
-        dur = w.ends[k - 1] - w.starts[0]
+        dur = float(w.ends[k - 1] - w.starts[0])
         self.iterations += k
         self.busy_s += dur
         self.policy.on_iteration(w.batch, dur, now, [r.sched for r in w.members])
@@ -300,7 +303,7 @@ class SimInstance:
             r.rec.produced += k
             r.sched.generated += k
             if r.rec.first_token_s is None:
-                r.rec.first_token_s = w.ends[0]
+                r.rec.first_token_s = float(w.ends[0])
             if r.rec.produced >= r.rec.output_tokens:
                 self._complete(r, now)
                 done.append(r)
@@ -344,13 +347,13 @@ class SimInstance:
             steps = min(steps, batch.max_iterations)
         steps = min(steps, self._kv_bound(members, steps))
         lm = self.cost.model(batch.model, self.tp)
-        t = now + lm.prefill(n * longest, n * longest * longest)
-        starts, ends = [now], [t]
-        for d in lm.decode_steps(n, n * (longest + 1), n, steps - 1):
-            starts.append(t)
-            t += d
-            ends.append(t)
-        rows_done = {r.sched.request_id: ends[r.remaining - 1] for r in members if r.remaining <= steps}
+        durs = np.concatenate(([now + lm.prefill(n * longest, n * longest * longest)],
+                               lm.decode_steps(n, n * (longest + 1), n, steps - 1)))  # fmt: skip
+        ends = np.cumsum(durs)
+        starts = np.concatenate(([now], ends[:-1]))
+        rows_done = {
+            r.sched.request_id: float(ends[r.remaining - 1]) for r in members if r.remaining <= steps
+        }
         self.work = _Work(batch, members, starts, ends, steps, static=True, rows_done_at=rows_done)
         self.version += 1
         return self.work.end
@@ -365,7 +368,7 @@ class SimInstance:
         for r in w.members:
             rid = r.sched.request_id
             if r.rec.first_token_s is None:
-                r.rec.first_token_s = w.ends[0] if eos else now
+                r.rec.first_token_s = float(w.ends[0]) if eos else now
             self.alloc.free(rid)
             del self.running[rid]
             finished_at = w.rows_done_at.get(rid) if w.rows_done_at else None

@@ -1,0 +1,159 @@
+"""Simulate a workload on a GPU cluster with the shipped policy code.
+
+  llmfleet sim --trace ../shared/traces/azure_llm_2023_conv.csv --cluster 32xA100-80GB \\
+      --services services.yaml --policy seallm --out .sim/seallm
+  llmfleet sim --trace trace.csv --compare vllm alpaserve muxserve seallm --out .sim/compare
+
+The workload is an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens) or ``--synthetic N``
+Poisson requests with lengths drawn from ``--lengths-from`` (a trace). ``--services`` is a YAML list of
+services (name, model, ttft_s, atgt_s, latency_scale, deadline_s, max_tokens); with several services the
+requests are split by k-means over their lengths, shortest cluster to the first service. ``--profile``
+takes fitted cost-model records (JSON written by the profiler) to replace the roofline defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAME = "sim"
+HELP = "simulate a workload on a cluster with the shipped policies (and compare policies)"
+DEFAULT_COMPARE = ("vllm", "alpaserve", "muxserve", "seallm", "fcfs-jsq", "fcfs-p2c", "sls")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", type=Path, help="Azure LLM trace CSV")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N Poisson requests (see --rate)")
+    p.add_argument("--rate", type=float, default=10.0, help="synthetic arrival rate, req/s (default 10)")
+    p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
+    p.add_argument("--cluster", default="32xA100-80GB", help="COUNTxHARDWARE (default 32xA100-80GB)")
+    p.add_argument("--services", type=Path, help="services YAML (default: one service of --model)")
+    p.add_argument("--model", default="llama2-7b", help="model of the default service (default llama2-7b)")
+    p.add_argument("--policy", default="vllm", help="policy preset (default vllm); see --list-policies")
+    p.add_argument(
+        "--compare",
+        nargs="*",
+        metavar="POLICY",
+        help=f"run several presets (default {' '.join(DEFAULT_COMPARE)})",
+    )
+    p.add_argument("--dispatch", help="override the preset's dispatch policy")
+    p.add_argument(
+        "--local", help="override the preset's engine-local policy (request policy or static batcher)"
+    )
+    p.add_argument("--placement", help="override the preset's placement planner")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's arrival rate")
+    p.add_argument("--start", type=float, default=0.0, help="trace window start, seconds")
+    p.add_argument("--end", type=float, help="trace window end, seconds")
+    p.add_argument("--limit", type=int, help="keep the first N requests")
+    p.add_argument(
+        "--profile", type=Path, action="append", default=[], help="fitted ProfileRecord JSON (repeatable)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path(".sim"), help="output directory (default .sim)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--records", action="store_true", help="also write requests.jsonl")
+    p.add_argument("--list-policies", action="store_true", help="print the presets and exit")
+
+
+def _workload(args):
+    from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
+
+    if args.trace is not None:
+        return load_azure_trace(
+            args.trace, start_s=args.start, end_s=args.end, limit=args.limit, rate_scale=args.rate_scale
+        )
+    if args.synthetic < 1:
+        raise ValueError("--synthetic needs N >= 1")
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    if args.lengths_from is not None:
+        lengths = [(r.prompt_tokens, r.output_tokens) for r in load_azure_trace(args.lengths_from).requests]
+    else:  # the conv trace's rough shape: log-normal prompts ~1k, outputs ~200
+        lengths = list(
+            zip(
+                rng.lognormal(6.5, 0.8, 4096).astype(int) + 1,
+                rng.lognormal(5.0, 0.9, 4096).astype(int) + 1,
+                strict=True,
+            )
+        )
+    times = poisson(args.rate * args.rate_scale, n=args.synthetic, seed=args.seed)
+    pick = rng.integers(0, len(lengths), size=args.synthetic)
+    return Workload(tuple(
+        WorkloadRequest(f"syn-{i}", float(t), int(lengths[j][0]), max(1, int(lengths[j][1])))
+        for i, (t, j) in enumerate(zip(times, pick, strict=True))
+    ))  # fmt: skip
+
+
+def _spec(args):
+    from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec, load_services
+
+    cluster = ClusterSpec.parse(args.cluster)
+    if args.services is not None:
+        services, engine = load_services(args.services)
+    else:
+        services, engine = (SimService("default", args.model),), EngineSettings()
+    return SimSpec(cluster, services, engine)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmfleet.costmodel import load_record
+    from llmfleet.sim.report import markdown_table, write_report
+    from llmfleet.sim.run import PRESETS, preset, simulate
+
+    console = Console(stderr=True)
+    if args.list_policies:
+        for b in PRESETS.values():
+            print(f"{b.name:18} {b.placement:15} {b.dispatch:14} {b.local:16} {b.description}")
+        return 0
+    try:
+        names = list(args.compare or DEFAULT_COMPARE) if args.compare is not None else [args.policy]
+        bundles = [
+            preset(n, dispatch=args.dispatch, local=args.local, placement=args.placement) for n in names
+        ]
+        spec = _spec(args)
+        records = [load_record(p) for p in args.profile]
+        workload = _workload(args)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        print(f"llmfleet sim: {e}", file=sys.stderr)
+        return 2
+    console.print(
+        f"{len(workload)} requests over {workload.duration_s:.0f} s ({workload.rate_rps:.2f} req/s) on "
+        f"{spec.cluster}; services: {', '.join(f'{s.name}→{s.model}' for s in spec.services)}"
+    )
+    experiments = []
+    with Progress(TextColumn("{task.description:18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("sim t={task.fields[now]:.0f}s"), TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+        for b in bundles:
+            task = bar.add_task(b.name, total=len(workload), now=0.0)
+            try:
+                e = simulate(
+                    spec, workload, b, records=records,
+                    progress=lambda done, now, task=task: bar.update(task, completed=done, now=now),
+                )  # fmt: skip
+            except ValueError as err:  # placement infeasible, model does not fit, ...
+                print(f"llmfleet sim: policy {b.name}: {err}", file=sys.stderr)
+                return 2
+            experiments.append(e)
+    context = (
+        f"{len(workload)} requests, {spec.cluster}, services "
+        + ", ".join(f"{s.name}→{s.model}" for s in spec.services)
+        + (
+            f", trace {args.trace.name} ×{args.rate_scale}"
+            if args.trace
+            else f", synthetic {args.rate} req/s"
+        )
+    )
+    paths = write_report(experiments, args.out, title="llmfleet sim", context=context,
+                         records=args.records, plots=not args.no_plots)  # fmt: skip
+    print(markdown_table(experiments))
+    failed = sum(e.report["overall"]["failed"] for e in experiments)
+    if failed:
+        console.print(f"[yellow]{failed} request(s) could not be served (see report.json: failed)[/]")
+    console.print(f"report: {paths['markdown']}  json: {paths['json']}  plots: {args.out}/*.png")
+    return 0
