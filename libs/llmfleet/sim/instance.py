@@ -166,10 +166,21 @@ class SimInstance:
 
     # ------------------------------------------------------------------------------------ iterations
     def start(self, now: float, fail: Callable[[_Req, str], None]) -> float | None:
-        """Pick and launch the next batch at ``now``; its end time, or None when idle."""
+        """Pick and launch the next batch at ``now``; its end time, or None when idle.
+
+        A batch whose every member was preempted (each decode named itself the victim) launches
+        nothing; the policy is asked again, as the live engine's loop does, until a batch runs or
+        nothing changes."""
         assert self.work is None, "an iteration is already in flight"
         if self.static:
             return self._start_static(now, fail)
+        while True:
+            before = (self.preemptions, len(self.waiting))
+            end = self._start_continuous(now, fail)
+            if end is not None or (self.preemptions, len(self.waiting)) == before:
+                return end
+
+    def _start_continuous(self, now: float, fail: Callable[[_Req, str], None]) -> float | None:
         running = list(self.running.values())
         room = max(0, self.limits.max_requests - len(running))
         waiting = list(self.waiting.values())[:room]
@@ -184,6 +195,7 @@ class SimInstance:
             return None
         members: list[_Req] = []
         prefill = prefill_sq = decodes = ctx = 0
+        preemptions_before = self.preemptions
         for rid in batch.request_ids:
             r = self.waiting.get(rid) or self.running.get(rid)
             if r is None:
@@ -206,9 +218,11 @@ class SimInstance:
             members.append(r)
         if not members:
             return None
+        preempted = self.preemptions != preemptions_before
         dur = self.cost.iteration(batch.model, self.tp, prefill, prefill_sq, decodes, ctx)
         starts, ends = np.array([now]), np.array([now + dur])
-        if self.fast_forward and prefill == 0:
+        if self.fast_forward and prefill == 0 and len(members) == len(batch.request_ids) and not preempted:
+            # (a preemption or a failed allocation changed the queues the policy looked at: no chunk)
             starts, ends = self._extend_chunk(batch, members, ends[0], decodes, ctx, scheds_w, scheds_r, now)
         self.work = _Work(batch, members, starts, ends, len(ends))
         self.version += 1
@@ -295,7 +309,11 @@ class SimInstance:
         dur = float(w.ends[k - 1] - w.starts[0])
         self.iterations += k
         self.busy_s += dur
-        self.policy.on_iteration(w.batch, dur, now, [r.sched for r in w.members])
+        scheds = [r.sched for r in w.members]
+        if k > 1 and hasattr(self.policy, "on_iterations"):
+            self.policy.on_iterations(w.batch, np.diff(w.ends[:k], prepend=w.starts[0]), now, scheds)
+        else:
+            self.policy.on_iteration(w.batch, dur, now, scheds)
         done: list[_Req] = []
         for r in w.members:
             if k > 1:
@@ -346,6 +364,9 @@ class SimInstance:
         if batch.max_iterations is not None:
             steps = min(steps, batch.max_iterations)
         steps = min(steps, self._kv_bound(members, steps))
+        if steps > 1:  # the padded cache for every step is reserved up front (HF's static cache)
+            for r in members:
+                self.alloc.grow(r.sched.request_id, steps - 1)
         lm = self.cost.model(batch.model, self.tp)
         durs = np.concatenate(([now + lm.prefill(n * longest, n * longest * longest)],
                                lm.decode_steps(n, n * (longest + 1), n, steps - 1)))  # fmt: skip

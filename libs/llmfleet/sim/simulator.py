@@ -178,7 +178,9 @@ class Simulator:
 
     def _land(self, r: _Req, dst: SimInstance, now: float) -> None:
         rid = r.sched.request_id
-        kv = r.sched.context_tokens if r.sched.phase == "decode" else 0
+        kv = (
+            r.sched.context_tokens - 1 if r.sched.phase == "decode" else 0
+        )  # the newest token is not in KV yet
         if kv and dst.alloc.can_allocate(r.sched.model, kv):
             dst.alloc.allocate(rid, r.sched.model, kv)
             dst.running[rid] = r
@@ -253,7 +255,6 @@ class Simulator:
             self._push(first.arrival_s, _SAMPLE)
         samples: list[Sample] = []
         events = arrived = 0
-        last_arrival = first.arrival_s
         step = max(1, (total or 0) // 100)
         pending = True  # arrivals not yet read
         while self._heap:
@@ -270,11 +271,13 @@ class Simulator:
                     self._where.pop(r.sched.request_id, None)
                 self._kick(inst, t)
             elif kind == _ARRIVAL:
-                if a.arrival_s < last_arrival:
-                    raise ValueError(f"requests must be sorted by arrival: {a.request_id} arrives earlier")
-                last_arrival = a.arrival_s
                 nxt = next(it, None)
                 if nxt is not None:
+                    if nxt.arrival_s < a.arrival_s:
+                        raise ValueError(
+                            f"requests must be sorted by arrival: {nxt.request_id} ({nxt.arrival_s}) comes "
+                            f"after {a.request_id} ({a.arrival_s})"
+                        )
                     self._push(nxt.arrival_s, _ARRIVAL, nxt)
                 else:
                     pending = False

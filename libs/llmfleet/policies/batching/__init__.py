@@ -1,4 +1,4 @@
-"""Static batchers (SLS baseline; SCLS and UELLM batchers in later files)."""
+"""Static batchers: SLS baseline, SCLS slice DP, UELLM SLO-ODBS (and variants), S³-style."""
 
 from __future__ import annotations
 
@@ -11,9 +11,19 @@ from llmfleet.policies.batching.base import (
     padded_tokens,
     padding_tokens,
 )
+from llmfleet.policies.batching.s3_batching import S3Batching
+from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
+from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
 from llmfleet.policies.batching.static_sls import StaticSls
 
-POLICIES: dict[str, type] = {"static_sls": StaticSls}
+POLICIES: dict[str, type] = {
+    "static_sls": StaticSls,
+    "scls": SclsSliceBatcher,
+    "slo_odbs": SloOdbs,
+    "slo_dbs": SloDbs,
+    "odbs": Odbs,
+    "s3": S3Batching,
+}
 
 
 def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
@@ -30,9 +40,15 @@ def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
 
 __all__ = [
     "POLICIES",
+    "Odbs",
+    "S3Batching",
+    "SclsSliceBatcher",
+    "SloDbs",
+    "SloOdbs",
     "StaticBatch",
     "StaticBatchPolicy",
     "StaticSls",
+    "dp_batches",
     "make_batching_policy",
     "padded_blocks",
     "padded_tokens",

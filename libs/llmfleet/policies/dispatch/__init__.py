@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
 from llmfleet.policies.dispatch.base import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
 from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.round_robin import RoundRobin
+from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
 
 POLICIES: dict[str, type] = {
@@ -19,6 +21,8 @@ POLICIES: dict[str, type] = {
     "least_loaded": LeastLoaded,
     "best_fit_kv": BestFitKv,
     "worst_fit_kv": WorstFitKv,
+    "scls_maxmin": SclsMaxMin,
+    "aladdin_bestfit": AladdinBestFit,
 }
 
 
@@ -36,6 +40,7 @@ def make_dispatch_policy(name: str, **kwargs: Any) -> DispatchPolicy:
 
 __all__ = [
     "POLICIES",
+    "AladdinBestFit",
     "BestFitKv",
     "DispatchPolicy",
     "DispatchRequest",
@@ -45,6 +50,8 @@ __all__ = [
     "NoCandidate",
     "PowerOfTwo",
     "RoundRobin",
+    "SclsMaxMin",
     "WorstFitKv",
+    "adaptive_interval",
     "make_dispatch_policy",
 ]

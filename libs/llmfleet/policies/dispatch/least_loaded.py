@@ -20,6 +20,7 @@ class LeastLoaded:
     """Lowest KV utilization (queue length when a capacity is unknown); ties by queued, then id."""
 
     name = "least_loaded"
+    uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
 
     def choose(
         self,

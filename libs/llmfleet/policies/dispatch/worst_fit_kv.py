@@ -16,6 +16,7 @@ class WorstFitKv:
     """Most free KV bytes; ties by engine id."""
 
     name = "worst_fit_kv"
+    uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
 
     def choose(
         self,

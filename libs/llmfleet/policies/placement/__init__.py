@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, optimal_tp
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -16,7 +17,11 @@ from llmfleet.policies.placement.dedicated_even import DedicatedEven
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
 
 # planners with the PlacementPlanner interface (StaticConfigPlacement replays a config instead)
-POLICIES: dict[str, type] = {"dedicated_even": DedicatedEven, "colocate_all": ColocateAll}
+POLICIES: dict[str, type] = {
+    "dedicated_even": DedicatedEven,
+    "colocate_all": ColocateAll,
+    "aladdin_workers": AladdinWorkers,
+}
 
 
 def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
@@ -33,6 +38,7 @@ def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
 
 __all__ = [
     "POLICIES",
+    "AladdinWorkers",
     "ColocateAll",
     "DedicatedEven",
     "GpuPool",
@@ -42,4 +48,5 @@ __all__ = [
     "ServiceLoad",
     "StaticConfigPlacement",
     "make_placement_policy",
+    "optimal_tp",
 ]

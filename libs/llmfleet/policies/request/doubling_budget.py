@@ -173,6 +173,27 @@ class DoublingBudget:
             members = admit_prefills([seed, *peers], pool, limits, limits.max_requests)
         return Batch(seed.model, phase, tuple(r.request_id for r in members))
 
+    def stable_until(
+        self, batch: Batch, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
+    ) -> float:
+        """How long ``batch`` stays DB's choice if only time passes (the simulator's fast-forward).
+
+        For a pure-decode batch with no starving service: the members' budgets only fall (their O_r
+        falls, so they stay ahead of every other request, whose O_r is frozen) until the first member's
+        Q_r is used up (a renewal raises its O_r), and no other service can start starving before its
+        oldest stall reaches its threshold. Waiting prefills that did not fit cannot fit later (free
+        blocks only shrink while decoding). Otherwise the batch may change at the next iteration.
+        """
+        if batch.phase != "decode" or self.starving_services(waiting, running, now):
+            return now
+        ids = set(batch.request_ids)
+        horizon = now + min(r.budget_s for r in running if r.request_id in ids)
+        for r in (*waiting, *running):
+            if r.request_id not in ids:
+                ref = r.last_run_s if r.last_run_s is not None else r.arrival_s
+                horizon = min(horizon, ref + self.starvation_threshold(r.service))
+        return horizon
+
     def on_iteration(
         self, batch: Batch, duration_s: float, now: float, requests: Sequence[SchedRequest]
     ) -> None:
@@ -181,6 +202,19 @@ class DoublingBudget:
         for r in batch_members(batch, requests):
             mark_ran(r, duration_s, now)
             self.charge(r, duration_s)
+
+    def on_iterations(
+        self, batch: Batch, durations_s: Sequence[float], now: float, requests: Sequence[SchedRequest]
+    ) -> None:
+        """A run of identical iterations (the simulator's fast-forward), charged one by one so the
+        budgets round exactly as with one ``on_iteration`` call per iteration."""
+        members = batch_members(batch, requests)
+        for d in durations_s:
+            check_duration(d)
+            for r in members:
+                self.charge(r, float(d))
+        for r in members:
+            mark_ran(r, float(sum(durations_s)), now)
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
         """Observe the execution time now − first_scheduled_s (arrival_s if it never ran), floored at 0."""

@@ -1,0 +1,760 @@
+"""Aladdin's online best-fit request placement (Aladdin §4.2 Algorithm 1, §4.3 Algorithm 2).
+
+Each request goes to the MOST loaded worker (by ``capacity_norm``) that satisfies the MIP's
+constraints for that worker with the request added (letters as in the paper):
+
+- (b) ATGT:    Σ_j (l_in_j + γ·l_pred_j) ≤ θ·l_d(b + 1)          (Eq. 4, b = requests on the worker)
+- (c) TTFT:    t_pre(Σ_new l_in) ≤ T_pre                          (Eq. 2)
+- (d) protect: t_pre(Σ_new l_in) ≤ θ·min_j (T_dec·l_out_j − t_dec_j) over ongoing (started) requests
+- (e) KV:      Σ_j w_j[k] ≤ M for every future iteration k           (w_j from its CURRENT length)
+
+If no worker is feasible the cluster is fixed here, so the request goes to the LEAST loaded worker by
+the same norm and ``infeasible`` is incremented (a scaler may open a worker; the paper opens one).
+
+Contract with callers (simulator, scheduler). The dispatcher is the only entity placing requests, so
+the policy keeps its own ledger of every request it placed (l_in, prediction, estimated start):
+
+- ``choose(model, candidates, exclude, request, now=None)``: the request is recorded on the returned
+  engine. Time is ``now`` if given, else ``request.arrival_s`` (callers stamp it with the dispatch
+  time); calls must come in non-decreasing time. Choosing again for a known ``request_id`` re-places it.
+  Without a ``request`` the choice is made for an empty request and nothing is recorded.
+- ``on_finish(request_id, engine_id, output_tokens, now)``: optional hook, called by the simulator
+  and the scheduler when the policy has it. Unknown ids are ignored. The predictor is not fed here
+  (the profiler observes completions).
+- ``rebalance(now)`` plans moves of not-yet-started requests; ``apply_move`` records one that the
+  caller carried out.
+
+Resolutions of what the paper leaves open:
+
+- Time model. A placed request is *new* until its estimated start ``t_place + t_pre(Σ_new l_in)``
+  (its prefill batch, vLLM starts it at the next iteration); then it is *ongoing*. Each worker has an
+  iteration clock advancing at 1/t_d with t_d = decode.predict(b, Σ(l_in + γ·l_pred)/b) (piecewise
+  constant, updated on every change of the worker); a request's generated tokens are estimated as
+  l_out = 1 + (iterations since its start) — the first token comes from the prefill, so (d)'s slack
+  T_dec·l_out − t_dec starts at T_dec (the paper's literal form).
+- (b) uses the current prediction l_pred for every request on the worker, new or ongoing.
+- (c)/(d) evaluate t_pre by linear interpolation on 257 points in [0, x_c], x_c = the most tokens
+  with t_pre ≤ T_pre: exact for Aladdin's linear t_pre, conservative for the convex roofline.
+- (e) is exact over ALL future iterations (K = ∞ ≥ the model's sequence limit): a request occupies
+  l_in + l_out tokens while running and 0 after its predicted end; not-yet-started requests (and the
+  candidate) are taken to start now. Units are tokens (kv = h·t with j = 0; bytes ÷ bytes/token).
+  Sufficient tests first (Σ final lengths ≤ M, or a cached earlier peak + the request's final length —
+  the peak of a fixed set only falls as time passes; the cache is dropped when a request on the worker
+  starts or is re-predicted), the exact O(b log b) profile only otherwise.
+- Ordering. capacity_norm = ‖(b / B_max, Σ(l_in + γ·l_pred) / L_max)‖₂ with the decode-limit line's
+  intercepts: B_max = the batch where l_d(b) reaches 0 and L_max = l_d extrapolated to b = 0. The
+  line is then x + y = 1 for Aladdin's linear l_d, so both axes weigh the same. Ties by engine id.
+- Re-prediction (§4.3). When an ongoing request's estimated l_out passes l_pred without a finish, its
+  prediction becomes E[l_out | l_in, l_out > g] with g = max(l_pred, estimated l_out), from the
+  predictor (a ``LengthPredictor``: ``predict(LengthQuery(..., generated_tokens=g))``, or a callable
+  ``f(service, prompt_tokens, g) -> tokens``); if there is none or it answers ≤ g: 2·g.
+- Error point (Algorithm 2) of worker i, (b_e, l_e), in the (batch, Σ(l_in + γ·l_pred)) plane of (b):
+  a request that outlived its prediction adds (+1, l_in + γ·l'_pred) until it finishes; a request that
+  finished early adds (−1, −(l_in + γ·l_pred)) until its predicted end; a move adds (−1, −c_j) to the
+  source and (+1, +c_j) to the target until j's predicted end. Signed distance
+  d_i = (l_e + β·b_e)/√(1 + β²), β = L_max/B_max (the decode-limit line's slope): d > 0 under-estimated
+  (more load than planned), d < 0 over-estimated. ``rebalance`` greedily moves not-yet-started requests
+  from the most under-estimated worker to the most over-estimated one while Σ_i |d_i| falls and the
+  target stays feasible under (b)–(e).
+- Engines hosting several models are accounted per model (Aladdin workers serve one model).
+
+Cost per decision: O(W) vectorised over the W candidate workers plus O(log n) per request event;
+exact (e) profiles only on workers that fail the sufficient tests and outrank the best that passes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.predict.base import LengthQuery
+
+_B_CAP = 1 << 20  # search cap for B_max when l_d never reaches 0
+_GRID = 257
+
+
+def _slo_pair(slo: Any) -> tuple[float, float]:
+    """(T_pre, T_dec) from a pair, a mapping or an object with ttft_s/tpot_s (``llmfleet.types.Slo``)."""
+    if isinstance(slo, Mapping):
+        return float(slo["ttft_s"]), float(slo["tpot_s"])
+    if hasattr(slo, "ttft_s"):
+        return float(slo.ttft_s), float(slo.tpot_s)
+    t_pre, t_dec = slo
+    return float(t_pre), float(t_dec)
+
+
+def _per_model(value: Any, model: str) -> Any:
+    if isinstance(value, Mapping):
+        return value.get(model)
+    return value
+
+
+class _Req:
+    __slots__ = (
+        "a_val", "ctx", "e_iter", "l_in", "l_pred", "model", "rid", "s_iter", "service", "slot",
+        "started", "t_start", "under",
+    )  # fmt: skip
+
+    def __init__(self, rid: str, model: str, service: str, slot: int, l_in: float, l_pred: float) -> None:
+        self.rid, self.model, self.service, self.slot = rid, model, service, slot
+        self.l_in, self.l_pred = l_in, l_pred
+        self.ctx = 0.0
+        self.started = False
+        self.t_start = 0.0
+        self.s_iter = 0.0
+        self.e_iter = 0.0
+        self.a_val = -math.inf
+        self.under = False
+
+
+@dataclass
+class _Pool:
+    """Workers of one model: per-worker aggregates in numpy arrays indexed by slot."""
+
+    model: str
+    latency: Any
+    t_pre: float
+    t_dec: float
+    ids: list[str] = field(default_factory=list)
+    slot_of: dict[str, int] = field(default_factory=dict)
+    members: list[dict[str, _Req]] = field(default_factory=list)
+    ends: list[list[tuple[float, str]]] = field(default_factory=list)  # heap of (e_iter, rid)
+    adj: list[list[tuple[float, float, float]]] = field(default_factory=list)  # (expiry, db, dl)
+    cache_ids: list[str] | None = None
+    cache_idx: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.n = 0
+        names = ("b", "S", "new_in", "final", "peak", "amax", "it_base", "t_base", "rate", "min_end")
+        names += ("M", "err_b", "err_l", "rank")
+        self._names = names
+        for nm in names:
+            setattr(self, nm, np.zeros(0))
+        self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
+        l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
+        self._ld[0] = l1
+        self.L_max = max(l1, 2 * l1 - l2) if math.isfinite(l1) and math.isfinite(l2) else math.inf
+        # B_max: where l_d reaches 0 (doubling, then bisection on a continuous batch)
+        if l1 <= 0:
+            self.B_max = 1.0
+        else:
+            hi = 2.0
+            while hi < _B_CAP and self.ld_scalar(hi) > 0:
+                hi *= 2
+            lo = hi / 2
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if self.ld_scalar(mid) > 0 else (lo, mid)
+            self.B_max = lo
+        finite = math.isfinite(self.L_max) and self.L_max > 0
+        self.inv_L = 1.0 / self.L_max if finite else 0.0
+        self.beta = self.L_max / self.B_max if finite else 0.0
+        self.err_norm = 1.0 / math.sqrt(1.0 + self.beta * self.beta)
+        # prefill: x_c = most tokens with t_pre <= T_pre; grid for t_pre(x) on [0, x_c]
+        pre = self.latency.prefill
+        if pre.predict(0.0) > self.t_pre:
+            self.x_c = -1.0
+            self.gx, self.gt = np.array([0.0, 1.0]), np.array([math.inf, math.inf])
+        else:
+            hi = 1.0
+            while hi < 1e9 and pre.predict(hi) <= self.t_pre:
+                hi *= 2
+            lo = hi / 2 if hi > 1 else 0.0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if pre.predict(mid) <= self.t_pre else (lo, mid)
+            self.x_c = math.floor(lo)
+            self.gx = np.linspace(0.0, max(self.x_c, 1.0), _GRID)
+            self.gt = np.array([pre.predict(float(x)) for x in self.gx])
+
+    # ------------------------------------------------------------------------------ model helpers
+    def ld_scalar(self, b: float) -> float:
+        return max(0.0, float(self.latency.decode.context_limit(b, self.t_dec)))
+
+    def ld(self, b: np.ndarray) -> np.ndarray:
+        """l_d(b) for integer batch sizes b ≥ 1 (table extended on demand)."""
+        top = int(b.max()) if b.size else 0
+        if top >= len(self._ld):
+            size = max(top + 1, 2 * len(self._ld))
+            old = len(self._ld)
+            ext = np.empty(size - old)
+            for k in range(old, size):
+                ext[k - old] = 0.0 if k > self.B_max else self.ld_scalar(k)
+            self._ld = np.concatenate([self._ld, ext])
+        return self._ld[b.astype(np.intp)]
+
+    def tpre(self, x: np.ndarray | float) -> Any:
+        return np.interp(x, self.gx, self.gt)
+
+    def tpre_scalar(self, x: float) -> float:
+        return float(self.latency.prefill.predict(float(x)))
+
+    def td(self, b: float, s: float) -> float:
+        return float(self.latency.decode.predict(b, s / b))
+
+    # ---------------------------------------------------------------------------------- slots
+    def add_slot(self, engine_id: str, m_tokens: float) -> int:
+        i = self.n
+        if i >= len(self.b):
+            cap = max(16, 2 * len(self.b))
+            for nm in self._names:
+                arr = getattr(self, nm)
+                new = np.zeros(cap)
+                new[: len(arr)] = arr
+                setattr(self, nm, new)
+        self.n += 1
+        self.ids.append(engine_id)
+        self.slot_of[engine_id] = i
+        self.members.append({})
+        self.ends.append([])
+        self.adj.append([])
+        for nm, v in (("peak", 0.0), ("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
+            getattr(self, nm)[i] = v
+        order = sorted(range(self.n), key=lambda k: self.ids[k])
+        self.rank[order] = np.arange(self.n)
+        return i
+
+    def iters(self, now: float) -> np.ndarray:
+        n = self.n
+        return self.it_base[:n] + (now - self.t_base[:n]) * self.rate[:n]
+
+    def iter_at(self, i: int, t: float) -> float:
+        return float(self.it_base[i] + (t - self.t_base[i]) * self.rate[i])
+
+    def touch(self, i: int, now: float) -> None:
+        """Advance worker i's iteration clock to ``now`` (before its rate changes)."""
+        if now > self.t_base[i]:
+            self.it_base[i] += (now - self.t_base[i]) * self.rate[i]
+            self.t_base[i] = now
+
+    def set_rate(self, i: int) -> None:
+        b = self.b[i]
+        if b <= 0.5:
+            self.b[i] = self.S[i] = self.new_in[i] = self.final[i] = self.peak[i] = 0.0
+            self.rate[i] = 0.0
+            return
+        self.rate[i] = 1.0 / max(self.td(float(b), float(self.S[i])), 1e-9)
+
+    def clean_ends(self, i: int) -> None:
+        h = self.ends[i]
+        mem = self.members[i]
+        while h:
+            e, rid = h[0]
+            r = mem.get(rid)
+            if r is not None and r.started and r.e_iter == e:
+                break
+            heapq.heappop(h)
+        self.min_end[i] = h[0][0] if h else math.inf
+
+    def recompute_amax(self, i: int) -> None:
+        self.amax[i] = max((r.a_val for r in self.members[i].values() if r.started), default=-math.inf)
+
+    def expire_adj(self, i: int, it_i: float) -> None:
+        keep = []
+        for ent in self.adj[i]:
+            if ent[0] < it_i:
+                self.err_b[i] -= ent[1]
+                self.err_l[i] -= ent[2]
+            else:
+                keep.append(ent)
+        self.adj[i] = keep
+
+
+class AladdinBestFit:
+    """Aladdin best-fit placement under constraints (b)–(e); see the module docstring.
+
+    Args:
+        latency_models: model -> object with ``.prefill.predict(tokens)`` and ``.decode.predict(b, l)``,
+            ``.decode.context_limit(b, T_dec)`` (``AladdinModel`` or ``RooflineModel``).
+        slos: model -> (T_pre, T_dec) seconds, or an object/mapping with ``ttft_s``/``tpot_s``.
+        kv_capacity_tokens: M per worker in tokens (a number or model -> number). Else
+            ``kv_capacity_bytes`` (number or per model) ÷ ``kv_bytes_per_token`` (number or per model;
+            else the request's ``kv_bytes_per_token``). Else each engine's reported
+            ``kv_capacity_bytes`` ÷ bytes per token. Else unbounded (constraint (e) off).
+        gamma: γ of (b), the "strictness knob" (paper: 0.5).
+        theta: θ of (b) and (d), margin for prediction error, 0 < θ ≤ 1 (default 0.9: the paper only
+            says 0 < θ < 1; 0.9 leaves 10 % headroom, about the decode-model error it reports, < 5 %,
+            doubled).
+        predictor: ``LengthPredictor`` or callable ``f(service, prompt_tokens, generated) -> tokens``,
+            for re-prediction and for requests that arrive without a prediction.
+        default_output_tokens: prediction when the request has none and there is no predictor.
+        memo_s: predictor answers are memoised per (service, input bin, generated tokens) — the bin
+            from the predictor's ``bin_of(prompt_tokens)`` when it has one (Aladdin's predictor is
+            conditioned on input-length ranges), else the exact prompt length — and the memo is
+            dropped every ``memo_s`` seconds of policy time so that new observations show through.
+    """
+
+    name = "aladdin_bestfit"
+
+    def __init__(
+        self,
+        latency_models: Mapping[str, Any] | None = None,
+        slos: Mapping[str, Any] | None = None,
+        *,
+        kv_capacity_tokens: float | Mapping[str, float] | None = None,
+        kv_capacity_bytes: float | Mapping[str, float] | None = None,
+        kv_bytes_per_token: float | Mapping[str, float] | None = None,
+        gamma: float = 0.5,
+        theta: float = 0.9,
+        predictor: Any = None,
+        default_output_tokens: float = 256.0,
+        memo_s: float = 10.0,
+    ) -> None:
+        if not latency_models or not slos:
+            raise ValueError(
+                "aladdin_bestfit needs latency_models={model: AladdinModel | RooflineModel} and "
+                "slos={model: (T_pre_s, T_dec_s)}"
+            )
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        if not 0 < theta <= 1:
+            raise ValueError(f"theta must be in (0, 1], got {theta}")
+        if predictor is not None and not (hasattr(predictor, "predict") or callable(predictor)):
+            raise ValueError("predictor must be a LengthPredictor or a callable")
+        self.latency_models = dict(latency_models)
+        self.slos = {m: _slo_pair(s) for m, s in slos.items()}
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.kv_capacity_bytes = kv_capacity_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.gamma = float(gamma)
+        self.theta = float(theta)
+        self.predictor = predictor
+        self.default_output_tokens = float(default_output_tokens)
+        self.memo_s = float(memo_s)
+        self._memo: dict[tuple[str, int, int], float] = {}
+        self._memo_t = -math.inf
+        self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
+        self.placed = 0
+        self.repredictions = 0
+        self._pools: dict[str, _Pool] = {}
+        self._reqs: dict[str, _Req] = {}
+        self._starts: list[tuple[float, int, str]] = []  # (t_start, seq, rid)
+        self._seq = 0
+        self._now = -math.inf
+
+    # --------------------------------------------------------------------------------- helpers
+    def _pool(self, model: str) -> _Pool:
+        pool = self._pools.get(model)
+        if pool is None:
+            lat = self.latency_models.get(model)
+            slo = self.slos.get(model)
+            if lat is None or slo is None:
+                raise ValueError(f"aladdin_bestfit has no latency model and SLO for model {model!r}")
+            pool = self._pools[model] = _Pool(model, lat, slo[0], slo[1])
+        return pool
+
+    def _capacity(self, model: str, cand: EngineCandidate, bpt_req: float) -> float:
+        tok = _per_model(self.kv_capacity_tokens, model)
+        if tok is not None:
+            return float(tok)
+        bpt = _per_model(self.kv_bytes_per_token, model) or bpt_req
+        cap = _per_model(self.kv_capacity_bytes, model)
+        if cap is None and cand.kv_capacity_bytes > 0:
+            cap = cand.kv_capacity_bytes
+        if cap is not None and bpt:
+            return float(cap) / float(bpt)
+        return math.inf
+
+    def _slots(
+        self,
+        pool: _Pool,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str],
+        bpt: float,
+    ) -> np.ndarray:
+        ids = [c.engine_id for c in candidates]
+        if ids != pool.cache_ids:
+            idx = []
+            for c in candidates:
+                if model not in c.models:
+                    continue
+                i = pool.slot_of.get(c.engine_id)
+                if i is None:
+                    i = pool.add_slot(c.engine_id, self._capacity(model, c, bpt))
+                idx.append(i)
+            pool.cache_ids, pool.cache_idx = ids, np.array(idx, dtype=np.intp)
+        idx = pool.cache_idx
+        if exclude:
+            ex = [pool.slot_of[e] for e in exclude if e in pool.slot_of]
+            if ex:
+                idx = idx[~np.isin(idx, ex)]
+        if idx is None or not idx.size:
+            eligible(model, candidates, exclude)  # raises NoCandidate with the reason
+        return idx
+
+    def _advance(self, now: float) -> float:
+        """Bring the time-derived state to ``now``: requests whose prefill ended become ongoing."""
+        now = max(now, self._now)
+        self._now = now
+        h = self._starts
+        while h and h[0][0] <= now:
+            t, _, rid = heapq.heappop(h)
+            r = self._reqs.get(rid)
+            if r is None or r.started or r.t_start != t:
+                continue
+            pool = self._pools[r.model]
+            i = r.slot
+            r.started = True
+            r.s_iter = pool.iter_at(i, t)
+            r.e_iter = r.s_iter + r.l_pred - 1.0
+            r.a_val = pool.t_dec * (r.s_iter - 1.0) - t
+            pool.new_in[i] -= r.l_in
+            pool.peak[i] = math.inf  # the cached (e) peak assumed it started earlier
+            if r.a_val > pool.amax[i]:
+                pool.amax[i] = r.a_val
+            heapq.heappush(pool.ends[i], (r.e_iter, rid))
+            if r.e_iter < pool.min_end[i]:
+                pool.min_end[i] = r.e_iter
+        return now
+
+    def _predict(self, service: str, l_in: float, generated: float) -> float | None:
+        p = self.predictor
+        if p is None:
+            return None
+        bin_of = getattr(p, "bin_of", None)
+        key = (service, bin_of(int(l_in)) if bin_of else int(l_in), int(generated))
+        if self._now - self._memo_t > self.memo_s:
+            self._memo.clear()
+            self._memo_t = self._now
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        if hasattr(p, "predict"):
+            q = LengthQuery(service, prompt_tokens=int(l_in), generated_tokens=int(generated))
+            out = float(p.predict(q).mean)
+        else:
+            out = float(p(service, int(l_in), int(generated)))
+        self._memo[key] = out
+        return out
+
+    def _repredict_overdue(self, pool: _Pool, it: np.ndarray, now: float) -> None:
+        """§4.3: ongoing requests past their predicted end get E[l_out | l_in, l_out > g]."""
+        n = pool.n
+        late = np.flatnonzero(it > pool.min_end[:n])
+        for i in late.tolist():
+            it_i = float(it[i])
+            h, mem = pool.ends[i], pool.members[i]
+            todo = []
+            while h and h[0][0] < it_i:
+                e, rid = heapq.heappop(h)
+                r = mem.get(rid)
+                if r is not None and r.started and r.e_iter == e:
+                    todo.append(r)
+            if todo:
+                pool.touch(i, now)
+                for r in todo:
+                    g = max(r.l_pred, math.floor(1.0 + it_i - r.s_iter))
+                    new = self._predict(r.service, r.l_in, g)
+                    if new is None or not new > g:
+                        new = 2.0 * max(g, 1.0)
+                    d = new - r.l_pred
+                    ctx_new = r.l_in + self.gamma * new
+                    if r.under:
+                        pool.err_l[i] += ctx_new - r.ctx
+                    else:
+                        r.under = True
+                        pool.err_b[i] += 1.0
+                        pool.err_l[i] += ctx_new
+                    pool.S[i] += ctx_new - r.ctx
+                    pool.final[i] += d
+                    r.ctx, r.l_pred = ctx_new, new
+                    r.e_iter += d
+                    heapq.heappush(h, (r.e_iter, r.rid))
+                    self.repredictions += 1
+                pool.peak[i] = math.inf
+                pool.set_rate(i)
+            pool.clean_ends(i)
+
+    def _kv_peak(self, pool: _Pool, i: int, it_i: float, extra: Sequence[tuple[float, float]] = ()) -> float:
+        """Exact max over future iterations K ≥ now of Σ occupancy (constraint (e)), in tokens."""
+        pairs = []
+        for r in pool.members[i].values():
+            if r.started:
+                pairs.append((max(r.e_iter, it_i), r.l_in + 1.0 - r.s_iter))
+            else:
+                pairs.append((it_i + max(r.l_pred, 1.0) - 1.0, r.l_in + 1.0 - it_i))
+        for l_in, l_pred in extra:
+            pairs.append((it_i + max(l_pred, 1.0) - 1.0, l_in + 1.0 - it_i))
+        pairs.sort()
+        sc = best = 0.0
+        k = 0
+        for e, c0 in reversed(pairs):
+            sc += c0
+            k += 1
+            v = sc + k * e
+            if v > best:
+                best = v
+        return best
+
+    def _feasible_exact_e(self, pool: _Pool, i: int, it_i: float, l_in: float, l_pred: float) -> bool:
+        final = l_in + max(l_pred, 1.0)
+        m = pool.M[i]
+        peak0 = self._kv_peak(pool, i, it_i)
+        pool.peak[i] = peak0
+        if peak0 + final <= m:
+            return True
+        return self._kv_peak(pool, i, it_i, [(l_in, l_pred)]) <= m
+
+    def _mask_bcd(
+        self, pool: _Pool, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float
+    ) -> np.ndarray:
+        """Constraints (b), (c), (d) for the request on each worker in ``idx``."""
+        b = pool.b[idx]
+        ok = pool.S[idx] + ctx <= self.theta * pool.ld(b + 1.0)  # (b)
+        x = pool.new_in[idx] + l_in
+        ok &= x <= pool.x_c  # (c)
+        slack = pool.t_dec * it[idx] - now - pool.amax[idx]
+        ok &= pool.tpre(x) <= self.theta * slack  # (d); no ongoing request: slack = +inf
+        return ok
+
+    def _norm(self, pool: _Pool, idx: np.ndarray) -> np.ndarray:
+        return np.hypot(pool.b[idx] / pool.B_max, pool.S[idx] * pool.inv_L)
+
+    def _record(self, pool: _Pool, i: int, r: _Req, now: float) -> None:
+        pool.touch(i, now)
+        x = pool.new_in[i] + r.l_in
+        r.slot = i
+        r.ctx = r.l_in + self.gamma * r.l_pred
+        r.started = False
+        r.t_start = now + max(pool.tpre_scalar(x), 0.0)
+        pool.members[i][r.rid] = r
+        pool.b[i] += 1.0
+        pool.S[i] += r.ctx
+        pool.new_in[i] = x
+        pool.final[i] += r.l_in + r.l_pred
+        pool.peak[i] += r.l_in + r.l_pred  # still an upper bound of the (e) peak
+        pool.set_rate(i)
+        self._reqs[r.rid] = r
+        self._seq += 1
+        heapq.heappush(self._starts, (r.t_start, self._seq, r.rid))
+
+    def _remove(self, pool: _Pool, r: _Req, now: float) -> None:
+        i = r.slot
+        pool.touch(i, now)
+        del pool.members[i][r.rid]
+        self._reqs.pop(r.rid, None)
+        pool.b[i] -= 1.0
+        pool.S[i] -= r.ctx
+        pool.final[i] -= r.l_in + r.l_pred
+        if r.started:
+            if r.a_val >= pool.amax[i]:
+                pool.recompute_amax(i)
+            if r.e_iter <= pool.min_end[i]:
+                pool.clean_ends(i)
+        else:
+            pool.new_in[i] -= r.l_in
+        if r.under:
+            pool.err_b[i] -= 1.0
+            pool.err_l[i] -= r.ctx
+        pool.set_rate(i)
+
+    # ------------------------------------------------------------------------------------ API
+    def choose(
+        self,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str] = frozenset(),
+        request: DispatchRequest | None = None,
+        now: float | None = None,
+    ) -> str:
+        pool = self._pool(model)
+        bpt = float(request.kv_bytes_per_token) if request is not None else 0.0
+        idx = self._slots(pool, model, candidates, exclude, bpt)
+        t = now if now is not None else (request.arrival_s if request is not None else self._now)
+        now = self._advance(t)
+        it = pool.iters(now)
+        self._repredict_overdue(pool, it, now)
+        if request is not None:
+            old = self._reqs.get(request.request_id)
+            if old is not None:
+                self._remove(self._pools[old.model], old, now)
+            l_in = float(max(request.prompt_tokens, 0))
+            l_pred = float(request.predicted_output_tokens)
+            if l_pred <= 0:
+                l_pred = self._predict(request.service, l_in, 0) or self.default_output_tokens
+        else:
+            l_in, l_pred = 0.0, self.default_output_tokens
+        l_pred = max(l_pred, 1.0)
+        ctx = l_in + self.gamma * l_pred
+        final = l_in + l_pred
+
+        norm = self._norm(pool, idx)
+        rank = pool.rank[idx]
+        ok = self._mask_bcd(pool, idx, it, now, l_in, ctx)
+        chosen = -1
+        if ok.any():
+            cand = idx[ok]
+            m = pool.M[cand]
+            suff = (pool.final[cand] + final <= m) | (pool.peak[cand] + final <= m)
+            order = np.lexsort((rank[ok], -norm[ok]))
+            suff_o = suff[order]
+            first = int(np.argmax(suff_o)) if suff_o.any() else len(order)
+            for pos in range(first):  # outrank the best sufficient worker: exact (e)
+                i = int(cand[order[pos]])
+                if self._feasible_exact_e(pool, i, float(it[i]), l_in, l_pred):
+                    chosen = i
+                    break
+            if chosen < 0 and first < len(order):
+                chosen = int(cand[order[first]])
+        if chosen < 0:
+            self.infeasible += 1
+            chosen = int(idx[np.lexsort((rank, norm))[0]])
+        if request is not None:
+            r = _Req(request.request_id, model, request.service, chosen, l_in, l_pred)
+            self._record(pool, chosen, r, now)
+            self.placed += 1
+        return pool.ids[chosen]
+
+    def on_finish(self, request_id: str, engine_id: str, output_tokens: int, now: float) -> None:
+        """A placed request finished with ``output_tokens``; early finishes mark over-estimates."""
+        del engine_id  # the ledger knows where it was placed
+        now = self._advance(now)
+        r = self._reqs.get(request_id)
+        if r is None:
+            return
+        pool = self._pools[r.model]
+        i = r.slot
+        self._remove(pool, r, now)
+        if r.started and output_tokens < r.l_pred:
+            # over-estimate: one request and its context fewer than planned until its predicted end
+            pool.err_b[i] -= 1.0
+            pool.err_l[i] -= r.ctx
+            pool.adj[i].append((r.e_iter, -1.0, -r.ctx))
+            if len(pool.adj[i]) > 64:
+                pool.expire_adj(i, pool.iter_at(i, now))
+
+    # ------------------------------------------------------------------------- introspection
+    def state(self, engine_id: str, model: str) -> dict[str, float]:
+        """The ledger of one worker: batch, Σ(l_in + γ·l_pred), Σ new l_in, Σ final lengths, M."""
+        pool = self._pool(model)
+        i = pool.slot_of[engine_id]
+        return {
+            "batch": float(pool.b[i]),
+            "context": float(pool.S[i]),
+            "new_input": float(pool.new_in[i]),
+            "final_tokens": float(pool.final[i]),
+            "kv_capacity_tokens": float(pool.M[i]),
+        }
+
+    def norms(self, model: str) -> dict[str, float]:
+        """capacity_norm of every known worker of ``model``."""
+        pool = self._pool(model)
+        v = self._norm(pool, np.arange(pool.n))
+        return {e: float(v[i]) for i, e in enumerate(pool.ids)}
+
+    def prediction(self, request_id: str) -> float | None:
+        r = self._reqs.get(request_id)
+        return None if r is None else r.l_pred
+
+    def started(self, request_id: str) -> bool | None:
+        r = self._reqs.get(request_id)
+        return None if r is None else r.started
+
+    def kv_peak(self, engine_id: str, model: str, now: float) -> float:
+        """Exact (e) peak in tokens of the requests on ``engine_id`` from ``now`` on."""
+        now = self._advance(now)
+        pool = self._pool(model)
+        i = pool.slot_of[engine_id]
+        return self._kv_peak(pool, i, pool.iter_at(i, now))
+
+    def error_distance(self, model: str, now: float) -> dict[str, float]:
+        """Signed distance d_i of every worker's error point (Algorithm 2); > 0 under-estimated."""
+        now = self._advance(now)
+        pool = self._pool(model)
+        it = pool.iters(now)
+        self._repredict_overdue(pool, it, now)
+        for i in range(pool.n):
+            if pool.adj[i]:
+                pool.expire_adj(i, float(it[i]))
+        d = (pool.err_l[: pool.n] + pool.beta * pool.err_b[: pool.n]) * pool.err_norm
+        return {e: float(d[i]) for i, e in enumerate(pool.ids)}
+
+    # ------------------------------------------------------------------------------ rebalance
+    def rebalance(self, now: float) -> list[tuple[str, str, str]]:
+        """Algorithm 2: moves (request_id, from_engine, to_engine) of not-yet-started requests.
+
+        Changes no placement (it only brings time-derived bookkeeping up to ``now``, as any call
+        does); the caller carries the moves out and records each with :meth:`apply_move`. Greedy:
+        from the most under-estimated worker (largest d > 0), the not-started request whose move to
+        the most over-estimated feasible worker (d < 0) lowers Σ_i |d_i| the most, until none does.
+        """
+        moves: list[tuple[str, str, str]] = []
+        for model in sorted(self._pools):
+            pool = self._pools[model]
+            dist = self.error_distance(model, now)
+            d = np.array([dist[e] for e in pool.ids])
+            it = pool.iters(self._now)
+            # simulated aggregates of the targets (moves already planned)
+            extra: dict[int, list[_Req]] = {}
+            gone: set[str] = set()
+            while True:
+                best = None
+                for x in np.argsort(-d).tolist():
+                    if d[x] <= 0:
+                        break
+                    pend = [r for r in pool.members[x].values() if not r.started and r.rid not in gone]
+                    for r in pend:
+                        delta = (r.ctx + pool.beta) * pool.err_norm
+                        for y in np.argsort(d).tolist():
+                            if d[y] >= 0:
+                                break
+                            gain = abs(d[x]) + abs(d[y]) - abs(d[x] - delta) - abs(d[y] + delta)
+                            if gain <= 1e-12 or (best is not None and gain <= best[0]):
+                                break
+                            if self._fits_after(pool, y, it, r, extra.get(y, [])):
+                                best = (gain, r, x, y, delta)
+                                break
+                    if best is not None:
+                        break
+                if best is None:
+                    break
+                _, r, x, y, delta = best
+                d[x] -= delta
+                d[y] += delta
+                extra.setdefault(y, []).append(r)
+                gone.add(r.rid)
+                moves.append((r.rid, pool.ids[x], pool.ids[y]))
+        return moves
+
+    def _fits_after(self, pool: _Pool, y: int, it: np.ndarray, r: _Req, planned: list[_Req]) -> bool:
+        """(b)–(e) for request r on worker y, with the requests already planned to move there."""
+        b = pool.b[y] + len(planned)
+        s = pool.S[y] + sum(q.ctx for q in planned)
+        new_in = pool.new_in[y] + sum(q.l_in for q in planned) + r.l_in
+        if s + r.ctx > self.theta * float(pool.ld(np.array([b + 1.0]))[0]):
+            return False
+        if new_in > pool.x_c:
+            return False
+        slack = pool.t_dec * float(it[y]) - self._now - pool.amax[y]
+        if float(pool.tpre(new_in)) > self.theta * slack:
+            return False
+        extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
+        return self._kv_peak(pool, y, float(it[y]), extra) <= pool.M[y]
+
+    def apply_move(self, request_id: str, to_engine: str, now: float) -> None:
+        """Record that a not-yet-started request was moved to ``to_engine`` (Algorithm 2, 23–26)."""
+        now = self._advance(now)
+        r = self._reqs.get(request_id)
+        if r is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        if r.started:
+            raise ValueError(f"request {request_id!r} has started; Aladdin does not migrate it")
+        pool = self._pools[r.model]
+        y = pool.slot_of.get(to_engine)
+        if y is None:
+            raise KeyError(f"engine {to_engine!r} does not serve {r.model!r}")
+        x = r.slot
+        it = pool.iters(now)
+        self._remove(pool, r, now)
+        self._record(pool, y, r, now)
+        for i, sign in ((x, -1.0), (y, 1.0)):
+            pool.err_b[i] += sign
+            pool.err_l[i] += sign * r.ctx
+            pool.adj[i].append((float(it[i]) + r.l_pred, sign, sign * r.ctx))

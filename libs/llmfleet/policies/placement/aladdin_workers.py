@@ -1,0 +1,227 @@
+"""Aladdin's worker configuration (§4.1, Eq. 6) and a planner that splits a GPU pool into such workers.
+
+Per-GPU decode throughput of a worker of N GPUs (tensor parallel, within a node):
+
+    M(N)     = N·m_gpu − m_model                                    (KV capacity, bytes)
+    T_max(N) = min{ M / (N·m_r·(t_compute + t_comm)),  B / (N·T_dec) }  (tokens/s per GPU)
+
+m_r is the mean KV per request (bytes); t_compute + t_comm the decode iteration time at batch M/m_r;
+B the batch whose iteration takes T_dec. N* = argmax T_max over powers of two ≤ gpus_per_node with
+M > 0 (ties to the smaller N); it does not depend on the arrival rate.
+
+Resolutions: the iteration time defaults to the roofline (``costmodel.roofline.decode_time``: its
+max(compute, memory) term is t_compute, its all-reduce t_comm), at the mean context m_r/bytes-per-token
+for both terms; pass ``iteration_time(n, batch, context)`` to use fitted models (e.g. ``TpModel``).
+B is solved continuously by bisection. The roofline has no fixed per-iteration cost (the paper's c4,
+kernel launches, scheduler) and the catalog's A100 is the NVLink SXM part while the paper's testbed is
+PCIe, so the roofline favours larger N than the paper reports (see ``optimal_tp``).
+
+:class:`AladdinWorkers` gives every model workers of its own N* GPUs: one each first, then each
+further worker to the model with the highest demand per GPU already given (D'Hondt, ties by name),
+while a whole worker still fits. Demand of a model = Σ over its services of rate × mean work, with mean
+work = mean output tokens / T_max(N*) GPU-seconds per request (decode dominates; an unknown output
+length counts as half of ``default_seq_tokens``). Instances are ``"{model}-{i}"``, models by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from llmfleet.costmodel.hardware import Hardware, hardware
+from llmfleet.costmodel.models import ModelArch, model_arch
+from llmfleet.costmodel.roofline import decode_time
+from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlacementInfeasible, ServiceLoad
+
+IterationTime = Callable[[int, float, float], float]
+"""(n_gpus, batch, mean_context_tokens) -> seconds per decode iteration."""
+
+# Aladdin Table 2: ATGT SLO (s) by model and GPU family; used when the planner is given none.
+PAPER_T_DEC: dict[tuple[str, str], float] = {
+    ("llama2-70b", "a100"): 0.075,
+    ("llama2-13b", "a100"): 0.030,
+    ("llama2-13b", "v100"): 0.050,
+    ("llama2-7b", "a100"): 0.015,
+    ("llama2-7b", "v100"): 0.030,
+}
+
+
+def _t_dec(slo: Any) -> float:
+    if hasattr(slo, "tpot_s"):
+        return float(slo.tpot_s)
+    if isinstance(slo, (tuple, list)):
+        return float(slo[1])
+    return float(slo)
+
+
+def _roofline(arch: ModelArch, hw: Hardware) -> IterationTime:
+    return lambda n, batch, ctx: decode_time(arch, hw, batch, ctx, n)
+
+
+def kv_capacity(arch: ModelArch, hw: Hardware, n: int) -> float:
+    """M = N·m_gpu − m_model in bytes (≤ 0: the weights do not fit)."""
+    return float(n * hw.mem_bytes - arch.weight_bytes)
+
+
+def slo_batch(it: IterationTime, n: int, t_dec: float, context: float) -> float:
+    """B: the (continuous) batch whose decode iteration takes t_dec; 0 if even batch 1 is slower."""
+    if it(n, 1.0, context) > t_dec:
+        return 0.0
+    lo, hi = 1.0, 2.0
+    while hi < 1e7 and it(n, hi, context) <= t_dec:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if it(n, mid, context) <= t_dec else (lo, mid)
+    return lo
+
+
+def worker_throughput(
+    arch: ModelArch,
+    hw: Hardware,
+    n: int,
+    t_dec: float,
+    mean_kv_per_request: float,
+    iteration_time: IterationTime | None = None,
+) -> float:
+    """T_max(N) of Eq. 6 in tokens/s per GPU (0 when the weights do not fit or no batch meets T_dec)."""
+    m = kv_capacity(arch, hw, n)
+    if m <= 0:
+        return 0.0
+    it = iteration_time or _roofline(arch, hw)
+    context = mean_kv_per_request / arch.kv_bytes_per_token
+    batch_kv = m / mean_kv_per_request
+    kv_bound = batch_kv / (n * it(n, batch_kv, context))
+    slo_bound = slo_batch(it, n, t_dec, context) / (n * t_dec)
+    return min(kv_bound, slo_bound)
+
+
+def optimal_tp(
+    arch: ModelArch | str,
+    hw: Hardware | str,
+    slo: Any,
+    mean_kv_per_request: float,
+    *,
+    gpus_per_node: int | None = None,
+    iteration_time: IterationTime | None = None,
+) -> int:
+    """N* = argmax over powers of two N ≤ gpus_per_node of T_max(N) (Eq. 6); ties to the smaller N.
+
+    ``slo`` is T_dec in seconds, a (T_pre, T_dec) pair or an object with ``tpot_s``;
+    ``mean_kv_per_request`` is m_r in bytes. With the roofline and catalog a100-80gb (NVLink) at
+    m_r = 512 tokens of KV and Table 2's SLOs this gives 70B→2, 13B→4, 7B→4 (paper: 2, 1, 1 on PCIe
+    A100s with fitted models; the roofline lacks the fixed iteration cost that favours N = 1).
+    Raises ValueError when no N fits the weights and meets T_dec.
+    """
+    a = model_arch(arch) if isinstance(arch, str) else arch
+    h = hardware(hw) if isinstance(hw, str) else hw
+    if mean_kv_per_request <= 0:
+        raise ValueError(f"mean_kv_per_request must be > 0, got {mean_kv_per_request}")
+    t_dec = _t_dec(slo)
+    top = gpus_per_node or h.gpus_per_node
+    best_n, best = 0, 0.0
+    n = 1
+    while n <= top:
+        t = worker_throughput(a, h, n, t_dec, mean_kv_per_request, iteration_time)
+        if t > best:
+            best_n, best = n, t
+        n *= 2
+    if best_n == 0:
+        raise ValueError(
+            f"{a.name} on {h.name}: no worker of ≤ {top} GPUs holds the weights and meets T_dec={t_dec}s"
+        )
+    return best_n
+
+
+def paper_t_dec(model: str, hw: Hardware) -> float | None:
+    family = hw.name.split("-")[0]
+    return PAPER_T_DEC.get((model_arch(model).name, family))
+
+
+class AladdinWorkers:
+    """Workers of N* GPUs per model (Eq. 6), GPUs split by demand; see the module docstring.
+
+    Args:
+        t_dec: ATGT SLO in seconds, one for all models or per model; default Table 2 of the paper.
+        default_seq_tokens: l_in + l_out assumed for services that give no lengths.
+        iteration_time: model -> IterationTime override (default: roofline of the catalog entries).
+    """
+
+    name = "aladdin_workers"
+
+    def __init__(
+        self,
+        t_dec: float | Mapping[str, float] | None = None,
+        default_seq_tokens: float = 512.0,
+        iteration_time: Mapping[str, IterationTime] | None = None,
+    ) -> None:
+        if default_seq_tokens <= 0:
+            raise ValueError(f"default_seq_tokens must be > 0, got {default_seq_tokens}")
+        self.t_dec = t_dec
+        self.default_seq_tokens = float(default_seq_tokens)
+        self.iteration_time = dict(iteration_time or {})
+
+    def _slo(self, model: str, hw: Hardware) -> float:
+        t = self.t_dec.get(model) if isinstance(self.t_dec, Mapping) else self.t_dec
+        if t is None:
+            t = paper_t_dec(model, hw)
+        if t is None:
+            raise PlacementInfeasible(f"model {model!r}: no T_dec given and none in Aladdin's Table 2")
+        return float(t)
+
+    def worker_config(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> dict[str, dict[str, float]]:
+        """Per model: tp (N*), throughput T_max(N*) per GPU, m_r (bytes) and demand (GPUs, relative)."""
+        hw = hardware(gpus.hardware)
+        by_model: dict[str, list[ServiceLoad]] = {}
+        for s in services:
+            by_model.setdefault(s.model, []).append(s)
+        out: dict[str, dict[str, float]] = {}
+        for m in sorted(by_model):
+            arch = model_arch(m)
+            svcs = by_model[m]
+            weight = sum(s.rate_rps for s in svcs)
+            lens = [
+                (s.rate_rps if weight > 0 else 1.0, s.mean_prompt_tokens + s.mean_output_tokens)
+                for s in svcs
+                if s.mean_prompt_tokens + s.mean_output_tokens > 0
+            ]
+            w = sum(x for x, _ in lens)
+            seq = sum(x * ln for x, ln in lens) / w if w > 0 else self.default_seq_tokens
+            m_r = seq * arch.kv_bytes_per_token
+            t_dec = self._slo(m, hw)
+            it = self.iteration_time.get(m)
+            try:
+                n = optimal_tp(arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it)
+            except ValueError as e:
+                raise PlacementInfeasible(f"model {m!r}: {e}") from None
+            tput = worker_throughput(arch, hw, n, t_dec, m_r, it)
+            work = sum(
+                s.rate_rps * (s.mean_output_tokens or self.default_seq_tokens / 2) for s in svcs
+            )  # output tokens/s
+            out[m] = {"tp": n, "throughput": tput, "mean_kv_bytes": m_r, "demand": work / tput}
+        return out
+
+    def place(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> list[InstancePlan]:
+        cfg = self.worker_config(gpus, services)
+        if not cfg:
+            return []
+        tp = {m: int(c["tp"]) for m, c in cfg.items()}
+        need = sum(tp.values())
+        if need > gpus.count:
+            raise PlacementInfeasible(
+                f"one worker per model needs {need} GPUs ({', '.join(f'{m}: {tp[m]}' for m in tp)}) "
+                f"but the pool has {gpus.count}"
+            )
+        demand = {m: c["demand"] for m, c in cfg.items()}
+        if not any(d > 0 for d in demand.values()):
+            demand = dict.fromkeys(demand, 1.0)
+        workers = dict.fromkeys(tp, 1)
+        left = gpus.count - need
+        while True:
+            fits = [m for m in tp if tp[m] <= left]
+            if not fits:
+                break
+            m = min(fits, key=lambda k: (-demand[k] / (workers[k] * tp[k]), k))
+            workers[m] += 1
+            left -= tp[m]
+        return [InstancePlan(f"{m}-{i}", (m,), tp[m]) for m in sorted(tp) for i in range(workers[m])]
