@@ -10,7 +10,9 @@ load views kept current per instance; each instance runs its own **request polic
 
 Hooks for the controllers that act later: ``every(period_s, fn)`` calls ``fn(sim, now)`` each period
 (epoch ticks for placement/migration), ``move_request(request_id, instance_id, transfer_s, now)`` moves a
-request (its KV if it has any) to another instance, arriving after ``transfer_s``.
+request (its KV if it has any) to another instance, arriving after ``transfer_s``. A dispatch policy
+with ``on_finish(request_id, engine_id, output_tokens, now)`` hears of every completion (as in the live
+scheduler).
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class Simulator:
         self._seq = 0
         self._where: dict[str, SimInstance] = {}
         self._hooks: list[tuple[float, Callable[[Simulator, float], None]]] = []
+        # dispatchers that track what they placed (Aladdin, SCLS max-min) hear about completions
+        self._on_finish = getattr(dispatch, "on_finish", None)
         self.records: list[RequestRecord] = []
         self._moving = 0
         self.now = 0.0
@@ -269,6 +273,8 @@ class Simulator:
                     continue  # superseded by a truncated chunk
                 for r in inst.finish_work(t):
                     self._where.pop(r.sched.request_id, None)
+                    if self._on_finish is not None:
+                        self._on_finish(r.sched.request_id, inst.instance_id, r.rec.output_tokens, t)
                 self._kick(inst, t)
             elif kind == _ARRIVAL:
                 nxt = next(it, None)
