@@ -24,21 +24,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import heapq  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import gc
+import heapq
+import json
+import platform
+import random
+import sys
+import time
 
-import numpy as np  # noqa: E402
-from llmfleet.costmodel.hardware import hardware  # noqa: E402
-from llmfleet.costmodel.models import model_arch  # noqa: E402
-from llmfleet.costmodel.roofline import RooflineModel  # noqa: E402
-from llmfleet.policies.dispatch import AladdinBestFit, DispatchRequest, EngineCandidate  # noqa: E402
-from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery  # noqa: E402
+import numpy as np
+from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.models import model_arch
+from llmfleet.costmodel.roofline import RooflineModel
+from llmfleet.policies.dispatch import AladdinBestFit, DispatchRequest, EngineCandidate
+from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery
 
 GOAL_US = 1000.0
 TRUE_TOKEN_S = 0.012

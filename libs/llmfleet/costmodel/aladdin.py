@@ -104,18 +104,24 @@ class AladdinModel:
         return self.decode.predict(batch, mean_context)
 
 
-def fit_prefill(samples: Sequence[tuple[float, float]]) -> tuple[PrefillModel, FitReport]:
-    """Fit k1, c1 ≥ 0 from ``(total_tokens, seconds)`` samples."""
+def fit_prefill(
+    samples: Sequence[tuple[float, float]], *, relative: bool = False
+) -> tuple[PrefillModel, FitReport]:
+    """Fit k1, c1 ≥ 0 from ``(total_tokens, seconds)`` samples (``relative``: weights 1/y², see fit.py)."""
     design = [[t, 1.0] for t, _ in samples]
-    p, rep = fit_linear(design, [s for _, s in samples], ["k1", "c1"], [True, True], "aladdin prefill")
+    y = [s for _, s in samples]
+    p, rep = fit_linear(design, y, ["k1", "c1"], [True, True], "aladdin prefill", relative=relative)
     return PrefillModel(**p), rep
 
 
-def fit_decode(samples: Sequence[tuple[float, float, float]]) -> tuple[DecodeModel, FitReport]:
-    """Fit k2, c2, c3 ≥ 0 from ``(batch, mean_context, seconds)`` samples."""
+def fit_decode(
+    samples: Sequence[tuple[float, float, float]], *, relative: bool = False
+) -> tuple[DecodeModel, FitReport]:
+    """Fit k2, c2, c3 ≥ 0 from ``(batch, mean_context, seconds)`` samples (``relative``: weights 1/y²)."""
     design = [[b * lav, b, 1.0] for b, lav, _ in samples]
     y = [s for *_, s in samples]
-    p, rep = fit_linear(design, y, ["k2", "c2", "c3"], [True, True, True], "aladdin decode")
+    names = ["k2", "c2", "c3"]
+    p, rep = fit_linear(design, y, names, [True, True, True], "aladdin decode", relative=relative)
     return DecodeModel(**p), rep
 
 

@@ -47,19 +47,24 @@ def median_per_point(samples: Iterable[Any]) -> list[tuple[str, int, int, float]
     return [(p, b, t, statistics.median(v)) for (p, b, t), v in sorted(groups.items())]
 
 
-def fit_engine_profile(samples: Iterable[Any], *, aggregate: bool = True) -> EngineProfileFit:
+def fit_engine_profile(
+    samples: Iterable[Any], *, aggregate: bool = True, relative: bool = True
+) -> EngineProfileFit:
     """Aladdin: prefill on total tokens = batch·tokens, decode with l_ave = tokens.
     SCLS: prefill T(N = batch, L = tokens), decode τ(l = tokens, N = batch).
     With ``aggregate`` (default) repeats of a point are reduced to their median before fitting, and
-    the reports' errors are over those points.
+    the reports' errors are over those points. ``relative`` (default) fits by relative error (weights
+    1/y², see ``fit.py``): profile points span two orders of magnitude (a 1-token step against a
+    batch of 8 × 256 tokens) and the fits are judged and used by relative error; ``relative=False``
+    is plain least squares.
     """
     pre: list[tuple[int, int, float]] = []
     dec: list[tuple[int, int, float]] = []
     for phase, b, t, sec in median_per_point(samples) if aggregate else map(_unpack, samples):
         (pre if phase == "prefill" else dec).append((b, t, sec))
-    a_pre, r1 = fit_prefill([(b * t, sec) for b, t, sec in pre])
-    a_dec, r2 = fit_decode(dec)
-    s_pre, r3 = fit_scls_prefill(pre)
-    s_dec, r4 = fit_scls_decode(dec)
+    a_pre, r1 = fit_prefill([(b * t, sec) for b, t, sec in pre], relative=relative)
+    a_dec, r2 = fit_decode(dec, relative=relative)
+    s_pre, r3 = fit_scls_prefill(pre, relative=relative)
+    s_dec, r4 = fit_scls_decode(dec, relative=relative)
     reports = {"aladdin.prefill": r1, "aladdin.decode": r2, "scls.prefill": r3, "scls.decode": r4}
     return EngineProfileFit(a_pre, a_dec, s_pre, s_dec, reports)

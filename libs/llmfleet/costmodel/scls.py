@@ -75,19 +75,23 @@ def n_max(
     return max(0, math.floor(available / (delta * (l_in + s))))
 
 
-def fit_scls_prefill(samples: Sequence[tuple[float, float, float]]) -> tuple[SclsPrefill, FitReport]:
-    """Fit p1..p4 ≥ 0 from ``(N, L, seconds)`` samples."""
+def fit_scls_prefill(
+    samples: Sequence[tuple[float, float, float]], *, relative: bool = False
+) -> tuple[SclsPrefill, FitReport]:
+    """Fit p1..p4 ≥ 0 from ``(N, L, seconds)`` samples (``relative``: weights 1/y²)."""
     design = [[n * ln, n, ln, 1.0] for n, ln, _ in samples]
     y = [s for *_, s in samples]
     names = ["p1", "p2", "p3", "p4"]
-    p, rep = fit_curve(design, y, names, [True, True, True, True], "scls prefill")
+    p, rep = fit_curve(design, y, names, [True] * 4, "scls prefill", relative=relative)
     return SclsPrefill(**p), rep
 
 
-def fit_scls_decode(samples: Sequence[tuple[float, float, float]]) -> tuple[SclsDecode, FitReport]:
-    """Fit d1..d4 ≥ 0 from ``(N, context l, seconds)`` samples."""
+def fit_scls_decode(
+    samples: Sequence[tuple[float, float, float]], *, relative: bool = False
+) -> tuple[SclsDecode, FitReport]:
+    """Fit d1..d4 ≥ 0 from ``(N, context l, seconds)`` samples (``relative``: weights 1/y²)."""
     design = [[n * ln, n, ln, 1.0] for n, ln, _ in samples]
     y = [s for *_, s in samples]
     names = ["d1", "d2", "d3", "d4"]
-    p, rep = fit_curve(design, y, names, [True, True, True, True], "scls decode")
+    p, rep = fit_curve(design, y, names, [True] * 4, "scls decode", relative=relative)
     return SclsDecode(**p), rep

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmfleet.costmodel import Hardware, ModelArch
-from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
+from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, HostList, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.instance import SimInstance, _Req
@@ -93,11 +93,11 @@ class Simulator:
                 p.instance_id, p.models, p.tp, hw, archs, spec.engine, cost, make_policy(),
                 fast_forward=fast_forward and not kv_aware,
             )  # fmt: skip
-        self._cands: dict[str, list[EngineCandidate]] = {}
+        self._cands: dict[str, HostList] = {}
         self._slot: dict[str, list[tuple[str, int]]] = {}  # instance -> [(model, index in _cands[model])]
         for iid, inst in sorted(self.instances.items()):
             for m in inst.models:
-                lst = self._cands.setdefault(m, [])
+                lst = self._cands.setdefault(m, HostList(m))
                 self._slot.setdefault(iid, []).append((m, len(lst)))
                 lst.append(self._candidate(inst))
         self._dirty: set[str] = set()

@@ -147,6 +147,35 @@ def test_e_uses_the_current_length_of_ongoing_requests():
     assert p.kv_peak("a", M, now) == pytest.approx(95.5)
 
 
+def test_e_vectorised_check_equals_the_direct_profile():
+    """The O(W·b) check (breakpoint suffix sums / prefix and suffix maxima) against a direct sum."""
+    rng = random.Random(3)
+    ids = [f"w{k}" for k in range(5)]
+    checked = 0
+    for _ in range(40):
+        p = policy(kv_capacity_tokens=1e9)
+        t, live = 0.0, []
+        for j in range(rng.randint(1, 14)):
+            t += rng.uniform(0, 0.05)
+            place(p, f"r{j}", rng.randint(1, 60), rng.randint(1, 40), t=t, on=rng.choice(ids), ids=ids)
+            live.append(f"r{j}")
+            if rng.random() < 0.2:
+                p.on_finish(live.pop(rng.randrange(len(live))), "", 3, t)
+        now = t + rng.uniform(0, 0.4)
+        p.error_distance(M, now)  # brings starts and re-predictions up to now
+        pool = p._pools[M]
+        it, rows = pool.iters(now), np.arange(pool.n)
+        for _ in range(8):
+            l_in, l_pred = rng.randint(1, 60), rng.randint(1, 60)
+            direct = np.array([p._kv_peak(pool, i, float(it[i]), [(l_in, l_pred)]) for i in rows])
+            pool.M[rows] = direct
+            assert pool.kv_fits(rows, it, l_in, l_pred).all()
+            pool.M[rows] = direct - 1e-3
+            assert not pool.kv_fits(rows, it, l_in, l_pred).any()
+            checked += len(rows)
+    assert checked > 500
+
+
 # -------------------------------------------------------------------------------------- ordering
 
 
@@ -240,7 +269,9 @@ def test_finish_replace_and_roofline_models():
     arch, hw = model_arch("llama2-7b"), hardware("a100-80gb")
     cap = 40 << 30
     p = make_dispatch_policy(
-        "aladdin_bestfit", latency_models={"llama2-7b": RooflineModel(arch, hw)}, slos={"llama2-7b": (0.4, 0.015)}
+        "aladdin_bestfit",
+        latency_models={"llama2-7b": RooflineModel(arch, hw)},
+        slos={"llama2-7b": (0.4, 0.015)},
     )
     engines = [EngineCandidate(e, ("llama2-7b",), kv_capacity_bytes=cap) for e in ("e0", "e1")]
     req = DispatchRequest("r", "llama2-7b", "", 200, 100, arch.kv_bytes_per_token, 0.0)
@@ -285,7 +316,9 @@ def test_optimal_tp_with_a_paper_shaped_fitted_tp_model_gives_the_paper_numbers(
         return lambda n, b, ctx: tp.k4 * decode_time(arch, A100, b, ctx, 1) / n + tp.c4 + tp.comm(n)
 
     got = {
-        m: optimal_tp(m, A100, (1.0, t), 512 * model_arch(m).kv_bytes_per_token, iteration_time=fitted(model_arch(m)))
+        m: optimal_tp(
+            m, A100, (1.0, t), 512 * model_arch(m).kv_bytes_per_token, iteration_time=fitted(model_arch(m))
+        )
         for m, t in TABLE2.items()
     }
     assert got == {"llama2-70b": 2, "llama2-13b": 1, "llama2-7b": 1}
@@ -307,7 +340,9 @@ def test_aladdin_workers_split_by_demand():
     assert abs(n["llama2-7b"] - 6 * share) <= 1 and n["llama2-13b"] >= 1
     assert n["llama2-7b"] > n["llama2-13b"]
     assert [p.instance_id for p in plan][:2] == ["llama2-13b-0", "llama2-13b-1"]
-    with pytest.raises(PlacementInfeasible, match=r"needs 10 GPUs \(llama2-13b: 4, llama2-70b: 2, llama2-7b: 4\)"):
+    with pytest.raises(
+        PlacementInfeasible, match=r"needs 10 GPUs \(llama2-13b: 4, llama2-70b: 2, llama2-7b: 4\)"
+    ):
         AladdinWorkers().place(GpuPool("a100-80gb", 5), [*services, ServiceLoad("x", "llama2-70b", 1.0)])
 
 

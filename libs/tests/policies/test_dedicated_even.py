@@ -123,7 +123,7 @@ def test_colocate_all_infeasible():
 
 
 def test_registry():
-    assert set(POLICIES) == {"dedicated_even", "colocate_all"}
+    assert {"dedicated_even", "colocate_all"} <= set(POLICIES)
     p = make_placement_policy("colocate_all", tp=8)
     assert isinstance(p, ColocateAll) and p.tp == 8 and p.name == "colocate_all"
     assert make_placement_policy("dedicated_even", min_kv_fraction=0.2).min_kv_fraction == 0.2

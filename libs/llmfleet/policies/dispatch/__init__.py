@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
-from llmfleet.policies.dispatch.base import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
+from llmfleet.policies.dispatch.base import (
+    DispatchPolicy,
+    DispatchRequest,
+    EngineCandidate,
+    HostList,
+    NoCandidate,
+)
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
@@ -45,6 +51,7 @@ __all__ = [
     "DispatchPolicy",
     "DispatchRequest",
     "EngineCandidate",
+    "HostList",
     "JoinShortestQueue",
     "LeastLoaded",
     "NoCandidate",

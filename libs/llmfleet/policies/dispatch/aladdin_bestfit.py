@@ -35,12 +35,14 @@ Resolutions of what the paper leaves open:
 - (b) uses the current prediction l_pred for every request on the worker, new or ongoing.
 - (c)/(d) evaluate t_pre by linear interpolation on 257 points in [0, x_c], x_c = the most tokens
   with t_pre ≤ T_pre: exact for Aladdin's linear t_pre, conservative for the convex roofline.
-- (e) is exact over ALL future iterations (K = ∞ ≥ the model's sequence limit): a request occupies
-  l_in + l_out tokens while running and 0 after its predicted end; not-yet-started requests (and the
-  candidate) are taken to start now. Units are tokens (kv = h·t with j = 0; bytes ÷ bytes/token).
-  Sufficient tests first (Σ final lengths ≤ M, or a cached earlier peak + the request's final length —
-  the peak of a fixed set only falls as time passes; the cache is dropped when a request on the worker
-  starts or is re-predicted), the exact O(b log b) profile only otherwise.
+- (e) is exact over ALL future iterations (K = ∞ ≥ the model's sequence limit): in the worker's
+  iteration clock a request started at s holds l_in + 1 + (K − s) tokens for K ≤ e = s + l_pred − 1,
+  then 0. A not-yet-started request counts from its placement iteration (conservative by its prefill
+  wait; replaced by the real start when it starts), the candidate from now. Units are tokens
+  (kv = h·t with j = 0; bytes ÷ bytes/token). The profile's maximum lies at a breakpoint e_j or at the
+  candidate's end, so each worker keeps its sorted breakpoints with suffix sums and prefix/suffix
+  maxima (rebuilt when its set changes) and the check for all workers at once is one vectorised
+  O(W·b) pass, run only on workers whose Σ final lengths + the request's exceed M.
 - Ordering. capacity_norm = ‖(b / B_max, Σ(l_in + γ·l_pred) / L_max)‖₂ with the decode-limit line's
   intercepts: B_max = the batch where l_d(b) reaches 0 and L_max = l_d extrapolated to b = 0. The
   line is then x + y = 1 for Aladdin's linear l_d, so both axes weigh the same. Ties by engine id.
@@ -58,8 +60,10 @@ Resolutions of what the paper leaves open:
   target stays feasible under (b)–(e).
 - Engines hosting several models are accounted per model (Aladdin workers serve one model).
 
-Cost per decision: O(W) vectorised over the W candidate workers plus O(log n) per request event;
-exact (e) profiles only on workers that fail the sufficient tests and outrank the best that passes.
+Cost per decision: numpy passes over the W candidate workers — O(W) for (b)–(d) and the norms,
+O(W·b) for (e) on the workers that need it — plus O(log n) per request event (placement, start,
+finish, re-prediction) and O(b log b) to rebuild the profile of a worker whose set changed. Predictor
+answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from llmfleet.predict.base import LengthQuery
 
 _B_CAP = 1 << 20  # search cap for B_max when l_d never reaches 0
 _GRID = 257
+_EPS = 1e-6  # tokens: rounding slack of the (e) comparison
 
 
 def _slo_pair(slo: Any) -> tuple[float, float]:
@@ -131,11 +136,17 @@ class _Pool:
 
     def __post_init__(self) -> None:
         self.n = 0
-        names = ("b", "S", "new_in", "final", "peak", "amax", "it_base", "t_base", "rate", "min_end")
-        names += ("M", "err_b", "err_l", "rank")
+        names = ("b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end")
+        names += ("M", "err_b", "err_l", "rank", "dirty")
         self._names = names
         for nm in names:
             setattr(self, nm, np.zeros(0))
+        # (e) profile rows: sorted breakpoints E, suffix sums SC of c0 and counts NC, suffix max SM of
+        # the profile at the breakpoints, prefix max PM of (profile + E); width = most members + 1
+        self._pads = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
+        self.width = 8
+        for nm, pad in self._pads.items():
+            setattr(self, nm, np.full((0, self.width), pad))
         self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
         l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
         self._ld[0] = l1
@@ -208,13 +219,18 @@ class _Pool:
                 new = np.zeros(cap)
                 new[: len(arr)] = arr
                 setattr(self, nm, new)
+            for nm, pad in self._pads.items():
+                arr = getattr(self, nm)
+                new = np.full((cap, self.width), pad)
+                new[: len(arr)] = arr
+                setattr(self, nm, new)
         self.n += 1
         self.ids.append(engine_id)
         self.slot_of[engine_id] = i
         self.members.append({})
         self.ends.append([])
         self.adj.append([])
-        for nm, v in (("peak", 0.0), ("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
+        for nm, v in (("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
             getattr(self, nm)[i] = v
         order = sorted(range(self.n), key=lambda k: self.ids[k])
         self.rank[order] = np.arange(self.n)
@@ -236,10 +252,66 @@ class _Pool:
     def set_rate(self, i: int) -> None:
         b = self.b[i]
         if b <= 0.5:
-            self.b[i] = self.S[i] = self.new_in[i] = self.final[i] = self.peak[i] = 0.0
+            self.b[i] = self.S[i] = self.new_in[i] = self.final[i] = 0.0
             self.rate[i] = 0.0
             return
         self.rate[i] = 1.0 / max(self.td(float(b), float(self.S[i])), 1e-9)
+
+    def breakpoints(self, i: int, k_now: float) -> list[tuple[float, float]]:
+        """(e, c0) of the requests on worker i, sorted: occupancy c0 + K for K ≤ e (clamped to now)."""
+        return sorted((max(r.e_iter, k_now), r.l_in + 1.0 - r.s_iter) for r in self.members[i].values())
+
+    def build_row(self, i: int, k_now: float) -> None:
+        pairs = self.breakpoints(i, k_now)
+        n = len(pairs)
+        if n + 1 > self.width:
+            self.widen(2 * n + 1)
+        e = [p[0] for p in pairs]
+        sc = [0.0] * (n + 1)
+        for m in range(n - 1, -1, -1):
+            sc[m] = sc[m + 1] + pairs[m][1]
+        prof = [sc[m] + (n - m) * e[m] for m in range(n)]
+        sm = [-math.inf] * (n + 1)
+        for m in range(n - 1, -1, -1):
+            sm[m] = max(sm[m + 1], prof[m])
+        pm, best = [0.0] * n, -math.inf
+        for m in range(n):
+            best = max(best, prof[m] + e[m])
+            pm[m] = best
+        pad = self.width - n
+        inf = math.inf
+        self.E[i] = e + [inf] * pad
+        self.SC[i] = sc + [0.0] * (pad - 1)
+        self.NC[i] = [*range(n, -1, -1)] + [0.0] * (pad - 1)
+        self.SM[i] = sm + [-inf] * (pad - 1)
+        self.PM[i] = pm + [-inf] * pad
+        self.dirty[i] = 0.0
+
+    def widen(self, width: int) -> None:
+        for nm, pad in self._pads.items():
+            arr = getattr(self, nm)
+            new = np.full((arr.shape[0], width), pad)
+            new[:, : self.width] = arr
+            setattr(self, nm, new)
+        self.width = width
+
+    def kv_fits(self, rows: np.ndarray, k_now: np.ndarray, l_in: float, l_pred: float) -> np.ndarray:
+        """Constraint (e) with the candidate added, exactly, for each worker in ``rows``.
+
+        Peak = max(A, B, C): A = the profile at breakpoints from the candidate's end e_x on, B = at
+        breakpoints before e_x plus the candidate's occupancy there, C = at e_x (all requests with
+        e ≥ e_x, the candidate at its final length).
+        """
+        for p in np.flatnonzero((self.dirty[rows] > 0) | (self.E[rows, 0] < k_now)).tolist():
+            self.build_row(int(rows[p]), float(k_now[p]))
+        e_x = k_now + l_pred - 1.0
+        c0_x = l_in + 1.0 - k_now
+        E = self.E[rows, : int(self.b[rows].max()) + 1]  # columns past the fullest row are padding
+        q = (e_x[:, None] > E).sum(axis=1)  # breakpoints before the candidate's end
+        c = self.SC[rows, q] + self.NC[rows, q] * e_x + (l_in + l_pred)
+        b = np.where(q > 0, c0_x + self.PM[rows, np.maximum(q - 1, 0)], -math.inf)
+        a = self.SM[rows, q]  # breakpoints at e_x add nothing beyond c
+        return np.maximum(np.maximum(a, b), c) <= self.M[rows] + _EPS
 
     def clean_ends(self, i: int) -> None:
         h = self.ends[i]
@@ -406,7 +478,7 @@ class AladdinBestFit:
             r.e_iter = r.s_iter + r.l_pred - 1.0
             r.a_val = pool.t_dec * (r.s_iter - 1.0) - t
             pool.new_in[i] -= r.l_in
-            pool.peak[i] = math.inf  # the cached (e) peak assumed it started earlier
+            pool.dirty[i] = 1.0
             if r.a_val > pool.amax[i]:
                 pool.amax[i] = r.a_val
             heapq.heappush(pool.ends[i], (r.e_iter, rid))
@@ -468,39 +540,21 @@ class AladdinBestFit:
                     r.e_iter += d
                     heapq.heappush(h, (r.e_iter, r.rid))
                     self.repredictions += 1
-                pool.peak[i] = math.inf
+                pool.dirty[i] = 1.0
                 pool.set_rate(i)
             pool.clean_ends(i)
 
     def _kv_peak(self, pool: _Pool, i: int, it_i: float, extra: Sequence[tuple[float, float]] = ()) -> float:
-        """Exact max over future iterations K ≥ now of Σ occupancy (constraint (e)), in tokens."""
-        pairs = []
-        for r in pool.members[i].values():
-            if r.started:
-                pairs.append((max(r.e_iter, it_i), r.l_in + 1.0 - r.s_iter))
-            else:
-                pairs.append((it_i + max(r.l_pred, 1.0) - 1.0, r.l_in + 1.0 - it_i))
-        for l_in, l_pred in extra:
-            pairs.append((it_i + max(l_pred, 1.0) - 1.0, l_in + 1.0 - it_i))
+        """Max over iterations K ≥ now of Σ occupancy on worker i, plus ``extra`` (l_in, l_pred) starting
+        now (the scalar twin of ``_Pool.kv_fits``, for rebalancing and introspection)."""
+        pairs = pool.breakpoints(i, it_i)
+        pairs += [(it_i + max(lp, 1.0) - 1.0, li + 1.0 - it_i) for li, lp in extra]
         pairs.sort()
         sc = best = 0.0
-        k = 0
-        for e, c0 in reversed(pairs):
+        for k, (e, c0) in enumerate(reversed(pairs), start=1):
             sc += c0
-            k += 1
-            v = sc + k * e
-            if v > best:
-                best = v
+            best = max(best, sc + k * e)
         return best
-
-    def _feasible_exact_e(self, pool: _Pool, i: int, it_i: float, l_in: float, l_pred: float) -> bool:
-        final = l_in + max(l_pred, 1.0)
-        m = pool.M[i]
-        peak0 = self._kv_peak(pool, i, it_i)
-        pool.peak[i] = peak0
-        if peak0 + final <= m:
-            return True
-        return self._kv_peak(pool, i, it_i, [(l_in, l_pred)]) <= m
 
     def _mask_bcd(
         self, pool: _Pool, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float
@@ -524,12 +578,14 @@ class AladdinBestFit:
         r.ctx = r.l_in + self.gamma * r.l_pred
         r.started = False
         r.t_start = now + max(pool.tpre_scalar(x), 0.0)
+        r.s_iter = pool.iter_at(i, now)  # until it starts: its placement iteration
+        r.e_iter = r.s_iter + r.l_pred - 1.0
         pool.members[i][r.rid] = r
         pool.b[i] += 1.0
         pool.S[i] += r.ctx
         pool.new_in[i] = x
         pool.final[i] += r.l_in + r.l_pred
-        pool.peak[i] += r.l_in + r.l_pred  # still an upper bound of the (e) peak
+        pool.dirty[i] = 1.0
         pool.set_rate(i)
         self._reqs[r.rid] = r
         self._seq += 1
@@ -543,6 +599,7 @@ class AladdinBestFit:
         pool.b[i] -= 1.0
         pool.S[i] -= r.ctx
         pool.final[i] -= r.l_in + r.l_pred
+        pool.dirty[i] = 1.0
         if r.started:
             if r.a_val >= pool.amax[i]:
                 pool.recompute_amax(i)
@@ -586,26 +643,22 @@ class AladdinBestFit:
         final = l_in + l_pred
 
         norm = self._norm(pool, idx)
-        rank = pool.rank[idx]
         ok = self._mask_bcd(pool, idx, it, now, l_in, ctx)
-        chosen = -1
-        if ok.any():
-            cand = idx[ok]
-            m = pool.M[cand]
-            suff = (pool.final[cand] + final <= m) | (pool.peak[cand] + final <= m)
-            order = np.lexsort((rank[ok], -norm[ok]))
-            suff_o = suff[order]
-            first = int(np.argmax(suff_o)) if suff_o.any() else len(order)
-            for pos in range(first):  # outrank the best sufficient worker: exact (e)
-                i = int(cand[order[pos]])
-                if self._feasible_exact_e(pool, i, float(it[i]), l_in, l_pred):
-                    chosen = i
-                    break
-            if chosen < 0 and first < len(order):
-                chosen = int(cand[order[first]])
-        if chosen < 0:
+        cand, nc = idx[ok], norm[ok]
+        if cand.size:
+            tight = pool.final[cand] + final > pool.M[cand]  # Σ final lengths: (e) holds if not
+            if tight.any():
+                rows = cand[tight]
+                keep = ~tight
+                keep[np.flatnonzero(tight)[pool.kv_fits(rows, it[rows], l_in, l_pred)]] = True
+                cand, nc = cand[keep], nc[keep]
+        if cand.size:  # the most loaded feasible worker, ties by engine id
+            top = cand[nc == nc.max()]
+            chosen = int(top[np.argmin(pool.rank[top])])
+        else:
             self.infeasible += 1
-            chosen = int(idx[np.lexsort((rank, norm))[0]])
+            low = idx[norm == norm.min()]
+            chosen = int(low[np.argmin(pool.rank[low])])
         if request is not None:
             r = _Req(request.request_id, model, request.service, chosen, l_in, l_pred)
             self._record(pool, chosen, r, now)
@@ -736,7 +789,7 @@ class AladdinBestFit:
         if float(pool.tpre(new_in)) > self.theta * slack:
             return False
         extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
-        return self._kv_peak(pool, y, float(it[y]), extra) <= pool.M[y]
+        return self._kv_peak(pool, y, float(it[y]), extra) <= pool.M[y] + _EPS
 
     def apply_move(self, request_id: str, to_engine: str, now: float) -> None:
         """Record that a not-yet-started request was moved to ``to_engine`` (Algorithm 2, 23–26)."""

@@ -73,10 +73,23 @@ class DispatchPolicy(Protocol):
         ...
 
 
+class HostList(list):
+    """Candidates known to host ``model``, sorted by engine id: callers that keep per-model lists (the
+    simulator with 1,000 engines) pass one so :func:`eligible` need not filter and sort per request."""
+
+    def __init__(self, model: str, items: Sequence[EngineCandidate] = ()) -> None:
+        super().__init__(items)
+        self.model = model
+
+
 def eligible(
     model: str, candidates: Sequence[EngineCandidate], exclude: frozenset[str]
-) -> list[EngineCandidate]:
-    """Candidates hosting ``model`` and not excluded, sorted by id (a stable order for every policy)."""
+) -> Sequence[EngineCandidate]:
+    """Candidates hosting ``model`` and not excluded, sorted by id (a stable order for every policy).
+
+    A :class:`HostList` for ``model`` with nothing excluded is returned as it is (do not mutate it)."""
+    if not exclude and isinstance(candidates, HostList) and candidates.model == model and candidates:
+        return candidates
     out = sorted(
         (c for c in candidates if model in c.models and c.engine_id not in exclude), key=lambda c: c.engine_id
     )

@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from llmfleet.policies.request.base import (
     Batch,
     BatchLimits,
@@ -209,12 +211,23 @@ class DoublingBudget:
         """A run of identical iterations (the simulator's fast-forward), charged one by one so the
         budgets round exactly as with one ``on_iteration`` call per iteration."""
         members = batch_members(batch, requests)
-        for d in durations_s:
-            check_duration(d)
-            for r in members:
-                self.charge(r, float(d))
+        ds = np.asarray(durations_s, dtype=np.float64)
+        if ds.size == 0:
+            return
+        if not (np.isfinite(ds).all() and ds.min() >= 0):
+            raise ValueError(f"iteration durations must be finite and >= 0, got {ds!r}")
+        head, last, total = ds[:-1], float(ds[-1]), float(ds.sum())
         for r in members:
-            mark_ran(r, float(sum(durations_s)), now)
+            self._init(r)
+            # sequential subtractions Q - d1 - d2 ... (bit-identical to one charge per iteration)
+            qs = np.subtract.accumulate(np.concatenate(([r.budget_s], head)))
+            if qs.min() <= 0:  # a renewal inside the run (stable_until normally rules it out)
+                for d in head.tolist():
+                    self.charge(r, d)
+            else:
+                r.budget_s = float(qs[-1])
+            self.charge(r, last)
+            mark_ran(r, total, now)
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
         """Observe the execution time now − first_scheduled_s (arrival_s if it never ran), floored at 0."""
