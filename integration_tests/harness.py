@@ -99,13 +99,23 @@ class Cluster:
         self.etcd.stop()
 
 
-def launch(root: Path, engines: int = 2, placement_replicas: int = 2) -> Cluster:
+def launch(
+    root: Path,
+    engines: int = 2,
+    placement_replicas: int = 2,
+    config: dict | None = None,
+    scheduler_args: tuple[str, ...] = (),
+) -> Cluster:
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
-    Returns once every process answers health and every engine has loaded its desired models."""
+    ``config`` replaces the default cluster config (``"{endless}"`` in a model source is the endless
+    llama); each engine gets its config's ``policy`` (default fcfs). Returns once every process answers
+    health and every engine has loaded its desired models."""
     models_dir = root / "models"
     endless = prepare_endless_llama(models_dir)
-    config = {
+    if config is not None:
+        config = json.loads(json.dumps(config).replace("{endless}", str(endless)))
+    config = config or {
         "services": {
             "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16},
             "summarize": {"model": "tiny-qwen2", "default_max_tokens": 16},
@@ -121,6 +131,7 @@ def launch(root: Path, engines: int = 2, placement_replicas: int = 2) -> Cluster
             for i in range(engines)
         },
     }
+    engine_ids = list(config["engines"])
     config_path = root / "cluster.yaml"
     config_path.write_text(yaml.safe_dump(config))
     etcd = LocalEtcd(root / "etcd").start()
@@ -128,20 +139,22 @@ def launch(root: Path, engines: int = 2, placement_replicas: int = 2) -> Cluster
         root, etcd, ProcessGroup(root / "logs"), f"/it-{uuid.uuid4().hex[:8]}", config_path, models_dir
     )
     try:
-        c.start("scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5")
+        c.start("scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5", *scheduler_args)
         c.start("profiler", "llmfleet-profiler")
         for i in range(placement_replicas):
             c.start(f"placement-{i}", "llmfleet-placement", "--config", str(config_path), "--resync-s", "1")
         c.start("migration", "llmfleet-migration", "--load-interval-s", "0.2")
-        for i in range(engines):
+        for eid in engine_ids:
             c.start(
-                f"engine-{i}",
+                eid,
                 "llmfleet-engine",
                 "--models-dir",
                 str(models_dir),
                 "--threads",
                 "1",
                 "--offline",
+                "--policy",
+                config["engines"][eid].get("policy", "fcfs"),
             )
         c.wait_healthy()
         want = {eid: set(e["models"]) for eid, e in config["engines"].items()}

@@ -58,6 +58,17 @@ class ServiceConfig(BaseModel):
     slo: SloConfig = Field(default_factory=SloConfig)
     priority: int = 0
     default_max_tokens: int = Field(64, gt=0)
+    dispatch: str = ""  # dispatch policy name for this service; "" = the scheduler's --dispatch
+    deadline_s: float = Field(0.0, ge=0)  # end-to-end deadline after arrival (0 = none)
+
+    @field_validator("dispatch")
+    @classmethod
+    def _dispatch(cls, v: str) -> str:
+        from llmfleet.policies.dispatch import POLICIES
+
+        if v and v not in POLICIES:
+            raise ValueError(f"unknown dispatch policy {v!r}; valid: {sorted(POLICIES)}")
+        return v
 
 
 class ModelConfig(BaseModel):
@@ -69,6 +80,16 @@ class EngineConfig(BaseModel):
     models: list[str] = Field(default_factory=list)
     device: str = "cpu"
     port: int | None = None
+    policy: str = "fcfs"  # engine-local policy: a request policy or a static batcher (static mode)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from llmfleet.policies.engine_policy import ENGINE_POLICIES
+
+        if v not in ENGINE_POLICIES:
+            raise ValueError(f"unknown engine policy {v!r}; valid: {list(ENGINE_POLICIES)}")
+        return v
 
 
 class ClusterConfig(BaseModel):
@@ -112,6 +133,8 @@ class ClusterConfig(BaseModel):
                 slo=Slo(ttft_s=s.slo.ttft_s, tpot_s=s.slo.tpot_s),
                 priority=s.priority,
                 default_max_tokens=s.default_max_tokens,
+                dispatch=s.dispatch,
+                deadline_s=s.deadline_s,
             )
             for n, s in sorted(self.services.items())
         ]

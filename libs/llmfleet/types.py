@@ -36,6 +36,8 @@ class ServiceSpec:
     slo: Slo = field(default_factory=Slo)
     priority: int = 0
     default_max_tokens: int = 64
+    dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
+    deadline_s: float = 0.0  # UELLM-style end-to-end deadline after arrival (0 = none)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

@@ -134,6 +134,8 @@ def plan_services(
                     str(state / "models"),
                     "--device",
                     engine.device,
+                    "--policy",
+                    engine.policy,
                 ],
                 address=f"{host}:{port}",
                 log_path=logs / f"{engine_id}.log",

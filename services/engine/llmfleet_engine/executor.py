@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from llmfleet.kvblocks import BlockAllocator, KvShape, OutOfBlocks
 from llmfleet.kvblocks.storage import KvStorage
-from llmfleet.policies.request import BatchLimits, PoolView, SchedRequest, make_request_policy
+from llmfleet.policies.engine_policy import make_engine_policy
+from llmfleet.policies.request import BatchLimits, PoolView, SchedRequest
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.memory import (
@@ -193,7 +194,7 @@ class Executor:
         self.allocator = BlockAllocator(self.plan.num_blocks, self.plan.block_bytes, watermark=0.0)
         self.allocator.register_model(RESERVED_MODEL, reserved_shape(self.plan.block_bytes))
         self.storage = KvStorage(self.plan.num_blocks, self.plan.block_bytes, device=self.device)
-        self.policy = make_request_policy(self.config.policy, **self.config.policy_options)
+        self.policy = make_engine_policy(self.config.policy, **self.config.policy_options)
         self.limits = BatchLimits(
             max_requests=self.config.max_batch_requests, max_prefill_tokens=self.config.max_prefill_tokens
         )
@@ -407,6 +408,8 @@ class Executor:
             arrival_s=request.arrival_s,
             prompt_tokens=request.prompt_tokens + len(tokens),  # known tokens are prefilled together
             max_new_tokens=sampling.max_tokens - len(tokens),
+            predicted_output_tokens=request.predicted_output_tokens,
+            deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
         )
         return _Request(
             req=request,

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import placement_view
-from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
+from llmfleet.policies.engine_policy import ENGINE_POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--block-bytes", type=_bytes, default=64 * 1024, help="merged KV block size (64KiB)")
     ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
-    ap.add_argument("--policy", default="fcfs", choices=sorted(REQUEST_POLICIES), help="local request policy")
+    ap.add_argument(
+        "--policy",
+        default="fcfs",
+        choices=ENGINE_POLICIES,
+        help="local policy: a request policy (continuous batching) or a static batcher (static mode)",
+    )
     ap.add_argument("--max-running", type=int, default=256, help="requests holding KV at once")
     ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")
     ap.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill batch")

@@ -50,6 +50,8 @@ class GenerationRequest:
     resume_token_ids: tuple[int, ...] = ()
     arrival_s: float = field(default_factory=time.monotonic)
     service: str = ""  # budget group for the local policy; empty means the model name
+    predicted_output_tokens: float | None = None  # the scheduler's length prediction, if any
+    deadline_s: float | None = None  # relative SLO deadline (seconds after arrival), if any
 
     @property
     def group(self) -> str:
@@ -78,6 +80,8 @@ def build_request(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     arrival_s: float | None = None,
     service: str = "",
+    predicted_output_tokens: float | None = None,
+    deadline_s: float | None = None,
 ) -> GenerationRequest:
     """Validate plain request values against ``model`` and tokenize the prompt.
 
@@ -139,7 +143,19 @@ def build_request(
         resume_token_ids=resume,
         arrival_s=time.monotonic() if arrival_s is None else arrival_s,
         service=service,
+        predicted_output_tokens=_positive("predicted_output_tokens", predicted_output_tokens),
+        deadline_s=_positive("deadline_s", deadline_s),
     )
+
+
+def _positive(field_name: str, v: float | None) -> float | None:
+    """None/0 → None (unset); otherwise a finite positive float."""
+    if not v:
+        return None
+    v = float(v)
+    if not math.isfinite(v) or v < 0:
+        raise ValidationError(field_name, f"must be a finite number >= 0, got {v}")
+    return v
 
 
 def validate_generate(
@@ -169,4 +185,6 @@ def validate_generate(
         default_max_tokens=default_max_tokens,
         arrival_s=arrival_s,
         service=request.service,
+        predicted_output_tokens=request.predicted_output_tokens,
+        deadline_s=request.deadline_s,
     )

@@ -6,13 +6,14 @@ import argparse
 
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
-from llmfleet.policies.dispatch import POLICIES, make_dispatch_policy
+from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.relay import Relay
+from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
 from llmfleet_scheduler.servicer import SchedulerServicer
 
 ROLE = "scheduler"
@@ -20,7 +21,13 @@ ROLE = "scheduler"
 
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer]:
     directory = ClusterDirectory()
-    relay = Relay(directory, make_dispatch_policy(args.dispatch), max_attempts=args.max_attempts)
+    predictions = PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict else None
+    relay = Relay(
+        directory,
+        DispatchRouter(args.dispatch, hardware=args.hardware),
+        predictions,
+        max_attempts=args.max_attempts,
+    )
     servicer = SchedulerServicer(directory, relay, orphan_grace_s=args.orphan_grace_s)
     server = GrpcServer(
         [
@@ -52,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(ap, ROLE, default_port=50051)
     ap.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
     ap.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on failure")
+    ap.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="do not ask the profiler for output-length predictions before dispatch",
+    )
+    ap.add_argument(
+        "--predict-window-s", type=float, default=0.002, help="requests within this window share one Predict"
+    )
+    ap.add_argument("--hardware", default="cpu", help="catalog hardware of the engines (cost-model policies)")
     ap.add_argument(
         "--orphan-grace-s", type=float, default=2.0, help="cancel a request this long after its client left"
     )

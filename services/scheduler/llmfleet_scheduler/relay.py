@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2, profiler_pb2_grpc
-from llmfleet.policies.dispatch import DispatchPolicy, NoCandidate
+from llmfleet.policies.dispatch import DispatchRequest, NoCandidate
+from llmfleet.types import ServiceSpec
+from llmfleet.workload.datasets import approx_token_count
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
+from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,8 @@ COMPLETED = {common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP, com
 @dataclass
 class Relay:
     directory: ClusterDirectory
-    policy: DispatchPolicy
+    router: DispatchRouter
+    predictions: PredictionBatcher | None = None
     max_attempts: int = 3
     max_migrations: int = 16
     _background: set[asyncio.Task] = field(default_factory=set)
@@ -50,9 +54,23 @@ class Relay:
     ) -> None:
         excluded: set[str] = set()
         last_error = ""
+        spec = self.directory.services().get(rec.service) or ServiceSpec(rec.service, rec.model)
+        policy = self.router.for_service(spec)
+        predicted = None
+        if self.predictions is not None:
+            predicted = await self.predictions.predict(rec.request_id, rec.service, req.prompt)
+            if predicted:
+                req.predicted_output_tokens = predicted
+        # the scheduler does not tokenize: the prompt length is estimated (llmfleet.workload.datasets)
+        dreq = DispatchRequest(
+            rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
+            arrival_s=rec.arrival,
+        )  # fmt: skip
         for _ in range(self.max_attempts):
             try:
-                engine_id = self.policy.choose(rec.model, self.directory.candidates(), frozenset(excluded))
+                engine_id = policy.choose(
+                    rec.model, self.directory.candidates(), frozenset(excluded), request=dreq
+                )
             except NoCandidate as e:
                 why = f"{e}" + (f"; last engine error: {last_error}" if last_error else "")
                 await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {why}")
@@ -65,6 +83,9 @@ class Relay:
                 rec.dispatched_at = time.monotonic()
             try:
                 await self._follow(rec, req, engine_id, node.address, deadline)
+                on_finish = getattr(policy, "on_finish", None)
+                if on_finish is not None and rec.engines:
+                    on_finish(rec.request_id, rec.engines[-1], rec.n_tokens, time.monotonic())
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -69,7 +69,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not sampling.HasField("max_tokens"):
             sampling.max_tokens = spec.default_max_tokens
         gen = engine_pb2.GenerateRequest(
-            request_id=rid, model=spec.model, prompt=request.prompt, sampling=sampling
+            request_id=rid,
+            model=spec.model,
+            prompt=request.prompt,
+            sampling=sampling,
+            service=spec.name,
+            deadline_s=spec.deadline_s,
         )
         rec = RequestRecord(
             request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request)

@@ -8,20 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service")
+    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
     sampling: _common_pb2.SamplingParams
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     service: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ...) -> None: ...
+    predicted_output_tokens: float
+    deadline_s: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("name", "source", "dtype")

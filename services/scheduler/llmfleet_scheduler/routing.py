@@ -1,0 +1,112 @@
+"""Per-service dispatch policies and batched length predictions for the scheduler.
+
+``DispatchRouter``: each service gets its own policy object — the service's ``dispatch`` from the
+cluster config (etcd ``services/{name}``) or the scheduler's ``--dispatch`` default — built once from
+the policy registry, so the live scheduler runs the very objects the simulator runs. Policies that
+need a cost model (``aladdin_bestfit``) get the roofline of the service's model on ``--hardware``
+and the service's SLO (TTFT, TPOT) until a fitted profile is wired in.
+
+``PredictionBatcher``: concurrent requests are predicted with ONE profiler ``Predict`` call (requests
+arriving within ``window_s`` share it). A profiler that is down or slow costs nothing but the
+prediction: the request proceeds with ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
+from llmfleet.policies.dispatch import DispatchPolicy, make_dispatch_policy
+from llmfleet.types import ServiceSpec
+
+from llmfleet_scheduler.directory import ClusterDirectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DispatchRouter:
+    default: str = "round_robin"
+    hardware: str = "cpu"
+    _policies: dict[tuple[str, str], DispatchPolicy] = field(default_factory=dict)
+
+    def name_for(self, spec: ServiceSpec) -> str:
+        return spec.dispatch or self.default
+
+    def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
+        name = self.name_for(spec)
+        key = (spec.name, name)
+        policy = self._policies.get(key)
+        if policy is None:
+            policy = make_dispatch_policy(name, **self._options(name, spec))
+            self._policies[key] = policy
+        return policy
+
+    def _options(self, name: str, spec: ServiceSpec) -> dict:
+        if name != "aladdin_bestfit":
+            return {}
+        from llmfleet.costmodel import RooflineModel, hardware, model_arch
+
+        lm = RooflineModel(model_arch(spec.model), hardware(self.hardware))
+        return {"latency_models": {spec.model: lm}, "slos": {spec.model: (spec.slo.ttft_s, spec.slo.tpot_s)}}
+
+
+@dataclass
+class _Pending:
+    item: profiler_pb2.PredictItem
+    future: asyncio.Future
+
+
+@dataclass
+class PredictionBatcher:
+    directory: ClusterDirectory
+    window_s: float = 0.002
+    timeout_s: float = 0.5
+    max_items: int = 64
+    _pending: list[_Pending] = field(default_factory=list)
+    _flusher: asyncio.Task | None = None
+    calls: int = 0
+    failures: int = 0
+
+    async def predict(self, request_id: str, service: str, prompt: str) -> float | None:
+        """Predicted output tokens for one request, or None (no profiler, error, timeout)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append(
+            _Pending(profiler_pb2.PredictItem(request_id=request_id, service=service, prompt=prompt), fut)
+        )
+        if len(self._pending) >= self.max_items:
+            await self._flush()
+        elif self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s + self.window_s + 0.1)
+        except TimeoutError:
+            return None
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.window_s)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        result: dict[str, float] = {}
+        prof = self.directory.first_of_role("profiler")
+        if prof is not None:
+            stub = profiler_pb2_grpc.ProfilerStub(self.directory.channel(prof.address))
+            try:
+                self.calls += 1
+                resp = await stub.Predict(
+                    profiler_pb2.PredictRequest(items=[p.item for p in batch]), timeout=self.timeout_s
+                )
+                result = {p.request_id: p.mean_output_tokens for p in resp.predictions}
+            except grpc.aio.AioRpcError as e:
+                self.failures += 1
+                log.debug("profiler Predict failed (%s): dispatching without predictions", e.code())
+        for p in batch:
+            if not p.future.done():
+                p.future.set_result(result.get(p.item.request_id))
