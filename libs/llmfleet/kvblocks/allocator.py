@@ -339,6 +339,22 @@ class BlockAllocator:
         blocks = seq.blocks
         return [Slot(blocks[p // t], p % t) for p in range(start, end)]
 
+    def grow_each(self, seq_ids: list[str], n: int = 1) -> int:
+        """``n`` more tokens for every sequence (a batched decode step, or a run of them), all or
+        nothing: ``OutOfBlocks`` leaves the allocator unchanged. Returns the number of new blocks."""
+        seqs = [self._seq(i) for i in seq_ids]
+        n = _count("n", n)
+        needs = [-(-(s.num_tokens + n) // s.model.tpb) - len(s.blocks) for s in seqs]
+        total = sum(needs)
+        if total > len(self._free):
+            raise OutOfBlocks(total, len(self._free))
+        for s, need in zip(seqs, needs, strict=True):
+            if need:
+                s.blocks.extend(self._take(need, s.model))
+            s.num_tokens += n
+            s.model.tokens += n
+        return total
+
     def grow(self, seq_id: str, n: int) -> int:
         """Record ``n`` more tokens (like :meth:`append_slots` without building the slot list, for
         planners such as the simulator); all or nothing. Returns the number of new blocks."""

@@ -196,10 +196,24 @@ class SimInstance:
         members: list[_Req] = []
         prefill = prefill_sq = decodes = ctx = 0
         preemptions_before = self.preemptions
+        reqs = []
         for rid in batch.request_ids:
             r = self.waiting.get(rid) or self.running.get(rid)
             if r is None:
                 raise RuntimeError(f"policy {self.policy.name} batched unknown request {rid!r}")
+            reqs.append(r)
+        if batch.phase == "decode":  # the common case: one slot each, in one all-or-nothing step
+            try:
+                self.alloc.grow_each([r.sched.request_id for r in reqs], 1)
+            except OutOfBlocks:
+                pass  # some decode needs a block that is not there: the per-request path preempts
+            else:
+                members = reqs
+                decodes = len(reqs)
+                ctx = sum(r.sched.context_tokens for r in reqs)
+                reqs = []
+        for r in reqs:
+            rid = r.sched.request_id
             if r.sched.phase == "prefill":
                 try:
                     self.alloc.allocate(rid, r.sched.model, r.sched.prompt_tokens)
@@ -315,9 +329,9 @@ class SimInstance:
         else:
             self.policy.on_iteration(w.batch, dur, now, scheds)
         done: list[_Req] = []
+        if k > 1:
+            self.alloc.grow_each([r.sched.request_id for r in w.members], k - 1)
         for r in w.members:
-            if k > 1:
-                self.alloc.grow(r.sched.request_id, k - 1)
             r.rec.produced += k
             r.sched.generated += k
             if r.rec.first_token_s is None:

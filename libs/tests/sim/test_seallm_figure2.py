@@ -49,7 +49,9 @@ def run(make_policy):
     spec = SimSpec(ClusterSpec.parse("2xA100-80GB"), (SimService("s0", S0), SimService("s1", S1)))
     cost = CostBook.build(spec.cluster.hw, spec.archs())
     cost._cache[(S0, 2)] = cost._cache[(S1, 2)] = COST
-    sim = Simulator(spec, [InstancePlan("g0", (S0, S1), 2)], make_policy, RoundRobin(), cost, fast_forward=False)
+    sim = Simulator(
+        spec, [InstancePlan("g0", (S0, S1), 2)], make_policy, RoundRobin(), cost, fast_forward=False
+    )
     holders = []
     sim.every(0.01, lambda s, now: holders.append(len(s.instances["g0"].running)))
     res = sim.run(REQS)
