@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -49,7 +49,13 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine bench-profiler
+bench: bench-engine bench-profiler bench-sim bench-papers
+
+bench-sim: setup
+	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
+
+bench-papers: setup
+	$(PYTHON) tools/bench/papers/run.py --out .bench/papers $(BENCH_ARGS)
 
 bench-profiler: setup
 	$(PYTHON) tools/bench/profiler_bench.py --out .bench/profiler $(BENCH_ARGS)
