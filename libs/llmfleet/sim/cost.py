@@ -10,7 +10,9 @@ the same piecewise-linear form so an iteration costs a few float operations:
 Aladdin (one leg each): t_pre = k1·T + c1 and t_d = (k2·l_ave + c2)·b + c3 = c3 + c2·b + k2·S.
 Roofline (compute and memory legs, the all-reduce added to both), from ``costmodel.roofline``:
 prefill compute 2·P_mm·T + 2·L·H·d·Q FLOPs, memory W + T·kv bytes; decode compute 2·P_mm·b + 4·L·H·d·S,
-memory W + S·kv. A mixed batch costs prefill + decode; a static batch t_pre(n·max l) then
+memory W + S·kv. A mixed batch is one forward: prefill + decode minus the fixed cost they share
+(min of the two largest intercepts: the per-iteration overhead, or the weight read); a static batch
+t_pre(n·max l) then
 t_d(n, n·(max l + i)) per step (padded rows compute too).
 
 A request's solo execution time (SeaLLM's "execution time", the basis of normalized latency and of the
@@ -55,6 +57,11 @@ class LinearCost:
             leg = a + b * batch + g * ctx
             out = leg if out is None else np.maximum(out, leg)
         return out if out is not None else np.zeros(steps)
+
+    @property
+    def shared_fixed(self) -> float:
+        """The fixed cost a mixed iteration pays once, not twice: min of the two phases' largest α."""
+        return min(max(a for a, _, _ in self.prefill_legs), max(a for a, _, _ in self.decode_legs))
 
     def prefill_time(self, total_tokens: float) -> float:
         return self.prefill(total_tokens)
@@ -137,6 +144,8 @@ class CostBook:
             t += lm.prefill(prefill_tokens, prefill_sq)
         if decodes:
             t += lm.decode(decodes, context_sum)
+            if prefill_tokens:
+                t -= lm.shared_fixed
         return t
 
     def solo_time(self, model: str, tp: int, prompt_tokens: int, output_tokens: int) -> float:

@@ -1,0 +1,296 @@
+"""SeaLLM (service-aware sharing of several LLMs): normalized latency, p99 latency and SLO attainment.
+
+Setup (paper §6.1 → ours):
+
+- Cluster: 32 GPUs (4 × 8 A800 80GB) → 32 × catalog ``a100-80gb`` (the A800 is an A100 with less NVLink).
+- Services: K-means over (input, output) lengths of ShareGPT/LongBench, an LLM per cluster → K-means
+  (k = 3, ``assign_services``) over the Azure conv trace's lengths; clusters ordered by mean total length,
+  svc0 → Llama2-7B, svc1 → Llama2-13B, svc2 → OPT-6.7B (the paper assigns models at random).
+- Arrivals: MAF function trace, 2–50 req/s → the conv trace's own arrivals (~5.5 req/s) replayed
+  ``scale`` × faster; each rate replays the first ``horizon × scale`` seconds of the trace so the
+  simulated arrivals span ``horizon`` seconds. Every policy sees the same workload at a rate.
+- Metrics: mean normalized latency (latency / the service's mean solo execution time), p99 latency,
+  SLO attainment with SLO = 5 × the request's own execution time (``sim.metrics``).
+- Policies: ``vllm`` (dedicated even split, FCFS, round robin), ``alpaserve`` (all models on every GPU,
+  FCFS, shared KV), ``muxserve`` (colocated, round-robin prefill across services), ``seallm``
+  (colocated, doubling-budget scheduling, fewest-requests dispatch) and ``seallm-prof`` (the same with
+  L̂_s, σ_s fixed to the services' mean/std solo execution time from the cost model, i.e. the paper's
+  service-monitor profile, instead of the policy's measured now − first-scheduled time).
+  SeaLLM's own placement (Algorithm 1, ≤ 2 services per engine) and adaptive replacement are not built:
+  all colocated systems use ``colocate_all`` (3 models on each GPU, TP 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+from llmfleet.policies.placement import GpuPool, make_placement_policy
+from llmfleet.policies.request.service_stats import ServiceStats
+from llmfleet.sim.cost import CostBook
+from llmfleet.sim.run import assign_services, preset, service_loads, simulate
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+
+from . import common as C
+
+NAME = "seallm"
+TITLE = "SeaLLM — sharing 3 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
+MODELS = ("llama2-7b", "llama2-13b", "opt-6.7b")  # svc0 (shortest requests) .. svc2
+CLUSTER = "32xA100-80GB"
+POLICIES = ("vllm", "alpaserve", "muxserve", "seallm", "seallm-prof")
+CLAIM = (
+    "normalized latency up to 10.38× lower than vLLM (9.52× AlpaServe, 13.60× MuxServe), p99 up to "
+    "12.13×/5.80×/18.69× lower, SLO attainment up to 1.82×/3.64×/2.11× higher; SeaLLM's normalized "
+    "latency < 3 and SLO attainment > 90% at every rate (2–50 req/s, 32 A800)."
+)
+
+
+class ProfiledStats(ServiceStats):
+    """L̂_s and σ_s fixed to given execution-time samples (observations after construction are ignored)."""
+
+    def __init__(self, samples: dict[str, list[float]]) -> None:
+        super().__init__()
+        for svc, xs in samples.items():
+            for x in xs:
+                ServiceStats.observe(self, svc, x)
+        self._frozen = True
+
+    def observe(self, service: str, exec_time_s: float) -> None:
+        if not getattr(self, "_frozen", False):
+            super().observe(service, exec_time_s)
+
+
+def spec() -> SimSpec:
+    return SimSpec(ClusterSpec.parse(CLUSTER), tuple(SimService(f"svc{i}", m) for i, m in enumerate(MODELS)))
+
+
+def settings(quick: bool, tiny: bool) -> dict:
+    if tiny:
+        return {"scales": (4.0,), "horizon_s": 3.0}
+    if quick:
+        return {"scales": (5.0, 20.0), "horizon_s": 15.0}
+    return {"scales": (2.0, 5.0, 10.0, 20.0, 30.0), "horizon_s": 30.0}
+
+
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
+    t0 = time.perf_counter()
+    cfg = settings(quick, tiny)
+    sp = spec()
+    labelled = assign_services(C.conv_trace(), sp)  # k-means once over the whole trace
+    biggest = C.rescaled(labelled, max(cfg["scales"]), cfg["horizon_s"])
+    colo = make_placement_policy("colocate_all").place(
+        GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node), service_loads(biggest, sp)
+    )
+    tp = colo[0].tp
+    cost = CostBook.build(sp.cluster.hw, sp.archs())
+    solo = {
+        s.name: [cost.solo_time(s.model, tp, r.prompt_tokens, r.output_tokens) for r in biggest if r.service == s.name]
+        for s in sp.services
+    }
+    stats = ProfiledStats(solo)
+    bundles = {p: preset(p) for p in POLICIES if p != "seallm-prof"}
+    bundles["seallm-prof"] = dataclasses.replace(
+        preset("seallm", local_options={"stats": stats}),
+        name="seallm-prof",
+        description="SeaLLM DB with L̂_s, σ_s from the solo-time profile (frozen)",
+    )
+    services = []
+    for s in sp.services:
+        rs = [r for r in labelled if r.service == s.name]
+        services.append(
+            {
+                "service": s.name,
+                "model": s.model,
+                "share": len(rs) / len(labelled),
+                "mean_prompt": float(np.mean([r.prompt_tokens for r in rs])),
+                "mean_output": float(np.mean([r.output_tokens for r in rs])),
+                "solo_mean_s": float(np.mean(solo[s.name])) if solo[s.name] else None,
+            }
+        )
+    rows, diag = [], {}
+    for scale in cfg["scales"]:
+        wl = C.rescaled(labelled, scale, cfg["horizon_s"])
+        rate = len(wl) / cfg["horizon_s"]
+        for name in POLICIES:
+            e = simulate(sp, wl, bundles[name], samples=40)
+            m = C.metrics(e)
+            rows.append({"scale": scale, "rate_rps": rate, "policy": name, **m})
+            if name == "seallm" and scale == max(cfg["scales"]):
+                diag = _db_diag(e, solo)
+            log(
+                f"  seallm x{scale:g} ({rate:.0f} req/s, {len(wl)} req) {name:11s} norm {m['norm_latency_mean']:.2f} "
+                f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} [{m['sim_wall_s']:.1f}s]"
+            )
+    result = {
+        "paper": NAME,
+        "title": TITLE,
+        "setup": {
+            "cluster": f"{CLUSTER}; colocated systems: {len(colo)} instances × TP {tp} hosting all 3 models",
+            "services": ", ".join(
+                f"{s['service']}→{s['model']} ({s['share']:.0%} of requests, mean in/out "
+                f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok, solo {s['solo_mean_s']:.2f} s)"
+                for s in services
+            ),
+            "workload": f"Azure conv trace arrivals ×{', ×'.join(f'{s:g}' for s in cfg['scales'])} "
+            f"(first {cfg['horizon_s']:g} s × scale of trace time, so {cfg['horizon_s']:g} s of arrivals)",
+            "SLO": "5 × the request's solo execution time on its instance",
+            "cost model": "roofline (not GPU-fitted)",
+        },
+        "services": services,
+        "rows": rows,
+        "db_diagnostic": diag,
+        "wall_s": 0.0,
+    }
+    _summarize(result)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def _db_diag(e, solo: dict[str, list[float]]) -> dict:
+    """Per service: mean (finish − first token) — a lower bound of the execution time DB observes
+    (now − first scheduled) — against the mean solo time."""
+    out = {}
+    for svc, xs in solo.items():
+        recs = [r for r in e.result.records if r.service == svc and r.done]
+        if recs and xs:
+            seen = float(np.mean([r.finish_s - r.first_token_s for r in recs]))
+            out[svc] = {"observed_exec_lower_bound_s": seen, "solo_mean_s": float(np.mean(xs))}
+    return out
+
+
+def _at(rows: list[dict], rate: float, policy: str) -> dict:
+    return next(r for r in rows if r["rate_rps"] == rate and r["policy"] == policy)
+
+
+def _summarize(res: dict) -> None:
+    rows = res["rows"]
+    rates = sorted({r["rate_rps"] for r in rows})
+    top = rates[-1]
+    per_rate = []
+    for rate in rates:
+        s = _at(rows, rate, "seallm")
+        entry = {"rate_rps": rate}
+        for b in ("vllm", "alpaserve", "muxserve"):
+            x = _at(rows, rate, b)
+            entry[f"norm_{b}_over_seallm"] = C.ratio(x["norm_latency_mean"], s["norm_latency_mean"])
+            entry[f"p99_{b}_over_seallm"] = C.ratio(x["latency_p99_s"], s["latency_p99_s"])
+            entry[f"slo_seallm_over_{b}"] = C.ratio(s["slo_seallm"], x["slo_seallm"])
+        per_rate.append(entry)
+    up_to = {
+        k: max((e[k] for e in per_rate if e[k] is not None), default=None) for k in per_rate[0] if k != "rate_rps"
+    }
+    high = per_rate[-1]
+    ours_norm = high["norm_vllm_over_seallm"]
+    prof = _at(rows, top, "seallm-prof")
+    prof_ratio = C.ratio(_at(rows, top, "vllm")["norm_latency_mean"], prof["norm_latency_mean"])
+    res["summary"] = {"per_rate": per_rate, "up_to": up_to, "high_load_rate_rps": top}
+    res["goal"] = {
+        "text": "≥ 10× lower normalized latency than vLLM-dedicated at high load",
+        "target": 10.0,
+        "ours": ours_norm,
+        "ours_text": f"{C.fmt(ours_norm)}× at {top:.0f} req/s (seallm-prof: {C.fmt(prof_ratio)}×)",
+        "met": ours_norm is not None and ours_norm >= 10.0,
+    }
+    s_top, v_top = _at(rows, top, "seallm"), _at(rows, top, "vllm")
+    res["claim"] = CLAIM
+    res["ours"] = (
+        f"at {top:.0f} req/s SeaLLM's normalized latency is {C.fmt(s_top['norm_latency_mean'])} vs vLLM "
+        f"{C.fmt(v_top['norm_latency_mean'])} ({C.fmt(ours_norm)}×); best ratios over the sweep: normalized "
+        f"latency {C.fmt(up_to['norm_vllm_over_seallm'])}× / {C.fmt(up_to['norm_alpaserve_over_seallm'])}× / "
+        f"{C.fmt(up_to['norm_muxserve_over_seallm'])}× (vLLM/AlpaServe/MuxServe), p99 "
+        f"{C.fmt(up_to['p99_vllm_over_seallm'])}× / {C.fmt(up_to['p99_alpaserve_over_seallm'])}× / "
+        f"{C.fmt(up_to['p99_muxserve_over_seallm'])}×, SLO attainment {C.fmt(up_to['slo_seallm_over_vllm'])}× / "
+        f"{C.fmt(up_to['slo_seallm_over_alpaserve'])}× / {C.fmt(up_to['slo_seallm_over_muxserve'])}× "
+        f"(values < 1 mean SeaLLM is worse)."
+    )
+    vllm_best = sum(
+        1
+        for rate in rates
+        if _at(rows, rate, "vllm")["norm_latency_mean"]
+        <= min(_at(rows, rate, p)["norm_latency_mean"] for p in POLICIES if p != "vllm")
+    )
+    notes = [
+        "SeaLLM's placement (Algorithm 1: sharing groups of ≤ 2 services sized by simulation) and adaptive "
+        "replacement are not built; every colocated system (AlpaServe, MuxServe, SeaLLM) uses `colocate_all`, "
+        "all 3 models on each GPU (TP 1). With 53 GB of weights per GPU only ~22 GB is left for KV (vs ~63 GB "
+        "for a dedicated 7B GPU), so colocated engines run ~3× smaller batches.",
+        "Temporal sharing is charged in full by the roofline: an iteration runs one model and reads all of "
+        "its weights, so three models on a GPU pay three weight reads per round of decoding where a "
+        "dedicated GPU pays one. The roofline has no fixed per-iteration overhead that batching would "
+        "amortise, and the conv trace's services have the same (time-invariant) arrival process, so the "
+        "bursty per-service load that dedicated GPUs cannot absorb (MAF functions in the paper) is absent. "
+        f"Under this model vLLM's even split has the lowest normalized latency at {vllm_best} of the "
+        f"{len(rates)} rates.",
+        "Doubling-budget ranks O_r = Q_r·L̂_s, so the service with the longest requests (svc1, 13B) is served "
+        "last; single-service, single-phase batches interleave the short services at small batch sizes, "
+        "which costs throughput under the roofline (more weight reads per token).",
+    ]
+    diag = res.get("db_diagnostic") or {}
+    if diag:
+        parts = [
+            f"{svc}: ≥ {d['observed_exec_lower_bound_s']:.2f} s vs solo {d['solo_mean_s']:.2f} s"
+            for svc, d in diag.items()
+        ]
+        notes.append(
+            "Policy finding (`policies/request/doubling_budget.py`, `on_finish`): L̂_s and σ_s are learned from "
+            "now − first_scheduled_s, which includes the time a request waits between its iterations while "
+            f"other services run. At {top:.0f} req/s the observed execution times were "
+            + "; ".join(parts)
+            + ". An inflated L̂_s raises that service's priority value O_r = Q_r·L̂_s quadratically "
+            "(Q_r starts at L̂_s + σ_s), which starves it further (a feedback loop). The paper's service "
+            "monitor derives execution time from profiled iteration times; `seallm-prof` fixes L̂_s, σ_s to "
+            "the solo-time profile and is reported beside the preset."
+        )
+    res["notes"] = notes
+
+
+COLUMNS = (
+    ("req/s", "rate_rps", ".0f"),
+    ("policy", "policy", ""),
+    ("norm. latency", "norm_latency_mean", ".2f"),
+    ("p99 latency s", "latency_p99_s", ".1f"),
+    ("SLO attain. (5×)", "slo_seallm", ".3f"),
+    ("mean latency s", "latency_mean_s", ".2f"),
+    ("TTFT s", "ttft_mean_s", ".2f"),
+    ("TPOT ms", "tpot_mean_ms", ".1f"),
+    ("done", "completed", ""),
+)
+
+
+def markdown(res: dict) -> str:
+    extra = ["Ratios per rate (baseline ÷ SeaLLM for latencies, SeaLLM ÷ baseline for SLO):", ""]
+    extra.append(
+        C.md_table(
+            res["summary"]["per_rate"],
+            [
+                ("req/s", "rate_rps", ".0f"),
+                ("norm vLLM/S", "norm_vllm_over_seallm", ".2f"),
+                ("norm Alpa/S", "norm_alpaserve_over_seallm", ".2f"),
+                ("norm Mux/S", "norm_muxserve_over_seallm", ".2f"),
+                ("p99 vLLM/S", "p99_vllm_over_seallm", ".2f"),
+                ("p99 Alpa/S", "p99_alpaserve_over_seallm", ".2f"),
+                ("p99 Mux/S", "p99_muxserve_over_seallm", ".2f"),
+                ("SLO S/vLLM", "slo_seallm_over_vllm", ".2f"),
+                ("SLO S/Alpa", "slo_seallm_over_alpaserve", ".2f"),
+                ("SLO S/Mux", "slo_seallm_over_muxserve", ".2f"),
+            ],
+        )
+    )
+    return C.section(res, C.md_table(res["rows"], COLUMNS), extra)
+
+
+def plot(res: dict, out: Path) -> list[Path]:
+    return [
+        C.plot_sweep(
+            res["rows"],
+            [
+                ("norm_latency_mean", "normalized latency (mean)", True),
+                ("latency_p99_s", "p99 latency (s)", True),
+                ("slo_seallm", "SLO attainment (5× exec)", False),
+            ],
+            out / "seallm_sweep.png",
+            TITLE,
+        )
+    ]
