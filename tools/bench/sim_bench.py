@@ -115,7 +115,7 @@ def main() -> int:
     ap.add_argument("--only", choices=sorted(GOALS))
     ap.add_argument("--synth-requests", type=int, default=1_000_000)
     ap.add_argument("--synth-gpus", type=int, default=1000)
-    ap.add_argument("--synth-rate", type=float, default=5000.0)
+    ap.add_argument("--synth-rate", type=float, default=1000.0)  # 1 req/s per GPU
     ap.add_argument(
         "--child", nargs=6, metavar=("NAME", "TRACE", "POLICY", "N", "GPUS", "RATE"), help=argparse.SUPPRESS
     )
