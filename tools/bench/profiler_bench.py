@@ -39,7 +39,9 @@ SWEEP = {
 
 def fit_errors(models_dir: Path) -> list[dict]:
     """Profile and fit the tiny test models and a llama-shaped model large enough to be compute-bound
-    (4 layers, hidden 512): on the tiny ones a step is ~1 ms, mostly fixed per-op overhead and noise."""
+    (4 layers, hidden 512): on the tiny ones a step is ~1 ms, mostly fixed per-op overhead and noise.
+    Every form is fitted twice from the same samples: by relative error (weights 1/y², the default of
+    ``fit_engine_profile``) and by plain least squares (for comparison)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from engine_bench import medium_llama
 
@@ -53,62 +55,82 @@ def fit_errors(models_dir: Path) -> list[dict]:
             t0 = time.perf_counter()
             result = profiling.profile(ex, name, **SWEEP)
             sweep_s = time.perf_counter() - t0
-            fit = fit_engine_profile(result.samples)
-            for form, report in sorted(fit.reports.items()):
-                rows.append(
-                    {
-                        "model": name,
-                        "form": form,
-                        "points": report.n_points,
-                        "rmse_ms": report.rmse_s * 1e3,
-                        "max_rel_error": report.max_rel_error,
-                        "sweep_s": sweep_s,
-                    }
-                )
-                print(
-                    f"  {name:12} {form:16} {report.n_points:4} points  RMSE {report.rmse_s * 1e3:7.3f} ms  "
-                    f"max rel err {100 * report.max_rel_error:5.1f}%"
-                )
+            fits = {
+                loss: fit_engine_profile(result.samples, relative=loss == "relative")
+                for loss in ("relative", "least squares")
+            }
+            for form in sorted(fits["relative"].reports):
+                for loss, fit in fits.items():
+                    report = fit.reports[form]
+                    rows.append(
+                        {
+                            "model": name,
+                            "form": form,
+                            "loss": loss,
+                            "points": report.n_points,
+                            "rmse_ms": report.rmse_s * 1e3,
+                            "max_rel_error": report.max_rel_error,
+                            "sweep_s": sweep_s,
+                        }
+                    )
+                    print(
+                        f"  {name:12} {form:16} {loss:13} {report.n_points:4} points  "
+                        f"RMSE {report.rmse_s * 1e3:7.3f} ms  max rel err {100 * report.max_rel_error:5.1f}%"
+                    )
     finally:
         ex.close()
     return rows
 
 
-def predictor_table(data: Path, model_dir: Path, epochs: int) -> list[dict]:
+def load_or_train(model_dir: Path, train, epochs: int):
+    """The saved learned predictor (both encoders), trained and saved first if missing or outdated."""
+    from llmfleet.predict.learned import LearnedLengthPredictor
+
+    try:
+        return LearnedLengthPredictor.load(model_dir, encoder="all")
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"  (re)training the learned predictor into {model_dir}: {e}")
+    learned = LearnedLengthPredictor().fit(
+        [it.prompt for it in train], [it.output_tokens for it in train], finetune_epochs=epochs
+    )
+    learned.save(model_dir)
+    return learned
+
+
+def predictor_table(data: Path, model_dir: Path, epochs: int) -> tuple[list[dict], list[str]]:
     from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery, ServiceMeanPredictor
     from llmfleet.predict.dataset import load_alpaca, train_test_split
     from llmfleet.predict.evaluate import evaluate
-    from llmfleet.predict.learned import LearnedLengthPredictor
 
     train, test = train_test_split(load_alpaca(data), test_fraction=0.2, seed=0)
-    if (model_dir / "config.json").exists():
-        learned = LearnedLengthPredictor.load(model_dir)
-    else:
-        learned = LearnedLengthPredictor()
-        learned.fit([it.prompt for it in train], [it.output_tokens for it in train], epochs=epochs)
-        learned.save(model_dir)
+    learned = load_or_train(model_dir, train, epochs)
     mean, empirical = ServiceMeanPredictor(), EmpiricalLengthPredictor()
     for predictor in (mean, empirical):
         for it in train:
             predictor.observe(LengthQuery("default", it.prompt, it.prompt_tokens), it.output_tokens)
     rows = []
-    for label, predictor in (
-        ("service_mean", mean),
-        ("empirical", empirical),
-        ("learned (cold)", learned),
-        ("learned (warm cache)", learned),
-    ):
+    runs = [("service_mean", mean, None), ("empirical", empirical, None)]
+    for kind in ("static", "minilm"):
+        runs += [
+            (f"learned {kind} (new prompts)", learned, kind),
+            (f"learned {kind} (cached)", learned, None),
+        ]
+    for label, predictor, kind in runs:
+        if kind is not None:
+            learned.use(kind).clear_cache()
         m = evaluate(predictor, test, clock=time.perf_counter)
-        rows.append({**m, "predictor": label})
+        rows.append({**m, "predictor": label, "mae_ratio": m["mae"] / rows[0]["mae"] if rows else 1.0})
         print(
-            f"  {label:20} acc@100 {100 * m['acc_100']:5.1f}%  acc@pow2 {100 * m['acc_pow2']:5.1f}%  "
-            f"MAE {m['mae']:6.1f}  p50/p99 {m['latency_p50_ms']:.2f}/{m['latency_p99_ms']:.2f} ms per 32"
+            f"  {label:28} acc@100 {100 * m['acc_100']:5.1f}%  acc@pow2 {100 * m['acc_pow2']:5.1f}%  "
+            f"MAE {m['mae']:6.1f} ({m['point']}; {rows[-1]['mae_ratio']:.3f}x)  "
+            f"p50/p99 {m['latency_p50_ms']:.2f}/{m['latency_p99_ms']:.2f} ms per 32"
         )
-    return rows
+    return rows, [it.prompt for it in test]
 
 
-async def grpc_latency(model_dir: Path, batches: int = 200) -> dict:
-    """p50/p99 of one Predict call with 32 prompts through the profiler service (learned predictor)."""
+async def grpc_latency(model_dir: Path, prompts: list[str], batches: int = 200) -> dict:
+    """p50/p99 of one Predict call with 32 prompts through the profiler service (learned predictor,
+    its default encoder): new held-out Alpaca prompts on every call, then one batch repeated."""
     from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
     from llmfleet.rpc import open_channel
     from llmfleet_profiler import main as profiler_main
@@ -121,18 +143,20 @@ async def grpc_latency(model_dir: Path, batches: int = 200) -> dict:
     try:
 
         def batch(k: int) -> profiler_pb2.PredictRequest:
-            items = [
-                profiler_pb2.PredictItem(service="s", prompt=f"Write {k}.{i} words on fleets.")
-                for i in range(32)
-            ]
+            if k < 0:
+                texts = [f"Write {k}.{i} words on fleets." for i in range(32)]
+            else:
+                texts = [prompts[(32 * k + i) % len(prompts)] for i in range(32)]
+            items = [profiler_pb2.PredictItem(service="s", prompt=t) for t in texts]
             return profiler_pb2.PredictRequest(items=items)
 
         out: dict = {}
         async with open_channel(node.server.address) as ch:
             stub = profiler_pb2_grpc.ProfilerStub(ch)
             await stub.Predict(batch(-1))  # load the encoder
-            # cold: new prompts on every call (the encoder runs); warm: the same prompts (embedding cache)
-            for label, make, n in (("cold", batch, 30), ("warm", lambda _k: batch(0), batches)):
+            # cold: new prompts on every call (the encoder runs); warm: the same prompts (feature cache)
+            cold = min(len(prompts) // 32, 25)
+            for label, make, n in (("cold", batch, cold), ("warm", lambda _k: batch(0), batches)):
                 times = []
                 for k in range(n):
                     req = make(k)
@@ -158,21 +182,27 @@ def markdown(r: dict) -> str:
         "",
         f"## Output-length predictors (held-out 20% of {r['dataset']}, {r['tokenizer']})",
         "",
-        "| predictor | acc @ 100-token buckets | acc @ power-of-two buckets | MAE (tokens) | p50 / p99 latency, batch of 32 |",
-        "|---|---:|---:|---:|---:|",
+        "Point estimate scored: the predictive median where a predictor reports quantiles (learned, "
+        "empirical), else the mean (service_mean, the baseline); `MAE of mean` scores `Prediction.mean`.",
+        "",
+        "| predictor | acc @ 100-token buckets | acc @ power-of-two buckets | MAE (tokens) | MAE / mean predictor's "
+        "| MAE of mean | p50 / p99 latency, batch of 32 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for p in r["predictors"]:
         lines.append(
             f"| {p['predictor']} | {100 * p['acc_100']:.1f}% | {100 * p['acc_pow2']:.1f}% | "
-            f"{p['mae']:.1f} | {p['latency_p50_ms']:.2f} / {p['latency_p99_ms']:.2f} ms |"
+            f"{p['mae']:.1f} | {p['mae_ratio']:.3f} | {p['mae_mean']:.1f} | "
+            f"{p['latency_p50_ms']:.2f} / {p['latency_p99_ms']:.2f} ms |"
         )
     g = r.get("grpc")
     if g:
         lines += [
             "",
-            f"Through the profiler's gRPC `Predict` ({g['predictor']}, 32 prompts; goal p99 ≤ 5 ms): "
-            f"new prompts p50 {g['cold']['p50_ms']:.1f} / p99 {g['cold']['p99_ms']:.1f} ms; "
-            f"cached prompts p50 {g['warm']['p50_ms']:.2f} / p99 {g['warm']['p99_ms']:.2f} ms.",
+            f"Through the profiler's gRPC `Predict` ({g['predictor']}, its default encoder, 32 prompts; "
+            f"goal p99 ≤ 5 ms): new held-out prompts p50 {g['cold']['p50_ms']:.2f} / p99 "
+            f"{g['cold']['p99_ms']:.2f} ms; cached prompts p50 {g['warm']['p50_ms']:.2f} / p99 "
+            f"{g['warm']['p99_ms']:.2f} ms.",
         ]
     lines += [
         "",
@@ -181,15 +211,21 @@ def markdown(r: dict) -> str:
         "## Cost-model fits of the native CPU engine (Profile sweeps)",
         "",
         f"Sweep: batch {SWEEP['batch_sizes']} × input {SWEEP['input_lengths']} (prefill), "
-        f"× context {SWEEP['context_lengths']} (decode), {SWEEP['repeats']} repeats.",
+        f"× context {SWEEP['context_lengths']} (decode), {SWEEP['repeats']} repeats (median per point). "
+        "Each form fitted by relative error (weights 1/y², the default) and by plain least squares.",
         "",
-        "| model | form | points | RMSE | max relative error | goal |",
-        "|---|---|---:|---:|---:|---|",
+        "| model | form | points | relative fit: RMSE | relative fit: max rel. error | least squares: RMSE "
+        "| least squares: max rel. error | goal |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
+    by_key: dict = {}
     for f in r["fits"]:
+        by_key.setdefault((f["model"], f["form"]), {})[f["loss"]] = f
+    for (model, form), fs in by_key.items():
+        rel, ls = fs["relative"], fs["least squares"]
         lines.append(
-            f"| {f['model']} | {f['form']} | {f['points']} | {f['rmse_ms']:.3f} ms | "
-            f"{100 * f['max_rel_error']:.1f}% | ≤ 10% |"
+            f"| {model} | {form} | {rel['points']} | {rel['rmse_ms']:.3f} ms | "
+            f"{100 * rel['max_rel_error']:.1f}% | {ls['rmse_ms']:.3f} ms | {100 * ls['max_rel_error']:.1f}% | ≤ 10% |"
         )
     lines += ["", "GPU: " + r["gpu"], ""]
     return "\n".join(lines)
@@ -200,7 +236,7 @@ def main() -> None:
     ap.add_argument("--out", default=".bench/profiler")
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="Alpaca-style JSON (read in place)")
     ap.add_argument("--predictor-dir", default=".llmfleet/predictor", help="trained learned predictor")
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--finetune-epochs", type=int, default=3, help="when the predictor must be (re)trained")
     ap.add_argument("--skip-predictors", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
@@ -222,9 +258,11 @@ def main() -> None:
     if not args.skip_predictors:
         result["tokenizer"] = "lengths counted with MiniLM's WordPiece tokenizer, special tokens excluded"
         print("predictors:")
-        result["predictors"] = predictor_table(Path(args.data), Path(args.predictor_dir), args.epochs)
+        result["predictors"], prompts = predictor_table(
+            Path(args.data), Path(args.predictor_dir), args.finetune_epochs
+        )
         if (Path(args.predictor_dir) / "config.json").exists():
-            result["grpc"] = asyncio.run(grpc_latency(Path(args.predictor_dir)))
+            result["grpc"] = asyncio.run(grpc_latency(Path(args.predictor_dir), prompts))
             g = result["grpc"]
             print(
                 f"  gRPC Predict, 32 prompts: cold p99 {g['cold']['p99_ms']:.1f} ms, warm p99 {g['warm']['p99_ms']:.2f} ms"

@@ -165,7 +165,8 @@ class StaticEncoder:
         return self._tok
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        enc = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids[: self.max_tokens] for e in enc]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         n, d = len(texts), self.table.shape[1]
@@ -173,12 +174,19 @@ class StaticEncoder:
         if not n:
             return out
         parts = [split_prompt(t) for t in texts]
-        ids = self.token_ids([p[0] for p in parts] + [p[1] for p in parts])
-        for i in range(n):
-            for j, tokens in enumerate((ids[i], ids[n + i])):
-                if tokens:
-                    out[i, j * d : (j + 1) * d] = self.table[tokens[: self.max_tokens]].mean(0)
-            out[i, 2 * d :] = (np.log1p(len(ids[i])), np.log1p(len(ids[n + i])), float(bool(ids[n + i])))
+        ids = self.token_ids([p[0] for p in parts] + [p[1] for p in parts])  # instructions, then inputs
+        counts = np.fromiter((len(x) for x in ids), dtype=np.int64, count=2 * n)
+        flat = np.fromiter((i for x in ids for i in x), dtype=np.int64, count=int(counts.sum()))
+        if len(flat):  # segment means in one pass: sums at each segment's start offset, / counts
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            nonempty = counts > 0
+            sums = np.add.reduceat(self.table[flat], starts[nonempty], axis=0)
+            means = np.zeros((2 * n, d), dtype=np.float32)
+            means[nonempty] = sums / counts[nonempty, None]
+            out[:, :d], out[:, d : 2 * d] = means[:n], means[n:]
+        out[:, 2 * d] = np.log1p(counts[:n])
+        out[:, 2 * d + 1] = np.log1p(counts[n:])
+        out[:, 2 * d + 2] = counts[n:] > 0
         return out
 
     def save(self, path: str | Path) -> None:

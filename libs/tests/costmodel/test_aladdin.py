@@ -78,3 +78,37 @@ def test_fit_tp_recovers_coefficients():
 def test_fit_errors_instead_of_nan(fit, samples):
     with pytest.raises(FitError):
         fit(samples)
+
+
+def bent_prefill() -> list[tuple[float, float]]:
+    """Sub-linear at small sizes (a fixed cost that grows with the first few hundred tokens), as on
+    CPUs: no straight line fits every point, so the loss decides where the error goes."""
+    return [
+        (t, 2e-4 + 1e-6 * t + 3e-4 * (1 - np.exp(-t / 200))) for t in (16, 32, 64, 128, 256, 512, 1024, 2048)
+    ]
+
+
+def test_relative_fit_lowers_the_worst_relative_error():
+    plain_model, plain = fit_prefill(bent_prefill())
+    rel_model, rel = fit_prefill(bent_prefill(), relative=True)
+    assert rel.max_rel_error < 0.5 * plain.max_rel_error
+    assert rel.rmse_s > plain.rmse_s  # the price: more absolute error on the long points
+
+    # it is the minimum of Σ((ŷ − y)/y)²: nudging either coefficient makes that sum larger
+    def rel_sse(k1: float, c1: float) -> float:
+        return sum(((k1 * t + c1 - y) / y) ** 2 for t, y in bent_prefill())
+
+    best = rel_sse(rel_model.k1, rel_model.c1)
+    for dk, dc in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert rel_sse(rel_model.k1 * dk, rel_model.c1 * dc) > best
+    assert rel_sse(plain_model.k1, plain_model.c1) > best
+
+
+def test_relative_fit_recovers_exact_coefficients_and_needs_positive_times():
+    k2, c2, c3 = 2e-7, 1.5e-4, 0.012
+    samples = [(b, lav, (k2 * lav + c2) * b + c3) for b in (1, 2, 4, 8) for lav in (128, 512, 2048)]
+    model, rep = fit_decode(samples, relative=True)
+    assert model.k2 == pytest.approx(k2, rel=1e-6) and model.c3 == pytest.approx(c3, rel=1e-6)
+    assert rep.max_rel_error < 1e-9
+    with pytest.raises(FitError, match="> 0"):
+        fit_prefill([(100, 0.01), (200, 0.0), (300, 0.03)], relative=True)

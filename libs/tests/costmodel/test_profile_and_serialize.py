@@ -95,3 +95,15 @@ def test_roofline_record_same_structure():
     assert set(rec.to_dict()) == fitted_keys
     # a model too large for one device still yields a record
     assert roofline_record(model_arch("llama3-70b"), hardware("l4"), date=rec.date).source == "roofline"
+
+
+def test_fit_engine_profile_fits_relative_error_by_default():
+    # a fixed 0.2 ms + a per-token cost that flattens: sub-millisecond points make plain LS miss badly
+    samples = []
+    for b in (1, 2, 4, 8):
+        for t in (16, 32, 64, 128, 256):
+            samples.append(("prefill", b, t, 2e-4 + 2e-6 * b * t + 4e-4 * (1 - np.exp(-b * t / 128))))
+            samples.append(("decode", b, t, 3e-4 + b * (1e-5 + 1e-8 * t) + 2e-4 * (1 - np.exp(-b / 2))))
+    rel, plain = fit_engine_profile(samples), fit_engine_profile(samples, relative=False)
+    for form in ("aladdin.prefill", "aladdin.decode", "scls.prefill", "scls.decode"):
+        assert rel.reports[form].max_rel_error < plain.reports[form].max_rel_error, form

@@ -51,3 +51,15 @@ def test_fit_too_few_or_degenerate():
         fit_scls_prefill([(1, 10, 0.1), (2, 20, 0.2), (3, 30, 0.3)])
     with pytest.raises(FitError, match="degenerate"):
         fit_scls_decode([(4, ln, 0.01 * ln) for ln in (10, 20, 30, 40, 50)])  # one N
+
+
+def test_relative_curve_fit_lowers_the_worst_relative_error():
+    # prefill with a per-sequence cost that saturates: not in the form, so the loss matters
+    pts = [
+        (n, ln, 1e-4 + 2e-7 * n * ln + 2e-4 * n * (1 - np.exp(-ln / 64)))
+        for n in (1, 2, 4, 8)
+        for ln in (16, 64, 256)
+    ]
+    _, plain = fit_scls_prefill(pts)
+    _, rel = fit_scls_prefill(pts, relative=True)
+    assert rel.max_rel_error < plain.max_rel_error

@@ -81,7 +81,9 @@ def rescaled(workload: Workload, scale: float, horizon_s: float) -> Workload:
     end = horizon_s * scale
     return Workload(
         tuple(
-            dataclasses.replace(r, arrival_s=r.arrival_s / scale) for r in workload.requests if r.arrival_s < end
+            dataclasses.replace(r, arrival_s=r.arrival_s / scale)
+            for r in workload.requests
+            if r.arrival_s < end
         )
     )
 
@@ -117,7 +119,9 @@ def noisy_oracle(workload: Workload, sigma: float, seed: int) -> list[float]:
     return [max(1.0, r.output_tokens * f) for r, f in zip(workload.requests, noise, strict=True)]
 
 
-def empirical_predictor(train: np.ndarray, service: str = "chat") -> tuple[EmpiricalLengthPredictor, Callable]:
+def empirical_predictor(
+    train: np.ndarray, service: str = "chat"
+) -> tuple[EmpiricalLengthPredictor, Callable]:
     """Aladdin's predictor (output-length distribution per input-length bin) fitted on ``train``, and the
     simulator's ``predict`` callable over it (memoised per input bin: the answer depends only on the bin)."""
     pred = EmpiricalLengthPredictor(seed=0)
@@ -211,7 +215,14 @@ def section(result: dict, table: str, extra: Sequence[str] = ()) -> str:
     lines += [f"- {k}: {v}" for k, v in result["setup"].items()]
     lines += ["", table, ""]
     lines += list(extra)
-    lines += ["", f"Paper's claim: {result['claim']}", "", f"Ours: {result['ours']}", "", goal_line(result["goal"])]
+    lines += [
+        "",
+        f"Paper's claim: {result['claim']}",
+        "",
+        f"Ours: {result['ours']}",
+        "",
+        goal_line(result["goal"]),
+    ]
     if result.get("notes"):
         lines += ["", "Notes and why we differ:", ""]
         lines += [f"- {n}" for n in result["notes"]]

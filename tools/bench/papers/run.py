@@ -67,7 +67,9 @@ def summary_table(results: dict[str, dict]) -> str:
         }
         for r in results.values()
     ]
-    return C.md_table(rows, [("paper", "paper", ""), ("goal", "goal", ""), ("ours", "ours", ""), ("met", "met", "")])
+    return C.md_table(
+        rows, [("paper", "paper", ""), ("goal", "goal", ""), ("ours", "ours", ""), ("met", "met", "")]
+    )
 
 
 def write_markdown(results: dict[str, dict], meta: dict, path: Path) -> None:
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rates and shorter horizons (~1 min)")
     ap.add_argument("--only", action="append", choices=list(package().SCENARIOS), help="repeatable")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke-test scale
     a = ap.parse_args(argv)
     names = a.only or list(package().SCENARIOS)
     t0 = time.perf_counter()
@@ -102,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for name in names:
         log(f"{name} ...")
-        results[name] = scenario(name).run(quick=a.quick, log=log)
+        results[name] = scenario(name).run(quick=a.quick, log=log, tiny=a.tiny)
         log(f"{name} done in {results[name]['wall_s']:.0f} s: {results[name]['goal']['ours_text']}")
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "quick": a.quick,
+        "tiny": a.tiny,
         "wall_s": time.perf_counter() - t0,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "cost_models": common().COST_NOTE,
@@ -120,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "papers.json").write_text(json.dumps({"meta": meta, "papers": results}, indent=1, default=float))
     write_markdown(results, meta, a.out / "papers.md")
     print(summary_table(results))
-    log(f"wrote {a.out / 'papers.json'}, {a.out / 'papers.md'} and {sum(len(v) for v in plots.values())} PNG(s)")
+    log(
+        f"wrote {a.out / 'papers.json'}, {a.out / 'papers.md'} and {sum(len(v) for v in plots.values())} PNG(s)"
+    )
     return 0
 
 

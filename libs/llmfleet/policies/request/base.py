@@ -64,6 +64,7 @@ class SchedRequest:
     priority: float = 0.0
     first_scheduled_s: float | None = None
     last_run_s: float | None = None  # end of the last iteration it took part in (starvation clock)
+    executed_s: float = 0.0  # summed durations of the iterations it took part in (its execution time)
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -235,6 +236,7 @@ def mark_ran(req: SchedRequest, duration_s: float, now: float) -> None:
     if req.first_scheduled_s is None:
         req.first_scheduled_s = now - duration_s
     req.last_run_s = now
+    req.executed_s += duration_s
 
 
 def check_duration(duration_s: float) -> None:

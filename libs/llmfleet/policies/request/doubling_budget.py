@@ -32,8 +32,10 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
 
 Budgets live in the requests' policy-owned fields, so they survive preemption; a request the policy
 has not seen (``budget_s <= 0``, e.g. imported by migration without ``on_arrival``) is initialised on
-first sight. ``on_finish`` observes execution time = now − first_scheduled_s (or − arrival_s if it never
-ran); ``first_scheduled_s`` is the start of the first iteration it took part in.
+first sight. ``on_finish`` observes the execution time: the summed durations of the iterations the
+request took part in (``executed_s``; now − arrival_s if it never ran). Not now − first_scheduled_s:
+that counts the time spent waiting while other services ran, which inflates a starved service's L̂_s
+and so lowers its priority further (a feedback loop the simulator exposed at high load).
 """
 
 from __future__ import annotations
@@ -227,12 +229,16 @@ class DoublingBudget:
             else:
                 r.budget_s = float(qs[-1])
             self.charge(r, last)
+            executed = float(np.add.accumulate(np.concatenate(([r.executed_s], ds)))[-1])
             mark_ran(r, total, now)
+            r.executed_s = executed  # the same additions as one mark_ran per iteration
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
-        """Observe the execution time now − first_scheduled_s (arrival_s if it never ran), floored at 0."""
-        start = req.first_scheduled_s if req.first_scheduled_s is not None else req.arrival_s
-        self.stats.observe(req.service, max(0.0, now - start))
+        """Observe the execution time: Σ durations of its iterations (now − arrival_s if it never ran)."""
+        if req.first_scheduled_s is not None:
+            self.stats.observe(req.service, req.executed_s)
+        else:
+            self.stats.observe(req.service, max(0.0, now - req.arrival_s))
 
     def preemption_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest:
         """The running request with the largest O_r; ties: the later arrival, then the larger id."""

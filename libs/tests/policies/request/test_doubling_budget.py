@@ -213,6 +213,6 @@ def test_inputs_untouched_lazy_init_and_finish_statistics():
     assert waiting[0].first_scheduled_s == 1.0 and running[0].budget_s == pytest.approx(1.2)
     stats = ServiceStats(default_mean_s=1.0, default_std_s=0.0)
     q = DoublingBudget(stats=stats)
-    q.on_finish(waiting[0], 3.0)  # execution time = now - first_scheduled_s
-    q.on_finish(w("never", arrival=2.5), 3.0)  # never scheduled: now - arrival
-    assert stats.count("short") == 2 and stats.mean("short") == pytest.approx((2.0 + 0.5) / 2)
+    q.on_finish(waiting[0], 3.0)  # execution time = its iterations' durations (0.5), not now - start (2.0)
+    q.on_finish(w("never", arrival=2.4), 3.0)  # never scheduled: now - arrival
+    assert stats.count("short") == 2 and stats.mean("short") == pytest.approx((0.5 + 0.6) / 2)

@@ -1,0 +1,214 @@
+"""SCLS (slice-level scheduling for static batching): throughput, mean and p95 response time vs rate.
+
+Setup (paper §5.1 → ours):
+
+- 8 LLaMA2-13B workers on 8 A100 80GB, one per GPU → 8 × TP-1 instances on catalog ``a100-80gb``.
+- Requests: CodeFuse trace, Poisson arrivals for 10 minutes, input truncated to 1024 tokens, generation
+  capped at 1024 → Azure conv-trace lengths with the same caps, Poisson arrivals for ``duration`` s.
+- Engine: HuggingFace-style static batching — a batch is padded to its longest prompt, reserves its
+  padded KV up front and returns every row when the batch ends (``static_release="batch_end"``); the
+  padded prefill may hold 32,768 tokens (HF has no token budget; 32 rows × 1024).
+- Policies: ``scls`` (DP slice batcher, S = 128, ζ = 0.9, recompute mode, + max-min offloading by
+  estimated serve time), ``sls`` (FCFS static batches of 16, round robin: the paper's HF baseline) and
+  ``cb`` (vLLM-like continuous batching, FCFS, round robin, vLLM's default engine limits; the paper's
+  ILS baseline is DeepSpeed-FastGen).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from llmfleet.policies.batching.scls_dp import default_scls_cost
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.sim.run import PolicyBundle, simulate
+from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+
+from . import common as C
+
+NAME = "scls"
+TITLE = "SCLS — slice-level scheduling, LLaMA2-13B on 8 A100-80GB (throughput, mean/p95 response time)"
+MODEL = "llama2-13b"
+GPUS = 8
+SLICE = 128
+MAX_LEN = 1024
+CLAIM = (
+    "with HF static batching, SCLS raises throughput by 232.3–315.8% over SLS (batch 16) and cuts the average "
+    "response time by 82.4–84.9% and the p95 by 79.8–81.0% (DeepSpeed: +82.5–191.9% throughput; vs "
+    "FastGen ILS +61.6–171.0%)."
+)
+STATIC_ENGINE = EngineSettings(max_prefill_tokens=32768, static_release="batch_end")
+
+
+def settings(quick: bool, tiny: bool) -> dict:
+    if tiny:
+        return {"rates": (4.0,), "duration_s": 8.0}
+    if quick:
+        return {"rates": (8.0, 20.0), "duration_s": 120.0}
+    return {"rates": (4.0, 8.0, 12.0, 16.0, 24.0), "duration_s": 600.0}
+
+
+def policies() -> list[tuple[PolicyBundle, EngineSettings]]:
+    slc = {"slice_iterations": SLICE}
+    return [
+        (
+            PolicyBundle("scls", dispatch="scls_maxmin", local="scls", local_options=slc, dispatch_options=slc,
+                         description="SCLS: DP slice batches (S = 128) + max-min offloading"),
+            STATIC_ENGINE,
+        ),
+        (
+            PolicyBundle("sls", dispatch="round_robin", local="static_sls", local_options={"batch_size": 16},
+                         description="SLS: FCFS static batches of 16, round robin"),
+            STATIC_ENGINE,
+        ),
+        (
+            PolicyBundle("cb", dispatch="round_robin", local="fcfs",
+                         description="continuous batching (vLLM-like FCFS), round robin"),
+            EngineSettings(),
+        ),
+    ]  # fmt: skip
+
+
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
+    t0 = time.perf_counter()
+    cfg = settings(quick, tiny)
+    lengths = C.trace_lengths(max_prompt=MAX_LEN, max_output=MAX_LEN)
+    plan = [InstancePlan(f"gpu{i}", (MODEL,), 1) for i in range(GPUS)]
+    svc = (SimService("chat", MODEL, max_tokens=MAX_LEN),)
+    rows = []
+    for i, rate in enumerate(cfg["rates"]):
+        wl = C.poisson_workload(lengths, rate, cfg["duration_s"], seed=200 + i, service="chat", model=MODEL)
+        for bundle, eng in policies():
+            spec = SimSpec(ClusterSpec.parse(f"{GPUS}xA100-80GB"), svc, eng)
+            e = simulate(spec, wl, bundle, plan=plan, samples=40)
+            m = C.metrics(e)
+            rows.append({"rate_rps": rate, "policy": bundle.name, **m})
+            log(
+                f"  scls {rate:g} req/s ({len(wl)} req) {bundle.name:5s} tput {m['throughput_rps']:.2f} req/s "
+                f"mean {m['latency_mean_s']:.1f}s p95 {m['latency_p95_s']:.1f}s [{m['sim_wall_s']:.1f}s]"
+            )
+    result = {
+        "paper": NAME,
+        "title": TITLE,
+        "setup": {
+            "cluster": f"{GPUS} × {MODEL} on catalog a100-80gb, one TP-1 instance per GPU",
+            "workload": f"Poisson {', '.join(f'{r:g}' for r in cfg['rates'])} req/s for {cfg['duration_s']:g} s; "
+            f"conv-trace lengths, input ≤ {MAX_LEN}, output ≤ {MAX_LEN}",
+            "static engine": "pad to the longest prompt, KV reserved up front, rows returned at batch end (HF); "
+            "padded prefill ≤ 32,768 tokens",
+            "SCLS": f"S = {SLICE}, ζ = 0.9, recompute mode (unfinished rows re-prefill prompt + output so far), "
+            "max-min offloading per request by estimated serve time",
+            "cost model": "roofline (not GPU-fitted); SCLS's estimator is the roofline fitted to its T_serve form",
+        },
+        "rows": rows,
+        "wall_s": 0.0,
+    }
+    _summarize(result)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def _at(rows, rate, policy):
+    return next(r for r in rows if r["rate_rps"] == rate and r["policy"] == policy)
+
+
+def _summarize(res: dict) -> None:
+    rows = res["rows"]
+    rates = sorted({r["rate_rps"] for r in rows})
+    per = []
+    for rate in rates:
+        s, b, c = (_at(rows, rate, p) for p in ("scls", "sls", "cb"))
+        per.append(
+            {
+                "rate_rps": rate,
+                "tput_scls_over_sls": C.ratio(s["throughput_rps"], b["throughput_rps"]),
+                "mean_cut_vs_sls": 1 - C.ratio(s["latency_mean_s"], b["latency_mean_s"]),
+                "p95_cut_vs_sls": 1 - C.ratio(s["latency_p95_s"], b["latency_p95_s"]),
+                "tput_scls_over_cb": C.ratio(s["throughput_rps"], c["throughput_rps"]),
+                "mean_scls_over_cb": C.ratio(s["latency_mean_s"], c["latency_mean_s"]),
+            }
+        )
+    top = per[-1]
+    best = max(p["tput_scls_over_sls"] for p in per)
+    # where a slice's time goes under the estimator: prefill share of T_serve for a typical full batch
+    cost = default_scls_cost()
+    n, length = 32, 512
+    pre_share = cost.prefill.predict(n, length) / cost.t_serve(n, length, SLICE)
+    res["summary"] = {"per_rate": per, "best_tput_ratio": best, "slice_prefill_share_n32_l512": pre_share}
+    res["claim"] = CLAIM
+    res["goal"] = {
+        "text": "SCLS ≥ 3× the throughput of SLS (batch 16)",
+        "target": 3.0,
+        "ours": top["tput_scls_over_sls"],
+        "ours_text": f"{C.fmt(top['tput_scls_over_sls'])}× at {rates[-1]:g} req/s (best {C.fmt(best)}×)",
+        "met": top["tput_scls_over_sls"] is not None and top["tput_scls_over_sls"] >= 3.0,
+    }
+    res["ours"] = (
+        f"at {rates[-1]:g} req/s SCLS serves {C.fmt(_at(rows, rates[-1], 'scls')['throughput_rps'])} req/s vs SLS "
+        f"{C.fmt(_at(rows, rates[-1], 'sls')['throughput_rps'])} ({C.fmt(top['tput_scls_over_sls'])}×, "
+        f"+{C.fmt(100 * (top['tput_scls_over_sls'] - 1), '.0f')}%), mean response time "
+        f"{C.fmt(100 * top['mean_cut_vs_sls'], '.0f')}% lower, p95 {C.fmt(100 * top['p95_cut_vs_sls'], '.0f')}% lower; "
+        f"continuous batching serves {C.fmt(_at(rows, rates[-1], 'cb')['throughput_rps'])} req/s."
+    )
+    res["notes"] = [
+        "The roofline charges a static batch only for the arithmetic and bytes it moves. HF `generate`'s "
+        "real per-step cost (Python loop, no paged attention, padded attention over the whole batch) is much "
+        "higher than the roofline's decode step, which is what makes SLS's long tails (every row waits for "
+        "the batch's longest output) so expensive on the paper's testbed; under the roofline a decode step "
+        "of a 16-row 13B batch costs little more than reading the weights once, so SLS loses less.",
+        "SCLS runs the paper's recompute mode: every slice re-prefills prompt + output so far, padded to the "
+        f"batch's longest. Under the roofline a padded prefill is compute-bound and expensive: for 32 rows of "
+        f"512 tokens the prefill is {C.fmt(100 * pre_share, '.0f')}% of a {SLICE}-iteration slice "
+        "(`T_prefill / T_serve`), and a request needs ⌈output / 128⌉ slices.",
+        "The engine-local batcher forms a batch whenever its engine is idle (the simulator has no separate "
+        "scheduling interval T = max(λ·min load, Γ) that lets requests accumulate), so some slices start "
+        "with fewer rows than the paper's interval would gather.",
+        "Continuous batching (vLLM-like, paged KV, no padding, per-token release) is the strongest policy "
+        "here; the paper's ILS baseline is DeepSpeed-FastGen, whose conservative KV admission we do not model.",
+    ]
+
+
+COLUMNS = (
+    ("req/s", "rate_rps", ".0f"),
+    ("policy", "policy", ""),
+    ("throughput req/s", "throughput_rps", ".2f"),
+    ("tok/s", "throughput_tokens_per_s", ".0f"),
+    ("mean RT s", "latency_mean_s", ".1f"),
+    ("p95 RT s", "latency_p95_s", ".1f"),
+    ("p99 RT s", "latency_p99_s", ".1f"),
+    ("done", "completed", ""),
+    ("makespan s", "makespan_s", ".0f"),
+)
+
+
+def markdown(res: dict) -> str:
+    extra = ["SCLS vs the baselines per rate:", ""]
+    extra.append(
+        C.md_table(
+            res["summary"]["per_rate"],
+            [
+                ("req/s", "rate_rps", ".0f"),
+                ("tput SCLS/SLS", "tput_scls_over_sls", ".2f"),
+                ("mean RT cut vs SLS", "mean_cut_vs_sls", ".0%"),
+                ("p95 RT cut vs SLS", "p95_cut_vs_sls", ".0%"),
+                ("tput SCLS/CB", "tput_scls_over_cb", ".2f"),
+                ("mean RT SCLS/CB", "mean_scls_over_cb", ".1f"),
+            ],
+        )
+    )
+    return C.section(res, C.md_table(res["rows"], COLUMNS), extra)
+
+
+def plot(res: dict, out: Path) -> list[Path]:
+    return [
+        C.plot_sweep(
+            res["rows"],
+            [
+                ("throughput_rps", "throughput (req/s)", False),
+                ("latency_mean_s", "mean response time (s)", True),
+                ("latency_p95_s", "p95 response time (s)", True),
+            ],
+            out / "scls_sweep.png",
+            TITLE,
+        )
+    ]
