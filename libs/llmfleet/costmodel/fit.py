@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit, lsq_linear
+from scipy.optimize import curve_fit, linprog, lsq_linear
 
 
 class FitError(ValueError):
@@ -161,3 +161,25 @@ def fit_curve(
         raise FitError(f"{what}: solver returned non-finite coefficients")
     report = _report(a, b, coef, names)
     return report.params, report
+
+
+def min_max_rel_error(design: Sequence[Sequence[float]], y: Sequence[float], nonneg: Sequence[bool]) -> float:
+    """The smallest maximum relative error any coefficients can reach on these points (a bound, not a
+    fit): min t subject to |design·θ − y| ≤ t·y, θ_i ≥ 0 where ``nonneg[i]`` — a linear program
+    (``scipy.optimize.linprog``). When it exceeds a target, no choice of coefficients — by any loss —
+    meets the target with this form on these measurements. Needs every y > 0."""
+    names = [f"θ{i}" for i in range(len(nonneg))]
+    a, _, w, scale = _prepare(design, y, names, "min-max bound", True)
+    aw = a * w[:, None] / scale  # rows divided by y: the constraints read |aw·φ − 1| ≤ t
+    n, k = aw.shape
+    ones = np.ones((n, 1))
+    res = linprog(
+        c=np.r_[np.zeros(k), 1.0],
+        A_ub=np.vstack([np.hstack([aw, -ones]), np.hstack([-aw, -ones])]),
+        b_ub=np.r_[np.ones(n), -np.ones(n)],
+        bounds=[(0.0, None) if nn else (None, None) for nn in nonneg] + [(0.0, None)],
+        method="highs",
+    )
+    if not res.success:  # pragma: no cover - the problem is always feasible (θ = 0, t = 1)
+        raise FitError(f"min-max bound: {res.message}")
+    return float(res.x[-1])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfleet.costmodel.aladdin import DecodeModel, PrefillModel, fit_decode, fit_prefill
-from llmfleet.costmodel.fit import FitError, FitReport
+from llmfleet.costmodel.fit import FitError, FitReport, min_max_rel_error
 from llmfleet.costmodel.scls import SclsDecode, SclsPrefill, fit_scls_decode, fit_scls_prefill
 
 
@@ -68,3 +68,23 @@ def fit_engine_profile(
     s_dec, r4 = fit_scls_decode(dec, relative=relative)
     reports = {"aladdin.prefill": r1, "aladdin.decode": r2, "scls.prefill": r3, "scls.decode": r4}
     return EngineProfileFit(a_pre, a_dec, s_pre, s_dec, reports)
+
+
+def min_max_bounds(samples: Iterable[Any], *, aggregate: bool = True) -> dict[str, float]:
+    """For each form of :func:`fit_engine_profile` (same keys, same points), the smallest maximum
+    relative error that any non-negative coefficients reach (``fit.min_max_rel_error``): how close the
+    form itself can come to the measurements, whatever the loss."""
+    pre: list[tuple[int, int, float]] = []
+    dec: list[tuple[int, int, float]] = []
+    for phase, b, t, sec in median_per_point(samples) if aggregate else map(_unpack, samples):
+        (pre if phase == "prefill" else dec).append((b, t, sec))
+    designs = {
+        "aladdin.prefill": ([[b * t, 1.0] for b, t, _ in pre], pre),
+        "aladdin.decode": ([[b * t, b, 1.0] for b, t, _ in dec], dec),
+        "scls.prefill": ([[n * ln, n, ln, 1.0] for n, ln, _ in pre], pre),
+        "scls.decode": ([[n * ln, n, ln, 1.0] for n, ln, _ in dec], dec),
+    }
+    return {
+        form: min_max_rel_error(design, [s for *_, s in pts], [True] * len(design[0]))
+        for form, (design, pts) in designs.items()
+    }

@@ -266,7 +266,14 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
     assert sched[i + 1] == "127.0.0.1:2379" and sched[sched.index("--ttl") + 1] == "5"
     assert sched[sched.index("--id") + 1] == "scheduler" and "--prefix" not in sched
     assert plans[2].argv[-2:] == ["--config", "c.yaml"]
-    assert plans[4].argv[-4:] == ["--models-dir", str(tmp_path / "models"), "--device", "cpu"]
+    assert plans[4].argv[-6:] == [
+        "--models-dir",
+        str(tmp_path / "models"),
+        "--device",
+        "cpu",
+        "--policy",
+        "fcfs",
+    ]
     assert plans[4].log_path == tmp_path / "logs" / "engine-0.log"
     cfg.engines["engine-1"].port = 7002
     with pytest.raises(ValueError, match="port 7002 is already used"):

@@ -107,3 +107,19 @@ def test_fit_engine_profile_fits_relative_error_by_default():
     rel, plain = fit_engine_profile(samples), fit_engine_profile(samples, relative=False)
     for form in ("aladdin.prefill", "aladdin.decode", "scls.prefill", "scls.decode"):
         assert rel.reports[form].max_rel_error < plain.reports[form].max_rel_error, form
+
+
+def test_min_max_bounds():
+    from llmfleet.costmodel.fit import min_max_rel_error
+    from llmfleet.costmodel.profile_fit import min_max_bounds
+
+    exact = min_max_bounds(engine_samples(0.0))
+    assert set(exact) == {"aladdin.prefill", "aladdin.decode", "scls.prefill", "scls.decode"}
+    assert all(v < 1e-6 for v in exact.values())  # the data follow the forms exactly
+    noisy = engine_samples(0.02)
+    bounds, fit = min_max_bounds(noisy), fit_engine_profile(noisy)
+    for form, bound in bounds.items():  # no fit beats the bound; the relative fit comes close
+        assert 0 < bound <= fit.reports[form].max_rel_error + 1e-9
+        assert fit.reports[form].max_rel_error < 2.5 * bound
+    # y = θ·x through (1, 1), (2, 2), (3, 4): x/y ∈ {1, 0.75}; θ = 8/7 errs by 1/7 both ways
+    assert min_max_rel_error([[1.0], [2.0], [3.0]], [1.0, 2.0, 4.0], [True]) == pytest.approx(1 / 7)

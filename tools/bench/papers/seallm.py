@@ -275,14 +275,14 @@ def _summarize(res: dict) -> None:
             for svc, d in diag.items()
         ]
         notes.append(
-            "Policy finding (`policies/request/doubling_budget.py`, `on_finish`): L̂_s and σ_s are learned from "
-            "now − first_scheduled_s, which includes the time a request waits between its iterations while "
-            f"other services run. At {top:.0f} req/s the observed execution times were "
+            "DB's L̂_s and σ_s come from each request's executed time (Σ durations of the iterations it took "
+            "part in). An earlier version used now − first_scheduled_s, which counts the time a request waits "
+            "while other services run: an inflated L̂_s raises O_r = Q_r·L̂_s and starves the service further "
+            "(a feedback loop this benchmark exposed, now fixed). Under batching the executed time still exceeds "
+            f"the solo time; for reference, mean (finish − first token) at {top:.0f} req/s: "
             + "; ".join(parts)
-            + ". An inflated L̂_s raises that service's priority value O_r = Q_r·L̂_s quadratically "
-            "(Q_r starts at L̂_s + σ_s), which starves it further (a feedback loop). The paper's service "
-            "monitor keeps profiled per-TP iteration times and length statistics; `seallm-prof` fixes L̂_s, σ_s to "
-            "the solo-time profile and is reported beside the preset."
+            + ". `seallm-prof` fixes L̂_s, σ_s to the solo-time profile (the paper's service monitor keeps "
+            "profiled per-TP iteration times) and is reported beside the preset."
         )
     res["notes"] = notes
 
