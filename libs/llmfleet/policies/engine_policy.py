@@ -15,8 +15,10 @@ ENGINE_POLICIES: tuple[str, ...] = tuple(sorted({*REQUEST, *BATCHING}))
 
 
 def make_engine_policy(name: str, **kwargs: Any) -> RequestPolicy:
+    """``keep_kv`` (static batchers only, default True) selects keep-KV or recompute slice ends."""
     if name in REQUEST:
         return make_request_policy(name, **kwargs)
     if name in BATCHING:
-        return StaticBatches(make_batching_policy(name, **kwargs))
+        keep_kv = bool(kwargs.pop("keep_kv", True))
+        return StaticBatches(make_batching_policy(name, **kwargs), keep_kv=keep_kv)
     raise ValueError(f"unknown engine policy {name!r}; valid: {list(ENGINE_POLICIES)}")

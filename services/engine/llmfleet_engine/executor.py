@@ -698,8 +698,19 @@ class Executor:
                     continue
                 r.in_kv = step.start_pos + len(step.token_ids)
                 self._accept_token_locked(r, token, now)
+            self._release_requested_locked(now)
             self._cond.notify_all()
         self._flush_outbox()
+
+    def _release_requested_locked(self, now: float) -> None:
+        """Drop the KV of requests the policy releases (static mode's recompute slice ends)."""
+        take = getattr(self.policy, "take_released", None)
+        if take is None:
+            return
+        for rid in take():
+            r = self._requests.get(rid)
+            if r is not None and not r.finished and r in self._running and r.in_kv > 0:
+                self._preempt_locked(r, now)
 
     def _accept_token_locked(self, r: _Request, token: int, now: float) -> None:
         reason: FinishReason | None = None

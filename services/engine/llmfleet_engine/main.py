@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import placement_view
+from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
@@ -37,6 +38,7 @@ def make_executor(args: argparse.Namespace) -> Executor:
             block_bytes=args.block_bytes,
             watermark=args.watermark,
             policy=args.policy,
+            policy_options={"keep_kv": args.slice_end == "keep"} if args.policy in BATCHING else {},
             max_running=args.max_running,
             max_batch_requests=args.max_batch_requests,
             max_prefill_tokens=args.max_prefill_tokens,
@@ -136,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="fcfs",
         choices=ENGINE_POLICIES,
         help="local policy: a request policy (continuous batching) or a static batcher (static mode)",
+    )
+    ap.add_argument(
+        "--slice-end",
+        choices=("keep", "recompute"),
+        default="keep",
+        help="static mode, at a slice end (SCLS): keep the unfinished requests' KV (default) or drop it "
+        "and re-prefill prompt + output when re-batched (the paper's recompute mode)",
     )
     ap.add_argument("--max-running", type=int, default=256, help="requests holding KV at once")
     ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")

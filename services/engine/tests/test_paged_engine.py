@@ -217,3 +217,22 @@ async def test_import_mismatch_allocates_nothing(make_executor, endless, qwen2):
     more = await stream.__anext__()
     assert more.finish_reason is None
     stream.close()
+
+
+@pytest.mark.parametrize("slice_end", ["keep", "recompute"])
+async def test_static_mode_slices_keep_greedy_output(make_executor, endless, slice_end):
+    """Static batching (SCLS-style slices of 3 iterations, batches of 2) in both slice-end modes: every
+    request still yields transformers' greedy tokens; recompute mode re-prefills (counted as
+    preemptions), keep mode never drops KV."""
+    ex = make_executor(
+        policy="static_sls",
+        policy_options={"batch_size": 2, "max_iterations": 3, "keep_kv": slice_end == "keep"},
+    )
+    assert ex.policy.name == "static:static_sls"
+    prompts = [f"Static batch {i} of a sliced story" for i in range(3)]
+    streams = [ex.submit(build_request(endless, p, max_tokens=10)) for p in prompts]
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    for p, chunks in zip(prompts, results, strict=True):
+        assert ids(chunks) == greedy_no_eos(endless, p, 10)
+    assert (ex.preemptions > 0) == (slice_end == "recompute")
+    await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "all blocks back")
