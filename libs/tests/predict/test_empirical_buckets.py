@@ -114,3 +114,30 @@ def test_dataset_load_and_split(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError):
         load_alpaca(path, count_tokens=lambda ts: [1] * len(ts))
+
+
+def test_evaluate_scores_median_when_reported_and_pools_passes():
+    class Skewed:
+        name = "skewed"
+        calls = 0
+
+        def predict(self, q):
+            self.calls += 1
+            return Prediction(100.0, 50.0, 1, self.name, quantiles=(10.0, 200.0, 400.0))
+
+        def observe(self, q, n):
+            pass
+
+    items = [LengthItem("p", 10), LengthItem("q", 12), LengthItem("r", 300)]
+    resets = []
+    pred = Skewed()
+    r = evaluate(
+        pred, items, batch_size=2, clock=iter(range(100)).__next__, passes=3, reset=lambda: resets.append(1)
+    )
+    assert r["point"] == "median" and r["mae"] == pytest.approx((0 + 2 + 290) / 3)
+    assert r["mae_mean"] == pytest.approx((90 + 88 + 200) / 3)
+    assert r["acc_100"] == pytest.approx(2 / 3) and pred.calls == 9 and len(resets) == 3
+    assert r["latency_p50_ms"] == pytest.approx(1000.0)  # the fake clock ticks 1 s per read
+    m = evaluate(Skewed(), items, point="mean")
+    assert m["point"] == "mean" and m["mae"] == m["mae_mean"]
+    assert evaluate(ServiceMeanPredictor(), items)["point"] == "mean"  # no quantiles: its mean

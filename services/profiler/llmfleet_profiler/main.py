@@ -25,9 +25,15 @@ def make_predictor(args: argparse.Namespace) -> LengthPredictor:
         return EmpiricalLengthPredictor()
     if args.predictor == "learned":
         try:
+            import torch
             from llmfleet.predict.learned import LearnedLengthPredictor
 
-            return LearnedLengthPredictor.load(args.predictor_path)
+            predictor = LearnedLengthPredictor.load(args.predictor_path)
+            # one intra-op thread: a prediction is a few tiny matmuls, and idle OpenMP workers that
+            # spin for a core add milliseconds of tail latency on small machines
+            torch.set_num_threads(1)
+            log.info("learned predictor from %s, encoder %s", args.predictor_path, predictor.encoder)
+            return predictor
         except Exception as e:  # missing extra or model dir: serve, but say so
             log.error(
                 "cannot load the learned predictor from %s (%s); using service_mean", args.predictor_path, e
