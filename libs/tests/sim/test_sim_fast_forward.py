@@ -170,3 +170,47 @@ def test_fast_forward_is_exact_when_a_preemption_frees_blocks(tiny):
     for rid in "xbwc":
         assert on[rid].first_token_s == pytest.approx(off[rid].first_token_s, abs=1e-9), rid
         assert on[rid].finish_s == pytest.approx(off[rid].finish_s, abs=1e-9), rid
+
+
+def test_fast_forward_is_exact_with_doubling_budget_and_preemption():
+    """DB's stable_until/on_iterations: budgets, renewals, starvation and preemption come out
+    bit-identical with chunks as one iteration at a time (three services, two models, a tight pool)."""
+    from dataclasses import dataclass
+
+    from llmfleet.policies.placement.base import InstancePlan
+    from llmfleet.policies.request import DoublingBudget
+    from llmfleet.sim.cost import CostBook
+    from llmfleet.sim.simulator import Simulator
+    from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+
+    @dataclass
+    class R:
+        request_id: str
+        arrival_s: float
+        prompt_tokens: int
+        output_tokens: int
+        service: str
+
+    rng = np.random.default_rng(1)
+    t, reqs = 0.0, []
+    for i in range(400):
+        t += rng.exponential(1 / 15)
+        reqs.append(R(f"r{i}", t, int(rng.integers(20, 800)), int(rng.integers(1, 300)), "abc"[i % 3]))
+    spec = SimSpec(
+        ClusterSpec.parse("2xA100-80GB"),
+        (SimService("a", "llama2-7b"), SimService("b", "llama2-13b"), SimService("c", "llama2-7b")),
+        EngineSettings(kv_bytes=3 * 2**30),
+    )
+    plan = [InstancePlan(f"i{k}", ("llama2-7b", "llama2-13b"), 1) for k in range(2)]
+    out = []
+    for ff in (True, False):
+        sim = Simulator(spec, plan, DoublingBudget, RoundRobin(), CostBook.build(spec.cluster.hw, spec.archs()),
+                        fast_forward=ff)  # fmt: skip
+        res = sim.run(reqs)
+        assert all(r.done for r in res.records)
+        out.append(res)
+    on, off = out
+    assert sum(r.preemptions for r in on.records) > 0, "the pool is sized to force preemption"
+    assert on.events < off.events
+    for a, b in zip(on.records, off.records, strict=True):
+        assert (a.first_token_s, a.finish_s, a.preemptions) == (b.first_token_s, b.finish_s, b.preemptions)
