@@ -4,30 +4,56 @@ one PNG per paper. The headline numbers are not checked here (they need the full
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 RUN = Path(__file__).resolve().parents[3] / "tools" / "bench" / "papers" / "run.py"
-SHARED = Path(__file__).resolve().parents[4] / "shared"
 
-pytestmark = pytest.mark.skipif(
-    not (SHARED / "traces" / "azure_llm_2023_conv.csv").is_file()
-    or not (SHARED / "datasets" / "alpaca_4000.json").is_file(),
-    reason="needs ../shared/traces/azure_llm_2023_conv.csv and ../shared/datasets/alpaca_4000.json",
-)
+
+def _synthetic_data(root: Path) -> tuple[Path, Path]:
+    """A small Azure-format trace (one hour, conv-like lengths) and an Alpaca-style dataset: the
+    smoke test must not need ../shared."""
+    rng = np.random.default_rng(0)
+    n = 8000  # the Aladdin scenario trains its predictor on 5,000 of them
+    t = np.sort(rng.uniform(0, 3600, n))
+    prompts = np.clip(rng.lognormal(6.5, 0.9, n), 4, 4000).astype(int)
+    outputs = np.clip(rng.lognormal(5.0, 0.9, n), 1, 1500).astype(int)
+    base = datetime(2023, 11, 16, 18, 0, 0)
+    trace = root / "trace.csv"
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for ts, p, o in zip(t, prompts, outputs, strict=True):
+        lines.append(f"{(base + timedelta(seconds=float(ts))).strftime('%Y-%m-%d %H:%M:%S.%f')},{p},{o}")
+    trace.write_text("\n".join(lines) + "\n")
+    words = ["explain", "list", "write", "the", "model", "story", "data", "why", "how", "a"]
+    items = [
+        {
+            "instruction": " ".join(rng.choice(words, size=int(rng.integers(3, 15)))),
+            "input": "",
+            "output": " ".join(rng.choice(words, size=int(rng.integers(1, 120)))),
+        }
+        for _ in range(300)
+    ]
+    alpaca = root / "alpaca.json"
+    alpaca.write_text(json.dumps(items))
+    return trace, alpaca
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench(tmp_path_factory):
     spec = importlib.util.spec_from_file_location("papers_bench_run", RUN)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
+    common = importlib.import_module(mod.PACKAGE + ".common") if mod.package() else None
+    common.TRACE, common.ALPACA = _synthetic_data(tmp_path_factory.mktemp("papers-data"))
     yield mod
     sys.modules.pop(spec.name, None)
     sys.modules.pop(mod.PACKAGE, None)
