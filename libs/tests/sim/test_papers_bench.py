@@ -52,7 +52,8 @@ def bench(tmp_path_factory):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
-    common = importlib.import_module(mod.PACKAGE + ".common") if mod.package() else None
+    mod.package()  # registers the scenario package so its modules import by name
+    common = importlib.import_module(mod.PACKAGE + ".common")
     common.TRACE, common.ALPACA = _synthetic_data(tmp_path_factory.mktemp("papers-data"))
     yield mod
     sys.modules.pop(spec.name, None)
