@@ -93,3 +93,20 @@ def test_import_graph_is_acyclic():
 def test_the_check_sees_the_code():
     mods = modules()
     assert "llmfleet.policies.dispatch.round_robin" in mods and "llmfleet_scheduler.relay" in mods
+
+
+OFFLINE = ["llmfleet.sim", "llmfleet.workload", "llmfleet.costmodel", "llmfleet.kvblocks"]
+
+
+def test_simulator_and_its_inputs_do_no_service_io():
+    """The simulator, workloads, cost models and KV accounting run without the services' I/O stack
+    (no gRPC, etcd, asyncio): what they compute is a function of their inputs and the policy code."""
+    offenders = []
+    for name, path in modules().items():
+        if not any(name == p or name.startswith(p + ".") for p in OFFLINE):
+            continue
+        for imp in imports(path):
+            if any(imp == f or imp.startswith(f + ".") for f in FORBIDDEN_IN_PURE):
+                offenders.append(f"{name} imports {imp}")
+    assert not offenders, offenders
+    assert any(m.startswith("llmfleet.sim.") for m in modules())
