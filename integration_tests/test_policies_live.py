@@ -30,8 +30,8 @@ SERVICES = {
     "s-worst": {"model": "shared", "dispatch": "worst_fit_kv"},
     "s-sls": {"model": "m-sls"},
     "s-scls": {"model": "m-scls", "dispatch": "scls_maxmin"},
-    "s-odbs": {"model": "m-odbs", "deadline_s": 60},
-    "s-s3": {"model": "m-s3"},
+    "s-odbs": {"model": "m-odbs", "deadline_s": 60, "predict": True},  # SLO-ODBS orders by predicted length
+    "s-s3": {"model": "m-s3", "predict": True},
 }
 CONFIG = {
     "services": {name: {"default_max_tokens": 8, **s} for name, s in SERVICES.items()},

@@ -60,6 +60,9 @@ class ServiceConfig(BaseModel):
     default_max_tokens: int = Field(64, gt=0)
     dispatch: str = ""  # dispatch policy name for this service; "" = the scheduler's --dispatch
     deadline_s: float = Field(0.0, ge=0)  # end-to-end deadline after arrival (0 = none)
+    # predict output lengths before dispatch (for engines whose static batcher orders by length);
+    # dispatch policies that read predictions get them regardless
+    predict: bool = False
 
     @field_validator("dispatch")
     @classmethod
@@ -135,6 +138,7 @@ class ClusterConfig(BaseModel):
                 default_max_tokens=s.default_max_tokens,
                 dispatch=s.dispatch,
                 deadline_s=s.deadline_s,
+                predict=s.predict,
             )
             for n, s in sorted(self.services.items())
         ]

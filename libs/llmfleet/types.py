@@ -38,6 +38,7 @@ class ServiceSpec:
     default_max_tokens: int = 64
     dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
     deadline_s: float = 0.0  # UELLM-style end-to-end deadline after arrival (0 = none)
+    predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

@@ -21,12 +21,15 @@ ROLE = "scheduler"
 
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer]:
     directory = ClusterDirectory()
-    predictions = PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict else None
+    predictions = (
+        PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict != "never" else None
+    )
     relay = Relay(
         directory,
         DispatchRouter(args.dispatch, hardware=args.hardware),
         predictions,
         max_attempts=args.max_attempts,
+        predict_mode=args.predict,
     )
     servicer = SchedulerServicer(directory, relay, orphan_grace_s=args.orphan_grace_s)
     server = GrpcServer(
@@ -60,10 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
     ap.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on failure")
     ap.add_argument(
-        "--no-predict",
-        dest="predict",
-        action="store_false",
-        help="do not ask the profiler for output-length predictions before dispatch",
+        "--predict",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="ask the profiler for output lengths before dispatch: auto = for services with "
+        "`predict: true` or whose dispatch policy reads predictions (default)",
+    )
+    ap.add_argument(
+        "--no-predict", dest="predict", action="store_const", const="never", help="= --predict never"
     )
     ap.add_argument(
         "--predict-window-s", type=float, default=0.002, help="requests within this window share one Predict"

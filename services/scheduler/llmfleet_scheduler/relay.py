@@ -31,6 +31,7 @@ class Relay:
     directory: ClusterDirectory
     router: DispatchRouter
     predictions: PredictionBatcher | None = None
+    predict_mode: str = "auto"  # always | auto | never (see DispatchRouter.wants_prediction)
     max_attempts: int = 3
     max_migrations: int = 16
     _background: set[asyncio.Task] = field(default_factory=set)
@@ -57,7 +58,7 @@ class Relay:
         spec = self.directory.services().get(rec.service) or ServiceSpec(rec.service, rec.model)
         policy = self.router.for_service(spec)
         predicted = None
-        if self.predictions is not None:
+        if self.predictions is not None and self.router.wants_prediction(spec, self.predict_mode):
             predicted = await self.predictions.predict(rec.request_id, rec.service, req.prompt)
             if predicted:
                 req.predicted_output_tokens = predicted

@@ -36,6 +36,13 @@ class DispatchRouter:
     def name_for(self, spec: ServiceSpec) -> str:
         return spec.dispatch or self.default
 
+    def wants_prediction(self, spec: ServiceSpec, mode: str) -> bool:
+        """``always``/``never``; ``auto``: the service asks (``predict``) or its dispatch policy reads
+        predictions (``uses_predictions``) — a profiler round trip is not paid for nothing."""
+        if mode != "auto":
+            return mode == "always"
+        return spec.predict or bool(getattr(self.for_service(spec), "uses_predictions", False))
+
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
         name = self.name_for(spec)
         key = (spec.name, name)

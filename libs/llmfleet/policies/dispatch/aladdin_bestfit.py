@@ -363,6 +363,7 @@ class AladdinBestFit:
     """
 
     name = "aladdin_bestfit"
+    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
 
     def __init__(
         self,

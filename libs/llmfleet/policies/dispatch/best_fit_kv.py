@@ -19,6 +19,7 @@ class BestFitKv:
     """Least free KV that fits the request's need, else most free KV; ties by engine id."""
 
     name = "best_fit_kv"
+    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
     uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
 
     def choose(

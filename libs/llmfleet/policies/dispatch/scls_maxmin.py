@@ -48,6 +48,7 @@ class SclsMaxMin:
     """Max-min offloading by estimated serve time (load −= the estimate on completion)."""
 
     name = "scls_maxmin"
+    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
 
     def __init__(
         self,
