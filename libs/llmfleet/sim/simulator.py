@@ -109,6 +109,8 @@ class Simulator:
         self._on_finish = getattr(dispatch, "on_finish", None)
         self.records: list[RequestRecord] = []
         self._moving = 0
+        self._svc_cache: dict[str, SimService] = {}
+        self._strict_services = False
         self.now = 0.0
         self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in archs.items()}
 
@@ -245,7 +247,7 @@ class Simulator:
         output_tokens, service). With one service and ``strict_services`` False, every request goes
         to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``."""
         t0 = time.perf_counter()
-        self._svc_cache: dict[str, SimService] = {}
+        self._svc_cache.clear()
         self._strict_services = strict_services
         it = iter(requests)
         first = next(it, None)

@@ -15,6 +15,7 @@ from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
 from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
 from llmfleet.policies.batching.static_sls import StaticSls
+from llmfleet.policies.registry import instantiate
 
 POLICIES: dict[str, type] = {
     "static_sls": StaticSls,
@@ -28,14 +29,7 @@ POLICIES: dict[str, type] = {
 
 def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
     """A new static batcher by registry name; options go to its constructor."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown batching policy {name!r}; valid: {sorted(POLICIES)}") from None
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"bad options for batching policy {name!r}: {e}") from None
+    return instantiate("batching", POLICIES, name, kwargs)
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.round_robin import RoundRobin
 from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
+from llmfleet.policies.registry import instantiate
 
 POLICIES: dict[str, type] = {
     "round_robin": RoundRobin,
@@ -34,14 +35,7 @@ POLICIES: dict[str, type] = {
 
 def make_dispatch_policy(name: str, **kwargs: Any) -> DispatchPolicy:
     """A new policy object by registry name; options go to its constructor."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown dispatch policy {name!r}; valid: {sorted(POLICIES)}") from None
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"bad options for dispatch policy {name!r}: {e}") from None
+    return instantiate("dispatch", POLICIES, name, kwargs)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from llmfleet.policies.placement.base import (
 from llmfleet.policies.placement.colocate_all import ColocateAll
 from llmfleet.policies.placement.dedicated_even import DedicatedEven
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
+from llmfleet.policies.registry import instantiate
 
 # planners with the PlacementPlanner interface (StaticConfigPlacement replays a config instead)
 POLICIES: dict[str, type] = {
@@ -26,14 +27,7 @@ POLICIES: dict[str, type] = {
 
 def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
     """A new placement planner by registry name; options go to its constructor."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown placement policy {name!r}; valid: {sorted(POLICIES)}") from None
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"bad options for placement policy {name!r}: {e}") from None
+    return instantiate("placement", POLICIES, name, kwargs)
 
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.policies.registry import instantiate
 from llmfleet.policies.request.base import (
     Batch,
     BatchLimits,
@@ -25,14 +26,7 @@ POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget, "m
 
 def make_request_policy(name: str, **kwargs: Any) -> RequestPolicy:
     """A new policy object by registry name; options go to its constructor."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown request policy {name!r}; valid: {sorted(POLICIES)}") from None
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"bad options for request policy {name!r}: {e}") from None
+    return instantiate("request", POLICIES, name, kwargs)
 
 
 __all__ = [
