@@ -55,6 +55,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--records", action="store_true", help="also write requests.jsonl")
     p.add_argument("--list-policies", action="store_true", help="print the presets and exit")
+    p.add_argument(
+        "--workers",
+        default="auto",
+        help="processes to split a run across when the result stays exact (load-blind dispatch such as "
+        "round robin); 'auto' (default): the CPUs available for runs of 20,000+ requests, else 1",
+    )
+
+
+def _workers(value: str, n_requests: int) -> int:
+    from llmfleet.sim.partition import auto_workers
+
+    if value == "auto":
+        return auto_workers(n_requests)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"--workers must be 'auto' or a positive integer, got {value!r}")
+    return n
 
 
 def _workload(args):
@@ -119,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         spec = _spec(args)
         records = [load_record(p) for p in args.profile]
         workload = _workload(args)
+        workers = _workers(args.workers, len(workload))
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"llmfleet sim: {e}", file=sys.stderr)
         return 2
@@ -135,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 e = simulate(
                     spec, workload, b, records=records,
                     progress=lambda done, now, task=task: bar.update(task, completed=done, now=now),
+                    workers=workers,
                 )  # fmt: skip
             except ValueError as err:  # placement infeasible, model does not fit, ...
                 print(f"llmfleet sim: policy {b.name}: {err}", file=sys.stderr)

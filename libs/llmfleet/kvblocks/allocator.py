@@ -168,7 +168,7 @@ def _count(name: str, value: object) -> int:
 class BlockAllocator:
     """Block ids, reference counts and per-sequence block tables of one unified KV pool."""
 
-    __slots__ = ("_block_bytes", "_free", "_models", "_num_blocks", "_refcount", "_seqs", "_watermark", "_wm")
+    __slots__ = ("_block_bytes", "_free", "_models", "_num_blocks", "_seqs", "_shared", "_watermark", "_wm")
 
     def __init__(self, num_blocks: int, block_bytes: int, watermark: float = 0.01) -> None:
         for name, v in (("num_blocks", num_blocks), ("block_bytes", block_bytes)):
@@ -182,7 +182,9 @@ class BlockAllocator:
         self._wm = int(watermark * num_blocks)
         # A stack: pop() hands out the lowest ids first; freed blocks are reused first (LIFO).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._refcount: list[int] = [0] * num_blocks
+        # Reference counts, sparse: a block is free (on the stack), held by one sequence, or shared by
+        # forks (its count, ≥ 2, here). With nothing shared, taking and freeing blocks touch no counts.
+        self._shared: dict[int, int] = {}
         self._models: dict[str, _Model] = {}
         self._seqs: dict[str, _Seq] = {}
 
@@ -268,6 +270,12 @@ class BlockAllocator:
         Reserves ``ceil(num_tokens / T_m)`` blocks (none for 0 tokens). Checks the hard capacity only;
         call ``can_allocate`` first to respect the watermark.
         """
+        self.reserve(seq_id, model, num_tokens)
+        return self.table(seq_id)
+
+    def reserve(self, seq_id: str, model: str, num_tokens: int) -> int:
+        """:meth:`allocate` without building the block-table snapshot (for planners such as the
+        simulator); returns the number of blocks reserved."""
         m = self._model(model)
         num_tokens = _count("num_tokens", num_tokens)
         self._check_new(seq_id)
@@ -276,7 +284,7 @@ class BlockAllocator:
         self._seqs[seq_id] = _Seq(m, self._take(needed, m), num_tokens)
         m.tokens += num_tokens
         m.sequences += 1
-        return self.table(seq_id)
+        return needed
 
     def reserve_import(self, seq_id: str, model: str, shape: KvShape, num_tokens: int) -> BlockTable:
         """Reserve blocks for ``num_tokens`` tokens migrating in from another engine.
@@ -314,7 +322,6 @@ class BlockAllocator:
                     f"need 1 KV block to append to {seq_id!r} ({m.name!r}) but 0 of {self._num_blocks} are free",
                 )
             block = free.pop()
-            self._refcount[block] = 1
             seq.blocks.append(block)
             m.blocks += 1
         else:
@@ -342,17 +349,26 @@ class BlockAllocator:
     def grow_each(self, seq_ids: list[str], n: int = 1) -> int:
         """``n`` more tokens for every sequence (a batched decode step, or a run of them), all or
         nothing: ``OutOfBlocks`` leaves the allocator unchanged. Returns the number of new blocks."""
-        seqs = [self._seq(i) for i in seq_ids]
+        live = self._seqs
+        try:
+            seqs = [live[i] for i in seq_ids]
+        except KeyError:
+            raise self._unknown(next(i for i in seq_ids if i not in live)) from None
         n = _count("n", n)
         needs = [-(-(s.num_tokens + n) // s.model.tpb) - len(s.blocks) for s in seqs]
         total = sum(needs)
-        if total > len(self._free):
-            raise OutOfBlocks(total, len(self._free))
+        free = self._free
+        if total > len(free):
+            raise OutOfBlocks(total, len(free))
         for s, need in zip(seqs, needs, strict=True):
-            if need:
-                s.blocks.extend(self._take(need, s.model))
+            m = s.model
+            if need == 1:  # (the usual case: one block at a block boundary)
+                s.blocks.append(free.pop())
+                m.blocks += 1
+            elif need:
+                s.blocks.extend(self._take(need, m))
             s.num_tokens += n
-            s.model.tokens += n
+            m.tokens += n
         return total
 
     def grow(self, seq_id: str, n: int) -> int:
@@ -368,6 +384,15 @@ class BlockAllocator:
         seq.num_tokens = end
         m.tokens += n
         return needed
+
+    def blocks_needed_to_grow_each(self, seq_ids: list[str], n: int) -> int:
+        """New blocks :meth:`grow_each` ``(seq_ids, n)`` would take."""
+        _count("n", n)
+        total = 0
+        for i in seq_ids:
+            s = self._seq(i)
+            total += -(-(s.num_tokens + n) // s.model.tpb) - len(s.blocks)
+        return total
 
     def blocks_needed_to_append(self, seq_id: str, n: int = 1) -> int:
         """New blocks that appending ``n`` tokens to the sequence would take."""
@@ -396,22 +421,31 @@ class BlockAllocator:
         if seq is None:
             raise self._unknown(seq_id)
         m = seq.model
-        t = m.tpb
         blocks = seq.blocks
+        m.sequences -= 1
+        shared = self._shared
+        if not shared:  # the common case (no forks in the pool): every block goes back
+            blocks.reverse()  # so that the stack hands them out again in their original order
+            self._free.extend(blocks)
+            m.blocks -= len(blocks)
+            m.tokens -= seq.num_tokens
+            return len(blocks)
+        t = m.tpb
         last = len(blocks) - 1
-        rc = self._refcount
         free = self._free
         released = 0
-        # Reversed, so that the stack hands the sequence's blocks out again in their original order.
-        for i in range(last, -1, -1):
+        for i in range(last, -1, -1):  # reversed, as above
             b = blocks[i]
-            rc[b] -= 1
-            if rc[b] == 0:
+            c = shared.get(b)
+            if c is None:
                 free.append(b)
                 released += 1
                 m.tokens -= t if i < last else seq.num_tokens - last * t
+            elif c == 2:
+                del shared[b]
+            else:
+                shared[b] = c - 1
         m.blocks -= released
-        m.sequences -= 1
         return released
 
     def fork(self, src_seq_id: str, dst_seq_id: str) -> list[tuple[int, int]]:
@@ -427,9 +461,9 @@ class BlockAllocator:
         full, partial = divmod(src.num_tokens, t)
         self._ensure_free(1 if partial else 0, lambda: f"to fork {src_seq_id!r} into {dst_seq_id!r}")
         shared = src.blocks[:full]
-        rc = self._refcount
+        counts = self._shared
         for b in shared:
-            rc[b] += 1
+            counts[b] = counts.get(b, 1) + 1
         copies: list[tuple[int, int]] = []
         if partial:
             (new,) = self._take(1, m)
@@ -465,10 +499,13 @@ class BlockAllocator:
         return len(self._seqs)
 
     def block_refcount(self, block: int) -> int:
-        """How many live sequences hold ``block`` (0 = free)."""
+        """How many live sequences hold ``block`` (0 = free). A debugging query: O(free blocks)."""
         if not 0 <= block < self._num_blocks:
             raise IndexError(f"block {block} outside [0, {self._num_blocks})")
-        return self._refcount[block]
+        count = self._shared.get(block)
+        if count is not None:
+            return count
+        return 0 if block in self._free else 1
 
     def free_block_ids(self) -> list[int]:
         """A copy of the free list, next-to-be-allocated last (for debugging and tests; O(num_blocks))."""
@@ -543,8 +580,5 @@ class BlockAllocator:
         taken = free[-n:]
         del free[-n:]
         taken.reverse()
-        rc = self._refcount
-        for b in taken:
-            rc[b] = 1
         m.blocks += n
         return taken

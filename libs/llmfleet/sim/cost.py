@@ -22,6 +22,7 @@ dominates the whole range, else term by term.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,30 +39,75 @@ class LinearCost:
     prefill_legs: tuple[Leg, ...]
     decode_legs: tuple[Leg, ...]
     source: str
+    shared_fixed: float = field(init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if not self.prefill_legs or not self.decode_legs:
+            raise ValueError(f"a latency model needs at least one prefill and one decode leg ({self.source})")
+        # the fixed cost a mixed iteration pays once, not twice: min of the two phases' largest α
+        shared = min(max(a for a, _, _ in self.prefill_legs), max(a for a, _, _ in self.decode_legs))
+        object.__setattr__(self, "shared_fixed", shared)
+
+    # (explicit loops rather than max(generator): these run once per simulated iteration)
     def prefill(self, tokens: float, sq_tokens: float | None = None) -> float:
         """Prefill of ``tokens`` prompt tokens; ``sq_tokens`` = Σ l_i² (default: one prompt, T²)."""
         q = tokens * tokens if sq_tokens is None else sq_tokens
-        return max(a + b * tokens + g * q for a, b, g in self.prefill_legs)
+        best = -math.inf
+        for a, b, g in self.prefill_legs:
+            v = a + b * tokens + g * q
+            if v > best:
+                best = v
+        return best
 
     def decode(self, batch: float, context_sum: float) -> float:
         """One decode iteration of ``batch`` sequences holding ``context_sum`` tokens in total."""
-        return max(a + b * batch + g * context_sum for a, b, g in self.decode_legs)
+        best = -math.inf
+        for a, b, g in self.decode_legs:
+            v = a + b * batch + g * context_sum
+            if v > best:
+                best = v
+        return best
+
+    def iteration(self, prefill_tokens: int, prefill_sq: int, decodes: int, context_sum: int) -> float:
+        """One continuous-batching iteration: prefill part + decode part (either may be empty)."""
+        t = 0.0
+        if prefill_tokens:
+            t += self.prefill(prefill_tokens, prefill_sq)
+        if decodes:
+            t += self.decode(decodes, context_sum)
+            if prefill_tokens:
+                t -= self.shared_fixed
+        return t
 
     def decode_steps(self, batch: int, context_sum: int, growth: int, steps: int) -> np.ndarray:
         """Durations of ``steps`` decode iterations whose Σ context starts at ``context_sum`` and grows by
         ``growth`` each step (vectorised; the same float operations as :meth:`decode`)."""
-        ctx = (context_sum + growth * np.arange(steps, dtype=np.int64)).astype(np.float64)
-        out = None
-        for a, b, g in self.decode_legs:
-            leg = a + b * batch + g * ctx
-            out = leg if out is None else np.maximum(out, leg)
-        return out if out is not None else np.zeros(steps)
+        out = np.empty(max(0, steps))
+        self.decode_steps_into(out, batch, context_sum, growth)
+        return out
 
-    @property
-    def shared_fixed(self) -> float:
-        """The fixed cost a mixed iteration pays once, not twice: min of the two phases' largest α."""
-        return min(max(a for a, _, _ in self.prefill_legs), max(a for a, _, _ in self.decode_legs))
+    def decode_steps_into(self, out: np.ndarray, batch: int, context_sum: int, growth: int) -> None:
+        """:meth:`decode_steps` for ``len(out)`` steps, written into ``out`` (float64)."""
+        steps = len(out)
+        if steps == 0:
+            return
+        # Σ context per step, exact in float64 (integers below 2**53)
+        ctx = (
+            np.arange(context_sum, context_sum + growth * steps, growth, dtype=np.float64)
+            if growth
+            else (np.full(steps, float(context_sum)))
+        )
+        first = True
+        for a, b, g in self.decode_legs:
+            fixed = a + b * batch  # then + g·S: the same two float additions as decode()
+            if first:
+                np.multiply(ctx, g, out=out)
+                out += fixed
+                first = False
+            else:
+                leg = ctx * g
+                leg += fixed
+                np.maximum(out, leg, out=out)
 
     def prefill_time(self, total_tokens: float) -> float:
         return self.prefill(total_tokens)
@@ -138,15 +184,7 @@ class CostBook:
         self, model: str, tp: int, prefill_tokens: int, prefill_sq: int, decodes: int, context_sum: int
     ) -> float:
         """One continuous-batching iteration: prefill part + decode part (either may be empty)."""
-        lm = self.model(model, tp)
-        t = 0.0
-        if prefill_tokens:
-            t += lm.prefill(prefill_tokens, prefill_sq)
-        if decodes:
-            t += lm.decode(decodes, context_sum)
-            if prefill_tokens:
-                t -= lm.shared_fixed
-        return t
+        return self.model(model, tp).iteration(prefill_tokens, prefill_sq, decodes, context_sum)
 
     def solo_time(self, model: str, tp: int, prompt_tokens: int, output_tokens: int) -> float:
         """Execution time of the request alone on the instance (no queueing, batch of one)."""
@@ -157,7 +195,18 @@ class CostBook:
             return t
         lo, hi = prompt_tokens + 1, prompt_tokens + n
         legs = lm.decode_legs
-        for a, b, g in legs:  # one leg dominating at both ends dominates throughout (linear legs)
-            if all(a + b + g * x >= a2 + b2 + g2 * x for a2, b2, g2 in legs for x in (lo, hi)):
-                return t + n * (a + b) + g * (lo + hi) * n / 2
+        top_lo = _top_leg(legs, lo)
+        if top_lo == _top_leg(legs, hi):  # one leg on top at both ends is on top throughout (linear)
+            a, b, g = legs[top_lo]
+            return t + n * (a + b) + g * (lo + hi) * n / 2
         return t + sum(lm.decode(1, x) for x in range(lo, hi + 1))
+
+
+def _top_leg(legs: tuple[Leg, ...], x: int) -> int:
+    """Index of the largest decode leg for one sequence of context ``x`` (the first on ties)."""
+    best, top = -math.inf, 0
+    for i, (a, b, g) in enumerate(legs):
+        v = a + b + g * x
+        if v > best:
+            best, top = v, i
+    return top

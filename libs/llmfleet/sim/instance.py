@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
@@ -54,21 +55,25 @@ class _Req:
         return self.rec.output_tokens - self.rec.produced
 
 
-@dataclass
+@dataclass(slots=True)
 class _Work:
-    """The batch in flight: ``k`` iterations (a chunk when k > 1) ending at ``ends[k-1]``."""
+    """The batch in flight: ``k`` iterations from ``start`` to ``end``. A chunk (k > 1) or a static
+    batch keeps every iteration's bounds in ``starts``/``ends`` (``end == ends[k-1]``)."""
 
     batch: Batch | StaticBatch
     members: list[_Req]
-    starts: np.ndarray
-    ends: np.ndarray
+    start: float
+    end: float
     k: int
+    starts: np.ndarray | None = None
+    ends: np.ndarray | None = None
     static: bool = False
     rows_done_at: dict[str, float] | None = None  # static: when each finished row produced its EOS
 
     @property
-    def end(self) -> float:
-        return float(self.ends[self.k - 1])
+    def first_end(self) -> float:
+        """End of the first iteration (when a prefill's first token appears)."""
+        return self.end if self.ends is None else float(self.ends[0])
 
 
 class SimInstance:
@@ -96,6 +101,8 @@ class SimInstance:
         for m in models:
             self.alloc.register_model(m, archs[m].kv_shape)
         self.tpb = {m: self.alloc.tokens_per_block(m) for m in models}
+        self._lm = {m: cost.model(m, tp) for m in models}  # this instance's latency model per model
+        self._pool: PoolView | None = None  # the last view handed out (reused while free blocks match)
         self.limits = BatchLimits(engine.max_requests, engine.max_prefill_tokens)
         self.waiting: dict[str, _Req] = {}
         self.running: dict[str, _Req] = {}
@@ -120,7 +127,11 @@ class SimInstance:
         return self.alloc.used_blocks * self.layout.block_bytes
 
     def pool_view(self) -> PoolView:
-        return PoolView(self.alloc.free_blocks, self.alloc.watermark_blocks, self.tpb)
+        pool = self._pool
+        free = self.alloc.free_blocks
+        if pool is None or pool.free_blocks != free:
+            pool = self._pool = PoolView(free, self.alloc.watermark_blocks, self.tpb)
+        return pool
 
     # ------------------------------------------------------------------------------------- requests
     def admit(
@@ -155,12 +166,13 @@ class SimInstance:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in
         progress. Returns the new end time if it moved (the caller reschedules), else None."""
         w = self.work
-        if w is None or w.static or w.k == 1:
+        if w is None or w.static or w.k == 1 or w.starts is None or w.ends is None:
             return None
         k = max(1, int(np.searchsorted(w.starts[: w.k], now, side="left")))
         if k == w.k:
             return None
         w.k = k
+        w.end = float(w.ends[k - 1])
         self.version += 1
         return w.end
 
@@ -181,42 +193,45 @@ class SimInstance:
                 return end
 
     def _start_continuous(self, now: float, fail: Callable[[_Req, str], None]) -> float | None:
-        running = list(self.running.values())
-        room = max(0, self.limits.max_requests - len(running))
-        waiting = list(self.waiting.values())[:room]
-        scheds_w = [r.sched for r in waiting]
-        scheds_r = [r.sched for r in running]
+        running, waiting = self.running, self.waiting
+        room = self.limits.max_requests - len(running)
+        scheds_r = [r.sched for r in running.values()]
+        if len(waiting) <= room:
+            scheds_w = [r.sched for r in waiting.values()]
+        else:
+            scheds_w = [r.sched for r in islice(waiting.values(), max(0, room))]
         pool = self.pool_view()
         batch = self.policy.next_batch(scheds_w, scheds_r, pool, self.limits, now)
         if batch is None:
             if not running:
                 for s in stuck_requests(scheds_w, scheds_r, pool):
-                    fail(self.waiting.pop(s.request_id), self._too_big(s))
+                    fail(waiting.pop(s.request_id), self._too_big(s))
             return None
         members: list[_Req] = []
         prefill = prefill_sq = decodes = ctx = 0
         preemptions_before = self.preemptions
-        reqs = []
-        for rid in batch.request_ids:
-            r = self.waiting.get(rid) or self.running.get(rid)
-            if r is None:
-                raise RuntimeError(f"policy {self.policy.name} batched unknown request {rid!r}")
-            reqs.append(r)
+        ids = batch.request_ids
         if batch.phase == "decode":  # the common case: one slot each, in one all-or-nothing step
             try:
-                self.alloc.grow_each([r.sched.request_id for r in reqs], 1)
+                reqs = [running[rid] for rid in ids]
+            except KeyError:
+                reqs = self._resolve(ids)
+            try:
+                self.alloc.grow_each(list(ids), 1)
             except OutOfBlocks:
                 pass  # some decode needs a block that is not there: the per-request path preempts
             else:
                 members = reqs
                 decodes = len(reqs)
-                ctx = sum(r.sched.context_tokens for r in reqs)
+                ctx = sum([r.sched.prompt_tokens + r.sched.generated for r in reqs])
                 reqs = []
+        else:
+            reqs = self._resolve(ids)
         for r in reqs:
             rid = r.sched.request_id
             if r.sched.phase == "prefill":
                 try:
-                    self.alloc.allocate(rid, r.sched.model, r.sched.prompt_tokens)
+                    self.alloc.reserve(rid, r.sched.model, r.sched.prompt_tokens)
                 except OutOfBlocks:
                     continue  # the policy over-admitted; it retries next iteration
                 del self.waiting[rid]
@@ -233,14 +248,24 @@ class SimInstance:
         if not members:
             return None
         preempted = self.preemptions != preemptions_before
-        dur = self.cost.iteration(batch.model, self.tp, prefill, prefill_sq, decodes, ctx)
-        starts, ends = np.array([now]), np.array([now + dur])
+        lm = self._lm[batch.model]
+        dur = lm.iteration(prefill, prefill_sq, decodes, ctx)
+        work = None
         if self.fast_forward and prefill == 0 and len(members) == len(batch.request_ids) and not preempted:
             # (a preemption or a failed allocation changed the queues the policy looked at: no chunk)
-            starts, ends = self._extend_chunk(batch, members, ends[0], decodes, ctx, scheds_w, scheds_r, now)
-        self.work = _Work(batch, members, starts, ends, len(ends))
+            work = self._chunk(batch, members, dur, decodes, ctx, scheds_w, scheds_r, now)
+        self.work = work or _Work(batch, members, now, now + dur, 1)
         self.version += 1
         return self.work.end
+
+    def _resolve(self, ids: tuple[str, ...]) -> list[_Req]:
+        out = []
+        for rid in ids:
+            r = self.waiting.get(rid) or self.running.get(rid)
+            if r is None:
+                raise RuntimeError(f"policy {self.policy.name} batched unknown request {rid!r}")
+            out.append(r)
+        return out
 
     def _too_big(self, s: SchedRequest) -> str:
         need = self.pool_view().blocks_for(s.model, s.prompt_tokens + 1)
@@ -273,25 +298,31 @@ class SimInstance:
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _extend_chunk(self, batch, members, end0, n, ctx, scheds_w, scheds_r, now):
-        """Grow a pure-decode iteration (ending at ``end0``) into a chunk: (starts, ends) arrays."""
-        one = np.array([now]), np.array([end0])
-        k_max = min(r.remaining for r in members)
+    def _chunk(self, batch, members, dur, n, ctx, scheds_w, scheds_r, now) -> _Work | None:
+        """Grow a pure-decode iteration of ``dur`` into a chunk, or None when it stays one iteration.
+
+        Bounds are one ``cumsum`` over [now, dur, d_2, …], the same additions as a running ``t += d``,
+        so every iteration ends exactly where iterating one by one would put it."""
+        k_max = min([r.rec.output_tokens - r.rec.produced for r in members])
         if k_max <= 1:
-            return one
+            return None
         horizon = self.policy.stable_until(batch, scheds_w, scheds_r, now)  # type: ignore[union-attr]
-        if horizon <= end0:
-            return one
+        if horizon <= now + dur:
+            return None
         k_max = self._kv_bound(members, k_max)
         if k_max <= 1:
-            return one
-        durs = self.cost.model(batch.model, self.tp).decode_steps(n, ctx + n, n, k_max - 1)
-        durs[0] += end0  # cumsum from end0 with the same additions as a running t += d
-        rest = np.cumsum(durs)
-        starts = np.concatenate(([now, end0], rest[:-1]))
-        ends = np.concatenate(([end0], rest))
-        keep = int(np.searchsorted(starts, horizon, side="left"))  # iterations starting before the horizon
-        return starts[: max(1, keep)], ends[: max(1, keep)]
+            return None
+        steps = np.empty(k_max + 1)
+        steps[0] = now
+        steps[1] = dur
+        self._lm[batch.model].decode_steps_into(steps[2:], n, ctx + n, n)
+        bounds = np.cumsum(steps)
+        k = k_max
+        if horizon != np.inf:  # iterations starting before the horizon
+            k = max(1, int(np.searchsorted(bounds[:-1], horizon, side="left")))
+        if k == 1:
+            return None
+        return _Work(batch, members, now, float(bounds[k]), k, bounds[:k], bounds[1 : k + 1])
 
     def _kv_bound(self, members: list[_Req], k_max: int) -> int:
         """Largest k ≤ k_max such that k − 1 more tokens per member fit the free blocks."""
@@ -299,7 +330,7 @@ class SimInstance:
         ids = [r.sched.request_id for r in members]
 
         def fits(k: int) -> bool:
-            return sum(self.alloc.blocks_needed_to_append(i, k - 1) for i in ids) <= free
+            return self.alloc.blocks_needed_to_grow_each(ids, k - 1) <= free
 
         if fits(k_max):
             return k_max
@@ -320,23 +351,25 @@ class SimInstance:
         if w.static:
             return self._finish_static(w, now)
         k = w.k
-        dur = float(w.ends[k - 1] - w.starts[0])
+        dur = w.end - w.start
         self.iterations += k
         self.busy_s += dur
         scheds = [r.sched for r in w.members]
-        if k > 1 and hasattr(self.policy, "on_iterations"):
-            self.policy.on_iterations(w.batch, np.diff(w.ends[:k], prepend=w.starts[0]), now, scheds)
+        if k > 1 and w.ends is not None and hasattr(self.policy, "on_iterations"):
+            self.policy.on_iterations(w.batch, np.diff(w.ends[:k], prepend=w.start), now, scheds)
         else:
             self.policy.on_iteration(w.batch, dur, now, scheds)
         done: list[_Req] = []
         if k > 1:
-            self.alloc.grow_each([r.sched.request_id for r in w.members], k - 1)
+            self.alloc.grow_each([s.request_id for s in scheds], k - 1)
+        first_end = None
         for r in w.members:
-            r.rec.produced += k
+            rec = r.rec
+            rec.produced += k
             r.sched.generated += k
-            if r.rec.first_token_s is None:
-                r.rec.first_token_s = float(w.ends[0])
-            if r.rec.produced >= r.rec.output_tokens:
+            if rec.first_token_s is None:
+                rec.first_token_s = first_end = w.first_end if first_end is None else first_end
+            if rec.produced >= rec.output_tokens:
                 self._complete(r, now)
                 done.append(r)
         return done
@@ -389,21 +422,23 @@ class SimInstance:
         rows_done = {
             r.sched.request_id: float(ends[r.remaining - 1]) for r in members if r.remaining <= steps
         }
-        self.work = _Work(batch, members, starts, ends, steps, static=True, rows_done_at=rows_done)
+        self.work = _Work(
+            batch, members, now, float(ends[-1]), steps, starts, ends, static=True, rows_done_at=rows_done
+        )
         self.version += 1
         return self.work.end
 
     def _finish_static(self, w: _Work, now: float) -> list[_Req]:
         k = w.k
         self.iterations += k
-        self.busy_s += now - w.starts[0]
-        self.policy.on_batch_done(w.batch, now - w.starts[0], now, [r.sched for r in w.members])  # type: ignore[union-attr, arg-type]
+        self.busy_s += now - w.start
+        self.policy.on_batch_done(w.batch, now - w.start, now, [r.sched for r in w.members])  # type: ignore[union-attr, arg-type]
         eos = self.engine.static_release == "eos"
         done: list[_Req] = []
         for r in w.members:
             rid = r.sched.request_id
             if r.rec.first_token_s is None:
-                r.rec.first_token_s = float(w.ends[0]) if eos else now
+                r.rec.first_token_s = w.first_end if eos else now
             self.alloc.free(rid)
             del self.running[rid]
             finished_at = w.rows_done_at.get(rid) if w.rows_done_at else None

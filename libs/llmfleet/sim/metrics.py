@@ -117,6 +117,7 @@ def cluster_metrics(result: SimResult) -> dict:
         "events": result.events,
         "wall_s": result.wall_s,
         "events_per_s": result.events / result.wall_s if result.wall_s > 0 else 0.0,
+        "workers": result.workers,
     }
 
 

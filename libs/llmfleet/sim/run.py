@@ -24,6 +24,7 @@ from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import make_request_policy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
+from llmfleet.sim.partition import partition_blocker, run_partitioned
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
@@ -163,8 +164,13 @@ def simulate(
     fast_forward: bool = True,
     samples: int = 400,
     progress: Callable[[int, float], None] | None = None,
+    workers: int = 1,
 ) -> Experiment:
-    """Place, dispatch and run ``workload`` under ``policy`` on ``spec.cluster``."""
+    """Place, dispatch and run ``workload`` under ``policy`` on ``spec.cluster``.
+
+    ``workers`` > 1 splits the run across that many processes when the result stays exact (a
+    load-blind dispatcher, see :mod:`llmfleet.sim.partition`); otherwise it runs in this process and
+    ``result.workers`` is 1."""
     policy.validate()
     if not workload.requests:
         raise ValueError("the workload has no requests")
@@ -180,7 +186,12 @@ def simulate(
         spec, list(plan), policy.local_factory(), dispatch, cost,
         fast_forward=fast_forward, sample_period_s=period, predict=predict,
     )  # fmt: skip
-    result = sim.run(workload.requests, total=len(workload.requests), progress=progress, strict_services=True)
+    if workers > 1 and partition_blocker(sim) is None:
+        result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
+    else:
+        result = sim.run(
+            workload.requests, total=len(workload.requests), progress=progress, strict_services=True
+        )
     report = summarize(result, spec.services)
     report["policy"] = dataclasses.asdict(policy)
     report["plan"] = [dataclasses.asdict(p) for p in plan]

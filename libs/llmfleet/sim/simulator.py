@@ -21,6 +21,7 @@ import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, HostList, NoCandidate
@@ -30,8 +31,21 @@ from llmfleet.sim.instance import SimInstance, _Req
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
 
-_END, _ARRIVAL, _HOOK, _MOVE, _SAMPLE = 0, 1, 2, 3, 4
+# Event kinds, also the order of events at the same instant (then insertion order): an arrival at the
+# very end of an iteration joins the next batch. The order never depends on when an event was pushed,
+# so a partitioned run (``workers``) orders each instance's events exactly as a serial one.
+_ARRIVAL, _MOVE, _END, _HOOK, _SAMPLE = 0, 1, 2, 3, 4
 Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
+
+
+class Route(NamedTuple):
+    """Where an arriving request goes: its service, predicted output length, and instance (None, with
+    the reason in ``failed``, when no instance can take it)."""
+
+    service: SimService
+    predicted: float | None
+    instance_id: str | None
+    failed: str | None
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,7 @@ class SimResult:
     wall_s: float
     cost_sources: dict[str, str] = field(default_factory=dict)
     provisioned_gpus: int = 0
+    workers: int = 1  # processes the run was split across (llmfleet.sim.partition)
 
 
 class Simulator:
@@ -107,6 +122,11 @@ class Simulator:
         self._hooks: list[tuple[float, Callable[[Simulator, float], None]]] = []
         # dispatchers that track what they placed (Aladdin, SCLS max-min) hear about completions
         self._on_finish = getattr(dispatch, "on_finish", None)
+        # a dispatcher that never reads load (round robin) needs no candidate refresh, and its choices do
+        # not depend on the instances' state: a run can then be partitioned across processes
+        self.load_blind = bool(getattr(dispatch, "load_blind", False))
+        self._routes: list[Route] | None = None  # set in a partition: each arrival's route, decided upfront
+        self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
         self._moving = 0
         self._svc_cache: dict[str, SimService] = {}
@@ -117,7 +137,7 @@ class Simulator:
     # ------------------------------------------------------------------------------------- plumbing
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+        heapq.heappush(self._heap, (t, kind, self._seq, a, b))
 
     @staticmethod
     def _candidate(inst: SimInstance) -> EngineCandidate:
@@ -138,7 +158,8 @@ class Simulator:
         self._where.pop(r.rec.request_id, None)
 
     def _kick(self, inst: SimInstance, now: float) -> None:
-        self._dirty.add(inst.instance_id)
+        if not self.load_blind:
+            self._dirty.add(inst.instance_id)
         if inst.work is None:
             end = inst.start(now, self._fail)
             if end is not None:
@@ -199,14 +220,13 @@ class Simulator:
         self._kick(dst, now)
 
     # ------------------------------------------------------------------------------------- dispatch
-    def _arrive(self, wr, now: float) -> None:
+    def route(self, wr, now: float) -> Route:
+        """Predict and dispatch one arriving request: its service, prediction, and instance id (or why
+        no instance can take it)."""
         svc = self._service(wr.service)
-        rec = RequestRecord(
-            wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
-        )
-        self.records.append(rec)
         predicted = self.predict(svc.name, wr.prompt_tokens) if self.predict else None
-        self._refresh()
+        if not self.load_blind:
+            self._refresh()
         req = DispatchRequest(
             wr.request_id, svc.model, svc.name, wr.prompt_tokens, predicted or 0.0,
             self._kv_bytes_per_token[svc.model], now,
@@ -214,7 +234,17 @@ class Simulator:
         try:
             iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), frozenset(), request=req)
         except NoCandidate as e:
-            rec.failed = str(e)
+            return Route(svc, predicted, None, str(e))
+        return Route(svc, predicted, iid, None)
+
+    def _arrive(self, wr, now: float, route: Route | None = None) -> None:
+        svc, predicted, iid, why = route or self.route(wr, now)
+        rec = RequestRecord(
+            wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
+        )
+        self.records.append(rec)
+        if iid is None:
+            rec.failed = why
             return
         inst = self.instances[iid]
         rec.instance = iid
@@ -258,13 +288,13 @@ class Simulator:
             self._push(first.arrival_s + period, _HOOK, i)
         span = self.sample_period_s
         if span is not None:
-            self._push(first.arrival_s, _SAMPLE)
+            self._push(first.arrival_s if self._sample_origin is None else self._sample_origin, _SAMPLE)
         samples: list[Sample] = []
         events = arrived = 0
         step = max(1, (total or 0) // 100)
         pending = True  # arrivals not yet read
         while self._heap:
-            t, _, kind, a, b = heapq.heappop(self._heap)
+            t, kind, _, a, b = heapq.heappop(self._heap)
             if t < self.now - 1e-9:
                 raise RuntimeError(f"event at {t} before now {self.now}: time went backwards")
             self.now = t
@@ -289,7 +319,7 @@ class Simulator:
                     self._push(nxt.arrival_s, _ARRIVAL, nxt)
                 else:
                     pending = False
-                self._arrive(a, t)
+                self._arrive(a, t, None if self._routes is None else self._routes[arrived])
                 arrived += 1
                 if progress and arrived % step == 0:
                     progress(arrived, t)

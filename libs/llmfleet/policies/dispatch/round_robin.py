@@ -14,6 +14,9 @@ class RoundRobin:
 
     name: str = "round_robin"
     _next: dict[str, int] = field(default_factory=dict)
+    # never reads the candidates' load: callers may skip refreshing it, and the simulator may split a
+    # run across processes (llmfleet.sim.partition) since routing does not depend on instance state
+    load_blind = True
 
     def choose(
         self,

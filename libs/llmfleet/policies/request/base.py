@@ -93,8 +93,8 @@ class PoolView:
     def __post_init__(self) -> None:
         if self.free_blocks < 0 or self.watermark_blocks < 0:
             raise ValueError("free_blocks and watermark_blocks must be >= 0")
-        bad = {m: t for m, t in self.tokens_per_block.items() if t < 1}
-        if bad:
+        if min(self.tokens_per_block.values(), default=1) < 1:
+            bad = {m: t for m, t in self.tokens_per_block.items() if t < 1}
             raise ValueError(f"tokens_per_block must be >= 1: {bad}")
 
     @property

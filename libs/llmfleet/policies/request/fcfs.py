@@ -51,15 +51,25 @@ class Fcfs:
     ) -> Batch | None:
         if not waiting and not running:
             return None
-        waits = sorted(waiting, key=arrival_key)
         runs = sorted(running, key=arrival_key)
+        if not waiting:  # decodes only (the common case): the oldest request's model, all its decodes
+            model = runs[0].model
+            decodes = [r for r in runs if r.model == model][: limits.max_requests]
+            return Batch(model, "decode", tuple([r.request_id for r in decodes]))
+        waits = sorted(waiting, key=arrival_key)
         oldest: dict[str, tuple[float, str]] = {}
-        for r in (*waits, *runs):
-            k = arrival_key(r)
-            if r.model not in oldest or k < oldest[r.model]:
-                oldest[r.model] = k
+        for queue in (waits, runs):  # sorted: a model's first request in each queue is its oldest there
+            seen: set[str] = set()
+            for r in queue:
+                if r.model in seen:
+                    continue
+                seen.add(r.model)
+                k = arrival_key(r)
+                if r.model not in oldest or k < oldest[r.model]:
+                    oldest[r.model] = k
         head_blocked = bool(waits) and bool(runs) and not fits_alone(pool, waits[0])
-        for model in sorted(oldest, key=lambda m: (oldest[m], m)):
+        models = sorted(oldest, key=lambda m: (oldest[m], m)) if len(oldest) > 1 else list(oldest)
+        for model in models:
             decodes = [r for r in runs if r.model == model][: limits.max_requests]
             prefills: list[SchedRequest] = []
             if not head_blocked:
@@ -68,7 +78,7 @@ class Fcfs:
                 )
             if decodes or prefills:
                 phase: BatchPhase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
-                return Batch(model, phase, tuple(r.request_id for r in (*decodes, *prefills)))
+                return Batch(model, phase, tuple([r.request_id for r in (*decodes, *prefills)]))
         return None
 
     def stable_until(

@@ -1,0 +1,244 @@
+"""A simulation split across processes by instance: exact when dispatch does not read load.
+
+When the dispatch policy is *load-blind* (``load_blind = True``: round robin), where a request goes does
+not depend on any instance's state, and instances share nothing else: each one's evolution depends only
+on the requests routed to it. So the run is done in three steps, with the same objects as a serial run:
+
+1. this process routes every request in arrival order (:meth:`Simulator.route`: the one dispatch
+   object, the same calls in the same order as serially, predictions included);
+2. the instances are split into ``workers`` groups balanced by routed requests, and each group is
+   simulated in a forked process by the same :class:`Simulator` restricted to it, replaying the routes;
+3. records (in arrival order), samples (summed per sampling instant, on a shared clock), instance
+   statistics and event counts are merged.
+
+Every record equals the serial run's (events at one instant are ordered by kind, never by insertion,
+so each instance sees its events in the serial order); ``tests/sim/test_partition.py`` checks it. Not
+partitionable — and run serially by :func:`simulate_partitioned` callers — are load-aware dispatchers,
+dispatchers that hear completions (``on_finish``), hooks and request moves: they couple instances.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+
+from llmfleet.sim.records import RequestRecord
+from llmfleet.sim.simulator import Route, Sample, SimResult, Simulator
+
+
+def partition_blocker(sim: Simulator) -> str | None:
+    """Why ``sim`` cannot be split across processes, or None when it can."""
+    if not sim.load_blind:
+        return f"dispatch policy {getattr(sim.dispatch, 'name', sim.dispatch)!r} reads instance load"
+    if sim._on_finish is not None:
+        return "the dispatch policy tracks completions (on_finish)"
+    if sim._hooks:
+        return "hooks (every) act across instances"
+    if sim._heap or sim.records:
+        return "the simulator has already run"
+    if len(sim.instances) < 2:
+        return "only one instance"
+    if "fork" not in mp.get_all_start_methods():
+        return "this platform cannot fork"
+    return None
+
+
+def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -> list[list[str]]:
+    """Split instances into at most ``workers`` non-empty groups, heaviest first onto the lightest
+    group (LPT), each group in the simulator's instance order."""
+    n = min(workers, len(instance_ids))
+    load = [0] * n
+    members: list[list[str]] = [[] for _ in range(n)]
+    for iid in sorted(instance_ids, key=lambda i: (-counts.get(i, 0), i)):
+        g = min(range(n), key=lambda j: (load[j], j))
+        members[g].append(iid)
+        load[g] += counts.get(iid, 0)
+    order = {iid: k for k, iid in enumerate(instance_ids)}
+    return [sorted(m, key=order.__getitem__) for m in members if m]
+
+
+_OUTCOME = ("instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "failed")
+
+
+def auto_workers(n_requests: int, *, min_requests: int = 20_000, cap: int = 8) -> int:
+    """Processes worth forking for ``n_requests``: one below ``min_requests`` (forking and routing
+    upfront cost more than they save), else the CPUs this process may use, at most ``cap``."""
+    if n_requests < min_requests:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, cap))
+
+
+def _child(
+    sim: Simulator, ids: list[str], reqs: list, routes: list[Route], origin: float, conn, done, clock, slot
+):
+    """Run one group (in a forked process) and send its result back."""
+    try:
+        keep = set(ids)
+        sim.instances = {i: inst for i, inst in sim.instances.items() if i in keep}
+        sim._routes = routes
+        sim._sample_origin = origin
+
+        def tick(n: int, now: float) -> None:
+            done[slot] = n
+            clock[slot] = now
+
+        res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim._strict_services)
+        # the parent knows each request; only outcomes travel (plain tuples pickle ~10x faster)
+        outcomes = [tuple(getattr(r, f) for f in _OUTCOME) for r in res.records]
+        res.records = []
+        conn.send(("ok", (res, outcomes)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run_partitioned(
+    sim: Simulator,
+    requests: Sequence,
+    workers: int,
+    *,
+    progress: Callable[[int, float], None] | None = None,
+    strict_services: bool = False,
+) -> SimResult:
+    """Run ``requests`` on ``sim`` split across up to ``workers`` processes (see the module docstring).
+
+    Raises ``ValueError`` naming the reason when ``sim`` cannot be partitioned."""
+    why = partition_blocker(sim)
+    if why is not None:
+        raise ValueError(f"cannot partition this simulation: {why}")
+    t0 = time.perf_counter()
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("the workload has no requests")
+    sim._strict_services = strict_services
+    routes: list[Route] = []
+    prev = None
+    for wr in reqs:  # step 1: route in arrival order, exactly as the serial run's arrivals would
+        if prev is not None and wr.arrival_s < prev.arrival_s:
+            raise ValueError(
+                f"requests must be sorted by arrival: {wr.request_id} ({wr.arrival_s}) comes "
+                f"after {prev.request_id} ({prev.arrival_s})"
+            )
+        routes.append(sim.route(wr, wr.arrival_s))
+        prev = wr
+    counts: dict[str, int] = {}
+    for r in routes:
+        if r.instance_id is not None:
+            counts[r.instance_id] = counts.get(r.instance_id, 0) + 1
+    groups = _groups(counts, list(sim.instances), workers)
+    owner = {iid: g for g, ids in enumerate(groups) for iid in ids}
+    part_reqs: list[list] = [[] for _ in groups]
+    part_routes: list[list[Route]] = [[] for _ in groups]
+    for wr, r in zip(reqs, routes, strict=True):
+        if r.instance_id is not None:
+            g = owner[r.instance_id]
+            part_reqs[g].append(wr)
+            part_routes[g].append(r)
+
+    ctx = mp.get_context("fork")
+    done = ctx.Array("q", len(groups), lock=False)  # per worker: requests arrived, simulated time
+    clock = ctx.Array("d", len(groups), lock=False)
+    procs, conns = [], []
+    for g, ids in enumerate(groups):  # step 2: one forked process per non-empty group
+        if not part_reqs[g]:
+            continue
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_child,
+            args=(sim, ids, part_reqs[g], part_routes[g], reqs[0].arrival_s, send, done, clock, g),
+            daemon=True,
+        )
+        p.start()
+        send.close()
+        procs.append((g, p))
+        conns.append((g, recv))
+    results: dict[int, tuple[SimResult, list[tuple]]] = {}
+    errors: list[str] = []
+    pending = dict(conns)
+    try:
+        while pending:
+            ready = wait(list(pending.values()), timeout=0.5)
+            for conn in ready:
+                g = next(k for k, c in pending.items() if c is conn)
+                try:
+                    status, payload = conn.recv()
+                except EOFError:
+                    status, payload = "error", f"worker {g} exited without a result"
+                if status == "ok":
+                    results[g] = payload
+                else:
+                    errors.append(payload)
+                del pending[g]
+            if progress:  # simulated time: the furthest behind of the workers still running
+                progress(sum(done), min((clock[g] for g in pending), default=clock[0]))
+    finally:
+        for _, p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("a simulation worker failed:\n" + "\n".join(errors))
+    return _merge(sim, reqs, routes, owner, groups, results, t0, progress)
+
+
+def _merge(sim, reqs, routes, owner, groups, results, t0, progress) -> SimResult:
+    """Step 3: one result as the serial run would have produced it."""
+    iters = {g: iter(outcomes) for g, (_, outcomes) in results.items()}
+    results = {g: res for g, (res, _) in results.items()}
+    records: list[RequestRecord] = []
+    for wr, r in zip(reqs, routes, strict=True):
+        if r.instance_id is None:  # no instance could take it: failed at dispatch, as serially
+            rec = RequestRecord(wr.request_id, r.service.name, r.service.model, wr.arrival_s, wr.prompt_tokens,
+                                wr.output_tokens, failed=r.failed or "no instance")  # fmt: skip
+            records.append(rec)
+        else:
+            rec = RequestRecord(wr.request_id, r.service.name, r.service.model, wr.arrival_s, wr.prompt_tokens,
+                                wr.output_tokens, *next(iters[owner[r.instance_id]]))  # fmt: skip
+            records.append(rec)
+    stats = {d["instance"]: d for res in results.values() for d in res.instances}
+    idle = {  # an idle group (no results, or done sampling) holds no KV, no GPUs busy, no requests
+        g: sum(sim.instances[i].kv_capacity_bytes for i in ids) for g, ids in enumerate(groups)
+    }
+    n_samples = max((len(res.samples) for res in results.values()), default=0)
+    samples = []
+    for k in range(n_samples):
+        t = next(res.samples[k].t for res in results.values() if len(res.samples) > k)
+        used = cap = active = inside = 0
+        for g in range(len(groups)):
+            res = results.get(g)
+            if res is not None and len(res.samples) > k:
+                s = res.samples[k]
+                used += s.kv_used
+                cap += s.kv_capacity
+                active += s.active_gpus
+                inside += s.in_system
+            else:
+                cap += idle[g]
+        samples.append(Sample(t, used, cap, active, inside))
+    unrouted = sum(1 for r in routes if r.instance_id is None)  # their arrival events ran here
+    events = sum(res.events - len(res.samples) for res in results.values()) + n_samples + unrouted
+    end_s = max((res.end_s for res in results.values()), default=reqs[-1].arrival_s)
+    sim.records = records
+    sim.now = end_s
+    if progress:
+        progress(len(reqs), end_s)
+    return SimResult(
+        records=records,
+        samples=samples,
+        instances=[stats.get(i) or sim._instance_stats(sim.instances[i]) for i in sim.instances],
+        end_s=end_s,
+        events=events,
+        wall_s=time.perf_counter() - t0,
+        cost_sources=sim.cost.sources(),
+        provisioned_gpus=sum(i.tp for i in sim.instances.values()),
+        workers=len(results),
+    )
