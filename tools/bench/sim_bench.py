@@ -4,7 +4,8 @@ Scenarios (each in its own process so the peak RSS is its own):
 - ``conv32``:  the Azure conv trace (19,366 requests, 1 h window as published) on 32 A100-80GB,
                Llama-2-7B, for several policy presets (goal: ≤ 5 s wall each)
 - ``synth1m``: 1,000,000 Poisson requests (lengths resampled from the conv trace) on 1,000 A100-80GB,
-               FCFS + round-robin (goal: ≤ 120 s wall)
+               FCFS + round-robin (goal: ≤ 120 s wall), once in one process and once split across
+               ``--workers`` processes (exact: round robin is load-blind, see llmfleet.sim.partition)
 
     python tools/bench/sim_bench.py --out .bench            # everything
     python tools/bench/sim_bench.py --only conv32 --out .bench
@@ -31,7 +32,7 @@ def _lengths(trace: Path) -> list[tuple[int, int]]:
     return [(r.prompt_tokens, r.output_tokens) for r in load_azure_trace(trace).requests]
 
 
-def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float) -> dict:
+def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float, workers: int = 1) -> dict:
     """Run one scenario in this process; the result row (without memory)."""
     import numpy as np
     from llmfleet.sim.run import preset, simulate
@@ -54,11 +55,12 @@ def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float
     spec = SimSpec(
         ClusterSpec.parse(f"{gpus}xA100-80GB"), (SimService("chat", "llama2-7b", ttft_s=0.4, atgt_s=0.015),)
     )
-    e = simulate(spec, wl, preset(policy), samples=200)
+    e = simulate(spec, wl, preset(policy), samples=200, workers=workers)
     c, o = e.report["cluster"], e.report["overall"]
     return {
         "scenario": name,
         "policy": policy,
+        "workers": e.result.workers,
         "requests": len(wl),
         "gpus": gpus,
         "instances": len(e.plan),
@@ -72,6 +74,7 @@ def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float
         "completed": o["completed"],
         "latency_mean_s": o["latency_s"]["mean"],
         "latency_p99_s": o["latency_s"]["p99"],
+        "cpu_s": time.process_time(),  # this process only (workers are children)
     }
 
 
@@ -83,7 +86,7 @@ def run_child(args: list[str]) -> dict:
     if status != 0:
         raise RuntimeError(f"scenario {args} failed (status {status})")
     row = json.loads(out.strip().splitlines()[-1])
-    row["peak_rss_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    row["peak_rss_mib"] = usage.ru_maxrss / 1024  # Linux: KiB; the largest process (workers are forks)
     return row
 
 
@@ -94,17 +97,22 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "# Simulator performance",
         "",
-        "| scenario | policy | requests | GPUs | instances | simulated s | wall s | goal s | events/s | "
+        "| scenario | policy | workers | requests | GPUs | instances | simulated s | wall s | goal s | events/s | "
         "iterations/s | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['scenario']} | {r['policy']} | {r['requests']:,} | {r['gpus']} | {r['instances']} | "
+            f"| {r['scenario']} | {r['policy']} | {r['workers']} | {r['requests']:,} | {r['gpus']} | {r['instances']} | "
             f"{r['simulated_s']:.0f} | {r['wall_s']:.2f} | ≤ {GOALS[r['scenario']]:.0f} | {r['events_per_s']:,.0f} | "
             f"{r['iterations_per_s']:,.0f} | {r['peak_rss_mib']:.0f} |"
         )
-    lines += ["", "Wall time excludes reading/generating the workload (`load_s` in the JSON)."]
+    lines += [
+        "",
+        "Wall time excludes reading/generating the workload (`load_s` in the JSON). Rows with more than one "
+        "worker split the instances across forked processes; their records equal the one-process run's. "
+        "Peak RSS is the largest process's.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -116,13 +124,18 @@ def main() -> int:
     ap.add_argument("--synth-requests", type=int, default=1_000_000)
     ap.add_argument("--synth-gpus", type=int, default=1000)
     ap.add_argument("--synth-rate", type=float, default=1000.0)  # 1 req/s per GPU
+    ap.add_argument("--workers", type=int, default=0, help="processes for the split synth1m run (0: auto)")
+    ap.add_argument("--skip-serial", action="store_true", help="skip the one-process synth1m run")
     ap.add_argument(
-        "--child", nargs=6, metavar=("NAME", "TRACE", "POLICY", "N", "GPUS", "RATE"), help=argparse.SUPPRESS
+        "--child",
+        nargs=7,
+        metavar=("NAME", "TRACE", "POLICY", "N", "GPUS", "RATE", "WORKERS"),
+        help=argparse.SUPPRESS,
     )
     a = ap.parse_args()
     if a.child:
-        name, trace, policy, n, gpus, rate = a.child
-        print(json.dumps(scenario(name, Path(trace), policy, int(n), int(gpus), float(rate))))
+        name, trace, policy, n, gpus, rate, workers = a.child
+        print(json.dumps(scenario(name, Path(trace), policy, int(n), int(gpus), float(rate), int(workers))))
         return 0
     if not a.trace.exists():
         print(f"trace not found: {a.trace} (pass --trace)", file=sys.stderr)
@@ -130,22 +143,23 @@ def main() -> int:
     rows = []
     if a.only in (None, "conv32"):
         for p in CONV_POLICIES:
-            rows.append(run_child(["conv32", str(a.trace), p, "0", "32", "0"]))
+            rows.append(run_child(["conv32", str(a.trace), p, "0", "32", "0", "1"]))
             print(f"conv32 {p}: {rows[-1]['wall_s']:.2f} s", file=sys.stderr)
     if a.only in (None, "synth1m"):
-        rows.append(
-            run_child(
-                [
-                    "synth1m",
-                    str(a.trace),
-                    "fcfs-rr",
-                    str(a.synth_requests),
-                    str(a.synth_gpus),
-                    str(a.synth_rate),
-                ]
-            )
-        )
-        print(f"synth1m: {rows[-1]['wall_s']:.2f} s", file=sys.stderr)
+        from llmfleet.sim.partition import auto_workers
+
+        split = a.workers or max(2, auto_workers(a.synth_requests))
+        for workers in ([] if a.skip_serial else [1]) + [split]:
+            args = [
+                "synth1m",
+                str(a.trace),
+                "fcfs-rr",
+                str(a.synth_requests),
+                str(a.synth_gpus),
+                str(a.synth_rate),
+            ]
+            rows.append(run_child([*args, str(workers)]))
+            print(f"synth1m ({rows[-1]['workers']} workers): {rows[-1]['wall_s']:.2f} s", file=sys.stderr)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "sim.json").write_text(json.dumps({"rows": rows, "goals_wall_s": GOALS}, indent=1))
     (a.out / "sim.md").write_text(markdown(rows))
@@ -156,7 +170,7 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.bar([f"{r['scenario']}\n{r['policy']}" for r in rows], [r["wall_s"] for r in rows])
+        ax.bar([f"{r['scenario']}\n{r['policy']}×{r['workers']}" for r in rows], [r["wall_s"] for r in rows])
         ax.set_ylabel("wall seconds")
         ax.set_yscale("log")
         fig.tight_layout()

@@ -466,3 +466,61 @@ def test_pickle_round_trip():
 def test_importing_the_package_does_not_import_torch():
     code = "import sys, llmfleet.kvblocks; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------------------------ planner calls
+def test_reserve_is_allocate_without_the_snapshot():
+    a, b = pool(), pool()
+    assert a.reserve("s", "a", 19) == 3
+    assert b.allocate("s", "a", 19) == a.table("s")
+    assert snapshot(a) == snapshot(b)
+    with pytest.raises(DuplicateSequence):
+        a.reserve("s", "a", 1)
+    with pytest.raises(OutOfBlocks):
+        a.reserve("big", "a", 8 * 14)
+    assert snapshot(a) == snapshot(b)
+
+
+def test_grow_each_is_all_or_nothing_and_matches_appends():
+    a, b = pool(), pool()
+    for x in (a, b):
+        x.allocate("s", "a", 8)  # block-aligned: the next token takes a block
+        x.allocate("t", "b", 3)
+    assert a.blocks_needed_to_grow_each(["s", "t"], 1) == 1
+    assert a.grow_each(["s", "t"], 1) == 1  # one new block, for s
+    for sid in ("s", "t"):
+        b.append_slot(sid)
+    assert snapshot(a) == snapshot(b)
+    assert a.blocks_needed_to_grow_each(["s", "t"], 25) == 3 + 2
+    assert a.grow_each(["s", "t"], 25) == 5  # several blocks per sequence
+    for _ in range(25):
+        for sid in ("s", "t"):
+            b.append_slot(sid)
+    # the same blocks per sequence and the same usage (ids differ: appends interleave the sequences)
+    for sid in ("s", "t"):
+        ta, tb = a.table(sid), b.table(sid)
+        assert (ta.num_tokens, ta.num_blocks) == (tb.num_tokens, tb.num_blocks)
+    assert a.stats() == b.stats()
+    before = snapshot(a)
+    with pytest.raises(OutOfBlocks):
+        a.grow_each(["s", "t"], 8 * 16)
+    with pytest.raises(UnknownSequence, match="'nope'"):
+        a.grow_each(["s", "nope"], 1)
+    with pytest.raises(UnknownSequence, match="'nope'"):
+        a.blocks_needed_to_grow_each(["nope"], 1)
+    assert snapshot(a) == before
+
+
+def test_free_with_and_without_shared_blocks_elsewhere():
+    """Freeing takes a fast path while no block is shared; a fork anywhere switches to counting."""
+    a = pool()
+    a.allocate("x", "a", 17)  # blocks 0, 1, 2
+    a.allocate("p", "a", 16)  # blocks 3, 4
+    a.fork("p", "c")  # shares 3, 4
+    assert a.free("x") == 3  # unshared sequence while others share: all its blocks go back
+    assert [a.block_refcount(i) for i in range(5)] == [0, 0, 0, 2, 2]
+    assert a.free("p") == 0 and [a.block_refcount(i) for i in (3, 4)] == [1, 1]
+    assert a.free("c") == 2
+    a.allocate("y", "a", 9)  # nothing shared now: the fast path, LIFO reuse as before
+    assert a.table("y").blocks == (3, 4) and a.free("y") == 2
+    assert a.free_blocks == 16 and a.stats().models["a"].tokens == 0

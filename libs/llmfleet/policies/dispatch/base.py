@@ -3,6 +3,12 @@
 ``choose(model, candidates, exclude, request)`` picks an engine for one request. ``request`` carries what
 load-aware policies need (prompt length, predicted output, KV bytes per token); policies that only need
 the model ignore it, and callers that know nothing more may leave it ``None``.
+
+Optional class attributes tell callers what a policy reads, so they can skip work or keep it exact:
+``uses_predictions`` (asks for predicted lengths), ``uses_kv_load`` (reads ``kv_used_bytes``: no
+fast-forward in the simulator), ``load_blind`` (reads no load at all: no refresh, and a simulation may
+be split across processes), and an ``on_finish(request_id, engine_id, output_tokens, now)`` method
+for policies that track what they placed.
 """
 
 from __future__ import annotations

@@ -98,3 +98,22 @@ def test_inputs_not_mutated_and_iteration_bookkeeping():
     assert running[1].first_scheduled_s is None  # not in the batch
     with pytest.raises(ValueError):
         pol.on_iteration(b, -1.0, 3.0, running)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_decode_only_batches_follow_the_rule(seed):
+    """With nothing waiting (FCFS's fast path): the oldest running request's model, all its decodes in
+    arrival order (ties by id), at most max_requests."""
+    import random
+
+    rng = random.Random(seed)
+    running = [
+        d(f"r{i}", rng.choice([0.5, 1.0, 1.5, rng.random()]), rng.choice("ab"))
+        for i in range(rng.randint(1, 12))
+    ]
+    rng.shuffle(running)
+    limits = BatchLimits(max_requests=rng.randint(1, 8))
+    order = sorted(running, key=lambda r: (r.arrival_s, r.request_id))
+    model = order[0].model
+    want = tuple(r.request_id for r in order if r.model == model)[: limits.max_requests]
+    assert Fcfs().next_batch([], running, BIG, limits, 3.0) == Batch(model, "decode", want)
