@@ -69,7 +69,7 @@ GOAL = 0.10  # issue 5: live vs sim within 10 %
 # Characters the tiny byte-level BPE tokenizer never merges (absent from its training corpus): a prompt
 # of k of them is exactly k tokens plus <s> (checked against the engine's count in every run).
 PROMPT_ALPHABET = "~^|@#$%&*=`"
-VARIANTS = {"raw": "raw fit", "calibrated": "calibrated"}
+VARIANTS = {"raw": "raw fit", "calibrated": "calibrated", "deployed": "calibrated as deployed"}
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -521,6 +521,54 @@ async def calibrate(engine_address: str, s: Settings, rng: random.Random) -> lis
     return groups
 
 
+async def calibrate_cluster(
+    scheduler_address: str, s: Settings, rng: random.Random
+) -> list[CalibrationGroup]:
+    """The same groups as :func:`calibrate`, sent through the SDK and the scheduler (the workload's
+    path) and timed on the client: what an iteration costs while the control plane relays the tokens
+    on the same cores, and what the client -> scheduler -> engine hops add to a first token."""
+    from llmfleet.client import AsyncClient
+
+    groups = []
+    async with AsyncClient(scheduler_address) as client:
+        for _ in range(s.calib_rounds):
+            for b in s.calib_batches:
+                prompts = [make_prompt(s.calib_prompt, rng) for _ in range(b)]
+                rs = await asyncio.gather(*(run_one(client, q, s.calib_output) for q in prompts))
+                groups.append(
+                    CalibrationGroup(
+                        b,
+                        rs[0]["prompt_tokens"],
+                        rs[0]["completion_tokens"],
+                        tuple(r["first"] - r["sent"] for r in rs),
+                        tuple(r["end"] - r["sent"] for r in rs),
+                    )
+                )
+    return groups
+
+
+def deployed_overhead(
+    engine_groups: Sequence[CalibrationGroup],
+    cluster_groups: Sequence[CalibrationGroup],
+    prefill: Any,
+    decode: Any,
+) -> tuple[Overhead, float]:
+    """Overheads of the engine as deployed (control plane on the same cores) and the hop time.
+
+    Decode overheads (o3, o2) come from the groups sent through the cluster, the prefill overhead o1
+    from the groups sent to the engine (a first iteration's own cost). The hop (client -> scheduler ->
+    engine and the first token's way back) is the lone requests' mean TTFT through the cluster minus
+    their mean TTFT on the engine's clock: a constant per request, it delays every arrival at the
+    engine and every token at the client alike, so it adds to each simulated TTFT and latency and
+    leaves the engine's schedule as it is."""
+    through = fit_overhead(cluster_groups, prefill, decode)
+    engine = fit_overhead(engine_groups, prefill, decode)
+    lone_c = [t for g in cluster_groups if g.batch == 1 for t in g.ttft_s]
+    lone_e = [t for g in engine_groups if g.batch == 1 for t in g.ttft_s]
+    hop = max(0.0, statistics.fmean(lone_c) - statistics.fmean(lone_e)) if lone_c and lone_e else 0.0
+    return dataclasses.replace(through, prefill_s=engine.prefill_s), hop
+
+
 async def watch_load(engine_address: str, stop: asyncio.Event, out: list[tuple[float, int]]) -> None:
     """The engine's WatchLoad every 50 ms until ``stop``: (client monotonic time, running + waiting)."""
     from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
@@ -662,9 +710,15 @@ def summarize_usage(rows: Sequence[dict[str, Any]], prefix: str) -> dict[str, fl
 
 # ------------------------------------------------------------------------------------------ simulate
 def simulate(
-    rows: Sequence[dict[str, Any]], record: Any, s: Settings, kv_bytes: int, block_tokens: int
+    rows: Sequence[dict[str, Any]],
+    record: Any,
+    s: Settings,
+    kv_bytes: int,
+    block_tokens: int,
+    hop_s: float = 0.0,
 ) -> dict[str, Any]:
-    """The identical workload on one simulated ``cpu`` instance with the live engine's knobs and pool."""
+    """The identical workload on one simulated ``cpu`` instance with the live engine's knobs and pool;
+    ``hop_s`` (see :func:`deployed_overhead`) is added to every first token and finish."""
     from llmfleet.policies.placement import InstancePlan
     from llmfleet.sim.run import PolicyBundle
     from llmfleet.sim.run import simulate as sim_run
@@ -711,8 +765,8 @@ def simulate(
         [
             {
                 "arrival_s": r.arrival_s,
-                "first_token_s": r.first_token_s,
-                "finish_s": r.finish_s,
+                "first_token_s": r.first_token_s + hop_s,
+                "finish_s": r.finish_s + hop_s,
                 "output_tokens": r.output_tokens,
             }
             for r in recs
@@ -729,6 +783,7 @@ def simulate(
         "preemptions": exp.report["overall"]["preemptions"],
         "cost_models": exp.report["cost_models"],
         "record": record.to_dict(),
+        "hop_s": hop_s,
     }
 
 
@@ -940,6 +995,29 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"o1 = {o['prefill_s'] * 1e3:.3f} ms (-> c1). Calibrated: c1 = {c['prefill']['c1'] * 1e3:.3f} ms, "
             f"c2 = {c['decode']['c2'] * 1e3:.3f} ms, c3 = {c['decode']['c3'] * 1e3:.3f} ms.",
         ]
+        dep = cal.get("deployed")
+        if dep:
+            od, cd = dep["overhead"], dep["record"]["aladdin"]
+            lines += [
+                "",
+                "## Calibration as deployed (the same groups through the SDK and the scheduler)",
+                "",
+                "The same groups sent through the cluster and timed on the client: the decode iteration "
+                "while the control plane relays tokens on the same cores, and the hops.",
+                "",
+                "| b | live iteration through the cluster, each group (ms) |",
+                "|---:|---|",
+                *(
+                    f"| {b} | {_ms(g['iteration_s'] for g in dep['groups'] if g['batch'] == b)} |"
+                    for b in sorted({g["batch"] for g in dep["groups"]})
+                ),
+                "",
+                f"o3 = {od['per_iteration_s'] * 1e3:.3f} ms, o2 = {od['per_sequence_s'] * 1e3:.3f} ms "
+                f"(c2 = {cd['decode']['c2'] * 1e3:.3f} ms, c3 = {cd['decode']['c3'] * 1e3:.3f} ms); o1 from the "
+                f"engine-side groups. Hop: lone requests' TTFT through the cluster − on the engine's clock = "
+                f"{dep['hop_s'] * 1e3:.2f} ms, added to every simulated first token and finish (a constant delay "
+                "shifts all arrivals at the engine alike, so the engine's schedule does not change).",
+            ]
     lines += ["", *explain(report)]
     d = report["diagnostics"]
     lines += [
@@ -1016,6 +1094,7 @@ def measure(s: Settings, root: Path, log: Any) -> dict[str, Any]:
     planned = plan_workload(s)
     timings = {"calibration_s": 0.0, "live_s": 0.0, "direct_s": 0.0}
     groups: list[CalibrationGroup] = []
+    cluster_groups: list[CalibrationGroup] = []
     runs: list[list[dict[str, Any]]] = []
     direct: list[dict[str, Any]] | None = None
     loads: dict[str, Any] = {}  # engine-side mean latency by Little's law over WatchLoad, per run
@@ -1041,6 +1120,7 @@ def measure(s: Settings, root: Path, log: Any) -> dict[str, Any]:
             if s.calibrate:
                 t = time.perf_counter()
                 groups += asyncio.run(calibrate(engine, s, calib_rng))
+                cluster_groups += asyncio.run(calibrate_cluster(cluster.addresses["scheduler"], s, calib_rng))
                 timings["calibration_s"] += time.perf_counter() - t
             if what is None:
                 break
@@ -1075,6 +1155,7 @@ def measure(s: Settings, root: Path, log: Any) -> dict[str, Any]:
         },
         "samples": samples,
         "groups": [dataclasses.asdict(g) for g in groups],
+        "cluster_groups": [dataclasses.asdict(g) for g in cluster_groups],
         "runs": runs,
         "direct": direct,
         "engine_little_latency_s": loads,
@@ -1112,10 +1193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before, load_after = meas["loadavg"]
     t_analysis = time.perf_counter()
     runs, direct, timings = meas["runs"], meas["direct"], dict(meas["timings"])
-    groups = [
-        CalibrationGroup(**{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()})
-        for g in meas["groups"]
-    ]
+    groups, cluster_groups = (
+        [
+            CalibrationGroup(**{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()})
+            for g in meas.get(key, [])
+        ]
+        for key in ("groups", "cluster_groups")
+    )
     kv, tpb = meas["engine"]["kv_capacity_bytes"], meas["engine"]["tokens_per_block"]
 
     for rows in [*runs, *([direct] if direct else [])]:
@@ -1151,6 +1235,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             "overhead": o.to_dict(),
             "record": calibrated.to_dict(),
         }
+        if cluster_groups:
+            od, hop = deployed_overhead(groups, cluster_groups, pre, dec)
+            deployed = with_overhead(record, od)
+            sims["deployed"] = simulate(rows, deployed, s, kv, tpb, hop_s=hop)
+            log(
+                f"as deployed: o3 {od.per_iteration_s * 1e3:.3f} ms, o2 {od.per_sequence_s * 1e3:.3f} ms, "
+                f"hop {hop * 1e3:.3f} ms"
+            )
+            calibration["deployed"] = {
+                "groups": [{**dataclasses.asdict(g), "iteration_s": g.iteration_s} for g in cluster_groups],
+                "overhead": od.to_dict(),
+                "hop_s": hop,
+                "record": deployed.to_dict(),
+            }
     timings["sim_s"] = time.perf_counter() - t
 
     live_runs = [summarize(r) for r in runs]
@@ -1204,7 +1302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if direct:
         report["comparison_direct_engine_side"] = {
-            v: compare(report["direct"]["engine_side"], x["summary"]) for v, x in sims.items()
+            v: compare(report["direct"]["engine_side"], x["summary"])
+            for v, x in sims.items()
+            if v != "deployed"
         }
     (out / "sim_fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
     md = render_markdown(report)

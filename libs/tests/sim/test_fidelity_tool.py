@@ -135,6 +135,25 @@ def test_simulating_a_planned_workload(fid):
     # every output token comes from one iteration: at most max_batch tokens per iteration
     assert 1.0 <= out["mean_batch"] <= s.max_batch
     assert fid.simulate(rows, rec, s, kv_bytes=64 << 20, block_tokens=128)["summary"] == summary
+    # a hop delays every first token and finish by the same amount: the schedule itself is unchanged
+    hop = fid.simulate(rows, rec, s, kv_bytes=64 << 20, block_tokens=128, hop_s=0.01)["summary"]
+    assert hop["latency_mean_s"] == approx(summary["latency_mean_s"] + 0.01)
+    assert hop["ttft_mean_s"] == approx(summary["ttft_mean_s"] + 0.01)
+    assert hop["tpot_mean_s"] == approx(summary["tpot_mean_s"])
+
+
+def test_deployed_overhead_takes_decode_from_the_cluster_and_the_hop_from_ttfts(fid):
+    pre, dec = PrefillModel(k1=1e-5, c1=2e-4), DecodeModel(k2=1e-7, c2=3e-5, c3=6e-4)
+    engine, cluster = [], []
+    for b in (1, 2, 4):
+        base = dec.predict(b, _group(fid, b, 0.0, 0.0).mean_context)
+        engine.append(_group(fid, b, base + 1e-3, pre.predict(32) + 2e-3))  # o3 1 ms, o1 2 ms
+        # through the cluster: iterations 0.5 ms + 0.1 ms per sequence slower, first tokens 7 ms later
+        cluster.append(_group(fid, b, base + 1.5e-3 + 1e-4 * b, pre.predict(32) + 2e-3 + 7e-3))
+    o, hop = fid.deployed_overhead(engine, cluster, pre, dec)
+    assert o.per_iteration_s == approx(1.5e-3, rel=1e-6) and o.per_sequence_s == approx(1e-4, rel=1e-6)
+    assert o.prefill_s == approx(2e-3, rel=1e-6)  # a first iteration's own cost: engine side
+    assert hop == approx(7e-3, rel=1e-6)
 
 
 def test_little_latency_integrates_the_load(fid):
