@@ -128,3 +128,22 @@ def test_groups_balance_requests():
     groups = _groups({"a": 10, "b": 1, "c": 9, "d": 2, "e": 0}, ["a", "b", "c", "d", "e"], 2)
     assert sorted(map(sorted, groups)) == [["a", "b", "e"], ["c", "d"]]
     assert _groups({}, ["a"], 4) == [["a"]]
+
+
+def test_a_group_without_requests_runs_no_process_and_still_counts():
+    services = (*SERVICES, SimService("idle", "mistral-7b", ttft_s=0.5, atgt_s=0.05))
+
+    def build() -> Simulator:
+        sim = simulator(services=services)
+        spec = sim.spec
+        plan = [InstancePlan(i.instance_id, i.models, i.tp) for i in sim.instances.values()] + [
+            InstancePlan("f", ("mistral-7b",), 1)
+        ]
+        return Simulator(spec, plan, Fcfs, RoundRobin(), sim.cost, sample_period_s=0.5)
+
+    work = workload(200)
+    serial = build().run(work.requests, strict_services=True)
+    split = run_partitioned(build(), work.requests, 6, strict_services=True)
+    assert split.workers == 5  # six groups of one instance; "f" got no request, so no process
+    assert split.records == serial.records and split.samples == serial.samples
+    assert split.instances == serial.instances and split.events == serial.events
