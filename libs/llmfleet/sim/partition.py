@@ -34,12 +34,9 @@ def partition_blocker(sim: Simulator) -> str | None:
     """Why ``sim`` cannot be split across processes, or None when it can."""
     if not sim.load_blind:
         return f"dispatch policy {getattr(sim.dispatch, 'name', sim.dispatch)!r} reads instance load"
-    if sim._on_finish is not None:
-        return "the dispatch policy tracks completions (on_finish)"
-    if sim._hooks:
-        return "hooks (every) act across instances"
-    if sim._heap or sim.records:
-        return "the simulator has already run"
+    coupled = sim.coupling()
+    if coupled is not None:
+        return coupled
     if len(sim.instances) < 2:
         return "only one instance"
     if "fork" not in mp.get_all_start_methods():
@@ -81,16 +78,13 @@ def _child(
 ):
     """Run one group (in a forked process) and send its result back."""
     try:
-        keep = set(ids)
-        sim.instances = {i: inst for i, inst in sim.instances.items() if i in keep}
-        sim._routes = routes
-        sim._sample_origin = origin
+        sim.restrict(ids, routes, origin)
 
         def tick(n: int, now: float) -> None:
             done[slot] = n
             clock[slot] = now
 
-        res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim._strict_services)
+        res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim.strict_services)
         # the parent knows each request; only outcomes travel (plain tuples pickle ~10x faster)
         outcomes = [tuple(getattr(r, f) for f in _OUTCOME) for r in res.records]
         res.records = []
@@ -119,7 +113,7 @@ def run_partitioned(
     reqs = list(requests)
     if not reqs:
         raise ValueError("the workload has no requests")
-    sim._strict_services = strict_services
+    sim.strict_services = strict_services
     routes: list[Route] = []
     prev = None
     for wr in reqs:  # step 1: route in arrival order, exactly as the serial run's arrivals would
@@ -234,7 +228,7 @@ def _merge(sim, reqs, routes, owner, groups, results, t0, progress) -> SimResult
     return SimResult(
         records=records,
         samples=samples,
-        instances=[stats.get(i) or sim._instance_stats(sim.instances[i]) for i in sim.instances],
+        instances=[stats.get(i) or sim.instance_stats(sim.instances[i]) for i in sim.instances],
         end_s=end_s,
         events=events,
         wall_s=time.perf_counter() - t0,

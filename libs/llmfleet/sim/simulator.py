@@ -130,7 +130,7 @@ class Simulator:
         self.records: list[RequestRecord] = []
         self._moving = 0
         self._svc_cache: dict[str, SimService] = {}
-        self._strict_services = False
+        self.strict_services = False
         self.now = 0.0
         self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in archs.items()}
 
@@ -237,6 +237,24 @@ class Simulator:
             return Route(svc, predicted, None, str(e))
         return Route(svc, predicted, iid, None)
 
+    def restrict(self, instance_ids: Iterable[str], routes: list[Route], sample_origin: float) -> None:
+        """Become one part of a partitioned run (``llmfleet.sim.partition``): keep only these instances,
+        take each arrival's route from ``routes`` (in arrival order) and sample on the whole run's clock."""
+        keep = set(instance_ids)
+        self.instances = {i: inst for i, inst in self.instances.items() if i in keep}
+        self._routes = routes
+        self._sample_origin = sample_origin
+
+    def coupling(self) -> str | None:
+        """What ties instances together beyond routing (so a run cannot be split), or None."""
+        if self._on_finish is not None:
+            return "the dispatch policy tracks completions (on_finish)"
+        if self._hooks:
+            return "hooks (every) act across instances"
+        if self._heap or self.records:
+            return "the simulator has already run"
+        return None
+
     def _arrive(self, wr, now: float, route: Route | None = None) -> None:
         svc, predicted, iid, why = route or self.route(wr, now)
         rec = RequestRecord(
@@ -257,7 +275,7 @@ class Simulator:
     def _service(self, name: str) -> SimService:
         svc = self._svc_cache.get(name)
         if svc is None:
-            if len(self.spec.services) == 1 and not self._strict_services:
+            if len(self.spec.services) == 1 and not self.strict_services:
                 svc = self.spec.services[0]
             else:
                 svc = self.spec.service(name)  # KeyError names the known services
@@ -278,7 +296,7 @@ class Simulator:
         to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``."""
         t0 = time.perf_counter()
         self._svc_cache.clear()
-        self._strict_services = strict_services
+        self.strict_services = strict_services
         it = iter(requests)
         first = next(it, None)
         if first is None:
@@ -343,7 +361,7 @@ class Simulator:
         return SimResult(
             records=self.records,
             samples=samples,
-            instances=[self._instance_stats(i) for i in self.instances.values()],
+            instances=[self.instance_stats(i) for i in self.instances.values()],
             end_s=self.now,
             events=events,
             wall_s=time.perf_counter() - t0,
@@ -367,7 +385,7 @@ class Simulator:
         return Sample(t, used, cap, active, inside)
 
     @staticmethod
-    def _instance_stats(inst: SimInstance) -> dict:
+    def instance_stats(inst: SimInstance) -> dict:
         return {
             "instance": inst.instance_id,
             "models": list(inst.models),
