@@ -8,8 +8,11 @@ Classic JSQ (Winston 1977; Gupta et al., "Analysis of join-the-shortest-queue ro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+
+_QUEUED = attrgetter("queued")
 
 
 class JoinShortestQueue:
@@ -26,4 +29,4 @@ class JoinShortestQueue:
     ) -> str:
         del request
         pool = eligible(model, candidates, exclude)
-        return min(pool, key=lambda c: c.queued).engine_id  # min keeps the first (smallest id) of ties
+        return min(pool, key=_QUEUED).engine_id  # min keeps the first (smallest id) of ties
