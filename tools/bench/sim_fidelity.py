@@ -552,6 +552,7 @@ async def calibrate_cluster(
 
 
 def deployed_overhead(
+    engine: Overhead,
     engine_groups: Sequence[CalibrationGroup],
     cluster_groups: Sequence[CalibrationGroup],
     prefill: Any,
@@ -560,13 +561,12 @@ def deployed_overhead(
     """Overheads of the engine as deployed (control plane on the same cores) and the hop time.
 
     Decode overheads (o3, o2) come from the groups sent through the cluster, the prefill overhead o1
-    from the groups sent to the engine (a first iteration's own cost). The hop (client -> scheduler ->
+    from ``engine`` (the engine-side fit: a first iteration's own cost). The hop (client -> scheduler ->
     engine and the first token's way back) is the lone requests' mean TTFT through the cluster minus
     their mean TTFT on the engine's clock: a constant per request, it delays every arrival at the
     engine and every token at the client alike, so it adds to each simulated TTFT and latency and
     leaves the engine's schedule as it is."""
     through = fit_overhead(cluster_groups, prefill, decode)
-    engine = fit_overhead(engine_groups, prefill, decode)
     lone_c = [t for g in cluster_groups if g.batch == 1 for t in g.ttft_s]
     lone_e = [t for g in engine_groups if g.batch == 1 for t in g.ttft_s]
     hop = max(0.0, statistics.fmean(lone_c) - statistics.fmean(lone_e)) if lone_c and lone_e else 0.0
@@ -1264,7 +1264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "record": calibrated.to_dict(),
         }
         if cluster_groups:
-            od, hop = deployed_overhead(groups, cluster_groups, pre, dec)
+            od, hop = deployed_overhead(o, groups, cluster_groups, pre, dec)
             deployed = with_overhead(record, od)
             sims["deployed"] = simulate(rows, deployed, s, kv, tpb, hop_s=hop)
             log(

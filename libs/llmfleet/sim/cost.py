@@ -180,12 +180,6 @@ class CostBook:
     def sources(self) -> dict[str, str]:
         return {f"{m}@tp{tp}": lm.source for (m, tp), lm in sorted(self._cache.items())}
 
-    def iteration(
-        self, model: str, tp: int, prefill_tokens: int, prefill_sq: int, decodes: int, context_sum: int
-    ) -> float:
-        """One continuous-batching iteration: prefill part + decode part (either may be empty)."""
-        return self.model(model, tp).iteration(prefill_tokens, prefill_sq, decodes, context_sum)
-
     def solo_time(self, model: str, tp: int, prompt_tokens: int, output_tokens: int) -> float:
         """Execution time of the request alone on the instance (no queueing, batch of one)."""
         lm = self.model(model, tp)

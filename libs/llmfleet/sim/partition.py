@@ -58,6 +58,8 @@ def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -
     return [sorted(m, key=order.__getitem__) for m in members if m]
 
 
+# RequestRecord's fields after the request's own six, in order: a record is rebuilt as
+# RequestRecord(<request fields>, *outcome) (tests/sim/test_partition.py checks the order)
 _OUTCOME = ("instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "failed")
 
 
@@ -184,20 +186,22 @@ def run_partitioned(
     return _merge(sim, reqs, routes, owner, groups, results, t0, progress)
 
 
-def _merge(sim, reqs, routes, owner, groups, results, t0, progress) -> SimResult:
+def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResult:
     """Step 3: one result as the serial run would have produced it."""
-    iters = {g: iter(outcomes) for g, (_, outcomes) in results.items()}
-    results = {g: res for g, (res, _) in results.items()}
+    results: dict[int, SimResult] = {g: res for g, (res, _) in payloads.items()}
+    outcomes = {g: iter(rows) for g, (_, rows) in payloads.items()}
     records: list[RequestRecord] = []
     for wr, r in zip(reqs, routes, strict=True):
         if r.instance_id is None:  # no instance could take it: failed at dispatch, as serially
-            rec = RequestRecord(wr.request_id, r.service.name, r.service.model, wr.arrival_s, wr.prompt_tokens,
-                                wr.output_tokens, failed=r.failed or "no instance")  # fmt: skip
-            records.append(rec)
-        else:
-            rec = RequestRecord(wr.request_id, r.service.name, r.service.model, wr.arrival_s, wr.prompt_tokens,
-                                wr.output_tokens, *next(iters[owner[r.instance_id]]))  # fmt: skip
-            records.append(rec)
+            outcome: tuple = ()
+            failed = r.failed or "no instance"
+        else:  # it ran in a worker, which sent back its outcome fields (in field order)
+            outcome, failed = next(outcomes[owner[r.instance_id]]), None
+        rec = RequestRecord(wr.request_id, r.service.name, r.service.model, wr.arrival_s,
+                            wr.prompt_tokens, wr.output_tokens, *outcome)  # fmt: skip
+        if failed:
+            rec.failed = failed
+        records.append(rec)
     stats = {d["instance"]: d for res in results.values() for d in res.instances}
     idle = {  # an idle group (no results, or done sampling) holds no KV, no GPUs busy, no requests
         g: sum(sim.instances[i].kv_capacity_bytes for i in ids) for g, ids in enumerate(groups)

@@ -150,7 +150,7 @@ def test_deployed_overhead_takes_decode_from_the_cluster_and_the_hop_from_ttfts(
         engine.append(_group(fid, b, base + 1e-3, pre.predict(32) + 2e-3))  # o3 1 ms, o1 2 ms
         # through the cluster: iterations 0.5 ms + 0.1 ms per sequence slower, first tokens 7 ms later
         cluster.append(_group(fid, b, base + 1.5e-3 + 1e-4 * b, pre.predict(32) + 2e-3 + 7e-3))
-    o, hop = fid.deployed_overhead(engine, cluster, pre, dec)
+    o, hop = fid.deployed_overhead(fid.fit_overhead(engine, pre, dec), engine, cluster, pre, dec)
     assert o.per_iteration_s == approx(1.5e-3, rel=1e-6) and o.per_sequence_s == approx(1e-4, rel=1e-6)
     assert o.prefill_s == approx(2e-3, rel=1e-6)  # a first iteration's own cost: engine side
     assert hop == approx(7e-3, rel=1e-6)

@@ -10,7 +10,7 @@ from llmfleet.policies.dispatch import JoinShortestQueue, RoundRobin
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import DoublingBudget, Fcfs
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.partition import _groups, partition_blocker, run_partitioned
+from llmfleet.sim.partition import _OUTCOME, _groups, partition_blocker, run_partitioned
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
@@ -147,3 +147,12 @@ def test_a_group_without_requests_runs_no_process_and_still_counts():
     assert split.workers == 5  # six groups of one instance; "f" got no request, so no process
     assert split.records == serial.records and split.samples == serial.samples
     assert split.instances == serial.instances and split.events == serial.events
+
+
+def test_outcome_fields_follow_the_record_fields():
+    """Workers send outcomes positionally; the parent rebuilds RequestRecord(<request>, *outcome)."""
+    import dataclasses
+
+    from llmfleet.sim.records import RequestRecord
+
+    assert tuple(f.name for f in dataclasses.fields(RequestRecord))[6:] == _OUTCOME

@@ -69,6 +69,13 @@ def padded_blocks(pool: PoolView, requests: Sequence[SchedRequest], new_tokens: 
     return len(requests) * pool.blocks_for(requests[0].model, longest + new_tokens)
 
 
+def first_fitting(waits: Sequence[SchedRequest], pool: PoolView) -> int | None:
+    """Index of the first request in ``waits`` whose padded admission (prompt + 1) fits the blocks
+    above the watermark, or None."""
+    avail = pool.available_blocks
+    return next((i for i, r in enumerate(waits) if padded_blocks(pool, [r], 1) <= avail), None)
+
+
 def padding_tokens(requests: Sequence[SchedRequest], output_tokens: Sequence[int]) -> int:
     """Wasted token slots of a static batch run to its longest output: Σ (max_in − in_i) + Σ (max_out − out_i)
     (UELLM Figure 3's padding count)."""

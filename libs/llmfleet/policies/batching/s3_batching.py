@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from llmfleet.policies.batching.base import StaticBatch, padded_blocks, padded_tokens
+from llmfleet.policies.batching.base import StaticBatch, first_fitting, padded_blocks, padded_tokens
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
@@ -55,11 +56,7 @@ class S3Batching:
     name = "s3"
 
     def __init__(self, max_batch: int | None = None) -> None:
-        if max_batch is not None and (
-            isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1
-        ):
-            raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
-        self.max_batch = max_batch
+        self.max_batch = positive_int("max_batch", max_batch, optional=True)
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None
@@ -69,7 +66,7 @@ class S3Batching:
     ) -> StaticBatch | None:
         waits = sorted(waiting, key=arrival_key)
         avail = pool.available_blocks
-        start = next((i for i, r in enumerate(waits) if padded_blocks(pool, [r], 1) <= avail), None)
+        start = first_fitting(waits, pool)
         if start is None:
             return None
         members = [waits[start]]

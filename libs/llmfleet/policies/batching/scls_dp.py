@@ -47,6 +47,7 @@ import numpy as np
 
 from llmfleet.costmodel.scls import SclsDecode, SclsModel, SclsPrefill
 from llmfleet.policies.batching.base import StaticBatch, padded_blocks
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
@@ -185,18 +186,10 @@ class SclsSliceBatcher:
         zeta: float = 0.9,
         max_batch: int | None = None,
     ) -> None:
-        if (
-            isinstance(slice_iterations, bool)
-            or not isinstance(slice_iterations, int)
-            or slice_iterations < 1
-        ):
-            raise ValueError(f"slice_iterations must be an int >= 1, got {slice_iterations!r}")
+        positive_int("slice_iterations", slice_iterations)
         if not (isinstance(zeta, int | float) and 0 < zeta <= 1):
             raise ValueError(f"zeta must be in (0, 1], got {zeta!r}")
-        if max_batch is not None and (
-            isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1
-        ):
-            raise ValueError(f"max_batch must be an int >= 1 or None, got {max_batch!r}")
+        positive_int("max_batch", max_batch, optional=True)
         self.cost = as_scls_cost(cost)
         self.slice_iterations = slice_iterations
         self.zeta = float(zeta)

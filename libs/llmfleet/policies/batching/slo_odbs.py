@@ -49,6 +49,7 @@ import math
 from collections.abc import Sequence
 
 from llmfleet.policies.batching.base import StaticBatch, padded_blocks, padded_tokens
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
@@ -90,8 +91,7 @@ class SloOdbs:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        positive_int("max_batch", max_batch)
         self.mode = mode
         self.name = mode
         self.w1 = 0.0 if mode == "odbs" else _positive("w1", w1)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.policies.batching.base import StaticBatch, padded_blocks, padded_tokens
+from llmfleet.policies.batching.base import StaticBatch, first_fitting, padded_blocks, padded_tokens
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
@@ -40,14 +41,8 @@ class StaticSls:
     name = "static_sls"
 
     def __init__(self, batch_size: int = 16, max_iterations: int | None = None) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if max_iterations is not None and (
-            isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1
-        ):
-            raise ValueError(f"max_iterations must be an int >= 1 or None, got {max_iterations!r}")
-        self.batch_size = batch_size
-        self.max_iterations = max_iterations
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.max_iterations = positive_int("max_iterations", max_iterations, optional=True)
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None
@@ -57,7 +52,7 @@ class StaticSls:
     ) -> StaticBatch | None:
         waits = sorted(waiting, key=arrival_key)
         avail = pool.available_blocks
-        start = next((i for i, r in enumerate(waits) if padded_blocks(pool, [r], 1) <= avail), None)
+        start = first_fitting(waits, pool)
         if start is None:
             return None
         members = [waits[start]]

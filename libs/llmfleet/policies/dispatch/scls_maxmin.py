@@ -29,6 +29,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, as_scls_cost
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
 
 B = TypeVar("B", bound=Hashable)
@@ -57,12 +58,7 @@ class SclsMaxMin:
         lam: float = 0.5,
         gamma_s: float = GAMMA_HF_S,
     ) -> None:
-        if (
-            isinstance(slice_iterations, bool)
-            or not isinstance(slice_iterations, int)
-            or slice_iterations < 1
-        ):
-            raise ValueError(f"slice_iterations must be an int >= 1, got {slice_iterations!r}")
+        positive_int("slice_iterations", slice_iterations)
         if not (isinstance(lam, int | float) and 0 < lam <= 1):
             raise ValueError(f"lam must be in (0, 1], got {lam!r}")
         if not (isinstance(gamma_s, int | float) and gamma_s >= 0):
