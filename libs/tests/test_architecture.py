@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOTS = [ROOT / "libs", *sorted((ROOT / "services").glob("*"))]
-PURE = ["llmfleet.policies", "llmfleet.predict"]
+PURE = ["llmfleet.policies", "llmfleet.predict", "llmfleet.load.book"]
 FORBIDDEN_IN_PURE = {
     "grpc",
     "asyncio",

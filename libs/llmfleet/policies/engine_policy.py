@@ -1,12 +1,20 @@
-"""The engine's local policy by name: a request policy (continuous batching) or a static batcher run
-through :class:`~llmfleet.policies.request.static_batches.StaticBatches`."""
+"""The engine's local policy by name: a request policy (continuous batching) or a static batcher.
+
+A static batcher runs in one of two ways (``keep_kv``, default True):
+
+* ``keep_kv=True`` — :class:`~llmfleet.policies.request.static_batches.StaticBatches` over continuous
+  batching: batches are the batcher's, members keep their KV across slices and nothing is padded.
+* ``keep_kv=False`` — the batcher itself, which the engine core runs in its *static mode*: HF
+  ``generate``-style padded rows, recompute at a slice end (the papers' setting; the simulator's
+  static batching is the same code path).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from llmfleet.policies.batching import POLICIES as BATCHING
-from llmfleet.policies.batching import make_batching_policy
+from llmfleet.policies.batching import StaticBatchPolicy, make_batching_policy
 from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import RequestPolicy, make_request_policy
 from llmfleet.policies.request.static_batches import StaticBatches
@@ -14,11 +22,12 @@ from llmfleet.policies.request.static_batches import StaticBatches
 ENGINE_POLICIES: tuple[str, ...] = tuple(sorted({*REQUEST, *BATCHING}))
 
 
-def make_engine_policy(name: str, **kwargs: Any) -> RequestPolicy:
-    """``keep_kv`` (static batchers only, default True) selects keep-KV or recompute slice ends."""
+def make_engine_policy(name: str, **kwargs: Any) -> RequestPolicy | StaticBatchPolicy:
+    """A new local policy object by registry name; options go to its constructor."""
     if name in REQUEST:
         return make_request_policy(name, **kwargs)
     if name in BATCHING:
         keep_kv = bool(kwargs.pop("keep_kv", True))
-        return StaticBatches(make_batching_policy(name, **kwargs), keep_kv=keep_kv)
+        batcher = make_batching_policy(name, **kwargs)
+        return StaticBatches(batcher) if keep_kv else batcher
     raise ValueError(f"unknown engine policy {name!r}; valid: {list(ENGINE_POLICIES)}")

@@ -6,12 +6,17 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def instantiate(kind: str, registry: Mapping[str, type], name: str, options: Mapping[str, Any]) -> Any:
-    """``registry[name](**options)``; an unknown name or bad options is a ValueError saying which."""
+def lookup(kind: str, registry: Mapping[str, type], name: str) -> type:
+    """``registry[name]``; an unknown name is a ValueError listing the valid ones."""
     try:
-        cls = registry[name]
+        return registry[name]
     except KeyError:
         raise ValueError(f"unknown {kind} policy {name!r}; valid: {sorted(registry)}") from None
+
+
+def instantiate(kind: str, registry: Mapping[str, type], name: str, options: Mapping[str, Any]) -> Any:
+    """``registry[name](**options)``; an unknown name or bad options is a ValueError saying which."""
+    cls = lookup(kind, registry, name)
     try:
         return cls(**options)
     except (TypeError, ValueError) as e:

@@ -1,7 +1,7 @@
 """KV pool sizing of a simulated instance (weights and peak activation reserved, the rest is KV).
 
 pool = tp · mem_bytes · mem_fraction − Σ_m (weights_m + activation_m), with the activation estimate
-activation_m = max_prefill_tokens · (4·h + 2·f) · dtype_bytes + max_requests · vocab · 4 (hidden states,
+activation_m = max_prefill_tokens · (4·h + 2·f) · dtype_bytes + max_batch_requests · vocab · 4 (hidden states,
 attention/MLP intermediates of one prefill chunk, fp32 logits of a decode batch). Merged blocks
 (SeaLLM §5): ``block_bytes = block_tokens · max_m kv_bytes_per_token_m`` so the largest model gets
 ``block_tokens`` tokens per block and the others more.
@@ -22,7 +22,7 @@ class DoesNotFit(ValueError):
 
 def activation_bytes(arch: ModelArch, eng: EngineSettings) -> int:
     per_token = (4 * arch.hidden_size + 2 * arch.ffn_size) * arch.dtype_bytes
-    return eng.max_prefill_tokens * per_token + eng.max_requests * arch.vocab_size * 4
+    return eng.max_prefill_tokens * per_token + eng.max_batch_requests * arch.vocab_size * 4
 
 
 @dataclass(frozen=True)

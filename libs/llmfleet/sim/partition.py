@@ -1,6 +1,6 @@
 """A simulation split across processes by instance: exact when dispatch does not read load.
 
-When the dispatch policy is *load-blind* (``load_blind = True``: round robin), where a request goes does
+When the dispatch policy is *load-blind* (``needs.load_blind``: round robin), where a request goes does
 not depend on any instance's state, and instances share nothing else: each one's evolution depends only
 on the requests routed to it. So the run is done in three steps, with the same objects as a serial run:
 
@@ -14,7 +14,7 @@ on the requests routed to it. So the run is done in three steps, with the same o
 Every record equals the serial run's (events at one instant are ordered by kind, never by insertion,
 so each instance sees its events in the serial order); ``tests/sim/test_partition.py`` checks it. Not
 partitionable — and run serially by :func:`simulate_partitioned` callers — are load-aware dispatchers,
-dispatchers that hear completions (``on_finish``), hooks and request moves: they couple instances.
+dispatchers that hear completions (``FinishListener``), hooks and request moves: they couple instances.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from llmfleet.sim.simulator import Route, Sample, SimResult, Simulator
 def partition_blocker(sim: Simulator) -> str | None:
     """Why ``sim`` cannot be split across processes, or None when it can."""
     if not sim.load_blind:
-        return f"dispatch policy {getattr(sim.dispatch, 'name', sim.dispatch)!r} reads instance load"
+        return f"dispatch policy {sim.dispatch.name!r} reads instance load ({sim.dispatch.needs.describe()})"
     coupled = sim.coupling()
     if coupled is not None:
         return coupled

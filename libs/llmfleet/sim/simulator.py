@@ -24,10 +24,18 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from llmfleet.costmodel import Hardware, ModelArch
-from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, HostList, NoCandidate
+from llmfleet.engine_core import CoreRequest
+from llmfleet.policies.dispatch import (
+    DispatchPolicy,
+    DispatchRequest,
+    EngineCandidate,
+    FinishListener,
+    HostList,
+    NoCandidate,
+)
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.instance import SimInstance, _Req
+from llmfleet.sim.instance import SimInstance, record_of
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
 
@@ -98,7 +106,7 @@ class Simulator:
         archs: dict[str, ModelArch] = spec.archs()
         hw: Hardware = spec.cluster.hw
         # KV-aware dispatchers read kv_used, which a chunk only updates at its end: no chunks then.
-        kv_aware = bool(getattr(dispatch, "uses_kv_load", False))
+        kv_aware = dispatch.needs.reads_kv
         self.instances: dict[str, SimInstance] = {}
         for p in plan:
             missing = [m for m in p.models if m not in archs]
@@ -121,10 +129,10 @@ class Simulator:
         self._where: dict[str, SimInstance] = {}
         self._hooks: list[tuple[float, Callable[[Simulator, float], None]]] = []
         # dispatchers that track what they placed (Aladdin, SCLS max-min) hear about completions
-        self._on_finish = getattr(dispatch, "on_finish", None)
+        self._on_finish = dispatch.on_finish if isinstance(dispatch, FinishListener) else None
         # a dispatcher that never reads load (round robin) needs no candidate refresh, and its choices do
         # not depend on the instances' state: a run can then be partitioned across processes
-        self.load_blind = bool(getattr(dispatch, "load_blind", False))
+        self.load_blind = dispatch.needs.load_blind
         self._routes: list[Route] | None = None  # set in a partition: each arrival's route, decided upfront
         self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
@@ -153,9 +161,10 @@ class Simulator:
                 self._cands[m][i] = c
         self._dirty.clear()
 
-    def _fail(self, r: _Req, why: str) -> None:
-        r.rec.failed = why
-        self._where.pop(r.rec.request_id, None)
+    def _fail(self, r: CoreRequest, why: str) -> None:
+        rec = record_of(r)
+        rec.failed = why
+        self._where.pop(rec.request_id, None)
 
     def _kick(self, inst: SimInstance, now: float) -> None:
         if not self.load_blind:
@@ -187,36 +196,24 @@ class Simulator:
         dst = self.instances.get(instance_id)
         if src is None or dst is None or src is dst or transfer_s < 0:
             return False
-        if src.work is not None and any(r.sched.request_id == request_id for r in src.work.members):
-            return False
-        r = src.waiting.pop(request_id, None) or src.running.pop(request_id, None)
+        r = src.core.requests.get(request_id)
         if r is None or r.sched.model not in dst.tpb:
-            if r is not None:  # put it back: the destination cannot host it
-                (src.running if r.sched.phase == "decode" else src.waiting)[request_id] = r
-            return False
-        if request_id in src.alloc:
-            src.alloc.free(request_id)
-        r.rec.moves += 1
+            return False  # not here, or the destination cannot host it
+        if src.core.remove(request_id) is None:
+            return False  # a member of the step in flight
+        record_of(r).moves += 1
         self._where[request_id] = dst
         self._moving += 1
         self._push(now + transfer_s, _MOVE, r, dst)
         self._kick(src, now)
         return True
 
-    def _land(self, r: _Req, dst: SimInstance, now: float) -> None:
-        rid = r.sched.request_id
-        kv = (
-            r.sched.context_tokens - 1 if r.sched.phase == "decode" else 0
-        )  # the newest token is not in KV yet
-        if kv and dst.alloc.can_allocate(r.sched.model, kv):
-            dst.alloc.allocate(rid, r.sched.model, kv)
-            dst.running[rid] = r
-            dst.policy.on_arrival(r.sched, now)
-        else:
-            r.sched.prompt_tokens = r.prompt + r.rec.produced
-            r.sched.generated = 0
-            dst._enqueue(r, now)
-        r.rec.instance = dst.instance_id
+    def _land(self, r: CoreRequest, dst: SimInstance, now: float) -> None:
+        """The moved request arrives with its KV (``EngineCore.land``: it re-prefills prompt + output
+        when the KV does not fit there)."""
+        kv = r.kv_tokens if r.sched.phase == "decode" else 0
+        dst.core.land(r, now, kv_tokens=kv)
+        record_of(r).instance = dst.instance_id
         self._kick(dst, now)
 
     # ------------------------------------------------------------------------------------- dispatch
@@ -324,7 +321,7 @@ class Simulator:
                 for r in inst.finish_work(t):
                     self._where.pop(r.sched.request_id, None)
                     if self._on_finish is not None:
-                        self._on_finish(r.sched.request_id, inst.instance_id, r.rec.output_tokens, t)
+                        self._on_finish(r.sched.request_id, inst.instance_id, record_of(r).output_tokens, t)
                 self._kick(inst, t)
             elif kind == _ARRIVAL:
                 nxt = next(it, None)

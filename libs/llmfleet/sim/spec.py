@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 from llmfleet.costmodel import Hardware, ModelArch, hardware, model_arch
+from llmfleet.engine_core import EngineLimits
 
 _CLUSTER = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
@@ -60,22 +61,18 @@ class SimService:
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """Per-instance engine knobs (vLLM-like defaults for GPUs)."""
+class EngineSettings(EngineLimits):
+    """Per-instance engine knobs: the shared :class:`EngineLimits` (vLLM-like GPU defaults) plus what
+    only a simulated instance needs (memory fraction, a KV size override, static-batch release)."""
 
-    max_requests: int = 256  # max_num_seqs
-    max_prefill_tokens: int = 8192  # max_num_batched_tokens
     mem_fraction: float = 0.9  # gpu_memory_utilization
-    watermark: float = 0.01
-    block_tokens: int = 16  # tokens per merged block for the largest model on the instance
     kv_bytes: int | None = None  # override the KV pool size (e.g. to match a live engine)
     static_release: str = "batch_end"  # static batching: "batch_end" (HF generate) or "eos"
 
     def __post_init__(self) -> None:
-        if self.max_requests < 1 or self.max_prefill_tokens < 1 or self.block_tokens < 1:
-            raise ValueError(f"engine settings must be positive: {self}")
-        if not 0 < self.mem_fraction <= 1 or not 0 <= self.watermark < 1:
-            raise ValueError(f"mem_fraction in (0,1], watermark in [0,1): {self}")
+        super().__post_init__()
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         if self.static_release not in ("batch_end", "eos"):
             raise ValueError(f"static_release must be 'batch_end' or 'eos', got {self.static_release!r}")
 
@@ -136,7 +133,6 @@ def load_services(path: str | Path) -> tuple[tuple[SimService, ...], EngineSetti
         raise ValueError(f"{p}: expected a mapping with a 'services' list")
     services = services_from_dicts(doc["services"])
     eng = doc.get("engine") or {}
-    unknown = set(eng) - set(EngineSettings.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"{p}: unknown engine keys {sorted(unknown)}")
-    return services, EngineSettings(**eng)
+    if not isinstance(eng, dict):
+        raise ValueError(f"{p}: 'engine' must be a mapping")
+    return services, EngineSettings.from_dict(eng, where=f"{p}: engine")

@@ -167,7 +167,7 @@ def test_e_vectorised_check_equals_the_direct_profile():
         it, rows = pool.iters(now), np.arange(pool.n)
         for _ in range(8):
             l_in, l_pred = rng.randint(1, 60), rng.randint(1, 60)
-            direct = np.array([p._kv_peak(pool, i, float(it[i]), [(l_in, l_pred)]) for i in rows])
+            direct = np.array([pool.kv_peak(i, float(it[i]), [(l_in, l_pred)]) for i in rows])
             pool.M[rows] = direct
             assert pool.kv_fits(rows, it, l_in, l_pred).all()
             pool.M[rows] = direct - 1e-3

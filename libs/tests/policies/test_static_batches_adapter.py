@@ -61,24 +61,13 @@ def test_engine_policy_registry_covers_both_kinds():
         make_engine_policy("nope")
 
 
-def test_recompute_mode_releases_the_unfinished_at_a_slice_end():
-    from llmfleet.policies.request import BatchLimits, PoolView, SchedRequest
+def test_recompute_mode_is_the_batcher_itself_for_the_core_static_mode():
+    """``keep_kv=False`` hands the batcher to the engine core's static mode (padded, recompute)."""
+    from llmfleet.engine_core import EngineCore
+    from llmfleet.kvblocks import BlockAllocator, KvShape
 
-    p = StaticBatches(StaticSls(batch_size=2, max_iterations=2), keep_kv=False)
-    reqs = [SchedRequest("a", "s", "m", 0.0, 10, 50), SchedRequest("b", "s", "m", 0.0, 10, 50)]
-    pool = PoolView(1000, 0, {"m": 16})
-    for r in reqs:
-        p.on_arrival(r, 0.0)
-    b = p.next_batch(reqs, [], pool, BatchLimits(), 0.0)
-    assert set(b.request_ids) == {"a", "b"} and b.phase == "prefill"
-    for r in reqs:
-        r.phase, r.generated = "decode", 1
-    p.on_iteration(b, 0.1, 0.1, reqs)
-    assert p.take_released() == []
-    b2 = p.next_batch([], reqs, pool, BatchLimits(), 0.1)
-    p.on_iteration(b2, 0.1, 0.2, reqs)  # second iteration: the slice ends
-    assert p.take_released() == ["a", "b"] and p.take_released() == []
-    keep = StaticBatches(StaticSls(batch_size=2, max_iterations=1))
-    b = keep.next_batch(reqs[:1], [], pool, BatchLimits(), 0.0)
-    keep.on_iteration(b, 0.1, 0.1, reqs[:1])
-    assert keep.take_released() == []  # keep-KV mode parks instead
+    p = make_engine_policy("static_sls", batch_size=2, keep_kv=False)
+    assert isinstance(p, StaticSls)
+    alloc = BlockAllocator(64, 1024, watermark=0.0)
+    alloc.register_model("m", KvShape(num_layers=1, num_kv_heads=1, head_dim=8))
+    assert EngineCore(p, alloc).static and not EngineCore(make_engine_policy("static_sls"), alloc).static

@@ -1,4 +1,4 @@
-"""The pure parts of tools/bench/sim_fidelity.py (the fidelity benchmark itself needs a live cluster):
+"""The pure parts of tools/bench/sim_fidelity/ (the fidelity benchmark itself needs a live cluster):
 workload planning, prompts, metrics, the overhead fit from calibration groups, the calibrated record,
 and that a simulation of a planned workload runs with the tool's settings."""
 
@@ -16,17 +16,20 @@ from llmfleet.costmodel.aladdin import DecodeModel, PrefillModel
 from llmfleet.costmodel.hardware import hardware
 
 approx = pytest.approx
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "bench" / "sim_fidelity.py"
+TOOL = Path(__file__).resolve().parents[3] / "tools" / "bench" / "sim_fidelity"
 
 
 @pytest.fixture(scope="module")
 def fid():
-    spec = importlib.util.spec_from_file_location("sim_fidelity_tool", TOOL)
+    spec = importlib.util.spec_from_file_location(
+        "sim_fidelity_tool", TOOL / "__init__.py", submodule_search_locations=[str(TOOL)]
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     yield mod
-    sys.modules.pop(spec.name, None)
+    for name in [n for n in sys.modules if n == spec.name or n.startswith(spec.name + ".")]:
+        sys.modules.pop(name, None)
 
 
 def test_planned_workload_is_seeded_and_in_range(fid):

@@ -128,7 +128,7 @@ def test_fast_forward_chunk_is_cut_by_an_arrival(tiny):
 
 # ------------------------------------------------------------------------------------- queueing
 def test_queueing_with_one_request_slot(tiny):
-    sim = tiny.sim(engine=EngineSettings(max_requests=1))
+    sim = tiny.sim(engine=EngineSettings(max_running=1, max_batch_requests=1))
     res = sim.run([W("a", 0.0, 100, 5, "s"), W("b", 0.05, 100, 5, "s")])
     a, b = by_id(res)["a"], by_id(res)["b"]
     assert a.finish_s == approx(0.295, abs=1e-12)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmfleet.policies.dispatch import EngineCandidate, NoCandidate
+from llmfleet.policies.dispatch import DispatchNeeds, EngineCandidate, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.spec import EngineSettings, SimService
 from llmfleet.workload import WorkloadRequest as W
@@ -15,6 +15,7 @@ class Always:
     """A dispatcher that sends everything to one instance (a DispatchPolicy by duck typing)."""
 
     name = "always"
+    needs = DispatchNeeds()  # reads no load
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -54,7 +55,9 @@ def test_every_ticks_through_idle_gaps_before_later_arrivals(tiny):
 
 def test_move_a_waiting_request(tiny):
     """i0 has one slot: b waits behind a; at t = 0.5 a hook moves b to i1 (0.1 s transfer)."""
-    sim = tiny.sim(engine=EngineSettings(max_requests=1), instances=2, dispatch=Always("i0"))
+    sim = tiny.sim(
+        engine=EngineSettings(max_running=1, max_batch_requests=1), instances=2, dispatch=Always("i0")
+    )
     answers: dict[str, bool] = {}
 
     def hook(s, now):
@@ -83,7 +86,7 @@ def test_move_a_waiting_request(tiny):
 def test_move_to_an_instance_without_the_model_is_refused(tiny):
     svcs = [SimService("s", "llama2-7b"), SimService("t", "llama3-8b")]
     plan = [InstancePlan("i0", ("llama2-7b",), 1), InstancePlan("i1", ("llama3-8b",), 1)]
-    sim = tiny.sim(engine=EngineSettings(max_requests=1), services=svcs, plan=plan)
+    sim = tiny.sim(engine=EngineSettings(max_running=1, max_batch_requests=1), services=svcs, plan=plan)
     out = []
 
     def hook(s, now):

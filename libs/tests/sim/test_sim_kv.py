@@ -102,7 +102,7 @@ def test_pool_size_from_memory(tiny):
     eng = EngineSettings()
     arch = model_arch("llama2-7b")
     layout = pool_layout(A100, 1, [arch], eng)
-    act = eng.max_prefill_tokens * (4 * 4096 + 2 * 11008) * 2 + eng.max_requests * 32000 * 4
+    act = eng.max_prefill_tokens * (4 * 4096 + 2 * 11008) * 2 + eng.max_batch_requests * 32000 * 4
     assert activation_bytes(arch, eng) == act
     assert layout.kv_bytes == int(A100.mem_bytes * 0.9) - arch.weight_bytes - act
     assert layout.num_blocks == layout.kv_bytes // (16 * 524_288)

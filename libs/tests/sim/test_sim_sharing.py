@@ -56,7 +56,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_instance_and_simulator_import_the_shared_objects():
     files = {f.stem: f for f in sim_modules()}
     inst = imported_modules(files["instance"])
-    assert "llmfleet.policies.request" in inst and "llmfleet.policies.batching" in inst
+    assert "llmfleet.engine_core" in inst and "llmfleet.policies.batching" in inst
     assert "llmfleet.kvblocks" in inst
     simm = imported_modules(files["simulator"])
     assert "llmfleet.policies.dispatch" in simm
@@ -65,9 +65,12 @@ def test_instance_and_simulator_import_the_shared_objects():
     instance = importlib.import_module("llmfleet.sim.instance")
     simulator = importlib.import_module("llmfleet.sim.simulator")
     assert instance.BlockAllocator is BlockAllocator
+    from llmfleet import engine_core
+    from llmfleet.engine_core import core
     from llmfleet.policies import dispatch, placement, request
 
-    assert instance.stuck_requests is request.stuck_requests
+    assert instance.EngineCore is engine_core.EngineCore  # the live engine's core, not a copy
+    assert core.stuck_requests is request.stuck_requests
     assert simulator.InstancePlan is placement.base.InstancePlan
     assert simulator.EngineCandidate is dispatch.EngineCandidate
 

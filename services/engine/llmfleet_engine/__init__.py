@@ -7,23 +7,19 @@ Typical wiring (see ``servicer.EngineServicer`` and ``executor.Executor``)::
     server = GrpcServer([(add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))])
 """
 
-from llmfleet_engine.executor import (
-    Chunk,
-    Executor,
-    ExecutorConfig,
-    FinishReason,
-    LoadSnapshot,
-    ModelLoad,
-    RequestStream,
-    Usage,
-)
+from llmfleet_engine.backend import EngineBackend
+from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound, load_model, materialize
+from llmfleet_engine.outputs import EngineChunk, EngineUsage, FinishReason, LoadSnapshot, ModelLoad
 from llmfleet_engine.servicer import EngineServicer
+from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError, ValidationError, build_request
 
 __all__ = [
-    "Chunk",
+    "EngineBackend",
+    "EngineChunk",
     "EngineServicer",
+    "EngineUsage",
     "Executor",
     "ExecutorConfig",
     "FinishReason",
@@ -35,7 +31,6 @@ __all__ = [
     "ModelSourceNotFound",
     "RequestStream",
     "UnknownModelError",
-    "Usage",
     "ValidationError",
     "build_request",
     "load_model",

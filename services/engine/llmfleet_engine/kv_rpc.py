@@ -20,7 +20,7 @@ from llmfleet.kvblocks import KvShape
 from llmfleet.rpc.channels import open_channel
 
 from llmfleet_engine import transfer
-from llmfleet_engine.executor import Executor
+from llmfleet_engine.backend import KvMigrationBackend
 from llmfleet_engine.outputs import TransferError
 from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.transfer import ImportHandle, TransferHeader
@@ -92,7 +92,7 @@ def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
 
 
 async def export_stream(
-    ex: Executor, header: TransferHeader, chunk_tokens: int
+    ex: KvMigrationBackend, header: TransferHeader, chunk_tokens: int
 ) -> AsyncIterator[engine_pb2.KvChunk]:
     """Header, then K/V in ranges of ``chunk_tokens`` tokens, at most MAX_CHUNK_BYTES each (the request
     must be paused)."""
@@ -105,7 +105,7 @@ async def export_stream(
 
 
 async def import_stream(
-    ex: Executor, chunks: AsyncIterator[engine_pb2.KvChunk]
+    ex: KvMigrationBackend, chunks: AsyncIterator[engine_pb2.KvChunk]
 ) -> engine_pb2.ImportKvResponse:
     """Consume an ImportKv stream; on any failure the reserved blocks are freed (no leak)."""
     first = await anext(chunks, None)
@@ -139,7 +139,11 @@ class MigrationResult:
 
 
 async def migrate(
-    ex: Executor, engine_id: str, request_id: str, destination: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    ex: KvMigrationBackend,
+    engine_id: str,
+    request_id: str,
+    destination: str,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> MigrationResult:
     """Move ``request_id`` to ``destination``; resumes it locally if anything fails before the commit."""
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import ModelSpec, NodeRecord
 
+from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.placement_follower import PlacementFollower
 from llmfleet_engine.servicer import EngineServicer
@@ -23,7 +24,7 @@ from llmfleet_engine.servicer import EngineServicer
 ROLE = "engine"
 
 
-def make_executor(args: argparse.Namespace) -> Executor:
+def make_executor(args: argparse.Namespace) -> EngineBackend:
     """The backend named by ``--backend``: the native paged executor, or vLLM (imported lazily)."""
     if args.backend == "vllm":
         from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor

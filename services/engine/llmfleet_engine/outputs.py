@@ -44,8 +44,10 @@ class ModelConflictError(ValueError):
 
 
 @dataclass(frozen=True)
-class Usage:
-    """Final accounting of a request; ``completion_tokens`` includes resumed tokens."""
+class EngineUsage:
+    """Final accounting of a request by the engine (its clock: arrival -> queue exit / first / last
+    token); ``completion_tokens`` includes resumed tokens. Sent as ``llmfleet.v1.Usage``; not the SDK's
+    ``llmfleet.client.Usage``."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -55,15 +57,16 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """One stream increment; ``index`` is the completion position of ``token_ids[0]``."""
+class EngineChunk:
+    """One increment of a request's stream out of an executor; ``index`` is the completion position of
+    ``token_ids[0]``. Sent as ``llmfleet.v1.TokenChunk``; not the SDK's ``llmfleet.client.Chunk``."""
 
     request_id: str
     index: int
     token_ids: tuple[int, ...]
     text: str
     finish_reason: FinishReason | None = None
-    usage: Usage | None = None
+    usage: EngineUsage | None = None
     migrated_to: str = ""  # with FinishReason.MIGRATED: the destination engine's address
 
     @property

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llmfleet.coord import PrefixView
 from llmfleet.types import DesiredPlacement
 
-from llmfleet_engine.executor import Executor
+from llmfleet_engine.backend import EngineBackend
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class PlacementFollower:
     engine_id: str
-    executor: Executor
+    executor: EngineBackend
     retry_s: float = 5.0
     applied: DesiredPlacement | None = None
 

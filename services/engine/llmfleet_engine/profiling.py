@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from llmfleet.kvblocks import OutOfBlocks
+from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
 
 from llmfleet_engine.native.runner import SeqStep
 from llmfleet_engine.outputs import ResourceExhaustedError
@@ -64,7 +64,7 @@ def profile(
 
 
 def _sweep(ex: Executor, model: str, batch_sizes, input_lengths, context_lengths, repeats) -> ProfileResult:
-    runner = ex._models[model].runner
+    runner = ex.runner(model)
     vocab = ex.models[model].vocab_size
     gen = torch.Generator().manual_seed(0)
     samples: list[ProfileSample] = []
@@ -89,9 +89,12 @@ def _sweep(ex: Executor, model: str, batch_sizes, input_lengths, context_lengths
 def _point(ex, runner, model, vocab, gen, phase: str, b: int, n: int, repeats: int) -> list[float]:
     seqs = [f"{PREFIX}{phase}/{b}/{n}/{i}" for i in range(b)]
     try:
-        with ex._cond:
+
+        def take(alloc: BlockAllocator) -> None:
             for s in seqs:
-                ex.allocator.allocate(s, model, n + repeats + 1)  # room for the timed decode steps
+                alloc.allocate(s, model, n + repeats + 1)  # room for the timed decode steps
+
+        ex.with_pool(take)
         prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for _ in seqs]
         prefill = [_step(ex, s, p, 0) for s, p in zip(seqs, prompts, strict=True)]
         runner.forward(prefill)  # warm-up (prefill) or the untimed context fill (decode)
@@ -108,16 +111,17 @@ def _point(ex, runner, model, vocab, gen, phase: str, b: int, n: int, repeats: i
             out.append(time.perf_counter() - t0)
         return out
     finally:
-        with ex._cond:
+
+        def release(alloc: BlockAllocator) -> None:
             for s in seqs:
-                if s in ex.allocator:
-                    ex.allocator.free(s)
+                if s in alloc:
+                    alloc.free(s)
+
+        ex.with_pool(release)
 
 
 def _step(ex: Executor, seq: str, token_ids: list[int], start: int) -> SeqStep:
-    with ex._cond:
-        slots = ex.allocator.slots(seq, start, start + len(token_ids))
-        blocks = ex.allocator.table(seq).blocks
+    slots, blocks = ex.with_pool(lambda a: (a.slots(seq, start, start + len(token_ids)), a.table(seq).blocks))
     return SeqStep(
         token_ids=token_ids,
         start_pos=start,

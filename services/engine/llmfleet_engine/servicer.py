@@ -12,11 +12,12 @@ from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc, profiling, transfer
+from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
 from llmfleet_engine.outputs import (
-    Chunk,
     DuplicateRequestError,
+    EngineChunk,
     ExecutorClosedError,
     LoadSnapshot,
     ModelConflictError,
@@ -38,7 +39,7 @@ MIN_WATCH_INTERVAL_S = 0.05
 MAX_WATCH_INTERVAL_S = 3600.0
 
 
-def chunk_to_proto(chunk: Chunk, engine_id: str) -> common_pb2.TokenChunk:
+def chunk_to_proto(chunk: EngineChunk, engine_id: str) -> common_pb2.TokenChunk:
     msg = common_pb2.TokenChunk(
         request_id=chunk.request_id,
         index=chunk.index,
@@ -91,7 +92,7 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
     )
 
 
-def loaded_model_to_proto(m: LoadedModel, executor: object) -> engine_pb2.LoadedModel:
+def loaded_model_to_proto(m: LoadedModel, executor: EngineBackend) -> engine_pb2.LoadedModel:
     msg = engine_pb2.LoadedModel(
         name=m.name,
         source=m.source,
@@ -100,18 +101,18 @@ def loaded_model_to_proto(m: LoadedModel, executor: object) -> engine_pb2.Loaded
         max_context=m.max_context,
         kv_bytes_per_token=m.kv_bytes_per_token,
     )
-    if getattr(executor, "supports_kv_transfer", False):
+    if isinstance(executor, KvMigrationBackend):
         msg.tokens_per_block = executor.tokens_per_block(m.name)
         msg.reserved_bytes = executor.reserved_bytes(m.name)
     return msg
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    """Serves one ``Executor`` as engine ``engine_id``."""
+    """Serves one engine backend (native ``Executor`` or ``VllmExecutor``) as engine ``engine_id``."""
 
     def __init__(
         self,
-        executor: Executor,
+        executor: EngineBackend,
         engine_id: str,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -133,7 +134,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             kv_capacity_bytes=ex.kv_capacity_bytes,
             models=[loaded_model_to_proto(m, ex) for _, m in sorted(ex.models.items())],
         )
-        if ex.supports_kv_transfer:
+        if isinstance(ex, Executor):
             info.kv_block_bytes = ex.plan.block_bytes
             info.kv_num_blocks = ex.plan.num_blocks
             info.policy = ex.policy.name
@@ -233,7 +234,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     # ------------------------------------------------------------ KV transfer
 
     def _require_kv_transfer(self) -> str | None:
-        if getattr(self.executor, "supports_kv_transfer", False):
+        if isinstance(self.executor, KvMigrationBackend):
             return None
         return f"the {self.executor.backend} backend has no KV transfer; it migrates by re-prefill"
 

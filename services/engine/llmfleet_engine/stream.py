@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from typing import Protocol
 
-from llmfleet_engine.outputs import Chunk
+from llmfleet_engine.outputs import EngineChunk
 
 
 class _Canceller(Protocol):
@@ -14,9 +14,9 @@ class _Canceller(Protocol):
 
 
 class RequestStream:
-    """Async iterator over a request's ``Chunk``s; closing it (or cancelling the reader) cancels it."""
+    """Async iterator over a request's ``EngineChunk``s; closing it (or cancelling the reader) cancels it."""
 
-    def __init__(self, executor: _Canceller, request_id: str, queue: asyncio.Queue[Chunk]) -> None:
+    def __init__(self, executor: _Canceller, request_id: str, queue: asyncio.Queue[EngineChunk]) -> None:
         self._executor = executor
         self._queue = queue
         self._done = False
@@ -25,7 +25,7 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
-    async def __anext__(self) -> Chunk:
+    async def __anext__(self) -> EngineChunk:
         if self._done:
             raise StopAsyncIteration
         try:
@@ -46,7 +46,7 @@ class RequestStream:
     async def aclose(self) -> None:
         self.close()
 
-    async def collect(self) -> list[Chunk]:
+    async def collect(self) -> list[EngineChunk]:
         """Read the stream to its final chunk."""
         return [chunk async for chunk in self]
 

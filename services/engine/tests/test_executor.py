@@ -9,29 +9,28 @@ import pytest
 from llmfleet.api.v1 import common_pb2
 from llmfleet.testing import eventually
 from llmfleet.types import ModelSpec
-from llmfleet_engine.executor import (
-    Chunk,
+from llmfleet_engine.executor import Executor
+from llmfleet_engine.models import LoadedModel, ModelSourceNotFound
+from llmfleet_engine.outputs import (
     DuplicateRequestError,
-    Executor,
+    EngineChunk,
     FinishReason,
-    IncrementalDetokenizer,
     ModelConflictError,
     QueueFullError,
-    TextStream,
 )
-from llmfleet_engine.models import LoadedModel, ModelSourceNotFound
+from llmfleet_engine.text import IncrementalDetokenizer, TextStream
 from llmfleet_engine.validation import UnknownModelError, build_request
 
 
-def _ids(chunks: list[Chunk]) -> list[int]:
+def _ids(chunks: list[EngineChunk]) -> list[int]:
     return [t for c in chunks for t in c.token_ids]
 
 
-def _text(chunks: list[Chunk]) -> str:
+def _text(chunks: list[EngineChunk]) -> str:
     return "".join(c.text for c in chunks)
 
 
-def _check_stream(chunks: list[Chunk], start: int = 0) -> None:
+def _check_stream(chunks: list[EngineChunk], start: int = 0) -> None:
     """Indices are contiguous from ``start``; only the last chunk is final and carries usage."""
     expected = start
     for c in chunks:

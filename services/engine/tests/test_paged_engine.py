@@ -11,10 +11,10 @@ import torch
 from llmfleet.kvblocks import KvShape
 from llmfleet.testing import eventually
 from llmfleet_engine import profiling, transfer
-from llmfleet_engine.executor import Executor, ExecutorConfig, FinishReason
+from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.memory import peak_activation_bytes
 from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.outputs import ResourceExhaustedError, TransferError
+from llmfleet_engine.outputs import FinishReason, ResourceExhaustedError, TransferError
 from llmfleet_engine.validation import build_request
 
 
@@ -222,17 +222,19 @@ async def test_import_mismatch_allocates_nothing(make_executor, endless, qwen2):
 @pytest.mark.parametrize("slice_end", ["keep", "recompute"])
 async def test_static_mode_slices_keep_greedy_output(make_executor, endless, slice_end):
     """Static batching (SCLS-style slices of 3 iterations, batches of 2) in both slice-end modes: every
-    request still yields transformers' greedy tokens; recompute mode re-prefills (counted as
-    preemptions), keep mode never drops KV."""
+    request still yields transformers' greedy tokens; recompute mode is the engine core's static mode
+    (padded rows, unfinished rows re-prefilled at a slice end), keep mode never drops KV."""
     ex = make_executor(
         policy="static_sls",
         policy_options={"batch_size": 2, "max_iterations": 3, "keep_kv": slice_end == "keep"},
     )
-    assert ex.policy.name == "static:static_sls"
+    recompute = slice_end == "recompute"
+    assert ex.core.static == recompute
+    assert ex.policy.name == ("static_sls" if recompute else "static:static_sls")
     prompts = [f"Static batch {i} of a sliced story" for i in range(3)]
     streams = [ex.submit(build_request(endless, p, max_tokens=10)) for p in prompts]
     results = await asyncio.gather(*(s.collect() for s in streams))
     for p, chunks in zip(prompts, results, strict=True):
         assert ids(chunks) == greedy_no_eos(endless, p, 10)
-    assert (ex.preemptions > 0) == (slice_end == "recompute")
+    assert (ex.core.requeues > 0) == recompute and ex.preemptions == 0
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "all blocks back")

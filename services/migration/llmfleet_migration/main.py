@@ -8,11 +8,11 @@ import logging
 
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection, node_view
+from llmfleet.load.monitor import LoadMonitor
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
-from llmfleet_migration.load_monitor import LoadMonitor
 from llmfleet_migration.servicer import MigrationServicer
 
 ROLE = "migration"

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import grpc
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection
-
-from llmfleet_migration.load_monitor import LoadMonitor
+from llmfleet.load.monitor import LoadMonitor
 
 
 @dataclass

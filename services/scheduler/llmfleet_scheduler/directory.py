@@ -1,5 +1,13 @@
-"""The scheduler's read-only picture of the cluster: services and live nodes from etcd views,
-plus the latest load each engine reported (fed by WatchLoad in the future; empty for now)."""
+"""The scheduler's read-only picture of the cluster: services and live nodes from etcd views, plus each
+engine's load for the dispatch policies.
+
+Load path: every engine streams ``WatchLoad`` snapshots; the shared
+:class:`~llmfleet.load.monitor.LoadMonitor` (one stream per engine in the nodes view) feeds them to a
+:class:`~llmfleet.load.book.LoadBook`, to which the relay adds every request it sends and releases
+every placement that ends; :meth:`ClusterDirectory.candidates` is the book's view: the last snapshot
+plus the requests dispatched since (see ``llmfleet.load.book`` for when a snapshot covers them).
+Without the monitor (``--no-load-monitor``) the book holds only this scheduler's own outstanding
+requests."""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.coord import PrefixView
+from llmfleet.load import LoadBook
+from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import EngineCandidate
 from llmfleet.rpc.channels import open_channel
 from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
@@ -16,6 +26,8 @@ from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
 class ClusterDirectory:
     services_view: PrefixView[ServiceSpec] | None = None
     nodes_view: PrefixView[NodeRecord] | None = None
+    load: LoadBook = field(default_factory=LoadBook)
+    monitor: LoadMonitor | None = None  # None: no load source (the book sees only what we dispatch)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
 
     @property
@@ -32,7 +44,9 @@ class ClusterDirectory:
         return {k: n for k, n in self.nodes().items() if n.role == ENGINE_ROLE}
 
     def candidates(self) -> list[EngineCandidate]:
-        return [EngineCandidate(engine_id=n.node_id, models=n.models) for n in self.engines().values()]
+        """Every live engine with its load: last snapshot + requests dispatched since (``self.load``)."""
+        load = self.load
+        return [load.candidate(n.node_id, n.models, n.kv_capacity_bytes) for n in self.engines().values()]
 
     def engine_at(self, address: str) -> str | None:
         """Id of the engine registered at ``address``, if any."""
@@ -49,6 +63,8 @@ class ClusterDirectory:
         return ch
 
     async def close(self) -> None:
+        if self.monitor is not None:
+            await self.monitor.close()
         for v in (self.services_view, self.nodes_view):
             if v is not None:
                 await v.stop()

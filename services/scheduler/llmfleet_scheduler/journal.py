@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,7 +42,9 @@ class RequestRecord:
     driver: asyncio.Task | None = None
     engines: list[str] = field(default_factory=list)
     finished_at: float | None = None
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    on_done: Callable[[RequestRecord], None] | None = None  # set by Journal.add: finish-order index
+    # Followers parked until the next change (plain futures: a Condition's lock per chunk costs more).
+    _waiters: list[asyncio.Future] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -66,48 +68,60 @@ class RequestRecord:
             self.first_token_at = time.monotonic()
         self.n_tokens += len(chunk.token_ids)
         self.chunks.append(chunk)
-        await self._notify()
+        self._notify()
 
     async def finish(self, final: common_pb2.TokenChunk) -> None:
         self.final = final
         self.finished_at = time.monotonic()
-        await self._notify()
+        self._notify()
+        if self.on_done is not None:
+            self.on_done(self)
 
     async def fail(self, code: grpc.StatusCode, details: str) -> None:
         if self.done:
             return
         self.error = RequestFailed(code, details)
         self.finished_at = time.monotonic()
-        await self._notify()
+        self._notify()
+        if self.on_done is not None:
+            self.on_done(self)
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def follow(self) -> AsyncIterator[common_pb2.TokenChunk]:
         """Every chunk from the start, then new ones as they come, then the final chunk (or raise)."""
         pos = 0
         while True:
-            async with self._changed:
-                await self._changed.wait_for(lambda seen=pos: len(self.chunks) > seen or self.done)
             while pos < len(self.chunks):
                 pos += 1
                 yield self.chunks[pos - 1]
-            if self.done and pos == len(self.chunks):
+            if self.done:
                 if self.error is not None:
                     raise self.error
                 assert self.final is not None
                 yield self.final
                 return
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
 
 
 @dataclass
 class Journal:
-    """Live and recently finished requests; finished ones are kept ``retain_s`` (at most ``capacity``)."""
+    """Live and recently finished requests; finished ones are kept ``retain_s`` (at most ``capacity``).
+
+    Finished records are also indexed in finish order, so pruning pops expired ones off the front in
+    O(1) each instead of scanning every record on every ``add`` (a scan of the 10,000 retained records
+    cost about 1 ms per request)."""
 
     retain_s: float = 600.0
     capacity: int = 10_000
     _records: OrderedDict[str, RequestRecord] = field(default_factory=OrderedDict)
+    _finished: OrderedDict[str, float] = field(default_factory=OrderedDict)  # id -> finished_at
 
     def get(self, request_id: str) -> RequestRecord | None:
         return self._records.get(request_id)
@@ -115,23 +129,28 @@ class Journal:
     def add(self, record: RequestRecord) -> None:
         self._prune()
         self._records[record.request_id] = record
+        record.on_done = self._record_done
+        if record.done:
+            self._record_done(record)
 
     def discard(self, request_id: str) -> None:
         self._records.pop(request_id, None)
+        self._finished.pop(request_id, None)
 
     def live(self) -> list[RequestRecord]:
         return [r for r in self._records.values() if not r.done]
 
+    def _record_done(self, record: RequestRecord) -> None:
+        if self._records.get(record.request_id) is record:
+            self._finished[record.request_id] = record.finished_at or time.monotonic()
+            self._finished.move_to_end(record.request_id)
+
     def _prune(self) -> None:
-        now = time.monotonic()
-        for rid in [
-            rid
-            for rid, r in self._records.items()
-            if r.done and r.finished_at is not None and now - r.finished_at > self.retain_s
-        ]:
-            del self._records[rid]
-        while len(self._records) >= self.capacity:
-            oldest = next((rid for rid, r in self._records.items() if r.done), None)
-            if oldest is None:
+        horizon = time.monotonic() - self.retain_s
+        finished = self._finished
+        while finished:
+            rid, at = next(iter(finished.items()))
+            if at >= horizon and len(self._records) < self.capacity:
                 break
-            del self._records[oldest]
+            del finished[rid]
+            self._records.pop(rid, None)

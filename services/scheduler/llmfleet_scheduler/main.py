@@ -6,6 +6,7 @@ import argparse
 
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
+from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
@@ -20,13 +21,19 @@ ROLE = "scheduler"
 
 
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer]:
-    directory = ClusterDirectory()
+    # engine load: one WatchLoad stream per engine feeds the directory's load book (the candidates)
+    monitor = LoadMonitor(interval_s=args.load_interval_s) if args.load_monitor else None
+    directory = ClusterDirectory(monitor=monitor)
+    if monitor is not None:
+        monitor.listeners.append(directory.load)
+    router = DispatchRouter(args.dispatch, hardware=args.hardware, load_source=monitor is not None)
+    router.check_default()  # a default policy that reads load with no load source: refused at start
     predictions = (
         PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict != "never" else None
     )
     relay = Relay(
         directory,
-        DispatchRouter(args.dispatch, hardware=args.hardware),
+        router,
         predictions,
         max_attempts=args.max_attempts,
         predict_mode=args.predict,
@@ -50,9 +57,13 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         directory.nodes_view = node_view(n.etcd)
         await directory.services_view.start()
         await directory.nodes_view.start()
+        if monitor is not None:
+            n.spawn(monitor.track(directory.nodes_view), "scheduler-load-monitor")
 
     node.on_etcd.append(attach_views)
     node.on_stop.append(servicer.close)
+    if relay.observations is not None:
+        node.on_stop.append(relay.observations.close)  # send the last batch before the channels close
     node.on_stop.append(directory.close)
     return node, servicer
 
@@ -75,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--predict-window-s", type=float, default=0.002, help="requests within this window share one Predict"
     )
+    ap.add_argument(
+        "--load-interval-s", type=float, default=0.5, help="WatchLoad snapshot interval of the load monitor"
+    )
+    ap.add_argument(
+        "--no-load-monitor",
+        dest="load_monitor",
+        action="store_false",
+        help="follow no engine load: dispatch sees only this scheduler's own outstanding requests, and "
+        "policies that read load (jsq, least_loaded, ...) are refused",
+    )
     ap.add_argument("--hardware", default="cpu", help="catalog hardware of the engines (cost-model policies)")
     ap.add_argument(
         "--orphan-grace-s", type=float, default=2.0, help="cancel a request this long after its client left"
@@ -83,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
+    parser = build_parser()
+
+    def build(args: argparse.Namespace) -> ServiceNode:
+        try:
+            return build_node(args)[0]
+        except ValueError as e:  # flags that cannot work together (e.g. a load-reading policy, no load)
+            parser.error(str(e))
+
+    run_service(ROLE, parser, build, argv)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
-from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2, profiler_pb2_grpc
-from llmfleet.policies.dispatch import DispatchRequest, NoCandidate
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
+from llmfleet.policies.dispatch import DispatchRequest, FinishListener, NoCandidate
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
+from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,11 @@ class Relay:
     predict_mode: str = "auto"  # always | auto | never (see DispatchRouter.wants_prediction)
     max_attempts: int = 3
     max_migrations: int = 16
-    _background: set[asyncio.Task] = field(default_factory=set)
+    observations: ObservationBatcher | None = None  # completed requests -> profiler (batched)
+
+    def __post_init__(self) -> None:
+        if self.observations is None:
+            self.observations = ObservationBatcher(self.directory)
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
@@ -47,8 +52,7 @@ class Relay:
             log.exception("request %s failed", rec.request_id)
             await rec.fail(grpc.StatusCode.INTERNAL, f"scheduler error: {e}")
         if rec.final is not None and rec.final.finish_reason in COMPLETED:
-            self._background.add(t := asyncio.create_task(self._observe(rec)))
-            t.add_done_callback(self._background.discard)
+            self._observe(rec)
 
     async def _dispatch(
         self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None
@@ -56,7 +60,13 @@ class Relay:
         excluded: set[str] = set()
         last_error = ""
         spec = self.directory.services().get(rec.service) or ServiceSpec(rec.service, rec.model)
-        policy = self.router.for_service(spec)
+        try:
+            policy = self.router.for_service(spec)
+        except (ValueError, KeyError) as e:  # a policy that cannot be built or cannot run here
+            why = e.args[0] if e.args else e
+            await rec.fail(grpc.StatusCode.FAILED_PRECONDITION, f"service {rec.service!r}: {why}")
+            return
+        listener = policy if isinstance(policy, FinishListener) else None
         predicted = None
         if self.predictions is not None and self.router.wants_prediction(spec, self.predict_mode):
             predicted = await self.predictions.predict(rec.request_id, rec.service, req.prompt)
@@ -65,7 +75,7 @@ class Relay:
         # the scheduler does not tokenize: the prompt length is estimated (llmfleet.workload.datasets)
         dreq = DispatchRequest(
             rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
-            arrival_s=rec.arrival,
+            int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival,
         )  # fmt: skip
         for _ in range(self.max_attempts):
             try:
@@ -83,10 +93,7 @@ class Relay:
             if rec.dispatched_at is None:
                 rec.dispatched_at = time.monotonic()
             try:
-                await self._follow(rec, req, engine_id, node.address, deadline)
-                on_finish = getattr(policy, "on_finish", None)
-                if on_finish is not None and rec.engines:
-                    on_finish(rec.request_id, rec.engines[-1], rec.n_tokens, time.monotonic())
+                await self._follow(rec, req, engine_id, node.address, deadline, dreq, listener)
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -111,15 +118,27 @@ class Relay:
         engine_id: str,
         address: str,
         deadline: float | None,
+        dreq: DispatchRequest,
+        listener: FinishListener | None,
     ) -> None:
         """Stream from ``address``; when the engine migrates the request, follow it to the destination
-        (the destination recognises the request id and continues the same stream)."""
+        (the destination recognises the request id and continues the same stream). Each engine's part
+        is a placement: counted in the load book while it lasts, and when it ends — finished, failed,
+        cancelled or migrated away — released there and told to the policy (``listener``)."""
         for _ in range(self.max_migrations):
             rec.engines.append(engine_id)
             del req.resume_token_ids[:]
             req.resume_token_ids.extend(rec.delivered_token_ids())
             timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
-            moved_to = await self._stream(rec, req, engine_id, address, timeout)
+            # KV estimate: what the request holds once prefilled (prompt tokens x bytes per token)
+            kv = dreq.prompt_tokens * dreq.kv_bytes_per_token
+            self.directory.load.dispatched(engine_id, rec.request_id, kv)
+            try:
+                moved_to = await self._stream(rec, req, engine_id, address, timeout)
+            finally:
+                self.directory.load.released(engine_id, rec.request_id)
+                if listener is not None:
+                    listener.on_finish(rec.request_id, engine_id, rec.n_tokens, time.monotonic())
             if moved_to is None:
                 return
             log.info("request %s migrated from %s to %s", rec.request_id, engine_id, moved_to)
@@ -184,9 +203,9 @@ class Relay:
             ),
         )
 
-    async def _observe(self, rec: RequestRecord) -> None:
-        prof = self.directory.first_of_role("profiler")
-        if prof is None or rec.final is None:
+    def _observe(self, rec: RequestRecord) -> None:
+        """Report a completed request to the profiler (batched: see ``observe.ObservationBatcher``)."""
+        if rec.final is None or self.observations is None:
             return
         obs = profiler_pb2.Observation(
             request_id=rec.request_id,
@@ -195,8 +214,4 @@ class Relay:
             output_tokens=rec.n_tokens,
             latency_s=rec.final.usage.latency_s,
         )
-        stub = profiler_pb2_grpc.ProfilerStub(self.directory.channel(prof.address))
-        try:
-            await stub.Observe(profiler_pb2.ObserveRequest(items=[obs]), timeout=1.0)
-        except grpc.aio.AioRpcError as e:
-            log.debug("profiler Observe failed for %s: %s", rec.request_id, e.code())
+        self.observations.add(obs)

@@ -2,9 +2,11 @@
 
 ``DispatchRouter``: each service gets its own policy object — the service's ``dispatch`` from the
 cluster config (etcd ``services/{name}``) or the scheduler's ``--dispatch`` default — built once from
-the policy registry, so the live scheduler runs the very objects the simulator runs. Policies that
-need a cost model (``aladdin_bestfit``) get the roofline of the service's model on ``--hardware``
-and the service's SLO (TTFT, TPOT) until a fitted profile is wired in.
+the policy registry with a :class:`~llmfleet.policies.dispatch.DispatchContext`, so the live scheduler
+runs the very objects the simulator runs. The context carries the service's SLO (TTFT, TPOT), whether
+engine load reports come in (the load monitor), and for policies that read costs
+(``needs.reads_costs``: ``aladdin_bestfit``) the roofline of the service's model on ``--hardware``
+until a fitted profile is wired in. A policy that reads load where no load comes in is refused.
 
 ``PredictionBatcher``: concurrent requests are predicted with ONE profiler ``Predict`` call (requests
 arriving within ``window_s`` share it). A profiler that is down or slow costs nothing but the
@@ -19,7 +21,14 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
-from llmfleet.policies.dispatch import DispatchPolicy, make_dispatch_policy
+from llmfleet.policies.dispatch import (
+    POLICIES,
+    DispatchContext,
+    DispatchPolicy,
+    check_context,
+    dispatch_needs,
+    make_dispatch_policy,
+)
 from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -31,34 +40,53 @@ log = logging.getLogger(__name__)
 class DispatchRouter:
     default: str = "round_robin"
     hardware: str = "cpu"
+    load_source: bool = True  # engine load reports reach the candidates (the load monitor runs)
     _policies: dict[tuple[str, str], DispatchPolicy] = field(default_factory=dict)
+
+    def check_default(self) -> None:
+        """ValueError when the default policy cannot run here (it reads load and none comes in)."""
+        ctx = DispatchContext(load_source=self.load_source, hardware=self.hardware)
+        try:
+            check_context(self.default, dispatch_needs(self.default), ctx)
+        except ValueError as e:
+            blind = ", ".join(sorted(n for n in POLICIES if dispatch_needs(n).load_blind))
+            raise ValueError(
+                f"--dispatch {self.default}: {e}; drop --no-load-monitor or pick a load-blind policy: {blind}"
+            ) from None
 
     def name_for(self, spec: ServiceSpec) -> str:
         return spec.dispatch or self.default
 
     def wants_prediction(self, spec: ServiceSpec, mode: str) -> bool:
         """``always``/``never``; ``auto``: the service asks (``predict``) or its dispatch policy reads
-        predictions (``uses_predictions``) — a profiler round trip is not paid for nothing."""
+        predictions (``needs.reads_predictions``) — a profiler round trip is not paid for nothing."""
         if mode != "auto":
             return mode == "always"
-        return spec.predict or bool(getattr(self.for_service(spec), "uses_predictions", False))
+        return spec.predict or self.for_service(spec).needs.reads_predictions
 
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
+        """The service's policy object (ValueError when it cannot be built or cannot run here)."""
         name = self.name_for(spec)
         key = (spec.name, name)
         policy = self._policies.get(key)
         if policy is None:
-            policy = make_dispatch_policy(name, **self._options(name, spec))
+            policy = make_dispatch_policy(name, self.context(name, spec))
             self._policies[key] = policy
         return policy
 
-    def _options(self, name: str, spec: ServiceSpec) -> dict:
-        if name != "aladdin_bestfit":
-            return {}
-        from llmfleet.costmodel import RooflineModel, hardware, model_arch
+    def context(self, name: str, spec: ServiceSpec) -> DispatchContext:
+        """What the scheduler offers policy ``name`` serving ``spec``."""
+        latency = {}
+        if dispatch_needs(name).reads_costs:
+            from llmfleet.costmodel import RooflineModel, hardware, model_arch
 
-        lm = RooflineModel(model_arch(spec.model), hardware(self.hardware))
-        return {"latency_models": {spec.model: lm}, "slos": {spec.model: (spec.slo.ttft_s, spec.slo.tpot_s)}}
+            latency = {spec.model: RooflineModel(model_arch(spec.model), hardware(self.hardware))}
+        return DispatchContext(
+            latency_models=latency,
+            slos={spec.model: (spec.slo.ttft_s, spec.slo.tpot_s)},
+            load_source=self.load_source,
+            hardware=self.hardware,
+        )
 
 
 @dataclass

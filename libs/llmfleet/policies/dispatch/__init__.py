@@ -6,11 +6,15 @@ from typing import Any
 
 from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
 from llmfleet.policies.dispatch.base import (
+    DispatchContext,
+    DispatchNeeds,
     DispatchPolicy,
     DispatchRequest,
     EngineCandidate,
+    FinishListener,
     HostList,
     NoCandidate,
+    check_context,
 )
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
@@ -19,7 +23,7 @@ from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.round_robin import RoundRobin
 from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
-from llmfleet.policies.registry import instantiate
+from llmfleet.policies.registry import instantiate, lookup
 
 POLICIES: dict[str, type] = {
     "round_robin": RoundRobin,
@@ -33,18 +37,36 @@ POLICIES: dict[str, type] = {
 }
 
 
-def make_dispatch_policy(name: str, **kwargs: Any) -> DispatchPolicy:
-    """A new policy object by registry name; options go to its constructor."""
-    return instantiate("dispatch", POLICIES, name, kwargs)
+def dispatch_needs(name: str) -> DispatchNeeds:
+    """What the registered policy ``name`` reads (ValueError for an unknown name)."""
+    return lookup("dispatch", POLICIES, name).needs
+
+
+def make_dispatch_policy(name: str, ctx: DispatchContext | None = None, **options: Any) -> DispatchPolicy:
+    """A new policy object by registry name; ``options`` go to its constructor.
+
+    With a context, a policy that reads load where ``ctx`` has no load source is refused (ValueError
+    naming the policy and what it reads), and a policy that ``reads_costs`` gets the context's
+    ``latency_models`` and ``slos`` unless ``options`` give them."""
+    needs = dispatch_needs(name)
+    if ctx is not None:
+        check_context(name, needs, ctx)
+        if needs.reads_costs:
+            options.setdefault("latency_models", ctx.latency_models)
+            options.setdefault("slos", ctx.slos)
+    return instantiate("dispatch", POLICIES, name, options)
 
 
 __all__ = [
     "POLICIES",
     "AladdinBestFit",
     "BestFitKv",
+    "DispatchContext",
+    "DispatchNeeds",
     "DispatchPolicy",
     "DispatchRequest",
     "EngineCandidate",
+    "FinishListener",
     "HostList",
     "JoinShortestQueue",
     "LeastLoaded",
@@ -54,5 +76,7 @@ __all__ = [
     "SclsMaxMin",
     "WorstFitKv",
     "adaptive_interval",
+    "check_context",
+    "dispatch_needs",
     "make_dispatch_policy",
 ]

@@ -18,9 +18,9 @@ the policy keeps its own ledger of every request it placed (l_in, prediction, es
   engine. Time is ``now`` if given, else ``request.arrival_s`` (callers stamp it with the dispatch
   time); calls must come in non-decreasing time. Choosing again for a known ``request_id`` re-places it.
   Without a ``request`` the choice is made for an empty request and nothing is recorded.
-- ``on_finish(request_id, engine_id, output_tokens, now)``: optional hook, called by the simulator
-  and the scheduler when the policy has it. Unknown ids are ignored. The predictor is not fed here
-  (the profiler observes completions).
+- ``on_finish(request_id, engine_id, output_tokens, now)`` (a ``FinishListener``): the simulator and
+  the scheduler call it when a placement ends, whatever the outcome. Unknown ids are ignored. The
+  predictor is not fed here (the profiler observes completions).
 - ``rebalance(now)`` plans moves of not-yet-started requests; ``apply_move`` records one that the
   caller carried out.
 
@@ -63,7 +63,8 @@ Resolutions of what the paper leaves open:
 Cost per decision: numpy passes over the W candidate workers — O(W) for (b)–(d) and the norms,
 O(W·b) for (e) on the workers that need it — plus O(log n) per request event (placement, start,
 finish, re-prediction) and O(b log b) to rebuild the profile of a worker whose set changed. Predictor
-answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it.
+answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it. The per-worker books
+(numpy arrays, (e) profiles) live in :mod:`.aladdin_ledger`; this module decides.
 """
 
 from __future__ import annotations
@@ -71,17 +72,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.aladdin_ledger import EPS, ModelPool, PlacedRequest
+from llmfleet.policies.dispatch.base import (
+    DispatchNeeds,
+    DispatchRequest,
+    EngineCandidate,
+    FinishListener,
+    eligible,
+)
 from llmfleet.predict.base import LengthQuery
-
-_B_CAP = 1 << 20  # search cap for B_max when l_d never reaches 0
-_GRID = 257
-_EPS = 1e-6  # tokens: rounding slack of the (e) comparison
 
 
 def _slo_pair(slo: Any) -> tuple[float, float]:
@@ -100,245 +103,7 @@ def _per_model(value: Any, model: str) -> Any:
     return value
 
 
-class _Req:
-    __slots__ = (
-        "a_val", "ctx", "e_iter", "l_in", "l_pred", "model", "rid", "s_iter", "service", "slot",
-        "started", "t_start", "under",
-    )  # fmt: skip
-
-    def __init__(self, rid: str, model: str, service: str, slot: int, l_in: float, l_pred: float) -> None:
-        self.rid, self.model, self.service, self.slot = rid, model, service, slot
-        self.l_in, self.l_pred = l_in, l_pred
-        self.ctx = 0.0
-        self.started = False
-        self.t_start = 0.0
-        self.s_iter = 0.0
-        self.e_iter = 0.0
-        self.a_val = -math.inf
-        self.under = False
-
-
-@dataclass
-class _Pool:
-    """Workers of one model: per-worker aggregates in numpy arrays indexed by slot."""
-
-    model: str
-    latency: Any
-    t_pre: float
-    t_dec: float
-    ids: list[str] = field(default_factory=list)
-    slot_of: dict[str, int] = field(default_factory=dict)
-    members: list[dict[str, _Req]] = field(default_factory=list)
-    ends: list[list[tuple[float, str]]] = field(default_factory=list)  # heap of (e_iter, rid)
-    adj: list[list[tuple[float, float, float]]] = field(default_factory=list)  # (expiry, db, dl)
-    cache_ids: list[str] | None = None
-    cache_idx: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.n = 0
-        names = ("b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end")
-        names += ("M", "err_b", "err_l", "rank", "dirty")
-        self._names = names
-        for nm in names:
-            setattr(self, nm, np.zeros(0))
-        # (e) profile rows: sorted breakpoints E, suffix sums SC of c0 and counts NC, suffix max SM of
-        # the profile at the breakpoints, prefix max PM of (profile + E); width = most members + 1
-        self._pads = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
-        self.width = 8
-        for nm, pad in self._pads.items():
-            setattr(self, nm, np.full((0, self.width), pad))
-        self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
-        l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
-        self._ld[0] = l1
-        self.L_max = max(l1, 2 * l1 - l2) if math.isfinite(l1) and math.isfinite(l2) else math.inf
-        # B_max: where l_d reaches 0 (doubling, then bisection on a continuous batch)
-        if l1 <= 0:
-            self.B_max = 1.0
-        else:
-            hi = 2.0
-            while hi < _B_CAP and self.ld_scalar(hi) > 0:
-                hi *= 2
-            lo = hi / 2
-            for _ in range(60):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if self.ld_scalar(mid) > 0 else (lo, mid)
-            self.B_max = lo
-        finite = math.isfinite(self.L_max) and self.L_max > 0
-        self.inv_L = 1.0 / self.L_max if finite else 0.0
-        self.beta = self.L_max / self.B_max if finite else 0.0
-        self.err_norm = 1.0 / math.sqrt(1.0 + self.beta * self.beta)
-        # prefill: x_c = most tokens with t_pre <= T_pre; grid for t_pre(x) on [0, x_c]
-        pre = self.latency.prefill
-        if pre.predict(0.0) > self.t_pre:
-            self.x_c = -1.0
-            self.gx, self.gt = np.array([0.0, 1.0]), np.array([math.inf, math.inf])
-        else:
-            hi = 1.0
-            while hi < 1e9 and pre.predict(hi) <= self.t_pre:
-                hi *= 2
-            lo = hi / 2 if hi > 1 else 0.0
-            for _ in range(60):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if pre.predict(mid) <= self.t_pre else (lo, mid)
-            self.x_c = math.floor(lo)
-            self.gx = np.linspace(0.0, max(self.x_c, 1.0), _GRID)
-            self.gt = np.array([pre.predict(float(x)) for x in self.gx])
-
-    # ------------------------------------------------------------------------------ model helpers
-    def ld_scalar(self, b: float) -> float:
-        return max(0.0, float(self.latency.decode.context_limit(b, self.t_dec)))
-
-    def ld(self, b: np.ndarray) -> np.ndarray:
-        """l_d(b) for integer batch sizes b ≥ 1 (table extended on demand)."""
-        top = int(b.max()) if b.size else 0
-        if top >= len(self._ld):
-            size = max(top + 1, 2 * len(self._ld))
-            old = len(self._ld)
-            ext = np.empty(size - old)
-            for k in range(old, size):
-                ext[k - old] = 0.0 if k > self.B_max else self.ld_scalar(k)
-            self._ld = np.concatenate([self._ld, ext])
-        return self._ld[b.astype(np.intp)]
-
-    def tpre(self, x: np.ndarray | float) -> Any:
-        return np.interp(x, self.gx, self.gt)
-
-    def tpre_scalar(self, x: float) -> float:
-        return float(self.latency.prefill.predict(float(x)))
-
-    def td(self, b: float, s: float) -> float:
-        return float(self.latency.decode.predict(b, s / b))
-
-    # ---------------------------------------------------------------------------------- slots
-    def add_slot(self, engine_id: str, m_tokens: float) -> int:
-        i = self.n
-        if i >= len(self.b):
-            cap = max(16, 2 * len(self.b))
-            for nm in self._names:
-                arr = getattr(self, nm)
-                new = np.zeros(cap)
-                new[: len(arr)] = arr
-                setattr(self, nm, new)
-            for nm, pad in self._pads.items():
-                arr = getattr(self, nm)
-                new = np.full((cap, self.width), pad)
-                new[: len(arr)] = arr
-                setattr(self, nm, new)
-        self.n += 1
-        self.ids.append(engine_id)
-        self.slot_of[engine_id] = i
-        self.members.append({})
-        self.ends.append([])
-        self.adj.append([])
-        for nm, v in (("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
-            getattr(self, nm)[i] = v
-        order = sorted(range(self.n), key=lambda k: self.ids[k])
-        self.rank[order] = np.arange(self.n)
-        return i
-
-    def iters(self, now: float) -> np.ndarray:
-        n = self.n
-        return self.it_base[:n] + (now - self.t_base[:n]) * self.rate[:n]
-
-    def iter_at(self, i: int, t: float) -> float:
-        return float(self.it_base[i] + (t - self.t_base[i]) * self.rate[i])
-
-    def touch(self, i: int, now: float) -> None:
-        """Advance worker i's iteration clock to ``now`` (before its rate changes)."""
-        if now > self.t_base[i]:
-            self.it_base[i] += (now - self.t_base[i]) * self.rate[i]
-            self.t_base[i] = now
-
-    def set_rate(self, i: int) -> None:
-        b = self.b[i]
-        if b <= 0.5:
-            self.b[i] = self.S[i] = self.new_in[i] = self.final[i] = 0.0
-            self.rate[i] = 0.0
-            return
-        self.rate[i] = 1.0 / max(self.td(float(b), float(self.S[i])), 1e-9)
-
-    def breakpoints(self, i: int, k_now: float) -> list[tuple[float, float]]:
-        """(e, c0) of the requests on worker i, sorted: occupancy c0 + K for K ≤ e (clamped to now)."""
-        return sorted((max(r.e_iter, k_now), r.l_in + 1.0 - r.s_iter) for r in self.members[i].values())
-
-    def build_row(self, i: int, k_now: float) -> None:
-        pairs = self.breakpoints(i, k_now)
-        n = len(pairs)
-        if n + 1 > self.width:
-            self.widen(2 * n + 1)
-        e = [p[0] for p in pairs]
-        sc = [0.0] * (n + 1)
-        for m in range(n - 1, -1, -1):
-            sc[m] = sc[m + 1] + pairs[m][1]
-        prof = [sc[m] + (n - m) * e[m] for m in range(n)]
-        sm = [-math.inf] * (n + 1)
-        for m in range(n - 1, -1, -1):
-            sm[m] = max(sm[m + 1], prof[m])
-        pm, best = [0.0] * n, -math.inf
-        for m in range(n):
-            best = max(best, prof[m] + e[m])
-            pm[m] = best
-        pad = self.width - n
-        inf = math.inf
-        self.E[i] = e + [inf] * pad
-        self.SC[i] = sc + [0.0] * (pad - 1)
-        self.NC[i] = [*range(n, -1, -1)] + [0.0] * (pad - 1)
-        self.SM[i] = sm + [-inf] * (pad - 1)
-        self.PM[i] = pm + [-inf] * pad
-        self.dirty[i] = 0.0
-
-    def widen(self, width: int) -> None:
-        for nm, pad in self._pads.items():
-            arr = getattr(self, nm)
-            new = np.full((arr.shape[0], width), pad)
-            new[:, : self.width] = arr
-            setattr(self, nm, new)
-        self.width = width
-
-    def kv_fits(self, rows: np.ndarray, k_now: np.ndarray, l_in: float, l_pred: float) -> np.ndarray:
-        """Constraint (e) with the candidate added, exactly, for each worker in ``rows``.
-
-        Peak = max(A, B, C): A = the profile at breakpoints from the candidate's end e_x on, B = at
-        breakpoints before e_x plus the candidate's occupancy there, C = at e_x (all requests with
-        e ≥ e_x, the candidate at its final length).
-        """
-        for p in np.flatnonzero((self.dirty[rows] > 0) | (self.E[rows, 0] < k_now)).tolist():
-            self.build_row(int(rows[p]), float(k_now[p]))
-        e_x = k_now + l_pred - 1.0
-        c0_x = l_in + 1.0 - k_now
-        E = self.E[rows, : int(self.b[rows].max()) + 1]  # columns past the fullest row are padding
-        q = (e_x[:, None] > E).sum(axis=1)  # breakpoints before the candidate's end
-        c = self.SC[rows, q] + self.NC[rows, q] * e_x + (l_in + l_pred)
-        b = np.where(q > 0, c0_x + self.PM[rows, np.maximum(q - 1, 0)], -math.inf)
-        a = self.SM[rows, q]  # breakpoints at e_x add nothing beyond c
-        return np.maximum(np.maximum(a, b), c) <= self.M[rows] + _EPS
-
-    def clean_ends(self, i: int) -> None:
-        h = self.ends[i]
-        mem = self.members[i]
-        while h:
-            e, rid = h[0]
-            r = mem.get(rid)
-            if r is not None and r.started and r.e_iter == e:
-                break
-            heapq.heappop(h)
-        self.min_end[i] = h[0][0] if h else math.inf
-
-    def recompute_amax(self, i: int) -> None:
-        self.amax[i] = max((r.a_val for r in self.members[i].values() if r.started), default=-math.inf)
-
-    def expire_adj(self, i: int, it_i: float) -> None:
-        keep = []
-        for ent in self.adj[i]:
-            if ent[0] < it_i:
-                self.err_b[i] -= ent[1]
-                self.err_l[i] -= ent[2]
-            else:
-                keep.append(ent)
-        self.adj[i] = keep
-
-
-class AladdinBestFit:
+class AladdinBestFit(FinishListener):
     """Aladdin best-fit placement under constraints (b)–(e); see the module docstring.
 
     Args:
@@ -363,7 +128,9 @@ class AladdinBestFit:
     """
 
     name = "aladdin_bestfit"
-    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
+    # predictions (the scheduler asks the profiler), latency models and SLOs (from the DispatchContext)
+    # and its own ledger; of the candidates only ids, models and KV capacity, never their load
+    needs = DispatchNeeds(reads_predictions=True, reads_costs=True)
 
     def __init__(
         self,
@@ -405,21 +172,21 @@ class AladdinBestFit:
         self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
         self.placed = 0
         self.repredictions = 0
-        self._pools: dict[str, _Pool] = {}
-        self._reqs: dict[str, _Req] = {}
+        self._pools: dict[str, ModelPool] = {}
+        self._reqs: dict[str, PlacedRequest] = {}
         self._starts: list[tuple[float, int, str]] = []  # (t_start, seq, rid)
         self._seq = 0
         self._now = -math.inf
 
     # --------------------------------------------------------------------------------- helpers
-    def _pool(self, model: str) -> _Pool:
+    def _pool(self, model: str) -> ModelPool:
         pool = self._pools.get(model)
         if pool is None:
             lat = self.latency_models.get(model)
             slo = self.slos.get(model)
             if lat is None or slo is None:
                 raise ValueError(f"aladdin_bestfit has no latency model and SLO for model {model!r}")
-            pool = self._pools[model] = _Pool(model, lat, slo[0], slo[1])
+            pool = self._pools[model] = ModelPool(model, lat, slo[0], slo[1])
         return pool
 
     def _capacity(self, model: str, cand: EngineCandidate, bpt_req: float) -> float:
@@ -436,7 +203,7 @@ class AladdinBestFit:
 
     def _slots(
         self,
-        pool: _Pool,
+        pool: ModelPool,
         model: str,
         candidates: Sequence[EngineCandidate],
         exclude: frozenset[str],
@@ -472,19 +239,7 @@ class AladdinBestFit:
             r = self._reqs.get(rid)
             if r is None or r.started or r.t_start != t:
                 continue
-            pool = self._pools[r.model]
-            i = r.slot
-            r.started = True
-            r.s_iter = pool.iter_at(i, t)
-            r.e_iter = r.s_iter + r.l_pred - 1.0
-            r.a_val = pool.t_dec * (r.s_iter - 1.0) - t
-            pool.new_in[i] -= r.l_in
-            pool.dirty[i] = 1.0
-            if r.a_val > pool.amax[i]:
-                pool.amax[i] = r.a_val
-            heapq.heappush(pool.ends[i], (r.e_iter, rid))
-            if r.e_iter < pool.min_end[i]:
-                pool.min_end[i] = r.e_iter
+            self._pools[r.model].start(r, t)
         return now
 
     def _predict(self, service: str, l_in: float, generated: float) -> float | None:
@@ -507,19 +262,12 @@ class AladdinBestFit:
         self._memo[key] = out
         return out
 
-    def _repredict_overdue(self, pool: _Pool, it: np.ndarray, now: float) -> None:
+    def _repredict_overdue(self, pool: ModelPool, it: np.ndarray, now: float) -> None:
         """§4.3: ongoing requests past their predicted end get E[l_out | l_in, l_out > g]."""
-        n = pool.n
-        late = np.flatnonzero(it > pool.min_end[:n])
+        late = np.flatnonzero(it > pool.min_end[: pool.n])
         for i in late.tolist():
             it_i = float(it[i])
-            h, mem = pool.ends[i], pool.members[i]
-            todo = []
-            while h and h[0][0] < it_i:
-                e, rid = heapq.heappop(h)
-                r = mem.get(rid)
-                if r is not None and r.started and r.e_iter == e:
-                    todo.append(r)
+            todo = pool.pop_overdue(i, it_i)
             if todo:
                 pool.touch(i, now)
                 for r in todo:
@@ -527,91 +275,21 @@ class AladdinBestFit:
                     new = self._predict(r.service, r.l_in, g)
                     if new is None or not new > g:
                         new = 2.0 * max(g, 1.0)
-                    d = new - r.l_pred
-                    ctx_new = r.l_in + self.gamma * new
-                    if r.under:
-                        pool.err_l[i] += ctx_new - r.ctx
-                    else:
-                        r.under = True
-                        pool.err_b[i] += 1.0
-                        pool.err_l[i] += ctx_new
-                    pool.S[i] += ctx_new - r.ctx
-                    pool.final[i] += d
-                    r.ctx, r.l_pred = ctx_new, new
-                    r.e_iter += d
-                    heapq.heappush(h, (r.e_iter, r.rid))
+                    pool.repredict(r, new, self.gamma)
                     self.repredictions += 1
                 pool.dirty[i] = 1.0
                 pool.set_rate(i)
             pool.clean_ends(i)
 
-    def _kv_peak(self, pool: _Pool, i: int, it_i: float, extra: Sequence[tuple[float, float]] = ()) -> float:
-        """Max over iterations K ≥ now of Σ occupancy on worker i, plus ``extra`` (l_in, l_pred) starting
-        now (the scalar twin of ``_Pool.kv_fits``, for rebalancing and introspection)."""
-        pairs = pool.breakpoints(i, it_i)
-        pairs += [(it_i + max(lp, 1.0) - 1.0, li + 1.0 - it_i) for li, lp in extra]
-        pairs.sort()
-        sc = best = 0.0
-        for k, (e, c0) in enumerate(reversed(pairs), start=1):
-            sc += c0
-            best = max(best, sc + k * e)
-        return best
-
-    def _mask_bcd(
-        self, pool: _Pool, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float
-    ) -> np.ndarray:
-        """Constraints (b), (c), (d) for the request on each worker in ``idx``."""
-        b = pool.b[idx]
-        ok = pool.S[idx] + ctx <= self.theta * pool.ld(b + 1.0)  # (b)
-        x = pool.new_in[idx] + l_in
-        ok &= x <= pool.x_c  # (c)
-        slack = pool.t_dec * it[idx] - now - pool.amax[idx]
-        ok &= pool.tpre(x) <= self.theta * slack  # (d); no ongoing request: slack = +inf
-        return ok
-
-    def _norm(self, pool: _Pool, idx: np.ndarray) -> np.ndarray:
-        return np.hypot(pool.b[idx] / pool.B_max, pool.S[idx] * pool.inv_L)
-
-    def _record(self, pool: _Pool, i: int, r: _Req, now: float) -> None:
-        pool.touch(i, now)
-        x = pool.new_in[i] + r.l_in
-        r.slot = i
-        r.ctx = r.l_in + self.gamma * r.l_pred
-        r.started = False
-        r.t_start = now + max(pool.tpre_scalar(x), 0.0)
-        r.s_iter = pool.iter_at(i, now)  # until it starts: its placement iteration
-        r.e_iter = r.s_iter + r.l_pred - 1.0
-        pool.members[i][r.rid] = r
-        pool.b[i] += 1.0
-        pool.S[i] += r.ctx
-        pool.new_in[i] = x
-        pool.final[i] += r.l_in + r.l_pred
-        pool.dirty[i] = 1.0
-        pool.set_rate(i)
+    def _record(self, pool: ModelPool, i: int, r: PlacedRequest, now: float) -> None:
+        pool.place(i, r, now, self.gamma)
         self._reqs[r.rid] = r
         self._seq += 1
         heapq.heappush(self._starts, (r.t_start, self._seq, r.rid))
 
-    def _remove(self, pool: _Pool, r: _Req, now: float) -> None:
-        i = r.slot
-        pool.touch(i, now)
-        del pool.members[i][r.rid]
+    def _remove(self, pool: ModelPool, r: PlacedRequest, now: float) -> None:
+        pool.remove(r, now)
         self._reqs.pop(r.rid, None)
-        pool.b[i] -= 1.0
-        pool.S[i] -= r.ctx
-        pool.final[i] -= r.l_in + r.l_pred
-        pool.dirty[i] = 1.0
-        if r.started:
-            if r.a_val >= pool.amax[i]:
-                pool.recompute_amax(i)
-            if r.e_iter <= pool.min_end[i]:
-                pool.clean_ends(i)
-        else:
-            pool.new_in[i] -= r.l_in
-        if r.under:
-            pool.err_b[i] -= 1.0
-            pool.err_l[i] -= r.ctx
-        pool.set_rate(i)
 
     # ------------------------------------------------------------------------------------ API
     def choose(
@@ -643,8 +321,8 @@ class AladdinBestFit:
         ctx = l_in + self.gamma * l_pred
         final = l_in + l_pred
 
-        norm = self._norm(pool, idx)
-        ok = self._mask_bcd(pool, idx, it, now, l_in, ctx)
+        norm = pool.norm(idx)
+        ok = pool.mask_bcd(idx, it, now, l_in, ctx, self.theta)
         cand, nc = idx[ok], norm[ok]
         if cand.size:
             tight = pool.final[cand] + final > pool.M[cand]  # Σ final lengths: (e) holds if not
@@ -661,7 +339,7 @@ class AladdinBestFit:
             low = idx[norm == norm.min()]
             chosen = int(low[np.argmin(pool.rank[low])])
         if request is not None:
-            r = _Req(request.request_id, model, request.service, chosen, l_in, l_pred)
+            r = PlacedRequest(request.request_id, model, request.service, chosen, l_in, l_pred)
             self._record(pool, chosen, r, now)
             self.placed += 1
         return pool.ids[chosen]
@@ -700,7 +378,7 @@ class AladdinBestFit:
     def norms(self, model: str) -> dict[str, float]:
         """capacity_norm of every known worker of ``model``."""
         pool = self._pool(model)
-        v = self._norm(pool, np.arange(pool.n))
+        v = pool.norm(np.arange(pool.n))
         return {e: float(v[i]) for i, e in enumerate(pool.ids)}
 
     def prediction(self, request_id: str) -> float | None:
@@ -716,7 +394,7 @@ class AladdinBestFit:
         now = self._advance(now)
         pool = self._pool(model)
         i = pool.slot_of[engine_id]
-        return self._kv_peak(pool, i, pool.iter_at(i, now))
+        return pool.kv_peak(i, pool.iter_at(i, now))
 
     def error_distance(self, model: str, now: float) -> dict[str, float]:
         """Signed distance d_i of every worker's error point (Algorithm 2); > 0 under-estimated."""
@@ -746,7 +424,7 @@ class AladdinBestFit:
             d = np.array([dist[e] for e in pool.ids])
             it = pool.iters(self._now)
             # simulated aggregates of the targets (moves already planned)
-            extra: dict[int, list[_Req]] = {}
+            extra: dict[int, list[PlacedRequest]] = {}
             gone: set[str] = set()
             while True:
                 best = None
@@ -777,7 +455,9 @@ class AladdinBestFit:
                 moves.append((r.rid, pool.ids[x], pool.ids[y]))
         return moves
 
-    def _fits_after(self, pool: _Pool, y: int, it: np.ndarray, r: _Req, planned: list[_Req]) -> bool:
+    def _fits_after(
+        self, pool: ModelPool, y: int, it: np.ndarray, r: PlacedRequest, planned: list[PlacedRequest]
+    ) -> bool:
         """(b)–(e) for request r on worker y, with the requests already planned to move there."""
         b = pool.b[y] + len(planned)
         s = pool.S[y] + sum(q.ctx for q in planned)
@@ -790,7 +470,7 @@ class AladdinBestFit:
         if float(pool.tpre(new_in)) > self.theta * slack:
             return False
         extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
-        return self._kv_peak(pool, y, float(it[y]), extra) <= pool.M[y] + _EPS
+        return pool.kv_peak(y, float(it[y]), extra) <= pool.M[y] + EPS
 
     def apply_move(self, request_id: str, to_engine: str, now: float) -> None:
         """Record that a not-yet-started request was moved to ``to_engine`` (Algorithm 2, 23–26)."""

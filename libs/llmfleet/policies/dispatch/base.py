@@ -4,18 +4,22 @@
 load-aware policies need (prompt length, predicted output, KV bytes per token); policies that only need
 the model ignore it, and callers that know nothing more may leave it ``None``.
 
-Optional class attributes tell callers what a policy reads, so they can skip work or keep it exact:
-``uses_predictions`` (asks for predicted lengths), ``uses_kv_load`` (reads ``kv_used_bytes``: no
-fast-forward in the simulator), ``load_blind`` (reads no load at all: no refresh, and a simulation may
-be split across processes), and an ``on_finish(request_id, engine_id, output_tokens, now)`` method
-for policies that track what they placed.
+What a policy reads is declared by type, so callers never probe attributes:
+
+- ``needs``: a :class:`DispatchNeeds` class attribute (every policy has one): whether it reads the
+  candidates' queue lengths, their KV use, predicted output lengths, or latency models and SLOs from
+  the :class:`DispatchContext`. A policy reading none of the load is *load blind*: the simulator need
+  not refresh candidates and may split a run across processes, and a scheduler without a load source
+  may run it. A load-reading policy is refused (:func:`check_context`) where no load source exists.
+- :class:`FinishListener`: policies that keep their own books of what they placed (Aladdin, SCLS
+  max-min) subclass it; callers tell them of every terminal outcome of a placement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 class NoCandidate(LookupError):
@@ -66,8 +70,61 @@ class DispatchRequest:
         return int((self.prompt_tokens + self.predicted_output_tokens) * self.kv_bytes_per_token)
 
 
+@dataclass(frozen=True)
+class DispatchNeeds:
+    """What a dispatch policy reads (a class attribute ``needs`` of every policy).
+
+    ``reads_queue``: the candidates' ``running``/``waiting`` (``queued``). ``reads_kv``: their
+    ``kv_used_bytes`` (free KV, utilization); a KV *capacity* alone is not load. ``reads_predictions``:
+    ``request.predicted_output_tokens`` (the scheduler asks the profiler for it). ``reads_costs``: the
+    latency models and SLOs of the :class:`DispatchContext` (given to its constructor as
+    ``latency_models``/``slos`` unless the options name them).
+    """
+
+    reads_queue: bool = False
+    reads_kv: bool = False
+    reads_predictions: bool = False
+    reads_costs: bool = False
+
+    @property
+    def load_blind(self) -> bool:
+        """Reads no load at all: its choices do not depend on the engines' state."""
+        return not (self.reads_queue or self.reads_kv)
+
+    def describe(self) -> str:
+        """What it reads, in words (for error messages)."""
+        parts = [
+            what
+            for flag, what in (
+                (self.reads_queue, "queue lengths"),
+                (self.reads_kv, "KV-cache use"),
+                (self.reads_predictions, "predicted output lengths"),
+                (self.reads_costs, "latency models and SLOs"),
+            )
+            if flag
+        ]
+        return ", ".join(parts) or "nothing but the engines' models"
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    """What the caller that builds a dispatch policy can offer it (``make_dispatch_policy(name, ctx)``).
+
+    ``latency_models``: model -> latency model (``AladdinModel``/``RooflineModel``); ``slos``: model ->
+    (TTFT, TPOT) seconds; ``load_source``: whether the candidates will carry live load (engine load
+    reports in the scheduler, instance state in the simulator); ``hardware``: catalog name of the
+    engines' hardware ("" = unknown).
+    """
+
+    latency_models: Mapping[str, Any] = field(default_factory=dict)
+    slos: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    load_source: bool = True
+    hardware: str = ""
+
+
 class DispatchPolicy(Protocol):
     name: str
+    needs: ClassVar[DispatchNeeds]
 
     def choose(
         self,
@@ -78,6 +135,25 @@ class DispatchPolicy(Protocol):
     ) -> str:
         """Engine id for a request of ``model``; raises NoCandidate when none qualifies."""
         ...
+
+
+@runtime_checkable
+class FinishListener(Protocol):
+    """A dispatch policy that tracks what it placed. Callers (simulator, scheduler) call ``on_finish``
+    once per placement when it ends, whatever the outcome: finished, failed, cancelled, or migrated
+    away from ``engine_id``. ``output_tokens`` = tokens produced so far, ``now`` = the caller's clock.
+    Unknown request ids must be ignored."""
+
+    def on_finish(self, request_id: str, engine_id: str, output_tokens: int, now: float) -> None: ...
+
+
+def check_context(name: str, needs: DispatchNeeds, ctx: DispatchContext) -> None:
+    """ValueError when policy ``name`` cannot run in ``ctx`` (it reads load and there is none)."""
+    if not needs.load_blind and not ctx.load_source:
+        raise ValueError(
+            f"dispatch policy {name!r} reads engine load ({needs.describe()}), "
+            "but no engine load reports come in (no load source)"
+        )
 
 
 class HostList(list):

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 
 class BestFitKv:
     """Least free KV that fits the request's need, else most free KV; ties by engine id."""
 
     name = "best_fit_kv"
-    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
-    uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
+    # free KV and the request's predicted need: the scheduler asks the profiler, the simulator keeps
+    # kv_used_bytes exact (no fast-forward)
+    needs = DispatchNeeds(reads_kv=True, reads_predictions=True)
 
     def choose(
         self,

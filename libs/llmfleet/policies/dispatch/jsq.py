@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import attrgetter
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 _QUEUED = attrgetter("queued")
 
@@ -19,6 +19,7 @@ class JoinShortestQueue:
     """Fewest queued (running + waiting) requests; ties by engine id."""
 
     name = "jsq"
+    needs = DispatchNeeds(reads_queue=True)
 
     def choose(
         self,

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 
 class LeastLoaded:
     """Lowest KV utilization (queue length when a capacity is unknown); ties by queued, then id."""
 
     name = "least_loaded"
-    uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
+    # KV utilization, then queue length; reading kv_used_bytes, the simulator keeps it exact (no fast-forward)
+    needs = DispatchNeeds(reads_queue=True, reads_kv=True)
 
     def choose(
         self,

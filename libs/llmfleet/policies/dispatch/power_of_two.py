@@ -13,13 +13,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 
 class PowerOfTwo:
     """Two seeded random samples, the shorter queue wins; ties by engine id."""
 
     name = "power_of_two"
+    needs = DispatchNeeds(reads_queue=True)
 
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 
 @dataclass
@@ -16,7 +17,7 @@ class RoundRobin:
     _next: dict[str, int] = field(default_factory=dict)
     # never reads the candidates' load: callers may skip refreshing it, and the simulator may split a
     # run across processes (llmfleet.sim.partition) since routing does not depend on instance state
-    load_blind = True
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds()
 
     def choose(
         self,

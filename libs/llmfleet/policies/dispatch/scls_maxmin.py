@@ -11,7 +11,8 @@ Two entry points share the loads:
   ``SclsSliceBatcher.plan``); :meth:`SclsMaxMin.complete_batch` subtracts a batch's estimate.
 * :meth:`SclsMaxMin.choose` — the cluster dispatch interface (one request at a time): the request goes
   to the eligible engine with the least load (ties: smaller engine id) and adds its estimate there;
-  :meth:`SclsMaxMin.on_finish` (called by the simulator/scheduler when present) subtracts it.
+  :meth:`SclsMaxMin.on_finish` (a ``FinishListener``: the simulator and scheduler call it when a
+  placement ends, whatever the outcome) subtracts it.
 
 A request's estimate (resolved ambiguity: the paper only estimates batches): the time it would take
 alone, slice by slice, under the paper's recompute mode — with L = ``prompt_tokens``, P =
@@ -30,7 +31,13 @@ from typing import Any, TypeVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, as_scls_cost
 from llmfleet.policies.checks import positive_int
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import (
+    DispatchNeeds,
+    DispatchRequest,
+    EngineCandidate,
+    FinishListener,
+    eligible,
+)
 
 B = TypeVar("B", bound=Hashable)
 
@@ -45,11 +52,13 @@ def adaptive_interval(loads: Iterable[float], lam: float = 0.5, gamma_s: float =
     return gamma_s if lo is None else max(lam * lo, gamma_s)
 
 
-class SclsMaxMin:
+class SclsMaxMin(FinishListener):
     """Max-min offloading by estimated serve time (load −= the estimate on completion)."""
 
     name = "scls_maxmin"
-    uses_predictions = True  # reads request.predicted_output_tokens: the scheduler asks the profiler
+    # predicted lengths (the scheduler asks the profiler) and its own books of estimated serve time, not
+    # the engines' load; it hears every end of a placement (FinishListener)
+    needs = DispatchNeeds(reads_predictions=True)
 
     def __init__(
         self,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 
 class WorstFitKv:
     """Most free KV bytes; ties by engine id."""
 
     name = "worst_fit_kv"
-    uses_kv_load = True  # reads kv_used_bytes: the simulator keeps it exact (no fast-forward)
+    needs = DispatchNeeds(reads_kv=True)  # free KV: the simulator keeps it exact (no fast-forward)
 
     def choose(
         self,

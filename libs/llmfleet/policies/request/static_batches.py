@@ -7,12 +7,10 @@ Semantics (the live engine's static mode; the simulator runs static batchers nat
 * A batch's first iteration prefills its new members (and decodes members that kept their KV from an
   earlier slice: a "mixed" iteration); then its members decode together until each finishes or the
   batch has run ``max_iterations`` iterations (an SCLS slice).
-* Slice end, ``keep_kv=True`` (the default): unfinished members are *parked* — they hold their KV and
-  are offered to the next ``form_batch`` with their context as input length, so re-batching costs no
-  recompute. ``keep_kv=False`` is the paper's recompute mode: the policy hands the unfinished members
-  to the engine through :meth:`take_released`, the engine drops their KV (as in a preemption) and they
-  are re-prefilled with prompt + output so far when re-batched (the simulator's static path does the
-  same).
+* Slice end: unfinished members are *parked* — they hold their KV and are offered to the next
+  ``form_batch`` with their context as input length, so re-batching costs no recompute. (The papers'
+  recompute mode, with padded rows, is the engine core's static mode: see
+  ``llmfleet.policies.engine_policy``.)
 * Padding is not materialised: the paged engine computes only real tokens, so a finished row costs
   nothing while it waits for the batch end (results stream at EOS).
 * Preemption victim: a parked request first (it is not running), else the latest-arrived member.
@@ -38,19 +36,12 @@ from llmfleet.policies.request.base import (
 
 
 class StaticBatches:
-    def __init__(self, batcher: StaticBatchPolicy, keep_kv: bool = True) -> None:
+    def __init__(self, batcher: StaticBatchPolicy) -> None:
         self.batcher = batcher
-        self.keep_kv = keep_kv
         self.name = f"static:{batcher.name}"
         self._batch: StaticBatch | None = None
         self._members: set[str] = set()
         self._iterations = 0
-        self._released: list[str] = []
-
-    def take_released(self) -> list[str]:
-        """Requests whose KV the engine should drop now (recompute mode slice ends); clears the list."""
-        out, self._released = self._released, []
-        return out
 
     @property
     def active(self) -> StaticBatch | None:
@@ -108,10 +99,8 @@ class StaticBatches:
             return
         self._iterations += 1
         limit = self._batch.max_iterations
-        if limit is not None and self._iterations >= limit:  # slice end: park (or release) the unfinished
+        if limit is not None and self._iterations >= limit:  # slice end: park the unfinished
             self.batcher.on_batch_done(self._batch, duration_s, now, list(requests))
-            if not self.keep_kv:
-                self._released.extend(sorted(self._members))
             self._end_batch()
 
     def on_finish(self, req: SchedRequest, now: float) -> None:

@@ -1,0 +1,106 @@
+"""The engine core's per-request state, and the step plan / step result it exchanges with its driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmfleet.policies.batching.base import StaticBatch
+from llmfleet.policies.request.base import Batch, SchedRequest
+
+
+class CoreRequest:
+    """One request in an engine core.
+
+    ``sched`` is what the policy sees (``prompt_tokens`` = what the next prefill processes, i.e. the
+    prompt plus everything generated before a preemption; ``generated`` = tokens since that prefill).
+    ``prompt`` is the original prompt length, ``max_tokens`` the output cap, ``produced`` every output
+    token so far (resumed ones included). While it holds KV, ``kv_tokens`` = context − 1: the newest
+    sampled token is not in the cache yet. ``payload`` is the driver's object (the live executor's
+    request state, the simulator's record); the core never reads it.
+    """
+
+    __slots__ = ("max_tokens", "paused", "payload", "preemptions", "produced", "prompt", "sched")
+
+    def __init__(
+        self, sched: SchedRequest, prompt: int, max_tokens: int, produced: int = 0, payload: Any = None
+    ) -> None:
+        if prompt < 0 or max_tokens < 1 or produced < 0:
+            raise ValueError(
+                f"request {sched.request_id!r}: prompt >= 0, max_tokens >= 1, produced >= 0 required"
+            )
+        self.sched = sched
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.produced = produced
+        self.payload = payload
+        self.paused = False
+        self.preemptions = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.sched.request_id
+
+    @property
+    def model(self) -> str:
+        return self.sched.model
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose K/V is in the pool (valid while running)."""
+        return self.sched.prompt_tokens + self.sched.generated - 1
+
+    def fold(self) -> None:
+        """Preemption / slice end / landing without KV: the next prefill rebuilds prompt + output."""
+        s = self.sched
+        s.prompt_tokens = self.prompt + self.produced
+        s.max_new_tokens = max(1, self.max_tokens - self.produced)
+        s.generated = 0
+
+    def __repr__(self) -> str:
+        s = self.sched
+        return f"CoreRequest({s.request_id!r}, {s.phase}, prompt={s.prompt_tokens}, produced={self.produced})"
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step chosen by :meth:`EngineCore.schedule`.
+
+    ``members`` are the requests computed, in batch order; ``prefills`` the subset that prefills
+    (``sched.prompt_tokens`` tokens each; the others decode their newest token). ``iterations`` is 1
+    for the live engine; a simulator may raise it (:meth:`EngineCore.extend`) to run the same members
+    for k iterations as one chunk. Static mode: ``rows`` are all rows of the padded static batch
+    (finished rows still hold their padded KV) and ``padded_len`` the longest prompt.
+    """
+
+    batch: Batch | StaticBatch
+    model: str
+    members: list[CoreRequest]
+    prefills: list[CoreRequest]
+    preempted: list[CoreRequest]
+    prefill_tokens: int
+    prefill_sq: int
+    decodes: int
+    context_tokens: int  # summed KV context of the decoding members
+    waiting_seen: list[SchedRequest]
+    running_seen: list[SchedRequest]
+    iterations: int = 1
+    static: bool = False
+    rows: list[CoreRequest] = field(default_factory=list)
+    padded_len: int = 0
+    reserved: int = 0  # extra iterations whose KV was reserved up front (EngineCore.reserve_ahead)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.sched.request_id for r in self.members]
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What :meth:`EngineCore.complete` did: ``finished`` requests left the core (KV freed, the policy's
+    ``on_finish`` called) in member order; ``requeued`` went back to waiting (a static slice end or an
+    OOM batch end, re-prefilled later); ``batch_rows`` are all rows of a static batch that ended."""
+
+    finished: list[CoreRequest]
+    requeued: list[CoreRequest]
+    batch_rows: list[CoreRequest]

@@ -1,0 +1,160 @@
+"""What a dispatcher knows of each engine's load: its last report plus what was sent to it since.
+
+Engines report load over their ``WatchLoad`` streams every ``interval_s`` (the shared
+:class:`~llmfleet.load.monitor.LoadMonitor` follows them). Between two reports the scheduler may send an
+engine many requests — a burst of 100 concurrent requests arrives within milliseconds — and a
+dispatcher reading only the last report would send them all to the same engine. :class:`LoadBook`
+therefore adds to each engine's last report the requests *this* dispatcher sent there that the report
+cannot reflect yet.
+
+Accounting (per engine; pure, single-threaded, no clock):
+
+- ``report(engine, r)`` numbers the engine's reports as they arrive: 1, 2, 3, ...
+- ``dispatched(engine, request, kv_bytes)`` records the request as *pending* on the engine, stamped
+  with the number ``n`` of reports received from it so far, with its KV estimate (the caller's:
+  prompt tokens x the model's KV bytes per token, what it holds once prefilled).
+- A pending request is *covered* — dropped, since the reports now count it — by report ``n + 2``,
+  the second report received after it was sent. Report ``n + 1`` may have been taken before the
+  request reached the engine (it was in flight, or the engine had not admitted it yet); report
+  ``n + 2`` was taken one full report interval after report ``n + 1``, which itself was taken no
+  earlier than (send time - network transit). So no engine clock is needed; the rule only assumes
+  that an engine admits a request within one report interval of its sending, and that reports are
+  not held up longer than that. Until covered, a request may be counted twice (by a report taken
+  after its admission and as pending): the error is at most one report interval long and always
+  towards "busier", never towards the burst problem.
+- ``released(engine, request)`` ends a placement (the request finished, failed, was cancelled or
+  migrated away): a pending request is dropped at once. A covered one stays in the last report until
+  the next one (reports are snapshots; the book never subtracts from them).
+- Without any report from an engine (monitor off, engine not reporting yet) nothing is ever covered:
+  its load is exactly the requests this dispatcher has outstanding there — a local join-the-shortest-
+  queue that needs no load source.
+- ``forget(engine)`` drops everything about an engine that left.
+
+A candidate (:meth:`LoadBook.candidate`) is the report's ``running``, ``waiting + pending count``,
+``kv_used + Σ pending KV`` and the report's KV capacity (else the caller's fallback, e.g. the capacity
+the engine registered in etcd). Each operation is O(1) amortised (pending requests are kept in send
+order, so covering pops from the front).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from llmfleet.policies.dispatch.base import EngineCandidate
+
+COVERED_AFTER = 2  # reports received after sending a request before the reports count it
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """One engine load report as plain data (``common.LoadSnapshot`` without the transport)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_bytes: int = 0
+    kv_capacity_bytes: int = 0
+    # model -> KV bytes per token on this engine, for the models that hold tokens in its KV pool
+    kv_bytes_per_token: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Engine:
+    reports: int = 0  # reports received so far
+    last: LoadReport | None = None
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # request -> (reports, kv bytes)
+    pending_kv: int = 0
+
+
+class LoadBook:
+    """Per-engine last report plus the requests dispatched since (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, _Engine] = {}
+        self._bpt: dict[str, float] = {}  # model -> KV bytes per token (latest report naming it)
+
+    def _engine(self, engine_id: str) -> _Engine:
+        e = self._engines.get(engine_id)
+        if e is None:
+            e = self._engines[engine_id] = _Engine()
+        return e
+
+    # ------------------------------------------------------------------------------------ events
+    def report(self, engine_id: str, report: LoadReport) -> None:
+        """A new load report from ``engine_id``; covers what was sent before its previous report."""
+        e = self._engine(engine_id)
+        e.reports += 1
+        e.last = report
+        self._bpt.update(report.kv_bytes_per_token)
+        horizon = e.reports - COVERED_AFTER
+        pending = e.pending
+        while pending:
+            rid, (n, kv) = next(iter(pending.items()))
+            if n > horizon:
+                break
+            del pending[rid]
+            e.pending_kv -= kv
+
+    def dispatched(self, engine_id: str, request_id: str, kv_bytes: int = 0) -> None:
+        """``request_id`` was sent to ``engine_id`` (again: it is re-stamped)."""
+        e = self._engine(engine_id)
+        old = e.pending.pop(request_id, None)
+        if old is not None:
+            e.pending_kv -= old[1]
+        kv = max(0, int(kv_bytes))
+        e.pending[request_id] = (e.reports, kv)
+        e.pending_kv += kv
+
+    def released(self, engine_id: str, request_id: str) -> None:
+        """The placement of ``request_id`` on ``engine_id`` ended (any outcome); unknown ids are ignored."""
+        e = self._engines.get(engine_id)
+        if e is None:
+            return
+        old = e.pending.pop(request_id, None)
+        if old is not None:
+            e.pending_kv -= old[1]
+
+    def forget(self, engine_id: str) -> None:
+        """``engine_id`` left the cluster."""
+        self._engines.pop(engine_id, None)
+
+    def retain(self, engine_ids: Iterable[str]) -> None:
+        """Forget every engine not in ``engine_ids``."""
+        keep = set(engine_ids)
+        for eid in [e for e in self._engines if e not in keep]:
+            del self._engines[eid]
+
+    # ------------------------------------------------------------------------------------ views
+    def kv_bytes_per_token(self, model: str) -> float:
+        """KV bytes per token of ``model`` as the engines report it (0 while unknown)."""
+        return self._bpt.get(model, 0.0)
+
+    def pending(self, engine_id: str) -> int:
+        """Requests sent to ``engine_id`` that its reports do not count yet."""
+        e = self._engines.get(engine_id)
+        return len(e.pending) if e is not None else 0
+
+    def last_report(self, engine_id: str) -> LoadReport | None:
+        e = self._engines.get(engine_id)
+        return e.last if e is not None else None
+
+    def candidate(
+        self, engine_id: str, models: tuple[str, ...], kv_capacity_bytes: int = 0
+    ) -> EngineCandidate:
+        """The engine as a dispatcher sees it: last report + pending (``kv_capacity_bytes``: used when
+        no report gives a capacity)."""
+        e = self._engines.get(engine_id)
+        if e is None:
+            return EngineCandidate(engine_id, models, kv_capacity_bytes=kv_capacity_bytes)
+        r = e.last or _EMPTY
+        return EngineCandidate(
+            engine_id,
+            models,
+            running=r.running,
+            waiting=r.waiting + len(e.pending),
+            kv_used_bytes=r.kv_used_bytes + e.pending_kv,
+            kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
+        )
+
+
+_EMPTY = LoadReport()

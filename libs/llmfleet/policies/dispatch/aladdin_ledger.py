@@ -1,0 +1,376 @@
+"""The vectorised ledger behind Aladdin's best-fit placement (:mod:`.aladdin_bestfit`).
+
+One :class:`ModelPool` per model holds that model's workers as slots of numpy arrays: per worker the
+batch b, Σ(l_in + γ·l_pred) S, Σ new l_in, Σ final lengths, the iteration clock (base, time, rate),
+the (d) slack maximum, the error point and, for constraint (e), each worker's sorted breakpoints with
+suffix sums and prefix/suffix maxima (rebuilt lazily when its set of requests changes). Every
+constraint and norm is then one numpy pass over the candidate workers. The definitions (time model,
+(b)–(e), capacity norm, error points) are in :mod:`.aladdin_bestfit`'s docstring; this module only
+keeps the books, the policy decides.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+B_CAP = 1 << 20  # search cap for B_max when l_d never reaches 0
+GRID = 257
+EPS = 1e-6  # tokens: rounding slack of the (e) comparison
+
+
+class PlacedRequest:
+    """One request in the ledger: input, prediction and its place in the worker's iteration clock."""
+
+    __slots__ = (
+        "a_val", "ctx", "e_iter", "l_in", "l_pred", "model", "rid", "s_iter", "service", "slot",
+        "started", "t_start", "under",
+    )  # fmt: skip
+
+    def __init__(self, rid: str, model: str, service: str, slot: int, l_in: float, l_pred: float) -> None:
+        self.rid, self.model, self.service, self.slot = rid, model, service, slot
+        self.l_in, self.l_pred = l_in, l_pred
+        self.ctx = 0.0
+        self.started = False
+        self.t_start = 0.0
+        self.s_iter = 0.0
+        self.e_iter = 0.0
+        self.a_val = -math.inf
+        self.under = False
+
+
+@dataclass
+class ModelPool:
+    """Workers of one model: per-worker aggregates in numpy arrays indexed by slot."""
+
+    model: str
+    latency: Any
+    t_pre: float
+    t_dec: float
+    ids: list[str] = field(default_factory=list)
+    slot_of: dict[str, int] = field(default_factory=dict)
+    members: list[dict[str, PlacedRequest]] = field(default_factory=list)
+    ends: list[list[tuple[float, str]]] = field(default_factory=list)  # heap of (e_iter, rid)
+    adj: list[list[tuple[float, float, float]]] = field(default_factory=list)  # (expiry, db, dl)
+    cache_ids: list[str] | None = None
+    cache_idx: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.n = 0
+        names = ("b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end")
+        names += ("M", "err_b", "err_l", "rank", "dirty")
+        self._names = names
+        for nm in names:
+            setattr(self, nm, np.zeros(0))
+        # (e) profile rows: sorted breakpoints E, suffix sums SC of c0 and counts NC, suffix max SM of
+        # the profile at the breakpoints, prefix max PM of (profile + E); width = most members + 1
+        self._pads = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
+        self.width = 8
+        for nm, pad in self._pads.items():
+            setattr(self, nm, np.full((0, self.width), pad))
+        self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
+        l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
+        self._ld[0] = l1
+        self.L_max = max(l1, 2 * l1 - l2) if math.isfinite(l1) and math.isfinite(l2) else math.inf
+        # B_max: where l_d reaches 0 (doubling, then bisection on a continuous batch)
+        if l1 <= 0:
+            self.B_max = 1.0
+        else:
+            hi = 2.0
+            while hi < B_CAP and self.ld_scalar(hi) > 0:
+                hi *= 2
+            lo = hi / 2
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if self.ld_scalar(mid) > 0 else (lo, mid)
+            self.B_max = lo
+        finite = math.isfinite(self.L_max) and self.L_max > 0
+        self.inv_L = 1.0 / self.L_max if finite else 0.0
+        self.beta = self.L_max / self.B_max if finite else 0.0
+        self.err_norm = 1.0 / math.sqrt(1.0 + self.beta * self.beta)
+        # prefill: x_c = most tokens with t_pre <= T_pre; grid for t_pre(x) on [0, x_c]
+        pre = self.latency.prefill
+        if pre.predict(0.0) > self.t_pre:
+            self.x_c = -1.0
+            self.gx, self.gt = np.array([0.0, 1.0]), np.array([math.inf, math.inf])
+        else:
+            hi = 1.0
+            while hi < 1e9 and pre.predict(hi) <= self.t_pre:
+                hi *= 2
+            lo = hi / 2 if hi > 1 else 0.0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if pre.predict(mid) <= self.t_pre else (lo, mid)
+            self.x_c = math.floor(lo)
+            self.gx = np.linspace(0.0, max(self.x_c, 1.0), GRID)
+            self.gt = np.array([pre.predict(float(x)) for x in self.gx])
+
+    # ------------------------------------------------------------------------------ model helpers
+    def ld_scalar(self, b: float) -> float:
+        return max(0.0, float(self.latency.decode.context_limit(b, self.t_dec)))
+
+    def ld(self, b: np.ndarray) -> np.ndarray:
+        """l_d(b) for integer batch sizes b ≥ 1 (table extended on demand)."""
+        top = int(b.max()) if b.size else 0
+        if top >= len(self._ld):
+            size = max(top + 1, 2 * len(self._ld))
+            old = len(self._ld)
+            ext = np.empty(size - old)
+            for k in range(old, size):
+                ext[k - old] = 0.0 if k > self.B_max else self.ld_scalar(k)
+            self._ld = np.concatenate([self._ld, ext])
+        return self._ld[b.astype(np.intp)]
+
+    def tpre(self, x: np.ndarray | float) -> Any:
+        return np.interp(x, self.gx, self.gt)
+
+    def tpre_scalar(self, x: float) -> float:
+        return float(self.latency.prefill.predict(float(x)))
+
+    def td(self, b: float, s: float) -> float:
+        return float(self.latency.decode.predict(b, s / b))
+
+    # ---------------------------------------------------------------------------------- slots
+    def add_slot(self, engine_id: str, m_tokens: float) -> int:
+        i = self.n
+        if i >= len(self.b):
+            cap = max(16, 2 * len(self.b))
+            for nm in self._names:
+                arr = getattr(self, nm)
+                new = np.zeros(cap)
+                new[: len(arr)] = arr
+                setattr(self, nm, new)
+            for nm, pad in self._pads.items():
+                arr = getattr(self, nm)
+                new = np.full((cap, self.width), pad)
+                new[: len(arr)] = arr
+                setattr(self, nm, new)
+        self.n += 1
+        self.ids.append(engine_id)
+        self.slot_of[engine_id] = i
+        self.members.append({})
+        self.ends.append([])
+        self.adj.append([])
+        for nm, v in (("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
+            getattr(self, nm)[i] = v
+        order = sorted(range(self.n), key=lambda k: self.ids[k])
+        self.rank[order] = np.arange(self.n)
+        return i
+
+    def iters(self, now: float) -> np.ndarray:
+        n = self.n
+        return self.it_base[:n] + (now - self.t_base[:n]) * self.rate[:n]
+
+    def iter_at(self, i: int, t: float) -> float:
+        return float(self.it_base[i] + (t - self.t_base[i]) * self.rate[i])
+
+    def touch(self, i: int, now: float) -> None:
+        """Advance worker i's iteration clock to ``now`` (before its rate changes)."""
+        if now > self.t_base[i]:
+            self.it_base[i] += (now - self.t_base[i]) * self.rate[i]
+            self.t_base[i] = now
+
+    def set_rate(self, i: int) -> None:
+        b = self.b[i]
+        if b <= 0.5:
+            self.b[i] = self.S[i] = self.new_in[i] = self.final[i] = 0.0
+            self.rate[i] = 0.0
+            return
+        self.rate[i] = 1.0 / max(self.td(float(b), float(self.S[i])), 1e-9)
+
+    def breakpoints(self, i: int, k_now: float) -> list[tuple[float, float]]:
+        """(e, c0) of the requests on worker i, sorted: occupancy c0 + K for K ≤ e (clamped to now)."""
+        return sorted((max(r.e_iter, k_now), r.l_in + 1.0 - r.s_iter) for r in self.members[i].values())
+
+    def build_row(self, i: int, k_now: float) -> None:
+        pairs = self.breakpoints(i, k_now)
+        n = len(pairs)
+        if n + 1 > self.width:
+            self.widen(2 * n + 1)
+        e = [p[0] for p in pairs]
+        sc = [0.0] * (n + 1)
+        for m in range(n - 1, -1, -1):
+            sc[m] = sc[m + 1] + pairs[m][1]
+        prof = [sc[m] + (n - m) * e[m] for m in range(n)]
+        sm = [-math.inf] * (n + 1)
+        for m in range(n - 1, -1, -1):
+            sm[m] = max(sm[m + 1], prof[m])
+        pm, best = [0.0] * n, -math.inf
+        for m in range(n):
+            best = max(best, prof[m] + e[m])
+            pm[m] = best
+        pad = self.width - n
+        inf = math.inf
+        self.E[i] = e + [inf] * pad
+        self.SC[i] = sc + [0.0] * (pad - 1)
+        self.NC[i] = [*range(n, -1, -1)] + [0.0] * (pad - 1)
+        self.SM[i] = sm + [-inf] * (pad - 1)
+        self.PM[i] = pm + [-inf] * pad
+        self.dirty[i] = 0.0
+
+    def widen(self, width: int) -> None:
+        for nm, pad in self._pads.items():
+            arr = getattr(self, nm)
+            new = np.full((arr.shape[0], width), pad)
+            new[:, : self.width] = arr
+            setattr(self, nm, new)
+        self.width = width
+
+    def kv_fits(self, rows: np.ndarray, k_now: np.ndarray, l_in: float, l_pred: float) -> np.ndarray:
+        """Constraint (e) with the candidate added, exactly, for each worker in ``rows``.
+
+        Peak = max(A, B, C): A = the profile at breakpoints from the candidate's end e_x on, B = at
+        breakpoints before e_x plus the candidate's occupancy there, C = at e_x (all requests with
+        e ≥ e_x, the candidate at its final length).
+        """
+        for p in np.flatnonzero((self.dirty[rows] > 0) | (self.E[rows, 0] < k_now)).tolist():
+            self.build_row(int(rows[p]), float(k_now[p]))
+        e_x = k_now + l_pred - 1.0
+        c0_x = l_in + 1.0 - k_now
+        E = self.E[rows, : int(self.b[rows].max()) + 1]  # columns past the fullest row are padding
+        q = (e_x[:, None] > E).sum(axis=1)  # breakpoints before the candidate's end
+        c = self.SC[rows, q] + self.NC[rows, q] * e_x + (l_in + l_pred)
+        b = np.where(q > 0, c0_x + self.PM[rows, np.maximum(q - 1, 0)], -math.inf)
+        a = self.SM[rows, q]  # breakpoints at e_x add nothing beyond c
+        return np.maximum(np.maximum(a, b), c) <= self.M[rows] + EPS
+
+    def clean_ends(self, i: int) -> None:
+        h = self.ends[i]
+        mem = self.members[i]
+        while h:
+            e, rid = h[0]
+            r = mem.get(rid)
+            if r is not None and r.started and r.e_iter == e:
+                break
+            heapq.heappop(h)
+        self.min_end[i] = h[0][0] if h else math.inf
+
+    def recompute_amax(self, i: int) -> None:
+        self.amax[i] = max((r.a_val for r in self.members[i].values() if r.started), default=-math.inf)
+
+    def expire_adj(self, i: int, it_i: float) -> None:
+        keep = []
+        for ent in self.adj[i]:
+            if ent[0] < it_i:
+                self.err_b[i] -= ent[1]
+                self.err_l[i] -= ent[2]
+            else:
+                keep.append(ent)
+        self.adj[i] = keep
+
+    # ------------------------------------------------------------------------------ request events
+    def place(self, i: int, r: PlacedRequest, now: float, gamma: float) -> None:
+        """Record ``r`` on worker i at ``now`` as a new request (it starts after its prefill)."""
+        self.touch(i, now)
+        x = self.new_in[i] + r.l_in
+        r.slot = i
+        r.ctx = r.l_in + gamma * r.l_pred
+        r.started = False
+        r.t_start = now + max(self.tpre_scalar(x), 0.0)
+        r.s_iter = self.iter_at(i, now)  # until it starts: its placement iteration
+        r.e_iter = r.s_iter + r.l_pred - 1.0
+        self.members[i][r.rid] = r
+        self.b[i] += 1.0
+        self.S[i] += r.ctx
+        self.new_in[i] = x
+        self.final[i] += r.l_in + r.l_pred
+        self.dirty[i] = 1.0
+        self.set_rate(i)
+
+    def start(self, r: PlacedRequest, t: float) -> None:
+        """``r``'s prefill ended at ``t``: it becomes ongoing on its worker's iteration clock."""
+        i = r.slot
+        r.started = True
+        r.s_iter = self.iter_at(i, t)
+        r.e_iter = r.s_iter + r.l_pred - 1.0
+        r.a_val = self.t_dec * (r.s_iter - 1.0) - t
+        self.new_in[i] -= r.l_in
+        self.dirty[i] = 1.0
+        if r.a_val > self.amax[i]:
+            self.amax[i] = r.a_val
+        heapq.heappush(self.ends[i], (r.e_iter, r.rid))
+        if r.e_iter < self.min_end[i]:
+            self.min_end[i] = r.e_iter
+
+    def remove(self, r: PlacedRequest, now: float) -> None:
+        """Take ``r`` off its worker at ``now`` (finished, moved or re-placed)."""
+        i = r.slot
+        self.touch(i, now)
+        del self.members[i][r.rid]
+        self.b[i] -= 1.0
+        self.S[i] -= r.ctx
+        self.final[i] -= r.l_in + r.l_pred
+        self.dirty[i] = 1.0
+        if r.started:
+            if r.a_val >= self.amax[i]:
+                self.recompute_amax(i)
+            if r.e_iter <= self.min_end[i]:
+                self.clean_ends(i)
+        else:
+            self.new_in[i] -= r.l_in
+        if r.under:
+            self.err_b[i] -= 1.0
+            self.err_l[i] -= r.ctx
+        self.set_rate(i)
+
+    def pop_overdue(self, i: int, it_i: float) -> list[PlacedRequest]:
+        """Pop the ongoing requests on worker i whose predicted end lies before iteration ``it_i``."""
+        h, mem = self.ends[i], self.members[i]
+        out = []
+        while h and h[0][0] < it_i:
+            e, rid = heapq.heappop(h)
+            r = mem.get(rid)
+            if r is not None and r.started and r.e_iter == e:
+                out.append(r)
+        return out
+
+    def repredict(self, r: PlacedRequest, new: float, gamma: float) -> None:
+        """``r`` outlived its prediction, which becomes ``new``: r marks an under-estimate (§4.3)."""
+        i = r.slot
+        d = new - r.l_pred
+        ctx_new = r.l_in + gamma * new
+        if r.under:
+            self.err_l[i] += ctx_new - r.ctx
+        else:
+            r.under = True
+            self.err_b[i] += 1.0
+            self.err_l[i] += ctx_new
+        self.S[i] += ctx_new - r.ctx
+        self.final[i] += d
+        r.ctx, r.l_pred = ctx_new, new
+        r.e_iter += d
+        heapq.heappush(self.ends[i], (r.e_iter, r.rid))
+
+    # ------------------------------------------------------------------------------ constraints
+    def kv_peak(self, i: int, it_i: float, extra: Sequence[tuple[float, float]] = ()) -> float:
+        """Max over iterations K ≥ now of Σ occupancy on worker i, plus ``extra`` (l_in, l_pred) starting
+        now (the scalar twin of :meth:`kv_fits`, for rebalancing and introspection)."""
+        pairs = self.breakpoints(i, it_i)
+        pairs += [(it_i + max(lp, 1.0) - 1.0, li + 1.0 - it_i) for li, lp in extra]
+        pairs.sort()
+        sc = best = 0.0
+        for k, (e, c0) in enumerate(reversed(pairs), start=1):
+            sc += c0
+            best = max(best, sc + k * e)
+        return best
+
+    def mask_bcd(
+        self, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float, theta: float
+    ) -> np.ndarray:
+        """Constraints (b), (c), (d) for a request (l_in, context ctx) on each worker in ``idx``."""
+        b = self.b[idx]
+        ok = self.S[idx] + ctx <= theta * self.ld(b + 1.0)  # (b)
+        x = self.new_in[idx] + l_in
+        ok &= x <= self.x_c  # (c)
+        slack = self.t_dec * it[idx] - now - self.amax[idx]
+        ok &= self.tpre(x) <= theta * slack  # (d); no ongoing request: slack = +inf
+        return ok
+
+    def norm(self, idx: np.ndarray) -> np.ndarray:
+        """capacity_norm of the workers in ``idx``."""
+        return np.hypot(self.b[idx] / self.B_max, self.S[idx] * self.inv_L)

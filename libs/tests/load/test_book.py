@@ -1,0 +1,119 @@
+"""LoadBook: an engine's last load report plus the requests dispatched to it since."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from llmfleet.load import LoadBook, LoadReport
+from llmfleet.policies.dispatch import JoinShortestQueue, LeastLoaded
+
+M = "m"
+
+
+def cands(book: LoadBook, *ids: str, capacity: int = 0):
+    return [book.candidate(e, (M,), capacity) for e in ids]
+
+
+def test_a_burst_spreads_before_the_next_report():
+    """e0 reports 4 running, e1 0: 100 concurrent requests under JSQ fill e1 up to 4, then alternate."""
+    book = LoadBook()
+    book.report("e0", LoadReport(running=4))
+    book.report("e1", LoadReport())
+    jsq = JoinShortestQueue()
+    sent = Counter()
+    for i in range(100):
+        e = jsq.choose(M, cands(book, "e0", "e1"))
+        book.dispatched(e, f"r{i}")
+        sent[e] += 1
+    assert sent == {"e1": 52, "e0": 48}  # 4 + 48 == 0 + 52: level queues
+    assert [c.queued for c in cands(book, "e0", "e1")] == [52, 52]
+
+
+def test_zero_load_candidates_would_pile_onto_the_first_engine():
+    """The problem the book solves: without load, JSQ picks by engine id."""
+    jsq = JoinShortestQueue()
+    book = LoadBook()
+    assert {jsq.choose(M, cands(book, "e0", "e1")) for _ in range(10)} == {"e0"}
+
+
+def test_a_request_is_covered_by_the_second_report_after_it_was_sent():
+    book = LoadBook()
+    book.report("e", LoadReport(running=1))
+    book.dispatched("e", "a")
+    assert book.candidate("e", (M,)).queued == 2
+    book.report("e", LoadReport(running=1))  # may predate a's arrival at the engine: still pending
+    assert book.pending("e") == 1 and book.candidate("e", (M,)).queued == 2
+    book.dispatched("e", "b")
+    book.report("e", LoadReport(running=2, waiting=1))  # the second report after a: covers a, not b
+    assert book.pending("e") == 1
+    c = book.candidate("e", (M,))
+    assert (c.running, c.waiting) == (2, 2)
+    book.report("e", LoadReport(running=3))
+    assert book.pending("e") == 0 and book.candidate("e", (M,)).queued == 3
+
+
+def test_released_drops_a_pending_request_at_once_and_ignores_the_rest():
+    book = LoadBook()
+    book.dispatched("e", "a", kv_bytes=100)
+    book.dispatched("e", "b", kv_bytes=50)
+    book.released("e", "a")
+    c = book.candidate("e", (M,))
+    assert (c.queued, c.kv_used_bytes) == (1, 50)
+    book.released("e", "a")  # again: no-op
+    book.released("e", "zzz")
+    book.released("other", "b")  # another engine: no-op
+    assert book.pending("e") == 1
+    book.report("e", LoadReport(running=1, kv_used_bytes=60))
+    book.report("e", LoadReport(running=1, kv_used_bytes=60))  # covers b
+    book.released("e", "b")  # covered: the report counts it until the next one
+    c = book.candidate("e", (M,))
+    assert (c.queued, c.kv_used_bytes) == (1, 60)
+
+
+def test_without_reports_the_load_is_what_this_dispatcher_has_outstanding():
+    book = LoadBook()
+    for i in range(3):
+        book.dispatched("e", f"r{i}")
+    c = book.candidate("e", (M,), kv_capacity_bytes=1000)
+    assert (c.running, c.waiting, c.kv_capacity_bytes) == (0, 3, 1000)
+    book.released("e", "r1")
+    assert book.candidate("e", (M,)).queued == 2
+
+
+def test_dispatching_again_restamps_and_does_not_double_count():
+    book = LoadBook()
+    book.dispatched("e", "a", kv_bytes=10)
+    book.report("e", LoadReport())
+    book.dispatched("e", "a", kv_bytes=30)  # sent again (after a failure or a migration back)
+    book.report("e", LoadReport())  # second report after the first send, first after the second
+    c = book.candidate("e", (M,))
+    assert (book.pending("e"), c.kv_used_bytes) == (1, 30)
+    book.report("e", LoadReport())
+    assert book.pending("e") == 0
+
+
+def test_kv_pending_capacity_and_bytes_per_token():
+    book = LoadBook()
+    assert book.kv_bytes_per_token(M) == 0.0
+    book.report("e0", LoadReport(1, 0, 1000, 10_000, {M: 512.0}))
+    book.report("e1", LoadReport(0, 0, 0, 0))  # capacity unknown in the report: the fallback is used
+    assert book.kv_bytes_per_token(M) == 512.0
+    book.dispatched("e1", "a", kv_bytes=2048)
+    c0, c1 = cands(book, "e0", "e1", capacity=8000)
+    assert (c0.kv_used_bytes, c0.kv_capacity_bytes) == (1000, 10_000)
+    assert (c1.kv_used_bytes, c1.kv_capacity_bytes) == (2048, 8000)
+    # least_loaded: 1000/10000 = 0.1 < 2048/8000 = 0.256
+    assert LeastLoaded().choose(M, [c0, c1]) == "e0"
+    book.dispatched("e1", "neg", kv_bytes=-5)  # clamped at 0
+    assert book.candidate("e1", (M,)).kv_used_bytes == 2048
+
+
+def test_engines_that_leave_are_forgotten():
+    book = LoadBook()
+    book.report("e0", LoadReport(running=5))
+    book.dispatched("e1", "a")
+    book.dispatched("e2", "b")
+    book.forget("e0")
+    assert book.last_report("e0") is None and book.candidate("e0", (M,)).queued == 0
+    book.retain(["e2"])
+    assert book.pending("e1") == 0 and book.pending("e2") == 1

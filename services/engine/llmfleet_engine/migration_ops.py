@@ -1,0 +1,178 @@
+"""The executor's public live-migration primitives (Mell's KV transfer; token transfer without KV).
+
+Source side: ``pause_request`` takes a request out of scheduling (after the step in flight) and
+describes its state, ``export_kv`` reads K/V of a token range, ``finish_migrated`` ends its stream with
+MIGRATED, ``resume_request`` puts it back (the transfer failed). Destination side: ``begin_import``
+checks model and shape and reserves blocks, ``write_import`` fills them, ``commit_import`` lands the
+request in the engine core (``EngineCore.land``, with its KV or to re-prefill), ``abort_import`` frees
+everything. ``llmfleet_engine.transfer`` is the protocol layer on top of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from llmfleet.engine_core import EngineCore
+from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
+from llmfleet.kvblocks.storage import KvStorage
+
+from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, ResourceExhaustedError, TransferError
+from llmfleet_engine.transfer import ImportHandle, TransferHeader
+from llmfleet_engine.validation import GenerationRequest
+
+if TYPE_CHECKING:
+    from llmfleet_engine.executor import LiveRequest
+    from llmfleet_engine.model_host import HostedModel
+
+
+class MigrationOps:
+    """Mixin of :class:`~llmfleet_engine.executor.Executor` (uses its lock, core, pool and requests)."""
+
+    allocator: BlockAllocator
+    storage: KvStorage
+    core: EngineCore
+    _cond: threading.Condition
+    _models: dict[str, HostedModel]
+    _requests: dict[str, LiveRequest]
+
+    def _active(self, request_id: str) -> LiveRequest:
+        r = self._requests.get(request_id)
+        if r is None or r.finished:
+            raise TransferError(f"no active request {request_id!r} on this engine")
+        return r
+
+    def pause_request(self, request_id: str, timeout_s: float = 30.0) -> TransferHeader:
+        """Stop scheduling ``request_id`` (waiting out the step in flight) and describe its state."""
+        with self._cond:
+            r = self._active(request_id)
+            self.core.pause(request_id)
+            deadline = time.monotonic() + timeout_s
+            while request_id in self.core.inflight:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    self.core.resume(request_id)
+                    raise TransferError(f"request {request_id!r} did not leave its iteration in {timeout_s}s")
+            kv = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
+            rng = r.generator.get_state().numpy().tobytes() if r.generator is not None else b""
+            return TransferHeader(
+                request_id=r.request_id,
+                model=r.req.model,
+                shape=r.model.shape,
+                num_tokens=kv,
+                prompt=r.req.prompt,
+                prompt_token_ids=r.req.prompt_token_ids,
+                generated_token_ids=tuple(r.tokens),
+                sampling=r.req.sampling,
+                service=r.req.service,
+                rng_state=rng,
+                age_s=time.monotonic() - r.req.arrival_s,
+            )
+
+    def resume_request(self, request_id: str) -> bool:
+        """Schedule a paused request again (the transfer failed); False if it is gone."""
+        with self._cond:
+            r = self._requests.get(request_id)
+            if r is None or r.finished:
+                return False
+            self.core.resume(request_id)
+            self._cond.notify_all()
+            return True
+
+    def export_kv(self, request_id: str, start: int, end: int) -> bytes:
+        """K/V of tokens [start, end) of a paused request in the canonical layout."""
+        with self._cond:
+            r = self._active(request_id)
+            if not r.core.paused:
+                raise TransferError(f"request {request_id!r} must be paused before its KV is read")
+            held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
+            if not 0 <= start < end <= held:
+                raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
+            blocks = self.allocator.table(request_id).blocks
+        return self.storage.export_tokens(r.req.model, blocks, start, end)
+
+    def finish_migrated(self, request_id: str, destination: str) -> None:
+        """End the source side: final chunk MIGRATED (naming the destination), blocks freed."""
+        with self._cond:
+            r = self._active(request_id)
+            self._finish_locked(r, FinishReason.MIGRATED, migrated_to=destination)  # type: ignore[attr-defined]
+            self._cond.notify_all()
+
+    def begin_import(self, header: TransferHeader) -> ImportHandle:
+        """Validate ``header`` against this engine and reserve its blocks (nothing allocated on error)."""
+        with self._cond:
+            model = self._models.get(header.model)
+            if model is None:
+                raise TransferError(
+                    f"model {header.model!r} is not loaded here (loaded: {sorted(self._models)})"
+                )
+            if header.shape != model.shape:
+                raise TransferError(
+                    f"KV shape mismatch for {header.model!r}: incoming {header.shape}, here {model.shape}"
+                )
+            n_full = len(header.prompt_token_ids) + len(header.generated_token_ids)
+            if header.num_tokens and header.num_tokens != n_full - 1:
+                raise TransferError(
+                    f"inconsistent state: {header.num_tokens} tokens of KV for {n_full} prompt + generated tokens"
+                )
+            if n_full > model.loaded.max_context:
+                raise TransferError(
+                    f"{n_full} tokens exceed {header.model!r}'s context of {model.loaded.max_context}"
+                )
+            if header.request_id in self._requests or header.request_id in self.core.requests:
+                raise DuplicateRequestError(f"request {header.request_id!r} is already active here")
+            self._check_fits(model, len(header.prompt_token_ids) + header.sampling.max_tokens)  # type: ignore[attr-defined]
+            blocks: tuple[int, ...] = ()
+            if header.num_tokens:
+                try:
+                    table = self.allocator.reserve_import(
+                        header.request_id, header.model, header.shape, header.num_tokens
+                    )
+                except OutOfBlocks as e:
+                    raise ResourceExhaustedError(f"no room for {header.num_tokens} tokens of KV: {e}") from e
+                blocks = tuple(table.blocks)
+            return ImportHandle(self, header, blocks)  # type: ignore[arg-type]
+
+    def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None:
+        self.storage.import_tokens(handle.header.model, handle.blocks, start, data)
+
+    def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None:
+        """Adopt the request: it decodes from where the source stopped (or re-prefills, for a token
+        transfer); its output is buffered until a consumer ``attach``es."""
+        h = handle.header
+        with self._cond:
+            model = self._models.get(h.model)
+            if model is None:
+                self.abort_import_locked(handle)
+                raise TransferError(f"model {h.model!r} was unloaded during the import")
+            req = GenerationRequest(
+                request_id=h.request_id,
+                model=h.model,
+                prompt=h.prompt,
+                prompt_token_ids=h.prompt_token_ids,
+                sampling=h.sampling,
+                arrival_s=time.monotonic() - h.age_s,
+                service=h.service,
+            )
+            state = self._new_state(req, model, loop, list(h.generated_token_ids))  # type: ignore[attr-defined]
+            if state.generator is not None and h.rng_state:
+                state.generator.set_state(torch.frombuffer(bytearray(h.rng_state), dtype=torch.uint8))
+            state.attached = False
+            state.scheduled_s = state.first_token_s = time.monotonic()
+            self._requests[h.request_id] = state
+            handle.done = True
+            self.core.land(state.core, time.monotonic(), kv_tokens=h.num_tokens, reserved=bool(h.num_tokens))
+            self._cond.notify_all()
+
+    def abort_import(self, handle: ImportHandle) -> None:
+        with self._cond:
+            self.abort_import_locked(handle)
+
+    def abort_import_locked(self, handle: ImportHandle) -> None:
+        if not handle.done:
+            handle.done = True
+            rid = handle.header.request_id
+            if handle.header.num_tokens and rid in self.allocator and rid not in self.core.requests:
+                self.allocator.free(rid)

@@ -1,0 +1,222 @@
+"""The executor's model hosting: load/unload models into the unified pool (weights + peak activation
+reserved as pool blocks, a KV view registered per model) and reconcile to a desired set."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from llmfleet.engine_core import EngineCore
+from llmfleet.kvblocks import BlockAllocator, KvShape, OutOfBlocks
+from llmfleet.kvblocks.storage import KvStorage
+from llmfleet.types import ModelSpec
+
+from llmfleet_engine.memory import RESERVED_MODEL, MemoryPlan, peak_activation_bytes
+from llmfleet_engine.models import DEFAULT_DTYPE, LoadedModel, ModelLoadError, load_model
+from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
+from llmfleet_engine.outputs import (
+    ExecutorClosedError,
+    LoadResult,
+    ModelConflictError,
+    ReconcileResult,
+    ResourceExhaustedError,
+)
+from llmfleet_engine.reconcile import reconcile as reconcile_models
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class HostedModel:
+    loaded: LoadedModel
+    runner: PagedRunner
+    shape: KvShape
+    tokens_per_block: int
+    reserved_bytes: int
+
+
+class ModelHost:
+    """Mixin of :class:`~llmfleet_engine.executor.Executor`: the models half of the engine node."""
+
+    # set by Executor.__init__
+    config: object
+    device: str
+    plan: MemoryPlan
+    allocator: BlockAllocator
+    storage: KvStorage
+    core: EngineCore
+    on_models_changed: list[Callable[[tuple[str, ...]], None]]
+    _cond: threading.Condition
+    _load_lock: threading.Lock
+    _models: dict[str, HostedModel]
+    _reserved_blocks: int
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _cancel_model_locked(self, model: HostedModel) -> None:
+        raise NotImplementedError
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """The loaded models by name (a copy)."""
+        with self._cond:
+            return {n: m.loaded for n, m in self._models.items()}
+
+    def model_names(self) -> tuple[str, ...]:
+        with self._cond:
+            return tuple(sorted(self._models))
+
+    def runner(self, model: str) -> PagedRunner:
+        """The paged forward of ``model`` (KeyError if it is not loaded)."""
+        with self._cond:
+            return self._models[model].runner
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        """Pool bytes usable for KV: the budget minus every model's reservation."""
+        return (self.plan.num_blocks - self._reserved_blocks) * self.plan.block_bytes
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks kept free when admitting new requests: ``watermark`` of the KV capacity."""
+        return int(self.config.watermark * (self.kv_capacity_bytes // self.plan.block_bytes))  # type: ignore[attr-defined]
+
+    def tokens_per_block(self, model: str) -> int:
+        return self._models[model].tokens_per_block
+
+    def reserved_bytes(self, model: str) -> int:
+        return self._models[model].reserved_bytes
+
+    def load(self, spec: ModelSpec) -> LoadResult:
+        """Load ``spec`` (blocking); idempotent for the same source and dtype.
+
+        Raises ``ModelLoadError`` for bad sources, ``ModelConflictError`` when the name is taken by a
+        different source, ``ResourceExhaustedError`` when weights + activation do not fit the budget.
+        """
+        if not spec.name or spec.name.startswith("__"):
+            raise ModelLoadError(f"invalid model name {spec.name!r}")
+        with self._load_lock:
+            self._check_open()
+            existing = self._models.get(spec.name)
+            if existing is not None:
+                if (existing.loaded.source, existing.loaded.dtype) == (
+                    spec.source,
+                    spec.dtype or DEFAULT_DTYPE,
+                ):
+                    return LoadResult(existing.loaded, already_loaded=True)
+                raise ModelConflictError(
+                    f"model {spec.name!r} is already loaded from {existing.loaded.source!r} "
+                    f"({existing.loaded.dtype}); unload it first"
+                )
+            cfg = self.config
+            loaded = load_model(
+                spec,
+                device=self.device,
+                cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
+                allow_download=cfg.allow_download,  # type: ignore[attr-defined]
+            )
+            self._install(loaded)
+        log.info("loaded model %s from %s in %.2fs", spec.name, spec.source, loaded.load_s)
+        self._models_changed()
+        return LoadResult(loaded, already_loaded=False)
+
+    async def load_async(self, spec: ModelSpec) -> LoadResult:
+        return await asyncio.to_thread(self.load, spec)
+
+    def add_loaded(self, model: LoadedModel) -> None:
+        """Register a model loaded elsewhere (``models.load_model``); its name must be free."""
+        with self._load_lock:
+            self._check_open()
+            if model.name in self._models:
+                raise ModelConflictError(f"model {model.name!r} is already loaded")
+            self._install(model)
+        self._models_changed()
+
+    def _install(self, loaded: LoadedModel) -> None:
+        """Reserve weights + peak activation in the pool, register the KV view, build the runner."""
+        config = loaded.model.config
+        shape = kv_shape_of(config, loaded.dtype)
+        if shape.bytes_per_token > self.plan.block_bytes:
+            raise ResourceExhaustedError(
+                f"model {loaded.name!r} needs {shape.bytes_per_token} B of KV per token, more than one "
+                f"{self.plan.block_bytes} B block; raise block_bytes"
+            )
+        cfg = self.config
+        reserve = loaded.weight_bytes + peak_activation_bytes(
+            config,
+            shape.dtype_bytes,
+            cfg.max_prefill_tokens,
+            cfg.max_batch_requests,  # type: ignore[attr-defined]
+        )
+        seq = f"{RESERVED_MODEL}/{loaded.name}"
+        blocks = self.plan.blocks_for_bytes(reserve)
+        with self._cond:
+            try:
+                self.allocator.allocate(seq, RESERVED_MODEL, blocks)
+                self._reserved_blocks += blocks
+            except OutOfBlocks as e:
+                raise ResourceExhaustedError(
+                    f"cannot load {loaded.name!r}: weights {loaded.weight_bytes} B + peak activation "
+                    f"{reserve - loaded.weight_bytes} B do not fit the engine's free memory "
+                    f"({self.allocator.free_blocks * self.plan.block_bytes} B of a {self.plan.budget_bytes} B budget)"
+                ) from e
+            try:
+                t_m = self.allocator.register_model(loaded.name, shape)
+                self.storage.register(loaded.name, shape)
+                runner = PagedRunner(loaded.model, self.storage, loaded.name)
+            except Exception:
+                self._reserved_blocks -= self.allocator.free(seq)
+                with contextlib.suppress(Exception):
+                    self.allocator.unregister_model(loaded.name)
+                with contextlib.suppress(Exception):
+                    self.storage.unregister(loaded.name)
+                raise
+            self._models[loaded.name] = HostedModel(loaded, runner, shape, t_m, reserve)
+            self.core.add_model(loaded.name)
+            self.core.watermark_blocks = self.watermark_blocks
+
+    def unload(self, name: str) -> bool:
+        """Unload ``name``: cancel its requests (other models keep running), free its KV and reservation."""
+        with self._cond:
+            model = self._models.pop(name, None)
+            if model is None:
+                return False
+            self.core.remove_model(name)
+            self._cancel_model_locked(model)
+            while any(self.core.requests.get(rid) is None for rid in self.core.inflight):
+                self._cond.wait(0.05)  # its last iteration is still writing the pool
+            self.allocator.unregister_model(name)
+            self.storage.unregister(name)
+            self._reserved_blocks -= self.allocator.free(f"{RESERVED_MODEL}/{name}")
+            self.core.watermark_blocks = self.watermark_blocks
+        del model
+        self._free_memory()
+        log.info("unloaded model %s", name)
+        self._models_changed()
+        return True
+
+    def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
+        """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""
+        return reconcile_models(
+            self, desired, (ModelLoadError, ModelConflictError, ExecutorClosedError, ResourceExhaustedError)
+        )
+
+    def _models_changed(self) -> None:
+        names = self.model_names()
+        for callback in list(self.on_models_changed):
+            try:
+                callback(names)
+            except Exception:
+                log.exception("on_models_changed callback failed")
+
+    def _free_memory(self) -> None:
+        gc.collect()
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,194 @@
+"""Relay against fake engines (in-process gRPC servers): every end of a placement — finished, failed,
+failed over, cancelled, migrated away — releases it in the load book and reaches the dispatch policy's
+``on_finish``; a policy that cannot run here fails the request with a clear status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.policies.dispatch import DispatchNeeds, FinishListener, NoCandidate
+from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
+from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import RequestRecord
+from llmfleet_scheduler.relay import Relay
+from llmfleet_scheduler.routing import DispatchRouter
+
+M = "m"
+
+
+class FakeEngine(engine_pb2_grpc.EngineServicer):
+    """Behaviour by prompt: ``ok`` (2 tokens, length), ``bad`` (INVALID_ARGUMENT), ``down``
+    (UNAVAILABLE on this engine only), ``migrate`` (1 token, then migrated to ``self.peer``),
+    ``hang`` (1 token, then nothing)."""
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+        self.peer = ""
+        self.down = False
+        self.seen: list[str] = []
+
+    async def Generate(self, request, context):
+        self.seen.append(request.request_id)
+        prompt = request.prompt
+        if prompt == "bad":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad prompt")
+        if prompt == "down" and self.down:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine going away")
+        start = len(request.resume_token_ids)
+        yield common_pb2.TokenChunk(request_id=request.request_id, index=start, token_ids=[7])
+        if prompt == "migrate" and self.peer:
+            yield common_pb2.TokenChunk(
+                request_id=request.request_id,
+                index=start + 1,
+                finish_reason=common_pb2.FINISH_REASON_MIGRATED,
+                migrated_to=self.peer,
+            )
+            return
+        if prompt == "hang":
+            await asyncio.sleep(3600)
+        yield common_pb2.TokenChunk(
+            request_id=request.request_id,
+            index=start + 1,
+            token_ids=[8],
+            finish_reason=common_pb2.FINISH_REASON_LENGTH,
+            engine_id=self.engine_id,
+        )
+
+
+class Recorder(FinishListener):
+    """First eligible engine by id; records every on_finish."""
+
+    name = "recorder"
+    needs = DispatchNeeds()
+
+    def __init__(self) -> None:
+        self.finished: list[tuple[str, str, int]] = []
+
+    def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+        ids = sorted(c.engine_id for c in candidates if model in c.models and c.engine_id not in exclude)
+        if not ids:
+            raise NoCandidate(f"no engine for {model!r}")
+        return ids[0]
+
+    def on_finish(self, request_id, engine_id, output_tokens, now) -> None:
+        self.finished.append((request_id, engine_id, output_tokens))
+
+
+class FixedRouter(DispatchRouter):
+    def __init__(self, policy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def for_service(self, spec):
+        return self.policy
+
+
+class StaticView:
+    def __init__(self, items: dict) -> None:
+        self.items = items
+        self.ready = asyncio.Event()
+        self.ready.set()
+
+    def snapshot(self) -> dict:
+        return dict(self.items)
+
+    async def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def cluster():
+    fakes = {e: FakeEngine(e) for e in ("e0", "e1")}
+    servers = {}
+    for e, fake in fakes.items():
+        servers[e] = await GrpcServer(
+            [(engine_pb2_grpc.add_EngineServicer_to_server, fake, service_name(engine_pb2, "Engine"))]
+        ).start()
+    fakes["e0"].peer = servers["e1"].address
+    nodes = {e: NodeRecord(e, ENGINE_ROLE, s.address, models=(M,)) for e, s in servers.items()}
+    directory = ClusterDirectory(StaticView({"s": ServiceSpec("s", M)}), StaticView(nodes))
+    policy = Recorder()
+    relay = Relay(directory, FixedRouter(policy), predict_mode="never")
+    try:
+        yield fakes, directory, policy, relay
+    finally:
+        await directory.close()
+        for s in servers.values():
+            await s.stop(0)
+
+
+def start(relay: Relay, rid: str, prompt: str) -> tuple[RequestRecord, asyncio.Task]:
+    rec = RequestRecord(request_id=rid, service="s", model=M, fingerprint=b"")
+    req = engine_pb2.GenerateRequest(request_id=rid, model=M, prompt=prompt, service="s")
+    rec.driver = asyncio.create_task(relay.run(rec, req, None))
+    return rec, rec.driver
+
+
+async def test_finished(cluster):
+    _, directory, policy, relay = cluster
+    rec, task = start(relay, "r-ok", "ok")
+    await task
+    assert rec.final.finish_reason == common_pb2.FINISH_REASON_LENGTH and rec.n_tokens == 2
+    assert policy.finished == [("r-ok", "e0", 2)]
+    assert directory.load.pending("e0") == 0
+
+
+async def test_failed(cluster):
+    _, directory, policy, relay = cluster
+    rec, task = start(relay, "r-bad", "bad")
+    await task
+    assert rec.error is not None and rec.error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert policy.finished == [("r-bad", "e0", 0)]
+    assert directory.load.pending("e0") == 0
+
+
+async def test_failed_over_then_finished(cluster):
+    fakes, directory, policy, relay = cluster
+    fakes["e0"].down = True
+    rec, task = start(relay, "r-down", "down")
+    await task
+    assert rec.final is not None and rec.engines == ["e0", "e1"]
+    assert policy.finished == [("r-down", "e0", 0), ("r-down", "e1", 2)]
+    assert directory.load.pending("e0") == directory.load.pending("e1") == 0
+
+
+async def test_migrated_away_then_finished(cluster):
+    fakes, directory, policy, relay = cluster
+    rec, task = start(relay, "r-mig", "migrate")
+    await task
+    assert rec.final is not None and rec.engines == ["e0", "e1"] and rec.n_tokens == 2
+    assert fakes["e1"].seen == ["r-mig"]
+    assert policy.finished == [("r-mig", "e0", 1), ("r-mig", "e1", 2)]
+    assert directory.load.pending("e0") == directory.load.pending("e1") == 0
+
+
+async def test_cancelled(cluster):
+    _, directory, policy, relay = cluster
+    rec, task = start(relay, "r-hang", "hang")
+    for _ in range(500):
+        if rec.n_tokens:
+            break
+        await asyncio.sleep(0.01)
+    assert rec.n_tokens == 1
+    assert directory.load.pending("e0") == 1  # counted on e0 while it runs there
+    assert directory.candidates()[0].queued == 1
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert rec.final.finish_reason == common_pb2.FINISH_REASON_CANCELLED
+    assert policy.finished == [("r-hang", "e0", 1)]
+    assert directory.load.pending("e0") == 0
+
+
+async def test_a_policy_that_cannot_run_here_fails_the_request_clearly(cluster):
+    _, directory, _, _ = cluster
+    relay = Relay(directory, DispatchRouter("jsq", load_source=False), predict_mode="never")
+    rec, task = start(relay, "r-jsq", "ok")
+    await task
+    assert rec.error is not None and rec.error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "dispatch policy 'jsq' reads engine load (queue lengths)" in rec.error.details

@@ -1,0 +1,423 @@
+"""``make bench-hop``: what the control plane adds to a request's time to first token.
+
+Starts a local cluster the way ``llmfleet up`` plans it (``llmfleet.cli.up.plan_services``: etcd,
+scheduler, profiler, placement, migration and ONE CPU engine hosting the tiny llama without EOS, so
+every request generates exactly ``max_tokens``), then measures the client-side TTFT (call started ->
+first chunk with tokens) of the same requests sent
+
+- **direct**: straight to the engine's ``Generate`` (a plain ``grpc.aio`` stub), and
+- **through**: through the scheduler's ``Submit`` with the SDK users use (``llmfleet.client.AsyncClient``),
+
+interleaved in one run (alternating which goes first) so drift hits both alike, for 1-token and
+16-token requests, **sequential** (one request at a time) and **100 concurrent** (bursts of 100
+requests started together). Each repeat gives p50/p90/p99 of both paths and the added hop
+(through - direct, per percentile); the report shows the median over repeats and the min-max spread.
+
+Writes ``hop.json``, ``hop.md`` and ``hop.png`` to ``--out``. Nothing is asserted: these are
+measurements; the goals of the issue (added TTFT <= 1 ms p50, <= 3 ms p99) are printed next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+SERVICE = "hop"
+MODEL = "tiny-llama"
+ENGINE_ID = "engine-0"
+PROMPT = "Once upon a time there was a tiny model"
+GOAL_P50_MS = 1.0
+GOAL_P99_MS = 3.0
+PCTS = (50, 90, 99)
+PATHS = ("direct", "through")
+
+
+# ------------------------------------------------------------------------------------------ cluster
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_base_port() -> int:
+    from llmfleet.cli.up import CONTROL_PLANE, ENGINE_PORT_OFFSET
+
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    offsets = [o for *_, o in CONTROL_PLANE] + [ENGINE_PORT_OFFSET]
+    for _ in range(200):
+        base = rng.randrange(20000, 60000)
+        if all(_port_free(base + o) for o in offsets):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+class Cluster:
+    """etcd + the children ``llmfleet up`` plans for a one-engine config (stopped by ``stop``)."""
+
+    def __init__(self, root: Path, engine_threads: int, scheduler_args: Sequence[str]) -> None:
+        import yaml
+        from llmfleet.cli.up import plan_services
+        from llmfleet.config import ClusterConfig
+        from llmfleet.coord import LocalEtcd
+        from llmfleet.supervisor import ProcessGroup
+        from llmfleet_engine.models import materialize, without_eos
+
+        models_dir = root / "models"
+        endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
+        config = {
+            "services": {SERVICE: {"model": MODEL, "default_max_tokens": 16}},
+            "models": {MODEL: {"source": str(endless)}},
+            "engines": {ENGINE_ID: {"models": [MODEL]}},
+        }
+        config_path = root / "cluster.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        self.etcd = LocalEtcd(root / "etcd").start()
+        self.group = ProcessGroup(root / "logs")
+        self.addresses: dict[str, str] = {}
+        try:
+            plans = plan_services(
+                ClusterConfig.load(config_path),
+                config_path,
+                etcd=self.etcd.endpoint,
+                state_dir=root,
+                base_port=pick_base_port(),
+                prefix=f"/hop-{uuid.uuid4().hex[:8]}",
+                log_level="WARNING",
+            )
+            extra = {
+                ENGINE_ID: ["--threads", str(engine_threads), "--offline", "--max-batch-requests", "128"],
+                "scheduler": list(scheduler_args),
+            }
+            for p in plans:
+                self.group.spawn(p.name, [*p.argv, *extra.get(p.name, [])], log_path=p.log_path)
+                self.addresses[p.name] = p.address
+            for p in plans:
+                self.group.wait_healthy(p.name, p.address, timeout=180)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        try:
+            self.group.stop_all(grace=10)
+        finally:
+            self.etcd.stop()
+
+
+async def wait_ready(engine: str, scheduler: str, timeout: float = 180) -> None:
+    """Until the engine has loaded the model and the scheduler routes the service to it."""
+    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
+    from llmfleet.client import AsyncClient
+    from llmfleet.rpc.channels import open_channel
+
+    deadline = time.monotonic() + timeout
+    async with open_channel(engine) as ch:
+        stub = engine_pb2_grpc.EngineStub(ch)
+        while not any(m.name == MODEL for m in (await stub.GetInfo(engine_pb2.GetInfoRequest())).models):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine did not load {MODEL}")
+            await asyncio.sleep(0.25)
+    async with AsyncClient(scheduler) as client:
+        while True:
+            services = {x.name: x for x in await client.list_services(timeout_s=10)}
+            if SERVICE in services and services[SERVICE].engines:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler does not route {SERVICE!r}: {services}")
+            await asyncio.sleep(0.25)
+
+
+# ------------------------------------------------------------------------------------------ requests
+class Paths:
+    """The two ways to send one request; each returns its client-side TTFT in seconds."""
+
+    def __init__(self, engine: str, scheduler: str) -> None:
+        from llmfleet.api.v1 import engine_pb2_grpc
+        from llmfleet.client import AsyncClient
+        from llmfleet.rpc.channels import open_channel
+
+        self._engine_channel = open_channel(engine)
+        self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
+        self._client = AsyncClient(scheduler, timeout_s=60)
+
+    async def direct(self, max_tokens: int) -> float:
+        from llmfleet.api.v1 import common_pb2, engine_pb2
+
+        t0 = time.perf_counter()
+        req = engine_pb2.GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            model=MODEL,
+            prompt=PROMPT,
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
+        )
+        first = None
+        n = 0
+        async for msg in self._engine.Generate(req, timeout=60):
+            if first is None and msg.token_ids:
+                first = time.perf_counter()
+            n += len(msg.token_ids)
+        if first is None or n != max_tokens:
+            raise RuntimeError(f"direct request produced {n} tokens, wanted {max_tokens}")
+        return first - t0
+
+    async def through(self, max_tokens: int) -> float:
+        t0 = time.perf_counter()
+        first = None
+        n = 0
+        async with self._client.generate(PROMPT, SERVICE, max_tokens=max_tokens) as stream:
+            async for chunk in stream:
+                if first is None and chunk.token_ids:
+                    first = time.perf_counter()
+                n += len(chunk.token_ids)
+        if first is None or n != max_tokens:
+            raise RuntimeError(f"request through the scheduler produced {n} tokens, wanted {max_tokens}")
+        return first - t0
+
+    async def close(self) -> None:
+        await self._client.close()
+        await self._engine_channel.close()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+async def sequential(send: dict[str, Callable[[int], Awaitable[float]]], tokens: int, n: int) -> dict:
+    out: dict[str, list[float]] = {p: [] for p in PATHS}
+    for i in range(n):
+        order = PATHS if i % 2 == 0 else PATHS[::-1]
+        for p in order:
+            out[p].append(await send[p](tokens))
+    return out
+
+
+async def concurrent(
+    send: dict[str, Callable[[int], Awaitable[float]]], tokens: int, bursts: int, width: int
+) -> dict:
+    out: dict[str, list[float]] = {p: [] for p in PATHS}
+    for i in range(bursts):
+        order = PATHS if i % 2 == 0 else PATHS[::-1]
+        for p in order:
+            out[p].extend(await asyncio.gather(*(send[p](tokens) for _ in range(width))))
+    return out
+
+
+def summarize(samples: dict[str, list[float]]) -> dict:
+    """Per-path percentiles (ms) of one repeat and the hop (through - direct) per percentile."""
+    s = {p: {f"p{q}": 1e3 * percentile(samples[p], q) for q in PCTS} for p in PATHS}
+    s["hop"] = {f"p{q}": s["through"][f"p{q}"] - s["direct"][f"p{q}"] for q in PCTS}
+    s["n"] = len(samples["direct"])
+    return s
+
+
+def aggregate(repeats: list[dict]) -> dict:
+    """Median over repeats and the min-max spread of every number."""
+    out: dict[str, Any] = {}
+    for key in (*PATHS, "hop"):
+        out[key] = {}
+        for pq in (f"p{q}" for q in PCTS):
+            vals = [r[key][pq] for r in repeats]
+            out[key][pq] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    out["n_per_repeat"] = repeats[0]["n"]
+    return out
+
+
+async def run_bench(args: argparse.Namespace, engine: str, scheduler: str) -> dict:
+    await wait_ready(engine, scheduler)
+    paths = Paths(engine, scheduler)
+    send = {"direct": paths.direct, "through": paths.through}
+    scenarios = [(mode, t) for mode in ("sequential", "concurrent") for t in args.tokens]
+    raw: dict[str, list[dict]] = {f"{m}-{t}": [] for m, t in scenarios}
+    samples: dict[str, dict[str, list[float]]] = {f"{m}-{t}": {p: [] for p in PATHS} for m, t in scenarios}
+    try:
+        for t in args.tokens:  # warm-up: channels, engine kernels, the scheduler's first dispatch
+            await sequential(send, t, 20)
+            await concurrent(send, t, 1, args.concurrency)
+        for rep in range(args.repeats):
+            for mode, t in scenarios:
+                if mode == "sequential":
+                    got = await sequential(send, t, args.sequential)
+                else:
+                    got = await concurrent(send, t, args.bursts, args.concurrency)
+                key = f"{mode}-{t}"
+                raw[key].append(summarize(got))
+                for p in PATHS:
+                    samples[key][p].extend(got[p])
+                s = raw[key][-1]
+                print(
+                    f"  repeat {rep + 1}/{args.repeats} {mode:>10} {t:>2} tok: "
+                    + "  ".join(
+                        f"p{q} direct {s['direct'][f'p{q}']:6.2f} through {s['through'][f'p{q}']:6.2f} "
+                        f"hop {s['hop'][f'p{q}']:+6.2f}"
+                        for q in (50, 99)
+                    )
+                    + " ms",
+                    flush=True,
+                )
+    finally:
+        await paths.close()
+    return {
+        "scenarios": [
+            {
+                "mode": mode,
+                "tokens": t,
+                "concurrency": 1 if mode == "sequential" else args.concurrency,
+                **aggregate(raw[f"{mode}-{t}"]),
+                "repeats": raw[f"{mode}-{t}"],
+                "pooled": summarize(samples[f"{mode}-{t}"]),
+            }
+            for mode, t in scenarios
+        ]
+    }
+
+
+# ------------------------------------------------------------------------------------------ report
+def _cell(x: dict) -> str:
+    return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Control-plane hop benchmark",
+        "",
+        f"{result['machine']} · {result['cpus']} CPUs · Python {result['python']} · "
+        f"{result['repeats']} repeats · engine threads {result['engine_threads']} · "
+        f"scheduler flags `{' '.join(result['scheduler_args']) or '(defaults)'}` · wall {result['wall_s']:.0f} s",
+        "",
+        "Client-side TTFT in ms (call started -> first chunk with tokens): **direct** to the engine's "
+        "`Generate` vs **through** the scheduler's `Submit` with the SDK, interleaved. Cells: median over "
+        "repeats (min–max). Hop = through − direct per percentile.",
+        "",
+        "| scenario | n/repeat | direct p50 | through p50 | **hop p50** | direct p99 | through p99 | **hop p99** | hop p90 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in result["scenarios"]:
+        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
+        lines.append(
+            f"| {name} | {s['n_per_repeat']} | {_cell(s['direct']['p50'])} | {_cell(s['through']['p50'])} | "
+            f"**{_cell(s['hop']['p50'])}** | {_cell(s['direct']['p99'])} | {_cell(s['through']['p99'])} | "
+            f"**{_cell(s['hop']['p99'])}** | {_cell(s['hop']['p90'])} |"
+        )
+    lines += [
+        "",
+        f"Goal (issue item 7): hop ≤ {GOAL_P50_MS:g} ms p50 and ≤ {GOAL_P99_MS:g} ms p99.",
+        "",
+        "| scenario | hop p50 | goal met | hop p99 | goal met |",
+        "|---|---:|---|---:|---|",
+    ]
+    for s in result["scenarios"]:
+        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
+        p50, p99 = s["hop"]["p50"]["median"], s["hop"]["p99"]["median"]
+        lines.append(
+            f"| {name} | {p50:.2f} | {'yes' if p50 <= GOAL_P50_MS else 'no'} | {p99:.2f} | "
+            f"{'yes' if p99 <= GOAL_P99_MS else 'no'} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scen = result["scenarios"]
+    labels = [
+        ("seq" if s["mode"] == "sequential" else f"×{s['concurrency']}") + f"\n{s['tokens']} tok"
+        for s in scen
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    xs = range(len(scen))
+    for ax, q, goal in ((axes[0], "p50", GOAL_P50_MS), (axes[1], "p99", GOAL_P99_MS)):
+        for off, path in ((-0.27, "direct"), (0.0, "through"), (0.27, "hop")):
+            med = [s[path][q]["median"] for s in scen]
+            err = [
+                [m - s[path][q]["min"] for m, s in zip(med, scen, strict=True)],
+                [s[path][q]["max"] - m for m, s in zip(med, scen, strict=True)],
+            ]
+            ax.bar([x + off for x in xs], med, 0.27, yerr=err, capsize=3, label=path)
+        ax.axhline(goal, color="red", linestyle="--", linewidth=1, label=f"hop goal {goal:g} ms")
+        ax.set_xticks(list(xs), labels)
+        ax.set_ylabel("ms")
+        ax.set_title(f"TTFT {q} (median of repeats, min–max)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "hop.png", dpi=120)
+    plt.close(fig)
+    return "hop.png"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".bench/hop", help="output directory")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sequential", type=int, default=100, help="requests per path per sequential repeat")
+    ap.add_argument("--bursts", type=int, default=3, help="bursts per path per concurrent repeat")
+    ap.add_argument("--concurrency", type=int, default=100, help="requests per burst")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16], help="max_tokens of the requests")
+    ap.add_argument("--engine-threads", type=int, default=1, help="torch threads of the engine")
+    ap.add_argument(
+        "--scheduler-args", default="", help="extra scheduler flags, one string (e.g. '--predict always')"
+    )
+    ap.add_argument("--scheduler", default=None, help="use a running cluster: scheduler address")
+    ap.add_argument("--engine", default=None, help="use a running cluster: engine address")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scheduler_args = args.scheduler_args.split()
+    t0 = time.monotonic()
+    cluster = None
+    if args.scheduler and args.engine:
+        engine, scheduler = args.engine, args.scheduler
+    else:
+        root = Path(tempfile.mkdtemp(prefix="llmfleet-hop-"))
+        print(f"starting a local cluster under {root} ...", flush=True)
+        cluster = Cluster(root, args.engine_threads, scheduler_args)
+        engine, scheduler = cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"]
+    try:
+        result = asyncio.run(run_bench(args, engine, scheduler))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    result.update(
+        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        cpus=os.cpu_count(),
+        python=sys.version.split()[0],
+        repeats=args.repeats,
+        engine_threads=args.engine_threads,
+        scheduler_args=scheduler_args,
+        wall_s=time.monotonic() - t0,
+        goals_ms={"p50": GOAL_P50_MS, "p99": GOAL_P99_MS},
+    )
+    result["plot"] = plot(result, out)
+    (out / "hop.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "hop.md").write_text(markdown(result))
+    print(f"\nwrote {out}/hop.json, hop.md, {result['plot']}\n")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
