@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from llmfleet.config import ClusterConfig
 from llmfleet.coord import LocalEtcd
 from llmfleet.supervisor import ProcessGroup, free_port
 
@@ -109,8 +110,8 @@ def launch(
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
     ``config`` replaces the default cluster config (``"{endless}"`` in a model source is the endless
-    llama); each engine gets its config's ``policy`` (default fcfs). Returns once every process answers
-    health and every engine has loaded its desired models."""
+    llama); each engine gets its config's ``policy``, ``policy_options`` and limits. Returns once every
+    process answers health and every engine has loaded its desired models."""
     models_dir = root / "models"
     endless = prepare_endless_llama(models_dir)
     if config is not None:
@@ -132,6 +133,7 @@ def launch(
         },
     }
     engine_ids = list(config["engines"])
+    engines = ClusterConfig.model_validate(config).engines
     config_path = root / "cluster.yaml"
     config_path.write_text(yaml.safe_dump(config))
     etcd = LocalEtcd(root / "etcd").start()
@@ -153,8 +155,7 @@ def launch(
                 "--threads",
                 "1",
                 "--offline",
-                "--policy",
-                config["engines"][eid].get("policy", "fcfs"),
+                *engines[eid].engine_args(),  # the config's policy, policy_options and limits
             )
         c.wait_healthy()
         want = {eid: set(e["models"]) for eid, e in config["engines"].items()}

@@ -13,10 +13,10 @@ from llmfleet.client import AsyncClient
 
 ENDLESS = {"source": "{endless}"}  # the tiny llama without EOS: every request runs to max_tokens
 ENGINES = {
-    "e-fcfs": {"models": ["tiny-llama"], "policy": "fcfs"},
+    "e-fcfs": {"models": ["tiny-llama"], "policy": "fcfs", "max_batch_requests": 4},  # an engine limit
     "e-db": {"models": ["shared"], "policy": "doubling_budget"},
     "e-mux": {"models": ["shared"], "policy": "muxserve_rr"},
-    "e-sls": {"models": ["m-sls"], "policy": "static_sls"},
+    "e-sls": {"models": ["m-sls"], "policy": "static_sls", "policy_options": {"batch_size": 4}},
     "e-scls": {"models": ["m-scls"], "policy": "scls"},
     "e-odbs": {"models": ["m-odbs"], "policy": "slo_odbs"},
     "e-s3": {"models": ["m-s3"], "policy": "s3"},
@@ -30,7 +30,8 @@ SERVICES = {
     "s-worst": {"model": "shared", "dispatch": "worst_fit_kv"},
     "s-sls": {"model": "m-sls"},
     "s-scls": {"model": "m-scls", "dispatch": "scls_maxmin"},
-    "s-odbs": {"model": "m-odbs", "deadline_s": 60, "predict": True},  # SLO-ODBS orders by predicted length
+    # SLO-ODBS orders by predicted length and reads the deadline
+    "s-odbs": {"model": "m-odbs", "slo": {"deadline_s": 60}, "predict": True},
     "s-s3": {"model": "m-s3", "predict": True},
 }
 CONFIG = {

@@ -10,13 +10,23 @@ Environment overrides (all optional):
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from llmfleet.types import DesiredPlacement, ModelSpec, ServiceSpec, Slo
+from llmfleet.types import DEFAULT_SLO, DesiredPlacement, ModelSpec, ServiceSpec, Slo
 
 DEFAULT_ETCD = "127.0.0.1:2379"
 DEFAULT_PREFIX = "/llmfleet"
@@ -48,21 +58,48 @@ class EtcdSettings(BaseModel):
         )
 
 
+_STRICT = ConfigDict(extra="forbid")  # a misspelt key is an error naming it, not silently ignored
+
+
 class SloConfig(BaseModel):
-    ttft_s: float = Field(5.0, gt=0)
-    tpot_s: float = Field(0.5, gt=0)
+    """A service's :class:`~llmfleet.types.Slo`; unset ``ttft_s``/``tpot_s`` take the live defaults."""
+
+    model_config = _STRICT
+
+    ttft_s: float = Field(DEFAULT_SLO.ttft_s, gt=0, allow_inf_nan=False)
+    tpot_s: float = Field(DEFAULT_SLO.tpot_s, gt=0, allow_inf_nan=False)  # = Aladdin's ATGT
+    latency_scale: float = Field(DEFAULT_SLO.latency_scale, gt=0, allow_inf_nan=False)  # SeaLLM
+    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # UELLM (None: no deadline)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aladdin_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "atgt_s" in data:
+            raise ValueError("atgt_s (Aladdin's average token generation time) is written tpot_s here")
+        return data
+
+    def to_slo(self) -> Slo:
+        return Slo(**self.model_dump())
 
 
 class ServiceConfig(BaseModel):
+    model_config = _STRICT
+
     model: str
     slo: SloConfig = Field(default_factory=SloConfig)
     priority: int = 0
     default_max_tokens: int = Field(64, gt=0)
     dispatch: str = ""  # dispatch policy name for this service; "" = the scheduler's --dispatch
-    deadline_s: float = Field(0.0, ge=0)  # end-to-end deadline after arrival (0 = none)
     # predict output lengths before dispatch (for engines whose static batcher orders by length);
     # dispatch policies that read predictions get them regardless
     predict: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "deadline_s" in data:
+            raise ValueError("deadline_s is part of the SLO now: write slo: {deadline_s: ...}")
+        return data
 
     @field_validator("dispatch")
     @classmethod
@@ -75,15 +112,58 @@ class ServiceConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
+    model_config = _STRICT
+
     source: str
     dtype: str = "float32"
+    # the cost-model catalog name `llmfleet sim --cluster-config` simulates this model as
+    # (default: the model's own name, when it is a catalog name)
+    sim_model: str | None = None
+
+    @field_validator("sim_model")
+    @classmethod
+    def _sim_model(cls, v: str | None) -> str | None:
+        if v is not None:
+            from llmfleet.costmodel import UnknownModel, model_arch
+
+            try:
+                return model_arch(v).name
+            except UnknownModel as e:
+                raise ValueError(e.args[0]) from None
+        return v
+
+
+# EngineLimits field -> the engine's flag (block_tokens is the simulator's block size: no live flag)
+ENGINE_LIMIT_FLAGS: dict[str, str | None] = {
+    "max_running": "--max-running",
+    "max_batch_requests": "--max-batch-requests",
+    "max_prefill_tokens": "--max-prefill-tokens",
+    "watermark": "--watermark",
+    "block_bytes": "--block-bytes",
+    "block_tokens": None,
+}
 
 
 class EngineConfig(BaseModel):
+    """One engine: its models, the local policy with its constructor options, and the
+    :class:`~llmfleet.engine_core.EngineLimits` it sets (unset: the engine's defaults)."""
+
+    model_config = _STRICT
+
     models: list[str] = Field(default_factory=list)
     device: str = "cpu"
     port: int | None = None
     policy: str = "fcfs"  # engine-local policy: a request policy or a static batcher (static mode)
+    # the policy's constructor options, e.g. {batch_size: 8, max_iterations: 64}; static batchers also
+    # take keep_kv (default true; false = the papers' static mode: padded rows, recompute at slice ends)
+    policy_options: dict[str, Any] = Field(default_factory=dict)
+    # EngineLimits (llmfleet.engine_core), same names as the simulator's engine settings
+    max_running: int | None = Field(None, ge=1)
+    max_batch_requests: int | None = Field(None, ge=1)
+    max_prefill_tokens: int | None = Field(None, ge=1)
+    watermark: float | None = Field(None, ge=0, lt=1)
+    block_tokens: int | None = Field(None, ge=1)
+    block_bytes: int | None = Field(None, ge=16, multiple_of=16)
 
     @field_validator("policy")
     @classmethod
@@ -94,9 +174,54 @@ class EngineConfig(BaseModel):
             raise ValueError(f"unknown engine policy {v!r}; valid: {list(ENGINE_POLICIES)}")
         return v
 
+    @field_validator("policy_options")
+    @classmethod
+    def _policy_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from llmfleet.policies.engine_policy import make_engine_policy
+
+        if "policy" in info.data:  # else the policy itself is the error
+            make_engine_policy(info.data["policy"], **v)  # builds it: a bad option is named here
+        return v
+
+    @model_validator(mode="after")
+    def _limits(self) -> EngineConfig:
+        from llmfleet.engine_core import EngineLimits
+
+        EngineLimits(**self.limits())  # the engine's own checks
+        return self
+
+    def limits(self) -> dict[str, Any]:
+        """The :class:`~llmfleet.engine_core.EngineLimits` fields this entry sets."""
+        return {k: getattr(self, k) for k in ENGINE_LIMIT_FLAGS if getattr(self, k) is not None}
+
+    def engine_args(self) -> list[str]:
+        """``llmfleet-engine`` flags for the policy, its options and the limits set here."""
+        argv = ["--policy", self.policy]
+        if self.policy_options:
+            argv += ["--policy-options", json.dumps(self.policy_options, sort_keys=True)]
+        for key, value in self.limits().items():
+            flag = ENGINE_LIMIT_FLAGS[key]
+            if flag is not None:
+                argv += [flag, str(value)]
+        return argv
+
+
+def validation_message(e: ValidationError) -> str:
+    """pydantic's errors as ``where.the.key: what is wrong`` lines (without the input dumps)."""
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] != "value_error" and not isinstance(err.get("input"), dict | list):
+            msg += f", got {err.get('input')!r}"
+        lines.append(f"{where}: {msg}" if where else msg)
+    return lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines)
+
 
 class ClusterConfig(BaseModel):
     """deploy/local/cluster.yaml: services -> models -> engines."""
+
+    model_config = _STRICT
 
     services: dict[str, ServiceConfig]
     models: dict[str, ModelConfig]
@@ -126,18 +251,20 @@ class ClusterConfig(BaseModel):
             raise ValueError(f"cluster config not found: {p}") from e
         if not isinstance(data, dict):
             raise ValueError(f"cluster config {p} must be a mapping with services/models/engines")
-        return cls.model_validate(data)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ValueError(f"cluster config {p}: {validation_message(e)}") from None
 
     def service_specs(self) -> list[ServiceSpec]:
         return [
             ServiceSpec(
                 name=n,
                 model=s.model,
-                slo=Slo(ttft_s=s.slo.ttft_s, tpot_s=s.slo.tpot_s),
+                slo=s.slo.to_slo(),
                 priority=s.priority,
                 default_max_tokens=s.default_max_tokens,
                 dispatch=s.dispatch,
-                deadline_s=s.deadline_s,
                 predict=s.predict,
             )
             for n, s in sorted(self.services.items())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 ENGINE_ROLE = "engine"
@@ -21,10 +23,56 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Slo:
-    """Per-service latency objectives in seconds (time to first token, time per output token)."""
+    """A service's latency objectives, one type for live and simulated services (seconds).
 
-    ttft_s: float = 5.0
-    tpot_s: float = 0.5
+    * ``ttft_s`` — time to first token (Aladdin's T_pre).
+    * ``tpot_s`` — time per output token after the first, i.e. Aladdin's ATGT (average token
+      generation time, T_dec).
+    * ``latency_scale`` — SeaLLM: a request meets its SLO when its latency is at most this many times
+      its execution time alone on the engine.
+    * ``deadline_s`` — UELLM: end-to-end deadline after arrival (engines' SLO-ODBS/S3 batchers read it).
+
+    ``None`` means "not an objective of this service" (the simulator then leaves that paper's
+    attainment out). A live :class:`ServiceSpec` needs ``ttft_s`` and ``tpot_s`` (the scheduler reports
+    them and Aladdin dispatch reads them); its default is :data:`DEFAULT_SLO`.
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_scale: float = 5.0
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in SLO_KEYS:
+            v = getattr(self, name)
+            if v is None and name != "latency_scale":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "slo") -> Slo:
+        """From a mapping of :data:`SLO_KEYS` (``atgt_s``, Aladdin's name, is read as ``tpot_s``);
+        unknown keys are an error naming the valid ones."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{where} must be a mapping of {list(SLO_KEYS)}, got {d!r}")
+        d = dict(d)
+        if "atgt_s" in d:
+            if "tpot_s" in d:
+                raise ValueError(f"{where}: give tpot_s or its alias atgt_s, not both")
+            d["tpot_s"] = d.pop("atgt_s")
+        unknown = set(d) - set(SLO_KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {list(SLO_KEYS)}")
+        try:
+            return cls(**d)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+SLO_KEYS: tuple[str, ...] = ("ttft_s", "tpot_s", "latency_scale", "deadline_s")
+DEFAULT_SLO = Slo(ttft_s=5.0, tpot_s=0.5)  # a live service's SLO where its config sets none
 
 
 @dataclass(frozen=True)
@@ -33,21 +81,36 @@ class ServiceSpec:
 
     name: str
     model: str
-    slo: Slo = field(default_factory=Slo)
+    slo: Slo = DEFAULT_SLO
     priority: int = 0
     default_max_tokens: int = 64
     dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
-    deadline_s: float = 0.0  # UELLM-style end-to-end deadline after arrival (0 = none)
     predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
+
+    def __post_init__(self) -> None:
+        if self.slo.ttft_s is None or self.slo.tpot_s is None:
+            raise ValueError(f"service {self.name!r}: a live service needs slo.ttft_s and slo.tpot_s")
+
+    @property
+    def deadline_s(self) -> float:
+        """``slo.deadline_s`` in its wire form (``GenerateRequest.deadline_s``): 0 when there is none."""
+        return self.slo.deadline_s or 0.0
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ServiceSpec:
+        """Reads what any version wrote: older ones kept ``deadline_s`` at the top level (0 = none)
+        and only ``ttft_s``/``tpot_s`` in the SLO; keys this version does not know are ignored (a
+        newer writer during a rolling upgrade)."""
         d = json.loads(raw)
-        d["slo"] = Slo(**d.get("slo", {}))
-        return cls(**d)
+        slo = {k: v for k, v in (d.get("slo") or {}).items() if k in SLO_KEYS}
+        legacy_deadline = d.pop("deadline_s", None)
+        if legacy_deadline and "deadline_s" not in slo:
+            slo["deadline_s"] = legacy_deadline
+        d["slo"] = Slo(**{"ttft_s": DEFAULT_SLO.ttft_s, "tpot_s": DEFAULT_SLO.tpot_s, **slo})
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

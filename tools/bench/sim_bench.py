@@ -37,6 +37,7 @@ def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float
     import numpy as np
     from llmfleet.sim.run import preset, simulate
     from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+    from llmfleet.types import Slo
     from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
 
     t0 = time.perf_counter()
@@ -53,7 +54,8 @@ def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float
         ))  # fmt: skip
     load_s = time.perf_counter() - t0
     spec = SimSpec(
-        ClusterSpec.parse(f"{gpus}xA100-80GB"), (SimService("chat", "llama2-7b", ttft_s=0.4, atgt_s=0.015),)
+        ClusterSpec.parse(f"{gpus}xA100-80GB"),
+        (SimService("chat", "llama2-7b", Slo(ttft_s=0.4, tpot_s=0.015)),),
     )
     e = simulate(spec, wl, preset(policy), samples=200, workers=workers)
     c, o = e.report["cluster"], e.report["overall"]

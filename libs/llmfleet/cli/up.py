@@ -134,8 +134,7 @@ def plan_services(
                     str(state / "models"),
                     "--device",
                     engine.device,
-                    "--policy",
-                    engine.policy,
+                    *engine.engine_args(),  # the local policy, its options and the engine limits set
                 ],
                 address=f"{host}:{port}",
                 log_path=logs / f"{engine_id}.log",

@@ -27,7 +27,11 @@ def make_engine_policy(name: str, **kwargs: Any) -> RequestPolicy | StaticBatchP
     if name in REQUEST:
         return make_request_policy(name, **kwargs)
     if name in BATCHING:
-        keep_kv = bool(kwargs.pop("keep_kv", True))
+        keep_kv = kwargs.pop("keep_kv", True)
+        if not isinstance(keep_kv, bool):
+            raise ValueError(
+                f"bad options for batching policy {name!r}: keep_kv must be a bool, got {keep_kv!r}"
+            )
         batcher = make_batching_policy(name, **kwargs)
         return StaticBatches(batcher) if keep_kv else batcher
     raise ValueError(f"unknown engine policy {name!r}; valid: {list(ENGINE_POLICIES)}")

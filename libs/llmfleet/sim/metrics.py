@@ -5,9 +5,9 @@ end-to-end latency, normalized latency L_r / L̂_s (SeaLLM: L̂_s = the service'
 the mean of its requests' solo times). SLO attainment, each paper's definition (a failed request misses
 every SLO):
 
-- ``aladdin``: TTFT ≤ T_pre and ATGT ≤ T_dec (services that set ``ttft_s`` and ``atgt_s``)
-- ``seallm``:  latency ≤ latency_scale × the request's execution time (default 5×)
-- ``uellm``:   latency ≤ deadline_s (services that set it)
+- ``aladdin``: TTFT ≤ T_pre and ATGT ≤ T_dec (services whose ``slo`` sets ``ttft_s`` and ``tpot_s``)
+- ``seallm``:  latency ≤ ``slo.latency_scale`` × the request's execution time (default 5×)
+- ``uellm``:   latency ≤ ``slo.deadline_s`` (services that set it)
 
 Cluster: throughput (requests and output tokens per second over the makespan, first arrival to last
 finish), GPU-seconds (Σ tp × busy time of each instance), provisioned GPU-seconds, peak and
@@ -66,18 +66,16 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
         "preemptions": sum(r.preemptions for r in records),
         "slo": {},
     }
-    seallm = _attain(records, lambda r: r.latency_s <= by_name[r.service].latency_scale * r.solo_s)
-    out["slo"]["seallm"] = seallm
-    ala = [
-        r for r in records if by_name[r.service].ttft_s is not None and by_name[r.service].atgt_s is not None
-    ]
+    slo = {name: s.slo for name, s in by_name.items()}
+    out["slo"]["seallm"] = _attain(records, lambda r: r.latency_s <= slo[r.service].latency_scale * r.solo_s)
+    ala = [r for r in records if slo[r.service].ttft_s is not None and slo[r.service].tpot_s is not None]
     if ala:
         out["slo"]["aladdin"] = _attain(
-            ala, lambda r: r.ttft_s <= by_name[r.service].ttft_s and r.tpot_s <= by_name[r.service].atgt_s
+            ala, lambda r: r.ttft_s <= slo[r.service].ttft_s and r.tpot_s <= slo[r.service].tpot_s
         )
-    ue = [r for r in records if by_name[r.service].deadline_s is not None]
+    ue = [r for r in records if slo[r.service].deadline_s is not None]
     if ue:
-        out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= by_name[r.service].deadline_s)
+        out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= slo[r.service].deadline_s)
     return out
 
 

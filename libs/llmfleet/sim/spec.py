@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from llmfleet.costmodel import Hardware, ModelArch, hardware, model_arch
+from llmfleet.costmodel import MODEL_CATALOG, Hardware, ModelArch, UnknownModel, hardware, model_arch
 from llmfleet.engine_core import EngineLimits
+from llmfleet.types import SLO_KEYS, Slo
+
+if TYPE_CHECKING:
+    from llmfleet.config import ClusterConfig
 
 _CLUSTER = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
@@ -38,26 +43,28 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class SimService:
-    """A service: its model, SLOs under each paper's definition, and its output cap."""
+    """A service: its model (a cost-model catalog name), its :class:`~llmfleet.types.Slo` — the same
+    type a live service has, each paper's attainment computed from the objectives it sets — and its
+    output cap."""
 
     name: str
     model: str
-    ttft_s: float | None = None  # Aladdin T_pre
-    atgt_s: float | None = None  # Aladdin T_dec (average token generation time)
-    latency_scale: float = 5.0  # SeaLLM: SLO = scale × the request's execution time
-    deadline_s: float | None = None  # UELLM: end-to-end deadline after arrival
+    slo: Slo = field(default_factory=Slo)  # no TTFT/TPOT objective or deadline; SeaLLM scale 5×
     max_tokens: int = 4096  # the per-request output cap (requests stop at EOS = the trace length)
     weight: float = 1.0  # rate share when a workload is split into services
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a service needs a name")
-        for k in ("ttft_s", "atgt_s", "deadline_s"):
-            v = getattr(self, k)
-            if v is not None and v <= 0:
-                raise ValueError(f"service {self.name!r}: {k} must be > 0, got {v}")
-        if self.latency_scale <= 0 or self.max_tokens < 1 or self.weight <= 0:
-            raise ValueError(f"service {self.name!r}: latency_scale, max_tokens, weight must be positive")
+        if not isinstance(self.slo, Slo):
+            raise ValueError(f"service {self.name!r}: slo must be an llmfleet.types.Slo, got {self.slo!r}")
+        if self.max_tokens < 1 or self.weight <= 0:
+            raise ValueError(f"service {self.name!r}: max_tokens and weight must be positive")
+
+    @property
+    def deadline_s(self) -> float | None:
+        """``slo.deadline_s`` (UELLM), read when a request arrives."""
+        return self.slo.deadline_s
 
 
 @dataclass(frozen=True)
@@ -106,22 +113,64 @@ class SimSpec:
         raise KeyError(f"unknown service {name!r}; known: {[s.name for s in self.services]}")
 
 
-def services_from_dicts(items: Sequence[dict]) -> tuple[SimService, ...]:
-    out = []
-    for i, d in enumerate(items):
-        if not isinstance(d, dict):
-            raise ValueError(f"service #{i} must be a mapping, got {d!r}")
-        unknown = set(d) - set(SimService.__dataclass_fields__)
-        if unknown:
+_SERVICE_KEYS = ("name", "model", "slo", "max_tokens", "weight")
+
+
+def service_from_dict(d: Mapping[str, Any], where: str = "service") -> SimService:
+    """``{name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens, weight}``; the SLO
+    keys may also sit beside ``name`` (the older flat form, ``atgt_s`` read as ``tpot_s``)."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {d!r}")
+    flat = {k: v for k, v in d.items() if k in (*SLO_KEYS, "atgt_s")}
+    unknown = set(d) - set(_SERVICE_KEYS) - set(flat)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown keys {sorted(unknown)}; valid: {[*_SERVICE_KEYS]} (SLO keys in slo: {list(SLO_KEYS)})"
+        )
+    if flat and "slo" in d:
+        raise ValueError(f"{where}: put {sorted(flat)} inside its slo: mapping")
+    fields = {k: v for k, v in d.items() if k in _SERVICE_KEYS}
+    fields["slo"] = Slo.from_dict(d.get("slo", flat) or {}, where=f"{where}: slo")
+    return SimService(**fields)
+
+
+def services_from_dicts(items: Sequence[Mapping[str, Any]]) -> tuple[SimService, ...]:
+    return tuple(service_from_dict(d, where=f"service #{i}") for i, d in enumerate(items))
+
+
+def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], EngineSettings]:
+    """The services of a live cluster config (``llmfleet sim --cluster-config``), and its engines' limits.
+
+    Each service keeps its :class:`~llmfleet.types.Slo`; its model is the model's ``sim_model`` or, when
+    that is unset, the model's own name if it is a catalog name. The engines' limits must agree (the
+    simulator runs one engine setting); limits no engine sets keep the simulator's GPU defaults, and
+    ``block_bytes`` (sized for the live engine's own models) is left to the simulator's ``block_tokens``.
+    """
+    services = []
+    for name, svc in sorted(config.services.items()):
+        model = config.models[svc.model]
+        sim_model = model.sim_model or svc.model
+        try:
+            sim_model = model_arch(sim_model).name
+        except UnknownModel:
             raise ValueError(
-                f"service #{i}: unknown keys {sorted(unknown)}; valid: {sorted(SimService.__dataclass_fields__)}"
-            )
-        out.append(SimService(**d))
-    return tuple(out)
+                f"service {name!r}: model {svc.model!r} (source {model.source}) is not in the cost-model "
+                f"catalog; give it a sim_model: one of {sorted(MODEL_CATALOG)}"
+            ) from None
+        services.append(SimService(name, sim_model, svc.slo.to_slo()))
+    limits = {
+        eid: {k: v for k, v in e.limits().items() if k != "block_bytes"} for eid, e in config.engines.items()
+    }
+    distinct = {tuple(sorted(v.items())) for v in limits.values()}
+    if len(distinct) > 1:
+        shown = "; ".join(f"{eid}: {v or 'defaults'}" for eid, v in sorted(limits.items()))
+        raise ValueError(f"the simulator runs one engine setting, but the engines' limits differ ({shown})")
+    engine = EngineSettings.from_dict(dict(distinct.pop()) if distinct else {}, where="engines")
+    return tuple(services), engine
 
 
 def load_services(path: str | Path) -> tuple[tuple[SimService, ...], EngineSettings]:
-    """Read a services YAML: ``services: [{name, model, ...}]`` and optional ``engine: {...}``."""
+    """Read a services YAML: ``services: [{name, model, slo: {...}, ...}]`` and optional ``engine: {...}``."""
     p = Path(path)
     try:
         doc = yaml.safe_load(p.read_text())

@@ -19,6 +19,7 @@ from llmfleet.policies.request import Fcfs
 from llmfleet.sim.cost import CostBook, LinearCost
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.types import Slo
 
 MODEL = "llama2-7b"
 BLOCK_TOKENS = 16
@@ -80,7 +81,9 @@ class Tiny:
         cluster: str = "2xA100-80GB",
     ) -> SimSpec:
         svcs = (
-            tuple(services) if services else (SimService("s", MODEL, ttft_s=1.0, atgt_s=0.1, deadline_s=5.0),)
+            tuple(services)
+            if services
+            else (SimService("s", MODEL, Slo(ttft_s=1.0, tpot_s=0.1, deadline_s=5.0)),)
         )
         return SimSpec(ClusterSpec.parse(cluster), svcs, engine or EngineSettings())
 

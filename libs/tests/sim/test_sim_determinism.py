@@ -11,6 +11,7 @@ from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.types import Slo
 from llmfleet.workload import Workload, WorkloadRequest, poisson, synthesize
 
 WALL = ("wall_s", "events_per_s")
@@ -27,7 +28,7 @@ def report(work: Workload, make_policy=Fcfs, dispatch=RoundRobin, seed_dispatch=
     spec = SimSpec(
         ClusterSpec.parse("4xA100-80GB"),
         tuple(
-            SimService(name, model, ttft_s=0.5, atgt_s=0.05, deadline_s=20.0)
+            SimService(name, model, Slo(ttft_s=0.5, tpot_s=0.05, deadline_s=20.0))
             for name, model in MODELS.items()
         ),
         EngineSettings(kv_bytes=80 * 16 * 524_288),  # small enough to preempt now and then

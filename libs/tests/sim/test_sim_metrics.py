@@ -11,11 +11,12 @@ from llmfleet.sim.metrics import _mean_active, cluster_metrics, dist, request_me
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Sample, SimResult
 from llmfleet.sim.spec import SimService
+from llmfleet.types import Slo
 from llmfleet.workload import WorkloadRequest as W
 
 approx = pytest.approx
 
-SVC = SimService("s", "llama2-7b", ttft_s=1.0, atgt_s=0.1, latency_scale=5.0, deadline_s=5.0)
+SVC = SimService("s", "llama2-7b", Slo(ttft_s=1.0, tpot_s=0.1, latency_scale=5.0, deadline_s=5.0))
 
 
 def rec(rid, arrival, first, finish, out=11, solo=1.0, service="s", failed=""):
@@ -61,8 +62,8 @@ def test_slo_attainment_per_definition():
 
 
 def test_latency_scale_and_definitions_only_for_services_that_set_them():
-    strict = SimService("strict", "llama2-7b", latency_scale=1.2)  # no TTFT/ATGT, no deadline
-    loose = SimService("loose", "llama2-7b", ttft_s=10.0, atgt_s=10.0)
+    strict = SimService("strict", "llama2-7b", Slo(latency_scale=1.2))  # no TTFT/ATGT, no deadline
+    loose = SimService("loose", "llama2-7b", Slo(ttft_s=10.0, tpot_s=10.0))
     recs = [
         rec("x", 0.0, 0.1, 1.3, solo=1.0, service="strict"),  # 1.3 > 1.2·1.0: SeaLLM miss
         rec("y", 0.0, 0.1, 1.1, solo=1.0, service="strict"),  # 1.1 ≤ 1.2: ok
@@ -77,8 +78,8 @@ def test_latency_scale_and_definitions_only_for_services_that_set_them():
 
 def test_failed_requests_from_the_simulator_are_misses(tiny):
     """A service whose model no instance hosts: every request fails at dispatch and misses every SLO."""
-    ok = SimService("ok", "llama2-7b", ttft_s=10.0, atgt_s=10.0, deadline_s=100.0)
-    orphan = SimService("orphan", "llama3-8b", ttft_s=10.0, atgt_s=10.0, deadline_s=100.0)
+    ok = SimService("ok", "llama2-7b", Slo(ttft_s=10.0, tpot_s=10.0, deadline_s=100.0))
+    orphan = SimService("orphan", "llama3-8b", Slo(ttft_s=10.0, tpot_s=10.0, deadline_s=100.0))
     sim = tiny.sim(services=[ok, orphan], plan=[InstancePlan("i0", ("llama2-7b",), 1)])
     res = sim.run([W("a", 0.0, 10, 3, "ok"), W("b", 0.1, 10, 3, "orphan")])
     b = next(r for r in res.records if r.request_id == "b")

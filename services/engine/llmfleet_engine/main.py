@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 from dataclasses import replace
+from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import placement_view
 from llmfleet.policies.batching import POLICIES as BATCHING
-from llmfleet.policies.engine_policy import ENGINE_POLICIES
+from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -39,7 +41,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
             block_bytes=args.block_bytes,
             watermark=args.watermark,
             policy=args.policy,
-            policy_options={"keep_kv": args.slice_end == "keep"} if args.policy in BATCHING else {},
+            policy_options=args.policy_options,
             max_running=args.max_running,
             max_batch_requests=args.max_batch_requests,
             max_prefill_tokens=args.max_prefill_tokens,
@@ -120,8 +122,44 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64KiB, 2GiB)") from None
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) -> dict[str, Any]:
+    """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``keep_kv``, checked by
+    building the policy (a bad option is a usage error, not a crash at the first request)."""
+    options = dict(options)
+    if slice_end is not None and policy in BATCHING:
+        keep_kv = slice_end == "keep"
+        if options.setdefault("keep_kv", keep_kv) != keep_kv:
+            raise ValueError(
+                f"--slice-end {slice_end} contradicts keep_kv={options['keep_kv']} in --policy-options"
+            )
+    make_engine_policy(policy, **options)
+    return options
+
+
+class _Parser(argparse.ArgumentParser):
+    """Checks the policy options once all flags are in (``--policy`` may come after them)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, rest = super().parse_known_args(args, namespace)
+        try:
+            ns.policy_options = policy_options(ns.policy, ns.policy_options, ns.slice_end)
+        except ValueError as e:
+            self.error(str(e))
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="llmfleet-engine", description=__doc__)
+    ap = _Parser(prog="llmfleet-engine", description=__doc__)
     add_common_args(ap, ROLE, default_port=50061)
     ap.add_argument(
         "--device", default=os.environ.get("LLMFLEET_DEVICE", "cpu"), help="cpu, cuda, cuda:1, ..."
@@ -141,11 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="local policy: a request policy (continuous batching) or a static batcher (static mode)",
     )
     ap.add_argument(
+        "--policy-options",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help='the policy\'s constructor options, e.g. \'{"batch_size": 8, "max_iterations": 64}\' '
+        "(the cluster config's policy_options)",
+    )
+    ap.add_argument(
         "--slice-end",
         choices=("keep", "recompute"),
-        default="keep",
+        default=None,
         help="static mode, at a slice end (SCLS): keep the unfinished requests' KV (default) or drop it "
-        "and re-prefill prompt + output when re-batched (the paper's recompute mode)",
+        "and re-prefill prompt + output when re-batched (the paper's recompute mode); the same as "
+        "keep_kv true/false in --policy-options",
     )
     ap.add_argument("--max-running", type=int, default=256, help="requests holding KV at once")
     ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")

@@ -161,9 +161,9 @@ async def test_migrated_away_then_finished(cluster):
     fakes, directory, policy, relay = cluster
     rec, task = start(relay, "r-mig", "migrate")
     await task
-    assert rec.final is not None and rec.engines == ["e0", "e1"] and rec.n_tokens == 2
+    assert rec.final is not None and rec.engines == ["e0", "e1"] and rec.n_tokens == 3  # 1 on e0, 2 on e1
     assert fakes["e1"].seen == ["r-mig"]
-    assert policy.finished == [("r-mig", "e0", 1), ("r-mig", "e1", 2)]
+    assert policy.finished == [("r-mig", "e0", 1), ("r-mig", "e1", 3)]
     assert directory.load.pending("e0") == directory.load.pending("e1") == 0
 
 

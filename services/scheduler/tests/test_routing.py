@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from llmfleet.types import ServiceSpec, Slo
 from llmfleet_scheduler.routing import DispatchRouter
 
@@ -27,3 +28,27 @@ def test_predictions_are_asked_for_only_when_used():
     assert not r.wants_prediction(plain, "auto")
     assert r.wants_prediction(asks, "auto") and r.wants_prediction(reads, "auto")
     assert r.wants_prediction(plain, "always") and not r.wants_prediction(reads, "never")
+
+
+def test_a_load_reading_default_without_a_load_source_is_refused_at_start():
+    with pytest.raises(
+        ValueError, match=r"--dispatch jsq: dispatch policy 'jsq' reads engine load \(queue lengths\)"
+    ):
+        DispatchRouter("jsq", load_source=False).check_default()
+    with pytest.raises(
+        ValueError, match="drop --no-load-monitor or pick a load-blind policy: aladdin_bestfit"
+    ):
+        DispatchRouter("least_loaded", load_source=False).check_default()
+    DispatchRouter("round_robin", load_source=False).check_default()
+    DispatchRouter("jsq").check_default()
+
+
+def test_per_service_policies_get_the_context():
+    r = DispatchRouter("round_robin", load_source=False)
+    with pytest.raises(ValueError, match="'least_loaded' reads engine load"):
+        r.for_service(ServiceSpec("s", "tiny-llama", dispatch="least_loaded"))
+    spec = ServiceSpec("a", "tiny-llama", slo=Slo(ttft_s=2.0, tpot_s=0.2), dispatch="aladdin_bestfit")
+    ctx = r.context("aladdin_bestfit", spec)
+    assert set(ctx.latency_models) == {"tiny-llama"} and ctx.slos == {"tiny-llama": (2.0, 0.2)}
+    assert not ctx.load_source and r.for_service(spec).slos == {"tiny-llama": (2.0, 0.2)}
+    assert r.context("round_robin", spec).latency_models == {}  # no roofline for who does not read it

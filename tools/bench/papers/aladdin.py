@@ -32,6 +32,7 @@ from llmfleet.costmodel import RooflineModel, hardware, model_arch
 from llmfleet.policies.placement import InstancePlan, optimal_tp
 from llmfleet.sim.run import PolicyBundle, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.types import Slo
 
 from . import common as C
 
@@ -89,7 +90,7 @@ class _Search:
 
     def eval(self, n: int) -> dict:
         if n not in self.seen:
-            svc = SimService("chat", self.model, ttft_s=self.slo[0], atgt_s=self.slo[1], max_tokens=2048)
+            svc = SimService("chat", self.model, Slo(ttft_s=self.slo[0], tpot_s=self.slo[1]), max_tokens=2048)
             spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,))
             plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
             e = simulate(spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10)

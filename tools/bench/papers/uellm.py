@@ -29,6 +29,7 @@ from llmfleet.policies.batching import SloOdbs
 from llmfleet.policies.placement import InstancePlan
 from llmfleet.sim.run import PolicyBundle, simulate
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.types import Slo
 from llmfleet.workload import alpaca_lengths
 
 from . import common as C
@@ -72,7 +73,9 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     t0 = time.perf_counter()
     cfg = settings(quick, tiny)
     lengths = np.array(alpaca_lengths(C.ALPACA), dtype=np.int64)
-    services = tuple(SimService(f"slo{d}", MODEL, deadline_s=float(d), max_tokens=1024) for d in DEADLINES)
+    services = tuple(
+        SimService(f"slo{d}", MODEL, Slo(deadline_s=float(d)), max_tokens=1024) for d in DEADLINES
+    )
     spec = SimSpec(ClusterSpec.parse(f"{GPUS}x{HW}"), services, EngineSettings(static_release="batch_end"))
     plan = [InstancePlan(f"gpu{i}", (MODEL,), 1) for i in range(GPUS)]
     rows = []
