@@ -1,8 +1,11 @@
+import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from llmfleet.config import ClusterConfig, EtcdSettings
-from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
+from llmfleet.types import DEFAULT_SLO, DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,134 @@ def test_json_round_trips():
     assert NodeRecord.from_json(node.to_json()) == node
     dp = DesiredPlacement("e0", (ModelSpec("a", "tiny://llama"),))
     assert DesiredPlacement.from_json(dp.to_json()) == dp
+
+
+# -- one SLO type ----------------------------------------------------------------------------------------
+def test_slo_objectives_are_optional_and_validated():
+    assert Slo() == Slo(None, None, 5.0, None)  # no TTFT/TPOT objective, no deadline, SeaLLM's 5×
+    assert Slo(1, 0.1, deadline_s=30).deadline_s == 30.0 and isinstance(Slo(1, 1).ttft_s, float)
+    for bad in ({"ttft_s": 0}, {"tpot_s": -1}, {"deadline_s": float("inf")}, {"latency_scale": None},
+                {"latency_scale": True}, {"ttft_s": "2"}):  # fmt: skip
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Slo(**bad)
+
+
+def test_slo_from_dict_names_unknown_keys_and_reads_aladdins_name():
+    assert Slo.from_dict({"atgt_s": 0.1, "ttft_s": 1}) == Slo(ttft_s=1, tpot_s=0.1)
+    with pytest.raises(ValueError, match=r"svc: unknown keys \['ttft'\]; valid: \['ttft_s', 'tpot_s'"):
+        Slo.from_dict({"ttft": 1}, where="svc")
+    with pytest.raises(ValueError, match="not both"):
+        Slo.from_dict({"atgt_s": 0.1, "tpot_s": 0.1})
+    with pytest.raises(ValueError, match="svc: deadline_s must be a positive number"):
+        Slo.from_dict({"deadline_s": 0}, where="svc")
+
+
+def test_service_spec_keeps_the_deadline_in_its_slo():
+    spec = ServiceSpec("s", "m", Slo(1.0, 0.1, latency_scale=3.0, deadline_s=30.0), dispatch="jsq")
+    assert ServiceSpec.from_json(spec.to_json()) == spec
+    assert spec.deadline_s == 30.0 and ServiceSpec("s", "m").deadline_s == 0.0  # the wire form: 0 = none
+    assert "deadline_s" not in json.loads(spec.to_json())  # one place: slo.deadline_s
+    assert ServiceSpec("s", "m").slo == DEFAULT_SLO == Slo(5.0, 0.5)
+    with pytest.raises(ValueError, match=r"needs slo\.ttft_s and slo\.tpot_s"):
+        ServiceSpec("s", "m", Slo(deadline_s=3.0))
+
+
+def test_service_spec_reads_json_written_before_the_slo_held_the_deadline():
+    old = {"name": "s", "model": "m", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "priority": 1,
+           "default_max_tokens": 8, "dispatch": "", "deadline_s": 30.0, "predict": True}  # fmt: skip
+    spec = ServiceSpec.from_json(json.dumps(old))
+    assert spec.slo == Slo(2.0, 0.2, deadline_s=30.0) and spec.priority == 1 and spec.predict
+    older = {"name": "s", "model": "m", "slo": {}, "deadline_s": 0.0}  # 0 = no deadline
+    assert ServiceSpec.from_json(json.dumps(older)).slo == DEFAULT_SLO
+    newer = {**old, "slo": {"ttft_s": 2.0, "tpot_s": 0.2, "jitter_s": 1}, "tenant": "x"}  # a newer writer
+    assert ServiceSpec.from_json(json.dumps(newer)).slo == Slo(2.0, 0.2, deadline_s=30.0)
+
+
+# -- the cluster config: SLOs, engine limits and policy options ----------------------------------------------
+def write(tmp_path: Path, doc: dict) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def config(**engine) -> dict:
+    return {
+        "services": {"chat": {"model": "m", "slo": {"ttft_s": 1, "tpot_s": 0.1, "deadline_s": 30}}},
+        "models": {"m": {"source": "tiny://llama"}},
+        "engines": {"e0": {"models": ["m"], **engine}},
+    }
+
+
+def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
+    cfg = ClusterConfig.load(write(tmp_path, config(
+        policy="static_sls", policy_options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
+        max_running=16, max_batch_requests=8, max_prefill_tokens=2048, watermark=0.05, block_bytes=4096,
+        block_tokens=32,
+    )))  # fmt: skip
+    e = cfg.engines["e0"]
+    assert e.limits() == {"max_running": 16, "max_batch_requests": 8, "max_prefill_tokens": 2048,
+                          "watermark": 0.05, "block_tokens": 32, "block_bytes": 4096}  # fmt: skip
+    assert e.engine_args() == [
+        "--policy", "static_sls",
+        "--policy-options", '{"batch_size": 8, "keep_kv": false, "max_iterations": 64}',
+        "--max-running", "16", "--max-batch-requests", "8", "--max-prefill-tokens", "2048",
+        "--watermark", "0.05", "--block-bytes", "4096",  # block_tokens: the simulator's, no live flag
+    ]  # fmt: skip
+    assert ClusterConfig.model_validate(config()).engines["e0"].engine_args() == ["--policy", "fcfs"]
+    (spec,) = cfg.service_specs()
+    assert spec.slo == Slo(1.0, 0.1, deadline_s=30.0)
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"max_running": 0}, "engines.e0.max_running: Input should be greater than or equal to 1, got 0"),
+        ({"block_bytes": 100}, "engines.e0.block_bytes: Input should be a multiple of 16, got 100"),
+        ({"watermark": 1.0}, "engines.e0.watermark: Input should be less than 1, got 1.0"),
+        ({"max_runing": 8}, "engines.e0.max_runing: Extra inputs are not permitted"),
+        ({"policy": "static_sls", "policy_options": {"batch": 8}},
+         "engines.e0.policy_options: bad options for batching policy 'static_sls': "
+         "StaticSls.__init__() got an unexpected keyword argument 'batch'"),
+        ({"policy": "static_sls", "policy_options": {"batch_size": 0}}, "batch_size must be an int >= 1, got 0"),
+        ({"policy": "scls", "policy_options": {"keep_kv": "no"}}, "keep_kv must be a bool, got 'no'"),
+        ({"policy_options": {"keep_kv": False}}, "bad options for request policy 'fcfs'"),
+        ({"policy": "nope", "policy_options": {"x": 1}}, "engines.e0.policy: unknown engine policy 'nope'"),
+    ],
+)  # fmt: skip
+def test_bad_engine_settings_name_the_key(tmp_path, engine, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig.load(write(tmp_path, config(**engine)))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"deadline_s": 30}, "services.chat: deadline_s is part of the SLO now: write slo: {deadline_s: ...}"),
+        ({"slo": {"atgt_s": 0.1}}, "services.chat.slo: atgt_s (Aladdin's average token generation time) is "
+                                   "written tpot_s here"),
+        ({"slo": {"ttft_s": -1}}, "services.chat.slo.ttft_s: Input should be greater than 0, got -1"),
+        ({"slo": {"latency_scale": 0}}, "services.chat.slo.latency_scale: Input should be greater than 0"),
+        ({"slo": {"deadline": 3}}, "services.chat.slo.deadline: Extra inputs are not permitted"),
+    ],
+)  # fmt: skip
+def test_bad_slo_names_the_key(tmp_path, change, message):
+    doc = config()
+    doc["services"]["chat"] = {"model": "m", **change}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig.load(write(tmp_path, doc))
+
+
+def test_every_slo_key_reaches_the_service_spec(tmp_path):
+    doc = config()
+    doc["services"]["chat"]["slo"] = {"tpot_s": 0.2, "latency_scale": 3, "deadline_s": 9}
+    (spec,) = ClusterConfig.load(write(tmp_path, doc)).service_specs()
+    assert spec.slo == Slo(ttft_s=5.0, tpot_s=0.2, latency_scale=3.0, deadline_s=9.0)  # unset ttft: default
+
+
+def test_sim_model_must_be_a_catalog_name(tmp_path):
+    doc = config()
+    doc["models"]["m"]["sim_model"] = "Llama-2-7B"
+    assert ClusterConfig.load(write(tmp_path, doc)).models["m"].sim_model == "llama2-7b"
+    doc["models"]["m"]["sim_model"] = "gpt-5"
+    with pytest.raises(ValueError, match=r"models.m.sim_model: unknown model 'gpt-5'; valid: \["):
+        ClusterConfig.load(write(tmp_path, doc))

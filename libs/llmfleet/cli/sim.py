@@ -4,11 +4,16 @@
       --services services.yaml --policy seallm --out .sim/seallm
   llmfleet sim --trace trace.csv --compare vllm alpaserve muxserve seallm --out .sim/compare
 
+  llmfleet sim --synthetic 2000 --cluster-config deploy/local/cluster.yaml --policy seallm
+
 The workload is an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens) or ``--synthetic N``
 Poisson requests with lengths drawn from ``--lengths-from`` (a trace). ``--services`` is a YAML list of
-services (name, model, ttft_s, atgt_s, latency_scale, deadline_s, max_tokens); with several services the
-requests are split by k-means over their lengths, shortest cluster to the first service. ``--profile``
-takes fitted cost-model records (JSON written by the profiler) to replace the roofline defaults.
+services (name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens) with an optional
+``engine:`` mapping of engine settings; ``--cluster-config`` reads the services (with their SLOs) and
+the engine limits of a live cluster config instead, each model simulated as its ``sim_model`` (or its
+own name, when that is a catalog name). With several services the requests are split by k-means over
+their lengths, shortest cluster to the first service. ``--profile`` takes fitted cost-model records
+(JSON written by the profiler) to replace the roofline defaults.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=10.0, help="synthetic arrival rate, req/s (default 10)")
     p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
     p.add_argument("--cluster", default="32xA100-80GB", help="COUNTxHARDWARE (default 32xA100-80GB)")
-    p.add_argument("--services", type=Path, help="services YAML (default: one service of --model)")
+    svc = p.add_mutually_exclusive_group()
+    svc.add_argument("--services", type=Path, help="services YAML (default: one service of --model)")
+    svc.add_argument(
+        "--cluster-config",
+        type=Path,
+        help="take the services, SLOs and engine limits of a live cluster config (deploy/local/cluster.yaml)",
+    )
     p.add_argument("--model", default="llama2-7b", help="model of the default service (default llama2-7b)")
     p.add_argument("--policy", default="vllm", help="policy preset (default vllm); see --list-policies")
     p.add_argument(
@@ -108,11 +119,25 @@ def _workload(args):
 
 
 def _spec(args):
-    from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec, load_services
+    from llmfleet.config import ClusterConfig
+    from llmfleet.sim.spec import (
+        ClusterSpec,
+        EngineSettings,
+        SimService,
+        SimSpec,
+        from_cluster_config,
+        load_services,
+    )
 
     cluster = ClusterSpec.parse(args.cluster)
     if args.services is not None:
         services, engine = load_services(args.services)
+    elif args.cluster_config is not None:
+        config = ClusterConfig.load(args.cluster_config)  # its errors name the file and the key
+        try:
+            services, engine = from_cluster_config(config)
+        except ValueError as e:
+            raise ValueError(f"cluster config {args.cluster_config}: {e}") from None
     else:
         services, engine = (SimService("default", args.model),), EngineSettings()
     return SimSpec(cluster, services, engine)

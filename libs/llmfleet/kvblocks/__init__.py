@@ -13,7 +13,6 @@ from llmfleet.kvblocks.allocator import (
     OutOfBlocks,
     ShapeMismatch,
     Slot,
-    TokenRange,
     UnknownModel,
     UnknownSequence,
 )
@@ -33,7 +32,6 @@ __all__ = [
     "PoolStats",
     "ShapeMismatch",
     "Slot",
-    "TokenRange",
     "UnknownModel",
     "UnknownSequence",
 ]

@@ -38,7 +38,6 @@ __all__ = [
     "OutOfBlocks",
     "ShapeMismatch",
     "Slot",
-    "TokenRange",
     "UnknownModel",
     "UnknownSequence",
 ]
@@ -95,17 +94,6 @@ class Slot(NamedTuple):
 
     block: int
     offset: int
-
-
-class TokenRange(NamedTuple):
-    """Token positions ``[start, end)`` of a sequence."""
-
-    start: int
-    end: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,11 +240,6 @@ class BlockAllocator:
         """Blocks a new sequence of ``num_tokens`` tokens of ``model`` takes."""
         return -(-_count("num_tokens", num_tokens) // self._model(model).tpb)
 
-    def max_sequence_tokens(self, model: str, *, ignore_watermark: bool = False) -> int:
-        """The longest sequence ``can_allocate`` could ever admit (on an empty pool)."""
-        usable = self._num_blocks - (0 if ignore_watermark else self._wm)
-        return usable * self._model(model).tpb
-
     # ------------------------------------------------------------------------------------ sequences
     def can_allocate(self, model: str, num_tokens: int, *, ignore_watermark: bool = False) -> bool:
         """Admission check: would ``allocate`` succeed and leave ``watermark_blocks`` free?"""
@@ -330,22 +313,6 @@ class BlockAllocator:
         m.tokens += 1
         return Slot(block, offset)
 
-    def append_slots(self, seq_id: str, n: int) -> list[Slot]:
-        """Slots for the next ``n`` tokens (a prefill chunk); all or nothing."""
-        seq = self._seq(seq_id)
-        n = _count("n", n)
-        m = seq.model
-        t = m.tpb
-        start = seq.num_tokens
-        end = start + n
-        needed = -(-end // t) - len(seq.blocks)
-        self._ensure_free(needed, lambda: f"to append {n} tokens to {seq_id!r} ({m.name!r}, {t}/block)")
-        seq.blocks.extend(self._take(needed, m))
-        seq.num_tokens = end
-        m.tokens += n
-        blocks = seq.blocks
-        return [Slot(blocks[p // t], p % t) for p in range(start, end)]
-
     def grow_each(self, seq_ids: list[str], n: int = 1) -> int:
         """``n`` more tokens for every sequence (a batched decode step, or a run of them), all or
         nothing: ``OutOfBlocks`` leaves the allocator unchanged. Returns the number of new blocks."""
@@ -371,20 +338,6 @@ class BlockAllocator:
             m.tokens += n
         return total
 
-    def grow(self, seq_id: str, n: int) -> int:
-        """Record ``n`` more tokens (like :meth:`append_slots` without building the slot list, for
-        planners such as the simulator); all or nothing. Returns the number of new blocks."""
-        seq = self._seq(seq_id)
-        n = _count("n", n)
-        m = seq.model
-        end = seq.num_tokens + n
-        needed = -(-end // m.tpb) - len(seq.blocks)
-        self._ensure_free(needed, lambda: f"to grow {seq_id!r} by {n} tokens ({m.name!r}, {m.tpb}/block)")
-        seq.blocks.extend(self._take(needed, m))
-        seq.num_tokens = end
-        m.tokens += n
-        return needed
-
     def blocks_needed_to_grow_each(self, seq_ids: list[str], n: int) -> int:
         """New blocks :meth:`grow_each` ``(seq_ids, n)`` would take."""
         _count("n", n)
@@ -393,11 +346,6 @@ class BlockAllocator:
             s = self._seq(i)
             total += -(-(s.num_tokens + n) // s.model.tpb) - len(s.blocks)
         return total
-
-    def blocks_needed_to_append(self, seq_id: str, n: int = 1) -> int:
-        """New blocks that appending ``n`` tokens to the sequence would take."""
-        seq = self._seq(seq_id)
-        return -(-(seq.num_tokens + _count("n", n)) // seq.model.tpb) - len(seq.blocks)
 
     def slots(self, seq_id: str, start: int, end: int) -> list[Slot]:
         """Slots of the existing tokens ``[start, end)`` (``0 <= start <= end <= num_tokens``)."""
@@ -479,18 +427,8 @@ class BlockAllocator:
         seq = self._seq(seq_id)
         return BlockTable(seq.model.name, tuple(seq.blocks), seq.num_tokens, seq.model.tpb)
 
-    def sequences(self, model: str | None = None) -> list[str]:
-        """Live sequence ids (in allocation order), optionally only those of ``model``."""
-        if model is None:
-            return list(self._seqs)
-        m = self._model(model)
-        return [s for s, seq in self._seqs.items() if seq.model is m]
-
     def num_tokens(self, seq_id: str) -> int:
         return self._seq(seq_id).num_tokens
-
-    def model_of(self, seq_id: str) -> str:
-        return self._seq(seq_id).model.name
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._seqs
@@ -506,18 +444,6 @@ class BlockAllocator:
         if count is not None:
             return count
         return 0 if block in self._free else 1
-
-    def free_block_ids(self) -> list[int]:
-        """A copy of the free list, next-to-be-allocated last (for debugging and tests; O(num_blocks))."""
-        return list(self._free)
-
-    def export_plan(self, seq_id: str, chunk_tokens: int) -> list[TokenRange]:
-        """Split ``[0, num_tokens)`` into consecutive ranges of at most ``chunk_tokens`` tokens."""
-        seq = self._seq(seq_id)
-        if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
-        n = seq.num_tokens
-        return [TokenRange(s, min(s + chunk_tokens, n)) for s in range(0, n, chunk_tokens)]
 
     def stats(self) -> PoolStats:
         bb = self._block_bytes

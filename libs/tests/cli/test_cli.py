@@ -280,6 +280,24 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
         up.plan_services(cfg, "c.yaml", etcd="e:1", state_dir=tmp_path, base_port=7000)
 
 
+def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -> None:
+    cfg = ClusterConfig.model_validate({
+        "services": {"chat": {"model": "m"}},
+        "models": {"m": {"source": "tiny://llama"}},
+        "engines": {
+            "e0": {"models": ["m"], "policy": "scls", "policy_options": {"keep_kv": False},
+                   "max_running": 8, "max_prefill_tokens": 1024, "watermark": 0.05},
+            "e1": {"models": ["m"]},
+        },
+    })  # fmt: skip
+    e0, e1 = up.plan_services(cfg, "c.yaml", etcd="e:1", state_dir=tmp_path, base_port=7000)[4:]
+    assert e0.argv[e0.argv.index("--policy") :] == [
+        "--policy", "scls", "--policy-options", '{"keep_kv": false}',
+        "--max-running", "8", "--max-prefill-tokens", "1024", "--watermark", "0.05",
+    ]  # fmt: skip
+    assert e1.argv[-2:] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
+
+
 def test_up_starts_supervises_and_stops_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, gone: Callable[..., bool]
 ) -> None:

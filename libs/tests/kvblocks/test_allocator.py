@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import subprocess
 import sys
@@ -17,7 +18,6 @@ from llmfleet.kvblocks import (
     OutOfBlocks,
     ShapeMismatch,
     Slot,
-    TokenRange,
     UnknownModel,
     UnknownSequence,
 )
@@ -36,10 +36,28 @@ def pool(num_blocks: int = 16, watermark: float = 0.0, *, models: bool = True) -
     return a
 
 
-def snapshot(a: BlockAllocator):
+# Two bytes per token: fits any block, so a probe of it can take every free block of any test pool.
+PROBE = KvShape(num_layers=1, num_kv_heads=1, head_dim=1, dtype="float8_e4m3fn")
+
+
+def free_order(a: BlockAllocator) -> list[int]:
+    """The free block ids in the order the pool hands them out, read through the public API only: a
+    copy of the pool allocates all of its free blocks to one probe sequence (``a`` is not touched)."""
+    if not a.free_blocks:
+        return []
+    probe = copy.deepcopy(a)
+    tpb = probe.register_model("__probe__", PROBE)
+    blocks = list(probe.allocate("__probe__", "__probe__", probe.free_blocks * tpb).blocks)
+    assert len(blocks) == len(set(blocks)) == a.free_blocks
+    return blocks
+
+
+def snapshot(a: BlockAllocator, *seq_ids: str):
+    """Everything observable about the pool; ``seq_ids`` are the ids a test uses (live or not)."""
     return (
-        a.free_block_ids(),
-        {s: a.table(s) for s in a.sequences()},
+        free_order(a),
+        len(a),
+        {s: a.table(s) if s in a else None for s in seq_ids},
         [a.block_refcount(b) for b in range(a.num_blocks)],
         a.stats(),
     )
@@ -68,7 +86,8 @@ def test_fresh_pool():
     a = BlockAllocator(100, BB)
     assert (a.num_blocks, a.block_bytes, a.free_blocks, a.used_blocks) == (100, BB, 100, 0)
     assert a.watermark == 0.01 and a.watermark_blocks == 1
-    assert a.sequences() == [] and a.models() == {} and len(a) == 0
+    assert a.models() == {} and len(a) == 0 and "s" not in a
+    assert free_order(a) == list(range(100))  # lowest ids first
     s = a.stats()
     assert (s.total_blocks, s.free_blocks, s.used_blocks, s.fragmentation, s.utilization) == (
         100,
@@ -131,13 +150,14 @@ def test_unknown_model_errors_are_key_errors_with_a_readable_message():
         lambda: a.can_allocate("zz", 1),
         lambda: a.tokens_per_block("zz"),
         lambda: a.reserve_import("s", "zz", A, 1),
-        lambda: a.sequences("zz"),
+        lambda: a.blocks_needed("zz", 1),
+        lambda: a.unregister_model("zz"),
     ):
         with pytest.raises(UnknownModel) as e:
             call()
         assert isinstance(e.value, KeyError) and isinstance(e.value, KvBlocksError)
         assert str(e.value) == "model 'zz' is not registered (registered: ['a', 'b'])"
-    assert a.sequences() == [] and a.free_blocks == 16
+    assert len(a) == 0 and "s" not in a and a.free_blocks == 16
 
 
 # ------------------------------------------------------------------------------------ allocate
@@ -146,11 +166,13 @@ def test_allocate_reserves_ceil_blocks_lowest_ids_first():
     t = a.allocate("s1", "a", 17)  # ceil(17 / 8) = 3
     assert t == BlockTable("a", (0, 1, 2), 17, 8)
     assert (t.num_blocks, t.capacity) == (3, 24)
-    assert a.table("s1") == t and a.num_tokens("s1") == 17 and a.model_of("s1") == "a"
+    assert a.table("s1") == t and a.num_tokens("s1") == 17 and a.table("s1").model == "a"
     assert a.free_blocks == 13 and a.used_blocks == 3
     assert a.allocate("s2", "b", 10).blocks == (3,)  # exactly one full block of b
     assert a.allocate("s3", "a", 8).blocks == (4,)
-    assert a.sequences() == ["s1", "s2", "s3"] and a.sequences("a") == ["s1", "s3"]
+    assert [s for s in ("s1", "s2", "s3") if a.table(s).model == "a"] == ["s1", "s3"]
+    assert a.table("s2").model == "b"
+    assert a.stats().models["a"].sequences == 2 and a.stats().models["b"].sequences == 1
     assert "s1" in a and "nope" not in a and len(a) == 3
 
 
@@ -165,7 +187,7 @@ def test_allocate_zero_tokens_takes_no_block():
 def test_allocate_errors():
     a = pool(4)
     a.allocate("s", "a", 1)
-    before = snapshot(a)
+    before = snapshot(a, "s", "t")
     with pytest.raises(DuplicateSequence, match="'s' is already live"):
         a.allocate("s", "a", 1)
     with pytest.raises(ValueError, match="num_tokens must be a non-negative int"):
@@ -180,17 +202,20 @@ def test_allocate_errors():
     assert str(e.value) == (
         "need 4 KV blocks to allocate 31 tokens of 'b' (10/block) but only 3 of 4 are free (4096 bytes each)"
     )
-    assert snapshot(a) == before  # failures change nothing
+    assert snapshot(a, "s", "t") == before  # failures change nothing
     assert a.allocate("t", "b", 30).blocks == (1, 2, 3)  # exactly the free blocks fit
 
 
-def test_blocks_needed_and_max_sequence_tokens():
+def test_blocks_needed_and_longest_admissible_sequence():
     a = pool(100, watermark=0.05)
     assert a.blocks_needed("a", 0) == 0
     assert a.blocks_needed("a", 8) == 1 and a.blocks_needed("a", 9) == 2
     assert a.blocks_needed("b", 101) == 11
-    assert a.max_sequence_tokens("a") == 95 * 8
-    assert a.max_sequence_tokens("b", ignore_watermark=True) == 100 * 10
+    # On an empty pool, can_allocate admits up to (num_blocks - watermark_blocks) · T_m tokens.
+    assert a.can_allocate("a", 95 * 8) and not a.can_allocate("a", 95 * 8 + 1)
+    assert a.can_allocate("b", 95 * 10) and not a.can_allocate("b", 95 * 10 + 1)
+    assert a.can_allocate("b", 100 * 10, ignore_watermark=True)
+    assert not a.can_allocate("b", 100 * 10 + 1, ignore_watermark=True)
 
 
 # ------------------------------------------------------------------------------------ two models
@@ -266,56 +291,64 @@ def test_append_slot_fills_blocks_then_grows():
     assert a.table("s") == BlockTable("a", (0, 1), 9, 8)
     u = a.stats().models["a"]
     assert (u.blocks, u.tokens, u.token_capacity, a.used_blocks) == (2, 9, 16, 2)
-    assert a.blocks_needed_to_append("s") == 0
-    assert a.blocks_needed_to_append("s", 7) == 0
-    assert a.blocks_needed_to_append("s", 8) == 1
-    assert a.blocks_needed_to_append("s", 0) == 0
+    assert a.blocks_needed_to_grow_each(["s"], 1) == 0
+    assert a.blocks_needed_to_grow_each(["s"], 7) == 0
+    assert a.blocks_needed_to_grow_each(["s"], 8) == 1
+    assert a.blocks_needed_to_grow_each(["s"], 0) == 0
+    assert a.blocks_needed_to_grow_each([], 5) == 0
 
 
 def test_append_slot_out_of_blocks_changes_nothing():
     a = pool(2)
     a.allocate("s", "b", 20)
-    before = snapshot(a)
+    before = snapshot(a, "s")
     with pytest.raises(OutOfBlocks, match=r"need 1 KV block to append to 's' \('b'\) but 0 of 2") as e:
         a.append_slot("s")
     assert (e.value.needed, e.value.free) == (1, 0)
-    assert snapshot(a) == before
+    assert snapshot(a, "s") == before
     a.free("s")
     a.allocate("t", "b", 19)
     assert a.append_slot("t") == Slot(1, 9)  # room left in the last block: no new block needed
 
 
-def test_append_slots_is_atomic():
+def test_growing_one_sequence_by_a_chunk_is_atomic():
+    """A prefill chunk: ``grow_each([seq], n)`` then the new tokens' ``slots``."""
     a = pool(4)
     a.allocate("s", "a", 5)
-    assert a.append_slots("s", 0) == []
-    got = a.append_slots("s", 12)  # tokens 5..16 → blocks 0,1,2
+    before = snapshot(a, "s")
+    assert a.grow_each(["s"], 0) == 0 and a.slots("s", 5, 5) == []
+    assert snapshot(a, "s") == before
+    assert a.grow_each(["s"], 12) == 2  # tokens 5..16 → blocks 0,1,2
+    got = a.slots("s", 5, 17)
     assert got == [Slot(0, p) for p in range(5, 8)] + [Slot(1, p) for p in range(8)] + [Slot(2, 0)]
-    assert got == a.slots("s", 5, 17)
-    before = snapshot(a)
+    assert a.table("s") == BlockTable("a", (0, 1, 2), 17, 8) and a.free_blocks == 1
+    before = snapshot(a, "s")
+    assert a.blocks_needed_to_grow_each(["s"], 7 + 8 + 1) == 2
     with pytest.raises(OutOfBlocks) as e:
-        a.append_slots("s", 7 + 8 + 1)  # needs 2 blocks, 1 free
+        a.grow_each(["s"], 7 + 8 + 1)  # needs 2 blocks, 1 free
     assert (e.value.needed, e.value.free) == (2, 1)
-    assert "to append 16 tokens to 's' ('a', 8/block)" in str(e.value) and "only 1 of 4" in str(e.value)
-    assert snapshot(a) == before
-    assert len(a.append_slots("s", 15)) == 15 and a.free_blocks == 0
+    assert str(e.value) == "need 2 KV blocks but only 1 are free"
+    assert snapshot(a, "s") == before
+    assert a.grow_each(["s"], 15) == 1 and a.free_blocks == 0
+    assert len(a.slots("s", 17, 32)) == 15 and a.num_tokens("s") == 32
     with pytest.raises(ValueError, match="non-negative"):
-        a.append_slots("s", -1)
+        a.grow_each(["s"], -1)
+    with pytest.raises(ValueError, match="non-negative"):
+        a.blocks_needed_to_grow_each(["s"], -1)
 
 
 def test_unknown_sequence_is_a_key_error_with_message():
     a = pool()
     calls = [
         a.append_slot,
-        lambda s: a.append_slots(s, 1),
+        lambda s: a.grow_each([s], 1),
+        lambda s: a.blocks_needed_to_grow_each([s], 1),
         a.free,
         a.table,
         a.num_tokens,
         lambda s: a.slot_of(s, 0),
         lambda s: a.slots(s, 0, 0),
         lambda s: a.fork(s, "x"),
-        lambda s: a.export_plan(s, 4),
-        a.blocks_needed_to_append,
     ]
     for call in calls:
         with pytest.raises(KeyError) as e:
@@ -400,51 +433,40 @@ def test_fork_errors_change_nothing():
     a_empty = pool(3)
     a_empty.allocate("e", "a", 0)
     assert a_empty.fork("e", "f") == [] and a_empty.table("f").blocks == ()
-    before = snapshot(a)
+    before = snapshot(a, "p", "c")
     with pytest.raises(OutOfBlocks, match="to fork 'p' into 'c' but only 0 of 3 are free") as e:
         a.fork("p", "c")
     assert (e.value.needed, e.value.free) == (1, 0)
     with pytest.raises(DuplicateSequence):
         a.fork("p", "p")
-    assert snapshot(a) == before
+    assert snapshot(a, "p", "c") == before
 
 
-# ------------------------------------------------------------------------------------ export / import
-def test_export_plan():
-    a = pool()
-    a.allocate("s", "a", 21)
-    assert a.export_plan("s", 8) == [TokenRange(0, 8), TokenRange(8, 16), TokenRange(16, 21)]
-    assert a.export_plan("s", 100) == [TokenRange(0, 21)]
-    assert a.export_plan("s", 1)[-1] == TokenRange(20, 21) and len(a.export_plan("s", 1)) == 21
-    assert sum(r.num_tokens for r in a.export_plan("s", 5)) == 21
-    a.allocate("e", "a", 0)
-    assert a.export_plan("e", 4) == []
-    for bad in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match="chunk_tokens must be a positive int"):
-            a.export_plan("s", bad)
-
-
+# ------------------------------------------------------------------------------------ import
 def test_reserve_import():
     src = pool()
     src.allocate("r", "b", 23)
-    plan = src.export_plan("r", 10)
+    n = src.num_tokens("r")
+    plan = [(s, min(s + 10, n)) for s in range(0, n, 10)]  # the migration's chunks of 10 tokens
     dst = pool(8)
     dst.allocate("other", "a", 1)
-    t = dst.reserve_import("r", "b", src.models()["b"], src.num_tokens("r"))
+    t = dst.reserve_import("r", "b", src.models()["b"], n)
     assert t == BlockTable("b", (1, 2, 3), 23, 10)
     assert [len(dst.slots("r", s, e)) for s, e in plan] == [10, 10, 3]
+    assert [len(src.slots("r", s, e)) for s, e in plan] == [10, 10, 3]
+    assert [x for s, e in plan for x in dst.slots("r", s, e)] == dst.slots("r", 0, n)
 
 
 def test_reserve_import_shape_mismatch_and_no_room_allocate_nothing():
     dst = pool(2)
-    before = snapshot(dst)
+    before = snapshot(dst, "r")
     with pytest.raises(ShapeMismatch) as e:
         dst.reserve_import("r", "b", A, 5)
     assert str(A) in str(e.value) and str(B) in str(e.value) and "'r'" in str(e.value)
     with pytest.raises(OutOfBlocks) as e:
         dst.reserve_import("r", "b", B, 21)
     assert (e.value.needed, e.value.free) == (3, 2) and "21 tokens" in str(e.value)
-    assert snapshot(dst) == before
+    assert snapshot(dst, "r") == before
     dst.allocate("r", "a", 1)
     with pytest.raises(DuplicateSequence):
         dst.reserve_import("r", "b", B, 1)
@@ -456,7 +478,7 @@ def test_pickle_round_trip():
     a.allocate("p", "a", 19)
     a.fork("p", "c")
     b = pickle.loads(pickle.dumps(a))
-    assert snapshot(b) == snapshot(a)
+    assert snapshot(b, "p", "c") == snapshot(a, "p", "c")
     assert b.append_slot("c") == a.append_slot("c")
     e = pickle.loads(pickle.dumps(OutOfBlocks(3, 1, "msg")))
     assert (e.needed, e.free, str(e)) == (3, 1, "msg")
@@ -473,12 +495,12 @@ def test_reserve_is_allocate_without_the_snapshot():
     a, b = pool(), pool()
     assert a.reserve("s", "a", 19) == 3
     assert b.allocate("s", "a", 19) == a.table("s")
-    assert snapshot(a) == snapshot(b)
+    assert snapshot(a, "s", "big") == snapshot(b, "s", "big")
     with pytest.raises(DuplicateSequence):
         a.reserve("s", "a", 1)
     with pytest.raises(OutOfBlocks):
         a.reserve("big", "a", 8 * 14)
-    assert snapshot(a) == snapshot(b)
+    assert snapshot(a, "s", "big") == snapshot(b, "s", "big")
 
 
 def test_grow_each_is_all_or_nothing_and_matches_appends():
@@ -490,7 +512,7 @@ def test_grow_each_is_all_or_nothing_and_matches_appends():
     assert a.grow_each(["s", "t"], 1) == 1  # one new block, for s
     for sid in ("s", "t"):
         b.append_slot(sid)
-    assert snapshot(a) == snapshot(b)
+    assert snapshot(a, "s", "t") == snapshot(b, "s", "t")
     assert a.blocks_needed_to_grow_each(["s", "t"], 25) == 3 + 2
     assert a.grow_each(["s", "t"], 25) == 5  # several blocks per sequence
     for _ in range(25):
@@ -501,14 +523,14 @@ def test_grow_each_is_all_or_nothing_and_matches_appends():
         ta, tb = a.table(sid), b.table(sid)
         assert (ta.num_tokens, ta.num_blocks) == (tb.num_tokens, tb.num_blocks)
     assert a.stats() == b.stats()
-    before = snapshot(a)
+    before = snapshot(a, "s", "t", "nope")
     with pytest.raises(OutOfBlocks):
         a.grow_each(["s", "t"], 8 * 16)
     with pytest.raises(UnknownSequence, match="'nope'"):
         a.grow_each(["s", "nope"], 1)
     with pytest.raises(UnknownSequence, match="'nope'"):
         a.blocks_needed_to_grow_each(["nope"], 1)
-    assert snapshot(a) == before
+    assert snapshot(a, "s", "t", "nope") == before
 
 
 def test_free_with_and_without_shared_blocks_elsewhere():

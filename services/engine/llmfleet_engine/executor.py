@@ -32,6 +32,7 @@ from llmfleet.kvblocks.storage import KvStorage
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import SchedRequest
 
+from llmfleet_engine.live_request import LiveRequest
 from llmfleet_engine.memory import (
     RESERVED_MODEL,
     MemoryPlan,
@@ -94,31 +95,6 @@ class ExecutorConfig(EngineLimits):
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.throughput_window_s <= 0:
             raise ValueError(f"throughput_window_s must be > 0, got {self.throughput_window_s}")
-
-
-@dataclass(eq=False)
-class LiveRequest:
-    """The executor's side of one request (the core holds its scheduling state in ``core``)."""
-
-    req: GenerationRequest
-    model: HostedModel
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[EngineChunk]
-    text: TextStream
-    generator: torch.Generator | None
-    core: CoreRequest = field(init=False)
-    tokens: list[int] = field(default_factory=list)  # completion ids, resumed ones first
-    attached: bool = True  # False for an imported request until a consumer attaches
-    scheduled_s: float | None = None
-    first_token_s: float | None = None
-    finished: bool = False
-
-    @property
-    def request_id(self) -> str:
-        return self.req.request_id
-
-    def full_ids(self) -> list[int]:
-        return [*self.req.prompt_token_ids, *self.tokens]
 
 
 class Executor(ModelHost, MigrationOps):

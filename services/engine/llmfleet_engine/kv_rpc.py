@@ -19,7 +19,6 @@ from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.kvblocks import KvShape
 from llmfleet.rpc.channels import open_channel
 
-from llmfleet_engine import transfer
 from llmfleet_engine.backend import KvMigrationBackend
 from llmfleet_engine.outputs import TransferError
 from llmfleet_engine.sampling import SamplingConfig
@@ -100,7 +99,7 @@ async def export_stream(
     yield engine_pb2.KvChunk(header=header_to_proto(header))
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)
-        data = await asyncio.to_thread(transfer.export_tokens, ex, header.request_id, start, end)
+        data = await asyncio.to_thread(ex.export_kv, header.request_id, start, end)
         yield engine_pb2.KvChunk(data=engine_pb2.KvData(start_token=start, num_tokens=end - start, data=data))
 
 
@@ -112,7 +111,7 @@ async def import_stream(
     if first is None or first.WhichOneof("payload") != "header":
         raise TransferError("ImportKv: the first message must be the header")
     header = header_from_proto(first.header)
-    handle: ImportHandle = await asyncio.to_thread(transfer.begin_import, ex, header)
+    handle: ImportHandle = await asyncio.to_thread(ex.begin_import, header)
     nbytes = 0
     try:
         async for msg in chunks:
@@ -147,7 +146,7 @@ async def migrate(
 ) -> MigrationResult:
     """Move ``request_id`` to ``destination``; resumes it locally if anything fails before the commit."""
     t0 = time.perf_counter()
-    header = await asyncio.to_thread(transfer.pause, ex, request_id)
+    header = await asyncio.to_thread(ex.pause_request, request_id)
     header = dataclasses.replace(header, source_engine_id=engine_id)
     t1 = time.perf_counter()
     try:
@@ -155,11 +154,11 @@ async def migrate(
             stub = engine_pb2_grpc.EngineStub(channel)
             resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=120)
     except BaseException as e:
-        transfer.resume(ex, request_id)
+        ex.resume_request(request_id)
         if isinstance(e, grpc.aio.AioRpcError):
             raise TransferError(f"transfer to {destination} failed: {e.code().name}: {e.details()}") from e
         raise
-    transfer.finish_migrated(ex, request_id, destination)
+    ex.finish_migrated(request_id, destination)
     done = time.perf_counter()
     log.info(
         "migrated %s to %s: %d tokens, %d B in %.3fs",

@@ -25,7 +25,7 @@ from llmfleet_engine.transfer import ImportHandle, TransferHeader
 from llmfleet_engine.validation import GenerationRequest
 
 if TYPE_CHECKING:
-    from llmfleet_engine.executor import LiveRequest
+    from llmfleet_engine.live_request import LiveRequest
     from llmfleet_engine.model_host import HostedModel
 
 

@@ -11,7 +11,7 @@ import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.types import ModelSpec
 
-from llmfleet_engine import kv_rpc, profiling, transfer
+from llmfleet_engine import kv_rpc, profiling
 from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
@@ -245,14 +245,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         chunk_tokens = request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS
         try:
-            header = await asyncio.to_thread(transfer.pause, self.executor, request.request_id)
+            header = await asyncio.to_thread(self.executor.pause_request, request.request_id)
         except TransferError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         try:  # a snapshot: the request keeps running here afterwards
             async for msg in kv_rpc.export_stream(self.executor, header, chunk_tokens):
                 yield msg
         finally:
-            transfer.resume(self.executor, request.request_id)
+            self.executor.resume_request(request.request_id)
 
     async def ImportKv(
         self, request_iterator: AsyncIterator[engine_pb2.KvChunk], context: grpc.aio.ServicerContext

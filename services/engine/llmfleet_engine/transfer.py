@@ -1,24 +1,22 @@
 """KV export/import for live migration (Mell's "KV transfer"; token transfer when no KV is held).
 
-The protocol layer over the executor's public primitives (``llmfleet_engine.migration_ops``): source
-side ``pause`` → ``export_tokens`` → ``finish_migrated`` (or ``resume`` when the transfer failed);
-destination side ``begin_import`` → ``ImportHandle.write`` → ``commit`` (the request lands in the engine
-core, its chunks buffered until a consumer ``attach``es) or ``abort``.
+The wire-level state of a request in transit, over the executor's public primitives
+(``llmfleet_engine.migration_ops``): source side ``pause_request`` → ``export_kv`` → ``finish_migrated``
+(or ``resume_request`` when the transfer failed); destination side ``begin_import`` →
+``ImportHandle.write`` → ``commit`` (the request lands in the engine core, its chunks buffered until a
+consumer ``attach``es) or ``abort``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmfleet.kvblocks import KvShape
 
 from llmfleet_engine.outputs import TransferError
 from llmfleet_engine.sampling import SamplingConfig
-
-if TYPE_CHECKING:
-    from llmfleet_engine.executor import Executor
 
 
 @dataclass(frozen=True)
@@ -39,36 +37,21 @@ class TransferHeader:
     source_engine_id: str = ""
 
 
-def pause(ex: Executor, request_id: str, timeout_s: float = 30.0) -> TransferHeader:
-    """Stop scheduling ``request_id`` (waiting out the step in flight) and describe its state."""
-    return ex.pause_request(request_id, timeout_s)
+class ImportTarget(Protocol):
+    """What an :class:`ImportHandle` writes into (the native executor's public import primitives)."""
 
+    def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None: ...
 
-def resume(ex: Executor, request_id: str) -> bool:
-    """Schedule a paused request again (the transfer failed); False if it is gone."""
-    return ex.resume_request(request_id)
+    def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None: ...
 
-
-def export_tokens(ex: Executor, request_id: str, start: int, end: int) -> bytes:
-    """K/V of tokens [start, end) of a paused request in the canonical layout (KvStorage.export_tokens)."""
-    return ex.export_kv(request_id, start, end)
-
-
-def finish_migrated(ex: Executor, request_id: str, destination: str) -> None:
-    """End the source side: final chunk MIGRATED (naming the destination), blocks freed."""
-    ex.finish_migrated(request_id, destination)
-
-
-def begin_import(ex: Executor, header: TransferHeader) -> ImportHandle:
-    """Validate the header against this engine and reserve its blocks (nothing allocated on error)."""
-    return ex.begin_import(header)
+    def abort_import(self, handle: ImportHandle) -> None: ...
 
 
 @dataclass
 class ImportHandle:
     """Blocks reserved for an incoming request; fill them with ``write``, then ``commit`` or ``abort``."""
 
-    ex: Executor
+    ex: ImportTarget
     header: TransferHeader
     blocks: tuple[int, ...]
     received: int = 0

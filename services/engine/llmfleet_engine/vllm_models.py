@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from llmfleet.types import ModelSpec
@@ -45,9 +45,6 @@ from llmfleet_engine.vllm_compat import (
     uses_cumulative_memory_accounting,
 )
 from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs, engine_memory_fraction
-
-if TYPE_CHECKING:
-    from llmfleet_engine.vllm_requests import ActiveRequest
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +124,7 @@ class VllmModels:
     _load_lock: threading.Lock
     _closed: bool
     _runtimes: dict[str, ModelRuntime]
-    _requests: dict[str, ActiveRequest]
+    _requests: dict[str, Any]  # request id -> vllm_requests.ActiveRequest (owned by VllmRequests)
 
     @property
     def models(self) -> dict[str, LoadedModel]:

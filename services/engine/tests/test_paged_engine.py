@@ -10,7 +10,7 @@ import pytest
 import torch
 from llmfleet.kvblocks import KvShape
 from llmfleet.testing import eventually
-from llmfleet_engine import profiling, transfer
+from llmfleet_engine import profiling
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.memory import peak_activation_bytes
 from llmfleet_engine.models import LoadedModel
@@ -168,13 +168,13 @@ def test_profile_sweeps_both_phases(make_executor, llama):
 
 
 async def _migrate_in_process(src: Executor, dst: Executor, request_id: str, chunk_tokens: int) -> int:
-    header = await asyncio.to_thread(transfer.pause, src, request_id)
-    handle = transfer.begin_import(dst, header)
+    header = await asyncio.to_thread(src.pause_request, request_id)
+    handle = dst.begin_import(header)
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)
-        handle.write(start, end - start, transfer.export_tokens(src, request_id, start, end))
+        handle.write(start, end - start, src.export_kv(request_id, start, end))
     handle.commit(asyncio.get_running_loop())
-    transfer.finish_migrated(src, request_id, "dst:1")
+    src.finish_migrated(request_id, "dst:1")
     return header.num_tokens
 
 
@@ -201,19 +201,19 @@ async def test_import_mismatch_allocates_nothing(make_executor, endless, qwen2):
     src, dst = make_executor(), make_executor()
     stream = src.submit(build_request(endless, "mismatch", max_tokens=200, request_id="m"))
     await stream.__anext__()
-    header = await asyncio.to_thread(transfer.pause, src, "m")
+    header = await asyncio.to_thread(src.pause_request, "m")
     before = dst.load_snapshot().kv_blocks_used
     bad_shape = dataclasses.replace(header, shape=KvShape(9, 1, 8, "float32"))
     with pytest.raises(TransferError, match="shape mismatch"):
-        transfer.begin_import(dst, bad_shape)
+        dst.begin_import(bad_shape)
     with pytest.raises(TransferError, match="not loaded"):
-        transfer.begin_import(dst, dataclasses.replace(header, model="ghost"))
+        dst.begin_import(dataclasses.replace(header, model="ghost"))
     assert dst.load_snapshot().kv_blocks_used == before
-    handle = transfer.begin_import(dst, header)  # a broken transfer: abort frees the reservation
+    handle = dst.begin_import(header)  # a broken transfer: abort frees the reservation
     assert dst.load_snapshot().kv_blocks_used > before
     handle.abort()
     assert dst.load_snapshot().kv_blocks_used == before
-    assert transfer.resume(src, "m")  # the source carries on
+    assert src.resume_request("m")  # the source carries on
     more = await stream.__anext__()
     assert more.finish_reason is None
     stream.close()

@@ -92,19 +92,11 @@ class RequestRecord:
             if not w.done():
                 w.set_result(None)
 
-    async def follow(self, merge: bool = False) -> AsyncIterator[common_pb2.TokenChunk]:
-        """Every chunk from the start, then new ones as they come, then the final chunk (or raise).
-
-        ``merge``: chunks that are already waiting when the follower comes round (it fell behind, or
-        joins late) go out as ONE chunk (tokens and text concatenated, the first one's index), so a
-        slow reader costs one message per catch-up instead of one per engine chunk."""
+    async def follow(self) -> AsyncIterator[common_pb2.TokenChunk]:
+        """Every chunk from the start, then new ones as they come, then the final chunk (or raise)."""
         pos = 0
         while True:
             while pos < len(self.chunks):
-                if merge and len(self.chunks) - pos > 1:
-                    yield merged(self.chunks[pos:])
-                    pos = len(self.chunks)
-                    continue
                 pos += 1
                 yield self.chunks[pos - 1]
             if self.done:
@@ -116,19 +108,6 @@ class RequestRecord:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             await waiter
-
-
-def merged(chunks: list[common_pb2.TokenChunk]) -> common_pb2.TokenChunk:
-    """Consecutive chunks as one: the first one's index, all tokens and text, the last engine id."""
-    out = common_pb2.TokenChunk(
-        request_id=chunks[0].request_id,
-        index=chunks[0].index,
-        text="".join(c.text for c in chunks),
-        engine_id=chunks[-1].engine_id,
-    )
-    for c in chunks:
-        out.token_ids.extend(c.token_ids)
-    return out
 
 
 @dataclass

@@ -26,7 +26,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     relay: Relay
     journal: Journal = field(default_factory=Journal)
     orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
-    merge_chunks: bool = True  # a client that fell behind gets the waiting chunks as one message
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
@@ -45,7 +44,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         rec.subscribers += 1
         self._cancel_reaper(rid)
         try:
-            async for chunk in rec.follow(merge=self.merge_chunks):
+            async for chunk in rec.follow():
                 yield chunk
         except RequestFailed as e:
             await context.abort(e.code, e.details)

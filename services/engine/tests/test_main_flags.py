@@ -1,0 +1,65 @@
+"""``llmfleet-engine`` flags: what ``llmfleet up`` passes from the cluster config reaches ExecutorConfig."""
+
+from __future__ import annotations
+
+import pytest
+from llmfleet.config import EngineConfig
+from llmfleet.engine_core import EngineLimits
+from llmfleet_engine import main
+
+
+def executor_config(argv: list[str], monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(main, "Executor", lambda config: config)  # capture, build nothing
+    return main.make_executor(main.build_parser().parse_args(argv))
+
+
+def test_cluster_config_engine_entry_reaches_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = EngineConfig(
+        models=["m"],
+        policy="static_sls",
+        policy_options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
+        max_running=16,
+        max_batch_requests=8,
+        max_prefill_tokens=2048,
+        watermark=0.05,
+        block_bytes=4096,
+    )
+    cfg = executor_config(entry.engine_args(), monkeypatch)
+    assert cfg.policy == "static_sls"
+    assert cfg.policy_options == {"batch_size": 8, "max_iterations": 64, "keep_kv": False}
+    assert cfg.limits == EngineLimits(16, 8, 2048, watermark=0.05, block_bytes=4096)
+
+
+def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = executor_config([], monkeypatch)
+    assert (cfg.policy, cfg.policy_options, cfg.max_batch_requests, cfg.block_bytes) == (
+        "fcfs",
+        {},
+        32,
+        65536,
+    )
+    cfg = executor_config(["--policy", "scls", "--slice-end", "recompute"], monkeypatch)
+    assert cfg.policy_options == {"keep_kv": False}
+    cfg = executor_config(["--slice-end", "recompute"], monkeypatch)  # a request policy: no slices
+    assert cfg.policy_options == {}
+    opts = ["--policy-options", '{"batch_size": 2}', "--slice-end", "keep", "--policy", "static_sls"]
+    assert executor_config(opts, monkeypatch).policy_options == {"batch_size": 2, "keep_kv": True}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy-options", "{bad"], "argument --policy-options: not JSON"),
+        (["--policy-options", "[1]"], "must be a JSON object"),
+        (["--policy-options", '{"x": 1}'], "bad options for request policy 'fcfs'"),
+        (["--policy", "static_sls", "--policy-options", '{"batch_size": 0}'], "batch_size must be an int >= 1"),
+        (["--policy", "scls", "--slice-end", "recompute", "--policy-options", '{"keep_kv": true}'],
+         "--slice-end recompute contradicts keep_kv=True"),
+    ],
+)  # fmt: skip
+def test_bad_policy_options_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main.build_parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
