@@ -74,7 +74,7 @@ class EngineCore(StaticMode):
         self.policy = policy
         self.static = isinstance(policy, StaticBatchPolicy) and not isinstance(policy, RequestPolicy)
         self.chunkable = isinstance(policy, ChunkablePolicy)
-        self._run_charged = isinstance(policy, RunChargedPolicy)
+        self.run_charged = isinstance(policy, RunChargedPolicy)
         self.alloc = allocator
         self.limits = limits or EngineLimits()
         self.batch_limits = self.limits.batch
@@ -86,7 +86,6 @@ class EngineCore(StaticMode):
         self.failed: list[tuple[CoreRequest, str]] = []  # stuck requests, drained by the driver
         self.preemptions = 0
         self.requeues = 0  # static mode: unfinished rows sent back to waiting at a batch end
-        self.inflight: set[str] = set()  # members of the plan between schedule and complete
         self._plan: StepPlan | None = None
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
         self._pool: PoolView | None = None
@@ -202,6 +201,14 @@ class EngineCore(StaticMode):
         self._paused -= 1
         return True
 
+    @property
+    def inflight(self) -> set[str]:
+        """Ids of the step in flight (between ``schedule`` and ``complete``): their KV is being written."""
+        plan = self._plan
+        if plan is None:
+            return set()
+        return {r.sched.request_id for r in (plan.rows if plan.static else plan.members)}
+
     def has_work(self) -> bool:
         """Anything schedulable (unpaused) is queued."""
         return len(self.waiting) + len(self.running) > self._paused
@@ -222,7 +229,6 @@ class EngineCore(StaticMode):
                     break
         if plan is not None:
             self._plan = plan
-            self.inflight = {r.sched.request_id for r in (plan.rows if plan.static else plan.members)}
         return plan
 
     def _visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
@@ -403,7 +409,6 @@ class EngineCore(StaticMode):
         if plan is not self._plan:
             raise RuntimeError("complete() takes the plan in flight")
         self._plan = None
-        self.inflight = set()
         for rid in self._deferred:
             if rid in self.alloc:
                 self.alloc.free(rid)
@@ -415,7 +420,7 @@ class EngineCore(StaticMode):
         scheds = [r.sched for r in members]
         if isinstance(durations, float | int):
             self.policy.on_iteration(plan.batch, float(durations), now, scheds)  # type: ignore[arg-type]
-        elif k > 1 and self._run_charged:
+        elif k > 1 and self.run_charged:
             self.policy.on_iterations(plan.batch, durations, now, scheds)  # type: ignore[union-attr]
         else:
             self.policy.on_iteration(plan.batch, float(sum(durations)), now, scheds)  # type: ignore[arg-type]

@@ -185,7 +185,7 @@ class SimInstance:
         Bounds are one ``cumsum`` over [now, dur, d_2, …], the same additions as a running ``t += d``,
         so every iteration ends exactly where iterating one by one would put it."""
         members = plan.members
-        k_max = min([record_of(r).output_tokens - record_of(r).produced for r in members])
+        k_max = min([r.payload.output_tokens - r.payload.produced for r in members])
         if k_max <= 1:
             return None
         horizon = self.core.horizon(plan, now)
@@ -247,14 +247,16 @@ class SimInstance:
         first_end = w.first_end
         finished = []
         for r in members:
-            rec = record_of(r)
+            rec = r.payload
             rec.produced += k
             if rec.first_token_s is None:
                 rec.first_token_s = first_end
             if rec.produced >= rec.output_tokens:
                 finished.append(r)
-        chunked = k > 1 and w.ends is not None
-        durations = np.diff(w.ends[:k], prepend=w.start) if chunked else w.end - w.start  # type: ignore[index]
+        if k > 1 and w.ends is not None and self.core.run_charged:  # the policy is charged per iteration
+            durations = np.diff(w.ends[:k], prepend=w.start)
+        else:
+            durations = w.end - w.start
         done = self.core.complete(plan, now, durations, finished=finished).finished
         for r in done:
             record_of(r).finish_s = now

@@ -142,9 +142,10 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     """The services of a live cluster config (``llmfleet sim --cluster-config``), and its engines' limits.
 
     Each service keeps its :class:`~llmfleet.types.Slo`; its model is the model's ``sim_model`` or, when
-    that is unset, the model's own name if it is a catalog name. The engines' limits must agree (the
-    simulator runs one engine setting); limits no engine sets keep the simulator's GPU defaults, and
-    ``block_bytes`` (sized for the live engine's own models) is left to the simulator's ``block_tokens``.
+    that is unset, the model's own name if it is a catalog name. The simulator runs one engine setting:
+    each limit an engine sets applies to every instance (engines that set one differently are an error),
+    limits no engine sets keep the simulator's GPU defaults, and ``block_bytes`` (sized for the live
+    engine's own models) is left to the simulator's ``block_tokens``.
     """
     services = []
     for name, svc in sorted(config.services.items()):
@@ -158,14 +159,19 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
                 f"catalog; give it a sim_model: one of {sorted(MODEL_CATALOG)}"
             ) from None
         services.append(SimService(name, sim_model, svc.slo.to_slo()))
-    limits = {
-        eid: {k: v for k, v in e.limits().items() if k != "block_bytes"} for eid, e in config.engines.items()
-    }
-    distinct = {tuple(sorted(v.items())) for v in limits.values()}
-    if len(distinct) > 1:
-        shown = "; ".join(f"{eid}: {v or 'defaults'}" for eid, v in sorted(limits.items()))
-        raise ValueError(f"the simulator runs one engine setting, but the engines' limits differ ({shown})")
-    engine = EngineSettings.from_dict(dict(distinct.pop()) if distinct else {}, where="engines")
+    merged: dict[str, Any] = {}
+    set_by: dict[str, str] = {}
+    for eid, e in sorted(config.engines.items()):
+        for key, value in e.limits().items():
+            if key == "block_bytes":
+                continue
+            if merged.setdefault(key, value) != value:
+                raise ValueError(
+                    f"the simulator runs one engine setting, but engines set different {key} "
+                    f"({set_by[key]}: {merged[key]}, {eid}: {value})"
+                )
+            set_by.setdefault(key, eid)
+    engine = EngineSettings.from_dict(merged, where="engines")
     return tuple(services), engine
 
 

@@ -4,10 +4,14 @@ The machine keeps a reference model of each sequence's token contents and a fake
 ``(block, offset)``: every token written lands at its slot, every fork performs the copies the
 allocator returns. After every step each live token must read back its own value (so no two sequences
 can share a slot unless they share the contents through a fork), and the block accounting must add up.
+The machine's reference model also records which sequences are live and which model each belongs to;
+the pool's free list (and the order it hands blocks out in) is read through the public API by letting
+a copy of the pool allocate every free block (``free_order``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -32,10 +36,21 @@ SHAPES = {
 }
 OTHER = {"m0": SHAPES["m1"], "m1": SHAPES["m2"], "m2": SHAPES["m0"]}
 NAMES = sorted(SHAPES)
+PROBE = KvShape(1, 1, 1, "float8_e4m3fn")  # 2 B/token: fits any block
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def free_order(a: BlockAllocator) -> list[int]:
+    """The free block ids in the order the pool hands them out (next one first): a copy of the pool
+    allocates all its free blocks to one probe sequence; ``a`` itself is not touched."""
+    if not a.free_blocks:
+        return []
+    probe = copy.deepcopy(a)
+    tpb = probe.register_model("__probe__", PROBE)
+    return list(probe.allocate("__probe__", "__probe__", probe.free_blocks * tpb).blocks)
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -48,7 +63,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.a = BlockAllocator(num_blocks, BB, watermark=watermark)
         for name in sorted(preregistered):
             self.a.register_model(name, SHAPES[name])
-        self.content: dict[str, list[int]] = {}  # seq → token values (reference model)
+        self.content: dict[str, list[int]] = {}  # live seq → token values (reference model)
+        self.model_of: dict[str, str] = {}  # live seq → its model (reference model)
         self.store: dict[tuple[int, int], int] = {}  # the fake KV bytes
         self.next_value = 0
         self.next_seq = 0
@@ -68,10 +84,13 @@ class PoolMachine(RuleBasedStateMachine):
         return data.draw(st.sampled_from(sorted(self.content)), label="seq")
 
     def state(self):
+        """Everything observable about the pool; the ids are all that were ever handed out."""
         a = self.a
+        ids = [f"s{i}" for i in range(1, self.next_seq + 1)]
         return (
-            a.free_block_ids(),
-            {s: a.table(s) for s in a.sequences()},
+            free_order(a),
+            len(a),
+            {s: a.table(s) if s in a else None for s in ids},
             [a.block_refcount(b) for b in range(a.num_blocks)],
             a.stats(),
         )
@@ -96,7 +115,7 @@ class PoolMachine(RuleBasedStateMachine):
         if not self.registered(name):
             with pytest.raises(UnknownModel):
                 self.a.unregister_model(name)
-        elif self.a.sequences(name):
+        elif name in self.model_of.values():
             with pytest.raises(ModelInUse):
                 self.a.unregister_model(name)
         else:
@@ -114,6 +133,7 @@ class PoolMachine(RuleBasedStateMachine):
         if not self.registered(name):
             with pytest.raises(UnknownModel):
                 a.allocate(seq, name, n)
+            assert self.state() == before
             return
         shape = a.models()[name]
         needed = ceil_div(n, a.tokens_per_block(name))
@@ -137,17 +157,22 @@ class PoolMachine(RuleBasedStateMachine):
             assert (e.value.needed, e.value.free) == (needed, free)
             assert self.state() == before
             return
+        order = free_order(a)
         table = call()
         assert table.num_tokens == n and len(table.blocks) == needed and table.model == name
+        assert list(table.blocks) == order[:needed]  # taken from the free list, next ones first
         self.content[seq] = []
+        self.model_of[seq] = name
         self.write(seq, a.slots(seq, 0, n))
 
     @precondition(lambda self: self.content)
     @rule(data=st.data())
     def duplicate_allocate(self, data) -> None:
         seq = self.pick(data)
+        before = self.state()
         with pytest.raises(DuplicateSequence):
-            self.a.allocate(seq, self.a.model_of(seq), 1)
+            self.a.allocate(seq, self.model_of[seq], 1)
+        assert self.state() == before
 
     @precondition(lambda self: self.content)
     @rule(data=st.data(), steps=st.integers(1, 8))
@@ -158,7 +183,7 @@ class PoolMachine(RuleBasedStateMachine):
         for _ in range(steps):
             t = a.table(seq)
             grows = t.num_tokens % t.tokens_per_block == 0
-            assert a.blocks_needed_to_append(seq) == int(grows)
+            assert a.blocks_needed_to_grow_each([seq], 1) == int(grows)
             if grows and a.free_blocks == 0:
                 before = self.state()
                 with pytest.raises(OutOfBlocks) as e:
@@ -166,30 +191,41 @@ class PoolMachine(RuleBasedStateMachine):
                 assert (e.value.needed, e.value.free) == (1, 0)
                 assert self.state() == before
                 return
-            free_ids = a.free_block_ids()
+            order = free_order(a)
             slot = a.append_slot(seq)
             assert slot.offset == t.num_tokens % t.tokens_per_block
-            assert slot.block == (free_ids[-1] if grows else t.blocks[-1])
+            assert slot.block == (order[0] if grows else t.blocks[-1])
             self.write(seq, [slot])
 
     @precondition(lambda self: self.content)
     @rule(data=st.data(), n=st.integers(0, 12))
-    def append_slots(self, data, n: int) -> None:
+    def grow_each(self, data, n: int) -> None:
+        """``n`` more tokens for one or several sequences at once (a prefill chunk, or a batched
+        decode run): all or nothing, then the new tokens are written at their ``slots``."""
         a = self.a
-        seq = self.pick(data)
-        t = a.table(seq)
-        needed = ceil_div(t.num_tokens + n, t.tokens_per_block) - len(t.blocks)
-        assert a.blocks_needed_to_append(seq, n) == needed
+        seqs = data.draw(st.lists(st.sampled_from(sorted(self.content)), min_size=1, max_size=3, unique=True))
+        tables = {seq: a.table(seq) for seq in seqs}
+        needs = [ceil_div(t.num_tokens + n, t.tokens_per_block) - len(t.blocks) for t in tables.values()]
+        needed = sum(needs)
+        assert a.blocks_needed_to_grow_each(seqs, n) == needed
         if needed > a.free_blocks:
             before = self.state()
             with pytest.raises(OutOfBlocks) as e:
-                a.append_slots(seq, n)
+                a.grow_each(seqs, n)
             assert (e.value.needed, e.value.free) == (needed, a.free_blocks)
             assert self.state() == before
             return
-        slots = a.append_slots(seq, n)
-        assert len(slots) == n and a.table(seq).blocks[: len(t.blocks)] == t.blocks
-        self.write(seq, slots)
+        order = free_order(a)
+        assert a.grow_each(seqs, n) == needed
+        new_blocks = []
+        for seq, t in tables.items():
+            after = a.table(seq)
+            assert after.num_tokens == t.num_tokens + n and after.blocks[: len(t.blocks)] == t.blocks
+            new_blocks += after.blocks[len(t.blocks) :]
+            slots = a.slots(seq, t.num_tokens, t.num_tokens + n)
+            assert len(slots) == n
+            self.write(seq, slots)
+        assert new_blocks == order[:needed]  # taken from the free list, in the order of ``seqs``
 
     @precondition(lambda self: self.content)
     @rule(data=st.data())
@@ -213,6 +249,7 @@ class PoolMachine(RuleBasedStateMachine):
                 if (s_block, off) in self.store:
                     self.store[(d_block, off)] = self.store[(s_block, off)]
         self.content[dst] = list(self.content[src])
+        self.model_of[dst] = self.model_of[src]
 
     @precondition(lambda self: self.content)
     @rule(data=st.data())
@@ -225,29 +262,33 @@ class PoolMachine(RuleBasedStateMachine):
         assert a.free(seq) == expected
         assert a.free_blocks == free_before + expected
         del self.content[seq]
+        del self.model_of[seq]
+        assert seq not in a
         with pytest.raises(KeyError):
             a.table(seq)
 
     @precondition(lambda self: self.content)
     @rule(data=st.data(), chunk=st.integers(1, 9))
-    def export_plan(self, data, chunk: int) -> None:
+    def read_in_chunks(self, data, chunk: int) -> None:
+        """What a migration export does: read the slots of ``[0, n)`` in chunks of ``chunk`` tokens."""
         seq = self.pick(data)
-        plan = self.a.export_plan(seq, chunk)
         n = self.a.num_tokens(seq)
-        assert [p for r in plan for p in range(r.start, r.end)] == list(range(n))
-        assert all(0 < r.num_tokens <= chunk for r in plan)
+        parts = [self.a.slots(seq, s, min(s + chunk, n)) for s in range(0, n, chunk)]
+        assert all(0 < len(p) <= chunk for p in parts)
+        assert [slot for p in parts for slot in p] == self.a.slots(seq, 0, n)
 
     @rule()
     def free_everything(self) -> None:
         for seq in list(self.content):
             self.a.free(seq)
             del self.content[seq]
+            del self.model_of[seq]
         self.check_empty()
 
     def check_empty(self) -> None:
         a = self.a
-        assert a.free_blocks == a.num_blocks and a.used_blocks == 0
-        assert sorted(a.free_block_ids()) == list(range(a.num_blocks))
+        assert a.free_blocks == a.num_blocks and a.used_blocks == 0 and len(a) == 0
+        assert sorted(free_order(a)) == list(range(a.num_blocks))
         assert all(a.block_refcount(b) == 0 for b in range(a.num_blocks))
         s = a.stats()
         assert s.internal_fragmentation_bytes == 0 and s.fragmentation == 0 and s.utilization == 0
@@ -261,16 +302,19 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def accounting_adds_up(self) -> None:
         a = self.a
-        free_ids = a.free_block_ids()
+        free_ids = free_order(a)
         assert len(free_ids) == len(set(free_ids)) == a.free_blocks
         assert a.free_blocks + a.used_blocks == a.num_blocks
-        assert sorted(a.sequences()) == sorted(self.content)
+        # The live sequences are exactly the reference model's (same count, and each one is live).
+        assert len(a) == len(self.content) == len(self.model_of)
+        assert all(seq in a for seq in self.content)
 
         owners: Counter[int] = Counter()
         model_blocks: dict[str, set[int]] = {name: set() for name in a.models()}
         fill: dict[int, int] = {}  # tokens stored in each physical block
-        for seq in a.sequences():
+        for seq in self.content:
             t = a.table(seq)
+            assert t.model == self.model_of[seq]
             assert t.num_tokens == len(self.content[seq]) == a.num_tokens(seq)
             assert len(t.blocks) == ceil_div(t.num_tokens, t.tokens_per_block)
             assert len(set(t.blocks)) == len(t.blocks)
@@ -302,7 +346,7 @@ class PoolMachine(RuleBasedStateMachine):
             tpb = shapes[name].tokens_per_block(BB)
             assert u.blocks == len(bs) and u.token_capacity == len(bs) * tpb
             assert u.tokens == sum(fill[b] for b in bs)
-            assert u.sequences == len(a.sequences(name))
+            assert u.sequences == sum(m == name for m in self.model_of.values())
             frag += sum(BB - fill[b] * shapes[name].bytes_per_token for b in bs)
         assert s.internal_fragmentation_bytes == frag
         assert s.fragmentation == (frag / (s.used_blocks * BB) if s.used_blocks else 0.0)

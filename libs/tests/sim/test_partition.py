@@ -14,12 +14,13 @@ from llmfleet.sim.partition import _OUTCOME, _groups, partition_blocker, run_par
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.types import Slo
 from llmfleet.workload import Workload, WorkloadRequest, poisson
 
 SERVICES = (
-    SimService("chat", "llama2-7b", ttft_s=0.5, atgt_s=0.05, deadline_s=20.0),
-    SimService("code", "llama3-8b", ttft_s=0.5, atgt_s=0.05, deadline_s=20.0),
-    SimService("orphan", "opt-6.7b", ttft_s=0.5, atgt_s=0.05),  # no instance hosts it
+    SimService("chat", "llama2-7b", Slo(ttft_s=0.5, tpot_s=0.05, deadline_s=20.0)),
+    SimService("code", "llama3-8b", Slo(ttft_s=0.5, tpot_s=0.05, deadline_s=20.0)),
+    SimService("orphan", "opt-6.7b", Slo(ttft_s=0.5, tpot_s=0.05)),  # no instance hosts it
 )
 
 
@@ -131,7 +132,7 @@ def test_groups_balance_requests():
 
 
 def test_a_group_without_requests_runs_no_process_and_still_counts():
-    services = (*SERVICES, SimService("idle", "mistral-7b", ttft_s=0.5, atgt_s=0.05))
+    services = (*SERVICES, SimService("idle", "mistral-7b", Slo(ttft_s=0.5, tpot_s=0.05)))
 
     def build() -> Simulator:
         sim = simulator(services=services)

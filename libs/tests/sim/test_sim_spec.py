@@ -57,14 +57,16 @@ def test_cluster_config_services_keep_their_slo_and_catalog_models():
     assert engine == EngineSettings()  # no limits set: the simulator's GPU defaults
 
 
-def test_cluster_config_engine_limits_must_agree():
+def test_cluster_config_engine_limits_apply_to_every_instance():
     limits = {"max_running": 64, "max_prefill_tokens": 2048, "watermark": 0.02, "block_tokens": 32}
     _, engine = from_cluster_config(cluster(
-        e0={"models": ["demo"], **limits, "block_bytes": 4096}, e1={"models": ["demo"], **limits},
+        e0={"models": ["demo"], **limits, "block_bytes": 4096}, e1={"models": ["demo"], "max_running": 64},
+        e2={"models": ["demo"]},  # sets nothing: no conflict
     ))  # fmt: skip
     assert engine == EngineSettings(**limits)  # block_bytes sizes the live engine's own models: not mapped
-    with pytest.raises(ValueError, match=r"limits differ \(e0: \{'max_running': 64\}; e1: defaults\)"):
-        from_cluster_config(cluster(e0={"models": ["demo"], "max_running": 64}, e1={"models": ["demo"]}))
+    with pytest.raises(ValueError, match=r"engines set different max_running \(e0: 64, e2: 32\)"):
+        from_cluster_config(cluster(e0={"models": ["demo"], "max_running": 64}, e1={"models": ["demo"]},
+                                    e2={"models": ["demo"], "max_running": 32}))  # fmt: skip
 
 
 def test_a_model_outside_the_catalog_needs_a_sim_model():

@@ -1,4 +1,5 @@
 import asyncio
+import gc
 
 import grpc
 import pytest
@@ -67,3 +68,35 @@ def test_discard_forgets_a_record():
     j.discard("a")
     j.discard("a")  # idempotent
     assert j.get("a") is None
+
+
+async def test_finished_records_expire_after_retain_s_in_finish_order():
+    j = Journal(retain_s=0.05)
+    a, b, live = rec("a"), rec("b"), rec("live")
+    for r in (a, live, b):
+        j.add(r)
+    await b.finish(common_pb2.TokenChunk(request_id="b"))
+    await a.finish(common_pb2.TokenChunk(request_id="a"))
+    await asyncio.sleep(0.06)
+    j.add(rec("c"))
+    assert j.get("a") is None and j.get("b") is None  # expired, behind a live record added earlier
+    assert j.get("live") is live and j.get("c") is not None
+
+
+async def test_a_finished_record_is_kept_packed_and_replays_identically():
+    j = Journal()
+    r = rec("p")
+    j.add(r)
+    await r.append(chunk(0, [1, 2], "ab"))
+    await r.append(chunk(2, [3], "c"))
+    r.engines.append("e0")
+    final = common_pb2.TokenChunk(
+        request_id="p", index=3, finish_reason=common_pb2.FINISH_REASON_LENGTH, usage={"ttft_s": 0.25}
+    )
+    await r.finish(final)
+    gc.collect()  # CPython untracks a tuple of untracked items when a collection looks at it:
+    gc.collect()  # the inner tuples on the first pass, the record's own tuple by the second
+    assert not gc.is_tracked(j._records["p"])  # out of the garbage collector's walks
+    again = j.get("p")
+    assert again is not r and again.done and again.engines == ["e0"] and again.n_tokens == 3
+    assert await collect(again) == await collect(r)  # same chunks, same final (usage included)
