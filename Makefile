@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -49,7 +49,7 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine bench-profiler bench-sim bench-papers
+bench: bench-engine bench-profiler bench-sim bench-papers bench-hop
 
 bench-sim: setup
 	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
@@ -62,6 +62,9 @@ bench-profiler: setup
 
 bench-engine: setup
 	$(PYTHON) tools/bench/engine_bench.py --out .bench/engine $(BENCH_ARGS)
+
+bench-hop: setup
+	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)
 
 lint: setup protos-check
 	$(BIN)/ruff check .

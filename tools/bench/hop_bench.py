@@ -8,13 +8,16 @@ first chunk with tokens) of the same requests sent
 - **direct**: straight to the engine's ``Generate`` (a plain ``grpc.aio`` stub), and
 - **through**: through the scheduler's ``Submit`` with the SDK users use (``llmfleet.client.AsyncClient``),
 
-interleaved in one run (alternating which goes first) so drift hits both alike, for 1-token and
-16-token requests, **sequential** (one request at a time) and **100 concurrent** (bursts of 100
-requests started together). Each repeat gives p50/p90/p99 of both paths and the added hop
-(through - direct, per percentile); the report shows the median over repeats and the min-max spread.
+interleaved in one run so drift hits both alike, for 1-token and 16-token requests, **sequential**
+(one request at a time, blocks of 10 per path, A B B A ...) and **100 concurrent** (bursts of 100
+requests started together, alternating the paths). Each repeat gives p50/p90/p99 of both paths and
+the added hop (through - direct, per percentile); the report shows the median over repeats and the
+min-max spread. Beside each path, the CPU time per request of the scheduler, the engine, the profiler
+and this process (the client): on a small machine that is where a hop under load goes.
 
 Writes ``hop.json``, ``hop.md`` and ``hop.png`` to ``--out``. Nothing is asserted: these are
 measurements; the goals of the issue (added TTFT <= 1 ms p50, <= 3 ms p99) are printed next to them.
+The load average before and after is printed too: other work on the machine shows up in the tails.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import os
 import platform
 import random
+import resource
 import socket
 import statistics
 import sys
@@ -204,23 +208,60 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-async def sequential(send: dict[str, Callable[[int], Awaitable[float]]], tokens: int, n: int) -> dict:
+class CpuMeter:
+    """CPU seconds (user + system) used by the cluster's processes and by this one (the client), per
+    path: where the hop's time goes when the cores are the bottleneck."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.used: dict[str, dict[str, float]] = {p: {} for p in PATHS}
+
+    def snap(self) -> dict[str, float]:
+        out = {}
+        for name, pid in self.pids.items():
+            try:
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(f[11]) + int(f[12])) / self.tick
+            except (OSError, IndexError, ValueError):
+                continue
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        out["client"] = ru.ru_utime + ru.ru_stime
+        return out
+
+    def add(self, path: str, before: dict[str, float]) -> None:
+        after = self.snap()
+        for k, v in after.items():
+            self.used[path][k] = self.used[path].get(k, 0.0) + v - before.get(k, v)
+
+
+Send = dict[str, Callable[[int], Awaitable[float]]]
+
+
+async def sequential(send: Send, tokens: int, n: int, cpu: CpuMeter | None = None, block: int = 10) -> dict:
+    """``n`` requests per path one at a time, in blocks of ``block`` per path, alternating A B B A ..."""
     out: dict[str, list[float]] = {p: [] for p in PATHS}
-    for i in range(n):
-        order = PATHS if i % 2 == 0 else PATHS[::-1]
-        for p in order:
-            out[p].append(await send[p](tokens))
+    for i in range(max(1, n // block)):
+        for p in PATHS if i % 2 == 0 else PATHS[::-1]:
+            before = cpu.snap() if cpu else {}
+            for _ in range(block):
+                out[p].append(await send[p](tokens))
+            if cpu:
+                cpu.add(p, before)
     return out
 
 
-async def concurrent(
-    send: dict[str, Callable[[int], Awaitable[float]]], tokens: int, bursts: int, width: int
-) -> dict:
+async def concurrent(send: Send, tokens: int, bursts: int, width: int, cpu: CpuMeter | None = None) -> dict:
+    """``bursts`` bursts per path of ``width`` requests started together, alternating the paths."""
     out: dict[str, list[float]] = {p: [] for p in PATHS}
     for i in range(bursts):
-        order = PATHS if i % 2 == 0 else PATHS[::-1]
-        for p in order:
+        for p in PATHS if i % 2 == 0 else PATHS[::-1]:
+            before = cpu.snap() if cpu else {}
             out[p].extend(await asyncio.gather(*(send[p](tokens) for _ in range(width))))
+            # the scheduler reports finished requests to the profiler within 50 ms: let that land here
+            await asyncio.sleep(0.06)
+            if cpu:
+                cpu.add(p, before)
     return out
 
 
@@ -244,24 +285,25 @@ def aggregate(repeats: list[dict]) -> dict:
     return out
 
 
-async def run_bench(args: argparse.Namespace, engine: str, scheduler: str) -> dict:
+async def run_bench(args: argparse.Namespace, engine: str, scheduler: str, pids: dict[str, int]) -> dict:
     await wait_ready(engine, scheduler)
     paths = Paths(engine, scheduler)
     send = {"direct": paths.direct, "through": paths.through}
     scenarios = [(mode, t) for mode in ("sequential", "concurrent") for t in args.tokens]
     raw: dict[str, list[dict]] = {f"{m}-{t}": [] for m, t in scenarios}
     samples: dict[str, dict[str, list[float]]] = {f"{m}-{t}": {p: [] for p in PATHS} for m, t in scenarios}
+    cpu = {f"{m}-{t}": CpuMeter(pids) for m, t in scenarios}
     try:
         for t in args.tokens:  # warm-up: channels, engine kernels, the scheduler's first dispatch
             await sequential(send, t, 20)
             await concurrent(send, t, 1, args.concurrency)
         for rep in range(args.repeats):
             for mode, t in scenarios:
-                if mode == "sequential":
-                    got = await sequential(send, t, args.sequential)
-                else:
-                    got = await concurrent(send, t, args.bursts, args.concurrency)
                 key = f"{mode}-{t}"
+                if mode == "sequential":
+                    got = await sequential(send, t, args.sequential, cpu[key])
+                else:
+                    got = await concurrent(send, t, args.bursts, args.concurrency, cpu[key])
                 raw[key].append(summarize(got))
                 for p in PATHS:
                     samples[key][p].extend(got[p])
@@ -287,6 +329,13 @@ async def run_bench(args: argparse.Namespace, engine: str, scheduler: str) -> di
                 **aggregate(raw[f"{mode}-{t}"]),
                 "repeats": raw[f"{mode}-{t}"],
                 "pooled": summarize(samples[f"{mode}-{t}"]),
+                "cpu_ms_per_request": {
+                    p: {
+                        k: 1e3 * v / len(samples[f"{mode}-{t}"][p])
+                        for k, v in sorted(cpu[f"{mode}-{t}"].used[p].items())
+                    }
+                    for p in PATHS
+                },
             }
             for mode, t in scenarios
         ]
@@ -334,7 +383,27 @@ def markdown(result: dict) -> str:
             f"| {name} | {p50:.2f} | {'yes' if p50 <= GOAL_P50_MS else 'no'} | {p99:.2f} | "
             f"{'yes' if p99 <= GOAL_P99_MS else 'no'} |"
         )
-    lines.append("")
+    procs = sorted({k for s in result["scenarios"] for p in PATHS for k in s["cpu_ms_per_request"][p]})
+    if procs:
+        lines += [
+            "",
+            "CPU time per request in ms (user + system, all repeats; `client` is this benchmark process):",
+            "",
+            "| scenario | path | " + " | ".join(procs) + " |",
+            "|---|---|" + "---:|" * len(procs),
+        ]
+        for s in result["scenarios"]:
+            name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
+            for p in PATHS:
+                used = s["cpu_ms_per_request"][p]
+                lines.append(
+                    f"| {name} | {p} | " + " | ".join(f"{used.get(k, 0.0):.2f}" for k in procs) + " |"
+                )
+    lines += [
+        "",
+        f"Load average before / after the run: {result['load_before']} / {result['load_after']}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -389,7 +458,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     scheduler_args = args.scheduler_args.split()
     t0 = time.monotonic()
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     cluster = None
+    pids: dict[str, int] = {}
     if args.scheduler and args.engine:
         engine, scheduler = args.engine, args.scheduler
     else:
@@ -397,8 +468,11 @@ def main() -> None:
         print(f"starting a local cluster under {root} ...", flush=True)
         cluster = Cluster(root, args.engine_threads, scheduler_args)
         engine, scheduler = cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"]
+        pids = {
+            c.name: c.pid for c in cluster.group.children if c.name in ("scheduler", "profiler", ENGINE_ID)
+        }
     try:
-        result = asyncio.run(run_bench(args, engine, scheduler))
+        result = asyncio.run(run_bench(args, engine, scheduler, pids))
     finally:
         if cluster is not None:
             cluster.stop()
@@ -410,6 +484,8 @@ def main() -> None:
         engine_threads=args.engine_threads,
         scheduler_args=scheduler_args,
         wall_s=time.monotonic() - t0,
+        load_before=load_before,
+        load_after=" ".join(f"{x:.2f}" for x in os.getloadavg()),
         goals_ms={"p50": GOAL_P50_MS, "p99": GOAL_P99_MS},
     )
     result["plot"] = plot(result, out)

@@ -174,7 +174,7 @@ class SimInstance:
         else:
             lm = self._lm[plan.model]
             dur = lm.iteration(plan.prefill_tokens, plan.prefill_sq, plan.decodes, plan.context_tokens)
-            work = self._chunk(plan, dur, now) if self.fast_forward else None
+            work = self._chunk(plan, dur, now) if self.fast_forward and not plan.prefills else None
             self.work = work or _Work(plan, now, now + dur)
         self.version += 1
         return self.work.end
@@ -185,6 +185,8 @@ class SimInstance:
         Bounds are one ``cumsum`` over [now, dur, d_2, …], the same additions as a running ``t += d``,
         so every iteration ends exactly where iterating one by one would put it."""
         members = plan.members
+        if plan.prefills or plan.preempted or len(members) != len(plan.batch.request_ids):
+            return None  # (EngineCore.horizon says so too; checked first because it is cheap)
         k_max = min([r.payload.output_tokens - r.payload.produced for r in members])
         if k_max <= 1:
             return None

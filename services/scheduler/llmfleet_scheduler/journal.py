@@ -111,9 +111,10 @@ class RequestRecord:
 
 
 # A finished record as the journal keeps it: a tuple of strings, bytes and numbers, which the garbage
-# collector stops tracking. 10,000 finished 16-token records as objects are about 220,000 tracked
-# objects, and every full collection walked them: a ~30 ms pause of the event loop, on the order of
-# once per 2,500 requests at steady state. Replays (a retried id) unpack a fresh record.
+# collector stops tracking. As objects, 10,000 finished 16-token records are about 220,000 tracked
+# objects; while the journal fills (after a start, or when traffic grows) full collections walk them
+# all, each an event-loop pause of up to ~60 ms (3 of them over the first 10,000 requests; packed:
+# none). Replays (a retried id) unpack a fresh record.
 _Packed = tuple
 
 
