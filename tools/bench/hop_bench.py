@@ -18,6 +18,8 @@ and this process (the client): on a small machine that is where a hop under load
 Writes ``hop.json``, ``hop.md`` and ``hop.png`` to ``--out``. Nothing is asserted: these are
 measurements; the goals of the issue (added TTFT <= 1 ms p50, <= 3 ms p99) are printed next to them.
 The load average before and after is printed too: other work on the machine shows up in the tails.
+Before measuring, ``--prefill`` 1-token requests (default 10,000) go through the scheduler, so its
+request journal is as full as in a scheduler that has served for a while.
 """
 
 from __future__ import annotations
@@ -297,6 +299,13 @@ async def run_bench(args: argparse.Namespace, engine: str, scheduler: str, pids:
         for t in args.tokens:  # warm-up: channels, engine kernels, the scheduler's first dispatch
             await sequential(send, t, 20)
             await concurrent(send, t, 1, args.concurrency)
+        if args.prefill:  # a scheduler that has been up a while: its journal holds recent requests
+            t_fill = time.monotonic()
+            for _ in range(0, args.prefill, args.concurrency):
+                await asyncio.gather(*(paths.through(1) for _ in range(args.concurrency)))
+            print(
+                f"  prefilled the journal with {args.prefill} requests in {time.monotonic() - t_fill:.1f} s"
+            )
         for rep in range(args.repeats):
             for mode, t in scenarios:
                 key = f"{mode}-{t}"
@@ -352,7 +361,8 @@ def markdown(result: dict) -> str:
         "# Control-plane hop benchmark",
         "",
         f"{result['machine']} · {result['cpus']} CPUs · Python {result['python']} · "
-        f"{result['repeats']} repeats · engine threads {result['engine_threads']} · "
+        f"{result['repeats']} repeats · journal prefilled with {result['prefill']} requests · "
+        f"engine threads {result['engine_threads']} · "
         f"scheduler flags `{' '.join(result['scheduler_args']) or '(defaults)'}` · wall {result['wall_s']:.0f} s",
         "",
         "Client-side TTFT in ms (call started -> first chunk with tokens): **direct** to the engine's "
@@ -442,12 +452,19 @@ def plot(result: dict, out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".bench/hop", help="output directory")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequential", type=int, default=100, help="requests per path per sequential repeat")
     ap.add_argument("--bursts", type=int, default=3, help="bursts per path per concurrent repeat")
     ap.add_argument("--concurrency", type=int, default=100, help="requests per burst")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16], help="max_tokens of the requests")
     ap.add_argument("--engine-threads", type=int, default=1, help="torch threads of the engine")
+    ap.add_argument(
+        "--prefill",
+        type=int,
+        default=10_000,
+        help="1-token requests sent through the scheduler before measuring, so its journal is as full "
+        "as after 10 minutes of service (it keeps up to 10,000 finished requests for 10 min); 0: fresh",
+    )
     ap.add_argument(
         "--scheduler-args", default="", help="extra scheduler flags, one string (e.g. '--predict always')"
     )
@@ -481,6 +498,7 @@ def main() -> None:
         cpus=os.cpu_count(),
         python=sys.version.split()[0],
         repeats=args.repeats,
+        prefill=args.prefill,
         engine_threads=args.engine_threads,
         scheduler_args=scheduler_args,
         wall_s=time.monotonic() - t0,

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -55,7 +56,7 @@ from llmfleet_engine.outputs import (
     ResourceExhaustedError,
 )
 from llmfleet_engine.sampling import make_generator, select_token
-from llmfleet_engine.stream import RequestStream
+from llmfleet_engine.stream import ChunkSink, FinalText, LoopWaker, RequestStream, SinkItem
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError
 
@@ -131,7 +132,9 @@ class Executor(ModelHost, MigrationOps):
         self._models: dict[str, HostedModel] = {}
         self._requests: dict[str, LiveRequest] = {}
         self._jobs: deque[Callable[[], None]] = deque()
-        self._outbox: list[tuple[LiveRequest, EngineChunk]] | None = None
+        self._outbox: list[LiveRequest] | None = None  # given output during an iteration
+        self._wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWaker]
+        self._wakers = weakref.WeakKeyDictionary()
         self._generated: deque[tuple[float, int]] = deque()
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
@@ -179,7 +182,7 @@ class Executor(ModelHost, MigrationOps):
             else:
                 self.core.add(state.core, time.monotonic())
                 self._cond.notify()
-        return RequestStream(self, request.request_id, state.queue)
+        return RequestStream(self, request.request_id, state.sink)
 
     def _new_state(
         self,
@@ -201,11 +204,16 @@ class Executor(ModelHost, MigrationOps):
             predicted_output_tokens=request.predicted_output_tokens,
             deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
         )
+        with self._cond:
+            waker = self._wakers.get(loop)
+            if waker is None:
+                waker = self._wakers[loop] = LoopWaker(loop)
+        # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
+        sink = ChunkSink(request.request_id, waker, None if sampling.stop else text, len(tokens))
         state = LiveRequest(
             req=request,
             model=model,
-            loop=loop,
-            queue=asyncio.Queue(),
+            sink=sink,
             text=text,
             generator=None if sampling.greedy else make_generator(sampling.seed),
             tokens=tokens,
@@ -241,7 +249,7 @@ class Executor(ModelHost, MigrationOps):
             if state is None or state.attached:
                 return None
             state.attached = True
-            return RequestStream(self, request_id, state.queue)
+            return RequestStream(self, request_id, state.sink)
 
     def cancel_if_unattached(self, request_id: str) -> bool:
         """Cancel an imported request nobody attached to (the consumer never came)."""
@@ -414,38 +422,62 @@ class Executor(ModelHost, MigrationOps):
             return
         duration = time.perf_counter() - t0
         now = time.monotonic()
-        self._outbox = []
+        outbox: list[LiveRequest] = []
+        self._outbox = outbox
         with self._cond:
-            outcomes = [
-                self._accept_token_locked(r, tok, now) for r, tok in zip(members, picked, strict=True)
-            ]
-            finished = [r.core for r, o in zip(members, outcomes, strict=True) if o is not None]
-            self.core.complete(plan, now, duration, finished=finished)
-            for r, outcome in zip(members, outcomes, strict=True):
-                if outcome is not None:
-                    reason, token_ids, text, index = outcome
-                    self._finish_locked(r, reason, token_ids=token_ids, text=text, index=index, now=now)
+            eos = members[0].model.loaded.eos_token_ids
+            outcomes = []
+            n = 0
+            for r, tok in zip(members, picked, strict=True):
+                if (
+                    r.worker_text
+                    or r.finished
+                    or tok in eos
+                    or len(r.tokens) + 1 >= r.req.sampling.max_tokens
+                ):
+                    outcome = self._accept_token_locked(r, tok, now)
+                    if outcome is not None:
+                        outcomes.append((r, outcome))
+                    continue
+                # the common case: one more token id for the consumer to detokenize
+                if r.first_token_s is None:
+                    r.first_token_s = now
+                r.tokens.append(tok)
+                r.sink.items.append(tok)
+                outbox.append(r)
+                n += 1
+            if n:
+                self._generated.append((now, n))
+                self._trim_window(now)
+            self.core.complete(plan, now, duration, finished=[r.core for r, _ in outcomes])
+            for r, (reason, token_ids, text, index) in outcomes:
+                self._finish_locked(
+                    r, reason, token_ids=token_ids, text=text, index=index, now=now, flush=text is None
+                )
             self._cond.notify_all()
         self._flush_outbox()
 
     def _accept_token_locked(
         self, r: LiveRequest, token: int, now: float
-    ) -> tuple[FinishReason, tuple[int, ...], str, int] | None:
-        """Record ``token``; emit a chunk, or return how the request finished (the caller retires it
-        after the core has seen the step)."""
+    ) -> tuple[FinishReason, tuple[int, ...], str | None, int] | None:
+        """Record ``token``; emit it, or return how the request finished (the caller retires it after
+        the core has seen the step). The text is the worker's only for requests with stop strings; a
+        None text: the consumer's detokenizer flushes what it holds."""
         if r.finished:
             return None
         reason: FinishReason | None = None
         token_ids: tuple[int, ...] = ()
+        text: str | None = ""
         if token in r.model.loaded.eos_token_ids:
-            text, reason = r.text.finish(), FinishReason.EOS
+            text, reason = (r.text.finish() if r.worker_text else None), FinishReason.EOS
         else:
             token_ids = (token,)
-            text, stopped = r.text.push(token)
-            if stopped:
-                reason = FinishReason.STOP
-            elif len(r.tokens) + 1 >= r.req.sampling.max_tokens:
-                text += r.text.finish()
+            if r.worker_text:
+                text, stopped = r.text.push(token)
+                if stopped:
+                    reason = FinishReason.STOP
+            if reason is None and len(r.tokens) + 1 >= r.req.sampling.max_tokens:
+                text = text + r.text.finish() if r.worker_text else None  # type: ignore[operator]
                 reason = FinishReason.LENGTH
         index = len(r.tokens)
         r.tokens.extend(token_ids)
@@ -455,7 +487,7 @@ class Executor(ModelHost, MigrationOps):
         if r.first_token_s is None:
             r.first_token_s = now
         if reason is None:
-            self._emit(r, EngineChunk(r.request_id, index, token_ids, text))
+            self._emit(r, EngineChunk(r.request_id, index, token_ids, text) if r.worker_text else token)
             return None
         return reason, token_ids, text, index
 
@@ -470,13 +502,14 @@ class Executor(ModelHost, MigrationOps):
         reason: FinishReason,
         *,
         token_ids: tuple[int, ...] = (),
-        text: str = "",
+        text: str | None = "",
         index: int | None = None,
         now: float | None = None,
         migrated_to: str = "",
+        flush: bool = False,
     ) -> None:
         """Retire ``state``: out of the core (KV freed, after the step in flight if it is a member)
-        and the final chunk emitted."""
+        and the final chunk emitted (``flush``: the consumer's detokenizer adds what it holds)."""
         now = time.monotonic() if now is None else now
         state.finished = True
         self._requests.pop(state.request_id, None)
@@ -491,31 +524,32 @@ class Executor(ModelHost, MigrationOps):
             latency_s=max(0.0, now - arrival),
         )
         idx = len(state.tokens) - len(token_ids) if index is None else index
-        self._emit(state, EngineChunk(state.request_id, idx, token_ids, text, reason, usage, migrated_to))
+        chunk = EngineChunk(state.request_id, idx, token_ids, text or "", reason, usage, migrated_to)
+        consumer_text = not state.worker_text and (token_ids or flush)
+        self._emit(state, FinalText(chunk, flush) if consumer_text else chunk)
 
-    def _emit(self, state: LiveRequest, chunk: EngineChunk) -> None:
+    def _emit(self, state: LiveRequest, item: SinkItem) -> None:
+        state.sink.items.append(item)
         if self._outbox is not None and threading.current_thread() is self._worker:
-            self._outbox.append((state, chunk))  # delivered in one hand-off per loop after the iteration
+            self._outbox.append(state)  # woken in one hand-off per loop after the iteration
             return
-        self._deliver(state.loop, [(state, chunk)])
+        self._deliver([state])
 
-    def _deliver(self, loop: asyncio.AbstractEventLoop, items: list[tuple[LiveRequest, EngineChunk]]) -> None:
-        def put_all() -> None:
-            for state, chunk in items:
-                state.queue.put_nowait(chunk)
-
-        try:
-            loop.call_soon_threadsafe(put_all)
-        except RuntimeError:  # the consumer's loop is gone: nobody will read these requests
-            with self._cond:
-                for state, _ in items:
-                    if not state.finished:
-                        self._finish_locked(state, FinishReason.CANCELLED)
+    def _deliver(self, states: list[LiveRequest]) -> None:
+        """Wake the consumers of ``states``: one ``call_soon_threadsafe`` per event loop."""
+        by_loop: dict[LoopWaker, list[LiveRequest]] = {}
+        for state in states:
+            by_loop.setdefault(state.sink.waker, []).append(state)
+        for waker, group in by_loop.items():
+            try:
+                waker.wake([state.sink for state in group])
+            except RuntimeError:  # the consumer's loop is gone: nobody will read these requests
+                with self._cond:
+                    for state in group:
+                        if not state.finished:
+                            self._finish_locked(state, FinishReason.CANCELLED)
 
     def _flush_outbox(self) -> None:
         outbox, self._outbox = self._outbox or [], None
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[LiveRequest, EngineChunk]]] = {}
-        for state, chunk in outbox:
-            by_loop.setdefault(state.loop, []).append((state, chunk))
-        for loop, items in by_loop.items():
-            self._deliver(loop, items)
+        if outbox:
+            self._deliver(outbox)

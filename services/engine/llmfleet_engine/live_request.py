@@ -3,14 +3,13 @@ engine core holds its scheduling state in ``core``)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 import torch
 from llmfleet.engine_core import CoreRequest
 
 from llmfleet_engine.model_host import HostedModel
-from llmfleet_engine.outputs import EngineChunk
+from llmfleet_engine.stream import ChunkSink
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest
 
@@ -21,8 +20,7 @@ class LiveRequest:
 
     req: GenerationRequest
     model: HostedModel
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[EngineChunk]
+    sink: ChunkSink  # the output's way to the consumer (``sink.text`` set: the consumer detokenizes)
     text: TextStream
     generator: torch.Generator | None
     core: CoreRequest = field(init=False)
@@ -31,6 +29,10 @@ class LiveRequest:
     scheduled_s: float | None = None
     first_token_s: float | None = None
     finished: bool = False
+    worker_text: bool = field(init=False)  # stop strings: the worker needs the text
+
+    def __post_init__(self) -> None:
+        self.worker_text = self.sink.text is None
 
     @property
     def request_id(self) -> str:

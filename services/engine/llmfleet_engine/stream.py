@@ -1,22 +1,121 @@
-"""``RequestStream``: the async iterator a consumer reads one request's chunks from."""
+"""``RequestStream``: the async iterator a consumer reads one request's chunks from.
+
+Its source is an ``asyncio.Queue`` of finished chunks (the vLLM backend), or a :class:`ChunkSink`:
+the native executor's lighter hand-off from the worker thread. The worker appends raw items to a
+request's sink (a token id, or a chunk) and wakes the consumers of ONE iteration with one
+``call_soon_threadsafe`` per event loop (:class:`LoopWaker`; a wake still pending absorbs the next
+ones); the consumer turns items into ``EngineChunk``s itself, detokenizing the token ids on the event
+loop when the worker did not need their text (requests without stop strings). One chunk per token,
+as before: only the per-token queue/future traffic and the worker's detokenization are gone.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import threading
+from collections import deque
+from collections.abc import Iterable
 from typing import Protocol
 
 from llmfleet_engine.outputs import EngineChunk
+from llmfleet_engine.text import TextStream
 
 
 class _Canceller(Protocol):
     def cancel(self, request_id: str) -> bool: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinalText:
+    """A final chunk whose text the consumer completes: its tokens' text, then (``flush``) the text
+    the detokenizer still holds."""
+
+    chunk: EngineChunk
+    flush: bool
+
+
+SinkItem = int | EngineChunk | FinalText
+
+
+class LoopWaker:
+    """Wakes waiting consumers on ``loop`` from any thread: one callback per burst of ``wake`` calls."""
+
+    __slots__ = ("_lock", "_pending", "_scheduled", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[ChunkSink] = []
+        self._scheduled = False
+
+    def wake(self, sinks: Iterable[ChunkSink]) -> None:
+        """Have the consumers of ``sinks`` look at their items. ``RuntimeError`` if the loop is closed."""
+        with self._lock:
+            self._pending.extend(sinks)
+            if self._scheduled:
+                return  # the callback in flight will see these too
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:
+            with self._lock:
+                self._scheduled = False
+                self._pending.clear()
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._scheduled = False
+        for sink in pending:
+            waiter = sink.waiter
+            if waiter is not None:
+                sink.waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
+class ChunkSink:
+    """One request's output between the worker thread and its consumer.
+
+    ``items`` (appended by the worker, popped by the consumer; a deque is safe for that): a plain
+    token id (text by ``text.push`` here, index counted from ``index``), a ready ``EngineChunk``, or a
+    ``FinalText``. ``text`` is the request's detokenizer when the consumer detokenizes (None when the
+    worker does, for stop strings).
+    """
+
+    __slots__ = ("index", "items", "request_id", "text", "waiter", "waker")
+
+    def __init__(self, request_id: str, waker: LoopWaker, text: TextStream | None, index: int) -> None:
+        self.request_id = request_id
+        self.waker = waker
+        self.text = text
+        self.index = index  # completion index of the next plain token id
+        self.items: deque[SinkItem] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def to_chunk(self, item: SinkItem) -> EngineChunk:
+        """(consumer side) the chunk of one item."""
+        if type(item) is int:
+            index = self.index
+            self.index = index + 1
+            return EngineChunk(self.request_id, index, (item,), self.text.push(item)[0])  # type: ignore[union-attr]
+        if type(item) is FinalText:
+            text = "".join([self.text.push(t)[0] for t in item.chunk.token_ids])  # type: ignore[union-attr]
+            if item.flush:
+                text += self.text.finish()  # type: ignore[union-attr]
+            return dataclasses.replace(item.chunk, text=text)
+        return item  # type: ignore[return-value]
+
+
 class RequestStream:
     """Async iterator over a request's ``EngineChunk``s; closing it (or cancelling the reader) cancels it."""
 
-    def __init__(self, executor: _Canceller, request_id: str, queue: asyncio.Queue[EngineChunk]) -> None:
+    def __init__(
+        self, executor: _Canceller, request_id: str, queue: asyncio.Queue[EngineChunk] | ChunkSink
+    ) -> None:
         self._executor = executor
         self._queue = queue
         self._done = False
@@ -28,12 +127,24 @@ class RequestStream:
     async def __anext__(self) -> EngineChunk:
         if self._done:
             raise StopAsyncIteration
+        source = self._queue
         try:
-            chunk = await self._queue.get()
+            if type(source) is ChunkSink:
+                items = source.items
+                while not items:
+                    waiter = source.waker.loop.create_future()
+                    source.waiter = waiter
+                    try:
+                        await waiter
+                    finally:
+                        source.waiter = None
+                chunk = source.to_chunk(items.popleft())
+            else:
+                chunk = await source.get()  # type: ignore[union-attr]
         except asyncio.CancelledError:
             self.close()
             raise
-        if chunk.final:
+        if chunk.finish_reason is not None:
             self._done = True
         return chunk
 
