@@ -15,7 +15,8 @@ help:
 	@echo "make test   - run every test (unit + integration)"
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
-	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/)"
+	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
+	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):

@@ -440,7 +440,8 @@ def plot(result: dict, out: Path) -> str:
             ax.bar([x + off for x in xs], med, 0.27, yerr=err, capsize=3, label=path)
         ax.axhline(goal, color="red", linestyle="--", linewidth=1, label=f"hop goal {goal:g} ms")
         ax.set_xticks(list(xs), labels)
-        ax.set_ylabel("ms")
+        ax.set_yscale("symlog", linthresh=1.0)  # sequential (~1 ms) and bursts (~100 ms) on one axis
+        ax.set_ylabel("ms (linear below 1, log above)")
         ax.set_title(f"TTFT {q} (median of repeats, min–max)")
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -9,7 +9,8 @@ own contiguous segment. Per layer:
    dim of the ``[2, H_kv, N, T_m, D]`` view: it copies ``T_m · D`` contiguous slabs (on CPU 4x faster
    than a token-level gather at 512 tokens of context) and lands consecutive blocks of a sequence
    next to each other, so ``[.., nb · T_m, D]`` keys are a view, no second layout copy; the block
-   indices are computed once per iteration for all layers;
+   indices are computed once per iteration for all layers (when every decode lives in one block and
+   nothing else reads the pool, only the written prefix ``[0, max context)`` of each block is copied);
 3. decodes run as ONE padded ``scaled_dot_product_attention`` call ``[B, H, 1, D] × [B, H_kv, C, D]``
    with a key-padding mask; every multi-token segment (and a lone decode) runs its own SDPA call over
    exactly its keys, with a causal mask offset by ``start_pos`` (``is_causal`` when it starts at 0).
@@ -26,6 +27,11 @@ values just written to the pool, so reading them back would only cost a copy.
 
 Sliding windows (Mistral, Qwen2 sliding layers) are applied in the mask, with HF's semantics: a query
 at position p sees keys k with ``p - W < k <= p``; blocks entirely older than the window are not read.
+
+Planning is host work in plain Python: ``build_plan`` puts its index lists (block ids to gather, the
+decode rows' key ranges) into the iteration's :class:`Packer`, whose ONE host tensor carries every
+index of the forward to the device in one copy; ``AttnPlan.bind`` then takes views of it and builds
+the few masks that need tensor ops.
 """
 
 from __future__ import annotations
@@ -34,6 +40,26 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+
+class Packer:
+    """Integer lists of one forward, packed into ONE host tensor and copied to the device once."""
+
+    def __init__(self) -> None:
+        self._data: list[int] = []
+        self._spans: list[tuple[int, int]] = []
+
+    def add(self, values: list[int]) -> int:
+        """Register ``values``; returns its index into :meth:`tensors`' result."""
+        self._spans.append((len(self._data), len(values)))
+        self._data += values
+        return len(self._spans) - 1
+
+    def tensors(self, device: torch.device) -> list[torch.Tensor]:
+        packed = torch.tensor(self._data, dtype=torch.long)
+        if packed.device != device:
+            packed = packed.to(device, non_blocking=True)
+        return [packed[a : a + n] for a, n in self._spans]
 
 
 @dataclass
@@ -62,9 +88,31 @@ class AttnPlan:
     decode_blocks: int = 0  # blocks per decode row (nb_max)
     decode_keys: tuple[int, int] = (0, 0)  # the crop [lo, hi) of the nb_max · T_m key columns
     decode_mask: torch.Tensor | None = None  # bool [B, 1, 1, hi - lo]; None: every cropped key is valid
-    decode_tail: torch.Tensor | None = None  # bool [B, T_m, 1]: unwritten slots of each last block
+    decode_tail: torch.Tensor | None = None  # bool [B, T, 1]: unwritten slots of each last block
+    decode_crop: int | None = None  # gather only slots [0, crop) of each block (one block per decode)
     segments: list[Segment] = field(default_factory=list)
     gather: torch.Tensor | None = None  # [G] block ids
+    # host side, until bind(): Packer indices of the gather list and of the decode rows' key ranges
+    _gather_at: int | None = None
+    _meta_at: int | None = None
+    _mask: bool = False
+    _tail: bool = False
+    _tokens_per_block: int = 0
+
+    def bind(self, packed: list[torch.Tensor], device: torch.device) -> AttnPlan:
+        """Take the plan's index tensors out of the packed forward indices; build the decode masks."""
+        if self._gather_at is not None:
+            self.gather = packed[self._gather_at]
+        if self._meta_at is not None:
+            nd = self.num_decode
+            v_lo, v_hi, tail = packed[self._meta_at].view(3, nd, 1)
+            if self._mask:
+                j = torch.arange(*self.decode_keys, device=device)
+                self.decode_mask = ((j >= v_lo) & (j < v_hi)).view(nd, 1, 1, -1)
+            if self._tail:
+                slots = self.decode_crop or self._tokens_per_block
+                self.decode_tail = (torch.arange(slots, device=device) >= tail).view(nd, slots, 1)
+        return self
 
 
 @dataclass
@@ -76,7 +124,7 @@ class BatchLayout:
     tok_off: list[int]  # first row of each sequence in the flat batch
     tbl_off: list[int]  # first entry of each sequence in the flat block table
     num_decode: int
-    table: torch.Tensor  # flat concatenated block tables, on device
+    table: list[int]  # flat concatenated block tables (host)
     tokens_per_block: int
 
 
@@ -91,45 +139,50 @@ def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.T
     return m
 
 
-def build_plan(layout: BatchLayout, window: int | None, device: torch.device) -> AttnPlan:
-    """Block indices and masks for one iteration (one plan per distinct sliding window of the layers)."""
+def build_plan(layout: BatchLayout, window: int | None, pack: Packer, device: torch.device) -> AttnPlan:
+    """The attention plan of one iteration and one sliding window value (shared by its layers); its
+    index lists go into ``pack`` (``bind`` it to the packed tensors before use)."""
     t_m = layout.tokens_per_block
     table = layout.table
-    plan = AttnPlan()
-    parts: list[torch.Tensor] = []
-    g = 0
+    plan = AttnPlan(_tokens_per_block=t_m)
+    gather: list[int] = []
     nd = layout.num_decode
     first_segment = 0
     if nd >= 2:
         # Row i holds its blocks right-aligned in nb_max columns; the last column is each row's last
         # (possibly partial) block, the front padding repeats a FULL block (the first block of the
         # longest row), so only the last column can hold bytes the row has not written.
-        lo = [_window_lo(layout.start[i], window) for i in range(nd)]
-        ends = [layout.start[i] + 1 for i in range(nd)]
+        starts, offs = layout.start[:nd], layout.tbl_off[:nd]
+        lo = [_window_lo(p, window) for p in starts] if window is not None else [0] * nd
         b0 = [x // t_m for x in lo]
-        nb = [-(-ends[i] // t_m) - b0[i] for i in range(nd)]
+        nb = [(p + t_m) // t_m - b for p, b in zip(starts, b0, strict=True)]  # ceil((p + 1) / t_m) - b0
         nb_max = max(nb)
-        pad = [nb_max - n for n in nb]
-        first = [layout.tbl_off[i] + b0[i] for i in range(nd)]
-        longest = first[nb.index(nb_max)]
-        v_lo = [pad[i] * t_m + lo[i] - b0[i] * t_m for i in range(nd)]  # valid keys: [v_lo, v_hi)
-        v_hi = [pad[i] * t_m + ends[i] - b0[i] * t_m for i in range(nd)]
-        tail = [ends[i] - (b0[i] + nb[i] - 1) * t_m for i in range(nd)]  # written slots of the last block
-        meta = torch.tensor([first, pad, v_lo, v_hi, tail], dtype=torch.long).to(device, non_blocking=True)
-        c = torch.arange(nb_max, device=device)[None, :]
-        rows = torch.where(c >= meta[1][:, None], meta[0][:, None] + c - meta[1][:, None], longest)
-        parts.append(table[rows].reshape(-1))
-        g = nd * nb_max
+        if nb_max == 1:
+            gather = [table[o + b] for o, b in zip(offs, b0, strict=True)]
+            v_lo = [x - b * t_m for x, b in zip(lo, b0, strict=True)]  # valid keys: [v_lo, v_hi)
+            v_hi = [p + 1 - b * t_m for p, b in zip(starts, b0, strict=True)]
+            tail = v_hi
+        else:
+            longest = table[offs[nb.index(nb_max)] + b0[nb.index(nb_max)]]
+            v_lo, v_hi, tail = [], [], []
+            for p, o, x, b, n in zip(starts, offs, lo, b0, nb, strict=True):
+                pad = nb_max - n
+                if pad:
+                    gather += [longest] * pad
+                gather += table[o + b : o + b + n]
+                v_lo.append(pad * t_m + x - b * t_m)
+                v_hi.append(pad * t_m + p + 1 - b * t_m)
+                tail.append(p + 1 - (b + n - 1) * t_m)  # written slots of the last block
         plan.num_decode, plan.decode_blocks = nd, nb_max
         # keys outside [min v_lo, max v_hi) are cropped away; inside, rows that differ need a mask
         k_lo, k_hi = min(v_lo), max(v_hi)
         plan.decode_keys = (k_lo, k_hi)
-        if max(v_lo) > k_lo or min(v_hi) < k_hi:
-            j = torch.arange(k_lo, k_hi, device=device)[None, :]
-            plan.decode_mask = ((j >= meta[2][:, None]) & (j < meta[3][:, None]))[:, None, None, :]
-        if min(v_hi) < k_hi:  # some row's unwritten tail lies inside the crop
-            t = torch.arange(t_m, device=device)[None, :]
-            plan.decode_tail = (t >= meta[4][:, None]).view(nd, t_m, 1)
+        plan._mask = max(v_lo) > k_lo or min(v_hi) < k_hi
+        plan._tail = min(v_hi) < k_hi  # some row's unwritten tail lies inside the crop
+        if plan._mask or plan._tail:
+            plan._meta_at = pack.add(v_lo + v_hi + tail)
+        if nb_max == 1:
+            plan.decode_crop = k_hi  # unless a segment gathers too (below)
         first_segment = nd
     for i in range(first_segment, len(layout.q_len)):
         n, start = layout.q_len[i], layout.start[i]
@@ -143,18 +196,19 @@ def build_plan(layout: BatchLayout, window: int | None, device: torch.device) ->
                 seg.mask = _mask(qpos, qpos, window)
         else:
             end = start + n
-            lo = _window_lo(start, window)
-            b0, b1 = lo // t_m, -(-end // t_m)
-            parts.append(table[layout.tbl_off[i] + b0 : layout.tbl_off[i] + b1])
-            seg.g0, seg.g1 = g, g + (b1 - b0)
-            seg.lo, seg.hi = lo - b0 * t_m, end - b0 * t_m
-            g = seg.g1
+            lo_ = _window_lo(start, window)
+            s0, s1 = lo_ // t_m, -(-end // t_m)
+            seg.g0 = len(gather)
+            gather += table[layout.tbl_off[i] + s0 : layout.tbl_off[i] + s1]
+            seg.g1 = len(gather)
+            seg.lo, seg.hi = lo_ - s0 * t_m, end - s0 * t_m
+            plan.decode_crop = None  # the segment reads whole blocks of the same gather
             if n > 1:  # a lone decode sees exactly its keys [lo, end): no mask at all
                 qpos = torch.arange(start, end, device=device)
-                seg.mask = _mask(qpos, torch.arange(lo, end, device=device), window)
+                seg.mask = _mask(qpos, torch.arange(lo_, end, device=device), window)
         plan.segments.append(seg)
-    if parts:
-        plan.gather = torch.cat(parts) if len(parts) > 1 else parts[0]
+    if gather:
+        plan._gather_at = pack.add(gather)
     return plan
 
 
@@ -179,12 +233,15 @@ def paged_attention(
     gqa = q.shape[1] != k.shape[1]
     # ONE copy: index_select along the block dim of the [2, H, N, T, D] permuted view puts each gathered
     # block's T·D slab contiguously, so consecutive blocks of a row merge into [.., nb·T, D] by a view.
-    x = None if plan.gather is None else layer_blocks.permute(1, 2, 0, 3, 4).index_select(2, plan.gather)
+    x = None
+    if plan.gather is not None:
+        src = layer_blocks if plan.decode_crop is None else layer_blocks[:, :, :, : plan.decode_crop]
+        x = src.permute(1, 2, 0, 3, 4).index_select(2, plan.gather)
     outs: list[torch.Tensor] = []
     if plan.num_decode:
         nd, nb = plan.num_decode, plan.decode_blocks
-        two, h, _, t_m, d = x.shape
-        xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)
+        two, h, _, t_m, d = x.shape  # type: ignore[union-attr]
+        xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)  # type: ignore[index]
         if plan.decode_tail is not None:  # unwritten slots may hold any bytes (NaN): zero them
             xd[:, :, :, -1].masked_fill_(plan.decode_tail, 0)
         k_lo, k_hi = plan.decode_keys
@@ -196,8 +253,8 @@ def paged_attention(
         if seg.fresh:
             ks, vs = k[seg.a : seg.b].transpose(0, 1), v[seg.a : seg.b].transpose(0, 1)
         else:
-            two, h, _, t_m, d = x.shape
-            kv = x[:, :, seg.g0 : seg.g1].reshape(two, h, -1, d)[:, :, seg.lo : seg.hi]  # a view
+            two, h, _, t_m, d = x.shape  # type: ignore[union-attr]
+            kv = x[:, :, seg.g0 : seg.g1].reshape(two, h, -1, d)[:, :, seg.lo : seg.hi]  # type: ignore[index]
             ks, vs = kv[0], kv[1]
         # 4-D inputs: on CPU a 3-D call misses the fused kernel (and rounds differently in bf16)
         o = sdpa(

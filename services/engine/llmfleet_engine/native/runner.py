@@ -12,25 +12,38 @@ Sliding windows: Mistral's ``config.sliding_window`` (all layers) and Qwen2's sl
 window are served (keys older than the window are not read). Contexts beyond
 ``config.max_position_embeddings`` are rejected.
 
+Per-iteration host overhead is kept small, since on small models it is most of an iteration: every
+index of a forward (token ids, positions, slots, the attention plans' block ids) travels to the device
+in ONE packed tensor; when the layers are the plain HF modules their weights are called directly
+(``F.linear``; fp32 RMSNorm as ``F.rms_norm``, bitwise equal to HF's on CPU), RoPE is
+``q·cos + roll(q)·sin±`` (bitwise equal to HF's ``rotate_half`` form) and the cos/sin of static RoPE
+types come from a table grown on demand.
+
 Block bookkeeping is the caller's: each ``SeqStep`` names the sequence's block table after allocation
 and the slots of its new tokens; the runner checks that they agree with each other and with the pool.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from llmfleet.kvblocks.shapes import KvShape
 from llmfleet.kvblocks.storage import KvStorage, dtype_name
 from transformers import LlamaForCausalLM, MistralForCausalLM, PretrainedConfig, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.mistral.modeling_mistral import MistralMLP, MistralRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
-from llmfleet_engine.native.attention import AttnPlan, BatchLayout, build_plan, paged_attention
+from llmfleet_engine.native.attention import BatchLayout, Packer, build_plan, paged_attention
 
 SUPPORTED_MODELS: tuple[type, ...] = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
+_NORMS = (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm)  # weight * x·rsqrt(mean(x²) + eps), in fp32
+_MLPS = (LlamaMLP, MistralMLP, Qwen2MLP)  # down(act(gate(x)) * up(x))
+_STATIC_ROPE = ("default", "linear", "llama3")  # cos/sin depend on the position only
 
 Ints = Sequence[int] | torch.Tensor
 
@@ -109,7 +122,10 @@ class PagedRunner:
         self._scales = [float(layer.self_attn.scaling) for layer in self._layers]
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         self.windows = [self._window_of(layer) for layer in self._layers]
-        self._apply_rope: Callable = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
+        self._window_set = sorted(set(self.windows), key=lambda w: -1 if w is None else w)
+        self._direct = self._direct_layers()
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope_static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
         self.check_slots = check_slots
         storage.register(name, self.shape)
         self.tokens_per_block = storage.tokens_per_block(name)
@@ -125,6 +141,45 @@ class PagedRunner:
         if w is None or (self.max_context is not None and w >= self.max_context):
             return None  # the window can never bite
         return int(w)
+
+    def _direct_layers(self) -> list[tuple] | None:
+        """Per layer, what the forward calls directly when every module is the plain HF one (None: call
+        the modules)."""
+        lin = torch.nn.Linear
+        out = []
+        for layer in self._layers:
+            a, m = layer.self_attn, layer.mlp
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            projs = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            if type(m) not in _MLPS or any(type(x) is not lin for x in projs):
+                return None
+            if any(type(n) not in _NORMS for n in norms):
+                return None
+            act = F.silu if type(m.act_fn).__name__ in ("SiLUActivation", "SiLU") else m.act_fn
+            out.append((*[self._norm_fn(n) for n in norms], *[(p.weight, p.bias) for p in projs], act))
+        self._final_norm = self._norm_fn(self._norm)
+        return out
+
+    def _norm_fn(self, norm: Any) -> Any:
+        """HF's RMSNorm; as ``F.rms_norm`` for fp32 on CPU (bitwise the same there, one op)."""
+        if self.dtype == torch.float32 and self.device.type == "cpu" and type(norm) in _NORMS:
+            w, eps, shape = norm.weight, norm.variance_epsilon, (norm.weight.shape[0],)
+            return lambda x: F.rms_norm(x, shape, w, eps)
+        return norm
+
+    def _cos_sin(self, h: torch.Tensor, pos: torch.Tensor, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin (``sin`` with its first half negated, for ``roll``) of ``pos``."""
+        if self._rope_static:
+            table = self._rope_table
+            if table is None or table[0].shape[0] <= max_pos:
+                n = 1 << max(6, max_pos.bit_length())  # grown by doubling
+                cos, sin = self._rotary(h[None], torch.arange(n, device=h.device)[None])
+                half = cos.shape[-1] // 2
+                table = self._rope_table = (cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1))
+            return table[0].index_select(0, pos), table[1].index_select(0, pos)
+        cos, sin = self._rotary(h[None], pos[None])
+        half = cos.shape[-1] // 2
+        return cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)
 
     def close(self) -> None:
         """Unregister from the storage (the blocks themselves belong to the allocator)."""
@@ -143,16 +198,16 @@ class PagedRunner:
         return self._run(seqs, all_positions=True)
 
     # ------------------------------------------------------------ internals
-    def _layout(
-        self, seqs: Sequence[SeqStep]
-    ) -> tuple[BatchLayout, list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _layout(self, seqs: Sequence[SeqStep]) -> tuple[BatchLayout, list[int], list[int]]:
+        """Checks the steps; the decode-first layout, the order (internal -> caller's index) and the
+        flat host indices ``ids + positions + slot blocks + slot offsets``."""
         t_m = self.tokens_per_block
         nblk = self.storage.num_blocks
         max_ctx = self.max_context or (1 << 62)
         check = self.check_slots
         decodes: list[int] = []
         others: list[int] = []
-        cols: list[tuple[list[int], list[int], list[int], list[int]]] = []
+        cols: list[tuple[list[int], list[int], list[int], list[int], int]] = []
         for i, s in enumerate(seqs):
             t, blocks, b, o = _ints(s.token_ids), _ints(s.blocks), _ints(s.slots_block), _ints(s.slots_offset)
             n, p0 = len(t), int(s.start_pos)
@@ -178,18 +233,26 @@ class PagedRunner:
                             f"sequence {i}: slot {j} is ({b[j]}, {o[j]}) but position {p} lives at "
                             f"({blocks[p // t_m]}, {p % t_m}) in its block table"
                         )
-            cols.append((t, blocks, b, o))
+            cols.append((t, blocks, b, o, p0))
             (decodes if n == 1 else others).append(i)
         order = decodes + others
-        ids: list[int] = []
-        pos: list[int] = []
-        sb: list[int] = []
-        so: list[int] = []
+        nd = len(decodes)
+        dec = [cols[i] for i in decodes]
+        # decodes: one token each, rows [0, nd)
+        ids = [c[0][0] for c in dec]
+        pos = [c[4] for c in dec]
+        sb = [c[2][0] for c in dec]
+        so = [c[3][0] for c in dec]
+        start = list(pos)
+        q_len = [1] * nd
+        tok_off = list(range(nd))
         table: list[int] = []
-        q_len, start, tok_off, tbl_off = [], [], [], []
-        for i in order:
-            t, blocks, b, o = cols[i]
-            p0 = int(seqs[i].start_pos)
+        tbl_off = []
+        for c in dec:
+            tbl_off.append(len(table))
+            table += c[1]
+        for i in others:
+            t, blocks, b, o, p0 = cols[i]
             q_len.append(len(t))
             start.append(p0)
             tok_off.append(len(ids))
@@ -199,40 +262,50 @@ class PagedRunner:
             sb += b
             so += o
             table += blocks
-        total = len(ids)
-        packed = torch.tensor(ids + pos + sb + so + table, dtype=torch.long).to(
-            self.device, non_blocking=True
-        )
-        ids_t, pos_t, sb_t, so_t = packed[: 4 * total].view(4, total)
-        layout = BatchLayout(
-            q_len=q_len,
-            start=start,
-            tok_off=tok_off,
-            tbl_off=tbl_off,
-            num_decode=len(decodes),
-            table=packed[4 * total :],
-            tokens_per_block=t_m,
-        )
-        return layout, order, ids_t, pos_t, sb_t, so_t
+        layout = BatchLayout(q_len, start, tok_off, tbl_off, nd, table, t_m)
+        return layout, order, ids + pos + sb + so
 
     @torch.inference_mode()
     def _run(self, seqs: Sequence[SeqStep], all_positions: bool) -> Any:
         if not seqs:
             raise ValueError("forward needs at least one sequence")
-        layout, order, ids, pos, sb, so = self._layout(seqs)
-        plans: dict[int | None, AttnPlan] = {w: build_plan(layout, w, self.device) for w in set(self.windows)}
-        total = ids.numel()
+        layout, order, flat = self._layout(seqs)
+        total = len(flat) // 4
+        internal = [0] * len(order)  # caller's index -> row in the decode-first layout
+        for j, i in enumerate(order):
+            internal[i] = j
+        pack = Packer()
+        at_flat = pack.add(flat)
+        plans = {w: build_plan(layout, w, pack, self.device) for w in self._window_set}
+        last = [layout.tok_off[j] + layout.q_len[j] - 1 for j in internal]
+        at_last = None if all_positions or last == list(range(total)) else pack.add(last)
+        packed = pack.tensors(self.device)
+        for plan in plans.values():
+            plan.bind(packed, self.device)
+        ids, pos, sb, so = packed[at_flat].view(4, total)
         h = self._embed(ids)  # [T, hidden]
-        cos, sin = self._rotary(h[None], pos[None])
-        cos, sin = cos[0], sin[0]  # [T, D]
+        cos, sin = self._cos_sin(h, pos, max(layout.start[j] + layout.q_len[j] for j in range(len(order))))
+        cos, sin = cos[:, None], sin[:, None]  # [T, 1, D]: broadcast over heads
+        half = cos.shape[-1] // 2
         d = self.shape.head_dim
+        direct = self._direct
         for li, layer in enumerate(self._layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(total, -1, d)
-            k = attn.k_proj(x).view(total, -1, d)
-            v = attn.v_proj(x).view(total, -1, d)
-            q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=1)
+            if direct is not None:
+                ln1, ln2, (wq, bq), (wk, bk), (wv, bv), (wo, bo), (wg, bg), (wu, bu), (wd, bd), act = direct[
+                    li
+                ]
+                x = ln1(h)
+                q = F.linear(x, wq, bq).view(total, -1, d)
+                k = F.linear(x, wk, bk).view(total, -1, d)
+                v = F.linear(x, wv, bv).view(total, -1, d)
+            else:
+                attn = layer.self_attn
+                x = layer.input_layernorm(h)
+                q = attn.q_proj(x).view(total, -1, d)
+                k = attn.k_proj(x).view(total, -1, d)
+                v = attn.v_proj(x).view(total, -1, d)
+            q = q * cos + q.roll(half, -1) * sin  # HF's q·cos + rotate_half(q)·sin, bitwise
+            k = k * cos + k.roll(half, -1) * sin
             o = paged_attention(
                 self._layer_slots[li],
                 self._layer_blocks[li],
@@ -244,17 +317,16 @@ class PagedRunner:
                 plans[self.windows[li]],
                 self._scales[li],
             )
-            h = h + attn.o_proj(o.reshape(total, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        internal = [0] * len(order)  # caller's index -> row in the decode-first layout
-        for j, i in enumerate(order):
-            internal[i] = j
+            if direct is not None:
+                h = h + F.linear(o.reshape(total, -1), wo, bo)
+                y = ln2(h)
+                h = h + F.linear(act(F.linear(y, wg, bg)) * F.linear(y, wu, bu), wd, bd)
+            else:
+                h = h + attn.o_proj(o.reshape(total, -1))
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+        norm = self._final_norm if direct is not None else self._norm
         if all_positions:
-            logits = self._lm_head(self._norm(h)).float()
+            logits = self._lm_head(norm(h)).float()
             return [logits[layout.tok_off[j] : layout.tok_off[j] + layout.q_len[j]] for j in internal]
-        last = [layout.tok_off[j] + layout.q_len[j] - 1 for j in internal]
-        if last == list(range(total)):  # all decodes, in order
-            rows = h
-        else:
-            rows = h.index_select(0, torch.tensor(last, dtype=torch.long).to(self.device, non_blocking=True))
-        return self._lm_head(self._norm(rows)).float()
+        rows = h if at_last is None else h.index_select(0, packed[at_last])
+        return self._lm_head(norm(rows)).float()
