@@ -139,6 +139,7 @@ def test_static_oom_ends_the_batch_at_completion():
     core.add(req("a", prompt=11, out=10), 0.0)
     core.add(req("b", prompt=11, out=10, t=0.001), 0.0)
     plan, res = step(core, 0.0)  # 2 rows x 11 tokens in 6 blocks
+    assert plan.padded_len == 11
     assert not res.requeued
     _, res = step(core, 0.1)  # 12 tokens each: the pool is full, no row can grow: the batch ends
     assert sorted(r.request_id for r in res.requeued) == ["a", "b"] and core.alloc.used_blocks == 0
