@@ -389,17 +389,21 @@ class Executor(ModelHost, MigrationOps):
         for r in plan.members:
             state = r.payload
             rid = r.sched.request_id
-            blocks = alloc.table(rid).blocks
+            table = alloc.table(rid)
+            blocks, t = table.blocks, table.tokens_per_block
             if id(r) in prefills:
                 full = state.full_ids()
-                slots = alloc.slots(rid, 0, len(full))
+                n = len(full)
+                if n > table.num_tokens:
+                    raise IndexError(f"{rid!r} holds {table.num_tokens} slots, its prefill needs {n}")
                 if state.scheduled_s is None:
                     state.scheduled_s = now
-                steps.append(SeqStep(full, 0, blocks, [s.block for s in slots], [s.offset for s in slots]))
+                steps.append(
+                    SeqStep(full, 0, blocks, [blocks[p // t] for p in range(n)], [p % t for p in range(n)])
+                )
             else:
-                pos = r.kv_tokens
-                slot = alloc.slot_of(rid, pos)
-                steps.append(SeqStep([state.tokens[-1]], pos, blocks, [slot.block], [slot.offset]))
+                pos = r.kv_tokens  # the newest token's slot (the core appended it)
+                steps.append(SeqStep([state.tokens[-1]], pos, blocks, [blocks[pos // t]], [pos % t]))
         return plan, steps
 
     def _run(self, plan: StepPlan, steps: list[SeqStep]) -> None:

@@ -104,6 +104,8 @@ class TextStream:
 
     def push(self, token_id: int) -> tuple[str, bool]:
         """Add a token; returns (text safe to release, whether a stop string matched)."""
+        if not self._stop:  # nothing to hold back or cut: the detokenizer's text as it comes
+            return self._detok.push(token_id), False
         self._pending += self._detok.push(token_id)
         cut = self._cut_at_stop()
         if cut is not None:

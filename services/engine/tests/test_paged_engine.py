@@ -64,6 +64,10 @@ async def test_two_models_share_one_pool(make_executor, endless, qwen2):
     ex = make_executor(
         policy="doubling_budget", policy_options={"default_mean_s": 0.005, "default_std_s": 0.0}
     )
+    # without EOS the sampled qwen2 request runs its 1500 tokens too (an EOS after a few dozen tokens
+    # made the overlap a window of a few fast iterations, shorter than the 50 ms poll)
+    qwen2 = dataclasses.replace(qwen2, name="tiny-qwen2-endless", eos_token_ids=frozenset())
+    ex.add_loaded(qwen2)
     a = ex.submit(build_request(endless, "Shared pools", max_tokens=1500))
     b = ex.submit(build_request(qwen2, "Shared pools", max_tokens=1500, temperature=1.0, seed=1))
 

@@ -78,6 +78,7 @@ class Segment:
     hi: int = 0
     mask: torch.Tensor | None = None  # bool [q, k]
     is_causal: bool = False
+    count: int = 1  # > 1: that many consecutive fresh causal prompts of equal length, ONE batched call
 
 
 @dataclass
@@ -88,7 +89,7 @@ class AttnPlan:
     decode_blocks: int = 0  # blocks per decode row (nb_max)
     decode_keys: tuple[int, int] = (0, 0)  # the crop [lo, hi) of the nb_max · T_m key columns
     decode_mask: torch.Tensor | None = None  # bool [B, 1, 1, hi - lo]; None: every cropped key is valid
-    decode_tail: torch.Tensor | None = None  # bool [B, T, 1]: unwritten slots of each last block
+    decode_tail: torch.Tensor | None = None  # bool [B, S, 1]: unwritten slots of each last block (S read)
     decode_crop: int | None = None  # gather only slots [0, crop) of each block (one block per decode)
     segments: list[Segment] = field(default_factory=list)
     gather: torch.Tensor | None = None  # [G] block ids
@@ -109,8 +110,8 @@ class AttnPlan:
             if self._mask:
                 j = torch.arange(*self.decode_keys, device=device)
                 self.decode_mask = ((j >= v_lo) & (j < v_hi)).view(nd, 1, 1, -1)
-            if self._tail:
-                slots = self.decode_crop or self._tokens_per_block
+            if self._tail:  # only the last column's slots inside the key crop are read
+                slots = self.decode_keys[1] - (self.decode_blocks - 1) * self._tokens_per_block
                 self.decode_tail = (torch.arange(slots, device=device) >= tail).view(nd, slots, 1)
         return self
 
@@ -191,6 +192,16 @@ def build_plan(layout: BatchLayout, window: int | None, pack: Packer, device: to
         if seg.fresh:
             if window is None or window >= n:
                 seg.is_causal = True
+                prev = plan.segments[-1] if plan.segments else None
+                if (
+                    prev is not None
+                    and prev.is_causal
+                    and prev.fresh
+                    and prev.b == a
+                    and prev.b - prev.a == n * prev.count
+                ):
+                    prev.b, prev.count = a + n, prev.count + 1  # joins the batched call of its equals
+                    continue
             else:
                 qpos = torch.arange(n, device=device)
                 seg.mask = _mask(qpos, qpos, window)
@@ -243,12 +254,18 @@ def paged_attention(
         two, h, _, t_m, d = x.shape  # type: ignore[union-attr]
         xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)  # type: ignore[index]
         if plan.decode_tail is not None:  # unwritten slots may hold any bytes (NaN): zero them
-            xd[:, :, :, -1].masked_fill_(plan.decode_tail, 0)
+            xd[:, :, :, -1, : plan.decode_tail.shape[1]].masked_fill_(plan.decode_tail, 0)
         k_lo, k_hi = plan.decode_keys
         kv = xd.view(two, h, nd, nb * t_m, d)[:, :, :, k_lo:k_hi].transpose(1, 2)  # [2, B, H_kv, C, D]
         o = sdpa(q[:nd].unsqueeze(2), kv[0], kv[1], attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa)
         outs.append(o.squeeze(2))
     for seg in plan.segments:
+        if seg.count > 1:  # [count, H, n, D]: prompts of equal length from position 0, batched
+            m, n = seg.count, (seg.b - seg.a) // seg.count
+            qs, ks, vs = (x[seg.a : seg.b].view(m, n, x.shape[1], -1).transpose(1, 2) for x in (q, k, v))
+            o = sdpa(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+            outs.append(o.transpose(1, 2).reshape(seg.b - seg.a, q.shape[1], -1))
+            continue
         qs = q[seg.a : seg.b].transpose(0, 1)
         if seg.fresh:
             ks, vs = k[seg.a : seg.b].transpose(0, 1), v[seg.a : seg.b].transpose(0, 1)
