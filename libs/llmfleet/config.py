@@ -164,6 +164,8 @@ class EngineConfig(BaseModel):
     watermark: float | None = Field(None, ge=0, lt=1)
     block_tokens: int | None = Field(None, ge=1)
     block_bytes: int | None = Field(None, ge=16, multiple_of=16)
+    # deliver tokens to streams at most this often (first and final chunks at once; 0 = every iteration)
+    stream_interval_s: float | None = Field(None, ge=0)
 
     @field_validator("policy")
     @classmethod
@@ -203,6 +205,8 @@ class EngineConfig(BaseModel):
             flag = ENGINE_LIMIT_FLAGS[key]
             if flag is not None:
                 argv += [flag, str(value)]
+        if self.stream_interval_s is not None:
+            argv += ["--stream-interval-s", str(self.stream_interval_s)]
         return argv
 
 

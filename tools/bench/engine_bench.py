@@ -9,10 +9,14 @@
 3. KV transfer on loopback between two engine servers: ExportKv throughput and a live Migrate of a
    1,000-token request, with a llama-shaped model large enough for the bytes to matter.
 
-Both sides use the same intra-op thread count (``--threads``; default: torch's): the HF run in the
-main thread, the engine's worker via ``ExecutorConfig.num_threads``. Writes ``engine.json``,
-``engine.md`` and PNG plots to ``--out``. Nothing is asserted: these are measurements; the goals
-from the issue are printed next to them.
+1 and 2 run once per intra-op thread count of ``--threads`` (default ``default,1``: torch's default
+count, then 1); both sides always use the same count (HF in the main thread, the engine's worker via
+``ExecutorConfig.num_threads``). On a small CPU box the count matters more than anything else: with
+more than one thread, every parallel region of a tiny model's ops wakes sleeping OpenMP threads that
+the event loop and the other runs compete with, which makes HF and the engine alike several times
+slower and noisy; one thread shows the engines' own costs. Writes ``engine.json``, ``engine.md`` and
+PNG plots to ``--out``. Nothing is asserted: these are measurements; the goals from the issue are
+printed next to them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
@@ -289,33 +294,38 @@ def markdown(result: dict) -> str:
     lines = [
         "# Engine benchmark",
         "",
-        f"{result['machine']} · torch {result['torch']} · {result['threads']} threads · "
-        f"{NEW_TOKENS} new tokens, {PROMPT_TOKENS}-token prompts · {result['repeats']} repeats, native and "
-        "HF back to back in each · medians, [min..max] over the repeats",
-        "",
-        "## Decode throughput: native engine vs transformers `generate` (tiny llama)",
-        "",
-        "| batch | native tok/s | HF generate tok/s | native / HF (per repeat) | goal |",
-        "|---:|---:|---:|---:|---|",
+        f"{result['machine']} · {result['cpus']} CPUs · torch {result['torch']} · {NEW_TOKENS} new tokens, "
+        f"{PROMPT_TOKENS}-token prompts · {result['repeats']} repeats, native and HF back to back in each · "
+        "medians, [min..max] over the repeats",
     ]
-    for r in result["throughput"]:
-        goal = "≥ 1.0× at batch ≥ 8" if r["batch"] >= 8 else ""
-        q = r["ratio_spread"]
-        lines.append(
-            f"| {r['batch']} | {r['native_tokens_per_s']:.0f} | {r['hf_tokens_per_s']:.0f} | "
-            f"{q['median']:.2f}× [{q['min']:.2f}..{q['max']:.2f}] | {goal} |"
-        )
-    s = result["sharing"]
-    o = s["overhead_spread"]
-    lines += [
-        "",
-        "## Two models sharing one pool (8 requests each; run times are medians)",
-        "",
-        "| llama alone | qwen2 alone | both on one engine | overhead (per repeat) | goal |",
-        "|---:|---:|---:|---:|---|",
-        f"| {s['alone_llama_s']:.3f} s | {s['alone_qwen2_s']:.3f} s | {s['shared_s']:.3f} s | "
-        f"{100 * o['median']:+.1f}% [{100 * o['min']:+.1f}%..{100 * o['max']:+.1f}%] | ≤ 8% |",
-    ]
+    for run in result["runs"]:
+        lines += [
+            "",
+            f"## {run['label']}",
+            "",
+            "Decode throughput, native engine vs transformers `generate` (tiny llama):",
+            "",
+            "| batch | native tok/s | HF generate tok/s | native / HF (per repeat) | goal |",
+            "|---:|---:|---:|---:|---|",
+        ]
+        for r in run["throughput"]:
+            goal = "≥ 1.0× at batch ≥ 8" if r["batch"] >= 8 else ""
+            q = r["ratio_spread"]
+            lines.append(
+                f"| {r['batch']} | {r['native_tokens_per_s']:.0f} | {r['hf_tokens_per_s']:.0f} | "
+                f"{q['median']:.2f}× [{q['min']:.2f}..{q['max']:.2f}] | {goal} |"
+            )
+        s = run["sharing"]
+        o = s["overhead_spread"]
+        lines += [
+            "",
+            "Two models sharing one pool (8 requests each; run times are medians):",
+            "",
+            "| llama alone | qwen2 alone | both on one engine | overhead (per repeat) | goal |",
+            "|---:|---:|---:|---:|---|",
+            f"| {s['alone_llama_s']:.3f} s | {s['alone_qwen2_s']:.3f} s | {s['shared_s']:.3f} s | "
+            f"{100 * o['median']:+.1f}% [{100 * o['min']:+.1f}%..{100 * o['max']:+.1f}%] | ≤ 8% |",
+        ]
     k = result["kv_transfer"]
     lines += [
         "",
@@ -338,42 +348,46 @@ def plots(result: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def err(key: str) -> list[list[float]]:  # min..max around the median
+    def err(rows: list[dict], key: str) -> list[list[float]]:  # min..max around the median
         return [
             [r[key]["median"] - r[key]["min"] for r in rows],
             [r[key]["max"] - r[key]["median"] for r in rows],
         ]
 
-    rows = result["throughput"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["native"]["median"] for r in rows], 0.4, yerr=err("native"),
-           capsize=3, label="native engine")  # fmt: skip
-    ax.bar([x + 0.2 for x in xs], [r["hf"]["median"] for r in rows], 0.4, yerr=err("hf"), capsize=3,
-           label="transformers generate")  # fmt: skip
-    ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
-    ax.set_ylabel("tokens / s (median, min..max)")
-    ax.set_title("Decode throughput, tiny llama, CPU")
-    ax.legend()
-    ax2.bar(list(xs), [r["ratio_spread"]["median"] for r in rows], 0.5, yerr=err("ratio_spread"), capsize=3)
-    ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax2.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
-    ax2.set_ylabel("native / HF per repeat")
-    ax2.set_title("Ratio (median, min..max over repeats)")
+    runs = result["runs"]
+    fig, axes = plt.subplots(len(runs), 2, figsize=(10, 3.3 * len(runs)), squeeze=False)
+    for (ax, ax2), run in zip(axes, runs, strict=True):
+        rows = run["throughput"]
+        xs = range(len(rows))
+        ax.bar([x - 0.2 for x in xs], [r["native"]["median"] for r in rows], 0.4, yerr=err(rows, "native"),
+               capsize=3, label="native engine")  # fmt: skip
+        ax.bar([x + 0.2 for x in xs], [r["hf"]["median"] for r in rows], 0.4, yerr=err(rows, "hf"),
+               capsize=3, label="transformers generate")  # fmt: skip
+        ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+        ax.set_ylabel("tokens / s (median, min..max)")
+        ax.set_title(f"Decode throughput, tiny llama, CPU, {run['threads']} thread(s)")
+        ax.legend()
+        ax2.bar(list(xs), [r["ratio_spread"]["median"] for r in rows], 0.5, yerr=err(rows, "ratio_spread"),
+                capsize=3)  # fmt: skip
+        ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax2.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+        ax2.set_ylabel("native / HF per repeat")
+        ax2.set_title("Ratio (median, min..max over repeats)")
     fig.tight_layout()
     fig.savefig(out / "engine_throughput.png", dpi=120)
     plt.close(fig)
-    s = result["sharing"]
-    o = s["overhead_spread"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(
-        ["llama alone", "qwen2 alone", "sum", "shared pool"],
-        [s["alone_llama_s"], s["alone_qwen2_s"], s["alone_llama_s"] + s["alone_qwen2_s"], s["shared_s"]],
-    )
-    ax.set_ylabel("seconds (median)")
-    ax.set_title(
-        f"Sharing overhead {100 * o['median']:+.1f}% [{100 * o['min']:+.1f}%..{100 * o['max']:+.1f}%]"
-    )
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for x, run in enumerate(runs):
+        o = run["sharing"]["overhead_spread"]
+        ax.bar(x, 100 * o["median"], 0.5, yerr=[[100 * (o["median"] - o["min"])], [100 * (o["max"] - o["median"])]],
+               capsize=4)  # fmt: skip
+        ax.scatter([x] * len(o["values"]), [100 * v for v in o["values"]], color="black", s=8, zorder=3)
+    ax.axhline(8, color="red", linestyle="--", linewidth=1, label="goal ≤ 8%")
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_xticks(list(range(len(runs))), [f"{run['threads']} thread(s)" for run in runs])
+    ax.set_ylabel("shared / (alone + alone) − 1, %")
+    ax.set_title("Two models on one pool: overhead per repeat")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(out / "engine_sharing.png", dpi=120)
     plt.close(fig)
@@ -382,14 +396,22 @@ def plots(result: dict, out: Path) -> list[str]:
 
 async def main_async(args: argparse.Namespace) -> dict:
     models = Path(args.models_dir or tempfile.mkdtemp(prefix="llmfleet-bench-"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
     llama = endless("tiny://llama", models, "tiny-llama")
     qwen = endless("tiny://qwen2", models, "tiny-qwen2")
-    print("decode throughput:")
-    tp = await throughput(llama, models, args.repeats, args.threads)
-    print("sharing one pool:")
-    sh = await sharing(llama, qwen, models, args.repeats, args.threads)
+    runs = []
+    for spec in args.threads.split(","):
+        threads = default_threads if spec.strip() == "default" else int(spec)
+        label = f"{threads} intra-op thread{'s' if threads > 1 else ''}" + (
+            " (torch's default)" if spec.strip() == "default" else ""
+        )
+        torch.set_num_threads(threads)  # HF, in this thread; the engine's worker gets the same count
+        print(f"== {label}\ndecode throughput:")
+        tp = await throughput(llama, models, args.repeats, threads)
+        print("sharing one pool:")
+        sh = await sharing(llama, qwen, models, args.repeats, threads)
+        runs.append({"threads": threads, "label": label, "throughput": tp, "sharing": sh})
+    torch.set_num_threads(default_threads)
     print("KV transfer:")
     kv = await kv_transfer(models)
     gpu = (
@@ -401,12 +423,14 @@ async def main_async(args: argparse.Namespace) -> dict:
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "threads": default_threads,
         "repeats": args.repeats,
         "new_tokens": NEW_TOKENS,
         "prompt_tokens": PROMPT_TOKENS,
-        "throughput": tp,
-        "sharing": sh,
+        "runs": runs,
+        "throughput": runs[0]["throughput"],  # the first thread setting (compatibility)
+        "sharing": runs[0]["sharing"],
         "kv_transfer": kv,
         "gpu": gpu,
     }
@@ -418,9 +442,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="repeats of every measurement")
     ap.add_argument(
         "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads of HF and of the engine (default: torch's)",
+        default="default,1",
+        help="comma list of intra-op thread counts for HF and the engine alike; 'default' is torch's",
     )
     ap.add_argument(
         "--models-dir", default=None, help="where tiny checkpoints are built (default: a temp dir)"

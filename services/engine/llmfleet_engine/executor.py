@@ -4,8 +4,11 @@ Scheduling lives in :class:`llmfleet.engine_core.EngineCore` — the same pure o
 drives: each loop the worker thread asks it for a step (``schedule``: batch chosen by the local policy,
 KV slots allocated, preemptions done), runs ONE forward of that model over the step with
 ``PagedRunner`` (attention over the unified ``KvStorage``), samples, decides which requests finished
-(EOS, stop string, max_tokens) and hands the step back (``complete``). Chunks go to asyncio in one
-``loop.call_soon_threadsafe`` per loop and iteration.
+(EOS, stop string, max_tokens) and hands the step back (``complete``). Output goes to the consumers
+as token ids (``delivery.py``, ``stream.py``): each request's items go into its sink, consumers are
+woken with one ``loop.call_soon_threadsafe`` per event loop and iteration (or per stream interval), and
+they detokenize on their event loop, unless the request has stop strings (then the worker needs the
+text and sends it along).
 
 Token bookkeeping per request: ``full = prompt + tokens`` where ``tokens`` are the completion (resumed
 ones first). A prefill feeds every token of ``full``; a decode feeds the last sampled token at position
@@ -18,7 +21,6 @@ import asyncio
 import logging
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,7 +35,9 @@ from llmfleet.kvblocks.storage import KvStorage
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import SchedRequest
 
-from llmfleet_engine.live_request import LiveRequest
+from llmfleet_engine.delivery import Delivery, RateWindow
+from llmfleet_engine.live_request import LiveRequest, seq_steps
+from llmfleet_engine.load_report import LoadReport
 from llmfleet_engine.memory import (
     RESERVED_MODEL,
     MemoryPlan,
@@ -50,13 +54,11 @@ from llmfleet_engine.outputs import (
     EngineUsage,
     ExecutorClosedError,
     FinishReason,
-    LoadSnapshot,
-    ModelLoad,
     QueueFullError,
     ResourceExhaustedError,
 )
 from llmfleet_engine.sampling import make_generator, select_token
-from llmfleet_engine.stream import ChunkSink, FinalText, LoopWaker, RequestStream, SinkItem
+from llmfleet_engine.stream import FinalText, RequestStream
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError
 
@@ -85,6 +87,7 @@ class ExecutorConfig(EngineLimits):
     num_threads: int | None = None
     throughput_window_s: float = 10.0
     allow_download: bool = True
+    stream_interval_s: float = 0.005  # wake consumers at most this often (first/final chunks at once)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,9 +99,11 @@ class ExecutorConfig(EngineLimits):
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.throughput_window_s <= 0:
             raise ValueError(f"throughput_window_s must be > 0, got {self.throughput_window_s}")
+        if self.stream_interval_s < 0:
+            raise ValueError(f"stream_interval_s must be >= 0, got {self.stream_interval_s}")
 
 
-class Executor(ModelHost, MigrationOps):
+class Executor(ModelHost, MigrationOps, LoadReport):
     """Owns the loaded models, the unified KV pool, the engine core and the worker thread.
 
     Thread-safe: ``load``/``unload``/``reconcile``/``profile`` block (call them via
@@ -132,14 +137,13 @@ class Executor(ModelHost, MigrationOps):
         self._models: dict[str, HostedModel] = {}
         self._requests: dict[str, LiveRequest] = {}
         self._jobs: deque[Callable[[], None]] = deque()
-        self._outbox: list[LiveRequest] | None = None  # given output during an iteration
-        self._wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWaker]
-        self._wakers = weakref.WeakKeyDictionary()
-        self._generated: deque[tuple[float, int]] = deque()
+        self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
+        self._generated = RateWindow(self.config.throughput_window_s)
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
+        self._delivery.worker = self._worker
         self._worker.start()
 
     @property
@@ -204,12 +208,8 @@ class Executor(ModelHost, MigrationOps):
             predicted_output_tokens=request.predicted_output_tokens,
             deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
         )
-        with self._cond:
-            waker = self._wakers.get(loop)
-            if waker is None:
-                waker = self._wakers[loop] = LoopWaker(loop)
         # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
-        sink = ChunkSink(request.request_id, waker, None if sampling.stop else text, len(tokens))
+        sink = self._delivery.sink(request.request_id, loop, None if sampling.stop else text, len(tokens))
         state = LiveRequest(
             req=request,
             model=model,
@@ -264,48 +264,6 @@ class Executor(ModelHost, MigrationOps):
         for r in [r for r in self._requests.values() if r.model is model]:
             self._finish_locked(r, FinishReason.CANCELLED)
 
-    def load_snapshot(self) -> LoadSnapshot:
-        now = time.monotonic()
-        with self._cond:
-            stats = self.allocator.stats()
-            per: dict[str, list[int]] = {n: [0, 0] for n in self._models}
-            for i, queue in enumerate((self.core.running, self.core.waiting)):
-                for r in queue.values():
-                    if r.sched.model in per:
-                        per[r.sched.model][i] += 1
-            self._trim_window(now)
-            generated = sum(n for _, n in self._generated)
-            running, waiting = len(self.core.running), len(self.core.waiting)
-            models = []
-            for name, m in sorted(self._models.items()):
-                st = stats.models.get(name)
-                tokens = st.tokens if st is not None else 0
-                models.append(
-                    ModelLoad(
-                        model=name,
-                        running=per[name][0],
-                        waiting=per[name][1],
-                        kv_tokens=tokens,
-                        kv_used_bytes=tokens * m.shape.bytes_per_token,
-                        kv_blocks=st.blocks if st is not None else 0,
-                        tokens_per_block=m.tokens_per_block,
-                    )
-                )
-            reserved = self._reserved_blocks
-        return LoadSnapshot(
-            timestamp=time.time(),
-            running=running,
-            waiting=waiting,
-            kv_used_bytes=sum(m.kv_used_bytes for m in models),
-            kv_capacity_bytes=(self.plan.num_blocks - reserved) * self.plan.block_bytes,
-            tokens_per_s=generated / self.config.throughput_window_s,
-            models=tuple(models),
-            kv_blocks_used=stats.used_blocks - reserved,
-            kv_blocks_total=self.plan.num_blocks - reserved,
-            preemptions=self.core.preemptions,
-            kv_fragmentation=stats.fragmentation,
-        )
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Cancel every request, stop the worker and drop the models."""
         with self._cond:
@@ -358,6 +316,7 @@ class Executor(ModelHost, MigrationOps):
                 step: tuple[StepPlan, list[SeqStep]] | None = None
                 with self._cond:
                     while not self._closed and not self._jobs and not core.has_work():
+                        self._delivery.release()  # nothing held back while the worker waits
                         self._cond.wait()
                     if self._closed:
                         return
@@ -366,8 +325,10 @@ class Executor(ModelHost, MigrationOps):
                     else:
                         step = self._schedule_locked(time.monotonic())
                         if step is None:
+                            self._delivery.release()
                             self._cond.wait(0.01)  # nothing fits right now (e.g. paused KV holders)
                 if job is not None:
+                    self._delivery.release()
                     job()
                 elif step is not None:
                     self._run(*step)
@@ -383,28 +344,7 @@ class Executor(ModelHost, MigrationOps):
             return None
         for r in plan.preempted:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
-        alloc = self.allocator
-        prefills = set(map(id, plan.prefills))
-        steps = []
-        for r in plan.members:
-            state = r.payload
-            rid = r.sched.request_id
-            table = alloc.table(rid)
-            blocks, t = table.blocks, table.tokens_per_block
-            if id(r) in prefills:
-                full = state.full_ids()
-                n = len(full)
-                if n > table.num_tokens:
-                    raise IndexError(f"{rid!r} holds {table.num_tokens} slots, its prefill needs {n}")
-                if state.scheduled_s is None:
-                    state.scheduled_s = now
-                steps.append(
-                    SeqStep(full, 0, blocks, [blocks[p // t] for p in range(n)], [p % t for p in range(n)])
-                )
-            else:
-                pos = r.kv_tokens  # the newest token's slot (the core appended it)
-                steps.append(SeqStep([state.tokens[-1]], pos, blocks, [blocks[pos // t]], [pos % t]))
-        return plan, steps
+        return plan, seq_steps(plan, self.allocator, now)
 
     def _run(self, plan: StepPlan, steps: list[SeqStep]) -> None:
         members: list[LiveRequest] = [r.payload for r in plan.members]
@@ -426,8 +366,8 @@ class Executor(ModelHost, MigrationOps):
             return
         duration = time.perf_counter() - t0
         now = time.monotonic()
-        outbox: list[LiveRequest] = []
-        self._outbox = outbox
+        delivery = self._delivery
+        given = delivery.begin()  # requests given output in this iteration: woken after it
         with self._cond:
             eos = members[0].model.loaded.eos_token_ids
             outcomes = []
@@ -443,23 +383,23 @@ class Executor(ModelHost, MigrationOps):
                     if outcome is not None:
                         outcomes.append((r, outcome))
                     continue
-                # the common case: one more token id for the consumer to detokenize
+                # the common case: one more token id, for the consumer to detokenize
                 if r.first_token_s is None:
                     r.first_token_s = now
+                    delivery.urgent()  # time to first token is not held back
                 r.tokens.append(tok)
                 r.sink.items.append(tok)
-                outbox.append(r)
+                given.append(r)
                 n += 1
             if n:
-                self._generated.append((now, n))
-                self._trim_window(now)
+                self._generated.add(now, n)
             self.core.complete(plan, now, duration, finished=[r.core for r, _ in outcomes])
             for r, (reason, token_ids, text, index) in outcomes:
                 self._finish_locked(
                     r, reason, token_ids=token_ids, text=text, index=index, now=now, flush=text is None
                 )
             self._cond.notify_all()
-        self._flush_outbox()
+        delivery.end()
 
     def _accept_token_locked(
         self, r: LiveRequest, token: int, now: float
@@ -486,19 +426,15 @@ class Executor(ModelHost, MigrationOps):
         index = len(r.tokens)
         r.tokens.extend(token_ids)
         if token_ids:
-            self._generated.append((now, len(token_ids)))
-            self._trim_window(now)
-        if r.first_token_s is None:
+            self._generated.add(now, 1)
+        first = r.first_token_s is None
+        if first:
             r.first_token_s = now
         if reason is None:
-            self._emit(r, EngineChunk(r.request_id, index, token_ids, text) if r.worker_text else token)
+            item = EngineChunk(r.request_id, index, token_ids, text or "") if r.worker_text else token
+            self._delivery.emit(r, item, urgent=first)
             return None
         return reason, token_ids, text, index
-
-    def _trim_window(self, now: float) -> None:
-        horizon = now - self.config.throughput_window_s
-        while self._generated and self._generated[0][0] < horizon:
-            self._generated.popleft()
 
     def _finish_locked(
         self,
@@ -530,30 +466,11 @@ class Executor(ModelHost, MigrationOps):
         idx = len(state.tokens) - len(token_ids) if index is None else index
         chunk = EngineChunk(state.request_id, idx, token_ids, text or "", reason, usage, migrated_to)
         consumer_text = not state.worker_text and (token_ids or flush)
-        self._emit(state, FinalText(chunk, flush) if consumer_text else chunk)
+        self._delivery.emit(state, FinalText(chunk, flush) if consumer_text else chunk, urgent=True)
 
-    def _emit(self, state: LiveRequest, item: SinkItem) -> None:
-        state.sink.items.append(item)
-        if self._outbox is not None and threading.current_thread() is self._worker:
-            self._outbox.append(state)  # woken in one hand-off per loop after the iteration
-            return
-        self._deliver([state])
-
-    def _deliver(self, states: list[LiveRequest]) -> None:
-        """Wake the consumers of ``states``: one ``call_soon_threadsafe`` per event loop."""
-        by_loop: dict[LoopWaker, list[LiveRequest]] = {}
-        for state in states:
-            by_loop.setdefault(state.sink.waker, []).append(state)
-        for waker, group in by_loop.items():
-            try:
-                waker.wake([state.sink for state in group])
-            except RuntimeError:  # the consumer's loop is gone: nobody will read these requests
-                with self._cond:
-                    for state in group:
-                        if not state.finished:
-                            self._finish_locked(state, FinishReason.CANCELLED)
-
-    def _flush_outbox(self) -> None:
-        outbox, self._outbox = self._outbox or [], None
-        if outbox:
-            self._deliver(outbox)
+    def _cancel_unread(self, states: list[LiveRequest]) -> None:
+        """Their consumer's event loop is gone: nobody will read these requests."""
+        with self._cond:
+            for state in states:
+                if not state.finished:
+                    self._finish_locked(state, FinishReason.CANCELLED)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from llmfleet.engine_core import CoreRequest
+from llmfleet.engine_core import CoreRequest, StepPlan
+from llmfleet.kvblocks import BlockAllocator
 
 from llmfleet_engine.model_host import HostedModel
+from llmfleet_engine.native.runner import SeqStep
 from llmfleet_engine.stream import ChunkSink
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest
@@ -40,3 +42,29 @@ class LiveRequest:
 
     def full_ids(self) -> list[int]:
         return [*self.req.prompt_token_ids, *self.tokens]
+
+
+def seq_steps(plan: StepPlan, alloc: BlockAllocator, now: float) -> list[SeqStep]:
+    """The forward inputs of ``plan``'s members (their KV slots are allocated): a prefill feeds prompt +
+    completion so far from position 0, a decode its newest token at ``kv_tokens``."""
+    prefills = set(map(id, plan.prefills))
+    steps = []
+    for r in plan.members:
+        state: LiveRequest = r.payload
+        rid = r.sched.request_id
+        table = alloc.table(rid)
+        blocks, t = table.blocks, table.tokens_per_block
+        if id(r) in prefills:
+            full = state.full_ids()
+            n = len(full)
+            if n > table.num_tokens:
+                raise IndexError(f"{rid!r} holds {table.num_tokens} slots, its prefill needs {n}")
+            if state.scheduled_s is None:
+                state.scheduled_s = now
+            steps.append(
+                SeqStep(full, 0, blocks, [blocks[p // t] for p in range(n)], [p % t for p in range(n)])
+            )
+        else:
+            pos = r.kv_tokens  # the newest token's slot (the core appended it)
+            steps.append(SeqStep([state.tokens[-1]], pos, blocks, [blocks[pos // t]], [pos % t]))
+    return steps

@@ -46,6 +46,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
             max_batch_requests=args.max_batch_requests,
             max_prefill_tokens=args.max_prefill_tokens,
             num_threads=args.threads,
+            stream_interval_s=args.stream_interval_s,
             allow_download=not args.offline,
         )
     )
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--models-dir", default=os.environ.get("LLMFLEET_MODEL_CACHE", ".llmfleet/models"))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument(
+        "--stream-interval-s",
+        type=float,
+        default=0.005,
+        help="deliver tokens to streams at most this often; first and final chunks go at once (0: every iteration)",
+    )
     ap.add_argument("--backend", default="native", choices=["native", "vllm"], help="executor backend")
     ap.add_argument(
         "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"

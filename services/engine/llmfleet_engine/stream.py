@@ -2,11 +2,12 @@
 
 Its source is an ``asyncio.Queue`` of finished chunks (the vLLM backend), or a :class:`ChunkSink`:
 the native executor's lighter hand-off from the worker thread. The worker appends raw items to a
-request's sink (a token id, or a chunk) and wakes the consumers of ONE iteration with one
-``call_soon_threadsafe`` per event loop (:class:`LoopWaker`; a wake still pending absorbs the next
-ones); the consumer turns items into ``EngineChunk``s itself, detokenizing the token ids on the event
-loop when the worker did not need their text (requests without stop strings). One chunk per token,
-as before: only the per-token queue/future traffic and the worker's detokenization are gone.
+request's sink (a token id, or a chunk) and wakes the consumers with one ``call_soon_threadsafe`` per
+event loop (:class:`LoopWaker`; a wake still pending absorbs the next ones; ``delivery.py`` decides
+when: after every iteration, or once per stream interval); the consumer turns items into
+``EngineChunk``s itself, detokenizing the token ids on the event loop when the worker did not need
+their text (requests without stop strings). One chunk per token, as before: only the per-token
+queue/future traffic and the worker's detokenization are gone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from typing import Protocol
@@ -40,12 +42,13 @@ SinkItem = int | EngineChunk | FinalText
 
 
 class LoopWaker:
-    """Wakes waiting consumers on ``loop`` from any thread: one callback per burst of ``wake`` calls."""
+    """Wakes waiting consumers on ``loop`` from any thread: one callback per burst of ``wake`` calls.
+    Holds the loop weakly (the executor keeps one waker per loop it has seen)."""
 
-    __slots__ = ("_lock", "_pending", "_scheduled", "loop")
+    __slots__ = ("_lock", "_loop", "_pending", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._pending: list[ChunkSink] = []
         self._scheduled = False
@@ -57,8 +60,11 @@ class LoopWaker:
             if self._scheduled:
                 return  # the callback in flight will see these too
             self._scheduled = True
+        loop = self._loop()
         try:
-            self.loop.call_soon_threadsafe(self._run)
+            if loop is None:
+                raise RuntimeError("event loop is gone")
+            loop.call_soon_threadsafe(self._run)
         except RuntimeError:
             with self._lock:
                 self._scheduled = False
@@ -132,7 +138,7 @@ class RequestStream:
             if type(source) is ChunkSink:
                 items = source.items
                 while not items:
-                    waiter = source.waker.loop.create_future()
+                    waiter = asyncio.get_running_loop().create_future()
                     source.waiter = waiter
                     try:
                         await waiter

@@ -9,7 +9,7 @@ import pytest
 from llmfleet.api.v1 import common_pb2
 from llmfleet.testing import eventually
 from llmfleet.types import ModelSpec
-from llmfleet_engine.executor import Executor
+from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel, ModelSourceNotFound
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
@@ -124,6 +124,48 @@ async def test_greedy_interleaved_requests_match(
     for chunks, exp in zip(results, expected, strict=True):
         _check_stream(chunks)
         assert _ids(chunks) == exp
+
+
+@pytest.mark.parametrize("interval", [0.0, 30.0])
+async def test_stream_interval_keeps_one_chunk_per_token(
+    make_executor, llama: LoadedModel, qwen2: LoadedModel, prompts, hf_greedy, interval: float
+) -> None:
+    # 0: consumers woken after every iteration; 30 s: only first tokens, finals and an idle worker wake
+    # them, so the streams must still complete at once, token by token, with the consumer's text
+    executor = make_executor(stream_interval_s=interval)
+    n = 16
+    reqs = [build_request(m, p, max_tokens=n) for m in (llama, qwen2) for p in prompts[:3]]
+    stop = build_request(llama, prompts[0], max_tokens=n, stop=["\x00never"])  # text made by the worker
+    models = [llama] * 3 + [qwen2] * 3 + [llama]
+    results = await asyncio.wait_for(
+        asyncio.gather(*(executor.submit(r).collect() for r in [*reqs, stop])), 10
+    )
+    for model, req, chunks in zip(models, [*reqs, stop], results, strict=True):
+        expected = hf_greedy(model, req.prompt_token_ids, n)
+        _check_stream(chunks)
+        assert all(len(c.token_ids) <= 1 for c in chunks)
+        assert _ids(chunks) == expected
+        assert _text(chunks) == model.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+async def test_held_output_is_released_when_the_worker_idles(make_executor, endless: LoadedModel) -> None:
+    executor = make_executor(stream_interval_s=30.0)
+    stream = executor.submit(build_request(endless, "The quick brown fox", max_tokens=1500, request_id="p"))
+    first = await asyncio.wait_for(stream.__anext__(), 5)  # a first token is never held back
+    assert first.index == 0
+    header = await asyncio.to_thread(executor.pause_request, "p")  # nothing left to run: the worker idles
+    generated = len(header.generated_token_ids)
+    got = [first]
+    while len(got) < generated:
+        got.append(await asyncio.wait_for(stream.__anext__(), 5))
+    assert _ids(got) == list(header.generated_token_ids)
+    assert executor.cancel("p")
+    assert (await stream.__anext__()).finish_reason == FinishReason.CANCELLED
+
+
+def test_stream_interval_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="stream_interval_s"):
+        ExecutorConfig(stream_interval_s=-1.0)
 
 
 async def test_waiting_queue_is_fifo(make_executor, llama: LoadedModel, long_prompt) -> None:

@@ -23,8 +23,10 @@ def test_cluster_config_engine_entry_reaches_the_executor(monkeypatch: pytest.Mo
         max_prefill_tokens=2048,
         watermark=0.05,
         block_bytes=4096,
+        stream_interval_s=0.0,
     )
     cfg = executor_config(entry.engine_args(), monkeypatch)
+    assert cfg.stream_interval_s == 0.0
     assert cfg.policy == "static_sls"
     assert cfg.policy_options == {"batch_size": 8, "max_iterations": 64, "keep_kv": False}
     assert cfg.limits == EngineLimits(16, 8, 2048, watermark=0.05, block_bytes=4096)
@@ -38,6 +40,7 @@ def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
         32,
         65536,
     )
+    assert cfg.stream_interval_s == 0.005
     cfg = executor_config(["--policy", "scls", "--slice-end", "recompute"], monkeypatch)
     assert cfg.policy_options == {"keep_kv": False}
     cfg = executor_config(["--slice-end", "recompute"], monkeypatch)  # a request policy: no slices

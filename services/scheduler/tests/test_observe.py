@@ -63,7 +63,8 @@ async def until(predicate, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_observations_within_a_window_share_one_call(profiler):
+async def test_observations_within_a_window_share_one_call(profiler, monkeypatch):
+    monkeypatch.setattr(observe, "tracing_enabled", lambda: False)  # (another test may have enabled it)
     fake, directory = profiler
     b = ObservationBatcher(directory, window_s=0.05)
     for i in range(5):
@@ -76,7 +77,8 @@ async def test_observations_within_a_window_share_one_call(profiler):
     assert fake.calls[1] == ["late"]
 
 
-async def test_a_full_batch_goes_at_once_and_close_sends_the_rest(profiler):
+async def test_a_full_batch_goes_at_once_and_close_sends_the_rest(profiler, monkeypatch):
+    monkeypatch.setattr(observe, "tracing_enabled", lambda: False)
     fake, directory = profiler
     b = ObservationBatcher(directory, window_s=60, max_items=3)
     for i in range(4):

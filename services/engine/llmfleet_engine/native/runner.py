@@ -14,10 +14,9 @@ window are served (keys older than the window are not read). Contexts beyond
 
 Per-iteration host overhead is kept small, since on small models it is most of an iteration: every
 index of a forward (token ids, positions, slots, the attention plans' block ids) travels to the device
-in ONE packed tensor; when the layers are the plain HF modules their weights are called directly
-(``F.linear``; fp32 RMSNorm as ``F.rms_norm``, bitwise equal to HF's on CPU), RoPE is
-``q·cos + roll(q)·sin±`` (bitwise equal to HF's ``rotate_half`` form) and the cos/sin of static RoPE
-types come from a table grown on demand.
+in ONE packed tensor; on the CPU, when the layers are the plain HF modules, their weights are called
+directly (``direct.py``); RoPE is ``x·cos + roll(x)·sin±`` (bitwise HF's ``rotate_half`` form) and
+the cos/sin of static RoPE types come from a table grown on demand.
 
 Block bookkeeping is the caller's: each ``SeqStep`` names the sequence's block table after allocation
 and the slots of its new tokens; the runner checks that they agree with each other and with the pool.
@@ -34,15 +33,11 @@ import torch.nn.functional as F
 from llmfleet.kvblocks.shapes import KvShape
 from llmfleet.kvblocks.storage import KvStorage, dtype_name
 from transformers import LlamaForCausalLM, MistralForCausalLM, PretrainedConfig, Qwen2ForCausalLM
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-from transformers.models.mistral.modeling_mistral import MistralMLP, MistralRMSNorm
-from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
 from llmfleet_engine.native.attention import BatchLayout, Packer, build_plan, paged_attention
+from llmfleet_engine.native.direct import direct_layers, norm_fn
 
 SUPPORTED_MODELS: tuple[type, ...] = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
-_NORMS = (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm)  # weight * x·rsqrt(mean(x²) + eps), in fp32
-_MLPS = (LlamaMLP, MistralMLP, Qwen2MLP)  # down(act(gate(x)) * up(x))
 _STATIC_ROPE = ("default", "linear", "llama3")  # cos/sin depend on the position only
 
 Ints = Sequence[int] | torch.Tensor
@@ -123,7 +118,8 @@ class PagedRunner:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         self.windows = [self._window_of(layer) for layer in self._layers]
         self._window_set = sorted(set(self.windows), key=lambda w: -1 if w is None else w)
-        self._direct = self._direct_layers()
+        self._direct = direct_layers(self._layers, self.dtype, self.device)
+        self._final_norm = norm_fn(self._norm, self.dtype, self.device) if self._direct else self._norm
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
         self.check_slots = check_slots
@@ -141,31 +137,6 @@ class PagedRunner:
         if w is None or (self.max_context is not None and w >= self.max_context):
             return None  # the window can never bite
         return int(w)
-
-    def _direct_layers(self) -> list[tuple] | None:
-        """Per layer, what the forward calls directly when every module is the plain HF one (None: call
-        the modules)."""
-        lin = torch.nn.Linear
-        out = []
-        for layer in self._layers:
-            a, m = layer.self_attn, layer.mlp
-            norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            projs = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-            if type(m) not in _MLPS or any(type(x) is not lin for x in projs):
-                return None
-            if any(type(n) not in _NORMS for n in norms):
-                return None
-            act = F.silu if type(m.act_fn).__name__ in ("SiLUActivation", "SiLU") else m.act_fn
-            out.append((*[self._norm_fn(n) for n in norms], *[(p.weight, p.bias) for p in projs], act))
-        self._final_norm = self._norm_fn(self._norm)
-        return out
-
-    def _norm_fn(self, norm: Any) -> Any:
-        """HF's RMSNorm; as ``F.rms_norm`` for fp32 on CPU (bitwise the same there, one op)."""
-        if self.dtype == torch.float32 and self.device.type == "cpu" and type(norm) in _NORMS:
-            w, eps, shape = norm.weight, norm.variance_epsilon, (norm.weight.shape[0],)
-            return lambda x: F.rms_norm(x, shape, w, eps)
-        return norm
 
     def _cos_sin(self, h: torch.Tensor, pos: torch.Tensor, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and the signed sin (``sin`` with its first half negated, for ``roll``) of ``pos``."""
@@ -291,20 +262,18 @@ class PagedRunner:
         direct = self._direct
         for li, layer in enumerate(self._layers):
             if direct is not None:
-                ln1, ln2, (wq, bq), (wk, bk), (wv, bv), (wo, bo), (wg, bg), (wu, bu), (wd, bd), act = direct[
-                    li
-                ]
-                x = ln1(h)
-                q = F.linear(x, wq, bq).view(total, -1, d)
-                k = F.linear(x, wk, bk).view(total, -1, d)
-                v = F.linear(x, wv, bv).view(total, -1, d)
+                dl = direct[li]
+                x = dl.ln1(h)
+                q = F.linear(x, *dl.q).view(total, -1, d)
+                k = F.linear(x, *dl.k).view(total, -1, d)
+                v = F.linear(x, *dl.v).view(total, -1, d)
             else:
                 attn = layer.self_attn
                 x = layer.input_layernorm(h)
                 q = attn.q_proj(x).view(total, -1, d)
                 k = attn.k_proj(x).view(total, -1, d)
                 v = attn.v_proj(x).view(total, -1, d)
-            q = q * cos + q.roll(half, -1) * sin  # HF's q·cos + rotate_half(q)·sin, bitwise
+            q = q * cos + q.roll(half, -1) * sin  # HF's x·cos + rotate_half(x)·sin, bitwise
             k = k * cos + k.roll(half, -1) * sin
             o = paged_attention(
                 self._layer_slots[li],
@@ -318,13 +287,13 @@ class PagedRunner:
                 self._scales[li],
             )
             if direct is not None:
-                h = h + F.linear(o.reshape(total, -1), wo, bo)
-                y = ln2(h)
-                h = h + F.linear(act(F.linear(y, wg, bg)) * F.linear(y, wu, bu), wd, bd)
+                h = h + F.linear(o.reshape(total, -1), *dl.o)
+                y = dl.ln2(h)
+                h = h + F.linear(dl.act(F.linear(y, *dl.gate)) * F.linear(y, *dl.up), *dl.down)
             else:
                 h = h + attn.o_proj(o.reshape(total, -1))
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
-        norm = self._final_norm if direct is not None else self._norm
+        norm = self._final_norm
         if all_positions:
             logits = self._lm_head(norm(h)).float()
             return [logits[layout.tok_off[j] : layout.tok_off[j] + layout.q_len[j]] for j in internal]

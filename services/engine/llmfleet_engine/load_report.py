@@ -1,0 +1,70 @@
+"""The executor's load report (``load_snapshot``): per-model running/waiting, KV use and tokens/s."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from llmfleet.engine_core import EngineCore
+from llmfleet.kvblocks import BlockAllocator
+
+from llmfleet_engine.delivery import RateWindow
+from llmfleet_engine.memory import MemoryPlan
+from llmfleet_engine.outputs import LoadSnapshot, ModelLoad
+
+if TYPE_CHECKING:
+    from llmfleet_engine.model_host import HostedModel
+
+
+class LoadReport:
+    """Mixin of :class:`~llmfleet_engine.executor.Executor` (uses its lock, core, pool and models)."""
+
+    allocator: BlockAllocator
+    core: EngineCore
+    plan: MemoryPlan
+    _cond: threading.Condition
+    _models: dict[str, HostedModel]
+    _generated: RateWindow
+    _reserved_blocks: int
+
+    def load_snapshot(self) -> LoadSnapshot:
+        now = time.monotonic()
+        with self._cond:
+            stats = self.allocator.stats()
+            per: dict[str, list[int]] = {n: [0, 0] for n in self._models}
+            for i, queue in enumerate((self.core.running, self.core.waiting)):
+                for r in queue.values():
+                    if r.sched.model in per:
+                        per[r.sched.model][i] += 1
+            tokens_per_s = self._generated.per_second(now)
+            running, waiting = len(self.core.running), len(self.core.waiting)
+            models = []
+            for name, m in sorted(self._models.items()):
+                st = stats.models.get(name)
+                tokens = st.tokens if st is not None else 0
+                models.append(
+                    ModelLoad(
+                        model=name,
+                        running=per[name][0],
+                        waiting=per[name][1],
+                        kv_tokens=tokens,
+                        kv_used_bytes=tokens * m.shape.bytes_per_token,
+                        kv_blocks=st.blocks if st is not None else 0,
+                        tokens_per_block=m.tokens_per_block,
+                    )
+                )
+            reserved = self._reserved_blocks
+        return LoadSnapshot(
+            timestamp=time.time(),
+            running=running,
+            waiting=waiting,
+            kv_used_bytes=sum(m.kv_used_bytes for m in models),
+            kv_capacity_bytes=(self.plan.num_blocks - reserved) * self.plan.block_bytes,
+            tokens_per_s=tokens_per_s,
+            models=tuple(models),
+            kv_blocks_used=stats.used_blocks - reserved,
+            kv_blocks_total=self.plan.num_blocks - reserved,
+            preemptions=self.core.preemptions,
+            kv_fragmentation=stats.fragmentation,
+        )
