@@ -122,13 +122,17 @@ class EngineCore(StaticMode):
 
     def add(self, r: CoreRequest, now: float) -> None:
         """A new request (phase prefill) enters waiting; the policy's ``on_arrival``."""
+        self._register(r)
+        self._enqueue(r, now)
+
+    def _register(self, r: CoreRequest) -> str:
         rid = r.sched.request_id
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already in the engine")
         if r.sched.model not in self.tpb:
             raise ValueError(f"model {r.sched.model!r} is not served here; known: {sorted(self.tpb)}")
         self.requests[rid] = r
-        self._enqueue(r, now)
+        return rid
 
     def _enqueue(self, r: CoreRequest, now: float) -> None:
         r.sched.phase = "prefill"
@@ -139,12 +143,7 @@ class EngineCore(StaticMode):
         """A request migrated in. With ``kv_tokens`` (= its context − 1) its KV comes along: it joins
         running if the blocks are (``reserved``: the caller already reserved them) or can be allocated
         here; otherwise it re-prefills prompt + output so far. True when it landed with its KV."""
-        rid = r.sched.request_id
-        if rid in self.requests:
-            raise ValueError(f"request {rid!r} is already in the engine")
-        if r.sched.model not in self.tpb:
-            raise ValueError(f"model {r.sched.model!r} is not served here; known: {sorted(self.tpb)}")
-        self.requests[rid] = r
+        rid = self._register(r)
         if kv_tokens and (reserved or self.alloc.can_allocate(r.sched.model, kv_tokens)):
             if not reserved:
                 self.alloc.reserve(rid, r.sched.model, kv_tokens)
