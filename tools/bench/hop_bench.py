@@ -41,14 +41,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hop_report import GOAL_P50_MS, GOAL_P99_MS, PATHS, markdown, plot
+
 SERVICE = "hop"
 MODEL = "tiny-llama"
 ENGINE_ID = "engine-0"
 PROMPT = "Once upon a time there was a tiny model"
-GOAL_P50_MS = 1.0
-GOAL_P99_MS = 3.0
 PCTS = (50, 90, 99)
-PATHS = ("direct", "through")
 
 
 # ------------------------------------------------------------------------------------------ cluster
@@ -352,104 +351,6 @@ async def run_bench(args: argparse.Namespace, engine: str, scheduler: str, pids:
 
 
 # ------------------------------------------------------------------------------------------ report
-def _cell(x: dict) -> str:
-    return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
-
-
-def markdown(result: dict) -> str:
-    lines = [
-        "# Control-plane hop benchmark",
-        "",
-        f"{result['machine']} · {result['cpus']} CPUs · Python {result['python']} · "
-        f"{result['repeats']} repeats · journal prefilled with {result['prefill']} requests · "
-        f"engine threads {result['engine_threads']} · "
-        f"scheduler flags `{' '.join(result['scheduler_args']) or '(defaults)'}` · wall {result['wall_s']:.0f} s",
-        "",
-        "Client-side TTFT in ms (call started -> first chunk with tokens): **direct** to the engine's "
-        "`Generate` vs **through** the scheduler's `Submit` with the SDK, interleaved. Cells: median over "
-        "repeats (min–max). Hop = through − direct per percentile.",
-        "",
-        "| scenario | n/repeat | direct p50 | through p50 | **hop p50** | direct p99 | through p99 | **hop p99** | hop p90 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in result["scenarios"]:
-        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
-        lines.append(
-            f"| {name} | {s['n_per_repeat']} | {_cell(s['direct']['p50'])} | {_cell(s['through']['p50'])} | "
-            f"**{_cell(s['hop']['p50'])}** | {_cell(s['direct']['p99'])} | {_cell(s['through']['p99'])} | "
-            f"**{_cell(s['hop']['p99'])}** | {_cell(s['hop']['p90'])} |"
-        )
-    lines += [
-        "",
-        f"Goal (issue item 7): hop ≤ {GOAL_P50_MS:g} ms p50 and ≤ {GOAL_P99_MS:g} ms p99.",
-        "",
-        "| scenario | hop p50 | goal met | hop p99 | goal met |",
-        "|---|---:|---|---:|---|",
-    ]
-    for s in result["scenarios"]:
-        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
-        p50, p99 = s["hop"]["p50"]["median"], s["hop"]["p99"]["median"]
-        lines.append(
-            f"| {name} | {p50:.2f} | {'yes' if p50 <= GOAL_P50_MS else 'no'} | {p99:.2f} | "
-            f"{'yes' if p99 <= GOAL_P99_MS else 'no'} |"
-        )
-    procs = sorted({k for s in result["scenarios"] for p in PATHS for k in s["cpu_ms_per_request"][p]})
-    if procs:
-        lines += [
-            "",
-            "CPU time per request in ms (user + system, all repeats; `client` is this benchmark process):",
-            "",
-            "| scenario | path | " + " | ".join(procs) + " |",
-            "|---|---|" + "---:|" * len(procs),
-        ]
-        for s in result["scenarios"]:
-            name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
-            for p in PATHS:
-                used = s["cpu_ms_per_request"][p]
-                lines.append(
-                    f"| {name} | {p} | " + " | ".join(f"{used.get(k, 0.0):.2f}" for k in procs) + " |"
-                )
-    lines += [
-        "",
-        f"Load average before / after the run: {result['load_before']} / {result['load_after']}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def plot(result: dict, out: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scen = result["scenarios"]
-    labels = [
-        ("seq" if s["mode"] == "sequential" else f"×{s['concurrency']}") + f"\n{s['tokens']} tok"
-        for s in scen
-    ]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    xs = range(len(scen))
-    for ax, q, goal in ((axes[0], "p50", GOAL_P50_MS), (axes[1], "p99", GOAL_P99_MS)):
-        for off, path in ((-0.27, "direct"), (0.0, "through"), (0.27, "hop")):
-            med = [s[path][q]["median"] for s in scen]
-            err = [
-                [m - s[path][q]["min"] for m, s in zip(med, scen, strict=True)],
-                [s[path][q]["max"] - m for m, s in zip(med, scen, strict=True)],
-            ]
-            ax.bar([x + off for x in xs], med, 0.27, yerr=err, capsize=3, label=path)
-        ax.axhline(goal, color="red", linestyle="--", linewidth=1, label=f"hop goal {goal:g} ms")
-        ax.set_xticks(list(xs), labels)
-        ax.set_yscale("symlog", linthresh=1.0)  # sequential (~1 ms) and bursts (~100 ms) on one axis
-        ax.set_ylabel("ms (linear below 1, log above)")
-        ax.set_title(f"TTFT {q} (median of repeats, min–max)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "hop.png", dpi=120)
-    plt.close(fig)
-    return "hop.png"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".bench/hop", help="output directory")

@@ -11,7 +11,6 @@ a copy of the pool allocate every free block (``free_order``).
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 
 import pytest
@@ -27,6 +26,7 @@ from llmfleet.kvblocks import (
     ShapeMismatch,
     UnknownModel,
 )
+from pool_helpers import free_order
 
 BB = 2048
 SHAPES = {
@@ -36,21 +36,10 @@ SHAPES = {
 }
 OTHER = {"m0": SHAPES["m1"], "m1": SHAPES["m2"], "m2": SHAPES["m0"]}
 NAMES = sorted(SHAPES)
-PROBE = KvShape(1, 1, 1, "float8_e4m3fn")  # 2 B/token: fits any block
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def free_order(a: BlockAllocator) -> list[int]:
-    """The free block ids in the order the pool hands them out (next one first): a copy of the pool
-    allocates all its free blocks to one probe sequence; ``a`` itself is not touched."""
-    if not a.free_blocks:
-        return []
-    probe = copy.deepcopy(a)
-    tpb = probe.register_model("__probe__", PROBE)
-    return list(probe.allocate("__probe__", "__probe__", probe.free_blocks * tpb).blocks)
 
 
 class PoolMachine(RuleBasedStateMachine):
