@@ -29,9 +29,7 @@ import asyncio
 import json
 import os
 import platform
-import random
 import resource
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hop_report import GOAL_P50_MS, GOAL_P99_MS, PATHS, markdown, plot
+from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
 
 SERVICE = "hop"
 MODEL = "tiny-llama"
@@ -51,101 +50,25 @@ PCTS = (50, 90, 99)
 
 
 # ------------------------------------------------------------------------------------------ cluster
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_base_port() -> int:
-    from llmfleet.cli.up import CONTROL_PLANE, ENGINE_PORT_OFFSET
-
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    offsets = [o for *_, o in CONTROL_PLANE] + [ENGINE_PORT_OFFSET]
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        if all(_port_free(base + o) for o in offsets):
-            return base
-    raise RuntimeError("no free port range found")
-
-
-class Cluster:
+def start_cluster(root: Path, engine_threads: int, scheduler_args: Sequence[str]) -> LocalCluster:
     """etcd + the children ``llmfleet up`` plans for a one-engine config (stopped by ``stop``)."""
+    import yaml
+    from llmfleet_engine.models import materialize, without_eos
 
-    def __init__(self, root: Path, engine_threads: int, scheduler_args: Sequence[str]) -> None:
-        import yaml
-        from llmfleet.cli.up import plan_services
-        from llmfleet.config import ClusterConfig
-        from llmfleet.coord import LocalEtcd
-        from llmfleet.supervisor import ProcessGroup
-        from llmfleet_engine.models import materialize, without_eos
-
-        models_dir = root / "models"
-        endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
-        config = {
-            "services": {SERVICE: {"model": MODEL, "default_max_tokens": 16}},
-            "models": {MODEL: {"source": str(endless)}},
-            "engines": {ENGINE_ID: {"models": [MODEL]}},
-        }
-        config_path = root / "cluster.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        self.etcd = LocalEtcd(root / "etcd").start()
-        self.group = ProcessGroup(root / "logs")
-        self.addresses: dict[str, str] = {}
-        try:
-            plans = plan_services(
-                ClusterConfig.load(config_path),
-                config_path,
-                etcd=self.etcd.endpoint,
-                state_dir=root,
-                base_port=pick_base_port(),
-                prefix=f"/hop-{uuid.uuid4().hex[:8]}",
-                log_level="WARNING",
-            )
-            extra = {
-                ENGINE_ID: ["--threads", str(engine_threads), "--offline", "--max-batch-requests", "128"],
-                "scheduler": list(scheduler_args),
-            }
-            for p in plans:
-                self.group.spawn(p.name, [*p.argv, *extra.get(p.name, [])], log_path=p.log_path)
-                self.addresses[p.name] = p.address
-            for p in plans:
-                self.group.wait_healthy(p.name, p.address, timeout=180)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        try:
-            self.group.stop_all(grace=10)
-        finally:
-            self.etcd.stop()
-
-
-async def wait_ready(engine: str, scheduler: str, timeout: float = 180) -> None:
-    """Until the engine has loaded the model and the scheduler routes the service to it."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.client import AsyncClient
-    from llmfleet.rpc.channels import open_channel
-
-    deadline = time.monotonic() + timeout
-    async with open_channel(engine) as ch:
-        stub = engine_pb2_grpc.EngineStub(ch)
-        while not any(m.name == MODEL for m in (await stub.GetInfo(engine_pb2.GetInfoRequest())).models):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"engine did not load {MODEL}")
-            await asyncio.sleep(0.25)
-    async with AsyncClient(scheduler) as client:
-        while True:
-            services = {x.name: x for x in await client.list_services(timeout_s=10)}
-            if SERVICE in services and services[SERVICE].engines:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the scheduler does not route {SERVICE!r}: {services}")
-            await asyncio.sleep(0.25)
+    models_dir = root / "models"
+    endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
+    config = {
+        "services": {SERVICE: {"model": MODEL, "default_max_tokens": 16}},
+        "models": {MODEL: {"source": str(endless)}},
+        "engines": {ENGINE_ID: {"models": [MODEL]}},
+    }
+    config_path = root / "cluster.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    extra = {
+        ENGINE_ID: ["--threads", str(engine_threads), "--offline", "--max-batch-requests", "128"],
+        "scheduler": list(scheduler_args),
+    }
+    return start_local_cluster(config_path, root, extra=extra, prefix=f"/hop-{uuid.uuid4().hex[:8]}")
 
 
 # ------------------------------------------------------------------------------------------ requests
@@ -287,7 +210,7 @@ def aggregate(repeats: list[dict]) -> dict:
 
 
 async def run_bench(args: argparse.Namespace, engine: str, scheduler: str, pids: dict[str, int]) -> dict:
-    await wait_ready(engine, scheduler)
+    await wait_routed(engine, scheduler, MODEL, SERVICE)
     paths = Paths(engine, scheduler)
     send = {"direct": paths.direct, "through": paths.through}
     scenarios = [(mode, t) for mode in ("sequential", "concurrent") for t in args.tokens]
@@ -385,7 +308,7 @@ def main() -> None:
     else:
         root = Path(tempfile.mkdtemp(prefix="llmfleet-hop-"))
         print(f"starting a local cluster under {root} ...", flush=True)
-        cluster = Cluster(root, args.engine_threads, scheduler_args)
+        cluster = start_cluster(root, args.engine_threads, scheduler_args)
         engine, scheduler = cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"]
         pids = {
             c.name: c.pid for c in cluster.group.children if c.name in ("scheduler", "profiler", ENGINE_ID)

@@ -60,9 +60,8 @@ from .calibrate import (
 )
 from .cli import main, measure, parse_args
 from .cluster import (
-    LiveCluster,
+    LocalCluster,
     engine_flags,
-    pick_base_port,
     profile_engine,
     scheduler_flags,
     start_cluster,
@@ -107,7 +106,7 @@ __all__ = [
     "SERVICE",
     "VARIANTS",
     "CalibrationGroup",
-    "LiveCluster",
+    "LocalCluster",
     "Overhead",
     "PlannedRequest",
     "Settings",
@@ -129,7 +128,6 @@ __all__ = [
     "parse_args",
     "pct",
     "percentile",
-    "pick_base_port",
     "plan_workload",
     "profile_engine",
     "rel_diff",

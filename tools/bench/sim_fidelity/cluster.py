@@ -3,52 +3,13 @@ engine and scheduler flags, waiting until it serves, and the engine's Profile sw
 
 from __future__ import annotations
 
-import asyncio
-import os
-import random
-import socket
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
+
 from .workload import ENGINE_ID, MODEL, SERVICE, Settings
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_base_port(rng: random.Random) -> int:
-    """A base port with every port ``up`` derives from it (control plane, the engine) free."""
-    from llmfleet.cli.up import CONTROL_PLANE, ENGINE_PORT_OFFSET
-
-    offsets = [o for *_, o in CONTROL_PLANE] + [ENGINE_PORT_OFFSET]
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        if all(_port_free(base + o) for o in offsets):
-            return base
-    raise RuntimeError("no free port range found")
-
-
-@dataclass
-class LiveCluster:
-    root: Path
-    etcd: Any
-    group: Any
-    addresses: dict[str, str] = field(default_factory=dict)
-
-    def stop(self) -> None:
-        try:
-            self.group.stop_all(grace=10)
-        finally:
-            self.etcd.stop()
 
 
 def engine_flags(s: Settings) -> list[str]:
@@ -87,13 +48,9 @@ def scheduler_flags(s: Settings) -> list[str]:
     return ["--no-predict"] if "--no-predict" in known else []
 
 
-def start_cluster(root: Path, s: Settings, log: Any) -> LiveCluster:
+def start_cluster(root: Path, s: Settings, log: Any) -> LocalCluster:
     """etcd + the children ``llmfleet up`` plans, with the engine's (and scheduler's) flags appended."""
     import yaml
-    from llmfleet.cli.up import plan_services
-    from llmfleet.config import ClusterConfig
-    from llmfleet.coord import LocalEtcd
-    from llmfleet.supervisor import ProcessGroup
     from llmfleet_engine.models import materialize, without_eos
 
     models_dir = root / "models"
@@ -105,57 +62,18 @@ def start_cluster(root: Path, s: Settings, log: Any) -> LiveCluster:
     }
     config_path = root / "cluster.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    etcd = LocalEtcd(root / "etcd").start()
-    cluster = LiveCluster(root, etcd, ProcessGroup(root / "logs"))
-    try:
-        plans = plan_services(
-            ClusterConfig.load(config_path),
-            config_path,
-            etcd=etcd.endpoint,
-            state_dir=root,
-            base_port=pick_base_port(random.Random(os.getpid() ^ time.monotonic_ns())),
-            prefix=f"/fidelity-{uuid.uuid4().hex[:8]}",
-            log_level="WARNING",
-        )
-        for p in plans:
-            extra = {ENGINE_ID: engine_flags(s), "scheduler": scheduler_flags(s)}.get(p.name, [])
-            cluster.group.spawn(p.name, [*p.argv, *extra], log_path=p.log_path)
-            cluster.addresses[p.name] = p.address
-        for p in plans:
-            cluster.group.wait_healthy(p.name, p.address, timeout=180)
-        log(f"cluster healthy: {cluster.addresses}")
-    except BaseException:
-        cluster.stop()
-        raise
+    extra = {ENGINE_ID: engine_flags(s), "scheduler": scheduler_flags(s)}
+    cluster = start_local_cluster(config_path, root, extra=extra, prefix=f"/fidelity-{uuid.uuid4().hex[:8]}")
+    log(f"cluster healthy: {cluster.addresses}")
     return cluster
 
 
-async def wait_ready(cluster: LiveCluster, timeout: float = 180) -> Any:
+async def wait_ready(cluster: LocalCluster, timeout: float = 180) -> Any:
     """Until the engine has loaded the model (placement) and the scheduler routes the service to it;
     the engine's GetInfo."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.client import AsyncClient
-    from llmfleet.rpc.channels import open_channel
-
-    deadline = time.monotonic() + timeout
-    async with open_channel(cluster.addresses[ENGINE_ID]) as ch:
-        stub = engine_pb2_grpc.EngineStub(ch)
-        while True:
-            info = await stub.GetInfo(engine_pb2.GetInfoRequest(), timeout=10)
-            if any(m.name == MODEL for m in info.models):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"engine did not load {MODEL}: {info}")
-            await asyncio.sleep(0.25)
-    async with AsyncClient(cluster.addresses["scheduler"]) as client:
-        while True:
-            services = {x.name: x for x in await client.list_services(timeout_s=10)}
-            if SERVICE in services and services[SERVICE].engines:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the scheduler does not route {SERVICE!r}: {services}")
-            await asyncio.sleep(0.25)
-    return info
+    return await wait_routed(
+        cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"], MODEL, SERVICE, timeout
+    )
 
 
 async def profile_engine(address: str, s: Settings) -> list[tuple[str, int, int, float]]:
