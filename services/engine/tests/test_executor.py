@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import chunk_checks as cc
 import pytest
 from llmfleet.api.v1 import common_pb2
 from llmfleet.testing import eventually
@@ -13,39 +14,12 @@ from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel, ModelSourceNotFound
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
-    EngineChunk,
     FinishReason,
     ModelConflictError,
     QueueFullError,
 )
 from llmfleet_engine.text import IncrementalDetokenizer, TextStream
 from llmfleet_engine.validation import UnknownModelError, build_request
-
-
-def _ids(chunks: list[EngineChunk]) -> list[int]:
-    return [t for c in chunks for t in c.token_ids]
-
-
-def _text(chunks: list[EngineChunk]) -> str:
-    return "".join(c.text for c in chunks)
-
-
-def _check_stream(chunks: list[EngineChunk], start: int = 0) -> None:
-    """Indices are contiguous from ``start``; only the last chunk is final and carries usage."""
-    expected = start
-    for c in chunks:
-        assert c.index == expected
-        expected += len(c.token_ids)
-    assert chunks[-1].final and chunks[-1].usage is not None
-    assert not any(c.final or c.usage for c in chunks[:-1])
-    assert chunks[-1].usage.completion_tokens == expected
-
-
-async def _wait_for(predicate, timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def test_finish_reason_values_match_proto() -> None:
@@ -101,11 +75,11 @@ async def test_greedy_matches_hf_generate(
         req = build_request(model, prompt, max_tokens=n)
         expected = hf_greedy(model, req.prompt_token_ids, n)
         chunks = await executor.submit(req).collect()
-        _check_stream(chunks)
-        assert _ids(chunks) == expected
+        cc.check_stream(chunks)
+        assert cc.ids(chunks) == expected
         reason = FinishReason.LENGTH if len(expected) == n else FinishReason.EOS
         assert chunks[-1].finish_reason == reason
-        assert _text(chunks) == model.tokenizer.decode(expected, skip_special_tokens=True)
+        assert cc.text(chunks) == model.tokenizer.decode(expected, skip_special_tokens=True)
         usage = chunks[-1].usage
         assert usage.prompt_tokens == len(req.prompt_token_ids)
         assert 0 <= usage.queue_s <= usage.ttft_s <= usage.latency_s
@@ -122,8 +96,8 @@ async def test_greedy_interleaved_requests_match(
     streams = [executor.submit(r) for r in reqs]
     results = await asyncio.gather(*(s.collect() for s in streams))
     for chunks, exp in zip(results, expected, strict=True):
-        _check_stream(chunks)
-        assert _ids(chunks) == exp
+        cc.check_stream(chunks)
+        assert cc.ids(chunks) == exp
 
 
 @pytest.mark.parametrize("interval", [0.0, 30.0])
@@ -142,10 +116,10 @@ async def test_stream_interval_keeps_one_chunk_per_token(
     )
     for model, req, chunks in zip(models, [*reqs, stop], results, strict=True):
         expected = hf_greedy(model, req.prompt_token_ids, n)
-        _check_stream(chunks)
+        cc.check_stream(chunks)
         assert all(len(c.token_ids) <= 1 for c in chunks)
-        assert _ids(chunks) == expected
-        assert _text(chunks) == model.tokenizer.decode(expected, skip_special_tokens=True)
+        assert cc.ids(chunks) == expected
+        assert cc.text(chunks) == model.tokenizer.decode(expected, skip_special_tokens=True)
 
 
 async def test_held_output_is_released_when_the_worker_idles(make_executor, endless: LoadedModel) -> None:
@@ -158,7 +132,7 @@ async def test_held_output_is_released_when_the_worker_idles(make_executor, endl
     got = [first]
     while len(got) < generated:
         got.append(await asyncio.wait_for(stream.__anext__(), 5))
-    assert _ids(got) == list(header.generated_token_ids)
+    assert cc.ids(got) == list(header.generated_token_ids)
     assert executor.cancel("p")
     assert (await stream.__anext__()).finish_reason == FinishReason.CANCELLED
 
@@ -179,23 +153,23 @@ async def test_waiting_queue_is_fifo(make_executor, llama: LoadedModel, long_pro
     finished = [c[-1].usage for c in results]
     assert finished[0].latency_s < finished[1].latency_s < finished[2].latency_s
     assert finished[2].queue_s > finished[0].queue_s
-    assert all(_ids(c) == _ids(results[0]) for c in results)
+    assert all(cc.ids(c) == cc.ids(results[0]) for c in results)
 
 
 async def test_resume_continues_numbering(executor: Executor, llama: LoadedModel, long_prompt) -> None:
     n = 16
     prompt = long_prompt(llama, n)
     full = await executor.submit(build_request(llama, prompt, max_tokens=n)).collect()
-    ids = _ids(full)
+    ids = cc.ids(full)
     for k in range(1, n):  # every split point, including ones inside multi-byte characters
         req = build_request(llama, prompt, max_tokens=n, resume_token_ids=ids[:k])
         resumed = await executor.submit(req).collect()
-        _check_stream(resumed, start=k)
-        assert _ids(resumed) == ids[k:]
+        cc.check_stream(resumed, start=k)
+        assert cc.ids(resumed) == ids[k:]
         assert resumed[-1].finish_reason == FinishReason.LENGTH
         assert resumed[-1].usage.completion_tokens == n
         delivered = "".join(c.text for c in full[:k])  # what the client had from the first engine
-        assert delivered + _text(resumed) == _text(full)
+        assert delivered + cc.text(resumed) == cc.text(full)
 
 
 async def test_resume_already_complete(executor: Executor, llama: LoadedModel) -> None:
@@ -211,7 +185,7 @@ async def test_resume_already_complete(executor: Executor, llama: LoadedModel) -
 async def test_seeded_sampling_is_reproducible(executor: Executor, qwen2: LoadedModel) -> None:
     async def run(seed: int) -> list[int]:
         req = build_request(qwen2, "Once upon a time", max_tokens=24, temperature=1.0, top_p=0.9, seed=seed)
-        return _ids(await executor.submit(req).collect())
+        return cc.ids(await executor.submit(req).collect())
 
     a, b, c = await asyncio.gather(run(11), run(11), run(12))
     assert a == b
@@ -222,7 +196,7 @@ async def test_stop_string_cuts_output(executor: Executor, llama: LoadedModel, l
     n = 30
     prompt = long_prompt(llama, n)
     full = await executor.submit(build_request(llama, prompt, max_tokens=n)).collect()
-    text = _text(full)
+    text = cc.text(full)
     start = next(
         i
         for i in range(4, len(text) - 3)
@@ -232,17 +206,17 @@ async def test_stop_string_cuts_output(executor: Executor, llama: LoadedModel, l
     chunks = await executor.submit(
         build_request(llama, prompt, max_tokens=n, stop=[stop, "never-there"])
     ).collect()
-    _check_stream(chunks)
+    cc.check_stream(chunks)
     assert chunks[-1].finish_reason == FinishReason.STOP
-    assert _text(chunks) == text[:start]
-    assert _ids(chunks) == _ids(full)[: len(_ids(chunks))]
-    assert len(_ids(chunks)) < n
+    assert cc.text(chunks) == text[:start]
+    assert cc.ids(chunks) == cc.ids(full)[: len(cc.ids(chunks))]
+    assert len(cc.ids(chunks)) < n
 
 
 async def test_max_tokens_finishes_with_length(executor: Executor, llama: LoadedModel, long_prompt) -> None:
     prompt = long_prompt(llama, 5)
     chunks = await executor.submit(build_request(llama, prompt, max_tokens=5)).collect()
-    assert len(_ids(chunks)) == 5
+    assert len(cc.ids(chunks)) == 5
     assert chunks[-1].finish_reason == FinishReason.LENGTH and chunks[-1].usage.completion_tokens == 5
 
 
@@ -258,7 +232,7 @@ async def test_eos_finishes_without_emitting_it(
         build_request(executor.models["eos-llama"], prompt, max_tokens=12)
     ).collect()
     assert chunks[-1].finish_reason == FinishReason.EOS
-    assert _ids(chunks) == reference[:first]
+    assert cc.ids(chunks) == reference[:first]
     assert chunks[-1].token_ids == () and chunks[-1].usage.completion_tokens == first
 
 
@@ -294,7 +268,7 @@ async def test_closing_stream_or_cancelling_reader_cancels(executor: Executor, e
 
     stream = executor.submit(build_request(endless, "The quick brown fox", max_tokens=1500))
     reader = asyncio.create_task(stream.collect())
-    await _wait_for(lambda: executor.load_snapshot().running == 1)
+    await cc.wait_for(lambda: executor.load_snapshot().running == 1)
     reader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reader

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 
+import chunk_checks as cc
 import pytest
 import torch
 from llmfleet.api.v1 import engine_pb2
@@ -31,11 +32,7 @@ from vllm_doubles import (
     FakeAsyncLLMEngine,
     FakeCompletionOutput,
     FakeRequestOutput,
-    _check_stream,
     _eid,
-    _ids,
-    _text,
-    _wait_for,
 )
 
 # ------------------------------------------------------------------ the executor on a fake vLLM
@@ -91,10 +88,10 @@ async def test_greedy_matches_hf_through_the_adapter(
         assert req.prompt_token_ids == tuple(llama.tokenizer(prompt)["input_ids"])
         expected = hf_greedy(llama, req.prompt_token_ids, n)
         chunks = await vexec.submit(req).collect()
-        _check_stream(chunks)
-        assert _ids(chunks) == expected
+        cc.check_stream(chunks)
+        assert cc.ids(chunks) == expected
         assert chunks[-1].finish_reason == (FinishReason.LENGTH if len(expected) == n else FinishReason.EOS)
-        assert _text(chunks) == llama.tokenizer.decode(expected, skip_special_tokens=True)
+        assert cc.text(chunks) == llama.tokenizer.decode(expected, skip_special_tokens=True)
         usage = chunks[-1].usage
         assert usage.prompt_tokens == len(req.prompt_token_ids)
         assert 0 <= usage.queue_s <= usage.ttft_s <= usage.latency_s
@@ -113,7 +110,7 @@ async def test_validate_generate_works_unchanged(vexec: vb.VllmExecutor) -> None
     proto.sampling.max_tokens = 4
     req = validate_generate(proto, vexec.models)
     chunks = await vexec.submit(req).collect()
-    _check_stream(chunks)
+    cc.check_stream(chunks)
     assert chunks[-1].usage.completion_tokens <= 4
 
 
@@ -130,8 +127,8 @@ async def test_concurrent_requests_across_models(
     ]
     results = await asyncio.gather(*(executor.submit(r).collect() for _, r in pairs))
     for (hf, req), chunks in zip(pairs, results, strict=True):
-        _check_stream(chunks)
-        assert _ids(chunks) == hf_greedy(hf, req.prompt_token_ids, 12)
+        cc.check_stream(chunks)
+        assert cc.ids(chunks) == hf_greedy(hf, req.prompt_token_ids, 12)
 
 
 async def test_resume_re_prefills_and_continues(
@@ -142,14 +139,14 @@ async def test_resume_re_prefills_and_continues(
     n = 12
     prompt = long_prompt(llama, n)
     full = await vexec.submit(build_request(model, prompt, max_tokens=n)).collect()
-    ids = _ids(full)
+    ids = cc.ids(full)
     for k in (1, 5, n - 1):
         req = build_request(model, prompt, max_tokens=n, resume_token_ids=ids[:k], request_id=f"res{k}")
         resumed = await vexec.submit(req).collect()
-        _check_stream(resumed, start=k)
-        assert _ids(resumed) == ids[k:]
+        cc.check_stream(resumed, start=k)
+        assert cc.ids(resumed) == ids[k:]
         assert resumed[-1].finish_reason == FinishReason.LENGTH and resumed[-1].usage.completion_tokens == n
-        assert "".join(c.text for c in full[:k]) + _text(resumed) == _text(full)
+        assert "".join(c.text for c in full[:k]) + cc.text(resumed) == cc.text(full)
         assert engine.prompts[_eid(engine, f"res{k}")] == [*req.prompt_token_ids, *ids[:k]]  # token transfer
         assert engine.params[_eid(engine, f"res{k}")].max_tokens == n - k
     done = await vexec.submit(
@@ -167,7 +164,7 @@ async def test_stop_string_ends_and_aborts_engine(
     n = 24
     prompt = long_prompt(llama, n)
     full = await vexec.submit(build_request(model, prompt, max_tokens=n)).collect()
-    text = _text(full)
+    text = cc.text(full)
     start = next(
         i
         for i in range(4, len(text) - 3)
@@ -176,12 +173,12 @@ async def test_stop_string_ends_and_aborts_engine(
     stop = text[start : start + 3]
     req = build_request(model, prompt, max_tokens=n, stop=[stop], request_id="stopper")
     chunks = await vexec.submit(req).collect()
-    _check_stream(chunks)
-    assert chunks[-1].finish_reason == FinishReason.STOP and _text(chunks) == text[:start]
-    assert _ids(chunks) == _ids(full)[: len(_ids(chunks))] and len(_ids(chunks)) < n
+    cc.check_stream(chunks)
+    assert chunks[-1].finish_reason == FinishReason.STOP and cc.text(chunks) == text[:start]
+    assert cc.ids(chunks) == cc.ids(full)[: len(cc.ids(chunks))] and len(cc.ids(chunks)) < n
     params = engine.params[_eid(engine, "stopper")]
     assert params.stop == [stop] and params.detokenize
-    await _wait_for(lambda: _eid(engine, "stopper") in engine.aborted)
+    await cc.wait_for(lambda: _eid(engine, "stopper") in engine.aborted)
 
 
 async def test_cancel_and_closing_streams(vexec: vb.VllmExecutor, llama: LoadedModel, long_prompt) -> None:
@@ -204,13 +201,13 @@ async def test_cancel_and_closing_streams(vexec: vb.VllmExecutor, llama: LoadedM
     assert not vexec.cancel("long")
     rest = [c async for c in stream]
     assert rest[-1].finish_reason == FinishReason.CANCELLED and rest[-1].usage is not None
-    _check_stream([first, *rest])
-    await _wait_for(lambda: any(k.startswith("long.") for k in engine.aborted))
+    cc.check_stream([first, *rest])
+    await cc.wait_for(lambda: any(k.startswith("long.") for k in engine.aborted))
     snap = vexec.load_snapshot()
     assert (snap.running, snap.waiting, snap.kv_used_bytes) == (0, 0, 0)
     FakeAsyncLLMEngine.step_delay_s = 0.0  # the same id again right away: a fresh engine-side id
     again = await vexec.submit(build_request(model, prompt, max_tokens=3, request_id="long")).collect()
-    assert again[-1].finish_reason == FinishReason.LENGTH and len(_ids(again)) == 3
+    assert again[-1].finish_reason == FinishReason.LENGTH and len(cc.ids(again)) == 3
     assert len([k for k in engine.prompts if k.startswith("long.")]) == 2
     FakeAsyncLLMEngine.step_delay_s = 0.05
 
@@ -218,16 +215,16 @@ async def test_cancel_and_closing_streams(vexec: vb.VllmExecutor, llama: LoadedM
     await stream.__anext__()
     await stream.aclose()
     assert vexec.load_snapshot().running == 0
-    await _wait_for(lambda: _eid(engine, "closed") in engine.aborted)
+    await cc.wait_for(lambda: _eid(engine, "closed") in engine.aborted)
 
     stream = vexec.submit(build_request(model, prompt, max_tokens=30, request_id="reader"))
     reader = asyncio.create_task(stream.collect())
-    await _wait_for(lambda: vexec.load_snapshot().running == 1)
+    await cc.wait_for(lambda: vexec.load_snapshot().running == 1)
     reader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reader
     assert vexec.load_snapshot().running == 0
-    await _wait_for(lambda: _eid(engine, "reader") in engine.aborted)
+    await cc.wait_for(lambda: _eid(engine, "reader") in engine.aborted)
 
 
 async def test_unload_cancels_requests_and_shuts_engine_down(
@@ -252,7 +249,7 @@ async def test_snapshot_throughput_and_close(vexec: vb.VllmExecutor) -> None:
     model = vexec.models["tiny-llama"]
     chunks = await vexec.submit(build_request(model, "The quick brown fox", max_tokens=8)).collect()
     snap = vexec.load_snapshot()
-    assert snap.tokens_per_s == pytest.approx(len(_ids(chunks)) / vexec.config.throughput_window_s)
+    assert snap.tokens_per_s == pytest.approx(len(cc.ids(chunks)) / vexec.config.throughput_window_s)
     assert snap.kv_capacity_bytes == vexec.kv_capacity_bytes > 0
     await vexec.aclose()
     assert FakeAsyncLLMEngine.instances[-1].shutdown_calls == 1
@@ -277,7 +274,7 @@ async def test_engine_errors_end_the_stream_with_error(vexec: vb.VllmExecutor, m
         monkeypatch.setattr(engine, "generate", generate)
         chunks = await vexec.submit(build_request(model, "The quick brown fox", max_tokens=8)).collect()
         assert chunks[-1].finish_reason == FinishReason.ERROR and chunks[-1].usage is not None
-        _check_stream(chunks)
+        cc.check_stream(chunks)
     assert vexec.load_snapshot().running == 0
 
 
@@ -379,15 +376,15 @@ async def test_real_vllm_tiny_model_end_to_end(cache_dir, prompts, hf_greedy) ->
             req = build_request(model, prompt, max_tokens=n)
             expected = hf_greedy(reference, req.prompt_token_ids, n)
             chunks = await executor.submit(req).collect()
-            _check_stream(chunks)
-            assert _ids(chunks) == expected
-            assert _text(chunks) == reference.tokenizer.decode(expected, skip_special_tokens=True)
+            cc.check_stream(chunks)
+            assert cc.ids(chunks) == expected
+            assert cc.text(chunks) == reference.tokenizer.decode(expected, skip_special_tokens=True)
             if len(expected) == n and n > 4:
                 resumed = await executor.submit(
                     build_request(model, prompt, max_tokens=n, resume_token_ids=expected[:4])
                 ).collect()
-                _check_stream(resumed, start=4)
-                assert _ids(resumed) == expected[4:]
+                cc.check_stream(resumed, start=4)
+                assert cc.ids(resumed) == expected[4:]
         stream = executor.submit(build_request(model, prompts[0], max_tokens=900, request_id="cancel-me"))
         await stream.__anext__()
         assert executor.cancel("cancel-me")

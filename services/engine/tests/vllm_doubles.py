@@ -10,45 +10,16 @@ from typing import Any, ClassVar
 
 import torch
 from llmfleet.types import ModelSpec
-from llmfleet_engine.outputs import (
-    EngineChunk,
-)
 from transformers import AutoModelForCausalLM
 
 LLAMA = ModelSpec(name="tiny-llama", source="tiny://llama")
 QWEN2 = ModelSpec(name="tiny-qwen2", source="tiny://qwen2")
 
 
-def _ids(chunks: list[EngineChunk]) -> list[int]:
-    return [t for c in chunks for t in c.token_ids]
-
-
-def _text(chunks: list[EngineChunk]) -> str:
-    return "".join(c.text for c in chunks)
-
-
-def _check_stream(chunks: list[EngineChunk], start: int = 0) -> None:
-    """Indices are contiguous from ``start``; only the last chunk is final and carries usage."""
-    expected = start
-    for c in chunks:
-        assert c.index == expected
-        expected += len(c.token_ids)
-    assert chunks[-1].final and chunks[-1].usage is not None
-    assert not any(c.final or c.usage for c in chunks[:-1])
-    assert chunks[-1].usage.completion_tokens == expected
-
-
 def _eid(engine: FakeAsyncLLMEngine, request_id: str) -> str:
     """The engine-side id the adapter gave ``request_id`` (``<request_id>.<n>``)."""
     (eid,) = [k for k in engine.prompts if k.rsplit(".", 1)[0] == request_id]
     return eid
-
-
-async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 # ------------------------------------------------------------------ test doubles shaped like vLLM's
