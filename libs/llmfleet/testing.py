@@ -20,3 +20,19 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
         await asyncio.sleep(0.05)
+
+
+class StaticView:
+    """A ready, never-changing stand-in for ``llmfleet.coord.PrefixView`` (its ``snapshot``, ``ready``
+    and ``stop``), for tests that hand a ``ClusterDirectory`` fixed services or nodes."""
+
+    def __init__(self, items: dict) -> None:
+        self.items = items
+        self.ready = asyncio.Event()
+        self.ready.set()
+
+    def snapshot(self) -> dict:
+        return dict(self.items)
+
+    async def stop(self) -> None:
+        pass

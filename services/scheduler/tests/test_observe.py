@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.testing import StaticView
 from llmfleet.types import NodeRecord
 from llmfleet_scheduler import observe
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -21,19 +22,6 @@ class FakeProfiler(profiler_pb2_grpc.ProfilerServicer):
     async def Observe(self, request, context):
         self.calls.append([o.request_id for o in request.items])
         return profiler_pb2.ObserveResponse(accepted=len(request.items))
-
-
-class StaticView:
-    def __init__(self, items: dict) -> None:
-        self.items = items
-        self.ready = asyncio.Event()
-        self.ready.set()
-
-    def snapshot(self) -> dict:
-        return dict(self.items)
-
-    async def stop(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.policies.dispatch import DispatchNeeds, FinishListener, NoCandidate
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.testing import StaticView
 from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
@@ -86,19 +87,6 @@ class FixedRouter(DispatchRouter):
 
     def for_service(self, spec):
         return self.policy
-
-
-class StaticView:
-    def __init__(self, items: dict) -> None:
-        self.items = items
-        self.ready = asyncio.Event()
-        self.ready.set()
-
-    def snapshot(self) -> dict:
-        return dict(self.items)
-
-    async def stop(self) -> None:
-        pass
 
 
 @pytest.fixture
