@@ -168,7 +168,7 @@ class EngineCore(StaticMode):
         if r.paused:
             r.paused = False
             self._paused -= 1
-        if request_id in self.inflight:
+        if self.in_flight(request_id):
             self._deferred.append(request_id)
         elif request_id in self.alloc:
             self.alloc.free(request_id)
@@ -180,7 +180,7 @@ class EngineCore(StaticMode):
     def remove(self, request_id: str) -> CoreRequest | None:
         """Take a queued or running request out to move it elsewhere (not one in the step in flight);
         None if it is not here or in flight."""
-        if request_id in self.inflight:
+        if self.in_flight(request_id):
             return None
         return self.drop(request_id)
 
@@ -199,6 +199,18 @@ class EngineCore(StaticMode):
         r.paused = False
         self._paused -= 1
         return True
+
+    def in_flight(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in the step between ``schedule`` and ``complete``."""
+        plan = self._plan
+        if plan is None:
+            return False
+        return any(r.sched.request_id == request_id for r in (plan.rows if plan.static else plan.members))
+
+    @property
+    def static_batch(self) -> StaticBatch | None:
+        """Static mode: the batch in progress (None between batches and in continuous mode)."""
+        return self._sbatch
 
     @property
     def inflight(self) -> set[str]:
@@ -380,16 +392,21 @@ class EngineCore(StaticMode):
                 hi = mid
         return lo
 
+    def may_chunk(self, plan: StepPlan) -> bool:
+        """Whether ``plan`` can repeat as a chunk: a pure-decode plan of a chunkable policy that ran
+        exactly as the policy chose it (no prefill, no preemption, no member dropped)."""
+        return (
+            self.chunkable
+            and not plan.static
+            and not plan.prefills
+            and not plan.preempted
+            and len(plan.members) == len(plan.batch.request_ids)
+        )
+
     def horizon(self, plan: StepPlan, now: float) -> float:
         """Until when the policy promises to choose ``plan``'s batch again (absent arrivals and
-        finishes): a pure-decode plan of a chunkable policy that ran as chosen; else ``now``."""
-        if (
-            not self.chunkable
-            or plan.static
-            or plan.prefills
-            or plan.preempted
-            or len(plan.members) != len(plan.batch.request_ids)
-        ):
+        finishes); ``now`` when it cannot be chunked (:meth:`may_chunk`)."""
+        if not self.may_chunk(plan):
             return now
         return self.policy.stable_until(plan.batch, plan.waiting_seen, plan.running_seen, now)  # type: ignore[union-attr]
 

@@ -7,6 +7,7 @@ re-queued to be re-prefilled with prompt + output so far."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from llmfleet.engine_core.request import CoreRequest, StepPlan, StepResult
 from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
@@ -34,20 +35,17 @@ class StaticMode:
     _sdur: float
     _slongest: int
 
-    def _visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the class this is mixed into
 
-    def pool_view(self) -> PoolView:
-        raise NotImplementedError
+        def _visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]: ...
 
-    def _fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None:
-        raise NotImplementedError
+        def pool_view(self) -> PoolView: ...
 
-    def _enqueue(self, r: CoreRequest, now: float) -> None:
-        raise NotImplementedError
+        def _fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None: ...
 
-    def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int:
-        raise NotImplementedError
+        def _enqueue(self, r: CoreRequest, now: float) -> None: ...
+
+        def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int: ...
 
     def _schedule_static(self, now: float) -> StepPlan | None:
         if self._sbatch is not None:

@@ -185,8 +185,8 @@ class SimInstance:
         Bounds are one ``cumsum`` over [now, dur, d_2, …], the same additions as a running ``t += d``,
         so every iteration ends exactly where iterating one by one would put it."""
         members = plan.members
-        if plan.prefills or plan.preempted or len(members) != len(plan.batch.request_ids):
-            return None  # (EngineCore.horizon says so too; checked first because it is cheap)
+        if not self.core.may_chunk(plan):
+            return None  # (before the member scan below: the common mixed/prefill case is cheap)
         k_max = min([r.payload.output_tokens - r.payload.produced for r in members])
         if k_max <= 1:
             return None
@@ -293,7 +293,7 @@ class SimInstance:
 
     def _flush_batch_end(self, now: float) -> list[CoreRequest]:
         """HF ``generate`` release: rows finished in a static batch are delivered when it ends."""
-        if not self._batch_end_rows or (self.core.static and self.core._sbatch is not None):
+        if not self._batch_end_rows or self.core.static_batch is not None:
             return []
         out, self._batch_end_rows = self._batch_end_rows, []
         for r in out:

@@ -358,7 +358,9 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         except Exception:
             log.exception("model step failed for %s", [r.request_id for r in members])
             with self._cond:
-                self.core.complete(plan, time.monotonic(), 0.0)
+                self.core.complete(
+                    plan, time.monotonic(), 0.0, produced=[0] * len(members)
+                )  # nothing produced
                 for r in members:
                     if not r.finished:
                         self._finish_locked(r, FinishReason.ERROR)

@@ -51,7 +51,7 @@ class MigrationOps:
             r = self._active(request_id)
             self.core.pause(request_id)
             deadline = time.monotonic() + timeout_s
-            while request_id in self.core.inflight:
+            while self.core.in_flight(request_id):
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())):
                     self.core.resume(request_id)
                     raise TransferError(f"request {request_id!r} did not leave its iteration in {timeout_s}s")

@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from llmfleet.engine_core import EngineCore
@@ -57,11 +58,11 @@ class ModelHost:
     _models: dict[str, HostedModel]
     _reserved_blocks: int
 
-    def _check_open(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the class this is mixed into
 
-    def _cancel_model_locked(self, model: HostedModel) -> None:
-        raise NotImplementedError
+        def _check_open(self) -> None: ...
+
+        def _cancel_model_locked(self, model: HostedModel) -> None: ...
 
     @property
     def models(self) -> dict[str, LoadedModel]:
