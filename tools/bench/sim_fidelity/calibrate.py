@@ -56,13 +56,11 @@ def fit_overhead(groups: Iterable[CalibrationGroup], prefill: Any, decode: Any) 
     """The live loop's overheads from the engine-side timings of calibration groups.
 
     Decode: per group, live iteration − fitted t_d(b, l) (l = mean context); the mean per batch size is
-    fitted as o3 + o2·b, both ≥ 0 (one batch size gives o3 only). Prefill: the mean over the batch-1
+    fitted as o3 + o2·b (:func:`anchored_line`; one batch size gives o3 only). Prefill: the mean over the batch-1
     groups of TTFT − fitted t_pre(prompt), ≥ 0: what a lone request's first iteration costs beyond
     the forward pass. Means, not medians: on a shared machine the groups are bimodal (quiet and
     contended periods) and the workload meets both, so the expected cost is the mean.
     """
-    from llmfleet.costmodel.fit import FitError, fit_linear
-
     groups = list(groups)
     if not groups:
         raise ValueError("no calibration groups")
@@ -70,20 +68,20 @@ def fit_overhead(groups: Iterable[CalibrationGroup], prefill: Any, decode: Any) 
     for g in groups:
         per_batch.setdefault(g.batch, []).append(g.iteration_s - decode.predict(g.batch, g.mean_context))
     points = tuple((b, statistics.fmean(v)) for b, v in sorted(per_batch.items()))
-    try:
-        p, _ = fit_linear(
-            [[1.0, float(b)] for b, _ in points],
-            [d for _, d in points],
-            ["o3", "o2"],
-            [True, True],
-            "overhead",
-        )
-        o3, o2 = p["o3"], p["o2"]
-    except FitError:  # a single batch size
-        o3, o2 = max(0.0, statistics.fmean(d for _, d in points)), 0.0
+    o3, o2 = anchored_line(points)
     lone = [g for g in groups if g.batch == 1] or groups
     pre = [t - prefill.predict(g.prompt_tokens) for g in lone for t in g.ttft_s]
     return Overhead(max(0.0, statistics.fmean(pre)), o3, o2, points)
+
+
+def anchored_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(o3, o2) of the overhead line o3 + o2·b, exact at the smallest batch (the lone requests that
+    dominate an arrival-bound workload) with the least-squares slope through the larger ones, both
+    >= 0. (A plain least-squares line let a jump from b=1 to b=2 raise the lone iteration's cost.)"""
+    b0, d0 = points[0]
+    rest = [(b - b0, d - d0) for b, d in points[1:]]
+    o2 = max(0.0, sum(x * y for x, y in rest) / sum(x * x for x, _ in rest)) if rest else 0.0
+    return max(0.0, d0 - o2 * b0), o2
 
 
 def with_overhead(record: Any, o: Overhead) -> Any:
