@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, optimal_tp
+from llmfleet.policies.placement.assign import EngineSlot, assign_plan, gpus_in_use, moves
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
+    PlacementContext,
     PlacementInfeasible,
+    PlacementNeeds,
     PlacementPlanner,
+    PlanEvaluator,
+    PlanScore,
     ServiceLoad,
 )
 from llmfleet.policies.placement.colocate_all import ColocateAll
@@ -35,12 +40,20 @@ __all__ = [
     "AladdinWorkers",
     "ColocateAll",
     "DedicatedEven",
+    "EngineSlot",
     "GpuPool",
     "InstancePlan",
+    "PlacementContext",
     "PlacementInfeasible",
+    "PlacementNeeds",
     "PlacementPlanner",
+    "PlanEvaluator",
+    "PlanScore",
     "ServiceLoad",
+    "assign_plan",
+    "gpus_in_use",
     "StaticConfigPlacement",
     "make_placement_policy",
+    "moves",
     "optimal_tp",
 ]

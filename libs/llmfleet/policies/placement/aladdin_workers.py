@@ -31,7 +31,14 @@ from typing import Any
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.models import ModelArch, model_arch
 from llmfleet.costmodel.roofline import decode_time
-from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlacementInfeasible, ServiceLoad
+from llmfleet.policies.placement.base import (
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementInfeasible,
+    PlacementNeeds,
+    ServiceLoad,
+)
 
 IterationTime = Callable[[int, float, float], float]
 """(n_gpus, batch, mean_context_tokens) -> seconds per decode iteration."""
@@ -148,6 +155,7 @@ class AladdinWorkers:
     """
 
     name = "aladdin_workers"
+    needs = PlacementNeeds()
 
     def __init__(
         self,
@@ -201,7 +209,9 @@ class AladdinWorkers:
             out[m] = {"tp": n, "throughput": tput, "mean_kv_bytes": m_r, "demand": work / tput}
         return out
 
-    def place(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> list[InstancePlan]:
+    def place(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
+    ) -> list[InstancePlan]:
         cfg = self.worker_config(gpus, services)
         if not cfg:
             return []

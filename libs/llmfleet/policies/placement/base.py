@@ -2,13 +2,21 @@
 
 A planner maps a pool of identical GPUs and the services' demand to engine instances: each instance is
 ``tp`` GPUs (a power of two, within a node) hosting one or more models that share its memory.
+
+Planners are pure: what they read comes in as arguments. ``services`` is the monitored demand
+(:class:`ServiceLoad`); a :class:`PlacementContext` carries the rest — the current plan and, for
+planners whose :class:`PlacementNeeds` say ``evaluator`` (SeaLLM), a :class:`PlanEvaluator` that scores
+candidate plans by simulating the recent workload. The simulator and the live placement leader build
+the same context, so both run the same planner objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+from llmfleet.types import Slo
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,11 @@ class ServiceLoad:
     rate_rps: float = 0.0
     mean_prompt_tokens: float = 0.0
     mean_output_tokens: float = 0.0
+    std_prompt_tokens: float = 0.0
+    std_output_tokens: float = 0.0
+    slo: Slo = field(default_factory=Slo)
+    attainment: float | None = None  # measured SLO attainment over the window (None: no finished request)
+    normalized_latency: float | None = None  # measured mean L_r / L̂_s over the window
 
 
 @dataclass(frozen=True)
@@ -54,9 +67,50 @@ class PlacementInfeasible(ValueError):
     """The services cannot be placed on the pool (say which and why)."""
 
 
+@dataclass(frozen=True)
+class PlanScore:
+    """A plan's simulated quality on the recent workload (SeaLLM's M_est).
+
+    ``unserved`` is SeaLLM's unserved index per service, UI_s = Σ_r 1[L_r > SLO_s] + α·L_N^s
+    (requests of the service the plan cannot serve at all count as unserved).
+    """
+
+    slo_attainment: float  # fraction of requests within their SLO, all services
+    normalized_latency: float  # mean over requests of L_r / L̂_s
+    unserved: dict[str, float] = field(default_factory=dict)
+    requests: int = 0
+
+
+@runtime_checkable
+class PlanEvaluator(Protocol):
+    def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
+        """Score each plan on the recent workload (in parallel where it can), in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlacementNeeds:
+    """What a planner reads beyond the pool and the demand (declared by type, checked at build)."""
+
+    evaluator: bool = False  # scores candidate plans by simulation (SeaLLM Algorithm 1)
+
+
+@dataclass(frozen=True)
+class PlacementContext:
+    """Inputs a planner may read besides the pool and demand: the plan in force (to keep what works)
+    and a plan evaluator for the planners that need one."""
+
+    current: tuple[InstancePlan, ...] = ()
+    evaluator: PlanEvaluator | None = None
+    now: float = 0.0
+
+
 class PlacementPlanner(Protocol):
     name: str
+    needs: ClassVar[PlacementNeeds]
 
-    def place(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> list[InstancePlan]:
+    def place(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
+    ) -> list[InstancePlan]:
         """Instances using at most ``gpus.count`` GPUs; raises PlacementInfeasible when impossible."""
         ...

@@ -19,7 +19,14 @@ from collections.abc import Sequence
 
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
-from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlacementInfeasible, ServiceLoad
+from llmfleet.policies.placement.base import (
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementInfeasible,
+    PlacementNeeds,
+    ServiceLoad,
+)
 from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
 
 
@@ -27,6 +34,7 @@ class ColocateAll:
     """Every instance hosts every model; TP fits the summed weights (or is given)."""
 
     name = "colocate_all"
+    needs = PlacementNeeds()
 
     def __init__(self, tp: int | None = None, min_kv_fraction: float = 0.1) -> None:
         if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or tp & (tp - 1)):
@@ -34,7 +42,9 @@ class ColocateAll:
         self.tp = tp
         self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
 
-    def place(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> list[InstancePlan]:
+    def place(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
+    ) -> list[InstancePlan]:
         hw = hardware(gpus.hardware)
         models = tuple(sorted({s.model for s in services}))
         if not models:

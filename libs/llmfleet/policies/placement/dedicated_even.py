@@ -22,7 +22,14 @@ from collections.abc import Sequence
 
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
-from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlacementInfeasible, ServiceLoad
+from llmfleet.policies.placement.base import (
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementInfeasible,
+    PlacementNeeds,
+    ServiceLoad,
+)
 
 GIB = 1 << 30
 
@@ -54,11 +61,14 @@ class DedicatedEven:
     """Equal GPU share per model (leftovers by request rate), smallest fitting TP, one model per instance."""
 
     name = "dedicated_even"
+    needs = PlacementNeeds()
 
     def __init__(self, min_kv_fraction: float = 0.1) -> None:
         self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
 
-    def place(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> list[InstancePlan]:
+    def place(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
+    ) -> list[InstancePlan]:
         hw = hardware(gpus.hardware)
         rate: dict[str, float] = {}
         for s in services:
