@@ -71,13 +71,16 @@ class PlacementInfeasible(ValueError):
 class PlanScore:
     """A plan's simulated quality on the recent workload (SeaLLM's M_est).
 
-    ``unserved`` is SeaLLM's unserved index per service, UI_s = Σ_r 1[L_r > SLO_s] + α·L_N^s
-    (requests of the service the plan cannot serve at all count as unserved).
+    Per service: ``violations`` = Σ_r 1[L_r > SLO_s] and ``latency_sum`` = L_N^s = Σ_r L_r / L̂_s, the
+    two terms of SeaLLM's unserved index UI_s = violations + α·L_N^s. A request the plan cannot serve
+    (no instance hosts its model) is a violation, and its normalized latency is taken as if it waited
+    from its arrival to the end of the simulated window.
     """
 
     slo_attainment: float  # fraction of requests within their SLO, all services
     normalized_latency: float  # mean over requests of L_r / L̂_s
-    unserved: dict[str, float] = field(default_factory=dict)
+    violations: dict[str, int] = field(default_factory=dict)
+    latency_sum: dict[str, float] = field(default_factory=dict)
     requests: int = 0
 
 
