@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.policies.placement.adaptive_interval import AdaptiveInterval, performance
+from llmfleet.policies.placement.aladdin import AladdinPlanner
 from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, optimal_tp
 from llmfleet.policies.placement.assign import EngineSlot, assign_plan, gpus_in_use, moves
 from llmfleet.policies.placement.base import (
@@ -19,6 +21,7 @@ from llmfleet.policies.placement.base import (
 )
 from llmfleet.policies.placement.colocate_all import ColocateAll
 from llmfleet.policies.placement.dedicated_even import DedicatedEven
+from llmfleet.policies.placement.seallm import SeaLLMPlacement
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
 from llmfleet.policies.registry import instantiate
 
@@ -27,6 +30,8 @@ POLICIES: dict[str, type] = {
     "dedicated_even": DedicatedEven,
     "colocate_all": ColocateAll,
     "aladdin_workers": AladdinWorkers,
+    "aladdin": AladdinPlanner,
+    "seallm": SeaLLMPlacement,
 }
 
 
@@ -37,6 +42,8 @@ def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
 
 __all__ = [
     "POLICIES",
+    "AdaptiveInterval",
+    "AladdinPlanner",
     "AladdinWorkers",
     "ColocateAll",
     "DedicatedEven",
@@ -49,11 +56,13 @@ __all__ = [
     "PlacementPlanner",
     "PlanEvaluator",
     "PlanScore",
+    "SeaLLMPlacement",
     "ServiceLoad",
+    "StaticConfigPlacement",
     "assign_plan",
     "gpus_in_use",
-    "StaticConfigPlacement",
     "make_placement_policy",
     "moves",
     "optimal_tp",
+    "performance",
 ]

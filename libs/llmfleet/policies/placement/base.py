@@ -100,12 +100,15 @@ class PlacementNeeds:
 
 @dataclass(frozen=True)
 class PlacementContext:
-    """Inputs a planner may read besides the pool and demand: the plan in force (to keep what works)
-    and a plan evaluator for the planners that need one."""
+    """Inputs a planner may read besides the pool and demand: the plan in force (to keep what works),
+    a plan evaluator for the planners that need one, and dispatch's infeasible counts."""
 
     current: tuple[InstancePlan, ...] = ()
     evaluator: PlanEvaluator | None = None
     now: float = 0.0
+    # per model: requests that best-fit dispatch found no feasible worker for since the last plan
+    # (Aladdin scales out on them)
+    infeasible: dict[str, int] = field(default_factory=dict)
 
 
 class PlacementPlanner(Protocol):

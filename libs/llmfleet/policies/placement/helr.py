@@ -1,0 +1,447 @@
+"""UELLM's LLM deployer: HELR device subset, pipeline order and layer → device map.
+
+He et al. 2024 (UELLM), §4.3, Algorithm 2, Eqs. 4–6. Given devices ``D`` with ``Memory(d)``,
+``Performance(d)`` and link latencies ``Latency(E[i][j])``, and a model of ``M`` bytes in ``Layer(M)``
+layers, HELR picks a subset ``S ⊆ D`` and a pipeline order of ``S`` and assigns consecutive layers to
+the devices in that order. With ``m = M / Layer(M)`` (Alg. 2 line 12: embeddings and head are spread
+over the layers) and ``T`` the memory reserved for the KV cache on each device:
+
+* capacity (Alg. 2 line 16): ``cap(d) = min(Layer(M), ⌊(Memory(d) − T) / m⌋)`` layers;
+* layers (lines 11, 16): devices of ``S`` sorted by performance, then memory, descending, each takes
+  ``min(cap(d), layers left)``; ``S`` is admissible when every layer is placed (which implies Eq. 4,
+  ``Σ_S Memory ≥ M + |S|·T``) and every device of ``S`` gets at least one layer (a device left empty
+  is not part of the pipeline: the same plan without it is considered as its own subset);
+* latency of order ``π`` of ``S`` (Eq. 6): ``T(S, π) = Σ_{d∈S} p·layers(d)·m / Performance(d)
+  + Σ_k Latency(π_k, π_{k+1})`` — a pipeline is a path, not a tour, so no edge back to the start;
+* Held-Karp (Eq. 5): ``dp[mask][i] = min_j dp[mask∖{i}][j] + Latency(j, i)``, the cheapest path
+  through exactly ``mask`` ending at ``i``, one table for all subsets, O(2^n·n²). The compute term of
+  Eq. 5 depends on ``S`` only (not on the order), so it is added once per subset instead of per step.
+
+Objective. The paper trades latency against the number of devices with weights ``a1`` (latency) and
+``a2`` (devices) without writing the sum; we use, for admissible ``(S, π)``::
+
+    J(S, π) = a1 · T(S, π) / T*  +  a2 · |S| / k*
+
+with ``T*`` the lowest latency and ``k*`` the fewest devices over all admissible plans (both terms
+dimensionless, 1 at their own optimum). Modes (§4.3): HE ``a1 = 0`` (fewest devices; ties broken by
+latency), LR ``a1:a2 = 10:1``, HELR ``1:1`` (the paper's "balanced", its value not given). Ties on
+``J`` go to the lower latency, then to fewer devices; among equal-latency orders of one subset the DP keeps the first found.
+
+``performance`` is relative (higher = faster); ``p`` converts ``layers·m / performance`` into seconds
+("adjusts processing performance-time relationship"): with ``p = 1`` give performance in bytes of
+weights processed per second. Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from llmfleet.costmodel.models import ModelArch, arch_from_hf_config, model_arch
+from llmfleet.policies.placement.base import PlacementInfeasible
+
+MODES = ("he", "lr", "helr")
+# (a1, a2) per mode: a1 weighs latency, a2 the number of devices (§4.3)
+MODE_WEIGHTS: dict[str, tuple[float, float]] = {"he": (0.0, 1.0), "lr": (10.0, 1.0), "helr": (1.0, 1.0)}
+MAX_DEVICES = 16  # Held-Karp is O(2^n·n²): "fine for a handful of GPUs"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device the model can be placed on: ``name`` as torch spells it ("cuda:0", "cpu")."""
+
+    name: str
+    memory_bytes: int
+    performance: float  # relative compute speed, higher = faster
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ValueError("device name is empty")
+        if self.memory_bytes < 0:
+            raise ValueError(f"device {self.name!r}: memory_bytes must be >= 0, got {self.memory_bytes}")
+        if not math.isfinite(self.performance) or self.performance <= 0:
+            raise ValueError(f"device {self.name!r}: performance must be > 0, got {self.performance}")
+
+
+LinkLatencies = Mapping[tuple[str, str], float] | Sequence[Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Devices plus the link latency (seconds) between every pair: the paper's undirected G(D, E).
+
+    ``link_latency_s`` is either a mapping ``{(a, b): seconds}`` by device name — one direction per
+    pair suffices, both must agree when given — or an ``n×n`` symmetric matrix in device order with a
+    zero diagonal. A missing pair is a ValueError naming it.
+    """
+
+    devices: tuple[Device, ...]
+    link_latency_s: LinkLatencies = field(default_factory=dict, hash=False, compare=False)
+    latency: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        devices = tuple(self.devices)
+        object.__setattr__(self, "devices", devices)
+        if not devices:
+            raise ValueError("topology has no device")
+        names = [d.name for d in devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate device names: {dupes}")
+        n = len(devices)
+        lat = [[0.0] * n for _ in range(n)]
+        links = self.link_latency_s
+        if isinstance(links, Mapping):
+            index = {name: i for i, name in enumerate(names)}
+            seen: dict[tuple[int, int], float] = {}
+            for key, value in links.items():
+                if not (isinstance(key, tuple) and len(key) == 2):
+                    raise ValueError(f"link latency key must be a (device, device) pair, got {key!r}")
+                unknown = [k for k in key if k not in index]
+                if unknown:
+                    raise ValueError(f"link latency {key!r} names unknown devices {unknown}; known: {names}")
+                i, j = index[key[0]], index[key[1]]
+                v = _latency_value(value, key)
+                if i == j:
+                    if v != 0:
+                        raise ValueError(f"link latency of {key[0]!r} to itself must be 0, got {v}")
+                    continue
+                pair = (min(i, j), max(i, j))
+                if pair in seen and seen[pair] != v:
+                    raise ValueError(
+                        f"link latency between {names[pair[0]]!r} and {names[pair[1]]!r} is not symmetric: "
+                        f"{seen[pair]} vs {v}"
+                    )
+                seen[pair] = v
+            for i in range(n):
+                for j in range(i + 1, n):
+                    if (i, j) not in seen:
+                        raise ValueError(f"link latency missing for ({names[i]!r}, {names[j]!r})")
+                    lat[i][j] = lat[j][i] = seen[(i, j)]
+        else:
+            rows = [list(r) for r in links]
+            if len(rows) != n or any(len(r) != n for r in rows):
+                raise ValueError(f"link latency matrix must be {n}x{n} (one row and column per device)")
+            for i in range(n):
+                for j in range(n):
+                    v = _latency_value(rows[i][j], (names[i], names[j]))
+                    if i == j and v != 0:
+                        raise ValueError(f"link latency of {names[i]!r} to itself must be 0, got {v}")
+                    if v != _latency_value(rows[j][i], (names[j], names[i])):
+                        raise ValueError(
+                            f"link latency matrix not symmetric between {names[i]!r} and {names[j]!r}"
+                        )
+                    lat[i][j] = v
+        object.__setattr__(self, "latency", tuple(tuple(r) for r in lat))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    def link(self, a: str, b: str) -> float:
+        """Latency(E[a][b]) in seconds."""
+        names = self.names
+        return self.latency[names.index(a)][names.index(b)]
+
+
+def _latency_value(value: Any, key: tuple[str, str]) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"link latency {key!r} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"link latency {key!r} must be finite and >= 0, got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class LayeredModel:
+    """A decoder-only model as HELR sees it: ``num_layers`` layers of ``layer_bytes`` plus the
+    embedding (``embed_bytes``) and the final norm + untied lm_head (``head_bytes``)."""
+
+    name: str
+    num_layers: int
+    layer_bytes: int
+    embed_bytes: int = 0
+    head_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise ValueError(f"model {self.name!r}: num_layers must be >= 1, got {self.num_layers}")
+        if self.layer_bytes <= 0 or self.embed_bytes < 0 or self.head_bytes < 0:
+            raise ValueError(f"model {self.name!r}: byte sizes must be positive: {self}")
+
+    @property
+    def total_bytes(self) -> int:
+        """M, the model's memory requirement."""
+        return self.num_layers * self.layer_bytes + self.embed_bytes + self.head_bytes
+
+    @property
+    def bytes_per_layer(self) -> float:
+        """m = M / Layer(M) (Alg. 2 line 12)."""
+        return self.total_bytes / self.num_layers
+
+    @classmethod
+    def from_arch(cls, arch: ModelArch) -> LayeredModel:
+        b = arch.dtype_bytes
+        final_norm = arch.hidden_size * (2 if arch.linear_bias else 1)
+        lm_head = 0 if arch.tie_embeddings else arch.vocab_size * arch.hidden_size
+        return cls(
+            name=arch.name,
+            num_layers=arch.num_layers,
+            layer_bytes=arch.layer_params * b,
+            embed_bytes=arch.embedding_params * b,
+            head_bytes=(final_norm + lm_head) * b,
+        )
+
+    @classmethod
+    def from_hf_config(cls, config: Any, dtype: str = "float16", name: str | None = None) -> LayeredModel:
+        """From a HF ``PretrainedConfig`` (or its dict), via :func:`arch_from_hf_config`."""
+        return cls.from_arch(arch_from_hf_config(config, dtype=dtype, name=name))
+
+
+def layered_model(name: str) -> LayeredModel:
+    """A catalog model (``llmfleet.costmodel`` :func:`model_arch`) as a :class:`LayeredModel`."""
+    return LayeredModel.from_arch(model_arch(name))
+
+
+@dataclass(frozen=True)
+class HelrPlan:
+    """HELR's answer: the pipeline ``order``, layers per device (in order), the transformers
+    ``device_map``, the objective ``J`` and the latency ``T(S, π)`` (compute + links, Eq. 6)."""
+
+    model: str
+    mode: str
+    order: tuple[str, ...]
+    layers: tuple[int, ...]
+    device_map: dict[str, str] = field(hash=False)
+    objective: float
+    latency_s: float
+    compute_s: float
+    link_s: float
+
+    @property
+    def layers_per_device(self) -> dict[str, int]:
+        return dict(zip(self.order, self.layers, strict=True))
+
+    def device_map_pairs(self) -> tuple[tuple[str, str], ...]:
+        """The map as ``ModelSpec.device_map`` carries it."""
+        return tuple(self.device_map.items())
+
+
+def assign_layers(
+    topology: Topology, model: LayeredModel, subset: Sequence[int], kv_reserve_bytes: int = 0
+) -> dict[int, int]:
+    """Alg. 2 lines 11 and 16: layers per device index of ``subset``, greedily by capacity on the
+    devices sorted by performance then memory (descending). Fewer than ``Layer(M)`` placed in total
+    means the subset cannot hold the model."""
+    m = model.bytes_per_layer
+    left = model.num_layers
+    out: dict[int, int] = {}
+    ranked = sorted(subset, key=lambda i: _rank_key(topology, i))
+    for i in ranked:
+        take = min(left, _capacity(topology.devices[i], model, m, kv_reserve_bytes))
+        out[i] = take
+        left -= take
+    return out
+
+
+def _rank_key(topology: Topology, i: int) -> tuple[float, int, int]:
+    d = topology.devices[i]
+    return (-d.performance, -d.memory_bytes, i)
+
+
+def _capacity(device: Device, model: LayeredModel, m: float, kv_reserve_bytes: int) -> int:
+    usable = device.memory_bytes - kv_reserve_bytes
+    if usable <= 0:
+        return 0
+    return min(model.num_layers, math.floor(usable / m))
+
+
+@dataclass
+class HelrPlanner:
+    """HELR (Algorithm 2) in one of :data:`MODES`; ``a1``/``a2`` override the mode's weights.
+
+    ``p`` scales compute time (Eq. 5), ``kv_reserve_bytes`` is T (memory kept for the KV cache on
+    every device used). The module names default to the Llama family in transformers ≥ 4.45
+    (``model.rotary_emb`` is a module there; it goes with the embedding on the first device).
+    """
+
+    name: ClassVar[str] = "helr"
+
+    mode: str = "helr"
+    a1: float | None = None
+    a2: float | None = None
+    p: float = 1.0
+    kv_reserve_bytes: int = 0
+    first_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb")
+    layer_prefix: str = "model.layers"
+    last_modules: tuple[str, ...] = ("model.norm", "lm_head")
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown HELR mode {self.mode!r}; valid: {list(MODES)}")
+        a1, a2 = MODE_WEIGHTS[self.mode]
+        self.a1 = a1 if self.a1 is None else float(self.a1)
+        self.a2 = a2 if self.a2 is None else float(self.a2)
+        if self.a1 < 0 or self.a2 < 0 or self.a1 + self.a2 == 0:
+            raise ValueError(f"HELR weights must be >= 0 and not both 0, got a1={self.a1}, a2={self.a2}")
+        if not math.isfinite(self.p) or self.p < 0:
+            raise ValueError(f"p must be finite and >= 0, got {self.p}")
+        if self.kv_reserve_bytes < 0:
+            raise ValueError(f"kv_reserve_bytes must be >= 0, got {self.kv_reserve_bytes}")
+
+    @property
+    def weights(self) -> tuple[float, float]:
+        assert self.a1 is not None and self.a2 is not None
+        return self.a1, self.a2
+
+    def device_map(self, topology: Topology, model: LayeredModel | str) -> HelrPlan:
+        """The best plan under :meth:`objective`; raises PlacementInfeasible when the model fits no
+        subset (naming the model and the shortfall)."""
+        if isinstance(model, str):
+            model = layered_model(model)
+        n = len(topology.devices)
+        if n > MAX_DEVICES:
+            raise ValueError(f"HELR's Held-Karp DP handles at most {MAX_DEVICES} devices, got {n}")
+        self._check_feasible(topology, model)
+        dp, parent = held_karp(topology.latency)
+        m = model.bytes_per_layer
+        candidates: list[tuple[int, float, float, int]] = []  # (mask, compute, links, end)
+        for mask in range(1, 1 << n):
+            subset = [i for i in range(n) if mask >> i & 1]
+            layers = assign_layers(topology, model, subset, self.kv_reserve_bytes)
+            if sum(layers.values()) < model.num_layers or min(layers.values()) == 0:
+                continue
+            compute = sum(
+                self.p * layers[i] * m / topology.devices[i].performance for i in subset
+            )  # order-independent part of Eq. 5/6
+            row = dp[mask]
+            end = min(subset, key=lambda i: row[i])
+            candidates.append((mask, compute, row[end], end))
+        t_best = min(c + lk for _, c, lk, _ in candidates)
+        k_best = min(mask.bit_count() for mask, *_ in candidates)
+        best: tuple[Any, ...] | None = None
+        for mask, compute, links, end in candidates:
+            order = _path(parent, mask, end)
+            t = compute + links
+            key = (self.objective(t, mask.bit_count(), t_best, k_best), t, mask.bit_count(), order)
+            if best is None or key < best[0]:
+                best = (key, compute, links)
+        assert best is not None
+        (objective, latency, _, order), compute, links = best
+        layers = assign_layers(topology, model, order, self.kv_reserve_bytes)
+        names = tuple(topology.devices[i].name for i in order)
+        counts = tuple(layers[i] for i in order)
+        return HelrPlan(
+            model=model.name,
+            mode=self.mode,
+            order=names,
+            layers=counts,
+            device_map=self.build_device_map(names, counts),
+            objective=objective,
+            latency_s=latency,
+            compute_s=compute,
+            link_s=links,
+        )
+
+    def objective(self, latency_s: float, num_devices: int, best_latency_s: float, fewest: int) -> float:
+        """J = a1·T/T* + a2·|S|/k* (see the module doc; T* = 0 leaves T unnormalised)."""
+        a1, a2 = self.weights
+        return a1 * latency_s / (best_latency_s or 1.0) + a2 * num_devices / fewest
+
+    def build_device_map(self, order: Sequence[str], layers: Sequence[int]) -> dict[str, str]:
+        """transformers' ``device_map``: first modules on ``order[0]``, consecutive layers per device
+        in pipeline order, last modules on ``order[-1]``."""
+        out = {name: order[0] for name in self.first_modules}
+        k = 0
+        for dev, count in zip(order, layers, strict=True):
+            for _ in range(count):
+                out[f"{self.layer_prefix}.{k}"] = dev
+                k += 1
+        out.update({name: order[-1] for name in self.last_modules})
+        return out
+
+    def _check_feasible(self, topology: Topology, model: LayeredModel) -> None:
+        m = model.bytes_per_layer
+        t = self.kv_reserve_bytes
+        usable = {d.name: d.memory_bytes - t for d in topology.devices}
+        largest = max(usable, key=lambda k: usable[k])
+        if usable[largest] < m:
+            raise PlacementInfeasible(
+                f"model {model.name!r}: one layer needs {m:.0f} B (M/Layer(M)) but the largest device "
+                f"{largest!r} has {max(usable[largest], 0)} B after the {t} B KV reserve "
+                f"(short by {m - max(usable[largest], 0):.0f} B)"
+            )
+        caps = sum(_capacity(d, model, m, t) for d in topology.devices)
+        if caps < model.num_layers:
+            need = model.total_bytes + len(topology.devices) * t
+            have = sum(d.memory_bytes for d in topology.devices)
+            short = model.num_layers - caps
+            raise PlacementInfeasible(
+                f"model {model.name!r}: {model.total_bytes} B in {model.num_layers} layers does not fit: "
+                f"all devices together hold {caps} layers of {m:.0f} B after a {t} B KV reserve each, "
+                f"short by {short} layers ≈ {short * m:.0f} B (memory {have} B, needed {need} B)"
+            )
+
+
+def held_karp(latency: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[list[int]]]:
+    """Eq. 5 over all subsets at once: ``dp[mask][i]`` = least link latency of a path visiting
+    exactly ``mask`` and ending at ``i`` (inf when ``i ∉ mask``), ``parent`` its predecessor (-1 at
+    the start). O(2^n·n²)."""
+    n = len(latency)
+    full = 1 << n
+    inf = math.inf
+    dp = [[inf] * n for _ in range(full)]
+    parent = [[-1] * n for _ in range(full)]
+    for i in range(n):
+        dp[1 << i][i] = 0.0
+    for mask in range(1, full):
+        row = dp[mask]
+        for i in range(n):
+            cost = row[i]
+            if cost == inf:
+                continue
+            li = latency[i]
+            for j in range(n):
+                if mask >> j & 1:
+                    continue
+                nxt = mask | 1 << j
+                v = cost + li[j]
+                if v < dp[nxt][j]:
+                    dp[nxt][j] = v
+                    parent[nxt][j] = i
+    return dp, parent
+
+
+def _path(parent: list[list[int]], mask: int, end: int) -> tuple[int, ...]:
+    out = [end]
+    while parent[mask][end] >= 0:
+        prev = parent[mask][end]
+        mask &= ~(1 << end)
+        end = prev
+        out.append(end)
+    return tuple(reversed(out))
+
+
+def make_helr(mode: str = "helr", **options: Any) -> HelrPlanner:
+    """A HELR planner for ``mode`` (one of :data:`MODES`); options go to :class:`HelrPlanner`."""
+    if mode not in MODES:
+        raise ValueError(f"unknown HELR mode {mode!r}; valid: {list(MODES)}")
+    return HelrPlanner(mode=mode, **options)
+
+
+__all__ = [
+    "MODES",
+    "MODE_WEIGHTS",
+    "Device",
+    "HelrPlan",
+    "HelrPlanner",
+    "LayeredModel",
+    "Topology",
+    "assign_layers",
+    "held_karp",
+    "layered_model",
+    "make_helr",
+]

@@ -1,0 +1,253 @@
+"""SeaLLM's placement search (Algorithm 1, Appendix A.1): greedy sharing groups scored by simulation.
+
+For each TP candidate p (powers of two ≤ GPUs per node) the pool is cut into groups of p GPUs, then:
+
+    P ← ∅
+    loop:
+        UI ← SimulateUI(R, P)                       # UI_s = Σ_{r∈R_s} 1[L_r > SLO_s] + α·L_N^s
+        for b in groups by ascending average request rate:
+            for s in services by descending UI:
+                if b.CanAllocate(s): P.AddServices(b, s); restart the loop
+        stop when nothing was added
+    M_est ← SimulatePerformance(R, P)
+
+and the candidate with the highest simulated SLO attainment wins, ties by lower normalized latency.
+
+Resolutions (the paper leaves these open):
+
+* ``CanAllocate(b, s)``: s is not in b yet, b holds fewer than ``max_services`` services (the paper's
+  evaluation shares at most 2 per engine), and b's GPUs hold the weights of every distinct model in
+  b ∪ {s} with ``min_kv_fraction`` of the memory left for activations and the KV cache. A model too big
+  for an empty group merges it with another empty group (p → 2p, within a node), as the paper says.
+* A group's average rate is Σ_{s∈b} rate_s / replicas_s (a service in k groups sends each 1/k).
+* UI ties: higher request rate first, then name. Group ties: fewer GPUs, then id.
+* The candidates advance in lockstep: each round the evaluator scores every candidate's current
+  partial plan in one call, so a parallel evaluator runs the candidates' simulations side by side
+  (the paper: 8 processes). The last evaluation of a candidate (the one after which nothing fits) is its
+  M_est — the plan did not change since.
+* A new service (in ``services`` but hosted by no instance of ``context.current``) first gets the
+  minimum dedicated GPUs: the smallest fitting group on GPUs the current plan leaves free, without a
+  search (SeaLLM §4); the next periodic search then places everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.models import model_arch
+from llmfleet.policies.placement.base import (
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementInfeasible,
+    PlacementNeeds,
+    PlanScore,
+    ServiceLoad,
+)
+from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
+
+
+@dataclass
+class _Group:
+    gid: str
+    tp: int
+    services: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Candidate:
+    """One TP candidate's search state."""
+
+    tp: int
+    groups: list[_Group]
+    done: bool = False
+    score: PlanScore | None = None
+    added: list[tuple[str, str]] = field(default_factory=list)  # (group, service) in order
+
+
+class SeaLLMPlacement:
+    """Algorithm 1 of SeaLLM; see the module docstring. Needs a :class:`PlanEvaluator` in the context.
+
+    Args:
+        max_services: services per sharing group (paper's evaluation: 2).
+        alpha: α of the unserved index (paper: 1e-4).
+        tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
+        min_kv_fraction: memory share kept free of weights in a group.
+    """
+
+    name = "seallm"
+    needs = PlacementNeeds(evaluator=True)
+
+    def __init__(
+        self,
+        max_services: int = 2,
+        alpha: float = 1e-4,
+        tp_candidates: Sequence[int] | None = None,
+        min_kv_fraction: float = 0.1,
+    ) -> None:
+        if max_services < 1:
+            raise ValueError(f"max_services must be >= 1, got {max_services}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        for tp in tp_candidates or ():
+            if tp < 1 or tp & (tp - 1):
+                raise ValueError(f"tp candidates must be powers of two, got {tp}")
+        self.max_services = int(max_services)
+        self.alpha = float(alpha)
+        self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
+        self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
+        self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
+        self.last_reason = ""
+        self.evaluations = 0  # plans simulated by the last search
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _fits(self, models: set[str], tp: int, mem_bytes: float) -> bool:
+        weights = sum(model_arch(m).weight_bytes for m in models)
+        return fits_tp(weights, mem_bytes, tp, self.min_kv_fraction)
+
+    def unserved_index(self, score: PlanScore, services: Sequence[ServiceLoad]) -> dict[str, float]:
+        """UI_s = Σ_r 1[L_r > SLO_s] + α·L_N^s for every service (0 for one with no requests)."""
+        return {
+            s.name: score.violations.get(s.name, 0) + self.alpha * score.latency_sum.get(s.name, 0.0)
+            for s in services
+        }
+
+    @staticmethod
+    def _plan(cand: _Candidate, model_of: dict[str, str]) -> list[InstancePlan]:
+        return [
+            InstancePlan(g.gid, tuple(sorted({model_of[s] for s in g.services})), g.tp)
+            for g in cand.groups
+            if g.services
+        ]
+
+    def _step(
+        self,
+        cand: _Candidate,
+        ui: dict[str, float],
+        services: Sequence[ServiceLoad],
+        gpus_per_node: int,
+        mem_bytes: float,
+    ) -> bool:
+        """One pass of the loop body: add the first (group, service) that fits; False when none does."""
+        svc = {s.name: s for s in services}
+        replicas = {s.name: 0 for s in services}
+        for g in cand.groups:
+            for s in g.services:
+                replicas[s] += 1
+
+        def group_rate(g: _Group) -> float:
+            return sum(svc[s].rate_rps / replicas[s] for s in g.services)
+
+        groups = sorted(cand.groups, key=lambda g: (group_rate(g), g.tp, g.gid))
+        order = sorted(services, key=lambda s: (-ui[s.name], -s.rate_rps, s.name))
+        for g in groups:
+            if len(g.services) >= self.max_services:
+                continue
+            for s in order:
+                if s.name in g.services:
+                    continue
+                models = {svc[x].model for x in g.services} | {s.model}
+                if self._fits(models, g.tp, mem_bytes):
+                    g.services.append(s.name)
+                    cand.added.append((g.gid, s.name))
+                    return True
+                if not g.services and self._merge(cand, g, models, gpus_per_node, mem_bytes):
+                    g.services.append(s.name)
+                    cand.added.append((g.gid, s.name))
+                    return True
+        return False
+
+    def _merge(
+        self, cand: _Candidate, g: _Group, models: set[str], gpus_per_node: int, mem_bytes: float
+    ) -> bool:
+        """Grow the empty group ``g`` by absorbing other empty groups of its size until ``models`` fit."""
+        while not self._fits(models, g.tp, mem_bytes):
+            if g.tp * 2 > gpus_per_node:
+                return False
+            other = next((o for o in cand.groups if o is not g and not o.services and o.tp == g.tp), None)
+            if other is None:
+                return False
+            cand.groups.remove(other)
+            g.tp *= 2
+            g.gid = f"{g.gid}+{other.gid.rsplit('-', 1)[-1]}"
+        return True
+
+    def _new_services(
+        self,
+        gpus: GpuPool,
+        services: Sequence[ServiceLoad],
+        current: Sequence[InstancePlan],
+        mem_bytes: float,
+    ) -> list[InstancePlan] | None:
+        """The current plan plus minimal dedicated groups for services it does not host, or None when
+        every service is hosted (or the free GPUs cannot hold the newcomers: then search)."""
+        hosted = {m for p in current for m in p.models}
+        new = [s for s in services if s.model not in hosted]
+        if not new or not current:
+            return None
+        free = gpus.count - sum(p.tp for p in current)
+        plan = list(current)
+        for m in sorted({s.model for s in new}):
+            tp = smallest_tp(model_arch(m).weight_bytes, mem_bytes, gpus.gpus_per_node, self.min_kv_fraction)
+            if tp is None or tp > free:
+                return None
+            plan.append(InstancePlan(f"new-{m}", (m,), tp))
+            free -= tp
+        return plan
+
+    # -------------------------------------------------------------------------------------- place
+    def place(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
+    ) -> list[InstancePlan]:
+        ctx = context or PlacementContext()
+        if ctx.evaluator is None:
+            raise ValueError("the seallm planner needs a plan evaluator (PlacementContext.evaluator)")
+        self.evaluations = 0
+        if not services:
+            self.last_score, self.last_reason = None, "no services"
+            return []
+        mem = hardware(gpus.hardware).mem_bytes
+        quick = self._new_services(gpus, services, ctx.current, mem)
+        if quick is not None:
+            self.last_score = None
+            self.last_reason = "new services get minimal dedicated GPUs before the next search"
+            return quick
+        for m in {s.model for s in services}:
+            if smallest_tp(model_arch(m).weight_bytes, mem, gpus.gpus_per_node, self.min_kv_fraction) is None:
+                raise PlacementInfeasible(
+                    f"model {m!r}: {model_arch(m).weight_bytes / GIB:.1f} GiB of weights do not fit "
+                    f"{gpus.gpus_per_node} {gpus.hardware} GPUs of a node"
+                )
+        tps = self.tp_candidates or tuple(1 << i for i in range(gpus.gpus_per_node.bit_length()))
+        cands = [
+            _Candidate(tp, [_Group(f"tp{tp}-{i}", tp) for i in range(gpus.count // tp)])
+            for tp in tps
+            if tp <= min(gpus.count, gpus.gpus_per_node)
+        ]
+        if not cands:
+            raise PlacementInfeasible(f"no TP candidate fits a pool of {gpus.count} GPUs")
+        model_of = {s.name: s.model for s in services}
+        while True:
+            active = [c for c in cands if not c.done]
+            if not active:
+                break
+            scores = ctx.evaluator.evaluate([self._plan(c, model_of) for c in active])
+            self.evaluations += len(active)
+            for c, score in zip(active, scores, strict=True):
+                c.score = score
+                ui = self.unserved_index(score, services)
+                if not self._step(c, ui, services, gpus.gpus_per_node, mem):
+                    c.done = True
+        placed = [c for c in cands if any(g.services for g in c.groups)]
+        if not placed:
+            raise PlacementInfeasible("no service fits any GPU group of the pool")
+        best = min(placed, key=lambda c: (-c.score.slo_attainment, c.score.normalized_latency, c.tp))
+        self.last_score = best.score
+        self.last_reason = (
+            f"tp={best.tp}: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
+            f"{best.score.normalized_latency:.2f} (best of {len(placed)} TP candidates, "
+            f"{self.evaluations} simulations)"
+        )
+        return self._plan(best, model_of)

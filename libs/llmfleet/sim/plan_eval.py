@@ -1,0 +1,176 @@
+"""Score candidate placement plans by simulating the recent workload (SeaLLM's SimulateUI and
+SimulatePerformance): the :class:`~llmfleet.policies.placement.PlanEvaluator` the simulator's
+placement loop and the live placement leader hand to planners that need one.
+
+Each plan runs through the ordinary :class:`~llmfleet.sim.simulator.Simulator` with the deployment's
+engine policy and dispatch (a :class:`~llmfleet.sim.run.PolicyBundle`) on the spec's hardware and
+costs. Score (:class:`~llmfleet.policies.placement.PlanScore`):
+
+* a served request meets its SLO when it meets every objective its service sets: latency ≤
+  ``latency_scale`` × its execution time alone (SeaLLM), TTFT/TPOT (Aladdin) and the deadline (UELLM);
+* L̂_s = the mean execution time alone of the service's requests (the smallest TP group that holds its
+  model prices the requests no instance of the plan serves);
+* a request no instance can take is a violation; its latency counts from its arrival to the end of the
+  simulated window (the last arrival or finish, whichever is later).
+
+``processes`` > 1 simulates the plans of one :meth:`evaluate` call side by side in that many worker
+processes (spawned once, each holding the workload and the cost tables; "spawn" so that a process with
+gRPC threads can use it safely).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from llmfleet.costmodel import ProfileRecord
+from llmfleet.policies.dispatch import make_dispatch_policy
+from llmfleet.policies.placement.base import InstancePlan, PlanScore
+from llmfleet.policies.placement.dedicated_even import smallest_tp
+from llmfleet.sim.cost import CostBook
+from llmfleet.sim.records import RequestRecord
+from llmfleet.sim.run import PolicyBundle
+from llmfleet.sim.simulator import Simulator
+from llmfleet.sim.spec import SimService, SimSpec
+from llmfleet.workload import WorkloadRequest
+
+
+def meets_slo(r: RequestRecord, svc: SimService) -> bool:
+    """Whether a finished request meets every objective of its service's SLO."""
+    slo = svc.slo
+    if r.latency_s > slo.latency_scale * r.solo_s:
+        return False
+    if slo.ttft_s is not None and r.ttft_s > slo.ttft_s:
+        return False
+    if slo.tpot_s is not None and r.tpot_s > slo.tpot_s:
+        return False
+    return slo.deadline_s is None or r.latency_s <= slo.deadline_s
+
+
+class _Scorer:
+    """Everything one process needs to simulate a plan (built once per process)."""
+
+    def __init__(
+        self,
+        spec: SimSpec,
+        requests: Sequence[WorkloadRequest],
+        bundle: PolicyBundle,
+        records: Sequence[ProfileRecord],
+    ) -> None:
+        self.spec = spec
+        self.requests = list(requests)
+        self.bundle = bundle
+        self.cost = CostBook.build(spec.cluster.hw, spec.archs(), records)
+        hw = spec.cluster.hw
+        self.min_tp = {
+            m: smallest_tp(a.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node
+            for m, a in spec.archs().items()
+        }
+
+    def score(self, plan: Sequence[InstancePlan]) -> PlanScore:
+        spec, svc = self.spec, {s.name: s for s in self.spec.services}
+        if plan:
+            sim = Simulator(
+                spec, list(plan), self.bundle.local_factory(),
+                make_dispatch_policy(self.bundle.dispatch, **self.bundle.dispatch_options), self.cost,
+            )  # fmt: skip
+            records = sim.run(self.requests, strict_services=True).records
+        else:
+            records = [
+                RequestRecord(r.request_id, r.service, svc[r.service].model, r.arrival_s,
+                              r.prompt_tokens, r.output_tokens, failed="no instance")
+                for r in self.requests
+            ]  # fmt: skip
+        end = max([r.arrival_s for r in records] + [r.finish_s for r in records if r.done], default=0.0)
+        for r in records:
+            if not r.done and r.solo_s <= 0:
+                r.solo_s = self.cost.solo_time(r.model, self.min_tp[r.model], r.prompt_tokens, r.output_tokens)
+        solo_sum: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for r in records:
+            solo_sum[r.service] = solo_sum.get(r.service, 0.0) + r.solo_s
+            count[r.service] = count.get(r.service, 0) + 1
+        mean_solo = {s: solo_sum[s] / count[s] for s in count}
+        violations = {s.name: 0 for s in spec.services}
+        latency_sum = {s.name: 0.0 for s in spec.services}
+        met = 0
+        for r in records:
+            latency = r.latency_s if r.done else end - r.arrival_s
+            latency_sum[r.service] += latency / mean_solo[r.service] if mean_solo[r.service] > 0 else 0.0
+            if r.done and meets_slo(r, svc[r.service]):
+                met += 1
+            else:
+                violations[r.service] += 1
+        n = len(records)
+        return PlanScore(
+            slo_attainment=met / n if n else 1.0,
+            normalized_latency=sum(latency_sum.values()) / n if n else 0.0,
+            violations=violations,
+            latency_sum=latency_sum,
+            requests=n,
+        )
+
+
+_WORKER: _Scorer | None = None
+
+
+def _init_worker(spec, requests, bundle, records) -> None:  # runs in each pool process
+    global _WORKER
+    _WORKER = _Scorer(spec, requests, bundle, records)
+
+
+def _score_in_worker(plan: list[InstancePlan]) -> PlanScore:
+    assert _WORKER is not None
+    return _WORKER.score(plan)
+
+
+class SimPlanEvaluator:
+    """A :class:`PlanEvaluator` that simulates ``requests`` (arrival-ordered, labelled with the spec's
+    services) under each plan; see the module docstring. Use as a context manager or call
+    :meth:`close` to stop the worker processes."""
+
+    def __init__(
+        self,
+        spec: SimSpec,
+        requests: Sequence[WorkloadRequest],
+        bundle: PolicyBundle,
+        *,
+        records: Sequence[ProfileRecord] = (),
+        processes: int = 1,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        bundle.validate()
+        names = {s.name for s in spec.services}
+        stray = sorted({r.service for r in requests} - names)
+        if stray:
+            raise ValueError(f"requests name services the spec does not have: {stray}; known: {sorted(names)}")
+        self.processes = processes
+        self._args = (spec, list(requests), bundle, list(records))
+        self._local: _Scorer | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self.simulated = 0
+
+    def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
+        self.simulated += len(plans)
+        if self.processes == 1 or len(plans) == 1:
+            if self._local is None:
+                self._local = _Scorer(*self._args)
+            return [self._local.score(p) for p in plans]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.processes, multiprocessing.get_context("spawn"), _init_worker, self._args
+            )
+        return list(self._pool.map(_score_in_worker, [list(p) for p in plans]))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> SimPlanEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
