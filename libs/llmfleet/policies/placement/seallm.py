@@ -101,6 +101,7 @@ class SeaLLMPlacement:
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
         self.evaluations = 0  # plans simulated by the last search
+        self.search_log: dict[int, list[tuple[str, str]]] = {}  # tp -> (group, service) added, in order
 
     # ---------------------------------------------------------------------------------- helpers
     def _fits(self, models: set[str], tp: int, mem_bytes: float) -> bool:
@@ -243,6 +244,7 @@ class SeaLLMPlacement:
         placed = [c for c in cands if any(g.services for g in c.groups)]
         if not placed:
             raise PlacementInfeasible("no service fits any GPU group of the pool")
+        self.search_log = {c.tp: list(c.added) for c in cands}
         best = min(placed, key=lambda c: (-c.score.slo_attainment, c.score.normalized_latency, c.tp))
         self.last_score = best.score
         self.last_reason = (

@@ -1,0 +1,175 @@
+"""SeaLLM Algorithm 1 (placement search) and Eq. 8 (adaptive replacement interval)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+from llmfleet.policies.placement import (
+    AdaptiveInterval,
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementInfeasible,
+    PlanScore,
+    SeaLLMPlacement,
+    ServiceLoad,
+    make_placement_policy,
+    performance,
+)
+from llmfleet.policies.placement.adaptive_interval import deviation
+
+MODEL = {"A": "llama2-7b", "B": "llama2-13b", "X": "llama2-70b"}
+
+
+class HandEvaluator:
+    """A plan's score computable by hand: service s has ``reqs[s]`` requests and needs ``need[s]``
+    replicas; each missing replica leaves reqs/need of them violated. L_N^s = reqs (+10·reqs when the
+    service has no replica). The normalized latency is 2.0 for plans of tp-1 groups, 1.5 otherwise."""
+
+    def __init__(self, reqs: dict[str, int], need: dict[str, int]) -> None:
+        self.reqs, self.need = reqs, need
+        self.calls: list[list[InstancePlan]] = []
+
+    def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
+        out = []
+        for plan in plans:
+            self.calls.append(list(plan))
+            rep = {s: sum(1 for p in plan if MODEL[s] in p.models) for s in self.reqs}
+            viol = {s: self.reqs[s] * max(0, self.need[s] - rep[s]) // self.need[s] for s in self.reqs}
+            lat = {s: self.reqs[s] * (11.0 if rep[s] == 0 else 1.0) for s in self.reqs}
+            total = sum(self.reqs.values())
+            nl = 2.0 if plan and all(p.tp == 1 for p in plan) else 1.5
+            out.append(PlanScore(1 - sum(viol.values()) / total, nl, viol, lat, total))
+        return out
+
+
+def loads(**rates: float) -> list[ServiceLoad]:
+    return [ServiceLoad(s, MODEL[s], r, 200, 200) for s, r in rates.items()]
+
+
+def test_algorithm1_by_hand_two_candidates():
+    """4 A100s; A (7B, 3 req/s, needs 2 replicas), B (13B, 1 req/s, needs 1); candidates tp 1 and 2.
+
+    tp=1, 4 groups at rate 0: UI_A = 30 > UI_B = 10 → A to tp1-0; A still misses 15 → A to the
+    lowest-rate group tp1-1; now UI_B = 10 → B to tp1-2; UIs are α·L_N only (A 0.003 > B 0.001) → A to
+    tp1-3 (rate 0); rates A 3/3 = 1, B 1 → all 1, by id: tp1-0 takes B (A is there); now B's 2 replicas
+    give 0.5 each: tp1-2 {B} is lowest → takes A; A's 4 replicas give 0.75: tp1-1 {A} (0.75, before
+    tp1-3 by id) takes B; tp1-3 {A} (0.75) takes B; all groups hold 2 services → stop.
+    tp=2, 2 groups: A → tp2-0, A → tp2-1, B → tp2-0 (tie 1.5/1.5 by id), B → tp2-1 (rate 1.5 < 2.5).
+    Both reach attainment 1; tp=2 has the lower normalized latency (1.5 < 2.0) and wins."""
+    ev = HandEvaluator({"A": 30, "B": 10}, {"A": 2, "B": 1})
+    p = SeaLLMPlacement(tp_candidates=(1, 2))
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
+    assert p.search_log[1] == [
+        ("tp1-0", "A"), ("tp1-1", "A"), ("tp1-2", "B"), ("tp1-3", "A"),
+        ("tp1-0", "B"), ("tp1-2", "A"), ("tp1-1", "B"), ("tp1-3", "B"),
+    ]  # fmt: skip
+    assert p.search_log[2] == [("tp2-0", "A"), ("tp2-1", "A"), ("tp2-0", "B"), ("tp2-1", "B")]
+    assert plan == [
+        InstancePlan("tp2-0", ("llama2-13b", "llama2-7b"), 2),
+        InstancePlan("tp2-1", ("llama2-13b", "llama2-7b"), 2),
+    ]
+    assert p.last_score is not None and p.last_score.normalized_latency == 1.5
+    # lockstep: 9 rounds for tp=1 (8 additions + the final check), 5 for tp=2 → 14 simulations
+    assert p.evaluations == len(ev.calls) == 14
+    assert ev.calls[0] == [] and ev.calls[1] == []  # both candidates start from the empty plan
+
+
+def test_cap_of_services_per_group_and_unserved_first():
+    ev = HandEvaluator({"A": 30, "B": 10}, {"A": 1, "B": 1})
+    p = SeaLLMPlacement(max_services=1, tp_candidates=(2,))
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
+    assert p.search_log[2] == [("tp2-0", "A"), ("tp2-1", "B")]  # one service per group
+    assert [x.models for x in plan] == [("llama2-7b",), ("llama2-13b",)]
+
+
+def test_a_model_too_big_for_a_group_merges_two_empty_groups():
+    ev = HandEvaluator({"X": 10}, {"X": 1})
+    p = SeaLLMPlacement(tp_candidates=(1,))
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(X=1.0), PlacementContext(evaluator=ev))
+    # 70B (≈129 GiB) needs two 80 GiB GPUs: tp1-0 absorbs tp1-1, then tp1-2 absorbs tp1-3
+    assert [(x.instance_id, x.tp) for x in plan] == [("tp1-0+1", 2), ("tp1-2+3", 2)]
+
+
+def test_new_service_gets_minimal_dedicated_gpus_without_a_search():
+    ev = HandEvaluator({"A": 10, "B": 10}, {"A": 1, "B": 1})
+    p = SeaLLMPlacement()
+    current = (InstancePlan("tp1-0", ("llama2-7b",), 1),)
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=1.0, B=1.0), PlacementContext(current, ev))
+    assert plan == [*current, InstancePlan("new-llama2-13b", ("llama2-13b",), 1)]
+    assert ev.calls == [] and p.last_score is None and "new services" in p.last_reason
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="plan evaluator"):
+        SeaLLMPlacement().place(GpuPool("a100-80gb", 4), loads(A=1.0))
+    ev = HandEvaluator({"X": 1}, {"X": 1})
+    with pytest.raises(PlacementInfeasible, match="llama2-70b"):
+        SeaLLMPlacement().place(GpuPool("l4", 2, 2), loads(X=1.0), PlacementContext(evaluator=ev))
+    with pytest.raises(ValueError, match="powers of two"):
+        SeaLLMPlacement(tp_candidates=(3,))
+    assert isinstance(make_placement_policy("seallm", max_services=3), SeaLLMPlacement)
+    assert SeaLLMPlacement.needs.evaluator
+
+
+def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
+    import numpy as np
+    from llmfleet.sim.plan_eval import SimPlanEvaluator
+    from llmfleet.sim.run import preset
+    from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+    from llmfleet.workload import WorkloadRequest
+
+    rng = np.random.default_rng(1)
+    spec = SimSpec(
+        ClusterSpec.parse("4xA100-80GB"), (SimService("A", "llama2-7b"), SimService("B", "llama2-13b"))
+    )
+    reqs = sorted(
+        (
+            WorkloadRequest(
+                f"{s}{i}", float(t), int(rng.integers(20, 200)), int(rng.integers(10, 100)), service=s
+            )
+            for s, rate in (("A", 4.0), ("B", 1.0))
+            for i, t in enumerate(np.cumsum(rng.exponential(1 / rate, int(rate * 20))))
+        ),
+        key=lambda r: (r.arrival_s, r.request_id),
+    )
+    plans = [
+        [],
+        [InstancePlan("g0", ("llama2-7b",), 2)],
+        [InstancePlan("g0", ("llama2-13b", "llama2-7b"), 4)],
+    ]
+    with SimPlanEvaluator(spec, reqs, preset("seallm")) as serial:
+        s = serial.evaluate(plans)
+    with SimPlanEvaluator(spec, reqs, preset("seallm"), processes=2) as par:
+        assert par.evaluate(plans) == s
+    nb = sum(1 for r in reqs if r.service == "B")
+    assert s[0].slo_attainment == 0 and s[0].violations == {"A": len(reqs) - nb, "B": nb}
+    assert s[1].violations["B"] == nb and s[1].violations["A"] < len(reqs) - nb
+    assert s[2].slo_attainment > s[1].slo_attainment
+    plan = SeaLLMPlacement(tp_candidates=(2, 4)).place(
+        GpuPool("a100-80gb", 4, 4),
+        loads(A=4.0, B=1.0),
+        PlacementContext(evaluator=SimPlanEvaluator(spec, reqs, preset("seallm"))),
+    )
+    assert {m for x in plan for m in x.models} == {"llama2-7b", "llama2-13b"}
+
+
+def test_adaptive_interval_eq8():
+    a = AdaptiveInterval(initial_s=100, beta=0.1, min_s=50, max_s=130)
+    assert a.next_interval(0.95, 1.0) == pytest.approx(110)  # |Δ|/M = 0.05 ≤ β → (1+β)
+    assert a.next_interval(0.5, 1.0) == pytest.approx(99)  # 0.5 > β → (1−β)
+    assert a.next_interval(None, 1.0) == pytest.approx(99)  # no measurement: unchanged
+    for _ in range(10):
+        a.next_interval(1.0, 1.0)
+    assert a.interval_s == 130  # clamped
+    for _ in range(20):
+        a.next_interval(0.0, 1.0)
+    assert a.interval_s == 50
+    assert deviation(0, 0) == 0 and math.isinf(deviation(1, 0))
+    assert performance(0.9, 1.8) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        performance(1.2, 1.0)
+    with pytest.raises(ValueError):
+        AdaptiveInterval(beta=1.0)
