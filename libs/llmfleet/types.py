@@ -126,6 +126,8 @@ class NodeRecord:
     models: tuple[str, ...] = ()
     pid: int = 0
     started_at: float = 0.0
+    hardware: str = ""  # engines: catalog name (llmfleet.costmodel.hardware) or the raw device name
+    tp: int = 1  # engines: GPUs the engine spans (memory_bytes covers all of them)
 
     def to_json(self) -> bytes:
         d: dict[str, Any] = asdict(self)

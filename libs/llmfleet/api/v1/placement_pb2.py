@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from llmfleet.api.v1 import engine_pb2 as llmfleet_dot_v1_dot_engine__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/placement.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/engine.proto\"\x10\n\x0eGetPlanRequest\"\\\n\x0f\x45nginePlacement\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12&\n\x06models\x18\x02 \x03(\x0b\x32\x16.llmfleet.v1.ModelSpec\x12\x0e\n\x06loaded\x18\x03 \x03(\t\"v\n\rPlacementPlan\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12-\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\x1c.llmfleet.v1.EnginePlacement\x12\x10\n\x08revision\x18\x04 \x01(\x03\x32O\n\tPlacement\x12\x42\n\x07GetPlan\x12\x1b.llmfleet.v1.GetPlanRequest\x1a\x1a.llmfleet.v1.PlacementPlanb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/placement.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/engine.proto\"\x10\n\x0eGetPlanRequest\"\\\n\x0f\x45nginePlacement\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12&\n\x06models\x18\x02 \x03(\x0b\x32\x16.llmfleet.v1.ModelSpec\x12\x0e\n\x06loaded\x18\x03 \x03(\t\"\xa3\x01\n\nPoolEngine\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\n\n\x02tp\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x03(\t\x12\x0f\n\x07\x64\x65sired\x18\x08 \x03(\t\x12\x0c\n\x04idle\x18\t \x01(\x08\"m\n\x11PlacementDecision\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\n\n\x02ok\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\xa6\x02\n\rPlacementPlan\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12-\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\x1c.llmfleet.v1.EnginePlacement\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12%\n\x04pool\x18\x05 \x03(\x0b\x32\x17.llmfleet.v1.PoolEngine\x12\x13\n\x0bgpus_in_use\x18\x06 \x01(\x05\x12\x12\n\ngpus_total\x18\x07 \x01(\x05\x12\x31\n\tdecisions\x18\x08 \x03(\x0b\x32\x1e.llmfleet.v1.PlacementDecision\x12+\n\x08services\x18\t \x03(\x0b\x32\x19.llmfleet.v1.ServiceStats\"8\n\rLengthSummary\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\x0c\n\x04mean\x18\x02 \x01(\x01\x12\n\n\x02m2\x18\x03 \x01(\x01\"R\n\x0c\x44istribution\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\x0c\n\x04mean\x18\x02 \x01(\x01\x12\x0b\n\x03p50\x18\x03 \x01(\x01\x12\x0b\n\x03p90\x18\x04 \x01(\x01\x12\x0b\n\x03p99\x18\x05 \x01(\x01\"\xcf\x03\n\x0bWindowStats\x12\x10\n\x08window_s\x18\x01 \x01(\x01\x12\x0e\n\x06span_s\x18\x02 \x01(\x01\x12\x10\n\x08\x61rrivals\x18\x03 \x01(\x03\x12\x10\n\x08rate_rps\x18\x04 \x01(\x01\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x03\x12\x31\n\rprompt_tokens\x18\x07 \x01(\x0b\x32\x1a.llmfleet.v1.LengthSummary\x12\x31\n\routput_tokens\x18\x08 \x01(\x0b\x32\x1a.llmfleet.v1.LengthSummary\x12)\n\x06ttft_s\x18\t \x01(\x0b\x32\x19.llmfleet.v1.Distribution\x12)\n\x06tpot_s\x18\n \x01(\x0b\x32\x19.llmfleet.v1.Distribution\x12,\n\tlatency_s\x18\x0b \x01(\x0b\x32\x19.llmfleet.v1.Distribution\x12\x0f\n\x07slo_met\x18\x0c \x01(\x03\x12\x13\n\x0blatency_met\x18\r \x01(\x03\x12\x15\n\rttft_tpot_met\x18\x0e \x01(\x03\x12\x16\n\x0enormalized_sum\x18\x0f \x01(\x01\x12\x18\n\x10normalized_count\x18\x10 \x01(\x03\"L\n\rRequestSample\x12\r\n\x05\x61ge_s\x18\x01 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x15\n\routput_tokens\x18\x03 \x01(\x05\"\xa0\x01\n\x0cServiceStats\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x07windows\x18\x03 \x03(\x0b\x32\x18.llmfleet.v1.WindowStats\x12+\n\x07samples\x18\x04 \x03(\x0b\x32\x1a.llmfleet.v1.RequestSample\x12\x18\n\x10samples_complete\x18\x05 \x01(\x08\"x\n\x12ServiceStatsReport\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x12\n\ninterval_s\x18\x03 \x01(\x01\x12+\n\x08services\x18\x04 \x03(\x0b\x32\x19.llmfleet.v1.ServiceStats\"d\n\x0eReportStatsAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tis_leader\x18\x04 \x01(\x08\x12\x11\n\tleader_id\x18\x05 \x01(\t2\xa0\x01\n\tPlacement\x12\x42\n\x07GetPlan\x12\x1b.llmfleet.v1.GetPlanRequest\x1a\x1a.llmfleet.v1.PlacementPlan\x12O\n\x0bReportStats\x12\x1f.llmfleet.v1.ServiceStatsReport\x1a\x1b.llmfleet.v1.ReportStatsAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPLANREQUEST']._serialized_end=86
   _globals['_ENGINEPLACEMENT']._serialized_start=88
   _globals['_ENGINEPLACEMENT']._serialized_end=180
-  _globals['_PLACEMENTPLAN']._serialized_start=182
-  _globals['_PLACEMENTPLAN']._serialized_end=300
-  _globals['_PLACEMENT']._serialized_start=302
-  _globals['_PLACEMENT']._serialized_end=381
+  _globals['_POOLENGINE']._serialized_start=183
+  _globals['_POOLENGINE']._serialized_end=346
+  _globals['_PLACEMENTDECISION']._serialized_start=348
+  _globals['_PLACEMENTDECISION']._serialized_end=457
+  _globals['_PLACEMENTPLAN']._serialized_start=460
+  _globals['_PLACEMENTPLAN']._serialized_end=754
+  _globals['_LENGTHSUMMARY']._serialized_start=756
+  _globals['_LENGTHSUMMARY']._serialized_end=812
+  _globals['_DISTRIBUTION']._serialized_start=814
+  _globals['_DISTRIBUTION']._serialized_end=896
+  _globals['_WINDOWSTATS']._serialized_start=899
+  _globals['_WINDOWSTATS']._serialized_end=1362
+  _globals['_REQUESTSAMPLE']._serialized_start=1364
+  _globals['_REQUESTSAMPLE']._serialized_end=1440
+  _globals['_SERVICESTATS']._serialized_start=1443
+  _globals['_SERVICESTATS']._serialized_end=1603
+  _globals['_SERVICESTATSREPORT']._serialized_start=1605
+  _globals['_SERVICESTATSREPORT']._serialized_end=1725
+  _globals['_REPORTSTATSACK']._serialized_start=1727
+  _globals['_REPORTSTATSACK']._serialized_end=1827
+  _globals['_PLACEMENT']._serialized_start=1830
+  _globals['_PLACEMENT']._serialized_end=1990
 # @@protoc_insertion_point(module_scope)

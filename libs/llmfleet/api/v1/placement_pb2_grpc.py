@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class PlacementStub:
     """The placement controller: the elected leader writes the desired state (which engine hosts which
-    models) to etcd; engines reconcile to it.
+    models) to etcd; engines reconcile to it. Schedulers stream their service statistics to it.
     """
 
     def __init__(self, channel):
@@ -41,15 +41,28 @@ class PlacementStub:
                 request_serializer=llmfleet_dot_v1_dot_placement__pb2.GetPlanRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_placement__pb2.PlacementPlan.FromString,
                 _registered_method=True)
+        self.ReportStats = channel.stream_stream(
+                '/llmfleet.v1.Placement/ReportStats',
+                request_serializer=llmfleet_dot_v1_dot_placement__pb2.ServiceStatsReport.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_placement__pb2.ReportStatsAck.FromString,
+                _registered_method=True)
 
 
 class PlacementServicer:
     """The placement controller: the elected leader writes the desired state (which engine hosts which
-    models) to etcd; engines reconcile to it.
+    models) to etcd; engines reconcile to it. Schedulers stream their service statistics to it.
     """
 
     def GetPlan(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportStats(self, request_iterator, context):
+        """The service monitor's feed: a scheduler writes one report every interval and reads one ack per
+        report. Any replica accepts reports; the ack says whether it leads (else, who does).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -62,6 +75,11 @@ def add_PlacementServicer_to_server(servicer, server):
                     request_deserializer=llmfleet_dot_v1_dot_placement__pb2.GetPlanRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_placement__pb2.PlacementPlan.SerializeToString,
             ),
+            'ReportStats': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReportStats,
+                    request_deserializer=llmfleet_dot_v1_dot_placement__pb2.ServiceStatsReport.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_placement__pb2.ReportStatsAck.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'llmfleet.v1.Placement', rpc_method_handlers)
@@ -72,7 +90,7 @@ def add_PlacementServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Placement:
     """The placement controller: the elected leader writes the desired state (which engine hosts which
-    models) to etcd; engines reconcile to it.
+    models) to etcd; engines reconcile to it. Schedulers stream their service statistics to it.
     """
 
     @staticmethod
@@ -92,6 +110,33 @@ class Placement:
             '/llmfleet.v1.Placement/GetPlan',
             llmfleet_dot_v1_dot_placement__pb2.GetPlanRequest.SerializeToString,
             llmfleet_dot_v1_dot_placement__pb2.PlacementPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Placement/ReportStats',
+            llmfleet_dot_v1_dot_placement__pb2.ServiceStatsReport.SerializeToString,
+            llmfleet_dot_v1_dot_placement__pb2.ReportStatsAck.FromString,
             options,
             channel_credentials,
             insecure,
