@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -16,7 +16,7 @@ help:
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
-	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT)"
+	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT), bench-placement"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -50,7 +50,7 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine bench-profiler bench-sim bench-papers bench-hop
+bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement
 
 bench-sim: setup
 	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
@@ -63,6 +63,9 @@ bench-profiler: setup
 
 bench-engine: setup
 	$(PYTHON) tools/bench/engine_bench.py --out .bench/engine $(BENCH_ARGS)
+
+bench-placement: setup
+	$(PYTHON) tools/bench/placement_bench.py --out .bench/placement $(BENCH_ARGS)
 
 bench-hop: setup
 	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)
