@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-from llmfleet.coord import placement_view
+from llmfleet.coord import node_view, placement_view
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
@@ -20,7 +20,7 @@ from llmfleet.types import ModelSpec, NodeRecord
 
 from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.executor import Executor, ExecutorConfig
-from llmfleet_engine.placement_follower import PlacementFollower
+from llmfleet_engine.placement_follower import DRAIN_MODES, DrainingBackend, DrainSettings, PlacementFollower
 from llmfleet_engine.servicer import EngineServicer
 
 ROLE = "engine"
@@ -68,7 +68,12 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
             device=executor.device,
             memory_bytes=executor.memory_bytes,
             kv_capacity_bytes=executor.kv_capacity_bytes,
-            models=executor.model_names(),
+            # a draining model is not advertised: schedulers stop routing to it at once
+            models=(
+                executor.serving_model_names()
+                if isinstance(executor, DrainingBackend)
+                else executor.model_names()
+            ),
         )
 
     node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise, describe=describe)
@@ -90,7 +95,14 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
         view = placement_view(n.etcd)
         await view.start()
         n.on_stop.append(view.stop)
-        n.spawn(PlacementFollower(nid, executor).run(view), "placement-follower")
+        nodes = node_view(n.etcd)  # other engines: hand-off check and migration destinations
+        await nodes.start()
+        n.on_stop.append(nodes.stop)
+        drain = DrainSettings(
+            mode=args.drain_mode, timeout_s=args.drain_timeout_s, handoff_timeout_s=args.handoff_timeout_s
+        )
+        follower = PlacementFollower(nid, executor, drain=drain, nodes=nodes)
+        n.spawn(follower.run(view), "placement-follower")
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, follow_placement])
@@ -206,6 +218,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill batch")
     ap.add_argument("--default-max-tokens", type=int, default=64)
     ap.add_argument("--offline", action="store_true", help="never download from the hub")
+    ap.add_argument(
+        "--drain-mode",
+        choices=DRAIN_MODES,
+        default="wait",
+        help="a model leaving this engine (placement): its running requests finish here for up to "
+        "--drain-timeout-s, then move (wait), or move at once (migrate); moving = KV migration to an "
+        "engine hosting the model, else resumed elsewhere by re-prefill",
+    )
+    ap.add_argument(
+        "--drain-timeout-s", type=float, default=30.0, help="longest wait for a leaving model's requests"
+    )
+    ap.add_argument(
+        "--handoff-timeout-s",
+        type=float,
+        default=60.0,
+        help="a leaving model keeps serving until its new engine advertises it, at most this long",
+    )
     ap.add_argument(
         "--model",
         action="append",

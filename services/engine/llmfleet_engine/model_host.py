@@ -1,5 +1,14 @@
-"""The executor's model hosting: load/unload models into the unified pool (weights + peak activation
-reserved as pool blocks, a KV view registered per model) and reconcile to a desired set."""
+r"""The executor's model hosting: load/unload models into the unified pool (weights + peak activation
+reserved as pool blocks, a KV view registered per model), reconcile to a desired set, and drain a
+model before its unload.
+
+Draining (placement replacement, see ``placement_follower``): a draining model stays loaded and its
+requests keep running, but it is left out of :meth:`ModelHost.serving_model_names` (the node record,
+so schedulers stop routing to it) and the servicer refuses new requests for it with UNAVAILABLE. A
+request :meth:`ModelHost.evict`\ ed, or still running when its draining model is unloaded, ends
+CANCELLED here and is remembered: the servicer ends its stream with UNAVAILABLE instead, and the
+scheduler resumes it on another engine from the delivered tokens.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +17,9 @@ import contextlib
 import gc
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +33,7 @@ from llmfleet_engine.models import DEFAULT_DTYPE, LoadedModel, ModelLoadError, l
 from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
 from llmfleet_engine.outputs import (
     ExecutorClosedError,
+    FinishReason,
     LoadResult,
     ModelConflictError,
     ReconcileResult,
@@ -30,7 +41,25 @@ from llmfleet_engine.outputs import (
 )
 from llmfleet_engine.reconcile import reconcile as reconcile_models
 
+if TYPE_CHECKING:
+    from llmfleet_engine.live_request import LiveRequest
+
 log = logging.getLogger(__name__)
+
+MAX_EVICTIONS = 4096  # evicted request ids remembered for their consumers (oldest forgotten first)
+
+
+@dataclass
+class DrainBook:
+    """Draining models (name -> why) and evicted requests not yet reported (request id -> why)."""
+
+    models: dict[str, str] = field(default_factory=dict)
+    evictions: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def evicted(self, request_id: str, reason: str) -> None:
+        self.evictions[request_id] = reason
+        while len(self.evictions) > MAX_EVICTIONS:
+            self.evictions.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -57,12 +86,16 @@ class ModelHost:
     _load_lock: threading.Lock
     _models: dict[str, HostedModel]
     _reserved_blocks: int
+    _drain_book: DrainBook | None = None  # created on first use (under _cond)
 
     if TYPE_CHECKING:  # provided by the class this is mixed into
+        _requests: dict[str, LiveRequest]
 
         def _check_open(self) -> None: ...
 
         def _cancel_model_locked(self, model: HostedModel) -> None: ...
+
+        def _finish_locked(self, state: LiveRequest, reason: FinishReason) -> None: ...
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -184,11 +217,20 @@ class ModelHost:
             self.core.watermark_blocks = self.watermark_blocks
 
     def unload(self, name: str) -> bool:
-        """Unload ``name``: cancel its requests (other models keep running), free its KV and reservation."""
+        """Unload ``name``: cancel its requests (other models keep running), free its KV and reservation.
+
+        Requests of a draining model still running here are evicted (their consumers are told to
+        resume elsewhere) instead of cancelled."""
         with self._cond:
             model = self._models.pop(name, None)
             if model is None:
                 return False
+            book = self._drains()
+            why = book.models.pop(name, None)
+            if why is not None:
+                for r in self._requests.values():
+                    if r.model is model and not r.finished:
+                        book.evicted(r.request_id, f"{why}; unloaded with the request in flight")
             self.core.remove_model(name)
             self._cancel_model_locked(model)
             while any(self.core.requests.get(rid) is None for rid in self.core.inflight):
@@ -202,6 +244,68 @@ class ModelHost:
         log.info("unloaded model %s", name)
         self._models_changed()
         return True
+
+    # ------------------------------------------------------------------ draining
+
+    def _drains(self) -> DrainBook:
+        with self._cond:
+            if self._drain_book is None:
+                self._drain_book = DrainBook()
+            return self._drain_book
+
+    def begin_drain(self, name: str, reason: str) -> bool:
+        """Stop advertising ``name`` and refuse its new requests (``reason`` says why); its running
+        requests go on. False if it is not loaded or already draining."""
+        with self._cond:
+            book = self._drains()
+            if name not in self._models or name in book.models:
+                return False
+            book.models[name] = reason
+        log.info("draining model %s: %s", name, reason)
+        self._models_changed()
+        return True
+
+    def end_drain(self, name: str) -> bool:
+        """Serve ``name`` again (it is desired here after all); False if it was not draining."""
+        with self._cond:
+            if self._drains().models.pop(name, None) is None:
+                return False
+        log.info("model %s serves again (drain called off)", name)
+        self._models_changed()
+        return True
+
+    def draining_reason(self, name: str) -> str | None:
+        """Why ``name`` refuses new requests (None: it is not draining)."""
+        with self._cond:
+            return self._drains().models.get(name)
+
+    def serving_model_names(self) -> tuple[str, ...]:
+        """Loaded models that take new requests: what the node record advertises."""
+        with self._cond:
+            draining = self._drains().models
+            return tuple(sorted(n for n in self._models if n not in draining))
+
+    def model_request_ids(self, name: str) -> list[str]:
+        """Ids of the active requests of model ``name`` (running, waiting or paused)."""
+        with self._cond:
+            return [rid for rid, r in self._requests.items() if r.req.model == name and not r.finished]
+
+    def evict(self, request_id: str, reason: str) -> bool:
+        """End ``request_id`` here so that its consumer resumes it elsewhere (the servicer answers
+        UNAVAILABLE with ``reason``); False if it is not active."""
+        with self._cond:
+            state = self._requests.get(request_id)
+            if state is None or state.finished:
+                return False
+            self._drains().evicted(request_id, reason)
+            self._finish_locked(state, FinishReason.CANCELLED)
+            self._cond.notify_all()
+        return True
+
+    def take_eviction(self, request_id: str) -> str | None:
+        """Why ``request_id`` was evicted (once; None if it was not)."""
+        with self._cond:
+            return self._drains().evictions.pop(request_id, None)
 
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
         """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""

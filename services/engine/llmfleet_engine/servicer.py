@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -19,12 +20,14 @@ from llmfleet_engine.outputs import (
     DuplicateRequestError,
     EngineChunk,
     ExecutorClosedError,
+    FinishReason,
     LoadSnapshot,
     ModelConflictError,
     QueueFullError,
     ResourceExhaustedError,
     TransferError,
 )
+from llmfleet_engine.placement_follower import DrainingBackend
 from llmfleet_engine.validation import (
     DEFAULT_MAX_TOKENS,
     UnknownModelError,
@@ -149,6 +152,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             if attached is not None:  # a request migrated in: continue its stream
                 stream = attached
             else:
+                if why := self._draining(request.model):  # the relay re-routes UNAVAILABLE
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
                 req = validate_generate(
                     request, self.executor.models, default_max_tokens=self.default_max_tokens
                 )
@@ -165,9 +170,23 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         try:
             async for chunk in stream:
+                if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
+                    if chunk.token_ids:
+                        yield chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
                 yield chunk_to_proto(chunk, self.engine_id)
         finally:  # client gone, deadline, or server shutdown: stop the work
             stream.close()
+
+    def _draining(self, model: str) -> str | None:
+        """Why ``model`` takes no new request here (it is being drained), or None."""
+        ex = self.executor
+        return ex.draining_reason(model) if isinstance(ex, DrainingBackend) else None
+
+    def _evicted(self, chunk: EngineChunk) -> str | None:
+        """Why a cancelled request was evicted by a drain (its consumer resumes it elsewhere), or None."""
+        ex = self.executor
+        return ex.take_eviction(chunk.request_id) if isinstance(ex, DrainingBackend) else None
 
     async def Cancel(
         self, request: common_pb2.CancelRequest, context: grpc.aio.ServicerContext
