@@ -16,6 +16,7 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
 from llmfleet_scheduler.servicer import SchedulerServicer
+from llmfleet_scheduler.stats_reporter import StatsReporter
 
 ROLE = "scheduler"
 
@@ -31,12 +32,18 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     predictions = (
         PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict != "never" else None
     )
+    nid = node_id(args, ROLE)
+    # per-service statistics streamed to the placement leader (the service monitor); 0 = off
+    stats = (
+        StatsReporter(nid, directory, interval_s=args.stats_interval_s) if args.stats_interval_s > 0 else None
+    )
     relay = Relay(
         directory,
         router,
         predictions,
         max_attempts=args.max_attempts,
         predict_mode=args.predict,
+        stats=stats,
     )
     servicer = SchedulerServicer(directory, relay, orphan_grace_s=args.orphan_grace_s)
     server = GrpcServer(
@@ -50,7 +57,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         host=args.host,
         port=args.port,
     )
-    node = ServiceNode(ROLE, node_id(args, ROLE), etcd_settings(args), server, advertise=args.advertise)
+    node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise)
 
     async def attach_views(n: ServiceNode) -> None:
         directory.services_view = service_view(n.etcd)
@@ -59,6 +66,9 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         await directory.nodes_view.start()
         if monitor is not None:
             n.spawn(monitor.track(directory.nodes_view), "scheduler-load-monitor")
+        if stats is not None:
+            stats.etcd = n.etcd
+            n.spawn(stats.run(), "scheduler-stats-reporter")
 
     node.on_etcd.append(attach_views)
     node.on_stop.append(servicer.close)
@@ -99,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hardware", default="cpu", help="catalog hardware of the engines (cost-model policies)")
     ap.add_argument(
         "--orphan-grace-s", type=float, default=2.0, help="cancel a request this long after its client left"
+    )
+    ap.add_argument(
+        "--stats-interval-s",
+        type=float,
+        default=2.0,
+        help="stream per-service statistics to the placement leader this often (0: never)",
     )
     return ap
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
@@ -27,6 +28,14 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.Status
 COMPLETED = {common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_EOS}
 
 
+class RequestListener(Protocol):
+    """Hears every request the relay runs: once when it starts, once when it ends (any outcome)."""
+
+    def arrived(self, rec: RequestRecord) -> None: ...
+
+    def finished(self, rec: RequestRecord) -> None: ...
+
+
 @dataclass
 class Relay:
     directory: ClusterDirectory
@@ -36,6 +45,7 @@ class Relay:
     max_attempts: int = 3
     max_migrations: int = 16
     observations: ObservationBatcher | None = None  # completed requests -> profiler (batched)
+    stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
 
     def __post_init__(self) -> None:
         if self.observations is None:
@@ -43,6 +53,8 @@ class Relay:
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
+        if self.stats is not None:
+            self.stats.arrived(rec)
         try:
             await self._dispatch(rec, req, deadline)
         except asyncio.CancelledError:
@@ -51,6 +63,9 @@ class Relay:
         except Exception as e:  # never leave a request hanging
             log.exception("request %s failed", rec.request_id)
             await rec.fail(grpc.StatusCode.INTERNAL, f"scheduler error: {e}")
+        finally:
+            if self.stats is not None:
+                self.stats.finished(rec)
         if rec.final is not None and rec.final.finish_reason in COMPLETED:
             self._observe(rec)
 
