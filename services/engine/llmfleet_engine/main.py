@@ -20,6 +20,7 @@ from llmfleet.types import ModelSpec, NodeRecord
 
 from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.hardware import detect_hardware, hardware_name, tp_degree
 from llmfleet_engine.placement_follower import DRAIN_MODES, DrainingBackend, DrainSettings, PlacementFollower
 from llmfleet_engine.servicer import EngineServicer
 
@@ -32,7 +33,11 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
 
         # vLLM picks its GPU from CUDA_VISIBLE_DEVICES; the native knobs (pool, policy) do not apply.
-        return VllmExecutor(VllmConfig(cache_dir=args.models_dir, allow_download=not args.offline))
+        return VllmExecutor(
+            VllmConfig(
+                cache_dir=args.models_dir, allow_download=not args.offline, tensor_parallel_size=args.tp
+            )
+        )
     return Executor(
         ExecutorConfig(
             device=args.device,
@@ -62,9 +67,13 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
         port=args.port,
     )
 
+    hw = args.hardware or detect_hardware(str(executor.device), executor.memory_bytes, args.tp)
+
     def describe(r: NodeRecord) -> NodeRecord:
         return replace(
             r,
+            hardware=hw,
+            tp=args.tp,
             device=executor.device,
             memory_bytes=executor.memory_bytes,
             kv_capacity_bytes=executor.kv_capacity_bytes,
@@ -168,6 +177,10 @@ class _Parser(argparse.ArgumentParser):
             ns.policy_options = policy_options(ns.policy, ns.policy_options, ns.slice_end)
         except ValueError as e:
             self.error(str(e))
+        if ns.tp > 1 and ns.backend != "vllm":
+            self.error(
+                f"--tp {ns.tp}: the native backend runs on one device (tensor parallel: --backend vllm)"
+            )
         return ns, rest
 
 
@@ -186,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="deliver tokens to streams at most this often; first and final chunks go at once (0: every iteration)",
     )
     ap.add_argument("--backend", default="native", choices=["native", "vllm"], help="executor backend")
+    ap.add_argument(
+        "--hardware",
+        type=hardware_name,
+        default=None,
+        help="catalog hardware name registered for the engine pool (default: cpu on CPU, else guessed "
+        "from the GPU's name)",
+    )
+    ap.add_argument("--tp", type=tp_degree, default=1, help="GPUs of the engine (vLLM tensor parallel size)")
     ap.add_argument(
         "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
     )
