@@ -19,6 +19,13 @@ class ModelSpec:
     name: str
     source: str
     dtype: str = "float32"
+    # (module, device) pairs in transformers' ``device_map`` form (e.g. a HELR plan); () = one device
+    device_map: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        raw = self.device_map.items() if isinstance(self.device_map, Mapping) else self.device_map
+        pairs = tuple((str(module), str(device)) for module, device in raw)
+        object.__setattr__(self, "device_map", pairs)
 
 
 @dataclass(frozen=True)
@@ -149,9 +156,11 @@ class DesiredPlacement:
     models: tuple[ModelSpec, ...] = ()
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {"engine_id": self.engine_id, "models": [asdict(m) for m in self.models]}, sort_keys=True
-        ).encode()
+        models = [asdict(m) for m in self.models]
+        for m in models:  # records without a map stay as before
+            if not m["device_map"]:
+                del m["device_map"]
+        return json.dumps({"engine_id": self.engine_id, "models": models}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DesiredPlacement:

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,11 @@ class LoadedModel:
     vocab_size: int
     path: str = ""
     load_s: float = 0.0
+    device_map: tuple[tuple[str, str], ...] = ()  # as loaded; () = all on ``device``
 
     @property
     def spec(self) -> ModelSpec:
-        return ModelSpec(name=self.name, source=self.source, dtype=self.dtype)
+        return ModelSpec(name=self.name, source=self.source, dtype=self.dtype, device_map=self.device_map)
 
 
 def tiny_config(arch: str) -> PretrainedConfig:
@@ -212,6 +214,68 @@ def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
     return 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
 
 
+def check_device_map(model: torch.nn.Module, device_map: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``device_map`` as a dict after checking it against ``model``'s modules (a meta-device copy will
+    do): every parameter and buffer under exactly one named module, tied parameters on one device,
+    real devices only (cpu, cuda; no "meta"/"disk"), CUDA devices present. Raises ``ModelLoadError``
+    naming the offending modules."""
+    out: dict[str, str] = {}
+    dupes = sorted({m for m, _ in device_map if sum(1 for k, _ in device_map if k == m) > 1})
+    if dupes:
+        raise ModelLoadError(f"device_map names modules more than once: {dupes}")
+    devices: dict[str, torch.device] = {}
+    for module, dev in device_map:
+        try:
+            devices[dev] = torch.device(dev)
+        except (RuntimeError, TypeError) as e:
+            raise ModelLoadError(f"device_map: bad device {dev!r} for {module!r}: {e}") from e
+        if devices[dev].type not in ("cpu", "cuda"):
+            raise ModelLoadError(f"device_map: {module!r} on {dev!r}; only real cpu/cuda devices are allowed")
+        out[module] = dev
+    modules = dict(model.named_modules())
+    unknown = [m for m in out if m not in modules]
+    if unknown:
+        raise ModelLoadError(f"device_map names unknown modules {unknown} of {type(model).__name__}")
+    tensors = list(model.named_parameters(remove_duplicate=False))
+    tensors += list(model.named_buffers(remove_duplicate=False))
+    missing: dict[str, None] = {}
+    nested: set[str] = set()
+    placed: dict[int, dict[str, str]] = {}  # tensor id -> {name: device}: tied tensors share an id
+    for name, tensor in tensors:
+        owners = [k for k in out if k == "" or name == k or name.startswith(k + ".")]
+        if not owners:
+            missing[name.rpartition(".")[0]] = None
+        elif len(owners) > 1:
+            nested.update(owners)
+        else:
+            placed.setdefault(id(tensor), {})[name] = out[owners[0]]
+    if missing:
+        raise ModelLoadError(f"device_map leaves modules without a device: {list(missing)}")
+    if nested:
+        raise ModelLoadError(f"device_map covers modules more than once (nested keys): {sorted(nested)}")
+    for names in placed.values():
+        if len(set(names.values())) > 1:
+            raise ModelLoadError(f"device_map splits tied parameters across devices: {names}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for dev, parsed in devices.items():
+        if parsed.type == "cuda" and (parsed.index or 0) >= count:
+            raise ModelLoadError(f"device_map uses {dev!r}, but this host has {count} CUDA devices")
+    return out
+
+
+def _checked_device_map(path: str, spec: ModelSpec, local_only: bool) -> dict[str, str]:
+    """Check ``spec.device_map`` against the architecture of ``path``, built on the meta device."""
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=local_only)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except OSError as e:
+        raise ModelSourceNotFound(f"cannot read the config of {spec.source!r}: {e}") from e
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot build model {spec.source!r} to check its device_map: {e}") from e
+    return check_device_map(skeleton, spec.device_map)
+
+
 def load_model(
     spec: ModelSpec,
     device: str = "cpu",
@@ -220,6 +284,9 @@ def load_model(
 ) -> LoadedModel:
     """Load ``spec`` through ``from_pretrained`` onto ``device`` in eval mode.
 
+    A non-empty ``spec.device_map`` (e.g. a HELR plan) replaces ``device``: it is checked against the
+    architecture (:func:`check_device_map`), passed to ``from_pretrained`` (accelerate dispatches the
+    modules and moves hidden states between devices) and the model reports its first device.
     With ``allow_download=False`` a hub id is only looked up in the local Hugging Face cache.
 
     Raises ``ModelSourceNotFound`` when the source does not exist and ``ModelLoadError`` when it exists
@@ -235,18 +302,25 @@ def load_model(
     path = materialize(spec.source, cache_dir)
     is_local = Path(path).is_dir()
     local_only = is_local or not allow_download
+    device_map = _checked_device_map(path, spec, local_only) if spec.device_map else None
+    placement: dict[str, Any] = {"device_map": device_map} if device_map else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=local_only, **placement
+        )
     except OSError as e:  # missing files / not on the hub / offline
         kind = "checkpoint" if is_local else "hub model"
         raise ModelSourceNotFound(f"cannot load {kind} {spec.source!r}: {e}") from e
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load model {spec.source!r}: {e}") from e
-    try:
-        model.to(device)
-    except (RuntimeError, AssertionError) as e:
-        raise ModelLoadError(f"cannot place model {spec.source!r} on device {device!r}: {e}") from e
+    if device_map:
+        device = spec.device_map[0][1]
+    else:
+        try:
+            model.to(device)
+        except (RuntimeError, AssertionError) as e:
+            raise ModelLoadError(f"cannot place model {spec.source!r} on device {device!r}: {e}") from e
     model.eval()
     config = model.config
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
@@ -267,6 +341,7 @@ def load_model(
         vocab_size=int(config.vocab_size),
         path=path,
         load_s=time.perf_counter() - started,
+        device_map=spec.device_map,
     )
 
 

@@ -21,6 +21,15 @@ from llmfleet.policies.placement.base import (
 )
 from llmfleet.policies.placement.colocate_all import ColocateAll
 from llmfleet.policies.placement.dedicated_even import DedicatedEven
+from llmfleet.policies.placement.helr import (
+    Device,
+    HelrPlan,
+    HelrPlanner,
+    LayeredModel,
+    Topology,
+    layered_model,
+    make_helr,
+)
 from llmfleet.policies.placement.seallm import SeaLLMPlacement
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
 from llmfleet.policies.registry import instantiate
@@ -47,9 +56,13 @@ __all__ = [
     "AladdinWorkers",
     "ColocateAll",
     "DedicatedEven",
+    "Device",
     "EngineSlot",
     "GpuPool",
+    "HelrPlan",
+    "HelrPlanner",
     "InstancePlan",
+    "LayeredModel",
     "PlacementContext",
     "PlacementInfeasible",
     "PlacementNeeds",
@@ -59,8 +72,11 @@ __all__ = [
     "SeaLLMPlacement",
     "ServiceLoad",
     "StaticConfigPlacement",
+    "Topology",
     "assign_plan",
     "gpus_in_use",
+    "layered_model",
+    "make_helr",
     "make_placement_policy",
     "moves",
     "optimal_tp",

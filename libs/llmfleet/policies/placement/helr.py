@@ -25,7 +25,8 @@ Objective. The paper trades latency against the number of devices with weights `
 with ``T*`` the lowest latency and ``k*`` the fewest devices over all admissible plans (both terms
 dimensionless, 1 at their own optimum). Modes (§4.3): HE ``a1 = 0`` (fewest devices; ties broken by
 latency), LR ``a1:a2 = 10:1``, HELR ``1:1`` (the paper's "balanced", its value not given). Ties on
-``J`` go to the lower latency, then to fewer devices; among equal-latency orders of one subset the DP keeps the first found.
+``J`` go to the lower latency, then to fewer devices; among equal-latency orders of one subset the DP
+keeps the first found, reversed when its last device outranks its first (links are symmetric).
 
 ``performance`` is relative (higher = faster); ``p`` converts ``layers·m / performance`` into seconds
 ("adjusts processing performance-time relationship"): with ``p = 1`` give performance in bytes of
@@ -158,13 +159,15 @@ def _latency_value(value: Any, key: tuple[str, str]) -> float:
 @dataclass(frozen=True)
 class LayeredModel:
     """A decoder-only model as HELR sees it: ``num_layers`` layers of ``layer_bytes`` plus the
-    embedding (``embed_bytes``) and the final norm + untied lm_head (``head_bytes``)."""
+    embedding (``embed_bytes``) and the final norm + untied lm_head (``head_bytes``);
+    ``tied_embeddings``: the lm_head is the embedding tensor."""
 
     name: str
     num_layers: int
     layer_bytes: int
     embed_bytes: int = 0
     head_bytes: int = 0
+    tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -193,6 +196,7 @@ class LayeredModel:
             layer_bytes=arch.layer_params * b,
             embed_bytes=arch.embedding_params * b,
             head_bytes=(final_norm + lm_head) * b,
+            tied_embeddings=arch.tie_embeddings,
         )
 
     @classmethod
@@ -265,7 +269,9 @@ class HelrPlanner:
 
     ``p`` scales compute time (Eq. 5), ``kv_reserve_bytes`` is T (memory kept for the KV cache on
     every device used). The module names default to the Llama family in transformers ≥ 4.45
-    (``model.rotary_emb`` is a module there; it goes with the embedding on the first device).
+    (``model.rotary_emb`` is a module there; it goes with the embedding on the first device). With
+    tied embeddings ``tied_head`` is the embedding tensor, so it stays on the first device: the last
+    stage sends its normed hidden states back there (a hop Eq. 6 does not count).
     """
 
     name: ClassVar[str] = "helr"
@@ -278,6 +284,7 @@ class HelrPlanner:
     first_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb")
     layer_prefix: str = "model.layers"
     last_modules: tuple[str, ...] = ("model.norm", "lm_head")
+    tied_head: str = "lm_head"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -331,6 +338,8 @@ class HelrPlanner:
                 best = (key, compute, links)
         assert best is not None
         (objective, latency, _, order), compute, links = best
+        if _rank_key(topology, order[-1]) < _rank_key(topology, order[0]):
+            order = order[::-1]  # same latency (links are symmetric): start on the faster device
         layers = assign_layers(topology, model, order, self.kv_reserve_bytes)
         names = tuple(topology.devices[i].name for i in order)
         counts = tuple(layers[i] for i in order)
@@ -339,7 +348,7 @@ class HelrPlanner:
             mode=self.mode,
             order=names,
             layers=counts,
-            device_map=self.build_device_map(names, counts),
+            device_map=self.build_device_map(names, counts, tied=model.tied_embeddings),
             objective=objective,
             latency_s=latency,
             compute_s=compute,
@@ -351,9 +360,11 @@ class HelrPlanner:
         a1, a2 = self.weights
         return a1 * latency_s / (best_latency_s or 1.0) + a2 * num_devices / fewest
 
-    def build_device_map(self, order: Sequence[str], layers: Sequence[int]) -> dict[str, str]:
+    def build_device_map(
+        self, order: Sequence[str], layers: Sequence[int], tied: bool = False
+    ) -> dict[str, str]:
         """transformers' ``device_map``: first modules on ``order[0]``, consecutive layers per device
-        in pipeline order, last modules on ``order[-1]``."""
+        in pipeline order, last modules on ``order[-1]`` (a tied head on ``order[0]``)."""
         out = {name: order[0] for name in self.first_modules}
         k = 0
         for dev, count in zip(order, layers, strict=True):
@@ -361,6 +372,8 @@ class HelrPlanner:
                 out[f"{self.layer_prefix}.{k}"] = dev
                 k += 1
         out.update({name: order[-1] for name in self.last_modules})
+        if tied and self.tied_head in out:
+            out[self.tied_head] = order[0]
         return out
 
     def _check_feasible(self, topology: Topology, model: LayeredModel) -> None:
