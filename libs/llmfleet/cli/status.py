@@ -1,7 +1,10 @@
-"""``llmfleet status``: what etcd says about the cluster (nodes, services, placement, leaders).
+"""``llmfleet status``: what etcd says about the cluster (nodes, services, placement, leaders, the
+engine pool and GPUs in use), plus what the placement leader says (GetPlan: its recent decisions and
+the service monitor).
 
-Data collection (:func:`collect_status`, over any :class:`StatusSource`) is separate from rendering
-(:func:`render_status` for rich tables, :meth:`ClusterStatus.to_dict` for ``--json``).
+Data collection (:func:`collect_status`, over any :class:`StatusSource` and :data:`PlanSource`) is
+separate from rendering (:func:`render_status` for rich tables, :meth:`ClusterStatus.to_dict` for
+``--json``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from llmfleet.cli.status_fleet import (
+    FleetStatus,
+    PlanSource,
+    attach_plan,
+    fleet_status,
+    grpc_plan_source,
+    render_fleet,
+)
 from llmfleet.coord.keys import Keys
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
 
 NAME = "status"
-HELP = "show nodes, services, placement and leaders from etcd"
+HELP = "show nodes, services, placement, leaders, the engine pool and placement decisions"
 
 
 class KV(NamedTuple):
@@ -107,6 +118,7 @@ class ClusterStatus:
     services: list[ServiceRow] = field(default_factory=list)
     placements: list[PlacementRow] = field(default_factory=list)
     leaders: list[LeaderRow] = field(default_factory=list)
+    fleet: FleetStatus = field(default_factory=FleetStatus)  # engine pool, decisions, service monitor
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,10 +141,14 @@ def _leader_id(raw: bytes) -> str:
     return text if not isinstance(value, str) else value
 
 
-async def collect_status(source: StatusSource, keys: Keys, etcd: str = "") -> ClusterStatus:
-    """Read ``nodes/``, ``services/``, ``placement/`` and ``leaders/`` into a :class:`ClusterStatus`.
+async def collect_status(
+    source: StatusSource, keys: Keys, etcd: str = "", plan: PlanSource | None = None
+) -> ClusterStatus:
+    """Read ``nodes/``, ``services/``, ``placement/`` and ``leaders/`` into a :class:`ClusterStatus`,
+    then (with ``plan``) ask the placement leader for its decisions and service monitor.
 
-    Undecodable values become rows with ``error`` set rather than failing the whole report.
+    Undecodable values become rows with ``error`` set rather than failing the whole report; a leader
+    that cannot be asked leaves ``plan_error`` set.
     """
     node_kvs, svc_kvs, place_kvs, leader_kvs = await asyncio.gather(
         source.range(keys.nodes, leases=True),
@@ -181,11 +197,13 @@ async def collect_status(source: StatusSource, keys: Keys, etcd: str = "") -> Cl
         )
 
     desired: dict[str, list[str] | None] = {}
+    placements: dict[str, DesiredPlacement] = {}
     errors: dict[str, str] = {}
     for kv in place_kvs:
         engine_id = _relative(kv.key, keys.placements)
         try:
-            desired[engine_id] = [m.name for m in DesiredPlacement.from_json(kv.value).models]
+            placements[engine_id] = DesiredPlacement.from_json(kv.value)
+            desired[engine_id] = [m.name for m in placements[engine_id].models]
         except (ValueError, TypeError, KeyError) as e:
             desired[engine_id], errors[engine_id] = None, f"bad placement: {e}"
     engines = {nid for nid, r in records.items() if r.role == ENGINE_ROLE}
@@ -206,6 +224,11 @@ async def collect_status(source: StatusSource, keys: Keys, etcd: str = "") -> Cl
     for kv in leader_kvs:
         role = _relative(kv.key, keys.leaders).split("/", 1)[0]
         status.leaders.append(LeaderRow(role=role, leader=_leader_id(kv.value)))
+
+    status.fleet = fleet_status(records.values(), placements)
+    if plan is not None:
+        leader = next((r.leader for r in status.leaders if r.role == "placement"), None)
+        await attach_plan(status.fleet, leader, records, plan)
     return status
 
 
@@ -273,6 +296,7 @@ def render_status(status: ClusterStatus, console: Console) -> None:
     for r in status.leaders:
         leaders.add_row(r.role, r.leader)
     console.print(leaders)
+    render_fleet(status.fleet, console)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -283,7 +307,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def fetch_status(endpoints: str | None, prefix: str | None, timeout: float = 5.0) -> ClusterStatus:
-    """Connect to etcd and collect the status (raises EtcdError/EtcdUnavailable on failure)."""
+    """Connect to etcd and collect the status (raises EtcdError/EtcdUnavailable on failure); the
+    placement leader is asked too (its absence is noted in ``plan_error``)."""
     from llmfleet.config import EtcdSettings
     from llmfleet.coord.client import EtcdClient
 
@@ -292,7 +317,12 @@ async def fetch_status(endpoints: str | None, prefix: str | None, timeout: float
     client = EtcdClient(settings)
     try:
         await asyncio.wait_for(client.connect(wait=False), timeout)
-        return await collect_status(EtcdStatusSource(client), client.keys, etcd=",".join(settings.endpoints))
+        return await collect_status(
+            EtcdStatusSource(client),
+            client.keys,
+            etcd=",".join(settings.endpoints),
+            plan=grpc_plan_source(min(timeout, 3.0)),
+        )
     finally:
         await client.close()
 
