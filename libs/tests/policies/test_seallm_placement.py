@@ -173,3 +173,17 @@ def test_adaptive_interval_eq8():
         performance(1.2, 1.0)
     with pytest.raises(ValueError):
         AdaptiveInterval(beta=1.0)
+
+
+def test_sharing_cap_as_a_search_dimension():
+    """With caps (1, 2) each TP size is searched twice; the hand scores tie on attainment and latency,
+    so the smaller cap wins the tie (fewer models per group)."""
+    ev = HandEvaluator({"A": 30, "B": 10}, {"A": 1, "B": 1})
+    p = SeaLLMPlacement(max_services=(1, 2), tp_candidates=(2,))
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
+    assert set(p.search_log) == {(2, 1), (2, 2)}
+    assert p.search_log[(2, 1)] == [("tp2-0", "A"), ("tp2-1", "B")]
+    assert [x.models for x in plan] == [("llama2-7b",), ("llama2-13b",)]
+    assert "≤ 1 services per group" in p.last_reason
+    with pytest.raises(ValueError, match="max_services"):
+        SeaLLMPlacement(max_services=(0, 2))

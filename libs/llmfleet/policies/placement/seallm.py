@@ -58,9 +58,10 @@ class _Group:
 
 @dataclass
 class _Candidate:
-    """One TP candidate's search state."""
+    """One (TP, sharing cap) candidate's search state."""
 
     tp: int
+    cap: int
     groups: list[_Group]
     done: bool = False
     score: PlanScore | None = None
@@ -71,7 +72,9 @@ class SeaLLMPlacement:
     """Algorithm 1 of SeaLLM; see the module docstring. Needs a :class:`PlanEvaluator` in the context.
 
     Args:
-        max_services: services per sharing group (paper's evaluation: 2).
+        max_services: services per sharing group (paper's evaluation: 2); a sequence searches each cap
+            as a further candidate dimension (e.g. ``(1, 2)`` also scores simulation-sized dedicated
+            plans, so sharing is chosen only where the simulator says it helps — our extension).
         alpha: α of the unserved index (paper: 1e-4).
         tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
         min_kv_fraction: memory share kept free of weights in a group.
@@ -82,26 +85,27 @@ class SeaLLMPlacement:
 
     def __init__(
         self,
-        max_services: int = 2,
+        max_services: int | Sequence[int] = 2,
         alpha: float = 1e-4,
         tp_candidates: Sequence[int] | None = None,
         min_kv_fraction: float = 0.1,
     ) -> None:
-        if max_services < 1:
-            raise ValueError(f"max_services must be >= 1, got {max_services}")
+        caps = (max_services,) if isinstance(max_services, int) else tuple(max_services)
+        if not caps or any(c < 1 for c in caps):
+            raise ValueError(f"max_services must be >= 1 (or a sequence of such), got {max_services}")
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         for tp in tp_candidates or ():
             if tp < 1 or tp & (tp - 1):
                 raise ValueError(f"tp candidates must be powers of two, got {tp}")
-        self.max_services = int(max_services)
+        self.caps = tuple(sorted(set(caps)))
         self.alpha = float(alpha)
         self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
         self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
         self.evaluations = 0  # plans simulated by the last search
-        self.search_log: dict[int, list[tuple[str, str]]] = {}  # tp -> (group, service) added, in order
+        self.search_log: dict = {}  # tp (or (tp, cap)) -> (group, service) added, in order
 
     # ---------------------------------------------------------------------------------- helpers
     def _fits(self, models: set[str], tp: int, mem_bytes: float) -> bool:
@@ -144,7 +148,7 @@ class SeaLLMPlacement:
         groups = sorted(cand.groups, key=lambda g: (group_rate(g), g.tp, g.gid))
         order = sorted(services, key=lambda s: (-ui[s.name], -s.rate_rps, s.name))
         for g in groups:
-            if len(g.services) >= self.max_services:
+            if len(g.services) >= cand.cap:
                 continue
             for s in order:
                 if s.name in g.services:
@@ -223,8 +227,9 @@ class SeaLLMPlacement:
                 )
         tps = self.tp_candidates or tuple(1 << i for i in range(gpus.gpus_per_node.bit_length()))
         cands = [
-            _Candidate(tp, [_Group(f"tp{tp}-{i}", tp) for i in range(gpus.count // tp)])
+            _Candidate(tp, cap, [_Group(f"tp{tp}-{i}", tp) for i in range(gpus.count // tp)])
             for tp in tps
+            for cap in self.caps
             if tp <= min(gpus.count, gpus.gpus_per_node)
         ]
         if not cands:
@@ -244,12 +249,12 @@ class SeaLLMPlacement:
         placed = [c for c in cands if any(g.services for g in c.groups)]
         if not placed:
             raise PlacementInfeasible("no service fits any GPU group of the pool")
-        self.search_log = {c.tp: list(c.added) for c in cands}
-        best = min(placed, key=lambda c: (-c.score.slo_attainment, c.score.normalized_latency, c.tp))
+        self.search_log = {(c.tp if len(self.caps) == 1 else (c.tp, c.cap)): list(c.added) for c in cands}
+        best = min(placed, key=lambda c: (-c.score.slo_attainment, c.score.normalized_latency, c.tp, c.cap))
         self.last_score = best.score
         self.last_reason = (
-            f"tp={best.tp}: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
-            f"{best.score.normalized_latency:.2f} (best of {len(placed)} TP candidates, "
+            f"tp={best.tp}, ≤ {best.cap} services per group: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
+            f"{best.score.normalized_latency:.2f} (best of {len(placed)} candidates, "
             f"{self.evaluations} simulations)"
         )
         return self._plan(best, model_of)
