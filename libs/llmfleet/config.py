@@ -210,6 +210,69 @@ class EngineConfig(BaseModel):
         return argv
 
 
+STATIC_POLICY = "static"  # the placement policy that copies ``engines:`` into etcd (no planner)
+
+
+def placement_policy_names() -> list[str]:
+    """Valid ``placement.policy`` values: ``static`` and every planner of the placement registry."""
+    from llmfleet.policies.placement import POLICIES
+
+    return [STATIC_POLICY, *sorted(POLICIES)]
+
+
+class PlacementConfig(BaseModel):
+    """The placement leader's loop. ``static`` writes the ``engines:`` lists as they are (no planner);
+    any other policy is a planner of ``llmfleet.policies.placement`` run every ``interval_s`` over the
+    monitored workload and the live engine pool (``engines:`` then only says which engines
+    ``llmfleet up`` starts and with which settings; their ``models`` are ignored)."""
+
+    model_config = _STRICT
+
+    policy: str = STATIC_POLICY
+    interval_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    options: dict[str, Any] = Field(default_factory=dict)  # the planner's constructor options
+    hardware: str = "cpu"  # catalog hardware of the pool when engines report none (or disagree)
+    gpus_per_node: int = Field(8, ge=1)
+    # hysteresis: a changed plan is applied once the planner has proposed it this many intervals in a
+    # row (1: at once); a plan that serves an unserved model, or the first plan, is applied at once
+    confirm_intervals: int = Field(2, ge=1)
+    window_s: float | None = Field(None, gt=0)  # the monitor window the planner reads (None: its default)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in placement_policy_names():
+            raise ValueError(f"unknown placement policy {v!r}; valid: {placement_policy_names()}")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        policy = info.data.get("policy")
+        if policy is not None and policy != STATIC_POLICY:
+            from llmfleet.policies.placement import make_placement_policy
+
+            make_placement_policy(policy, **v)  # builds it: a bad option is named here
+        elif policy == STATIC_POLICY and v:
+            raise ValueError("the static placement policy takes no options")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, v: str) -> str:
+        from llmfleet.costmodel.hardware import UnknownHardware, hardware
+
+        try:
+            return hardware(v).name
+        except UnknownHardware as e:
+            raise ValueError(e.args[0]) from None
+
+    @property
+    def planned(self) -> bool:
+        """Whether a planner decides (any policy but ``static``)."""
+        return self.policy != STATIC_POLICY
+
+
 def validation_message(e: ValidationError) -> str:
     """pydantic's errors as ``where.the.key: what is wrong`` lines (without the input dumps)."""
     lines = []
@@ -230,6 +293,7 @@ class ClusterConfig(BaseModel):
     services: dict[str, ServiceConfig]
     models: dict[str, ModelConfig]
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
     @model_validator(mode="after")
     def _references(self) -> ClusterConfig:
@@ -244,7 +308,39 @@ class ClusterConfig(BaseModel):
                     raise ValueError(
                         f"engine {eid!r} lists unknown model {m!r}; known: {sorted(self.models)}"
                     )
+        if self.placement.planned:
+            self.catalog_models()  # a planner needs every served model in the cost-model catalog
         return self
+
+    def catalog_models(self) -> dict[str, str]:
+        """Served model -> its cost-model catalog name (``sim_model``, else the model's own name when it
+        is a catalog name), for the models the services use. One-to-one: planners work with catalog
+        names and the placement leader maps their plans back (two models with one catalog name would
+        be indistinguishable); ValueError naming the model otherwise."""
+        from llmfleet.costmodel import UnknownModel, model_arch
+
+        out: dict[str, str] = {}
+        for name in sorted({s.model for s in self.services.values()}):
+            m = self.models[name]
+            if m.sim_model is not None:
+                out[name] = m.sim_model
+                continue
+            try:
+                out[name] = model_arch(name).name
+            except UnknownModel as e:
+                raise ValueError(
+                    f"model {name!r} is not a cost-model catalog name; set models.{name}.sim_model "
+                    f"for the placement planner ({e.args[0]})"
+                ) from None
+        seen: dict[str, str] = {}
+        for name, cat in out.items():
+            if cat in seen:
+                raise ValueError(
+                    f"models {seen[cat]!r} and {name!r} both map to catalog model {cat!r}; "
+                    "give one a different sim_model"
+                )
+            seen[cat] = name
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterConfig:

@@ -1,4 +1,5 @@
-"""The leader's reconcile loop: make etcd's services/ and placement/ match the placement plan."""
+"""The leader's reconcile loop: make etcd's services/ match the cluster config and, with the static
+policy, placement/ match its ``engines:`` (a planner's placement/ is ``live.LivePlacementLoop``'s)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class PlacementController:
     services_view: PrefixView[ServiceSpec]
     nodes_view: PrefixView[NodeRecord]
     resync_s: float = 5.0
+    manage_placement: bool = True  # False: services/ only (a planner owns placement/)
     policy: StaticConfigPlacement = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,6 +48,10 @@ class PlacementController:
         for name in sorted(set(have) - set(want)):
             await delete_service(self.etcd, name)
             changed += 1
+        if not self.manage_placement:
+            if changed:
+                log.info("placement: wrote %d service keys", changed)
+            return changed
         live = [n.node_id for n in self.nodes_view.snapshot().values() if n.role == ENGINE_ROLE]
         diff = self.policy.diff(self.placement_view.snapshot(), live)
         for p in diff.put:
@@ -65,7 +71,10 @@ class PlacementController:
             async for rev, _ in view.subscribe():
                 changes.put_nowait(rev)
 
-        pumps = [asyncio.create_task(pump(v)) for v in (self.placement_view, self.services_view)]
+        watched = (
+            (self.placement_view, self.services_view) if self.manage_placement else (self.services_view,)
+        )
+        pumps = [asyncio.create_task(pump(v)) for v in watched]
         try:
             while True:
                 try:

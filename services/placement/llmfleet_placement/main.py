@@ -1,20 +1,29 @@
-"""``llmfleet-placement``: leader-elected placement controller (config -> desired state in etcd)."""
+"""``llmfleet-placement``: leader-elected placement controller (config or planner -> desired state in etcd).
+
+``--policy static`` (the default of a config without ``placement:``) copies the config's ``engines:``
+into etcd; any planner of ``llmfleet.policies.placement`` runs every ``--interval-s`` over the
+monitored workload and the live engine pool (``live.LivePlacementLoop``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import time
 
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
-from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
-from llmfleet.coord import LeaderElection, node_view, placement_view, service_view
+from llmfleet.config import DEFAULT_CONFIG, STATIC_POLICY, ClusterConfig, placement_policy_names
+from llmfleet.coord import LeaderElection, PrefixView, node_view, placement_view, service_view
+from llmfleet.policies.placement import make_placement_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.types import DesiredPlacement, NodeRecord
 
 from llmfleet_placement.controller import PlacementController
+from llmfleet_placement.live import LivePlacementLoop
 from llmfleet_placement.servicer import PlacementServicer
+from llmfleet_placement.workload import MonitorWorkload
 
 ROLE = "placement"
 log = logging.getLogger(__name__)
@@ -42,18 +51,23 @@ def build_node(args: argparse.Namespace, config: ClusterConfig) -> tuple[Service
             await v.start()
         servicer.placement_view, servicer.nodes_view = views[0], views[2]
         servicer.election = LeaderElection(n.etcd, ROLE, nid, n.settings.lease_ttl_s)
-        controller = PlacementController(config, n.etcd, *views, resync_s=args.resync_s)
-        task: asyncio.Task | None = None
+        planned = config.placement.planned
+        controller = PlacementController(
+            config, n.etcd, *views, resync_s=args.resync_s, manage_placement=not planned
+        )
+        tasks: list[asyncio.Task] = []
 
         async def on_elected() -> None:
-            nonlocal task
-            log.info("%s is the placement leader", nid)
-            task = asyncio.create_task(controller.run())
+            log.info("%s is the placement leader (policy %s)", nid, config.placement.policy)
+            tasks.append(asyncio.create_task(controller.run()))
+            if planned:
+                loop = live_loop(config, n, servicer, views[0], views[2])
+                tasks.append(asyncio.create_task(loop.run()))
 
         async def on_lost() -> None:
             log.warning("%s lost placement leadership", nid)
-            if task is not None:
-                task.cancel()
+            while tasks:
+                tasks.pop().cancel()
 
         servicer.views = views
         n.spawn(servicer.election.run(on_elected, on_lost), "placement-election")
@@ -63,18 +77,68 @@ def build_node(args: argparse.Namespace, config: ClusterConfig) -> tuple[Service
     return node, servicer
 
 
+def live_loop(
+    config: ClusterConfig,
+    n: ServiceNode,
+    servicer: PlacementServicer,
+    placements: PrefixView[DesiredPlacement],
+    nodes: PrefixView[NodeRecord],
+) -> LivePlacementLoop:
+    """A planner loop for a new term (fresh hysteresis; it adopts the plan in etcd), reading the
+    service monitor the schedulers feed and logging its decisions on the servicer."""
+    p = config.placement
+    return LivePlacementLoop(
+        config,
+        n.etcd,
+        placements,
+        nodes,
+        planner=make_placement_policy(p.policy, **p.options),
+        policy=p.policy,
+        interval_s=p.interval_s,
+        leader_id=n.node_id,
+        workload=MonitorWorkload(servicer.monitor, config.service_specs, p.window_s),
+        decisions=servicer.decisions,
+        election=servicer.election,
+        clock=time.monotonic,  # the monitor's clock (the servicer feeds it on time.monotonic)
+    )
+
+
+def apply_flags(config: ClusterConfig, args: argparse.Namespace) -> ClusterConfig:
+    """``--policy``/``--interval-s`` over the config's ``placement:`` (options stay with their policy)."""
+    p = config.placement
+    update: dict = {}
+    if args.policy is not None and args.policy != p.policy:
+        update |= {"policy": args.policy, "options": {}}
+    if args.interval_s is not None:
+        update["interval_s"] = args.interval_s
+    if not update:
+        return config
+    data = config.model_dump()
+    data["placement"] = {**p.model_dump(), **update}
+    return ClusterConfig.model_validate(data)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-placement", description=__doc__)
     add_common_args(ap, ROLE, default_port=50053)
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="cluster config (services -> models -> engines)")
     ap.add_argument("--resync-s", type=float, default=5.0, help="periodic full reconcile interval")
+    ap.add_argument(
+        "--policy",
+        default=None,
+        choices=placement_policy_names(),
+        help=f"placement policy (default: the config's placement.policy, else {STATIC_POLICY})",
+    )
+    ap.add_argument(
+        "--interval-s", type=float, default=None, help="planning interval (default: placement.interval_s)"
+    )
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     def build(args: argparse.Namespace) -> ServiceNode:
         try:
-            config = ClusterConfig.load(args.config)
+            config = apply_flags(ClusterConfig.load(args.config), args)
         except ValueError as e:  # pydantic ValidationError is a ValueError
             raise SystemExit(f"llmfleet-placement: invalid config {args.config}: {e}") from None
         return build_node(args, config)[0]

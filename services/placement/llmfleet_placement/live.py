@@ -1,0 +1,218 @@
+"""The placement leader's live loop: every interval, plan over the monitored workload and the live engine
+pool, and write the desired state when it changes.
+
+One tick: engines from ``nodes/`` (id, tp, hardware, hosted models) and ``placement/`` → a
+:class:`GpuPool`; demand from the :class:`WorkloadSource`; ``planner.place``; ``assign_plan`` onto
+the live engines with the fewest moves (idle engines get ``()``); if the result differs from the
+desired state and :class:`Hysteresis` agrees, every ``placement/*`` key and ``placement_meta`` (plan
+id, policy, reason) are written in ONE transaction fenced by our leader lease. Engines converge on
+their own (load first, drain, unload: ``llmfleet_engine.placement_follower``).
+
+An infeasible plan (``PlacementInfeasible``, e.g. a model larger than any engine) is logged and
+recorded as a failed decision; the last good plan stays. Every decision goes to the log and to
+``decisions`` (GetPlan, ``llmfleet status``).
+
+Failover: a new leader adopts the plan in etcd (``placement_meta``) as its current plan and does not
+plan before one full interval, so a replacement in progress completes under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmfleet.config import ClusterConfig
+from llmfleet.coord import EtcdClient, LeaderElection, PrefixView
+from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
+from llmfleet.monitor import Decision
+from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
+from llmfleet.types import DesiredPlacement, NodeRecord
+
+from llmfleet_placement.planning import (
+    Hysteresis,
+    LiveEngine,
+    ModelNames,
+    PlanResult,
+    current_instances,
+    current_state,
+    describe_change,
+    describe_loads,
+    gpu_pool,
+    live_engines,
+    plan_target,
+    planner_loads,
+    uncovered,
+)
+from llmfleet_placement.workload import EvaluatorSource, NoTraffic, WorkloadSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LivePlacementLoop:
+    config: ClusterConfig
+    etcd: EtcdClient
+    placement_view: PrefixView[DesiredPlacement]
+    nodes_view: PrefixView[NodeRecord]
+    planner: PlacementPlanner
+    policy: str
+    interval_s: float
+    leader_id: str = ""
+    workload: WorkloadSource = field(default_factory=NoTraffic)
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=100))
+    election: LeaderElection | None = None  # fences the plan writes with our leader lease
+    clock: Callable[[], float] = time.monotonic  # the workload's clock (the planners' "now")
+    wall: Callable[[], float] = time.time  # decision timestamps
+    plan_id: int = 0  # the plan in force (placement_meta); 0: none written by a planner yet
+    names: ModelNames = field(init=False)
+    hysteresis: Hysteresis = field(init=False)
+    _last_error: str = ""
+
+    def __post_init__(self) -> None:
+        self.names = ModelNames(self.config.catalog_models())
+        self.hysteresis = Hysteresis(self.config.placement.confirm_intervals)
+
+    async def run(self) -> None:
+        """Adopt the plan in etcd, then tick every ``interval_s`` (first tick at once only when there
+        is no plan to adopt)."""
+        await asyncio.gather(self.placement_view.ready.wait(), self.nodes_view.ready.wait())
+        if await self.adopt():
+            await asyncio.sleep(self.interval_s)
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # etcd hiccup, a planner bug: keep the plan, try next interval
+                log.exception("placement tick failed")
+                self._failed(f"placement tick failed: {e}")
+            await asyncio.sleep(self.interval_s)
+
+    async def adopt(self) -> bool:
+        """Take the plan in etcd as the current one; True if there was one."""
+        meta = await get_placement_meta(self.etcd)
+        self.hysteresis.reset()
+        if meta is not None:
+            self.plan_id = meta.plan_id
+            self._record(
+                Decision(
+                    self.wall(),
+                    self.policy,
+                    f"adopted plan #{meta.plan_id} ({meta.policy}, by {meta.leader or '?'}): {meta.summary}",
+                    f"new leader {self.leader_id}; first plan after {self.interval_s:g}s",
+                )
+            )
+            return True
+        return bool(self.placement_view.snapshot())  # keys without meta (e.g. the static policy's)
+
+    async def tick(self) -> PlanResult | None:
+        """One planning round; the plan it applied (None: nothing written)."""
+        now = self.clock()
+        placements = self.placement_view.snapshot()
+        engines = live_engines(self.nodes_view.snapshot().values(), placements)
+        if not engines:
+            self._failed("no live engines to place on")
+            return None
+        cfg = self.config.placement
+        pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node)
+        specs = self.config.service_specs()
+        try:
+            loads = planner_loads(self.workload.loads(now), specs, self.names)
+        except ValueError as e:
+            self._failed(str(e))
+            return None
+        reason = describe_loads(loads) + (f"; {note}" if note else "")
+        evaluator = None
+        if self.planner.needs.evaluator:
+            if isinstance(self.workload, EvaluatorSource):
+                evaluator = self.workload.evaluator(now, pool)
+            if evaluator is None:
+                self._failed(
+                    f"policy {self.policy} scores plans by simulation but has no recent workload", reason
+                )
+                return None
+        context = PlacementContext(
+            current=current_instances(engines, self.names), evaluator=evaluator, now=now
+        )
+        try:  # a search can take seconds: off the event loop (the leader lease is kept alive on it)
+            result = await asyncio.to_thread(
+                plan_target, self.planner, pool, loads, engines, self.names, context
+            )
+        except (PlacementInfeasible, ValueError) as e:
+            self._failed(f"infeasible plan: {e}", reason)
+            return None
+        why = getattr(self.planner, "last_reason", "")  # the planner's own account, when it gives one
+        if why:
+            reason += f"; {self.policy}: {why}"
+        current = current_state(engines)
+        if result.target == current:
+            self.hysteresis.reset()
+            self._last_error = ""
+            log.debug("placement: plan unchanged (%s)", reason)
+            return None
+        needed = {s.model for s in specs}
+        urgent = bool(set(uncovered(current, needed)) - set(uncovered(result.target, needed)))
+        change = describe_change(current, result.target)
+        if not self.hysteresis.decide(result.target, urgent):
+            if self.hysteresis.seen == 1:  # once per new proposal
+                self._record(
+                    Decision(
+                        self.wall(),
+                        self.policy,
+                        f"proposed {change}; applied if proposed for {self.hysteresis.confirm} intervals",
+                        reason,
+                    )
+                )
+            return None
+        if urgent:
+            reason += f"; unserved: {', '.join(sorted(set(uncovered(current, needed))))}"
+        return result if await self.apply(result, engines, placements, change, reason) else None
+
+    async def apply(
+        self,
+        result: PlanResult,
+        engines: list[LiveEngine],
+        placements: dict[str, DesiredPlacement],
+        change: str,
+        reason: str,
+    ) -> bool:
+        """Write the whole desired state (changed keys, dead engines' keys deleted, meta) in one txn."""
+        want = {
+            eid: DesiredPlacement(eid, tuple(self.config.model_spec(m) for m in models))
+            for eid, models in result.target.items()
+        }
+        put = [p for eid, p in sorted(want.items()) if placements.get(eid) != p]
+        delete = sorted(set(placements) - set(want))
+        before = sum(e.tp for e in engines if e.effective)
+        summary = f"{change}; GPUs {before} -> {result.gpus_in_use}"
+        meta = PlanMeta(
+            self.plan_id + 1, self.policy, reason, summary, self.leader_id, self.wall(), result.gpus_in_use
+        )
+        guard = None
+        if self.election is not None:
+            if not self.election.is_leader or self.election.lease_id is None:
+                log.warning("placement: not the leader any more; plan #%d not written", meta.plan_id)
+                return False
+            guard = (self.election.key, self.election.lease_id)
+        if not await write_plan(self.etcd, put, delete, meta, leader=guard):
+            log.warning("placement: leader lease changed; plan #%d not written", meta.plan_id)
+            return False
+        self.plan_id = meta.plan_id
+        self._last_error = ""
+        self._record(Decision(meta.time, self.policy, f"plan #{meta.plan_id}: {summary}", reason))
+        return True
+
+    def _failed(self, error: str, reason: str = "") -> None:
+        """A round that could not plan: logged every time, recorded once until the error changes."""
+        log.error("placement (%s): %s; the last good plan stays", self.policy, error)
+        if error != self._last_error:
+            self._last_error = error
+            self.decisions.append(Decision.failed(self.wall(), self.policy, error, reason))
+
+    def _record(self, d: Decision) -> None:
+        log.info("placement decision (%s): %s [%s]", d.policy, d.summary, d.reason)
+        self.decisions.append(d)

@@ -1,0 +1,223 @@
+"""The pure half of the live placement loop: engine pool, name mapping, planning, hysteresis.
+
+Everything here is plain data in, plain data out (no etcd, no clock): the loop in ``live.py`` reads
+etcd and the monitor, calls :func:`plan_target`, asks :class:`Hysteresis` whether to apply the result
+and writes it.
+
+Names: services and engines speak *served* model names (the cluster config's ``models:`` keys);
+planners speak cost-model *catalog* names (``sim_model``, else the served name when it is one).
+:class:`ModelNames` is the one-to-one mapping both ways (the config refuses two served models with one
+catalog name).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from llmfleet.costmodel.hardware import UnknownHardware, hardware
+from llmfleet.policies.placement import (
+    EngineSlot,
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    PlacementPlanner,
+    ServiceLoad,
+    assign_plan,
+    gpus_in_use,
+)
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
+
+Assignment = dict[str, tuple[str, ...]]  # engine id -> served model names (sorted; () = idle)
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """Served model name <-> cost-model catalog name, one to one."""
+
+    to_catalog: Mapping[str, str]
+    to_served: Mapping[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        inverse = {c: s for s, c in self.to_catalog.items()}
+        if len(inverse) != len(self.to_catalog):
+            raise ValueError(f"two served models share a catalog name: {dict(self.to_catalog)}")
+        object.__setattr__(self, "to_served", inverse)
+
+    def catalog(self, served: str) -> str:
+        try:
+            return self.to_catalog[served]
+        except KeyError:
+            raise ValueError(
+                f"model {served!r} has no catalog name (known: {sorted(self.to_catalog)})"
+            ) from None
+
+    def served(self, catalog: str) -> str:
+        try:
+            return self.to_served[catalog]
+        except KeyError:
+            raise ValueError(
+                f"the planner placed catalog model {catalog!r}, which no served model maps to "
+                f"(known: {sorted(self.to_served)})"
+            ) from None
+
+
+@dataclass(frozen=True)
+class LiveEngine:
+    """One live engine: its node record's size and models, and its placement key (None: no key)."""
+
+    engine_id: str
+    tp: int = 1
+    hardware: str = ""
+    hosted: tuple[str, ...] = ()
+    desired: tuple[str, ...] | None = None
+
+    @property
+    def effective(self) -> tuple[str, ...]:
+        """What it is meant to host: its key's models, else (no key: no opinion) what it hosts."""
+        return tuple(sorted(self.desired if self.desired is not None else self.hosted))
+
+
+def live_engines(nodes: Iterable[NodeRecord], placements: Mapping[str, DesiredPlacement]) -> list[LiveEngine]:
+    """The engine pool from the node records and the desired placements, by engine id."""
+    out = []
+    for n in sorted((n for n in nodes if n.role == ENGINE_ROLE), key=lambda n: n.node_id):
+        p = placements.get(n.node_id)
+        out.append(
+            LiveEngine(
+                engine_id=n.node_id,
+                tp=max(int(getattr(n, "tp", 1) or 1), 1),
+                hardware=str(getattr(n, "hardware", "") or ""),
+                hosted=tuple(n.models),
+                desired=tuple(m.name for m in p.models) if p is not None else None,
+            )
+        )
+    return out
+
+
+def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node: int) -> tuple[GpuPool, str]:
+    """One pool of Σ tp GPUs: the engines' common hardware, else ``default_hardware`` (with a note
+    when they disagree or report none)."""
+    kinds = Counter(e.hardware for e in engines if e.hardware)
+    note = ""
+    if len(kinds) == 1 and sum(kinds.values()) == len(engines):
+        hw = next(iter(kinds))
+    else:
+        hw = default_hardware
+        if kinds:
+            note = f"engines report hardware {dict(kinds)}; planning them all as {hw}"
+    try:
+        hw = hardware(hw).name
+    except UnknownHardware:
+        note = f"engine hardware {hw!r} is not in the catalog; planning as {default_hardware}"
+        hw = default_hardware
+    return GpuPool(hw, sum(e.tp for e in engines), gpus_per_node), note
+
+
+def planner_loads(
+    loads: Iterable[ServiceLoad], services: Sequence[ServiceSpec], names: ModelNames
+) -> list[ServiceLoad]:
+    """The configured services as a planner sees them: monitored demand (a service the monitor does not
+    report has none), SLO from the config, model as its catalog name."""
+    seen = {s.name: s for s in loads}
+    out = []
+    for spec in sorted(services, key=lambda s: s.name):
+        load = seen.get(spec.name) or ServiceLoad(spec.name, spec.model)
+        out.append(replace(load, model=names.catalog(spec.model), slo=spec.slo))
+    return out
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    target: Assignment  # every live engine -> served models
+    instances: tuple[InstancePlan, ...]  # the planner's plan (catalog names)
+    gpus_in_use: int
+
+
+def plan_target(
+    planner: PlacementPlanner,
+    pool: GpuPool,
+    loads: Sequence[ServiceLoad],
+    engines: Sequence[LiveEngine],
+    names: ModelNames,
+    context: PlacementContext,
+) -> PlanResult:
+    """Run the planner and map its instances onto the live engines with the fewest model moves.
+    Raises ``PlacementInfeasible`` (or ValueError) when it cannot be done."""
+    plan = planner.place(pool, loads, context)
+    slots = [
+        EngineSlot(
+            e.engine_id, e.tp, tuple(names.to_catalog[m] for m in e.effective if m in names.to_catalog)
+        )
+        for e in engines
+    ]
+    assigned = assign_plan(plan, slots)
+    target = {eid: tuple(sorted(names.served(m) for m in ms)) for eid, ms in assigned.items()}
+    return PlanResult(target, tuple(plan), gpus_in_use(assigned, slots))
+
+
+def current_instances(engines: Sequence[LiveEngine], names: ModelNames) -> tuple[InstancePlan, ...]:
+    """The plan in force, as a planner's instances (one per engine meant to host something)."""
+    out = []
+    for e in engines:
+        models = tuple(names.to_catalog[m] for m in e.effective if m in names.to_catalog)
+        if models:
+            out.append(InstancePlan(e.engine_id, models, e.tp))
+    return tuple(out)
+
+
+def current_state(engines: Sequence[LiveEngine]) -> Assignment:
+    return {e.engine_id: e.effective for e in engines}
+
+
+def uncovered(state: Mapping[str, Sequence[str]], models: Iterable[str]) -> list[str]:
+    """The ``models`` no engine of ``state`` is meant to host."""
+    hosted = {m for ms in state.values() for m in ms}
+    return sorted(set(models) - hosted)
+
+
+def describe_change(current: Mapping[str, Sequence[str]], target: Mapping[str, Sequence[str]]) -> str:
+    """``engine-2: +tiny-llama; engine-3: -tiny-qwen2 (idle)`` (engines whose models change)."""
+    parts = []
+    for eid in sorted(set(current) | set(target)):
+        a, b = set(current.get(eid, ())), set(target.get(eid, ()))
+        if a == b:
+            continue
+        delta = [f"+{m}" for m in sorted(b - a)] + [f"-{m}" for m in sorted(a - b)]
+        parts.append(f"{eid}: {' '.join(delta)}{' (idle)' if not b else ''}")
+    return "; ".join(parts) or "no change"
+
+
+def describe_loads(loads: Sequence[ServiceLoad]) -> str:
+    """``chat 2.50 rps (SLO 0.95), summarize 0.00 rps``: the demand a plan answered."""
+    parts = []
+    for s in loads:
+        att = f" (SLO {s.attainment:.2f})" if s.attainment is not None else ""
+        parts.append(f"{s.name} {s.rate_rps:.2f} rps{att}")
+    return ", ".join(parts) or "no services"
+
+
+@dataclass
+class Hysteresis:
+    """Do not flap: a changed target is applied once the planner proposed the same target
+    ``confirm`` intervals in a row. Applied at once: the first plan (nothing in etcd) and a target
+    that serves a model the current state leaves unserved (an engine died, a new service)."""
+
+    confirm: int = 2
+    candidate: Assignment | None = None
+    seen: int = 0
+
+    def decide(self, target: Assignment, urgent: bool) -> bool:
+        """Count ``target`` (already known to differ from the current state); True = apply it now."""
+        if target == self.candidate:
+            self.seen += 1
+        else:
+            self.candidate, self.seen = dict(target), 1
+        if urgent or self.seen >= self.confirm:
+            self.reset()
+            return True
+        return False
+
+    def reset(self) -> None:
+        self.candidate, self.seen = None, 0

@@ -1,0 +1,189 @@
+"""The live placement loop against a real etcd: one transaction per plan with its meta, hysteresis,
+infeasible plans keep the last good one, a new leader adopts the plan in etcd, writes are fenced."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from llmfleet.config import ClusterConfig
+from llmfleet.coord import LeaderElection, node_view, placement_view
+from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
+from llmfleet.policies.placement import InstancePlan, PlacementInfeasible, PlacementNeeds, ServiceLoad
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
+from llmfleet_placement.controller import PlacementController
+from llmfleet_placement.live import LivePlacementLoop
+
+CONFIG = ClusterConfig.model_validate(
+    {
+        "services": {"chat": {"model": "tiny-llama"}, "summarize": {"model": "tiny-qwen2"}},
+        "models": {"tiny-llama": {"source": "tiny://llama"}, "tiny-qwen2": {"source": "tiny://qwen2"}},
+        "placement": {"policy": "dedicated_even", "interval_s": 0.2},
+    }
+)
+
+
+class ScriptedPlanner:
+    """Returns ``plan`` (or raises ``error``); counts calls."""
+
+    name = "scripted"
+    needs = PlacementNeeds()
+
+    def __init__(self, plan: list[InstancePlan]) -> None:
+        self.plan, self.error, self.calls = plan, None, 0
+
+    def place(self, gpus, services, context=None):
+        self.calls += 1
+        if self.error:
+            raise PlacementInfeasible(self.error)
+        return self.plan
+
+
+class Rates:
+    def __init__(self) -> None:
+        self.rates = {"chat": 1.0}
+
+    def loads(self, now):
+        return [
+            ServiceLoad(s, "tiny-llama" if s == "chat" else "tiny-qwen2", r) for s, r in self.rates.items()
+        ]
+
+
+def one_each() -> list[InstancePlan]:
+    return [InstancePlan("a", ("tiny-llama",)), InstancePlan("b", ("tiny-qwen2",))]
+
+
+@pytest.fixture
+async def views(etcd_client) -> AsyncIterator[tuple]:
+    for i in range(4):
+        rec = NodeRecord(f"e{i}", ENGINE_ROLE, f"127.0.0.1:{9000 + i}", hardware="cpu")
+        await etcd_client.put(etcd_client.keys.node(rec.node_id), rec.to_json())
+    pv, nv = placement_view(etcd_client), node_view(etcd_client)
+    for v in (pv, nv):
+        await v.start()
+    await nv.wait_for(lambda s: len(s) == 4, 5)
+    yield pv, nv
+    for v in (pv, nv):
+        await v.stop()
+
+
+def make_loop(etcd_client, views, planner, **kw) -> LivePlacementLoop:
+    return LivePlacementLoop(
+        CONFIG,
+        etcd_client,
+        *views,
+        planner=planner,
+        policy="scripted",
+        interval_s=0.2,
+        workload=Rates(),
+        **kw,
+    )
+
+
+def models(pv) -> dict[str, tuple[str, ...]]:
+    return {eid: tuple(m.name for m in p.models) for eid, p in pv.snapshot().items()}
+
+
+async def settled(pv, want: dict[str, tuple[str, ...]]) -> None:
+    await pv.wait_for(lambda s: {e: tuple(m.name for m in p.models) for e, p in s.items()} == want, 5)
+
+
+async def test_first_plan_is_written_at_once_in_one_transaction(etcd_client, views) -> None:
+    pv, _ = views
+    loop = make_loop(etcd_client, views, ScriptedPlanner(one_each()))
+    assert not await loop.adopt()
+    assert await loop.tick() is not None  # nothing in etcd: unserved models, no hysteresis
+    want = {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()}
+    await settled(pv, want)
+    meta = await get_placement_meta(etcd_client)
+    assert meta is not None and (meta.plan_id, meta.policy, meta.gpus_in_use) == (1, "scripted", 2)
+    assert "chat 1.00 rps" in meta.reason and "unserved" in meta.reason
+    assert "e0: +tiny-llama" in meta.summary and "GPUs 0 -> 2" in meta.summary
+    assert len({(await etcd_client.get_kv(etcd_client.keys.placement(e)))[0].mod_revision for e in want}) == 1
+    assert [d.ok for d in loop.decisions] == [True] and loop.decisions[-1].summary.startswith("plan #1")
+    assert await loop.tick() is None  # the same plan again: nothing to write
+
+
+async def test_hysteresis_and_infeasible_plans_keep_the_last_good_plan(etcd_client, views) -> None:
+    pv, _ = views
+    planner = ScriptedPlanner(one_each())
+    loop = make_loop(etcd_client, views, planner)
+    await loop.tick()
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
+    planner.plan = [*one_each(), InstancePlan("c", ("tiny-llama",))]  # scale out chat
+    assert await loop.tick() is None  # proposed once: held
+    assert "applied if proposed for 2 intervals" in loop.decisions[-1].summary
+    assert await loop.tick() is not None  # proposed twice: applied
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": ("tiny-llama",), "e3": ()})
+    planner.error = "model 'tiny-llama' is larger than any engine"
+    assert await loop.tick() is None and await loop.tick() is None
+    failed = [d for d in loop.decisions if not d.ok]
+    assert len(failed) == 1 and "larger than any engine" in failed[0].error  # recorded once
+    assert (await get_placement_meta(etcd_client)).plan_id == 2  # the last good plan stays
+    planner.error = None
+    planner.plan = one_each()  # scale in: e2 drains and goes idle (after confirmation)
+    await loop.tick()
+    await loop.tick()
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
+    assert "e2: -tiny-llama (idle)" in loop.decisions[-1].summary
+
+
+async def test_a_dead_engine_loses_its_key_and_its_models_move_at_once(etcd_client, views) -> None:
+    pv, nv = views
+    planner = ScriptedPlanner(one_each())
+    loop = make_loop(etcd_client, views, planner)
+    await loop.tick()
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
+    await etcd_client.delete(etcd_client.keys.node("e0"))
+    await nv.wait_for(lambda s: "e0" not in s, 5)
+    assert await loop.tick() is not None  # tiny-llama is unserved: no waiting for confirmation
+    await settled(pv, {"e1": ("tiny-qwen2",), "e2": ("tiny-llama",), "e3": ()})
+
+
+async def test_a_new_leader_adopts_the_plan_and_waits_an_interval(etcd_client, views) -> None:
+    pv, _ = views
+    first = make_loop(etcd_client, views, ScriptedPlanner(one_each()))
+    await first.tick()
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
+    planner = ScriptedPlanner(one_each())
+    second = make_loop(etcd_client, views, planner)
+    second.interval_s = 30.0
+    task = asyncio.create_task(second.run())
+    try:
+        await asyncio.sleep(0.5)
+        assert planner.calls == 0 and second.plan_id == 1
+        assert second.decisions[-1].summary.startswith("adopted plan #1 (scripted")
+    finally:
+        task.cancel()
+
+
+async def test_writes_are_fenced_by_the_leader_lease(etcd_client, views) -> None:
+    election = LeaderElection(etcd_client, "placement", "p0", 2)
+    await election.campaign()
+    loop = make_loop(etcd_client, views, ScriptedPlanner(one_each()), election=election)
+    assert await loop.tick() is not None
+    meta = PlanMeta(99, "rogue")
+    stale = (election.key, (election.lease_id or 0) + 1)
+    assert not await write_plan(etcd_client, [DesiredPlacement("e3", ())], [], meta, leader=stale)
+    assert (await get_placement_meta(etcd_client)).plan_id == 1
+    await election.resign()
+    loop.planner.plan = [*one_each(), InstancePlan("c", ("tiny-llama",))]
+    loop.hysteresis.confirm = 1
+    assert await loop.tick() is None  # not the leader any more: nothing written
+    assert (await get_placement_meta(etcd_client)).plan_id == 1
+
+
+async def test_with_a_planner_the_controller_writes_services_only(etcd_client, views) -> None:
+    from llmfleet.coord import service_view
+
+    pv, nv = views
+    sv = service_view(etcd_client)
+    await sv.start()
+    try:
+        await sv.wait_for(lambda s: True, 5)
+        c = PlacementController(CONFIG, etcd_client, pv, sv, nv, manage_placement=False)
+        assert await c.reconcile_once() == 2
+        assert pv.snapshot() == {}
+    finally:
+        await sv.stop()
