@@ -141,14 +141,15 @@ class SourceReport:
     received_s: float
     services: tuple[ServiceStats, ...]
     seq: int = 0
+    interval_s: float = 0.0  # the reporter's interval (0: unknown)
 
 
 @dataclass
 class FleetMonitor:
     """The placement leader's view: the latest report of each scheduler, merged per service.
 
-    A scheduler whose last report is older than ``stale_after_s`` has left (or lost its way to us):
-    its report is dropped. Sample arrival times are on this holder's clock (the wire carries ages).
+    A scheduler whose last report is older than ``stale_after_s`` (or three of its own report
+    intervals, if longer) has left or lost its way to us: its report is dropped. Sample arrival times are on this holder's clock (the wire carries ages).
     """
 
     stale_after_s: float = 10.0
@@ -156,16 +157,23 @@ class FleetMonitor:
     reports_received: int = 0
     _reports: dict[str, SourceReport] = field(default_factory=dict)
 
-    def update(self, source: str, services: Sequence[ServiceStats], now: float, seq: int = 0) -> None:
+    def update(
+        self, source: str, services: Sequence[ServiceStats], now: float, seq: int = 0, interval_s: float = 0.0
+    ) -> None:
         """Replace ``source``'s report (a report is the reporter's whole current state)."""
         if not source:
             raise ValueError("a report needs its source (scheduler id)")
-        self._reports[source] = SourceReport(source, now, tuple(services), seq)
+        self._reports[source] = SourceReport(source, now, tuple(services), seq, interval_s)
         self.reports_received += 1
 
     def sources(self, now: float) -> list[SourceReport]:
         """Fresh reports (stale ones are forgotten), by source."""
-        for k in [k for k, r in self._reports.items() if now - r.received_s > self.stale_after_s]:
+        stale = [
+            k
+            for k, r in self._reports.items()
+            if now - r.received_s > max(self.stale_after_s, 3 * r.interval_s)
+        ]
+        for k in stale:
             del self._reports[k]
         return [self._reports[k] for k in sorted(self._reports)]
 

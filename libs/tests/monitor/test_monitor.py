@@ -240,6 +240,8 @@ def test_fleet_monitor_merges_fresh_reports_and_forgets_stale_ones():
     assert [r.source for r in fleet.sources(106.0)] == ["s2"]
     assert la.rate_rps == pytest.approx(a.stats(10.0)[0].window().rate_rps)
     assert fleet.age_s(106.0) == pytest.approx(4.0) and math.isinf(FleetMonitor().age_s(0.0))
+    fleet.update("slow", a.stats(10.0), now=100.0, interval_s=4.0)  # stale after 3 x 4 s, not 5 s
+    assert [r.source for r in fleet.sources(111.0)] == ["slow"]
     with pytest.raises(ValueError, match="source"):
         fleet.update("", [], 0.0)
 

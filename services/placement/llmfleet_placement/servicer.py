@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 log.warning("stats report %d from %r refused: %s", report.seq, report.scheduler_id, e)
                 ack.accepted, ack.error = False, str(e)
             else:
-                self.monitor.update(report.scheduler_id, services, now, seq=report.seq)
+                interval = report.interval_s if math.isfinite(report.interval_s) else 0.0
+                self.monitor.update(report.scheduler_id, services, now, report.seq, interval)
                 ack.accepted = True
             ack.is_leader = self.election is not None and self.election.is_leader
             ack.leader_id = self.node_id if ack.is_leader else await self._leader_id(now)
