@@ -14,6 +14,15 @@ the engine limits of a live cluster config instead, each model simulated as its 
 own name, when that is a catalog name). With several services the requests are split by k-means over
 their lengths, shortest cluster to the first service. ``--profile`` takes fitted cost-model records
 (JSON written by the profiler) to replace the roofline defaults.
+
+``--placement NAME`` replaces the preset's placement planner; with ``--placement-interval-s`` it also
+runs during the simulation, every interval over the last ``--placement-window-s`` of the workload
+(``--adaptive-interval``: SeaLLM's Eq. 8 adapts the interval), and its plans are applied with load,
+move and drain times (report.json: ``placement`` decisions, ``cluster.gpu_seconds``, GPUs in use).
+Planners that score plans by simulation (seallm) simulate on ``--placement-processes`` processes.
+
+  llmfleet sim --trace trace.csv --services services.yaml --policy seallm --placement seallm \
+      --placement-interval-s 60 --adaptive-interval
 """
 
 from __future__ import annotations
@@ -54,6 +63,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--local", help="override the preset's engine-local policy (request policy or static batcher)"
     )
     p.add_argument("--placement", help="override the preset's placement planner")
+    p.add_argument(
+        "--placement-interval-s",
+        type=float,
+        help="re-run the placement planner every S simulated seconds (default: place once)",
+    )
+    p.add_argument(
+        "--placement-window-s",
+        type=float,
+        help="recent workload each placement reads (default: the interval)",
+    )
+    p.add_argument(
+        "--adaptive-interval",
+        action="store_true",
+        help="adapt the placement interval (SeaLLM Eq. 8) starting from --placement-interval-s",
+    )
+    p.add_argument(
+        "--placement-confirm-intervals",
+        type=int,
+        help="apply a changed plan once proposed this many intervals in a row (the live leader's "
+        "hysteresis; default 1: at once)",
+    )
+    p.add_argument(
+        "--placement-processes",
+        type=int,
+        default=1,
+        help="processes simulating candidate plans, for planners that score plans by simulation (default 1)",
+    )
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's arrival rate")
     p.add_argument("--start", type=float, default=0.0, help="trace window start, seconds")
     p.add_argument("--end", type=float, help="trace window end, seconds")
@@ -118,6 +154,16 @@ def _workload(args):
     ))  # fmt: skip
 
 
+def _evaluator_factory(bundle, records, processes: int):
+    """Plan evaluators simulating candidate plans with ``bundle``'s engine policy and dispatch."""
+    from llmfleet.sim.plan_eval import SimPlanEvaluator
+
+    def make(spec, requests, now):
+        return SimPlanEvaluator(spec, requests, bundle, records=records, processes=processes)
+
+    return make
+
+
 def _spec(args):
     from llmfleet.config import ClusterConfig
     from llmfleet.sim.spec import (
@@ -155,12 +201,23 @@ def run(args: argparse.Namespace) -> int:
     if args.list_policies:
         for b in PRESETS.values():
             print(f"{b.name:18} {b.placement:15} {b.dispatch:14} {b.local:16} {b.description}")
+        from llmfleet.policies.placement import POLICIES as PLACEMENT
+
+        print(f"placement planners (--placement): {', '.join(sorted(PLACEMENT))}")
         return 0
     try:
         names = list(args.compare or DEFAULT_COMPARE) if args.compare is not None else [args.policy]
+        if args.placement_processes < 1:
+            raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
         bundles = [
-            preset(n, dispatch=args.dispatch, local=args.local, placement=args.placement) for n in names
-        ]
+            preset(
+                n, dispatch=args.dispatch, local=args.local, placement=args.placement,
+                placement_interval_s=args.placement_interval_s, placement_window_s=args.placement_window_s,
+                adaptive_interval=args.adaptive_interval or None,
+                placement_confirm_intervals=args.placement_confirm_intervals,
+            )
+            for n in names
+        ]  # fmt: skip
         spec = _spec(args)
         records = [load_record(p) for p in args.profile]
         workload = _workload(args)
@@ -182,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
                     spec, workload, b, records=records,
                     progress=lambda done, now, task=task: bar.update(task, completed=done, now=now),
                     workers=workers,
+                    evaluator_factory=_evaluator_factory(b, records, args.placement_processes),
                 )  # fmt: skip
             except ValueError as err:  # placement infeasible, model does not fit, ...
                 print(f"llmfleet sim: policy {b.name}: {err}", file=sys.stderr)

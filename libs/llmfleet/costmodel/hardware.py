@@ -1,7 +1,8 @@
 """Accelerator catalog for the roofline: peak dense FLOP/s, memory bandwidth, capacity, interconnect.
 
 Peaks are datasheet numbers (dense fp16/bf16 tensor-core, no sparsity); link bandwidths are per
-direction. The efficiency factors turn peaks into attainable rates; defaults are typical of vLLM-class
+direction. ``h2d_bytes_per_s`` is one GPU's host-to-device link (its PCIe x16 generation: Gen3 16 GB/s,
+Gen4 32 GB/s, Gen5 64 GB/s per direction), what loading weights from host memory is bound by. The efficiency factors turn peaks into attainable rates; defaults are typical of vLLM-class
 engines (about 60 % MFU in prefill, 80 % of HBM bandwidth in decode, 70 % of link bandwidth in NCCL
 all-reduce). Only :func:`local_cpu` measures anything, and only when called.
 """
@@ -35,9 +36,16 @@ class Hardware:
     mem_eff: float = 0.8  # attainable fraction of mem_bandwidth
     comm_eff: float = 0.7  # attainable fraction of link bandwidth in a ring all-reduce
     gpus_per_node: int = 8  # TP groups larger than this cross the inter-node link
+    h2d_bytes_per_s: float = 32 * GB  # B/s per GPU, host to device (PCIe Gen4 x16 unless set)
 
     def __post_init__(self) -> None:
-        rates = (self.peak_flops, self.mem_bandwidth, self.intra_node_bw, self.inter_node_bw)
+        rates = (
+            self.peak_flops,
+            self.mem_bandwidth,
+            self.intra_node_bw,
+            self.inter_node_bw,
+            self.h2d_bytes_per_s,
+        )
         if min(rates) <= 0 or self.mem_bytes <= 0 or self.gpus_per_node <= 0:
             raise ValueError(f"Hardware rates and sizes must be positive: {self}")
         for eff in (self.compute_eff, self.mem_eff, self.comm_eff):
@@ -62,28 +70,41 @@ class Hardware:
 
 _CATALOG = [
     # nvidia.com A100 datasheet: 312 TF bf16 dense, 1,555 GB/s HBM2, NVLink 600 GB/s (300/dir);
-    # HDR InfiniBand 200 Gb/s = 25 GB/s.
-    Hardware("a100-40gb", 312 * TB, 1555 * GB, 40 * GIB, 300 * GB, 25 * GB),
+    # HDR InfiniBand 200 Gb/s = 25 GB/s; host link PCIe Gen4 x16 (SXM4 boards).
+    Hardware("a100-40gb", 312 * TB, 1555 * GB, 40 * GIB, 300 * GB, 25 * GB, h2d_bytes_per_s=32 * GB),
     # A100 80GB SXM: 2,039 GB/s HBM2e.
-    Hardware("a100-80gb", 312 * TB, 2039 * GB, 80 * GIB, 300 * GB, 25 * GB),
-    # A800 80GB SXM (China export A100): same compute/HBM, NVLink 400 GB/s (200/dir).
-    Hardware("a800", 312 * TB, 2039 * GB, 80 * GIB, 200 * GB, 25 * GB),
-    # H100 SXM datasheet: 989 TF bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s (450/dir); NDR 400 Gb/s.
-    Hardware("h100", 989 * TB, 3350 * GB, 80 * GIB, 450 * GB, 50 * GB),
-    # H200 SXM datasheet: 989 TF bf16 dense, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s.
-    Hardware("h200", 989 * TB, 4800 * GB, 141 * GB, 450 * GB, 50 * GB),
+    Hardware("a100-80gb", 312 * TB, 2039 * GB, 80 * GIB, 300 * GB, 25 * GB, h2d_bytes_per_s=32 * GB),
+    # A800 80GB SXM (China export A100): same compute/HBM, NVLink 400 GB/s (200/dir), PCIe Gen4.
+    Hardware("a800", 312 * TB, 2039 * GB, 80 * GIB, 200 * GB, 25 * GB, h2d_bytes_per_s=32 * GB),
+    # H100 SXM datasheet: 989 TF bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s (450/dir); NDR 400 Gb/s;
+    # PCIe Gen5 x16 (64/dir).
+    Hardware("h100", 989 * TB, 3350 * GB, 80 * GIB, 450 * GB, 50 * GB, h2d_bytes_per_s=64 * GB),
+    # H200 SXM datasheet: 989 TF bf16 dense, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s, PCIe Gen5.
+    Hardware("h200", 989 * TB, 4800 * GB, 141 * GB, 450 * GB, 50 * GB, h2d_bytes_per_s=64 * GB),
     # L4 datasheet: 121 TF fp16 dense (242 sparse), 300 GB/s GDDR6, 24 GB, PCIe Gen4 x16 (32/dir);
     # 25 GbE between nodes.
-    Hardware("l4", 121 * TB, 300 * GB, 24 * GB, 32 * GB, 3.125 * GB),
+    Hardware("l4", 121 * TB, 300 * GB, 24 * GB, 32 * GB, 3.125 * GB, h2d_bytes_per_s=32 * GB),
     # RTX 4090 (Ada whitepaper): 165 TF fp16 tensor w/ fp32 accumulate dense, 1,008 GB/s, 24 GB,
     # PCIe Gen4 only (no NVLink).
-    Hardware("rtx-4090", 165 * TB, 1008 * GB, 24 * GB, 32 * GB, 3.125 * GB),
+    Hardware("rtx-4090", 165 * TB, 1008 * GB, 24 * GB, 32 * GB, 3.125 * GB, h2d_bytes_per_s=32 * GB),
     # V100 SXM2 32GB datasheet: 125 TF fp16 tensor, 900 GB/s HBM2, NVLink 300 GB/s (150/dir);
-    # EDR InfiniBand 100 Gb/s.
-    Hardware("v100", 125 * TB, 900 * GB, 32 * GIB, 150 * GB, 12.5 * GB),
+    # EDR InfiniBand 100 Gb/s; PCIe Gen3 x16 (16/dir).
+    Hardware("v100", 125 * TB, 900 * GB, 32 * GIB, 150 * GB, 12.5 * GB, h2d_bytes_per_s=16 * GB),
     # Local CPU, conservative default (a few-core laptop): 100 GFLOP/s fp32 BLAS, 10 GB/s memcpy,
-    # 16 GiB; "links" are memory copies (TP on CPU is only for tests). Use local_cpu() to measure.
-    Hardware("cpu", 100e9, 10 * GB, 16 * GIB, 10 * GB, 1.25 * GB, compute_eff=1.0, mem_eff=1.0, comm_eff=1.0),
+    # 16 GiB; "links" (and loading weights) are memory copies (TP on CPU is only for tests). Use
+    # local_cpu() to measure.
+    Hardware(
+        "cpu",
+        100e9,
+        10 * GB,
+        16 * GIB,
+        10 * GB,
+        1.25 * GB,
+        compute_eff=1.0,
+        mem_eff=1.0,
+        comm_eff=1.0,
+        h2d_bytes_per_s=10 * GB,
+    ),
 ]
 HARDWARE_CATALOG: dict[str, Hardware] = {h.name: h for h in _CATALOG}
 
@@ -128,5 +149,10 @@ def local_cpu(size: int = 512, copy_mib: int = 64, repeats: int = 3) -> Hardware
         best = min(best, time.perf_counter() - t0)
     bw = 2 * src.nbytes / max(best, 1e-9)  # read + write
     return replace(
-        HARDWARE_CATALOG["cpu"], name="cpu-local", peak_flops=flops, mem_bandwidth=bw, intra_node_bw=bw
+        HARDWARE_CATALOG["cpu"],
+        name="cpu-local",
+        peak_flops=flops,
+        mem_bandwidth=bw,
+        intra_node_bw=bw,
+        h2d_bytes_per_s=bw,
     )

@@ -13,6 +13,11 @@ instance only prices the step with the cost model and fast-forwards:
   the whole padded batch — its prefill and every decode to the longest output, the slice limit or the
   KV bound — is one event. ``static_release="batch_end"`` (HF ``generate``) delivers outputs when the
   batch ends, ``"eos"`` when each row finishes.
+
+Its models can change between steps (:mod:`llmfleet.sim.fleet`): ``serving`` models take new requests,
+``loading`` ones have their memory claimed while their weights arrive, ``removing`` ones take none and
+unload once their requests have left, ``to_load`` ones wait for memory; :meth:`rehost` resizes the KV
+pool for a new resident set.
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ class SimInstance:
         self.engine = engine
         self.cost = cost
         self.policy = policy
+        self.hw = hw
+        self.archs = archs
         self.layout = pool_layout(hw, tp, [archs[m] for m in models], engine)
         self.alloc = BlockAllocator(self.layout.num_blocks, self.layout.block_bytes, engine.watermark)
         for m in models:
@@ -96,6 +103,72 @@ class SimInstance:
         self.iterations = 0
         self.busy_s = 0.0
         self._batch_end_rows: list[CoreRequest] = []  # static, batch_end release: finished, not delivered
+        # lifecycle (llmfleet.sim.fleet); an instance of the initial plan serves all its models from the start
+        self.serving: tuple[str, ...] = models  # resident models taking new requests
+        self.loading: dict[str, float] = {}  # resident, weights arriving: model -> ready time
+        self.removing: set[str] = set()  # resident, no new requests; unloaded once their requests left
+        self.to_load: dict[str, float] = {}  # not resident yet (waiting for memory): model -> load seconds
+        self.inbound: dict[str, int] = {}  # requests moving here, per model (their model stays resident)
+        self.move_out = True  # move the removed models' requests to other hosts (False: drain them here)
+        self.started_s: float | None = 0.0  # when it took its GPUs (None: waiting for GPUs)
+        self.released_s: float | None = None  # when it gave them back
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    @property
+    def active(self) -> bool:
+        """Holding GPUs (loading, serving or draining)."""
+        return self.started_s is not None and self.released_s is None
+
+    @property
+    def pending(self) -> bool:
+        """A model change to apply at the next step boundary."""
+        return bool(self.removing or self.to_load) or (not self.models and self.active)
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The models it will host once the changes under way are done."""
+        return tuple(m for m in self.models if m not in self.removing) + tuple(self.to_load)
+
+    def rehost(self, models: tuple[str, ...], now: float) -> list[CoreRequest]:
+        """Make ``models`` the resident set, between steps: a new KV pool sized as at creation
+        (:func:`pool_layout`, ``DoesNotFit`` if the weights do not fit) and every running request's KV
+        carried over, oldest first; those whose KV no longer fits re-prefill here later (a preemption,
+        as an engine evicting KV to load weights). Returns them. Removed models must hold no request."""
+        core, old = self.core, self.alloc
+        assert self.work is None and core.static_batch is None, "rehost between steps only"
+        stray = [r.sched.request_id for r in core.requests.values() if r.sched.model not in models]
+        assert not stray, f"requests {stray} of models leaving {self.instance_id}"
+        layout = pool_layout(self.hw, self.tp, [self.archs[m] for m in models], self.engine)
+        alloc = BlockAllocator(layout.num_blocks, layout.block_bytes, self.engine.watermark)
+        for m in models:
+            alloc.register_model(m, self.archs[m].kv_shape)
+        bumped: list[CoreRequest] = []
+        for rid, r in core.running.items():
+            n = old.num_tokens(rid) if rid in old else 0
+            if n and alloc.can_allocate(r.sched.model, n, ignore_watermark=True):
+                alloc.reserve(rid, r.sched.model, n)
+            elif n:
+                bumped.append(r)
+        if len(alloc) + len(bumped) != len(old):
+            raise RuntimeError(
+                f"{self.instance_id}: KV held outside the running requests cannot be carried over"
+            )
+        for r in bumped:
+            core.drop(r.sched.request_id)  # frees its blocks in the old pool
+        self.layout, self.alloc, core.alloc = layout, alloc, alloc
+        core.watermark_blocks = alloc.watermark_blocks
+        for m in [m for m in core.tpb if m not in models]:
+            core.remove_model(m)
+        for m in models:
+            core.add_model(m)  # tokens per block of the new pool
+            if m not in self._lm:
+                self._lm[m] = self.cost.model(m, self.tp)
+        self.models = models
+        for r in bumped:
+            core.land(r, now)  # back to waiting: re-prefills prompt + output so far
+            core.preemptions += 1
+            record_of(r).preemptions += 1
+        return bumped
 
     # ------------------------------------------------------------------------------------ load view
     @property

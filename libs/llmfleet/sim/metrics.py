@@ -9,9 +9,13 @@ every SLO):
 - ``seallm``:  latency ≤ ``slo.latency_scale`` × the request's execution time (default 5×)
 - ``uellm``:   latency ≤ ``slo.deadline_s`` (services that set it)
 
+``slo_met`` is the all-objectives form (every objective the service sets) that placement measures.
+
 Cluster: throughput (requests and output tokens per second over the makespan, first arrival to last
-finish), GPU-seconds (Σ tp × busy time of each instance), provisioned GPU-seconds, peak and
-time-weighted mean active GPUs, mean and peak KV utilisation (from the periodic samples).
+finish), busy GPU-seconds (Σ tp × busy time of each instance), GPU-seconds (∫ GPUs in use over the
+makespan: an instance counts its GPUs from when it takes them — loading included — until it gives them
+back; with a fixed plan, provisioned GPUs × makespan), GPUs in use over time, peak and time-weighted
+mean active GPUs (instances with requests), mean and peak KV utilisation (from the periodic samples).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Sample, SimResult
 from llmfleet.sim.spec import SimService
+from llmfleet.types import Slo
 
 PCTS = (50, 90, 99)
 
@@ -38,6 +43,32 @@ def dist(values: Sequence[float]) -> dict[str, float]:
         **{f"p{q}": float(v) for q, v in zip(PCTS, p, strict=True)},
         "max": float(a.max()),
     }
+
+
+def slo_met(r: RequestRecord, slo: Slo) -> bool:
+    """Whether ``r`` finished within every objective ``slo`` sets: latency ≤ ``latency_scale`` × its
+    execution time alone (SeaLLM), TTFT and TPOT (Aladdin), the deadline (UELLM)."""
+    if not r.done or r.latency_s > slo.latency_scale * r.solo_s:
+        return False
+    if slo.ttft_s is not None and r.ttft_s > slo.ttft_s:
+        return False
+    if slo.tpot_s is not None and r.tpot_s > slo.tpot_s:
+        return False
+    return slo.deadline_s is None or r.latency_s <= slo.deadline_s
+
+
+def gpu_seconds(gpu_log: Sequence[tuple[float, int]], start: float, end: float) -> float:
+    """∫ GPUs in use over [start, end], from the (time, GPUs in use) change points (the value before
+    the first change point is the first one's)."""
+    if not gpu_log or end <= start:
+        return 0.0
+    area, level, t = 0.0, gpu_log[0][1], start
+    for when, n in gpu_log:
+        if when > t:
+            area += level * (min(when, end) - t)
+            t = min(when, end)
+        level = n
+    return area + level * (end - t)
 
 
 def _attain(records: Sequence[RequestRecord], ok) -> float | None:
@@ -99,13 +130,18 @@ def cluster_metrics(result: SimResult) -> dict:
     span = max(end - start, 1e-12)
     kv = [s.kv_used / s.kv_capacity for s in result.samples if s.kv_capacity]
     gpu_s = sum(i["tp"] * i["busy_s"] for i in result.instances)
+    log = result.gpu_log or [(start, result.provisioned_gpus)]
+    in_use = gpu_seconds(log, start, end)
     return {
         "makespan_s": end - start,
         "throughput_rps": len(done) / span,
         "throughput_tokens_per_s": sum(r.output_tokens for r in done) / span,
         "gpu_seconds_busy": gpu_s,
+        "gpu_seconds": in_use,
         "gpu_seconds_provisioned": result.provisioned_gpus * span,
         "provisioned_gpus": result.provisioned_gpus,
+        "mean_gpus_in_use": in_use / span if end > start else float(log[-1][1]),
+        "gpus_in_use": [[t, n] for t, n in log],
         "instances": len(result.instances),
         "peak_active_gpus": max((s.active_gpus for s in result.samples), default=0),
         "mean_active_gpus": _mean_active(result.samples, end),
@@ -126,9 +162,12 @@ def summarize(result: SimResult, services: Sequence[SimService]) -> dict:
         rs = [r for r in result.records if r.service == s.name]
         if rs:
             per[s.name] = request_metrics(rs, services)
-    return {
+    out = {
         "overall": request_metrics(result.records, services),
         "services": per,
         "cluster": cluster_metrics(result),
         "cost_models": result.cost_sources,
     }
+    if result.placement:
+        out["placement"] = result.placement
+    return out

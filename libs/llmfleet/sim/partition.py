@@ -239,4 +239,5 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
         cost_sources=sim.cost.sources(),
         provisioned_gpus=sum(i.tp for i in sim.instances.values()),
         workers=len(results),
+        gpu_log=list(sim.gpu_log),
     )

@@ -25,6 +25,8 @@ COLUMNS = (
     ("req/s", "rps"),
     ("tok/s", "tps"),
     ("GPU·s busy", "gpu_s"),
+    ("GPU·s", "gpu_s_in_use"),
+    ("GPUs mean", "gpus_mean"),
     ("KV util mean", "kv_mean"),
     ("preempt", "preemptions"),
 )
@@ -49,6 +51,8 @@ def row(e: Experiment) -> dict:
         "rps": c["throughput_rps"],
         "tps": c["throughput_tokens_per_s"],
         "gpu_s": c["gpu_seconds_busy"],
+        "gpu_s_in_use": c.get("gpu_seconds"),
+        "gpus_mean": c.get("mean_gpus_in_use"),
         "kv_mean": c["kv_utilization_mean"],
         "preemptions": o["preemptions"],
     }
@@ -80,7 +84,26 @@ def markdown(experiments: Sequence[Experiment], title: str, context: str = "") -
     for e in experiments:
         parts.append(f"- **{e.policy.name}**: {e.policy.description or ''} ({len(e.plan)} instances; "
                      f"wall {e.result.wall_s:.2f} s, {e.result.events} events)")  # fmt: skip
+    for e in experiments:
+        parts += placement_lines(e)
     return "\n".join(parts) + "\n"
+
+
+def placement_lines(e: Experiment, limit: int = 40) -> list[str]:
+    """The placement decisions of a run with a placement loop, as a markdown table (the first ``limit``)."""
+    decisions = e.result.placement
+    if not decisions:
+        return []
+    out = ["", f"## Placement decisions: {e.policy.name}", "",
+           "| t s | status | plan | GPUs | moves | changes / error |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for d in decisions[:limit]:
+        what = d["error"] or "; ".join(d["changes"]) or "–"
+        out.append(
+            f"| {d['t']:.1f} | {d['status']} | {d['plan']} | {d['gpus_in_use']} | {d['moves']} | {what} |"
+        )
+    if len(decisions) > limit:
+        out.append(f"| … | {len(decisions) - limit} more in report.json | | | | |")
+    return out
 
 
 def _plots(experiments: Sequence[Experiment], out: Path) -> list[Path]:
@@ -101,6 +124,17 @@ def _plots(experiments: Sequence[Experiment], out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "latency_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for e in experiments:
+        log = e.result.gpu_log or [(0.0, e.result.provisioned_gpus)]
+        ax.step([t for t, _ in log] + [e.result.end_s], [n for _, n in log] + [log[-1][1]], where="post",
+                label=e.policy.name)  # fmt: skip
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("GPUs in use")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "gpus_in_use.png"))
 
     for key, label, name in (
         ("kv", "KV utilisation", "kv_utilization.png"),

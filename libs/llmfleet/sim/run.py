@@ -4,11 +4,16 @@ A *policy preset* bundles the four choices a serving system makes: placement (wh
 which models), dispatch (which instance gets a request), the engine-local request policy (continuous
 batching) or static batcher, and their options. Every name resolves through the policy registries in
 ``llmfleet.policies``, so a preset is exactly the code the live services run.
+
+With ``placement_interval_s`` the placement planner also runs during the simulation, every interval
+over the recent workload (:class:`~llmfleet.sim.replan.PlacementLoop`), and its plans are applied as
+the live placement leader applies them: loads, moves and drains take simulated time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +24,21 @@ from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.batching import make_batching_policy
 from llmfleet.policies.dispatch import POLICIES as DISPATCH
 from llmfleet.policies.dispatch import make_dispatch_policy
-from llmfleet.policies.placement import GpuPool, InstancePlan, ServiceLoad, make_placement_policy
+from llmfleet.policies.placement import POLICIES as PLACEMENT
+from llmfleet.policies.placement import (
+    AdaptiveInterval,
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    ServiceLoad,
+    make_placement_policy,
+)
 from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import make_request_policy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
 from llmfleet.sim.partition import partition_blocker, run_partitioned
+from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
@@ -43,6 +57,10 @@ class PolicyBundle:
     dispatch_options: dict[str, Any] = field(default_factory=dict)
     local_options: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    placement_interval_s: float | None = None  # re-plan every interval during the run (None: plan once)
+    placement_window_s: float | None = None  # the recent workload a plan is made from (default: interval)
+    adaptive_interval: bool = False  # SeaLLM Eq. 8: the interval adapts, from placement_interval_s
+    placement_confirm_intervals: int = 1  # hysteresis: apply a changed plan once proposed this often in a row
 
     @property
     def static(self) -> bool:
@@ -55,6 +73,18 @@ class PolicyBundle:
             )
         if self.dispatch not in DISPATCH:
             raise ValueError(f"unknown dispatch policy {self.dispatch!r}; valid: {sorted(DISPATCH)}")
+        if self.placement not in PLACEMENT:
+            raise ValueError(f"unknown placement policy {self.placement!r}; valid: {sorted(PLACEMENT)}")
+        for name in ("placement_interval_s", "placement_window_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be > 0 s, got {v}")
+        if self.placement_confirm_intervals < 1:
+            raise ValueError(
+                f"placement_confirm_intervals must be >= 1, got {self.placement_confirm_intervals}"
+            )
+        if self.adaptive_interval and self.placement_interval_s is None:
+            raise ValueError("adaptive_interval needs placement_interval_s (its initial interval)")
 
     def local_factory(self) -> Callable[[], object]:
         if self.static:
@@ -126,20 +156,21 @@ def assign_services(workload: Workload, spec: SimSpec, seed: int = 0) -> Workloa
 
 
 def service_loads(workload: Workload, spec: SimSpec) -> list[ServiceLoad]:
-    """Per-service demand for the placement planner (rates and mean lengths from the workload)."""
+    """Per-service demand for the placement planner (rates, lengths' mean and spread from the
+    workload, the service's SLO)."""
     dur = max(workload.duration_s, 1e-9)
     out = []
     for s in spec.services:
         rs = [r for r in workload.requests if r.service == s.name]
+        prompt = np.array([r.prompt_tokens for r in rs], dtype=float)
+        output = np.array([r.output_tokens for r in rs], dtype=float)
         out.append(
             ServiceLoad(
-                s.name,
-                s.model,
-                len(rs) / dur,
-                float(np.mean([r.prompt_tokens for r in rs])) if rs else 0.0,
-                float(np.mean([r.output_tokens for r in rs])) if rs else 0.0,
+                s.name, s.model, len(rs) / dur,
+                float(prompt.mean()) if rs else 0.0, float(output.mean()) if rs else 0.0,
+                float(prompt.std()) if rs else 0.0, float(output.std()) if rs else 0.0, s.slo,
             )
-        )
+        )  # fmt: skip
     return out
 
 
@@ -165,20 +196,46 @@ def simulate(
     samples: int = 400,
     progress: Callable[[int, float], None] | None = None,
     workers: int = 1,
+    evaluator_factory: EvaluatorFactory | None = None,
 ) -> Experiment:
     """Place, dispatch and run ``workload`` under ``policy`` on ``spec.cluster``.
 
+    The first plan (unless ``plan`` is given) comes from the whole workload's demand; a planner that
+    scores plans by simulation gets ``evaluator_factory(spec, requests, now)`` over the first
+    ``placement_window_s`` (else interval, else the whole workload). With ``policy.placement_interval_s``
+    a :class:`PlacementLoop` re-plans during the run; its decisions are ``report["placement"]``.
+
     ``workers`` > 1 splits the run across that many processes when the result stays exact (a
-    load-blind dispatcher, see :mod:`llmfleet.sim.partition`); otherwise it runs in this process and
-    ``result.workers`` is 1."""
+    load-blind dispatcher and a fixed plan, see :mod:`llmfleet.sim.partition`); otherwise it runs in
+    this process and ``result.workers`` is 1."""
     policy.validate()
     if not workload.requests:
         raise ValueError("the workload has no requests")
     workload = assign_services(workload, spec)
-    if plan is None:
+    gpus = GpuPool(spec.cluster.hw.name, spec.cluster.count, spec.cluster.hw.gpus_per_node)
+    planner = None
+    if plan is None or policy.placement_interval_s is not None:
         planner = make_placement_policy(policy.placement, **policy.placement_options)
-        gpus = GpuPool(spec.cluster.hw.name, spec.cluster.count, spec.cluster.hw.gpus_per_node)
-        plan = planner.place(gpus, service_loads(workload, spec))
+        if planner.needs.evaluator and evaluator_factory is None:
+            raise ValueError(
+                f"placement {policy.placement!r} scores plans by simulating them: pass an evaluator_factory "
+                "(e.g. one building llmfleet.sim.plan_eval.SimPlanEvaluator)"
+            )
+    if plan is None:
+        assert planner is not None
+        context = None
+        start = workload.requests[0].arrival_s
+        if planner.needs.evaluator:
+            assert evaluator_factory is not None
+            window = policy.placement_window_s or policy.placement_interval_s or math.inf
+            first = [r for r in workload.requests if r.arrival_s < start + window]
+            context = PlacementContext(evaluator=evaluator_factory(spec, first, start), now=start)
+        try:
+            plan = planner.place(gpus, service_loads(workload, spec), context)
+        finally:
+            close = getattr(context.evaluator if context else None, "close", None)
+            if callable(close):
+                close()
     cost = CostBook.build(spec.cluster.hw, spec.archs(), records)
     dispatch = make_dispatch_policy(policy.dispatch, **policy.dispatch_options)
     period = max(workload.duration_s, 1.0) / max(samples, 1)
@@ -186,12 +243,28 @@ def simulate(
         spec, list(plan), policy.local_factory(), dispatch, cost,
         fast_forward=fast_forward, sample_period_s=period, predict=predict,
     )  # fmt: skip
+    loop = None
+    if policy.placement_interval_s is not None:
+        assert planner is not None
+        interval = policy.placement_interval_s
+        adaptive = (
+            AdaptiveInterval(initial_s=interval, min_s=min(1.0, interval))
+            if policy.adaptive_interval
+            else None
+        )
+        loop = PlacementLoop(
+            planner, gpus, interval, policy.placement_window_s, evaluator_factory, adaptive,
+            confirm_intervals=policy.placement_confirm_intervals,
+        )  # fmt: skip
+        loop.install(sim, workload.requests[0].arrival_s)
     if workers > 1 and partition_blocker(sim) is None:
         result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
     else:
         result = sim.run(
             workload.requests, total=len(workload.requests), progress=progress, strict_services=True
         )
+    if loop is not None:
+        result.placement = [d.to_dict() for d in loop.decisions]
     report = summarize(result, spec.services)
     report["policy"] = dataclasses.asdict(policy)
     report["plan"] = [dataclasses.asdict(p) for p in plan]

@@ -9,10 +9,11 @@ load views kept current per instance; each instance runs its own **request polic
 (:mod:`llmfleet.sim.instance`).
 
 Hooks for the controllers that act later: ``every(period_s, fn)`` calls ``fn(sim, now)`` each period
-(epoch ticks for placement/migration), ``move_request(request_id, instance_id, transfer_s, now)`` moves a
-request (its KV if it has any) to another instance, arriving after ``transfer_s``. A dispatch policy
-with ``on_finish(request_id, engine_id, output_tokens, now)`` hears of every completion (as in the live
-scheduler).
+(epoch ticks for placement/migration), ``at(t, fn)`` once at ``t``, ``move_request(request_id,
+instance_id, transfer_s, now)`` moves a request (its KV if it has any) to another instance, arriving
+after ``transfer_s``; ``add_instance``, ``set_models`` and ``retire_instance`` change the instance set
+(:mod:`llmfleet.sim.fleet`). A dispatch policy with ``on_finish(request_id, engine_id, output_tokens,
+now)`` hears of every completion (as in the live scheduler).
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.cost import CostBook
+from llmfleet.sim.events import ARRIVAL as _ARRIVAL
+from llmfleet.sim.events import END as _END
+from llmfleet.sim.events import HOOK as _HOOK
+from llmfleet.sim.events import MOVE as _MOVE
+from llmfleet.sim.events import READY as _READY
+from llmfleet.sim.events import SAMPLE as _SAMPLE
+from llmfleet.sim.fleet import Fleet
 from llmfleet.sim.instance import SimInstance, record_of
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
 
-# Event kinds, also the order of events at the same instant (then insertion order): an arrival at the
-# very end of an iteration joins the next batch. The order never depends on when an event was pushed,
-# so a partitioned run (``workers``) orders each instance's events exactly as a serial one.
-_ARRIVAL, _MOVE, _END, _HOOK, _SAMPLE = 0, 1, 2, 3, 4
 Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
 
 
@@ -76,11 +80,13 @@ class SimResult:
     events: int
     wall_s: float
     cost_sources: dict[str, str] = field(default_factory=dict)
-    provisioned_gpus: int = 0
+    provisioned_gpus: int = 0  # the most GPUs in use at once
     workers: int = 1  # processes the run was split across (llmfleet.sim.partition)
+    gpu_log: list[tuple[float, int]] = field(default_factory=list)  # (t, GPUs in use) at each change
+    placement: list[dict] = field(default_factory=list)  # placement decisions (llmfleet.sim.replan)
 
 
-class Simulator:
+class Simulator(Fleet):
     def __init__(
         self,
         spec: SimSpec,
@@ -103,26 +109,18 @@ class Simulator:
         self.dispatch = dispatch
         self.predict = predict
         self.sample_period_s = sample_period_s
-        archs: dict[str, ModelArch] = spec.archs()
-        hw: Hardware = spec.cluster.hw
+        self._archs: dict[str, ModelArch] = spec.archs()
+        self._make_policy = make_policy
         # KV-aware dispatchers read kv_used, which a chunk only updates at its end: no chunks then.
-        kv_aware = dispatch.needs.reads_kv
+        self._fast_forward = fast_forward and not dispatch.needs.reads_kv
         self.instances: dict[str, SimInstance] = {}
         for p in plan:
-            missing = [m for m in p.models if m not in archs]
-            if missing:
-                raise ValueError(f"instance {p.instance_id} hosts {missing}, which no service uses")
-            self.instances[p.instance_id] = SimInstance(
-                p.instance_id, p.models, p.tp, hw, archs, spec.engine, cost, make_policy(),
-                fast_forward=fast_forward and not kv_aware,
-            )  # fmt: skip
+            if p.instance_id in self.instances:
+                raise ValueError(f"instance id {p.instance_id!r} appears twice in the plan")
+            self.instances[p.instance_id] = self._new_instance(p)
         self._cands: dict[str, HostList] = {}
         self._slot: dict[str, list[tuple[str, int]]] = {}  # instance -> [(model, index in _cands[model])]
-        for iid, inst in sorted(self.instances.items()):
-            for m in inst.models:
-                lst = self._cands.setdefault(m, HostList(m))
-                self._slot.setdefault(iid, []).append((m, len(lst)))
-                lst.append(self._candidate(inst))
+        self._rebuild_cands()
         self._dirty: set[str] = set()
         self._heap: list[tuple] = []
         self._seq = 0
@@ -140,25 +138,42 @@ class Simulator:
         self._svc_cache: dict[str, SimService] = {}
         self.strict_services = False
         self.now = 0.0
-        self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in archs.items()}
+        self._pending = False  # arrivals not yet read (during run)
+        self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in self._archs.items()}
+        # per model: arrivals a dispatcher counting ``infeasible`` (Aladdin best fit) found no worker for
+        self._counts_infeasible = isinstance(getattr(dispatch, "infeasible", None), int)
+        self.infeasible: dict[str, int] = {}
+        self._init_fleet()
 
     # ------------------------------------------------------------------------------------- plumbing
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, a, b))
 
+    def _new_instance(self, p: InstancePlan) -> SimInstance:
+        missing = [m for m in p.models if m not in self._archs]
+        if missing:
+            raise ValueError(f"instance {p.instance_id} hosts {missing}, which no service uses")
+        hw: Hardware = self.spec.cluster.hw
+        return SimInstance(
+            p.instance_id, p.models, p.tp, hw, self._archs, self.spec.engine, self.cost, self._make_policy(),
+            fast_forward=self._fast_forward,
+        )  # fmt: skip
+
     @staticmethod
     def _candidate(inst: SimInstance) -> EngineCandidate:
         return EngineCandidate(
-            inst.instance_id, inst.models, len(inst.running), len(inst.waiting),
+            inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes,
         )  # fmt: skip
 
     def _refresh(self) -> None:
         for iid in self._dirty:
-            c = self._candidate(self.instances[iid])
-            for m, i in self._slot[iid]:
-                self._cands[m][i] = c
+            slots = self._slot.get(iid)
+            if slots:
+                c = self._candidate(self.instances[iid])
+                for m, i in slots:
+                    self._cands[m][i] = c
         self._dirty.clear()
 
     def _fail(self, r: CoreRequest, why: str) -> None:
@@ -170,6 +185,10 @@ class Simulator:
         if not self.load_blind:
             self._dirty.add(inst.instance_id)
         if inst.work is None:
+            if inst.pending and inst.core.static_batch is None:
+                self._settle(inst, now)
+                if inst.released_s is not None:
+                    return
             end = inst.start(now, self._fail)
             if end is not None:
                 self._push(end, _END, inst.instance_id, inst.version)
@@ -211,6 +230,22 @@ class Simulator:
     def _land(self, r: CoreRequest, dst: SimInstance, now: float) -> None:
         """The moved request arrives with its KV (``EngineCore.land``: it re-prefills prompt + output
         when the KV does not fit there)."""
+        if not self._land_guard(r, dst):  # its model left dst meanwhile: re-prefill where it is served
+            rec = record_of(r)
+            self._where.pop(rec.request_id, None)
+            svc = self._service(rec.service)
+            req = DispatchRequest(rec.request_id, rec.model, svc.name, rec.prompt_tokens,
+                                  r.sched.predicted_output_tokens or 0.0, self._kv_bytes_per_token[rec.model], now)  # fmt: skip
+            try:
+                dst = self.instances[self._dispatch(svc, req, frozenset())]
+            except NoCandidate as e:
+                rec.failed = f"moved off an instance that unloaded its model, and {e}"
+                return
+            self._where[rec.request_id] = dst
+            dst.core.land(r, now)
+            rec.instance = dst.instance_id
+            self._kick(dst, now)
+            return
         kv = r.kv_tokens if r.sched.phase == "decode" else 0
         dst.core.land(r, now, kv_tokens=kv)
         record_of(r).instance = dst.instance_id
@@ -222,17 +257,25 @@ class Simulator:
         no instance can take it)."""
         svc = self._service(wr.service)
         predicted = self.predict(svc.name, wr.prompt_tokens) if self.predict else None
-        if not self.load_blind:
-            self._refresh()
         req = DispatchRequest(
             wr.request_id, svc.model, svc.name, wr.prompt_tokens, predicted or 0.0,
             self._kv_bytes_per_token[svc.model], now,
         )  # fmt: skip
         try:
-            iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), frozenset(), request=req)
+            iid = self._dispatch(svc, req, frozenset())
         except NoCandidate as e:
             return Route(svc, predicted, None, str(e))
         return Route(svc, predicted, iid, None)
+
+    def _dispatch(self, svc: SimService, req: DispatchRequest, exclude: frozenset[str]) -> str:
+        """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none)."""
+        if not self.load_blind:
+            self._refresh()
+        before = self.dispatch.infeasible if self._counts_infeasible else 0  # type: ignore[attr-defined]
+        iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), exclude, request=req)
+        if self._counts_infeasible and self.dispatch.infeasible != before:  # type: ignore[attr-defined]
+            self.infeasible[svc.model] = self.infeasible.get(svc.model, 0) + 1
+        return iid
 
     def restrict(self, instance_ids: Iterable[str], routes: list[Route], sample_origin: float) -> None:
         """Become one part of a partitioned run (``llmfleet.sim.partition``): keep only these instances,
@@ -246,8 +289,10 @@ class Simulator:
         """What ties instances together beyond routing (so a run cannot be split), or None."""
         if self._on_finish is not None:
             return "the dispatch policy tracks completions (on_finish)"
-        if self._hooks:
-            return "hooks (every) act across instances"
+        if self._hooks or self._one_shots:
+            return "hooks (every, at) act across instances"
+        if self.fleet_changes:
+            return "the instance set changes (add_instance, set_models)"
         if self._heap or self.records:
             return "the simulator has already run"
         return None
@@ -259,14 +304,21 @@ class Simulator:
         )
         self.records.append(rec)
         if iid is None:
-            rec.failed = why
+            if not self._hold(rec, predicted):  # held while an instance loads its model
+                rec.failed = why or "no instance"
             return
+        self._admit(rec, svc, iid, predicted, now)
+
+    def _admit(
+        self, rec: RequestRecord, svc: SimService, iid: str, predicted: float | None, now: float
+    ) -> None:
+        """Hand an arrived request to instance ``iid`` at ``now``."""
         inst = self.instances[iid]
         rec.instance = iid
-        rec.solo_s = self.cost.solo_time(svc.model, inst.tp, wr.prompt_tokens, wr.output_tokens)
-        deadline = now + svc.deadline_s if svc.deadline_s is not None else None
+        rec.solo_s = self.cost.solo_time(svc.model, inst.tp, rec.prompt_tokens, rec.output_tokens)
+        deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
         inst.admit(rec, svc.max_tokens, now, predicted, deadline)
-        self._where[wr.request_id] = inst
+        self._where[rec.request_id] = inst
         self._kick(inst, now)
 
     def _service(self, name: str) -> SimService:
@@ -299,6 +351,7 @@ class Simulator:
         if first is None:
             raise ValueError("the workload has no requests")
         self._push(first.arrival_s, _ARRIVAL, first)
+        self._pending = True
         for i, (period, _) in enumerate(self._hooks):
             self._push(first.arrival_s + period, _HOOK, i)
         span = self.sample_period_s
@@ -333,7 +386,7 @@ class Simulator:
                         )
                     self._push(nxt.arrival_s, _ARRIVAL, nxt)
                 else:
-                    pending = False
+                    pending = self._pending = False
                 self._arrive(a, t, None if self._routes is None else self._routes[arrived])
                 arrived += 1
                 if progress and arrived % step == 0:
@@ -342,16 +395,23 @@ class Simulator:
                 self._moving -= 1
                 self._land(a, b, t)
             elif kind == _HOOK:
+                if a is None:  # once (at)
+                    b(self, t)
+                    continue
                 period, fn = self._hooks[a]
                 fn(self, t)
                 if pending or self._busy():
                     self._push(t + period, _HOOK, a)
+            elif kind == _READY:
+                self._ready(a, b, t)
             elif kind == _SAMPLE:
                 samples.append(self._sample(t))
                 if pending or self._busy():
                     self._push(t + span, _SAMPLE)
         if progress:
             progress(arrived, self.now)
+        for model in list(self._held):  # cannot happen: a load under way always ends in a READY event
+            self._fail_held(model, "the simulation ended first")
         stranded = [r for r in self.records if not r.done and not r.failed]
         for rec in stranded:  # cannot happen unless a policy never schedules a runnable request
             rec.failed = "never scheduled (the request policy left it waiting with the instance idle)"
@@ -363,16 +423,24 @@ class Simulator:
             events=events,
             wall_s=time.perf_counter() - t0,
             cost_sources=self.cost.sources(),
-            provisioned_gpus=sum(i.tp for i in self.instances.values()),
+            provisioned_gpus=max(n for _, n in self.gpu_log),
+            gpu_log=list(self.gpu_log),
         )
 
+    @property
+    def finished(self) -> bool:
+        """No arrival left to read and nothing that will produce an event (hooks stop rescheduling)."""
+        return not self._pending and not self._busy()
+
     def _busy(self) -> bool:
-        """Work that will produce events: a batch in flight or a move under way."""
-        return self._moving > 0 or any(i.work is not None for i in self.instances.values())
+        """Work that will produce events: a batch in flight, a move or a model load under way."""
+        return self._moving > 0 or any(i.work is not None or i.loading for i in self.instances.values())
 
     def _sample(self, t: float) -> Sample:
         used = cap = active = inside = 0
         for inst in self.instances.values():
+            if not inst.active:
+                continue
             used += inst.kv_used_bytes
             cap += inst.kv_capacity_bytes
             q = inst.queued
@@ -392,4 +460,6 @@ class Simulator:
             "preemptions": inst.preemptions,
             "kv_blocks": inst.alloc.num_blocks,
             "block_bytes": inst.layout.block_bytes,
+            "started_s": inst.started_s,
+            "released_s": inst.released_s,
         }

@@ -2,7 +2,8 @@
 
 - ``request``: ``WorkloadRequest`` / ``Workload`` (sorted, windowed, JSONL round trip, summary).
 - ``azure_trace``: the Azure LLM inference trace CSV loader.
-- ``arrivals``: seeded arrival processes (Poisson, Gamma, replay, piecewise, thinned/sinusoid).
+- ``arrivals``: seeded arrival processes (Poisson, Gamma, replay, piecewise Poisson/Gamma,
+  thinned/sinusoid, one per service with ``per_service_arrivals``).
 - ``synthesis``: SeaLLM-style multi-service synthesis by k-means over (prompt, output) lengths.
 - ``datasets``: (prompt, output) token lengths from Alpaca-style data sets.
 """
@@ -10,6 +11,8 @@
 from llmfleet.workload.arrivals import (
     SeedLike,
     gamma,
+    per_service_arrivals,
+    piecewise_gamma,
     piecewise_poisson,
     poisson,
     replay,
@@ -50,6 +53,8 @@ __all__ = [
     "gamma",
     "length_features",
     "load_azure_trace",
+    "per_service_arrivals",
+    "piecewise_gamma",
     "piecewise_poisson",
     "poisson",
     "read_azure_trace",

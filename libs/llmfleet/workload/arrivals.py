@@ -9,7 +9,7 @@ t = 0, not at 0. ``seed`` is an int, a ``numpy.random.SeedSequence`` or a ``nump
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -158,6 +158,68 @@ def piecewise_poisson(segments: Sequence[tuple[float, float]], *, seed: SeedLike
         pieces.append(np.sort(t0 + rng.uniform(0.0, dur, count)))
         t0 += dur
     return np.concatenate(pieces)
+
+
+def piecewise_gamma(
+    segments: Sequence[tuple[float, float]], cv: float = 1.0, *, seed: SeedLike = 0
+) -> np.ndarray:
+    """Bursty arrivals with a piecewise-constant rate: in each ``(duration_s, rate_rps)`` segment (back
+    to back from t = 0; rate 0 is idle), Gamma-renewal gaps with mean ``1 / rate`` and coefficient of
+    variation ``cv`` (1 = exponential gaps). The renewal restarts at each segment's start."""
+    if len(segments) == 0:
+        raise ValueError("segments must not be empty")
+    _positive("cv", cv)
+    rng = rng_from(seed)
+    pieces, t0 = [], 0.0
+    for i, seg in enumerate(segments):
+        try:
+            dur, rate = (float(x) for x in seg)
+        except (TypeError, ValueError):
+            raise ValueError(f"segment {i}: expected (duration_s, rate_rps), got {seg!r}") from None
+        if not (math.isfinite(dur) and dur > 0):
+            raise ValueError(f"segment {i}: duration_s must be finite and > 0, got {dur}")
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"segment {i}: rate_rps must be finite and >= 0, got {rate}")
+        if rate > 0:
+            pieces.append(t0 + gamma(rate, cv, duration_s=dur, seed=rng))
+        t0 += dur
+    return np.concatenate(pieces) if pieces else np.empty(0)
+
+
+def per_service_arrivals(
+    rates: Mapping[str, float | Sequence[tuple[float, float]]],
+    duration_s: float,
+    *,
+    cv: float | Mapping[str, float] = 1.0,
+    seed: SeedLike = 0,
+) -> dict[str, np.ndarray]:
+    """One arrival process per service over [0, duration_s): a constant rate (req/s) or piecewise
+    ``(duration_s, rate_rps)`` segments (idle after the last), Gamma gaps with coefficient of variation
+    ``cv`` (one for all, or per service; 1 = Poisson). Each service draws from its own stream of
+    ``seed``, in the mapping's order, so adding a service leaves the others' arrivals unchanged only
+    when it comes last."""
+    _positive("duration_s", duration_s)
+    names = list(rates)
+    cvs = {n: float(cv[n]) if isinstance(cv, Mapping) else float(cv) for n in names}
+    rng_from(seed)  # validates the seed's type
+    if isinstance(seed, np.random.Generator):
+        streams = seed.spawn(len(names))
+    else:
+        root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(int(seed))
+        streams = [np.random.default_rng(s) for s in root.spawn(len(names))]
+    out = {}
+    for name, stream in zip(names, streams, strict=True):
+        how = rates[name]
+        if isinstance(how, int | float):
+            rate = float(how)
+            if not (math.isfinite(rate) and rate >= 0):
+                raise ValueError(f"service {name!r}: rate must be finite and >= 0, got {how!r}")
+            segs: Sequence[tuple[float, float]] = [(duration_s, rate)]
+        else:
+            segs = how
+        t = piecewise_gamma(segs, cvs[name], seed=stream)
+        out[name] = t[t < duration_s]
+    return out
 
 
 def thinned_poisson(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.cluster.vq import ClusterError, kmeans2
 
-from llmfleet.workload.arrivals import gamma, piecewise_poisson, poisson
+from llmfleet.workload.arrivals import gamma, piecewise_gamma, piecewise_poisson, poisson
 from llmfleet.workload.request import Workload, WorkloadRequest
 
 Lengths = Sequence[tuple[int, int]] | np.ndarray
@@ -202,7 +202,8 @@ class ServiceMix:
         (duration_s, rate_rps) from t = 0; idle after the last), its entry in ``rates`` (by name, or a
         list in service order; 0 disables it), or ``total_rate_rps`` × its share of the samples.
         Constant-rate services use Gamma gaps with coefficient of variation ``cv`` (1.0 = Poisson);
-        segments are Poisson, so ``cv`` must then be 1. Give exactly one of ``n_requests`` (the first
+        segments are Poisson with ``cv`` = 1, else bursty Gamma renewals per segment
+        (:func:`~llmfleet.workload.arrivals.piecewise_gamma`). Give exactly one of ``n_requests`` (the first
         that many merged arrivals) or ``duration_s`` (arrivals in [0, duration_s)). Request ids are
         ``f"{service}-{j}"``, j counting that service's arrivals from 0.
         """
@@ -217,8 +218,6 @@ class ServiceMix:
         if not (math.isfinite(cv) and cv > 0):
             raise ValueError(f"cv must be finite and > 0, got {cv!r}")
         plan = _rate_plan(self.services, total_rate_rps, rates, segments)
-        if cv != 1.0 and any(not isinstance(p, float) for p in plan):
-            raise ValueError("time-varying (segments) services are Poisson: cv must be 1.0")
 
         streams = np.random.SeedSequence(seed).spawn(len(self.services))
         times, owner, index, picks = [], [], [], []
@@ -232,7 +231,11 @@ class ServiceMix:
                 else:
                     t = gamma(how, cv, n=n_requests, duration_s=duration_s, seed=arrival_ss)
             else:
-                t = piecewise_poisson(how, seed=arrival_ss)
+                t = (
+                    piecewise_poisson(how, seed=arrival_ss)
+                    if cv == 1.0
+                    else piecewise_gamma(how, cv, seed=arrival_ss)
+                )
                 if duration_s is not None:
                     t = t[t < duration_s]
             times.append(t)

@@ -102,8 +102,12 @@ def test_time_varying_service_rates():
     assert svc1.min() >= 100.0 and svc1.max() < 200.0  # idle, busy, then idle after the segments
     assert svc1.size == pytest.approx(2000, rel=0.1)
     assert len(w.by_service()["svc0"]) == pytest.approx(1500, rel=0.1)
-    with pytest.raises(ValueError, match=r"cv must be 1\.0"):
-        mix.generate(rates={"svc0": 5.0}, segments={"svc1": [(10.0, 1.0)]}, duration_s=10.0, cv=2.0)
+    bursty = mix.generate(rates={"svc0": 5.0}, segments={"svc1": [(100.0, 0.0), (400.0, 20.0)]},
+                          duration_s=500.0, cv=3.0, seed=2)  # fmt: skip
+    t1 = np.array([r.arrival_s for r in bursty.by_service()["svc1"]])
+    assert t1.min() >= 100.0 and t1.size == pytest.approx(8000, rel=0.15)  # time-varying and bursty
+    gaps = np.diff(t1)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.2)
     with pytest.raises(ValueError, match=r"only .* of 10000"):
         mix.generate(segments={"svc0": [(1.0, 1.0)], "svc1": [(1.0, 1.0)]}, n_requests=10_000)
 
