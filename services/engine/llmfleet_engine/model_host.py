@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from llmfleet.engine_core import EngineCore
@@ -41,8 +41,21 @@ from llmfleet_engine.outputs import (
 )
 from llmfleet_engine.reconcile import reconcile as reconcile_models
 
-if TYPE_CHECKING:
-    from llmfleet_engine.live_request import LiveRequest
+
+class _HostRequest(Protocol):
+    """What the host reads of a live request (``LiveRequest``, which imports this module)."""
+
+    @property
+    def req(self) -> _Model: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+class _Model(Protocol):
+    @property
+    def model(self) -> str: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +102,13 @@ class ModelHost:
     _drain_book: DrainBook | None = None  # created on first use (under _cond)
 
     if TYPE_CHECKING:  # provided by the class this is mixed into
-        _requests: dict[str, LiveRequest]
+        _requests: dict[str, _HostRequest]
 
         def _check_open(self) -> None: ...
 
         def _cancel_model_locked(self, model: HostedModel) -> None: ...
 
-        def _finish_locked(self, state: LiveRequest, reason: FinishReason) -> None: ...
+        def _finish_locked(self, state: _HostRequest, reason: FinishReason) -> None: ...
 
     @property
     def models(self) -> dict[str, LoadedModel]:
