@@ -321,6 +321,9 @@ class PlacementLoop:
     ) -> Decision:
         """Map ``plan`` onto the instances (existing ones first, new ones for the rest: assign_plan) and
         apply it, unless hysteresis holds it back."""
+        used = sum(p.tp for p in plan)
+        if used > sim.spec.cluster.count:
+            raise PlacementInfeasible(f"the plan uses {used} GPUs, the cluster has {sim.spec.cluster.count}")
         pool = [EngineSlot(iid, tp, ms) for iid, (tp, ms) in sorted(hosting.items())]
         current = {e.engine_id: e.models for e in pool}
         wanted: dict[int, int] = {}

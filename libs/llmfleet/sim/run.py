@@ -113,6 +113,13 @@ PRESETS: dict[str, PolicyBundle] = {
                      description="FCFS, worst fit by free KV"),
         PolicyBundle("sls", "dedicated_even", "round_robin", "static_sls", local_options={"batch_size": 16},
                      description="static SLS: static batches of 16, FCFS, round-robin"),
+        PolicyBundle("seallm-placement", "seallm", "jsq", "doubling_budget", placement_interval_s=60.0,
+                     adaptive_interval=True,
+                     description="SeaLLM: Algorithm 1 placement re-run from 60 s (adaptive, Eq. 8), doubling budget, "
+                                 "fewest-requests dispatch"),
+        PolicyBundle("aladdin-scaling", "aladdin", "jsq", "fcfs", placement_interval_s=60.0,
+                     description="Aladdin: N_g* worker size and linear worker count re-planned every 60 s, FCFS, JSQ "
+                                 "(best-fit dispatch needs latency models: set dispatch options)"),
     ]
 }  # fmt: skip
 
@@ -248,7 +255,7 @@ def simulate(
         assert planner is not None
         interval = policy.placement_interval_s
         adaptive = (
-            AdaptiveInterval(initial_s=interval, min_s=min(1.0, interval))
+            AdaptiveInterval(initial_s=interval, min_s=min(1.0, interval), max_s=max(3600.0, interval))
             if policy.adaptive_interval
             else None
         )

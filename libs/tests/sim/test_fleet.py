@@ -193,3 +193,53 @@ def test_changes_are_validated(tiny):
     with pytest.raises(ValueError, match="before now"):
         sim.at(-1.0, lambda s, now: None)
     assert sim.fleet_changes == 0 and sim.coupling() is None
+
+
+def test_a_busy_instance_starts_loading_at_its_next_step_boundary(tiny):
+    """a decodes alone on i0 (fast-forwarded chunks); the change at 1 s cuts the chunk to the iteration
+    in progress, whose end τ is when the new model's memory is claimed and its load starts."""
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
+    ready = []
+    orig = sim._ready
+    sim._ready = lambda iid, model, t: (ready.append(t), orig(iid, model, t))
+    sim.at(1.0, lambda s, now: s.set_models("i0", ("llama2-7b", "llama3-8b"), now))
+    res = sim.run([W("a", 0.0, 100, 200, "s")], strict_services=True)
+    t, ctx = 0.21, 101  # prefill; then one decode per iteration, the context growing by one
+    while t < 1.0:
+        t += tiny.dec(1, ctx)
+        ctx += 1
+    assert ready == [approx(t + load_s(sim, "llama3-8b"), abs=1e-9)]
+    assert res.records[0].finish_s == approx(6.379, abs=1e-9)  # a never noticed
+
+
+def test_loading_a_model_evicts_kv_that_no_longer_fits(tiny):
+    """1×A100-40GB: llama2-7b alone has 2,922 blocks of KV, beside llama3-8b only 904. Twenty 7b
+    requests hold more than that when 8b is added: the newest re-prefill later (preempted), none is lost."""
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], cluster="1xA100-40GB")
+    i0 = sim.instances["i0"]
+    seen = {}
+
+    def add(s, now):
+        seen["used"] = i0.alloc.used_blocks
+        s.set_models("i0", ("llama2-7b", "llama3-8b"), now)
+
+    sim.at(60.0, add)  # all twenty prefilled by then
+    res = sim.run([W(f"r{k}", 0.0, 1000, 200, "s") for k in range(20)], strict_services=True)
+    both = pool_layout(sim.spec.cluster.hw, 1, [sim.spec.archs()[m] for m in ("llama2-7b", "llama3-8b")],
+                       sim.spec.engine)  # fmt: skip
+    assert seen["used"] > both.num_blocks and i0.alloc.num_blocks == both.num_blocks
+    assert sum(r.preemptions for r in res.records) > 0
+    assert all(r.done and r.produced == 200 and not r.failed for r in res.records)
+    assert i0.alloc.used_blocks == 0 and tiny.kv_mismatches(sim) == []
+
+
+def test_a_model_that_does_not_fit_beside_the_old_one_loads_after_it_unloads(tiny):
+    """1×L4 holds llama2-7b or llama3-8b, not both: replacing 7b by 8b drains a (7b), unloads 7b,
+    then loads 8b; b (8b) waits for it."""
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], cluster="1xL4")
+    sim.at(1.0, lambda s, now: s.set_models("i0", ("llama3-8b",), now))
+    res = sim.run([W("a", 0.0, 100, 200, "s"), W("b", 1.5, 100, 5, "t")], strict_services=True)
+    a, b = res.records
+    assert a.finish_s == approx(6.379, abs=1e-9) and a.moves == 0
+    assert b.first_token_s == approx(a.finish_s + load_s(sim, "llama3-8b") + 0.21, abs=1e-9)
+    assert sim.instances["i0"].models == ("llama3-8b",)

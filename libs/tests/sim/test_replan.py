@@ -133,6 +133,37 @@ def test_hysteresis_applies_a_change_proposed_twice_in_a_row_or_at_once_when_urg
     ]
 
 
+def test_dispatch_infeasible_counts_reach_the_planner_per_model(tiny):
+    class Counting(RoundRobin):
+        """Round robin that counts the 7b requests as infeasible (as Aladdin's best fit does)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.infeasible = 0
+
+        def choose(self, model, candidates, exclude=frozenset(), request=None):
+            self.infeasible += model == "llama2-7b"
+            return super().choose(model, candidates, exclude, request)
+
+    spec = tiny.spec(services=(S7, S8))
+    sim = Simulator(spec, A, Fcfs, Counting(), tiny.book(spec))
+    planner = Scripted()
+    PlacementLoop(planner, pool_of(spec), interval_s=2.0).install(sim, 0.0)
+    sim.run(steady(40, 0.1), strict_services=True)
+    first, second = planner.seen[0][2], planner.seen[1][2]
+    assert first.infeasible == {"llama2-7b": 11}  # r0, r2, ..., r20 by t = 2 s
+    assert second.infeasible == {"llama2-7b": 9}  # only those since the last tick
+
+
+def test_a_plan_larger_than_the_cluster_is_infeasible(tiny):
+    sim = make(tiny)
+    too_big = [*A, InstancePlan("z", ("llama2-7b",), 1)]
+    loop = PlacementLoop(Scripted(too_big), pool_of(sim.spec), interval_s=1.0)
+    loop.install(sim, 0.0)
+    sim.run(steady(20, 0.1), strict_services=True)
+    assert loop.decisions[0].status == "infeasible" and "3 GPUs, the cluster has 2" in loop.decisions[0].error
+
+
 def test_the_loop_sees_a_rate_change_in_a_time_varying_workload(tiny):
     arr = per_service_arrivals({"s": [(20.0, 2.0), (20.0, 10.0)], "t": 1.0}, 40.0, seed=5)
     reqs = [W(f"{svc}-{i}", float(t), 20, 4, svc) for svc, ts in arr.items() for i, t in enumerate(ts)]
