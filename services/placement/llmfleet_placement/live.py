@@ -47,7 +47,7 @@ from llmfleet_placement.planning import (
     planner_loads,
     uncovered,
 )
-from llmfleet_placement.workload import EvaluatorSource, NoTraffic, WorkloadSource
+from llmfleet_placement.workload import EvaluatorSource, NoTraffic, ReportingSource, WorkloadSource
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,13 @@ class LivePlacementLoop:
     clock: Callable[[], float] = time.monotonic  # the workload's clock (the planners' "now")
     wall: Callable[[], float] = time.time  # decision timestamps
     plan_id: int = 0  # the plan in force (placement_meta); 0: none written by a planner yet
+    # a new term with a plan in force does not plan on an empty monitor for this long (the schedulers'
+    # reports reach a new leader within their interval; FleetMonitor forgets reports after 10 s)
+    monitor_grace_s: float = 10.0
     names: ModelNames = field(init=False)
     hysteresis: Hysteresis = field(init=False)
     _last_error: str = ""
+    _term_start: float | None = None
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -79,6 +83,7 @@ class LivePlacementLoop:
     async def run(self) -> None:
         """Adopt the plan in etcd, then tick every ``interval_s`` (first tick at once only when there
         is no plan to adopt)."""
+        self._term_start = self.clock()
         await asyncio.gather(self.placement_view.ready.wait(), self.nodes_view.ready.wait())
         if await self.adopt():
             await asyncio.sleep(self.interval_s)
@@ -116,6 +121,9 @@ class LivePlacementLoop:
         engines = live_engines(self.nodes_view.snapshot().values(), placements)
         if not engines:
             self._failed("no live engines to place on")
+            return None
+        if self._waiting_for_reports(now, placements):
+            log.info("placement: waiting for the schedulers' first reports before planning")
             return None
         cfg = self.config.placement
         pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node)
@@ -205,6 +213,15 @@ class LivePlacementLoop:
         self._last_error = ""
         self._record(Decision(meta.time, self.policy, f"plan #{meta.plan_id}: {summary}", reason))
         return True
+
+    def _waiting_for_reports(self, now: float, placements: dict[str, DesiredPlacement]) -> bool:
+        """A plan is in force and the monitor has heard nobody yet this term (within the grace)."""
+        if not isinstance(self.workload, ReportingSource) or self.workload.has_data(now):
+            return False
+        if not (self.plan_id or placements):
+            return False  # nothing in force: plan for zero traffic now
+        start = self._term_start if self._term_start is not None else now
+        return now - start < self.monitor_grace_s
 
     def _failed(self, error: str, reason: str = "") -> None:
         """A round that could not plan: logged every time, recorded once until the error changes."""

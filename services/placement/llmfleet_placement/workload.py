@@ -25,6 +25,14 @@ class WorkloadSource(Protocol):
 
 
 @runtime_checkable
+class ReportingSource(Protocol):
+    def has_data(self, now: float) -> bool:
+        """Whether anyone reports demand now (a new leader's monitor is empty until the schedulers'
+        next reports reach it)."""
+        ...
+
+
+@runtime_checkable
 class EvaluatorSource(Protocol):
     def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
         """Scores candidate plans on the recent workload (None: no recent workload to replay)."""
@@ -32,6 +40,8 @@ class EvaluatorSource(Protocol):
 
 
 class _Monitor(Protocol):
+    def age_s(self, now: float) -> float: ...
+
     def loads(
         self,
         now: float,
@@ -58,6 +68,9 @@ class MonitorWorkload:
             models={s.name: s.model for s in specs},
             window_s=self.window_s,
         )
+
+    def has_data(self, now: float) -> bool:
+        return self.monitor.age_s(now) < float("inf")
 
 
 @dataclass

@@ -68,7 +68,7 @@ async def views(etcd_client) -> AsyncIterator[tuple]:
         await v.stop()
 
 
-def make_loop(etcd_client, views, planner, **kw) -> LivePlacementLoop:
+def make_loop(etcd_client, views, planner, workload=None, **kw) -> LivePlacementLoop:
     return LivePlacementLoop(
         CONFIG,
         etcd_client,
@@ -76,7 +76,7 @@ def make_loop(etcd_client, views, planner, **kw) -> LivePlacementLoop:
         planner=planner,
         policy="scripted",
         interval_s=0.2,
-        workload=Rates(),
+        workload=workload or Rates(),
         **kw,
     )
 
@@ -187,3 +187,26 @@ async def test_with_a_planner_the_controller_writes_services_only(etcd_client, v
         assert pv.snapshot() == {}
     finally:
         await sv.stop()
+
+
+class Silent(Rates):
+    """A monitor nobody has reported to yet (a new leader's, before the schedulers find it)."""
+
+    def has_data(self, now):
+        return False
+
+
+async def test_a_new_term_waits_for_the_schedulers_reports(etcd_client, views) -> None:
+    pv, _ = views
+    bootstrap = ScriptedPlanner(one_each())
+    assert (
+        await make_loop(etcd_client, views, bootstrap, workload=Silent()).tick() is not None
+    )  # nothing in force
+    await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
+    planner = ScriptedPlanner([])
+    loop = make_loop(etcd_client, views, planner, workload=Silent())
+    loop._term_start = loop.clock()
+    assert await loop.tick() is None and planner.calls == 0  # an empty monitor is no reason to scale in
+    loop.monitor_grace_s = 0.0
+    await loop.tick()
+    assert planner.calls == 1
