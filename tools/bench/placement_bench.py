@@ -392,6 +392,9 @@ def settings(quick: bool) -> dict:
             "aladdin_rates": (5.0, 15.0),
             "aladdin_s": 30.0,
             "processes": 2,
+            "adaptive_phase_s": 60.0,
+            "adaptive_fixed": (15.0, 60.0),
+            "adaptive_start": 30.0,
         }
     return {"rates": (5.0, 10.0, 20.0, 30.0, 40.0, 50.0), "horizon_s": 120.0,
             "aladdin_rates": (5.0, 10.0, 20.0, 30.0), "aladdin_s": 60.0, "processes": 2,
