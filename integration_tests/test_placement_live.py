@@ -35,7 +35,6 @@ PLACEMENT = {
     "policy": "aladdin",
     "interval_s": INTERVAL_S,
     "options": {"k5": 0.5, "c5": 0.0, "min_workers": 1, "t_dec": 0.2},
-    "gpus_per_node": 1,
     "window_s": 10.0,
 }
 

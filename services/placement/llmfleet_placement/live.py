@@ -153,6 +153,10 @@ class LivePlacementLoop:
         except (PlacementInfeasible, ValueError) as e:
             self._failed(f"infeasible plan: {e}", reason)
             return None
+        finally:
+            close = getattr(evaluator, "close", None)
+            if callable(close):
+                close()
         why = getattr(self.planner, "last_reason", "")  # the planner's own account, when it gives one
         if why:
             reason += f"; {self.policy}: {why}"

@@ -96,7 +96,7 @@ def live_loop(
         policy=p.policy,
         interval_s=p.interval_s,
         leader_id=n.node_id,
-        workload=MonitorWorkload(servicer.monitor, config.service_specs, p.window_s),
+        workload=MonitorWorkload(servicer.monitor, config.service_specs, p.window_s, config, p.policy),
         decisions=servicer.decisions,
         election=servicer.election,
         clock=time.monotonic,  # the monitor's clock (the servicer feeds it on time.monotonic)

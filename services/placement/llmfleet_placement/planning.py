@@ -98,7 +98,9 @@ def live_engines(nodes: Iterable[NodeRecord], placements: Mapping[str, DesiredPl
 
 def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node: int) -> tuple[GpuPool, str]:
     """One pool of Σ tp GPUs: the engines' common hardware, else ``default_hardware`` (with a note
-    when they disagree or report none)."""
+    when they disagree or report none). A planner's instance must match an engine's size, so groups
+    are at most the largest engine (``gpus_per_node`` is capped by it: tp-1 engines plan tp-1
+    instances)."""
     kinds = Counter(e.hardware for e in engines if e.hardware)
     note = ""
     if len(kinds) == 1 and sum(kinds.values()) == len(engines):
@@ -112,7 +114,8 @@ def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node
     except UnknownHardware:
         note = f"engine hardware {hw!r} is not in the catalog; planning as {default_hardware}"
         hw = default_hardware
-    return GpuPool(hw, sum(e.tp for e in engines), gpus_per_node), note
+    per_node = max(1, min(gpus_per_node, max(e.tp for e in engines)))
+    return GpuPool(hw, sum(e.tp for e in engines), per_node), note
 
 
 def planner_loads(

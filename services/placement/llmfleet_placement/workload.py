@@ -3,8 +3,11 @@
 The loop only needs :class:`WorkloadSource` (``loads(now)``: one :class:`ServiceLoad` per service,
 served model names, ``now`` on the source's clock) and, for planners that score candidate plans by
 simulation (SeaLLM), optionally :class:`EvaluatorSource`. :class:`MonitorWorkload` adapts the service
-monitor the schedulers feed (``llmfleet.monitor.FleetMonitor`` on the placement servicer);
-:class:`NoTraffic` is the stand-in when there is none (every service at rate 0).
+monitor the schedulers feed (``llmfleet.monitor.FleetMonitor`` on the placement servicer) and, given
+the cluster config, scores plans with the simulator (``SimPlanEvaluator``) on the monitor's recent
+completed requests (their arrival times, prompt and output lengths), the services' SLOs and catalog
+models as ``llmfleet sim --cluster-config`` reads them, the engines' local policy and round-robin
+dispatch. :class:`NoTraffic` is the stand-in when there is no monitor (every service at rate 0).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from llmfleet.config import ClusterConfig
 from llmfleet.policies.placement import GpuPool, PlanEvaluator, ServiceLoad
 from llmfleet.types import ServiceSpec, Slo
 
@@ -42,6 +46,8 @@ class EvaluatorSource(Protocol):
 class _Monitor(Protocol):
     def age_s(self, now: float) -> float: ...
 
+    def stats(self, now: float) -> list: ...
+
     def loads(
         self,
         now: float,
@@ -59,6 +65,9 @@ class MonitorWorkload:
     monitor: _Monitor
     services: Callable[[], list[ServiceSpec]]
     window_s: float | None = None
+    config: ClusterConfig | None = None  # enables evaluator() (the services' catalog models and SLOs)
+    placement: str = "seallm"  # the planner whose candidates are scored (the simulator's bundle name)
+    dispatch: str = "round_robin"  # the schedulers' dispatch, as the simulator runs it
 
     def loads(self, now: float) -> list[ServiceLoad]:
         specs = self.services()
@@ -71,6 +80,43 @@ class MonitorWorkload:
 
     def has_data(self, now: float) -> bool:
         return self.monitor.age_s(now) < float("inf")
+
+    def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
+        """A simulator scoring plans on the recent completed requests (None: none, or no config)."""
+        if self.config is None:
+            return None
+        from llmfleet.costmodel.hardware import hardware
+        from llmfleet.sim.plan_eval import SimPlanEvaluator
+        from llmfleet.sim.run import PolicyBundle
+        from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
+        from llmfleet.workload import WorkloadRequest
+
+        services, engine = from_cluster_config(self.config)
+        catalog = {s.name: s.model for s in services}
+        samples = sorted(
+            (r.arrival_s, st.service, r)
+            for st in self.monitor.stats(now)
+            if st.service in catalog
+            for r in st.samples
+        )
+        if not samples:
+            return None
+        t0 = samples[0][0]
+        requests = [
+            WorkloadRequest(
+                f"{svc}-{i}", t - t0, max(0, r.prompt_tokens), max(1, r.output_tokens), svc, catalog[svc]
+            )
+            for i, (t, svc, r) in enumerate(samples)
+        ]
+        local = {e.policy for e in self.config.engines.values()}
+        bundle = PolicyBundle(
+            "live",
+            placement=self.placement,
+            dispatch=self.dispatch,
+            local=local.pop() if len(local) == 1 else "fcfs",
+        )
+        spec = SimSpec(ClusterSpec(gpus.count, hardware(gpus.hardware)), services, engine)
+        return SimPlanEvaluator(spec, requests, bundle)
 
 
 @dataclass

@@ -210,3 +210,31 @@ async def test_a_new_term_waits_for_the_schedulers_reports(etcd_client, views) -
     loop.monitor_grace_s = 0.0
     await loop.tick()
     assert planner.calls == 1
+
+
+async def test_seallm_scores_plans_on_the_monitored_requests(etcd_client, views) -> None:
+    from llmfleet.monitor import FleetMonitor, ServiceMonitor
+    from llmfleet.monitor.records import Completion
+    from llmfleet.policies.placement import GpuPool, make_placement_policy
+    from llmfleet_placement.workload import MonitorWorkload
+
+    pv, _ = views
+    config = CONFIG.model_copy(update={"placement": CONFIG.placement.model_copy(update={"policy": "seallm"})})
+    local, fleet = ServiceMonitor(), FleetMonitor()
+    workload = MonitorWorkload(fleet, config.service_specs, None, config, "seallm")
+    assert workload.evaluator(100.0, GpuPool("cpu", 4)) is None  # nothing to replay yet
+    for i in range(40):
+        t = 60.0 + i * 0.5
+        service, model = ("chat", "tiny-llama") if i % 4 else ("summarize", "tiny-qwen2")
+        local.arrive(service, model, t)
+        local.complete(Completion.timed(service, model, t, t + 0.05, t + 0.3, 20, 16))
+    slos = {s.name: s.slo for s in config.service_specs()}
+    fleet.update("scheduler", local.stats(80.0, slos), 80.0)
+    loop = make_loop(
+        etcd_client, views, make_placement_policy("seallm"), workload=workload, clock=lambda: 80.0
+    )
+    loop.config = config
+    assert await loop.tick() is not None
+    await pv.wait_for(lambda s: len(s) == 4, 5)
+    hosted = {m.name for p in pv.snapshot().values() for m in p.models}
+    assert hosted == {"tiny-llama", "tiny-qwen2"}

@@ -83,10 +83,10 @@ def test_pool_from_node_records_and_desired_state() -> None:
     assert engines[0].effective == ("sum-model",)  # its key: being loaded
     assert engines[1].effective == ("chat-model",)  # no key: keeps what it hosts
     pool, note = gpu_pool(engines, "a100-80gb", 8)
-    assert pool == GpuPool("cpu", 3, 8) and note == ""
+    assert pool == GpuPool("cpu", 3, 2) and note == ""  # groups no larger than the largest engine
     mixed = [LiveEngine("a", hardware="cpu"), LiveEngine("b", hardware="h100"), LiveEngine("c")]
     pool, note = gpu_pool(mixed, "a100-80gb", 4)
-    assert pool == GpuPool("a100-80gb", 3, 4) and "planning them all as a100-80gb" in note
+    assert pool == GpuPool("a100-80gb", 3, 1) and "planning them all as a100-80gb" in note
     assert current_instances(engines, NAMES) == (
         InstancePlan("e0", ("tiny-qwen2",), 2),
         InstancePlan("e1", ("tiny-llama",), 1),
