@@ -102,7 +102,7 @@ class PlacementFollower:
     nodes: PrefixView[NodeRecord] | None = None  # other engines: hand-off check, migration targets
     applied: DesiredPlacement | None = None  # the last desired state reached completely
     _leaving: dict[str, _Leaving] = field(default_factory=dict)
-    _errors: dict[str, str] = field(default_factory=dict)
+    _failed: dict[str, tuple[ModelSpec, float]] = field(default_factory=dict)  # failed loads: spec, when
     _needs_room: set[str] = field(default_factory=set)  # loads waiting for a leaving model's unload
 
     async def run(self, view: PrefixView[DesiredPlacement]) -> None:
@@ -139,7 +139,7 @@ class PlacementFollower:
             return await self._apply_at_once(desired)
         want = {s.name: s for s in desired.models}
         loaded = self.executor.models
-        self._errors = {}
+        self._failed = {n: f for n, f in self._failed.items() if want.get(n) == f[0]}  # a new spec: at once
         if not self._leaving:
             self._needs_room.clear()
         for name, model in loaded.items():  # what leaves (or is replaced by another source)
@@ -149,7 +149,7 @@ class PlacementFollower:
             model = loaded.get(name)
             if model is not None and not is_stale(spec, model):
                 self._keep(name)
-            elif model is None and name not in self._needs_room:
+            elif model is None and name not in self._needs_room and self._may_retry(name):
                 await self._load(spec)
         unloaded = False
         for name in list(self._leaving):  # 2.-4. hand off, drain, move, unload
@@ -157,18 +157,20 @@ class PlacementFollower:
         if unloaded:  # room for what waited
             self._needs_room.clear()
             for name, spec in want.items():
-                if name not in self.executor.models:
+                if name not in self.executor.models and self._may_retry(name):
                     await self._load(spec)
-        if self._errors:
-            log.error("%s: could not load %s; retrying in %.0fs", self.engine_id, self._errors, self.retry_s)
         if self._leaving:
             return self.drain.poll_s
-        if self._errors or any(n not in self.executor.models for n in want):
+        if self._failed or any(n not in self.executor.models for n in want):
             return self.retry_s
         self.applied = desired
         return None
 
     # ------------------------------------------------------------------ loading
+
+    def _may_retry(self, name: str) -> bool:
+        failed = self._failed.get(name)
+        return failed is None or time.monotonic() - failed[1] >= self.retry_s
 
     async def _load(self, spec: ModelSpec) -> bool:
         """Load ``spec``. A model that does not fit while others are still leaving waits for their
@@ -180,8 +182,12 @@ class PlacementFollower:
                 self._needs_room.add(spec.name)
                 log.info("%s: %s waits for a leaving model's unload: %s", self.engine_id, spec.name, e)
             else:
-                self._errors[spec.name] = str(e)
+                self._failed[spec.name] = (spec, time.monotonic())
+                log.error(
+                    "%s: could not load %s: %s; retrying in %.0fs", self.engine_id, spec.name, e, self.retry_s
+                )
             return False
+        self._failed.pop(spec.name, None)
         if not result.already_loaded:
             log.info("%s: loaded %s", self.engine_id, spec.name)
         return True

@@ -15,7 +15,7 @@ import pytest
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.placement_follower import DrainSettings, PlacementFollower
@@ -221,3 +221,23 @@ async def test_new_models_load_before_the_old_ones_leave(nodes, llama, qwen2, en
     idle = {"a": DesiredPlacement("a", ())}  # scale-in: everything drains, the engine stays, idle
     await until_settled(follower, idle)
     assert a.executor.models == {} and follower.applied == idle["a"]
+
+
+async def test_a_failed_load_is_retried_every_retry_s_not_every_pass(nodes, llama) -> None:
+    a, _ = nodes
+    calls: list[str] = []
+    load = a.executor.load
+
+    def counting(spec):
+        calls.append(spec.name)
+        return load(spec)
+
+    a.executor.load = counting  # type: ignore[method-assign]
+    follower = PlacementFollower("a", a.executor, retry_s=60.0)
+    bad = ModelSpec("bad", "tiny://nope")
+    desired = {"a": DesiredPlacement("a", (llama.spec, bad))}
+    for _ in range(5):  # the other models drain and unload meanwhile
+        await follower.step(desired)
+    assert calls.count("bad") == 1 and set(a.executor.models) == {llama.name}
+    assert await follower.step(desired) == 60.0  # next try after retry_s
+    assert await follower.step({"a": DesiredPlacement("a", (llama.spec,))}) is None  # dropped: done
