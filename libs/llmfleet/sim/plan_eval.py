@@ -85,7 +85,9 @@ class _Scorer:
         end = max([r.arrival_s for r in records] + [r.finish_s for r in records if r.done], default=0.0)
         for r in records:
             if not r.done and r.solo_s <= 0:
-                r.solo_s = self.cost.solo_time(r.model, self.min_tp[r.model], r.prompt_tokens, r.output_tokens)
+                r.solo_s = self.cost.solo_time(
+                    r.model, self.min_tp[r.model], r.prompt_tokens, r.output_tokens
+                )
         solo_sum: dict[str, float] = {}
         count: dict[str, int] = {}
         for r in records:
@@ -145,7 +147,9 @@ class SimPlanEvaluator:
         names = {s.name for s in spec.services}
         stray = sorted({r.service for r in requests} - names)
         if stray:
-            raise ValueError(f"requests name services the spec does not have: {stray}; known: {sorted(names)}")
+            raise ValueError(
+                f"requests name services the spec does not have: {stray}; known: {sorted(names)}"
+            )
         self.processes = processes
         self._args = (spec, list(requests), bundle, list(records))
         self._local: _Scorer | None = None
