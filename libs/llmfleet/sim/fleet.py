@@ -143,13 +143,17 @@ class Fleet:
                 f"instance {plan.instance_id} needs {plan.tp} GPUs, the cluster has {self.spec.cluster.count}"
             )
         self.check_models(plan.models, plan.tp, f"instance {plan.instance_id}")
-        inst = self._new_instance(plan)
-        inst.serving, inst.started_s = (), None
-        inst.to_load = dict.fromkeys(plan.models, ready_at - now)
-        self.instances[plan.instance_id] = inst
-        self._waiting_gpus.append(inst)
+        self._waiting_gpus.append(self._waiting_instance(plan, ready_at - now))
         self.fleet_changes += 1
         self._take_gpus(now)
+
+    def _waiting_instance(self, plan: InstancePlan, load_s: float) -> SimInstance:
+        """An instance of ``plan`` holding no GPUs yet, its models to load in ``load_s`` once it has them."""
+        inst = self._new_instance(plan)
+        inst.serving, inst.started_s = (), None
+        inst.to_load = dict.fromkeys(plan.models, load_s)
+        self.instances[plan.instance_id] = inst
+        return inst
 
     def set_models(self, instance_id: str, models: Sequence[str], now: float, *, mode: str = "move") -> None:
         """Make ``instance_id`` host ``models`` (see the module docstring). ``mode``: "move" the removed
@@ -160,10 +164,12 @@ class Fleet:
         target = self.check_models(models, inst.tp, f"instance {instance_id}")
         self.fleet_changes += 1
         if inst.started_s is None:  # still waiting for GPUs: nothing is resident yet
-            dur = next(iter(inst.to_load.values()), self.load_time_s(target, inst.tp))
-            inst.to_load = dict.fromkeys(target, dur)
-            if not target:
-                self._waiting_gpus.remove(inst)
+            k = self._waiting_gpus.index(inst)
+            if target:  # the same place in the queue, the new models (and their load time)
+                plan = InstancePlan(instance_id, target, inst.tp)
+                self._waiting_gpus[k] = self._waiting_instance(plan, self.load_time_s(target, inst.tp))
+            else:
+                del self._waiting_gpus[k]
                 inst.released_s = now
                 self._check_held(now)
             return
@@ -171,18 +177,24 @@ class Fleet:
         keep = set(target)
         for m in inst.models:
             if m not in keep:
-                inst.loading.pop(m, None)
+                if m in inst.loading:  # its load stops counting (the READY event is kept for a return)
+                    inst.cancelled[m] = inst.loading.pop(m)
                 inst.removing.add(m)
-            elif m in inst.removing:  # kept after all: it serves again (it never left)
+            elif m in inst.removing:  # kept after all: still resident, it serves again (or loads on)
                 inst.removing.discard(m)
+                if m in inst.cancelled:
+                    inst.loading[m] = inst.cancelled.pop(m)
         inst.to_load = {m: d for m, d in inst.to_load.items() if m in keep}
         for m in target:
             if m not in inst.models and m not in inst.to_load:
                 inst.to_load[m] = self.load_time_s([m], inst.tp)
+        served_before = set(inst.serving)
         inst.serving = tuple(m for m in inst.models if m in keep and m not in inst.loading)
         self._rebuild_cands()
         self._check_held(now)
         self._kick(inst, now)
+        for m in set(inst.serving) - served_before:  # kept after all: it can take others' requests again
+            self._offer(m, now)
 
     def retire_instance(self, instance_id: str, now: float, mode: str = "move") -> None:
         """Remove every model of ``instance_id``; it gives its GPUs back once its requests have left."""
@@ -204,10 +216,12 @@ class Fleet:
             inst.to_load = {}
 
     def _log_gpus(self, now: float) -> None:
-        if self.gpu_log and self.gpu_log[-1][0] == now:
-            self.gpu_log[-1] = (now, self.gpus_used)
-        else:
-            self.gpu_log.append((now, self.gpus_used))
+        """Note the GPUs in use from ``now`` (one point per instant, only where the count changes)."""
+        log = self.gpu_log
+        if log and log[-1][0] == now:
+            log.pop()
+        if not log or log[-1][1] != self.gpus_used:
+            log.append((now, self.gpus_used))
 
     def _ready(self, iid: str, model: str, t: float) -> None:
         """``model``'s weights are on ``iid``: it serves from now (unless removed meanwhile)."""
@@ -218,6 +232,14 @@ class Fleet:
         inst.serving = tuple(m for m in inst.models if m not in inst.loading and m not in inst.removing)
         self._rebuild_cands()
         self._serve_held(model, t)
+        self._offer(model, t)
+
+    def _offer(self, model: str, now: float) -> None:
+        """``model`` is served somewhere new: instances removing it move its requests there at their next
+        iteration boundary (a fast-forwarded chunk is cut to the iteration in progress)."""
+        for inst in self.instances.values():
+            if model in inst.removing and inst.move_out and inst.active:
+                self._kick(inst, now)
 
     def _settle(self, inst: SimInstance, now: float) -> None:
         """Apply ``inst``'s pending changes at a step boundary: move out the removed models' requests,
@@ -239,6 +261,8 @@ class Fleet:
                 pass
         if resident != inst.models:
             inst.removing -= gone
+            for m in gone:
+                inst.cancelled.pop(m, None)
             if resident:
                 inst.rehost(resident, now)
             else:

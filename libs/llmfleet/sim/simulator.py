@@ -190,6 +190,9 @@ class Simulator(Fleet):
                 if inst.released_s is not None:
                     return
             end = inst.start(now, self._fail)
+            if end is None and inst.pending and inst.core.static_batch is None:
+                self._settle(inst, now)  # idle now (its last requests may have failed): unload, release
+                return
             if end is not None:
                 self._push(end, _END, inst.instance_id, inst.version)
         else:
@@ -223,6 +226,7 @@ class Simulator(Fleet):
         record_of(r).moves += 1
         self._where[request_id] = dst
         self._moving += 1
+        dst.inbound[r.sched.model] = dst.inbound.get(r.sched.model, 0) + 1
         self._push(now + transfer_s, _MOVE, r, dst)
         self._kick(src, now)
         return True

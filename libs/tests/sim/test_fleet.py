@@ -243,3 +243,82 @@ def test_a_model_that_does_not_fit_beside_the_old_one_loads_after_it_unloads(tin
     assert a.finish_s == approx(6.379, abs=1e-9) and a.moves == 0
     assert b.first_token_s == approx(a.finish_s + load_s(sim, "llama3-8b") + 0.21, abs=1e-9)
     assert sim.instances["i0"].models == ("llama3-8b",)
+
+
+def test_a_model_removed_while_loading_and_kept_again_serves_at_its_first_ready_time(tiny):
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
+    both = ("llama2-7b", "llama3-8b")
+    sim.at(1.0, lambda s, now: s.set_models("i0", both, now))
+    sim.at(1.1, lambda s, now: s.set_models("i0", ("llama2-7b",), now))  # a is running: not unloaded yet
+    sim.at(1.2, lambda s, now: s.set_models("i0", both, now))
+    res = sim.run([W("a", 0.9, 100, 50, "s"), W("b", 1.3, 100, 5, "t")], strict_services=True)
+    a, b = res.records
+    assert a.done and b.done and not b.failed
+    assert b.first_token_s >= 1.0 + load_s(sim, "llama3-8b")
+    assert sim.instances["i0"].models == both and not sim.instances["i0"].cancelled
+
+
+def test_an_instance_waiting_for_gpus_can_be_changed_or_dropped(tiny):
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1), InstancePlan("i1", ("llama2-7b",), 1)],
+               services=(S7, S8))  # fmt: skip
+
+    def hook(s, now):
+        s.add_instance(InstancePlan("n", ("llama2-7b",), 1), now + 1.0)  # no free GPU: it waits
+        s.add_instance(InstancePlan("m", ("llama2-7b",), 1), now + 1.0)
+        s.set_models("n", ("llama3-8b",), now)  # still waiting: takes 8b instead
+        s.retire_instance("m", now)  # dropped before it ever took a GPU
+        s.retire_instance("i1", now)  # i1 gives its GPU to n
+
+    sim.at(1.0, hook)
+    res = sim.run([W("a", 0.0, 100, 5, "s"), W("b", 1.2, 100, 5, "t")], strict_services=True)
+    b = res.records[1]
+    n = sim.instances["n"]
+    assert (n.models, n.started_s) == (("llama3-8b",), 1.0) and sim.instances["m"].started_s is None
+    assert b.first_token_s == approx(1.0 + load_s(sim, "llama3-8b") + 0.21, abs=1e-9)
+    assert res.gpu_log == [(0.0, 2)]  # i1 out and n in at the same instant
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_changes_lose_nothing(tiny, seed):
+    """Random adds, model changes and retirements on 4 GPUs under a random two-model workload: every
+    request ends done with exactly its tokens (or failed with a reason), KV bookkeeping holds at every
+    hook, no more GPUs than the cluster's are ever in use, and the pools are empty at the end."""
+    import random
+
+    rng = random.Random(seed)
+    models = ("llama2-7b", "llama3-8b")
+    sim = make(tiny, [InstancePlan("i0", models, 1), InstancePlan("i1", ("llama2-7b",), 1)],
+               cluster="4xA100-80GB", dispatch=RoundRobin())  # fmt: skip
+    bad: list = []
+    count = [0]
+
+    def chaos(s, now):
+        bad.extend(tiny.kv_mismatches(s))
+        live = [i for i, (_, ms) in s.hosting().items() if s.instances[i].started_s is not None]
+        action = rng.random()
+        if action < 0.3 and s.gpus_free >= 1:
+            count[0] += 1
+            ms = tuple(rng.sample(models, rng.randint(1, 2)))
+            s.add_instance(InstancePlan(f"x{count[0]}", ms, rng.choice([1, 1, 2])), now + rng.uniform(0, 0.5))
+        elif action < 0.8 and live:
+            ms = tuple(rng.sample(models, rng.randint(0, 2)))
+            s.set_models(rng.choice(live), ms, now, mode=rng.choice(["move", "drain"]))
+        elif live:
+            s.retire_instance(rng.choice(live), now)
+
+    sim.every(0.37, chaos)
+    work = sorted(
+        (
+            W(f"r{k}", rng.uniform(0, 20), rng.randint(1, 300), rng.randint(1, 60), rng.choice("st"))
+            for k in range(150)
+        ),
+        key=lambda w: w.arrival_s,
+    )
+    res = sim.run(work, strict_services=True)
+    assert bad == []
+    for r in res.records:
+        assert (r.done and r.produced == r.output_tokens and not r.failed) or (not r.done and r.failed), r
+    assert sum(r.done for r in res.records) > 0
+    assert all(0 <= n <= 4 for _, n in res.gpu_log)
+    assert all(i.alloc.used_blocks == 0 and not i.core.requests for i in sim.instances.values())
+    assert sim.gpus_used == sum(i.tp for i in sim.instances.values() if i.active)
