@@ -110,6 +110,7 @@ class SimInstance:
         self.to_load: dict[str, float] = {}  # not resident yet (waiting for memory): model -> load seconds
         self.cancelled: dict[str, float] = {}  # removed while loading, still resident: model -> ready time
         self.inbound: dict[str, int] = {}  # requests moving here, per model (their model stays resident)
+        self.landing: list[CoreRequest] = []  # moved requests that arrived during a step: join after it
         self.move_out = True  # move the removed models' requests to other hosts (False: drain them here)
         self.started_s: float | None = 0.0  # when it took its GPUs (None: waiting for GPUs)
         self.released_s: float | None = None  # when it gave them back

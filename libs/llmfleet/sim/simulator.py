@@ -11,8 +11,8 @@ load views kept current per instance; each instance runs its own **request polic
 Hooks for the controllers that act later: ``every(period_s, fn)`` calls ``fn(sim, now)`` each period
 (epoch ticks for placement/migration), ``at(t, fn)`` once at ``t``, ``move_request(request_id,
 instance_id, transfer_s, now)`` moves a request (its KV if it has any) to another instance, arriving
-after ``transfer_s``; ``add_instance``, ``set_models`` and ``retire_instance`` change the instance set
-(:mod:`llmfleet.sim.fleet`). A dispatch policy with ``on_finish(request_id, engine_id, output_tokens,
+after ``transfer_s`` and joining at the destination's next step boundary; ``add_instance``,
+``set_models`` and ``retire_instance`` change the instance set (:mod:`llmfleet.sim.fleet`). A dispatch policy with ``on_finish(request_id, engine_id, output_tokens,
 now)`` hears of every completion (as in the live scheduler).
 """
 
@@ -185,6 +185,10 @@ class Simulator(Fleet):
         if not self.load_blind:
             self._dirty.add(inst.instance_id)
         if inst.work is None:
+            if inst.landing and inst.core.static_batch is None:
+                for r in inst.landing:
+                    self._join(r, inst, now)
+                inst.landing.clear()
             if inst.pending and inst.core.static_batch is None:
                 self._settle(inst, now)
                 if inst.released_s is not None:
@@ -213,7 +217,8 @@ class Simulator(Fleet):
 
     def move_request(self, request_id: str, instance_id: str, transfer_s: float, now: float) -> bool:
         """Move a queued or running request (not one in the batch in flight) to ``instance_id``; it
-        arrives after ``transfer_s`` with its KV (or re-prefills there if the KV does not fit)."""
+        arrives after ``transfer_s`` with its KV, joining between two steps there (or re-prefills if
+        the KV does not fit)."""
         src = self._where.get(request_id)
         dst = self.instances.get(instance_id)
         if src is None or dst is None or src is dst or transfer_s < 0:
@@ -232,8 +237,8 @@ class Simulator(Fleet):
         return True
 
     def _land(self, r: CoreRequest, dst: SimInstance, now: float) -> None:
-        """The moved request arrives with its KV (``EngineCore.land``: it re-prefills prompt + output
-        when the KV does not fit there)."""
+        """The moved request arrives with its KV and joins ``dst`` at its next step boundary
+        (``EngineCore.land``: it re-prefills prompt + output when the KV does not fit there)."""
         if not self._land_guard(r, dst):  # its model left dst meanwhile: re-prefill where it is served
             rec = record_of(r)
             self._where.pop(rec.request_id, None)
@@ -250,10 +255,17 @@ class Simulator(Fleet):
             rec.instance = dst.instance_id
             self._kick(dst, now)
             return
+        if dst.work is not None or dst.core.static_batch is not None:
+            dst.landing.append(r)  # it joins between steps (static: batches), where the free KV is exact
+        else:
+            self._join(r, dst, now)
+        self._kick(dst, now)
+
+    @staticmethod
+    def _join(r: CoreRequest, dst: SimInstance, now: float) -> None:
         kv = r.kv_tokens if r.sched.phase == "decode" else 0
         dst.core.land(r, now, kv_tokens=kv)
         record_of(r).instance = dst.instance_id
-        self._kick(dst, now)
 
     # ------------------------------------------------------------------------------------- dispatch
     def route(self, wr, now: float) -> Route:

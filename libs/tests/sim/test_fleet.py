@@ -278,17 +278,21 @@ def test_an_instance_waiting_for_gpus_can_be_changed_or_dropped(tiny):
     assert res.gpu_log == [(0.0, 2)]  # i1 out and n in at the same instant
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_changes_lose_nothing(tiny, seed):
-    """Random adds, model changes and retirements on 4 GPUs under a random two-model workload: every
-    request ends done with exactly its tokens (or failed with a reason), KV bookkeeping holds at every
-    hook, no more GPUs than the cluster's are ever in use, and the pools are empty at the end."""
+def chaos_run(tiny, seed: int, fast_forward: bool, local: str = "fcfs"):
+    """Random adds, model changes and retirements every 0.37 s on 4 GPUs under a random two-model
+    workload (the same for a seed whatever ``fast_forward``)."""
     import random
+
+    from llmfleet.sim.run import PolicyBundle
 
     rng = random.Random(seed)
     models = ("llama2-7b", "llama3-8b")
-    sim = make(tiny, [InstancePlan("i0", models, 1), InstancePlan("i1", ("llama2-7b",), 1)],
-               cluster="4xA100-80GB", dispatch=RoundRobin())  # fmt: skip
+    spec = tiny.spec(services=(S7, S8), cluster="4xA100-80GB")
+    bundle = PolicyBundle("x", local=local, local_options={"batch_size": 4} if local == "static_sls" else {})
+    plan = [InstancePlan("i0", models, 1), InstancePlan("i1", ("llama2-7b",), 1)]
+    sim = Simulator(
+        spec, plan, bundle.local_factory(), RoundRobin(), tiny.book(spec), fast_forward=fast_forward
+    )
     bad: list = []
     count = [0]
 
@@ -309,16 +313,32 @@ def test_random_changes_lose_nothing(tiny, seed):
     sim.every(0.37, chaos)
     work = sorted(
         (
-            W(f"r{k}", rng.uniform(0, 20), rng.randint(1, 300), rng.randint(1, 60), rng.choice("st"))
+            W(f"r{k}", rng.uniform(0, 20), rng.randint(1, 600), rng.randint(1, 80), rng.choice("st"))
             for k in range(150)
         ),
         key=lambda w: w.arrival_s,
     )
-    res = sim.run(work, strict_services=True)
+    return sim, sim.run(work, strict_services=True), bad
+
+
+@pytest.mark.parametrize(
+    ("seed", "local"), [(0, "fcfs"), (1, "fcfs"), (2, "doubling_budget"), (3, "static_sls")]
+)
+def test_random_changes_lose_nothing_and_fast_forward_stays_exact(tiny, seed, local):
+    """Every request ends done with exactly its tokens (or failed with a reason), KV bookkeeping holds
+    at every hook, no more GPUs than the cluster's are ever in use, the pools are empty at the end, and
+    fast-forwarded chunks give the same records as one iteration at a time."""
+    sim, res, bad = chaos_run(tiny, seed, True, local)
     assert bad == []
     for r in res.records:
         assert (r.done and r.produced == r.output_tokens and not r.failed) or (not r.done and r.failed), r
-    assert sum(r.done for r in res.records) > 0
+    assert sum(r.done for r in res.records) > 100 and sum(r.moves for r in res.records) > 0
     assert all(0 <= n <= 4 for _, n in res.gpu_log)
     assert all(i.alloc.used_blocks == 0 and not i.core.requests for i in sim.instances.values())
     assert sim.gpus_used == sum(i.tp for i in sim.instances.values() if i.active)
+    _, slow, _ = chaos_run(tiny, seed, False, local)
+    for x, y in zip(res.records, slow.records, strict=True):
+        assert (x.request_id, x.instance, x.produced, x.moves, x.preemptions, x.failed) == (
+            y.request_id, y.instance, y.produced, y.moves, y.preemptions, y.failed,
+        )  # fmt: skip
+        assert (x.finish_s or 0) == approx(y.finish_s or 0, abs=1e-9)
