@@ -49,7 +49,7 @@ from llmfleet.policies.placement import (
     optimal_tp,
 )
 from llmfleet.sim.capacity import workers_needed
-from llmfleet.sim.plan_eval import SimPlanEvaluator
+from llmfleet.sim.plan_eval import SimPlanEvaluator, evaluator_factory
 from llmfleet.sim.run import PolicyBundle, assign_services, preset, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.types import Slo
@@ -455,9 +455,6 @@ def adaptive_section(cfg: dict, log) -> dict:
                  for i, (t, j) in enumerate(zip(ts.tolist(), pick.tolist(), strict=True))]  # fmt: skip
     wl = Workload(tuple(reqs))
 
-    def factory(spec, requests, now):
-        return SimPlanEvaluator(spec, requests, preset("seallm"))
-
     rows = []
     variants = {f"fixed {x:g} s": (x, False) for x in cfg["adaptive_fixed"]} | {
         f"adaptive from {cfg['adaptive_start']:g} s": (cfg["adaptive_start"], True)
@@ -471,7 +468,7 @@ def adaptive_section(cfg: dict, log) -> dict:
             adaptive_interval=adaptive,
         )
         t0 = time.perf_counter()
-        e = simulate(sp, wl, b, samples=20, evaluator_factory=factory)
+        e = simulate(sp, wl, b, samples=20, evaluator_factory=evaluator_factory(preset("seallm")))
         m = C.metrics(e)
         decisions = e.report.get("placement", [])
         applied = [d for d in decisions if d.get("status") == "applied"]

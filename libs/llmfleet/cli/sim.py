@@ -154,16 +154,6 @@ def _workload(args):
     ))  # fmt: skip
 
 
-def _evaluator_factory(bundle, records, processes: int):
-    """Plan evaluators simulating candidate plans with ``bundle``'s engine policy and dispatch."""
-    from llmfleet.sim.plan_eval import SimPlanEvaluator
-
-    def make(spec, requests, now):
-        return SimPlanEvaluator(spec, requests, bundle, records=records, processes=processes)
-
-    return make
-
-
 def _spec(args):
     from llmfleet.config import ClusterConfig
     from llmfleet.sim.spec import (
@@ -194,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from llmfleet.costmodel import load_record
+    from llmfleet.sim.plan_eval import evaluator_factory
     from llmfleet.sim.report import markdown_table, write_report
     from llmfleet.sim.run import PRESETS, preset, simulate
 
@@ -239,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
                     spec, workload, b, records=records,
                     progress=lambda done, now, task=task: bar.update(task, completed=done, now=now),
                     workers=workers,
-                    evaluator_factory=_evaluator_factory(b, records, args.placement_processes),
+                    evaluator_factory=evaluator_factory(b, records=records, processes=args.placement_processes),
                 )  # fmt: skip
             except ValueError as err:  # placement infeasible, model does not fit, ...
                 print(f"llmfleet sim: policy {b.name}: {err}", file=sys.stderr)

@@ -21,7 +21,7 @@ gRPC threads can use it safely).
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from llmfleet.costmodel import ProfileRecord
@@ -29,23 +29,12 @@ from llmfleet.policies.dispatch import make_dispatch_policy
 from llmfleet.policies.placement.base import InstancePlan, PlanScore
 from llmfleet.policies.placement.dedicated_even import smallest_tp
 from llmfleet.sim.cost import CostBook
+from llmfleet.sim.metrics import slo_met
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.simulator import Simulator
-from llmfleet.sim.spec import SimService, SimSpec
+from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import WorkloadRequest
-
-
-def meets_slo(r: RequestRecord, svc: SimService) -> bool:
-    """Whether a finished request meets every objective of its service's SLO."""
-    slo = svc.slo
-    if r.latency_s > slo.latency_scale * r.solo_s:
-        return False
-    if slo.ttft_s is not None and r.ttft_s > slo.ttft_s:
-        return False
-    if slo.tpot_s is not None and r.tpot_s > slo.tpot_s:
-        return False
-    return slo.deadline_s is None or r.latency_s <= slo.deadline_s
 
 
 class _Scorer:
@@ -100,7 +89,7 @@ class _Scorer:
         for r in records:
             latency = r.latency_s if r.done else end - r.arrival_s
             latency_sum[r.service] += latency / mean_solo[r.service] if mean_solo[r.service] > 0 else 0.0
-            if r.done and meets_slo(r, svc[r.service]):
+            if slo_met(r, svc[r.service].slo):
                 met += 1
             else:
                 violations[r.service] += 1
@@ -178,3 +167,15 @@ class SimPlanEvaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def evaluator_factory(
+    bundle: PolicyBundle, *, records: Sequence[ProfileRecord] = (), processes: int = 1
+) -> Callable[[SimSpec, Sequence[WorkloadRequest], float], SimPlanEvaluator]:
+    """``(spec, requests, now) -> SimPlanEvaluator`` simulating candidate plans with ``bundle``'s engine
+    policy and dispatch: what ``simulate(evaluator_factory=...)`` and the placement loop take."""
+
+    def make(spec: SimSpec, requests: Sequence[WorkloadRequest], now: float) -> SimPlanEvaluator:
+        return SimPlanEvaluator(spec, requests, bundle, records=records, processes=processes)
+
+    return make

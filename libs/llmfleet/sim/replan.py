@@ -46,6 +46,7 @@ from llmfleet.policies.placement import (
     moves,
 )
 from llmfleet.policies.placement.adaptive_interval import performance
+from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
 from llmfleet.sim.metrics import slo_met
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Simulator
@@ -209,8 +210,7 @@ class PlacementLoop:
         self.adaptive = adaptive
         self.mode = mode
         self.confirm_intervals = confirm_intervals
-        self._proposal: tuple | None = None  # the changed plan proposed in a row (hysteresis), and how often
-        self._seen = 0
+        self.hysteresis = Hysteresis(confirm_intervals)  # the live leader's rule
         self.decisions: list[Decision] = []
         self._start = 0.0
         self._last = 0.0  # the previous tick
@@ -228,7 +228,7 @@ class PlacementLoop:
         sim.at(start + first, self.tick)
 
     def _score_m(self) -> float | None:
-        score = getattr(self.planner, "last_score", None)
+        score = self.planner.last_score
         if score is None or not score.requests:
             return self._m_est
         if not score.normalized_latency > 0:
@@ -298,13 +298,12 @@ class PlacementLoop:
             status = "skipped" if isinstance(e, _Skip) else "infeasible"
             decision = Decision(now, plan_summary(current), sim.gpus_used, status=status, error=str(e))
         finally:
-            close = getattr(evaluator, "close", None)
-            if callable(close):
-                close()
+            if evaluator is not None:
+                evaluator.close()
         if decision.status in ("applied", "unchanged"):
             self._m_est = self._score_m()
         decision.next_interval_s = interval
-        decision.reason = str(getattr(self.planner, "last_reason", "") or "")
+        decision.reason = self.planner.last_reason
         decision.m_real, decision.m_est = m_real, m_est
         self.decisions.append(decision)
         self._last = now
@@ -343,7 +342,7 @@ class PlacementLoop:
         summary, gpus = plan_summary(after), gpus_in_use(target, pool)
         n_moves = moves(current, target)
         if n_moves == 0:
-            self._proposal, self._seen = None, 0
+            self.hysteresis.reset()
             return Decision(now, summary, gpus, status="unchanged")
         for eid, ms in target.items():  # every instance must hold its models before any change
             if ms:
@@ -354,15 +353,10 @@ class PlacementLoop:
             tuple(sorted((e, tuple(sorted(ms))) for e, ms in target.items() if e not in fresh)),
             tuple(sorted((tps[e], tuple(sorted(target[e]))) for e in fresh if target[e])),
         )
-        self._seen = self._seen + 1 if key == self._proposal else 1
-        self._proposal = key
-        served = {m for ms in current.values() for m in ms}
-        urgent = bool({m for ms in target.values() for m in ms} - served)
-        if self._seen < self.confirm_intervals and not urgent:
+        if not self.hysteresis.decide(key, urgent=bool(newly_served(current, target))):
             note = f"proposed {summary}; applied if proposed for {self.confirm_intervals} intervals"
             return Decision(now, plan_summary([InstancePlan(e, ms, tps[e]) for e, ms in current.items() if ms]),
                             sim.gpus_used, n_moves, [note], status="proposed")  # fmt: skip
-        self._proposal, self._seen = None, 0
         changes = []
         for eid, ms in sorted(target.items()):
             if eid in fresh or set(ms) == set(current[eid]):

@@ -240,9 +240,8 @@ def simulate(
         try:
             plan = planner.place(gpus, service_loads(workload, spec), context)
         finally:
-            close = getattr(context.evaluator if context else None, "close", None)
-            if callable(close):
-                close()
+            if context is not None and context.evaluator is not None:
+                context.evaluator.close()
     cost = CostBook.build(spec.cluster.hw, spec.archs(), records)
     dispatch = make_dispatch_policy(policy.dispatch, **policy.dispatch_options)
     period = max(workload.duration_s, 1.0) / max(samples, 1)

@@ -135,16 +135,11 @@ def replay(
     return replay_index(timestamps, rate_scale=rate_scale, start_s=start_s, end_s=end_s)[1]
 
 
-def piecewise_poisson(segments: Sequence[tuple[float, float]], *, seed: SeedLike = 0) -> np.ndarray:
-    """Non-homogeneous Poisson arrivals with a piecewise-constant rate.
-
-    ``segments`` is a sequence of ``(duration_s, rate_rps)``, back to back from t = 0; a rate of 0 is an
-    idle period. Each segment draws a Poisson(rate · duration) count of uniform times within it.
-    """
+def _segments(segments: Sequence[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """Validated ``(start_s, duration_s, rate_rps)`` of back-to-back ``(duration_s, rate_rps)`` segments."""
     if len(segments) == 0:
         raise ValueError("segments must not be empty")
-    rng = rng_from(seed)
-    pieces, t0 = [], 0.0
+    out, t0 = [], 0.0
     for i, seg in enumerate(segments):
         try:
             dur, rate = (float(x) for x in seg)
@@ -154,9 +149,22 @@ def piecewise_poisson(segments: Sequence[tuple[float, float]], *, seed: SeedLike
             raise ValueError(f"segment {i}: duration_s must be finite and > 0, got {dur}")
         if not (math.isfinite(rate) and rate >= 0):
             raise ValueError(f"segment {i}: rate_rps must be finite and >= 0, got {rate}")
+        out.append((t0, dur, rate))
+        t0 += dur
+    return out
+
+
+def piecewise_poisson(segments: Sequence[tuple[float, float]], *, seed: SeedLike = 0) -> np.ndarray:
+    """Non-homogeneous Poisson arrivals with a piecewise-constant rate.
+
+    ``segments`` is a sequence of ``(duration_s, rate_rps)``, back to back from t = 0; a rate of 0 is an
+    idle period. Each segment draws a Poisson(rate · duration) count of uniform times within it.
+    """
+    rng = rng_from(seed)
+    pieces = []
+    for t0, dur, rate in _segments(segments):
         count = rng.poisson(rate * dur)
         pieces.append(np.sort(t0 + rng.uniform(0.0, dur, count)))
-        t0 += dur
     return np.concatenate(pieces)
 
 
@@ -166,23 +174,12 @@ def piecewise_gamma(
     """Bursty arrivals with a piecewise-constant rate: in each ``(duration_s, rate_rps)`` segment (back
     to back from t = 0; rate 0 is idle), Gamma-renewal gaps with mean ``1 / rate`` and coefficient of
     variation ``cv`` (1 = exponential gaps). The renewal restarts at each segment's start."""
-    if len(segments) == 0:
-        raise ValueError("segments must not be empty")
     _positive("cv", cv)
     rng = rng_from(seed)
-    pieces, t0 = [], 0.0
-    for i, seg in enumerate(segments):
-        try:
-            dur, rate = (float(x) for x in seg)
-        except (TypeError, ValueError):
-            raise ValueError(f"segment {i}: expected (duration_s, rate_rps), got {seg!r}") from None
-        if not (math.isfinite(dur) and dur > 0):
-            raise ValueError(f"segment {i}: duration_s must be finite and > 0, got {dur}")
-        if not (math.isfinite(rate) and rate >= 0):
-            raise ValueError(f"segment {i}: rate_rps must be finite and >= 0, got {rate}")
+    pieces = []
+    for t0, dur, rate in _segments(segments):
         if rate > 0:
             pieces.append(t0 + gamma(rate, cv, duration_s=dur, seed=rng))
-        t0 += dur
     return np.concatenate(pieces) if pieces else np.empty(0)
 
 

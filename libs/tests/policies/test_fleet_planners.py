@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from llmfleet.costmodel import hardware
 from llmfleet.policies.placement import (
     AladdinPlanner,
     EngineSlot,
@@ -18,6 +19,7 @@ from llmfleet.policies.placement import (
     make_placement_policy,
     moves,
 )
+from llmfleet.types import Slo
 
 POOL = GpuPool("a100-80gb", 32, 8)
 
@@ -93,3 +95,17 @@ def test_assign_keeps_exact_matches_and_moves_least():
         assign_plan([InstancePlan("w", ("m1",), 2)], pool)
     with pytest.raises(ValueError, match="unique"):
         assign_plan([], [EngineSlot("a"), EngineSlot("a")])
+
+
+def test_t_dec_comes_from_the_services_slo_when_not_given():
+    """A model outside Aladdin's Table 2 (a tiny CPU model) is sized from its services' slo.tpot_s:
+    the strictest one; an explicit t_dec wins; neither → infeasible naming the model."""
+    pool = GpuPool("cpu", 4, 1)
+    loose = ServiceLoad("a", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.5))
+    strict = ServiceLoad("b", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.05))
+    p = AladdinPlanner(k5=1.0)
+    assert p.sizing._slo("tiny-llama", hardware("cpu"), [loose, strict]) == 0.05
+    assert len(p.place(pool, [loose, strict])) == 2  # ⌈1·2⌉ workers of tp 1
+    assert AladdinPlanner(k5=1.0, t_dec=0.3).sizing._slo("tiny-llama", hardware("cpu"), [strict]) == 0.3
+    with pytest.raises(PlacementInfeasible, match=r"no service of it sets slo\.tpot_s"):
+        AladdinPlanner(k5=1.0).place(pool, [ServiceLoad("c", "tiny-llama", 1.0, 20, 20)])

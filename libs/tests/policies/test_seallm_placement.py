@@ -32,6 +32,9 @@ class HandEvaluator:
         self.reqs, self.need = reqs, need
         self.calls: list[list[InstancePlan]] = []
 
+    def close(self) -> None:
+        pass
+
     def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
         out = []
         for plan in plans:

@@ -13,6 +13,7 @@ from llmfleet.policies.placement import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     PlanScore,
     assign_plan,
     moves,
@@ -33,7 +34,7 @@ A = [InstancePlan("x", ("llama2-7b",), 1), InstancePlan("y", ("llama3-8b",), 1)]
 B = [InstancePlan("x", ("llama2-7b", "llama3-8b"), 1), InstancePlan("y", ("llama2-7b",), 1)]
 
 
-class Scripted:
+class Scripted(PlannerReport):
     """A planner replaying ``script`` (plans, exceptions to raise, or None: keep the current plan)."""
 
     name = "scripted"

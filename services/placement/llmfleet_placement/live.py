@@ -30,10 +30,10 @@ from llmfleet.coord import EtcdClient, LeaderElection, PrefixView
 from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
 from llmfleet.monitor import Decision
 from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
+from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
 from llmfleet.types import DesiredPlacement, NodeRecord
 
 from llmfleet_placement.planning import (
-    Hysteresis,
     LiveEngine,
     ModelNames,
     PlanResult,
@@ -154,10 +154,9 @@ class LivePlacementLoop:
             self._failed(f"infeasible plan: {e}", reason)
             return None
         finally:
-            close = getattr(evaluator, "close", None)
-            if callable(close):
-                close()
-        why = getattr(self.planner, "last_reason", "")  # the planner's own account, when it gives one
+            if evaluator is not None:
+                evaluator.close()
+        why = self.planner.last_reason  # the planner's own account, when it gives one
         if why:
             reason += f"; {self.policy}: {why}"
         current = current_state(engines)
@@ -167,7 +166,7 @@ class LivePlacementLoop:
             log.debug("placement: plan unchanged (%s)", reason)
             return None
         needed = {s.model for s in specs}
-        urgent = bool(set(uncovered(current, needed)) - set(uncovered(result.target, needed)))
+        urgent = bool(newly_served(current, result.target, needed))
         change = describe_change(current, result.target)
         if not self.hysteresis.decide(result.target, urgent):
             if self.hysteresis.seen == 1:  # once per new proposal

@@ -87,8 +87,8 @@ def live_engines(nodes: Iterable[NodeRecord], placements: Mapping[str, DesiredPl
         out.append(
             LiveEngine(
                 engine_id=n.node_id,
-                tp=max(int(getattr(n, "tp", 1) or 1), 1),
-                hardware=str(getattr(n, "hardware", "") or ""),
+                tp=max(n.tp, 1),
+                hardware=n.hardware,
                 hosted=tuple(n.models),
                 desired=tuple(m.name for m in p.models) if p is not None else None,
             )
@@ -199,28 +199,3 @@ def describe_loads(loads: Sequence[ServiceLoad]) -> str:
         att = f" (SLO {s.attainment:.2f})" if s.attainment is not None else ""
         parts.append(f"{s.name} {s.rate_rps:.2f} rps{att}")
     return ", ".join(parts) or "no services"
-
-
-@dataclass
-class Hysteresis:
-    """Do not flap: a changed target is applied once the planner proposed the same target
-    ``confirm`` intervals in a row. Applied at once: the first plan (nothing in etcd) and a target
-    that serves a model the current state leaves unserved (an engine died, a new service)."""
-
-    confirm: int = 2
-    candidate: Assignment | None = None
-    seen: int = 0
-
-    def decide(self, target: Assignment, urgent: bool) -> bool:
-        """Count ``target`` (already known to differ from the current state); True = apply it now."""
-        if target == self.candidate:
-            self.seen += 1
-        else:
-            self.candidate, self.seen = dict(target), 1
-        if urgent or self.seen >= self.confirm:
-            self.reset()
-            return True
-        return False
-
-    def reset(self) -> None:
-        self.candidate, self.seen = None, 0

@@ -10,7 +10,13 @@ import pytest
 from llmfleet.config import ClusterConfig
 from llmfleet.coord import LeaderElection, node_view, placement_view
 from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
-from llmfleet.policies.placement import InstancePlan, PlacementInfeasible, PlacementNeeds, ServiceLoad
+from llmfleet.policies.placement import (
+    InstancePlan,
+    PlacementInfeasible,
+    PlacementNeeds,
+    PlannerReport,
+    ServiceLoad,
+)
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 from llmfleet_placement.controller import PlacementController
 from llmfleet_placement.live import LivePlacementLoop
@@ -24,7 +30,7 @@ CONFIG = ClusterConfig.model_validate(
 )
 
 
-class ScriptedPlanner:
+class ScriptedPlanner(PlannerReport):
     """Returns ``plan`` (or raises ``error``); counts calls."""
 
     name = "scripted"

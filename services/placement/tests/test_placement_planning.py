@@ -9,12 +9,13 @@ from llmfleet.policies.placement import (
     InstancePlan,
     PlacementContext,
     PlacementInfeasible,
+    PlannerReport,
     ServiceLoad,
     make_placement_policy,
 )
+from llmfleet.policies.placement.hysteresis import Hysteresis
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec
 from llmfleet_placement.planning import (
-    Hysteresis,
     LiveEngine,
     ModelNames,
     current_instances,
@@ -103,7 +104,7 @@ def test_loads_use_catalog_names_and_fill_unreported_services() -> None:
     assert loads[0].slo == specs[0].slo
 
 
-class FixedPlanner:
+class FixedPlanner(PlannerReport):
     name = "fixed"
     needs = make_placement_policy("colocate_all").needs
 

@@ -16,6 +16,7 @@ from llmfleet.policies.placement.base import (
     PlacementNeeds,
     PlacementPlanner,
     PlanEvaluator,
+    PlannerReport,
     PlanScore,
     ServiceLoad,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "PlacementPlanner",
     "PlanEvaluator",
     "PlanScore",
+    "PlannerReport",
     "SeaLLMPlacement",
     "ServiceLoad",
     "StaticConfigPlacement",

@@ -30,6 +30,7 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     ServiceLoad,
 )
 from llmfleet.policies.scaling.aladdin_linear import AladdinLinearScaler
@@ -44,7 +45,7 @@ def _per_model(value: PerModel, model: str) -> float | None:
     return None if value is None else float(value)
 
 
-class AladdinPlanner:
+class AladdinPlanner(PlannerReport):
     """N_g* per model and N_w = ⌈k5·r + c5⌉ workers of it; see the module docstring.
 
     Args:

@@ -37,6 +37,7 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     ServiceLoad,
 )
 
@@ -145,11 +146,12 @@ def paper_t_dec(model: str, hw: Hardware) -> float | None:
     return PAPER_T_DEC.get((model_arch(model).name, family))
 
 
-class AladdinWorkers:
+class AladdinWorkers(PlannerReport):
     """Workers of N* GPUs per model (Eq. 6), GPUs split by demand; see the module docstring.
 
     Args:
-        t_dec: ATGT SLO in seconds, one for all models or per model; default Table 2 of the paper.
+        t_dec: ATGT SLO in seconds, one for all models or per model; default the strictest ``slo.tpot_s``
+            of the model's services (the live config's SLO), else Table 2 of the paper.
         default_seq_tokens: l_in + l_out assumed for services that give no lengths.
         iteration_time: model -> IterationTime override (default: roofline of the catalog entries).
     """
@@ -169,12 +171,16 @@ class AladdinWorkers:
         self.default_seq_tokens = float(default_seq_tokens)
         self.iteration_time = dict(iteration_time or {})
 
-    def _slo(self, model: str, hw: Hardware) -> float:
+    def _slo(self, model: str, hw: Hardware, services: Sequence[ServiceLoad]) -> float:
         t = self.t_dec.get(model) if isinstance(self.t_dec, Mapping) else self.t_dec
+        if t is None:
+            t = min((s.slo.tpot_s for s in services if s.slo.tpot_s is not None), default=None)
         if t is None:
             t = paper_t_dec(model, hw)
         if t is None:
-            raise PlacementInfeasible(f"model {model!r}: no T_dec given and none in Aladdin's Table 2")
+            raise PlacementInfeasible(
+                f"model {model!r}: no T_dec given, no service of it sets slo.tpot_s, none in Aladdin's Table 2"
+            )
         return float(t)
 
     def worker_config(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> dict[str, dict[str, float]]:
@@ -196,7 +202,7 @@ class AladdinWorkers:
             w = sum(x for x, _ in lens)
             seq = sum(x * ln for x, ln in lens) / w if w > 0 else self.default_seq_tokens
             m_r = seq * arch.kv_bytes_per_token
-            t_dec = self._slo(m, hw)
+            t_dec = self._slo(m, hw, svcs)
             it = self.iteration_time.get(m)
             try:
                 n = optimal_tp(arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it)

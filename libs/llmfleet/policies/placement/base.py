@@ -90,6 +90,10 @@ class PlanEvaluator(Protocol):
         """Score each plan on the recent workload (in parallel where it can), in order."""
         ...
 
+    def close(self) -> None:
+        """Release what scoring holds (worker processes); the caller is done with it."""
+        ...
+
 
 @dataclass(frozen=True)
 class PlacementNeeds:
@@ -111,9 +115,19 @@ class PlacementContext:
     infeasible: dict[str, int] = field(default_factory=dict)
 
 
+class PlannerReport:
+    """What every planner tells about its last plan (read by the simulator's loop and the live
+    leader's decision log): why it chose it and, when it simulated it, its score (SeaLLM's M_est)."""
+
+    last_reason: str = ""
+    last_score: PlanScore | None = None
+
+
 class PlacementPlanner(Protocol):
     name: str
     needs: ClassVar[PlacementNeeds]
+    last_reason: str
+    last_score: PlanScore | None
 
     def place(
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None

@@ -25,12 +25,13 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     ServiceLoad,
 )
 from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
 
 
-class ColocateAll:
+class ColocateAll(PlannerReport):
     """Every instance hosts every model; TP fits the summed weights (or is given)."""
 
     name = "colocate_all"

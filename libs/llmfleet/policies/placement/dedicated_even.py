@@ -28,6 +28,7 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     ServiceLoad,
 )
 
@@ -57,7 +58,7 @@ def smallest_tp(
     return None
 
 
-class DedicatedEven:
+class DedicatedEven(PlannerReport):
     """Equal GPU share per model (leftovers by request rate), smallest fitting TP, one model per instance."""
 
     name = "dedicated_even"

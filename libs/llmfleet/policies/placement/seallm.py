@@ -43,6 +43,7 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlannerReport,
     PlanScore,
     ServiceLoad,
 )
@@ -68,7 +69,7 @@ class _Candidate:
     added: list[tuple[str, str]] = field(default_factory=list)  # (group, service) in order
 
 
-class SeaLLMPlacement:
+class SeaLLMPlacement(PlannerReport):
     """Algorithm 1 of SeaLLM; see the module docstring. Needs a :class:`PlanEvaluator` in the context.
 
     Args:
