@@ -1,7 +1,7 @@
 """Capacity by replay: the fewest workers that serve a workload within its SLO, and Aladdin's Eq. 7 fit.
 
 :func:`workers_needed` replays ``workload`` on k identical workers (``tp`` GPUs each, one model) for
-increasing k — doubling, then bisection — and returns the smallest k whose SLO attainment (the
+k found by :func:`fewest_passing` (halving or doubling from a guess, then bisection) and returns the smallest k whose SLO attainment (the
 ``slo`` definition of :mod:`llmfleet.sim.metrics`: ``aladdin``, ``seallm`` or ``uellm``) reaches
 ``target``. Attainment is assumed monotone in k (more workers never hurt: true for the dispatch
 policies here up to simulation noise; the bisection returns the smallest k it saw meet the target).
@@ -53,6 +53,39 @@ def attainment_with(
     return float(value)
 
 
+def fewest_passing(ok: Callable[[int], bool], guess: int = 1, cap: int = 256) -> int | None:
+    """The smallest n in [1, cap] with ``ok(n)``, assuming ``ok`` is monotone: from ``guess``, halve
+    while it passes or double while it fails, then bisect. None when even ``cap`` fails."""
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    n = min(max(1, guess), cap)
+    if ok(n):
+        lo, hi = 0, n
+        while hi > 1:
+            m = max(1, hi // 2)
+            if not ok(m):
+                lo = m
+                break
+            hi = m
+    else:
+        lo, hi = n, 0
+        while not hi:
+            if lo >= cap:
+                return None
+            m = min(cap, lo * 2)
+            if ok(m):
+                hi = m
+            else:
+                lo = m
+    while hi - lo > 1:
+        m = (lo + hi) // 2
+        if ok(m):
+            hi = m
+        else:
+            lo = m
+    return hi
+
+
 def workers_needed(
     spec: SimSpec,
     workload: Workload,
@@ -76,21 +109,10 @@ def workers_needed(
             seen[k] = attainment_with(spec, workload, bundle, model, tp, k, slo, predict)
         return seen[k]
 
-    lo, hi = 0, max(1, start)  # invariant: lo fails (0 = nothing tried), hi is the candidate
-    while att(hi) < target:
-        lo, hi = hi, hi * 2
-        if hi > max_workers:
-            if att(max_workers) < target:
-                return CapacityPoint(0, 0, att(max_workers), len(seen))
-            hi = max_workers
-            break
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if att(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return CapacityPoint(hi, hi * tp, att(hi), len(seen))
+    n = fewest_passing(lambda k: att(k) >= target, start, max_workers)
+    if n is None:
+        return CapacityPoint(0, 0, att(max_workers), len(seen))
+    return CapacityPoint(n, n * tp, att(n), len(seen))
 
 
 def fit_worker_scaler(

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from llmfleet.costmodel import RooflineModel, hardware, model_arch
 from llmfleet.policies.placement import InstancePlan, optimal_tp
+from llmfleet.sim.capacity import fewest_passing
 from llmfleet.sim.run import PolicyBundle, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.types import Slo
@@ -114,34 +115,7 @@ class _Search:
         return self.eval(n)["attainment"] >= TARGET
 
     def run(self, guess: int) -> int | None:
-        cap = max(1, MAX_GPUS // self.tp)
-        n = min(max(1, guess), cap)
-        if self.ok(n):
-            hi, lo = n, 0
-            while hi > 1:
-                m = max(1, hi // 2)
-                if self.ok(m):
-                    hi = m
-                else:
-                    lo = m
-                    break
-        else:
-            lo, hi = n, None
-            while hi is None:
-                if lo >= cap:
-                    return None
-                m = min(cap, lo * 2)
-                if self.ok(m):
-                    hi = m
-                else:
-                    lo = m
-        while hi - lo > 1:
-            m = (lo + hi) // 2
-            if self.ok(m):
-                hi = m
-            else:
-                lo = m
-        return hi
+        return fewest_passing(self.ok, guess, max(1, MAX_GPUS // self.tp))
 
 
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
