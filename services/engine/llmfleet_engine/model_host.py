@@ -29,7 +29,7 @@ from llmfleet.kvblocks.storage import KvStorage
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.memory import RESERVED_MODEL, MemoryPlan, peak_activation_bytes
-from llmfleet_engine.models import DEFAULT_DTYPE, LoadedModel, ModelLoadError, load_model
+from llmfleet_engine.models import LoadedModel, ModelLoadError, load_model
 from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
 from llmfleet_engine.outputs import (
     ExecutorClosedError,
@@ -153,10 +153,7 @@ class ModelHost:
             self._check_open()
             existing = self._models.get(spec.name)
             if existing is not None:
-                if (existing.loaded.source, existing.loaded.dtype) == (
-                    spec.source,
-                    spec.dtype or DEFAULT_DTYPE,
-                ):
+                if existing.loaded.serves(spec):
                     return LoadResult(existing.loaded, already_loaded=True)
                 raise ModelConflictError(
                     f"model {spec.name!r} is already loaded from {existing.loaded.source!r} "

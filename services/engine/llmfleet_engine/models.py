@@ -113,6 +113,14 @@ class LoadedModel:
     def spec(self) -> ModelSpec:
         return ModelSpec(name=self.name, source=self.source, dtype=self.dtype, device_map=self.device_map)
 
+    def serves(self, spec: ModelSpec) -> bool:
+        """Whether this is what ``spec`` asks for: the same source, dtype and device map."""
+        return (spec.source, spec.dtype or DEFAULT_DTYPE, tuple(spec.device_map)) == (
+            self.source,
+            self.dtype,
+            self.device_map,
+        )
+
 
 def tiny_config(arch: str) -> PretrainedConfig:
     """The config of ``tiny://<arch>`` (vocab and bos/eos/pad ids taken from the tiny tokenizer)."""

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from llmfleet.types import ModelSpec
 
-from llmfleet_engine.models import DEFAULT_DTYPE, LoadedModel
+from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.outputs import LoadResult, ReconcileResult, ResourceExhaustedError
 
 
@@ -28,8 +28,8 @@ class _Backend(Protocol):
 
 
 def is_stale(spec: ModelSpec | None, model: LoadedModel) -> bool:
-    """``model`` is not what ``spec`` asks for (not desired, or from another source or dtype)."""
-    return spec is None or (spec.source, spec.dtype or DEFAULT_DTYPE) != (model.source, model.dtype)
+    """``model`` is not what ``spec`` asks for (not desired, or another source, dtype or device map)."""
+    return spec is None or not model.serves(spec)
 
 
 def reconcile(

@@ -115,3 +115,20 @@ def test_model_spec_device_map_json_round_trip() -> None:
     old = json.dumps({"engine_id": "e0", "models": [{"name": "a", "source": "s", "dtype": "float16"}]})
     assert DesiredPlacement.from_json(old).models == (ModelSpec("a", "s", "float16"),)
     assert dataclasses.replace(mapped, device_map=()).device_map == ()
+
+
+async def test_a_new_device_map_is_a_new_load_not_already_loaded(make_executor, llama: LoadedModel) -> None:
+    """Same name, source and dtype but another map: load() refuses it as a conflict and reconcile
+    reloads the model with the new map (it used to keep the old one as "already loaded")."""
+    from llmfleet_engine.outputs import ModelConflictError
+
+    plain = ModelSpec("m", "tiny://llama")
+    mapped = dataclasses.replace(plain, device_map=helr_cpu_map(llama))
+    executor = make_executor()
+    executor.load(plain)
+    assert executor.load(plain).already_loaded
+    with pytest.raises(ModelConflictError):
+        executor.load(mapped)
+    result = executor.reconcile([mapped])
+    assert "m" in result.unloaded and result.loaded == ["m"] and not result.errors
+    assert executor.models["m"].device_map == mapped.device_map
