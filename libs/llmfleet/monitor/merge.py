@@ -73,4 +73,5 @@ def merge_services(parts: Sequence[ServiceStats], max_samples: int = 512) -> Ser
     complete = cut is None and len(samples) <= max_samples
     samples = samples[-max_samples:] if max_samples else []
     model = next((p.model for p in parts if p.model), "")
-    return ServiceStats(parts[0].service, model, windows, tuple(samples), complete)
+    infeasible = sum(p.infeasible for p in parts)
+    return ServiceStats(parts[0].service, model, windows, tuple(samples), complete, infeasible)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmfleet.monitor.merge import merge_services
 from llmfleet.monitor.records import Completion
@@ -73,6 +73,7 @@ class ServiceMonitor:
     solo: SoloTime | None = None
     start_s: float | None = None
     _services: dict[str, ServiceWindow] = field(default_factory=dict)
+    _infeasible: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.windows_s = check_windows(self.windows_s)
@@ -93,6 +94,10 @@ class ServiceMonitor:
     def complete(self, c: Completion) -> None:
         self._window(c.service, c.model, c.arrival_s).complete(c)
 
+    def count_infeasible(self, service: str) -> None:
+        """Dispatch found no feasible worker for a request of ``service`` (Aladdin's scale-out signal)."""
+        self._infeasible[service] = self._infeasible.get(service, 0) + 1
+
     def services(self) -> list[str]:
         return sorted(self._services)
 
@@ -111,7 +116,7 @@ class ServiceMonitor:
                 out.append(empty_stats(name, self.windows_s, now, self.start_s))
             else:
                 out.append(w.stats(now, slos.get(name), self.start_s, self.solo))
-        return out
+        return [replace(s, infeasible=self._infeasible.get(s.service, 0)) for s in out]
 
     def loads(
         self,

@@ -140,6 +140,8 @@ class ServiceStats:
     windows: tuple[WindowStats, ...] = ()
     samples: tuple[RequestSample, ...] = ()
     samples_complete: bool = True
+    # requests the reporter's dispatch found no feasible worker for, since it started (cumulative)
+    infeasible: int = 0
 
     def window(self, window_s: float | None = None) -> WindowStats:
         """The window of ``window_s`` seconds (else the shortest one at least that long, else the

@@ -42,6 +42,7 @@ def stats_to_proto(s: ServiceStats, now: float, samples: bool = True) -> placeme
         model=s.model,
         windows=[window_to_proto(w) for w in s.windows],
         samples_complete=s.samples_complete if samples else False,
+        infeasible=s.infeasible,
     )
     if samples:
         msg.samples.extend(
@@ -103,7 +104,7 @@ def stats_from_proto(m: placement_pb2.ServiceStats, now: float) -> ServiceStats:
         _check(f"{where} sample", x.age_s, x.prompt_tokens, x.output_tokens)
         samples.append(RequestSample(now - x.age_s, x.prompt_tokens, x.output_tokens))
     samples.sort(key=lambda x: x.arrival_s)
-    return ServiceStats(m.service, m.model, windows, tuple(samples), m.samples_complete)
+    return ServiceStats(m.service, m.model, windows, tuple(samples), m.samples_complete, m.infeasible)
 
 
 def pool_to_proto(pool: EnginePool, plan: placement_pb2.PlacementPlan) -> None:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.dispatch import (
+    CountsInfeasible,
     DispatchPolicy,
     DispatchRequest,
     EngineCandidate,
@@ -141,7 +142,6 @@ class Simulator(Fleet):
         self._pending = False  # arrivals not yet read (during run)
         self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in self._archs.items()}
         # per model: arrivals a dispatcher counting ``infeasible`` (Aladdin best fit) found no worker for
-        self._counts_infeasible = isinstance(getattr(dispatch, "infeasible", None), int)
         self.infeasible: dict[str, int] = {}
         self._init_fleet()
 
@@ -287,9 +287,9 @@ class Simulator(Fleet):
         """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none)."""
         if not self.load_blind:
             self._refresh()
-        before = self.dispatch.infeasible if self._counts_infeasible else 0  # type: ignore[attr-defined]
+        before = self.dispatch.infeasible if isinstance(self.dispatch, CountsInfeasible) else 0
         iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), exclude, request=req)
-        if self._counts_infeasible and self.dispatch.infeasible != before:  # type: ignore[attr-defined]
+        if isinstance(self.dispatch, CountsInfeasible) and self.dispatch.infeasible != before:
             self.infeasible[svc.model] = self.infeasible.get(svc.model, 0) + 1
         return iid
 

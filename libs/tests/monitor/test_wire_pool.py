@@ -138,3 +138,19 @@ def test_monitor_is_pure():
                 f"{path.name}: {n}" for n in names if any(n == f or n.startswith(f + ".") for f in forbidden)
             ]
     assert not offenders
+
+
+def test_infeasible_counts_travel_and_merge():
+    from llmfleet.monitor import FleetMonitor, ServiceMonitor
+
+    a, b = ServiceMonitor(), ServiceMonitor()
+    for m, n in ((a, 3), (b, 2)):
+        m.arrive("chat", "tiny-llama", 1.0)
+        for _ in range(n):
+            m.count_infeasible("chat")
+    fleet = FleetMonitor()
+    for src, m in (("s1", a), ("s2", b)):
+        wire = [stats_from_proto(stats_to_proto(s, 2.0), 2.0) for s in m.stats(2.0)]
+        assert wire[0].infeasible == m.stats(2.0)[0].infeasible
+        fleet.update(src, wire, 2.0)
+    assert {s.service: s.infeasible for s in fleet.stats(2.0)} == {"chat": 5}

@@ -42,12 +42,19 @@ from llmfleet_placement.planning import (
     describe_change,
     describe_loads,
     gpu_pool,
+    infeasible_since,
     live_engines,
     plan_target,
     planner_loads,
     uncovered,
 )
-from llmfleet_placement.workload import EvaluatorSource, NoTraffic, ReportingSource, WorkloadSource
+from llmfleet_placement.workload import (
+    EvaluatorSource,
+    InfeasibleSource,
+    NoTraffic,
+    ReportingSource,
+    WorkloadSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,7 @@ class LivePlacementLoop:
     hysteresis: Hysteresis = field(init=False)
     _last_error: str = ""
     _term_start: float | None = None
+    _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -143,8 +151,16 @@ class LivePlacementLoop:
                     f"policy {self.policy} scores plans by simulation but has no recent workload", reason
                 )
                 return None
+        infeasible = (
+            infeasible_since(self.workload.infeasible(now), self._infeasible_seen, specs, self.names)
+            if isinstance(self.workload, InfeasibleSource)
+            else {}
+        )
         context = PlacementContext(
-            current=current_instances(engines, self.names), evaluator=evaluator, now=now
+            current=current_instances(engines, self.names),
+            evaluator=evaluator,
+            now=now,
+            infeasible=infeasible,
         )
         try:  # a search can take seconds: off the event loop (the leader lease is kept alive on it)
             result = await asyncio.to_thread(

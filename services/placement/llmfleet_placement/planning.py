@@ -131,6 +131,22 @@ def planner_loads(
     return out
 
 
+def infeasible_since(
+    totals: Mapping[str, int], seen: dict[str, int], services: Sequence[ServiceSpec], names: ModelNames
+) -> dict[str, int]:
+    """Per catalog model: requests dispatch found no feasible worker for since the last call, from the
+    schedulers' cumulative per-service counts; updates ``seen``. A service seen for the first time
+    (a new leader) or whose count fell (a scheduler restarted) sets its baseline and adds nothing."""
+    model = {s.name: names.catalog(s.model) for s in services}
+    out: dict[str, int] = {}
+    for svc, n in totals.items():
+        before = seen.get(svc)
+        seen[svc] = n
+        if before is not None and n > before and svc in model:
+            out[model[svc]] = out.get(model[svc], 0) + n - before
+    return out
+
+
 @dataclass(frozen=True)
 class PlanResult:
     target: Assignment  # every live engine -> served models

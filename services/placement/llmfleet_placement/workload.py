@@ -37,6 +37,13 @@ class ReportingSource(Protocol):
 
 
 @runtime_checkable
+class InfeasibleSource(Protocol):
+    def infeasible(self, now: float) -> dict[str, int]:
+        """Per service: requests the schedulers' dispatch found no feasible worker for (cumulative)."""
+        ...
+
+
+@runtime_checkable
 class EvaluatorSource(Protocol):
     def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
         """Scores candidate plans on the recent workload (None: no recent workload to replay)."""
@@ -80,6 +87,9 @@ class MonitorWorkload:
 
     def has_data(self, now: float) -> bool:
         return self.monitor.age_s(now) < float("inf")
+
+    def infeasible(self, now: float) -> dict[str, int]:
+        return {s.service: s.infeasible for s in self.monitor.stats(now)}
 
     def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
         """A simulator scoring plans on the recent completed requests (None: none, or no config)."""

@@ -21,6 +21,7 @@ from llmfleet_placement.planning import (
     current_instances,
     describe_change,
     gpu_pool,
+    infeasible_since,
     live_engines,
     plan_target,
     planner_loads,
@@ -155,3 +156,22 @@ def test_hysteresis_needs_the_same_proposal_twice_unless_urgent() -> None:
     assert h.candidate is None
     assert h.decide(a, urgent=True)  # unserved model: at once
     assert Hysteresis(confirm=1).decide(a, urgent=False)
+
+
+def test_infeasible_since_turns_cumulative_service_counts_into_per_model_deltas():
+    specs = [
+        ServiceSpec("chat", "chat-model"),
+        ServiceSpec("chat2", "chat-model"),
+        ServiceSpec("sum", "sum-model"),
+    ]
+    seen: dict[str, int] = {}
+    # first sight (a new leader): baselines only, no spurious scale-out
+    assert infeasible_since({"chat": 40, "sum": 3}, seen, specs, NAMES) == {}
+    assert infeasible_since({"chat": 45, "chat2": 1, "sum": 3}, seen, specs, NAMES) == {"tiny-llama": 5}
+    assert infeasible_since({"chat": 45, "chat2": 4, "sum": 9}, seen, specs, NAMES) == {
+        "tiny-llama": 3,
+        "tiny-qwen2": 6,
+    }
+    # a scheduler restarted (its count fell): new baseline, nothing added
+    assert infeasible_since({"chat": 2, "chat2": 4, "sum": 9}, seen, specs, NAMES) == {}
+    assert infeasible_since({"chat": 3, "unknown": 7}, seen, specs, NAMES) == {"tiny-llama": 1}

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
-from llmfleet.policies.dispatch import DispatchRequest, FinishListener, NoCandidate
+from llmfleet.policies.dispatch import CountsInfeasible, DispatchRequest, FinishListener, NoCandidate
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
 
@@ -34,6 +34,10 @@ class RequestListener(Protocol):
     def arrived(self, rec: RequestRecord) -> None: ...
 
     def finished(self, rec: RequestRecord) -> None: ...
+
+    def infeasible(self, rec: RequestRecord) -> None:
+        """Dispatch found no feasible worker for ``rec`` (a ``CountsInfeasible`` policy counted it)."""
+        ...
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Relay:
             int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival,
         )  # fmt: skip
         for _ in range(self.max_attempts):
+            counted = policy.infeasible if isinstance(policy, CountsInfeasible) else 0
             try:
                 engine_id = policy.choose(
                     rec.model, self.directory.candidates(), frozenset(excluded), request=dreq
@@ -101,6 +106,12 @@ class Relay:
                 why = f"{e}" + (f"; last engine error: {last_error}" if last_error else "")
                 await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {why}")
                 return
+            if (
+                self.stats is not None
+                and isinstance(policy, CountsInfeasible)
+                and policy.infeasible != counted
+            ):
+                self.stats.infeasible(rec)
             node = self.directory.engines().get(engine_id)
             if node is None:
                 excluded.add(engine_id)

@@ -61,6 +61,9 @@ class StatsReporter:
         except Exception:  # statistics must never fail a request
             log.exception("stats: recording the arrival of %s failed", rec.request_id)
 
+    def infeasible(self, rec: RequestRecord) -> None:
+        self.monitor.count_infeasible(rec.service)
+
     def finished(self, rec: RequestRecord) -> None:
         """A request ended: completed (finish reason length/stop/eos) or failed; cancelled ones (the
         client left or cancelled) are not the service's outcome and are not recorded."""

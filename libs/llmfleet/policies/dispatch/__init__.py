@@ -6,6 +6,7 @@ from typing import Any
 
 from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
 from llmfleet.policies.dispatch.base import (
+    CountsInfeasible,
     DispatchContext,
     DispatchNeeds,
     DispatchPolicy,
@@ -61,6 +62,7 @@ __all__ = [
     "POLICIES",
     "AladdinBestFit",
     "BestFitKv",
+    "CountsInfeasible",
     "DispatchContext",
     "DispatchNeeds",
     "DispatchPolicy",

@@ -181,3 +181,11 @@ def eligible(
         why = f"all hosts excluded ({', '.join(hosts)})" if hosts else "no engine hosts it"
         raise NoCandidate(f"no engine available for model {model!r}: {why}")
     return out
+
+
+@runtime_checkable
+class CountsInfeasible(Protocol):
+    """A dispatcher that counts the requests it found no feasible worker for (Aladdin's best fit):
+    the simulator and the scheduler report the count per model, and Aladdin's planner scales out on it."""
+
+    infeasible: int
