@@ -143,6 +143,7 @@ class Simulator(Fleet):
         self._kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in self._archs.items()}
         # per model: arrivals a dispatcher counting ``infeasible`` (Aladdin best fit) found no worker for
         self.infeasible: dict[str, int] = {}
+        self._counting = dispatch if isinstance(dispatch, CountsInfeasible) else None  # checked once
         self._init_fleet()
 
     # ------------------------------------------------------------------------------------- plumbing
@@ -287,9 +288,10 @@ class Simulator(Fleet):
         """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none)."""
         if not self.load_blind:
             self._refresh()
-        before = self.dispatch.infeasible if isinstance(self.dispatch, CountsInfeasible) else 0
+        counting = self._counting
+        before = counting.infeasible if counting is not None else 0
         iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), exclude, request=req)
-        if isinstance(self.dispatch, CountsInfeasible) and self.dispatch.infeasible != before:
+        if counting is not None and counting.infeasible != before:
             self.infeasible[svc.model] = self.infeasible.get(svc.model, 0) + 1
         return iid
 
