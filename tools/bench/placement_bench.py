@@ -50,7 +50,7 @@ from llmfleet.policies.placement import (
 )
 from llmfleet.sim.capacity import workers_needed
 from llmfleet.sim.plan_eval import SimPlanEvaluator, evaluator_factory
-from llmfleet.sim.run import PolicyBundle, assign_services, preset, simulate
+from llmfleet.sim.run import PolicyBundle, assign_services, preset, service_loads, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.types import Slo
 from llmfleet.workload import Workload, WorkloadRequest, gamma
@@ -108,20 +108,6 @@ def bursty_workload(pairs: dict[str, np.ndarray], rate: float, duration_s: float
     return Workload(tuple(reqs))
 
 
-def loads_of(wl: Workload, sp: SimSpec) -> list[ServiceLoad]:
-    dur = max(wl.duration_s, 1e-9)
-    out = []
-    for s in sp.services:
-        rs = [r for r in wl.requests if r.service == s.name]
-        p = [r.prompt_tokens for r in rs] or [0]
-        o = [r.output_tokens for r in rs] or [0]
-        out.append(
-            ServiceLoad(s.name, s.model, len(rs) / dur, float(np.mean(p)), float(np.mean(o)),
-                        float(np.std(p)), float(np.std(o)), s.slo)
-        )  # fmt: skip
-    return out
-
-
 def seallm_place(
     sp: SimSpec, history: Workload, processes: int, caps=(2,), bundle: PolicyBundle | None = None
 ) -> tuple[list, dict]:
@@ -130,7 +116,7 @@ def seallm_place(
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     t0 = time.perf_counter()
     with SimPlanEvaluator(sp, history.requests, bundle or preset("seallm"), processes=processes) as ev:
-        plan = planner.place(gpus, loads_of(history, sp), PlacementContext(evaluator=ev))
+        plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
     info = {
         "search_s": time.perf_counter() - t0,
         "simulations": planner.evaluations,
