@@ -27,6 +27,42 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+def _status(endpoints: dict) -> dict:
+    env = os.environ | {"LLMFLEET_ETCD": endpoints["etcd"]["address"]}
+    st = subprocess.run(
+        [str(BIN / "llmfleet"), "status", "--json"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert st.returncode == 0, st.stderr
+    return json.loads(st.stdout)
+
+
+def _demo_scale_out(endpoints: dict, tmp_path: Path) -> None:
+    """The README's demo: the shipped config starts engine-2 idle; `llmfleet load` on chat makes the
+    aladdin leader give it chat's model, and `llmfleet status` shows the decision and the pool."""
+    pool = {e["engine_id"]: e for e in _status(endpoints)["fleet"]["pool"]}
+    assert pool["engine-2"]["idle"] and pool["engine-2"]["models"] == []
+    summary = tmp_path / "load.json"
+    load = subprocess.run(
+        [
+            str(BIN / "llmfleet"), "load", "--phase", "chat:8:25", "--report-s", "5",
+            "--scheduler", endpoints["scheduler"]["address"], "--json", str(summary),
+        ],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert load.returncode == 0, load.stdout + load.stderr
+    assert json.loads(summary.read_text())["errors"] == 0
+    deadline = time.monotonic() + 60
+    while True:
+        fleet = _status(endpoints)["fleet"]
+        pool = {e["engine_id"]: e for e in fleet["pool"]}
+        if pool["engine-2"]["models"] == ["tiny-llama"] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert pool["engine-2"]["models"] == ["tiny-llama"], fleet
+    assert fleet["gpus_in_use"] == 3
+    assert any("engine-2: +tiny-llama" in d["summary"] for d in fleet["decisions"] if d["ok"])
+
+
 def test_up_serves_and_stops_cleanly(tmp_path):
     base = free_port()  # a free block is likely just above a free port; up fails loudly otherwise
     state = tmp_path / "state"
@@ -90,6 +126,7 @@ def test_up_serves_and_stops_cleanly(tmp_path):
             time.sleep(1)
         assert sub.returncode == 0, sub.stderr
         assert "12 completion tokens" in sub.stderr and sub.stdout
+        _demo_scale_out(endpoints, tmp_path)
     finally:
         up.send_signal(signal.SIGINT)
         rc = up.wait(timeout=60)

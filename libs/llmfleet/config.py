@@ -236,7 +236,7 @@ class PlacementConfig(BaseModel):
     # hysteresis: a changed plan is applied once the planner has proposed it this many intervals in a
     # row (1: at once); a plan that serves an unserved model, or the first plan, is applied at once
     confirm_intervals: int = Field(2, ge=1)
-    window_s: float | None = Field(None, gt=0)  # the monitor window the planner reads (None: its default)
+    window_s: float | None = None  # the monitor window the planner reads: 10, 60 or 300 (None: 60)
 
     @field_validator("policy")
     @classmethod
@@ -255,6 +255,18 @@ class PlacementConfig(BaseModel):
             make_placement_policy(policy, **v)  # builds it: a bad option is named here
         elif policy == STATIC_POLICY and v:
             raise ValueError("the static placement policy takes no options")
+        return v
+
+    @field_validator("window_s")
+    @classmethod
+    def _window(cls, v: float | None) -> float | None:
+        from llmfleet.monitor.window import DEFAULT_WINDOWS_S
+
+        if v is not None and v not in DEFAULT_WINDOWS_S:
+            raise ValueError(
+                f"window_s must be one of the windows the schedulers report, "
+                f"{', '.join(f'{w:g}' for w in DEFAULT_WINDOWS_S)} s; got {v:g}"
+            )
         return v
 
     @field_validator("hardware")

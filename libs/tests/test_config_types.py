@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_shipped_local_config_is_valid():
     cfg = ClusterConfig.load(ROOT / "deploy/local/cluster.yaml")
     assert {s.name for s in cfg.service_specs()} == set(cfg.services)
-    assert all(p.models for p in cfg.placements())
+    # the demo: a planner places the models, with one engine more than the services need at rest
+    assert cfg.placement.policy == "aladdin"
+    assert len(cfg.engines) == len({s.model for s in cfg.service_specs()}) + 1
 
 
 def test_unknown_model_reference_is_named(tmp_path):
@@ -174,3 +176,13 @@ def test_sim_model_must_be_a_catalog_name(tmp_path):
     doc["models"]["m"]["sim_model"] = "gpt-5"
     with pytest.raises(ValueError, match=r"models.m.sim_model: unknown model 'gpt-5'; valid: \["):
         ClusterConfig.load(write(tmp_path, doc))
+
+
+def test_placement_window_must_be_a_reported_window(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "services: {chat: {model: m}}\nmodels: {m: {source: tiny://llama}}\n"
+        "placement: {policy: aladdin, window_s: 20}\n"
+    )
+    with pytest.raises(ValueError, match=r"window_s must be one of .*10, 60, 300 s; got 20"):
+        ClusterConfig.load(p)

@@ -128,7 +128,10 @@ class LivePlacementLoop:
         placements = self.placement_view.snapshot()
         engines = live_engines(self.nodes_view.snapshot().values(), placements)
         if not engines:
-            self._failed("no live engines to place on")
+            if now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s:
+                log.info("placement: no live engine yet; waiting for engines to register")
+            else:
+                self._failed("no live engines to place on")
             return None
         if self._waiting_for_reports(now, placements):
             log.info("placement: waiting for the schedulers' first reports before planning")

@@ -209,9 +209,9 @@ def describe_change(current: Mapping[str, Sequence[str]], target: Mapping[str, S
 
 
 def describe_loads(loads: Sequence[ServiceLoad]) -> str:
-    """``chat 2.50 rps (SLO 0.95), summarize 0.00 rps``: the demand a plan answered."""
+    """``chat 2.50 rps (SLO met 95%), summarize 0.00 rps``: the demand a plan answered."""
     parts = []
     for s in loads:
-        att = f" (SLO {s.attainment:.2f})" if s.attainment is not None else ""
+        att = f" (SLO met {s.attainment:.0%})" if s.attainment is not None else ""
         parts.append(f"{s.name} {s.rate_rps:.2f} rps{att}")
     return ", ".join(parts) or "no services"

@@ -244,3 +244,21 @@ async def test_seallm_scores_plans_on_the_monitored_requests(etcd_client, views)
     await pv.wait_for(lambda s: len(s) == 4, 5)
     hosted = {m.name for p in pv.snapshot().values() for m in p.models}
     assert hosted == {"tiny-llama", "tiny-qwen2"}
+
+
+async def test_no_engine_yet_is_a_wait_then_an_error(etcd_client) -> None:
+    """At start-up the leader may run before any engine registers: not an error within the grace."""
+    pv, nv = placement_view(etcd_client), node_view(etcd_client)
+    for v in (pv, nv):
+        await v.start()
+    try:
+        planner = ScriptedPlanner(one_each())
+        loop = make_loop(etcd_client, (pv, nv), planner)
+        loop._term_start = loop.clock()
+        assert await loop.tick() is None and not loop.decisions and planner.calls == 0
+        loop.monitor_grace_s = 0.0
+        assert await loop.tick() is None
+        assert [d.error for d in loop.decisions] == ["no live engines to place on"]
+    finally:
+        for v in (pv, nv):
+            await v.stop()

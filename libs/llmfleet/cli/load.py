@@ -1,0 +1,243 @@
+"""``llmfleet load``: open-loop Poisson load on a running cluster, phase by phase, with a report.
+
+Each phase sends one service requests at a rate for a while (``--phase SERVICE:RATE:SECONDS``,
+repeatable, run in order; or ``--service/--rate/--duration`` for one phase). Arrivals are Poisson
+(seeded): a request is sent when its time comes whether or not earlier ones finished, as real
+traffic does. Every ``--report-s`` a line gives what completed in that interval (TTFT and latency
+percentiles, errors, and which engines served it: a scale-out shows as a new engine id); the end
+prints the totals (``--json`` writes them). Exit 0 when every request completed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+
+from llmfleet.client import AsyncClient, LlmfleetError
+
+NAME = "load"
+HELP = "send Poisson load to services phase by phase and report latency and the engines used"
+
+DEFAULT_PROMPT = "Once upon a time there was a fleet of models"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``rate_rps`` requests per second to ``service`` for ``duration_s`` seconds."""
+
+    service: str
+    rate_rps: float
+    duration_s: float
+
+    @classmethod
+    def parse(cls, text: str) -> Phase:
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise argparse.ArgumentTypeError(
+                f"--phase {text!r}: expected SERVICE:RATE:SECONDS, e.g. chat:4:60"
+            )
+        service, rate, duration = parts
+        try:
+            r, d = float(rate), float(duration)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--phase {text!r}: RATE and SECONDS must be numbers") from None
+        if not service or r < 0 or d <= 0:
+            raise argparse.ArgumentTypeError(
+                f"--phase {text!r}: needs a service name, RATE >= 0 and SECONDS > 0"
+            )
+        return cls(service, r, d)
+
+
+def arrival_times(phases: list[Phase], seed: int) -> list[tuple[float, str]]:
+    """(offset from the start in seconds, service) of every request: a Poisson process per phase."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[float, str]] = []
+    start = 0.0
+    for ph in phases:
+        t = start
+        while ph.rate_rps > 0:
+            t += float(rng.exponential(1.0 / ph.rate_rps))
+            if t >= start + ph.duration_s:
+                break
+            out.append((t, ph.service))
+        start += ph.duration_s
+    return out
+
+
+@dataclass
+class Outcome:
+    service: str
+    ok: bool
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    engine_id: str = ""
+    error: str = ""
+
+
+@dataclass
+class Summary:
+    """Totals of a run (``--json``): per-service counts and percentiles, engines, errors."""
+
+    sent: int = 0
+    completed: int = 0
+    errors: int = 0
+    services: dict[str, dict[str, float]] = field(default_factory=dict)
+    engines: dict[str, int] = field(default_factory=dict)
+    error_messages: dict[str, int] = field(default_factory=dict)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+def summarize(outcomes: list[Outcome], sent: int) -> Summary:
+    s = Summary(sent=sent, completed=sum(o.ok for o in outcomes))
+    s.errors = len(outcomes) - s.completed
+    for name in sorted({o.service for o in outcomes}):
+        ok = [o for o in outcomes if o.service == name and o.ok]
+        ttft, lat = [o.ttft_s for o in ok], [o.latency_s for o in ok]
+        s.services[name] = {
+            "completed": len(ok),
+            "errors": sum(1 for o in outcomes if o.service == name and not o.ok),
+            "ttft_p50_s": _pct(ttft, 50),
+            "ttft_p99_s": _pct(ttft, 99),
+            "latency_p50_s": _pct(lat, 50),
+            "latency_p99_s": _pct(lat, 99),
+        }
+    s.engines = dict(sorted(Counter(o.engine_id or "?" for o in outcomes if o.ok).items()))
+    s.error_messages = dict(Counter(o.error for o in outcomes if not o.ok))
+    return s
+
+
+def interval_line(elapsed: float, outcomes: list[Outcome], in_flight: int) -> str:
+    ok = [o for o in outcomes if o.ok]
+    engines = Counter(o.engine_id or "?" for o in ok)
+    per_service = Counter(o.service for o in ok)
+    return (
+        f"t={elapsed:6.1f}s  done {len(ok):4d} ({', '.join(f'{k} {v}' for k, v in sorted(per_service.items())) or '-'})"
+        f"  errors {len(outcomes) - len(ok)}  in flight {in_flight:4d}"
+        f"  ttft p50/p99 {_pct([o.ttft_s for o in ok], 50):.2f}/{_pct([o.ttft_s for o in ok], 99):.2f}s"
+        f"  engines {dict(sorted(engines.items())) or '-'}"
+    )
+
+
+async def _one(client: AsyncClient, prompt: str, service: str, max_tokens: int | None) -> Outcome:
+    try:
+        done = await client.complete(prompt, service, max_tokens=max_tokens)
+    except LlmfleetError as e:
+        return Outcome(service, False, error=f"{e.code.name}: {e.message}")
+    u = done.usage
+    return Outcome(service, True, u.ttft_s, u.latency_s, u.engine_id)
+
+
+async def drive(args: argparse.Namespace, phases: list[Phase], out: Console) -> Summary:
+    arrivals = arrival_times(phases, args.seed)
+    total_s = sum(p.duration_s for p in phases)
+    out.print(
+        f"{len(arrivals)} requests over {total_s:g}s: "
+        + "; ".join(f"{p.service} {p.rate_rps:g} req/s for {p.duration_s:g}s" for p in phases),
+        highlight=False,
+    )
+    outcomes: list[Outcome] = []
+    window: list[Outcome] = []
+    tasks: set[asyncio.Task[Outcome]] = set()
+
+    def finished(t: asyncio.Task[Outcome]) -> None:
+        tasks.discard(t)
+        o = t.result()
+        outcomes.append(o)
+        window.append(o)
+
+    async with AsyncClient(args.scheduler, retries=args.retries, timeout_s=args.timeout) as client:
+        start = time.monotonic()
+        next_report = args.report_s
+        pending = iter(arrivals)
+        nxt = next(pending, None)
+        while nxt is not None or tasks:
+            now = time.monotonic() - start
+            while nxt is not None and nxt[0] <= now:
+                task = asyncio.create_task(_one(client, args.prompt, nxt[1], args.max_tokens))
+                task.add_done_callback(finished)
+                tasks.add(task)
+                nxt = next(pending, None)
+            if now >= next_report:
+                out.print(escape(interval_line(now, window, len(tasks))), highlight=False)
+                window.clear()
+                next_report += args.report_s
+            wake = min(x for x in (nxt[0] if nxt else None, next_report) if x is not None)
+            await asyncio.sleep(max(0.0, min(wake - (time.monotonic() - start), 0.5)))
+        if window:
+            out.print(escape(interval_line(time.monotonic() - start, window, 0)), highlight=False)
+    return summarize(outcomes, len(arrivals))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--phase",
+        type=Phase.parse,
+        action="append",
+        default=None,
+        metavar="SERVICE:RATE:SECONDS",
+        help="a phase of load (repeatable; run in order), e.g. --phase chat:4:60 --phase chat:0.2:60",
+    )
+    p.add_argument("--service", "-s", help="one phase's service (instead of --phase)")
+    p.add_argument("--rate", type=float, default=1.0, help="one phase's rate in req/s (default 1)")
+    p.add_argument("--duration", type=float, default=30.0, help="one phase's length in seconds (default 30)")
+    p.add_argument(
+        "--scheduler",
+        default=os.environ.get("LLMFLEET_SCHEDULER", "127.0.0.1:50051"),
+        help="scheduler address host:port (env LLMFLEET_SCHEDULER, default 127.0.0.1:50051)",
+    )
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--max-tokens", type=int, default=None, help="default: the service's default")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
+    p.add_argument("--report-s", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--timeout", type=float, default=300.0, help="deadline of each request in seconds")
+    p.add_argument("--retries", type=int, default=3, help="retries when the scheduler is unavailable")
+    p.add_argument("--json", type=Path, default=None, help="write the summary here as JSON")
+
+
+def phases_of(args: argparse.Namespace) -> list[Phase]:
+    if args.phase and args.service:
+        raise SystemExit("llmfleet load: give --phase or --service/--rate/--duration, not both")
+    if args.phase:
+        return list(args.phase)
+    if not args.service:
+        raise SystemExit("llmfleet load: give --service (with --rate/--duration) or --phase")
+    return [Phase.parse(f"{args.service}:{args.rate}:{args.duration}")]
+
+
+def run(args: argparse.Namespace) -> int:
+    phases = phases_of(args)
+    if args.report_s <= 0:
+        raise SystemExit("llmfleet load: --report-s must be > 0")
+    out = Console(soft_wrap=True)
+    try:
+        summary = asyncio.run(drive(args, phases, out))
+    except KeyboardInterrupt:
+        out.print("[yellow]interrupted[/]")
+        return 130
+    for name, st in summary.services.items():
+        out.print(
+            f"{name}: {st['completed']:.0f} completed, {st['errors']:.0f} errors; "
+            f"TTFT p50 {st['ttft_p50_s']:.3f}s p99 {st['ttft_p99_s']:.3f}s; "
+            f"latency p50 {st['latency_p50_s']:.3f}s p99 {st['latency_p99_s']:.3f}s",
+            highlight=False,
+        )
+    out.print(f"engines: {summary.engines}", highlight=False)
+    for msg, n in summary.error_messages.items():
+        out.print(f"[red]{n} × {escape(msg)}[/]", highlight=False)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(asdict(summary), indent=2))
+    return 0 if summary.completed == summary.sent else 1
