@@ -258,8 +258,11 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
         "migration",
         "engine-0",
         "engine-1",
+        "engine-2",
     ]
-    assert [p.address for p in plans] == [f"127.0.0.1:{p}" for p in (7000, 7001, 7002, 7003, 7010, 7011)]
+    assert [p.address for p in plans] == [
+        f"127.0.0.1:{p}" for p in (7000, 7001, 7002, 7003, 7010, 7011, 7012)
+    ]
     sched = plans[0].argv
     assert sched[0].endswith("llmfleet-scheduler") or "llmfleet_scheduler" in sched[-1]
     i = sched.index("--etcd")
@@ -334,7 +337,7 @@ def test_up_starts_supervises_and_stops_everything(
     info = result["info"]
     assert isinstance(info, dict)
     assert sorted(info) == sorted(
-        ["etcd", "scheduler", "profiler", "placement", "migration", "engine-0", "engine-1"]
+        ["etcd", "scheduler", "profiler", "placement", "migration", "engine-0", "engine-1", "engine-2"]
     )
     assert all(r["status"] == "healthy" for r in info.values()), info
     assert info["scheduler"]["address"] == f"127.0.0.1:{base}" and info["engine-0"]["address"].endswith(
