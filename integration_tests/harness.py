@@ -106,6 +106,9 @@ def launch(
     placement_replicas: int = 2,
     config: dict | None = None,
     scheduler_args: tuple[str, ...] = (),
+    migration_args: tuple[str, ...] = (),
+    migration_replicas: int = 1,
+    engine_args: tuple[str, ...] = (),
 ) -> Cluster:
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
@@ -145,7 +148,9 @@ def launch(
         c.start("profiler", "llmfleet-profiler")
         for i in range(placement_replicas):
             c.start(f"placement-{i}", "llmfleet-placement", "--config", str(config_path), "--resync-s", "1")
-        c.start("migration", "llmfleet-migration", "--load-interval-s", "0.2")
+        for i in range(migration_replicas):
+            name = "migration" if migration_replicas == 1 else f"migration-{i}"
+            c.start(name, "llmfleet-migration", "--load-interval-s", "0.2", *migration_args)
         for eid in engine_ids:
             c.start(
                 eid,
@@ -156,6 +161,7 @@ def launch(
                 "1",
                 "--offline",
                 *engines[eid].engine_args(),  # the config's policy, policy_options and limits
+                *engine_args,
             )
         c.wait_healthy()
         want = {eid: set(e["models"]) for eid, e in config["engines"].items()}

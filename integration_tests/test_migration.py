@@ -1,6 +1,6 @@
 """Live KV migration between two real engine processes (pools with different block sizes).
 
-The request's full greedy output equals an unmigrated run, neither engine leaks a block, and a
+The request's full greedy output equals an unmigrated run (KV and TOKENS modes), neither engine leaks a block, and a
 transfer that breaks midway leaves the request running on the source."""
 
 from __future__ import annotations
@@ -93,8 +93,10 @@ def generate_request(rid: str, n: int, resume: list[int] | None = None) -> engin
     )
 
 
-async def test_live_migration_continues_on_the_destination(engines):
+@pytest.mark.parametrize("mode", ["kv", "tokens"])
+async def test_live_migration_continues_on_the_destination(engines, mode):
     addr, model_dir = engines
+    rid = f"live-{mode}"
     await wait_model(addr["src"])
     await wait_model(addr["dst"])
     n = 300
@@ -103,22 +105,27 @@ async def test_live_migration_continues_on_the_destination(engines):
         grpc.aio.insecure_channel(addr["dst"]) as dst_ch,
     ):
         src, dst = engine_pb2_grpc.EngineStub(src_ch), engine_pb2_grpc.EngineStub(dst_ch)
-        stream = src.Generate(generate_request("live-1", n))
+        stream = src.Generate(generate_request(rid, n))
         tokens: list[int] = []
         async for chunk in stream:
             tokens.extend(chunk.token_ids)
             if len(tokens) >= 20:
                 break
+        proto_mode = engine_pb2.MIGRATE_MODE_KV if mode == "kv" else engine_pb2.MIGRATE_MODE_TOKENS
         resp = await src.Migrate(
-            engine_pb2.MigrateRequest(request_id="live-1", destination=addr["dst"]), timeout=60
+            engine_pb2.MigrateRequest(request_id=rid, destination=addr["dst"], mode=proto_mode), timeout=60
         )
-        assert resp.num_tokens >= 20 and resp.bytes > 0
+        assert resp.mode == proto_mode and resp.migration_id
+        if mode == "kv":
+            assert resp.num_tokens >= 20 and resp.bytes > 0
+        else:  # the header alone; the destination re-prefills prompt + generated tokens
+            assert resp.num_tokens == 0 and resp.bytes == 0
         final = None
         async for chunk in stream:  # the source's stream ends with MIGRATED
             tokens.extend(chunk.token_ids)
             final = chunk
         assert final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to == addr["dst"]
-        async for chunk in dst.Generate(generate_request("live-1", n, tokens)):  # attach at the destination
+        async for chunk in dst.Generate(generate_request(rid, n, tokens)):  # attach at the destination
             assert chunk.index == len(tokens) or not chunk.token_ids
             tokens.extend(chunk.token_ids)
             final = chunk

@@ -21,6 +21,10 @@ runs during the simulation, every interval over the last ``--placement-window-s`
 move and drain times (report.json: ``placement`` decisions, ``cluster.gpu_seconds``, GPUs in use).
 Planners that score plans by simulation (seallm) simulate on ``--placement-processes`` processes.
 
+``--migration mell|llumnix_lb|none`` runs a request-migration policy every ``--migration-epoch-s``
+(moves travel by ``--transfer hybrid|kv|tokens``); with ``--dispatch mell`` arrivals go where Mell's
+Allocate would put them. The report gains ``migration`` and ``cluster.fluid_bound_gpus``.
+
   llmfleet sim --trace trace.csv --services services.yaml --policy seallm --placement seallm \
       --placement-interval-s 60 --adaptive-interval
 """
@@ -90,6 +94,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="processes simulating candidate plans, for planners that score plans by simulation (default 1)",
     )
+    p.add_argument(
+        "--migration",
+        help="run a request-migration policy every epoch: mell (KV packing), llumnix_lb, none "
+        "(report.json: migration, cluster.fluid_bound_gpus)",
+    )
+    p.add_argument("--transfer", help="how migrations travel: hybrid (default), kv, tokens")
+    p.add_argument("--migration-epoch-s", type=float, help="migration epoch in simulated seconds (default 1)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's arrival rate")
     p.add_argument("--start", type=float, default=0.0, help="trace window start, seconds")
     p.add_argument("--end", type=float, help="trace window end, seconds")
@@ -206,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 placement_interval_s=args.placement_interval_s, placement_window_s=args.placement_window_s,
                 adaptive_interval=args.adaptive_interval or None,
                 placement_confirm_intervals=args.placement_confirm_intervals,
+                migration=args.migration, transfer=args.transfer, migration_epoch_s=args.migration_epoch_s,
             )
             for n in names
         ]  # fmt: skip

@@ -111,6 +111,8 @@ class SimInstance:
         self.cancelled: dict[str, float] = {}  # removed while loading, still resident: model -> ready time
         self.inbound: dict[str, int] = {}  # requests moving here, per model (their model stays resident)
         self.landing: list[CoreRequest] = []  # moved requests that arrived during a step: join after it
+        # moves asked for while the request was in the step in flight: leave when it ends (dst, s, reprefill)
+        self.outbound: dict[str, tuple[str, float, bool]] = {}
         self.move_out = True  # move the removed models' requests to other hosts (False: drain them here)
         self.started_s: float | None = 0.0  # when it took its GPUs (None: waiting for GPUs)
         self.released_s: float | None = None  # when it gave them back

@@ -122,6 +122,13 @@ def _mean_active(samples: Sequence[Sample], end_s: float) -> float:
     return area / total if total > 0 else float(samples[-1].active_gpus)
 
 
+def _active_utilization(samples: Sequence[Sample]) -> float:
+    """Mean KV utilization of the active GPUs (instances with work) over the samples that have any:
+    Mell's "memory utilization"."""
+    u = [s.kv_used / s.active_kv_capacity for s in samples if s.active_kv_capacity]
+    return float(np.mean(u)) if u else 0.0
+
+
 def cluster_metrics(result: SimResult) -> dict:
     recs = result.records
     done = [r for r in recs if r.done]
@@ -145,6 +152,8 @@ def cluster_metrics(result: SimResult) -> dict:
         "instances": len(result.instances),
         "peak_active_gpus": max((s.active_gpus for s in result.samples), default=0),
         "mean_active_gpus": _mean_active(result.samples, end),
+        "fluid_bound_gpus": max((s.fluid_gpus for s in result.samples), default=0),
+        "active_kv_utilization_mean": _active_utilization(result.samples),
         "kv_utilization_mean": float(np.mean(kv)) if kv else 0.0,
         "kv_utilization_peak": float(max(kv)) if kv else 0.0,
         "iterations": sum(i["iterations"] for i in result.instances),

@@ -210,7 +210,8 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
     samples = []
     for k in range(n_samples):
         t = next(res.samples[k].t for res in results.values() if len(res.samples) > k)
-        used = cap = active = inside = 0
+        used = cap = active = inside = active_cap = 0
+        kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}
         for g in range(len(groups)):
             res = results.get(g)
             if res is not None and len(res.samples) > k:
@@ -219,9 +220,15 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
                 cap += s.kv_capacity
                 active += s.active_gpus
                 inside += s.in_system
+                active_cap += s.active_kv_capacity
+                for models, tp, u, c in s.kinds:  # a kind may span groups: sum its KV
+                    kind = kinds.setdefault((models, tp), [0, c])
+                    kind[0] += u
+                    kind[1] = max(kind[1], c)
             else:
                 cap += idle[g]
-        samples.append(Sample(t, used, cap, active, inside))
+        kv = tuple((m, tp, u, c) for (m, tp), (u, c) in sorted(kinds.items()) if u)
+        samples.append(Sample(t, used, cap, active, inside, active_cap, kv))
     unrouted = sum(1 for r in routes if r.instance_id is None)  # their arrival events ran here
     events = sum(res.events - len(res.samples) for res in results.values()) + n_samples + unrouted
     end_s = max((res.end_s for res in results.values()), default=reqs[-1].arrival_s)

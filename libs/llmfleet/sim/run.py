@@ -24,6 +24,9 @@ from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.batching import make_batching_policy
 from llmfleet.policies.dispatch import POLICIES as DISPATCH
 from llmfleet.policies.dispatch import make_dispatch_policy
+from llmfleet.policies.dispatch.mell import MellDispatch
+from llmfleet.policies.migration import POLICIES as MIGRATION
+from llmfleet.policies.migration import TRANSFERS, MellPacker, make_migration_policy, make_transfer_planner
 from llmfleet.policies.placement import POLICIES as PLACEMENT
 from llmfleet.policies.placement import (
     AdaptiveInterval,
@@ -33,10 +36,12 @@ from llmfleet.policies.placement import (
     ServiceLoad,
     make_placement_policy,
 )
+from llmfleet.policies.registry import lookup
 from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import make_request_policy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
+from llmfleet.sim.migration import MigrationLoop
 from llmfleet.sim.partition import partition_blocker, run_partitioned
 from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
@@ -61,6 +66,10 @@ class PolicyBundle:
     placement_window_s: float | None = None  # the recent workload a plan is made from (default: interval)
     adaptive_interval: bool = False  # SeaLLM Eq. 8: the interval adapts, from placement_interval_s
     placement_confirm_intervals: int = 1  # hysteresis: apply a changed plan once proposed this often in a row
+    migration: str | None = None  # a llmfleet.policies.migration policy run every epoch (None: no loop)
+    migration_options: dict[str, Any] = field(default_factory=dict)
+    transfer: str = "hybrid"  # how moves travel: hybrid (Mell), kv, tokens
+    migration_epoch_s: float = 1.0
 
     @property
     def static(self) -> bool:
@@ -85,6 +94,11 @@ class PolicyBundle:
             )
         if self.adaptive_interval and self.placement_interval_s is None:
             raise ValueError("adaptive_interval needs placement_interval_s (its initial interval)")
+        if self.migration is not None:
+            lookup("migration", MIGRATION, self.migration)
+            lookup("transfer", TRANSFERS, self.transfer)
+            if not self.migration_epoch_s > 0:
+                raise ValueError(f"migration_epoch_s must be > 0 s, got {self.migration_epoch_s}")
 
     def local_factory(self) -> Callable[[], object]:
         if self.static:
@@ -263,6 +277,18 @@ def simulate(
             confirm_intervals=policy.placement_confirm_intervals,
         )  # fmt: skip
         loop.install(sim, workload.requests[0].arrival_s)
+    migration = None
+    if policy.migration is not None:
+        migration = MigrationLoop(
+            make_migration_policy(policy.migration, **policy.migration_options),
+            make_transfer_planner(policy.transfer),
+            policy.migration_epoch_s,
+            policy_name=policy.migration,
+            transfer_name=policy.transfer,
+        )
+        if isinstance(dispatch, MellDispatch) and isinstance(migration.policy, MellPacker):
+            dispatch.view_source = migration.policy.view  # arrivals go where Allocate would put them
+        migration.install(sim)
     if workers > 1 and partition_blocker(sim) is None:
         result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
     else:
@@ -272,6 +298,8 @@ def simulate(
     if loop is not None:
         result.placement = [d.to_dict() for d in loop.decisions]
     report = summarize(result, spec.services)
+    if migration is not None:
+        report["migration"] = migration.stats.to_dict()
     report["policy"] = dataclasses.asdict(policy)
     report["plan"] = [dataclasses.asdict(p) for p in plan]
     report["cluster"]["spec"] = str(spec.cluster)

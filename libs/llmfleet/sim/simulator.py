@@ -63,13 +63,25 @@ class Route(NamedTuple):
 
 @dataclass(frozen=True)
 class Sample:
-    """Cluster state at ``t``: KV used/capacity bytes, GPUs of instances with work, requests inside."""
+    """Cluster state at ``t``: KV used/capacity bytes, GPUs of instances with work, requests inside.
+
+    ``active_kv_capacity``: the KV capacity of the instances with work (memory utilization of active
+    GPUs = kv_used / active_kv_capacity). ``kinds``: per instance kind (models, tp) its KV used and
+    the capacity C of one instance, for :attr:`fluid_gpus`."""
 
     t: float
     kv_used: int
     kv_capacity: int
     active_gpus: int
     in_system: int
+    active_kv_capacity: int = 0
+    kinds: tuple[tuple[tuple[str, ...], int, int, int], ...] = ()  # (models, tp, KV used, C), used > 0
+
+    @property
+    def fluid_gpus(self) -> int:
+        """Mell's fluid lower bound at ``t``: the GPUs needed if KV could be split freely,
+        Σ over instance kinds tp · ⌈ΣKV / C⌉."""
+        return sum(tp * -(-used // cap) for _, tp, used, cap in self.kinds if cap > 0)
 
 
 @dataclass
@@ -136,6 +148,7 @@ class Simulator(Fleet):
         self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
         self._moving = 0
+        self._reprefill: set[str] = set()  # moving requests whose KV stays behind (token transfer)
         self._svc_cache: dict[str, SimService] = {}
         self.strict_services = False
         self.now = 0.0
@@ -186,6 +199,8 @@ class Simulator(Fleet):
         if not self.load_blind:
             self._dirty.add(inst.instance_id)
         if inst.work is None:
+            if inst.outbound:
+                self._flush_outbound(inst, now)
             if inst.landing and inst.core.static_batch is None:
                 for r in inst.landing:
                     self._join(r, inst, now)
@@ -216,26 +231,63 @@ class Simulator(Fleet):
         inst = self._where.get(request_id)
         return inst.instance_id if inst else None
 
-    def move_request(self, request_id: str, instance_id: str, transfer_s: float, now: float) -> bool:
-        """Move a queued or running request (not one in the batch in flight) to ``instance_id``; it
-        arrives after ``transfer_s`` with its KV, joining between two steps there (or re-prefills if
-        the KV does not fit)."""
+    def move_request(
+        self, request_id: str, instance_id: str, transfer_s: float, now: float, *, reprefill: bool = False
+    ) -> bool:
+        """Move a queued or running request to ``instance_id``; it arrives after ``transfer_s`` with
+        its KV, joining between two steps there (or re-prefills if the KV does not fit).
+        ``reprefill``: only its tokens travel (Mell's token transfer); it re-prefills prompt + output
+        at the destination. A member of the step in flight leaves when that step ends (the step is cut
+        to its current iteration), as a live engine pauses a request between steps to export it; it
+        does not leave if it finishes in that step. False when it cannot move (unknown, already
+        leaving, or the destination does not serve its model)."""
         src = self._where.get(request_id)
         dst = self.instances.get(instance_id)
-        if src is None or dst is None or src is dst or transfer_s < 0:
+        if src is None or dst is None or src is dst or transfer_s < 0 or request_id in src.outbound:
             return False
         r = src.core.requests.get(request_id)
         if r is None or r.sched.model not in dst.tpb:
             return False  # not here, or the destination cannot host it
+        if src.core.in_flight(request_id):
+            src.outbound[request_id] = (instance_id, transfer_s, reprefill)
+            self._kick(src, now)  # cut a fast-forwarded chunk to the iteration in progress
+            return True
+        self._detach(r, src, dst, transfer_s, now, reprefill)
+        self._kick(src, now)
+        return True
+
+    def _detach(
+        self,
+        r: CoreRequest,
+        src: SimInstance,
+        dst: SimInstance,
+        transfer_s: float,
+        now: float,
+        reprefill: bool,
+    ) -> bool:
+        """Take ``r`` out of ``src`` (between its steps) and send it to ``dst``; no kick."""
+        request_id = r.request_id
         if src.core.remove(request_id) is None:
-            return False  # a member of the step in flight
+            return False
         record_of(r).moves += 1
+        if reprefill:
+            self._reprefill.add(request_id)
         self._where[request_id] = dst
         self._moving += 1
         dst.inbound[r.sched.model] = dst.inbound.get(r.sched.model, 0) + 1
         self._push(now + transfer_s, _MOVE, r, dst)
-        self._kick(src, now)
         return True
+
+    def _flush_outbound(self, inst: SimInstance, now: float) -> None:
+        """Moves asked for while their request was in the step that just ended."""
+        moves = list(inst.outbound.items())
+        inst.outbound.clear()
+        for rid, (dst_id, transfer_s, reprefill) in moves:
+            r = inst.core.requests.get(rid)
+            dst = self.instances.get(dst_id)
+            if r is None or dst is None or self._where.get(rid) is not inst or r.sched.model not in dst.tpb:
+                continue  # finished (or failed) in that step, or the destination changed
+            self._detach(r, inst, dst, transfer_s, now, reprefill)
 
     def _land(self, r: CoreRequest, dst: SimInstance, now: float) -> None:
         """The moved request arrives with its KV and joins ``dst`` at its next step boundary
@@ -262,9 +314,11 @@ class Simulator(Fleet):
             self._join(r, dst, now)
         self._kick(dst, now)
 
-    @staticmethod
-    def _join(r: CoreRequest, dst: SimInstance, now: float) -> None:
-        kv = r.kv_tokens if r.sched.phase == "decode" else 0
+    def _join(self, r: CoreRequest, dst: SimInstance, now: float) -> None:
+        reprefill = r.request_id in self._reprefill
+        if reprefill:
+            self._reprefill.discard(r.request_id)
+        kv = r.kv_tokens if r.sched.phase == "decode" and not reprefill else 0
         dst.core.land(r, now, kv_tokens=kv)
         record_of(r).instance = dst.instance_id
 
@@ -455,17 +509,24 @@ class Simulator(Fleet):
         return self._moving > 0 or any(i.work is not None or i.loading for i in self.instances.values())
 
     def _sample(self, t: float) -> Sample:
-        used = cap = active = inside = 0
+        used = cap = active = inside = active_cap = 0
+        kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}  # (models, tp) -> [KV used, C]
         for inst in self.instances.values():
             if not inst.active:
                 continue
-            used += inst.kv_used_bytes
-            cap += inst.kv_capacity_bytes
+            u, c = inst.kv_used_bytes, inst.kv_capacity_bytes
+            used += u
+            cap += c
             q = inst.queued
             inside += q
             if q:
                 active += inst.tp
-        return Sample(t, used, cap, active, inside)
+                active_cap += c
+            k = kinds.setdefault((tuple(inst.models), inst.tp), [0, c])
+            k[0] += u
+            k[1] = max(k[1], c)
+        kv = tuple((m, tp, u, c) for (m, tp), (u, c) in sorted(kinds.items()) if u)
+        return Sample(t, used, cap, active, inside, active_cap, kv)
 
     @staticmethod
     def instance_stats(inst: SimInstance) -> dict:

@@ -26,8 +26,13 @@ def test_every_policy_declares_what_it_reads():
     table = {name: dispatch_needs(name) for name in POLICIES}
     assert all(isinstance(n, DispatchNeeds) for n in table.values())
     assert {n for n, d in table.items() if d.load_blind} == {"round_robin", "scls_maxmin", "aladdin_bestfit"}
-    assert {n for n, d in table.items() if d.reads_kv} == {"least_loaded", "best_fit_kv", "worst_fit_kv"}
-    assert {n for n, d in table.items() if d.reads_queue} == {"jsq", "power_of_two", "least_loaded"}
+    assert {n for n, d in table.items() if d.reads_kv} == {
+        "least_loaded",
+        "best_fit_kv",
+        "worst_fit_kv",
+        "mell",
+    }
+    assert {n for n, d in table.items() if d.reads_queue} == {"jsq", "power_of_two", "least_loaded", "mell"}
     assert {n for n, d in table.items() if d.reads_predictions} == {
         "best_fit_kv",
         "scls_maxmin",

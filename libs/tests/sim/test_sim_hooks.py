@@ -63,7 +63,6 @@ def test_move_a_waiting_request(tiny):
     def hook(s, now):
         if now == 0.5:
             assert s.instance_of("b") == "i0" and s.instance_of("a") == "i0"
-            answers["a"] = s.move_request("a", "i1", 0.1, now)  # in the batch in flight: refused
             answers["b"] = s.move_request("b", "i1", 0.1, now)
             answers["again"] = s.move_request("b", "i0", 0.1, now)  # in transit: not on any instance
             answers["unknown"] = s.move_request("zz", "i1", 0.1, now)
@@ -72,7 +71,7 @@ def test_move_a_waiting_request(tiny):
     sim.every(0.5, hook)
     res = sim.run([W("a", 0.0, 100, 100, "s"), W("b", 0.01, 100, 5, "s")])
     a, b = res.records
-    assert answers == {"a": False, "b": True, "again": False, "unknown": False, "bad dst": False}
+    assert answers == {"b": True, "again": False, "unknown": False, "bad dst": False}
     assert (a.instance, a.moves) == ("i0", 0)
     assert (b.instance, b.moves) == ("i1", 1)
     # b lands on the idle i1 at 0.6 and runs alone there: 0.21 of prefill then 0.085 of decodes
@@ -81,6 +80,25 @@ def test_move_a_waiting_request(tiny):
     assert a.done and b.done
     assert all(i.alloc.used_blocks == 0 for i in sim.instances.values())
     assert res.instances[1]["iterations"] == 5
+
+
+def test_a_request_in_the_step_in_flight_leaves_when_the_step_ends(tiny):
+    """a decodes on i0 (continuous batching: it is in every step); the hook at 0.5 asks to move it —
+    accepted, it leaves at the end of the step in flight and finishes on i1; asking twice is refused."""
+    sim = tiny.sim(instances=2, dispatch=Always("i0"))
+    answers: dict[str, bool] = {}
+
+    def hook(s, now):
+        if now == 0.5:
+            answers["a"] = s.move_request("a", "i1", 0.1, now)
+            answers["again"] = s.move_request("a", "i1", 0.1, now)  # already leaving
+
+    sim.every(0.5, hook)
+    res = sim.run([W("a", 0.0, 100, 100, "s")])
+    (a,) = res.records
+    assert answers == {"a": True, "again": False}
+    assert (a.instance, a.moves) == ("i1", 1) and a.done and a.output_tokens == 100
+    assert all(i.alloc.used_blocks == 0 for i in sim.instances.values())
 
 
 def test_move_to_an_instance_without_the_model_is_refused(tiny):

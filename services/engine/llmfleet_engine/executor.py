@@ -136,6 +136,9 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self._reserved_blocks = 0  # pool blocks held by model reservations (weights + activation)
         self._models: dict[str, HostedModel] = {}
         self._requests: dict[str, LiveRequest] = {}
+        self._prefilling: frozenset[str] | set[str] = frozenset()  # prefills of the step in flight
+        self._pauses: dict[str, int] = {}  # request -> pause_request holders (migration_ops)
+        self._moving: dict[str, str] = {}  # request -> destination of the migration under way
         self._jobs: deque[Callable[[], None]] = deque()
         self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
         self._generated = RateWindow(self.config.throughput_window_s)
@@ -342,6 +345,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._finish_locked(state, FinishReason.ERROR)
         if plan is None:
             return None
+        if plan.prefills:  # reported as phase "prefill" until the step completes
+            self._prefilling = {r.sched.request_id for r in plan.prefills}
         for r in plan.preempted:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
         return plan, seq_steps(plan, self.allocator, now)
@@ -361,6 +366,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 self.core.complete(
                     plan, time.monotonic(), 0.0, produced=[0] * len(members)
                 )  # nothing produced
+                self._prefilling = frozenset()
                 for r in members:
                     if not r.finished:
                         self._finish_locked(r, FinishReason.ERROR)
@@ -396,6 +402,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             if n:
                 self._generated.add(now, n)
             self.core.complete(plan, now, duration, finished=[r.core for r, _ in outcomes])
+            if self._prefilling:
+                self._prefilling = frozenset()
             for r, (reason, token_ids, text, index) in outcomes:
                 self._finish_locked(
                     r, reason, token_ids=token_ids, text=text, index=index, now=now, flush=text is None

@@ -1,8 +1,12 @@
-"""The async side of KV transfer: header <-> protobuf, ExportKv/ImportKv streams, Migrate.
+"""The async side of KV transfer: header <-> protobuf, ExportKv/ImportKv streams, Migrate, link probes.
 
 Migrate (source): pause the request, stream header + K/V chunks to the destination's ImportKv, then
 end the local stream with MIGRATED. Any failure before the destination acknowledges resumes the
-request here, so a broken transfer costs a pause, never the request.
+request here, so a broken transfer costs a pause, never the request. Mode "kv" sends the K/V (Mell's
+KV transfer); mode "tokens" sends the header alone and the destination re-prefills prompt + generated
+tokens (Mell's token transfer; the same landing path as a request that holds no KV yet).
+
+``measure_link``: stream a probe payload to another engine's ReceiveProbe and time it.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -28,6 +33,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_TOKENS = 256
 MAX_CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit of any client
+TRANSFER_TIMEOUT_S = 120.0
+
+MigrateMode = Literal["kv", "tokens"]
+MIGRATE_MODES: tuple[MigrateMode, ...] = ("kv", "tokens")
+
+DEFAULT_PROBE_BYTES = 8 << 20
+MAX_PROBE_BYTES = 1 << 30
+_PROBE_PAYLOAD = bytes(MAX_CHUNK_BYTES)  # one zero-filled chunk, sliced for the last one
 
 
 def header_to_proto(h: TransferHeader) -> engine_pb2.KvTransferHeader:
@@ -131,10 +144,11 @@ async def import_stream(
 
 @dataclass(frozen=True)
 class MigrationResult:
-    num_tokens: int
-    bytes: int
-    transfer_s: float
-    pause_s: float
+    num_tokens: int  # tokens of K/V sent (0: a token transfer)
+    bytes: int  # K/V bytes sent
+    transfer_s: float  # from the pause's end to the destination's acknowledgement
+    pause_s: float  # how long the request did not decode here
+    mode: MigrateMode = "kv"  # how it moved: "tokens" when no K/V went along
 
 
 async def migrate(
@@ -143,29 +157,90 @@ async def migrate(
     request_id: str,
     destination: str,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    mode: MigrateMode = "kv",
 ) -> MigrationResult:
-    """Move ``request_id`` to ``destination``; resumes it locally if anything fails before the commit."""
+    """Move ``request_id`` to ``destination``; resumes it locally if anything fails before the commit.
+
+    Raises ``RequestNotFoundError`` (not here), ``MigrationConflictError`` (another migration is moving
+    it) or ``TransferError`` (the transfer failed; the request runs on here)."""
+    if mode not in MIGRATE_MODES:
+        raise ValueError(f"mode must be one of {MIGRATE_MODES}, got {mode!r}")
     t0 = time.perf_counter()
-    header = await asyncio.to_thread(ex.pause_request, request_id)
-    header = dataclasses.replace(header, source_engine_id=engine_id)
+    header = await asyncio.to_thread(ex.pause_request, request_id, moving_to=destination)
+    header = dataclasses.replace(
+        header, source_engine_id=engine_id, num_tokens=header.num_tokens if mode == "kv" else 0
+    )
     t1 = time.perf_counter()
     try:
         async with open_channel(destination) as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
-            resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=120)
+            resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=TRANSFER_TIMEOUT_S)
     except BaseException as e:
-        ex.resume_request(request_id)
+        ex.resume_request(request_id, moving=True)
         if isinstance(e, grpc.aio.AioRpcError):
             raise TransferError(f"transfer to {destination} failed: {e.code().name}: {e.details()}") from e
         raise
     ex.finish_migrated(request_id, destination)
     done = time.perf_counter()
+    moved: MigrateMode = "kv" if header.num_tokens else "tokens"
     log.info(
-        "migrated %s to %s: %d tokens, %d B in %.3fs",
+        "migrated %s to %s (%s): %d tokens, %d B in %.3fs",
         request_id,
         destination,
+        moved,
         resp.num_tokens,
         resp.bytes,
         done - t1,
     )
-    return MigrationResult(resp.num_tokens, resp.bytes, done - t1, done - t0)
+    return MigrationResult(resp.num_tokens, resp.bytes, done - t1, done - t0, moved)
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    destination: str
+    bytes: int
+    seconds: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+def _probe_chunks(nbytes: int) -> Iterator[engine_pb2.ProbeChunk]:
+    full = len(_PROBE_PAYLOAD)
+    for start in range(0, nbytes, full):
+        n = min(full, nbytes - start)
+        yield engine_pb2.ProbeChunk(data=_PROBE_PAYLOAD if n == full else _PROBE_PAYLOAD[:n])
+
+
+async def measure_link(destination: str, nbytes: int = DEFAULT_PROBE_BYTES) -> LinkMeasurement:
+    """Stream ``nbytes`` of zeros to ``destination``'s ReceiveProbe and time the call (after an empty
+    probe that opens the connection, so the handshake is not counted; one round trip is).
+
+    Raises ``TransferError`` when the destination cannot be reached or refuses the probe."""
+    if not 0 < nbytes <= MAX_PROBE_BYTES:
+        raise ValueError(f"bytes must be in (0, {MAX_PROBE_BYTES}], got {nbytes}")
+    try:
+        async with open_channel(destination) as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            # connect first (one empty message: a stream of none ends CANCELLED on a dead peer)
+            await stub.ReceiveProbe(iter((engine_pb2.ProbeChunk(),)), timeout=TRANSFER_TIMEOUT_S)
+            t0 = time.perf_counter()
+            ack = await stub.ReceiveProbe(_probe_chunks(nbytes), timeout=TRANSFER_TIMEOUT_S)
+            seconds = time.perf_counter() - t0
+    except grpc.aio.AioRpcError as e:
+        raise TransferError(f"probe to {destination} failed: {e.code().name}: {e.details()}") from e
+    if ack.bytes != nbytes:
+        raise TransferError(f"probe to {destination}: sent {nbytes} B, {ack.bytes} B acknowledged")
+    return LinkMeasurement(destination, nbytes, seconds)
+
+
+async def receive_probe(chunks: AsyncIterator[engine_pb2.ProbeChunk]) -> engine_pb2.ProbeAck:
+    """The receiving end of ``measure_link``: count the payload."""
+    nbytes = 0
+    t0: float | None = None
+    async for msg in chunks:
+        if t0 is None:
+            t0 = time.perf_counter()
+        nbytes += len(msg.data)
+    return engine_pb2.ProbeAck(bytes=nbytes, seconds=time.perf_counter() - t0 if t0 is not None else 0.0)

@@ -1,4 +1,5 @@
-"""The executor's load report (``load_snapshot``): per-model running/waiting, KV use and tokens/s."""
+"""The executor's load report (``load_snapshot``): per-model running/waiting, KV use and tokens/s, and
+each request's context tokens, KV bytes and phase."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from llmfleet.kvblocks import BlockAllocator
 
 from llmfleet_engine.delivery import RateWindow
 from llmfleet_engine.memory import MemoryPlan
-from llmfleet_engine.outputs import LoadSnapshot, ModelLoad
+from llmfleet_engine.outputs import LoadSnapshot, ModelLoad, RequestLoads
 
 if TYPE_CHECKING:
     from llmfleet_engine.model_host import HostedModel
@@ -27,16 +28,32 @@ class LoadReport:
     _models: dict[str, HostedModel]
     _generated: RateWindow
     _reserved_blocks: int
+    _prefilling: frozenset[str] | set[str]
 
     def load_snapshot(self) -> LoadSnapshot:
         now = time.monotonic()
         with self._cond:
             stats = self.allocator.stats()
             per: dict[str, list[int]] = {n: [0, 0] for n in self._models}
+            bpt = {n: m.shape.bytes_per_token for n, m in self._models.items()}
+            seqs = self.allocator
+            prefilling = self._prefilling  # the prefills of the step in flight
+            # per request, one column each (no object per request; see RequestLoads)
+            ids: list[str] = []
+            mods: list[str] = []
+            toks: list[int] = []
+            kvb: list[int] = []
+            phases: list[str] = []
             for i, queue in enumerate((self.core.running, self.core.waiting)):
-                for r in queue.values():
-                    if r.sched.model in per:
-                        per[r.sched.model][i] += 1
+                for rid, r in queue.items():
+                    model = r.sched.model
+                    if model in per:
+                        per[model][i] += 1
+                    ids.append(rid)
+                    mods.append(model)
+                    toks.append(r.prompt + r.produced)
+                    kvb.append(seqs.num_tokens(rid) * bpt.get(model, 0) if rid in seqs else 0)
+                    phases.append("waiting" if i else "prefill" if rid in prefilling else "decode")
             tokens_per_s = self._generated.per_second(now)
             running, waiting = len(self.core.running), len(self.core.waiting)
             models = []
@@ -67,4 +84,5 @@ class LoadReport:
             kv_blocks_total=self.plan.num_blocks - reserved,
             preemptions=self.core.preemptions,
             kv_fragmentation=stats.fragmentation,
+            requests=RequestLoads(ids, mods, toks, kvb, phases),
         )

@@ -21,6 +21,7 @@ from llmfleet.types import ModelSpec, NodeRecord
 from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.hardware import detect_hardware, hardware_name, tp_degree
+from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS
 from llmfleet_engine.placement_follower import DRAIN_MODES, DrainingBackend, DrainSettings, PlacementFollower
 from llmfleet_engine.servicer import EngineServicer
 
@@ -60,7 +61,9 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
     nid = node_id(args, ROLE)
     executor = make_executor(args)
-    servicer = EngineServicer(executor, nid, default_max_tokens=args.default_max_tokens)
+    servicer = EngineServicer(
+        executor, nid, default_max_tokens=args.default_max_tokens, max_migrations=args.max_migrations
+    )
     server = GrpcServer(
         [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))],
         host=args.host,
@@ -142,6 +145,16 @@ def _bytes(text: str) -> int:
         return int(float(num) * _UNITS[unit])
     except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64KiB, 2GiB)") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -238,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")
     ap.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill batch")
     ap.add_argument("--default-max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--max-migrations",
+        type=_positive_int,
+        default=DEFAULT_MAX_MIGRATIONS,
+        help="Migrate calls in flight at once on this engine (as source); one more is RESOURCE_EXHAUSTED",
+    )
     ap.add_argument("--offline", action="store_true", help="never download from the hub")
     ap.add_argument(
         "--drain-mode",

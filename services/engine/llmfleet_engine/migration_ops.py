@@ -6,6 +6,10 @@ MIGRATED, ``resume_request`` puts it back (the transfer failed). Destination sid
 checks model and shape and reserves blocks, ``write_import`` fills them, ``commit_import`` lands the
 request in the engine core (``EngineCore.land``, with its KV or to re-prefill), ``abort_import`` frees
 everything. ``llmfleet_engine.transfer`` is the protocol layer on top of these.
+
+Pauses nest (an ExportKv snapshot during a migration): the request runs again when its last holder
+resumes it. A pause with ``moving_to`` claims the request for one migration; another migration of it
+meanwhile is refused (``MigrationConflictError``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from llmfleet.engine_core import EngineCore
 from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
 from llmfleet.kvblocks.storage import KvStorage
 
-from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, ResourceExhaustedError, TransferError
+from llmfleet_engine.outputs import (
+    DuplicateRequestError,
+    FinishReason,
+    MigrationConflictError,
+    RequestNotFoundError,
+    ResourceExhaustedError,
+    TransferError,
+)
 from llmfleet_engine.transfer import ImportHandle, TransferHeader
 from llmfleet_engine.validation import GenerationRequest
 
@@ -38,22 +49,34 @@ class MigrationOps:
     _cond: threading.Condition
     _models: dict[str, HostedModel]
     _requests: dict[str, LiveRequest]
+    _pauses: dict[str, int]
+    _moving: dict[str, str]
 
     def _active(self, request_id: str) -> LiveRequest:
         r = self._requests.get(request_id)
         if r is None or r.finished:
-            raise TransferError(f"no active request {request_id!r} on this engine")
+            raise RequestNotFoundError(f"no active request {request_id!r} on this engine")
         return r
 
-    def pause_request(self, request_id: str, timeout_s: float = 30.0) -> TransferHeader:
-        """Stop scheduling ``request_id`` (waiting out the step in flight) and describe its state."""
+    def pause_request(
+        self, request_id: str, timeout_s: float = 30.0, *, moving_to: str = ""
+    ) -> TransferHeader:
+        """Stop scheduling ``request_id`` (waiting out the step in flight) and describe its state.
+        ``moving_to``: the pause is a migration's (one at a time per request)."""
         with self._cond:
             r = self._active(request_id)
+            if moving_to:
+                if (other := self._moving.get(request_id)) is not None:
+                    raise MigrationConflictError(
+                        f"request {request_id!r} is already being migrated to {other}"
+                    )
+                self._moving[request_id] = moving_to
             self.core.pause(request_id)
+            self._pauses[request_id] = self._pauses.get(request_id, 0) + 1
             deadline = time.monotonic() + timeout_s
             while self.core.in_flight(request_id):
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                    self.core.resume(request_id)
+                    self._release_locked(request_id, bool(moving_to))
                     raise TransferError(f"request {request_id!r} did not leave its iteration in {timeout_s}s")
             kv = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
             rng = r.generator.get_state().numpy().tobytes() if r.generator is not None else b""
@@ -71,15 +94,27 @@ class MigrationOps:
                 age_s=time.monotonic() - r.req.arrival_s,
             )
 
-    def resume_request(self, request_id: str) -> bool:
-        """Schedule a paused request again (the transfer failed); False if it is gone."""
+    def resume_request(self, request_id: str, *, moving: bool = False) -> bool:
+        """Release one pause (``moving``: the migration's, which failed); the request is scheduled again
+        when no pause holds it. False if it is gone."""
         with self._cond:
-            r = self._requests.get(request_id)
-            if r is None or r.finished:
-                return False
+            return self._release_locked(request_id, moving)
+
+    def _release_locked(self, request_id: str, moving: bool) -> bool:
+        if moving:
+            self._moving.pop(request_id, None)
+        held = self._pauses.get(request_id, 0) - 1
+        if held > 0:
+            self._pauses[request_id] = held
+        else:
+            self._pauses.pop(request_id, None)
+        r = self._requests.get(request_id)
+        if r is None or r.finished:
+            return False
+        if held <= 0:
             self.core.resume(request_id)
             self._cond.notify_all()
-            return True
+        return True
 
     def export_kv(self, request_id: str, start: int, end: int) -> bytes:
         """K/V of tokens [start, end) of a paused request in the canonical layout."""
@@ -96,6 +131,8 @@ class MigrationOps:
     def finish_migrated(self, request_id: str, destination: str) -> None:
         """End the source side: final chunk MIGRATED (naming the destination), blocks freed."""
         with self._cond:
+            self._moving.pop(request_id, None)
+            self._pauses.pop(request_id, None)
             r = self._active(request_id)
             self._finish_locked(r, FinishReason.MIGRATED, migrated_to=destination)  # type: ignore[attr-defined]
             self._cond.notify_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from llmfleet_engine.models import LoadedModel
@@ -37,6 +38,14 @@ class ResourceExhaustedError(RuntimeError):
 
 class TransferError(RuntimeError):
     """A KV export/import/migration cannot proceed (unknown request, model or shape mismatch)."""
+
+
+class RequestNotFoundError(TransferError):
+    """The request to export or migrate is not active on this engine (finished, moved, never here)."""
+
+
+class MigrationConflictError(TransferError):
+    """The request is already being migrated (by another migration)."""
 
 
 class ModelConflictError(ValueError):
@@ -86,6 +95,26 @@ class ModelLoad:
 
 
 @dataclass(frozen=True)
+class RequestLoads:
+    """Per-request load, one column per field and one row per request the engine holds (no object per
+    request: a snapshot is taken often). ``tokens``: context (prompt + generated); ``kv_bytes``: the KV
+    it holds now; ``phases``: "waiting", "prefill" (its prompt is being computed) or "decode"."""
+
+    request_ids: Sequence[str] = ()
+    models: Sequence[str] = ()
+    tokens: Sequence[int] = ()
+    kv_bytes: Sequence[int] = ()
+    phases: Sequence[str] = ()
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def rows(self) -> Iterator[tuple[str, str, int, int, str]]:
+        """(request_id, model, tokens, kv_bytes, phase) per request."""
+        return zip(self.request_ids, self.models, self.tokens, self.kv_bytes, self.phases, strict=True)
+
+
+@dataclass(frozen=True)
 class LoadSnapshot:
     """Engine load at ``timestamp`` (seconds since the epoch)."""
 
@@ -100,6 +129,7 @@ class LoadSnapshot:
     kv_blocks_total: int = 0
     preemptions: int = 0
     kv_fragmentation: float = 0.0
+    requests: RequestLoads = RequestLoads()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,9 @@ from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
 from llmfleet_engine.models import ModelLoadError
 from llmfleet_engine.outputs import (
     ExecutorClosedError,
+    MigrationConflictError,
     ModelConflictError,
+    RequestNotFoundError,
     ResourceExhaustedError,
     TransferError,
 )
@@ -294,10 +296,10 @@ class PlacementFollower:
                     await kv_rpc.migrate(ex, self.engine_id, rid, dest)  # type: ignore[arg-type]
                     moved = True
                     break
+                except (RequestNotFoundError, MigrationConflictError):
+                    moved = True  # it finished meanwhile, or another migration is moving it
+                    break
                 except TransferError as e:
-                    if "no active request" in str(e):
-                        moved = True  # it finished meanwhile
-                        break
                     log.warning("%s: could not migrate %s to %s: %s", self.engine_id, rid, dest, e)
                 except Exception as e:  # a destination that went away: try the next one
                     log.warning("%s: migrating %s to %s failed: %s", self.engine_id, rid, dest, e)

@@ -15,6 +15,7 @@ from llmfleet.types import ModelSpec
 from llmfleet_engine import kv_rpc, profiling
 from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
 from llmfleet_engine.executor import Executor
+from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS, LinkTable, MigrateCall, Migrations
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
@@ -36,6 +37,9 @@ from llmfleet_engine.validation import (
 )
 
 log = logging.getLogger(__name__)
+
+MODE_TO_PROTO = {"kv": engine_pb2.MIGRATE_MODE_KV, "tokens": engine_pb2.MIGRATE_MODE_TOKENS}
+MODE_FROM_PROTO = {v: k for k, v in MODE_TO_PROTO.items()}
 
 DEFAULT_WATCH_INTERVAL_S = 1.0
 MIN_WATCH_INTERVAL_S = 0.05
@@ -68,7 +72,7 @@ def chunk_to_proto(chunk: EngineChunk, engine_id: str) -> common_pb2.TokenChunk:
 
 
 def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnapshot:
-    return common_pb2.LoadSnapshot(
+    msg = common_pb2.LoadSnapshot(
         engine_id=engine_id,
         timestamp=snap.timestamp,
         running=snap.running,
@@ -93,6 +97,10 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
         preemptions=snap.preemptions,
         kv_fragmentation=snap.kv_fragmentation,
     )
+    add = msg.requests.add  # one message per request, built in place
+    for rid, model, tokens, kv_bytes, phase in snap.requests.rows():
+        add(request_id=rid, model=model, tokens=tokens, kv_bytes=kv_bytes, phase=phase)
+    return msg
 
 
 def loaded_model_to_proto(m: LoadedModel, executor: EngineBackend) -> engine_pb2.LoadedModel:
@@ -120,11 +128,19 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         unattached_timeout_s: float = 30.0,
+        max_migrations: int = DEFAULT_MAX_MIGRATIONS,
+        links: LinkTable | None = None,
     ) -> None:
         self.executor = executor
         self.engine_id = engine_id
         self.default_max_tokens = default_max_tokens
         self.unattached_timeout_s = unattached_timeout_s
+        self.links = links if links is not None else LinkTable()
+        self.migrations = (
+            Migrations(executor, engine_id, max_in_flight=max_migrations, links=self.links)
+            if isinstance(executor, KvMigrationBackend)
+            else None
+        )
         self._reapers: set[asyncio.Task] = set()
 
     def engine_info(self) -> engine_pb2.EngineInfo:
@@ -136,6 +152,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             memory_bytes=ex.memory_bytes,
             kv_capacity_bytes=ex.kv_capacity_bytes,
             models=[loaded_model_to_proto(m, ex) for _, m in sorted(ex.models.items())],
+            links=[
+                engine_pb2.LinkEstimate(
+                    destination=e.destination,
+                    bytes_per_s=e.bytes_per_s,
+                    bytes=e.bytes,
+                    seconds=e.seconds,
+                    source=e.source,
+                    timestamp=e.timestamp,
+                )
+                for e in self.links.estimates()
+            ],
+            max_migrations=self.migrations.max_in_flight if self.migrations is not None else 0,
         )
         if isinstance(ex, Executor):
             info.kv_block_bytes = ex.plan.block_bytes
@@ -299,26 +327,60 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> engine_pb2.MigrateResponse:
         if why := self._require_kv_transfer():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        assert self.migrations is not None  # a KvMigrationBackend has them
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must not be empty")
         if not request.destination:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "destination: host:port is required")
-        try:
-            result = await kv_rpc.migrate(
-                self.executor,
-                self.engine_id,
-                request.request_id,
-                request.destination,
-                request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS,
-            )
-        except TransferError as e:
-            code = grpc.StatusCode.NOT_FOUND if "no active request" in str(e) else grpc.StatusCode.ABORTED
-            await context.abort(code, str(e))
+        mode = MODE_FROM_PROTO.get(request.mode)
+        if mode is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"mode: unknown MigrateMode {request.mode}")
+        call = MigrateCall(
+            request.request_id,
+            request.destination,
+            mode,  # type: ignore[arg-type]
+            request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS,
+        )
+        outcome = await self.migrations.migrate(call, request.migration_id)
+        if outcome.code is not None:
+            await context.abort(outcome.code, outcome.details)
+        result = outcome.result
+        assert result is not None
         return engine_pb2.MigrateResponse(
             request_id=request.request_id,
             num_tokens=result.num_tokens,
             bytes=result.bytes,
             transfer_s=result.transfer_s,
             pause_s=result.pause_s,
+            mode=MODE_TO_PROTO[result.mode],
+            migration_id=outcome.migration_id,
         )
+
+    # ---------------------------------------------------------- link probes
+
+    async def MeasureLink(
+        self, request: engine_pb2.MeasureLinkRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.MeasureLinkResponse:
+        if not request.destination:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "destination: host:port is required")
+        nbytes = request.bytes or kv_rpc.DEFAULT_PROBE_BYTES
+        if nbytes > kv_rpc.MAX_PROBE_BYTES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"bytes: at most {kv_rpc.MAX_PROBE_BYTES}, got {nbytes}"
+            )
+        try:
+            m = await kv_rpc.measure_link(request.destination, nbytes)
+        except TransferError as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        self.links.record(m.destination, m.bytes, m.seconds, "probe")
+        return engine_pb2.MeasureLinkResponse(
+            destination=m.destination, bytes=m.bytes, seconds=m.seconds, bytes_per_s=m.bytes_per_s
+        )
+
+    async def ReceiveProbe(
+        self, request_iterator: AsyncIterator[engine_pb2.ProbeChunk], context: grpc.aio.ServicerContext
+    ) -> engine_pb2.ProbeAck:
+        return await kv_rpc.receive_probe(request_iterator)
 
     # -------------------------------------------------------------- profiling
 

@@ -11,7 +11,8 @@ What differs from the native executor:
   request is re-prefilled from ``prompt_token_ids + resume_token_ids`` (token transfer);
 * ``load_snapshot`` KV numbers are adapter-side estimates (prompt + generated tokens of requests that
   have produced output, times the model's bytes per token), not vLLM's block usage; a request counts
-  as *waiting* until its first output arrives and as *running* afterwards;
+  as *waiting* until its first output arrives and as *running* afterwards (per request: phase
+  "waiting", then "decode"; no "prefill");
 * ``kv_capacity_bytes`` is ``num_gpu_blocks * block_size * kv_bytes_per_token`` when the installed vLLM
   exposes the block count after start-up, else the estimate ``memory share - weights``.
 
@@ -42,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from llmfleet_engine.outputs import ExecutorClosedError, LoadSnapshot, ModelLoad
+from llmfleet_engine.outputs import ExecutorClosedError, LoadSnapshot, ModelLoad, RequestLoads
 from llmfleet_engine.vllm_compat import BackendUnavailable, import_vllm, total_gpu_memory_bytes
 from llmfleet_engine.vllm_config import BACKEND, VllmConfig
 from llmfleet_engine.vllm_models import ModelRuntime, VllmLoadedModel, VllmModels
@@ -85,15 +86,29 @@ class VllmExecutor(VllmModels, VllmRequests):
         with self._lock:
             per_model = {name: [0, 0, 0] for name in self._runtimes}  # running, waiting, kv tokens
             bpt = {name: rt.model.kv_bytes_per_token for name, rt in self._runtimes.items()}
+            ids: list[str] = []
+            mods: list[str] = []
+            toks: list[int] = []
+            kvb: list[int] = []
+            phases: list[str] = []
             for state in self._requests.values():
-                counts = per_model.get(state.req.model)
+                req = state.req
+                counts = per_model.get(req.model)
                 if counts is None:
                     continue
+                tokens = req.prompt_tokens + len(state.assembler.tokens)
+                ids.append(req.request_id)
+                mods.append(req.model)
+                toks.append(tokens)
                 if state.first_token_s is None:
                     counts[1] += 1
+                    kvb.append(0)
+                    phases.append("waiting")
                 else:
                     counts[0] += 1
-                    counts[2] += state.req.prompt_tokens + len(state.assembler.tokens)
+                    counts[2] += tokens
+                    kvb.append(tokens * bpt[req.model])
+                    phases.append("decode")
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
             capacity = sum(rt.kv_capacity_bytes for rt in self._runtimes.values())
@@ -109,6 +124,7 @@ class VllmExecutor(VllmModels, VllmRequests):
             kv_capacity_bytes=capacity,
             tokens_per_s=generated / self.config.throughput_window_s,
             models=models,
+            requests=RequestLoads(ids, mods, toks, kvb, phases),
         )
 
     def close(self, timeout_s: float | None = None) -> None:

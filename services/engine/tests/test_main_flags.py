@@ -66,3 +66,11 @@ def test_bad_policy_options_are_usage_errors(
     with pytest.raises(SystemExit) as e:
         main.build_parser().parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_max_migrations_flag(capsys: pytest.CaptureFixture) -> None:
+    assert main.build_parser().parse_args([]).max_migrations == 4
+    assert main.build_parser().parse_args(["--max-migrations", "9"]).max_migrations == 9
+    with pytest.raises(SystemExit) as e:
+        main.build_parser().parse_args(["--max-migrations", "0"])
+    assert e.value.code == 2 and "--max-migrations: must be >= 1" in capsys.readouterr().err

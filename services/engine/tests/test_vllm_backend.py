@@ -195,6 +195,9 @@ async def test_cancel_and_closing_streams(vexec: vb.VllmExecutor, llama: LoadedM
     (load,) = snap.models
     assert load.kv_tokens >= req.prompt_tokens + 1
     assert load.kv_used_bytes == load.kv_tokens * model.kv_bytes_per_token
+    assert list(snap.requests.rows()) == [
+        ("long", "tiny-llama", load.kv_tokens, load.kv_used_bytes, "decode")
+    ]
     with pytest.raises(DuplicateRequestError):
         vexec.submit(build_request(model, prompt, max_tokens=5, request_id="long"))
     assert vexec.cancel("long")
@@ -338,6 +341,10 @@ async def test_servicer_over_the_vllm_executor(vexec: vb.VllmExecutor, llama: Lo
                 pass
         assert info_.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "re-prefill" in info_.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as info_:
+            await stub.Migrate(engine_pb2.MigrateRequest(request_id="x", destination="localhost:1"))
+        assert info_.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.max_migrations == 0
     finally:
         await channel.close()
         await server.stop(0)

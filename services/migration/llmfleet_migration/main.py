@@ -1,4 +1,9 @@
-"""``llmfleet-migration``: leader-elected migration coordinator; serves Status (per-engine KV use)."""
+"""``llmfleet-migration``: leader-elected migration coordinator.
+
+Every replica follows the engines' load streams (a standby takes over with a warm picture); the
+leader runs ``--policy`` (mell, llumnix_lb, none) every ``--epoch-s`` and executes its migrations
+(``coordinator.py``). Status shows per-engine KV use, active flags, Mell GPU types, migrations and
+epochs."""
 
 from __future__ import annotations
 
@@ -9,10 +14,13 @@ import logging
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection, node_view
 from llmfleet.load.monitor import LoadMonitor
+from llmfleet.policies.migration import POLICIES, TRANSFERS, make_migration_policy, make_transfer_planner
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
+from llmfleet_migration.coordinator import MigrationCoordinator
+from llmfleet_migration.executor import MigrationExecutor
 from llmfleet_migration.servicer import MigrationServicer
 
 ROLE = "migration"
@@ -42,6 +50,17 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
         # Every replica follows engine load so a standby can take over with a warm picture.
         n.spawn(monitor.track(nodes), "migration-load-monitor")
         servicer.election = LeaderElection(n.etcd, ROLE, nid, n.settings.lease_ttl_s)
+        executor = MigrationExecutor(
+            lambda: {k: v.address for k, v in nodes.snapshot().items()}, max_concurrency=args.max_concurrency
+        )
+        coordinator = MigrationCoordinator(
+            nid, args.policy, make_migration_policy(args.policy), make_transfer_planner(args.transfer),
+            monitor, nodes, n.etcd, executor, epoch_s=args.epoch_s, election=servicer.election,
+            link_bytes_per_s=args.link_bytes_per_s, prefill_tokens_per_epoch=args.prefill_tokens_per_epoch,
+        )  # fmt: skip
+        servicer.coordinator = coordinator
+        n.spawn(coordinator.run(), "migration-epochs")
+        closers.append(executor.close)
 
         async def on_elected() -> None:
             log.info("%s is the migration leader", nid)
@@ -53,7 +72,12 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
 
     node.on_etcd.append(attach)
 
+    closers: list = []
+
     async def cleanup() -> None:
+        for close in closers:
+            with contextlib.suppress(Exception):
+                await close()
         await monitor.close()
         if servicer.election is not None:
             with contextlib.suppress(Exception):
@@ -67,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-migration", description=__doc__)
     add_common_args(ap, ROLE, default_port=50054)
     ap.add_argument("--load-interval-s", type=float, default=1.0, help="WatchLoad snapshot interval")
+    ap.add_argument(
+        "--policy", choices=sorted(POLICIES), default="none", help="migration policy (default none)"
+    )
+    ap.add_argument("--transfer", choices=sorted(TRANSFERS), default="hybrid", help="how moves travel")
+    ap.add_argument("--epoch-s", type=float, default=1.0, help="seconds between epochs (default 1)")
+    ap.add_argument("--max-concurrency", type=int, default=4, help="migrations in flight at once")
+    ap.add_argument(
+        "--link-bytes-per-s", type=float, default=1e9,
+        help="link bandwidth assumed until a KV migration over the link measures it (default 1e9)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prefill-tokens-per-epoch", type=float, default=2048.0,
+        help="re-prefill tokens a destination absorbs per epoch (the computation boundary; default 2048)",
+    )  # fmt: skip
     return ap
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
+from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
@@ -14,7 +15,7 @@ from llmfleet.rpc.server import GrpcServer, service_name
 
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.relay import Relay
-from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
+from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher, mell_view_of
 from llmfleet_scheduler.servicer import SchedulerServicer
 from llmfleet_scheduler.stats_reporter import StatsReporter
 
@@ -69,6 +70,10 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         if stats is not None:
             stats.etcd = n.etcd
             n.spawn(stats.run(), "scheduler-stats-reporter")
+        migration = migration_state_view(n.etcd)  # the migration leader's Mell view (mell dispatch)
+        await migration.start()
+        router.mell_view = lambda: mell_view_of(migration.snapshot().get(""))
+        n.on_stop.append(migration.stop)
 
     node.on_etcd.append(attach_views)
     node.on_stop.append(servicer.close)

@@ -16,11 +16,14 @@ prediction: the request proceeds with ``None``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
+from llmfleet.coord.migration_state import MigrationState
 from llmfleet.policies.dispatch import (
     POLICIES,
     DispatchContext,
@@ -29,6 +32,8 @@ from llmfleet.policies.dispatch import (
     dispatch_needs,
     make_dispatch_policy,
 )
+from llmfleet.policies.dispatch.mell import MellDispatch
+from llmfleet.policies.migration import MellView
 from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -36,11 +41,26 @@ from llmfleet_scheduler.directory import ClusterDirectory
 log = logging.getLogger(__name__)
 
 
+def mell_view_of(state: MigrationState | None) -> MellView | None:
+    """The Mell view a migration leader published (None: no leader yet, or another policy)."""
+    if state is None or not state.view:
+        return None
+    try:
+        return MellView.from_json(json.dumps(state.view))
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning(
+            "migration_state epoch %d: unreadable Mell view (%s); dispatching by best fit", state.epoch, e
+        )
+        return None
+
+
 @dataclass
 class DispatchRouter:
     default: str = "round_robin"
     hardware: str = "cpu"
     load_source: bool = True  # engine load reports reach the candidates (the load monitor runs)
+    # the migration leader's Mell view (etcd migration_state), for the mell dispatch policy
+    mell_view: Callable[[], MellView | None] | None = None
     _policies: dict[tuple[str, str], DispatchPolicy] = field(default_factory=dict)
 
     def check_default(self) -> None:
@@ -71,6 +91,8 @@ class DispatchRouter:
         policy = self._policies.get(key)
         if policy is None:
             policy = make_dispatch_policy(name, self.context(name, spec))
+            if isinstance(policy, MellDispatch) and self.mell_view is not None:
+                policy.view_source = self.mell_view  # arrivals go where the leader's Allocate would put them
             self._policies[key] = policy
         return policy
 

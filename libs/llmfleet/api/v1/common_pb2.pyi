@@ -90,8 +90,22 @@ class ModelLoad(_message.Message):
     tokens_per_block: int
     def __init__(self, model: _Optional[str] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., tokens_per_block: _Optional[int] = ...) -> None: ...
 
+class RequestLoad(_message.Message):
+    __slots__ = ("request_id", "model", "tokens", "kv_bytes", "phase")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    tokens: int
+    kv_bytes: int
+    phase: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., phase: _Optional[str] = ...) -> None: ...
+
 class LoadSnapshot(_message.Message):
-    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation")
+    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +118,7 @@ class LoadSnapshot(_message.Message):
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     KV_FRAGMENTATION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     timestamp: float
     running: int
@@ -116,7 +131,8 @@ class LoadSnapshot(_message.Message):
     kv_blocks_total: int
     preemptions: int
     kv_fragmentation: float
-    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ...) -> None: ...
+    requests: _containers.RepeatedCompositeFieldContainer[RequestLoad]
+    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from llmfleet.api.v1 import common_pb2 as llmfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmfleet/v1/engine.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\xd3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\x05\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x1f\n\x17predicted_output_tokens\x18\x07 \x01(\x01\x12\x12\n\ndeadline_s\x18\x08 \x01(\x01\"8\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\"9\n\x10LoadModelRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmfleet.v1.ModelSpec\"]\n\x11LoadModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cweight_bytes\x18\x02 \x01(\x04\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\"#\n\x12UnloadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\'\n\x13UnloadModelResponse\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xba\x01\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x14\n\x0cweight_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x1a\n\x12kv_bytes_per_token\x18\x06 \x01(\x04\x12\x18\n\x10tokens_per_block\x18\x07 \x01(\r\x12\x16\n\x0ereserved_bytes\x18\x08 \x01(\x04\"\xf7\x01\n\nEngineInfo\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x05 \x01(\x04\x12(\n\x06models\x18\x06 \x03(\x0b\x32\x18.llmfleet.v1.LoadedModel\x12\x16\n\x0ekv_block_bytes\x18\x07 \x01(\x04\x12\x15\n\rkv_num_blocks\x18\x08 \x01(\r\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x1b\n\x13memory_budget_bytes\x18\n \x01(\x04\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"T\n\x07KvShape\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xb1\x02\n\x10KvTransferHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x05shape\x18\x03 \x01(\x0b\x32\x14.llmfleet.v1.KvShape\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\x12\x1b\n\x13generated_token_ids\x18\x06 \x03(\x05\x12-\n\x08sampling\x18\x07 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x0f\n\x07service\x18\x08 \x01(\t\x12\x11\n\trng_state\x18\t \x01(\x0c\x12\r\n\x05\x61ge_s\x18\n \x01(\x01\x12\x18\n\x10source_engine_id\x18\x0b \x01(\t\x12\x0e\n\x06prompt\x18\x0c \x01(\t\"?\n\x06KvData\x12\x13\n\x0bstart_token\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"j\n\x07KvChunk\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.llmfleet.v1.KvTransferHeaderH\x00\x12#\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x13.llmfleet.v1.KvDataH\x00\x42\t\n\x07payload\";\n\x0f\x45xportKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\x02 \x01(\r\"Y\n\x10ImportKvResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"O\n\x0eMigrateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"m\n\x0fMigrateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01\x12\x0f\n\x07pause_s\x18\x05 \x01(\x01\"u\n\x0eProfileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x02 \x03(\r\x12\x15\n\rinput_lengths\x18\x03 \x03(\r\x12\x17\n\x0f\x63ontext_lengths\x18\x04 \x03(\r\x12\x0f\n\x07repeats\x18\x05 \x01(\r\"S\n\rProfileSample\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"]\n\x0fProfileResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12+\n\x07samples\x18\x03 \x03(\x0b\x32\x1a.llmfleet.v1.ProfileSample2\xc9\x05\n\x06\x45ngine\x12\x43\n\x08Generate\x12\x1c.llmfleet.v1.GenerateRequest\x1a\x17.llmfleet.v1.TokenChunk0\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.llmfleet.v1.CancelRequest\x1a\x1b.llmfleet.v1.CancelResponse\x12J\n\tLoadModel\x12\x1d.llmfleet.v1.LoadModelRequest\x1a\x1e.llmfleet.v1.LoadModelResponse\x12P\n\x0bUnloadModel\x12\x1f.llmfleet.v1.UnloadModelRequest\x1a .llmfleet.v1.UnloadModelResponse\x12?\n\x07GetInfo\x12\x1b.llmfleet.v1.GetInfoRequest\x1a\x17.llmfleet.v1.EngineInfo\x12G\n\tWatchLoad\x12\x1d.llmfleet.v1.WatchLoadRequest\x1a\x19.llmfleet.v1.LoadSnapshot0\x01\x12@\n\x08\x45xportKv\x12\x1c.llmfleet.v1.ExportKvRequest\x1a\x14.llmfleet.v1.KvChunk0\x01\x12\x41\n\x08ImportKv\x12\x14.llmfleet.v1.KvChunk\x1a\x1d.llmfleet.v1.ImportKvResponse(\x01\x12\x44\n\x07Migrate\x12\x1b.llmfleet.v1.MigrateRequest\x1a\x1c.llmfleet.v1.MigrateResponse\x12\x44\n\x07Profile\x12\x1b.llmfleet.v1.ProfileRequest\x1a\x1c.llmfleet.v1.ProfileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmfleet/v1/engine.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\xd3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\x05\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x1f\n\x17predicted_output_tokens\x18\x07 \x01(\x01\x12\x12\n\ndeadline_s\x18\x08 \x01(\x01\"8\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\"9\n\x10LoadModelRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmfleet.v1.ModelSpec\"]\n\x11LoadModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cweight_bytes\x18\x02 \x01(\x04\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\"#\n\x12UnloadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\'\n\x13UnloadModelResponse\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xba\x01\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x14\n\x0cweight_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x1a\n\x12kv_bytes_per_token\x18\x06 \x01(\x04\x12\x18\n\x10tokens_per_block\x18\x07 \x01(\r\x12\x16\n\x0ereserved_bytes\x18\x08 \x01(\x04\"\xb9\x02\n\nEngineInfo\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x05 \x01(\x04\x12(\n\x06models\x18\x06 \x03(\x0b\x32\x18.llmfleet.v1.LoadedModel\x12\x16\n\x0ekv_block_bytes\x18\x07 \x01(\x04\x12\x15\n\rkv_num_blocks\x18\x08 \x01(\r\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x1b\n\x13memory_budget_bytes\x18\n \x01(\x04\x12(\n\x05links\x18\x0b \x03(\x0b\x32\x19.llmfleet.v1.LinkEstimate\x12\x16\n\x0emax_migrations\x18\x0c \x01(\r\"{\n\x0cLinkEstimate\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\x13\n\x0b\x62ytes_per_s\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x11\n\ttimestamp\x18\x06 \x01(\x01\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"T\n\x07KvShape\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xb1\x02\n\x10KvTransferHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x05shape\x18\x03 \x01(\x0b\x32\x14.llmfleet.v1.KvShape\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\x12\x1b\n\x13generated_token_ids\x18\x06 \x03(\x05\x12-\n\x08sampling\x18\x07 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x0f\n\x07service\x18\x08 \x01(\t\x12\x11\n\trng_state\x18\t \x01(\x0c\x12\r\n\x05\x61ge_s\x18\n \x01(\x01\x12\x18\n\x10source_engine_id\x18\x0b \x01(\t\x12\x0e\n\x06prompt\x18\x0c \x01(\t\"?\n\x06KvData\x12\x13\n\x0bstart_token\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"j\n\x07KvChunk\x12/\n\x06header\x18\x01 \x01(\x0b\x32\x1d.llmfleet.v1.KvTransferHeaderH\x00\x12#\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x13.llmfleet.v1.KvDataH\x00\x42\t\n\x07payload\";\n\x0f\x45xportKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\x02 \x01(\r\"Y\n\x10ImportKvResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"\x8d\x01\n\x0eMigrateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12&\n\x04mode\x18\x04 \x01(\x0e\x32\x18.llmfleet.v1.MigrateMode\x12\x14\n\x0cmigration_id\x18\x05 \x01(\t\"\xab\x01\n\x0fMigrateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01\x12\x0f\n\x07pause_s\x18\x05 \x01(\x01\x12&\n\x04mode\x18\x06 \x01(\x0e\x32\x18.llmfleet.v1.MigrateMode\x12\x14\n\x0cmigration_id\x18\x07 \x01(\t\"8\n\x12MeasureLinkRequest\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"_\n\x13MeasureLinkResponse\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x62ytes_per_s\x18\x04 \x01(\x01\"\x1a\n\nProbeChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"*\n\x08ProbeAck\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"u\n\x0eProfileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x02 \x03(\r\x12\x15\n\rinput_lengths\x18\x03 \x03(\r\x12\x17\n\x0f\x63ontext_lengths\x18\x04 \x03(\r\x12\x0f\n\x07repeats\x18\x05 \x01(\r\"S\n\rProfileSample\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"]\n\x0fProfileResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12+\n\x07samples\x18\x03 \x03(\x0b\x32\x1a.llmfleet.v1.ProfileSample*;\n\x0bMigrateMode\x12\x13\n\x0fMIGRATE_MODE_KV\x10\x00\x12\x17\n\x13MIGRATE_MODE_TOKENS\x10\x01\x32\xdd\x06\n\x06\x45ngine\x12\x43\n\x08Generate\x12\x1c.llmfleet.v1.GenerateRequest\x1a\x17.llmfleet.v1.TokenChunk0\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.llmfleet.v1.CancelRequest\x1a\x1b.llmfleet.v1.CancelResponse\x12J\n\tLoadModel\x12\x1d.llmfleet.v1.LoadModelRequest\x1a\x1e.llmfleet.v1.LoadModelResponse\x12P\n\x0bUnloadModel\x12\x1f.llmfleet.v1.UnloadModelRequest\x1a .llmfleet.v1.UnloadModelResponse\x12?\n\x07GetInfo\x12\x1b.llmfleet.v1.GetInfoRequest\x1a\x17.llmfleet.v1.EngineInfo\x12G\n\tWatchLoad\x12\x1d.llmfleet.v1.WatchLoadRequest\x1a\x19.llmfleet.v1.LoadSnapshot0\x01\x12@\n\x08\x45xportKv\x12\x1c.llmfleet.v1.ExportKvRequest\x1a\x14.llmfleet.v1.KvChunk0\x01\x12\x41\n\x08ImportKv\x12\x14.llmfleet.v1.KvChunk\x1a\x1d.llmfleet.v1.ImportKvResponse(\x01\x12\x44\n\x07Migrate\x12\x1b.llmfleet.v1.MigrateRequest\x1a\x1c.llmfleet.v1.MigrateResponse\x12P\n\x0bMeasureLink\x12\x1f.llmfleet.v1.MeasureLinkRequest\x1a .llmfleet.v1.MeasureLinkResponse\x12@\n\x0cReceiveProbe\x12\x17.llmfleet.v1.ProbeChunk\x1a\x15.llmfleet.v1.ProbeAck(\x01\x12\x44\n\x07Profile\x12\x1b.llmfleet.v1.ProfileRequest\x1a\x1c.llmfleet.v1.ProfileResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmfleet.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_MIGRATEMODE']._serialized_start=2822
+  _globals['_MIGRATEMODE']._serialized_end=2881
   _globals['_GENERATEREQUEST']._serialized_start=68
   _globals['_GENERATEREQUEST']._serialized_end=279
   _globals['_MODELSPEC']._serialized_start=281
@@ -49,31 +51,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADEDMODEL']._serialized_start=590
   _globals['_LOADEDMODEL']._serialized_end=776
   _globals['_ENGINEINFO']._serialized_start=779
-  _globals['_ENGINEINFO']._serialized_end=1026
-  _globals['_WATCHLOADREQUEST']._serialized_start=1028
-  _globals['_WATCHLOADREQUEST']._serialized_end=1066
-  _globals['_KVSHAPE']._serialized_start=1068
-  _globals['_KVSHAPE']._serialized_end=1152
-  _globals['_KVTRANSFERHEADER']._serialized_start=1155
-  _globals['_KVTRANSFERHEADER']._serialized_end=1460
-  _globals['_KVDATA']._serialized_start=1462
-  _globals['_KVDATA']._serialized_end=1525
-  _globals['_KVCHUNK']._serialized_start=1527
-  _globals['_KVCHUNK']._serialized_end=1633
-  _globals['_EXPORTKVREQUEST']._serialized_start=1635
-  _globals['_EXPORTKVREQUEST']._serialized_end=1694
-  _globals['_IMPORTKVRESPONSE']._serialized_start=1696
-  _globals['_IMPORTKVRESPONSE']._serialized_end=1785
-  _globals['_MIGRATEREQUEST']._serialized_start=1787
-  _globals['_MIGRATEREQUEST']._serialized_end=1866
-  _globals['_MIGRATERESPONSE']._serialized_start=1868
-  _globals['_MIGRATERESPONSE']._serialized_end=1977
-  _globals['_PROFILEREQUEST']._serialized_start=1979
-  _globals['_PROFILEREQUEST']._serialized_end=2096
-  _globals['_PROFILESAMPLE']._serialized_start=2098
-  _globals['_PROFILESAMPLE']._serialized_end=2181
-  _globals['_PROFILERESPONSE']._serialized_start=2183
-  _globals['_PROFILERESPONSE']._serialized_end=2276
-  _globals['_ENGINE']._serialized_start=2279
-  _globals['_ENGINE']._serialized_end=2992
+  _globals['_ENGINEINFO']._serialized_end=1092
+  _globals['_LINKESTIMATE']._serialized_start=1094
+  _globals['_LINKESTIMATE']._serialized_end=1217
+  _globals['_WATCHLOADREQUEST']._serialized_start=1219
+  _globals['_WATCHLOADREQUEST']._serialized_end=1257
+  _globals['_KVSHAPE']._serialized_start=1259
+  _globals['_KVSHAPE']._serialized_end=1343
+  _globals['_KVTRANSFERHEADER']._serialized_start=1346
+  _globals['_KVTRANSFERHEADER']._serialized_end=1651
+  _globals['_KVDATA']._serialized_start=1653
+  _globals['_KVDATA']._serialized_end=1716
+  _globals['_KVCHUNK']._serialized_start=1718
+  _globals['_KVCHUNK']._serialized_end=1824
+  _globals['_EXPORTKVREQUEST']._serialized_start=1826
+  _globals['_EXPORTKVREQUEST']._serialized_end=1885
+  _globals['_IMPORTKVRESPONSE']._serialized_start=1887
+  _globals['_IMPORTKVRESPONSE']._serialized_end=1976
+  _globals['_MIGRATEREQUEST']._serialized_start=1979
+  _globals['_MIGRATEREQUEST']._serialized_end=2120
+  _globals['_MIGRATERESPONSE']._serialized_start=2123
+  _globals['_MIGRATERESPONSE']._serialized_end=2294
+  _globals['_MEASURELINKREQUEST']._serialized_start=2296
+  _globals['_MEASURELINKREQUEST']._serialized_end=2352
+  _globals['_MEASURELINKRESPONSE']._serialized_start=2354
+  _globals['_MEASURELINKRESPONSE']._serialized_end=2449
+  _globals['_PROBECHUNK']._serialized_start=2451
+  _globals['_PROBECHUNK']._serialized_end=2477
+  _globals['_PROBEACK']._serialized_start=2479
+  _globals['_PROBEACK']._serialized_end=2521
+  _globals['_PROFILEREQUEST']._serialized_start=2523
+  _globals['_PROFILEREQUEST']._serialized_end=2640
+  _globals['_PROFILESAMPLE']._serialized_start=2642
+  _globals['_PROFILESAMPLE']._serialized_end=2725
+  _globals['_PROFILERESPONSE']._serialized_start=2727
+  _globals['_PROFILERESPONSE']._serialized_end=2820
+  _globals['_ENGINE']._serialized_start=2884
+  _globals['_ENGINE']._serialized_end=3745
 # @@protoc_insertion_point(module_scope)

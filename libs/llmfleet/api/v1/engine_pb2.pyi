@@ -1,11 +1,19 @@
 from llmfleet.api.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MigrateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATE_MODE_KV: _ClassVar[MigrateMode]
+    MIGRATE_MODE_TOKENS: _ClassVar[MigrateMode]
+MIGRATE_MODE_KV: MigrateMode
+MIGRATE_MODE_TOKENS: MigrateMode
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s")
@@ -92,7 +100,7 @@ class LoadedModel(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., architecture: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., max_context: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., tokens_per_block: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("engine_id", "device", "backend", "memory_bytes", "kv_capacity_bytes", "models", "kv_block_bytes", "kv_num_blocks", "policy", "memory_budget_bytes")
+    __slots__ = ("engine_id", "device", "backend", "memory_bytes", "kv_capacity_bytes", "models", "kv_block_bytes", "kv_num_blocks", "policy", "memory_budget_bytes", "links", "max_migrations")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +111,8 @@ class EngineInfo(_message.Message):
     KV_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     device: str
     backend: str
@@ -113,7 +123,25 @@ class EngineInfo(_message.Message):
     kv_num_blocks: int
     policy: str
     memory_budget_bytes: int
-    def __init__(self, engine_id: _Optional[str] = ..., device: _Optional[str] = ..., backend: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., kv_block_bytes: _Optional[int] = ..., kv_num_blocks: _Optional[int] = ..., policy: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkEstimate]
+    max_migrations: int
+    def __init__(self, engine_id: _Optional[str] = ..., device: _Optional[str] = ..., backend: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., kv_block_bytes: _Optional[int] = ..., kv_num_blocks: _Optional[int] = ..., policy: _Optional[str] = ..., memory_budget_bytes: _Optional[int] = ..., links: _Optional[_Iterable[_Union[LinkEstimate, _Mapping]]] = ..., max_migrations: _Optional[int] = ...) -> None: ...
+
+class LinkEstimate(_message.Message):
+    __slots__ = ("destination", "bytes_per_s", "bytes", "seconds", "source", "timestamp")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    destination: str
+    bytes_per_s: float
+    bytes: int
+    seconds: float
+    source: str
+    timestamp: float
+    def __init__(self, destination: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., source: _Optional[str] = ..., timestamp: _Optional[float] = ...) -> None: ...
 
 class WatchLoadRequest(_message.Message):
     __slots__ = ("interval_s",)
@@ -200,28 +228,70 @@ class ImportKvResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class MigrateRequest(_message.Message):
-    __slots__ = ("request_id", "destination", "chunk_tokens")
+    __slots__ = ("request_id", "destination", "chunk_tokens", "mode", "migration_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     destination: str
     chunk_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., destination: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
+    mode: MigrateMode
+    migration_id: str
+    def __init__(self, request_id: _Optional[str] = ..., destination: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., mode: _Optional[_Union[MigrateMode, str]] = ..., migration_id: _Optional[str] = ...) -> None: ...
 
 class MigrateResponse(_message.Message):
-    __slots__ = ("request_id", "num_tokens", "bytes", "transfer_s", "pause_s")
+    __slots__ = ("request_id", "num_tokens", "bytes", "transfer_s", "pause_s", "mode", "migration_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
     bytes: int
     transfer_s: float
     pause_s: float
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
+    mode: MigrateMode
+    migration_id: str
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., mode: _Optional[_Union[MigrateMode, str]] = ..., migration_id: _Optional[str] = ...) -> None: ...
+
+class MeasureLinkRequest(_message.Message):
+    __slots__ = ("destination", "bytes")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    destination: str
+    bytes: int
+    def __init__(self, destination: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class MeasureLinkResponse(_message.Message):
+    __slots__ = ("destination", "bytes", "seconds", "bytes_per_s")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    destination: str
+    bytes: int
+    seconds: float
+    bytes_per_s: float
+    def __init__(self, destination: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class ProbeChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ProbeAck(_message.Message):
+    __slots__ = ("bytes", "seconds")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    seconds: float
+    def __init__(self, bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
     __slots__ = ("model", "batch_sizes", "input_lengths", "context_lengths", "repeats")

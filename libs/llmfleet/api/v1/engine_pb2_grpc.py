@@ -81,6 +81,16 @@ class EngineStub:
                 request_serializer=llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.FromString,
                 _registered_method=True)
+        self.MeasureLink = channel.unary_unary(
+                '/llmfleet.v1.Engine/MeasureLink',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.MeasureLinkRequest.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.MeasureLinkResponse.FromString,
+                _registered_method=True)
+        self.ReceiveProbe = channel.stream_unary(
+                '/llmfleet.v1.Engine/ReceiveProbe',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.ProbeChunk.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_engine__pb2.ProbeAck.FromString,
+                _registered_method=True)
         self.Profile = channel.unary_unary(
                 '/llmfleet.v1.Engine/Profile',
                 request_serializer=llmfleet_dot_v1_dot_engine__pb2.ProfileRequest.SerializeToString,
@@ -147,7 +157,23 @@ class EngineServicer:
 
     def Migrate(self, request, context):
         """Live migration: stream the request to `destination` (ImportKv), then end its Generate stream here
-        with FINISH_REASON_MIGRATED. If the transfer fails the request keeps running here.
+        with FINISH_REASON_MIGRATED. If the transfer fails the request keeps running here. At most
+        --max-migrations run at once (beyond: RESOURCE_EXHAUSTED); a repeated `migration_id` returns the
+        first call's outcome; a request not on this engine is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MeasureLink(self, request, context):
+        """Streams `bytes` of probe payload to the engine at `destination` (its ReceiveProbe) and times it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReceiveProbe(self, request_iterator, context):
+        """The receiving end of MeasureLink: consumes the probe payload and acknowledges it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,6 +233,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Migrate,
                     request_deserializer=llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.SerializeToString,
+            ),
+            'MeasureLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.MeasureLink,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.MeasureLinkRequest.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.MeasureLinkResponse.SerializeToString,
+            ),
+            'ReceiveProbe': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReceiveProbe,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.ProbeChunk.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_engine__pb2.ProbeAck.SerializeToString,
             ),
             'Profile': grpc.unary_unary_rpc_method_handler(
                     servicer.Profile,
@@ -458,6 +494,60 @@ class Engine:
             '/llmfleet.v1.Engine/Migrate',
             llmfleet_dot_v1_dot_engine__pb2.MigrateRequest.SerializeToString,
             llmfleet_dot_v1_dot_engine__pb2.MigrateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MeasureLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmfleet.v1.Engine/MeasureLink',
+            llmfleet_dot_v1_dot_engine__pb2.MeasureLinkRequest.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.MeasureLinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveProbe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Engine/ReceiveProbe',
+            llmfleet_dot_v1_dot_engine__pb2.ProbeChunk.SerializeToString,
+            llmfleet_dot_v1_dot_engine__pb2.ProbeAck.FromString,
             options,
             channel_credentials,
             insecure,

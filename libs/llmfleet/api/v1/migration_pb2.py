@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from llmfleet.api.v1 import common_pb2 as llmfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/migration.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\x0f\n\rStatusRequest\"\x7f\n\x0e\x45ngineKvStatus\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\treporting\x18\x03 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x04 \x01(\x01\x12\'\n\x04load\x18\x05 \x01(\x0b\x32\x19.llmfleet.v1.LoadSnapshot\"d\n\x0eStatusResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12,\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\x1b.llmfleet.v1.EngineKvStatus2N\n\tMigration\x12\x41\n\x06Status\x12\x1a.llmfleet.v1.StatusRequest\x1a\x1b.llmfleet.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/migration.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\x0f\n\rStatusRequest\"\xa1\x01\n\x0e\x45ngineKvStatus\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\treporting\x18\x03 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x04 \x01(\x01\x12\'\n\x04load\x18\x05 \x01(\x0b\x32\x19.llmfleet.v1.LoadSnapshot\x12\x0e\n\x06\x61\x63tive\x18\x06 \x01(\x08\x12\x10\n\x08gpu_type\x18\x07 \x01(\t\"\xaf\x01\n\x0fMigrationRecord\x12\x14\n\x0cmigration_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x04 \x01(\t\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x10\n\x08kv_bytes\x18\x06 \x01(\x04\x12\r\n\x05state\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x0f\n\x07seconds\x18\t \x01(\x01\"\xd6\x01\n\x0b\x45pochRecord\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x12\n\noperations\x18\x03 \x01(\r\x12\x0f\n\x07planned\x18\x04 \x01(\r\x12\x10\n\x08\x65xecuted\x18\x05 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\r\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x07 \x01(\r\x12\x11\n\tcancelled\x18\x08 \x01(\r\x12\x11\n\tactivated\x18\t \x03(\t\x12\x13\n\x0b\x64\x65\x61\x63tivated\x18\n \x03(\t\x12\x16\n\x0e\x61\x63tive_engines\x18\x0b \x01(\r\"\x8c\x02\n\x0eStatusResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12,\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\x1b.llmfleet.v1.EngineKvStatus\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0f\n\x07\x65poch_s\x18\x05 \x01(\x01\x12-\n\x07running\x18\x06 \x03(\x0b\x32\x1c.llmfleet.v1.MigrationRecord\x12,\n\x06recent\x18\x07 \x03(\x0b\x32\x1c.llmfleet.v1.MigrationRecord\x12(\n\x06\x65pochs\x18\x08 \x03(\x0b\x32\x18.llmfleet.v1.EpochRecord2N\n\tMigration\x12\x41\n\x06Status\x12\x1a.llmfleet.v1.StatusRequest\x1a\x1b.llmfleet.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STATUSREQUEST']._serialized_start=70
   _globals['_STATUSREQUEST']._serialized_end=85
-  _globals['_ENGINEKVSTATUS']._serialized_start=87
-  _globals['_ENGINEKVSTATUS']._serialized_end=214
-  _globals['_STATUSRESPONSE']._serialized_start=216
-  _globals['_STATUSRESPONSE']._serialized_end=316
-  _globals['_MIGRATION']._serialized_start=318
-  _globals['_MIGRATION']._serialized_end=396
+  _globals['_ENGINEKVSTATUS']._serialized_start=88
+  _globals['_ENGINEKVSTATUS']._serialized_end=249
+  _globals['_MIGRATIONRECORD']._serialized_start=252
+  _globals['_MIGRATIONRECORD']._serialized_end=427
+  _globals['_EPOCHRECORD']._serialized_start=430
+  _globals['_EPOCHRECORD']._serialized_end=644
+  _globals['_STATUSRESPONSE']._serialized_start=647
+  _globals['_STATUSRESPONSE']._serialized_end=915
+  _globals['_MIGRATION']._serialized_start=917
+  _globals['_MIGRATION']._serialized_end=995
 # @@protoc_insertion_point(module_scope)

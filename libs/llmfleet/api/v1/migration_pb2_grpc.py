@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class MigrationStub:
-    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams).
+    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams) and, as
+    the elected leader, runs the migration policy every epoch (Mell's packing, Llumnix-style balance).
     """
 
     def __init__(self, channel):
@@ -43,7 +44,8 @@ class MigrationStub:
 
 
 class MigrationServicer:
-    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams).
+    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams) and, as
+    the elected leader, runs the migration policy every epoch (Mell's packing, Llumnix-style balance).
     """
 
     def Status(self, request, context):
@@ -69,7 +71,8 @@ def add_MigrationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Migration:
-    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams).
+    """The migration coordinator: tracks per-engine KV use (from the engines' WatchLoad streams) and, as
+    the elected leader, runs the migration policy every epoch (Mell's packing, Llumnix-style balance).
     """
 
     @staticmethod

@@ -20,6 +20,7 @@ from llmfleet.policies.dispatch.base import (
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
+from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.round_robin import RoundRobin
 from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
@@ -29,6 +30,7 @@ from llmfleet.policies.registry import instantiate, lookup
 POLICIES: dict[str, type] = {
     "round_robin": RoundRobin,
     "jsq": JoinShortestQueue,
+    "mell": MellDispatch,
     "power_of_two": PowerOfTwo,
     "least_loaded": LeastLoaded,
     "best_fit_kv": BestFitKv,
@@ -72,6 +74,7 @@ __all__ = [
     "HostList",
     "JoinShortestQueue",
     "LeastLoaded",
+    "MellDispatch",
     "NoCandidate",
     "PowerOfTwo",
     "RoundRobin",

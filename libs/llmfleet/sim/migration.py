@@ -1,0 +1,170 @@
+"""Request migration inside a simulation: a :mod:`llmfleet.policies.migration` policy every epoch.
+
+Each epoch (``sim.every``) :class:`MigrationLoop` builds the policy's input from the instances —
+one :class:`GpuState` per instance, its requests with the KV they hold now (whole blocks, as the pool
+counts them; a waiting request counts its prompt, which it will hold once admitted) — runs the
+policy, lets the transfer planner choose each migration's mode within the epoch's budgets, and
+executes the moves with ``Simulator.move_request``:
+
+- **KV transfer**: the request is away for ``kv_bytes / link bandwidth`` (the hardware's intra-node
+  link for instances on one node, else its inter-node link, at ``comm_eff``) and lands with its KV;
+- **token transfer**: it lands at once without KV and re-prefills prompt + output at the destination,
+  whose engine core pays the prefill like any other.
+
+A move the simulator refuses (the request is in the batch in flight, or finished meanwhile) is
+skipped; the policy sees the real state next epoch. The same policy objects run live in the
+migration coordinator. Budgets (Mell's two bins): a link moves ``bandwidth × epoch`` bytes per epoch;
+a destination absorbs the re-prefill tokens whose prefill fits in ``prefill_slack`` of the epoch
+(:func:`llmfleet.policies.migration.hybrid_transfer.computation_boundary` over the cost model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from llmfleet.policies.migration import (
+    GpuState,
+    Migration,
+    MigrationPolicy,
+    RequestState,
+    TransferBudget,
+    TransferPlanner,
+    computation_boundary,
+)
+
+if TYPE_CHECKING:
+    from llmfleet.sim.instance import SimInstance
+    from llmfleet.sim.simulator import Simulator
+
+
+@dataclass
+class MigrationStats:
+    """What the loop did (``report["migration"]``)."""
+
+    policy: str = ""
+    transfer: str = ""
+    epoch_s: float = 1.0
+    epochs: int = 0
+    operations: int = 0
+    planned: int = 0
+    executed: int = 0
+    skipped: int = 0  # refused by the simulator (in the step in flight, finished)
+    deferred: int = 0  # did not fit this epoch's transfer budgets
+    cancelled: int = 0  # removed by operation batching
+    kv_moves: int = 0
+    token_moves: int = 0
+    kv_bytes_moved: int = 0
+    transfer_s_total: float = 0.0  # Σ KV transfer times
+    reprefill_tokens: int = 0
+    max_per_epoch: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class MigrationLoop:
+    """Run ``policy`` every ``epoch_s`` simulated seconds; ``transfer`` picks KV or token transfer
+    (None: every move carries its KV, unbudgeted)."""
+
+    policy: MigrationPolicy
+    transfer: TransferPlanner | None = None
+    epoch_s: float = 1.0
+    prefill_slack: float = 0.1
+    policy_name: str = ""
+    transfer_name: str = ""
+    stats: MigrationStats = field(init=False)
+    _node: dict[str, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.epoch_s > 0:
+            raise ValueError(f"epoch_s must be > 0, got {self.epoch_s}")
+        self.stats = MigrationStats(self.policy_name, self.transfer_name, self.epoch_s)
+
+    def install(self, sim: Simulator) -> None:
+        """Nodes by GPU order (instances fill nodes of ``gpus_per_node`` in plan order); epochs from now."""
+        per_node = sim.spec.cluster.hw.gpus_per_node
+        gpu = 0
+        for iid, inst in sim.instances.items():
+            self._node[iid] = gpu // per_node
+            gpu += inst.tp
+        sim.every(self.epoch_s, self.tick)
+
+    # ------------------------------------------------------------------------------------------ state
+    def gpu_states(self, sim: Simulator) -> list[GpuState]:
+        return [self._state(inst) for inst in sim.instances.values() if inst.active and inst.serving]
+
+    def _state(self, inst: SimInstance) -> GpuState:
+        block = inst.layout.block_bytes
+        reqs = []
+        for rid, r in inst.core.requests.items():
+            tpb = inst.tpb[r.sched.model]
+            holding = r.sched.phase == "decode" or rid in inst.core.running
+            tokens = r.kv_tokens if holding else r.sched.prompt_tokens
+            reqs.append(RequestState(rid, r.sched.model, -(-max(tokens, 1) // tpb) * block, max(tokens, 0)))
+        return GpuState(
+            inst.instance_id,
+            tuple(inst.models),
+            inst.kv_capacity_bytes,
+            tuple(reqs),
+            active=bool(reqs),
+            machine=f"node{self._node.get(inst.instance_id, 0)}",
+        )
+
+    def budget(self, sim: Simulator, gpus: Sequence[GpuState]) -> TransferBudget:
+        """Per-epoch link bytes (intra- or inter-node) and per-destination re-prefill tokens."""
+        hw = sim.spec.cluster.hw
+        links: dict[tuple[str, str], float] = {}
+        for a in gpus:
+            for b in gpus:
+                if a.gpu_id != b.gpu_id:
+                    bw = hw.intra_node_bw if a.machine == b.machine else hw.inter_node_bw
+                    links[(a.gpu_id, b.gpu_id)] = bw * hw.comm_eff * self.epoch_s
+        prefill: dict[str, float] = {}
+        for g in gpus:
+            inst = sim.instances[g.gpu_id]
+            lm = sim.cost.model(inst.models[0], inst.tp)
+            batch = max(len(g.requests), 1)
+            ctx = sum(r.tokens for r in g.requests) / batch
+            prefill[g.gpu_id] = computation_boundary(
+                lm.prefill_time, lm.decode_time(batch, ctx), self.epoch_s, self.prefill_slack
+            )
+        return TransferBudget(links, 0.0, prefill, 0.0)
+
+    # ------------------------------------------------------------------------------------------ epoch
+    def tick(self, sim: Simulator, now: float) -> None:
+        gpus = self.gpu_states(sim)
+        plan = self.policy.epoch(gpus, now)
+        st = self.stats
+        st.epochs += 1
+        st.operations += plan.operations
+        st.cancelled += plan.cancelled
+        st.planned += len(plan.migrations)
+        moves: Sequence[Migration] = plan.migrations
+        if self.transfer is not None and moves:
+            moves, deferred = self.transfer.assign(moves, self.budget(sim, gpus))
+            st.deferred += len(deferred)
+        done = 0
+        hw = sim.spec.cluster.hw
+        for m in moves:
+            token = m.mode == "tokens"
+            if token:
+                transfer_s = 0.0
+            else:
+                same = self._node.get(m.source) == self._node.get(m.destination)
+                transfer_s = m.kv_bytes / ((hw.intra_node_bw if same else hw.inter_node_bw) * hw.comm_eff)
+            if not sim.move_request(m.request_id, m.destination, transfer_s, now, reprefill=token):
+                st.skipped += 1
+                continue
+            done += 1
+            if token:
+                st.token_moves += 1
+                st.reprefill_tokens += m.tokens
+            else:
+                st.kv_moves += 1
+                st.kv_bytes_moved += m.kv_bytes
+                st.transfer_s_total += transfer_s
+        st.executed += done
+        st.max_per_epoch = max(st.max_per_epoch, done)

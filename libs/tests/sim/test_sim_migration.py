@@ -1,0 +1,130 @@
+"""Request migration inside a simulation (llmfleet.sim.migration): the policies of
+llmfleet.policies.migration every epoch, moves by KV or by tokens, the fluid bound in the report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from llmfleet.policies.migration import EpochPlan, GpuState, Migration, migration_id
+from llmfleet.sim.migration import MigrationLoop
+from llmfleet.sim.run import PolicyBundle, simulate
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.workload import Workload, WorkloadRequest
+
+SPEC = SimSpec(ClusterSpec.parse("6xA100-40GB"), (SimService("chat", "llama2-7b"),))
+
+
+def workload(n: int = 160, rate: float = 4.0, seed: int = 0) -> Workload:
+    """Conversation-like lengths: long prompts, outputs of a few hundred tokens."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    prompts = rng.integers(200, 2500, n)
+    outputs = rng.integers(50, 900, n)
+    return Workload(
+        tuple(
+            WorkloadRequest(f"r{i}", float(t[i]), int(prompts[i]), int(outputs[i]), "chat") for i in range(n)
+        )
+    )
+
+
+def bundle(dispatch: str, migration: str | None, **kw) -> PolicyBundle:
+    return PolicyBundle(
+        f"{dispatch}+{migration}", "dedicated_even", dispatch, "fcfs", migration=migration, **kw
+    )
+
+
+def test_mell_packs_requests_and_reports_the_fluid_bound() -> None:
+    wl = workload()
+    wf = simulate(SPEC, wl, bundle("worst_fit_kv", None), samples=200).report
+    mell = simulate(SPEC, wl, bundle("mell", "mell"), samples=200).report
+    for r in (wf, mell):
+        assert r["overall"]["completed"] == len(wl.requests) and r["overall"]["failed"] == 0
+        c = r["cluster"]
+        assert 0 < c["fluid_bound_gpus"] <= c["peak_active_gpus"] <= 6
+    m = mell["migration"]
+    assert m["epochs"] > 0 and m["planned"] >= m["executed"] > 0
+    assert m["executed"] == m["kv_moves"] + m["token_moves"]
+    # packing uses fewer GPUs on average than spreading, and keeps active GPUs fuller
+    assert mell["cluster"]["mean_active_gpus"] < wf["cluster"]["mean_active_gpus"]
+    assert mell["cluster"]["active_kv_utilization_mean"] > wf["cluster"]["active_kv_utilization_mean"]
+
+
+class MoveOnce:
+    """Moves every request it sees on ``a`` to ``b`` once, by ``mode``."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.moved = mode, set()
+
+    def epoch(self, gpus, now) -> EpochPlan:
+        by = {g.gpu_id: g for g in gpus}
+        out = []
+        a, b = sorted(by)[:2] if len(by) >= 2 else (None, None)
+        for r in by[a].requests if a else ():
+            if r.request_id not in self.moved:
+                self.moved.add(r.request_id)
+                out.append(Migration(migration_id(r.request_id, a, b, 0), r.request_id, r.model, a, b,
+                                     r.kv_bytes, r.tokens, self.mode))  # fmt: skip
+        return EpochPlan(tuple(out))
+
+
+@pytest.mark.parametrize("mode", ["kv", "tokens"])
+def test_kv_and_token_moves_complete_every_request(mode: str) -> None:
+    from llmfleet.policies.dispatch import RoundRobin
+    from llmfleet.policies.placement import InstancePlan
+    from llmfleet.policies.request import Fcfs
+    from llmfleet.sim.cost import CostBook
+    from llmfleet.sim.simulator import Simulator
+
+    spec = dataclasses.replace(SPEC, cluster=ClusterSpec.parse("2xA100-40GB"))
+    plan = [InstancePlan("a", ("llama2-7b",), 1), InstancePlan("b", ("llama2-7b",), 1)]
+    sim = Simulator(spec, plan, Fcfs, RoundRobin(), CostBook.build(spec.cluster.hw, spec.archs()))
+    loop = MigrationLoop(MoveOnce(mode), None, epoch_s=0.5)
+    loop.install(sim)
+    wl = workload(n=30, rate=2.0)
+    res = sim.run(wl.requests)
+    assert all(r.done for r in res.records)
+    moved = [r for r in res.records if r.moves]
+    assert moved and loop.stats.executed == len(moved)
+    assert (loop.stats.kv_moves, loop.stats.token_moves) == (
+        (len(moved), 0) if mode == "kv" else (0, len(moved))
+    )
+    if mode == "kv":
+        assert loop.stats.kv_bytes_moved > 0 and loop.stats.transfer_s_total > 0
+
+
+def test_states_count_whole_blocks_and_waiting_prompts() -> None:
+    from llmfleet.policies.dispatch import RoundRobin
+    from llmfleet.policies.placement import InstancePlan
+    from llmfleet.policies.request import Fcfs
+    from llmfleet.sim.cost import CostBook
+    from llmfleet.sim.simulator import Simulator
+
+    spec = dataclasses.replace(SPEC, cluster=ClusterSpec.parse("1xA100-40GB"))
+    sim = Simulator(spec, [InstancePlan("a", ("llama2-7b",), 1)], Fcfs, RoundRobin(),
+                    CostBook.build(spec.cluster.hw, spec.archs()))  # fmt: skip
+    seen: list[list[GpuState]] = []
+
+    class Spy:
+        def epoch(self, gpus, now):
+            seen.append(list(gpus))
+            return EpochPlan()
+
+    MigrationLoop(Spy(), None, epoch_s=0.05).install(sim)
+    sim.run(workload(n=5, rate=50.0).requests)
+    states = [g for epoch in seen for g in epoch if g.requests]
+    assert states
+    inst = sim.instances["a"]
+    for g in states:
+        assert g.capacity_bytes == inst.kv_capacity_bytes and g.active
+        assert all(r.kv_bytes % inst.layout.block_bytes == 0 and r.kv_bytes > 0 for r in g.requests)
+
+
+def test_bad_migration_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="unknown migration policy 'pack'"):
+        bundle("jsq", "pack").validate()
+    with pytest.raises(ValueError, match="unknown transfer policy 'teleport'"):
+        bundle("jsq", "mell", transfer="teleport").validate()
+    with pytest.raises(ValueError, match="migration_epoch_s"):
+        bundle("jsq", "mell", migration_epoch_s=0).validate()
