@@ -17,6 +17,7 @@ from util import hf_greedy
 
 PROMPT = "Once upon a time there was a fleet of models"
 LONG = 1900
+SHORT = 60
 ENGINES = [f"engine-{i}" for i in range(3)]
 CONFIG = {
     "services": {"chat": {"model": "tiny-llama", "default_max_tokens": 16}},
@@ -52,15 +53,6 @@ async def status(address: str) -> migration_pb2.StatusResponse:
         return await migration_pb2_grpc.MigrationStub(ch).Status(migration_pb2.StatusRequest(), timeout=5)
 
 
-async def leader_status(c: Cluster) -> migration_pb2.StatusResponse | None:
-    for name in ("migration-0", "migration-1"):
-        if c.procs[name].alive:
-            st = await status(c.addresses[name])
-            if st.is_leader:
-                return st
-    return None
-
-
 async def blocks_used(address: str) -> int:
     async with grpc.aio.insecure_channel(address) as ch:
         stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
@@ -70,40 +62,57 @@ async def blocks_used(address: str) -> int:
     return -1
 
 
-async def test_mell_packs_spread_requests_and_survives_a_leader_kill(cluster: Cluster, reference) -> None:
-    c = cluster
+async def wait_leader(c: Cluster, not_: str = "") -> tuple[str, migration_pb2.StatusResponse]:
     deadline = time.monotonic() + 30
-    while (await leader_status(c)) is None:
+    while True:
+        for name in ("migration-0", "migration-1"):
+            if name != not_ and c.procs[name].alive:
+                st = await status(c.addresses[name])
+                if st.is_leader:
+                    return name, st
         assert time.monotonic() < deadline, "no migration leader"
         await asyncio.sleep(0.2)
+
+
+async def packed_round(c: Cluster, client: AsyncClient, leader: str) -> tuple[list, bool]:
+    """Round robin gives each engine one long and one short request; as the short ones depart, Mell
+    refills their engines from the most recently activated one, which is left empty and inactive."""
+    tasks = [asyncio.create_task(client.complete(PROMPT, "chat", max_tokens=LONG)) for _ in range(3)]
+    tasks += [asyncio.create_task(client.complete(PROMPT, "chat", max_tokens=SHORT)) for _ in range(3)]
+    freed = False
+    deadline = time.monotonic() + 120
+    while not all(t.done() for t in tasks):
+        assert time.monotonic() < deadline, "requests did not finish"
+        st = await status(c.addresses[leader])
+        busy = {e.engine_id for e in st.engines if e.load.running + e.load.waiting}
+        done = [r for r in st.recent if r.state == "done"]
+        if (
+            done
+            and busy
+            and len(busy) < len(ENGINES)
+            and any(not e.active for e in st.engines if e.engine_id not in busy)
+        ):
+            freed = True
+        await asyncio.sleep(0.05)
+    return [t.result() for t in tasks], freed
+
+
+async def test_mell_packs_spread_requests_and_survives_a_leader_kill(cluster: Cluster, reference) -> None:
+    c = cluster
+    leader, _ = await wait_leader(c)
     async with AsyncClient(c.scheduler, timeout_s=300) as client:
-        tasks = [asyncio.create_task(client.complete(PROMPT, "chat", max_tokens=LONG)) for _ in range(6)]
-        # the leader moves requests together; kill it after its first completed migration
-        killed = None
-        freed_seen = False
-        deadline = time.monotonic() + 120
-        while not all(t.done() for t in tasks):
-            assert time.monotonic() < deadline, "requests did not finish"
-            st = await leader_status(c)
-            if st is not None:
-                busy = {e.engine_id for e in st.engines if e.load.running + e.load.waiting}
-                idle_inactive = [e.engine_id for e in st.engines if not e.active and e.engine_id not in busy]
-                if killed is None and any(r.state == "done" for r in st.recent):
-                    killed = next(n for n in ("migration-0", "migration-1") if c.procs[n].alive and
-                                  (await status(c.addresses[n])).is_leader)  # fmt: skip
-                    c.procs.kill(killed)
-                if killed is not None and len(busy) < len(ENGINES) and idle_inactive:
-                    freed_seen = True
-            await asyncio.sleep(0.1)
-        results = [t.result() for t in tasks]
-    assert killed is not None, "the leader never completed a migration"
-    assert freed_seen, "the standby never left an engine empty and inactive"
-    survivor = ({"migration-0", "migration-1"} - {killed}).pop()
-    st = await status(c.addresses[survivor])
-    assert st.is_leader and st.policy == "mell" and st.epochs
-    assert len({r.usage.engine_id for r in results}) < len(ENGINES)  # they finished packed together
-    for r in results:
-        assert list(r.token_ids) == reference, "a migrated request's tokens differ from greedy"
+        first, freed = await packed_round(c, client, leader)
+        assert freed, "the leader never left an engine empty and inactive while requests ran"
+        c.procs.kill(leader)  # mid-epoch: its loop ticks every 0.5 s
+        standby, st = await wait_leader(c, not_=leader)
+        assert st.policy == "mell"
+        second, freed = await packed_round(c, client, standby)
+        assert freed, "the standby did not pack"
+    st = await status(c.addresses[standby])
+    assert st.epochs and st.epochs[-1].epoch > 1 and all(r.state != "failed" for r in st.recent)
+    for r in first + second:
+        n = len(r.token_ids)
+        assert n in (LONG, SHORT) and list(r.token_ids) == reference[:n], "a migrated request's tokens differ"
     for eid in ENGINES:  # no KV block leaks on any engine
         deadline = time.monotonic() + 10
         while (n := await blocks_used(c.addresses[eid])) != 0:

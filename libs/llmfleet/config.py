@@ -297,6 +297,43 @@ def validation_message(e: ValidationError) -> str:
     return lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines)
 
 
+class MigrationConfig(BaseModel):
+    """The migration leader's loop (``llmfleet-migration``; README "Migration coordinator"): its
+    policy (``none``, ``mell``, ``llumnix_lb``), epoch, how moves travel and how many run at once."""
+
+    model_config = _STRICT
+
+    policy: str = "none"
+    epoch_s: float = Field(1.0, gt=0, allow_inf_nan=False)
+    transfer: str = "hybrid"
+    max_concurrency: int = Field(4, ge=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from llmfleet.policies.migration import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"unknown migration policy {v!r}; valid: {sorted(POLICIES)}")
+        return v
+
+    @field_validator("transfer")
+    @classmethod
+    def _transfer(cls, v: str) -> str:
+        from llmfleet.policies.migration import TRANSFERS
+
+        if v not in TRANSFERS:
+            raise ValueError(f"unknown transfer {v!r}; valid: {sorted(TRANSFERS)}")
+        return v
+
+    def args(self) -> list[str]:
+        """The ``llmfleet-migration`` flags for this section."""
+        return [
+            "--policy", self.policy, "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
+            "--max-concurrency", str(self.max_concurrency),
+        ]  # fmt: skip
+
+
 class ClusterConfig(BaseModel):
     """deploy/local/cluster.yaml: services -> models -> engines."""
 
@@ -306,6 +343,7 @@ class ClusterConfig(BaseModel):
     models: dict[str, ModelConfig]
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    migration: MigrationConfig = Field(default_factory=MigrationConfig)
 
     @model_validator(mode="after")
     def _references(self) -> ClusterConfig:

@@ -186,3 +186,14 @@ def test_placement_window_must_be_a_reported_window(tmp_path):
     )
     with pytest.raises(ValueError, match=r"window_s must be one of .*10, 60, 300 s; got 20"):
         ClusterConfig.load(p)
+
+
+def test_migration_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    base = "services: {chat: {model: m}}\nmodels: {m: {source: tiny://llama}}\n"
+    p.write_text(base + "migration: {policy: mell, epoch_s: 0.5}\n")
+    cfg = ClusterConfig.load(p)
+    assert cfg.migration.args()[:4] == ["--policy", "mell", "--epoch-s", "0.5"]
+    p.write_text(base + "migration: {policy: pack}\n")
+    with pytest.raises(ValueError, match=r"unknown migration policy 'pack'; valid: \['llumnix_lb', 'mell', 'none'\]"):
+        ClusterConfig.load(p)

@@ -27,6 +27,13 @@ from llmfleet.cli.status_fleet import (
     grpc_plan_source,
     render_fleet,
 )
+from llmfleet.cli.status_migration import (
+    MigrationSource,
+    MigrationStatus,
+    grpc_migration_source,
+    migration_status,
+    render_migration,
+)
 from llmfleet.coord.keys import Keys
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
 
@@ -119,6 +126,7 @@ class ClusterStatus:
     placements: list[PlacementRow] = field(default_factory=list)
     leaders: list[LeaderRow] = field(default_factory=list)
     fleet: FleetStatus = field(default_factory=FleetStatus)  # engine pool, decisions, service monitor
+    migration: MigrationStatus | None = None  # the migration leader's Status (None: not asked)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,7 +150,11 @@ def _leader_id(raw: bytes) -> str:
 
 
 async def collect_status(
-    source: StatusSource, keys: Keys, etcd: str = "", plan: PlanSource | None = None
+    source: StatusSource,
+    keys: Keys,
+    etcd: str = "",
+    plan: PlanSource | None = None,
+    migration: MigrationSource | None = None,
 ) -> ClusterStatus:
     """Read ``nodes/``, ``services/``, ``placement/`` and ``leaders/`` into a :class:`ClusterStatus`,
     then (with ``plan``) ask the placement leader for its decisions and service monitor.
@@ -229,6 +241,9 @@ async def collect_status(
     if plan is not None:
         leader = next((r.leader for r in status.leaders if r.role == "placement"), None)
         await attach_plan(status.fleet, leader, records, plan)
+    if migration is not None:
+        leader = next((r.leader for r in status.leaders if r.role == "migration"), None)
+        status.migration = await migration_status(leader, records, migration)
     return status
 
 
@@ -297,6 +312,8 @@ def render_status(status: ClusterStatus, console: Console) -> None:
         leaders.add_row(r.role, r.leader)
     console.print(leaders)
     render_fleet(status.fleet, console)
+    if status.migration is not None:
+        render_migration(status.migration, console)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -322,6 +339,7 @@ async def fetch_status(endpoints: str | None, prefix: str | None, timeout: float
             client.keys,
             etcd=",".join(settings.endpoints),
             plan=grpc_plan_source(min(timeout, 3.0)),
+            migration=grpc_migration_source(min(timeout, 3.0)),
         )
     finally:
         await client.close()

@@ -185,7 +185,7 @@ class MigrationCoordinator:
                 self._bandwidth[(m.source, m.destination)] = o.bytes / o.transfer_s
 
     async def _publish(self) -> None:
-        view = json.loads(self.policy.view().to_json()) if isinstance(self.policy, MellPacker) else {}
+        view = self.policy.view().to_json() if isinstance(self.policy, MellPacker) else {}
         key = (
             tuple(sorted(self.active)) if self.active is not None else None,
             json.dumps(view, sort_keys=True),

@@ -16,7 +16,6 @@ prediction: the request proceeds with ``None``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ def mell_view_of(state: MigrationState | None) -> MellView | None:
     if state is None or not state.view:
         return None
     try:
-        return MellView.from_json(json.dumps(state.view))
+        return MellView.from_json(state.view)
     except (ValueError, KeyError, TypeError) as e:
         log.warning(
             "migration_state epoch %d: unreadable Mell view (%s); dispatching by best fit", state.epoch, e

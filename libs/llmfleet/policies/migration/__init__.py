@@ -25,6 +25,7 @@ from llmfleet.policies.migration.hybrid_transfer import (
 )
 from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
 from llmfleet.policies.migration.mell import MellPacker, MellView, allocate_target
+from llmfleet.policies.migration.mell_classes import gpu_type
 from llmfleet.policies.migration.none import NoMigration
 from llmfleet.policies.registry import instantiate
 
@@ -72,6 +73,7 @@ __all__ = [
     "allocate_target",
     "communication_boundary",
     "computation_boundary",
+    "gpu_type",
     "make_migration_policy",
     "make_transfer_planner",
     "migration_id",

@@ -40,6 +40,14 @@ def item_class(size: int, capacity: int) -> str:
     return T if cls == TINY else cls
 
 
+def gpu_type(gpu: GpuState) -> str:
+    """A GPU's type as its requests stand: the class of its largest request ("" when empty). Status
+    shows it; the packer's own view (its multi-items) may differ for GPUs of tiny requests only."""
+    if not gpu.requests or gpu.capacity_bytes <= 0:
+        return ""
+    return item_class(max(r.kv_bytes for r in gpu.requests), gpu.capacity_bytes)
+
+
 def fits_bundle(size: int, capacity: int) -> bool:
     """Whether a multi-item of ``size`` bytes is still within its class bound (≤ C/4)."""
     return 4 * size <= capacity
