@@ -81,6 +81,24 @@ async def get_placement_meta(client: EtcdClient) -> PlanMeta | None:
     return PlanMeta.from_json(raw) if raw is not None else None
 
 
+async def fenced_txn(
+    client: EtcdClient,
+    what: str,
+    ops: Sequence[rpc.RequestOp],
+    leader: tuple[str, int] | None,
+    timeout: float | None = None,
+) -> bool:
+    """Run ``ops`` in one transaction; with ``leader`` = (leader key, lease id) only while that key is
+    still bound to that lease (a deposed leader writes nothing). True if written."""
+    compare = []
+    if leader is not None:
+        key, lease = leader
+        compare.append(
+            rpc.Compare(key=key.encode(), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL, lease=lease)
+        )
+    return await client._txn(what, rpc.TxnRequest(compare=compare, success=list(ops)), timeout)
+
+
 async def write_plan(
     client: EtcdClient,
     put: Sequence[DesiredPlacement],
@@ -109,11 +127,4 @@ async def write_plan(
             request_put=rpc.PutRequest(key=placement_meta_key(client).encode(), value=meta.to_json())
         )
     )
-    compare = []
-    if leader is not None:
-        key, lease = leader
-        compare.append(
-            rpc.Compare(key=key.encode(), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL, lease=lease)
-        )
-    req = rpc.TxnRequest(compare=compare, success=ops)
-    return await client._txn(f"write plan {meta.plan_id}", req, timeout)
+    return await fenced_txn(client, f"write plan {meta.plan_id}", ops, leader, timeout)

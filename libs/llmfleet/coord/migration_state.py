@@ -19,6 +19,7 @@ from typing import Any
 from aetcd import rpc
 
 from llmfleet.coord.client import EtcdClient
+from llmfleet.coord.desired import fenced_txn
 from llmfleet.coord.view import PrefixView
 
 
@@ -64,19 +65,10 @@ async def write_migration_state(
 ) -> bool:
     """Write the state; ``leader`` = (leader key, lease id) fences it (a deposed leader writes
     nothing). True if written."""
-    ops = [
-        rpc.RequestOp(
-            request_put=rpc.PutRequest(key=migration_state_key(client).encode(), value=state.to_json())
-        )
-    ]
-    compare = []
-    if leader is not None:
-        key, lease = leader
-        compare.append(
-            rpc.Compare(key=key.encode(), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL, lease=lease)
-        )
-    req = rpc.TxnRequest(compare=compare, success=ops)
-    return await client._txn(f"write migration state {state.epoch}", req, timeout)
+    op = rpc.RequestOp(
+        request_put=rpc.PutRequest(key=migration_state_key(client).encode(), value=state.to_json())
+    )
+    return await fenced_txn(client, f"write migration state {state.epoch}", [op], leader, timeout)
 
 
 def migration_state_view(client: EtcdClient) -> PrefixView[MigrationState]:

@@ -31,8 +31,13 @@ class BestFitKv:
         request: DispatchRequest | None = None,
     ) -> str:
         pool = eligible(model, candidates, exclude)
-        need = request.kv_need_bytes if request is not None else 0
-        fits = [c for c in pool if c.kv_capacity_bytes > 0 and c.kv_free_bytes >= need]
-        if fits:
-            return min(fits, key=lambda c: c.kv_free_bytes).engine_id  # first (smallest id) of ties
-        return min(pool, key=lambda c: -c.kv_free_bytes).engine_id
+        return best_fit(pool, request.kv_need_bytes if request is not None else 0)
+
+
+def best_fit(pool: Sequence[EngineCandidate], need: int) -> str:
+    """The engine of ``pool`` (non-empty) with the least free KV that holds ``need``, else the one
+    with the most free KV; the first (smallest id) of ties."""
+    fits = [c for c in pool if c.kv_capacity_bytes > 0 and c.kv_free_bytes >= need]
+    if fits:
+        return min(fits, key=lambda c: c.kv_free_bytes).engine_id
+    return min(pool, key=lambda c: -c.kv_free_bytes).engine_id

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.best_fit_kv import best_fit
 from llmfleet.policies.migration.base import GpuState, RequestState
 from llmfleet.policies.migration.mell import MellView, allocate_target
 
@@ -47,7 +48,7 @@ class MellDispatch:
             target = allocate_target(view, [_as_gpu(c, model, view) for c in pool], model, size)
             if target is not None:
                 return target
-        return _best_fit(pool, size)
+        return best_fit(pool, size)
 
 
 def _as_gpu(c: EngineCandidate, model: str, view: MellView) -> GpuState:
@@ -57,11 +58,3 @@ def _as_gpu(c: EngineCandidate, model: str, view: MellView) -> GpuState:
     return GpuState(
         c.engine_id, c.models, c.kv_capacity_bytes, reqs, active=busy or c.engine_id in view.by_id
     )
-
-
-def _best_fit(pool: Sequence[EngineCandidate], need: int) -> str:
-    """The least free KV that still holds ``need``, else the most free KV (as ``best_fit_kv``)."""
-    fits = [c for c in pool if c.kv_capacity_bytes > 0 and c.kv_free_bytes >= need]
-    if fits:
-        return min(fits, key=lambda c: c.kv_free_bytes).engine_id
-    return min(pool, key=lambda c: -c.kv_free_bytes).engine_id
