@@ -195,5 +195,7 @@ def test_migration_section(tmp_path):
     cfg = ClusterConfig.load(p)
     assert cfg.migration.args()[:4] == ["--policy", "mell", "--epoch-s", "0.5"]
     p.write_text(base + "migration: {policy: pack}\n")
-    with pytest.raises(ValueError, match=r"unknown migration policy 'pack'; valid: \['llumnix_lb', 'mell', 'none'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown migration policy 'pack'; valid: \['llumnix_lb', 'mell', 'none'\]"
+    ):
         ClusterConfig.load(p)

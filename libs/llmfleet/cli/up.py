@@ -109,7 +109,9 @@ def plan_services(
     plans = []
     for name, script, module, offset in CONTROL_PLANE:
         port = base_port + offset
-        extra = {"placement": ["--config", str(config_path)], "migration": config.migration.args()}.get(name, [])
+        extra = {"placement": ["--config", str(config_path)], "migration": config.migration.args()}.get(
+            name, []
+        )
         plans.append(
             ServicePlan(
                 name=name,

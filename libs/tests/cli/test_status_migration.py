@@ -32,7 +32,11 @@ async def test_rows_and_rendering() -> None:
         return reply()
 
     m = await migration_status("migration-1", RECORDS, source)
-    assert m.error is None and m.policy == "mell" and [e.engine_id for e in m.engines] == ["engine-0", "engine-1"]
+    assert (
+        m.error is None
+        and m.policy == "mell"
+        and [e.engine_id for e in m.engines] == ["engine-0", "engine-1"]
+    )
     assert m.engines[0].gpu_type == "T" and not m.engines[1].active
     assert m.running[0].state == "running" and m.recent[0].error == "ABORTED: link dropped"
     assert m.epochs[0].deactivated == ["engine-1"] and m.epochs[0].planned == 2
