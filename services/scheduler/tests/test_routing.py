@@ -52,3 +52,17 @@ def test_per_service_policies_get_the_context():
     assert set(ctx.latency_models) == {"tiny-llama"} and ctx.slos == {"tiny-llama": (2.0, 0.2)}
     assert not ctx.load_source and r.for_service(spec).slos == {"tiny-llama": (2.0, 0.2)}
     assert r.context("round_robin", spec).latency_models == {}  # no roofline for who does not read it
+
+
+def test_mell_dispatch_reads_the_migration_leaders_view():
+    from llmfleet.coord.migration_state import MigrationState
+    from llmfleet.policies.migration import MellPacker, MellView
+    from llmfleet_scheduler.routing import mell_view_of
+
+    view = MellPacker().view()
+    state = MigrationState(3, "mell", "m-1", view=view.to_json())
+    r = DispatchRouter("round_robin", mell_view=lambda: mell_view_of(state))
+    policy = r.for_service(ServiceSpec("s", "tiny-llama", dispatch="mell"))
+    assert isinstance(policy.view_source(), MellView)
+    assert mell_view_of(None) is None and mell_view_of(MigrationState(1, "llumnix_lb")) is None
+    assert mell_view_of(MigrationState(1, "mell", view={"gpus": "garbage"})) is None  # logged, best fit
