@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -16,7 +16,8 @@ help:
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
-	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT), bench-placement"
+	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT), bench-placement,"
+	@echo "               bench-migration (Mell: active GPUs vs BF/WF/LB, operation batching, transfer modes)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -50,7 +51,7 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement
+bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration
 
 bench-sim: setup
 	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
@@ -66,6 +67,9 @@ bench-engine: setup
 
 bench-placement: setup
 	$(PYTHON) tools/bench/placement_bench.py --out .bench/placement $(BENCH_ARGS)
+
+bench-migration: setup
+	$(PYTHON) tools/bench/migration_bench.py --out .bench/migration $(BENCH_ARGS)
 
 bench-hop: setup
 	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)

@@ -500,9 +500,9 @@ def adaptive_section(cfg: dict, log) -> dict:
                      "moves": sum(d.get("moves", 0) for d in applied), "wall_s": time.perf_counter() - t0})  # fmt: skip
         log(f"  adaptive {name:22s} norm {m['norm_latency_mean']:.2f} slo {m['slo_seallm']:.3f} "
             f"replans {len(decisions)} applied {len(applied)}")  # fmt: skip
-    md = C.md_table(rows, [("variant", "interval", ""), ("norm_latency_mean", "norm. latency", ".2f"),
-                           ("latency_p99_s", "p99 (s)", ".1f"), ("slo_seallm", "SLO att.", ".3f"),
-                           ("replans", "re-plans", ""), ("applied", "applied", ""), ("moves", "model moves", "")])  # fmt: skip
+    md = C.md_table(rows, [("interval", "variant", ""), ("norm. latency", "norm_latency_mean", ".2f"),
+                           ("p99 (s)", "latency_p99_s", ".1f"), ("SLO att.", "slo_seallm", ".3f"),
+                           ("re-plans", "replans", ""), ("applied", "applied", ""), ("model moves", "moves", "")])  # fmt: skip
     return {
         "setup": {"cluster": "8xA100-80GB", "phases": segs, "cv": CV, "cost": COST},
         "rows": rows,

@@ -56,6 +56,7 @@ class LoadReport:
     kv_capacity_bytes: int = 0
     # model -> KV bytes per token on this engine, for the models that hold tokens in its KV pool
     kv_bytes_per_token: Mapping[str, float] = field(default_factory=dict)
+    kv_waiting_bytes: int = 0  # KV the queued requests' prompts will take (from per-request loads)
 
 
 @dataclass
@@ -154,6 +155,7 @@ class LoadBook:
             waiting=r.waiting + len(e.pending),
             kv_used_bytes=r.kv_used_bytes + e.pending_kv,
             kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
+            kv_waiting_bytes=r.kv_waiting_bytes,
         )
 
 

@@ -38,13 +38,17 @@ class LoadListener(Protocol):
 
 
 def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
-    """The plain-data view of a snapshot; KV bytes per token per model from its tokens and bytes."""
+    """The plain-data view of a snapshot; KV bytes per token per model from its tokens and bytes;
+    the queued requests' prompt KV from the per-request loads (at the models' bytes per token)."""
+    bpt = {m.model: m.kv_used_bytes / m.kv_tokens for m in snap.models if m.kv_tokens}
+    waiting = sum(r.tokens * bpt.get(r.model, 0.0) for r in snap.requests if r.phase == "waiting")
     return LoadReport(
         running=snap.running,
         waiting=snap.waiting,
         kv_used_bytes=snap.kv_used_bytes,
         kv_capacity_bytes=snap.kv_capacity_bytes,
-        kv_bytes_per_token={m.model: m.kv_used_bytes / m.kv_tokens for m in snap.models if m.kv_tokens},
+        kv_bytes_per_token=bpt,
+        kv_waiting_bytes=int(waiting),
     )
 
 

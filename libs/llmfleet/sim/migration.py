@@ -9,13 +9,15 @@ executes the moves with ``Simulator.move_request``:
 - **KV transfer**: the request is away for ``kv_bytes / link bandwidth`` (the hardware's intra-node
   link for instances on one node, else its inter-node link, at ``comm_eff``) and lands with its KV;
 - **token transfer**: it lands at once without KV and re-prefills prompt + output at the destination,
-  whose engine core pays the prefill like any other.
+  whose engine core pays the prefill like any other;
+- a request still queued (no KV yet) moves at once, whatever the mode: only its tokens exist.
 
 A move the simulator refuses (the request is in the batch in flight, or finished meanwhile) is
 skipped; the policy sees the real state next epoch. The same policy objects run live in the
 migration coordinator. Budgets (Mell's two bins): a link moves ``bandwidth × epoch`` bytes per epoch;
-a destination absorbs the re-prefill tokens whose prefill fits in ``prefill_slack`` of the epoch
-(:func:`llmfleet.policies.migration.hybrid_transfer.computation_boundary` over the cost model).
+a destination absorbs the re-prefill tokens whose *marginal* cost — what fusing them into one of its
+decode iterations adds, from the cost model — stays within ``prefill_slack`` of that iteration, times
+the iterations in the epoch (:func:`~llmfleet.policies.migration.hybrid_transfer.computation_boundary`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class MigrationStats:
     operations: int = 0
     planned: int = 0
     executed: int = 0
-    skipped: int = 0  # refused by the simulator (in the step in flight, finished)
+    skipped: int = 0  # refused by the simulator (finished, or already leaving)
+    queued_moves: int = 0  # of executed: requests still queued (no KV), moved at once
     deferred: int = 0  # did not fit this epoch's transfer budgets
     cancelled: int = 0  # removed by operation batching
     kv_moves: int = 0
@@ -77,6 +80,7 @@ class MigrationLoop:
     transfer_name: str = ""
     stats: MigrationStats = field(init=False)
     _node: dict[str, int] = field(init=False, default_factory=dict)
+    _holding: set[str] = field(init=False, default_factory=set)  # requests holding KV (last states)
 
     def __post_init__(self) -> None:
         if not self.epoch_s > 0:
@@ -94,6 +98,7 @@ class MigrationLoop:
 
     # ------------------------------------------------------------------------------------------ state
     def gpu_states(self, sim: Simulator) -> list[GpuState]:
+        self._holding = set()
         return [self._state(inst) for inst in sim.instances.values() if inst.active and inst.serving]
 
     def _state(self, inst: SimInstance) -> GpuState:
@@ -103,6 +108,8 @@ class MigrationLoop:
             tpb = inst.tpb[r.sched.model]
             holding = r.sched.phase == "decode" or rid in inst.core.running
             tokens = r.kv_tokens if holding else r.sched.prompt_tokens
+            if holding:
+                self._holding.add(rid)
             reqs.append(RequestState(rid, r.sched.model, -(-max(tokens, 1) // tpb) * block, max(tokens, 0)))
         return GpuState(
             inst.instance_id,
@@ -127,10 +134,13 @@ class MigrationLoop:
             inst = sim.instances[g.gpu_id]
             lm = sim.cost.model(inst.models[0], inst.tp)
             batch = max(len(g.requests), 1)
-            ctx = sum(r.tokens for r in g.requests) / batch
-            prefill[g.gpu_id] = computation_boundary(
-                lm.prefill_time, lm.decode_time(batch, ctx), self.epoch_s, self.prefill_slack
-            )
+            ctx = sum(r.tokens for r in g.requests)
+            step = lm.iteration(0, 0, batch, ctx)
+
+            def marginal(t: int, lm=lm, batch=batch, ctx=ctx, step=step) -> float:
+                return lm.iteration(t, t * t, batch, ctx) - step
+
+            prefill[g.gpu_id] = computation_boundary(marginal, step, self.epoch_s, self.prefill_slack)
         return TransferBudget(links, 0.0, prefill, 0.0)
 
     # ------------------------------------------------------------------------------------------ epoch
@@ -149,7 +159,8 @@ class MigrationLoop:
         done = 0
         hw = sim.spec.cluster.hw
         for m in moves:
-            token = m.mode == "tokens"
+            queued = m.request_id not in self._holding
+            token = m.mode == "tokens" or queued
             if token:
                 transfer_s = 0.0
             else:
@@ -159,7 +170,9 @@ class MigrationLoop:
                 st.skipped += 1
                 continue
             done += 1
-            if token:
+            if queued:
+                st.queued_moves += 1
+            elif token:
                 st.token_moves += 1
                 st.reprefill_tokens += m.tokens
             else:

@@ -176,9 +176,11 @@ class Simulator(Fleet):
 
     @staticmethod
     def _candidate(inst: SimInstance) -> EngineCandidate:
+        block, tpb = inst.layout.block_bytes, inst.tpb
+        queued = sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
         return EngineCandidate(
             inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
-            inst.kv_used_bytes, inst.kv_capacity_bytes,
+            inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
         )  # fmt: skip
 
     def _refresh(self) -> None:

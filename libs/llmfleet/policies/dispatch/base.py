@@ -31,7 +31,8 @@ class EngineCandidate:
     """An engine as the dispatcher sees it: id, hosted models, and its latest load (if known).
 
     ``running``/``waiting`` count requests; ``kv_used_bytes``/``kv_capacity_bytes`` describe its KV pool
-    (capacity 0 means unknown).
+    (capacity 0 means unknown); ``kv_waiting_bytes`` is the KV its queued requests' prompts will take
+    once admitted (0 when unknown).
     """
 
     engine_id: str
@@ -40,6 +41,7 @@ class EngineCandidate:
     waiting: int = 0
     kv_used_bytes: int = 0
     kv_capacity_bytes: int = 0
+    kv_waiting_bytes: int = 0
     # requests on the engine, running or waiting (the JSQ queue length); a plain attribute, not a
     # property, so scans over 1,000 candidates (min by queue) read it at C speed
     queued: int = field(init=False, repr=False, compare=False)

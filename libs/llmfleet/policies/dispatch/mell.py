@@ -52,9 +52,11 @@ class MellDispatch:
 
 
 def _as_gpu(c: EngineCandidate, model: str, view: MellView) -> GpuState:
-    """A candidate as a Mell GPU: empty, or one item of its used KV bytes."""
-    busy = c.running > 0 or c.kv_used_bytes > 0
-    reqs = (RequestState("~used", model, c.kv_used_bytes),) if busy else ()
+    """A candidate as a Mell GPU: empty, or one item of its used KV bytes plus what its queued
+    prompts will take (a queue is KV already promised)."""
+    used = c.kv_used_bytes + c.kv_waiting_bytes
+    busy = c.running > 0 or c.waiting > 0 or used > 0
+    reqs = (RequestState("~used", model, used),) if busy else ()
     return GpuState(
         c.engine_id, c.models, c.kv_capacity_bytes, reqs, active=busy or c.engine_id in view.by_id
     )

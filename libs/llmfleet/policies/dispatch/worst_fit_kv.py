@@ -3,6 +3,10 @@
 Free KV = ``kv_capacity_bytes - kv_used_bytes`` (0 when the capacity is unknown). Spreads requests to
 where the largest hole is (bin-packing worst fit); the request's own need does not change the choice
 (the largest hole fits it if any does). Ties by engine id. Stateless and deterministic.
+
+``active_only=True`` is the worst fit of bin packing as Mell's baselines use it: among the *active*
+engines (holding KV or queued prompts) the one with the most free KV that holds the request's prompt
+KV now; an idle engine is opened (the lowest id) only when no active one fits.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ class WorstFitKv:
     name = "worst_fit_kv"
     needs = DispatchNeeds(reads_kv=True)  # free KV: the simulator keeps it exact (no fast-forward)
 
+    def __init__(self, active_only: bool = False) -> None:
+        self.active_only = active_only
+
     def choose(
         self,
         model: str,
@@ -25,6 +32,14 @@ class WorstFitKv:
         exclude: frozenset[str] = frozenset(),
         request: DispatchRequest | None = None,
     ) -> str:
-        del request
         pool = eligible(model, candidates, exclude)
+        if self.active_only:
+            need = request.prompt_tokens * request.kv_bytes_per_token if request is not None else 0
+            active = [c for c in pool if c.kv_used_bytes + c.kv_waiting_bytes > 0]
+            fits = [c for c in active if c.kv_free_bytes - c.kv_waiting_bytes >= need]
+            if fits:
+                return min(fits, key=lambda c: -(c.kv_free_bytes - c.kv_waiting_bytes)).engine_id
+            idle = [c for c in pool if c.kv_used_bytes + c.kv_waiting_bytes == 0]
+            if idle:
+                return idle[0].engine_id
         return min(pool, key=lambda c: -c.kv_free_bytes).engine_id  # first (smallest id) of ties
