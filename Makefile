@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
 	@echo "               bench-sim, bench-papers, bench-hop (what the scheduler adds to TTFT), bench-placement,"
 	@echo "               bench-migration (Mell: active GPUs vs BF/WF/LB, operation batching, transfer modes)"
+	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -70,6 +71,9 @@ bench-placement: setup
 
 bench-migration: setup
 	$(PYTHON) tools/bench/migration_bench.py --out .bench/migration $(BENCH_ARGS)
+
+bench-migration-live: setup
+	$(PYTHON) tools/bench/migration_live.py --out .bench/migration $(BENCH_ARGS)
 
 bench-hop: setup
 	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)

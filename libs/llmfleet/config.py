@@ -307,6 +307,7 @@ class MigrationConfig(BaseModel):
     epoch_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     transfer: str = "hybrid"
     max_concurrency: int = Field(4, ge=1)
+    load_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False)  # the engines' load snapshot period
 
     @field_validator("policy")
     @classmethod
@@ -330,7 +331,7 @@ class MigrationConfig(BaseModel):
         """The ``llmfleet-migration`` flags for this section."""
         return [
             "--policy", self.policy, "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
-            "--max-concurrency", str(self.max_concurrency),
+            "--max-concurrency", str(self.max_concurrency), "--load-interval-s", f"{self.load_interval_s:g}",
         ]  # fmt: skip
 
 

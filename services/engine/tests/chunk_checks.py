@@ -32,3 +32,15 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> No
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+async def read(call, tokens: list[int], n: int | None = None):
+    """Read a gRPC token stream ``call`` into ``tokens`` (``n``: stop after that many tokens); the last chunk read."""
+    last = None
+    async for chunk in call:
+        assert chunk.index == len(tokens) or not chunk.token_ids
+        tokens.extend(chunk.token_ids)
+        last = chunk
+        if n is not None and len(tokens) >= n:
+            break
+    return last

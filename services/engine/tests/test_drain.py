@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
+from chunk_checks import read
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -106,18 +107,6 @@ async def until_settled(follower: PlacementFollower, desired: dict[str, DesiredP
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the follower did not settle")
-
-
-async def read(call, tokens: list[int], n: int | None = None):
-    """Read ``call`` into ``tokens`` (``n``: stop after that many tokens); the last chunk read."""
-    last = None
-    async for chunk in call:
-        assert chunk.index == len(tokens) or not chunk.token_ids
-        tokens.extend(chunk.token_ids)
-        last = chunk
-        if n is not None and len(tokens) >= n:
-            break
-    return last
 
 
 async def test_a_draining_model_finishes_its_requests_refuses_new_ones_then_unloads(

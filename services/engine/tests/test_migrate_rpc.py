@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from chunk_checks import read
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -105,18 +106,6 @@ async def expected(node: Node, model: str, cache: dict, **sampling) -> list[int]
         cache[key] = [t async for c in call for t in c.token_ids]
         assert len(cache[key]) == N
     return cache[key]
-
-
-async def read(call, tokens: list[int], n: int | None = None):
-    """Read ``call`` into ``tokens`` (``n``: stop after that many tokens); the last chunk read."""
-    last = None
-    async for chunk in call:
-        assert chunk.index == len(tokens) or not chunk.token_ids
-        tokens.extend(chunk.token_ids)
-        last = chunk
-        if n is not None and len(tokens) >= n:
-            break
-    return last
 
 
 def migrate(rid: str, dest: str, mode=KV, migration_id: str = "") -> engine_pb2.MigrateRequest:

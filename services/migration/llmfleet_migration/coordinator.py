@@ -160,7 +160,7 @@ class MigrationCoordinator:
             plan.operations,
             len(plan.migrations),
             sum(o.ok for o in outcomes),
-            sum(not o.ok for o in outcomes),
+            sum(o.state == "failed" for o in outcomes),
             len(deferred) + len(plan.deferred),
             plan.cancelled,
             tuple(plan.activate),

@@ -43,6 +43,11 @@ class Outcome:
     seconds: float = 0.0
     bytes: int = 0
     transfer_s: float = 0.0
+    gone: bool = False  # NOT_FOUND: the request finished (or moved) after the load report it was planned on
+
+    @property
+    def state(self) -> str:
+        return "done" if self.ok else "gone" if self.gone else "failed"
 
 
 @dataclass
@@ -78,13 +83,21 @@ class MigrationExecutor:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                out = Outcome(m, False, f"{e.code().name}: {e.details()}")
+                out = Outcome(
+                    m, False, f"{e.code().name}: {e.details()}", gone=e.code() == grpc.StatusCode.NOT_FOUND
+                )
             except Exception as e:  # a bad address, a closed channel: never fail the epoch
                 out = Outcome(m, False, f"{type(e).__name__}: {e}")
             finally:
                 self.running.pop(m.migration_id, None)
             out.seconds = time.monotonic() - t0
-            if not out.ok:
+            if out.gone:
+                log.info(
+                    "migration %s: %s (finished since the report it was planned on)",
+                    m.migration_id,
+                    out.error,
+                )
+            elif not out.ok:
                 log.warning(
                     "migration %s failed: %s (the request stays on %s)", m.migration_id, out.error, m.source
                 )

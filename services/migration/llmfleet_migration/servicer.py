@@ -61,10 +61,7 @@ class MigrationServicer(migration_pb2_grpc.MigrationServicer):
         if c is not None:
             out.policy, out.epoch_s = c.policy_name, c.epoch_s
             out.running.extend(_record(m, "running") for m in c.executor.running.values())
-            out.recent.extend(
-                _record(o.migration, "done" if o.ok else "failed", o.error, o.seconds)
-                for o in c.executor.recent
-            )
+            out.recent.extend(_record(o.migration, o.state, o.error, o.seconds) for o in c.executor.recent)
             for s in c.epochs:
                 out.epochs.add(
                     epoch=s.epoch, time=s.time, operations=s.operations, planned=s.planned,

@@ -66,6 +66,7 @@ async def test_modes_ids_retries_and_final_errors(engine) -> None:
     ok = {o.migration.request_id: o for o in out}
     assert [o.ok for o in out] == [True, True, True, False, False]
     assert "NOT_FOUND" in ok["gone-1"].error and "engine dead is not live" in ok["r3"].error
+    assert (ok["gone-1"].state, ok["r3"].state, ok["r1"].state) == ("gone", "failed", "done")
     modes = {c.request_id: c.mode for c in eng.calls}
     assert modes["r1"] == engine_pb2.MIGRATE_MODE_KV and modes["r2"] == engine_pb2.MIGRATE_MODE_TOKENS
     flaky = [c for c in eng.calls if c.request_id == "r-flaky"]
