@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 
 from sim_fidelity.calibrate import calibrate, fit_overhead, with_overhead  # noqa: E402
 from sim_fidelity.cluster import engine_flags, profile_engine, scheduler_flags  # noqa: E402
+from sim_fidelity.replay import replay_spec  # noqa: E402
 from sim_fidelity.workload import HARDWARE, MODEL, Settings, make_prompt  # noqa: E402
 
 SERVICE = "chat"
@@ -249,35 +250,8 @@ def simulate(
     from llmfleet.policies.placement import InstancePlan
     from llmfleet.sim.run import PolicyBundle
     from llmfleet.sim.run import simulate as sim_run
-    from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
-    from llmfleet.workload import Workload, WorkloadRequest
 
-    spec = SimSpec(
-        cluster=ClusterSpec.parse(f"{len(ENGINES)}x{HARDWARE}"),
-        # max_tokens <= every output: each request's cap is then its own output length (sim_fidelity)
-        services=(SimService(SERVICE, MODEL, max_tokens=min(r["output_tokens"] for r in rows)),),
-        engine=EngineSettings(
-            max_running=s.max_batch,
-            max_batch_requests=s.max_batch,
-            max_prefill_tokens=s.max_prefill_tokens,
-            watermark=s.watermark,
-            block_tokens=tpb,
-            kv_bytes=kv,
-        ),
-    )
-    wl = Workload(
-        tuple(
-            WorkloadRequest(
-                r["request_id"],
-                r["planned_arrival_s"],
-                r["prompt_tokens"],
-                r["output_tokens"],
-                SERVICE,
-                MODEL,
-            )
-            for r in sorted(rows, key=lambda r: r["planned_arrival_s"])
-        )
-    )
+    spec, wl = replay_spec(rows, s, kv, tpb, len(ENGINES), min(r["output_tokens"] for r in rows))
     bundle = PolicyBundle(
         f"live-{dispatch}-{policy}",
         placement="dedicated_even",

@@ -169,26 +169,24 @@ async def replay_direct(
         return rows, load
 
 
-def simulate(
+def replay_spec(
     rows: Sequence[dict[str, Any]],
-    record: Any,
     s: Settings,
     kv_bytes: int,
     block_tokens: int,
-    hop_s: float = 0.0,
-) -> dict[str, Any]:
-    """The identical workload on one simulated ``cpu`` instance with the live engine's knobs and pool;
-    ``hop_s`` (see :func:`deployed_overhead`) is added to every first token and finish."""
-    from llmfleet.policies.placement import InstancePlan
-    from llmfleet.sim.run import PolicyBundle
-    from llmfleet.sim.run import simulate as sim_run
+    instances: int,
+    max_tokens: int,
+) -> tuple[Any, Any]:
+    """The simulator's spec (``instances`` × ``cpu`` with the live engines' knobs and pool) and the
+    replayed requests (``rows``: request_id, planned_arrival_s, prompt_tokens, output_tokens) in
+    arrival order. ``max_tokens`` ≤ every output: each request's cap is then its own output length,
+    as live."""
     from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
     from llmfleet.workload import Workload, WorkloadRequest
 
     spec = SimSpec(
-        cluster=ClusterSpec.parse(f"1x{HARDWARE}"),
-        # max_tokens <= every output: each request's cap is then its own output length, as live
-        services=(SimService(SERVICE, MODEL, max_tokens=s.output_min),),
+        cluster=ClusterSpec.parse(f"{instances}x{HARDWARE}"),
+        services=(SimService(SERVICE, MODEL, max_tokens=max_tokens),),
         engine=EngineSettings(
             max_running=s.max_batch,
             max_batch_requests=s.max_batch,
@@ -208,9 +206,27 @@ def simulate(
                 SERVICE,
                 MODEL,
             )
-            for r in rows
+            for r in sorted(rows, key=lambda r: r["planned_arrival_s"])
         )
     )
+    return spec, workload
+
+
+def simulate(
+    rows: Sequence[dict[str, Any]],
+    record: Any,
+    s: Settings,
+    kv_bytes: int,
+    block_tokens: int,
+    hop_s: float = 0.0,
+) -> dict[str, Any]:
+    """The identical workload on one simulated ``cpu`` instance with the live engine's knobs and pool;
+    ``hop_s`` (see :func:`deployed_overhead`) is added to every first token and finish."""
+    from llmfleet.policies.placement import InstancePlan
+    from llmfleet.sim.run import PolicyBundle
+    from llmfleet.sim.run import simulate as sim_run
+
+    spec, workload = replay_spec(rows, s, kv_bytes, block_tokens, instances=1, max_tokens=s.output_min)
     exp = sim_run(
         spec,
         workload,
