@@ -138,6 +138,21 @@ def fitted_cost(rec: ProfileRecord) -> LinearCost:
     return LinearCost(((p.c1, p.k1, 0.0),), ((d.c3, d.c2, d.k2),), f"fitted:{rec.hardware}:{rec.engine}")
 
 
+def reprefill_boundary(cost: LinearCost, batch: int, context_sum: int, epoch_s: float, slack: float) -> float:
+    """Mell's computation boundary of an instance decoding ``batch`` requests (``context_sum`` tokens):
+    the re-prefill tokens per epoch whose *marginal* cost, fused into one of its decode iterations,
+    stays within ``slack`` of that iteration, times the iterations in the epoch."""
+    from llmfleet.policies.migration import computation_boundary
+
+    batch = max(batch, 1)
+    step = cost.iteration(0, 0, batch, context_sum)
+
+    def marginal(t: int) -> float:
+        return cost.iteration(t, t * t, batch, context_sum) - step
+
+    return computation_boundary(marginal, step, epoch_s, slack)
+
+
 @dataclass
 class CostBook:
     """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the roofline."""

@@ -33,8 +33,8 @@ from llmfleet.policies.migration import (
     RequestState,
     TransferBudget,
     TransferPlanner,
-    computation_boundary,
 )
+from llmfleet.sim.cost import reprefill_boundary
 
 if TYPE_CHECKING:
     from llmfleet.sim.instance import SimInstance
@@ -133,14 +133,8 @@ class MigrationLoop:
         for g in gpus:
             inst = sim.instances[g.gpu_id]
             lm = sim.cost.model(inst.models[0], inst.tp)
-            batch = max(len(g.requests), 1)
             ctx = sum(r.tokens for r in g.requests)
-            step = lm.iteration(0, 0, batch, ctx)
-
-            def marginal(t: int, lm=lm, batch=batch, ctx=ctx, step=step) -> float:
-                return lm.iteration(t, t * t, batch, ctx) - step
-
-            prefill[g.gpu_id] = computation_boundary(marginal, step, self.epoch_s, self.prefill_slack)
+            prefill[g.gpu_id] = reprefill_boundary(lm, len(g.requests), ctx, self.epoch_s, self.prefill_slack)
         return TransferBudget(links, 0.0, prefill, 0.0)
 
     # ------------------------------------------------------------------------------------------ epoch

@@ -36,9 +36,11 @@ from llmfleet.policies.migration import (
     TransferPlanner,
     migration_id,
 )
+from llmfleet.sim.cost import reprefill_boundary
 from llmfleet.types import NodeRecord
 
 from llmfleet_migration.cluster_state import gpu_states
+from llmfleet_migration.costs import CostModels
 from llmfleet_migration.executor import MigrationExecutor, Outcome
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,9 @@ class MigrationCoordinator:
     epoch_s: float = 1.0
     election: LeaderElection | None = None
     link_bytes_per_s: float = 1e9  # a link's bandwidth until a KV migration over it measured one
-    prefill_tokens_per_epoch: float = 2048.0  # a destination's re-prefill tokens per epoch
+    prefill_tokens_per_epoch: float = 2048.0  # re-prefill tokens per epoch where no cost model is known
+    costs: CostModels | None = None  # per (model, hardware): the computation boundary from the cost model
+    prefill_slack: float = 0.1
     stale_s: float = 5.0
     epoch: int = 0
     active: set[str] | None = None  # engines receiving new requests (None: not gated by the policy)
@@ -125,6 +129,19 @@ class MigrationCoordinator:
         return gpu_states(snaps, self.nodes.snapshot(), now, active=self.active, stale_s=self.stale_s)
 
     def budget(self, gpus: Sequence[GpuState]) -> TransferBudget:
+        """Links: measured bandwidth (else the flag) × epoch. Destinations: the re-prefill tokens whose
+        marginal cost fits ``prefill_slack`` of their decode iterations (the engine's model on its
+        hardware, from the profiler's record or the roofline), else the flag."""
+        prefill: dict[str, float] = {}
+        nodes = self.nodes.snapshot()
+        for g in gpus:
+            node = nodes.get(g.gpu_id)
+            cost = self.costs.get(g.models[0], node.hardware) if self.costs and node and g.models else None
+            if cost is not None:
+                ctx = sum(r.tokens for r in g.requests)
+                prefill[g.gpu_id] = reprefill_boundary(
+                    cost, len(g.requests), ctx, self.epoch_s, self.prefill_slack
+                )
         links = {
             (a.gpu_id, b.gpu_id): self._bandwidth.get((a.gpu_id, b.gpu_id), self.link_bytes_per_s)
             * self.epoch_s
@@ -132,7 +149,9 @@ class MigrationCoordinator:
             for b in gpus
             if a.gpu_id != b.gpu_id
         }
-        return TransferBudget(links, self.link_bytes_per_s * self.epoch_s, {}, self.prefill_tokens_per_epoch)
+        return TransferBudget(
+            links, self.link_bytes_per_s * self.epoch_s, prefill, self.prefill_tokens_per_epoch
+        )
 
     async def tick(self) -> EpochSummary:
         now = time.monotonic()
@@ -148,6 +167,11 @@ class MigrationCoordinator:
         ]
         deferred: Sequence[Migration] = ()
         if self.transfer is not None and moves:
+            if self.costs is not None:
+                nodes = self.nodes.snapshot()
+                await self.costs.refresh(
+                    {(g.models[0], nodes[g.gpu_id].hardware) for g in gpus if g.models and g.gpu_id in nodes}
+                )
             scheduled, deferred = self.transfer.assign(moves, self.budget(gpus))
             moves = list(scheduled)
         outcomes = await self.executor.run(moves) if moves else []

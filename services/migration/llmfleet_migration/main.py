@@ -20,6 +20,7 @@ from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
 from llmfleet_migration.coordinator import MigrationCoordinator
+from llmfleet_migration.costs import CostModels
 from llmfleet_migration.executor import MigrationExecutor
 from llmfleet_migration.servicer import MigrationServicer
 
@@ -57,6 +58,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
             nid, args.policy, make_migration_policy(args.policy), make_transfer_planner(args.transfer),
             monitor, nodes, n.etcd, executor, epoch_s=args.epoch_s, election=servicer.election,
             link_bytes_per_s=args.link_bytes_per_s, prefill_tokens_per_epoch=args.prefill_tokens_per_epoch,
+            costs=CostModels(n.etcd),
         )  # fmt: skip
         servicer.coordinator = coordinator
         n.spawn(coordinator.run(), "migration-epochs")
@@ -103,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument(
         "--prefill-tokens-per-epoch", type=float, default=2048.0,
-        help="re-prefill tokens a destination absorbs per epoch (the computation boundary; default 2048)",
+        help="re-prefill tokens a destination absorbs per epoch where its model has no cost model "
+        "(profiler record or catalog roofline); default 2048",
     )  # fmt: skip
     return ap
 

@@ -4,6 +4,8 @@ engines are a scripted executor."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from llmfleet.api.v1 import common_pb2
@@ -105,3 +107,21 @@ async def test_mell_gates_engines_and_a_successor_adopts(etcd_client) -> None:
     assert successor.epoch == 1 and successor.active == c.active  # the last epoch written
     await successor.tick()
     assert successor.epoch == 2
+
+
+async def test_the_computation_boundary_comes_from_the_engines_cost_model(etcd_client) -> None:
+    from llmfleet_migration.costs import CostModels
+
+    costs = CostModels(etcd_client)
+    await costs.refresh({("llama2-7b", "a100-40gb"), ("mystery", "a100-40gb")})
+    assert costs.get("llama2-7b", "a100-40gb") is not None  # no profiler record: the catalog roofline
+    assert costs.get("mystery", "a100-40gb") is None
+    c = coordinator(etcd_client, MoveFirst())
+    c.nodes = Nodes({e: NodeRecord(e, ENGINE_ROLE, f"10.0.0.{i}:1", models=("llama2-7b",), hardware="a100-40gb")
+                     for i, e in enumerate("ab")})  # fmt: skip
+    c.costs = costs
+    gpus = [dataclasses.replace(g, models=("llama2-7b",)) for g in c.snapshot_states(time.monotonic())]
+    budget = c.budget(gpus)
+    assert set(budget.prefill_tokens) == {"a", "b"} and all(v > 0 for v in budget.prefill_tokens.values())
+    c.costs = CostModels(etcd_client)  # nothing fetched: the flag's value
+    assert c.budget(gpus).prefill("a") == c.prefill_tokens_per_epoch
