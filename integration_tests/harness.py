@@ -144,7 +144,9 @@ def launch(
         root, etcd, ProcessGroup(root / "logs"), f"/it-{uuid.uuid4().hex[:8]}", config_path, models_dir
     )
     try:
-        c.start("scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5", *scheduler_args)
+        c.start(
+            "scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5", "--http-port", "-1", *scheduler_args
+        )
         c.start("profiler", "llmfleet-profiler")
         for i in range(placement_replicas):
             c.start(f"placement-{i}", "llmfleet-placement", "--config", str(config_path), "--resync-s", "1")

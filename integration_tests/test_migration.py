@@ -160,7 +160,7 @@ async def test_broken_transfer_leaves_the_request_on_the_source(engines):
     server = await GrpcServer(
         [(engine_pb2_grpc.add_EngineServicer_to_server, broken, service_name(engine_pb2, "Engine"))]
     ).start()
-    n = 200
+    n = 1800  # long enough to be still running when Migrate arrives on a loaded machine (else NOT_FOUND)
     try:
         async with grpc.aio.insecure_channel(addr["src"]) as ch:
             src = engine_pb2_grpc.EngineStub(ch)

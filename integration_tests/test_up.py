@@ -63,8 +63,36 @@ def _demo_scale_out(endpoints: dict, tmp_path: Path) -> None:
     assert any("engine-2: +tiny-llama" in d["summary"] for d in fleet["decisions"] if d["ok"])
 
 
+def _metrics(endpoints: dict) -> None:
+    """Every process's /metrics is listed; engines speak vLLM's names, the control plane llmfleet_."""
+    import urllib.request
+
+    def scrape(name: str) -> str:
+        with urllib.request.urlopen(f"http://{endpoints[name]['metrics']}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    assert all(e.get("metrics") for name, e in endpoints.items() if name != "etcd")
+    engine = scrape("engine-0")
+    assert 'vllm:num_requests_running{model_name="tiny-llama"}' in engine
+    assert "vllm:generation_tokens_total" in engine and "llmfleet_" not in engine.replace("llmfleet_etcd", "")
+    scheduler = scrape("scheduler")
+    assert "llmfleet_" in scheduler and "vllm:" not in scheduler
+
+
+def _openai(endpoints: dict, http_port: int) -> None:
+    """The scheduler's OpenAI-compatible API, with the official client, as the README shows it."""
+    import openai
+
+    assert endpoints["scheduler"]["http"] == f"127.0.0.1:{http_port}"
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused")
+    assert "chat" in {m.id for m in client.models.list()}
+    out = client.completions.create(model="chat", prompt="Once upon a time", max_tokens=8)
+    assert out.usage.completion_tokens == 8 and out.choices[0].finish_reason == "length"
+
+
 def test_up_serves_and_stops_cleanly(tmp_path):
     base = free_port()  # a free block is likely just above a free port; up fails loudly otherwise
+    http_port = free_port()
     state = tmp_path / "state"
     out = open(tmp_path / "up.out", "w")  # noqa: SIM115 - closed in finally, after up exits
     up = subprocess.Popen(
@@ -81,6 +109,8 @@ def test_up_serves_and_stops_cleanly(tmp_path):
             "3",
             "--config",
             str(ROOT / "deploy/local/cluster.yaml"),
+            "--http-port",
+            str(http_port),
         ],
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -127,6 +157,8 @@ def test_up_serves_and_stops_cleanly(tmp_path):
         assert sub.returncode == 0, sub.stderr
         assert "12 completion tokens" in sub.stderr and sub.stdout
         _demo_scale_out(endpoints, tmp_path)
+        _metrics(endpoints)
+        _openai(endpoints, http_port)
     finally:
         up.send_signal(signal.SIGINT)
         rc = up.wait(timeout=60)

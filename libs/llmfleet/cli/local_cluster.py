@@ -74,6 +74,7 @@ def start_local_cluster(
             base_port=free_base_port(),
             prefix=prefix,
             log_level="WARNING",
+            http_port=-1,  # benchmarks speak gRPC; several clusters must not race for one HTTP port
         )
         for p in plans:
             cluster.group.spawn(p.name, [*p.argv, *(extra or {}).get(p.name, [])], log_path=p.log_path)

@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig
+from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
 
 NAME = "up"
@@ -41,6 +42,7 @@ CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
 )
 ENGINE_SCRIPT = ("llmfleet-engine", "llmfleet_engine.main")
 ENGINE_PORT_OFFSET = 10
+DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API of the scheduler
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class ServicePlan:
     argv: list[str]
     address: str
     log_path: Path
+    metrics: str = ""  # host:port of its Prometheus /metrics
+    http: str = ""  # host:port of the OpenAI-compatible HTTP API (the scheduler)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=".llmfleet", help="etcd data, logs and models live here")
     p.add_argument("--host", default="127.0.0.1", help="address every service binds to")
     p.add_argument("--base-port", type=int, default=50051, help="scheduler port; others follow it")
+    p.add_argument(
+        "--http-port", type=int, default=DEFAULT_HTTP_PORT,
+        help=f"the scheduler's OpenAI-compatible API port (default {DEFAULT_HTTP_PORT}; -1: none)",
+    )  # fmt: skip
     p.add_argument("--prefix", default=None, help="etcd key prefix (default /llmfleet)")
     p.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="node lease TTL in seconds")
     p.add_argument("--log-level", default="INFO", help="log level of the services")
@@ -95,13 +103,16 @@ def plan_services(
     prefix: str | None = None,
     ttl: int = DEFAULT_TTL_S,
     log_level: str = "INFO",
+    http_port: int = DEFAULT_HTTP_PORT,
 ) -> list[ServicePlan]:
-    """The children ``up`` starts, in start order (pure: nothing is started)."""
+    """The children ``up`` starts, in start order (pure: nothing is started). ``http_port``: the
+    scheduler's OpenAI-compatible API (-1: none)."""
     state = Path(state_dir)
     logs = state / "logs"
 
     def common(name: str, port: int) -> list[str]:
         argv = ["--id", name, "--host", host, "--port", str(port), "--etcd", etcd, "--ttl", str(ttl)]
+        argv += ["--metrics-port", str(port + METRICS_PORT_OFFSET)]
         if prefix:
             argv += ["--prefix", prefix]
         return [*argv, "--log-level", log_level]
@@ -109,15 +120,19 @@ def plan_services(
     plans = []
     for name, script, module, offset in CONTROL_PLANE:
         port = base_port + offset
-        extra = {"placement": ["--config", str(config_path)], "migration": config.migration.args()}.get(
-            name, []
-        )
+        extra = {
+            "placement": ["--config", str(config_path)],
+            "migration": config.migration.args(),
+            "scheduler": ["--http-port", str(http_port)],
+        }.get(name, [])
         plans.append(
             ServicePlan(
                 name=name,
                 argv=[*service_command(script, module), *common(name, port), *extra],
                 address=f"{host}:{port}",
                 log_path=logs / f"{name}.log",
+                metrics=f"{host}:{port + METRICS_PORT_OFFSET}",
+                http=f"{host}:{http_port}" if name == "scheduler" and http_port > 0 else "",
             )
         )
     used = {base_port + offset for *_, offset in CONTROL_PLANE}
@@ -140,6 +155,7 @@ def plan_services(
                 ],
                 address=f"{host}:{port}",
                 log_path=logs / f"{engine_id}.log",
+                metrics=f"{host}:{port + METRICS_PORT_OFFSET}",
             )
         )
     return plans
@@ -159,7 +175,7 @@ def _warn_exit(console: Console, name: str, pid: int, rc: int | None, log_path: 
 
 def endpoints_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="llmfleet is up", title_justify="left")
-    for col in ("name", "address", "pid", "status"):
+    for col in ("name", "address", "metrics", "pid", "status"):
         table.add_column(col, no_wrap=True)
     table.add_column("log", overflow="fold")
     for r in rows:
@@ -167,6 +183,7 @@ def endpoints_table(rows: list[dict[str, Any]]) -> Table:
         table.add_row(
             r["name"],
             r["address"],
+            r.get("metrics") or "-",
             str(r["pid"] or "-"),
             f"[{colour}]{r['status']}[/]",
             escape(r["log"] or "-"),
@@ -228,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                     prefix=args.prefix,
                     ttl=args.ttl,
                     log_level=args.log_level,
+                    http_port=args.http_port,
                 )
                 for plan in plans:
                     group.spawn(plan.name, plan.argv, log_path=plan.log_path)
@@ -254,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
                     {
                         "name": plan.name,
                         "address": plan.address,
+                        "metrics": plan.metrics,
+                        **({"http": plan.http} if plan.http else {}),
                         "pid": child.pid,
                         "status": status,
                         "log": str(plan.log_path),
@@ -261,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
                 )
             console.print(endpoints_table(rows))
             (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
-            console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}   Ctrl-C to stop")
+            http = f"   openai: http://{plans[0].http}/v1" if plans[0].http else ""
+            console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}{http}   Ctrl-C to stop")
 
             while True:
                 for child in group.poll_exited():

@@ -38,6 +38,7 @@ class Registration:
         self._lock = asyncio.Lock()
         self._last_ok = 0.0
         self._registrations = 0
+        self.on_lost: Callable[[], None] | None = None  # called when a held lease is lost (metrics)
 
     @property
     def lease_id(self) -> int | None:
@@ -101,6 +102,11 @@ class Registration:
             raise
 
     def _lost(self) -> None:
+        if self._lease_id is not None and self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:
+                log.exception("registration %s: on_lost hook failed", self.key)
         self._lease_id = None
         self.registered.clear()
 

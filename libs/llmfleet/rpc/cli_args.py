@@ -8,6 +8,7 @@ import os
 import socket
 
 from llmfleet.config import EtcdSettings
+from llmfleet.metrics.server import add_metrics_arg
 
 
 def add_common_args(ap: argparse.ArgumentParser, role: str, default_port: int) -> None:
@@ -21,6 +22,7 @@ def add_common_args(ap: argparse.ArgumentParser, role: str, default_port: int) -
         "--ttl", type=int, default=None, help="lease TTL seconds (env LLMFLEET_LEASE_TTL, default 10)"
     )
     ap.add_argument("--log-level", default=os.environ.get("LLMFLEET_LOG_LEVEL", "INFO"))
+    add_metrics_arg(ap)
 
 
 def etcd_settings(args: argparse.Namespace) -> EtcdSettings:

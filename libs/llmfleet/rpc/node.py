@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, Registration
+from llmfleet.metrics.control import shell_metrics
+from llmfleet.metrics.server import MetricsServer, start_metrics_server
 from llmfleet.rpc.server import GrpcServer
 from llmfleet.types import NodeRecord
 
@@ -45,6 +47,10 @@ class ServiceNode:
     etcd: EtcdClient | None = None  # set by start()
     registration: Registration | None = None  # set once etcd is reached
     etcd_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # /metrics: the port (-1 disabled, 0 any free; set by run_service from --metrics-port) and the host
+    metrics_port: int = -1
+    metrics_host: str = "127.0.0.1"
+    metrics: MetricsServer | None = None  # set by start() when metrics_port != -1
     _started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -64,10 +70,24 @@ class ServiceNode:
 
     async def start(self) -> None:
         await self.server.start()
+        self.start_metrics()
         for hook in self.on_start:
             self.spawn(self._guarded(hook), f"{self.role}-start-{getattr(hook, '__name__', 'hook')}")
         self.etcd = EtcdClient(self.settings)
         self._tasks.append(asyncio.create_task(self._attach(), name=f"{self.role}-etcd-attach"))
+
+    def start_metrics(self) -> MetricsServer | None:
+        """Serve ``/metrics`` (the process registry) unless ``metrics_port`` is -1; logs the address."""
+        if self.metrics is None and self.metrics_port != -1:
+            try:
+                self.metrics = start_metrics_server(self.metrics_port, self.metrics_host)
+            except OSError as e:  # the port is taken: metrics on any free port, the service serves on
+                log.error("%s %s: cannot serve /metrics on port %d (%s); using a free port", self.role,
+                          self.node_id, self.metrics_port, e)  # fmt: skip
+                self.metrics = start_metrics_server(0, self.metrics_host)
+            if self.metrics is not None:
+                log.info("%s %s metrics on %s", self.role, self.node_id, self.metrics.url)
+        return self.metrics
 
     async def _attach(self) -> None:
         assert self.etcd is not None
@@ -76,6 +96,8 @@ class ServiceNode:
         self.registration = Registration(
             self.etcd, key, lambda: self.record().to_json(), self.settings.lease_ttl_s
         )
+        losses = shell_metrics().lease_losses.labels(self.role)
+        self.registration.on_lost = losses.inc
         await self.registration.start()
         self.etcd_ready.set()
         log.info(
@@ -118,6 +140,10 @@ class ServiceNode:
             with contextlib.suppress(Exception):
                 await self.registration.stop()
         await self.server.stop()
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):
+                self.metrics.stop()
+            self.metrics = None
         if self.etcd is not None:
             with contextlib.suppress(Exception):
                 await self.etcd.close()
@@ -131,6 +157,7 @@ def run_service(
 ) -> None:
     """The body of every ``llmfleet-<role>`` console script: parse flags, set up logging and tracing
     (before any server or channel exists, so the interceptors are installed), build, serve."""
+    from llmfleet.metrics.server import metrics_port
     from llmfleet.rpc.cli_args import setup_logging
     from llmfleet.telemetry import setup_tracing
 
@@ -138,6 +165,8 @@ def run_service(
     setup_logging(args.log_level, role)
     setup_tracing(f"llmfleet-{role}")
     node = build(args)
+    node.metrics_port = metrics_port(args)
+    node.metrics_host = getattr(args, "host", node.metrics_host) or node.metrics_host
     # Everything built so far (imported modules, numpy/scipy, policies: ~76k objects in the scheduler)
     # lives as long as the process: freezing it takes it out of every garbage collection, which
     # otherwise pauses the event loop ~40 ms per full collection (a request's whole latency budget).

@@ -32,6 +32,7 @@ import torch
 from llmfleet.engine_core import CoreRequest, EngineCore, EngineLimits, StepPlan
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.kvblocks.storage import KvStorage
+from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import SchedRequest
 
@@ -133,6 +134,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self.policy = make_engine_policy(self.config.policy, **self.config.policy_options)
         self.core = EngineCore(self.policy, self.allocator, self.config.limits, watermark_blocks=0)
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
+        self.metrics: EngineMetrics | None = None  # vllm:* metrics (set by main / attach_metrics)
         self._reserved_blocks = 0  # pool blocks held by model reservations (weights + activation)
         self._models: dict[str, HostedModel] = {}
         self._requests: dict[str, LiveRequest] = {}
@@ -148,6 +150,11 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
         self._delivery.worker = self._worker
         self._worker.start()
+
+    def attach_metrics(self, metrics: EngineMetrics) -> None:
+        """Export this executor's ``vllm:*`` metrics on ``metrics`` (gauges read from load_snapshot)."""
+        metrics.attach(self.load_snapshot)
+        self.metrics = metrics
 
     @property
     def preemptions(self) -> int:
@@ -349,6 +356,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._prefilling = {r.sched.request_id for r in plan.prefills}
         for r in plan.preempted:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
+            if self.metrics is not None:
+                self.metrics.preempted(r.sched.model)
         return plan, seq_steps(plan, self.allocator, now)
 
     def _run(self, plan: StepPlan, steps: list[SeqStep]) -> None:
@@ -376,6 +385,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         now = time.monotonic()
         delivery = self._delivery
         given = delivery.begin()  # requests given output in this iteration: woken after it
+        metrics = self.metrics
         with self._cond:
             eos = members[0].model.loaded.eos_token_ids
             outcomes = []
@@ -395,6 +405,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 if r.first_token_s is None:
                     r.first_token_s = now
                     delivery.urgent()  # time to first token is not held back
+                if metrics is not None:
+                    self._token_metrics(metrics, r, now)
                 r.tokens.append(tok)
                 r.sink.items.append(tok)
                 given.append(r)
@@ -437,6 +449,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         r.tokens.extend(token_ids)
         if token_ids:
             self._generated.add(now, 1)
+        if self.metrics is not None:
+            self._token_metrics(self.metrics, r, now, produced=1 if token_ids else 0)
         first = r.first_token_s is None
         if first:
             r.first_token_s = now
@@ -445,6 +459,18 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._delivery.emit(r, item, urgent=first)
             return None
         return reason, token_ids, text, index
+
+    @staticmethod
+    def _token_metrics(metrics: EngineMetrics, r: LiveRequest, now: float, produced: int = 1) -> None:
+        """A step gave ``r`` a token (``produced``: 0 for an EOS, which is not output): first token
+        (TTFT, prompt tokens) or the gap since the previous one (inter-token latency)."""
+        model = r.req.model
+        if r.last_token_s is None:
+            metrics.first_token(model, r.req.prompt_tokens, now - r.req.arrival_s)
+        else:
+            metrics.inter_token(model, now - r.last_token_s)
+        r.last_token_s = now
+        metrics.tokens(model, produced)
 
     def _finish_locked(
         self,
@@ -473,6 +499,10 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             ttft_s=max(0.0, state.first_token_s - arrival) if state.first_token_s is not None else 0.0,
             latency_s=max(0.0, now - arrival),
         )
+        if self.metrics is not None:
+            self.metrics.finished(
+                state.req.model, reason.name, usage.queue_s, usage.latency_s, state.scheduled_s is not None
+            )
         idx = len(state.tokens) - len(token_ids) if index is None else index
         chunk = EngineChunk(state.request_id, idx, token_ids, text or "", reason, usage, migrated_to)
         consumer_text = not state.worker_text and (token_ids or flush)

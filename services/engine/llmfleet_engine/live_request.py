@@ -30,6 +30,7 @@ class LiveRequest:
     attached: bool = True  # False for an imported request until a consumer attaches
     scheduled_s: float | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None  # when its latest token was produced (inter-token latency)
     finished: bool = False
     worker_text: bool = field(init=False)  # stop strings: the worker needs the text
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
+from llmfleet.metrics.engine import engine_metrics
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
@@ -61,6 +62,13 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
     nid = node_id(args, ROLE)
     executor = make_executor(args)
+    # vllm:* metrics on the process registry (served by the shell's /metrics): the native executor's
+    # counters and histograms are hooked where requests finish; any backend's gauges come from its
+    # load snapshot
+    if isinstance(executor, Executor):
+        executor.attach_metrics(engine_metrics())
+    else:
+        engine_metrics().attach(executor.load_snapshot)
     servicer = EngineServicer(
         executor, nid, default_max_tokens=args.default_max_tokens, max_migrations=args.max_migrations
     )

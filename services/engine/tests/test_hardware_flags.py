@@ -73,6 +73,9 @@ class FakeBackend:
     def model_names(self) -> tuple[str, ...]:
         return ("tiny-llama",)
 
+    def load_snapshot(self):  # read only when /metrics is scraped
+        raise NotImplementedError
+
     async def aclose(self) -> None:
         pass
 

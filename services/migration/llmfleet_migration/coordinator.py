@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from llmfleet.coord import EtcdClient, LeaderElection, PrefixView
 from llmfleet.coord.migration_state import MigrationState, get_migration_state, write_migration_state
 from llmfleet.load.monitor import LoadMonitor
+from llmfleet.metrics.control import migration_metrics
 from llmfleet.policies.migration import (
     EpochPlan,
     GpuState,
@@ -192,6 +193,11 @@ class MigrationCoordinator:
             len(self.active) if self.active is not None else sum(g.active for g in gpus),
         )
         self.epochs.append(summary)
+        metrics = migration_metrics()
+        metrics.epochs.inc()
+        metrics.epoch.set(self.epoch)
+        for o in outcomes:
+            metrics.migrations.labels(o.state).inc()
         if moves or plan.activate or plan.deactivate:
             log.info(
                 "migration epoch %d: %d planned, %d done, %d failed, %d deferred; +%s -%s",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from llmfleet.config import ClusterConfig
 from llmfleet.coord import EtcdClient, LeaderElection, PrefixView
 from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
+from llmfleet.metrics.control import placement_metrics
 from llmfleet.monitor import Decision
 from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
 from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
@@ -92,6 +93,7 @@ class LivePlacementLoop:
         """Adopt the plan in etcd, then tick every ``interval_s`` (first tick at once only when there
         is no plan to adopt)."""
         self._term_start = self.clock()
+        placement_metrics().leader_changes.inc()  # run() is one leadership term
         await asyncio.gather(self.placement_view.ready.wait(), self.nodes_view.ready.wait())
         if await self.adopt():
             await asyncio.sleep(self.interval_s)
@@ -111,6 +113,7 @@ class LivePlacementLoop:
         self.hysteresis.reset()
         if meta is not None:
             self.plan_id = meta.plan_id
+            placement_metrics().plan_id.set(meta.plan_id)
             self._record(
                 Decision(
                     self.wall(),
@@ -233,6 +236,9 @@ class LivePlacementLoop:
             return False
         self.plan_id = meta.plan_id
         self._last_error = ""
+        m = placement_metrics()
+        m.changes.inc()
+        m.plan_id.set(meta.plan_id)
         self._record(Decision(meta.time, self.policy, f"plan #{meta.plan_id}: {summary}", reason))
         return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from llmfleet import __version__
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
 from llmfleet.coord.migration_state import migration_state_view
@@ -14,6 +15,7 @@ from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher, mell_view_of
 from llmfleet_scheduler.servicer import SchedulerServicer
@@ -76,6 +78,18 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         n.on_stop.append(migration.stop)
 
     node.on_etcd.append(attach_views)
+    if args.http_port >= 0:  # the OpenAI-compatible API, through the servicer's own submit path
+        http = HttpServer(
+            create_app(ServicerBackend(servicer), version=__version__),
+            host=args.http_host or args.host,
+            port=args.http_port,
+        )
+
+        async def start_http(_n: ServiceNode) -> None:
+            await http.start()
+
+        node.on_start.append(start_http)
+        node.on_stop.append(http.stop)
     node.on_stop.append(servicer.close)
     if relay.observations is not None:
         node.on_stop.append(relay.observations.close)  # send the last batch before the channels close
@@ -121,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="stream per-service statistics to the placement leader this often (0: never)",
     )
+    ap.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="port of the OpenAI-compatible HTTP API (0: pick a free one, logged; -1: no HTTP API)",
+    )
+    ap.add_argument("--http-host", default=None, help="bind address of the HTTP API (default: --host)")
     return ap
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
+from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
 from llmfleet.policies.dispatch import CountsInfeasible, DispatchRequest, FinishListener, NoCandidate
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
@@ -50,8 +51,11 @@ class Relay:
     max_migrations: int = 16
     observations: ObservationBatcher | None = None  # completed requests -> profiler (batched)
     stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
+    metrics: SchedulerMetrics | None = None  # llmfleet_scheduler_* (default: the process registry's)
 
     def __post_init__(self) -> None:
+        if self.metrics is None:
+            self.metrics = scheduler_metrics()
         if self.observations is None:
             self.observations = ObservationBatcher(self.directory)
 
@@ -59,6 +63,8 @@ class Relay:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
         if self.stats is not None:
             self.stats.arrived(rec)
+        if self.metrics is not None:
+            self.metrics.arrived()
         try:
             await self._dispatch(rec, req, deadline)
         except asyncio.CancelledError:
@@ -70,6 +76,8 @@ class Relay:
         finally:
             if self.stats is not None:
                 self.stats.finished(rec)
+            if self.metrics is not None:
+                self._count(self.metrics, rec)
         if rec.final is not None and rec.final.finish_reason in COMPLETED:
             self._observe(rec)
 
@@ -118,6 +126,8 @@ class Relay:
                 continue
             if rec.dispatched_at is None:
                 rec.dispatched_at = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.dispatched(rec.service, engine_id)
             try:
                 await self._follow(rec, req, engine_id, node.address, deadline, dreq, listener)
                 return
@@ -228,6 +238,24 @@ class Relay:
                 latency_s=now - rec.arrival,
             ),
         )
+
+    @staticmethod
+    def _count(metrics: SchedulerMetrics, rec: RequestRecord) -> None:
+        """``llmfleet_scheduler_*``: the request's outcome and its TTFT/TPOT as the client saw them."""
+        try:
+            if rec.error is not None:
+                outcome = "failed"
+            elif rec.final is not None:
+                name = common_pb2.FinishReason.Name(rec.final.finish_reason)
+                outcome = name.removeprefix("FINISH_REASON_").lower()
+            else:
+                outcome = "unknown"
+            metrics.finished(
+                rec.service, rec.model, outcome, rec.arrival, rec.first_token_at,
+                rec.finished_at or time.monotonic(), rec.n_tokens,
+            )  # fmt: skip
+        except Exception:  # metrics must never fail a request
+            log.exception("metrics: counting %s failed", rec.request_id)
 
     def _observe(self, rec: RequestRecord) -> None:
         """Report a completed request to the profiler (batched: see ``observe.ObservationBatcher``)."""

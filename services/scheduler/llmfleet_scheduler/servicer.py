@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -29,39 +30,55 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
         try:
-            validate_submit(request)
+            rec = self.open_request(request, deadline)
         except InvalidField as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        rid = request.request_id or uuid.uuid4().hex
-        rec = self.journal.get(rid)
-        if rec is None:
-            rec = await self._start(rid, request, context)
-        elif rec.fingerprint != _fingerprint(request):
-            await context.abort(
-                grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
-            )
-        rec.subscribers += 1
-        self._cancel_reaper(rid)
+        except RequestFailed as e:
+            await context.abort(e.code, e.details)
         try:
-            async for chunk in rec.follow():
+            async for chunk in self.follow(rec):
                 yield chunk
         except RequestFailed as e:
             await context.abort(e.code, e.details)
+
+    def open_request(self, request: scheduler_pb2.SubmitRequest, deadline: float | None) -> RequestRecord:
+        """The one entry point of a submission (gRPC Submit and the HTTP API): validate, then start
+        the request (journal + relay: dispatch and failover) or attach to the one with the same id.
+        Raises InvalidField, or RequestFailed (UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS)."""
+        validate_submit(request)
+        rid = request.request_id or uuid.uuid4().hex
+        rec = self.journal.get(rid)
+        if rec is None:
+            rec = self._start(rid, request, deadline)
+        elif rec.fingerprint != _fingerprint(request):
+            raise RequestFailed(
+                grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
+            )
+        return rec
+
+    async def follow(self, rec: RequestRecord) -> AsyncIterator[common_pb2.TokenChunk]:
+        """The request's chunks (then its final chunk, or RequestFailed) as one listener; a request
+        whose every listener left is cancelled after ``orphan_grace_s``."""
+        rec.subscribers += 1
+        self._cancel_reaper(rec.request_id)
+        try:
+            async for chunk in rec.follow():
+                yield chunk
         finally:
             rec.subscribers -= 1
             if rec.subscribers == 0 and not rec.done:
-                self._reapers[rid] = asyncio.create_task(self._reap(rec))
+                self._reapers[rec.request_id] = asyncio.create_task(self._reap(rec))
 
-    async def _start(
-        self, rid: str, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext
-    ) -> RequestRecord:
+    def _start(self, rid: str, request: scheduler_pb2.SubmitRequest, deadline: float | None) -> RequestRecord:
         if not self.directory.ready:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is not connected to etcd yet; retry")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "scheduler is not connected to etcd yet; retry")
         spec = self.directory.services().get(request.service)
         if spec is None:
             known = ", ".join(sorted(self.directory.services())) or "none"
-            await context.abort(
+            raise RequestFailed(
                 grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r} (known: {known})"
             )
         sampling = common_pb2.SamplingParams()
@@ -79,8 +96,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         rec = RequestRecord(
             request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request)
         )
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
         # A failed request was not served: forget it so a retry with the same id runs afresh
@@ -102,13 +117,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             t.cancel()
 
     async def Cancel(self, request: common_pb2.CancelRequest, context: grpc.aio.ServicerContext):
-        rec = self.journal.get(request.request_id)
+        return common_pb2.CancelResponse(found=await self.cancel(request.request_id))
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel a running request (the Cancel RPC; the HTTP API when its client disconnects)."""
+        rec = self.journal.get(request_id)
         if rec is None or rec.done or rec.driver is None:
-            return common_pb2.CancelResponse(found=False)
+            return False
         rec.driver.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await rec.driver
-        return common_pb2.CancelResponse(found=True)
+        return True
 
     async def ListServices(
         self, request: scheduler_pb2.ListServicesRequest, context: grpc.aio.ServicerContext

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 
 import grpc
 import pytest
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.metrics.control import SchedulerMetrics
+from llmfleet.metrics.server import samples
 from llmfleet.policies.dispatch import DispatchNeeds, FinishListener, NoCandidate
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.testing import StaticView
@@ -18,6 +21,7 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter
+from prometheus_client import CollectorRegistry, generate_latest
 
 M = "m"
 
@@ -180,3 +184,40 @@ async def test_a_policy_that_cannot_run_here_fails_the_request_clearly(cluster):
     await task
     assert rec.error is not None and rec.error.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "dispatch policy 'jsq' reads engine load (queue lengths)" in rec.error.details
+
+
+# ------------------------------------------------------------------ llmfleet_scheduler_* metrics
+
+
+def _samples(registry: CollectorRegistry) -> dict[str, float]:
+    return samples(registry)
+
+
+@pytest.fixture
+def metered(cluster):
+    fakes, directory, _policy, _relay = cluster
+    registry = CollectorRegistry()
+    relay = Relay(
+        directory, FixedRouter(Recorder()), predict_mode="never", metrics=SchedulerMetrics(registry)
+    )
+    return fakes, relay, registry
+
+
+async def test_scheduler_counts_outcomes_dispatches_and_latency(metered) -> None:
+    fakes, relay, registry = metered
+    for rid, prompt in (("a", "ok"), ("b", "ok"), ("c", "bad")):
+        _, task = start(relay, rid, prompt)
+        await task
+    fakes["e0"].down = True
+    _, task = start(relay, "d", "down")  # fails over from e0 to e1
+    await task
+    s = _samples(registry)
+    assert s['llmfleet_scheduler_requests_total{model="m",outcome="length",service="s"}'] == 3
+    assert s['llmfleet_scheduler_requests_total{model="m",outcome="failed",service="s"}'] == 1
+    assert s['llmfleet_scheduler_dispatch_total{engine="e0",service="s"}'] == 4
+    assert s['llmfleet_scheduler_dispatch_total{engine="e1",service="s"}'] == 1
+    assert s['llmfleet_scheduler_ttft_seconds_count{service="s"}'] == 3
+    assert s['llmfleet_scheduler_tpot_seconds_count{service="s"}'] == 3  # 2 tokens each
+    assert s["llmfleet_scheduler_requests_in_flight"] == 0
+    names = set(re.findall(r"^# TYPE (\S+) ", generate_latest(registry).decode(), re.M))
+    assert all(n.startswith("llmfleet_") for n in names)

@@ -1,0 +1,152 @@
+"""The control plane's metrics: ``llmfleet_*`` (never ``vllm:*``, which are the engines').
+
+Scheduler (hooked in ``llmfleet_scheduler.relay``):
+  ``llmfleet_scheduler_requests_total{service,model,outcome}``: requests ended; outcome = the finish
+  reason (``stop``, ``eos``, ``length``, ``cancelled``, ...) or ``failed`` (an error status).
+  ``llmfleet_scheduler_ttft_seconds{service}`` / ``llmfleet_scheduler_tpot_seconds{service}``: time to
+  first token and time per output token after the first, as the client sees them (scheduler clock).
+  ``llmfleet_scheduler_dispatch_total{service,engine}``: dispatch decisions per engine (failovers
+  included). ``llmfleet_scheduler_requests_in_flight``: requests being relayed now.
+Placement (``llmfleet_placement.live``): ``llmfleet_placement_changes_total`` (plans written),
+  ``llmfleet_placement_leader_changes_total`` (this replica became leader), ``llmfleet_placement_plan_id``.
+Migration (``llmfleet_migration``): ``llmfleet_migrations_total{outcome}`` (done, gone, failed),
+  ``llmfleet_migration_epochs_total``, ``llmfleet_migration_epoch`` (the leader's epoch counter).
+Shared shell: ``llmfleet_etcd_lease_losses_total{role}`` (the registration's lease was lost).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from llmfleet.metrics.engine import ITL_BUCKETS, TTFT_BUCKETS
+
+_lock = threading.Lock()
+_cache: weakref.WeakKeyDictionary[CollectorRegistry, dict[type, object]] = weakref.WeakKeyDictionary()
+
+
+def _once(cls: type, registry: CollectorRegistry | None):
+    from llmfleet.metrics.server import process_registry
+
+    reg = registry or process_registry()
+    with _lock:
+        per = _cache.setdefault(reg, {})
+        if cls not in per:
+            per[cls] = cls(reg)
+        return per[cls]
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmfleet_scheduler_requests",
+            "Requests the scheduler ended, by service, model and outcome.",
+            ["service", "model", "outcome"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "llmfleet_scheduler_requests_in_flight", "Requests being relayed now.", registry=registry
+        )
+        self.ttft = Histogram(
+            "llmfleet_scheduler_ttft_seconds",
+            "Time to first token as the client sees it (scheduler arrival to first token).",
+            ["service"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "llmfleet_scheduler_tpot_seconds",
+            "Time per output token after the first, as the client sees it.",
+            ["service"],
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.dispatch = Counter(
+            "llmfleet_scheduler_dispatch",
+            "Dispatch decisions, by service and chosen engine.",
+            ["service", "engine"],
+            registry=registry,
+        )
+
+    def arrived(self) -> None:
+        self.in_flight.inc()
+
+    def dispatched(self, service: str, engine: str) -> None:
+        self.dispatch.labels(service, engine).inc()
+
+    def finished(
+        self,
+        service: str,
+        model: str,
+        outcome: str,
+        arrival: float,
+        first_token_at: float | None,
+        finished_at: float | None,
+        n_tokens: int,
+    ) -> None:
+        self.in_flight.dec()
+        self.requests.labels(service, model, outcome).inc()
+        if first_token_at is not None:
+            self.ttft.labels(service).observe(max(0.0, first_token_at - arrival))
+            if finished_at is not None and n_tokens > 1:
+                self.tpot.labels(service).observe(max(0.0, (finished_at - first_token_at) / (n_tokens - 1)))
+
+
+class PlacementMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.changes = Counter(
+            "llmfleet_placement_changes",
+            "Placement plans written to etcd by this replica.",
+            registry=registry,
+        )
+        self.leader_changes = Counter(
+            "llmfleet_placement_leader_changes",
+            "Times this replica became the placement leader.",
+            registry=registry,
+        )
+        self.plan_id = Gauge(
+            "llmfleet_placement_plan_id", "The id of the latest plan this replica wrote or adopted.",
+            registry=registry,
+        )  # fmt: skip
+
+
+class MigrationMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.migrations = Counter(
+            "llmfleet_migrations", "Migrations run by the migration leader, by outcome.", ["outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.epochs = Counter(
+            "llmfleet_migration_epochs", "Migration epochs run by this replica.", registry=registry
+        )
+        self.epoch = Gauge(
+            "llmfleet_migration_epoch", "The leader's migration epoch counter.", registry=registry
+        )
+
+
+class ShellMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lease_losses = Counter(
+            "llmfleet_etcd_lease_losses",
+            "Times the node's etcd registration lease was lost (and re-granted).",
+            ["role"],
+            registry=registry,
+        )
+
+
+def scheduler_metrics(registry: CollectorRegistry | None = None) -> SchedulerMetrics:
+    return _once(SchedulerMetrics, registry)
+
+
+def placement_metrics(registry: CollectorRegistry | None = None) -> PlacementMetrics:
+    return _once(PlacementMetrics, registry)
+
+
+def migration_metrics(registry: CollectorRegistry | None = None) -> MigrationMetrics:
+    return _once(MigrationMetrics, registry)
+
+
+def shell_metrics(registry: CollectorRegistry | None = None) -> ShellMetrics:
+    return _once(ShellMetrics, registry)

@@ -1,0 +1,515 @@
+"""OpenAI-compatible HTTP API of the scheduler (FastAPI, served by uvicorn in the scheduler's loop).
+
+Every completion goes through the same entry point as the gRPC ``Submit`` (``Backend.submit`` ->
+``SchedulerServicer.open_request``: validation, journal, dispatch, failover); ``n`` choices are
+``n`` independent requests (with a seed: seed, seed+1, ...). A client that disconnects cancels its
+requests through the journal's cancel path (as the ``Cancel`` RPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from llmfleet.api.v1 import common_pb2, scheduler_pb2
+
+from llmfleet_scheduler.chat_template import render_default
+from llmfleet_scheduler.journal import RequestFailed
+from llmfleet_scheduler.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    now,
+    usage_dict,
+)
+from llmfleet_scheduler.validation import InvalidField
+
+log = logging.getLogger(__name__)
+
+# SubmitRequest field (validation.py) -> OpenAI request field
+_PARAM = {
+    "service": "model",
+    "sampling.max_tokens": "max_tokens",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.stop": "stop",
+    "sampling.seed": "seed",
+}
+_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error", "conflict"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "overloaded"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable", "no_engine"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout", "deadline_exceeded"),
+    grpc.StatusCode.CANCELLED: (499, "cancelled", "cancelled"),
+}
+_FINISH = {
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_EOS: "stop",
+}
+
+
+class Backend(Protocol):
+    """What the HTTP layer needs from the scheduler (a fake in unit tests)."""
+
+    def ready(self) -> bool: ...
+
+    def services(self) -> dict[str, str]:
+        """service name -> model name"""
+        ...
+
+    def submit(
+        self, request: scheduler_pb2.SubmitRequest
+    ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
+        """Start (or attach to) a request: its id and its chunks, the last one final. Raises
+        InvalidField or RequestFailed before streaming; the iterator raises RequestFailed."""
+        ...
+
+    async def cancel(self, request_id: str) -> bool: ...
+
+
+@dataclass
+class ServicerBackend:
+    """The real backend: the gRPC servicer's own submit path."""
+
+    servicer: Any  # SchedulerServicer (not imported: keeps this module light for tests)
+
+    def ready(self) -> bool:
+        return bool(self.servicer.directory.ready)
+
+    def services(self) -> dict[str, str]:
+        return {name: spec.model for name, spec in self.servicer.directory.services().items()}
+
+    def submit(
+        self, request: scheduler_pb2.SubmitRequest
+    ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
+        rec = self.servicer.open_request(request, None)
+        return rec.request_id, self.servicer.follow(rec)
+
+    async def cancel(self, request_id: str) -> bool:
+        return await self.servicer.cancel(request_id)
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            error_body(self.message, self.type, self.param, self.code), status_code=self.status
+        )
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def _from_exc(exc: BaseException, prompt_param: str) -> ApiError:
+    if isinstance(exc, InvalidField):
+        param = (
+            "messages"
+            if exc.field == "prompt" and prompt_param == "messages"
+            else _PARAM.get(exc.field, exc.field)
+        )
+        msg = str(exc).replace(exc.field, param, 1)
+        return ApiError(400, msg, "invalid_request_error", param, "invalid_value")
+    if isinstance(exc, RequestFailed):
+        status, type_, code = _STATUS.get(exc.code, (500, "internal_error", None))
+        param = "model" if exc.code == grpc.StatusCode.NOT_FOUND else None
+        return ApiError(status, exc.details, type_, param, code)
+    if isinstance(exc, ApiError):
+        return exc
+    return ApiError(500, f"internal error: {exc!r}", "internal_error")
+
+
+@dataclass
+class _Choice:
+    index: int
+    request_id: str
+    chunks: AsyncIterator[common_pb2.TokenChunk]
+    text: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    count_prompt: bool = True  # n>1 copies of a prompt count its tokens once
+
+
+class _Run:
+    """The requests of one HTTP call, merged into one stream of (choice, chunk) events."""
+
+    def __init__(self, backend: Backend, choices: list[_Choice]) -> None:
+        self.backend = backend
+        self.choices = choices
+        self.queue: asyncio.Queue[tuple[_Choice, common_pb2.TokenChunk | BaseException | None]] = (
+            asyncio.Queue()
+        )
+        self.tasks = [asyncio.create_task(self._pump(c)) for c in choices]
+        self.open = len(choices)
+
+    async def _pump(self, c: _Choice) -> None:
+        try:
+            async for chunk in c.chunks:
+                await self.queue.put((c, chunk))
+            await self.queue.put((c, None))
+        except Exception as e:  # RequestFailed
+            await self.queue.put((c, e))
+
+    async def events(self) -> AsyncIterator[tuple[_Choice, common_pb2.TokenChunk]]:
+        """(choice, chunk) until every choice finished; a failed choice raises."""
+        while self.open:
+            c, item = await self.queue.get()
+            if item is None:
+                self.open -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                c.prompt_tokens = item.usage.prompt_tokens
+                c.completion_tokens = item.usage.completion_tokens
+                c.finish_reason = _FINISH.get(item.finish_reason, "stop")
+                if item.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
+                    raise RequestFailed(grpc.StatusCode.CANCELLED, "request cancelled")
+                if item.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                    raise RequestFailed(grpc.StatusCode.INTERNAL, "the engine failed the request")
+            if item.text:
+                c.text.append(item.text)
+            yield c, item
+
+    def usage(self) -> dict[str, int]:
+        p = sum(c.prompt_tokens for c in self.choices if c.count_prompt)
+        return usage_dict(p, sum(c.completion_tokens for c in self.choices))
+
+    async def close(self) -> None:
+        """Stop listening; requests still running are cancelled (client gone, or a sibling failed)."""
+        for t in self.tasks:
+            t.cancel()
+        pending = [c.request_id for c in self.choices if c.finish_reason is None]
+        if pending:  # in a task: the response being cancelled (client gone) must not stop the cancel
+            task = asyncio.ensure_future(self._cancel(pending))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+            await asyncio.shield(task)
+
+    async def _cancel(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            try:
+                await self.backend.cancel(rid)
+            except Exception:
+                log.exception("cancelling %s", rid)
+
+
+_BACKGROUND: set[asyncio.Future] = set()
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _until_disconnected(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def create_app(backend: Backend, version: str = "") -> FastAPI:
+    app = FastAPI(title="llmfleet OpenAI-compatible API", version=version or "0")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        msg = (
+            f"{param}: {err.get('msg', 'invalid request')}"
+            if param
+            else err.get("msg", "invalid request body")
+        )
+        return ApiError(400, msg, "invalid_request_error", param, "invalid_value").response()
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if backend.ready():
+            return JSONResponse({"status": "serving"})
+        return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/version")
+    async def get_version() -> dict[str, str]:
+        return {"version": version}
+
+    def model_ids() -> dict[str, str]:
+        """model id -> service: every service, plus each model name (its first service, by name)."""
+        services = backend.services()
+        ids = {name: name for name in sorted(services)}
+        for name in sorted(services):
+            ids.setdefault(services[name], name)
+        return ids
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        created = now()
+        data = [{"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in model_ids()]
+        return {"object": "list", "data": data}
+
+    def resolve(model: str) -> str:
+        service = model_ids().get(model)
+        if service is None:
+            if not backend.ready():
+                raise ApiError(503, "scheduler is not connected to etcd yet; retry", "service_unavailable")
+            known = ", ".join(model_ids()) or "none"
+            raise ApiError(
+                404,
+                f"The model {model!r} does not exist (known: {known})",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
+        return service
+
+    async def start(body: CompletionRequest | ChatCompletionRequest, prompts: list[str], param: str) -> _Run:
+        service = resolve(body.model)
+        if body.seed is not None and body.seed < 0:
+            raise ApiError(400, f"seed: must be >= 0, got {body.seed}", "invalid_request_error", "seed")
+        choices: list[_Choice] = []
+        try:
+            for prompt in prompts:
+                for i in range(body.n):
+                    s = common_pb2.SamplingParams(stop=body.stop_list())
+                    if body.token_limit() is not None:
+                        s.max_tokens = body.token_limit()
+                    if body.temperature is not None:
+                        s.temperature = body.temperature
+                    if body.top_p is not None:
+                        s.top_p = body.top_p
+                    if body.seed is not None:
+                        s.seed = body.seed + i
+                    req = scheduler_pb2.SubmitRequest(
+                        request_id=uuid.uuid4().hex, service=service, prompt=prompt, sampling=s
+                    )
+                    rid, chunks = backend.submit(req)
+                    choices.append(_Choice(len(choices), rid, chunks, count_prompt=i == 0))
+        except (InvalidField, RequestFailed) as e:
+            for c in choices:
+                with contextlib.suppress(Exception):
+                    await backend.cancel(c.request_id)
+            raise _from_exc(e, param) from e
+        return _Run(backend, choices)
+
+    async def respond(
+        request: Request,
+        run: _Run,
+        stream: bool,
+        include_usage: bool,
+        param: str,
+        head: Callable[[], dict[str, Any]],
+        piece: Callable[[_Choice, str, bool, bool], dict[str, Any]],
+        final: Callable[[], dict[str, Any]],
+    ):
+        events = run.events()
+        # Wait for the whole result (or, streaming, the first event: an early failure such as no
+        # engine or overload then gets its own status) while watching for the client leaving.
+        watcher = asyncio.create_task(_until_disconnected(request))
+        work = asyncio.ensure_future(_drain(events) if not stream else anext(events, None))
+        try:
+            await asyncio.wait({watcher, work}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not work.done():
+            log.info("http client gone: cancelling %d request(s)", len(run.choices))
+            work.cancel()
+            await run.close()
+            return JSONResponse(error_body("client disconnected", "cancelled"), status_code=499)
+        exc = work.exception()
+        if exc is not None or not stream:
+            await run.close()
+            return _from_exc(exc, param).response() if exc is not None else JSONResponse(final())
+        first = work.result()
+
+        async def body() -> AsyncIterator[bytes]:
+            started: set[int] = set()
+            try:
+                pending = [first] if first is not None else []
+                while True:
+                    if pending:
+                        c, chunk = pending.pop()
+                    else:
+                        try:
+                            c, chunk = await anext(events)
+                        except StopAsyncIteration:
+                            break
+                    new = c.index not in started
+                    started.add(c.index)
+                    if chunk.text or new:
+                        yield _sse(piece(c, chunk.text, new, False))
+                    if c.finish_reason is not None:
+                        yield _sse(piece(c, "", False, True))
+                if include_usage:
+                    chunk = head()
+                    chunk["choices"] = []
+                    chunk["usage"] = run.usage()
+                    yield _sse(chunk)
+                yield b"data: [DONE]\n\n"
+            except Exception as e:  # a failure after the 200 went out: an error event, then the end
+                yield _sse(_from_exc(e, param).body())
+                yield b"data: [DONE]\n\n"
+            finally:  # also on client disconnect (the response task is cancelled)
+                await run.close()
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        if not body.prompts() or any(not p for p in body.prompts()):
+            raise ApiError(
+                400, "prompt: must not be empty", "invalid_request_error", "prompt", "invalid_value"
+            )
+        run = await start(body, body.prompts(), "prompt")
+        rid, created = f"cmpl-{uuid.uuid4().hex}", now()
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def head() -> dict[str, Any]:
+            return {"id": rid, "object": "text_completion", "created": created, "model": body.model}
+
+        def piece(c: _Choice, text: str, _new: bool, closing: bool) -> dict[str, Any]:
+            # the finish reason rides on an empty closing chunk, so text chunks carry null
+            fr = c.finish_reason if closing else None
+            out = head()
+            out["choices"] = [{"index": c.index, "text": text, "logprobs": None, "finish_reason": fr}]
+            if include_usage:
+                out["usage"] = None
+            return out
+
+        def final() -> dict[str, Any]:
+            out = head()
+            out["choices"] = [
+                {
+                    "index": c.index,
+                    "text": "".join(c.text),
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in run.choices
+            ]
+            out["usage"] = run.usage()
+            return out
+
+        return await respond(request, run, body.stream, include_usage, "prompt", head, piece, final)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        prompt = render_default((m.role, m.text()) for m in body.messages)
+        run = await start(body, [prompt], "messages")
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def head() -> dict[str, Any]:
+            return {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": body.model,
+                "system_fingerprint": None,
+            }
+
+        def piece(c: _Choice, text: str, new: bool, closing: bool) -> dict[str, Any]:
+            delta: dict[str, Any] = {} if closing else {"content": text}
+            if new:
+                delta["role"] = "assistant"
+            out = head()
+            out["choices"] = [
+                {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason if closing else None,
+                }
+            ]
+            if include_usage:
+                out["usage"] = None
+            return out
+
+        def final() -> dict[str, Any]:
+            out = head()
+            out["object"] = "chat.completion"
+            out["choices"] = [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in run.choices
+            ]
+            out["usage"] = run.usage()
+            return out
+
+        return await respond(request, run, body.stream, include_usage, "messages", head, piece, final)
+
+    return app
+
+
+async def _drain(events: AsyncIterator[Any]) -> None:
+    async for _ in events:
+        pass
+
+
+@dataclass
+class HttpServer:
+    """uvicorn serving the app inside the running event loop; ``port`` 0 picks a free port."""
+
+    app: FastAPI
+    host: str
+    port: int
+    _server: Any = None
+    _task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        import socket
+
+        import uvicorn
+
+        # Bind here, not in uvicorn: its bind failure is sys.exit(1), which would end the scheduler.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            log.error("OpenAI-compatible API disabled: cannot bind %s:%d: %s", self.host, self.port, e)
+            return
+        sock.set_inheritable(True)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._server.capture_signals = contextlib.nullcontext  # the service owns SIGINT/SIGTERM
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="scheduler-http")
+        log.info("OpenAI-compatible API on http://%s:%d/v1", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(self._task, 5)
