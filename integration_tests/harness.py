@@ -52,6 +52,9 @@ class Cluster:
             str(TTL_S),
             "--log-level",
             "INFO",
+            # any free port: gRPC port + 1000 (the default) could be a port free_port() hands out next
+            "--metrics-port",
+            "0",
         ]
 
     def start(self, name: str, script: str, *extra: str, node_id: str | None = None) -> None:

@@ -41,6 +41,8 @@ def engines(tmp_path_factory, request):
                 name,
                 "--port",
                 str(port),
+                "--metrics-port",
+                "0",
                 "--etcd",
                 f"127.0.0.1:{free_port()}",
                 "--models-dir",
