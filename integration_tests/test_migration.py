@@ -179,7 +179,14 @@ async def test_broken_transfer_leaves_the_request_on_the_source(engines):
                     ),
                     timeout=60,
                 )
-            assert e.value.code() == grpc.StatusCode.ABORTED and "link dropped" in e.value.details()
+            # the destination's error as gRPC reports it: its own message, or INTERNAL when its abort
+            # races the source's next write on the client stream
+            details = e.value.details()
+            assert (
+                e.value.code() == grpc.StatusCode.ABORTED
+                and f"transfer to {server.address} failed" in details
+            )
+            assert "link dropped" in details or "INTERNAL" in details
             assert broken.received == 2
             async for chunk in stream:
                 tokens.extend(chunk.token_ids)
