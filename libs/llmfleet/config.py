@@ -299,38 +299,31 @@ def validation_message(e: ValidationError) -> str:
 
 class MigrationConfig(BaseModel):
     """The migration leader's loop (``llmfleet-migration``; README "Migration coordinator"): its
-    policy (``none``, ``mell``, ``llumnix_lb``), epoch, how moves travel and how many run at once."""
+    policy (``none``, ``mell``, ``llumnix_lb``) and its options (the simulator's ``migration_options``,
+    e.g. ``mell: {batching: false}``), epoch, how moves travel and how many run at once."""
 
     model_config = _STRICT
 
     policy: str = "none"
+    options: dict[str, Any] = Field(default_factory=dict)
     epoch_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     transfer: str = "hybrid"
     max_concurrency: int = Field(4, ge=1)
     load_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False)  # the engines' load snapshot period
 
-    @field_validator("policy")
-    @classmethod
-    def _policy(cls, v: str) -> str:
-        from llmfleet.policies.migration import POLICIES
+    @model_validator(mode="after")
+    def _policies(self) -> MigrationConfig:
+        from llmfleet.policies.migration import make_migration_policy, make_transfer_planner
 
-        if v not in POLICIES:
-            raise ValueError(f"unknown migration policy {v!r}; valid: {sorted(POLICIES)}")
-        return v
-
-    @field_validator("transfer")
-    @classmethod
-    def _transfer(cls, v: str) -> str:
-        from llmfleet.policies.migration import TRANSFERS
-
-        if v not in TRANSFERS:
-            raise ValueError(f"unknown transfer {v!r}; valid: {sorted(TRANSFERS)}")
-        return v
+        make_migration_policy(self.policy, **self.options)  # a bad name or option is named here
+        make_transfer_planner(self.transfer)
+        return self
 
     def args(self) -> list[str]:
         """The ``llmfleet-migration`` flags for this section."""
         return [
-            "--policy", self.policy, "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
+            "--policy", self.policy, "--policy-options", json.dumps(self.options),
+            "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
             "--max-concurrency", str(self.max_concurrency), "--load-interval-s", f"{self.load_interval_s:g}",
         ]  # fmt: skip
 

@@ -191,9 +191,19 @@ def test_placement_window_must_be_a_reported_window(tmp_path):
 def test_migration_section(tmp_path):
     p = tmp_path / "c.yaml"
     base = "services: {chat: {model: m}}\nmodels: {m: {source: tiny://llama}}\n"
-    p.write_text(base + "migration: {policy: mell, epoch_s: 0.5}\n")
+    p.write_text(base + "migration: {policy: mell, options: {batching: false}, epoch_s: 0.5}\n")
     cfg = ClusterConfig.load(p)
-    assert cfg.migration.args()[:4] == ["--policy", "mell", "--epoch-s", "0.5"]
+    assert cfg.migration.args()[:6] == [
+        "--policy",
+        "mell",
+        "--policy-options",
+        '{"batching": false}',
+        "--epoch-s",
+        "0.5",
+    ]
+    p.write_text(base + "migration: {policy: mell, options: {packing: 2}}\n")
+    with pytest.raises(ValueError, match=r"bad options for migration policy 'mell'.*packing"):
+        ClusterConfig.load(p)
     p.write_text(base + "migration: {policy: pack}\n")
     with pytest.raises(
         ValueError, match=r"unknown migration policy 'pack'; valid: \['llumnix_lb', 'mell', 'none'\]"

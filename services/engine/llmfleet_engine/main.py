@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 from dataclasses import replace
 from typing import Any
@@ -14,7 +13,7 @@ from llmfleet.coord import node_view, placement_view
 from llmfleet.metrics.engine import engine_metrics
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import ModelSpec, NodeRecord
@@ -165,16 +164,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
-    return value
-
-
 def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) -> dict[str, Any]:
     """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``keep_kv``, checked by
     building the policy (a bad option is a usage error, not a crash at the first request)."""
@@ -241,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--policy-options",
-        type=_json_object,
+        type=json_object,
         default={},
         metavar="JSON",
         help='the policy\'s constructor options, e.g. \'{"batch_size": 8, "max_iterations": 64}\' '

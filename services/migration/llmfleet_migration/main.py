@@ -15,7 +15,7 @@ from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection, node_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.migration import POLICIES, TRANSFERS, make_migration_policy, make_transfer_planner
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 
@@ -55,7 +55,8 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
             lambda: {k: v.address for k, v in nodes.snapshot().items()}, max_concurrency=args.max_concurrency
         )
         coordinator = MigrationCoordinator(
-            nid, args.policy, make_migration_policy(args.policy), make_transfer_planner(args.transfer),
+            nid, args.policy, make_migration_policy(args.policy, **args.policy_options),
+            make_transfer_planner(args.transfer),
             monitor, nodes, n.etcd, executor, epoch_s=args.epoch_s, election=servicer.election,
             link_bytes_per_s=args.link_bytes_per_s, prefill_tokens_per_epoch=args.prefill_tokens_per_epoch,
             costs=CostModels(n.etcd),
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policy", choices=sorted(POLICIES), default="none", help="migration policy (default none)"
     )
+    ap.add_argument(
+        "--policy-options", type=json_object, default={}, metavar="JSON",
+        help='the policy\'s constructor options as JSON, e.g. \'{"batching": false}\' (default {})',
+    )  # fmt: skip
     ap.add_argument("--transfer", choices=sorted(TRANSFERS), default="hybrid", help="how moves travel")
     ap.add_argument("--epoch-s", type=float, default=1.0, help="seconds between epochs (default 1)")
     ap.add_argument("--max-concurrency", type=int, default=4, help="migrations in flight at once")
