@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -78,18 +77,10 @@ from llmfleet.workload import Workload
 from llmfleet.workload.datasets import alpaca_lengths
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_common  # noqa: E402
 
-
-def _common():
-    spec = importlib.util.spec_from_file_location("llmfleet_bench_common", HERE / "papers" / "common.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["llmfleet_bench_common"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-C = _common()
+C = bench_common.load()
 COST = (
     "the simulator's roofline cost models on catalog hardware (a100-40gb, rtx-4090) × catalog models "
     "(llama2-7b, llama2-13b); not GPU-fitted"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -56,18 +55,10 @@ from llmfleet.types import Slo
 from llmfleet.workload import Workload, WorkloadRequest, gamma
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_common  # noqa: E402
 
-
-def _common():
-    spec = importlib.util.spec_from_file_location("llmfleet_bench_common", HERE / "papers" / "common.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["llmfleet_bench_common"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-C = _common()
+C = bench_common.load()
 COST = "roofline cost models on the catalog a100-80gb (not GPU-fitted)"
 MODELS4 = ("opt-6.7b", "llama2-7b", "llama2-13b", "llama2-70b")  # shortest → longest requests
 CONTEXT = {"opt-6.7b": 2048, "llama2-7b": 4096, "llama2-13b": 4096, "llama2-70b": 4096}
