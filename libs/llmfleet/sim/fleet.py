@@ -71,8 +71,7 @@ class Fleet:
             self, rec: RequestRecord, svc: SimService, iid: str, predicted: float | None, now: float
         ) -> None: ...
 
-        @staticmethod
-        def _candidate(inst: SimInstance) -> EngineCandidate: ...
+        def _candidate(self, inst: SimInstance) -> EngineCandidate: ...
 
     def _init_fleet(self) -> None:
         hw, count = self.spec.cluster.hw, self.spec.cluster.count

@@ -174,10 +174,13 @@ class Simulator(Fleet):
             fast_forward=self._fast_forward,
         )  # fmt: skip
 
-    @staticmethod
-    def _candidate(inst: SimInstance) -> EngineCandidate:
-        block, tpb = inst.layout.block_bytes, inst.tpb
-        queued = sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
+    def _candidate(self, inst: SimInstance) -> EngineCandidate:
+        queued = 0
+        if self.dispatch.needs.reads_kv:  # queued prompts as promised KV: a scan only KV readers pay for
+            block, tpb = inst.layout.block_bytes, inst.tpb
+            queued = (
+                sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
+            )
         return EngineCandidate(
             inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
