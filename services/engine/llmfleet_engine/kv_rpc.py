@@ -151,21 +151,6 @@ class MigrationResult:
     mode: MigrateMode = "kv"  # how it moved: "tokens" when no K/V went along
 
 
-async def _send(stub: engine_pb2_grpc.EngineStub, chunks) -> engine_pb2.ImportKvResponse:
-    """Stream ``chunks`` to the destination's ImportKv. When the destination ends the call early
-    (it refuses the model, or its link drops), stop writing and take its own status from the call:
-    with a request iterator gRPC may report the failed write instead (INTERNAL), hiding the reason."""
-    call = stub.ImportKv(timeout=TRANSFER_TIMEOUT_S)
-    try:
-        async for chunk in chunks:
-            await call.write(chunk)
-        await call.done_writing()
-    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        if not call.done():
-            raise
-    return await call  # the destination's reply, or its status as an AioRpcError
-
-
 async def migrate(
     ex: KvMigrationBackend,
     engine_id: str,
@@ -188,7 +173,8 @@ async def migrate(
     t1 = time.perf_counter()
     try:
         async with open_channel(destination) as channel:
-            resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ex, header, chunk_tokens))
+            stub = engine_pb2_grpc.EngineStub(channel)
+            resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=TRANSFER_TIMEOUT_S)
     except BaseException as e:
         ex.resume_request(request_id, moving=True)
         if isinstance(e, grpc.aio.AioRpcError):
