@@ -16,6 +16,7 @@ from llmfleet.rpc import GrpcServer
 from llmfleet.rpc.server import service_name
 from llmfleet.supervisor import ProcessGroup, free_port
 from llmfleet.testing import eventually
+from llmfleet_engine.kv_rpc import ACCEPTED_METADATA
 from util import hf_greedy
 
 BIN = Path(sys.executable).parent
@@ -101,7 +102,7 @@ async def test_live_migration_continues_on_the_destination(engines, mode):
     rid = f"live-{mode}"
     await wait_model(addr["src"])
     await wait_model(addr["dst"])
-    n = 300
+    n = 1200  # still running when Migrate arrives on a loaded machine (else NOT_FOUND)
     async with (
         grpc.aio.insecure_channel(addr["src"]) as src_ch,
         grpc.aio.insecure_channel(addr["dst"]) as dst_ch,
@@ -142,7 +143,8 @@ async def _zero(address: str) -> bool:
 
 
 class BrokenDestination(engine_pb2_grpc.EngineServicer):
-    """Accepts the header and one data chunk, then fails: a transfer broken midway."""
+    """Accepts the header (as an engine does, with the acceptance metadata) and one data chunk, then
+    fails: a transfer broken midway."""
 
     def __init__(self) -> None:
         self.received = 0
@@ -150,6 +152,8 @@ class BrokenDestination(engine_pb2_grpc.EngineServicer):
     async def ImportKv(self, request_iterator, context):
         async for _ in request_iterator:
             self.received += 1
+            if self.received == 1:
+                await context.send_initial_metadata((ACCEPTED_METADATA,))
             if self.received == 2:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "link dropped")
         return engine_pb2.ImportKvResponse()

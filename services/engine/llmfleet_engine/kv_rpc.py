@@ -1,7 +1,10 @@
 """The async side of KV transfer: header <-> protobuf, ExportKv/ImportKv streams, Migrate, link probes.
 
-Migrate (source): pause the request, stream header + K/V chunks to the destination's ImportKv, then
-end the local stream with MIGRATED. Any failure before the destination acknowledges resumes the
+Migrate (source): pause the request, send the header to the destination's ImportKv and wait for its
+acceptance (initial metadata ``llmfleet-kv-accepted: 1``, sent once it has reserved the blocks), then
+stream the K/V chunks and end the local stream with MIGRATED. The handshake sends no K/V to a
+destination that refuses, and lets the source read the refusal itself: a client stream that the server
+ends while the client is still writing reports the failed write (INTERNAL), not the server's status. Any failure before the destination acknowledges resumes the
 request here, so a broken transfer costs a pause, never the request. Mode "kv" sends the K/V (Mell's
 KV transfer); mode "tokens" sends the header alone and the destination re-prefills prompt + generated
 tokens (Mell's token transfer; the same landing path as a request that holds no KV yet).
@@ -15,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_TOKENS = 256
 MAX_CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit of any client
 TRANSFER_TIMEOUT_S = 120.0
+ACCEPTED_METADATA = ("llmfleet-kv-accepted", "1")  # ImportKv's initial metadata once the header is taken
 
 MigrateMode = Literal["kv", "tokens"]
 MIGRATE_MODES: tuple[MigrateMode, ...] = ("kv", "tokens")
@@ -117,9 +121,12 @@ async def export_stream(
 
 
 async def import_stream(
-    ex: KvMigrationBackend, chunks: AsyncIterator[engine_pb2.KvChunk]
+    ex: KvMigrationBackend,
+    chunks: AsyncIterator[engine_pb2.KvChunk],
+    accepted: Callable[[], Awaitable[None]],
 ) -> engine_pb2.ImportKvResponse:
-    """Consume an ImportKv stream; on any failure the reserved blocks are freed (no leak)."""
+    """Consume an ImportKv stream; ``accepted()`` is awaited once the header's blocks are reserved
+    (the servicer sends ``ACCEPTED_METADATA``); on any failure the reserved blocks are freed."""
     first = await anext(chunks, None)
     if first is None or first.WhichOneof("payload") != "header":
         raise TransferError("ImportKv: the first message must be the header")
@@ -127,6 +134,7 @@ async def import_stream(
     handle: ImportHandle = await asyncio.to_thread(ex.begin_import, header)
     nbytes = 0
     try:
+        await accepted()
         async for msg in chunks:
             if msg.WhichOneof("payload") != "data":
                 raise TransferError("ImportKv: only one header per stream")
@@ -151,6 +159,28 @@ class MigrationResult:
     mode: MigrateMode = "kv"  # how it moved: "tokens" when no K/V went along
 
 
+async def _send(
+    stub: engine_pb2_grpc.EngineStub, chunks: AsyncIterator[engine_pb2.KvChunk]
+) -> engine_pb2.ImportKvResponse:
+    """Send the header, wait for the destination's acceptance, then stream the K/V chunks.
+
+    A destination that refuses the header ends the call before any K/V is written, so its own status
+    (e.g. FAILED_PRECONDITION "model not loaded") is what the caller sees; a destination that breaks
+    midway may still surface as the failed write (INTERNAL)."""
+    call = stub.ImportKv(timeout=TRANSFER_TIMEOUT_S)
+    await call.write(await anext(chunks))
+    if ACCEPTED_METADATA not in tuple(await call.initial_metadata() or ()):
+        return await call  # refused: raises the destination's status
+    try:
+        async for chunk in chunks:
+            await call.write(chunk)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        if not call.done():
+            raise
+    return await call  # the destination's reply, or the status that ended the call
+
+
 async def migrate(
     ex: KvMigrationBackend,
     engine_id: str,
@@ -173,8 +203,7 @@ async def migrate(
     t1 = time.perf_counter()
     try:
         async with open_channel(destination) as channel:
-            stub = engine_pb2_grpc.EngineStub(channel)
-            resp = await stub.ImportKv(export_stream(ex, header, chunk_tokens), timeout=TRANSFER_TIMEOUT_S)
+            resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ex, header, chunk_tokens))
     except BaseException as e:
         ex.resume_request(request_id, moving=True)
         if isinstance(e, grpc.aio.AioRpcError):

@@ -307,7 +307,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if why := self._require_kv_transfer():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         try:
-            resp = await kv_rpc.import_stream(self.executor, request_iterator)
+            resp = await kv_rpc.import_stream(
+                self.executor,
+                request_iterator,
+                lambda: context.send_initial_metadata((kv_rpc.ACCEPTED_METADATA,)),
+            )
         except (TransferError, DuplicateRequestError) as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ResourceExhaustedError as e:
