@@ -4,6 +4,7 @@ engines as separate processes on free ports, with a short lease TTL so failures 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ class Cluster:
     config_path: Path
     models_dir: Path
     addresses: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to every process's environment (TLS ...)
 
     @property
     def scheduler(self) -> str:
@@ -57,11 +59,20 @@ class Cluster:
             "0",
         ]
 
-    def start(self, name: str, script: str, *extra: str, node_id: str | None = None) -> None:
+    def start(
+        self,
+        name: str,
+        script: str,
+        *extra: str,
+        node_id: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         port = free_port()
         argv = [str(BIN / script), *self.common(), "--port", str(port), "--id", node_id or name, *extra]
         self.addresses[name] = f"127.0.0.1:{port}"
-        self.procs.spawn(name, argv, log_path=self.root / "logs" / f"{name}.log")
+        self.procs.spawn(
+            name, argv, env={**self.env, **(env or {})}, log_path=self.root / "logs" / f"{name}.log"
+        )
 
     def wait_healthy(self, names: list[str] | None = None, timeout: float = 90) -> None:
         for name in names or list(self.addresses):
@@ -82,6 +93,7 @@ class Cluster:
             text=True,
             timeout=30,
             check=True,
+            env={**os.environ, **self.env},
         )
         return json.loads(out.stdout)
 
@@ -112,11 +124,14 @@ def launch(
     migration_args: tuple[str, ...] = (),
     migration_replicas: int = 1,
     engine_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    scheduler_env: dict[str, str] | None = None,
 ) -> Cluster:
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
     ``config`` replaces the default cluster config (``"{endless}"`` in a model source is the endless
-    llama); each engine gets its config's ``policy``, ``policy_options`` and limits. Returns once every
+    llama); each engine gets its config's ``policy``, ``policy_options`` and limits. ``env`` goes to
+    every process (and ``llmfleet status``), ``scheduler_env`` on top of it to the scheduler. Returns once every
     process answers health and every engine has loaded its desired models."""
     models_dir = root / "models"
     endless = prepare_endless_llama(models_dir)
@@ -144,11 +159,24 @@ def launch(
     config_path.write_text(yaml.safe_dump(config))
     etcd = LocalEtcd(root / "etcd").start()
     c = Cluster(
-        root, etcd, ProcessGroup(root / "logs"), f"/it-{uuid.uuid4().hex[:8]}", config_path, models_dir
+        root,
+        etcd,
+        ProcessGroup(root / "logs"),
+        f"/it-{uuid.uuid4().hex[:8]}",
+        config_path,
+        models_dir,
+        env=dict(env or {}),
     )
     try:
         c.start(
-            "scheduler", "llmfleet-scheduler", "--orphan-grace-s", "0.5", "--http-port", "-1", *scheduler_args
+            "scheduler",
+            "llmfleet-scheduler",
+            "--orphan-grace-s",
+            "0.5",
+            "--http-port",
+            "-1",
+            *scheduler_args,
+            env=scheduler_env,
         )
         c.start("profiler", "llmfleet-profiler")
         for i in range(placement_replicas):

@@ -41,6 +41,27 @@ class EtcdSettings(BaseModel):
     prefix: str = DEFAULT_PREFIX
     lease_ttl_s: int = Field(DEFAULT_TTL_S, ge=2)
     timeout_s: float = 5.0
+    # TLS (https endpoints): the CA verifying etcd, and a client certificate when etcd requires one
+    ca_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    # etcd authentication (etcdctl user add / auth enable)
+    username: str | None = None
+    password: str | None = Field(None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca_cert or self.cert)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> EtcdSettings:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("etcd-cert and etcd-key: give both")
+        if bool(self.username) != (self.password is not None):
+            raise ValueError(
+                "etcd-user: needs a password (LLMFLEET_ETCD_PASSWORD or LLMFLEET_ETCD_PASSWORD_FILE)"
+            )
+        return self
 
     @field_validator("prefix")
     @classmethod
@@ -49,12 +70,31 @@ class EtcdSettings(BaseModel):
         return v
 
     @classmethod
-    def from_env(cls, endpoints: str | None = None, prefix: str | None = None, ttl: int | None = None):
-        eps = endpoints or os.environ.get("LLMFLEET_ETCD", DEFAULT_ETCD)
+    def from_env(
+        cls,
+        endpoints: str | None = None,
+        prefix: str | None = None,
+        ttl: int | None = None,
+        ca_cert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        username: str | None = None,
+    ):
+        env = os.environ
+        eps = endpoints or env.get("LLMFLEET_ETCD", DEFAULT_ETCD)
+        username = username or env.get("LLMFLEET_ETCD_USER") or None
+        password = env.get("LLMFLEET_ETCD_PASSWORD")
+        if password is None and (pw_file := env.get("LLMFLEET_ETCD_PASSWORD_FILE")):
+            password = Path(pw_file).read_text().strip()
         return cls(
             endpoints=[e.strip() for e in eps.split(",") if e.strip()],
-            prefix=prefix or os.environ.get("LLMFLEET_PREFIX", DEFAULT_PREFIX),
-            lease_ttl_s=ttl or int(os.environ.get("LLMFLEET_LEASE_TTL", DEFAULT_TTL_S)),
+            prefix=prefix or env.get("LLMFLEET_PREFIX", DEFAULT_PREFIX),
+            lease_ttl_s=ttl or int(env.get("LLMFLEET_LEASE_TTL", DEFAULT_TTL_S)),
+            ca_cert=ca_cert or env.get("LLMFLEET_ETCD_CA") or None,
+            cert=cert or env.get("LLMFLEET_ETCD_CERT") or None,
+            key=key or env.get("LLMFLEET_ETCD_KEY") or None,
+            username=username,
+            password=password if username else None,
         )
 
 
@@ -93,6 +133,9 @@ class ServiceConfig(BaseModel):
     # predict output lengths before dispatch (for engines whose static batcher orders by length);
     # dispatch policies that read predictions get them regardless
     predict: bool = False
+    # admission bounds; 0 = the scheduler's --max-waiting / --max-queued-tokens
+    max_waiting: int = Field(0, ge=0)
+    max_queued_tokens: int = Field(0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -410,6 +453,8 @@ class ClusterConfig(BaseModel):
                 default_max_tokens=s.default_max_tokens,
                 dispatch=s.dispatch,
                 predict=s.predict,
+                max_waiting=s.max_waiting,
+                max_queued_tokens=s.max_queued_tokens,
             )
             for n, s in sorted(self.services.items())
         ]

@@ -252,11 +252,13 @@ class ProcessGroup:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+        from llmfleet.rpc.channels import open_sync_channel
+
         c = self[child] if isinstance(child, str) else child
         deadline = time.monotonic() + timeout
         last_error = "no answer yet"
         options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
-        with grpc.insecure_channel(grpc_address, options=options) as channel:
+        with open_sync_channel(grpc_address, options=options) as channel:  # TLS as this process's settings
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 if not c.alive:

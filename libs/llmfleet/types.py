@@ -93,6 +93,10 @@ class ServiceSpec:
     default_max_tokens: int = 64
     dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
     predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
+    # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request
+    # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound
+    max_waiting: int = 0  # requests admitted that have no first token yet
+    max_queued_tokens: int = 0  # their estimated prompt tokens + max_tokens
 
     def __post_init__(self) -> None:
         if self.slo.ttft_s is None or self.slo.tpot_s is None:

@@ -202,11 +202,10 @@ def grpc_plan_source(timeout: float) -> PlanSource:
     """GetPlan over gRPC with ``timeout``."""
 
     async def get_plan(address: str) -> placement_pb2.PlacementPlan:
-        import grpc
-
         from llmfleet.api.v1 import placement_pb2_grpc
+        from llmfleet.rpc.channels import open_channel
 
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = placement_pb2_grpc.PlacementStub(channel)
             return await stub.GetPlan(placement_pb2.GetPlanRequest(), timeout=timeout)
 

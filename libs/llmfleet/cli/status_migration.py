@@ -190,11 +190,10 @@ def grpc_migration_source(timeout: float) -> MigrationSource:
     """Migration.Status over gRPC with ``timeout``."""
 
     async def get_status(address: str) -> migration_pb2.StatusResponse:
-        import grpc
-
         from llmfleet.api.v1 import migration_pb2_grpc
+        from llmfleet.rpc.channels import open_channel
 
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             return await migration_pb2_grpc.MigrationStub(channel).Status(
                 migration_pb2.StatusRequest(), timeout=timeout
             )

@@ -79,6 +79,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-timeout", type=float, default=180.0, help="seconds to wait for all to be healthy"
     )
     p.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop on SIGTERM")
+    p.add_argument(
+        "--tls", action="store_true",
+        help="TLS on every gRPC hop and HTTPS on the OpenAI API, mutual TLS between services, with a "
+        "development CA and certificate made under STATE_DIR/tls (llmfleet certs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-keys", default=None,
+        help="the scheduler (gRPC and HTTP) accepts only these API keys (YAML file, see README)",
+    )  # fmt: skip
+
+
+def _security_env(args: argparse.Namespace, state: Path) -> dict[str, str]:
+    """``--tls``: a development CA + certificate under ``state/tls`` (made once), given to every child
+    (mutual TLS between services; the scheduler, the users' entry point, asks no client certificate)
+    and used by ``up``'s own health checks. ``--api-keys`` is checked
+    here so a bad file fails before anything starts."""
+    from llmfleet.security import SecuritySettings, configure
+    from llmfleet.security.certs import write_dev_certs
+
+    if args.api_keys:
+        SecuritySettings(api_keys_file=str(Path(args.api_keys).resolve())).validated()
+    if not args.tls:
+        return {}
+    tls = state / "tls"
+    if not (tls / "server.pem").exists():
+        hosts = list(
+            dict.fromkeys([args.host if args.host != "0.0.0.0" else "127.0.0.1", "127.0.0.1", "localhost"])
+        )
+        write_dev_certs(tls, hosts)
+    settings = SecuritySettings(
+        tls_cert=str(tls / "server.pem"),
+        tls_key=str(tls / "server-key.pem"),
+        tls_ca=str(tls / "ca.pem"),
+        tls_client_auth=True,
+    ).validated()
+    configure(settings)
+    return settings.to_env()
 
 
 def service_command(script: str, module: str) -> list[str]:
@@ -104,9 +141,10 @@ def plan_services(
     ttl: int = DEFAULT_TTL_S,
     log_level: str = "INFO",
     http_port: int = DEFAULT_HTTP_PORT,
+    api_keys: str | None = None,
 ) -> list[ServicePlan]:
     """The children ``up`` starts, in start order (pure: nothing is started). ``http_port``: the
-    scheduler's OpenAI-compatible API (-1: none)."""
+    scheduler's OpenAI-compatible API (-1: none); ``api_keys``: the keys file the scheduler enforces."""
     state = Path(state_dir)
     logs = state / "logs"
 
@@ -123,7 +161,7 @@ def plan_services(
         extra = {
             "placement": ["--config", str(config_path)],
             "migration": config.migration.args(),
-            "scheduler": ["--http-port", str(http_port)],
+            "scheduler": ["--http-port", str(http_port), *(["--api-keys", api_keys] if api_keys else [])],
         }.get(name, [])
         plans.append(
             ServicePlan(
@@ -201,6 +239,11 @@ def run(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     (state / "logs").mkdir(parents=True, exist_ok=True)
     (state / "models").mkdir(parents=True, exist_ok=True)
+    try:
+        child_env = _security_env(args, state)
+    except (ValueError, OSError) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
 
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     group = ProcessGroup(log_dir=state / "logs")
@@ -246,9 +289,13 @@ def run(args: argparse.Namespace) -> int:
                     ttl=args.ttl,
                     log_level=args.log_level,
                     http_port=args.http_port,
+                    api_keys=str(Path(args.api_keys).resolve()) if args.api_keys else None,
                 )
                 for plan in plans:
-                    group.spawn(plan.name, plan.argv, log_path=plan.log_path)
+                    env = dict(child_env)
+                    if env and plan.name == "scheduler":  # users' entry point: TLS + API keys, no client cert
+                        env["LLMFLEET_TLS_CLIENT_AUTH"] = "0"
+                    group.spawn(plan.name, plan.argv, env=env, log_path=plan.log_path)
             except (ValueError, SupervisorError) as e:
                 console.print(f"[red]error:[/] {escape(str(e))}")
                 return 1
@@ -281,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
                 )
             console.print(endpoints_table(rows))
             (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
-            http = f"   openai: http://{plans[0].http}/v1" if plans[0].http else ""
+            scheme = "https" if args.tls else "http"
+            http = f"   openai: {scheme}://{plans[0].http}/v1" if plans[0].http else ""
             console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}{http}   Ctrl-C to stop")
 
             while True:

@@ -17,7 +17,9 @@ from llmfleet.client.errors import (
     InvalidArgument,
     LlmfleetError,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from llmfleet.client.sync import Client, GenerateIterator
@@ -38,8 +40,10 @@ __all__ = [
     "InvalidArgument",
     "LlmfleetError",
     "NotFound",
+    "PermissionDenied",
     "ResourceExhausted",
     "ServiceInfo",
+    "Unauthenticated",
     "Unavailable",
     "Usage",
     "new_request_id",

@@ -43,6 +43,14 @@ class ResourceExhausted(LlmfleetError):
     """The cluster is overloaded or a quota was hit; retry later."""
 
 
+class Unauthenticated(LlmfleetError):
+    """No API key, or one the scheduler does not accept (pass ``api_key=`` or set LLMFLEET_API_KEY)."""
+
+
+class PermissionDenied(LlmfleetError):
+    """The API key may not use this service."""
+
+
 class FailedPrecondition(LlmfleetError):
     """The system is not in a state that allows the call (e.g. the service has no placement yet)."""
 
@@ -64,6 +72,8 @@ _BY_CODE: dict[grpc.StatusCode, type[LlmfleetError]] = {
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.INTERNAL: Internal,
     grpc.StatusCode.UNKNOWN: Internal,
@@ -91,7 +101,9 @@ __all__ = [
     "InvalidArgument",
     "LlmfleetError",
     "NotFound",
+    "PermissionDenied",
     "ResourceExhausted",
+    "Unauthenticated",
     "Unavailable",
     "error_for",
     "from_rpc_error",

@@ -133,9 +133,19 @@ class Client:
         *,
         backoff_s: float = 0.1,
         max_backoff_s: float = 2.0,
+        api_key: str | None = None,
+        tls_ca: str | None = None,
+        tls: bool = False,
     ) -> None:
         self._aclient = AsyncClient(
-            address, timeout_s, retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s
+            address,
+            timeout_s,
+            retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            api_key=api_key,
+            tls_ca=tls_ca,
+            tls=tls,
         )
         self._runner = _LoopThread()
         self._closed = False

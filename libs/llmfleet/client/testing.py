@@ -70,6 +70,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     final_in_last_chunk: bool = False  # put finish_reason/usage on the last token chunk
     fail_services: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
     engine_id: str = "fake-engine"
+    # admission control: each request's first N attempts are refused RESOURCE_EXHAUSTED with this pushback
+    overloaded_attempts: int = 0
+    pushback_ms: int = 100
     submits: list[scheduler_pb2.SubmitRequest] = field(default_factory=list)
     attempts: Counter[str] = field(default_factory=Counter)
     cancelled: set[str] = field(default_factory=set)
@@ -118,6 +121,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         error = self._validate(request)
         if error is not None:
             await context.abort(*error)
+        if attempt <= self.overloaded_attempts:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"service {request.service!r} is overloaded (fake); retry after {self.pushback_ms} ms",
+                (("grpc-retry-pushback-ms", str(self.pushback_ms)),),
+            )
         tokens, finish = self.completion(request)
         fault = next((f for f in self.faults if f.attempt == attempt), None)
         size = self.chunk_size if attempt == 1 else (self.replay_chunk_size or self.chunk_size)

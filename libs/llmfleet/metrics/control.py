@@ -7,6 +7,9 @@ Scheduler (hooked in ``llmfleet_scheduler.relay``):
   first token and time per output token after the first, as the client sees them (scheduler clock).
   ``llmfleet_scheduler_dispatch_total{service,engine}``: dispatch decisions per engine (failovers
   included). ``llmfleet_scheduler_requests_in_flight``: requests being relayed now.
+  ``llmfleet_scheduler_rejected_total{service,reason}``: refused by admission control (``overloaded``)
+  or by an API key's service list (``forbidden``). ``llmfleet_scheduler_waiting{service}``: requests
+  admitted without a first token yet.
 Placement (``llmfleet_placement.live``): ``llmfleet_placement_changes_total`` (plans written),
   ``llmfleet_placement_leader_changes_total`` (this replica became leader), ``llmfleet_placement_plan_id``.
 Migration (``llmfleet_migration``): ``llmfleet_migrations_total{outcome}`` (done, gone, failed),
@@ -61,6 +64,18 @@ class SchedulerMetrics:
             "Time per output token after the first, as the client sees it.",
             ["service"],
             buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "llmfleet_scheduler_rejected",
+            "Requests refused before any work: overloaded (admission control) or forbidden (API key).",
+            ["service", "reason"],
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "llmfleet_scheduler_waiting",
+            "Requests admitted that have no first token yet, by service (admission control).",
+            ["service"],
             registry=registry,
         )
         self.dispatch = Counter(

@@ -1,9 +1,13 @@
-"""Client channels with tracing interceptors and keep-alive settings suitable for long streams."""
+"""Client channels: TLS and API key from the process's security settings, tracing interceptors, and
+keep-alive settings suitable for long streams."""
 
 from __future__ import annotations
 
 import grpc
 
+from llmfleet.security import SecuritySettings, current
+from llmfleet.security.grpc_auth import bearer_interceptors
+from llmfleet.security.tls import channel_credentials
 from llmfleet.telemetry import client_interceptors
 
 CHANNEL_OPTIONS = [
@@ -18,6 +22,23 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to ``host:port`` with tracing when it is enabled."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+def open_channel(address: str, security: SecuritySettings | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to ``host:port``: TLS and an API key as ``security`` (default: this process's
+    settings) says, tracing when it is enabled."""
+    s = security or current()
+    interceptors = client_interceptors()
+    if s.api_key:
+        interceptors = [*interceptors, *bearer_interceptors(s.api_key)]
+    creds = channel_credentials(s)
+    if creds is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors or None)
+    return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS, interceptors=interceptors or None)
+
+
+def open_sync_channel(address: str, security: SecuritySettings | None = None, options=()) -> grpc.Channel:
+    """A blocking channel (health checks of ``llmfleet up``) with the same TLS as :func:`open_channel`."""
+    creds = channel_credentials(security or current())
+    opts = [*CHANNEL_OPTIONS, *options]
+    if creds is None:
+        return grpc.insecure_channel(address, options=opts)
+    return grpc.secure_channel(address, creds, options=opts)

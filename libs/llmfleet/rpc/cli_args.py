@@ -11,6 +11,7 @@ from typing import Any
 
 from llmfleet.config import EtcdSettings
 from llmfleet.metrics.server import add_metrics_arg
+from llmfleet.security import add_security_args
 
 
 def add_common_args(ap: argparse.ArgumentParser, role: str, default_port: int) -> None:
@@ -25,10 +26,31 @@ def add_common_args(ap: argparse.ArgumentParser, role: str, default_port: int) -
     )
     ap.add_argument("--log-level", default=os.environ.get("LLMFLEET_LOG_LEVEL", "INFO"))
     add_metrics_arg(ap)
+    add_etcd_security_args(ap)
+    add_security_args(ap)
+
+
+def add_etcd_security_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("etcd client security")
+    g.add_argument(
+        "--etcd-ca", default=None, help="CA that verifies etcd's certificate: https (env LLMFLEET_ETCD_CA)"
+    )
+    g.add_argument("--etcd-cert", default=None, help="client certificate for etcd (env LLMFLEET_ETCD_CERT)")
+    g.add_argument("--etcd-key", default=None, help="its private key (env LLMFLEET_ETCD_KEY)")
+    g.add_argument("--etcd-user", default=None, help="etcd user (env LLMFLEET_ETCD_USER; the password from "
+                   "env LLMFLEET_ETCD_PASSWORD or the file in LLMFLEET_ETCD_PASSWORD_FILE)")  # fmt: skip
 
 
 def etcd_settings(args: argparse.Namespace) -> EtcdSettings:
-    return EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix, ttl=args.ttl)
+    return EtcdSettings.from_env(
+        endpoints=args.etcd,
+        prefix=args.prefix,
+        ttl=args.ttl,
+        ca_cert=getattr(args, "etcd_ca", None),
+        cert=getattr(args, "etcd_cert", None),
+        key=getattr(args, "etcd_key", None),
+        username=getattr(args, "etcd_user", None),
+    )
 
 
 def node_id(args: argparse.Namespace, role: str) -> str:

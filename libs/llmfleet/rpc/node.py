@@ -159,9 +159,15 @@ def run_service(
     (before any server or channel exists, so the interceptors are installed), build, serve."""
     from llmfleet.metrics.server import metrics_port
     from llmfleet.rpc.cli_args import setup_logging
+    from llmfleet.security import SecurityConfigError, configure, settings_from_args
+    from llmfleet.security.api_keys import ApiKeyError
     from llmfleet.telemetry import setup_tracing
 
     args = parser.parse_args(argv)
+    try:  # before any server or channel exists: they read the settings when built
+        configure(settings_from_args(args))
+    except (SecurityConfigError, ApiKeyError) as e:
+        parser.error(str(e))
     setup_logging(args.log_level, role)
     setup_tracing(f"llmfleet-{role}")
     node = build(args)

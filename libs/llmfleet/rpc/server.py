@@ -1,4 +1,5 @@
-"""A grpc.aio server with grpc.health.v1, server reflection and tracing interceptors."""
+"""A grpc.aio server with grpc.health.v1, server reflection, tracing interceptors, and TLS / API keys
+from the process's security settings (health and reflection stay open)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from llmfleet.rpc.channels import CHANNEL_OPTIONS
+from llmfleet.security import SecuritySettings, current
+from llmfleet.security.grpc_auth import ApiKeyServerInterceptor
+from llmfleet.security.tls import server_credentials
 from llmfleet.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,7 @@ class GrpcServer:
     host: str = "127.0.0.1"
     port: int = 0
     health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
+    security: SecuritySettings | None = None  # None: the process's settings (llmfleet.security.current)
     _server: grpc.aio.Server | None = None
 
     @property
@@ -36,14 +41,20 @@ class GrpcServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> GrpcServer:
-        server = grpc.aio.server(interceptors=server_interceptors(), options=CHANNEL_OPTIONS)
+        sec = self.security or current()
+        interceptors = server_interceptors()
+        if sec.key_store is not None:
+            interceptors = [*interceptors, ApiKeyServerInterceptor(sec.key_store)]
+        server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
         names = [reflection.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         for add, servicer, name in self.services:
             add(servicer, server)
             names.append(name)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(names, server)
-        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        creds = server_credentials(sec)
+        target = f"{self.host}:{self.port}"
+        bound = server.add_insecure_port(target) if creds is None else server.add_secure_port(target, creds)
         if bound == 0:
             raise OSError(f"cannot bind gRPC server to {self.host}:{self.port}")
         self.port = bound
@@ -52,7 +63,13 @@ class GrpcServer:
         for _, _, name in self.services:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.info("gRPC server on %s serving %s", self.address, [n for *_, n in self.services])
+        log.info(
+            "gRPC server on %s (%s%s) serving %s",
+            self.address,
+            "mutual TLS" if sec.tls_client_auth else "TLS" if creds else "plaintext",
+            ", API keys" if sec.key_store is not None else "",
+            [n for *_, n in self.services],
+        )
         return self
 
     async def set_serving(self, serving: bool) -> None:

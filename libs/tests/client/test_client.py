@@ -20,7 +20,9 @@ from llmfleet.client import (
     InvalidArgument,
     LlmfleetError,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from llmfleet.client.errors import error_for
@@ -144,7 +146,10 @@ async def test_unset_sampling_fields_stay_unset(serve: Serve) -> None:
         ),
         ({}, {"chat": (grpc.StatusCode.INTERNAL, "boom")}, Internal, None, "boom"),
         ({}, {"chat": (grpc.StatusCode.CANCELLED, "shutting down")}, Cancelled, None, "shutting down"),
-        ({}, {"chat": (grpc.StatusCode.PERMISSION_DENIED, "nope")}, LlmfleetError, None, "nope"),
+        ({}, {"chat": (grpc.StatusCode.PERMISSION_DENIED, "nope")}, PermissionDenied, None, "nope"),
+        ({}, {"chat": (grpc.StatusCode.UNAUTHENTICATED, "no key")}, Unauthenticated, None, "no key"),
+        ({}, {"chat": (grpc.StatusCode.RESOURCE_EXHAUSTED, "full")}, ResourceExhausted, None, "full"),
+        ({}, {"chat": (grpc.StatusCode.ABORTED, "nope")}, LlmfleetError, None, "nope"),
     ],
 )
 async def test_errors_map_to_typed_exceptions(
@@ -166,14 +171,15 @@ async def test_errors_map_to_typed_exceptions(
     if code is not None:
         assert err.code == code
     assert err.request_id == fake.submits[0].request_id
-    assert len(fake.submits) == 1  # only UNAVAILABLE is retried
+    assert len(fake.submits) == 1  # only UNAVAILABLE (and an overload with a pushback) is retried
 
 
 def test_error_for_covers_codes() -> None:
     assert type(error_for(grpc.StatusCode.UNAVAILABLE, "x")) is Unavailable
     assert type(error_for(grpc.StatusCode.DEADLINE_EXCEEDED, "x")) is DeadlineExceeded
     assert type(error_for(grpc.StatusCode.UNKNOWN, "x")) is Internal
-    assert type(error_for(grpc.StatusCode.UNAUTHENTICATED, "x")) is LlmfleetError
+    assert type(error_for(grpc.StatusCode.UNAUTHENTICATED, "x")) is Unauthenticated
+    assert type(error_for(grpc.StatusCode.ABORTED, "x")) is LlmfleetError
     e = error_for(grpc.StatusCode.NOT_FOUND, "gone")
     assert isinstance(e, LlmfleetError) and e.code is grpc.StatusCode.NOT_FOUND and e.message == "gone"
 
@@ -349,3 +355,22 @@ def test_sync_client_deadline_and_close_idempotent() -> None:
         client.close()
         with pytest.raises(RuntimeError, match="closed"):
             client.list_services()
+
+
+async def test_an_overload_is_retried_after_the_servers_pushback(serve: Serve) -> None:
+    fake = FakeScheduler(overloaded_attempts=2, pushback_ms=300)
+    async with AsyncClient(await serve(fake), retries=3) as client:
+        t0 = time.monotonic()
+        done = await client.complete("hi", service="chat", max_tokens=3)
+        assert time.monotonic() - t0 >= 0.6  # two pushbacks of 0.3 s, not the 0.1 s backoff
+    assert done.usage.completion_tokens == 3 and len(fake.submits) == 3
+    fake = FakeScheduler(overloaded_attempts=2)
+    async with AsyncClient(await serve(fake), retries=1) as client:
+        with pytest.raises(ResourceExhausted, match="overloaded"):
+            await client.complete("hi", service="chat", max_tokens=3)
+    assert len(fake.submits) == 2
+    fake = FakeScheduler(overloaded_attempts=1, pushback_ms=5000)
+    async with AsyncClient(await serve(fake), retries=3, timeout_s=1) as client:
+        with pytest.raises(ResourceExhausted):  # the pushback would pass the deadline: give up now
+            await client.complete("hi", service="chat", max_tokens=3)
+    assert len(fake.submits) == 1

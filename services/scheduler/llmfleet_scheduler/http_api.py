@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
+from llmfleet.security import ApiKey, ApiKeyStore, SecuritySettings, bearer
+from llmfleet.security.tls import uvicorn_ssl
 
 from llmfleet_scheduler.chat_template import render_default
 from llmfleet_scheduler.journal import RequestFailed
@@ -49,6 +51,7 @@ _STATUS = {
     grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
     grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error", "conflict"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "overloaded"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error", "model_not_allowed"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable", "no_engine"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout", "deadline_exceeded"),
     grpc.StatusCode.CANCELLED: (499, "cancelled", "cancelled"),
@@ -70,10 +73,10 @@ class Backend(Protocol):
         ...
 
     def submit(
-        self, request: scheduler_pb2.SubmitRequest
+        self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None
     ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
-        """Start (or attach to) a request: its id and its chunks, the last one final. Raises
-        InvalidField or RequestFailed before streaming; the iterator raises RequestFailed."""
+        """Start (or attach to) a request for the caller's ``key``: its id and its chunks, the last one
+        final. Raises InvalidField or RequestFailed before streaming; the iterator raises RequestFailed."""
         ...
 
     async def cancel(self, request_id: str) -> bool: ...
@@ -92,9 +95,9 @@ class ServicerBackend:
         return {name: spec.model for name, spec in self.servicer.directory.services().items()}
 
     def submit(
-        self, request: scheduler_pb2.SubmitRequest
+        self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None
     ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
-        rec = self.servicer.open_request(request, None)
+        rec = self.servicer.open_request(request, None, key)
         return rec.request_id, self.servicer.follow(rec)
 
     async def cancel(self, request_id: str) -> bool:
@@ -103,14 +106,23 @@ class ServicerBackend:
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         return JSONResponse(
-            error_body(self.message, self.type, self.param, self.code), status_code=self.status
+            error_body(self.message, self.type, self.param, self.code),
+            status_code=self.status,
+            headers=self.headers,
         )
 
     def body(self) -> dict[str, Any]:
@@ -128,8 +140,11 @@ def _from_exc(exc: BaseException, prompt_param: str) -> ApiError:
         return ApiError(400, msg, "invalid_request_error", param, "invalid_value")
     if isinstance(exc, RequestFailed):
         status, type_, code = _STATUS.get(exc.code, (500, "internal_error", None))
-        param = "model" if exc.code == grpc.StatusCode.NOT_FOUND else None
-        return ApiError(status, exc.details, type_, param, code)
+        param = (
+            "model" if exc.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED) else None
+        )
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+        return ApiError(status, exc.details, type_, param, code, headers)
     if isinstance(exc, ApiError):
         return exc
     return ApiError(500, f"internal error: {exc!r}", "internal_error")
@@ -225,8 +240,25 @@ async def _until_disconnected(request: Request) -> None:
             return
 
 
-def create_app(backend: Backend, version: str = "") -> FastAPI:
+def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | None = None) -> FastAPI:
+    """The app; with ``key_store`` every /v1 route needs ``Authorization: Bearer <key>`` (401 without
+    a valid one; a key limited to some services sees and may use only those: 403 otherwise)."""
     app = FastAPI(title="llmfleet OpenAI-compatible API", version=version or "0")
+
+    def caller(authorization: str | None = Header(None)) -> ApiKey | None:
+        if key_store is None:
+            return None
+        token = bearer(authorization)
+        key = key_store.authenticate(token)
+        if key is None:
+            msg = (
+                "Missing API key: send the header 'Authorization: Bearer <key>'"
+                if token is None
+                else "Incorrect API key provided"
+            )
+            raise ApiError(401, msg, "invalid_request_error", None, "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return key
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -254,22 +286,33 @@ def create_app(backend: Backend, version: str = "") -> FastAPI:
     async def get_version() -> dict[str, str]:
         return {"version": version}
 
-    def model_ids() -> dict[str, str]:
-        """model id -> service: every service, plus each model name (its first service, by name)."""
-        services = backend.services()
+    def model_ids(key: ApiKey | None = None) -> dict[str, str]:
+        """model id -> service: every service ``key`` may use, plus each model name (its first such
+        service, by name)."""
+        services = {n: m for n, m in backend.services().items() if key is None or key.allows(n)}
         ids = {name: name for name in sorted(services)}
         for name in sorted(services):
             ids.setdefault(services[name], name)
         return ids
 
     @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
+    async def list_models(key: ApiKey | None = Depends(caller)) -> dict[str, Any]:
         created = now()
-        data = [{"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in model_ids()]
+        data = [
+            {"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in model_ids(key)
+        ]
         return {"object": "list", "data": data}
 
-    def resolve(model: str) -> str:
+    def resolve(model: str, key: ApiKey | None) -> str:
         service = model_ids().get(model)
+        if service is not None and key is not None and not key.allows(service):
+            raise ApiError(
+                403,
+                f"model: API key {key.name!r} may not use {model!r}",
+                "permission_error",
+                "model",
+                "model_not_allowed",
+            )
         if service is None:
             if not backend.ready():
                 raise ApiError(503, "scheduler is not connected to etcd yet; retry", "service_unavailable")
@@ -283,8 +326,10 @@ def create_app(backend: Backend, version: str = "") -> FastAPI:
             )
         return service
 
-    async def start(body: CompletionRequest | ChatCompletionRequest, prompts: list[str], param: str) -> _Run:
-        service = resolve(body.model)
+    async def start(
+        body: CompletionRequest | ChatCompletionRequest, prompts: list[str], param: str, key: ApiKey | None
+    ) -> _Run:
+        service = resolve(body.model, key)
         if body.seed is not None and body.seed < 0:
             raise ApiError(400, f"seed: must be >= 0, got {body.seed}", "invalid_request_error", "seed")
         choices: list[_Choice] = []
@@ -303,7 +348,7 @@ def create_app(backend: Backend, version: str = "") -> FastAPI:
                     req = scheduler_pb2.SubmitRequest(
                         request_id=uuid.uuid4().hex, service=service, prompt=prompt, sampling=s
                     )
-                    rid, chunks = backend.submit(req)
+                    rid, chunks = backend.submit(req, key)
                     choices.append(_Choice(len(choices), rid, chunks, count_prompt=i == 0))
         except (InvalidField, RequestFailed) as e:
             for c in choices:
@@ -377,12 +422,12 @@ def create_app(backend: Backend, version: str = "") -> FastAPI:
         )
 
     @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest):
+    async def completions(request: Request, body: CompletionRequest, key: ApiKey | None = Depends(caller)):
         if not body.prompts() or any(not p for p in body.prompts()):
             raise ApiError(
                 400, "prompt: must not be empty", "invalid_request_error", "prompt", "invalid_value"
             )
-        run = await start(body, body.prompts(), "prompt")
+        run = await start(body, body.prompts(), "prompt", key)
         rid, created = f"cmpl-{uuid.uuid4().hex}", now()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -415,9 +460,11 @@ def create_app(backend: Backend, version: str = "") -> FastAPI:
         return await respond(request, run, body.stream, include_usage, "prompt", head, piece, final)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest):
+    async def chat_completions(
+        request: Request, body: ChatCompletionRequest, key: ApiKey | None = Depends(caller)
+    ):
         prompt = render_default((m.role, m.text()) for m in body.messages)
-        run = await start(body, [prompt], "messages")
+        run = await start(body, [prompt], "messages", key)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -479,6 +526,7 @@ class HttpServer:
     app: FastAPI
     host: str
     port: int
+    security: SecuritySettings | None = None  # TLS: HTTPS with the gRPC server's certificate
     _server: Any = None
     _task: asyncio.Task | None = None
 
@@ -499,13 +547,24 @@ class HttpServer:
             return
         sock.set_inheritable(True)
         self.port = sock.getsockname()[1]
+        ssl_kwargs = uvicorn_ssl(self.security) if self.security is not None else {}
         config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+            **ssl_kwargs,
         )
         self._server = uvicorn.Server(config)
         self._server.capture_signals = contextlib.nullcontext  # the service owns SIGINT/SIGTERM
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="scheduler-http")
-        log.info("OpenAI-compatible API on http://%s:%d/v1", self.host, self.port)
+        log.info("OpenAI-compatible API on %s", self.url)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.security is not None and self.security.server_tls else "http"
+        return f"{scheme}://{self.host}:{self.port}/v1"
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:

@@ -18,10 +18,17 @@ from llmfleet.api.v1 import common_pb2
 
 
 class RequestFailed(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: int | None = None) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.retry_after_s = retry_after_s  # overloaded: when to try again (RESOURCE_EXHAUSTED)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """gRPC's retry pushback (``grpc-retry-pushback-ms``) when the failure says when to retry."""
+        if self.retry_after_s is None:
+            return ()
+        return (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
 
 
 @dataclass
@@ -43,6 +50,7 @@ class RequestRecord:
     engines: list[str] = field(default_factory=list)
     finished_at: float | None = None
     on_done: Callable[[RequestRecord], None] | None = None  # set by Journal.add: finish-order index
+    release: Callable[[], None] | None = None  # admission: leaves the waiting queue (first token, end)
     # Followers parked until the next change (plain futures: a Condition's lock per chunk costs more).
     _waiters: list[asyncio.Future] = field(default_factory=list)
 
@@ -66,6 +74,8 @@ class RequestRecord:
             return
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
+            if self.release is not None:
+                self.release()
         self.n_tokens += len(chunk.token_ids)
         self.chunks.append(chunk)
         self._notify()
@@ -73,6 +83,8 @@ class RequestRecord:
     async def finish(self, final: common_pb2.TokenChunk) -> None:
         self.final = final
         self.finished_at = time.monotonic()
+        if self.release is not None:
+            self.release()
         self._notify()
         if self.on_done is not None:
             self.on_done(self)
@@ -82,6 +94,8 @@ class RequestRecord:
             return
         self.error = RequestFailed(code, details)
         self.finished_at = time.monotonic()
+        if self.release is not None:
+            self.release()
         self._notify()
         if self.on_done is not None:
             self.on_done(self)

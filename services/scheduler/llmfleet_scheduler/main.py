@@ -13,7 +13,9 @@ from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.security import current as current_security
 
+from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING, Admission
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.relay import Relay
@@ -48,7 +50,12 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         predict_mode=args.predict,
         stats=stats,
     )
-    servicer = SchedulerServicer(directory, relay, orphan_grace_s=args.orphan_grace_s)
+    servicer = SchedulerServicer(
+        directory,
+        relay,
+        orphan_grace_s=args.orphan_grace_s,
+        admission=Admission(args.max_waiting, args.max_queued_tokens),
+    )
     server = GrpcServer(
         [
             (
@@ -80,9 +87,12 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     node.on_etcd.append(attach_views)
     if args.http_port >= 0:  # the OpenAI-compatible API, through the servicer's own submit path
         http = HttpServer(
-            create_app(ServicerBackend(servicer), version=__version__),
+            create_app(
+                ServicerBackend(servicer), version=__version__, key_store=current_security().key_store
+            ),
             host=args.http_host or args.host,
             port=args.http_port,
+            security=current_security(),
         )
 
         async def start_http(_n: ServiceNode) -> None:
@@ -142,6 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of the OpenAI-compatible HTTP API (0: pick a free one, logged; -1: no HTTP API)",
     )
     ap.add_argument("--http-host", default=None, help="bind address of the HTTP API (default: --host)")
+    ap.add_argument(
+        "--max-waiting",
+        type=_positive,
+        default=DEFAULT_MAX_WAITING,
+        help="per service: requests admitted without a first token yet; past it RESOURCE_EXHAUSTED / 429 "
+        "(a service's max_waiting overrides)",
+    )
+    ap.add_argument(
+        "--max-queued-tokens",
+        type=_positive,
+        default=DEFAULT_MAX_QUEUED_TOKENS,
+        help="per service: their estimated prompt tokens + max_tokens (a service's max_queued_tokens overrides)",
+    )
     return ap
 
 
@@ -159,3 +182,10 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value

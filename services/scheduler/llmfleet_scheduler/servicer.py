@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.security import ApiKey
+from llmfleet.security.grpc_auth import caller_key
+from llmfleet.security.settings import current as current_security
 
+from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
 from llmfleet_scheduler.relay import Relay
@@ -27,28 +31,44 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     relay: Relay
     journal: Journal = field(default_factory=Journal)
     orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
+    admission: Admission = field(default_factory=Admission)
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         try:
-            rec = self.open_request(request, deadline)
+            key = caller_key(current_security().key_store, context)
+            rec = self.open_request(request, deadline, key)
         except InvalidField as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except RequestFailed as e:
-            await context.abort(e.code, e.details)
+            await context.abort(e.code, e.details, e.trailing_metadata())
         try:
             async for chunk in self.follow(rec):
                 yield chunk
         except RequestFailed as e:
             await context.abort(e.code, e.details)
 
-    def open_request(self, request: scheduler_pb2.SubmitRequest, deadline: float | None) -> RequestRecord:
-        """The one entry point of a submission (gRPC Submit and the HTTP API): validate, then start
-        the request (journal + relay: dispatch and failover) or attach to the one with the same id.
-        Raises InvalidField, or RequestFailed (UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS)."""
+    def __post_init__(self) -> None:
+        m = self.relay.metrics
+        if m is not None and self.admission.observe is None:
+            self.admission.observe = lambda service, n: m.waiting.labels(service).set(n)
+
+    def open_request(
+        self, request: scheduler_pb2.SubmitRequest, deadline: float | None, key: ApiKey | None = None
+    ) -> RequestRecord:
+        """The one entry point of a submission (gRPC Submit and the HTTP API): validate, check the
+        caller's API key may use the service, then start the request (admission, journal, relay:
+        dispatch and failover) or attach to the one with the same id. Raises InvalidField, or
+        RequestFailed (UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED)."""
         validate_submit(request)
+        if key is not None and not key.allows(request.service):
+            self._rejected(request.service, "forbidden")
+            raise RequestFailed(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"service: API key {key.name!r} may not use service {request.service!r}",
+            )
         rid = request.request_id or uuid.uuid4().hex
         rec = self.journal.get(rid)
         if rec is None:
@@ -85,6 +105,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         sampling.CopyFrom(request.sampling)
         if not sampling.HasField("max_tokens"):
             sampling.max_tokens = spec.default_max_tokens
+        try:
+            ticket = self.admission.admit(
+                spec.name,
+                estimate_tokens(request.prompt, sampling.max_tokens),
+                spec.max_waiting,
+                spec.max_queued_tokens,
+            )
+        except Overloaded as e:
+            self._rejected(spec.name, "overloaded")
+            raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.retry_after_s) from None
         gen = engine_pb2.GenerateRequest(
             request_id=rid,
             model=spec.model,
@@ -94,14 +124,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             deadline_s=spec.deadline_s,
         )
         rec = RequestRecord(
-            request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request)
+            request_id=rid,
+            service=spec.name,
+            model=spec.model,
+            fingerprint=_fingerprint(request),
+            release=ticket.release,
         )
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
+        rec.driver.add_done_callback(lambda _t: ticket.release())  # however the driver ended
         # A failed request was not served: forget it so a retry with the same id runs afresh
         # (followers already attached still see the error).
         rec.driver.add_done_callback(lambda _t: rec.error is not None and self.journal.discard(rid))
         return rec
+
+    def _rejected(self, service: str, reason: str) -> None:
+        if self.relay.metrics is not None:
+            self.relay.metrics.rejected.labels(service, reason).inc()
 
     async def _reap(self, rec: RequestRecord) -> None:
         """Cancel a request whose every listener left (client gone) unless one re-attaches in time."""
@@ -134,7 +173,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ):
         engines = self.directory.engines().values()
         out = scheduler_pb2.ListServicesResponse()
+        key = caller_key(current_security().key_store, context)
         for name, spec in sorted(self.directory.services().items()):
+            if key is not None and not key.allows(name):
+                continue
             out.services.add(
                 name=name,
                 model=spec.model,

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
+from llmfleet.security import ApiKeyStore
 from llmfleet_scheduler.chat_template import render_default
 from llmfleet_scheduler.http_api import create_app
 from llmfleet_scheduler.journal import RequestFailed
@@ -32,7 +33,7 @@ class FakeBackend:
     def services(self) -> dict[str, str]:
         return {"chat": "tiny-llama", "summarize": "tiny-qwen2", "chat2": "tiny-llama"}
 
-    def submit(self, request):
+    def submit(self, request, key=None):
         validate_submit(request)  # the real path validates: InvalidField before any work
         if request.service not in self.services():
             raise RequestFailed(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
@@ -323,3 +324,58 @@ def test_disconnect_cancels_the_request(stream, block_after):
 
     asyncio.run(go())
     assert b.cancelled == [b.submitted[0].request_id]
+
+
+# -- API keys and overload ----------------------------------------------------------------------------
+def keyed_client(tmp_path, backend: FakeBackend | None = None) -> TestClient:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        "keys:\n  - {name: team-a, key: sk-team-a-0001, services: [chat]}\n  - {name: ops, key: sk-ops-00001}\n"
+    )
+    return TestClient(create_app(backend or FakeBackend(), version="1", key_store=ApiKeyStore.load(keys)))
+
+
+def body(model: str = "chat") -> dict:
+    return {"model": model, "prompt": "hi", "max_tokens": 2}
+
+
+def test_missing_and_wrong_keys_get_401_in_openai_shape(tmp_path):
+    c = keyed_client(tmp_path)
+    r = c.post("/v1/completions", json=body())
+    assert r.status_code == 401
+    err = r.json()["error"]
+    assert err["code"] == "invalid_api_key" and "Authorization: Bearer" in err["message"]
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = c.post("/v1/completions", json=body(), headers={"Authorization": "Bearer sk-team-a-0002"})
+    assert r.status_code == 401 and r.json()["error"]["message"] == "Incorrect API key provided"
+    # the key is checked before the body: an unauthenticated caller learns nothing about the API
+    r = c.post("/v1/completions", json={"model": "chat"})
+    assert r.status_code == 401
+    assert c.get("/v1/models").status_code == 401
+    assert c.get("/health").status_code == 200 and c.get("/version").status_code == 200
+
+
+def test_a_key_sees_and_uses_only_its_services(tmp_path):
+    backend = FakeBackend()
+    c = keyed_client(tmp_path, backend)
+    team = {"Authorization": "Bearer sk-team-a-0001"}
+    ids = [m["id"] for m in c.get("/v1/models", headers=team).json()["data"]]
+    assert ids == ["chat", "tiny-llama"]  # its service, and the model name that routes to it
+    assert c.post("/v1/completions", json=body("chat"), headers=team).status_code == 200
+    r = c.post("/v1/completions", json=body("summarize"), headers=team)
+    assert r.status_code == 403
+    err = r.json()["error"]
+    assert err["param"] == "model" and err["code"] == "model_not_allowed" and "team-a" in err["message"]
+    ops = {"Authorization": "Bearer sk-ops-00001"}
+    assert c.post("/v1/completions", json=body("summarize"), headers=ops).status_code == 200
+    assert len(c.get("/v1/models", headers=ops).json()["data"]) == 5
+    assert [r.service for r in backend.submitted] == ["chat", "summarize"]
+
+
+def test_overload_is_429_with_retry_after():
+    fail = RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "service 'chat' is overloaded", retry_after_s=7)
+    c = TestClient(create_app(FakeBackend(fail=fail)))
+    for stream in (False, True):
+        r = c.post("/v1/completions", json={**body(), "stream": stream})
+        assert r.status_code == 429 and r.headers["retry-after"] == "7"
+        assert r.json()["error"]["type"] == "rate_limit_error"

@@ -1,0 +1,24 @@
+"""API keys, TLS and their process-wide settings (see :mod:`llmfleet.security.settings`)."""
+
+from llmfleet.security.api_keys import ApiKey, ApiKeyError, ApiKeyStore, bearer
+from llmfleet.security.settings import (
+    SecurityConfigError,
+    SecuritySettings,
+    add_security_args,
+    configure,
+    current,
+    settings_from_args,
+)
+
+__all__ = [
+    "ApiKey",
+    "ApiKeyError",
+    "ApiKeyStore",
+    "SecurityConfigError",
+    "SecuritySettings",
+    "add_security_args",
+    "bearer",
+    "configure",
+    "current",
+    "settings_from_args",
+]
