@@ -142,9 +142,12 @@ def plan_services(
     log_level: str = "INFO",
     http_port: int = DEFAULT_HTTP_PORT,
     api_keys: str | None = None,
+    reseed: bool = False,
 ) -> list[ServicePlan]:
     """The children ``up`` starts, in start order (pure: nothing is started). ``http_port``: the
-    scheduler's OpenAI-compatible API (-1: none); ``api_keys``: the keys file the scheduler enforces."""
+    scheduler's OpenAI-compatible API (-1: none); ``api_keys``: the keys file the scheduler enforces;
+    ``reseed``: the placement leader replaces etcd's services/ and models/ with the config's (``up`` with
+    its own etcd: the local file stays the truth from one run to the next)."""
     state = Path(state_dir)
     logs = state / "logs"
 
@@ -159,7 +162,7 @@ def plan_services(
     for name, script, module, offset in CONTROL_PLANE:
         port = base_port + offset
         extra = {
-            "placement": ["--config", str(config_path)],
+            "placement": ["--config", str(config_path), *(["--reseed"] if reseed else [])],
             "migration": config.migration.args(),
             "scheduler": ["--http-port", str(http_port), *(["--api-keys", api_keys] if api_keys else [])],
         }.get(name, [])
@@ -290,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
                     log_level=args.log_level,
                     http_port=args.http_port,
                     api_keys=str(Path(args.api_keys).resolve()) if args.api_keys else None,
+                    reseed=not args.etcd,
                 )
                 for plan in plans:
                     env = dict(child_env)

@@ -27,6 +27,21 @@ class Keys:
         return self._k("services", name)
 
     @property
+    def models(self) -> str:
+        """``models/``: runtime model declarations (source, dtype, sim_model) the services refer to."""
+        return self._k("models", "")
+
+    def model(self, name: str) -> str:
+        return self._k("models", name)
+
+    @property
+    def services_seeded(self) -> str:
+        """``services_seeded``: written (with the seeded ``services/`` and ``models/``) in the one
+        transaction in which the placement leader seeds them from the cluster file; while it exists
+        the leader never writes ``services/`` again (outside the ``services/`` prefix on purpose)."""
+        return self._k("services_seeded")
+
+    @property
     def placements(self) -> str:
         return self._k("placement", "")
 

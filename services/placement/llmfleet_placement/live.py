@@ -12,6 +12,11 @@ An infeasible plan (``PlacementInfeasible``, e.g. a model larger than any engine
 recorded as a failed decision; the last good plan stays. Every decision goes to the log and to
 ``decisions`` (GetPlan, ``llmfleet status``).
 
+The services planned for are etcd's ``services/`` (with ``models/``) read every tick through
+``desired`` (``controller.read_runtime_config``): services applied or deleted at runtime are placed or
+released on the next tick; a service that cannot be planned (undeclared model, no catalog name) is
+left out and recorded as a failed decision naming it. Without ``desired`` (tests) the config's own.
+
 Failover: a new leader adopts the plan in etcd (``placement_meta``) as its current plan and does not
 plan before one full interval, so a replacement in progress completes under it.
 """
@@ -22,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from llmfleet.config import ClusterConfig
@@ -52,6 +57,7 @@ from llmfleet_placement.planning import (
 from llmfleet_placement.workload import (
     EvaluatorSource,
     InfeasibleSource,
+    MonitorWorkload,
     NoTraffic,
     ReportingSource,
     WorkloadSource,
@@ -79,11 +85,15 @@ class LivePlacementLoop:
     # a new term with a plan in force does not plan on an empty monitor for this long (the schedulers'
     # reports reach a new leader within their interval; FleetMonitor forgets reports after 10 s)
     monitor_grace_s: float = 10.0
+    # the services to plan for, read every tick: (config with etcd's services/models, problems), or
+    # None while services/ is not seeded (no tick); unset: ``config`` as given
+    desired: Callable[[], Awaitable[tuple[ClusterConfig, list[str]] | None]] | None = None
     names: ModelNames = field(init=False)
     hysteresis: Hysteresis = field(init=False)
     _last_error: str = ""
     _term_start: float | None = None
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
+    _desired_problems: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -125,8 +135,37 @@ class LivePlacementLoop:
             return True
         return bool(self.placement_view.snapshot())  # keys without meta (e.g. the static policy's)
 
+    async def refresh_services(self) -> bool:
+        """Take the services (and models) to plan for from ``desired``; False: nothing to plan yet."""
+        if self.desired is None:
+            return True
+        got = await self.desired()
+        if got is None:
+            log.info("placement: services/ not seeded yet; not planning")
+            return False
+        config, problems = got
+        if config.services != self.config.services or config.models != self.config.models:
+            self.names = ModelNames(config.catalog_models())
+            if isinstance(self.workload, MonitorWorkload):  # the monitor's view follows the services
+                self.workload.services = config.service_specs
+                if self.workload.config is not None:
+                    self.workload.config = config
+        self.config = config
+        if tuple(problems) != self._desired_problems:
+            self._desired_problems = tuple(problems)
+            for p in problems:
+                log.error("placement (%s): %s; the service is not planned for", self.policy, p)
+            if problems:
+                why = "; ".join(problems)
+                self.decisions.append(
+                    Decision(self.wall(), self.policy, "services left out of the plan", why, False, why)
+                )
+        return True
+
     async def tick(self) -> PlanResult | None:
         """One planning round; the plan it applied (None: nothing written)."""
+        if not await self.refresh_services():
+            return None
         now = self.clock()
         placements = self.placement_view.snapshot()
         engines = live_engines(self.nodes_view.snapshot().values(), placements)

@@ -2,7 +2,12 @@
 
 ``--policy static`` (the default of a config without ``placement:``) copies the config's ``engines:``
 into etcd; any planner of ``llmfleet.policies.placement`` runs every ``--interval-s`` over the
-monitored workload and the live engine pool (``live.LivePlacementLoop``)."""
+monitored workload and the live engine pool (``live.LivePlacementLoop``).
+
+The config's ``services:`` and ``models:`` are a bootstrap: the first leader seeds etcd's ``services/``
+and ``models/`` from them once; afterwards etcd is the truth (``llmfleet apply``, ``llmfleet
+services``) and runtime changes are never reverted; ``--reseed`` replaces them with the config's
+(``controller`` module docstring)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import DesiredPlacement, NodeRecord
 
-from llmfleet_placement.controller import PlacementController
+from llmfleet_placement.controller import PlacementController, read_runtime_config
 from llmfleet_placement.live import LivePlacementLoop
 from llmfleet_placement.servicer import PlacementServicer
 from llmfleet_placement.workload import MonitorWorkload
@@ -53,7 +58,15 @@ def build_node(args: argparse.Namespace, config: ClusterConfig) -> tuple[Service
         servicer.election = LeaderElection(n.etcd, ROLE, nid, n.settings.lease_ttl_s)
         planned = config.placement.planned
         controller = PlacementController(
-            config, n.etcd, *views, resync_s=args.resync_s, manage_placement=not planned
+            config,
+            n.etcd,
+            *views,
+            resync_s=args.resync_s,
+            manage_placement=not planned,
+            reseed=args.reseed,
+            config_path=args.config,
+            leader_id=nid,
+            election=servicer.election,
         )
         tasks: list[asyncio.Task] = []
 
@@ -100,6 +113,7 @@ def live_loop(
         decisions=servicer.decisions,
         election=servicer.election,
         clock=time.monotonic,  # the monitor's clock (the servicer feeds it on time.monotonic)
+        desired=lambda: read_runtime_config(n.etcd, config),  # etcd's services/, every tick
     )
 
 
@@ -123,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(ap, ROLE, default_port=50053)
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="cluster config (services -> models -> engines)")
     ap.add_argument("--resync-s", type=float, default=5.0, help="periodic full reconcile interval")
+    ap.add_argument(
+        "--reseed",
+        action="store_true",
+        help="replace etcd's services/ and models/ with the config's when this process first leads "
+        "(default: seed them only if etcd was never seeded; runtime changes are kept)",
+    )
     ap.add_argument(
         "--policy",
         default=None,

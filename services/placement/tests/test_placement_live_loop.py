@@ -189,7 +189,8 @@ async def test_with_a_planner_the_controller_writes_services_only(etcd_client, v
     try:
         await sv.wait_for(lambda s: True, 5)
         c = PlacementController(CONFIG, etcd_client, pv, sv, nv, manage_placement=False)
-        assert await c.reconcile_once() == 2
+        assert await c.reconcile_once() == 5  # seeds 2 services, 2 models and the marker
+        await sv.wait_for(lambda s: set(s) == {"chat", "summarize"}, 5)
         assert pv.snapshot() == {}
     finally:
         await sv.stop()
