@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -12,11 +13,21 @@ from llmfleet import __version__
 from llmfleet.client import AsyncClient
 from llmfleet.supervisor import free_port
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory) -> tuple[Cluster, str]:
     port = free_port()
     c = launch(tmp_path_factory.mktemp("cluster"), scheduler_args=("--http-port", str(port)))
+    # give tiny-llama's tokenizer a chat template (the scheduler loads it at the first chat request)
+    cfg_path = c.models_dir / "endless-llama" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg))
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):  # the HTTP server starts with the service; etcd views a moment later
@@ -116,3 +127,14 @@ def test_errors(api):
     assert e.value.body["param"] == "top_p"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="chat", messages=[], max_tokens=2)
+
+
+def test_chat_uses_the_model_tokenizers_template(api):
+    _, base = api
+    client = sync_client(base)
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Say hi"}]
+    chat = client.chat.completions.create(model="chat", messages=messages, max_tokens=6, temperature=0)
+    rendered = "<|system|>Be terse.</s><|user|>Say hi</s><|assistant|>"  # CHAT_TEMPLATE by hand
+    plain = client.completions.create(model="chat", prompt=rendered, max_tokens=6, temperature=0)
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens

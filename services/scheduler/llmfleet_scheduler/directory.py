@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.coord import PrefixView
+from llmfleet.coord.desired import ModelEntry
 from llmfleet.load import LoadBook
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import EngineCandidate
@@ -26,6 +27,7 @@ from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
 class ClusterDirectory:
     services_view: PrefixView[ServiceSpec] | None = None
     nodes_view: PrefixView[NodeRecord] | None = None
+    models_view: PrefixView[ModelEntry] | None = None  # model sources (chat templates)
     load: LoadBook = field(default_factory=LoadBook)
     monitor: LoadMonitor | None = None  # None: no load source (the book sees only what we dispatch)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
@@ -36,6 +38,10 @@ class ClusterDirectory:
 
     def services(self) -> dict[str, ServiceSpec]:
         return self.services_view.snapshot() if self.services_view is not None else {}
+
+    def model_source(self, model: str) -> str | None:
+        entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
+        return entry.source if entry is not None else None
 
     def nodes(self) -> dict[str, NodeRecord]:
         return self.nodes_view.snapshot() if self.nodes_view is not None else {}
@@ -65,7 +71,7 @@ class ClusterDirectory:
     async def close(self) -> None:
         if self.monitor is not None:
             await self.monitor.close()
-        for v in (self.services_view, self.nodes_view):
+        for v in (self.services_view, self.nodes_view, self.models_view):
             if v is not None:
                 await v.stop()
         for ch in self._channels.values():

@@ -24,7 +24,7 @@ from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.security import ApiKey, ApiKeyStore, SecuritySettings, bearer
 from llmfleet.security.tls import uvicorn_ssl
 
-from llmfleet_scheduler.chat_template import render_default
+from llmfleet_scheduler.chat_template import ChatTemplates
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.openai_protocol import (
     ChatCompletionRequest,
@@ -81,12 +81,25 @@ class Backend(Protocol):
 
     async def cancel(self, request_id: str) -> bool: ...
 
+    async def render_chat(self, model: str, messages: list[tuple[str, str]]) -> str:
+        """``(role, content)`` messages as one prompt, with ``model``'s chat template."""
+        ...
+
 
 @dataclass
 class ServicerBackend:
     """The real backend: the gRPC servicer's own submit path."""
 
     servicer: Any  # SchedulerServicer (not imported: keeps this module light for tests)
+    templates: ChatTemplates | None = None  # default: model sources from the servicer's directory
+
+    def __post_init__(self) -> None:
+        if self.templates is None:
+            self.templates = ChatTemplates(self.servicer.directory.model_source)
+
+    async def render_chat(self, model: str, messages: list[tuple[str, str]]) -> str:
+        assert self.templates is not None
+        return await self.templates.render(model, messages)
 
     def ready(self) -> bool:
         return bool(self.servicer.directory.ready)
@@ -463,7 +476,14 @@ def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | Non
     async def chat_completions(
         request: Request, body: ChatCompletionRequest, key: ApiKey | None = Depends(caller)
     ):
-        prompt = render_default((m.role, m.text()) for m in body.messages)
+        model = backend.services()[resolve(body.model, key)]
+        try:
+            prompt = await backend.render_chat(model, [(m.role, m.text()) for m in body.messages])
+        except Exception as e:  # the model's template refuses these messages (e.g. roles out of order)
+            raise ApiError(
+                400, f"messages: the chat template of {model!r} refused them: {e}", "invalid_request_error",
+                "messages", "invalid_value",
+            ) from e  # fmt: skip
         run = await start(body, [prompt], "messages", key)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", now()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

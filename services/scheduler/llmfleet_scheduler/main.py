@@ -7,6 +7,7 @@ import argparse
 from llmfleet import __version__
 from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
+from llmfleet.coord.desired import model_view
 from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import POLICIES
@@ -72,8 +73,10 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     async def attach_views(n: ServiceNode) -> None:
         directory.services_view = service_view(n.etcd)
         directory.nodes_view = node_view(n.etcd)
+        directory.models_view = model_view(n.etcd)
         await directory.services_view.start()
         await directory.nodes_view.start()
+        await directory.models_view.start()
         if monitor is not None:
             n.spawn(monitor.track(directory.nodes_view), "scheduler-load-monitor")
         if stats is not None:

@@ -72,6 +72,9 @@ class FakeBackend:
         self.cancelled.append(request_id)
         return True
 
+    async def render_chat(self, model: str, messages: list[tuple[str, str]]) -> str:
+        return render_default(messages)
+
 
 def client(backend: FakeBackend | None = None) -> tuple[TestClient, FakeBackend]:
     b = backend or FakeBackend()
@@ -379,3 +382,15 @@ def test_overload_is_429_with_retry_after():
         r = c.post("/v1/completions", json={**body(), "stream": stream})
         assert r.status_code == 429 and r.headers["retry-after"] == "7"
         assert r.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400():
+    class Refusing(FakeBackend):
+        async def render_chat(self, model, messages):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+
+    c = TestClient(create_app(Refusing()))
+    r = c.post("/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "tiny-llama" in err["message"] and "alternate" in err["message"]
