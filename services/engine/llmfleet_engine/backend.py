@@ -18,6 +18,8 @@ from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import GenerationRequest
 
 if TYPE_CHECKING:
+    from llmfleet.metrics.engine import EngineMetrics
+
     from llmfleet_engine.transfer import ImportHandle, TransferHeader
 
 
@@ -57,6 +59,10 @@ class EngineBackend(Protocol):
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult: ...
 
     def load_snapshot(self) -> LoadSnapshot: ...
+
+    def attach_metrics(self, metrics: EngineMetrics) -> None:
+        """Export the ``vllm:*`` metrics (gauges from the load snapshot, counters from requests)."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -386,6 +386,9 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         delivery = self._delivery
         given = delivery.begin()  # requests given output in this iteration: woken after it
         metrics = self.metrics
+        # the step's inter-token latencies, as previous token time -> requests (one entry in a steady
+        # batch): one metrics call per step instead of one per token
+        previous: dict[float, int] = {}
         with self._cond:
             eos = members[0].model.loaded.eos_token_ids
             outcomes = []
@@ -406,13 +409,20 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                     r.first_token_s = now
                     delivery.urgent()  # time to first token is not held back
                 if metrics is not None:
-                    self._token_metrics(metrics, r, now)
+                    last = r.last_token_s
+                    if last is None:
+                        metrics.first_token(r.req.model, r.req.prompt_tokens, now - r.req.arrival_s)
+                    else:
+                        previous[last] = previous.get(last, 0) + 1
+                    r.last_token_s = now
                 r.tokens.append(tok)
                 r.sink.items.append(tok)
                 given.append(r)
                 n += 1
             if n:
                 self._generated.add(now, n)
+                if metrics is not None:  # a step runs one model: every member's is the first's
+                    metrics.decode_step(members[0].req.model, now, previous, n)
             self.core.complete(plan, now, duration, finished=[r.core for r, _ in outcomes])
             if self._prefilling:
                 self._prefilling = frozenset()

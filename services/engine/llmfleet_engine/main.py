@@ -61,13 +61,9 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
     nid = node_id(args, ROLE)
     executor = make_executor(args)
-    # vllm:* metrics on the process registry (served by the shell's /metrics): the native executor's
-    # counters and histograms are hooked where requests finish; any backend's gauges come from its
-    # load snapshot
-    if isinstance(executor, Executor):
-        executor.attach_metrics(engine_metrics())
-    else:
-        engine_metrics().attach(executor.load_snapshot)
+    # vllm:* metrics on the process registry (served by the shell's /metrics): counters and histograms
+    # hooked where each backend sees tokens and ends, gauges from its load snapshot
+    executor.attach_metrics(engine_metrics())
     servicer = EngineServicer(
         executor, nid, default_max_tokens=args.default_max_tokens, max_migrations=args.max_migrations
     )

@@ -42,6 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from llmfleet_engine.outputs import ExecutorClosedError, LoadSnapshot, ModelLoad, RequestLoads
 from llmfleet_engine.vllm_compat import BackendUnavailable, import_vllm, total_gpu_memory_bytes
@@ -50,6 +51,9 @@ from llmfleet_engine.vllm_models import ModelRuntime, VllmLoadedModel, VllmModel
 from llmfleet_engine.vllm_requests import ActiveRequest, VllmRequests
 
 __all__ = ["BACKEND", "BackendUnavailable", "VllmConfig", "VllmExecutor", "VllmLoadedModel"]
+
+if TYPE_CHECKING:
+    from llmfleet.metrics.engine import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,14 @@ class VllmExecutor(VllmModels, VllmRequests):
         self._load_lock = threading.Lock()
         self._closed = False
         self._sequence = itertools.count(1)
+        self.metrics: EngineMetrics | None = None  # attach_metrics
         log.info("vLLM backend: vllm %s (V1 engine by default: %s)", self._api.version, self._api.v1_default)
+
+    def attach_metrics(self, metrics: EngineMetrics) -> None:
+        """Export ``vllm:*`` metrics on ``metrics``: gauges from the load snapshot, counters and
+        histograms from each request's outputs (first token, tokens, inter-token gaps, its end)."""
+        metrics.attach(self.load_snapshot)
+        self.metrics = metrics
 
     def load_snapshot(self) -> LoadSnapshot:
         """Requests per model; KV numbers are adapter estimates (see the module docstring)."""

@@ -41,6 +41,8 @@ from llmfleet_engine.vllm_compat import (
 )
 
 if TYPE_CHECKING:
+    from llmfleet.metrics.engine import EngineMetrics
+
     from llmfleet_engine.vllm_config import VllmConfig
     from llmfleet_engine.vllm_models import ModelRuntime
 
@@ -223,6 +225,7 @@ class ActiveRequest:
     handed_s: float | None = None
     engine_queue_s: float | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None
     finished: bool = False
 
     @property
@@ -240,6 +243,7 @@ class VllmRequests:
     _requests: dict[str, ActiveRequest]
     _generated: deque[tuple[float, int]]
     _sequence: itertools.count
+    metrics: EngineMetrics | None  # vllm:* counters and histograms (None: not exported)
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Start a validated request on its model's engine; returns its chunk stream.
@@ -351,12 +355,20 @@ class VllmRequests:
                 state.engine_queue_s = queued
             if step is None:
                 return False
+            metrics, model = self.metrics, state.req.model
             if state.first_token_s is None:
                 state.first_token_s = now
+                if metrics is not None:
+                    metrics.first_token(model, state.req.prompt_tokens, now - state.req.arrival_s)
+            elif metrics is not None and step.token_ids and state.last_token_s is not None:
+                metrics.inter_token(model, now - state.last_token_s)
             state.assembler.commit(step)
             if step.token_ids:
+                state.last_token_s = now
                 self._generated.append((now, len(step.token_ids)))
                 self._trim_window(now)
+                if metrics is not None:
+                    metrics.tokens(model, len(step.token_ids))
             if step.finish_reason is None:
                 self._emit(state, EngineChunk(state.request_id, step.index, step.token_ids, step.text))
                 return False
@@ -390,6 +402,14 @@ class VllmRequests:
             ttft_s=max(0.0, first - arrival) if first is not None else 0.0,
             latency_s=max(0.0, now - arrival),
         )
+        if self.metrics is not None:
+            self.metrics.finished(
+                state.req.model,
+                reason.name,
+                usage.queue_s,
+                usage.latency_s,
+                counted=state.handed_s is not None,
+            )
         if step is None:
             step = Step(len(state.assembler.tokens), (), "")
         self._emit(state, EngineChunk(state.request_id, step.index, step.token_ids, step.text, reason, usage))

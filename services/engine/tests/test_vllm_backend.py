@@ -400,3 +400,33 @@ async def test_real_vllm_tiny_model_end_to_end(cache_dir, prompts, hf_greedy) ->
         assert await asyncio.to_thread(executor.unload, "tiny-mistral")
     finally:
         await executor.aclose()
+
+
+async def test_vllm_metrics_from_the_adapter(vexec: vb.VllmExecutor, llama: LoadedModel, long_prompt) -> None:
+    from llmfleet.metrics.engine import EngineMetrics
+    from llmfleet.metrics.server import samples
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    vexec.attach_metrics(EngineMetrics(registry))
+    model = vexec.models["tiny-llama"]
+    req = build_request(model, "The quick brown fox", max_tokens=5, request_id="m1")
+    chunks = await vexec.submit(req).collect()
+    n = len(cc.ids(chunks))
+    s = samples(registry)
+    m = 'model_name="tiny-llama"'
+    reason = "length" if chunks[-1].finish_reason == FinishReason.LENGTH else "stop"
+    assert s[f'vllm:request_success_total{{finished_reason="{reason}",{m}}}'] == 1
+    assert s[f"vllm:prompt_tokens_total{{{m}}}"] == req.prompt_tokens
+    assert s[f"vllm:generation_tokens_total{{{m}}}"] == n
+    assert s[f"vllm:time_to_first_token_seconds_count{{{m}}}"] == 1
+    assert s[f"vllm:e2e_request_latency_seconds_count{{{m}}}"] == 1
+    assert s[f"vllm:request_queue_time_seconds_count{{{m}}}"] == 1
+    assert 1 <= s[f"vllm:inter_token_latency_seconds_count{{{m}}}"] <= n - 1
+    FakeAsyncLLMEngine.step_delay_s = 0.05
+    stream = vexec.submit(build_request(model, long_prompt(llama, 30), max_tokens=30, request_id="m2"))
+    await stream.__anext__()
+    assert samples(registry)[f"vllm:num_requests_running{{{m}}}"] == 1
+    assert vexec.cancel("m2")
+    _ = [c async for c in stream]
+    assert samples(registry)[f'vllm:request_success_total{{finished_reason="abort",{m}}}'] == 1
