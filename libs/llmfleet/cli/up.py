@@ -115,7 +115,11 @@ def _security_env(args: argparse.Namespace, state: Path) -> dict[str, str]:
         tls_client_auth=True,
     ).validated()
     configure(settings)
-    return settings.to_env()
+    env = settings.to_env()
+    # for the CLI and SDK in another shell: `. .llmfleet/tls/env` (add LLMFLEET_API_KEY yourself)
+    client = {k: v for k, v in env.items() if k != "LLMFLEET_TLS_CLIENT_AUTH"}
+    (tls / "env").write_text("".join(f"export {k}={v}\n" for k, v in sorted(client.items())))
+    return env
 
 
 def service_command(script: str, module: str) -> list[str]:
