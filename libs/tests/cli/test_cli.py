@@ -301,6 +301,41 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
     assert e1.argv[-2:] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
 
 
+def test_plan_services_api_keys_and_reseed(tmp_path: Path) -> None:
+    cfg = ClusterConfig.load(REPO / DEFAULT_CONFIG)
+    plans = up.plan_services(
+        cfg, "c.yaml", etcd="e:1", state_dir=tmp_path, base_port=7000, api_keys="/k.yaml", reseed=True
+    )
+    by = {p.name: p.argv for p in plans}
+    assert by["scheduler"][-2:] == ["--api-keys", "/k.yaml"]
+    assert "--reseed" in by["placement"]
+    assert all("--api-keys" not in argv for name, argv in by.items() if name != "scheduler")
+
+
+def test_up_tls_env_makes_a_ca_once_and_checks_the_keys_file(tmp_path: Path) -> None:
+    import argparse
+
+    from llmfleet.security import ApiKeyError, configure
+
+    previous = configure(None)
+    try:
+        args = argparse.Namespace(tls=True, api_keys=None, host="0.0.0.0")
+        env = up._security_env(args, tmp_path)
+        assert env["LLMFLEET_TLS_CLIENT_AUTH"] == "1" and env["LLMFLEET_TLS_CA"] == str(
+            tmp_path / "tls" / "ca.pem"
+        )
+        ca = (tmp_path / "tls" / "ca.pem").read_bytes()
+        assert up._security_env(args, tmp_path) == env and (tmp_path / "tls" / "ca.pem").read_bytes() == ca
+        shell = (tmp_path / "tls" / "env").read_text()
+        assert "export LLMFLEET_TLS_CERT=" in shell and "CLIENT_AUTH" not in shell
+        bad = tmp_path / "keys.yaml"
+        bad.write_text("keys: []\n")
+        with pytest.raises(ApiKeyError, match="keys"):
+            up._security_env(argparse.Namespace(tls=False, api_keys=str(bad), host="127.0.0.1"), tmp_path)
+    finally:
+        configure(previous)
+
+
 def test_up_starts_supervises_and_stops_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, gone: Callable[..., bool]
 ) -> None:
