@@ -78,7 +78,7 @@ async def test_sdk_needs_tls_and_a_key_allowed_the_service(secure):
     plaintext = AsyncClient(c.scheduler, timeout_s=10, retries=0, api_key=OPS)
     plaintext.security = SecuritySettings(api_key=OPS)  # this process's settings carry TLS; a bare client
     async with plaintext:
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable, match="if the scheduler serves TLS, pass tls_ca="):
             await plaintext.complete("Hello", service="chat", max_tokens=4)
 
 

@@ -179,7 +179,9 @@ class GenerateStream:
                     if not await backoff.again(e):
                         raise
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e, request_id=self.request_id) from None
+            raise from_rpc_error(
+                e, request_id=self.request_id, tls=self._client.security.client_tls
+            ) from None
 
     async def _attempt(self, deadline: float | None) -> AsyncGenerator[Chunk, None]:
         timeout = _remaining(deadline, self.request_id)
@@ -413,4 +415,4 @@ class AsyncClient:
                     if not await backoff.again(e):
                         raise
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, tls=self.security.client_tls) from None

@@ -86,11 +86,31 @@ def error_for(code: grpc.StatusCode, message: str, *, request_id: str | None = N
     return _BY_CODE.get(code, LlmfleetError)(code, message, request_id=request_id)
 
 
-def from_rpc_error(err: grpc.RpcError, *, request_id: str | None = None) -> LlmfleetError:
-    """Translate a grpc (sync or aio) RpcError into the matching :class:`LlmfleetError`."""
+def from_rpc_error(
+    err: grpc.RpcError, *, request_id: str | None = None, tls: bool | None = None
+) -> LlmfleetError:
+    """Translate a grpc (sync or aio) RpcError into the matching :class:`LlmfleetError`. ``tls``
+    (whether the channel used TLS) adds a hint to the transport's terse message when a connection
+    failed because the two ends disagree on TLS."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = err.details() if hasattr(err, "details") else None
-    return error_for(code or grpc.StatusCode.UNKNOWN, details or str(err), request_id=request_id)
+    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    if code == grpc.StatusCode.UNAVAILABLE and tls is not None:
+        details += _tls_hint(details, tls)
+    return error_for(code or grpc.StatusCode.UNKNOWN, details, request_id=request_id)
+
+
+def _tls_hint(details: str, tls: bool) -> str:
+    if not tls and "Socket closed" in details:
+        return (
+            " (the connection was closed at once: if the scheduler serves TLS, pass tls_ca= or set"
+            " LLMFLEET_TLS_CA; a client certificate may be required)"
+        )
+    if tls and "andshake failed" in details:
+        return (
+            " (TLS handshake failed: the scheduler may serve plaintext, or its certificate is not"
+            " signed by the CA given as tls_ca / LLMFLEET_TLS_CA)"
+        )
+    return ""
 
 
 __all__ = [

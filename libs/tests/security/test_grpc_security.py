@@ -133,3 +133,23 @@ async def test_api_keys_refuse_missing_and_wrong_keys_and_leave_health_open(tmp_
         assert await health(server.address, SecuritySettings()) == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop(0)
+
+
+async def test_the_sdk_explains_a_tls_mismatch(certs):
+    from llmfleet.client import AsyncClient, Unavailable
+
+    server = await serve(SecuritySettings(tls_cert=certs["cert"], tls_key=certs["key"]))
+    try:
+        async with AsyncClient(server.address, timeout_s=5, retries=0) as client:
+            client.security = SecuritySettings()  # plaintext, whatever this process's env says
+            with pytest.raises(Unavailable, match="if the scheduler serves TLS, pass tls_ca="):
+                await client.list_services()
+    finally:
+        await server.stop(0)
+    server = await serve(SecuritySettings())
+    try:
+        async with AsyncClient(server.address, timeout_s=5, retries=0, tls_ca=certs["ca"]) as client:
+            with pytest.raises(Unavailable, match="the scheduler may serve plaintext"):
+                await client.list_services()
+    finally:
+        await server.stop(0)
