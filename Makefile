@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live compose-smoke
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -89,3 +89,8 @@ fmt: setup
 clean:
 	rm -rf $(VENV) .llmfleet .pytest_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The compose stack in podman, no registry needed: base image by debootstrap, project image from host
+# wheels, up, one OpenAI + one SDK request, /metrics + Prometheus + traces checked, torn down.
+compose-smoke: setup
+	deploy/image/compose-smoke.sh

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +86,36 @@ def start_metrics_server(
     """Serve ``registry`` (default: :func:`process_registry`) on ``host:port``; None when ``port`` is -1."""
     if port == DISABLED:
         return None
-    server, thread = start_http_server(port, addr=host, registry=registry or process_registry())
-    bound = server.server_address[1]
-    return MetricsServer(host, bound, server, thread)
+    server_cls = _ThreadingWSGIServer6 if ":" in host else ThreadingWSGIServer
+    server = make_server(
+        host, port, _text_format_app(registry or process_registry()), server_cls, _QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return MetricsServer(host, server.server_address[1], server, thread)
+
+
+class _ThreadingWSGIServer6(ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _text_format_app(registry: CollectorRegistry):
+    """prometheus-client's WSGI app, always answering Prometheus' text format 0.0.4: negotiated
+    OpenMetrics, prometheus-client escapes the colon of vLLM's names (``vllm:num_requests_running``
+    becomes ``vllm_num_requests_running``), which would break the dashboards and routers that read
+    vLLM's names."""
+    app = make_wsgi_app(registry)
+
+    def text_only(environ: dict, start_response: Any):
+        environ["HTTP_ACCEPT"] = "text/plain; version=0.0.4"
+        return app(environ, start_response)
+
+    return text_only
 
 
 def samples(registry: CollectorRegistry | None = None) -> dict[str, float]:

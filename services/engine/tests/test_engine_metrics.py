@@ -107,11 +107,18 @@ def test_metrics_server_serves_the_registry() -> None:
     EngineMetrics(registry).finished("m", "EOS", 0.01, 0.5, True)
     server = start_metrics_server(0, registry=registry)
     assert server is not None and server.port > 0
+    # what Prometheus asks for: OpenMetrics first; the answer is the text format, colons kept
+    prometheus = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
     try:
         body = urllib.request.urlopen(server.url, timeout=5).read().decode()
+        req = urllib.request.Request(server.url, headers={"Accept": prometheus})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            negotiated, content_type = resp.read().decode(), resp.headers["Content-Type"]
     finally:
         server.stop()
     assert 'vllm:request_success_total{finished_reason="stop",model_name="m"} 1.0' in body
+    assert 'vllm:request_success_total{finished_reason="stop",model_name="m"} 1.0' in negotiated
+    assert "vllm_request_success" not in negotiated and content_type.startswith("text/plain")
 
 
 async def test_shell_metrics_port_minus_one_disables() -> None:
@@ -129,3 +136,97 @@ async def test_shell_metrics_port_minus_one_disables() -> None:
         assert urllib.request.urlopen(server.url, timeout=5).status == 200
     finally:
         server.stop()
+
+
+def test_exposition_is_prometheus_clients() -> None:
+    """The hooks keep plain numbers; what a scrape reads is exactly what prometheus-client's own
+    Counter / Histogram (vLLM's metrics) expose for the same observations."""
+    from llmfleet.metrics import engine as em
+    from prometheus_client import Counter, Histogram
+
+    ours = CollectorRegistry()
+    m = EngineMetrics(ours)
+    ref = CollectorRegistry()
+    label = ["model_name"]
+    pre = Counter("vllm:num_preemptions", "Cumulative number of preemptions.", label, registry=ref)
+    prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label, registry=ref)
+    gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", label, registry=ref)
+    success = Counter(
+        "vllm:request_success",
+        "Count of finished requests by finished reason.",
+        [*label, "finished_reason"],
+        registry=ref,
+    )
+    ttft = Histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        label,
+        buckets=em.TTFT_BUCKETS,
+        registry=ref,
+    )
+    itl = Histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        label,
+        buckets=em.ITL_BUCKETS,
+        registry=ref,
+    )
+    e2e = Histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        label,
+        buckets=em.REQUEST_LATENCY_BUCKETS,
+        registry=ref,
+    )
+    queue = Histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        label,
+        buckets=em.REQUEST_LATENCY_BUCKETS,
+        registry=ref,
+    )
+    assert generate_latest(ours) == generate_latest(ref)  # nothing observed yet: HELP and TYPE only
+
+    m.preempted("a")
+    pre.labels("a").inc()
+    m.first_token("a", 7, 0.02)  # exactly on a bucket boundary: counted in that bucket
+    prompt.labels("a").inc(7)
+    ttft.labels("a").observe(0.02)
+    m.first_token("b", 3, -1.0)
+    prompt.labels("b").inc(3)
+    ttft.labels("b").observe(0.0)
+    m.tokens("a", 2)
+    m.tokens("b", 0)  # no series for nothing
+    gen.labels("a").inc(2)
+    m.inter_token("a", 0.3)
+    itl.labels("a").observe(0.3)
+    m.decode_step("a", 10.0, {9.99: 3, 9.5: 1, 1.0: 2}, 6)  # 3 x 10 ms, 1 x 0.5 s, 2 x 9 s
+    gen.labels("a").inc(6)
+    for gap, k in ((10.0 - 9.99, 3), (0.5, 1), (9.0, 2)):
+        for _ in range(k):
+            itl.labels("a").observe(gap)
+    m.decode_step("b", 5.0, {}, 1)  # a step of first tokens only
+    gen.labels("b").inc(1)
+    m.inter_token("b", 1000.0)  # beyond every bucket: +Inf
+    itl.labels("b").observe(1000.0)
+    for reason, counted in (("LENGTH", True), ("EOS", True), ("MIGRATED", True), ("CANCELLED", False)):
+        m.finished("a", reason, 0.25, 1.5, counted)
+        success.labels("a", em.FINISHED_REASONS[reason]).inc()
+        if counted and reason != "MIGRATED":
+            queue.labels("a").observe(0.25)
+            e2e.labels("a").observe(1.5)
+    m.finished("a", "WEIRD", 0.1, 0.2, True)
+    success.labels("a", "weird").inc()
+    queue.labels("a").observe(0.1)
+    e2e.labels("a").observe(0.2)
+
+    def lines(reg: CollectorRegistry) -> list[str]:  # the sums: float addition in another order
+        out = []
+        for line in generate_latest(reg).decode().splitlines():
+            if "_sum{" in line:
+                key, _, value = line.rpartition(" ")
+                line = f"{key} {float(value):.9f}"
+            out.append(line)
+        return out
+
+    assert lines(ours) == lines(ref)
