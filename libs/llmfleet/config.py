@@ -147,10 +147,10 @@ class ServiceConfig(BaseModel):
     @field_validator("dispatch")
     @classmethod
     def _dispatch(cls, v: str) -> str:
-        from llmfleet.policies.dispatch import POLICIES
+        from llmfleet.policies.dispatch import POLICIES, SCHEDULER_MODES
 
-        if v and v not in POLICIES:
-            raise ValueError(f"unknown dispatch policy {v!r}; valid: {sorted(POLICIES)}")
+        if v and v not in POLICIES and v not in SCHEDULER_MODES:
+            raise ValueError(f"unknown dispatch policy {v!r}; valid: {sorted([*POLICIES, *SCHEDULER_MODES])}")
         return v
 
 

@@ -217,6 +217,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             max_new_tokens=max(1, sampling.max_tokens - len(tokens)),
             predicted_output_tokens=request.predicted_output_tokens,
             deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
+            batch_id=request.batch_id,
+            batch_size=request.batch_size,
         )
         # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
         sink = self._delivery.sink(request.request_id, loop, None if sampling.stop else text, len(tokens))

@@ -52,6 +52,8 @@ class GenerationRequest:
     service: str = ""  # budget group for the local policy; empty means the model name
     predicted_output_tokens: float | None = None  # the scheduler's length prediction, if any
     deadline_s: float | None = None  # relative SLO deadline (seconds after arrival), if any
+    batch_id: str = ""  # a static batch the scheduler formed (the `given` batching policy), if any
+    batch_size: int = 0
 
     @property
     def group(self) -> str:
@@ -82,6 +84,8 @@ def build_request(
     service: str = "",
     predicted_output_tokens: float | None = None,
     deadline_s: float | None = None,
+    batch_id: str = "",
+    batch_size: int = 0,
 ) -> GenerationRequest:
     """Validate plain request values against ``model`` and tokenize the prompt.
 
@@ -121,6 +125,8 @@ def build_request(
         raise ValidationError("sampling.top_p", f"must be in (0, 1], got {top_p}")
     if any(not s for s in stop):
         raise ValidationError("sampling.stop", "stop strings must not be empty")
+    if bool(batch_id) != (batch_size > 0):
+        raise ValidationError("batch_size", f"must be > 0 exactly when batch_id is set, got {batch_size}")
     resume = tuple(int(t) for t in resume_token_ids)
     if len(resume) > max_tokens:
         raise ValidationError(
@@ -145,6 +151,8 @@ def build_request(
         service=service,
         predicted_output_tokens=_positive("predicted_output_tokens", predicted_output_tokens),
         deadline_s=_positive("deadline_s", deadline_s),
+        batch_id=batch_id,
+        batch_size=batch_size,
     )
 
 
@@ -187,4 +195,6 @@ def validate_generate(
         service=request.service,
         predicted_output_tokens=request.predicted_output_tokens,
         deadline_s=request.deadline_s,
+        batch_id=request.batch_id,
+        batch_size=request.batch_size,
     )

@@ -11,7 +11,7 @@ from llmfleet.coord.desired import model_view
 from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import POLICIES
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
@@ -21,6 +21,7 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher, mell_view_of
+from llmfleet_scheduler.scls_central import EngineView, SclsCentral
 from llmfleet_scheduler.servicer import SchedulerServicer
 from llmfleet_scheduler.stats_reporter import StatsReporter
 
@@ -43,6 +44,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     stats = (
         StatsReporter(nid, directory, interval_s=args.stats_interval_s) if args.stats_interval_s > 0 else None
     )
+    central = SclsCentral.from_options(lambda model: engines_for(directory, model), args.scls_options)
     relay = Relay(
         directory,
         router,
@@ -50,6 +52,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         max_attempts=args.max_attempts,
         predict_mode=args.predict,
         stats=stats,
+        central=central,
     )
     servicer = SchedulerServicer(
         directory,
@@ -88,6 +91,11 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         n.on_stop.append(migration.stop)
 
     node.on_etcd.append(attach_views)
+
+    async def run_central(n: ServiceNode) -> None:
+        await central.run()  # idle (one timer) until a service with dispatch scls_central has requests
+
+    node.on_start.append(run_central)
     if args.http_port >= 0:  # the OpenAI-compatible API, through the servicer's own submit path
         http = HttpServer(
             create_app(
@@ -156,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--http-host", default=None, help="bind address of the HTTP API (default: --host)")
     ap.add_argument(
+        "--scls-options",
+        type=json_object,
+        default={},
+        help="SCLS central scheduling (services with dispatch: scls_central), a JSON object: slice_iterations "
+        "(S, 128), lam (λ, 0.5), gamma_s (Γ, 6.0: the paper's HF value), zeta (0.9), max_batch (256), cost",
+    )
+    ap.add_argument(
         "--max-waiting",
         type=_positive,
         default=DEFAULT_MAX_WAITING,
@@ -185,6 +200,16 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def engines_for(directory: ClusterDirectory, model: str) -> list[EngineView]:
+    """Live engines hosting ``model`` with their KV capacity in tokens (when the engines report it)."""
+    bpt = directory.load.kv_bytes_per_token(model)
+    return [
+        EngineView(n.node_id, int(n.kv_capacity_bytes // bpt) if bpt and n.kv_capacity_bytes else None)
+        for n in sorted(directory.engines().values(), key=lambda n: n.node_id)
+        if model in n.models
+    ]
 
 
 def _positive(text: str) -> int:

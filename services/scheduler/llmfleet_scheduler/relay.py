@@ -20,6 +20,8 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
+from llmfleet_scheduler.scls_central import MODE as SCLS_CENTRAL
+from llmfleet_scheduler.scls_central import SclsCentral
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Relay:
     observations: ObservationBatcher | None = None  # completed requests -> profiler (batched)
     stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
     metrics: SchedulerMetrics | None = None  # llmfleet_scheduler_* (default: the process registry's)
+    central: SclsCentral | None = None  # services with dispatch scls_central (None: refused)
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -87,6 +90,15 @@ class Relay:
         excluded: set[str] = set()
         last_error = ""
         spec = self.directory.services().get(rec.service) or ServiceSpec(rec.service, rec.model)
+        if spec.dispatch == SCLS_CENTRAL:
+            if self.central is None:
+                await rec.fail(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"service {rec.service!r}: {SCLS_CENTRAL} is off here",
+                )
+                return
+            await self._central_slices(rec, req, deadline)
+            return
         try:
             policy = self.router.for_service(spec)
         except (ValueError, KeyError) as e:  # a policy that cannot be built or cannot run here
@@ -191,6 +203,16 @@ class Relay:
         timeout: float | None,
     ) -> str | None:
         """Relay one engine stream into the journal; returns the destination if the request migrated."""
+        final = await self._relay_stream(rec, req, address, timeout)
+        if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
+            return final.migrated_to
+        await rec.finish(self._final(rec, final.finish_reason, engine_id))
+        return None
+
+    async def _relay_stream(
+        self, rec: RequestRecord, req: engine_pb2.GenerateRequest, address: str, timeout: float | None
+    ) -> common_pb2.TokenChunk:
+        """Relay one engine stream's tokens into the journal; returns its final chunk (not applied)."""
         stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
         call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
         final: common_pb2.TokenChunk | None = None
@@ -218,10 +240,75 @@ class Relay:
                 grpc.aio.Metadata(),
                 "stream ended without a final chunk",
             )
-        if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
-            return final.migrated_to
-        await rec.finish(self._final(rec, final.finish_reason, engine_id))
-        return None
+        return final
+
+    async def _central_slices(
+        self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None
+    ) -> None:
+        """SCLS central scheduling (``scls_central.py``): wait in the pool for a batch, run one slice
+        (at most S more tokens) on the engine it went to, and come back until the request is done. An
+        engine failure sends the request back to the pool (its tokens so far are kept)."""
+        central = self.central
+        assert central is not None
+        total = req.sampling.max_tokens
+        failures, last_error = 0, ""
+        while True:
+            prompt = rec.prompt_tokens or approx_token_count(req.prompt)
+            member = central.enqueue(
+                rec.request_id, rec.service, rec.model, rec.arrival, prompt + rec.n_tokens
+            )
+            try:
+                a = await member.slot
+            except asyncio.CancelledError:
+                central.withdraw(member)
+                raise
+            node = self.directory.engines().get(a.engine_id)
+            try:
+                if node is None:
+                    failures, last_error = failures + 1, f"{a.engine_id}: gone"
+                    final = None
+                else:
+                    slice_req = engine_pb2.GenerateRequest()
+                    slice_req.CopyFrom(req)
+                    slice_req.resume_token_ids.extend(rec.delivered_token_ids())
+                    slice_req.sampling.max_tokens = min(total, rec.n_tokens + central.slice_iterations)
+                    slice_req.batch_id, slice_req.batch_size = a.batch_id, a.batch_size
+                    rec.engines.append(a.engine_id)
+                    if rec.dispatched_at is None:
+                        rec.dispatched_at = time.monotonic()
+                    if self.metrics is not None:
+                        self.metrics.dispatched(rec.service, a.engine_id)
+                    timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+                    try:
+                        final = await self._relay_stream(rec, slice_req, node.address, timeout)
+                    except grpc.aio.AioRpcError as e:
+                        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                            await rec.fail(e.code(), f"deadline exceeded after {rec.n_tokens} tokens")
+                            return
+                        if e.code() not in RETRYABLE:
+                            await rec.fail(e.code(), e.details() or str(e.code()))
+                            return
+                        failures, last_error = failures + 1, f"{a.engine_id}: {e.code().name}: {e.details()}"
+                        final = None
+            finally:
+                central.returned(a)
+            if final is None:
+                if failures >= self.max_attempts:
+                    await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {last_error}")
+                    return
+                log.warning(
+                    "request %s: slice on %s failed (%s); back to the pool",
+                    rec.request_id,
+                    a.engine_id,
+                    last_error,
+                )
+                continue
+            slice_end = final.finish_reason in (
+                common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_MIGRATED,
+            ) and rec.n_tokens < total  # fmt: skip
+            if not slice_end:
+                await rec.finish(self._final(rec, final.finish_reason, a.engine_id))
+                return
 
     def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
         now = time.monotonic()

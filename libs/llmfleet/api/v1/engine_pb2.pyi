@@ -16,7 +16,7 @@ MIGRATE_MODE_KV: MigrateMode
 MIGRATE_MODE_TOKENS: MigrateMode
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s")
+    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s", "batch_id", "batch_size")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class GenerateRequest(_message.Message):
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -33,7 +35,9 @@ class GenerateRequest(_message.Message):
     service: str
     predicted_output_tokens: float
     deadline_s: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+    batch_id: str
+    batch_size: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ..., batch_id: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("name", "source", "dtype")

@@ -1,4 +1,5 @@
-"""Static batchers: SLS baseline, SCLS slice DP, UELLM SLO-ODBS (and variants), S³-style."""
+"""Static batchers: SLS baseline, SCLS slice DP, UELLM SLO-ODBS (and variants), S³-style, and the
+batches a scheduler formed (``given``: SCLS central scheduling)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from llmfleet.policies.batching.base import (
     padded_tokens,
     padding_tokens,
 )
+from llmfleet.policies.batching.given_batches import GivenBatches
 from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
 from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
@@ -24,6 +26,7 @@ POLICIES: dict[str, type] = {
     "slo_dbs": SloDbs,
     "odbs": Odbs,
     "s3": S3Batching,
+    "given": GivenBatches,
 }
 
 
@@ -34,6 +37,7 @@ def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
 
 __all__ = [
     "POLICIES",
+    "GivenBatches",
     "Odbs",
     "S3Batching",
     "SclsSliceBatcher",

@@ -27,6 +27,10 @@ from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
 from llmfleet.policies.registry import instantiate, lookup
 
+# Service dispatch values that are scheduler modes, not per-request policies: the scheduler pools the
+# service's requests and schedules them in rounds (scls_central: SCLS §4, batches + slices).
+SCHEDULER_MODES: tuple[str, ...] = ("scls_central",)
+
 POLICIES: dict[str, type] = {
     "round_robin": RoundRobin,
     "jsq": JoinShortestQueue,
@@ -62,6 +66,7 @@ def make_dispatch_policy(name: str, ctx: DispatchContext | None = None, **option
 
 __all__ = [
     "POLICIES",
+    "SCHEDULER_MODES",
     "AladdinBestFit",
     "BestFitKv",
     "CountsInfeasible",

@@ -58,6 +58,10 @@ class SchedRequest:
     # set by whoever submits (scheduler or simulator) from a length predictor; None when unknown
     predicted_output_tokens: float | None = None
     deadline_s: float | None = None  # absolute SLO deadline (UELLM), None when the service has none
+    # a static batch formed upstream (SCLS central scheduling: the scheduler's DP), run as one by the
+    # `given` batching policy; "" / 0 when the request is not part of one
+    batch_id: str = ""
+    batch_size: int = 0
     # policy-owned bookkeeping (the engine never touches these)
     budget_s: float = 0.0
     renewals: int = 0
