@@ -125,6 +125,8 @@ class Child:
     process: subprocess.Popen[bytes]
     log_path: Path
     started_at: float = field(default_factory=time.time)
+    env: dict[str, str] = field(default_factory=dict)  # what spawn added to the environment
+    restarts: int = 0  # times this name was started again after an exit
 
     @property
     def pid(self) -> int:
@@ -231,7 +233,10 @@ class ProcessGroup:
                 raise SupervisorError(f"cannot start {name}: {argv[0]}: {e}") from e
         if old is not None:
             self._children.pop(name)  # re-insert at the end: stop order follows the latest start
-        child = Child(name=name, argv=list(argv), process=proc, log_path=path)
+        child = Child(
+            name=name, argv=list(argv), process=proc, log_path=path, env=dict(env or {}),
+            restarts=old.restarts + 1 if old is not None else 0,
+        )  # fmt: skip
         self._children[name] = child
         log.info("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
         return child
@@ -283,6 +288,11 @@ class ProcessGroup:
         import asyncio
 
         await asyncio.to_thread(self.wait_healthy, child, grpc_address, service, timeout)
+
+    def respawn(self, name: str) -> Child:
+        """Start an exited child again with the same command, environment and log file."""
+        old = self[name]
+        return self.spawn(name, old.argv, env=old.env, log_path=old.log_path)
 
     def poll_exited(self) -> list[Child]:
         """Children that exited since the last call (each reported once)."""

@@ -29,6 +29,7 @@ from rich.table import Table
 from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
+from llmfleet.supervisor_restart import Decision, RestartPolicy, Restarts
 
 NAME = "up"
 HELP = "start etcd, the control plane and the engines locally; Ctrl-C stops everything"
@@ -79,6 +80,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-timeout", type=float, default=180.0, help="seconds to wait for all to be healthy"
     )
     p.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop on SIGTERM")
+    p.add_argument(
+        "--no-restart", dest="restart", action="store_false",
+        help="leave a crashed child stopped (default: restart it with backoff, like systemd's "
+        "Restart=on-failure, and give up after 5 failures within 60 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--restart-backoff-s",
+        type=float,
+        default=1.0,
+        help="first restart delay (doubles per failure, max 30 s)",
+    )
     p.add_argument(
         "--tls", action="store_true",
         help="TLS on every gRPC hop and HTTPS on the OpenAI API, mutual TLS between services, with a "
@@ -210,12 +222,18 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _warn_exit(console: Console, name: str, pid: int, rc: int | None, log_path: Path, log_tail: str) -> None:
+def _warn_exit(
+    console: Console, name: str, pid: int, rc: int | None, log_path: Path, log_tail: str, decision: Decision
+) -> None:
     console.print(
         f"[bold red]warning:[/] {escape(name)} (pid {pid}) exited with {describe_returncode(rc)}; "
-        f"the rest keep running. Last lines of {escape(str(log_path))}:"
+        f"{escape(decision.reason)}; the rest keep running. Last lines of {escape(str(log_path))}:"
     )
     console.print(escape(log_tail), style="dim", highlight=False)
+
+
+def _write_endpoints(state: Path, rows: list[dict[str, Any]]) -> None:
+    (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
 
 
 def endpoints_table(rows: list[dict[str, Any]]) -> Table:
@@ -335,19 +353,45 @@ def run(args: argparse.Namespace) -> int:
                     }
                 )
             console.print(endpoints_table(rows))
-            (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
+            _write_endpoints(state, rows)
             scheme = "https" if args.tls else "http"
             http = f"   openai: {scheme}://{plans[0].http}/v1" if plans[0].http else ""
             console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}{http}   Ctrl-C to stop")
 
+            restarts = Restarts(RestartPolicy(backoff_s=args.restart_backoff_s)) if args.restart else None
+            due: dict[str, float] = {}  # child -> when to start it again
+            by_name = {r["name"]: r for r in rows}
             while True:
                 for child in group.poll_exited():
-                    if child.pid not in reported:
-                        reported.add(child.pid)
-                        _warn_exit(
-                            console, child.name, child.pid, child.returncode, child.log_path, child.log_tail()
-                        )
-                time.sleep(0.5)
+                    if child.pid in reported:
+                        continue
+                    reported.add(child.pid)
+                    rc = child.returncode if child.returncode is not None else -1
+                    decision = (
+                        restarts.on_exit(child.name, rc, time.monotonic(), time.time() - child.started_at)
+                        if restarts is not None
+                        else Decision(None, "restarts off (--no-restart)")
+                    )
+                    _warn_exit(console, child.name, child.pid, rc, child.log_path, child.log_tail(), decision)
+                    if decision.restart_at is not None:
+                        due[child.name] = decision.restart_at
+                    elif decision.gave_up:
+                        by_name[child.name]["status"] = "gave up"
+                        _write_endpoints(state, rows)
+                for name, at in list(due.items()):
+                    if time.monotonic() >= at:
+                        del due[name]
+                        try:
+                            child = group.respawn(name)
+                        except SupervisorError as e:
+                            console.print(
+                                f"[bold red]error:[/] cannot restart {escape(name)}: {escape(str(e))}"
+                            )
+                            continue
+                        console.print(f"restarted {escape(name)} (pid {child.pid}, restart {child.restarts})")
+                        by_name[name].update(pid=child.pid, status="restarted", restarts=child.restarts)
+                        _write_endpoints(state, rows)
+                time.sleep(0.2)
         except KeyboardInterrupt:
             pass
         console.print("stopping ...")

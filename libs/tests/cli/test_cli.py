@@ -358,14 +358,32 @@ def test_up_starts_supervises_and_stops_everything(
             info = json.loads(endpoints.read_text())
             result["info"] = info
             os.kill(info["engine-1"]["pid"], signal.SIGKILL)
-            time.sleep(1.5)
+            while time.monotonic() < deadline:  # up restarts it (backoff 0.2 s) and says so in endpoints
+                after = json.loads(endpoints.read_text())
+                if after["engine-1"]["pid"] != info["engine-1"]["pid"]:
+                    result["after"] = after
+                    break
+                time.sleep(0.1)
+            time.sleep(1.0)
         finally:
             os.kill(os.getpid(), signal.SIGINT)
 
     t = threading.Thread(target=driver, daemon=True)
     t.start()
     argv = ["up", "--config", str(REPO / DEFAULT_CONFIG), "--state-dir", str(state), "--etcd-port", "0"]
-    code = main([*argv, "--base-port", str(base), "--health-timeout", "60", "--grace", "5"])
+    code = main(
+        [
+            *argv,
+            "--base-port",
+            str(base),
+            "--health-timeout",
+            "60",
+            "--grace",
+            "5",
+            "--restart-backoff-s",
+            "0.2",
+        ]
+    )
     t.join(10)
     out = capsys.readouterr().out
     assert code == 0, out
@@ -379,8 +397,12 @@ def test_up_starts_supervises_and_stops_everything(
         str(base + 10)
     )
     assert "llmfleet is up" in out and "warning:" in out and "engine-1" in out and "signal SIGKILL" in out
+    assert "restart 1 in 0.2s" in out and "restarted engine-1" in out
+    after = result["after"]
+    assert after["engine-1"]["status"] == "restarted" and after["engine-1"]["restarts"] == 1
     assert "stopped" in out
-    assert all(gone(r["pid"]) for r in info.values()), "a child outlived `llmfleet up`"
+    assert all(gone(r["pid"]) for r in [*info.values(), after["engine-1"]]), "a child outlived `llmfleet up`"
+    assert (state / "logs" / "engine-1.log").read_text().count("starting engine-1") == 2  # one log, appended
     log = (state / "logs" / "engine-0.log").read_text()
     assert "engine-0: serving" in log and "engine-0: stopped" in log
 
@@ -394,6 +416,22 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_restart_policy_backs_off_resets_and_gives_up() -> None:
+    from llmfleet.supervisor_restart import RestartPolicy, Restarts
+
+    r = Restarts(RestartPolicy(backoff_s=1.0, max_backoff_s=4.0, burst=4, interval_s=60.0, stable_s=30.0))
+    assert r.on_exit("a", 0, 0.0, 5.0).restart_at is None  # a clean exit stays stopped
+    waits = [r.on_exit("a", -9, t, 1.0) for t in (10.0, 12.0, 15.0)]
+    assert [d.restart_at - t for d, t in zip(waits, (10.0, 12.0, 15.0), strict=True)] == [1.0, 2.0, 4.0]
+    assert r.on_exit("b", 1, 15.0, 1.0).attempt == 1  # children are independent
+    gave_up = r.on_exit("a", 1, 20.0, 1.0)  # the 4th failure within 60 s
+    assert gave_up.gave_up and gave_up.restart_at is None and "4 failures within 60s" in gave_up.reason
+    fresh = Restarts(RestartPolicy(backoff_s=1.0, stable_s=30.0))
+    fresh.on_exit("a", 1, 0.0, 1.0)
+    fresh.on_exit("a", 1, 5.0, 1.0)
+    assert fresh.on_exit("a", 1, 100.0, 90.0).restart_at == 101.0  # ran 90 s: the backoff starts over
 
 
 def test_up_rejects_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
