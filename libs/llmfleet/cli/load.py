@@ -195,8 +195,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="one phase's length in seconds (default 30)")
     p.add_argument(
         "--scheduler",
-        default=os.environ.get("LLMFLEET_SCHEDULER", "127.0.0.1:50051"),
-        help="scheduler address host:port (env LLMFLEET_SCHEDULER, default 127.0.0.1:50051)",
+        default=os.environ.get("LLMFLEET_SCHEDULER", "127.0.0.1:50051,127.0.0.1:50056"),
+        help="scheduler replicas host:port[,host:port] (env LLMFLEET_SCHEDULER; default: the two `llmfleet up` starts)",
     )
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-tokens", type=int, default=None, help="default: the service's default")

@@ -43,6 +43,7 @@ CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
 )
 ENGINE_SCRIPT = ("llmfleet-engine", "llmfleet_engine.main")
 ENGINE_PORT_OFFSET = 10
+SCHEDULER_REPLICA_OFFSET = 5  # scheduler-1 on base port + 5 (HTTP API on --http-port + 1), ...
 DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API of the scheduler
 
 
@@ -80,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-timeout", type=float, default=180.0, help="seconds to wait for all to be healthy"
     )
     p.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop on SIGTERM")
+    p.add_argument(
+        "--schedulers", type=int, default=2,
+        help="scheduler replicas (default 2: scheduler on --base-port, scheduler-1 on +5; clients list both)",
+    )  # fmt: skip
     p.add_argument(
         "--no-restart", dest="restart", action="store_false",
         help="leave a crashed child stopped (default: restart it with backoff, like systemd's "
@@ -159,11 +164,13 @@ def plan_services(
     http_port: int = DEFAULT_HTTP_PORT,
     api_keys: str | None = None,
     reseed: bool = False,
+    schedulers: int = 1,
 ) -> list[ServicePlan]:
     """The children ``up`` starts, in start order (pure: nothing is started). ``http_port``: the
     scheduler's OpenAI-compatible API (-1: none); ``api_keys``: the keys file the scheduler enforces;
     ``reseed``: the placement leader replaces etcd's services/ and models/ with the config's (``up`` with
-    its own etcd: the local file stays the truth from one run to the next)."""
+    its own etcd: the local file stays the truth from one run to the next); ``schedulers``: scheduler
+    replicas (``scheduler``, ``scheduler-1``, ...; clients fail over between them)."""
     state = Path(state_dir)
     logs = state / "logs"
 
@@ -175,13 +182,17 @@ def plan_services(
         return [*argv, "--log-level", log_level]
 
     plans = []
-    for name, script, module, offset in CONTROL_PLANE:
+    replicas = [(f"scheduler-{i}", SCHEDULER_REPLICA_OFFSET + i - 1, i) for i in range(1, schedulers)]
+    control = [(name, script, module, offset, 0) for name, script, module, offset in CONTROL_PLANE]
+    control[1:1] = [(name, *CONTROL_PLANE[0][1:3], offset, i) for name, offset, i in replicas]
+    for name, script, module, offset, replica in control:
         port = base_port + offset
+        http = http_port + replica if http_port > 0 else http_port
         extra = {
             "placement": ["--config", str(config_path), *(["--reseed"] if reseed else [])],
             "migration": config.migration.args(),
-            "scheduler": ["--http-port", str(http_port), *(["--api-keys", api_keys] if api_keys else [])],
-        }.get(name, [])
+            "scheduler": ["--http-port", str(http), *(["--api-keys", api_keys] if api_keys else [])],
+        }.get(name.split("-")[0], [])
         plans.append(
             ServicePlan(
                 name=name,
@@ -189,10 +200,10 @@ def plan_services(
                 address=f"{host}:{port}",
                 log_path=logs / f"{name}.log",
                 metrics=f"{host}:{port + METRICS_PORT_OFFSET}",
-                http=f"{host}:{http_port}" if name == "scheduler" and http_port > 0 else "",
+                http=f"{host}:{http}" if name.startswith("scheduler") and http > 0 else "",
             )
         )
-    used = {base_port + offset for *_, offset in CONTROL_PLANE}
+    used = {base_port + c[3] for c in control}
     for i, (engine_id, engine) in enumerate(config.engines.items()):
         port = engine.port or base_port + ENGINE_PORT_OFFSET + i
         if port in used:
@@ -261,6 +272,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
+    if args.schedulers < 1:
+        console.print(f"[red]error:[/] --schedulers must be >= 1, got {args.schedulers}")
+        return 2
     state = Path(args.state_dir).resolve()
     (state / "logs").mkdir(parents=True, exist_ok=True)
     (state / "models").mkdir(parents=True, exist_ok=True)
@@ -316,10 +330,11 @@ def run(args: argparse.Namespace) -> int:
                     http_port=args.http_port,
                     api_keys=str(Path(args.api_keys).resolve()) if args.api_keys else None,
                     reseed=not args.etcd,
+                    schedulers=args.schedulers,
                 )
                 for plan in plans:
                     env = dict(child_env)
-                    if env and plan.name == "scheduler":  # users' entry point: TLS + API keys, no client cert
+                    if env and plan.name.startswith("scheduler"):  # users' entry point: TLS + API keys, no client cert
                         env["LLMFLEET_TLS_CLIENT_AUTH"] = "0"
                     group.spawn(plan.name, plan.argv, env=env, log_path=plan.log_path)
             except (ValueError, SupervisorError) as e:
@@ -355,8 +370,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(endpoints_table(rows))
             _write_endpoints(state, rows)
             scheme = "https" if args.tls else "http"
-            http = f"   openai: {scheme}://{plans[0].http}/v1" if plans[0].http else ""
-            console.print(f"etcd: {endpoint}   scheduler: {plans[0].address}{http}   Ctrl-C to stop")
+            scheds = [p for p in plans if p.name.startswith("scheduler")]
+            http = f"   openai: {scheme}://{scheds[0].http}/v1" if scheds[0].http else ""
+            addresses = ",".join(p.address for p in scheds)
+            console.print(f"etcd: {endpoint}   scheduler: {addresses}{http}   Ctrl-C to stop")
 
             restarts = Restarts(RestartPolicy(backoff_s=args.restart_backoff_s)) if args.restart else None
             due: dict[str, float] = {}  # child -> when to start it again

@@ -55,6 +55,15 @@ def pushback_s(exc: BaseException) -> float | None:
     return None
 
 
+def parse_addresses(address: str | Sequence[str]) -> list[str]:
+    """``"h1:50051,h2:50051"`` or a list of ``host:port``: the scheduler replicas, in order."""
+    items = address.split(",") if isinstance(address, str) else list(address)
+    out = [a.strip() for a in items if a and a.strip()]
+    if not out:
+        raise ValueError(f"no scheduler address in {address!r}")
+    return out
+
+
 def new_request_id() -> str:
     """A fresh client-side request id (uuid4 hex)."""
     return uuid.uuid4().hex
@@ -111,6 +120,7 @@ class GenerateStream:
         self._token_ids: list[int] = []
         self._gen: AsyncGenerator[Chunk, None] | None = None
         self._call: grpc.aio.UnaryStreamCall | None = None
+        self._address: str | None = None  # the replica of the current attempt
 
     @property
     def finish_reason(self) -> str | None:
@@ -176,7 +186,7 @@ class GenerateStream:
                             yield chunk
                     return
                 except grpc.aio.AioRpcError as e:  # never the consumer's GeneratorExit
-                    if not await backoff.again(e):
+                    if not await backoff.again(e, self._address):
                         raise
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(
@@ -187,7 +197,13 @@ class GenerateStream:
         timeout = _remaining(deadline, self.request_id)
         self.attempts += 1
         self._resumer.begin_attempt()
-        call = self._client._scheduler().Submit(self._request, timeout=timeout)
+        request = self._request
+        if self._token_ids:  # a retry: the replica continues from what we hold if it lost the request
+            request = scheduler_pb2.SubmitRequest()
+            request.CopyFrom(self._request)
+            request.resume_token_ids.extend(self._token_ids)
+        self._address = self._client.address
+        call = self._client._scheduler().Submit(request, timeout=timeout)
         self._call = call
         try:
             async for msg in call:
@@ -233,7 +249,7 @@ class _Backoff:
         self.what = what
         self.failures = 0
 
-    async def again(self, exc: BaseException) -> bool:
+    async def again(self, exc: BaseException, address: str | None = None) -> bool:
         """After a failed attempt: True once the wait before the next one is over, False to give up."""
         self.failures += 1
         c = self.client
@@ -246,14 +262,18 @@ class _Backoff:
         if self.deadline is not None and time.monotonic() + sleep >= self.deadline:
             return False
         detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
+        failed = address or c.address
+        if pushback is None:
+            await c._failover(failed)  # unavailable: the next scheduler replica (when there are several)
         log.warning(
-            "%s: scheduler at %s %s (%s); retry %d/%d in %.2fs",
+            "%s: scheduler at %s %s (%s); retry %d/%d on %s in %.2fs",
             self.what,
-            c.address,
+            failed,
             "overloaded" if pushback is not None else "unavailable",
             detail,
             self.failures,
             c.retries,
+            c.address,
             sleep,
         )
         await asyncio.sleep(sleep)
@@ -270,19 +290,22 @@ def _remaining(deadline: float | None, request_id: str | None = None) -> float |
 
 
 class AsyncClient:
-    """Async client for the scheduler at ``address`` (``host:port``).
+    """Async client for the scheduler at ``address``: ``host:port``, several as ``"h1:50051,h2:50051"``
+    or a list (scheduler replicas; calls go to one, and move to the next when it is unavailable).
 
     ``timeout_s`` is the default deadline of every call (None: no deadline); ``retries`` is how many
     times a call is retried after UNAVAILABLE (exponential backoff from ``backoff_s`` up to
     ``max_backoff_s``) or an overload (after the server's retry pushback). No other status is retried.
     ``api_key`` (default: env ``LLMFLEET_API_KEY``) is sent as ``authorization: Bearer``; ``tls_ca``
     (default: env ``LLMFLEET_TLS_CA``) is the CA that verifies the scheduler, and ``tls=True`` uses TLS
-    with the system's roots. The channel opens lazily on first use.
+    with the system's roots. The channel opens lazily on first use. A stream cut by a replica's death is
+    resumed on the next one with the same request id and the tokens already received, so its tokens
+    arrive exactly once.
     """
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         timeout_s: float | None = None,
         retries: int = 3,
         *,
@@ -296,7 +319,8 @@ class AsyncClient:
             raise ValueError(f"retries must be >= 0, got {retries}")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.address = address
+        self.addresses = parse_addresses(address)
+        self._current = 0
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -304,6 +328,7 @@ class AsyncClient:
         self.security = SecuritySettings.from_env(api_key=api_key, tls_ca=tls_ca, tls=tls)
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
+        self._retired: list[grpc.aio.Channel] = []  # channels to replicas we failed over from
 
     # -- API -------------------------------------------------------------------------------------------
     def generate(
@@ -380,8 +405,9 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the channel (open streams fail with CANCELLED)."""
         channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            await channel.close()
+        retired, self._retired = self._retired, []
+        for ch in [*retired, *([channel] if channel is not None else [])]:
+            await ch.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -392,7 +418,24 @@ class AsyncClient:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"AsyncClient({self.address!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+        return (
+            f"AsyncClient({','.join(self.addresses)!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+        )
+
+    @property
+    def address(self) -> str:
+        """The scheduler replica calls go to now."""
+        return self.addresses[self._current]
+
+    async def _failover(self, failed: str) -> None:
+        """``failed`` was unavailable: move to the next scheduler replica (a no-op with one address, or
+        when another call already moved on from ``failed``); the next call opens a channel there."""
+        if len(self.addresses) < 2 or self.address != failed:
+            return
+        channel, self._channel, self._stub = self._channel, None, None
+        self._current = (self._current + 1) % len(self.addresses)
+        if channel is not None:  # other calls may still be on it: they end on their own; closed at close()
+            self._retired.append(channel)
 
     # -- internals -------------------------------------------------------------------------------------
     def _scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
@@ -409,10 +452,11 @@ class AsyncClient:
         backoff = _Backoff(self, deadline, what)
         try:
             while True:
+                address = self.address
                 try:
                     return await call(_remaining(deadline))
                 except grpc.aio.AioRpcError as e:
-                    if not await backoff.again(e):
+                    if not await backoff.again(e, address):
                         raise
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, tls=self.security.client_tls) from None

@@ -127,7 +127,7 @@ class Client:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         timeout_s: float | None = None,
         retries: int = 3,
         *,
@@ -244,4 +244,4 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Client({self.address!r}, timeout_s={self.timeout_s}, retries={self.retries})"
+        return f"Client({','.join(self._aclient.addresses)!r}, timeout_s={self.timeout_s}, retries={self.retries})"

@@ -301,6 +301,19 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
     assert e1.argv[-2:] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
 
 
+def test_plan_services_scheduler_replicas(tmp_path: Path) -> None:
+    cfg = ClusterConfig.load(REPO / DEFAULT_CONFIG)
+    plans = up.plan_services(
+        cfg, "c.yaml", etcd="e:1", state_dir=tmp_path, base_port=7000, http_port=8000, schedulers=3
+    )
+    sched = [p for p in plans if p.name.startswith("scheduler")]
+    assert [p.name for p in plans[:4]] == ["scheduler", "scheduler-1", "scheduler-2", "profiler"]
+    assert [p.address for p in sched] == ["127.0.0.1:7000", "127.0.0.1:7005", "127.0.0.1:7006"]
+    assert [p.http for p in sched] == ["127.0.0.1:8000", "127.0.0.1:8001", "127.0.0.1:8002"]
+    assert all("--http-port" in p.argv for p in sched) and "--id" in sched[1].argv
+    assert sched[1].argv[sched[1].argv.index("--id") + 1] == "scheduler-1"
+
+
 def test_plan_services_api_keys_and_reseed(tmp_path: Path) -> None:
     cfg = ClusterConfig.load(REPO / DEFAULT_CONFIG)
     plans = up.plan_services(
@@ -345,7 +358,7 @@ def test_up_starts_supervises_and_stops_everything(
     )
     state = tmp_path / "state"
     base = free_port()
-    while any(not _port_free(base + off) for off in (0, 1, 2, 3, 10, 11)):
+    while any(not _port_free(base + off) for off in (0, 1, 2, 3, 5, 10, 11)):
         base = free_port()
     result: dict[str, object] = {}
 
@@ -390,12 +403,23 @@ def test_up_starts_supervises_and_stops_everything(
     info = result["info"]
     assert isinstance(info, dict)
     assert sorted(info) == sorted(
-        ["etcd", "scheduler", "profiler", "placement", "migration", "engine-0", "engine-1", "engine-2"]
+        [
+            "etcd",
+            "scheduler",
+            "scheduler-1",
+            "profiler",
+            "placement",
+            "migration",
+            "engine-0",
+            "engine-1",
+            "engine-2",
+        ]
     )
     assert all(r["status"] == "healthy" for r in info.values()), info
     assert info["scheduler"]["address"] == f"127.0.0.1:{base}" and info["engine-0"]["address"].endswith(
         str(base + 10)
     )
+    assert info["scheduler-1"]["address"] == f"127.0.0.1:{base + 5}"  # the second replica
     assert "llmfleet is up" in out and "warning:" in out and "engine-1" in out and "signal SIGKILL" in out
     assert "restart 1 in 0.2s" in out and "restarted engine-1" in out
     after = result["after"]

@@ -58,7 +58,7 @@ from llmfleet_engine.outputs import (
     QueueFullError,
     ResourceExhaustedError,
 )
-from llmfleet_engine.sampling import make_generator, select_token
+from llmfleet_engine.sampling import make_generator, position_seed, select_token
 from llmfleet_engine.stream import FinalText, RequestStream
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError
@@ -370,6 +370,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             picked = logits.argmax(dim=-1).tolist()  # greedy rows: one batched argmax
             for i, r in enumerate(members):
                 if not r.req.sampling.greedy:
+                    if r.req.sampling.seed is not None and r.generator is not None:
+                        r.generator.manual_seed(position_seed(r.req.sampling.seed, len(r.tokens)))
                     picked[i] = select_token(logits[i], r.req.sampling, r.generator)
         except Exception:
             log.exception("model step failed for %s", [r.request_id for r in members])

@@ -34,6 +34,13 @@ def make_generator(seed: int | None) -> torch.Generator:
     return gen
 
 
+def position_seed(seed: int, index: int) -> int:
+    """The generator seed of output token ``index`` of a request seeded with ``seed``: each token's draw
+    depends on (seed, position) alone, so a request resumed elsewhere from its first ``index`` tokens
+    (engine failover, a scheduler replica taking over) continues exactly as it would have."""
+    return (int(seed) * 0x9E3779B97F4A7C15 + int(index)) % (1 << 63)
+
+
 def greedy(logits: torch.Tensor) -> int:
     """The index of the largest logit (first one on ties, like ``torch.argmax``)."""
     return int(torch.argmax(logits, dim=-1).item())

@@ -192,6 +192,24 @@ async def test_seeded_sampling_is_reproducible(executor: Executor, qwen2: Loaded
     assert a != c
 
 
+async def test_a_seeded_request_resumed_from_its_tokens_continues_the_same(
+    executor: Executor, qwen2: LoadedModel
+) -> None:
+    """Each seeded draw depends on (seed, position) alone: a request resumed elsewhere from its first k
+    tokens (failover, another scheduler replica) goes on exactly as the uninterrupted one."""
+
+    def req(resume: list[int] = [], rid: str = "") -> object:  # noqa: B006 - read only
+        return build_request(
+            qwen2, "Once upon a time", max_tokens=24, temperature=1.0, top_p=0.9, seed=5,
+            resume_token_ids=resume, request_id=rid,
+        )  # fmt: skip
+
+    whole = cc.ids(await executor.submit(req(rid="whole")).collect())
+    for k in (1, 10, 23):
+        rest = cc.ids(await executor.submit(req(whole[:k], f"resumed-{k}")).collect())
+        assert rest == whole[k:], k
+
+
 async def test_stop_string_cuts_output(executor: Executor, llama: LoadedModel, long_prompt) -> None:
     n = 30
     prompt = long_prompt(llama, n)

@@ -51,6 +51,9 @@ class RequestRecord:
     finished_at: float | None = None
     on_done: Callable[[RequestRecord], None] | None = None  # set by Journal.add: finish-order index
     release: Callable[[], None] | None = None  # admission: leaves the waiting queue (first token, end)
+    # tokens the client already held when it resumed here (its scheduler replica died): not streamed
+    # again, numbered before the first chunk, and part of what the engine continues from
+    prefix_token_ids: tuple[int, ...] = ()
     # Followers parked until the next change (plain futures: a Condition's lock per chunk costs more).
     _waiters: list[asyncio.Future] = field(default_factory=list)
 
@@ -59,7 +62,7 @@ class RequestRecord:
         return self.final is not None or self.error is not None
 
     def delivered_token_ids(self) -> list[int]:
-        return [t for c in self.chunks for t in c.token_ids]
+        return [*self.prefix_token_ids, *(t for c in self.chunks for t in c.token_ids)]
 
     async def append(self, chunk: common_pb2.TokenChunk) -> None:
         """Add an engine chunk; tokens this journal already has (index < n_tokens) are dropped."""
@@ -147,11 +150,12 @@ def _pack(r: RequestRecord) -> _Packed:
         r.dispatched_at,
         tuple(r.engines),
         r.finished_at,
+        r.prefix_token_ids,
     )
 
 
 def _unpack(p: _Packed) -> RequestRecord:
-    rid, service, model, fp, arrival, chunks, final, n, prompt, first, dispatched, engines, at = p
+    rid, service, model, fp, arrival, chunks, final, n, prompt, first, dispatched, engines, at, prefix = p
     return RequestRecord(
         request_id=rid,
         service=service,
@@ -166,6 +170,7 @@ def _unpack(p: _Packed) -> RequestRecord:
         final=common_pb2.TokenChunk.FromString(final),
         engines=list(engines),
         finished_at=at,
+        prefix_token_ids=prefix,
     )
 
 

@@ -105,6 +105,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         sampling.CopyFrom(request.sampling)
         if not sampling.HasField("max_tokens"):
             sampling.max_tokens = spec.default_max_tokens
+        if len(request.resume_token_ids) >= sampling.max_tokens:
+            raise InvalidField(
+                "resume_token_ids",
+                f"has {len(request.resume_token_ids)} tokens; the request ends at {sampling.max_tokens}",
+            )
         try:
             ticket = self.admission.admit(
                 spec.name,
@@ -123,12 +128,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             service=spec.name,
             deadline_s=spec.deadline_s,
         )
+        prefix = tuple(request.resume_token_ids)
         rec = RequestRecord(
             request_id=rid,
             service=spec.name,
             model=spec.model,
             fingerprint=_fingerprint(request),
             release=ticket.release,
+            prefix_token_ids=prefix,
+            n_tokens=len(prefix),
         )
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
@@ -199,4 +207,5 @@ def _fingerprint(request: scheduler_pb2.SubmitRequest) -> bytes:
     r = scheduler_pb2.SubmitRequest()
     r.CopyFrom(request)
     r.request_id = ""
+    r.ClearField("resume_token_ids")  # a resumed stream is the same request
     return r.SerializeToString(deterministic=True)
