@@ -13,7 +13,8 @@ services (name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tok
 the engine limits of a live cluster config instead, each model simulated as its ``sim_model`` (or its
 own name, when that is a catalog name). With several services the requests are split by k-means over
 their lengths, shortest cluster to the first service. ``--profile`` takes fitted cost-model records
-(JSON written by the profiler) to replace the roofline defaults.
+(JSON written by the profiler) to replace the roofline defaults; ``--cost-source vidur`` uses measured
+GPU operator timings (``llmfleet.costmodel.vidur``) instead of the roofline for the others.
 
 ``--placement NAME`` replaces the preset's placement planner; with ``--placement-interval-s`` it also
 runs during the simulation, every interval over the last ``--placement-window-s`` of the workload
@@ -108,6 +109,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile", type=Path, action="append", default=[], help="fitted ProfileRecord JSON (repeatable)"
     )
+    p.add_argument(
+        "--cost-source",
+        choices=("roofline", "vidur"),
+        default="roofline",
+        help="iteration costs of models without --profile: roofline (default, datasheet peaks) or vidur "
+        "(measured A100-80GB/H100 operator timings from Microsoft Vidur, roofline attention; other "
+        "hardware falls back to the roofline)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(".sim"), help="output directory (default .sim)")
     p.add_argument("--no-plots", action="store_true")
@@ -187,7 +196,7 @@ def _spec(args):
             raise ValueError(f"cluster config {args.cluster_config}: {e}") from None
     else:
         services, engine = (SimService("default", args.model),), EngineSettings()
-    return SimSpec(cluster, services, engine)
+    return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", "roofline"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
             if args.trace
             else f", synthetic {args.rate} req/s"
         )
+        + f", costs: {spec.cost_source}"
     )
     paths = write_report(experiments, args.out, title="llmfleet sim", context=context,
                          records=args.records, plots=not args.no_plots)  # fmt: skip

@@ -1,6 +1,7 @@
 """Latency and memory cost models: Aladdin and SCLS forms, tensor parallelism, fitting from engine
-profiles, model/hardware catalogs and roofline defaults. Pure: no I/O beyond the explicit JSON helpers
-in ``serialize``, no clock reads inside the models.
+profiles, model/hardware catalogs, roofline defaults and measured GPU operator costs (``vidur``).
+Pure: no I/O beyond the explicit JSON helpers in ``serialize`` and the package's own tables that
+``vidur`` reads (``data/``), no clock reads inside the models.
 """
 
 from llmfleet.costmodel.aladdin import (
@@ -43,8 +44,17 @@ from llmfleet.costmodel.serialize import (
     roofline_record,
     save_record,
 )
+from llmfleet.costmodel.vidur import (
+    FRAMEWORK_OVERHEAD_S,
+    Hinge,
+    VidurDataError,
+    VidurLegs,
+    fit_hinge,
+    vidur_legs,
+)
 
 __all__ = [
+    "FRAMEWORK_OVERHEAD_S",
     "HARDWARE_CATALOG",
     "MODEL_CATALOG",
     "AladdinCoefficients",
@@ -54,6 +64,7 @@ __all__ = [
     "FitError",
     "FitReport",
     "Hardware",
+    "Hinge",
     "KvModel",
     "ModelArch",
     "PrefillModel",
@@ -68,12 +79,15 @@ __all__ = [
     "TpModel",
     "UnknownHardware",
     "UnknownModel",
+    "VidurDataError",
+    "VidurLegs",
     "allreduce_time",
     "arch_from_hf_config",
     "decode_time",
     "fit_curve",
     "fit_decode",
     "fit_engine_profile",
+    "fit_hinge",
     "fit_kv",
     "fit_linear",
     "fit_prefill",
@@ -89,4 +103,5 @@ __all__ = [
     "record_from_fit",
     "roofline_record",
     "save_record",
+    "vidur_legs",
 ]

@@ -29,6 +29,10 @@ Accounting (per engine; pure, single-threaded, no clock):
   its load is exactly the requests this dispatcher has outstanding there — a local join-the-shortest-
   queue that needs no load source.
 - ``forget(engine)`` drops everything about an engine that left.
+- ``progress(engine, request, model, tokens, first_token_s)`` records what the relay measured of a
+  request decoding there (tokens streamed so far, when the first came); ``released`` drops it. A
+  candidate built ``with_progress`` carries these as ``requests`` (Aladdin's constraint (d)). They
+  are this dispatcher's own requests only: other scheduler replicas' are not seen.
 
 A candidate (:meth:`LoadBook.candidate`) is the report's ``running``, ``waiting + pending count``,
 ``kv_used + Σ pending KV`` and the report's KV capacity (else the caller's fallback, e.g. the capacity
@@ -41,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.policies.dispatch.base import EngineCandidate
+from llmfleet.policies.dispatch.base import EngineCandidate, RequestProgress
 
 COVERED_AFTER = 2  # reports received after sending a request before the reports count it
 
@@ -65,6 +69,8 @@ class _Engine:
     last: LoadReport | None = None
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # request -> (reports, kv bytes)
     pending_kv: int = 0
+    # request -> its measured progress (tokens relayed so far, first-token time), while placed here
+    progress: dict[str, RequestProgress] = field(default_factory=dict)
 
 
 class LoadBook:
@@ -111,9 +117,20 @@ class LoadBook:
         e = self._engines.get(engine_id)
         if e is None:
             return
+        e.progress.pop(request_id, None)
         old = e.pending.pop(request_id, None)
         if old is not None:
             e.pending_kv -= old[1]
+
+    def progress(
+        self, engine_id: str, request_id: str, model: str, generated_tokens: int, first_token_s: float
+    ) -> None:
+        """``request_id`` on ``engine_id`` has streamed ``generated_tokens`` output tokens, the first
+        at ``first_token_s`` (the caller's clock: the one it gives the dispatcher). Kept until the
+        placement is ``released``; dispatchers reading progress (Aladdin's constraint (d)) see it."""
+        self._engine(engine_id).progress[request_id] = RequestProgress(
+            request_id, model, int(generated_tokens), float(first_token_s)
+        )
 
     def forget(self, engine_id: str) -> None:
         """``engine_id`` left the cluster."""
@@ -140,13 +157,16 @@ class LoadBook:
         return e.last if e is not None else None
 
     def candidate(
-        self, engine_id: str, models: tuple[str, ...], kv_capacity_bytes: int = 0
+        self, engine_id: str, models: tuple[str, ...], kv_capacity_bytes: int = 0, with_progress: bool = False
     ) -> EngineCandidate:
         """The engine as a dispatcher sees it: last report + pending (``kv_capacity_bytes``: used when
-        no report gives a capacity)."""
+        no report gives a capacity); ``with_progress``: plus the measured progress of the requests
+        decoding there (``requests``; else None)."""
         e = self._engines.get(engine_id)
         if e is None:
-            return EngineCandidate(engine_id, models, kv_capacity_bytes=kv_capacity_bytes)
+            return EngineCandidate(
+                engine_id, models, kv_capacity_bytes=kv_capacity_bytes, requests=() if with_progress else None
+            )
         r = e.last or _EMPTY
         return EngineCandidate(
             engine_id,
@@ -156,6 +176,7 @@ class LoadBook:
             kv_used_bytes=r.kv_used_bytes + e.pending_kv,
             kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
             kv_waiting_bytes=r.kv_waiting_bytes,
+            requests=tuple(e.progress.values()) if with_progress else None,
         )
 
 

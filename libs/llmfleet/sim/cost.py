@@ -15,6 +15,11 @@ memory W + S·kv. A mixed batch is one forward: prefill + decode minus the fixed
 t_pre(n·max l) then
 t_d(n, n·(max l + i)) per step (padded rows compute too).
 
+Vidur (``costmodel.vidur``, ``cost_source="vidur"``): measured A100/H100 per-layer operator times and
+all-reduces (Microsoft Vidur's profiling data) as convex piecewise-linear legs in the tokens of the
+iteration, plus a fixed framework overhead and the lm_head, with the roofline's attention terms on γ;
+hardware without measurements falls back to the roofline (logged).
+
 A request's solo execution time (SeaLLM's "execution time", the basis of normalized latency and of the
 5× SLO) is t_pre(l_in) + Σ_{i=1}^{l_out−1} t_d(1, l_in + i), summed in closed form per leg when one leg
 dominates the whole range, else term by term.
@@ -22,14 +27,18 @@ dominates the whole range, else term by term.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch, ProfileRecord, allreduce_time
+from llmfleet.costmodel.vidur import FRAMEWORK_OVERHEAD_S, VidurDataError, vidur_legs
 
 Leg = tuple[float, float, float]  # (α, β, γ)
+COST_SOURCES = ("roofline", "vidur")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,21 @@ def roofline_cost(arch: ModelArch, hw: Hardware, tp: int = 1) -> LinearCost:
     return LinearCost(prefill, decode, "roofline")
 
 
+def vidur_cost(
+    arch: ModelArch, hw: Hardware, tp: int = 1, overhead_s: float = FRAMEWORK_OVERHEAD_S
+) -> LinearCost:
+    """Measured-operator cost (``costmodel.vidur``), source ``vidur:<gpu>`` (``vidur:<gpu>:derived`` for
+    a layer shape that was not profiled); the roofline, with the reason logged, where ``hw`` or this TP
+    degree has no measurements."""
+    try:
+        legs = vidur_legs(arch, hw, tp, overhead_s)
+    except VidurDataError as e:
+        log.warning("vidur cost for %s at TP %d on %s: %s; using the roofline", arch.name, tp, hw.name, e)
+        return roofline_cost(arch, hw, tp)
+    source = f"vidur:{legs.gpu}" + (":derived" if legs.provenance == "derived" else "")
+    return LinearCost(legs.prefill, legs.decode, source)
+
+
 def fitted_cost(rec: ProfileRecord) -> LinearCost:
     p, d = rec.aladdin.prefill, rec.aladdin.decode
     return LinearCost(((p.c1, p.k1, 0.0),), ((d.c3, d.c2, d.k2),), f"fitted:{rec.hardware}:{rec.engine}")
@@ -155,24 +179,32 @@ def reprefill_boundary(cost: LinearCost, batch: int, context_sum: int, epoch_s: 
 
 @dataclass
 class CostBook:
-    """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the roofline."""
+    """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the default
+    ``source``: "roofline" (the default) or "vidur" (measured operators; roofline where none)."""
 
     hw: Hardware
     archs: Mapping[str, ModelArch]
     records: Mapping[str, ProfileRecord] = field(default_factory=dict)
+    source: str = "roofline"
     _cache: dict[tuple[str, int], LinearCost] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
-        cls, hw: Hardware, archs: Mapping[str, ModelArch], records: Iterable[ProfileRecord] = ()
+        cls,
+        hw: Hardware,
+        archs: Mapping[str, ModelArch],
+        records: Iterable[ProfileRecord] = (),
+        source: str = "roofline",
     ) -> CostBook:
+        if source not in COST_SOURCES:
+            raise ValueError(f"unknown cost source {source!r}; valid: {list(COST_SOURCES)}")
         by_model = {r.model: r for r in records}
         unknown = sorted(set(by_model) - set(archs))
         if unknown:
             raise ValueError(
                 f"profile records for models not in the simulation: {unknown}; known: {sorted(archs)}"
             )
-        return cls(hw, dict(archs), by_model)
+        return cls(hw, dict(archs), by_model, source)
 
     def model(self, name: str, tp: int = 1) -> LinearCost:
         key = (name, tp)
@@ -188,7 +220,11 @@ class CostBook:
                     raise ValueError(
                         f"no architecture for model {name!r}; known: {sorted(self.archs)}"
                     ) from None
-                lm = roofline_cost(arch, self.hw, tp)
+                lm = (
+                    vidur_cost(arch, self.hw, tp)
+                    if self.source == "vidur"
+                    else roofline_cost(arch, self.hw, tp)
+                )
             self._cache[key] = lm
         return lm
 

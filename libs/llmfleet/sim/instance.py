@@ -103,6 +103,13 @@ class SimInstance:
         self.iterations = 0
         self.busy_s = 0.0
         self._batch_end_rows: list[CoreRequest] = []  # static, batch_end release: finished, not delivered
+        # static: batches ended, those that ended before their slice limit because every row finished
+        # (SCLS's "early return"), and the iterations of the batch in progress
+        self.static_batches = 0
+        self.early_returns = 0
+        self._batch_iters = 0
+        # rows of the next static batch whose KV this instance kept (SCLS central keep mode): no prefill
+        self.skip_prefill: set[str] = set()
         # lifecycle (llmfleet.sim.fleet); an instance of the initial plan serves all its models from the start
         self.serving: tuple[str, ...] = models  # resident models taking new requests
         self.loading: dict[str, float] = {}  # resident, weights arriving: model -> ready time
@@ -292,7 +299,13 @@ class SimInstance:
         lm = self._lm[plan.model]
         n, longest = len(plan.rows), plan.padded_len
         if plan.prefills:
-            first = lm.prefill(plan.prefill_tokens, plan.prefill_sq)
+            kept = sum(1 for r in plan.rows if r.sched.request_id in self.skip_prefill)
+            if kept:  # kept rows decode their next token in the same forward as the others' prefill
+                self.skip_prefill.clear()
+                fresh = n - kept
+                first = lm.iteration(fresh * longest, fresh * longest * longest, kept, kept * longest)
+            else:
+                first = lm.prefill(plan.prefill_tokens, plan.prefill_sq)
             ctx = n * (longest + 1)
         else:
             first = lm.decode_steps(n, plan.context_tokens, n, 1)[0]
@@ -357,7 +370,17 @@ class SimInstance:
             if rec.produced >= rec.output_tokens:
                 finished.append(r)
                 rec.finish_s = float(ends[n - 1]) if eos else None
+        sb = self.core.static_batch
+        self._batch_iters += k
         res = self.core.complete(plan, now, w.end - w.start, produced=produced, finished=finished)
+        for r in res.requeued:
+            record_of(r).requeues += 1
+        if res.batch_rows:
+            self.static_batches += 1
+            limit = sb.max_iterations if sb is not None else None
+            if limit is not None and self._batch_iters < limit and not res.requeued:
+                self.early_returns += 1
+            self._batch_iters = 0
         if eos:
             return res.finished
         self._batch_end_rows.extend(res.finished)

@@ -1,4 +1,5 @@
-"""KV pool sizing of a simulated instance (weights and peak activation reserved, the rest is KV).
+"""KV pool sizing of a simulated instance (weights and peak activation reserved, the rest is KV;
+the arithmetic lives in :mod:`llmfleet.costmodel.memory`, shared with Aladdin's worker sizing).
 
 pool = tp · mem_bytes · mem_fraction − Σ_m (weights_m + activation_m), with the activation estimate
 activation_m = max_prefill_tokens · (4·h + 2·f) · dtype_bytes + max_batch_requests · vocab · 4 (hidden states,
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmfleet.costmodel import Hardware, ModelArch
+from llmfleet.costmodel import memory as _mem
 from llmfleet.sim.spec import EngineSettings
 
 
@@ -21,8 +23,7 @@ class DoesNotFit(ValueError):
 
 
 def activation_bytes(arch: ModelArch, eng: EngineSettings) -> int:
-    per_token = (4 * arch.hidden_size + 2 * arch.ffn_size) * arch.dtype_bytes
-    return eng.max_prefill_tokens * per_token + eng.max_batch_requests * arch.vocab_size * 4
+    return _mem.activation_bytes(arch, eng.max_prefill_tokens, eng.max_batch_requests)
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ def pool_layout(hw: Hardware, tp: int, archs: Sequence[ModelArch], eng: EngineSe
     if eng.kv_bytes is not None:
         kv = eng.kv_bytes
     else:
-        total = int(tp * hw.mem_bytes * eng.mem_fraction)
-        reserved = sum(a.weight_bytes + activation_bytes(a, eng) for a in archs)
-        kv = total - reserved
+        kv = _mem.kv_pool_bytes(
+            hw, tp, archs, eng.mem_fraction, eng.max_prefill_tokens, eng.max_batch_requests
+        )
     if kv < block_bytes:
         names = ", ".join(a.name for a in archs)
         raise DoesNotFit(

@@ -10,6 +10,8 @@ every SLO):
 - ``uellm``:   latency ≤ ``slo.deadline_s`` (services that set it)
 
 ``slo_met`` is the all-objectives form (every objective the service sets) that placement measures.
+``aladdin_at``: Aladdin's attainment at P100 (every request, the paper's "P100 SLO-guaranteed") and
+P99 — the percentile of max(TTFT/T_pre, ATGT/T_dec) and whether it is ≤ 1 (:func:`attainment_at`).
 
 Cluster: throughput (requests and output tokens per second over the makespan, first arrival to last
 finish), busy GPU-seconds (Σ tp × busy time of each instance), GPU-seconds (∫ GPUs in use over the
@@ -20,7 +22,8 @@ mean active GPUs (instances with requests), mean and peak KV utilisation (from t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from llmfleet.sim.records import RequestRecord
@@ -55,6 +58,41 @@ def slo_met(r: RequestRecord, slo: Slo) -> bool:
     if slo.tpot_s is not None and r.tpot_s > slo.tpot_s:
         return False
     return slo.deadline_s is None or r.latency_s <= slo.deadline_s
+
+
+ATTAINMENT_PCTS = (100, 99)  # Aladdin §6: GPUs for P100 SLO-guaranteed serving, and P99
+
+
+def aladdin_ratio(r: RequestRecord, slo: Slo) -> float:
+    """How far ``r`` is from Aladdin's SLO: max(TTFT / T_pre, ATGT / T_dec); ≤ 1 iff it attains it
+    (inf for a failed request; a one-token request has ATGT 0, met)."""
+    if not r.done or r.failed or slo.ttft_s is None or slo.tpot_s is None:
+        return math.inf
+    return max(_frac(r.ttft_s, slo.ttft_s), _frac(r.tpot_s, slo.tpot_s))
+
+
+def _frac(value: float, limit: float) -> float:
+    if limit > 0:
+        return value / limit
+    return 0.0 if value <= 0 else math.inf
+
+
+def attainment_at(records: Sequence[RequestRecord], slos: Mapping[str, Slo], pct: float) -> dict | None:
+    """Aladdin SLO attainment at percentile ``pct`` (100: every request, 99: P99) over the records of
+    services with both TTFT and ATGT objectives: ``ratio`` = the pct-th percentile (inverted CDF, no
+    interpolation) of :func:`aladdin_ratio`, ``met`` = ratio ≤ 1, i.e. at least pct % of the requests
+    attain both (a failed request never does). None when no record has such a service."""
+    ratios = [
+        aladdin_ratio(r, slos[r.service])
+        for r in records
+        if slos[r.service].ttft_s is not None and slos[r.service].tpot_s is not None
+    ]
+    if not ratios:
+        return None
+    a = np.sort(np.asarray(ratios, dtype=float))
+    k = max(0, math.ceil(pct / 100.0 * a.size - 1e-9) - 1)  # smallest value with ≥ pct % at or below
+    ratio = float(a[min(k, a.size - 1)])
+    return {"pct": pct, "ratio": ratio, "met": ratio <= 1.0}
 
 
 def gpu_seconds(gpu_log: Sequence[tuple[float, int]], start: float, end: float) -> float:
@@ -95,6 +133,9 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
         "latency_s": dist([r.latency_s for r in done]),
         "normalized_latency": dist(norm),
         "preemptions": sum(r.preemptions for r in records),
+        # static batching: times a request went back unfinished (SCLS: reschedules, one per extra slice)
+        "reschedules": dist([r.requeues for r in done]),
+        "rescheduled_under_3": sum(1 for r in done if r.requeues < 3) / len(done) if done else 0.0,
         "slo": {},
     }
     slo = {name: s.slo for name, s in by_name.items()}
@@ -104,6 +145,9 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
         out["slo"]["aladdin"] = _attain(
             ala, lambda r: r.ttft_s <= slo[r.service].ttft_s and r.tpot_s <= slo[r.service].tpot_s
         )
+    at = {f"p{pct}": attainment_at(records, slo, pct) for pct in ATTAINMENT_PCTS}
+    if all(v is not None for v in at.values()):
+        out["aladdin_at"] = at  # Aladdin's attainment at P100 and P99 (``attainment_at``)
     ue = [r for r in records if slo[r.service].deadline_s is not None]
     if ue:
         out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= slo[r.service].deadline_s)
@@ -139,6 +183,7 @@ def cluster_metrics(result: SimResult) -> dict:
     gpu_s = sum(i["tp"] * i["busy_s"] for i in result.instances)
     log = result.gpu_log or [(start, result.provisioned_gpus)]
     in_use = gpu_seconds(log, start, end)
+    batches = sum(i.get("static_batches", 0) for i in result.instances)
     return {
         "makespan_s": end - start,
         "throughput_rps": len(done) / span,
@@ -157,6 +202,11 @@ def cluster_metrics(result: SimResult) -> dict:
         "kv_utilization_mean": float(np.mean(kv)) if kv else 0.0,
         "kv_utilization_peak": float(max(kv)) if kv else 0.0,
         "iterations": sum(i["iterations"] for i in result.instances),
+        "static_batches": batches,
+        # SCLS §5.6: batches that ended before their slice limit because every row finished
+        "early_return_fraction": sum(i.get("early_returns", 0) for i in result.instances) / batches
+        if batches
+        else 0.0,
         "events": result.events,
         "wall_s": result.wall_s,
         "events_per_s": result.events / result.wall_s if result.wall_s > 0 else 0.0,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from llmfleet.policies.dispatch import Rebalancer
 from llmfleet.policies.migration import (
     GpuState,
     Migration,
@@ -175,3 +176,65 @@ class MigrationLoop:
                 st.transfer_s_total += transfer_s
         st.executed += done
         st.max_per_epoch = max(st.max_per_epoch, done)
+
+
+@dataclass
+class RebalanceStats:
+    """What the rebalancing loop did (``report["rebalance"]``)."""
+
+    epoch_s: float = 1.0
+    epochs: int = 0
+    planned: int = 0
+    executed: int = 0
+    skipped: int = 0  # started (or gone) by the time it would move, or refused by the simulator
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RebalanceLoop:
+    """Aladdin's Algorithm 2 every ``epoch_s``: the dispatch policy (a
+    :class:`~llmfleet.policies.dispatch.Rebalancer`) plans moves of not-yet-started requests from
+    under- to over-estimated workers; each is carried out with ``Simulator.move_request`` — at once
+    (a queued request has no KV, only its prompt travels) — and recorded with ``apply_move``. A request
+    that is no longer queued at its source (its prefill is in the step in flight, it produced a token,
+    finished or moved) is skipped: Aladdin never migrates a started request."""
+
+    policy: Rebalancer
+    epoch_s: float = 1.0
+    stats: RebalanceStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.epoch_s > 0:
+            raise ValueError(f"epoch_s must be > 0, got {self.epoch_s}")
+        self.stats = RebalanceStats(self.epoch_s)
+
+    def install(self, sim: Simulator) -> None:
+        sim.every(self.epoch_s, self.tick)
+
+    def tick(self, sim: Simulator, now: float) -> None:
+        st = self.stats
+        st.epochs += 1
+        moves = self.policy.rebalance(now)
+        st.planned += len(moves)
+        for rid, src_id, dst_id in moves:
+            if sim.instance_of(rid) != src_id or not self._queued(sim.instances[src_id], rid):
+                st.skipped += 1
+                continue
+            if not sim.move_request(rid, dst_id, 0.0, now):
+                st.skipped += 1
+                continue
+            self.policy.apply_move(rid, dst_id, now)
+            st.executed += 1
+
+    @staticmethod
+    def _queued(inst: SimInstance, rid: str) -> bool:
+        r = inst.core.requests.get(rid)
+        return (
+            r is not None
+            and r.produced == 0
+            and r.sched.phase != "decode"
+            and rid not in inst.core.running
+            and not inst.core.in_flight(rid)
+        )

@@ -60,7 +60,9 @@ def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -
 
 # RequestRecord's fields after the request's own six, in order: a record is rebuilt as
 # RequestRecord(<request fields>, *outcome) (tests/sim/test_partition.py checks the order)
-_OUTCOME = ("instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "failed")
+_OUTCOME = (
+    "instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "requeues", "failed",
+)  # fmt: skip
 
 
 def auto_workers(n_requests: int, *, min_requests: int = 20_000, cap: int = 8) -> int:

@@ -50,7 +50,7 @@ class _Scorer:
         self.spec = spec
         self.requests = list(requests)
         self.bundle = bundle
-        self.cost = CostBook.build(spec.cluster.hw, spec.archs(), records)
+        self.cost = CostBook.build(spec.cluster.hw, spec.archs(), records, spec.cost_source)
         hw = spec.cluster.hw
         self.min_tp = {
             m: smallest_tp(a.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node

@@ -20,6 +20,7 @@ class RequestRecord:
     solo_s: float = 0.0  # execution time alone on its instance (cost model)
     preemptions: int = 0
     moves: int = 0
+    requeues: int = 0  # static batching: times it went back to the queue/pool unfinished (slice or OOM end)
     failed: str = ""  # why the request could not be served ("" = served)
 
     @property

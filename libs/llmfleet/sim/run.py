@@ -23,7 +23,7 @@ from llmfleet.costmodel import ProfileRecord
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.batching import make_batching_policy
 from llmfleet.policies.dispatch import POLICIES as DISPATCH
-from llmfleet.policies.dispatch import make_dispatch_policy
+from llmfleet.policies.dispatch import Rebalancer, make_dispatch_policy
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.migration import POLICIES as MIGRATION
 from llmfleet.policies.migration import TRANSFERS, MellPacker, make_migration_policy, make_transfer_planner
@@ -41,9 +41,10 @@ from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import make_request_policy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
-from llmfleet.sim.migration import MigrationLoop
+from llmfleet.sim.migration import MigrationLoop, RebalanceLoop
 from llmfleet.sim.partition import partition_blocker, run_partitioned
 from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
+from llmfleet.sim.scls_central import CENTRAL_MODES, make_central
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
@@ -72,16 +73,29 @@ class PolicyBundle:
     migration_epoch_s: float = 1.0
 
     @property
+    def central(self) -> bool:
+        """``dispatch`` names a simulator central-scheduling mode (``scls_central``): a central pool batched
+        and offloaded every interval (:mod:`llmfleet.sim.scls_central`, options in ``dispatch_options``);
+        the instances run its batches with the static engine core and ``local`` is not used."""
+        return self.dispatch in CENTRAL_MODES
+
+    @property
     def static(self) -> bool:
-        return self.local in BATCHING
+        return self.local in BATCHING or self.central
 
     def validate(self) -> None:
         if self.local not in REQUEST and self.local not in BATCHING:
             raise ValueError(
                 f"unknown engine-local policy {self.local!r}; valid: {sorted({*REQUEST, *BATCHING})}"
             )
-        if self.dispatch not in DISPATCH:
-            raise ValueError(f"unknown dispatch policy {self.dispatch!r}; valid: {sorted(DISPATCH)}")
+        if self.dispatch not in DISPATCH and not self.central:
+            raise ValueError(
+                f"unknown dispatch policy {self.dispatch!r}; valid: {sorted([*DISPATCH, *CENTRAL_MODES])}"
+            )
+        if self.central and (self.placement_interval_s is not None or self.migration is not None):
+            raise ValueError(
+                f"dispatch {self.dispatch!r} runs on a fixed plan (no placement loop, no migration)"
+            )
         if self.placement not in PLACEMENT:
             raise ValueError(f"unknown placement policy {self.placement!r}; valid: {sorted(PLACEMENT)}")
         for name in ("placement_interval_s", "placement_window_s"):
@@ -256,13 +270,20 @@ def simulate(
         finally:
             if context is not None and context.evaluator is not None:
                 context.evaluator.close()
-    cost = CostBook.build(spec.cluster.hw, spec.archs(), records)
-    dispatch = make_dispatch_policy(policy.dispatch, **policy.dispatch_options)
+    cost = CostBook.build(spec.cluster.hw, spec.archs(), records, spec.cost_source)
+    central = make_central(policy.dispatch, policy.dispatch_options) if policy.central else None
+    if central is not None:
+        dispatch, make_local = central.maxmin, central.make_feed
+    else:
+        dispatch = make_dispatch_policy(policy.dispatch, **policy.dispatch_options)
+        make_local = policy.local_factory()
     period = max(workload.duration_s, 1.0) / max(samples, 1)
     sim = Simulator(
-        spec, list(plan), policy.local_factory(), dispatch, cost,
+        spec, list(plan), make_local, dispatch, cost,
         fast_forward=fast_forward, sample_period_s=period, predict=predict,
     )  # fmt: skip
+    if central is not None:
+        central.install(sim)
     loop = None
     if policy.placement_interval_s is not None:
         assert planner is not None
@@ -289,6 +310,10 @@ def simulate(
         if isinstance(dispatch, MellDispatch) and isinstance(migration.policy, MellPacker):
             dispatch.view_source = migration.policy.view  # arrivals go where Allocate would put them
         migration.install(sim)
+    rebalance = None
+    if isinstance(dispatch, Rebalancer):  # Aladdin Algorithm 2, each epoch
+        rebalance = RebalanceLoop(dispatch, policy.migration_epoch_s)
+        rebalance.install(sim)
     if workers > 1 and partition_blocker(sim) is None:
         result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
     else:
@@ -300,6 +325,10 @@ def simulate(
     report = summarize(result, spec.services)
     if migration is not None:
         report["migration"] = migration.stats.to_dict()
+    if rebalance is not None:
+        report["rebalance"] = rebalance.stats.to_dict()
+    if central is not None:
+        report["scls_central"] = central.stats.to_dict()
     report["policy"] = dataclasses.asdict(policy)
     report["plan"] = [dataclasses.asdict(p) for p in plan]
     report["cluster"]["spec"] = str(spec.cluster)

@@ -22,8 +22,9 @@ import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
+import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.dispatch import (
@@ -34,6 +35,7 @@ from llmfleet.policies.dispatch import (
     FinishListener,
     HostList,
     NoCandidate,
+    RequestProgress,
 )
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.cost import CostBook
@@ -59,6 +61,20 @@ class Route(NamedTuple):
     predicted: float | None
     instance_id: str | None
     failed: str | None
+
+
+class CentralScheduler(Protocol):
+    """A central scheduler (``llmfleet.sim.scls_central``): it takes every arrival into its pool and hands an
+    idle instance its next batch."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def intake(
+        self, sim: Simulator, rec: RequestRecord, svc: SimService, predicted: float | None, now: float
+    ) -> None: ...
+
+    def on_idle(self, sim: Simulator, inst: SimInstance, now: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,10 @@ class Simulator(Fleet):
         self.spec = spec
         self.cost = cost
         self.dispatch = dispatch
+        # a dispatcher reading per-request progress (Aladdin's constraint (d)) sees every busy instance
+        # as of the dispatch time: tokens of the chunk in flight count up to ``now``
+        self._progress = dispatch.needs.reads_progress
+        self.now = 0.0
         self.predict = predict
         self.sample_period_s = sample_period_s
         self._archs: dict[str, ModelArch] = spec.archs()
@@ -143,7 +163,7 @@ class Simulator(Fleet):
         self._on_finish = dispatch.on_finish if isinstance(dispatch, FinishListener) else None
         # a dispatcher that never reads load (round robin) needs no candidate refresh, and its choices do
         # not depend on the instances' state: a run can then be partitioned across processes
-        self.load_blind = dispatch.needs.load_blind
+        self.load_blind = dispatch.needs.state_blind
         self._routes: list[Route] | None = None  # set in a partition: each arrival's route, decided upfront
         self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
@@ -157,6 +177,8 @@ class Simulator(Fleet):
         # per model: arrivals a dispatcher counting ``infeasible`` (Aladdin best fit) found no worker for
         self.infeasible: dict[str, int] = {}
         self._counting = dispatch if isinstance(dispatch, CountsInfeasible) else None  # checked once
+        # central scheduling (llmfleet.sim.scls_central): arrivals go to its pool, idle instances ask it
+        self.central: CentralScheduler | None = None
         self._init_fleet()
 
     # ------------------------------------------------------------------------------------- plumbing
@@ -184,7 +206,33 @@ class Simulator(Fleet):
         return EngineCandidate(
             inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
+            self._progress_of(inst, self.now) if self._progress else None,
         )  # fmt: skip
+
+    @staticmethod
+    def _progress_of(inst: SimInstance, now: float) -> tuple[RequestProgress, ...]:
+        """The requests that have produced their first token on ``inst``, with their tokens by ``now``
+        (what a live engine would have streamed): those finished at the last step boundary plus, for
+        members of a chunk in flight, its iterations that ended by ``now``."""
+        w = inst.work
+        done, members = 0, ()
+        if w is not None and not w.plan.static:
+            k = w.plan.iterations
+            if w.ends is not None:
+                done = int(np.searchsorted(w.ends[:k], now, side="right"))
+            elif w.end <= now:
+                done = 1
+            if done:
+                members = {id(r) for r in w.plan.members}
+        out = []
+        for r in inst.core.requests.values():
+            rec = r.payload
+            f = rec.first_token_s
+            if f is None:
+                continue  # no token yet: a pending prefill, not an ongoing request
+            n = rec.produced + (done if id(r) in members else 0)
+            out.append(RequestProgress(rec.request_id, rec.model, n, f))
+        return tuple(out)
 
     def _refresh(self) -> None:
         for iid in self._dirty:
@@ -214,6 +262,8 @@ class Simulator(Fleet):
                 self._settle(inst, now)
                 if inst.released_s is not None:
                     return
+            if self.central is not None and inst.core.static_batch is None:
+                self.central.on_idle(self, inst, now)
             end = inst.start(now, self._fail)
             if end is None and inst.pending and inst.core.static_batch is None:
                 self._settle(inst, now)  # idle now (its last requests may have failed): unload, release
@@ -345,6 +395,8 @@ class Simulator(Fleet):
 
     def _dispatch(self, svc: SimService, req: DispatchRequest, exclude: frozenset[str]) -> str:
         """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none)."""
+        if self._progress:  # progress moves with time on every busy instance
+            self._dirty.update(i for i, inst in self.instances.items() if inst.work is not None)
         if not self.load_blind:
             self._refresh()
         counting = self._counting
@@ -364,6 +416,8 @@ class Simulator(Fleet):
 
     def coupling(self) -> str | None:
         """What ties instances together beyond routing (so a run cannot be split), or None."""
+        if self.central is not None:
+            return "a central scheduler (scls_central) batches across instances"
         if self._on_finish is not None:
             return "the dispatch policy tracks completions (on_finish)"
         if self._hooks or self._one_shots:
@@ -375,6 +429,15 @@ class Simulator(Fleet):
         return None
 
     def _arrive(self, wr, now: float, route: Route | None = None) -> None:
+        if self.central is not None:  # to the central pool: no dispatch at arrival
+            svc = self._service(wr.service)
+            rec = RequestRecord(
+                wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
+            )
+            self.records.append(rec)
+            predicted = self.predict(svc.name, wr.prompt_tokens) if self.predict else None
+            self.central.intake(self, rec, svc, predicted, now)
+            return
         svc, predicted, iid, why = route or self.route(wr, now)
         rec = RequestRecord(
             wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
@@ -505,12 +568,19 @@ class Simulator(Fleet):
         )
 
     @property
+    def pending_arrivals(self) -> bool:
+        """Arrivals not yet read from the workload (during :meth:`run`)."""
+        return self._pending
+
+    @property
     def finished(self) -> bool:
         """No arrival left to read and nothing that will produce an event (hooks stop rescheduling)."""
         return not self._pending and not self._busy()
 
     def _busy(self) -> bool:
         """Work that will produce events: a batch in flight, a move or a model load under way."""
+        if self.central is not None and self.central.busy:
+            return True
         return self._moving > 0 or any(i.work is not None or i.loading for i in self.instances.values())
 
     def _sample(self, t: float) -> Sample:
@@ -546,4 +616,7 @@ class Simulator(Fleet):
             "block_bytes": inst.layout.block_bytes,
             "started_s": inst.started_s,
             "released_s": inst.released_s,
+            "static_batches": inst.static_batches,
+            "early_returns": inst.early_returns,
+            "requeues": inst.core.requeues,
         }

@@ -89,10 +89,13 @@ class SimSpec:
     cluster: ClusterSpec
     services: tuple[SimService, ...]
     engine: EngineSettings = field(default_factory=EngineSettings)
+    cost_source: str = "roofline"  # iteration costs without a profile: "roofline" | "vidur" (sim.cost)
 
     def __post_init__(self) -> None:
         if not self.services:
             raise ValueError("a simulation needs at least one service")
+        if self.cost_source not in ("roofline", "vidur"):
+            raise ValueError(f"unknown cost source {self.cost_source!r}; valid: ['roofline', 'vidur']")
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate service names: {names}")

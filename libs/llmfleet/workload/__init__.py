@@ -6,6 +6,8 @@
   thinned/sinusoid, one per service with ``per_service_arrivals``).
 - ``synthesis``: SeaLLM-style multi-service synthesis by k-means over (prompt, output) lengths.
 - ``datasets``: (prompt, output) token lengths from Alpaca-style data sets.
+- ``paperlike``: lengths from published statistics (ShareGPT-like, LongBench-like) and merged
+  per-service bursty (Gamma, CV > 1) arrival processes.
 """
 
 from llmfleet.workload.arrivals import (
@@ -27,6 +29,15 @@ from llmfleet.workload.azure_trace import (
     read_azure_trace,
 )
 from llmfleet.workload.datasets import alpaca_lengths, approx_token_count
+from llmfleet.workload.paperlike import (
+    LONGBENCH_SEALLM,
+    SHAREGPT_VLLM,
+    LengthStats,
+    lognormal_lengths,
+    longbench_like_lengths,
+    multi_service_workload,
+    sharegpt_like_lengths,
+)
 from llmfleet.workload.request import Workload, WorkloadRequest
 from llmfleet.workload.synthesis import (
     ServiceCluster,
@@ -39,6 +50,9 @@ from llmfleet.workload.synthesis import (
 
 __all__ = [
     "AZURE_COLUMNS",
+    "LONGBENCH_SEALLM",
+    "SHAREGPT_VLLM",
+    "LengthStats",
     "SeedLike",
     "ServiceCluster",
     "ServiceMix",
@@ -53,12 +67,16 @@ __all__ = [
     "gamma",
     "length_features",
     "load_azure_trace",
+    "lognormal_lengths",
+    "longbench_like_lengths",
+    "multi_service_workload",
     "per_service_arrivals",
     "piecewise_gamma",
     "piecewise_poisson",
     "poisson",
     "read_azure_trace",
     "replay",
+    "sharegpt_like_lengths",
     "sinusoid_poisson",
     "synthesize",
     "thinned_poisson",

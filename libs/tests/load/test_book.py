@@ -117,3 +117,25 @@ def test_engines_that_leave_are_forgotten():
     assert book.last_report("e0") is None and book.candidate("e0", (M,)).queued == 0
     book.retain(["e2"])
     assert book.pending("e1") == 0 and book.pending("e2") == 1
+
+
+def test_progress_rides_on_candidates_that_ask_for_it_until_released():
+    """What the relay measured of each request decoding on an engine (Aladdin's constraint (d))."""
+    from llmfleet.policies.dispatch import RequestProgress
+
+    book = LoadBook()
+    assert book.candidate("e", ("m",)).requests is None
+    assert book.candidate("e", ("m",), with_progress=True).requests == ()
+    book.dispatched("e", "r1", 100)
+    book.progress("e", "r1", "m", 1, 10.0)
+    book.progress("e", "r1", "m", 5, 10.0)  # later tokens replace the earlier count
+    book.dispatched("e", "r2", 100)
+    book.progress("e", "r2", "m", 3, 11.0)
+    c = book.candidate("e", ("m",), with_progress=True)
+    assert set(c.requests) == {RequestProgress("r1", "m", 5, 10.0), RequestProgress("r2", "m", 3, 11.0)}
+    assert book.candidate("e", ("m",)).requests is None  # not asked: not built
+    book.report("e", LoadReport(running=2))
+    book.released("e", "r1")  # finished or migrated away: no longer ongoing here
+    assert book.candidate("e", ("m",), with_progress=True).requests == (RequestProgress("r2", "m", 3, 11.0),)
+    book.forget("e")
+    assert book.candidate("e", ("m",), with_progress=True).requests == ()

@@ -103,7 +103,7 @@ def test_rate_sweeps_cover_every_policy_with_sane_metrics(results, bench, name):
             assert _frac(r[k])
     expected = {
         "seallm": {"vllm", "alpaserve", "muxserve", "seallm", "seallm-prof"},
-        "scls": {"scls", "sls", "cb"},
+        "scls": {"scls", "scls-keep", "scls-local", "sls", "cb"},
         "uellm": {"slo_odbs", "slo_dbs", "odbs", "slo_odbs-b64", "fifo", "s3"},
     }[name]
     assert set(policies) == expected
@@ -111,7 +111,10 @@ def test_rate_sweeps_cover_every_policy_with_sane_metrics(results, bench, name):
 
 def test_seallm_services_and_normalized_latency(results):
     res = results["seallm"]
-    assert [s["model"] for s in res["services"]] == ["opt-6.7b", "llama2-13b", "llama2-7b"]
+    # three conv-trace clusters and the LongBench-like long-input service
+    assert [s["model"] for s in res["services"]] == ["opt-6.7b", "llama2-13b", "llama2-7b", "llama2-13b"]
+    assert [s["service"] for s in res["services"]][-1] == "long"
+    assert res["services"][-1]["mean_prompt"] > 3000 and res["services"][-1]["mean_output"] < 50
     assert math.isclose(sum(s["share"] for s in res["services"]), 1.0)
     for r in res["rows"]:
         assert r["norm_latency_mean"] >= 0.99  # a request cannot beat its own solo execution time

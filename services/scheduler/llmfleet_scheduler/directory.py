@@ -49,10 +49,14 @@ class ClusterDirectory:
     def engines(self) -> dict[str, NodeRecord]:
         return {k: n for k, n in self.nodes().items() if n.role == ENGINE_ROLE}
 
-    def candidates(self) -> list[EngineCandidate]:
-        """Every live engine with its load: last snapshot + requests dispatched since (``self.load``)."""
+    def candidates(self, progress: bool = False) -> list[EngineCandidate]:
+        """Every live engine with its load: last snapshot + requests dispatched since (``self.load``);
+        ``progress``: with the measured progress of the requests this scheduler relays from it."""
         load = self.load
-        return [load.candidate(n.node_id, n.models, n.kv_capacity_bytes) for n in self.engines().values()]
+        return [
+            load.candidate(n.node_id, n.models, n.kv_capacity_bytes, with_progress=progress)
+            for n in self.engines().values()
+        ]
 
     def engine_at(self, address: str) -> str | None:
         """Id of the engine registered at ``address``, if any."""

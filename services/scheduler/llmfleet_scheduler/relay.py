@@ -119,9 +119,8 @@ class Relay:
         for _ in range(self.max_attempts):
             counted = policy.infeasible if isinstance(policy, CountsInfeasible) else 0
             try:
-                engine_id = policy.choose(
-                    rec.model, self.directory.candidates(), frozenset(excluded), request=dreq
-                )
+                cands = self.directory.candidates(progress=policy.needs.reads_progress)
+                engine_id = policy.choose(rec.model, cands, frozenset(excluded), request=dreq)
             except NoCandidate as e:
                 why = f"{e}" + (f"; last engine error: {last_error}" if last_error else "")
                 await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {why}")
@@ -203,16 +202,22 @@ class Relay:
         timeout: float | None,
     ) -> str | None:
         """Relay one engine stream into the journal; returns the destination if the request migrated."""
-        final = await self._relay_stream(rec, req, address, timeout)
+        final = await self._relay_stream(rec, req, address, timeout, engine_id)
         if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
             return final.migrated_to
         await rec.finish(self._final(rec, final.finish_reason, engine_id))
         return None
 
     async def _relay_stream(
-        self, rec: RequestRecord, req: engine_pb2.GenerateRequest, address: str, timeout: float | None
+        self,
+        rec: RequestRecord,
+        req: engine_pb2.GenerateRequest,
+        address: str,
+        timeout: float | None,
+        engine_id: str | None = None,
     ) -> common_pb2.TokenChunk:
-        """Relay one engine stream's tokens into the journal; returns its final chunk (not applied)."""
+        """Relay one engine stream's tokens into the journal; returns its final chunk (not applied).
+        With ``engine_id`` (a dispatched placement) the load book hears the request's progress."""
         stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
         call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
         final: common_pb2.TokenChunk | None = None
@@ -224,6 +229,10 @@ class Relay:
                     rec.prompt_tokens = chunk.usage.prompt_tokens
                 if chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
                     await rec.append(chunk)
+                    if engine_id is not None and rec.first_token_at is not None:  # Aladdin's (d)
+                        self.directory.load.progress(
+                            engine_id, rec.request_id, rec.model, rec.n_tokens, rec.first_token_at
+                        )
                     continue
                 final = chunk
                 tail = common_pb2.TokenChunk()

@@ -177,6 +177,50 @@ async def test_cancelled(cluster):
     assert directory.load.pending("e0") == 0
 
 
+class ProgressReader(Recorder):
+    """Reads per-request progress (as Aladdin's constraint (d) does): records what each choice saw."""
+
+    needs = DispatchNeeds(reads_progress=True)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, tuple | None]] = []
+
+    def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+        self.seen.append({c.engine_id: c.requests for c in candidates})
+        return super().choose(model, candidates, exclude, request)
+
+
+async def test_relayed_tokens_are_the_progress_a_policy_reads(cluster):
+    """The relay measures each request's tokens and first-token time (the scheduler's monotonic clock,
+    the one its dispatch times use) and the candidates carry them while the placement lasts."""
+    _, directory, _, _ = cluster
+    policy = ProgressReader()
+    relay = Relay(directory, FixedRouter(policy), predict_mode="never")
+    rec, task = start(relay, "r-hang", "hang")
+    for _ in range(500):
+        if rec.n_tokens:
+            break
+        await asyncio.sleep(0.01)
+    assert rec.n_tokens == 1
+    assert policy.seen == [{"e0": (), "e1": ()}]  # nothing decoding yet
+    _, t2 = start(relay, "r-ok", "ok")
+    await t2
+    (q,) = policy.seen[1]["e0"]
+    assert (q.request_id, q.model, q.generated_tokens, q.first_token_s) == (
+        "r-hang",
+        M,
+        1,
+        rec.first_token_at,
+    )
+    assert policy.seen[1]["e1"] == ()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert directory.candidates(progress=True)[0].requests == ()  # released with the placement
+    assert directory.candidates()[0].requests is None
+
+
 async def test_a_policy_that_cannot_run_here_fails_the_request_clearly(cluster):
     _, directory, _, _ = cluster
     relay = Relay(directory, DispatchRouter("jsq", load_source=False), predict_mode="never")

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery
+from llmfleet.sim import run as sim_run
+from llmfleet.sim.cost import CostBook
 from llmfleet.sim.run import Experiment
-from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
+from llmfleet.sim.spec import SimSpec
+from llmfleet.workload import (
+    SHAREGPT_VLLM,
+    Workload,
+    WorkloadRequest,
+    alpaca_lengths,
+    load_azure_trace,
+    poisson,
+    sharegpt_like_lengths,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared"
@@ -25,8 +37,44 @@ COST_NOTE = (
     "on GPUs (no GPU was used), so absolute numbers are those of an idealised engine without kernel-launch "
     "or framework overheads."
 )
+COST_SOURCES = ("roofline", "vidur")
+COST_SOURCE = "roofline"  # set by run.py --cost-source; read at call time by cost_book / simulate
+SHORT_ALPACA: Path | None = None  # set by run.py --alpaca: Alpaca lengths instead of ShareGPT-like ones
 
-Log = Callable[[str], None]
+
+# ------------------------------------------------------------------------------------------ costs
+def set_cost_source(name: str) -> None:
+    """Select the simulator's cost source for every scenario (``--cost-source``): ``SimSpec.cost_source``
+    for the simulations and ``CostBook.build(..., source=)`` for the bench's own solo times."""
+    global COST_SOURCE
+    if name not in COST_SOURCES:
+        raise ValueError(f"unknown cost source {name!r}; valid: {list(COST_SOURCES)}")
+    COST_SOURCE = name
+
+
+def cost_note() -> str:
+    if COST_SOURCE == "roofline":
+        return COST_NOTE
+    return (
+        f"Latencies come from the simulator's `{COST_SOURCE}` cost source (`llmfleet.sim.cost`: measured "
+        "per-operator times where the data covers the model and GPU, the roofline elsewhere; the per-"
+        "instance sources are in each row's JSON under `cost_models`)."
+    )
+
+
+def cost_label() -> str:
+    """The cost source as the tables state it."""
+    return "roofline (not GPU-fitted)" if COST_SOURCE == "roofline" else f"{COST_SOURCE} (sim.cost)"
+
+
+def cost_book(hw: Hardware, archs: Mapping[str, ModelArch]) -> CostBook:
+    """The bench's own CostBook (solo times), from the selected cost source."""
+    return CostBook.build(hw, archs, source=COST_SOURCE)
+
+
+def simulate(spec: SimSpec, *args: Any, **kwargs: Any) -> Experiment:
+    """``llmfleet.sim.run.simulate`` with the selected cost source."""
+    return sim_run.simulate(dataclasses.replace(spec, cost_source=COST_SOURCE), *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------- workloads
@@ -49,6 +97,27 @@ def trace_lengths(max_prompt: int | None = None, max_output: int | None = None) 
     if max_output is not None:
         a[:, 1] = np.minimum(a[:, 1], max_output)
     return a
+
+
+def short_prompt_lengths(n: int, *, seed: int, max_prompt: int, max_output: int) -> tuple[np.ndarray, str]:
+    """ShareGPT-like (prompt, output) pairs for the Aladdin and SCLS scenarios, and a label saying which.
+
+    By default ``n`` pairs synthesized from the published ShareGPT means (vLLM paper §6.1: input 161.31,
+    output 337.99 tokens; log-normal shape σ = 1, an assumption, see ``llmfleet.workload.paperlike``);
+    with ``--alpaca PATH`` (``SHORT_ALPACA``) the Alpaca items' lengths (approximate token counts, all of
+    them, ``n`` ignored). Both are clipped to the caps."""
+    if SHORT_ALPACA is not None:
+        a = np.array(alpaca_lengths(SHORT_ALPACA), dtype=np.int64)
+        a[:, 0] = np.clip(a[:, 0], 1, max_prompt)
+        a[:, 1] = np.clip(a[:, 1], 1, max_output)
+        label = f"Alpaca lengths ({SHORT_ALPACA.name}, {len(a)} items, approximate token counts)"
+    else:
+        a = sharegpt_like_lengths(n, seed=seed, max_prompt=max_prompt, max_output=max_output)
+        label = (
+            f"ShareGPT-like synthetic lengths (log-normal, σ = 1, published means "
+            f"{SHAREGPT_VLLM.mean_prompt:g}/{SHAREGPT_VLLM.mean_output:g} from the vLLM paper §6.1)"
+        )
+    return a, f"{label}; realized mean in/out {a[:, 0].mean():.0f}/{a[:, 1].mean():.0f} tok"
 
 
 def split(lengths: np.ndarray, train: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +217,7 @@ def empirical_predictor(
 def metrics(e: Experiment) -> dict[str, Any]:
     """The numbers every table draws from (seconds unless named otherwise)."""
     o, c = e.report["overall"], e.report["cluster"]
+    used = {k: str(v) for k, v in (e.report.get("cost_models") or {}).items()}
     return {
         "requests": o["requests"],
         "completed": o["completed"],
@@ -169,6 +239,9 @@ def metrics(e: Experiment) -> dict[str, Any]:
         "instances": c["instances"],
         "gpus": c["provisioned_gpus"],
         "sim_wall_s": e.result.wall_s,
+        # the sources actually used (a vidur request falls back to the roofline where no data covers it)
+        "cost_source": "/".join(sorted(set(used.values()))) or COST_SOURCE,
+        "cost_models": used,
     }
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from llmfleet.costmodel import decode_time, hardware, model_arch
 from llmfleet.policies.batching import SloOdbs
 from llmfleet.policies.placement import InstancePlan
-from llmfleet.sim.run import PolicyBundle, simulate
+from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
 from llmfleet.workload import alpaca_lengths
@@ -85,12 +85,12 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         )
         preds = C.noisy_oracle(wl, SIGMA, seed=400 + i)
         for bundle in policies():
-            e = simulate(spec, wl, bundle, plan=plan, predict=C.SequencePredictor(wl, preds), samples=40)
+            e = C.simulate(spec, wl, bundle, plan=plan, predict=C.SequencePredictor(wl, preds), samples=40)
             m = C.metrics(e)
             m["slo_violation"] = None if m["slo_uellm"] is None else 1 - m["slo_uellm"]
             tight = e.report["services"].get(f"slo{DEADLINES[0]}", {}).get("slo", {}).get("uellm")
             m["violation_tightest_class"] = None if tight is None else 1 - tight
-            rows.append({"rate_rps": rate, "policy": bundle.name, **m})
+            rows.append({"rate_rps": rate, "policy": bundle.name, "workload": "Alpaca, Poisson", **m})
             log(
                 f"  uellm {rate:g} req/s ({len(wl)} req) {bundle.name:12s} lat {m['latency_mean_s']:.1f}s "
                 f"tok/s {m['throughput_tokens_per_s']:.0f} viol {m['slo_violation']:.3f} [{m['sim_wall_s']:.1f}s]"
@@ -107,8 +107,10 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
             "prediction": f"noisy oracle: true output × exp(N(0, {SIGMA}²)) — a stand-in for UELLM's fine-tuned "
             "classifier, NOT a real predictor",
             "engine": "static batches, padded, rows returned at batch end (HF)",
-            "cost model": "roofline (not GPU-fitted)",
+            "cost model": C.cost_label(),
         },
+        "workload": "Alpaca lengths, Poisson",
+        "cost_source": C.COST_SOURCE,
         "rows": rows,
         "mean_output_tokens": float(lengths[:, 1].mean()),
         "max_output_tokens": int(lengths[:, 1].max()),
@@ -178,14 +180,17 @@ def _summarize(res: dict) -> None:
     mean_out = res["mean_output_tokens"]
     step = decode_time(model_arch(MODEL), hardware(HW), 1, mean_out)
     pol = SloOdbs()
-    worst = pol.join_cost(DEADLINES[-1], res["max_output_tokens"], DEADLINES[-1], 0.0, pol.max_batch - 1)
+    # the effective cap: the policy's max_batch (None = none) within the engine's per-batch request limit
+    engine_cap = EngineSettings().max_batch_requests
+    cap = engine_cap if pol.max_batch is None else min(pol.max_batch, engine_cap)
+    worst = pol.join_cost(DEADLINES[-1], res["max_output_tokens"], DEADLINES[-1], 0.0, cap - 1)
     closes = "never reaches" if worst <= pol.threshold else "can reach"
     notes = [
         f"With the authors' defaults (threshold {pol.threshold:.0f}, L1 = {pol.L1:g}/s, L2 = {pol.L2:g}/token, "
-        f"cap {pol.max_batch}) the join cost {closes} the threshold on this workload: its largest possible value, "
+        f"cap {cap}) the join cost {closes} the threshold on this workload: its largest possible value, "
         f"a {DEADLINES[-1]} s request with the longest Alpaca output ({res['max_output_tokens']} tokens) joining "
-        f"{pol.max_batch - 1} others, is {worst:.0f}. Every batch then closes at the cap of {pol.max_batch}, so "
-        f"SLO-ODBS is earliest-deadline-first batches of {pol.max_batch}: the same batch sizes as FIFO, a "
+        f"{cap - 1} others, is {worst:.0f}. Every batch then closes at the cap of {cap}, so "
+        f"SLO-ODBS is earliest-deadline-first batches of {cap}: the same batch sizes as FIFO, a "
         "different order. EDF lowers violations; it cannot cut mean latency without more throughput."
         + (" SLO-DBS and ODBS give identical results for the same reason." if same else ""),
         "Raising the cap to 64 (`slo_odbs-b64`) shows where UELLM's gains can come from under static batching: "
@@ -207,6 +212,8 @@ def _summarize(res: dict) -> None:
 COLUMNS = (
     ("req/s", "rate_rps", ".0f"),
     ("policy", "policy", ""),
+    ("workload", "workload", ""),
+    ("cost", "cost_source", ""),
     ("mean latency s", "latency_mean_s", ".2f"),
     ("p99 latency s", "latency_p99_s", ".1f"),
     ("tok/s", "throughput_tokens_per_s", ".0f"),

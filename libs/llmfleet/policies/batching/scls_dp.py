@@ -25,6 +25,10 @@ Resolved ambiguities:
   ``BatchLimits`` (``max_requests``, padded prefill ``n·L ≤ max_prefill_tokens``) and an optional
   ``max_batch`` bound runs too; the single-request run is exempt from all of them, but a request whose
   padded admission ``padded_blocks(pool, [r], 1)`` does not fit at all cannot run and is left out.
+  The engine limits are this engine-local batcher's, not the paper's (it bounds memory only): an engine
+  that forms its own batches must respect its prefill budget. The paper's central scheduler
+  (``llmfleet.sim.scls_central``: a pool, :func:`dp_batches` every interval, ``SclsMaxMin.assign_batches``)
+  calls :func:`dp_batches` with the memory bound alone (the prefill cap is an option there).
 * One model per batch: the DP runs over the waiting requests of the model of the oldest waiting request
   that can run (as :class:`~llmfleet.policies.batching.static_sls.StaticSls` picks its model).
 * One batch per ``form_batch`` call: the paper partitions everything fetched in an interval and queues
@@ -39,6 +43,7 @@ Resolved ambiguities:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -303,3 +308,41 @@ class SclsSliceBatcher:
         for r in requests:
             if r.request_id in ids:
                 mark_ran(r, duration_s, now)
+
+
+class SclsWorkerQueue:
+    """The worker side of SCLS's central scheduling (§4.1 Fig. 6): the engine serves, in order, the batches
+    the central scheduler offloaded to it (``push``), one static batch of one slice at a time; it forms
+    none of its own. ``form_batch`` returns the head of the local queue once all its members are waiting
+    (else None); ``on_batch_done`` pops nothing (the batch left the queue when formed) and tells
+    ``on_done(batch, now)`` (the scheduler's hook: load −= the batch's estimate), if set."""
+
+    name = "scls_worker"
+
+    def __init__(self, on_done: Callable[[StaticBatch, float], None] | None = None) -> None:
+        self.queue: deque[StaticBatch] = deque()
+        self.on_done = on_done
+
+    def push(self, batch: StaticBatch) -> None:
+        self.queue.append(batch)
+
+    def on_arrival(self, req: SchedRequest, now: float) -> None:
+        return None
+
+    def form_batch(
+        self, waiting: Sequence[SchedRequest], pool: PoolView, limits: BatchLimits, now: float
+    ) -> StaticBatch | None:
+        if not self.queue:
+            return None
+        head = self.queue[0]
+        ids = {r.request_id for r in waiting}
+        if not all(rid in ids for rid in head.request_ids):
+            return None
+        return self.queue.popleft()
+
+    def on_batch_done(
+        self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
+    ) -> None:
+        check_duration(duration_s)
+        if self.on_done is not None:
+            self.on_done(batch, now)

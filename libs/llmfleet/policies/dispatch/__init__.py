@@ -15,6 +15,8 @@ from llmfleet.policies.dispatch.base import (
     FinishListener,
     HostList,
     NoCandidate,
+    Rebalancer,
+    RequestProgress,
     check_context,
 )
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
@@ -82,6 +84,8 @@ __all__ = [
     "MellDispatch",
     "NoCandidate",
     "PowerOfTwo",
+    "Rebalancer",
+    "RequestProgress",
     "RoundRobin",
     "SclsMaxMin",
     "WorstFitKv",

@@ -3,9 +3,11 @@
 Each request goes to the MOST loaded worker (by ``capacity_norm``) that satisfies the MIP's
 constraints for that worker with the request added (letters as in the paper):
 
-- (b) ATGT:    Σ_j (l_in_j + γ·l_pred_j) ≤ θ·l_d(b + 1)          (Eq. 4, b = requests on the worker)
+- (b) ATGT:    Σ_j (l_in_j + γ·l_pred_j) ≤ θ·l_d(b + 1; T_dec·(1 − ρ))   (Eq. 4, b = requests on the
+               worker, ρ = its prefill load: decode only runs 1 − ρ of the time, so t_d ≤ T_dec·(1 − ρ))
 - (c) TTFT:    t_pre(Σ_new l_in) ≤ T_pre                          (Eq. 2)
-- (d) protect: t_pre(Σ_new l_in) ≤ θ·min_j (T_dec·l_out_j − t_dec_j) over ongoing (started) requests
+- (d) protect: t_pre(Σ_new l_in) + t_d(b + 1) ≤ θ·min_j (T_dec·l_out_j − t_dec_j) over ongoing requests
+               (l_out_j tokens so far, t_dec_j seconds since its first token: measured)
 - (e) KV:      Σ_j w_j[k] ≤ M for every future iteration k           (w_j from its CURRENT length)
 
 If no worker is feasible the cluster is fixed here, so the request goes to the LEAST loaded worker by
@@ -22,16 +24,32 @@ the policy keeps its own ledger of every request it placed (l_in, prediction, es
   the scheduler call it when a placement ends, whatever the outcome. Unknown ids are ignored. The
   predictor is not fed here (the profiler observes completions).
 - ``rebalance(now)`` plans moves of not-yet-started requests; ``apply_move`` records one that the
-  caller carried out.
+  caller carried out (a :class:`~.base.Rebalancer`: the simulator runs it every epoch and moves
+  requests with ``Simulator.move_request``, see ``llmfleet.sim.migration.RebalanceLoop``).
 
 Resolutions of what the paper leaves open:
 
-- Time model. A placed request is *new* until its estimated start ``t_place + t_pre(Σ_new l_in)``
-  (its prefill batch, vLLM starts it at the next iteration); then it is *ongoing*. Each worker has an
-  iteration clock advancing at 1/t_d with t_d = decode.predict(b, Σ(l_in + γ·l_pred)/b) (piecewise
-  constant, updated on every change of the worker); a request's generated tokens are estimated as
-  l_out = 1 + (iterations since its start) — the first token comes from the prefill, so (d)'s slack
-  T_dec·l_out − t_dec starts at T_dec (the paper's literal form).
+- Progress (constraint (d), §4.2 "for ongoing requests, we take into account the current length
+  generated"). Callers that can (the simulator from its instances, the scheduler from the tokens it
+  relays) give every candidate the measured progress of the requests decoding there
+  (``EngineCandidate.requests``: tokens so far l_out_j and first-token time), and (d)'s slack is
+  T_dec·l_out_j − (now − t_first_j), min over every request decoding there (ours or not). The
+  prefills still pending there (our requests without a first token) and the candidate's run before
+  j's next token, then one decode iteration of the grown batch: the next token keeps j's ATGT
+  (t_dec_j + t_pre + t_d(b+1))/l_out_j ≤ T_dec exactly when t_pre + t_d(b+1) ≤ T_dec·l_out_j − t_dec_j.
+  A stale report only under-counts tokens (conservative). Our requests start when their first token
+  shows, and their place on the iteration clock follows their real token count.
+- Time model without progress (``requests is None``): a placed request is *new* until its estimated
+  start ``t_place + t_pre(Σ_new l_in)``, then *ongoing*. Each worker has an iteration clock
+  advancing at 1/t_d with t_d = decode.predict(b, Σ(l_in + γ·l_pred)/b) (piecewise constant, updated
+  on every change of the worker) that STANDS STILL for the prefill time each placement adds (the
+  prefill preempts the batch); a request's tokens are estimated as 1 + (iterations since its start),
+  so (d)'s slack T_dec·l_out − t_dec starts at T_dec and each admitted prefill consumes the time it
+  adds to the pending batch (the old clock kept running through prefills: the slack only grew).
+- (b)'s prefill load ρ_i: Σ of the prefill time each placement added on worker i over the last
+  ``prefill_window_s`` (the candidate's included) ÷ the window, capped at 0.99; l_d at
+  T_dec·(1 − ρ) is the latency model's ``context_limit``, evaluated for the workers in load order
+  until one passes (like the exact (d)), after a vectorised pass with the full T_dec.
 - (b) uses the current prediction l_pred for every request on the worker, new or ongoing.
 - (c)/(d) evaluate t_pre by linear interpolation on 257 points in [0, x_c], x_c = the most tokens
   with t_pre ≤ T_pre: exact for Aladdin's linear t_pre, conservative for the convex roofline.
@@ -60,7 +78,9 @@ Resolutions of what the paper leaves open:
   target stays feasible under (b)–(e).
 - Engines hosting several models are accounted per model (Aladdin workers serve one model).
 
-Cost per decision: numpy passes over the W candidate workers — O(W) for (b)–(d) and the norms,
+Cost per decision: numpy passes over the W candidate workers — O(W) for (b)–(d) and the norms, one
+scalar exact (b)/(d) check per worker tried in load order until one passes, O(Σ progress entries) to
+read the candidates' measured progress,
 O(W·b) for (e) on the workers that need it — plus O(log n) per request event (placement, start,
 finish, re-prediction) and O(b log b) to rebuild the profile of a worker whose set changed. Predictor
 answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it. The per-worker books
@@ -125,12 +145,15 @@ class AladdinBestFit(FinishListener):
             from the predictor's ``bin_of(prompt_tokens)`` when it has one (Aladdin's predictor is
             conditioned on input-length ranges), else the exact prompt length — and the memo is
             dropped every ``memo_s`` seconds of policy time so that new observations show through.
+        prefill_window_s: window over which (b)'s prefill load ρ (the share of time a worker spends in
+            the prefills placed on it) is measured.
     """
 
     name = "aladdin_bestfit"
     # predictions (the scheduler asks the profiler), latency models and SLOs (from the DispatchContext)
     # and its own ledger; of the candidates only ids, models and KV capacity, never their load
-    needs = DispatchNeeds(reads_predictions=True, reads_costs=True)
+    # and, of the candidates, each decoding request's measured progress (constraint (d))
+    needs = DispatchNeeds(reads_predictions=True, reads_costs=True, reads_progress=True)
 
     def __init__(
         self,
@@ -145,6 +168,7 @@ class AladdinBestFit(FinishListener):
         predictor: Any = None,
         default_output_tokens: float = 256.0,
         memo_s: float = 10.0,
+        prefill_window_s: float = 10.0,
     ) -> None:
         if not latency_models or not slos:
             raise ValueError(
@@ -167,6 +191,9 @@ class AladdinBestFit(FinishListener):
         self.predictor = predictor
         self.default_output_tokens = float(default_output_tokens)
         self.memo_s = float(memo_s)
+        if prefill_window_s <= 0:
+            raise ValueError(f"prefill_window_s must be > 0, got {prefill_window_s}")
+        self.prefill_window_s = float(prefill_window_s)
         self._memo: dict[tuple[str, int, int], float] = {}
         self._memo_t = -math.inf
         self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
@@ -230,7 +257,8 @@ class AladdinBestFit(FinishListener):
         return idx
 
     def _advance(self, now: float) -> float:
-        """Bring the time-derived state to ``now``: requests whose prefill ended become ongoing."""
+        """Bring the time-derived state to ``now``: requests whose prefill ended become ongoing (by
+        the estimate, on workers without measured progress; elsewhere when their first token shows)."""
         now = max(now, self._now)
         self._now = now
         h = self._starts
@@ -239,8 +267,47 @@ class AladdinBestFit(FinishListener):
             r = self._reqs.get(rid)
             if r is None or r.started or r.t_start != t:
                 continue
-            self._pools[r.model].start(r, t)
+            pool = self._pools[r.model]
+            if pool.meas[r.slot] > 0:
+                continue  # measured: it starts when the engine reports its first token
+            pool.start(r, t)
         return now
+
+    def _observe(
+        self, pool: ModelPool, model: str, candidates: Sequence[EngineCandidate], now: float
+    ) -> None:
+        """Take in the measured progress the candidates carry (``EngineCandidate.requests``).
+
+        Per worker: dkey = min_j (T_dec·l_out_j + t_first_j) over every request decoding there (ours
+        or not: any ongoing request's ATGT is at stake), so that (d)'s slack at t is dkey − t. Our
+        requests that produced a token are started at their first token, and their place on the
+        worker's iteration clock follows their real token count."""
+        t_dec = pool.t_dec
+        for c in candidates:
+            reqs = c.requests
+            if reqs is None or model not in c.models:
+                continue
+            i = pool.slot_of.get(c.engine_id)
+            if i is None:
+                continue
+            pool.meas[i] = 1.0
+            key = math.inf
+            it_i = None
+            for q in reqs:
+                if q.generated_tokens < 1:
+                    continue
+                td = t_dec if q.model == model else self.slos.get(q.model, (0.0, None))[1]
+                if td is not None:
+                    key = min(key, td * q.generated_tokens + q.first_token_s)
+                r = self._reqs.get(q.request_id)
+                if r is None or r.slot != i or r.model != model:
+                    continue
+                if not r.started:
+                    pool.start(r, min(q.first_token_s, now))
+                if it_i is None:
+                    it_i = pool.iter_at(i, now)
+                pool.sync(r, it_i, float(q.generated_tokens))
+            pool.dkey[i] = key
 
     def _predict(self, service: str, l_in: float, generated: float) -> float | None:
         p = self.predictor
@@ -304,6 +371,7 @@ class AladdinBestFit(FinishListener):
         bpt = float(request.kv_bytes_per_token) if request is not None else 0.0
         idx = self._slots(pool, model, candidates, exclude, bpt)
         t = now if now is not None else (request.arrival_s if request is not None else self._now)
+        self._observe(pool, model, candidates, max(t, self._now))
         now = self._advance(t)
         it = pool.iters(now)
         self._repredict_overdue(pool, it, now)
@@ -331,10 +399,20 @@ class AladdinBestFit(FinishListener):
                 keep = ~tight
                 keep[np.flatnonzero(tight)[pool.kv_fits(rows, it[rows], l_in, l_pred)]] = True
                 cand, nc = cand[keep], nc[keep]
-        if cand.size:  # the most loaded feasible worker, ties by engine id
-            top = cand[nc == nc.max()]
-            chosen = int(top[np.argmin(pool.rank[top])])
-        else:
+        chosen = -1
+        if cand.size:  # the most loaded worker that passes the exact (b) and (d), ties by engine id
+            slack = pool.slack(cand, it, now)
+            win = self.prefill_window_s
+            for k in np.lexsort((pool.rank[cand], -nc)).tolist():
+                i = int(cand[k])
+                # ρ with this request's prefill added (the time it adds to the pending batch)
+                pend = float(pool.new_in[i])
+                added = float(pool.tpre(pend + l_in)) - (float(pool.tpre(pend)) if pend > 0 else 0.0)
+                rho = min(pool.prefill_seconds(i, now, win) / win + added / win, 0.99)
+                if pool.exact_bd(i, float(slack[k]), l_in, ctx, self.theta, rho):
+                    chosen = i
+                    break
+        if chosen < 0:
             self.infeasible += 1
             low = idx[norm == norm.min()]
             chosen = int(low[np.argmin(pool.rank[low])])
@@ -466,9 +544,15 @@ class AladdinBestFit(FinishListener):
             return False
         if new_in > pool.x_c:
             return False
-        slack = pool.t_dec * float(it[y]) - self._now - pool.amax[y]
-        if float(pool.tpre(new_in)) > self.theta * slack:
+        slack = float(pool.slack(np.array([y]), it, self._now)[0])
+        if float(pool.tpre(new_in)) + pool.td(b + 1.0, s + r.ctx) > self.theta * slack:
             return False
+        win = self.prefill_window_s
+        rho = min(pool.prefill_seconds(y, self._now, win) / win, 0.99)
+        if rho > 0:
+            t_eff = pool.t_dec * (1.0 - rho)
+            if s + r.ctx > self.theta * max(0.0, float(pool.latency.decode.context_limit(b + 1.0, t_eff))):
+                return False
         extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
         return pool.kv_peak(y, float(it[y]), extra) <= pool.M[y] + EPS
 

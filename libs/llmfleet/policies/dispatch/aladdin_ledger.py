@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class ModelPool:
     members: list[dict[str, PlacedRequest]] = field(default_factory=list)
     ends: list[list[tuple[float, str]]] = field(default_factory=list)  # heap of (e_iter, rid)
     adj: list[list[tuple[float, float, float]]] = field(default_factory=list)  # (expiry, db, dl)
+    pre_log: list[deque[tuple[float, float]]] = field(default_factory=list)  # (t_place, t_pre seconds)
     cache_ids: list[str] | None = None
     cache_idx: np.ndarray | None = None
 
@@ -64,6 +66,11 @@ class ModelPool:
         self.n = 0
         names = ("b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end")
         names += ("M", "err_b", "err_l", "rank", "dirty")
+        # measured (d): meas = 1 where the caller reports per-request progress; dkey = min over the
+        # requests decoding there of T_dec·l_out + t_first (slack at t = dkey − t); pre_sum = prefill
+        # seconds placed there within the prefill window (the (b) prefill load)
+        names += ("meas", "dkey", "pre_sum")
+        names += ("pu",)  # the iteration clock stands still until pu (prefills placed there run)
         self._names = names
         for nm in names:
             setattr(self, nm, np.zeros(0))
@@ -156,23 +163,35 @@ class ModelPool:
         self.members.append({})
         self.ends.append([])
         self.adj.append([])
-        for nm, v in (("amax", -math.inf), ("min_end", math.inf), ("M", m_tokens)):
+        self.pre_log.append(deque())
+        for nm, v in (
+            ("amax", -math.inf),
+            ("min_end", math.inf),
+            ("M", m_tokens),
+            ("dkey", math.inf),
+            ("pu", -math.inf),
+        ):
             getattr(self, nm)[i] = v
         order = sorted(range(self.n), key=lambda k: self.ids[k])
         self.rank[order] = np.arange(self.n)
         return i
 
     def iters(self, now: float) -> np.ndarray:
+        """The iteration clocks at ``now``: they run at ``rate`` except while paused (until ``pu``)."""
         n = self.n
-        return self.it_base[:n] + (now - self.t_base[:n]) * self.rate[:n]
+        tb = self.t_base[:n]
+        run = np.where(now > tb, np.maximum(0.0, now - np.maximum(tb, self.pu[:n])), now - tb)
+        return self.it_base[:n] + run * self.rate[:n]
 
     def iter_at(self, i: int, t: float) -> float:
-        return float(self.it_base[i] + (t - self.t_base[i]) * self.rate[i])
+        tb = float(self.t_base[i])
+        run = max(0.0, t - max(tb, float(self.pu[i]))) if t > tb else t - tb
+        return float(self.it_base[i] + run * self.rate[i])
 
     def touch(self, i: int, now: float) -> None:
         """Advance worker i's iteration clock to ``now`` (before its rate changes)."""
         if now > self.t_base[i]:
-            self.it_base[i] += (now - self.t_base[i]) * self.rate[i]
+            self.it_base[i] += max(0.0, now - max(self.t_base[i], self.pu[i])) * self.rate[i]
             self.t_base[i] = now
 
     def set_rate(self, i: int) -> None:
@@ -253,6 +272,35 @@ class ModelPool:
     def recompute_amax(self, i: int) -> None:
         self.amax[i] = max((r.a_val for r in self.members[i].values() if r.started), default=-math.inf)
 
+    def log_prefill(self, i: int, now: float, seconds: float) -> None:
+        if seconds > 0:
+            self.pre_log[i].append((now, seconds))
+            self.pre_sum[i] += seconds
+
+    def prefill_seconds(self, i: int, now: float, window: float) -> float:
+        """Prefill seconds placed on worker i within the last ``window`` seconds (each request's
+        t_pre as the pending batch grew): ρ·window, (b)'s prefill load."""
+        log = self.pre_log[i]
+        while log and log[0][0] < now - window:
+            self.pre_sum[i] -= log.popleft()[1]
+        if not log:
+            self.pre_sum[i] = 0.0
+        return float(self.pre_sum[i])
+
+    def sync(self, r: PlacedRequest, it_i: float, generated: float) -> None:
+        """Measured progress of ongoing ``r``: ``generated`` tokens so far; its place on the worker's
+        iteration clock follows (so (e) and re-prediction use the real length)."""
+        s_iter = it_i - (generated - 1.0)
+        if abs(s_iter - r.s_iter) < 0.5:
+            return
+        i = r.slot
+        r.s_iter = s_iter
+        r.e_iter = s_iter + r.l_pred - 1.0
+        heapq.heappush(self.ends[i], (r.e_iter, r.rid))
+        if r.e_iter < self.min_end[i]:
+            self.min_end[i] = r.e_iter
+        self.dirty[i] = 1.0
+
     def expire_adj(self, i: int, it_i: float) -> None:
         keep = []
         for ent in self.adj[i]:
@@ -268,10 +316,12 @@ class ModelPool:
         """Record ``r`` on worker i at ``now`` as a new request (it starts after its prefill)."""
         self.touch(i, now)
         x = self.new_in[i] + r.l_in
+        t_x = max(self.tpre_scalar(x), 0.0)
+        dp = max(t_x - max(self.tpre_scalar(self.new_in[i]), 0.0), 0.0) if self.new_in[i] > 0 else t_x
         r.slot = i
         r.ctx = r.l_in + gamma * r.l_pred
         r.started = False
-        r.t_start = now + max(self.tpre_scalar(x), 0.0)
+        r.t_start = now + t_x
         r.s_iter = self.iter_at(i, now)  # until it starts: its placement iteration
         r.e_iter = r.s_iter + r.l_pred - 1.0
         self.members[i][r.rid] = r
@@ -281,6 +331,11 @@ class ModelPool:
         self.final[i] += r.l_in + r.l_pred
         self.dirty[i] = 1.0
         self.set_rate(i)
+        # the prefill preempts the decode batch: the worker's iteration clock stands still for the
+        # time it adds to the pending prefill batch (an estimate; measured progress replaces it where
+        # the caller reports it)
+        self.pu[i] = max(self.pu[i], now) + dp
+        self.log_prefill(i, now, dp)
 
     def start(self, r: PlacedRequest, t: float) -> None:
         """``r``'s prefill ended at ``t``: it becomes ongoing on its worker's iteration clock."""
@@ -362,14 +417,43 @@ class ModelPool:
     def mask_bcd(
         self, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float, theta: float
     ) -> np.ndarray:
-        """Constraints (b), (c), (d) for a request (l_in, context ctx) on each worker in ``idx``."""
+        """Necessary conditions of (b), (c), (d) for a request (l_in, context ctx) on each worker in
+        ``idx``, one numpy pass: (b) at the full T_dec (no prefill load), (c), and (d) without the next
+        decode iteration. :meth:`exact_bd` completes (b) and (d) for one worker."""
         b = self.b[idx]
         ok = self.S[idx] + ctx <= theta * self.ld(b + 1.0)  # (b)
         x = self.new_in[idx] + l_in
         ok &= x <= self.x_c  # (c)
-        slack = self.t_dec * it[idx] - now - self.amax[idx]
-        ok &= self.tpre(x) <= theta * slack  # (d); no ongoing request: slack = +inf
+        ok &= self.tpre(x) <= theta * self.slack(idx, it, now)  # (d); no ongoing request: +inf
         return ok
+
+    def slack(self, idx: np.ndarray, it: np.ndarray, now: float) -> np.ndarray:
+        """min_j (T_dec·l_out_j − t_dec_j) over the requests decoding on each worker (+inf: none):
+        measured where progress is reported (``dkey − now``), else from the estimated clock."""
+        est = self.t_dec * it[idx] - now - self.amax[idx]
+        return np.where(self.meas[idx] > 0, self.dkey[idx] - now, est)
+
+    def exact_bd(self, i: int, slack: float, l_in: float, ctx: float, theta: float, rho: float) -> bool:
+        """(b) with the prefill load and (d) with the batch growth, for the request on worker i.
+
+        (b): decode runs only 1 − ρ of the time (ρ = the worker's prefill share), so the batch with
+        the request must keep t_d ≤ T_dec·(1 − ρ): Σ ctx ≤ θ·l_d(b + 1; T_dec·(1 − ρ)).
+        (d): every ongoing request j has l_out_j tokens after t_dec_j seconds of decoding; the pending
+        prefills with this one (t_pre(x)) and then the next decode iteration of the grown batch
+        (t_d(b + 1)) come before its next token, whose ATGT must stay ≤ T_dec:
+        (t_dec_j + t_pre(x) + t_d(b + 1)) / l_out_j ≤ T_dec ⟺ t_pre(x) + t_d(b + 1) ≤ T_dec·l_out_j −
+        t_dec_j, with θ as the paper's margin on the right.
+        """
+        b1 = float(self.b[i]) + 1.0
+        s1 = float(self.S[i]) + ctx
+        if rho > 0:
+            t_eff = self.t_dec * (1.0 - rho)
+            if s1 > theta * max(0.0, float(self.latency.decode.context_limit(b1, t_eff))):
+                return False
+        if not math.isfinite(slack):
+            return True
+        x = float(self.new_in[i]) + l_in
+        return float(self.tpre(x)) + self.td(b1, s1) <= theta * slack
 
     def norm(self, idx: np.ndarray) -> np.ndarray:
         """capacity_norm of the workers in ``idx``."""

@@ -11,6 +11,12 @@ What a policy reads is declared by type, so callers never probe attributes:
   the :class:`DispatchContext`. A policy reading none of the load is *load blind*: the simulator need
   not refresh candidates and may split a run across processes, and a scheduler without a load source
   may run it. A load-reading policy is refused (:func:`check_context`) where no load source exists.
+- ``needs.reads_progress``: the candidates' ``requests`` (:class:`RequestProgress`: each decoding
+  request's tokens so far and first-token time). The simulator fills them from its instances, the
+  live scheduler from the tokens it relays; ``None`` means the caller has no such view.
+- :class:`Rebalancer`: a policy that plans moves of not-yet-started requests between engines every
+  epoch (Aladdin's Algorithm 2); the caller carries them out (``Simulator.move_request``) and records
+  each with ``apply_move``.
 - :class:`FinishListener`: policies that keep their own books of what they placed (Aladdin, SCLS
   max-min) subclass it; callers tell them of every terminal outcome of a placement.
 """
@@ -24,6 +30,19 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 class NoCandidate(LookupError):
     """No engine can take the request (none hosts the model, or all were excluded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProgress:
+    """One request decoding on an engine, as measured: ``generated_tokens`` output tokens so far (the
+    first one, from its prefill, included) and ``first_token_s``, when that first token came (on the
+    caller's clock, the ``now`` it gives the policy). Its decode time so far is ``now − first_token_s``
+    and its ATGT so far ``(now − first_token_s) / (generated_tokens − 1)`` (Aladdin §3)."""
+
+    request_id: str
+    model: str
+    generated_tokens: int
+    first_token_s: float
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,7 @@ class EngineCandidate:
     kv_used_bytes: int = 0
     kv_capacity_bytes: int = 0
     kv_waiting_bytes: int = 0
+    requests: tuple[RequestProgress, ...] | None = None
     # requests on the engine, running or waiting (the JSQ queue length); a plain attribute, not a
     # property, so scans over 1,000 candidates (min by queue) read it at C speed
     queued: int = field(init=False, repr=False, compare=False)
@@ -80,18 +100,28 @@ class DispatchNeeds:
     ``kv_used_bytes`` (free KV, utilization); a KV *capacity* alone is not load. ``reads_predictions``:
     ``request.predicted_output_tokens`` (the scheduler asks the profiler for it). ``reads_costs``: the
     latency models and SLOs of the :class:`DispatchContext` (given to its constructor as
-    ``latency_models``/``slos`` unless the options name them).
+    ``latency_models``/``slos`` unless the options name them). ``reads_progress``: the candidates'
+    ``requests`` (per-request tokens so far and first-token time); the live scheduler measures them
+    from the tokens it relays, so they need no load source, but the choices then depend on the
+    engines' state (see ``state_blind``).
     """
 
     reads_queue: bool = False
     reads_kv: bool = False
     reads_predictions: bool = False
     reads_costs: bool = False
+    reads_progress: bool = False
 
     @property
     def load_blind(self) -> bool:
-        """Reads no load at all: its choices do not depend on the engines' state."""
+        """Reads no engine load report (queue, KV): it can run where no load source exists."""
         return not (self.reads_queue or self.reads_kv)
+
+    @property
+    def state_blind(self) -> bool:
+        """Reads nothing of the engines' state (load or per-request progress): its choices do not
+        depend on it, so a simulator need not refresh candidates and may split a run."""
+        return self.load_blind and not self.reads_progress
 
     def describe(self) -> str:
         """What it reads, in words (for error messages)."""
@@ -102,6 +132,7 @@ class DispatchNeeds:
                 (self.reads_kv, "KV-cache use"),
                 (self.reads_predictions, "predicted output lengths"),
                 (self.reads_costs, "latency models and SLOs"),
+                (self.reads_progress, "per-request decode progress"),
             )
             if flag
         ]
@@ -147,6 +178,19 @@ class FinishListener(Protocol):
     Unknown request ids must be ignored."""
 
     def on_finish(self, request_id: str, engine_id: str, output_tokens: int, now: float) -> None: ...
+
+
+@runtime_checkable
+class Rebalancer(Protocol):
+    """A dispatch policy that revises its placements each epoch (Aladdin Algorithm 2).
+
+    ``rebalance(now)`` returns moves (request_id, from_engine, to_engine) of requests that have not
+    started (no token yet); the caller moves each (between steps, like a migration) and, when the move
+    happened, calls ``apply_move(request_id, to_engine, now)``."""
+
+    def rebalance(self, now: float) -> list[tuple[str, str, str]]: ...
+
+    def apply_move(self, request_id: str, to_engine: str, now: float) -> None: ...
 
 
 def check_context(name: str, needs: DispatchNeeds, ctx: DispatchContext) -> None:

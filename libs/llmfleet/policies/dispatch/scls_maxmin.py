@@ -8,7 +8,9 @@
 Two entry points share the loads:
 
 * :meth:`SclsMaxMin.assign_batches` — the paper's batch-level offloading (batches from
-  ``SclsSliceBatcher.plan``); :meth:`SclsMaxMin.complete_batch` subtracts a batch's estimate.
+  ``SclsSliceBatcher.plan`` or ``dp_batches``); :meth:`SclsMaxMin.complete_batch` subtracts a batch's
+  estimate and :meth:`SclsMaxMin.interval` gives the next scheduling interval. The simulator's central
+  mode (``llmfleet.sim.scls_central``, dispatch ``scls_central``) drives these three every interval.
 * :meth:`SclsMaxMin.choose` — the cluster dispatch interface (one request at a time): the request goes
   to the eligible engine with the least load (ties: smaller engine id) and adds its estimate there;
   :meth:`SclsMaxMin.on_finish` (a ``FinishListener``: the simulator and scheduler call it when a
@@ -26,7 +28,7 @@ still grow (and, with no request id, never shrink: pass the request). Engines ne
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, as_scls_cost
@@ -116,18 +118,26 @@ class SclsMaxMin(FinishListener):
     # ------------------------------------------------------------------------------ batch level
 
     def assign_batches(
-        self, batches_with_estimates: Sequence[tuple[B, float]], workers: Sequence[str]
+        self,
+        batches_with_estimates: Sequence[tuple[B, float]],
+        workers: Sequence[str],
+        credit: Callable[[B, str], float] | None = None,
     ) -> list[tuple[B, str]]:
         """Eq. 11: longest estimate first (ties keep input order) to the least-loaded worker (ties: first in
         ``workers``); returns ``(batch, worker)`` in assignment order and records each for
-        :meth:`complete_batch`."""
+        :meth:`complete_batch`. ``credit(batch, worker)`` (an extension, default none): seconds the batch
+        would save on that worker (e.g. re-prefill avoided where its rows' KV is kept); the batch goes to
+        the worker minimising load − credit, and the load still grows by the full estimate."""
         if not workers:
             raise ValueError("assign_batches needs at least one worker")
         order = sorted(range(len(batches_with_estimates)), key=lambda i: -batches_with_estimates[i][1])
         out: list[tuple[B, str]] = []
         for i in order:
             batch, est = batches_with_estimates[i]
-            worker = min(workers, key=self.load)
+            if credit is None:
+                worker = min(workers, key=self.load)
+            else:
+                worker = min(workers, key=lambda w, b=batch: self.load(w) - credit(b, w))
             self._add(worker, est)
             self._batches[batch] = (worker, est)
             out.append((batch, worker))

@@ -2,12 +2,18 @@
 
 Per-GPU decode throughput of a worker of N GPUs (tensor parallel, within a node):
 
-    M(N)     = N·m_gpu − m_model                                    (KV capacity, bytes)
+    M(N)     = N·m_gpu·f − m_model − m_act                          (KV capacity, bytes)
     T_max(N) = min{ M / (N·m_r·(t_compute + t_comm)),  B / (N·T_dec) }  (tokens/s per GPU)
 
 m_r is the mean KV per request (bytes); t_compute + t_comm the decode iteration time at batch M/m_r;
 B the batch whose iteration takes T_dec. N* = argmax T_max over powers of two ≤ gpus_per_node with
 M > 0 (ties to the smaller N); it does not depend on the arrival rate.
+
+M is the paper's N·m_gpu − m_model with what a serving engine really keeps for KV: the memory fraction
+f it may use (vLLM's gpu_memory_utilization, 0.9) and its peak activations m_act reserved — the same
+pool the simulator gives an instance (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine
+defaults unless ``mem_fraction``/``max_prefill_tokens``/``max_batch_requests`` say otherwise), so a
+worker sized here holds exactly the KV its simulated (or live, at those settings) instance has.
 
 Resolutions: the iteration time defaults to the roofline (``costmodel.roofline.decode_time``: its
 max(compute, memory) term is t_compute, its all-reduce t_comm), at the mean context m_r/bytes-per-token
@@ -29,6 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llmfleet.costmodel.hardware import Hardware, hardware
+from llmfleet.costmodel.memory import (
+    DEFAULT_MAX_BATCH_REQUESTS,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    DEFAULT_MEM_FRACTION,
+    kv_pool_bytes,
+)
 from llmfleet.costmodel.models import ModelArch, model_arch
 from llmfleet.costmodel.roofline import decode_time
 from llmfleet.policies.placement.base import (
@@ -66,8 +78,20 @@ def _roofline(arch: ModelArch, hw: Hardware) -> IterationTime:
     return lambda n, batch, ctx: decode_time(arch, hw, batch, ctx, n)
 
 
-def kv_capacity(arch: ModelArch, hw: Hardware, n: int) -> float:
-    """M = N·m_gpu − m_model in bytes (≤ 0: the weights do not fit)."""
+def kv_capacity(
+    arch: ModelArch,
+    hw: Hardware,
+    n: int,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+    max_batch_requests: int = DEFAULT_MAX_BATCH_REQUESTS,
+) -> float:
+    """M = N·m_gpu·f − m_model − m_act in bytes, the simulator's KV pool (≤ 0: the model does not fit)."""
+    return float(kv_pool_bytes(hw, n, [arch], mem_fraction, max_prefill_tokens, max_batch_requests))
+
+
+def paper_kv_capacity(arch: ModelArch, hw: Hardware, n: int) -> float:
+    """The paper's literal M = N·m_gpu − m_model (all memory, no activations): Table 3's assumption."""
     return float(n * hw.mem_bytes - arch.weight_bytes)
 
 
@@ -91,9 +115,12 @@ def worker_throughput(
     t_dec: float,
     mean_kv_per_request: float,
     iteration_time: IterationTime | None = None,
+    *,
+    paper_memory: bool = False,
 ) -> float:
-    """T_max(N) of Eq. 6 in tokens/s per GPU (0 when the weights do not fit or no batch meets T_dec)."""
-    m = kv_capacity(arch, hw, n)
+    """T_max(N) of Eq. 6 in tokens/s per GPU (0 when the weights do not fit or no batch meets T_dec).
+    ``paper_memory``: M = N·m_gpu − m_model as printed, instead of the engine's pool."""
+    m = paper_kv_capacity(arch, hw, n) if paper_memory else kv_capacity(arch, hw, n)
     if m <= 0:
         return 0.0
     it = iteration_time or _roofline(arch, hw)
@@ -112,13 +139,15 @@ def optimal_tp(
     *,
     gpus_per_node: int | None = None,
     iteration_time: IterationTime | None = None,
+    paper_memory: bool = False,
 ) -> int:
     """N* = argmax over powers of two N ≤ gpus_per_node of T_max(N) (Eq. 6); ties to the smaller N.
 
     ``slo`` is T_dec in seconds, a (T_pre, T_dec) pair or an object with ``tpot_s``;
     ``mean_kv_per_request`` is m_r in bytes. With the roofline and catalog a100-80gb (NVLink) at
-    m_r = 512 tokens of KV and Table 2's SLOs this gives 70B→2, 13B→4, 7B→4 (paper: 2, 1, 1 on PCIe
-    A100s with fitted models; the roofline lacks the fixed iteration cost that favours N = 1).
+    m_r = 512 tokens of KV and Table 2's SLOs this gives 70B→4, 13B→4, 7B→4 (paper: 2, 1, 1 on PCIe
+    A100s with fitted models; the roofline lacks the fixed iteration cost that favours N = 1, and with
+    the engine's real pool two A100s leave a 70B ~14 GiB of KV).
     Raises ValueError when no N fits the weights and meets T_dec.
     """
     a = model_arch(arch) if isinstance(arch, str) else arch
@@ -130,7 +159,7 @@ def optimal_tp(
     best_n, best = 0, 0.0
     n = 1
     while n <= top:
-        t = worker_throughput(a, h, n, t_dec, mean_kv_per_request, iteration_time)
+        t = worker_throughput(a, h, n, t_dec, mean_kv_per_request, iteration_time, paper_memory=paper_memory)
         if t > best:
             best_n, best = n, t
         n *= 2

@@ -11,6 +11,19 @@ decodes still run, so memory frees up and the head gets in. When nothing runs, w
 head (``stuck_requests`` names it), so later requests are admitted instead of idling forever.
 
 Victim: the most recently arrived running request (vLLM's policy).
+
+``single_phase=True`` (vLLM 0.2–0.4's default scheduler): an iteration is ALL prefills or ALL decodes,
+prefill first. The model is chosen as above; if any of its waiting requests can be admitted (same
+head-of-line rule, same limits and pool check, and no more than ``max_requests`` running + admitted
+requests of that model), the iteration is those prefills alone; only when none can be admitted does it
+decode that model's running requests. This is ``Scheduler._schedule`` in ``vllm/core/scheduler.py``
+of vLLM v0.2.x–v0.3.x ("Join waiting sequences if possible": waiting groups are admitted in FCFS order
+until one cannot be allocated, exceeds ``max_num_batched_tokens`` or would push the running count past
+``max_num_seqs``; ``if scheduled or ignored_seq_groups: return SchedulerOutputs(..., prompt_run=True)``
+— decodes are scheduled only when no prompt was), kept by v0.4's ``_schedule_default`` without chunked
+prefill ("Don't schedule decodes if prefills are scheduled"). vLLM's swapped queue (swap-in before
+admission) has no counterpart here: the simulator and engine preempt by recomputation, which vLLM uses
+for single-sequence requests, and a recomputed request waits like a new one.
 """
 
 from __future__ import annotations
@@ -34,9 +47,16 @@ from llmfleet.policies.request.base import (
 
 
 class Fcfs:
-    """First come, first served; one model per batch, prefills and decodes of that model mixed."""
+    """First come, first served; one model per batch, prefills and decodes of that model mixed, or with
+    ``single_phase`` one phase per batch, prefill first (vLLM 0.2–0.4)."""
 
     name = "fcfs"
+    single_phase: bool = False  # (a class default too: subclasses that skip __init__ stay mixed-phase)
+
+    def __init__(self, single_phase: bool = False) -> None:
+        if not isinstance(single_phase, bool):
+            raise TypeError(f"single_phase must be a bool, got {single_phase!r}")
+        self.single_phase = single_phase
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None
@@ -73,9 +93,13 @@ class Fcfs:
             decodes = [r for r in runs if r.model == model][: limits.max_requests]
             prefills: list[SchedRequest] = []
             if not head_blocked:
-                prefills = admit_prefills(
-                    (r for r in waits if r.model == model), pool, limits, limits.max_requests - len(decodes)
-                )
+                if self.single_phase:  # vLLM: running + admitted <= max_num_seqs
+                    slots = limits.max_requests - sum(1 for r in runs if r.model == model)
+                else:
+                    slots = limits.max_requests - len(decodes)
+                prefills = admit_prefills((r for r in waits if r.model == model), pool, limits, slots)
+            if self.single_phase and prefills:
+                return Batch(model, "prefill", tuple([r.request_id for r in prefills]))
             if decodes or prefills:
                 phase: BatchPhase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
                 return Batch(model, phase, tuple([r.request_id for r in (*decodes, *prefills)]))

@@ -117,3 +117,99 @@ def test_decode_only_batches_follow_the_rule(seed):
     model = order[0].model
     want = tuple(r.request_id for r in order if r.model == model)[: limits.max_requests]
     assert Fcfs().next_batch([], running, BIG, limits, 3.0) == Batch(model, "decode", want)
+
+
+# --------------------------------------------------------------------------- single_phase (vLLM 0.2–0.4)
+def sp():
+    return Fcfs(single_phase=True)
+
+
+def test_single_phase_option_is_validated_and_defaults_off():
+    assert Fcfs().single_phase is False and sp().single_phase is True
+    with pytest.raises(TypeError):
+        Fcfs(single_phase="yes")
+    from llmfleet.policies.request import make_request_policy
+
+    assert make_request_policy("fcfs", single_phase=True).single_phase is True  # policy options path
+
+
+def test_single_phase_prefill_first_never_mixed():
+    # mixed FCFS would run ("x", "p") together; vLLM 0.2-0.4 runs the admissible prompt alone first
+    assert sp().next_batch([w("p", 2.0)], [d("x", 1.0)], BIG, BatchLimits(), 3.0) == Batch(
+        "a", "prefill", ("p",)
+    )
+    # nothing waiting: all decodes, as before
+    assert sp().next_batch([], [d("y", 1.5), d("x", 1.0)], BIG, BatchLimits(), 3.0) == Batch(
+        "a", "decode", ("x", "y")
+    )
+
+
+def test_single_phase_decodes_when_no_prefill_is_admissible():
+    pool = PoolView(5, 0, {"a": 16, "b": 16})
+    # the head (7 blocks > 5) blocks every later prompt; the running decode goes on
+    waiting = [w("head", 0.0, "a", prompt=100), w("a2", 2.0, "a")]
+    assert sp().next_batch(waiting, [d("a0", -1.0)], pool, BatchLimits(), 3.0) == Batch(
+        "a", "decode", ("a0",)
+    )
+
+
+def test_single_phase_running_plus_admitted_within_max_requests():
+    lim = BatchLimits(max_requests=4)
+    waiting = [w(f"r{i}", float(i)) for i in range(6)]
+    running = [d(f"d{i}", -1.0 + i / 10) for i in range(3)]
+    # vLLM admits a prompt only while running + new <= max_num_seqs: one slot left
+    assert sp().next_batch(waiting, running, BIG, lim, 9.0) == Batch("a", "prefill", ("r0",))
+    full = [d(f"d{i}", -1.0 + i / 10) for i in range(4)]
+    assert sp().next_batch(waiting, full, BIG, lim, 9.0) == Batch("a", "decode", ("d0", "d1", "d2", "d3"))
+    # the prefill token budget still applies; a longer prompt runs alone
+    lim2 = BatchLimits(max_requests=8, max_prefill_tokens=40)
+    assert sp().next_batch(waiting, [], BIG, lim2, 9.0).request_ids == ("r0", "r1")
+
+
+def test_single_phase_keeps_the_model_order():
+    waiting = [w("a1", 1.0, "a"), w("b1", 0.5, "b")]
+    running = [d("a0", 0.9, "a")]
+    assert sp().next_batch(waiting, running, BIG, BatchLimits(), 3.0) == Batch("b", "prefill", ("b1",))
+    assert sp().next_batch(waiting[:1], running, BIG, BatchLimits(), 3.0) == Batch("a", "prefill", ("a1",))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_single_phase_batches_are_one_phase_and_prefill_first(seed):
+    """Random queues: every batch is all prefills or all decodes; a decode batch is returned only when
+    the mixed policy would have admitted no prefill for that model."""
+    import random
+
+    rng = random.Random(seed)
+    models = "ab"
+    waiting = [
+        w(f"w{i}", rng.random() * 4, rng.choice(models), prompt=rng.randint(1, 200))
+        for i in range(rng.randint(0, 8))
+    ]
+    running = [d(f"r{i}", rng.random() * 4, rng.choice(models)) for i in range(rng.randint(0, 8))]
+    pool = PoolView(rng.randint(0, 40), rng.randint(0, 3), {"a": 16, "b": 16})
+    limits = BatchLimits(max_requests=rng.randint(1, 8), max_prefill_tokens=rng.randint(50, 400))
+    b = sp().next_batch(waiting, running, pool, limits, 5.0)
+    mixed = Fcfs().next_batch(waiting, running, pool, limits, 5.0)
+    if b is None:
+        assert mixed is None
+        return
+    ids = set(b.request_ids)
+    if b.phase == "prefill":
+        assert ids <= {r.request_id for r in waiting}
+    else:
+        assert b.phase == "decode" and ids <= {r.request_id for r in running}
+        if mixed is not None and mixed.model == b.model:
+            assert set(mixed.request_ids) <= {r.request_id for r in running}
+
+
+def test_single_phase_reaches_the_live_engine_through_policy_options():
+    """Live: ``llmfleet-engine --policy fcfs --policy-options '{"single_phase": true}'`` (or a cluster
+    config's ``policy_options``) builds the same policy object."""
+    import json
+
+    from llmfleet.config import EngineConfig
+    from llmfleet.policies.engine_policy import make_engine_policy
+
+    assert make_engine_policy("fcfs", single_phase=True).single_phase is True
+    args = EngineConfig(models=["m"], policy="fcfs", policy_options={"single_phase": True}).engine_args()
+    assert json.loads(args[args.index("--policy-options") + 1]) == {"single_phase": True}
