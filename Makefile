@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-costs compose-smoke
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-costs bench-metrics compose-smoke
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -20,6 +20,7 @@ help:
 	@echo "               bench-migration (Mell: active GPUs vs BF/WF/LB, operation batching, transfer modes)"
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
+	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -53,7 +54,7 @@ test-unit: setup
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
 
-bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-costs
+bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-costs bench-metrics
 
 bench-sim: setup
 	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
@@ -75,6 +76,9 @@ bench-migration: setup
 
 bench-migration-live: setup
 	$(PYTHON) tools/bench/migration_live.py --out .bench/migration $(BENCH_ARGS)
+
+bench-metrics: setup
+	$(PYTHON) tools/bench/metrics_overhead.py --out .bench/metrics $(BENCH_ARGS)
 
 bench-costs: setup
 	$(PYTHON) tools/bench/cost_sources.py --out .bench/costs $(BENCH_ARGS)

@@ -28,6 +28,13 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A port free now on 127.0.0.1 (the system's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def free_base_port(rng: random.Random | None = None) -> int:
     """A base port with every port ``up`` derives from it (control plane, the first engine) free."""
     rng = rng or random.Random(os.getpid() ^ time.monotonic_ns())
@@ -45,6 +52,7 @@ class LocalCluster:
     etcd: Any
     group: ProcessGroup
     addresses: dict[str, str] = field(default_factory=dict)
+    http: str = ""  # host:port of the scheduler's OpenAI-compatible API ("" when off)
 
     def stop(self) -> None:
         try:
@@ -60,9 +68,15 @@ def start_local_cluster(
     extra: Mapping[str, Sequence[str]] | None = None,
     prefix: str = "/bench",
     timeout_s: float = 180,
+    http_port: int = -1,
 ) -> LocalCluster:
     """Start etcd under ``root`` and every child ``llmfleet up`` plans for ``config_path`` (with
-    ``extra[name]`` appended to that child's flags); returns once every child is healthy."""
+    ``extra[name]`` appended to that child's flags); returns once every child is healthy.
+    ``http_port``: the scheduler's OpenAI-compatible API, -1 off (the default: benchmarks speak gRPC,
+    and several clusters must not race for one HTTP port), 0 a free port (``cluster.http`` has it; the
+    API may start listening just after the scheduler reports healthy)."""
+    if http_port == 0:
+        http_port = free_port()
     etcd = LocalEtcd(root / "etcd").start()
     cluster = LocalCluster(root, etcd, ProcessGroup(root / "logs"))
     try:
@@ -74,11 +88,12 @@ def start_local_cluster(
             base_port=free_base_port(),
             prefix=prefix,
             log_level="WARNING",
-            http_port=-1,  # benchmarks speak gRPC; several clusters must not race for one HTTP port
+            http_port=http_port,
         )
         for p in plans:
             cluster.group.spawn(p.name, [*p.argv, *(extra or {}).get(p.name, [])], log_path=p.log_path)
             cluster.addresses[p.name] = p.address
+            cluster.http = cluster.http or p.http
         for p in plans:
             cluster.group.wait_healthy(p.name, p.address, timeout=timeout_s)
     except BaseException:

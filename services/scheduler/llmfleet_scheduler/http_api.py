@@ -557,7 +557,9 @@ class HttpServer:
 
         # Bind here, not in uvicorn: its bind failure is sys.exit(1), which would end the scheduler.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets it knows are TCP (else the first
+        # SSE event of each response waits ~40 ms for the client's delayed ACK)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
