@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -73,8 +73,11 @@ class EtcdServerTls:
 
 
 class LocalEtcd:
-    """A single-node etcd on 127.0.0.1: etcd's ``--data-dir`` is ``data_dir/data``, its output goes to
-    ``data_dir/etcd.log``. Ports are picked free when 0 and kept across restart()."""
+    """A single-node etcd on 127.0.0.1 (or ``host``): etcd's ``--data-dir`` is ``data_dir/data``, its
+    output goes to ``data_dir/etcd.log``. Ports are picked free when 0 and kept across restart().
+
+    ``host`` is the IPv4 address etcd listens on for clients and peers and advertises (``endpoint``):
+    a concrete address of this machine, e.g. a bridge other network namespaces reach; not 0.0.0.0."""
 
     def __init__(
         self,
@@ -84,12 +87,16 @@ class LocalEtcd:
         name: str = "llmfleet",
         extra_args: list[str] | None = None,
         tls: EtcdServerTls | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        if host in ("0.0.0.0", "", "::"):
+            raise ValueError(f"LocalEtcd host must be an address clients can reach, got {host!r}")
+        self.host = host
         self.data_dir = Path(data_dir)
-        self.client_port = client_port or _free_port()
-        self.peer_port = peer_port or _free_port()
+        self.client_port = client_port or _free_port(host)
+        self.peer_port = peer_port or _free_port(host)
         while self.peer_port == self.client_port:
-            self.peer_port = _free_port()
+            self.peer_port = _free_port(host)
         self.name = name
         self.extra_args = list(extra_args or [])
         self.tls = tls
@@ -106,7 +113,7 @@ class LocalEtcd:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
@@ -134,7 +141,7 @@ class LocalEtcd:
         if self.running:
             raise RuntimeError(f"etcd already running at {self.endpoint} (pid {self.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         cmd = [
             str(self.etcd_path()),
             "--name", self.name,
@@ -183,7 +190,7 @@ class LocalEtcd:
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when the server accepts TCP connections and ``etcdctl endpoint health`` succeeds."""
         try:
-            with socket.create_connection(("127.0.0.1", self.client_port), timeout=timeout):
+            with socket.create_connection((self.host, self.client_port), timeout=timeout):
                 pass
         except OSError:
             return False
