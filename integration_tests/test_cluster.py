@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import time
 
@@ -252,6 +253,34 @@ async def test_etcd_restart_is_survived(cluster: Cluster):
     async with AsyncClient(cluster.scheduler, timeout_s=60) as client:
         done = await client.complete(PROMPT, service="chat", max_tokens=4)
     assert done.usage.completion_tokens == 4
+
+
+async def test_a_frozen_engine_is_cut_off_when_its_lease_expires(cluster: Cluster):
+    """A host that stops answering (SIGSTOP: no reset, no FIN) loses its lease after the TTL; the
+    scheduler then cuts its open streams and they resume elsewhere, rather than when TCP gives up."""
+    mig = cluster.addresses["migration"]
+    async with AsyncClient(cluster.scheduler, timeout_s=120) as client:
+        stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
+        chunks = []
+        async for c in stream:
+            chunks.append(c)
+            if len(flatten(chunks)) >= 8:
+                break
+        running = await wait_running(mig, lambda r: sum(r.values()) == 1, 10, "the request to run")
+        frozen = next(e for e, n in running.items() if n == 1)
+        cluster.procs.kill(frozen, signal.SIGSTOP, wait=False)
+        t0 = time.monotonic()
+        try:
+            chunks.extend([c async for c in stream])
+            elapsed = time.monotonic() - t0
+        finally:
+            cluster.procs.kill(frozen, signal.SIGCONT, wait=False)
+    assert stream.usage.engine_id != frozen and stream.usage.finish_reason == "length"
+    assert elapsed < TTL_S + 6, f"the stream resumed {elapsed:.1f}s after the freeze (TTL {TTL_S}s)"
+    assert flatten(chunks) == hf_greedy(cluster.models_dir / "endless-llama", PROMPT, LONG_TOKENS)
+    cluster.wait_status(
+        lambda s: frozen in {n["node_id"] for n in s["nodes"]}, timeout=30, what=f"{frozen} to come back"
+    )
 
 
 # ---- destructive: each leaves the cluster with one fewer process ---------------------------------

@@ -82,6 +82,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         await directory.models_view.start()
         if monitor is not None:
             n.spawn(monitor.track(directory.nodes_view), "scheduler-load-monitor")
+        n.spawn(relay.watch_engines(), "scheduler-engine-watch")  # cut streams of engines that left
         if stats is not None:
             stats.etcd = n.etcd
             n.spawn(stats.run(), "scheduler-stats-reporter")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -55,6 +55,10 @@ class Relay:
     stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
     metrics: SchedulerMetrics | None = None  # llmfleet_scheduler_* (default: the process registry's)
     central: SclsCentral | None = None  # services with dispatch scls_central (None: refused)
+    # engine id -> its open Generate calls: cut when the engine leaves etcd (lease gone), so requests
+    # fail over within one lease TTL instead of when TCP gives up on a silent host
+    _open: dict[str, set[grpc.aio.Call]] = field(default_factory=dict)
+    _cut: set[int] = field(default_factory=set)  # id() of calls cut that way
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -221,6 +225,9 @@ class Relay:
         stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
         call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
         final: common_pb2.TokenChunk | None = None
+        owner = engine_id or self.directory.engine_at(address)
+        if owner is not None:
+            self._open.setdefault(owner, set()).add(call)
         try:
             # Read to the end of the stream (not just the final chunk) so the call, and its client
             # span, complete normally.
@@ -240,8 +247,23 @@ class Relay:
                 tail.ClearField("finish_reason")
                 tail.ClearField("usage")
                 await rec.append(tail)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if id(call) in self._cut and not (task is not None and task.cancelling()):
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    f"engine {owner} left the cluster (its lease is gone)",
+                ) from None
+            raise
         finally:
             call.cancel()  # no-op when finished; frees the engine's work when we are cancelled
+            self._cut.discard(id(call))
+            if owner is not None and (open_ := self._open.get(owner)) is not None:
+                open_.discard(call)
+                if not open_:
+                    self._open.pop(owner, None)
         if final is None:
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -318,6 +340,28 @@ class Relay:
             if not slice_end:
                 await rec.finish(self._final(rec, final.finish_reason, a.engine_id))
                 return
+
+    def engine_gone(self, engine_id: str) -> int:
+        """``engine_id`` left the cluster: cut its open streams (they fail over); returns how many."""
+        calls = self._open.pop(engine_id, set())
+        for call in calls:
+            self._cut.add(id(call))
+            call.cancel()
+        if calls:
+            log.warning("engine %s left the cluster: failing over %d open stream(s)", engine_id, len(calls))
+        return len(calls)
+
+    async def watch_engines(self) -> None:
+        """Cut the streams of every engine that leaves ``nodes/`` (its lease expired or it stopped)."""
+        view = self.directory.nodes_view
+        if view is None:
+            return
+        known: set[str] = set()
+        async for _rev, _nodes in view.subscribe():
+            now = set(self.directory.engines())
+            for gone in known - now:
+                self.engine_gone(gone)
+            known = now
 
     def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
         now = time.monotonic()
