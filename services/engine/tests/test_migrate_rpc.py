@@ -58,8 +58,10 @@ async def serve(servicer: engine_pb2_grpc.EngineServicer) -> GrpcServer:
 async def nodes(make_executor) -> AsyncIterator[Callable[..., Node]]:
     servers, channels = [], []
 
-    async def make(engine_id: str, slow: bool = False, **servicer_kw) -> Node:
-        executor = make_executor()
+    async def make(
+        engine_id: str, slow: bool = False, executor_kw: dict | None = None, **servicer_kw
+    ) -> Node:
+        executor = make_executor(**(executor_kw or {}))
         if slow:
             throttle(executor, STEP_S)
         servicer = EngineServicer(executor, engine_id, **servicer_kw)
@@ -322,3 +324,22 @@ async def test_watch_load_reports_every_request(nodes, endless) -> None:
     assert r.tokens >= prompt + 5 and r.kv_bytes >= (r.tokens - 1) * endless.kv_bytes_per_token
     assert sum(q.kv_bytes for q in snap.requests) == sum(m.kv_used_bytes for m in snap.models)
     call.cancel()
+
+
+async def test_a_waiting_request_moves_in_token_mode(nodes, endless, reference) -> None:
+    """What Aladdin's rebalance asks of an engine: a request still queued (no token, no KV) moves with
+    its prompt alone and runs whole at the destination."""
+    a = await nodes("a", slow=True, executor_kw={"max_running": 1})
+    b = await nodes("b")
+    want = await expected(b, endless.name, reference)
+    busy = a.stub.Generate(request("busy", endless.name))
+    first: list[int] = []
+    await read(busy, first, 1)  # running: the only slot
+    queued = a.stub.Generate(request("queued", endless.name))
+    await asyncio.sleep(0.2)
+    resp = await a.stub.Migrate(migrate("queued", b.address, TOKENS), timeout=30)
+    assert resp.num_tokens == 0 and resp.bytes == 0
+    tokens: list[int] = []
+    await finish_moved(a, b, queued, tokens, "queued", endless.name)
+    assert tokens == want
+    busy.cancel()

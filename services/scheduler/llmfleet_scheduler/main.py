@@ -19,6 +19,7 @@ from llmfleet.security import current as current_security
 from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING, Admission
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
+from llmfleet_scheduler.rebalance import LiveRebalance
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher, mell_view_of
 from llmfleet_scheduler.scls_central import EngineView, SclsCentral
@@ -97,6 +98,19 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         await central.run()  # idle (one timer) until a service with dispatch scls_central has requests
 
     node.on_start.append(run_central)
+
+    if args.rebalance_interval_s > 0:  # Aladdin's Algorithm 2 for rebalancing dispatch policies
+
+        def started(rid: str) -> bool:
+            rec = servicer.journal.get(rid)
+            return rec is None or rec.first_token_at is not None or rec.done
+
+        rebalance = LiveRebalance(router, relay, directory, started, epoch_s=args.rebalance_interval_s)
+
+        async def run_rebalance(n: ServiceNode) -> None:
+            await rebalance.run()
+
+        node.on_start.append(run_rebalance)
     if args.http_port >= 0:  # the OpenAI-compatible API, through the servicer's own submit path
         http = HttpServer(
             create_app(
@@ -164,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of the OpenAI-compatible HTTP API (0: pick a free one, logged; -1: no HTTP API)",
     )
     ap.add_argument("--http-host", default=None, help="bind address of the HTTP API (default: --host)")
+    ap.add_argument(
+        "--rebalance-interval-s",
+        type=float,
+        default=1.0,
+        help="epoch of Aladdin's Algorithm 2 for dispatch policies that rebalance (aladdin_bestfit): "
+        "not-started requests move between engines (0 = off)",
+    )
     ap.add_argument(
         "--scls-options",
         type=json_object,

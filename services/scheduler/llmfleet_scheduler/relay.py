@@ -12,7 +12,13 @@ from typing import Protocol
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
 from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
-from llmfleet.policies.dispatch import CountsInfeasible, DispatchRequest, FinishListener, NoCandidate
+from llmfleet.policies.dispatch import (
+    CountsInfeasible,
+    DispatchRequest,
+    FinishListener,
+    NoCandidate,
+    Rebalancer,
+)
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
 
@@ -59,6 +65,8 @@ class Relay:
     # fail over within one lease TTL instead of when TCP gives up on a silent host
     _open: dict[str, set[grpc.aio.Call]] = field(default_factory=dict)
     _cut: set[int] = field(default_factory=set)  # id() of calls cut that way
+    # request id -> engine a dispatch policy's rebalance is moving it to (see rebalance.py)
+    planned_moves: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -184,11 +192,15 @@ class Relay:
             # KV estimate: what the request holds once prefilled (prompt tokens x bytes per token)
             kv = dreq.prompt_tokens * dreq.kv_bytes_per_token
             self.directory.load.dispatched(engine_id, rec.request_id, kv)
+            moved_to = None
             try:
                 moved_to = await self._stream(rec, req, engine_id, address, timeout)
             finally:
                 self.directory.load.released(engine_id, rec.request_id)
-                if listener is not None:
+                planned = self.planned_moves.pop(rec.request_id, None)
+                if listener is not None and not (
+                    moved_to is not None and planned is not None and self._moved(listener, rec, planned)
+                ):
                     listener.on_finish(rec.request_id, engine_id, rec.n_tokens, time.monotonic())
             if moved_to is None:
                 return
@@ -340,6 +352,18 @@ class Relay:
             if not slice_end:
                 await rec.finish(self._final(rec, final.finish_reason, a.engine_id))
                 return
+
+    def _moved(self, policy: FinishListener, rec: RequestRecord, to_engine: str) -> bool:
+        """A move the policy planned (Aladdin's rebalance) happened: record it as a move, not an end.
+        False when the policy cannot (the request started first): then it is told of an end."""
+        if not isinstance(policy, Rebalancer):
+            return False
+        try:
+            policy.apply_move(rec.request_id, to_engine, time.monotonic())
+        except (KeyError, ValueError) as e:
+            log.info("request %s: planned move to %s not applied (%s)", rec.request_id, to_engine, e)
+            return False
+        return True
 
     def engine_gone(self, engine_id: str) -> int:
         """``engine_id`` left the cluster: cut its open streams (they fail over); returns how many."""

@@ -83,6 +83,10 @@ class DispatchRouter:
             return mode == "always"
         return spec.predict or self.for_service(spec).needs.reads_predictions
 
+    def policies(self) -> list[DispatchPolicy]:
+        """The policy objects built so far (one per service and policy name)."""
+        return list(self._policies.values())
+
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
         """The service's policy object (ValueError when it cannot be built or cannot run here)."""
         name = self.name_for(spec)

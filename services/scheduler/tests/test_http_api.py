@@ -394,3 +394,55 @@ def test_a_chat_template_that_refuses_the_messages_is_a_400():
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "messages" and "tiny-llama" in err["message"] and "alternate" in err["message"]
+
+
+# ---- found by fuzzing (integration_tests/test_fuzz_http.py)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "chat", "prompt": "x", "max_tokens": 2**31}, "max_tokens"),  # was a 500 (int32 overflow)
+        ({"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2**40}, None),
+        ({"model": "chat", "prompt": "x", "seed": 2**64}, "seed"),  # was a 500 (uint64 overflow)
+        ({"model": "chat", "prompt": "x", "seed": 2**64 - 1, "n": 2}, "seed"),  # seed + 1 overflowed
+        ({"model": "chat", "prompt": "x", "temperature": 1e308}, "temperature"),  # float32: inf
+        ({"model": "chat", "prompt": "x", "top_p": 1e-50}, "top_p"),  # float32: 0
+    ],
+)
+def test_out_of_range_numbers_are_400_naming_the_param(body, param):
+    c, b = client()
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = c.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    param = param or "max_completion_tokens"
+    assert err["param"] == param and param in err["message"], err
+    assert not b.submitted
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"\x00", {"content-type": "application/json"}),  # was param "0", message "0: JSON decode error"
+        (b"{", {"content-type": "application/json"}),
+        (b"\x00\x00", {"content-type": "multipart/form-data"}),  # was FastAPI's {"detail": ...}
+        (b"a=b", {"content-type": "application/x-www-form-urlencoded"}),
+    ],
+)
+def test_unparseable_bodies_are_openai_shaped_400s(content, headers):
+    c, b = client()
+    r = c.post("/v1/completions", content=content, headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] is None and "body" in err["message"], err
+    assert not b.submitted
+
+
+def test_unknown_routes_and_methods_are_openai_shaped():
+    c, _ = client()
+    r = c.get("/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = c.get("/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["message"], r.text

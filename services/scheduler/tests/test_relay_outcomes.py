@@ -265,3 +265,96 @@ async def test_scheduler_counts_outcomes_dispatches_and_latency(metered) -> None
     assert s["llmfleet_scheduler_requests_in_flight"] == 0
     names = set(re.findall(r"^# TYPE (\S+) ", generate_latest(registry).decode(), re.M))
     assert all(n.startswith("llmfleet_") for n in names)
+
+
+# ---- Aladdin's Algorithm 2 live (rebalance.py) ------------------------------------------------------
+
+
+class MovingEngine(FakeEngine):
+    """``queued`` waits without a token until a Migrate moves it to the peer (a request not started)."""
+
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(engine_id)
+        self.migrates: list[engine_pb2.MigrateRequest] = []
+        self._moved: dict[str, asyncio.Event] = {}
+
+    async def Generate(self, request, context):
+        if request.prompt != "queued" or request.resume_token_ids or not self.peer:
+            async for c in super().Generate(request, context):
+                yield c
+            return
+        self.seen.append(request.request_id)
+        ev = self._moved.setdefault(request.request_id, asyncio.Event())
+        await ev.wait()
+        yield common_pb2.TokenChunk(
+            request_id=request.request_id,
+            index=0,
+            finish_reason=common_pb2.FINISH_REASON_MIGRATED,
+            migrated_to=self.peer,
+        )
+
+    async def Migrate(self, request, context):
+        self.migrates.append(request)
+        ev = self._moved.get(request.request_id)
+        if ev is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "not here")
+        ev.set()
+        return engine_pb2.MigrateResponse(mode=request.mode)
+
+
+class Planner(Recorder):
+    """A Rebalancer that plans one move per request it is told to, and records apply_move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan: list[tuple[str, str, str]] = []
+        self.applied: list[tuple[str, str]] = []
+
+    def rebalance(self, now):
+        plan, self.plan = self.plan, []
+        return plan
+
+    def apply_move(self, request_id, to_engine, now):
+        self.applied.append((request_id, to_engine))
+
+
+async def test_rebalance_moves_a_request_not_started_and_records_a_move():
+    from llmfleet_scheduler.rebalance import LiveRebalance
+
+    fakes = {e: MovingEngine(e) for e in ("e0", "e1")}
+    servers = {
+        e: await GrpcServer(
+            [(engine_pb2_grpc.add_EngineServicer_to_server, f, service_name(engine_pb2, "Engine"))]
+        ).start()
+        for e, f in fakes.items()
+    }
+    fakes["e0"].peer = servers["e1"].address
+    nodes = {e: NodeRecord(e, ENGINE_ROLE, s.address, models=(M,)) for e, s in servers.items()}
+    directory = ClusterDirectory(StaticView({"s": ServiceSpec("s", M)}), StaticView(nodes))
+    policy = Planner()
+    router = FixedRouter(policy)
+    router._policies[("s", "planner")] = policy  # what for_service would have cached
+    relay = Relay(directory, router, predict_mode="never")
+    started: set[str] = set()
+    rebalance = LiveRebalance(router, relay, directory, lambda rid: rid in started)
+    try:
+        rec, task = start(relay, "r-q", "queued")
+        for _ in range(500):
+            if fakes["e0"].seen:
+                break
+            await asyncio.sleep(0.01)
+        started.add("r-other")
+        policy.plan = [("r-q", "e0", "e1"), ("r-other", "e0", "e1"), ("r-x", "e0", "nowhere")]
+        assert await rebalance.tick() == 1
+        await task
+        assert rec.final is not None and rec.engines == ["e0", "e1"] and rec.n_tokens == 2
+        (m,) = fakes["e0"].migrates
+        assert m.request_id == "r-q" and m.destination == servers["e1"].address
+        assert m.mode == engine_pb2.MIGRATE_MODE_TOKENS
+        assert policy.applied == [("r-q", "e1")]
+        assert policy.finished == [("r-q", "e1", 2)]  # the move is no end at e0
+        assert (rebalance.stats.moved, rebalance.stats.skipped) == (1, 2) and not relay.planned_moves
+    finally:
+        await directory.close()
+        for s in servers.values():
+            await s.stop(0)
