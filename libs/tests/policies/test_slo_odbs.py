@@ -48,7 +48,8 @@ def ids(batches):
 FIG3 = [q("q1", 8, 50, slo=4.0), q("q2", 6, 2, slo=2.0), q("q3", 4, 2, slo=3.0)]
 OUT = {"q1": 50, "q2": 2, "q3": 2}
 # The figure's lengths are ~100× below the workloads the default threshold (15000) is set for.
-TOY = {"threshold": 100.0}
+TOY = {"preset": "authors", "threshold": 100.0}
+AUTH = {"preset": "authors"}
 
 
 def members(batch):
@@ -101,7 +102,9 @@ def test_slo_term_splits_only_where_it_counts():
     assert ids(SloDbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
     assert ids(SloOdbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
     assert ids(Odbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1", "s2")]
-    assert ids(SloDbs(threshold=170.0).partition(reqs, pool(), LIMITS, 0.0)) == [("s1", "s2")]  # ≤ joins
+    assert ids(SloDbs(**AUTH, threshold=170.0).partition(reqs, pool(), LIMITS, 0.0)) == [
+        ("s1", "s2")
+    ]  # ≤ joins
 
 
 # ------------------------------------------------------------------------------ thresholds and caps
@@ -113,16 +116,16 @@ def ten(last_out, slo):
 
 def test_default_threshold_on_the_length_term():
     # 10th request (n = 9): T_o = (len − 20)·10·1.2; 15000 allows a jump of 1250 tokens
-    assert ids(Odbs().partition(ten(1500, 1.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # 17760 > 15000
-    assert len(Odbs().partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160
+    assert ids(Odbs(**AUTH).partition(ten(1500, 1.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # 17760 > 15000
+    assert len(Odbs(**AUTH).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160
     # SLO-ODBS adds T_l = (SLO_q + L_CM)·10: small at 1 s SLOs, decisive at 60 s
-    assert len(SloOdbs().partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160 + ~40
-    assert ids(SloOdbs().partition(ten(1200, 60.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # + ~1210
+    assert len(SloOdbs(**AUTH).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160 + ~40
+    assert ids(SloOdbs(**AUTH).partition(ten(1200, 60.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # + ~1210
 
 
 def test_batch_cap_and_engine_limits():
     reqs = [q(f"r{i:02d}", 10, 20, slo=1.0) for i in range(25)]
-    assert [len(b.request_ids) for b in SloOdbs().partition(reqs, pool(), LIMITS, 0.0)] == [10, 10, 5]
+    assert [len(b.request_ids) for b in SloOdbs(**AUTH).partition(reqs, pool(), LIMITS, 0.0)] == [10, 10, 5]
     assert [len(b.request_ids) for b in SloOdbs(max_batch=12).partition(reqs, pool(), LIMITS, 0.0)] == [
         12,
         12,
@@ -134,10 +137,10 @@ def test_batch_cap_and_engine_limits():
 
 
 def test_length_increment_is_clamped():
-    p = Odbs()
+    p = Odbs(**AUTH)
     assert p.join_cost(slo_q=9.0, len_q=5.0, l_cm=9.0, o_cm=50.0, n=3) == 0.0  # shorter: no padding added
     assert p.join_cost(slo_q=9.0, len_q=60.0, l_cm=9.0, o_cm=50.0, n=3) == pytest.approx(10 * 4 * 1.2)
-    assert SloDbs().join_cost(2.0, 60.0, 3.0, 50.0, 1) == pytest.approx((2 + 3) * 2 * 1.0)
+    assert SloDbs(**AUTH).join_cost(2.0, 60.0, 3.0, 50.0, 1) == pytest.approx((2 + 3) * 2 * 1.0)
     assert SloOdbs(w1=2.0, w2=0.5, L1=3.0, L2=4.0).join_cost(1.0, 7.0, 2.0, 5.0, 1) == pytest.approx(
         2.0 * (1 + 2) * 2 * 3.0 + 0.5 * 2 * 2 * 4.0
     )

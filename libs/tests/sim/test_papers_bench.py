@@ -104,7 +104,7 @@ def test_rate_sweeps_cover_every_policy_with_sane_metrics(results, bench, name):
     expected = {
         "seallm": {"vllm", "alpaserve", "muxserve", "seallm", "seallm-prof"},
         "scls": {"scls", "scls-keep", "scls-local", "sls", "cb"},
-        "uellm": {"slo_odbs", "slo_dbs", "odbs", "slo_odbs-b64", "fifo", "s3"},
+        "uellm": {"slo_odbs", "slo_odbs-authors", "slo_dbs", "odbs", "slo_odbs-b64", "fifo", "s3"},
     }[name]
     assert set(policies) == expected
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_TOKENS = 256
 MAX_CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit of any client
 TRANSFER_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 5.0  # how long a migration waits for the destination's connection
 ACCEPTED_METADATA = ("llmfleet-kv-accepted", "1")  # ImportKv's initial metadata once the header is taken
 
 MigrateMode = Literal["kv", "tokens"]
@@ -85,6 +86,18 @@ def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
     s = m.sampling
     if s.max_tokens <= 0:
         raise TransferError("header.sampling.max_tokens must be > 0")
+    # what the source's validation guarantees; a bad header must not reach the tokenizer or sampler
+    if not m.prompt_token_ids:
+        raise TransferError("header.prompt_token_ids: must not be empty")
+    for name in ("prompt_token_ids", "generated_token_ids"):
+        if any(t < 0 for t in getattr(m, name)):
+            raise TransferError(f"header.{name}: token ids must be >= 0")
+    if not s.temperature >= 0:  # also NaN (the same rule as a request's validation)
+        raise TransferError(f"header.sampling.temperature: must be >= 0, got {s.temperature}")
+    if s.HasField("top_p") and not 0 < s.top_p <= 1:
+        raise TransferError(f"header.sampling.top_p: must be in (0, 1], got {s.top_p}")
+    if any(not x for x in s.stop):
+        raise TransferError("header.sampling.stop: stop strings must not be empty")
     return TransferHeader(
         request_id=m.request_id,
         model=m.model,
@@ -159,6 +172,33 @@ class MigrationResult:
     mode: MigrateMode = "kv"  # how it moved: "tokens" when no K/V went along
 
 
+async def _connect(channel: grpc.aio.Channel, destination: str) -> None:
+    """Wait for the channel's first connection attempt: READY, or a TransferError at once when it
+    fails (refused, unreachable) or is still connecting after ``CONNECT_TIMEOUT_S``. (A call started
+    while a fresh channel is still connecting can fail at once with UNAVAILABLE.)"""
+    ready, failed = (
+        grpc.ChannelConnectivity.READY,
+        (
+            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN,
+        ),
+    )
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    state = channel.get_state(try_to_connect=True)
+    while state != ready:
+        if state in failed:
+            raise TransferError(f"transfer to {destination} failed: UNAVAILABLE: cannot connect")
+        try:
+            await asyncio.wait_for(
+                channel.wait_for_state_change(state), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            raise TransferError(
+                f"transfer to {destination} failed: UNAVAILABLE: not connected within {CONNECT_TIMEOUT_S:g}s"
+            ) from None
+        state = channel.get_state(try_to_connect=True)
+
+
 async def _send(
     stub: engine_pb2_grpc.EngineStub, chunks: AsyncIterator[engine_pb2.KvChunk]
 ) -> engine_pb2.ImportKvResponse:
@@ -168,10 +208,10 @@ async def _send(
     (e.g. FAILED_PRECONDITION "model not loaded") is what the caller sees; a destination that breaks
     midway may still surface as the failed write (INTERNAL)."""
     call = stub.ImportKv(timeout=TRANSFER_TIMEOUT_S)
-    await call.write(await anext(chunks))
-    if ACCEPTED_METADATA not in tuple(await call.initial_metadata() or ()):
-        return await call  # refused: raises the destination's status
     try:
+        await call.write(await anext(chunks))
+        if ACCEPTED_METADATA not in tuple(await call.initial_metadata() or ()):
+            return await call  # refused: raises the destination's status
         async for chunk in chunks:
             await call.write(chunk)
         await call.done_writing()
@@ -203,6 +243,7 @@ async def migrate(
     t1 = time.perf_counter()
     try:
         async with open_channel(destination) as channel:
+            await _connect(channel, destination)
             resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ex, header, chunk_tokens))
     except BaseException as e:
         ex.resume_request(request_id, moving=True)

@@ -30,7 +30,7 @@ Setup (paper §6.1 → ours):
   prefill across services, its own open-source code, round-robin dispatch), ``seallm`` (colocated,
   doubling-budget scheduling, fewest-requests dispatch) and ``seallm-prof`` (the same with L̂_s, σ_s fixed
   to the services' mean/std solo execution time from the cost model, i.e. the paper's service-monitor
-  profile, instead of the policy's measured now − first-scheduled time).
+  profile, instead of what the policy learns: each request's single-request execution time per Eq. 7).
   SeaLLM's own placement (Algorithm 1, ≤ 2 services per engine) and adaptive replacement are not built:
   all colocated systems use ``colocate_all`` (3 models on each GPU, TP 1).
 """

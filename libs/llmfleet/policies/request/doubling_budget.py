@@ -9,14 +9,23 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
 * Q_r decreases by the duration of every iteration r takes part in (the whole iteration is charged to
   each member of the batch).
 * Priority O_r = Q_r · L̂_s; the smallest runs first. Ties: earlier arrival, then request id.
-* Renewal with geometric doubling: when Q_r ≤ 0 the k-th renewal grants 2^k (L̂_s + σ_s), k = 1, 2, ...
-  (``renewals`` after the increment). **Overshoot is carried**: the time run past the exhausted budget
-  is taken off the new one (Q_r ← Q_r + 2^k (L̂_s + σ_s), repeated while Q_r ≤ 0), so after k renewals
-  Q_r = (2^{k+1} − 1)(L̂_s + σ_s) − executed time. Q_r then depends only on the executed time, not on how
-  it was cut into iterations (engine and simulator agree); charged exactly to a budget boundary,
-  Q_r = 2^k (L̂_s + σ_s).
+* Renewal with geometric doubling (``renewal="reset"``, the default, as the paper states): when Q_r ≤ 0
+  the k-th renewal **resets** the budget to Q′ = 2^k (L̂_s + σ_s), k = 1, 2, ... ("we double its budget,
+  i.e. Q′ = 2(L̂_s + Var_s), and reset its priority to Q′·L̂_s. We repeat to double the budget once the
+  budget is used up", §4.2). The time run past the exhausted budget is dropped, so one iteration renews
+  at most once and Q_r depends on how the executed time was cut into iterations (engine and simulator
+  charge the same iterations, so they agree). ``renewal="carry"`` is the earlier variant that takes the
+  overshoot off the new budget (Q_r ← Q_r + 2^k (L̂_s + σ_s), repeated while Q_r ≤ 0; after k renewals
+  Q_r = (2^{k+1} − 1)(L̂_s + σ_s) − executed time). It did not measure clearly better on the SeaLLM
+  benchmark (normalized latency within 1–4% of reset at every rate, lower at three of the four loaded
+  rates; see the README's notes), so it is an option only.
 * Starvation: a service is starving when one of its requests has made no progress for longer than the
-  service's threshold (config per service; default ``starvation_factor`` × L̂_s = 10 L̂_s). "No progress"
+  service's threshold (config per service; default ``starvation_factor`` × L̂_s = 100 L̂_s; the paper
+  gives no value). L̂_s is the single-request time, which a request under colocated, batched load
+  exceeds many times over: at 10 L̂_s (the earlier default, set when L̂_s was the batched time) the
+  threshold tripped for every service under overload and turned DB into longest-stall-first (SeaLLM
+  benchmark, 160 req/s: normalized latency 101.6 at 10×, 29.2 at 100×, 29.1 with starvation off). "No
+  progress"
   is counted from the end of the last iteration the request took part in (from its arrival if it never
   ran), for waiting prefills and running decodes alike, so neither a queued nor an admitted request can
   stall forever. Starving services are served first, the longest-stalled first; a starving service's
@@ -32,16 +41,30 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
 
 Budgets live in the requests' policy-owned fields, so they survive preemption; a request the policy
 has not seen (``budget_s <= 0``, e.g. imported by migration without ``on_arrival``) is initialised on
-first sight. ``on_finish`` observes the execution time: the summed durations of the iterations the
-request took part in (``executed_s``; now − arrival_s if it never ran). Not now − first_scheduled_s:
-that counts the time spent waiting while other services ran, which inflates a starved service's L̂_s
-and so lowers its priority further (a feedback loop the simulator exposed at high load).
+first sight.
+
+L̂_s and σ_s (``exec_time``). Eq. 7's L̂_r is "the profiled execution time of r on one GPU", and L̂_s the
+mean execution time of the service's requests: ``exec_time="solo"`` (default) has ``on_finish`` observe
+the finished request's **single-request** execution time, ``cost.solo_time(model, prompt_tokens,
+generated)`` from a cost model the policy declares by type
+(:class:`~llmfleet.policies.request.solo_cost.SoloCost`; default the catalog roofline on one A100-80GB,
+``cost={"hardware": NAME}`` for another GPU). A model the cost model does not know (a KeyError, e.g. a
+tiny test model outside the catalog) falls back to the executed time below and is counted in
+``solo_fallbacks``. A request preempted with recompute has its regenerated tokens folded into its prompt,
+so they count as prefill there. ``exec_time="executed"`` is the earlier behaviour: the summed durations
+of the batched iterations the request took part in (``executed_s``; now − arrival_s if it never ran),
+which grows with the batch and the colocated load rather than with the request. (Never now −
+first_scheduled_s: that counts the time spent waiting while other services ran, which inflates a
+starved service's L̂_s and lowers its priority further — a feedback loop the simulator exposed.)
+Budgets are still charged with the real (batched) iteration durations: "the budget Q decreases with
+the request execution".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +81,11 @@ from llmfleet.policies.request.base import (
     mark_ran,
 )
 from llmfleet.policies.request.service_stats import ServiceStats
+from llmfleet.policies.request.solo_cost import SoloCost, as_solo_cost
 
 MIN_BUDGET_UNIT_S = 1e-6  # floor of L̂_s + σ_s so a degenerate service (all zeros) still renews finitely
+RENEWALS = ("reset", "carry")
+EXEC_TIMES = ("solo", "executed")
 
 
 class DoublingBudget:
@@ -72,10 +98,21 @@ class DoublingBudget:
         *,
         default_mean_s: float = 1.0,
         default_std_s: float = 0.5,
-        starvation_factor: float | None = 10.0,
+        starvation_factor: float | None = 100.0,
         starvation_threshold_s: Mapping[str, float] | None = None,
         stats: ServiceStats | None = None,
+        renewal: str = "reset",
+        exec_time: str = "solo",
+        cost: SoloCost | Mapping[str, Any] | None = None,
     ) -> None:
+        if renewal not in RENEWALS:
+            raise ValueError(f"renewal must be one of {RENEWALS}, got {renewal!r}")
+        if exec_time not in EXEC_TIMES:
+            raise ValueError(f"exec_time must be one of {EXEC_TIMES}, got {exec_time!r}")
+        self.renewal = renewal
+        self.exec_time = exec_time
+        self.cost: SoloCost | None = as_solo_cost(cost) if exec_time == "solo" else None
+        self.solo_fallbacks = 0  # finished requests whose model the cost model did not know
         self.stats = stats if stats is not None else ServiceStats(default_mean_s, default_std_s)
         if starvation_factor is not None and not starvation_factor > 0:
             raise ValueError(f"starvation_factor must be > 0 or None, got {starvation_factor!r}")
@@ -109,9 +146,13 @@ class DoublingBudget:
         return self.starvation_factor * self.stats.mean(service)
 
     def charge(self, req: SchedRequest, duration_s: float) -> None:
-        """Q_r −= duration; while Q_r ≤ 0: k += 1, Q_r += 2^k (L̂_s + σ_s) (overshoot carried)."""
+        """Q_r −= duration; if Q_r ≤ 0: k += 1 and Q_r = 2^k (L̂_s + σ_s) (``reset``, the paper), or
+        while Q_r ≤ 0: k += 1, Q_r += 2^k (L̂_s + σ_s) (``carry``: the overshoot is taken off)."""
         self._init(req)
         req.budget_s -= duration_s
+        if req.budget_s <= 0 and self.renewal == "reset":
+            req.renewals += 1
+            req.budget_s = (2**req.renewals) * self.budget_unit(req.service)
         while req.budget_s <= 0:
             req.renewals += 1
             req.budget_s += (2**req.renewals) * self.budget_unit(req.service)
@@ -233,12 +274,22 @@ class DoublingBudget:
             mark_ran(r, total, now)
             r.executed_s = executed  # the same additions as one mark_ran per iteration
 
-    def on_finish(self, req: SchedRequest, now: float) -> None:
-        """Observe the execution time: Σ durations of its iterations (now − arrival_s if it never ran)."""
+    def execution_time(self, req: SchedRequest, now: float) -> float:
+        """What ``on_finish`` observes for L̂_s: the single-request time (``solo``), else (``executed``, or a
+        model the cost model does not know) Σ durations of its iterations (now − arrival_s if it never
+        ran)."""
+        if self.cost is not None:
+            try:
+                return self.cost.solo_time(req.model, req.prompt_tokens, req.generated)
+            except KeyError:
+                self.solo_fallbacks += 1
         if req.first_scheduled_s is not None:
-            self.stats.observe(req.service, req.executed_s)
-        else:
-            self.stats.observe(req.service, max(0.0, now - req.arrival_s))
+            return req.executed_s
+        return max(0.0, now - req.arrival_s)
+
+    def on_finish(self, req: SchedRequest, now: float) -> None:
+        """Observe the request's execution time (:meth:`execution_time`) for its service's L̂_s, σ_s."""
+        self.stats.observe(req.service, self.execution_time(req, now))
 
     def preemption_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest:
         """The running request with the largest O_r; ties: the later arrival, then the larger id."""

@@ -2,6 +2,7 @@ import random
 
 import pytest
 from llmfleet.policies.request import Batch, BatchLimits, DoublingBudget, PoolView, SchedRequest, ServiceStats
+from llmfleet.policies.request.solo_cost import SoloCost, roofline_solo_time
 
 BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16, "m2": 16})
 
@@ -59,8 +60,25 @@ def test_charging_and_geometric_doubling_at_exact_boundaries():
         assert r.priority == 2.0**k * 1.0  # priority recomputed: Q_r · L̂_s
 
 
-def test_overshoot_is_carried_and_independent_of_iteration_granularity():
-    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)
+def test_renewal_resets_to_q_prime_as_the_paper_states():
+    """§4.2: a used-up budget is doubled, Q′ = 2(L̂_s + σ_s), and the priority reset to Q′·L̂_s: the
+    overshoot past the old budget is not taken off."""
+    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)  # the default renewal is "reset"
+    assert p.renewal == "reset"
+    one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
+    p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> reset to 2^1 = 2 (carry would give 1.5)
+    assert (one.budget_s, one.renewals, one.priority) == (2.0, 1, 2.0)
+    for _ in range(6):  # 4 × 0.25 use the first budget up exactly, the next 2 come off Q′ = 2
+        p.charge(many, 0.25)
+    assert (many.budget_s, many.renewals) == (1.5, 1)
+    p.charge(big, 10.0)  # one long iteration renews once: Q′ = 2, not the carried 1+2+4+8 − 10
+    assert (big.budget_s, big.renewals) == (2.0, 1)
+    p.charge(big, 2.5)  # the second renewal: 2^2
+    assert (big.budget_s, big.renewals) == (4.0, 2)
+
+
+def test_carry_variant_takes_the_overshoot_off_independent_of_granularity():
+    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0, renewal="carry")
     one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
     p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> + 2 = 1.5
     assert (one.budget_s, one.renewals) == (1.5, 1)
@@ -69,6 +87,21 @@ def test_overshoot_is_carried_and_independent_of_iteration_granularity():
     assert many.budget_s == pytest.approx(1.5) and many.renewals == 1
     p.charge(big, 10.0)  # one long iteration exhausts several budgets: granted 1+2+4+8 = 15
     assert (big.budget_s, big.renewals) == (5.0, 3)
+    with pytest.raises(ValueError, match="renewal"):
+        DoublingBudget(renewal="nope")
+
+
+def test_reset_and_carry_order_requests_differently():
+    """A case where the two renewals disagree on who runs next: after one long iteration, reset gives the
+    long-running request a full Q′ (it goes last), carry leaves it nearly out of budget (it goes first)."""
+    picks = {}
+    for renewal in ("reset", "carry"):
+        p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0, renewal=renewal)
+        ran, fresh = arrive(p, d("ran", "svc"), d("fresh", "svc", arrival=1.0))
+        p.on_iteration(Batch("ms", "decode", ("ran",)), 2.9, 3.0, [ran])  # 1 − 2.9 → reset 2 / carry 0.1
+        picks[renewal] = p.next_batch((), (ran, fresh), BIG, BatchLimits(max_requests=1), 3.0).request_ids
+        assert ran.renewals == 1
+    assert picks == {"reset": ("fresh",), "carry": ("ran",)}
 
 
 def test_shorter_service_first_when_budgets_equal_c_mu():
@@ -140,7 +173,7 @@ def test_prefill_seed_that_does_not_fit_falls_back():
 
 
 def test_starvation_threshold_promotes_a_long_waiting_service():
-    p = policy()  # default threshold 10 × L̂_s: 10 s for "long", 1 s for "short"
+    p = policy(starvation_factor=10.0)  # threshold 10 × L̂_s: 10 s for "long", 1 s for "short"
     lw = w("lw", "long", arrival=0.0)
     fresh = [w(f"s{i}", arrival=10.0 + i / 10) for i in range(3)]
     arrive(p, lw, *fresh)
@@ -162,7 +195,10 @@ def test_starvation_order_config_and_disable():
     p = policy(starvation_threshold_s={"short": 100.0, "long": 5.0})
     old_l, old_s = w("l", "long", arrival=3.0), w("s", "short", arrival=0.0)
     arrive(p, old_l, old_s)
-    assert p.starvation_threshold("long") == 5.0 and p.starvation_threshold("x") == 10.0
+    # configured per service; else the default 100 × L̂_s (100 × the 1 s prior for an unseen service)
+    assert p.starvation_threshold("long") == 5.0 and p.starvation_threshold("x") == 100.0
+    assert policy().starvation_threshold("long") == pytest.approx(100.0)  # 100 × L̂ = 100 × 1 s
+    assert policy().starvation_threshold("short") == pytest.approx(10.0)  # 100 × 0.1 s
     assert p.starving_services([old_l, old_s], [], 10.0) == [("long", old_l)]  # short's threshold: 100 s
     both = policy(starvation_factor=1.0)  # thresholds 0.1 s and 1 s: both starve, longest wait first
     arrive(both, old_l, old_s)
@@ -216,3 +252,80 @@ def test_inputs_untouched_lazy_init_and_finish_statistics():
     q.on_finish(waiting[0], 3.0)  # execution time = its iterations' durations (0.5), not now - start (2.0)
     q.on_finish(w("never", arrival=2.4), 3.0)  # never scheduled: now - arrival
     assert stats.count("short") == 2 and stats.mean("short") == pytest.approx((0.5 + 0.6) / 2)
+
+
+# ------------------------------------------------------------------ L̂_s from the single-request time (Eq. 7)
+
+
+class Solo:
+    """SoloCost stub: 0.01 s per prompt token + 0.1 s per output token; unknown models raise KeyError."""
+
+    def solo_time(self, model, prompt_tokens, output_tokens):
+        if model == "unknown":
+            raise KeyError(model)
+        return 0.01 * prompt_tokens + 0.1 * output_tokens
+
+
+def finished(rid, service="svc", model="ms", prompt=10, generated=5, executed=3.0):
+    r = w(rid, service, prompt=prompt, model=model)
+    r.phase, r.generated, r.first_scheduled_s, r.executed_s = "decode", generated, 0.0, executed
+    return r
+
+
+def test_service_mean_is_learned_from_single_request_time():
+    """Eq. 7's L̂ is the profiled execution time of the request alone, not its batched iterations."""
+    p = DoublingBudget(cost=Solo())
+    assert isinstance(p.cost, SoloCost) and p.exec_time == "solo"
+    p.on_finish(finished("a", executed=3.0), 4.0)  # batched: 3 s; alone: 0.1 + 0.5 = 0.6 s
+    p.on_finish(finished("b", prompt=20, generated=10, executed=9.0), 9.0)  # alone: 0.2 + 1.0 = 1.2 s
+    assert p.stats.mean("svc") == pytest.approx(0.9) and p.budget_unit("svc") == pytest.approx(
+        0.9 + p.stats.std("svc")
+    )
+    # the earlier variant: the summed batched iteration durations
+    q = DoublingBudget(cost=Solo(), exec_time="executed")
+    assert q.cost is None
+    q.on_finish(finished("a", executed=3.0), 4.0)
+    q.on_finish(finished("b", executed=9.0), 9.0)
+    assert q.stats.mean("svc") == pytest.approx(6.0)
+    # a model the cost model does not know falls back to the executed time, counted
+    p.on_finish(finished("c", "other", model="unknown", executed=2.5), 5.0)
+    assert p.stats.mean("other") == 2.5 and p.solo_fallbacks == 1
+    with pytest.raises(ValueError, match="exec_time"):
+        DoublingBudget(exec_time="wall")
+    with pytest.raises(ValueError, match="solo_time"):
+        DoublingBudget(cost=object())
+
+
+def test_default_solo_cost_is_the_one_gpu_roofline_the_simulator_uses():
+    from llmfleet.costmodel import hardware, model_arch
+    from llmfleet.sim.cost import CostBook
+
+    p = DoublingBudget()  # default: catalog roofline on one A100-80GB
+    r = finished("r", model="llama2-7b", prompt=300, generated=200, executed=50.0)
+    p.on_finish(r, 60.0)
+    book = CostBook.build(hardware("a100-80gb"), {"llama2-7b": model_arch("llama2-7b")})
+    assert p.stats.mean("svc") == pytest.approx(book.solo_time("llama2-7b", 1, 300, 200), rel=1e-12)
+    h100 = DoublingBudget(cost={"hardware": "h100"})
+    assert h100.execution_time(r, 60.0) < p.execution_time(r, 60.0)
+    # a model outside the catalog (the tests' "ms") keeps the executed time
+    assert p.execution_time(finished("x", executed=1.25), 2.0) == 1.25 and p.solo_fallbacks == 1
+
+
+def test_roofline_solo_closed_form_matches_the_sum_across_the_compute_memory_crossing():
+    import dataclasses
+
+    from llmfleet.costmodel import decode_time, hardware, model_arch, prefill_time
+
+    arch = model_arch("llama2-70b")  # GQA: the compute leg overtakes the memory leg at some context
+    base = hardware("a100-80gb")
+    hw = dataclasses.replace(base, peak_flops=1.05 * base.bandwidth / base.compute_eff)  # F ≈ B
+    for prompt, out in ((10, 1), (10, 2), (100, 300), (2000, 1500), (0, 4000)):
+        brute = prefill_time(arch, hw, prompt, 1, [prompt]) + sum(
+            decode_time(arch, hw, 1, x) for x in range(prompt + 1, prompt + out)
+        )
+        assert roofline_solo_time(arch, hw, prompt, out) == pytest.approx(brute, rel=1e-9)
+    # and the two legs really cross inside the last case's range: memory on top at 1, compute at 4000
+    attn = arch.num_layers * arch.num_heads * arch.head_dim
+    compute = [(2 * arch.matmul_params + 4 * attn * x) / hw.flops for x in (1, 4000)]
+    memory = [(arch.weight_bytes + arch.kv_bytes_per_token * x) / hw.bandwidth for x in (1, 4000)]
+    assert memory[0] > compute[0] and compute[1] > memory[1]
