@@ -14,6 +14,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from llmfleet.rpc.channels import CHANNEL_OPTIONS
+from llmfleet.rpc.details import ClipDetailsInterceptor
 from llmfleet.security import SecuritySettings, current
 from llmfleet.security.grpc_auth import ApiKeyServerInterceptor
 from llmfleet.security.tls import server_credentials
@@ -42,7 +43,7 @@ class GrpcServer:
 
     async def start(self) -> GrpcServer:
         sec = self.security or current()
-        interceptors = server_interceptors()
+        interceptors = [ClipDetailsInterceptor(), *server_interceptors()]
         if sec.key_store is not None:
             interceptors = [*interceptors, ApiKeyServerInterceptor(sec.key_store)]
         server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)

@@ -149,6 +149,11 @@ class MigrationOps:
                 raise TransferError(
                     f"KV shape mismatch for {header.model!r}: incoming {header.shape}, here {model.shape}"
                 )
+            vocab = model.loaded.vocab_size
+            if any(t >= vocab for t in (*header.prompt_token_ids, *header.generated_token_ids)):
+                raise TransferError(
+                    f"header: token ids must be below {header.model!r}'s vocabulary of {vocab}"
+                )
             n_full = len(header.prompt_token_ids) + len(header.generated_token_ids)
             if header.num_tokens and header.num_tokens != n_full - 1:
                 raise TransferError(

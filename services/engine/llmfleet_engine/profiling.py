@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "__profile__/"
+MAX_PROFILE_BATCH = 4096  # sequences per point
+MAX_PROFILE_REPEATS = 100  # timed iterations per point
+MAX_SWEEP_VALUES = 32  # values per sweep list (batch sizes, input lengths, context lengths)
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,35 @@ def profile(
     """Run the sweeps (blocking; raises KeyError for an unknown model, ValueError for bad sizes)."""
     if model not in ex.model_names():
         raise KeyError(model)
-    sizes = [*batch_sizes, *input_lengths, *context_lengths]
-    if any(x <= 0 for x in sizes) or repeats <= 0:
-        raise ValueError("batch sizes, lengths and repeats must be positive")
     max_context = ex.models[model].max_context
-    if any(n >= max_context for n in [*input_lengths, *context_lengths]):
-        raise ValueError(f"lengths must be below the model's context of {max_context}")
+    check_sweep(max_context, batch_sizes, input_lengths, context_lengths, repeats)
     return ex.run_in_worker(lambda: _sweep(ex, model, batch_sizes, input_lengths, context_lengths, repeats))
+
+
+def check_sweep(
+    max_context: int,
+    batch_sizes: Sequence[int],
+    input_lengths: Sequence[int],
+    context_lengths: Sequence[int],
+    repeats: int,
+) -> None:
+    """Raise ValueError, naming the ProfileRequest field, for a sweep that is invalid or unbounded (a
+    huge batch would build that many sequences before the KV pool refuses them; huge repeats or
+    hundreds of points would hold the worker for hours)."""
+    for name, values, limit in (
+        ("batch_sizes", batch_sizes, MAX_PROFILE_BATCH),
+        ("input_lengths", input_lengths, max_context - 1),
+        ("context_lengths", context_lengths, max_context - 1),
+    ):
+        if len(values) > MAX_SWEEP_VALUES:
+            raise ValueError(f"{name}: at most {MAX_SWEEP_VALUES} values, got {len(values)}")
+        if any(x <= 0 for x in values):
+            raise ValueError(f"{name}: every value must be positive, got {list(values)}")
+        if any(x > limit for x in values):
+            what = "the model's context" if name != "batch_sizes" else "the largest profiled batch"
+            raise ValueError(f"{name}: every value must be at most {limit} ({what}), got {max(values)}")
+    if not 0 < repeats <= MAX_PROFILE_REPEATS:
+        raise ValueError(f"repeats: must be in [1, {MAX_PROFILE_REPEATS}], got {repeats}")
 
 
 def _sweep(ex: Executor, model: str, batch_sizes, input_lengths, context_lengths, repeats) -> ProfileResult:

@@ -343,3 +343,51 @@ async def test_a_waiting_request_moves_in_token_mode(nodes, endless, reference) 
     await finish_moved(a, b, queued, tokens, "queued", endless.name)
     assert tokens == want
     busy.cancel()
+
+
+def _import_header(ex: Executor, endless, **fields) -> engine_pb2.KvTransferHeader:
+    s = ex._models[endless.name].shape
+    h = engine_pb2.KvTransferHeader(
+        request_id="imported",
+        model=endless.name,
+        shape=engine_pb2.KvShape(
+            num_layers=s.num_layers, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, dtype=s.dtype
+        ),
+        prompt_token_ids=[1, 2, 3],
+    )
+    h.sampling.max_tokens = 2
+    for k, v in fields.items():
+        msg, name = (h.sampling, k.removeprefix("sampling.")) if k.startswith("sampling.") else (h, k)
+        if isinstance(v, list):
+            del getattr(msg, name)[:]
+            getattr(msg, name).extend(v)
+        else:
+            setattr(msg, name, v)
+    return h
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        # found by fuzzing: a negative id reached the tokenizer: UNKNOWN "StreamInput must be ..."
+        ({"generated_token_ids": [-1]}, "header.generated_token_ids"),
+        ({"prompt_token_ids": [5, -7]}, "header.prompt_token_ids"),
+        ({"prompt_token_ids": [2**31 - 1]}, "vocabulary"),
+        ({"sampling.temperature": float("nan")}, "header.sampling.temperature"),
+        ({"sampling.top_p": 2.0}, "header.sampling.top_p"),
+        ({"sampling.stop": [""]}, "header.sampling.stop"),
+    ],
+)
+async def test_import_kv_refuses_bad_headers_naming_the_field(nodes, endless, fields, named) -> None:
+    node = await nodes("a")
+    header = _import_header(node.executor, endless, **fields)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await node.stub.ImportKv(iter([engine_pb2.KvChunk(header=header)]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert named in e.value.details()
+    assert node.executor.load_snapshot().kv_blocks_used == 0
+    # the engine still serves: a valid header imports
+    ok = await node.stub.ImportKv(
+        iter([engine_pb2.KvChunk(header=_import_header(node.executor, endless))]), timeout=10
+    )
+    assert ok.request_id == "imported"

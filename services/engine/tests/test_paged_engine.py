@@ -242,3 +242,22 @@ async def test_static_mode_slices_keep_greedy_output(make_executor, endless, sli
         assert ids(chunks) == greedy_no_eos(endless, p, 10)
     assert (ex.core.requeues > 0) == recompute and ex.preemptions == 0
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "all blocks back")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        # found by fuzzing: 2**32-1 built 4e9 sequence names and the engine was OOM-killed
+        ({"batch_sizes": [2**32 - 1]}, "batch_sizes"),
+        ({"batch_sizes": [0]}, "batch_sizes"),
+        ({"input_lengths": [1] * 1000}, "input_lengths"),  # 1000 x 4 points: hours of worker time
+        ({"context_lengths": [2**32 - 1]}, "context_lengths"),
+        ({"repeats": 2**32 - 1}, "repeats"),
+        ({"repeats": 0}, "repeats"),
+    ],
+)
+def test_profile_refuses_unbounded_sweeps_naming_the_field(make_executor, llama, kwargs, field):
+    ex = make_executor()
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        profiling.profile(ex, llama.name, **kwargs)
+    assert ex.load_snapshot().kv_blocks_used == 0

@@ -87,7 +87,7 @@ class Characterizer:
         try:
             hardware(hw_name)
         except UnknownHardware as e:
-            raise CharacterizeError(grpc.StatusCode.NOT_FOUND, str(e)) from None
+            raise CharacterizeError(grpc.StatusCode.NOT_FOUND, _reason(e)) from None
         sweep = engine_pb2.ProfileRequest(
             model=req.model,
             batch_sizes=list(req.batch_sizes),
@@ -139,6 +139,12 @@ class Characterizer:
             arch, hw = model_arch(req.model), hardware(req.hardware)
         except (UnknownModel, UnknownHardware) as e:
             raise CharacterizeError(
-                grpc.StatusCode.NOT_FOUND, f"{e} (and no fitted profile is stored)"
+                grpc.StatusCode.NOT_FOUND, f"{_reason(e)} (and no fitted profile is stored)"
             ) from None
         return record_to_proto(roofline_record(arch, hw))
+
+
+def _reason(e: Exception) -> str:
+    """An exception's message; a KeyError's str() is its message quoted (found by fuzzing: GetProfile
+    answered NOT_FOUND '"unknown model ..."')."""
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

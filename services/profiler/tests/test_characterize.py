@@ -111,6 +111,7 @@ async def test_bad_requests(stack, request_, code, needle):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await call(request_, timeout=60)
     assert e.value.code() == code and needle in e.value.details()
+    assert e.value.details()[0] not in "'\"", e.value.details()  # a message, not a quoted KeyError
 
 
 async def test_too_few_points_is_a_clear_error(stack):

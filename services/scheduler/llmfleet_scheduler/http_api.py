@@ -23,10 +23,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.security import ApiKey, ApiKeyStore, SecuritySettings, bearer
 from llmfleet.security.tls import uvicorn_ssl
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmfleet_scheduler.chat_template import ChatTemplates
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.openai_protocol import (
+    MAX_SEED,
     ChatCompletionRequest,
     CompletionRequest,
     error_body,
@@ -276,14 +278,23 @@ def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | Non
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {}
+        if err.get("type") == "json_invalid":  # its loc is a byte offset, not a parameter
+            where = (err.get("ctx") or {}).get("error", "")
+            msg = f"request body: not valid JSON ({where})" if where else "request body: not valid JSON"
+            return ApiError(400, msg, "invalid_request_error", None, "invalid_json").response()
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         param = ".".join(loc) or None
-        msg = (
-            f"{param}: {err.get('msg', 'invalid request')}"
-            if param
-            else err.get("msg", "invalid request body")
-        )
+        msg = f"{param or 'request body'}: {err.get('msg', 'invalid request')}"
         return ApiError(400, msg, "invalid_request_error", param, "invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The framework's own errors (unparseable body, unknown route, wrong method) in OpenAI's shape."""
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400:
+            detail = f"request body: {detail}"
+        type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        return ApiError(exc.status_code, detail, type_, None, None, exc.headers).response()
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -345,6 +356,13 @@ def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | Non
         service = resolve(body.model, key)
         if body.seed is not None and body.seed < 0:
             raise ApiError(400, f"seed: must be >= 0, got {body.seed}", "invalid_request_error", "seed")
+        if body.seed is not None and body.seed + body.n - 1 > MAX_SEED:  # choice i samples with seed + i
+            raise ApiError(
+                400,
+                f"seed: must be at most {MAX_SEED - body.n + 1} with n={body.n}",
+                "invalid_request_error",
+                "seed",
+            )
         choices: list[_Choice] = []
         try:
             for prompt in prompts:

@@ -16,14 +16,20 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+MAX_TOKENS = 2**31 - 1  # SamplingParams.max_tokens is an int32
+MAX_SEED = 2**64 - 1  # SamplingParams.seed is a uint64
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = None
+    # bounded to the protobuf field's range (beyond it the request was a 500); the model's context is
+    # checked with the gRPC path's messages
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
@@ -67,7 +73,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -403,10 +403,14 @@ def test_a_chat_template_that_refuses_the_messages_is_a_400():
     ("body", "param"),
     [
         ({"model": "chat", "prompt": "x", "max_tokens": 2**31}, "max_tokens"),  # was a 500 (int32 overflow)
-        ({"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2**40}, None),
+        (
+            {"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2**40},
+            None,
+        ),
+        ({"model": "chat", "messages": [{"role": "tool"}], "max_completion_tokens": -3887191880}, None),
+        ({"model": "chat", "prompt": "x", "max_tokens": -(2**31) - 1}, "max_tokens"),
         ({"model": "chat", "prompt": "x", "seed": 2**64}, "seed"),  # was a 500 (uint64 overflow)
         ({"model": "chat", "prompt": "x", "seed": 2**64 - 1, "n": 2}, "seed"),  # seed + 1 overflowed
-        ({"model": "chat", "prompt": "x", "temperature": 1e308}, "temperature"),  # float32: inf
         ({"model": "chat", "prompt": "x", "top_p": 1e-50}, "top_p"),  # float32: 0
     ],
 )
