@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-costs bench-metrics compose-smoke
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-costs bench-metrics compose-smoke chaos soak
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -21,6 +21,8 @@ help:
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
+	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
+	@echo "make soak   - 2,000 concurrent streams, 20,000 requests (HTTP + SDK); errors, TTFT, RSS; .bench/soak"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):
@@ -82,6 +84,12 @@ bench-metrics: setup
 
 bench-costs: setup
 	$(PYTHON) tools/bench/cost_sources.py --out .bench/costs $(BENCH_ARGS)
+
+chaos: setup
+	$(PYTHON) tools/chaos/chaos.py --out .bench/chaos $(CHAOS_ARGS)
+
+soak: setup
+	$(PYTHON) tools/soak/soak.py --out .bench/soak $(SOAK_ARGS)
 
 bench-hop: setup
 	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)

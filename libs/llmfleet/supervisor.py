@@ -6,9 +6,10 @@
         ...
     # leaving the block stops every child: SIGTERM in reverse start order, SIGKILL after the grace
 
-Children never outlive the parent: each gets PR_SET_PDEATHSIG(SIGTERM) on Linux, so they are sent
-SIGTERM when the thread that spawned them dies (spawn from the main thread or another long-lived
-one, never from a short-lived worker thread). Each child runs in its own session, so a terminal's
+Children never outlive the parent: each gets PR_SET_PDEATHSIG(SIGTERM) on Linux (set by a tiny exec
+shim, :func:`with_pdeathsig`, not a ``preexec_fn``: see there), so they are sent SIGTERM when the
+thread that spawned them dies (spawn from the main thread or another long-lived one, never from a
+short-lived worker thread). Each child runs in its own session, so a terminal's
 Ctrl-C reaches only the parent, which then stops the children in order; signals from stop/kill go to
 the child's whole process group, so grandchildren are stopped too.
 """
@@ -16,9 +17,9 @@ the child's whole process group, so grandchildren are stopped too.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -98,22 +99,50 @@ def tail(path: Path | None, n: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-n:]) or "<empty log>"
 
 
-def _pdeathsig_preexec() -> object | None:
-    """A preexec_fn setting PR_SET_PDEATHSIG(SIGTERM), resolved before fork (None off Linux)."""
+# Runs as the child itself (a fresh interpreter, so nothing is inherited from the parent's threads):
+# set PR_SET_PDEATHSIG, check the parent is still the one that spawned us, then exec the real command
+# (same pid, and the death signal survives execve).
+_PDEATHSIG_SHIM = f"""
+import ctypes, os, sys
+sig, parent, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, sig, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    os._exit(1)
+try:
+    os.execvp(argv[0], argv)
+except OSError as e:
+    sys.stderr.write("cannot start " + argv[0] + ": " + str(e) + "\\n")
+    os._exit(127)
+"""
+
+
+def with_pdeathsig(argv: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
+    """``argv`` started so that it gets ``sig`` when the spawning thread dies (PR_SET_PDEATHSIG), via
+    a small exec shim: the child runs a fresh ``python -S`` that sets the signal and ``execvp``s
+    ``argv`` (same pid). Off Linux, ``argv`` unchanged.
+
+    Why not ``preexec_fn``: it runs Python in the forked child of a multi-threaded parent. With gRPC
+    threads busy in the parent (the services' health checks, a load generator, ``llmfleet up``'s
+    own calls), such children crashed before exec (SIGSEGV / SIGABRT, nothing in their log) for about
+    one spawn in seven; a restart after a crash then failed silently. Without ``preexec_fn`` the
+    fork+exec is done in C with nothing but async-signal-safe calls (vfork on Linux)."""
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
+        return list(argv)
+    return [sys.executable, "-S", "-c", _PDEATHSIG_SHIM, str(int(sig)), str(os.getpid()), *argv]
 
-    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
 
-    return preexec
+def _resolve(argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None) -> None:
+    """Raise OSError as Popen would when ``argv[0]`` cannot be executed (the shim execs it later)."""
+    exe = argv[0]
+    if os.sep in exe:
+        path = Path(cwd or ".") / exe if not os.path.isabs(exe) else Path(exe)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FileNotFoundError(2, "No such file or directory", exe)
+    elif shutil.which(exe, path=env.get("PATH")) is None:
+        raise FileNotFoundError(2, "No such file or directory", exe)
 
 
 @dataclass
@@ -219,14 +248,14 @@ class ProcessGroup:
             )
             logf.flush()
             try:
+                _resolve(argv, full_env, cwd)
                 proc = subprocess.Popen(
-                    list(argv),
+                    with_pdeathsig(argv),
                     stdin=subprocess.DEVNULL,
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     env=full_env,
                     cwd=cwd,
-                    preexec_fn=_pdeathsig_preexec(),  # type: ignore[arg-type]
                     start_new_session=True,
                 )
             except OSError as e:

