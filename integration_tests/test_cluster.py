@@ -276,7 +276,7 @@ async def test_a_frozen_engine_is_cut_off_when_its_lease_expires(cluster: Cluste
         finally:
             cluster.procs.kill(frozen, signal.SIGCONT, wait=False)
     assert stream.usage.engine_id != frozen and stream.usage.finish_reason == "length"
-    assert elapsed < TTL_S + 6, f"the stream resumed {elapsed:.1f}s after the freeze (TTL {TTL_S}s)"
+    assert elapsed < TTL_S + 8, f"the stream resumed {elapsed:.1f}s after the freeze (TTL {TTL_S}s)"
     assert flatten(chunks) == hf_greedy(cluster.models_dir / "endless-llama", PROMPT, LONG_TOKENS)
     cluster.wait_status(
         lambda s: frozen in {n["node_id"] for n in s["nodes"]}, timeout=30, what=f"{frozen} to come back"

@@ -375,17 +375,31 @@ class Relay:
             log.warning("engine %s left the cluster: failing over %d open stream(s)", engine_id, len(calls))
         return len(calls)
 
-    async def watch_engines(self) -> None:
-        """Cut the streams of every engine that leaves ``nodes/`` (its lease expired or it stopped)."""
+    async def watch_engines(self, grace_s: float = 2.0) -> None:
+        """Cut the streams of every engine that leaves ``nodes/`` (its lease expired or it stopped) and
+        is still gone ``grace_s`` later: when etcd itself stalls, every lease can expire at once while
+        the engines are fine, and they re-register within a second of etcd's return."""
         view = self.directory.nodes_view
         if view is None:
             return
         known: set[str] = set()
-        async for _rev, _nodes in view.subscribe():
-            now = set(self.directory.engines())
-            for gone in known - now:
-                self.engine_gone(gone)
-            known = now
+        pending: set[asyncio.Task] = set()
+        try:
+            async for _rev, _nodes in view.subscribe():
+                now = set(self.directory.engines())
+                for gone in known - now:
+                    task = asyncio.create_task(self._cut_if_still_gone(gone, grace_s))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                known = now
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _cut_if_still_gone(self, engine_id: str, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        if engine_id not in self.directory.engines():
+            self.engine_gone(engine_id)
 
     def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
         now = time.monotonic()
