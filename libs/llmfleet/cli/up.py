@@ -334,7 +334,9 @@ def run(args: argparse.Namespace) -> int:
                 )
                 for plan in plans:
                     env = dict(child_env)
-                    if env and plan.name.startswith("scheduler"):  # users' entry point: TLS + API keys, no client cert
+                    if env and plan.name.startswith(
+                        "scheduler"
+                    ):  # users' entry point: TLS + API keys, no client cert
                         env["LLMFLEET_TLS_CLIENT_AUTH"] = "0"
                     group.spawn(plan.name, plan.argv, env=env, log_path=plan.log_path)
             except (ValueError, SupervisorError) as e:

@@ -46,9 +46,9 @@ async def test_user_and_password(etcd: LocalEtcd, monkeypatch):
     etcd.ctl("auth", "enable")
     good = EtcdSettings(endpoints=[etcd.endpoint], username="root", password="s3cret-pw")
     assert await roundtrip(good) == b"v"
-    with pytest.raises(Exception, match="(?i)user name|permission|auth"):
+    with pytest.raises(Exception, match=r"(?i)user name|permission|auth"):
         await roundtrip(EtcdSettings(endpoints=[etcd.endpoint], timeout_s=2))
-    with pytest.raises(Exception, match="(?i)authentication failed|invalid|auth"):
+    with pytest.raises(Exception, match=r"(?i)authentication failed|invalid|auth"):
         await roundtrip(
             EtcdSettings(endpoints=[etcd.endpoint], username="root", password="wrong", timeout_s=2)
         )
