@@ -22,11 +22,15 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(address: str, security: SecuritySettings | None = None) -> grpc.aio.Channel:
+def open_channel(
+    address: str, security: SecuritySettings | None = None, tracing: bool = True
+) -> grpc.aio.Channel:
     """A grpc.aio channel to ``host:port``: TLS and an API key as ``security`` (default: this process's
-    settings) says, tracing when it is enabled."""
+    settings) says, tracing when it is enabled. ``tracing=False`` for calls driven with ``write()`` and
+    ``initial_metadata()`` (the KV transfer's handshake): OpenTelemetry's stream-unary interceptor
+    awaits the whole call before handing it over, so the handshake would wait forever."""
     s = security or current()
-    interceptors = client_interceptors()
+    interceptors = client_interceptors() if tracing else []
     if s.api_key:
         interceptors = [*interceptors, *bearer_interceptors(s.api_key)]
     creds = channel_credentials(s)

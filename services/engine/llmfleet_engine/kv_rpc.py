@@ -242,7 +242,7 @@ async def migrate(
     )
     t1 = time.perf_counter()
     try:
-        async with open_channel(destination) as channel:
+        async with open_channel(destination, tracing=False) as channel:  # see open_channel
             await _connect(channel, destination)
             resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ex, header, chunk_tokens))
     except BaseException as e:

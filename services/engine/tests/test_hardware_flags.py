@@ -76,6 +76,9 @@ class FakeBackend:
     def load_snapshot(self):  # read only when /metrics is scraped
         raise NotImplementedError
 
+    def attach_metrics(self, metrics) -> None:  # the gauges read load_snapshot at scrape time
+        metrics.attach(self.load_snapshot)
+
     async def aclose(self) -> None:
         pass
 
