@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from llmfleet.ports import free_port as free_port  # re-exported: tests and tools import it from here
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,6 @@ def describe_returncode(rc: int | None) -> str:
             return f"signal {signal.Signals(-rc).name}"
         return f"signal {-rc}"
     return f"code {rc}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual race applies: bind it soon)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def tail(path: Path | None, n: int = _LOG_TAIL_LINES) -> str:

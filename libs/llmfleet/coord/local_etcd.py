@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from llmfleet.ports import free_port
 from llmfleet.supervisor import with_pdeathsig
 
 log = logging.getLogger(__name__)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(host)
 
 
 def _bin_dir() -> Path:
