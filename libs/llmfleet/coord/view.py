@@ -57,9 +57,18 @@ class PrefixView(Generic[T]):
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            # cancel until it ends: a cancellation that lands inside an etcd call the client treats
+            # as its channel's (and retries) must not leave stop() waiting forever
+            for _ in range(10):
+                task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=1.0)
+                if done:
+                    break
+            else:
+                log.warning("view %s: the watch task did not stop", self.prefix)
+            if task.done() and not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.exception()
         self._notify()  # wake subscribers so they can end
 
     async def wait_for(self, predicate: Callable[[dict[str, T]], bool], timeout: float) -> dict[str, T]:
