@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from llmfleet.policies.request.base import BatchLimits, PoolView, SchedRequest
+from llmfleet.policies.request.base import BatchLimits, PoolView, SchedRequest, check_duration, mark_ran
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,15 @@ def padding_tokens(requests: Sequence[SchedRequest], output_tokens: Sequence[int
     max_in = max(r.prompt_tokens for r in requests)
     max_out = max(output_tokens)
     return sum(max_in - r.prompt_tokens for r in requests) + sum(max_out - o for o in output_tokens)
+
+
+def mark_batch_ran(
+    batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
+) -> None:
+    """The members of ``batch`` among ``requests`` ran an iteration of ``duration_s`` ending at ``now``
+    (every static batcher's ``on_batch_done``)."""
+    check_duration(duration_s)
+    ids = set(batch.request_ids)
+    for r in requests:
+        if r.request_id in ids:
+            mark_ran(r, duration_s, now)

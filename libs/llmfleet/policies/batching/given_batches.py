@@ -18,14 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.policies.batching.base import StaticBatch, padded_blocks
+from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
     SchedRequest,
     arrival_key,
-    check_duration,
-    mark_ran,
 )
 
 
@@ -68,8 +66,4 @@ class GivenBatches:
     def on_batch_done(
         self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
     ) -> None:
-        check_duration(duration_s)
-        ids = set(batch.request_ids)
-        for r in requests:
-            if r.request_id in ids:
-                mark_ran(r, duration_s, now)
+        mark_batch_ran(batch, duration_s, now, requests)

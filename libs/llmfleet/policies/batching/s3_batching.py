@@ -30,15 +30,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from llmfleet.policies.batching.base import StaticBatch, first_fitting, padded_blocks, padded_tokens
+from llmfleet.policies.batching.base import (
+    StaticBatch,
+    first_fitting,
+    mark_batch_ran,
+    padded_blocks,
+    padded_tokens,
+)
 from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
     SchedRequest,
     arrival_key,
-    check_duration,
-    mark_ran,
 )
 
 
@@ -90,8 +94,4 @@ class S3Batching:
     def on_batch_done(
         self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
     ) -> None:
-        check_duration(duration_s)
-        ids = set(batch.request_ids)
-        for r in requests:
-            if r.request_id in ids:
-                mark_ran(r, duration_s, now)
+        mark_batch_ran(batch, duration_s, now, requests)

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from llmfleet.costmodel.scls import SclsDecode, SclsModel, SclsPrefill
-from llmfleet.policies.batching.base import StaticBatch, padded_blocks
+from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks
 from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
@@ -59,7 +59,6 @@ from llmfleet.policies.request.base import (
     SchedRequest,
     arrival_key,
     check_duration,
-    mark_ran,
 )
 
 
@@ -303,11 +302,7 @@ class SclsSliceBatcher:
     def on_batch_done(
         self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
     ) -> None:
-        check_duration(duration_s)
-        ids = set(batch.request_ids)
-        for r in requests:
-            if r.request_id in ids:
-                mark_ran(r, duration_s, now)
+        mark_batch_ran(batch, duration_s, now, requests)
 
 
 class SclsWorkerQueue:

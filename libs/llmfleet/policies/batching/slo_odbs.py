@@ -109,14 +109,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from llmfleet.policies.batching.base import StaticBatch, padded_blocks, padded_tokens
+from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks, padded_tokens
 from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
     SchedRequest,
-    check_duration,
-    mark_ran,
 )
 
 MODES = ("slo_odbs", "slo_dbs", "odbs")
@@ -373,11 +371,7 @@ class SloOdbs:
     def on_batch_done(
         self, batch: StaticBatch, duration_s: float, now: float, requests: Sequence[SchedRequest]
     ) -> None:
-        check_duration(duration_s)
-        ids = set(batch.request_ids)
-        for r in requests:
-            if r.request_id in ids:
-                mark_ran(r, duration_s, now)
+        mark_batch_ran(batch, duration_s, now, requests)
 
 
 class SloDbs(SloOdbs):
