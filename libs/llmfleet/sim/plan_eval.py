@@ -140,6 +140,7 @@ class SimPlanEvaluator:
                 f"requests name services the spec does not have: {stray}; known: {sorted(names)}"
             )
         self.processes = processes
+        self.parallelism = processes
         self._args = (spec, list(requests), bundle, list(records))
         self._local: _Scorer | None = None
         self._pool: ProcessPoolExecutor | None = None

@@ -28,15 +28,18 @@ class HandEvaluator:
     replicas; each missing replica leaves reqs/need of them violated. L_N^s = reqs (+10·reqs when the
     service has no replica). The normalized latency is 2.0 for plans of tp-1 groups, 1.5 otherwise."""
 
-    def __init__(self, reqs: dict[str, int], need: dict[str, int]) -> None:
+    def __init__(self, reqs: dict[str, int], need: dict[str, int], parallelism: int = 1) -> None:
         self.reqs, self.need = reqs, need
+        self.parallelism = parallelism
         self.calls: list[list[InstancePlan]] = []
+        self.batches: list[int] = []
 
     def close(self) -> None:
         pass
 
     def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
         out = []
+        self.batches.append(len(plans))
         for plan in plans:
             self.calls.append(list(plan))
             rep = {s: sum(1 for p in plan if MODEL[s] in p.models) for s in self.reqs}
@@ -75,9 +78,29 @@ def test_algorithm1_by_hand_two_candidates():
         InstancePlan("tp2-1", ("llama2-13b", "llama2-7b"), 2),
     ]
     assert p.last_score is not None and p.last_score.normalized_latency == 1.5
-    # lockstep: 9 rounds for tp=1 (8 additions + the final check), 5 for tp=2 → 14 simulations
-    assert p.evaluations == len(ev.calls) == 14
-    assert ev.calls[0] == [] and ev.calls[1] == []  # both candidates start from the empty plan
+    # lockstep: 9 rounds for tp=1 (8 additions + the final check), 5 for tp=2 → 14 plans, of which
+    # the empty plan both candidates start from is simulated once
+    assert p.evaluations == len(ev.calls) == 13
+    assert ev.calls[0] == [] and [] not in ev.calls[1:]
+
+
+@pytest.mark.parametrize("parallelism", [2, 3, 8])
+def test_speculation_fills_idle_slots_and_changes_nothing(parallelism):
+    """Idle worker slots score the plans the next steps would make under the last UI ordering; the
+    search's steps, plan and score are those of the plain search, in fewer evaluate() rounds."""
+    args = (GpuPool("a100-80gb", 8, 4), loads(A=3.0, B=1.0))
+    plain_ev = HandEvaluator({"A": 30, "B": 10}, {"A": 3, "B": 1})
+    plain = SeaLLMPlacement(tp_candidates=(1, 2))
+    want = plain.place(*args, PlacementContext(evaluator=plain_ev))
+    ev = HandEvaluator({"A": 30, "B": 10}, {"A": 3, "B": 1}, parallelism=parallelism)
+    p = SeaLLMPlacement(tp_candidates=(1, 2))
+    assert p.place(*args, PlacementContext(evaluator=ev)) == want
+    assert p.search_log == plain.search_log and p.last_score == plain.last_score
+    assert plain.speculated == plain.speculation_hits == 0
+    assert 0 < p.speculation_hits <= p.speculated and p.evaluations == len(ev.calls)
+    assert len(ev.calls) == len({tuple(c) for c in ev.calls})  # no plan simulated twice
+    assert len(ev.batches) < len(plain_ev.batches)  # fewer rounds on the critical path
+    assert all(n <= max(parallelism, 2) for n in ev.batches)  # never more than fills the workers
 
 
 def test_cap_of_services_per_group_and_unserved_first():

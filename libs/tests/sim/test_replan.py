@@ -223,6 +223,8 @@ def test_planners_that_simulate_get_an_evaluator_over_the_window(tiny):
     made, closed = [], []
 
     class Ev:
+        parallelism = 1
+
         def evaluate(self, plans):
             return [PlanScore(1.0, 1.0) for _ in plans]
 

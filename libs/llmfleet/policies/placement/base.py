@@ -86,6 +86,8 @@ class PlanScore:
 
 @runtime_checkable
 class PlanEvaluator(Protocol):
+    parallelism: int  # plans scored side by side for the price of one (its worker processes)
+
     def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
         """Score each plan on the recent workload (in parallel where it can), in order."""
         ...

@@ -24,7 +24,11 @@ Resolutions (the paper leaves these open):
 * The candidates advance in lockstep: each round the evaluator scores every candidate's current
   partial plan in one call, so a parallel evaluator runs the candidates' simulations side by side
   (the paper: 8 processes). The last evaluation of a candidate (the one after which nothing fits) is its
-  M_est — the plan did not change since.
+  M_est — the plan did not change since. A plan is scored once (candidates share the empty plan).
+* Speculation (ours; the result is the same plan, only sooner): a round that leaves worker slots idle
+  (fewer partial plans than ``evaluator.parallelism``, e.g. once only the TP-1 candidate, the longest
+  chain, is left) fills them with the plans the next steps would make if the unserved index kept its
+  last ordering. A step whose guessed plan was scored takes that score without another round.
 * A new service (in ``services`` but hosted by no instance of ``context.current``) first gets the
   minimum dedicated GPUs: the smallest fitting group on GPUs the current plan leaves free, without a
   search (SeaLLM §4); the next periodic search then places everything.
@@ -79,6 +83,7 @@ class SeaLLMPlacement(PlannerReport):
         alpha: α of the unserved index (paper: 1e-4).
         tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
         min_kv_fraction: memory share kept free of weights in a group.
+        speculate: fill idle evaluator slots with guessed next plans (same result; see the module doc).
     """
 
     name = "seallm"
@@ -90,6 +95,7 @@ class SeaLLMPlacement(PlannerReport):
         alpha: float = 1e-4,
         tp_candidates: Sequence[int] | None = None,
         min_kv_fraction: float = 0.1,
+        speculate: bool = True,
     ) -> None:
         caps = (max_services,) if isinstance(max_services, int) else tuple(max_services)
         if not caps or any(c < 1 for c in caps):
@@ -103,9 +109,12 @@ class SeaLLMPlacement(PlannerReport):
         self.alpha = float(alpha)
         self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
         self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
+        self.speculate = bool(speculate)
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
-        self.evaluations = 0  # plans simulated by the last search
+        self.evaluations = 0  # plans the last search simulated (each distinct plan once)
+        self.speculated = 0  # of those, simulated ahead of need (see the module doc)
+        self.speculation_hits = 0  # of those, the ones a later step used
         self.search_log: dict = {}  # tp (or (tp, cap)) -> (group, service) added, in order
 
     # ---------------------------------------------------------------------------------- helpers
@@ -164,6 +173,41 @@ class SeaLLMPlacement(PlannerReport):
                     cand.added.append((g.gid, s.name))
                     return True
         return False
+
+    def _guesses(
+        self,
+        active: Sequence[_Candidate],
+        last_ui: dict[int, dict[str, float]],
+        services: Sequence[ServiceLoad],
+        gpus_per_node: int,
+        mem_bytes: float,
+        model_of: dict[str, str],
+        slots: int,
+        known: dict,
+    ) -> dict[tuple[InstancePlan, ...], list[InstancePlan]]:
+        """Up to ``slots`` plans not in ``known`` that the active candidates' next steps make if their
+        last unserved index still held: one step ahead for each candidate in turn, then two, ..."""
+        out: dict[tuple[InstancePlan, ...], list[InstancePlan]] = {}
+        chains = [
+            (
+                _Candidate(c.tp, c.cap, [_Group(g.gid, g.tp, list(g.services)) for g in c.groups]),
+                last_ui[id(c)],
+            )
+            for c in active
+            if id(c) in last_ui
+        ]
+        while slots > 0 and chains:
+            alive = []
+            for sim, ui in chains:
+                if slots == 0 or not self._step(sim, ui, services, gpus_per_node, mem_bytes):
+                    continue
+                alive.append((sim, ui))
+                plan = self._plan(sim, model_of)
+                if tuple(plan) not in known and tuple(plan) not in out:
+                    out[tuple(plan)] = plan
+                    slots -= 1
+            chains = alive
+        return out
 
     def _merge(
         self, cand: _Candidate, g: _Group, models: set[str], gpus_per_node: int, mem_bytes: float
@@ -236,15 +280,35 @@ class SeaLLMPlacement(PlannerReport):
         if not cands:
             raise PlacementInfeasible(f"no TP candidate fits a pool of {gpus.count} GPUs")
         model_of = {s.name: s.model for s in services}
+        self.speculated = self.speculation_hits = 0
+        scored: dict[tuple[InstancePlan, ...], PlanScore] = {}
+        ahead: set[tuple[InstancePlan, ...]] = set()  # scored speculatively, not used yet
+        last_ui: dict[int, dict[str, float]] = {}
+        width = max(1, ctx.evaluator.parallelism) if self.speculate else 1
         while True:
             active = [c for c in cands if not c.done]
             if not active:
                 break
-            scores = ctx.evaluator.evaluate([self._plan(c, model_of) for c in active])
-            self.evaluations += len(active)
-            for c, score in zip(active, scores, strict=True):
-                c.score = score
-                ui = self.unserved_index(score, services)
+            need: dict[tuple[InstancePlan, ...], list[InstancePlan]] = {}
+            for c in active:
+                plan = self._plan(c, model_of)
+                if tuple(plan) not in scored:
+                    need.setdefault(tuple(plan), plan)
+            if need:
+                guesses = self._guesses(active, last_ui, services, gpus.gpus_per_node, mem, model_of,
+                                        (-len(need)) % width, {**scored, **need})  # fmt: skip
+                scores = ctx.evaluator.evaluate([*need.values(), *guesses.values()])
+                scored.update(zip([*need, *guesses], scores, strict=True))
+                ahead.update(guesses)
+                self.speculated += len(guesses)
+                self.evaluations += len(need) + len(guesses)
+            for c in active:
+                key = tuple(self._plan(c, model_of))
+                if key in ahead:
+                    ahead.discard(key)
+                    self.speculation_hits += 1
+                c.score = scored[key]
+                last_ui[id(c)] = ui = self.unserved_index(c.score, services)
                 if not self._step(c, ui, services, gpus.gpus_per_node, mem):
                     c.done = True
         placed = [c for c in cands if any(g.services for g in c.groups)]
@@ -256,6 +320,7 @@ class SeaLLMPlacement(PlannerReport):
         self.last_reason = (
             f"tp={best.tp}, ≤ {best.cap} services per group: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
             f"{best.score.normalized_latency:.2f} (best of {len(placed)} candidates, "
-            f"{self.evaluations} simulations)"
+            f"{self.evaluations} simulations, {self.speculation_hits} of {self.speculated} speculative "
+            "ones used)"
         )
         return self._plan(best, model_of)
