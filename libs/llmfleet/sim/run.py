@@ -125,8 +125,14 @@ PRESETS: dict[str, PolicyBundle] = {
     for b in [
         PolicyBundle("vllm", "dedicated_even", "round_robin", "fcfs",
                      description="vLLM: GPUs split evenly per model, FCFS, round-robin"),
+        PolicyBundle("vllm-v0.4", "dedicated_even", "jsq", "fcfs", local_options={"single_phase": True},
+                     description="vLLM 0.2-0.4 as the papers compared it: GPUs split evenly per model, FCFS with "
+                                 "one phase per iteration (prefill first), fewest-requests dispatch"),
         PolicyBundle("alpaserve", "colocate_all", "round_robin", "fcfs",
                      description="AlpaServe-like: all models on every instance, FCFS, shared KV cache"),
+        PolicyBundle("alpaserve-v0.4", "colocate_all", "jsq", "fcfs", local_options={"single_phase": True},
+                     description="AlpaServe in SeaLLM's vLLM-based engine: all models on every instance, shared KV, "
+                                 "FCFS one phase per iteration, fewest-requests dispatch"),
         PolicyBundle("muxserve", "colocate_all", "round_robin", "muxserve_rr",
                      description="MuxServe-like: colocated models, round-robin prefill across services"),
         PolicyBundle("seallm", "colocate_all", "jsq", "doubling_budget",

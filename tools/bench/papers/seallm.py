@@ -60,7 +60,6 @@ CLUSTER = "32xA100-80GB"
 POLICIES = ("vllm", "alpaserve", "muxserve", "seallm", "seallm-prof")
 ARRIVAL_CV = 4.0  # per-service Gamma gaps: bursty (assumption, see the module doc)
 LONG_SAMPLES = 4000
-VLLM_ERA = {"single_phase": True}  # fcfs as vLLM 0.2–0.4 ran it: one phase per iteration, prefill first
 CLAIM = (
     "normalized latency up to 10.38× lower than vLLM (9.52× AlpaServe, 13.60× MuxServe), p99 up to "
     "12.13×/5.80×/18.69× lower, SLO attainment up to 1.82×/3.64×/2.11× higher; SeaLLM's normalized "
@@ -113,14 +112,8 @@ def spec(with_long: bool = True) -> SimSpec:
 def bundles(stats: ProfiledStats) -> dict:
     """The compared systems (see the module doc for what each mirrors)."""
     out = {
-        "vllm": dataclasses.replace(
-            preset("vllm"), dispatch="jsq", local_options=dict(VLLM_ERA),
-            description="vLLM: dedicated even split, FCFS one phase per iteration, fewest-requests dispatch",
-        ),
-        "alpaserve": dataclasses.replace(
-            preset("alpaserve"), dispatch="jsq", local_options=dict(VLLM_ERA),
-            description="AlpaServe in SeaLLM's engine: colocated, FCFS one phase per iteration, fewest-requests",
-        ),
+        "vllm": dataclasses.replace(preset("vllm-v0.4"), name="vllm"),
+        "alpaserve": dataclasses.replace(preset("alpaserve-v0.4"), name="alpaserve"),
         "muxserve": preset("muxserve"),
         "seallm": preset("seallm"),
     }  # fmt: skip
