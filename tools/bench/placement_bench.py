@@ -358,9 +358,9 @@ def markdown(res: dict) -> str:
     lines = ["# Fleet placement benchmark", "", f"Cost source: {COST}.", ""]
     s = res["seallm"]
     lines += ["## SeaLLM headline (32 × A100-80GB, 4 services, per-service bursty arrivals)", ""]
-    lines += [C.md_table(s["rows"], [("rate_rps", "req/s", ".0f"), ("policy", "policy", ""),
-                                     ("norm_latency_mean", "norm. latency", ".2f"), ("latency_p99_s", "p99 (s)", ".1f"),
-                                     ("slo_seallm", "SLO att.", ".3f"), ("gpus", "GPUs", "")]), ""]  # fmt: skip
+    lines += [C.md_table(s["rows"], [("req/s", "rate_rps", ".0f"), ("policy", "policy", ""),
+                                     ("norm. latency", "norm_latency_mean", ".2f"), ("p99 (s)", "latency_p99_s", ".1f"),
+                                     ("SLO att.", "slo_seallm", ".3f"), ("GPUs", "gpus", "")]), ""]  # fmt: skip
     g = s["goal"]
     lines += [
         f"- Goal: {g['text']} → **{C.fmt(g['ours'])}×** at {g['at_rate_rps']:g} req/s ({'met' if g['met'] else 'not met'}).",
@@ -376,8 +376,8 @@ def markdown(res: dict) -> str:
         f"## Aladdin: GPUs for 100 % / 99 % SLO attainment ({a['setup']['model']}, N* = {a['setup']['n_star']})",
         "",
     ]
-    lines += [C.md_table(a["rows"], [("rate_rps", "req/s", ".0f"), ("target", "target", ".2f"), ("policy", "policy", ""),
-                                     ("workers", "workers", ""), ("gpus", "GPUs", ""), ("attainment", "att.", ".3f")]), ""]  # fmt: skip
+    lines += [C.md_table(a["rows"], [("req/s", "rate_rps", ".0f"), ("target", "target", ".2f"), ("policy", "policy", ""),
+                                     ("workers", "workers", ""), ("GPUs", "gpus", ""), ("att.", "attainment", ".3f")]), ""]  # fmt: skip
     lines += [
         f"- Goal: {a['goal']['text']} → best {C.fmt(a['goal']['ours_best'])}× at the roofline N*, "
         f"{C.fmt(a['goal']['ours_best_paper_n'])}× at the paper's N* ({'met' if a['goal']['met'] else 'not met'})."
