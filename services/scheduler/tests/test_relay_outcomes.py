@@ -358,3 +358,47 @@ async def test_rebalance_moves_a_request_not_started_and_records_a_move():
         await directory.close()
         for s in servers.values():
             await s.stop(0)
+
+
+class Overflowing(Recorder):
+    """Counts a request as infeasible (``CountsInfeasible``) when its prompt says so, as best fit does
+    when no worker can take it and it falls back to the least loaded one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.infeasible = 0
+
+    def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+        if request is not None and request.request_id.startswith("r-full"):
+            self.infeasible += 1
+        return super().choose(model, candidates, exclude, request)
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.heard: dict[str, list[str]] = {"arrived": [], "finished": [], "infeasible": []}
+
+    def arrived(self, rec):
+        self.heard["arrived"].append(rec.request_id)
+
+    def finished(self, rec):
+        self.heard["finished"].append(rec.request_id)
+
+    def infeasible(self, rec):
+        self.heard["infeasible"].append(rec.request_id)
+
+
+async def test_the_service_monitor_hears_each_request_dispatch_counted_infeasible(cluster):
+    """The relay tells the stats listener about a request exactly when the policy's infeasible count
+    rose while choosing for it (the live half of Aladdin's scale-out signal)."""
+    from llmfleet.policies.dispatch import CountsInfeasible
+
+    _, directory, _, _ = cluster
+    policy, heard = Overflowing(), Heard()
+    assert isinstance(policy, CountsInfeasible)
+    relay = Relay(directory, FixedRouter(policy), predict_mode="never", stats=heard)
+    for rid in ("r-ok-1", "r-full-1", "r-ok-2", "r-full-2"):
+        _, task = start(relay, rid, "ok")
+        await task
+    assert heard.heard["infeasible"] == ["r-full-1", "r-full-2"] and policy.infeasible == 2
+    assert heard.heard["arrived"] == heard.heard["finished"] == ["r-ok-1", "r-full-1", "r-ok-2", "r-full-2"]
