@@ -33,15 +33,19 @@ Setups (the paper's: one model instance per GPU, Llama-2-7B/13B on RTX 4090 and 
 Policies (the paper's baselines): ``BF`` best-fit dispatch by free KV, no migration; ``WF`` worst-fit
 (most free KV), no migration; ``LB`` worst-fit + Llumnix load-balancing migration (KV transfers, as the
 paper's LB); ``Mell`` Mell dispatch (where Allocate would put the request) + Mell's packer every 1 s
-epoch with operation batching and hybrid transfer.
+epoch with operation batching and hybrid transfer; ``Mell+`` the same with the packer's ``fill_first``
+option (beyond the paper: before Allocate opens a GPU, the item goes to an active GPU of any type with
+room, best fit; dispatch follows through the view); ``Mell++`` Mell+ with ``compact`` (beyond the
+paper: each epoch the GPU with the least KV is emptied when its items fit in the others' room).
 
 Sections:
 
 1. **headline** — per setup × workload: peak and time-averaged active GPUs (GPUs holding requests),
    their ratios to the fluid bound of the same run (Σ⌈KV(t)/C⌉: peak/peak, mean/mean), mean KV
-   utilization of active GPUs, migrations per request, p99 latency, failures; Mell's GPU saving vs
-   each baseline. Goals (reported, not tuned for): Mell peak ≤ 1.10 × fluid bound; Mell memory
-   utilization ≥ 88 %; 9–31 % fewer GPUs than the baselines (paper).
+   utilization of active GPUs (KV in use / KV capacity) and mean memory utilization (the paper's:
+   (weights + KV in use) / GPU memory), migrations per request, p99 latency, failures; each Mell
+   variant's GPU saving vs each baseline. Goals (reported, not tuned for), for each Mell variant: peak ≤
+   1.10 × fluid bound; memory utilization ≥ 88 %; 9–31 % fewer GPUs than the baselines (paper).
 2. **batching** — Mell with operation batching on vs off on the same workloads: migrations per request,
    moves cancelled, reduction (paper: up to 30 %).
 3. **transfer** — Mell with KV-only, tokens-only (re-prefill) and hybrid transfer: KV transfer seconds,
@@ -96,7 +100,9 @@ SETUPS: dict[str, tuple[str, str, str]] = {
 REF_SETUP = "a100-7b"
 BASELINES = ("BF", "WF", "LB")
 CONTROLS = ("alpaca-poisson",)  # KV is not the binding constraint there: reported, not in the goals
-HEADLINE = (*BASELINES, "Mell")
+# the paper's Mell; beyond the paper: Mell+ (fill_first), Mell++ (fill_first + compact)
+MELLS = ("Mell", "Mell+", "Mell++")
+HEADLINE = (*BASELINES, *MELLS)
 SECTIONS = ("headline", "batching", "transfer")
 SECTION_VARIANTS = {
     "headline": HEADLINE,
@@ -123,6 +129,12 @@ def bundle(variant: str) -> PolicyBundle:
         )  # fmt: skip
     if variant == "Mell":
         return PolicyBundle("mell", "dedicated_even", "mell", "fcfs", migration="mell", transfer="hybrid")
+    if variant == "Mell+":  # beyond the paper: before Allocate opens a GPU, fill an active one (best fit)
+        return dataclasses.replace(bundle("Mell"), name="mell-fill", migration_options={"fill_first": True})
+    if variant == "Mell++":  # beyond the paper: Mell+ and, each epoch, empty one GPU into the others' room
+        return dataclasses.replace(
+            bundle("Mell"), name="mell-fill-compact", migration_options={"fill_first": True, "compact": True}
+        )
     if variant == "Mell-nobatch":
         return dataclasses.replace(bundle("Mell"), name="mell-nobatch", migration_options={"batching": False})
     if variant in ("Mell-kv", "Mell-tokens"):
@@ -256,7 +268,8 @@ def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
         "at_cluster_size": cl["peak_active_gpus"] >= GPUS,
         "peak_over_fluid": C.ratio(cl["peak_active_gpus"], fluid_peak),
         "mean_over_fluid": C.ratio(cl["mean_active_gpus"], fluid_mean),
-        "mem_util": cl["active_kv_utilization_mean"],
+        "mem_util": cl["active_kv_utilization_mean"],  # KV in use / KV capacity of the active GPUs
+        "mem_util_weights": cl["active_memory_utilization_mean"],  # (weights + KV) / GPU memory (paper)
         "kv_util_mean": cl["kv_utilization_mean"],
         "active_gpu_s": cl["mean_active_gpus"] * (end - start),
         "latency_mean_s": m["latency_mean_s"],
@@ -336,32 +349,51 @@ def headline_section(rows: list[dict], cfg: dict) -> dict:
     keys = list(dict.fromkeys(key(r) for r in runs))
     savings = []
     for k in keys:
-        m = pick(runs, k, "Mell")
-        if m is None:
-            continue
         s: dict[str, Any] = {"setup": k[0], "workload": k[1], "level": k[2]}
-        for b in BASELINES:
-            x = pick(runs, k, b)
-            if x is not None:
-                s[f"peak_vs_{b}"] = saving(m["peak_active"], x["peak_active"])
-                s[f"mean_vs_{b}"] = saving(m["mean_active"], x["mean_active"])
-        savings.append(s)
-    mell = [r for r in runs if r["variant"] == "Mell" and r["workload"] not in CONTROLS]
+        for v in MELLS:
+            m = pick(runs, k, v)
+            if m is None:
+                continue
+            for b in BASELINES:
+                x = pick(runs, k, b)
+                if x is not None:
+                    s[f"peak_vs_{b}{_sfx(v)}"] = saving(m["peak_active"], x["peak_active"])
+                    s[f"mean_vs_{b}{_sfx(v)}"] = saving(m["mean_active"], x["mean_active"])
+        if len(s) > 3:
+            savings.append(s)
+    goals: dict[str, Any] = {}
+    for v in MELLS:
+        if any(r["variant"] == v for r in runs):
+            goals.update({f"{g}{_sfx(v)}": x for g, x in _goals(runs, savings, v).items()})
+    return {"setup": _setup_info(cfg), "rows": runs, "savings": savings, "goals": goals}
+
+
+def _sfx(variant: str) -> str:
+    """Key suffix of a Mell variant's savings and goals: "" for the paper's Mell, "_plus" for Mell+,
+    "_plusplus" for Mell++."""
+    return {"Mell": "", "Mell+": "_plus", "Mell++": "_plusplus"}[variant]
+
+
+def _goals(runs: list[dict], savings: list[dict], variant: str) -> dict[str, dict]:
+    """The paper's goals for one Mell variant, on the KV-bound workloads."""
+    sfx = _sfx(variant)
+    mell = [r for r in runs if r["variant"] == variant and r["workload"] not in CONTROLS]
     kv_bound = [s for s in savings if s["workload"] not in CONTROLS]
     within = [r for r in mell if r["peak_over_fluid"] is not None and r["peak_over_fluid"] <= 1.10]
     worst_pf = max((r["peak_over_fluid"] for r in mell if r["peak_over_fluid"] is not None), default=None)
-    utils = [r["mem_util"] for r in mell]
+    mem = [r["mem_util_weights"] for r in mell]
+    kvu = [r["mem_util"] for r in mell]
     ranges = {}
     for b in BASELINES:
         for what in ("peak", "mean"):
-            v = [s[f"{what}_vs_{b}"] for s in kv_bound if s.get(f"{what}_vs_{b}") is not None]
-            ranges[f"{what}_vs_{b}"] = [min(v), max(v)] if v else None
+            x = [s[f"{what}_vs_{b}{sfx}"] for s in kv_bound if s.get(f"{what}_vs_{b}{sfx}") is not None]
+            ranges[f"{what}_vs_{b}"] = [min(x), max(x)] if x else None
     peak_savings = [
-        s[f"peak_vs_{b}"] for s in kv_bound for b in BASELINES if s.get(f"peak_vs_{b}") is not None
+        s[f"peak_vs_{b}{sfx}"] for s in kv_bound for b in BASELINES if s.get(f"peak_vs_{b}{sfx}") is not None
     ]
-    goals = {
+    return {
         "fluid": {
-            "text": "Mell's peak active GPUs ≤ 1.10 × the fluid bound (peak of Σ⌈KV/C⌉ in the same run; "
+            "text": f"{variant}: peak active GPUs ≤ 1.10 × the fluid bound (peak of Σ⌈KV/C⌉ in the same run; "
             "KV-bound workloads)",
             "ours_text": f"worst {C.fmt(worst_pf)}×; within 1.10× in {len(within)}/{len(mell)} runs",
             "worst": worst_pf,
@@ -370,15 +402,19 @@ def headline_section(rows: list[dict], cfg: dict) -> dict:
             "met": bool(mell) and len(within) == len(mell),
         },
         "util": {
-            "text": "Mell's mean KV utilization of active GPUs ≥ 88 % (paper: lowest average 88 %; KV-bound "
-            "workloads)",
-            "ours_text": f"min {C.fmt(min(utils, default=None), '.3f')}, "
-            f"max {C.fmt(max(utils, default=None), '.3f')}; ≥ 0.88 in {sum(u >= 0.88 for u in utils)}/{len(utils)} runs",
-            "min": min(utils, default=None),
-            "met": bool(utils) and min(utils) >= 0.88,
+            "text": f"{variant}: mean memory utilization of active GPUs ≥ 88 % (paper §VIII-B: percentage of GPU "
+            "memory in use, i.e. weights + KV over the GPU's memory; lowest average 88 %; KV-bound workloads)",
+            "ours_text": f"weights + KV: min {C.fmt(min(mem, default=None), '.3f')}, "
+            f"max {C.fmt(max(mem, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in mem)}/{len(mem)} runs; "
+            f"KV only (KV in use / KV capacity): min {C.fmt(min(kvu, default=None), '.3f')}, "
+            f"max {C.fmt(max(kvu, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in kvu)}/{len(kvu)} runs",
+            "min": min(mem, default=None),
+            "min_kv": min(kvu, default=None),
+            "met": bool(mem) and min(mem) >= 0.88,
         },
         "savings": {
-            "text": "Mell needs 9–31 % fewer GPUs than BF, WF and LB (paper; here: peak active GPUs, every KV-bound run and baseline ≥ 9 %)",
+            "text": f"{variant} needs 9–31 % fewer GPUs than BF, WF and LB (paper; here: peak active GPUs, every "
+            "KV-bound run and baseline ≥ 9 %)",
             "ours_text": "peak saving "
             + ", ".join(f"vs {b} {_pct_range(ranges[f'peak_vs_{b}'])}" for b in BASELINES)
             + "; mean saving "
@@ -387,7 +423,6 @@ def headline_section(rows: list[dict], cfg: dict) -> dict:
             "met": bool(peak_savings) and min(peak_savings) >= 0.09,
         },
     }
-    return {"setup": _setup_info(cfg), "rows": runs, "savings": savings, "goals": goals}
 
 
 def batching_section(rows: list[dict], cfg: dict) -> dict:
@@ -497,7 +532,17 @@ def markdown(res: dict, command: str) -> str:
         ]
     if "headline" in res:
         h = res["headline"]
-        lines += ["## 1. Headline: active GPUs (BF / WF / LB / Mell)", ""]
+        lines += [
+            "## 1. Headline: active GPUs (BF / WF / LB / Mell / Mell+ / Mell++)",
+            "",
+            "Beyond the paper: Mell+ = Mell with `fill_first` (before Allocate opens a GPU, the item goes to "
+            "an active GPU of any type with room, best fit); Mell++ = Mell+ with `compact` (after the "
+            "operations, each epoch, the GPU with the least KV whose items fit in the other GPUs' room, "
+            "keeping 5 % of C free there, is emptied). `KV util`: KV in use / KV capacity of the active "
+            "GPUs; `mem util`: the paper's GPU utilization, (weights + KV in use) / GPU memory of the active "
+            "GPUs; both time-averaged over the samples with an active GPU.",
+            "",
+        ]
         for setup in SETUPS:
             rows = [r for r in h["rows"] if r["setup"] == setup]
             if not rows:
@@ -508,15 +553,19 @@ def markdown(res: dict, command: str) -> str:
                 ("variant", "policy", ""), ("peak_active", "peak", ""), ("mean_active", "mean", ".2f"),
                 ("fluid_peak", "fluid peak", ""), ("fluid_mean", "fluid mean", ".2f"),
                 ("peak_over_fluid", "peak/fluid", ".2f"), ("mean_over_fluid", "mean/fluid", ".2f"),
-                ("mem_util", "mem util", ".3f"), ("migrations_per_req", "mig/req", ".2f"),
+                ("mem_util", "KV util", ".3f"), ("mem_util_weights", "mem util", ".3f"),
+                ("migrations_per_req", "mig/req", ".2f"),
                 ("latency_p99_s", "p99 (s)", ".1f"), ("tpot_mean_ms", "TPOT (ms)", ".1f"),
                 ("failed", "failed", ""),
             ]), ""]  # fmt: skip
-        lines += ["### Mell's GPU saving vs each baseline (1 − Mell / baseline)", ""]
-        cols = [("setup", "setup", ""), ("workload", "workload", ""), ("level", "level", "")]
-        for b in BASELINES:
-            cols += [(f"peak_vs_{b}", f"peak vs {b}", ".1%"), (f"mean_vs_{b}", f"mean vs {b}", ".1%")]
-        lines += [_table(h["savings"], cols), ""]
+        for v in MELLS:
+            cols = [("setup", "setup", ""), ("workload", "workload", ""), ("level", "level", "")]
+            for b in BASELINES:
+                cols += [(f"peak_vs_{b}{_sfx(v)}", f"peak vs {b}", ".1%"),
+                         (f"mean_vs_{b}{_sfx(v)}", f"mean vs {b}", ".1%")]  # fmt: skip
+            if any(f"peak_vs_BF{_sfx(v)}" in s for s in h["savings"]):
+                lines += [f"### {v}'s GPU saving vs each baseline (1 − {v} / baseline)", ""]
+                lines += [_table(h["savings"], cols), ""]
         lines += [f"- {C.goal_line(g)}" for g in h["goals"].values()]
         capped = [r for r in h["rows"] if r.get("at_cluster_size") and r["variant"] not in ("WF", "LB")]
         lines += [
@@ -618,14 +667,15 @@ def plot(res: dict, out: Path, series: dict) -> list[Path]:
             rs = [r for r in rows if r["setup"] == setup]
             groups = list(dict.fromkeys((r["workload"], r["level"]) for r in rs))
             width = 0.8 / len(HEADLINE)
+            mid = (len(HEADLINE) - 1) / 2
             for j, v in enumerate(HEADLINE):
                 ys = [next((r["mean_active"] for r in rs if (r["workload"], r["level"]) == g and r["variant"] == v), 0)
                       for g in groups]  # fmt: skip
-                ax.bar([i + (j - 1.5) * width for i in range(len(groups))], ys, width, label=v)
+                ax.bar([i + (j - mid) * width for i in range(len(groups))], ys, width, label=v)
             fl = [next((r["fluid_mean"] for r in rs if (r["workload"], r["level"]) == g and r["variant"] == "Mell"), 0)
                   for g in groups]  # fmt: skip
             ax.scatter(
-                [i + 1.5 * width for i in range(len(groups))],
+                [i + (HEADLINE.index("Mell") - mid) * width for i in range(len(groups))],
                 fl,
                 marker="_",
                 s=150,

@@ -167,9 +167,16 @@ def _mean_active(samples: Sequence[Sample], end_s: float) -> float:
 
 
 def _active_utilization(samples: Sequence[Sample]) -> float:
-    """Mean KV utilization of the active GPUs (instances with work) over the samples that have any:
-    Mell's "memory utilization"."""
+    """Mean KV utilization of the active GPUs (instances with work) over the samples that have any
+    (samples are evenly spaced: a time-weighted mean): KV in use over their KV capacity."""
     u = [s.kv_used / s.active_kv_capacity for s in samples if s.active_kv_capacity]
+    return float(np.mean(u)) if u else 0.0
+
+
+def _active_memory_utilization(samples: Sequence[Sample]) -> float:
+    """As :func:`_active_utilization`, of GPU memory: (weights + KV in use) over the active GPUs'
+    memory — Mell's "GPU utilization (i.e., percentage of GPU memory in use)" (§VIII-B Metrics, Fig. 14)."""
+    u = [s.active_mem_used / s.active_mem_capacity for s in samples if s.active_mem_capacity]
     return float(np.mean(u)) if u else 0.0
 
 
@@ -199,6 +206,7 @@ def cluster_metrics(result: SimResult) -> dict:
         "mean_active_gpus": _mean_active(result.samples, end),
         "fluid_bound_gpus": max((s.fluid_gpus for s in result.samples), default=0),
         "active_kv_utilization_mean": _active_utilization(result.samples),
+        "active_memory_utilization_mean": _active_memory_utilization(result.samples),
         "kv_utilization_mean": float(np.mean(kv)) if kv else 0.0,
         "kv_utilization_peak": float(max(kv)) if kv else 0.0,
         "iterations": sum(i["iterations"] for i in result.instances),

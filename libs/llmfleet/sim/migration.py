@@ -13,7 +13,10 @@ executes the moves with ``Simulator.move_request``:
 - a request still queued (no KV yet) moves at once, whatever the mode: only its tokens exist.
 
 A move the simulator refuses (the request is in the batch in flight, or finished meanwhile) is
-skipped; the policy sees the real state next epoch. The same policy objects run live in the
+skipped; the policy sees the real state next epoch. A request whose KV is still on the wire (or that
+landed during a step and waits to join) is in no instance's engine: the policy sees it on its
+destination with the KV it carries (live, the source reports it until the transfer ends), not as a
+request that finished (a Depart, then an Allocate when it reappears). The same policy objects run live in the
 migration coordinator. Budgets (Mell's two bins): a link moves ``bandwidth × epoch`` bytes per epoch;
 a destination absorbs the re-prefill tokens whose *marginal* cost — what fusing them into one of its
 decode iterations adds, from the cost model — stays within ``prefill_slack`` of that iteration, times
@@ -82,6 +85,9 @@ class MigrationLoop:
     stats: MigrationStats = field(init=False)
     _node: dict[str, int] = field(init=False, default_factory=dict)
     _holding: set[str] = field(init=False, default_factory=set)  # requests holding KV (last states)
+    _transit: dict[str, tuple[str, RequestState]] = field(
+        init=False, default_factory=dict
+    )  # rid -> (dst, state)
 
     def __post_init__(self) -> None:
         if not self.epoch_s > 0:
@@ -100,11 +106,26 @@ class MigrationLoop:
     # ------------------------------------------------------------------------------------------ state
     def gpu_states(self, sim: Simulator) -> list[GpuState]:
         self._holding = set()
-        return [self._state(inst) for inst in sim.instances.values() if inst.active and inst.serving]
+        arriving: dict[str, list[RequestState]] = {}
+        for rid, (dst, r) in list(self._transit.items()):
+            at = sim.instance_of(rid)
+            listed = at is not None and rid in sim.instances[at].core.requests
+            if at == dst and not listed:  # on the wire, or landed during a step and waiting to join
+                arriving.setdefault(dst, []).append(r)
+                self._holding.add(rid)
+            elif at == dst or not listed:
+                del self._transit[rid]  # joined its destination, finished, or gone
+            # else: still on its source (it leaves when the step in flight ends), which reports it
+        return [
+            self._state(inst, arriving.get(inst.instance_id, ()))
+            for inst in sim.instances.values()
+            if inst.active and inst.serving
+        ]
 
-    def _state(self, inst: SimInstance) -> GpuState:
+    def _state(self, inst: SimInstance, arriving: Sequence[RequestState] = ()) -> GpuState:
+        """``arriving``: requests moving here (their KV in transfer), as they left their source."""
         block = inst.layout.block_bytes
-        reqs = []
+        reqs = list(arriving)
         for rid, r in inst.core.requests.items():
             tpb = inst.tpb[r.sched.model]
             holding = r.sched.phase == "decode" or rid in inst.core.running
@@ -167,7 +188,12 @@ class MigrationLoop:
             done += 1
             if queued:
                 st.queued_moves += 1
-            elif token:
+                continue
+            self._transit[m.request_id] = (
+                m.destination,
+                RequestState(m.request_id, m.model, m.kv_bytes, m.tokens),
+            )
+            if token:
                 st.token_moves += 1
                 st.reprefill_tokens += m.tokens
             else:

@@ -212,7 +212,7 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
     samples = []
     for k in range(n_samples):
         t = next(res.samples[k].t for res in results.values() if len(res.samples) > k)
-        used = cap = active = inside = active_cap = 0
+        used = cap = active = inside = active_cap = mem_used = mem_cap = 0
         kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}
         for g in range(len(groups)):
             res = results.get(g)
@@ -223,6 +223,8 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
                 active += s.active_gpus
                 inside += s.in_system
                 active_cap += s.active_kv_capacity
+                mem_used += s.active_mem_used
+                mem_cap += s.active_mem_capacity
                 for models, tp, u, c in s.kinds:  # a kind may span groups: sum its KV
                     kind = kinds.setdefault((models, tp), [0, c])
                     kind[0] += u
@@ -230,7 +232,7 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
             else:
                 cap += idle[g]
         kv = tuple((m, tp, u, c) for (m, tp), (u, c) in sorted(kinds.items()) if u)
-        samples.append(Sample(t, used, cap, active, inside, active_cap, kv))
+        samples.append(Sample(t, used, cap, active, inside, active_cap, kv, mem_used, mem_cap))
     unrouted = sum(1 for r in routes if r.instance_id is None)  # their arrival events ran here
     events = sum(res.events - len(res.samples) for res in results.values()) + n_samples + unrouted
     end_s = max((res.end_s for res in results.values()), default=reqs[-1].arrival_s)

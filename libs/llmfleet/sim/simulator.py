@@ -81,9 +81,11 @@ class CentralScheduler(Protocol):
 class Sample:
     """Cluster state at ``t``: KV used/capacity bytes, GPUs of instances with work, requests inside.
 
-    ``active_kv_capacity``: the KV capacity of the instances with work (memory utilization of active
+    ``active_kv_capacity``: the KV capacity of the instances with work (KV utilization of active
     GPUs = kv_used / active_kv_capacity). ``kinds``: per instance kind (models, tp) its KV used and
-    the capacity C of one instance, for :attr:`fluid_gpus`."""
+    the capacity C of one instance, for :attr:`fluid_gpus`. ``active_mem_used`` / ``active_mem_capacity``:
+    of the instances with work, weights + KV in use, and their GPUs' memory (tp × HBM): Mell's "GPU
+    utilization (i.e., percentage of GPU memory in use)" (activation workspace and headroom not in use)."""
 
     t: float
     kv_used: int
@@ -92,6 +94,8 @@ class Sample:
     in_system: int
     active_kv_capacity: int = 0
     kinds: tuple[tuple[tuple[str, ...], int, int, int], ...] = ()  # (models, tp, KV used, C), used > 0
+    active_mem_used: int = 0
+    active_mem_capacity: int = 0
 
     @property
     def fluid_gpus(self) -> int:
@@ -584,7 +588,7 @@ class Simulator(Fleet):
         return self._moving > 0 or any(i.work is not None or i.loading for i in self.instances.values())
 
     def _sample(self, t: float) -> Sample:
-        used = cap = active = inside = active_cap = 0
+        used = cap = active = inside = active_cap = mem_used = mem_cap = 0
         kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}  # (models, tp) -> [KV used, C]
         for inst in self.instances.values():
             if not inst.active:
@@ -597,11 +601,13 @@ class Simulator(Fleet):
             if q:
                 active += inst.tp
                 active_cap += c
+                mem_used += u + sum(inst.archs[m].weight_bytes for m in inst.models)
+                mem_cap += inst.tp * inst.hw.mem_bytes
             k = kinds.setdefault((tuple(inst.models), inst.tp), [0, c])
             k[0] += u
             k[1] = max(k[1], c)
         kv = tuple((m, tp, u, c) for (m, tp), (u, c) in sorted(kinds.items()) if u)
-        return Sample(t, used, cap, active, inside, active_cap, kv)
+        return Sample(t, used, cap, active, inside, active_cap, kv, mem_used, mem_cap)
 
     @staticmethod
     def instance_stats(inst: SimInstance) -> dict:

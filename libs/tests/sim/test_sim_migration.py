@@ -51,6 +51,27 @@ def test_mell_packs_requests_and_reports_the_fluid_bound() -> None:
     assert mell["cluster"]["active_kv_utilization_mean"] > wf["cluster"]["active_kv_utilization_mean"]
 
 
+def test_memory_utilization_counts_weights_and_kv_of_the_active_gpus() -> None:
+    """Mell's "GPU utilization (i.e., percentage of GPU memory in use)": weights + KV in use over the
+    memory of the GPUs holding requests, beside the KV-only utilization of the same GPUs."""
+    from llmfleet.costmodel import hardware, model_arch
+
+    e = simulate(SPEC, workload(80), bundle("mell", "mell"), samples=100)
+    weights, hbm = model_arch("llama2-7b").weight_bytes, hardware("a100-40gb").mem_bytes
+    busy = [s for s in e.result.samples if s.active_gpus]
+    assert busy
+    for s in busy:
+        assert s.active_mem_capacity == s.active_gpus * hbm
+        assert s.active_mem_used == s.active_gpus * weights + s.kv_used  # idle instances hold no KV
+    c = e.report["cluster"]
+    want = np.mean([s.active_mem_used / s.active_mem_capacity for s in busy])
+    assert c["active_memory_utilization_mean"] == pytest.approx(want)
+    kv_only = np.mean([s.kv_used / s.active_kv_capacity for s in busy])
+    assert c["active_kv_utilization_mean"] == pytest.approx(kv_only)
+    # the weights (13.5 GB of 40 GB) count as in use: a GPU at 0 KV is still a third full
+    assert c["active_memory_utilization_mean"] > weights / hbm
+
+
 class MoveOnce:
     """Moves every request it sees on ``a`` to ``b`` once, by ``mode``."""
 
@@ -92,6 +113,45 @@ def test_kv_and_token_moves_complete_every_request(mode: str) -> None:
     assert holding > 0 and (st.kv_moves, st.token_moves) == ((holding, 0) if mode == "kv" else (0, holding))
     if mode == "kv":
         assert loop.stats.kv_bytes_moved > 0 and loop.stats.transfer_s_total > 0
+
+
+def test_a_request_whose_kv_is_on_the_wire_is_seen_on_its_destination() -> None:
+    """A KV move slower than an epoch: while its KV travels the request is in no engine, and the policy
+    saw it nowhere (to Mell: a Depart, then an Allocate when it landed). Every unfinished request is
+    now in exactly one GPU's state, a travelling one on its destination."""
+    from llmfleet.policies.dispatch import RoundRobin
+    from llmfleet.policies.placement import InstancePlan
+    from llmfleet.policies.request import Fcfs
+    from llmfleet.sim.cost import CostBook
+    from llmfleet.sim.simulator import Simulator
+
+    hw = dataclasses.replace(SPEC.cluster.hw, intra_node_bw=2e9, inter_node_bw=2e9)  # ~0.5 s per GB
+    spec = dataclasses.replace(SPEC, cluster=ClusterSpec(2, hw))
+    plan = [InstancePlan("a", ("llama2-7b",), 1), InstancePlan("b", ("llama2-7b",), 1)]
+    sim = Simulator(spec, plan, Fcfs, RoundRobin(), CostBook.build(spec.cluster.hw, spec.archs()))
+    mover = MoveOnce("kv")
+    missing: list[str] = []
+    travelling: list[str] = []
+
+    class Spy:
+        def epoch(self, gpus, now):
+            listed = [r.request_id for g in gpus for r in g.requests]
+            assert len(listed) == len(set(listed))  # on one GPU at most
+            missing.extend(set(sim._where) - set(listed))  # unfinished, yet on no GPU
+            b = next((g for g in gpus if g.gpu_id == "b"), None)
+            travelling.extend(
+                r.request_id
+                for r in (b.requests if b else ())
+                if r.request_id not in sim.instances["b"].core.requests
+            )
+            return mover.epoch(gpus, now)
+
+    loop = MigrationLoop(Spy(), None, epoch_s=0.05)
+    loop.install(sim)
+    res = sim.run(workload(n=12, rate=4.0).requests)
+    assert all(r.done for r in res.records) and loop.stats.kv_moves > 0
+    assert travelling and set(travelling) <= mover.moved
+    assert missing == []
 
 
 def test_states_count_whole_blocks_and_waiting_prompts() -> None:

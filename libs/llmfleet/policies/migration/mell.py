@@ -54,11 +54,19 @@ class MellGpu:
 @dataclass(frozen=True)
 class MellView:
     """What dispatch needs of the packer (read-only): GPU types with their activation order and C.
-    ``next_seq``: sequence numbers below it are taken (a GPU opened since counts as most recent)."""
+    ``next_seq``: sequence numbers below it are taken (a GPU opened since counts as most recent).
+    ``fill_first``: the packer's option of that name (dispatch then places as the packer would).
+
+    ``opened``: the GPUs :func:`allocate_target` opened on this view (since the packer's last epoch),
+    with the class of the item that opened each and the order of opening: such a GPU has that type
+    (Fig. 10: Allocate opens a GPU for an item, which gives its type), whatever its KV adds up to. A
+    memo, not state: it is neither compared nor serialised (a view read back from JSON starts empty)."""
 
     capacity_bytes: int = 0
     gpus: tuple[MellGpu, ...] = ()
     next_seq: int = 0
+    fill_first: bool = False
+    opened: dict[str, tuple[str, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def by_id(self) -> dict[str, MellGpu]:
@@ -67,29 +75,45 @@ class MellView:
     def to_json(self) -> dict[str, Any]:
         """A JSON object (what the coordinator embeds in ``migration_state``)."""
         gpus = [[g.gpu_id, g.kind, g.seq] for g in self.gpus]
-        return {"capacity_bytes": self.capacity_bytes, "next_seq": self.next_seq, "gpus": gpus}
+        out: dict[str, Any] = {"capacity_bytes": self.capacity_bytes, "next_seq": self.next_seq, "gpus": gpus}
+        if self.fill_first:
+            out["fill_first"] = True
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | str | bytes) -> MellView:
         """From :meth:`to_json`'s object, or that object as JSON text."""
         d = json.loads(data) if isinstance(data, str | bytes) else data
         gpus = tuple(MellGpu(str(i), str(k), int(s)) for i, k, s in d.get("gpus", ()))
-        return cls(int(d.get("capacity_bytes", 0)), gpus, int(d.get("next_seq", 0)))
+        return cls(
+            int(d.get("capacity_bytes", 0)), gpus, int(d.get("next_seq", 0)), bool(d.get("fill_first", False))
+        )
 
 
 def allocate_target(
-    view: MellView | None, gpus: Sequence[GpuState], model: str, kv_bytes: int, *, source: str | None = None
+    view: MellView | None,
+    gpus: Sequence[GpuState],
+    model: str,
+    kv_bytes: int,
+    *,
+    source: str | None = None,
+    fill_first: bool | None = None,
 ) -> str | None:
     """Where Allocate (Fig. 10) puts a new item of ``kv_bytes`` of ``model``: an active GPU, or an empty
     one to open; best fit when none can be opened; None when nothing hosting ``model`` fits. GPU types
-    and activation order come from ``view``; a non-empty GPU it does not know, or whose largest request
-    is now below its type, is typed by its largest request and counts as the most recent of its type.
-    Requests listed on an L-GPU that are T items count as room for an S/M item (they would make way).
-    ``source``: the GPU the item sits on (preferred when opening; same machine ranks higher)."""
+    and activation order come from ``view``; a GPU this function opened on ``view`` has the class of
+    the item it opened it for (``view.opened``; the most recent of its type, later openings more
+    recent), so its KV, which a dispatcher reports as one sum, does not retype it; any other non-empty
+    GPU it does not know, or whose largest request is now below its type, is typed by its largest
+    request and counts as the most recent of its type. Requests listed on an L-GPU that are T items
+    count as room for an S/M item (they would make way). ``source``: the GPU the item sits on
+    (preferred when opening; same machine ranks higher). ``fill_first``: see ``choose`` (None: the
+    view's)."""
     cap = (view.capacity_bytes if view else 0) or reference_capacity(g.capacity_bytes for g in gpus)
     if cap <= 0:
         return None
     known = view.by_id if view else {}
+    memo = view.opened if view is not None else {}
     fresh = view.next_seq if view else 0
     hosts: list[Bin] = []
     for g in sorted(gpus, key=lambda g: g.gpu_id):
@@ -98,15 +122,24 @@ def allocate_target(
         b = Bin(g)
         for r in g.requests:
             b.add(Item(r.request_id, r.model, {r.request_id: r}, False, cap))
-        mg, kind = known.get(g.gpu_id), b.content_kind()
-        if mg is not None and kind is not None and RANK[kind] >= RANK.get(mg.kind, 0):
+        mg, kind, mine = known.get(g.gpu_id), b.content_kind(), memo.get(g.gpu_id)
+        if mine is not None and kind is not None and RANK[kind] >= RANK[mine[0]]:
+            b.kind, b.seq = mine[0], fresh + len(gpus) + mine[1]  # opened here since the view
+        elif mg is not None and kind is not None and RANK[kind] >= RANK.get(mg.kind, 0):
             b.kind, b.seq = mg.kind, mg.seq
         elif kind is not None:  # opened since the view, or its type-giving item left since
             b.kind, b.seq = kind, fresh + len(hosts)
         hosts.append(b)
     src = next((b for b in hosts if b.gpu_id == source), None)
-    target, _ = choose(item_class(kv_bytes, cap), kv_bytes, hosts, src)
-    return target.gpu_id if target else None
+    cls = item_class(kv_bytes, cap)
+    if fill_first is None:
+        fill_first = view.fill_first if view is not None else False
+    target, opened = choose(cls, kv_bytes, hosts, src, fill_first=fill_first)
+    if target is None:
+        return None
+    if opened and view is not None:
+        memo[target.gpu_id] = (cls, len(memo))
+    return target.gpu_id
 
 
 class _Prev(NamedTuple):
@@ -136,6 +169,7 @@ class _Work:
         self, cap: int, gpus: Sequence[GpuState], meta: dict[str, tuple[str, int]], seq: int, limit: int
     ):
         self.cap, self.seq, self.limit = cap, seq, limit
+        self.fill_first = False  # MellPacker's option (see mell_classes.choose)
         self.bins: dict[str, Bin] = {}
         self.hosts: dict[str, list[Bin]] = defaultdict(list)
         self.at: dict[str, Bin] = {}  # item id -> the bin holding it
@@ -214,7 +248,7 @@ class _Work:
         """Allocate(i) for ``it``, detached from ``src``; returns where it ends. S/M onto an L-GPU makes
         that GPU's T items depart and re-allocate; an L item pulls one S/M request (Allocate 3)."""
         hosts = [b for b in self.hosts[it.model] if b is not avoid]
-        dst, _ = choose(it.cls, it.size, hosts, src)
+        dst, _ = choose(it.cls, it.size, hosts, src, fill_first=self.fill_first)
         if dst is None:
             self.attach(it, src)
             self.notes.append(
@@ -433,6 +467,36 @@ class _Work:
                     )
                     break
 
+    def compact(self, headroom: float) -> None:
+        """Beyond the paper (``MellPacker(compact=True)``): close one GPU per epoch when it can be
+        emptied — the non-empty GPU with the least KV whose items (≤ the move cap) all fit, largest first
+        and each on the fullest other non-empty GPU hosting its model where it fits and leaves
+        ``headroom`` × C free (room for the next epoch's growth). One operation; whatever the types."""
+        live = sorted((b for b in self.bins.values() if b.n), key=lambda b: (b.used, b.gpu_id))
+        for b in live:
+            items = sorted(b.items.values(), key=lambda x: (-x.size, x.item_id))
+            if len(items) > self.limit:
+                continue
+            free = {o.gpu_id: o.free - int(headroom * o.capacity) for o in live if o is not b}
+            plan: list[tuple[Item, Bin]] = []
+            for x in items:
+                fits = [
+                    o for o in live if o.gpu_id in free and x.model in o.models and free[o.gpu_id] >= x.size
+                ]
+                if not fits:
+                    break
+                dst = min(fits, key=lambda o: (free[o.gpu_id] - x.size, o.gpu_id))
+                free[dst.gpu_id] -= x.size
+                plan.append((x, dst))
+            if len(plan) == len(items):
+                self.run("compact", self._empty, b, plan)
+                return
+
+    def _empty(self, b: Bin, plan: list[tuple[Item, Bin]]) -> None:
+        for x, dst in plan:
+            self.detach(x)
+            self.relocate(x, b, dst)
+
     def _evict(self, b: Bin, stuck: set[str]) -> None:
         while b.used > b.capacity and self.op is not None and self.op.moves < self.limit:
             over = b.used - b.capacity
@@ -460,14 +524,29 @@ class MellPacker:
     """Mell's online scheduler (Algorithm 1) as a :class:`MigrationPolicy`; keeps GPU types, activation
     order, multi-items and last epoch's plan between epochs. ``batching``: operation batching (§VI-C);
     off, operations run in request-id order and every move they make is kept (a benchmark baseline).
-    ``replan_epochs``: for how many epochs a planned move not yet done is planned again."""
+    ``replan_epochs``: for how many epochs a planned move not yet done is planned again.
+    ``fill_first`` (beyond the paper, off by default): before Allocate opens a GPU, the item goes to an
+    active GPU with room of any type (``mell_classes.choose``); the view carries it to dispatch.
+    ``compact`` (beyond the paper, off by default): after the operations, empty one GPU per epoch into
+    the others' room, keeping ``compact_headroom`` × C free on each (``_Work.compact``)."""
 
     name = "mell"
 
     def __init__(
-        self, batching: bool = True, max_moves_per_op: int = MAX_MOVES_PER_OP, replan_epochs: int = 3
+        self,
+        batching: bool = True,
+        max_moves_per_op: int = MAX_MOVES_PER_OP,
+        replan_epochs: int = 3,
+        fill_first: bool = False,
+        compact: bool = False,
+        compact_headroom: float = 0.05,
     ) -> None:
+        if not 0 <= compact_headroom < 1:
+            raise ValueError(f"compact_headroom must be in [0, 1), got {compact_headroom}")
         self.batching = batching
+        self.fill_first = fill_first
+        self.compact = compact
+        self.compact_headroom = compact_headroom
         self.max_moves_per_op = max_moves_per_op
         self.replan_epochs = replan_epochs
         self._epoch = 0
@@ -478,7 +557,7 @@ class MellPacker:
         self._items: dict[str, _Prev] = {}  # item id -> the item as last planned
         self._pending: dict[str, tuple[Migration, int]] = {}  # request -> (planned move, epoch first planned)
         self._op_moves: tuple[int, ...] = ()
-        self._view = MellView()
+        self._view = MellView(fill_first=fill_first)
 
     @property
     def last_op_moves(self) -> tuple[int, ...]:
@@ -497,6 +576,7 @@ class MellPacker:
             return EpochPlan(notes=("no GPU reports a KV capacity: nothing planned",))
         w = _Work(self._cap, gpus, self._meta, self._seq, self.max_moves_per_op)
         w.new_bundle = self._new_bundle
+        w.fill_first = self.fill_first
         seen = self._observe(w, gpus)
         reissued = self._reissue(w, seen)
         ops = self._build(w, seen)
@@ -505,6 +585,8 @@ class MellPacker:
         ):
             w.run(name, fn, *args)
         w.repair()
+        if self.compact:
+            w.compact(self.compact_headroom)
         for b in w.bins.values():
             w.retype(b, force=True)
         return self._finish(w, gpus, seen, reissued)
@@ -648,7 +730,10 @@ class MellPacker:
         }
         self._op_moves = tuple(w.op_moves)
         self._view = MellView(
-            self._cap, tuple(MellGpu(g, k, q) for g, (k, q) in sorted(self._meta.items())), self._seq
+            self._cap,
+            tuple(MellGpu(g, k, q) for g, (k, q) in sorted(self._meta.items())),
+            self._seq,
+            self.fill_first,
         )
         return EpochPlan(
             migrations=tuple(migs),

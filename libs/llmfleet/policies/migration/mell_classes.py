@@ -191,12 +191,19 @@ def most_recent(bins: Iterable[Bin], kind: str) -> Bin | None:
     return max((b for b in bins if b.n and b.kind == kind), key=lambda b: b.seq, default=None)
 
 
-def choose(cls: str, size: int, hosts: Sequence[Bin], source: Bin | None = None) -> tuple[Bin | None, bool]:
+def choose(
+    cls: str, size: int, hosts: Sequence[Bin], source: Bin | None = None, *, fill_first: bool = False
+) -> tuple[Bin | None, bool]:
     """Allocate(i)'s target (Fig. 10) among ``hosts``: (bin, opened). T: the highest-priority L-GPU with
     room, else the most recent T-GPU; S/M: an L-GPU j with S_L + S_i < C and no S/M yet (its T items
     make way), else the most recent GPU of i's class; L, or those full: open an empty GPU (the source
     itself first: no move), else best fit, else None. Priority: fewer requests, more idle memory, same
-    machine as the source, GPU id."""
+    machine as the source, GPU id.
+
+    ``fill_first`` (beyond the paper; off by default): before opening a GPU, put the item on an active
+    GPU with room whatever its type — the source when it has room (no move), else best fit (least free
+    memory left). Types then mix (a T item on an S-GPU, an S item on a T-GPU, which becomes an S-GPU),
+    so Theorem 1's properties no longer hold as stated; the aim is fewer GPUs opened at peaks."""
     machine = source.machine if source is not None else None
 
     def prio(b: Bin) -> tuple[int, int, bool, str]:
@@ -219,6 +226,12 @@ def choose(cls: str, size: int, hosts: Sequence[Bin], source: Bin | None = None)
         return min(on_l, key=prio), False
     if recent is not None:
         return recent, False
+    if fill_first:
+        fits = [b for b in live if b.free >= size]
+        if source is not None and source in fits:
+            return source, False
+        if fits:
+            return min(fits, key=lambda b: (b.free - size, b.gpu_id)), False
     empty = [b for b in hosts if not b.n and b.capacity >= size]
     if empty:
         key = lambda b: (b is not source, machine is not None and b.machine != machine, -b.capacity, b.gpu_id)  # noqa: E731

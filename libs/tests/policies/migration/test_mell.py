@@ -339,6 +339,87 @@ def test_mell_dispatch_places_as_allocate_by_the_current_size():
     assert d.needs.reads_kv and d.needs.reads_queue and not d.needs.reads_predictions
 
 
+def test_mell_dispatch_keeps_the_type_of_a_gpu_it_opened_since_the_view():
+    """A dispatcher sees a busy engine as one sum of KV. A GPU opened for a T item since the packer's
+    last epoch is a T-GPU (the most recent one) however its T items add up: further T arrivals go there
+    instead of opening yet another GPU (before: two T items of 250 B read as one 500 B M item, and
+    every T arrival in a burst opened a GPU)."""
+    view = taught(
+        gpu("e0", ("t1", 300), ("t2", 300), ("t3", 300), ("t4", 250)), idle("e1"), idle("e2")
+    ).view()
+    d = MellDispatch(lambda: view)
+    cands = [cand("e0", 1150), cand("e1", 0, running=0), cand("e2", 0, running=0)]
+    assert d.choose("m", cands, request=req(250)) == "e1"  # e0 full: open a GPU
+    cands[1] = cand("e1", 500, running=2)  # it took two T items
+    assert d.choose("m", cands, request=req(250)) == "e1"
+    cands[1] = cand("e1", 1000, running=4)
+    assert d.choose("m", cands, request=req(250)) == "e2"  # full: open the next one
+    cands[2] = cand("e2", 250)
+    assert d.choose("m", cands, request=req(250)) == "e2"  # the most recently opened T-GPU
+    # the memo is the view's: the packer's next epoch makes a new view, a JSON copy starts empty
+    assert MellView.from_json(view.to_json()).opened == {}
+
+
+# ------------------------------------------------------------------------------------------ fill_first
+
+
+def test_fill_first_puts_an_item_on_an_active_gpu_of_another_type_before_opening():
+    """Paper (default): a T item never joins an S-GPU, so with the T-GPU full a new GPU opens. With
+    ``fill_first`` it goes to the active GPU with the least room left that fits, and the view carries
+    the option to dispatch."""
+    gpus = [gpu("g0", ("s1", 350), ("s2", 350)), gpu("g1", ("t1", 300), ("t2", 300), ("t3", 300), ("t4", 200)),
+            idle("g2")]  # fmt: skip
+    assert allocate_target(taught(*gpus).view(), gpus, "m", 200) == "g2"
+    v = taught(*gpus, fill_first=True).view()
+    assert v.fill_first and MellView.from_json(v.to_json()).fill_first
+    assert allocate_target(v, gpus, "m", 200) == "g0"
+    assert allocate_target(v, gpus, "m", 100 + 150) == "g0"  # g1 has 100 B left: only g0 fits
+    # an item already there stays (no move), and the packer does not move it either
+    arrived = [gpu("g0", ("s1", 350), ("s2", 350), ("t5", 200)), *gpus[1:]]
+    assert allocate_target(v, arrived, "m", 200, source="g0") == "g0"
+    p = taught(*gpus, fill_first=True)
+    assert p.epoch(arrived, 1.0).migrations == ()
+    p = taught(*gpus)  # the paper's packer moves it to a GPU of its own (opening g2)
+    plan = p.epoch(arrived, 1.0)
+    assert moves(plan) == [("t5", "g0", "g2")] and plan.activate == ("g2",)
+
+
+def test_fill_first_prefers_the_paper_targets_when_they_have_room():
+    gpus = [gpu("g0", ("s1", 350), ("s2", 350)), gpu("g1", ("t1", 300), ("t2", 300)), idle("g2")]
+    v = taught(*gpus, fill_first=True).view()
+    assert allocate_target(v, gpus, "m", 200) == "g1"  # the most recent T-GPU has room
+    assert allocate_target(v, gpus, "m", 350) == "g0"  # the most recent S-GPU
+    assert allocate_target(v, gpus, "m", 700) == "g2"  # no active GPU has room for an L: open
+
+
+def test_compact_empties_the_least_filled_gpu_into_the_others_room():
+    """``compact`` (beyond the paper): a GPU whose items fit in the others' room (keeping 5 % of C free
+    there) is emptied and closed; the paper's packer leaves the three GPUs as they are."""
+    gpus = [
+        gpu("g0", ("t1", 300), ("t2", 300), ("t3", 200)),
+        gpu("g1", ("s1", 350), ("s2", 350)),
+        gpu("g2", ("t4", 250), ("t5", 160)),
+    ]
+    assert taught(*gpus).epoch(gpus, 1.0).migrations == ()
+    p = taught(*gpus)
+    p.compact = True
+    plan = p.epoch(gpus, 1.0)
+    # largest first, best fit with 60 B kept free: t4 (250) to g0 (340 → 90), t5 (160) to g1 (440)
+    assert sorted(moves(plan)) == [("t4", "g2", "g0"), ("t5", "g2", "g1")]
+    assert plan.deactivate == ("g2",)
+    # no room once 5 % of C is kept free: nothing moves
+    tight = [
+        gpu("g0", ("t1", 300), ("t2", 300), ("t3", 300)),
+        gpu("g1", ("s1", 350), ("s2", 350), ("s3", 350)),
+        gpus[2],
+    ]
+    p = taught(*tight)
+    p.compact = True
+    assert p.epoch(tight, 1.0).migrations == ()
+    with pytest.raises(ValueError, match="compact_headroom"):
+        MellPacker(compact=True, compact_headroom=1.0)
+
+
 def test_mell_dispatch_without_a_view_is_best_fit_by_free_kv():
     cands = [cand("e0", 700), cand("e1", 800, running=3), cand("e2", 0, running=0)]
     assert MellDispatch().choose("m", cands, request=req(300)) == "e1"  # least free that fits
@@ -407,12 +488,18 @@ EPOCHS = st.lists(
 
 
 def simulate(
-    epochs, batching: bool, hosts: dict[str, tuple[str, ...]], models: Sequence[str], executed: float = 1.0
+    epochs,
+    batching: bool,
+    hosts: dict[str, tuple[str, ...]],
+    models: Sequence[str],
+    executed: float = 1.0,
+    fill_first: bool = False,
+    compact: bool = False,
 ) -> dict[str, float]:
     """Random arrivals (dispatched as Allocate would: ``allocate_target`` over the packer's view),
     growth and departures; each plan is checked on the state it plans (all its migrations applied),
     and then ``executed`` of its migrations run (the rest are deferred: the packer sees that)."""
-    p = MellPacker(batching=batching)
+    p = MellPacker(batching=batching, fill_first=fill_first, compact=compact)
     place: dict[str, dict[str, int]] = {g: {} for g in hosts}
     model_of: dict[str, str] = {}
     active: set[str] = set()
@@ -507,3 +594,16 @@ def test_random_epochs_with_several_models_and_deferred_moves_keep_every_invaria
     executor may run only some migrations (the rest are planned again while they fit)."""
     hosts = {f"g{i:02d}": (("a",), ("b",), ("a", "b"))[i % 3] for i in range(60)}
     simulate(epochs, True, hosts, ("a", "b"), executed)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(EPOCHS, st.booleans(), st.sampled_from([1.0, 0.5]), st.booleans())
+def test_fill_first_and_compact_keep_every_invariant_and_the_peak_bound(epochs, batching, executed, compact):
+    """The ``fill_first`` option (types mix), with or without ``compact``, keeps capacity, one place per
+    request and the 10-move cap, also with several models and deferred moves, and its peak stays within
+    4/3 · LB + 3."""
+    hosts = {f"g{i:02d}": ("m",) for i in range(100)}
+    peak = simulate(epochs, batching, hosts, ("m",), executed, fill_first=True, compact=compact)
+    assert peak["active"] <= 4 / 3 * peak["lb"] + ADDITIVE, peak
+    mixed = {f"g{i:02d}": (("a",), ("b",), ("a", "b"))[i % 3] for i in range(60)}
+    simulate(epochs, batching, mixed, ("a", "b"), executed, fill_first=True, compact=compact)
