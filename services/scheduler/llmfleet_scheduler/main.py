@@ -21,7 +21,7 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.rebalance import LiveRebalance
 from llmfleet_scheduler.relay import Relay
-from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher, mell_view_of
+from llmfleet_scheduler.routing import DispatchRouter, MellViewReader, PredictionBatcher
 from llmfleet_scheduler.scls_central import EngineView, SclsCentral
 from llmfleet_scheduler.servicer import SchedulerServicer
 from llmfleet_scheduler.stats_reporter import StatsReporter
@@ -89,7 +89,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
             n.spawn(stats.run(), "scheduler-stats-reporter")
         migration = migration_state_view(n.etcd)  # the migration leader's Mell view (mell dispatch)
         await migration.start()
-        router.mell_view = lambda: mell_view_of(migration.snapshot().get(""))
+        router.mell_view = MellViewReader(lambda: migration.snapshot().get(""))
         n.on_stop.append(migration.stop)
 
     node.on_etcd.append(attach_views)

@@ -53,6 +53,23 @@ def mell_view_of(state: MigrationState | None) -> MellView | None:
         return None
 
 
+class MellViewReader:
+    """The Mell view the migration leader published, parsed once per publication: dispatch then reads
+    one :class:`MellView` until the next, so its memo of the GPUs it opened since (``MellView.opened``)
+    lasts until the leader's next epoch sees them. ``read``: the current state (None: no leader)."""
+
+    def __init__(self, read: Callable[[], MigrationState | None]) -> None:
+        self._read = read
+        self._state: MigrationState | None = None
+        self._view: MellView | None = None
+
+    def __call__(self) -> MellView | None:
+        state = self._read()
+        if state is not self._state:
+            self._state, self._view = state, mell_view_of(state)
+        return self._view
+
+
 @dataclass
 class DispatchRouter:
     default: str = "round_robin"

@@ -66,3 +66,22 @@ def test_mell_dispatch_reads_the_migration_leaders_view():
     assert isinstance(policy.view_source(), MellView)
     assert mell_view_of(None) is None and mell_view_of(MigrationState(1, "llumnix_lb")) is None
     assert mell_view_of(MigrationState(1, "mell", view={"gpus": "garbage"})) is None  # logged, best fit
+
+
+def test_the_published_mell_view_is_parsed_once_per_publication():
+    """Dispatch's memo of the GPUs it opened (MellView.opened) lives on one view object until the
+    leader publishes the next; a view parsed per call would forget them at once."""
+    from llmfleet.coord.migration_state import MigrationState
+    from llmfleet.policies.migration import MellPacker
+    from llmfleet_scheduler.routing import MellViewReader
+
+    current: list[MigrationState | None] = [None]
+    read = MellViewReader(lambda: current[0])
+    assert read() is None
+    current[0] = MigrationState(3, "mell", "m-1", view=MellPacker().view().to_json())
+    first = read()
+    assert first is not None and read() is first
+    first.opened["e1"] = ("T", 0)
+    assert read().opened == {"e1": ("T", 0)}
+    current[0] = MigrationState(4, "mell", "m-1", view=MellPacker().view().to_json())
+    assert read() is not first and read().opened == {}
