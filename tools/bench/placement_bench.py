@@ -21,7 +21,8 @@ Sections (setups mirror the papers; nothing here is tuned to reach a goal):
    iteration (Aladdin runs on vLLM 0.2–0.4, as in ``papers/aladdin.py``); then Eq. 7 fitted on
    Aladdin's 99 % points and the :class:`AladdinPlanner` provisioning with that fit (in-sample).
 3. **Placement search time** — SeaLLM's search for 32 GPUs and 4 services, candidates simulated in
-   2 processes (this machine has 2 cores; the paper used 8).
+   2 processes (this machine has 2 cores; the paper used 8); ``--only search`` times it at the top
+   rate with and without speculation, runs alternating (same plan either way).
 4. **Adaptive vs fixed replacement interval** — see ``adaptive_section`` (needs the simulator's
    placement loop).
 
@@ -341,6 +342,41 @@ def aladdin_section(cfg: dict, log) -> dict:
 
 
 # --------------------------------------------------------------------------- 3. search time
+def speculation_section(cfg: dict, log) -> dict:
+    """Algorithm 1's search time at the top rate with and without speculation (same plan), runs
+    alternating so that both see the same machine (``reps`` each; min / median / max)."""
+    sp = seallm_spec()
+    rate = max(cfg["rates"])
+    history = bursty_workload(clusters(sp), rate, HISTORY_S, seed=2)
+    gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    runs: dict[bool, dict] = {}
+    for _ in range(cfg["search_reps"]):
+        for on in (True, False):
+            planner = SeaLLMPlacement(max_services=2, speculate=on)
+            t0 = time.perf_counter()
+            with SimPlanEvaluator(sp, history.requests, preset("seallm"), processes=cfg["processes"]) as ev:
+                plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
+            times[on].append(time.perf_counter() - t0)
+            runs[on] = {"simulations": planner.evaluations, "speculated": planner.speculated,
+                        "hits": planner.speculation_hits, "plan": [str(p) for p in plan]}  # fmt: skip
+            log(
+                f"  search {rate:g} req/s speculate={on}: {times[on][-1]:.1f} s, {planner.evaluations} simulations"
+            )
+
+    def spread(xs: list[float]) -> dict:
+        return {"min": min(xs), "median": float(np.median(xs)), "max": max(xs)}
+
+    return {
+        "rate_rps": rate,
+        "processes": cfg["processes"],
+        "speculate": {**spread(times[True]), **{k: v for k, v in runs[True].items() if k != "plan"}},
+        "plain": {**spread(times[False]), **{k: v for k, v in runs[False].items() if k != "plan"}},
+        "same_plan": runs[True]["plan"] == runs[False]["plan"],
+        "met": max(times[True]) <= 60.0,
+    }
+
+
 def search_section(seallm: dict) -> dict:
     s = max(seallm["searches"], key=lambda x: x["search_s"])
     return {
@@ -388,6 +424,13 @@ def markdown(res: dict) -> str:
     t = res["search"]
     lines += ["", "## Placement search time", "", f"- {t['text']}: worst {t['worst_s']:.1f} s ({t['simulations']} simulations) "
               f"({'met' if t['met'] else 'not met'}); all: {', '.join(f'{x:.1f}' for x in t['all_s'])} s."]  # fmt: skip
+    if res.get("speculation"):
+        sp = res["speculation"]
+        on, off = sp["speculate"], sp["plain"]
+        lines += [f"- Speculation side by side at {sp['rate_rps']:g} req/s ({sp['processes']} processes, runs alternating): "
+                  f"with {on['min']:.1f} / {on['median']:.1f} / {on['max']:.1f} s (min / median / max; {on['simulations']} "
+                  f"simulations, {on['hits']} of {on['speculated']} speculative ones used), without {off['min']:.1f} / "
+                  f"{off['median']:.1f} / {off['max']:.1f} s ({off['simulations']} simulations); same plan: {sp['same_plan']}."]  # fmt: skip
     if res.get("adaptive"):
         ad = res["adaptive"]
         lines += ["", "## Adaptive vs fixed replacement interval", "", ad.get("markdown", "")]
@@ -423,12 +466,13 @@ def settings(quick: bool) -> dict:
             "aladdin_rates": (5.0, 15.0),
             "aladdin_s": 30.0,
             "processes": 2,
+            "search_reps": 1,
             "adaptive_phase_s": 60.0,
             "adaptive_fixed": (15.0, 60.0),
             "adaptive_start": 30.0,
         }
     return {"rates": (5.0, 10.0, 20.0, 30.0, 40.0, 50.0), "horizon_s": 120.0,
-            "aladdin_rates": (5.0, 10.0, 20.0, 30.0), "aladdin_s": 60.0, "processes": 2,
+            "aladdin_rates": (5.0, 10.0, 20.0, 30.0), "aladdin_s": 60.0, "processes": 2, "search_reps": 3,
             "adaptive_phase_s": 120.0, "adaptive_fixed": (30.0, 120.0), "adaptive_start": 60.0}  # fmt: skip
 
 
@@ -436,16 +480,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(".bench/placement"))
     ap.add_argument("--quick", action="store_true", help="two rates, shorter horizons")
-    ap.add_argument("--only", action="append", choices=("seallm", "aladdin", "adaptive"))
+    ap.add_argument("--only", action="append", choices=("seallm", "search", "aladdin", "adaptive"))
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
-    only = set(args.only or ("seallm", "aladdin", "adaptive"))
+    only = set(args.only or ("seallm", "search", "aladdin", "adaptive"))
     t0 = time.perf_counter()
     res: dict[str, Any] = {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
     if "seallm" in only:
         res["seallm"] = seallm_section(cfg, print)
         res["search"] = search_section(res["seallm"])
+    if "search" in only:
+        res["speculation"] = speculation_section(cfg, print)
     if "aladdin" in only:
         res["aladdin"] = aladdin_section(cfg, print)
     if "adaptive" in only:
