@@ -74,7 +74,9 @@ class MigrationCoordinator:
     executor: MigrationExecutor
     epoch_s: float = 1.0
     election: LeaderElection | None = None
-    link_bytes_per_s: float = 1e9  # a link's bandwidth until a KV migration over it measured one
+    link_bytes_per_s: float = 1e9  # a link's bandwidth until a probe or a KV migration measured it
+    probe_bytes: int = 4 << 20  # MeasureLink payload for a link a planned move uses first (0: no probes)
+    probes_per_epoch: int = 4
     prefill_tokens_per_epoch: float = 2048.0  # re-prefill tokens per epoch where no cost model is known
     costs: CostModels | None = None  # per (model, hardware): the computation boundary from the cost model
     prefill_slack: float = 0.1
@@ -85,6 +87,8 @@ class MigrationCoordinator:
     gpus: list[GpuState] = field(default_factory=list)  # the last epoch's input (Status shows it)
     republish_epochs: int = 30  # write migration_state at least this often (else only when it changes)
     _bandwidth: dict[tuple[str, str], float] = field(default_factory=dict)
+    _probed: set[tuple[str, str]] = field(default_factory=set)  # links probed once (measured or not)
+    _probes: set[asyncio.Task] = field(default_factory=set)  # probes in flight
     _adopted: bool = False
     _published: tuple | None = None  # (active, view) last written
     _published_epoch: int = 0
@@ -173,6 +177,7 @@ class MigrationCoordinator:
                 await self.costs.refresh(
                     {(g.models[0], nodes[g.gpu_id].hardware) for g in gpus if g.models and g.gpu_id in nodes}
                 )
+            self._probe_links(moves)
             scheduled, deferred = self.transfer.assign(moves, self.budget(gpus))
             moves = list(scheduled)
         outcomes = await self.executor.run(moves) if moves else []
@@ -206,6 +211,34 @@ class MigrationCoordinator:
             )  # fmt: skip
         await self._publish()
         return summary
+
+    def _probe_links(self, moves: Sequence[Migration]) -> None:
+        """Measure (``MeasureLink``, in the background: an epoch never waits for a probe) the links that
+        planned moves use and nothing measured yet, at most ``probes_per_epoch`` per epoch and each
+        once; until a result comes, a link has ``link_bytes_per_s``; finished KV moves refine it."""
+        if self.probe_bytes <= 0:
+            return
+        fresh = [
+            p
+            for p in dict.fromkeys((m.source, m.destination) for m in moves)
+            if p not in self._bandwidth and p not in self._probed
+        ][: self.probes_per_epoch]
+        if not fresh:
+            return
+        self._probed.update(fresh)
+
+        async def probe() -> None:
+            try:
+                measured = await self.executor.measure_links(fresh, self.probe_bytes)
+            except Exception as e:  # a closed channel at shutdown, an unexpected reply: links keep the flag
+                log.info("link probes %s failed: %s: %s", fresh, type(e).__name__, e)
+                return
+            for link, bps in measured.items():
+                self._bandwidth.setdefault(link, bps)  # a KV move that finished first is the better figure
+
+        task = asyncio.create_task(probe())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     def _learn_bandwidth(self, outcomes: Sequence[Outcome]) -> None:
         """A finished KV migration measures its link: bytes / transfer time (the latest wins)."""

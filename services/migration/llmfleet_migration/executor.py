@@ -124,6 +124,31 @@ class MigrationExecutor:
                 resp = await stub.Migrate(req, timeout=self.timeout_s)
         return Outcome(m, True, bytes=resp.bytes, transfer_s=resp.transfer_s)
 
+    async def measure_links(
+        self, pairs: Sequence[tuple[str, str]], nbytes: int, timeout_s: float = 5.0
+    ) -> dict[tuple[str, str], float]:
+        """Bytes per second of each (source, destination) engine pair: the source's ``MeasureLink``
+        probe of ``nbytes`` to the destination (bounded like migrations). A pair that cannot be measured
+        (an engine not live, the probe refused or timed out) is left out, logged."""
+
+        async def one(src: str, dst: str) -> tuple[tuple[str, str], float] | None:
+            addresses = self.addresses()
+            a, b = addresses.get(src), addresses.get(dst)
+            if a is None or b is None:
+                return None
+            async with self._sem:
+                try:
+                    resp = await engine_pb2_grpc.EngineStub(self._channel(a)).MeasureLink(
+                        engine_pb2.MeasureLinkRequest(destination=b, bytes=nbytes), timeout=timeout_s
+                    )
+                except grpc.aio.AioRpcError as e:
+                    log.info("link %s -> %s not measured: %s %s", src, dst, e.code().name, e.details())
+                    return None
+            return ((src, dst), resp.bytes_per_s) if resp.bytes_per_s > 0 else None
+
+        found = await asyncio.gather(*(one(s, d) for s, d in pairs))
+        return dict(x for x in found if x is not None)
+
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:

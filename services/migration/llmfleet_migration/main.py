@@ -28,6 +28,17 @@ ROLE = "migration"
 log = logging.getLogger(__name__)
 
 
+def probe_size(text: str) -> int:
+    """``--probe-bytes``: 0 (no probes) up to the engines' 1 GiB limit."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if not 0 <= n <= 1 << 30:
+        raise argparse.ArgumentTypeError(f"must be in [0, {1 << 30}] bytes, got {n}")
+    return n
+
+
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer]:
     nid = node_id(args, ROLE)
     monitor = LoadMonitor(interval_s=args.load_interval_s)
@@ -59,7 +70,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
             make_transfer_planner(args.transfer),
             monitor, nodes, n.etcd, executor, epoch_s=args.epoch_s, election=servicer.election,
             link_bytes_per_s=args.link_bytes_per_s, prefill_tokens_per_epoch=args.prefill_tokens_per_epoch,
-            costs=CostModels(n.etcd),
+            probe_bytes=args.probe_bytes, costs=CostModels(n.etcd),
         )  # fmt: skip
         servicer.coordinator = coordinator
         n.spawn(coordinator.run(), "migration-epochs")
@@ -106,7 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-concurrency", type=int, default=4, help="migrations in flight at once")
     ap.add_argument(
         "--link-bytes-per-s", type=float, default=1e9,
-        help="link bandwidth assumed until a KV migration over the link measures it (default 1e9)",
+        help="link bandwidth assumed until a probe or a KV migration over the link measures it (default 1e9)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--probe-bytes", type=probe_size, default=4 << 20,
+        help="MeasureLink payload sent once over a link before the first move planned on it "
+        "(default 4 MiB; 0: no probes, links learn from finished KV moves only)",
     )  # fmt: skip
     ap.add_argument(
         "--prefill-tokens-per-epoch", type=float, default=2048.0,

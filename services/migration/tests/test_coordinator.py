@@ -4,6 +4,7 @@ engines are a scripted executor."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -31,9 +32,15 @@ class Executor:
     running: dict = field(default_factory=dict)
     recent: list = field(default_factory=list)
 
+    probed: list[list[tuple[str, str]]] = field(default_factory=list)
+
     async def run(self, migrations):
         self.calls.append(list(migrations))
         return [Outcome(m, True, bytes=1 << 20, transfer_s=0.01) for m in migrations]
+
+    async def measure_links(self, pairs, nbytes):
+        self.probed.append(list(pairs))
+        return {p: 5e8 for p in pairs if p != ("b", "a")}
 
 
 class MoveFirst:
@@ -125,3 +132,50 @@ async def test_the_computation_boundary_comes_from_the_engines_cost_model(etcd_c
     assert set(budget.prefill_tokens) == {"a", "b"} and all(v > 0 for v in budget.prefill_tokens.values())
     c.costs = CostModels(etcd_client)  # nothing fetched: the flag's value
     assert c.budget(gpus).prefill("a") == c.prefill_tokens_per_epoch
+
+
+def no_kv_measured(executor):
+    """The executor's moves, reporting no transfer (so only probes measure links)."""
+    run = executor.run
+
+    async def wrapped(migrations):
+        return [dataclasses.replace(o, transfer_s=0.0) for o in await run(migrations)]
+
+    return wrapped
+
+
+class MoveBack(MoveFirst):
+    """a -> b in the first epoch, then b -> a and a -> b again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def epoch(self, gpus, now) -> EpochPlan:
+        self.n += 1
+        if self.n == 1:
+            return super().epoch(gpus, now)
+        return EpochPlan((
+            Migration(f"x{self.n}", "b0", "m", "b", "a", 100 << 10, 100),
+            Migration(f"y{self.n}", "a0", "m", "a", "b", 100 << 10, 100),
+        ))  # fmt: skip
+
+
+async def test_a_link_is_probed_once_before_its_first_planned_move(etcd_client) -> None:
+    from llmfleet.policies.migration import make_transfer_planner
+
+    c = coordinator(etcd_client, MoveBack())
+    c.transfer = make_transfer_planner("kv")
+    c.executor.run = no_kv_measured(c.executor)
+    await c.tick()
+    await asyncio.gather(*c._probes)  # probes run beside the epoch, which does not wait for them
+    assert c.executor.probed == [[("a", "b")]] and c._bandwidth == {("a", "b"): 5e8}
+    await c.tick()
+    await c.tick()
+    await asyncio.gather(*c._probes)
+    # b -> a is new in epoch 2 (its probe fails, and is not retried); a -> b was probed already
+    assert c.executor.probed == [[("a", "b")], [("b", "a")]]
+    c.probe_bytes = 0
+    c._probed.clear()
+    await c.tick()
+    assert len(c.executor.probed) == 2  # probes off

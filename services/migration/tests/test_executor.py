@@ -79,3 +79,36 @@ async def test_modes_ids_retries_and_final_errors(engine) -> None:
 def test_bad_concurrency_is_named() -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
         MigrationExecutor(dict, max_concurrency=0)
+
+
+class ProbingEngine(ScriptedEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.probes: list[engine_pb2.MeasureLinkRequest] = []
+
+    async def MeasureLink(self, request, context):
+        self.probes.append(request)
+        if request.destination.endswith(":1"):
+            await context.abort(grpc.StatusCode.ABORTED, "destination unreachable")
+        return engine_pb2.MeasureLinkResponse(
+            destination=request.destination, bytes=request.bytes, seconds=0.5, bytes_per_s=2.0 * request.bytes
+        )
+
+
+async def test_measure_links_asks_each_source_to_probe_its_destination() -> None:
+    eng = ProbingEngine()
+    server = GrpcServer(
+        [(engine_pb2_grpc.add_EngineServicer_to_server, eng, service_name(engine_pb2, "Engine"))]
+    )
+    await server.start()
+    ex = MigrationExecutor(lambda: {"a": server.address, "b": "10.1.1.1:7", "c": "127.0.0.1:1"})
+    try:
+        got = await ex.measure_links([("a", "b"), ("a", "c"), ("a", "gone")], 1 << 20)
+    finally:
+        await ex.close()
+        await server.stop()
+    assert got == {("a", "b"): 2.0 * (1 << 20)}  # c refused the probe; "gone" is not live (no call)
+    assert sorted((p.destination, p.bytes) for p in eng.probes) == [
+        ("10.1.1.1:7", 1 << 20),
+        ("127.0.0.1:1", 1 << 20),
+    ]
