@@ -72,6 +72,33 @@ def decode_time(arch: ModelArch, hw: Hardware, batch: float, mean_context: float
     return max(a_c + b_c * mean_context, a_m + b_m * mean_context) + allreduce_time(arch, hw, batch, tp)
 
 
+def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
+    """Σ_{x=lo..hi} (a + b·x)."""
+    n = hi - lo + 1
+    return n * a + b * (lo + hi) * n / 2 if n > 0 else 0.0
+
+
+def solo_time(arch: ModelArch, hw: Hardware, prompt_tokens: int, output_tokens: int, tp: int = 1) -> float:
+    """One request alone (batch of one, no queueing): its prefill plus :func:`decode_time` of one
+    sequence at contexts p+1 .. p+o−1, summed in closed form (compute and memory are both linear in the
+    context, so each side of their crossing is an arithmetic series)."""
+    _check(tp, prompt_tokens, output_tokens)
+    t = prefill_time(arch, hw, prompt_tokens, tp, [prompt_tokens])
+    lo, hi = prompt_tokens + 1, prompt_tokens + output_tokens - 1
+    if hi < lo:
+        return t
+    a_c, b_c, a_m, b_m = _decode_terms(arch, hw, 1, tp)
+    t += (hi - lo + 1) * allreduce_time(arch, hw, 1, tp)
+    if b_c == b_m:  # parallel lines: one is on top throughout
+        return t + (_line_sum(a_m, b_m, lo, hi) if a_m >= a_c else _line_sum(a_c, b_c, lo, hi))
+    cross = (a_m - a_c) / (b_c - b_m)  # the lines meet here
+    if b_c > b_m:  # compute grows faster: memory on top for x <= cross
+        split = min(hi, max(lo - 1, int(cross // 1)))
+        return t + _line_sum(a_m, b_m, lo, split) + _line_sum(a_c, b_c, split + 1, hi)
+    first = max(lo, -int(-cross // 1))  # memory grows faster: memory on top from the crossing on
+    return t + _line_sum(a_c, b_c, lo, min(hi, first - 1)) + _line_sum(a_m, b_m, first, hi)
+
+
 @dataclass(frozen=True)
 class RooflinePrefill:
     """Roofline prefill with :class:`~llmfleet.costmodel.aladdin.PrefillModel`'s ``predict``."""

@@ -51,3 +51,29 @@ def test_roofline_model_interface_and_context_limit():
     assert m.decode.context_limit(8, 1e-4) == 0.0
     with pytest.raises(ValueError):
         prefill_time(A7, A100, 10, tp=0)
+
+
+def test_roofline_solo_closed_form_matches_the_sum_across_the_compute_memory_crossing():
+    import dataclasses
+
+    from llmfleet.costmodel import decode_time, hardware, model_arch, prefill_time
+    from llmfleet.costmodel.roofline import solo_time
+
+    arch = model_arch("llama2-70b")  # GQA: the compute leg overtakes the memory leg at some context
+    base = hardware("a100-80gb")
+    hw = dataclasses.replace(base, peak_flops=1.05 * base.bandwidth / base.compute_eff)  # F ≈ B
+    for prompt, out in ((10, 1), (10, 2), (100, 300), (2000, 1500), (0, 4000)):
+        brute = prefill_time(arch, hw, prompt, 1, [prompt]) + sum(
+            decode_time(arch, hw, 1, x) for x in range(prompt + 1, prompt + out)
+        )
+        assert solo_time(arch, hw, prompt, out) == pytest.approx(brute, rel=1e-9)
+    # and the two legs really cross inside the last case's range: memory on top at 1, compute at 4000
+    attn = arch.num_layers * arch.num_heads * arch.head_dim
+    compute = [(2 * arch.matmul_params + 4 * attn * x) / hw.flops for x in (1, 4000)]
+    memory = [(arch.weight_bytes + arch.kv_bytes_per_token * x) / hw.bandwidth for x in (1, 4000)]
+    assert memory[0] > compute[0] and compute[1] > memory[1]
+    # at TP 2 every decode step also pays its all-reduce
+    tp2 = prefill_time(arch, base, 500, 2, [500]) + sum(
+        decode_time(arch, base, 1, x, 2) for x in range(501, 800)
+    )
+    assert solo_time(arch, base, 500, 300, tp=2) == pytest.approx(tp2, rel=1e-9)

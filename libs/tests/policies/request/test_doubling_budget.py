@@ -2,7 +2,7 @@ import random
 
 import pytest
 from llmfleet.policies.request import Batch, BatchLimits, DoublingBudget, PoolView, SchedRequest, ServiceStats
-from llmfleet.policies.request.solo_cost import SoloCost, roofline_solo_time
+from llmfleet.policies.request.solo_cost import SoloCost
 
 BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16, "m2": 16})
 
@@ -309,23 +309,3 @@ def test_default_solo_cost_is_the_one_gpu_roofline_the_simulator_uses():
     assert h100.execution_time(r, 60.0) < p.execution_time(r, 60.0)
     # a model outside the catalog (the tests' "ms") keeps the executed time
     assert p.execution_time(finished("x", executed=1.25), 2.0) == 1.25 and p.solo_fallbacks == 1
-
-
-def test_roofline_solo_closed_form_matches_the_sum_across_the_compute_memory_crossing():
-    import dataclasses
-
-    from llmfleet.costmodel import decode_time, hardware, model_arch, prefill_time
-
-    arch = model_arch("llama2-70b")  # GQA: the compute leg overtakes the memory leg at some context
-    base = hardware("a100-80gb")
-    hw = dataclasses.replace(base, peak_flops=1.05 * base.bandwidth / base.compute_eff)  # F ≈ B
-    for prompt, out in ((10, 1), (10, 2), (100, 300), (2000, 1500), (0, 4000)):
-        brute = prefill_time(arch, hw, prompt, 1, [prompt]) + sum(
-            decode_time(arch, hw, 1, x) for x in range(prompt + 1, prompt + out)
-        )
-        assert roofline_solo_time(arch, hw, prompt, out) == pytest.approx(brute, rel=1e-9)
-    # and the two legs really cross inside the last case's range: memory on top at 1, compute at 4000
-    attn = arch.num_layers * arch.num_heads * arch.head_dim
-    compute = [(2 * arch.matmul_params + 4 * attn * x) / hw.flops for x in (1, 4000)]
-    memory = [(arch.weight_bytes + arch.kv_bytes_per_token * x) / hw.bandwidth for x in (1, 4000)]
-    assert memory[0] > compute[0] and compute[1] > memory[1]
