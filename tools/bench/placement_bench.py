@@ -105,10 +105,15 @@ def bursty_workload(pairs: dict[str, np.ndarray], rate: float, duration_s: float
 
 
 def seallm_place(
-    sp: SimSpec, history: Workload, processes: int, caps=(2,), bundle: PolicyBundle | None = None
+    sp: SimSpec,
+    history: Workload,
+    processes: int,
+    caps=(2,),
+    bundle: PolicyBundle | None = None,
+    speculate: bool = True,
 ) -> tuple[list, dict]:
     """Algorithm 1 on ``history``, candidates simulated with ``bundle`` (default: the seallm preset)."""
-    planner = SeaLLMPlacement(max_services=caps)
+    planner = SeaLLMPlacement(max_services=caps, speculate=speculate)
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     t0 = time.perf_counter()
     with SimPlanEvaluator(sp, history.requests, bundle or preset("seallm"), processes=processes) as ev:
@@ -116,6 +121,8 @@ def seallm_place(
     info = {
         "search_s": time.perf_counter() - t0,
         "simulations": planner.evaluations,
+        "speculated": planner.speculated,
+        "hits": planner.speculation_hits,
         "history_requests": len(history),
         "reason": planner.last_reason,
         "plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in plan],
@@ -348,20 +355,15 @@ def speculation_section(cfg: dict, log) -> dict:
     sp = seallm_spec()
     rate = max(cfg["rates"])
     history = bursty_workload(clusters(sp), rate, HISTORY_S, seed=2)
-    gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     times: dict[bool, list[float]] = {True: [], False: []}
     runs: dict[bool, dict] = {}
     for _ in range(cfg["search_reps"]):
         for on in (True, False):
-            planner = SeaLLMPlacement(max_services=2, speculate=on)
-            t0 = time.perf_counter()
-            with SimPlanEvaluator(sp, history.requests, preset("seallm"), processes=cfg["processes"]) as ev:
-                plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
-            times[on].append(time.perf_counter() - t0)
-            runs[on] = {"simulations": planner.evaluations, "speculated": planner.speculated,
-                        "hits": planner.speculation_hits, "plan": [str(p) for p in plan]}  # fmt: skip
+            _, info = seallm_place(sp, history, cfg["processes"], speculate=on)
+            times[on].append(info["search_s"])
+            runs[on] = {k: info[k] for k in ("simulations", "speculated", "hits", "plan")}
             log(
-                f"  search {rate:g} req/s speculate={on}: {times[on][-1]:.1f} s, {planner.evaluations} simulations"
+                f"  search {rate:g} req/s speculate={on}: {info['search_s']:.1f} s, {info['simulations']} simulations"
             )
 
     def spread(xs: list[float]) -> dict:

