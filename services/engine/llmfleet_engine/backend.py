@@ -20,6 +20,7 @@ from llmfleet_engine.validation import GenerationRequest
 if TYPE_CHECKING:
     from llmfleet.metrics.engine import EngineMetrics
 
+    from llmfleet_engine.profiling import ProfileResult
     from llmfleet_engine.transfer import ImportHandle, TransferHeader
 
 
@@ -84,6 +85,10 @@ class KvMigrationBackend(EngineBackend, Protocol):
 
     def export_kv(self, request_id: str, start: int, end: int) -> bytes: ...
 
+    def wire_bytes_per_token(self, header: TransferHeader) -> int: ...
+
+    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None: ...
+
     def finish_migrated(self, request_id: str, destination: str) -> None: ...
 
     def begin_import(self, header: TransferHeader) -> ImportHandle: ...
@@ -93,3 +98,17 @@ class KvMigrationBackend(EngineBackend, Protocol):
     def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None: ...
 
     def abort_import(self, handle: ImportHandle) -> None: ...
+
+
+@runtime_checkable
+class ProfilingBackend(Protocol):
+    """A backend that answers Profile sweeps (native: timed forwards; emulated: the cost model)."""
+
+    def profile(self, model: str, **sweep: object) -> ProfileResult: ...
+
+
+@runtime_checkable
+class EmulatedLink(Protocol):
+    """A backend whose KV link is emulated: a probe received here takes ``link_seconds(bytes)``."""
+
+    def link_seconds(self, nbytes: int) -> float: ...

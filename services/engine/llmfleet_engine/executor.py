@@ -36,6 +36,7 @@ from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import SchedRequest
 
+from llmfleet_engine import profiling
 from llmfleet_engine.delivery import Delivery, RateWindow
 from llmfleet_engine.live_request import LiveRequest, seq_steps
 from llmfleet_engine.load_report import LoadReport
@@ -48,7 +49,6 @@ from llmfleet_engine.memory import (
 )
 from llmfleet_engine.migration_ops import MigrationOps
 from llmfleet_engine.model_host import HostedModel, ModelHost
-from llmfleet_engine.native.runner import SeqStep
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
     EngineChunk,
@@ -58,6 +58,7 @@ from llmfleet_engine.outputs import (
     QueueFullError,
     ResourceExhaustedError,
 )
+from llmfleet_engine.profiling import ProfileResult
 from llmfleet_engine.sampling import make_generator, position_seed, select_token
 from llmfleet_engine.stream import FinalText, RequestStream
 from llmfleet_engine.text import TextStream
@@ -118,10 +119,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self.config = config or ExecutorConfig()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        self.device = str(torch.device(self.config.device))
         self.backend = BACKEND
-        self.memory_bytes = device_memory_bytes(self.device)
-        budget = self.config.memory_budget_bytes or default_budget(self.device)
+        self.device, self.memory_bytes, budget = self._device_memory()
         self.plan = MemoryPlan(budget_bytes=budget, block_bytes=self.config.block_bytes or 0)
         if self.plan.num_blocks < 2:
             raise ValueError(
@@ -130,7 +129,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         # watermark=0: the core applies the watermark to the KV capacity (reservations excluded)
         self.allocator = BlockAllocator(self.plan.num_blocks, self.plan.block_bytes, watermark=0.0)
         self.allocator.register_model(RESERVED_MODEL, reserved_shape(self.plan.block_bytes))
-        self.storage = KvStorage(self.plan.num_blocks, self.plan.block_bytes, device=self.device)
+        self.storage = self._kv_storage()
         self.policy = make_engine_policy(self.config.policy, **self.config.policy_options)
         self.core = EngineCore(self.policy, self.allocator, self.config.limits, watermark_blocks=0)
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
@@ -150,6 +149,15 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
         self._delivery.worker = self._worker
         self._worker.start()
+
+    def _device_memory(self) -> tuple[str, int, int]:
+        """The device, its memory and the budget (weights + activations + KV pool)."""
+        device = str(torch.device(self.config.device))
+        return device, device_memory_bytes(device), self.config.memory_budget_bytes or default_budget(device)
+
+    def _kv_storage(self) -> KvStorage:
+        """The K/V tensors of the pool (one per block, laid out by ``KvStorage``)."""
+        return KvStorage(self.plan.num_blocks, self.plan.block_bytes, device=self.device)
 
     def attach_metrics(self, metrics: EngineMetrics) -> None:
         """Export this executor's ``vllm:*`` metrics on ``metrics`` (gauges read from load_snapshot)."""
@@ -297,6 +305,10 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         if self._closed:
             raise ExecutorClosedError("executor is closed")
 
+    def profile(self, model: str, **sweep: Any) -> ProfileResult:
+        """Timed forward sweeps on the worker thread (``profiling.profile``; blocking)."""
+        return profiling.profile(self, model, **sweep)
+
     # ----------------------------------------------------------- worker jobs
 
     def run_in_worker(self, job: Callable[[], Any], timeout_s: float | None = None) -> Any:
@@ -325,7 +337,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         with torch.inference_mode():
             while True:
                 job: Callable[[], None] | None = None
-                step: tuple[StepPlan, list[SeqStep]] | None = None
+                step: tuple[StepPlan, Any] | None = None
                 with self._cond:
                     while not self._closed and not self._jobs and not core.has_work():
                         self._delivery.release()  # nothing held back while the worker waits
@@ -345,7 +357,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 elif step is not None:
                     self._run(*step)
 
-    def _schedule_locked(self, now: float) -> tuple[StepPlan, list[SeqStep]] | None:
+    def _schedule_locked(self, now: float) -> tuple[StepPlan, Any] | None:
         """The core's next step and the forward inputs of its members."""
         plan = self.core.schedule(now)
         for r, why in self.core.drain_failed():
@@ -360,19 +372,32 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
             if self.metrics is not None:
                 self.metrics.preempted(r.sched.model)
-        return plan, seq_steps(plan, self.allocator, now)
+        return plan, self._step_inputs(plan, now)
 
-    def _run(self, plan: StepPlan, steps: list[SeqStep]) -> None:
+    def _step_inputs(self, plan: StepPlan, now: float) -> Any:
+        """What :meth:`_forward` needs of a scheduled step (called under the lock): the members' KV
+        slots and token ids."""
+        return seq_steps(plan, self.allocator, now)
+
+    def _forward(
+        self, plan: StepPlan, members: list[LiveRequest], steps: Any
+    ) -> tuple[list[int], float | None]:
+        """Run one iteration of ``plan`` (outside the lock): each member's next token, and the
+        iteration's duration when it is not the wall time the call took (None: measure it)."""
+        logits = members[0].model.runner.forward(steps)
+        picked = logits.argmax(dim=-1).tolist()  # greedy rows: one batched argmax
+        for i, r in enumerate(members):
+            if not r.req.sampling.greedy:
+                if r.req.sampling.seed is not None and r.generator is not None:
+                    r.generator.manual_seed(position_seed(r.req.sampling.seed, len(r.tokens)))
+                picked[i] = select_token(logits[i], r.req.sampling, r.generator)
+        return picked, None
+
+    def _run(self, plan: StepPlan, steps: Any) -> None:
         members: list[LiveRequest] = [r.payload for r in plan.members]
         t0 = time.perf_counter()
         try:
-            logits = members[0].model.runner.forward(steps)
-            picked = logits.argmax(dim=-1).tolist()  # greedy rows: one batched argmax
-            for i, r in enumerate(members):
-                if not r.req.sampling.greedy:
-                    if r.req.sampling.seed is not None and r.generator is not None:
-                        r.generator.manual_seed(position_seed(r.req.sampling.seed, len(r.tokens)))
-                    picked[i] = select_token(logits[i], r.req.sampling, r.generator)
+            picked, priced = self._forward(plan, members, steps)
         except Exception:
             log.exception("model step failed for %s", [r.request_id for r in members])
             with self._cond:
@@ -385,7 +410,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                         self._finish_locked(r, FinishReason.ERROR)
                 self._cond.notify_all()
             return
-        duration = time.perf_counter() - t0
+        duration = time.perf_counter() - t0 if priced is None else priced
         now = time.monotonic()
         delivery = self._delivery
         given = delivery.begin()  # requests given output in this iteration: woken after it

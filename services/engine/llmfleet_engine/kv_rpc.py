@@ -125,7 +125,7 @@ async def export_stream(
 ) -> AsyncIterator[engine_pb2.KvChunk]:
     """Header, then K/V in ranges of ``chunk_tokens`` tokens, at most MAX_CHUNK_BYTES each (the request
     must be paused)."""
-    chunk_tokens = max(1, min(chunk_tokens, MAX_CHUNK_BYTES // header.shape.bytes_per_token))
+    chunk_tokens = max(1, min(chunk_tokens, MAX_CHUNK_BYTES // max(1, ex.wire_bytes_per_token(header))))
     yield engine_pb2.KvChunk(header=header_to_proto(header))
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -39,21 +40,46 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
                 cache_dir=args.models_dir, allow_download=not args.offline, tensor_parallel_size=args.tp
             )
         )
+    limits = {
+        k: v
+        for k, v in (
+            ("memory_budget_bytes", args.memory_budget),
+            ("block_bytes", args.block_bytes),
+            ("max_running", args.max_running),
+            ("max_batch_requests", args.max_batch_requests),
+            ("max_prefill_tokens", args.max_prefill_tokens),
+            ("block_tokens", args.block_tokens),
+        )
+        if v is not None
+    }
+    common = {
+        "watermark": args.watermark,
+        "policy": args.policy,
+        "policy_options": args.policy_options,
+        "stream_interval_s": args.stream_interval_s,
+        **limits,
+    }
+    if args.backend == "emulated":
+        from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+
+        return EmulatedExecutor(
+            EmulatedConfig(
+                hardware=args.hardware,
+                tp=args.tp,
+                mem_fraction=args.mem_fraction,
+                cost_source=args.cost_source,
+                sim_models=dict(args.sim_model),
+                link_bytes_per_s=args.link_bandwidth,
+                **common,
+            )
+        )
     return Executor(
         ExecutorConfig(
             device=args.device,
             cache_dir=args.models_dir,
-            memory_budget_bytes=args.memory_budget,
-            block_bytes=args.block_bytes,
-            watermark=args.watermark,
-            policy=args.policy,
-            policy_options=args.policy_options,
-            max_running=args.max_running,
-            max_batch_requests=args.max_batch_requests,
-            max_prefill_tokens=args.max_prefill_tokens,
             num_threads=args.threads,
-            stream_interval_s=args.stream_interval_s,
             allow_download=not args.offline,
+            **common,
         )
     )
 
@@ -160,6 +186,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _name_arch(text: str) -> tuple[str, str]:
+    name, sep, arch = text.partition("=")
+    if not sep or not name or not arch:
+        raise argparse.ArgumentTypeError(f"expected NAME=ARCH, got {text!r}")
+    return name, arch
+
+
 def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) -> dict[str, Any]:
     """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``keep_kv``, checked by
     building the policy (a bad option is a usage error, not a crash at the first request)."""
@@ -179,15 +212,44 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         ns, rest = super().parse_known_args(args, namespace)
+        given = {a.split("=", 1)[0] for a in (sys.argv[1:] if args is None else args) if a.startswith("--")}
         try:
             ns.policy_options = policy_options(ns.policy, ns.policy_options, ns.slice_end)
         except ValueError as e:
             self.error(str(e))
-        if ns.tp > 1 and ns.backend != "vllm":
+        if ns.tp > 1 and ns.backend == "native":
             self.error(
                 f"--tp {ns.tp}: the native backend runs on one device (tensor parallel: --backend vllm)"
             )
+        if ns.backend == "emulated":
+            check_emulated(self, ns, given)
+        else:
+            for flag in sorted(given & set(EMULATED_ONLY)):
+                self.error(f"{flag} applies to --backend emulated only")
         return ns, rest
+
+
+# flags an emulated engine has no use for (it runs no model and no device): refused, never ignored
+NATIVE_ONLY = ("--device", "--models-dir", "--threads", "--offline")
+EMULATED_ONLY = ("--sim-model", "--cost-source", "--mem-fraction", "--link-bandwidth", "--block-tokens")
+
+
+def check_emulated(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[str]) -> None:
+    """``--backend emulated``: a catalog ``--hardware`` is required, the ``--sim-model`` architectures
+    must be catalog names, and native-only flags are refused (they would silently do nothing)."""
+    from llmfleet_engine.emulated.catalog import check_sim_models
+
+    for flag in NATIVE_ONLY:
+        if flag in given:
+            parser.error(f"{flag} does not apply to --backend emulated (it runs no model on a device)")
+    if ns.hardware is None:
+        parser.error("--backend emulated needs --hardware (a catalog GPU, e.g. A100-80GB)")
+    if ns.hardware == "cpu":
+        parser.error("--backend emulated emulates a catalog GPU; --hardware cpu is the native backend")
+    try:
+        check_sim_models(dict(ns.sim_model))
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.005,
         help="deliver tokens to streams at most this often; first and final chunks go at once (0: every iteration)",
     )
-    ap.add_argument("--backend", default="native", choices=["native", "vllm"], help="executor backend")
+    ap.add_argument(
+        "--backend",
+        default="native",
+        choices=["native", "vllm", "emulated"],
+        help="executor backend (emulated: a catalog GPU priced by the simulator's cost model)",
+    )
     ap.add_argument(
         "--hardware",
         type=hardware_name,
@@ -216,7 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
     )
-    ap.add_argument("--block-bytes", type=_bytes, default=64 * 1024, help="merged KV block size (64KiB)")
+    ap.add_argument(
+        "--block-bytes",
+        type=_bytes,
+        default=None,
+        help="merged KV block size (native default 64KiB; emulated: --block-tokens of the largest model)",
+    )
+    ap.add_argument(
+        "--block-tokens",
+        type=_positive_int,
+        default=None,
+        help="emulated: tokens per block of the largest model (16)",
+    )
     ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
     ap.add_argument(
         "--policy",
@@ -240,9 +318,33 @@ def build_parser() -> argparse.ArgumentParser:
         "and re-prefill prompt + output when re-batched (the paper's recompute mode); the same as "
         "keep_kv true/false in --policy-options",
     )
-    ap.add_argument("--max-running", type=int, default=256, help="requests holding KV at once")
-    ap.add_argument("--max-batch-requests", type=int, default=32, help="requests per iteration")
-    ap.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill batch")
+    ap.add_argument("--max-running", type=int, default=None, help="requests holding KV at once (256)")
+    ap.add_argument(
+        "--max-batch-requests", type=int, default=None, help="requests per iteration (32; emulated 256)"
+    )
+    ap.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=None,
+        help="prompt tokens per prefill batch (4096; emulated 8192)",
+    )
+    g = ap.add_argument_group("emulated backend (--backend emulated)")
+    g.add_argument(
+        "--sim-model",
+        type=_name_arch,
+        action="append",
+        default=[],
+        metavar="NAME=ARCH",
+        help="serve model NAME as catalog architecture ARCH (else a source emulated://ARCH or NAME itself)",
+    )
+    g.add_argument("--cost-source", choices=("roofline", "vidur"), default="roofline", help="step costs")
+    g.add_argument("--mem-fraction", type=float, default=0.9, help="GPU memory for weights + KV (0.9)")
+    g.add_argument(
+        "--link-bandwidth",
+        type=_bytes,
+        default=None,
+        help="KV transfer link in B/s (default: the GPU's intra-node link at its all-reduce efficiency)",
+    )
     ap.add_argument("--default-max-tokens", type=int, default=64)
     ap.add_argument(
         "--max-migrations",

@@ -177,6 +177,15 @@ class MigrationOps:
                 blocks = tuple(table.blocks)
             return ImportHandle(self, header, blocks)  # type: ignore[arg-type]
 
+    def wire_bytes_per_token(self, header: TransferHeader) -> int:
+        """Bytes one token of ``header``'s K/V takes on the wire (chunks are sized by it)."""
+        return header.shape.bytes_per_token
+
+    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None:
+        expected = num_tokens * header.shape.bytes_per_token
+        if len(data) != expected:
+            raise TransferError(f"chunk of {num_tokens} tokens has {len(data)} bytes, expected {expected}")
+
     def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None:
         self.storage.import_tokens(handle.header.model, handle.blocks, start, data)
 

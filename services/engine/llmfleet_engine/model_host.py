@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from llmfleet.engine_core import EngineCore
@@ -78,7 +78,7 @@ class DrainBook:
 @dataclass(eq=False)
 class HostedModel:
     loaded: LoadedModel
-    runner: PagedRunner
+    runner: Any  # PagedRunner (native) or the emulated engine's step pricer
     shape: KvShape
     tokens_per_block: int
     reserved_bytes: int
@@ -159,14 +159,9 @@ class ModelHost:
                     f"model {spec.name!r} is already loaded from {existing.loaded.source!r} "
                     f"({existing.loaded.dtype}); unload it first"
                 )
-            cfg = self.config
-            loaded = load_model(
-                spec,
-                device=self.device,
-                cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
-                allow_download=cfg.allow_download,  # type: ignore[attr-defined]
-            )
+            loaded = self._materialize(spec)
             self._install(loaded)
+            self._weights_arrive(loaded)
         log.info("loaded model %s from %s in %.2fs", spec.name, spec.source, loaded.load_s)
         self._models_changed()
         return LoadResult(loaded, already_loaded=False)
@@ -183,22 +178,44 @@ class ModelHost:
             self._install(model)
         self._models_changed()
 
-    def _install(self, loaded: LoadedModel) -> None:
-        """Reserve weights + peak activation in the pool, register the KV view, build the runner."""
+    def _materialize(self, spec: ModelSpec) -> LoadedModel:
+        """Load ``spec``'s weights and tokenizer onto the device (blocking)."""
+        cfg = self.config
+        return load_model(
+            spec,
+            device=self.device,
+            cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
+            allow_download=cfg.allow_download,  # type: ignore[attr-defined]
+        )
+
+    def _footprint(self, loaded: LoadedModel) -> tuple[KvShape, int]:
+        """The model's KV geometry and the bytes it reserves in the pool (weights + peak activation)."""
         config = loaded.model.config
         shape = kv_shape_of(config, loaded.dtype)
+        cfg = self.config
+        activation = peak_activation_bytes(
+            config,
+            shape.dtype_bytes,
+            cfg.max_prefill_tokens,  # type: ignore[attr-defined]
+            cfg.max_batch_requests,  # type: ignore[attr-defined]
+        )
+        return shape, loaded.weight_bytes + activation
+
+    def _new_runner(self, loaded: LoadedModel) -> PagedRunner:
+        """The model's forward over the pool (registered in the storage first)."""
+        return PagedRunner(loaded.model, self.storage, loaded.name)
+
+    def _weights_arrive(self, loaded: LoadedModel) -> None:
+        """Called once the model's memory is claimed, before it is announced (native: nothing left)."""
+
+    def _install(self, loaded: LoadedModel) -> None:
+        """Reserve weights + peak activation in the pool, register the KV view, build the runner."""
+        shape, reserve = self._footprint(loaded)
         if shape.bytes_per_token > self.plan.block_bytes:
             raise ResourceExhaustedError(
                 f"model {loaded.name!r} needs {shape.bytes_per_token} B of KV per token, more than one "
                 f"{self.plan.block_bytes} B block; raise block_bytes"
             )
-        cfg = self.config
-        reserve = loaded.weight_bytes + peak_activation_bytes(
-            config,
-            shape.dtype_bytes,
-            cfg.max_prefill_tokens,
-            cfg.max_batch_requests,  # type: ignore[attr-defined]
-        )
         seq = f"{RESERVED_MODEL}/{loaded.name}"
         blocks = self.plan.blocks_for_bytes(reserve)
         with self._cond:
@@ -214,7 +231,7 @@ class ModelHost:
             try:
                 t_m = self.allocator.register_model(loaded.name, shape)
                 self.storage.register(loaded.name, shape)
-                runner = PagedRunner(loaded.model, self.storage, loaded.name)
+                runner = self._new_runner(loaded)
             except Exception:
                 self._reserved_blocks -= self.allocator.free(seq)
                 with contextlib.suppress(Exception):

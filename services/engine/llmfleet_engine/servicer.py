@@ -12,8 +12,8 @@ import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.types import ModelSpec
 
-from llmfleet_engine import kv_rpc, profiling
-from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
+from llmfleet_engine import kv_rpc
+from llmfleet_engine.backend import EmulatedLink, EngineBackend, KvMigrationBackend, ProfilingBackend
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS, LinkTable, MigrateCall, Migrations
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
@@ -384,14 +384,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def ReceiveProbe(
         self, request_iterator: AsyncIterator[engine_pb2.ProbeChunk], context: grpc.aio.ServicerContext
     ) -> engine_pb2.ProbeAck:
-        return await kv_rpc.receive_probe(request_iterator)
+        ack = await kv_rpc.receive_probe(request_iterator)
+        if isinstance(self.executor, EmulatedLink):  # the payload arrives at the emulated link's speed
+            await asyncio.sleep(max(0.0, self.executor.link_seconds(ack.bytes) - ack.seconds))
+        return ack
 
     # -------------------------------------------------------------- profiling
 
     async def Profile(
         self, request: engine_pb2.ProfileRequest, context: grpc.aio.ServicerContext
     ) -> engine_pb2.ProfileResponse:
-        if not hasattr(self.executor, "run_in_worker"):
+        if not isinstance(self.executor, ProfilingBackend):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"{self.executor.backend} cannot profile"
             )
@@ -407,7 +410,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             "repeats": request.repeats or 3,
         }
         try:
-            result = await asyncio.to_thread(profiling.profile, self.executor, request.model, **kwargs)
+            result = await asyncio.to_thread(self.executor.profile, request.model, **kwargs)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except ResourceExhaustedError as e:

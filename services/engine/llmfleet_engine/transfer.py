@@ -40,6 +40,10 @@ class TransferHeader:
 class ImportTarget(Protocol):
     """What an :class:`ImportHandle` writes into (the native executor's public import primitives)."""
 
+    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None:
+        """Raise ``TransferError`` unless ``data`` is the wire form of tokens [start, start+num_tokens)."""
+        ...
+
     def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None: ...
 
     def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None: ...
@@ -64,9 +68,7 @@ class ImportHandle:
                 f"chunk [{start}, {start + num_tokens}) out of order: expected start {self.received}, "
                 f"{h.num_tokens} tokens in all"
             )
-        expected = num_tokens * h.shape.bytes_per_token
-        if len(data) != expected:
-            raise TransferError(f"chunk of {num_tokens} tokens has {len(data)} bytes, expected {expected}")
+        self.ex.check_chunk(h, start, num_tokens, data)
         self.ex.write_import(self, start, data)
         self.received += num_tokens
 

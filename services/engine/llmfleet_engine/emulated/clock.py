@@ -1,0 +1,48 @@
+"""Wall-clock pacing of emulated work: a step, a transfer or a weight load ends when the cost model
+says it would on the GPU, measured from when it began (not from when the Python work around it ended),
+so the time the host spends scheduling is part of the step, as a GPU's launch overhead would be."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Lag:
+    """How far behind its due times an emulated engine ran (the host could not keep up)."""
+
+    waits: int = 0
+    late: int = 0  # waits that were already past due
+    total_s: float = 0.0  # summed lateness
+    max_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, late_s: float) -> None:
+        with self._lock:
+            self.waits += 1
+            if late_s > 0:
+                self.late += 1
+                self.total_s += late_s
+                self.max_s = max(self.max_s, late_s)
+
+
+class WallClock:
+    """``monotonic`` and ``sleep_until`` on the real clock (tests swap in a simulated one)."""
+
+    def __init__(self) -> None:
+        self.lag = Lag()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep_until(self, due: float) -> None:
+        """Block until ``due`` (``monotonic`` time); record lateness when it has already passed."""
+        remaining = due - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+            late = time.monotonic() - due
+            self.lag.record(late if late > 0.002 else 0.0)  # the OS's wake-up jitter is not lag
+        else:
+            self.lag.record(-remaining)

@@ -1,0 +1,292 @@
+"""The emulated engine backend: the native executor's whole request path on a catalog GPU that exists
+only as a cost model.
+
+Everything but the forward pass is the native :class:`~llmfleet_engine.executor.Executor`: the real
+:class:`~llmfleet.engine_core.EngineCore` with the configured local policy, a real
+:class:`~llmfleet.kvblocks.BlockAllocator`, streaming, cancellation, drains, load snapshots and the
+``vllm:*`` metrics, live KV migration's pause/land protocol. What differs:
+
+* **Memory** is the simulator's (``llmfleet.sim.memory``): a budget of ``tp × mem_bytes ×
+  mem_fraction`` of the catalog GPU, each model reserving its weights plus the peak-activation estimate
+  of ``llmfleet.costmodel.memory``; merged blocks of ``block_tokens`` tokens of the largest declared
+  model. No tensors are allocated.
+* **A step** is priced by the simulator's cost model (``CostBook``, ``--cost-source roofline|vidur``) as
+  ``iteration(prefill tokens, Σ prefill², decodes, context)`` and ends when that time has passed on the
+  wall clock since it was scheduled. Token ids are deterministic per (request, position) and never EOS:
+  a request ends at its ``max_tokens`` (a trace's output length).
+* **Loading** a model takes ``weights / (tp × host-to-device bandwidth)``, as the simulator charges;
+  its memory is claimed first.
+* **KV export/import** sends the block table and token range, not K/V bytes, and takes
+  ``kv_bytes / link bandwidth``; a link probe received here takes ``bytes / link bandwidth``.
+* **Profile sweeps** return the cost model's own times.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmfleet.costmodel import Hardware, ModelArch, hardware
+from llmfleet.costmodel import memory as cost_memory
+from llmfleet.engine_core import StepPlan
+from llmfleet.kvblocks import KvShape, OutOfBlocks
+from llmfleet.sim.cost import COST_SOURCES, CostBook, LinearCost
+from llmfleet.types import ModelSpec
+
+from llmfleet_engine.emulated.catalog import check_sim_models, emulated_model, resolve_arch
+from llmfleet_engine.emulated.clock import WallClock
+from llmfleet_engine.emulated.storage import NoKvStorage
+from llmfleet_engine.emulated.tokenizer import WORD_BASE
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.live_request import LiveRequest
+from llmfleet_engine.models import LoadedModel
+from llmfleet_engine.outputs import ResourceExhaustedError, TransferError
+from llmfleet_engine.profiling import PREFIX, ProfileResult, ProfileSample, check_sweep
+from llmfleet_engine.transfer import ImportHandle, TransferHeader
+
+BACKEND = "emulated"
+_RANGE = struct.Struct("<qqi")  # start, end, number of block ids that follow (int32 each)
+
+
+@dataclass(frozen=True)
+class EmulatedConfig(ExecutorConfig):
+    """The executor's knobs plus the emulated GPU: catalog ``hardware`` × ``tp``, the memory fraction,
+    the cost source and the models' catalog architectures (name -> catalog name). ``block_bytes``
+    None: ``block_tokens`` tokens of the largest declared model (every catalog model if none is).
+    The limits default to the simulator's (vLLM's GPU defaults), not the CPU executor's."""
+
+    hardware: str = "a100-80gb"
+    tp: int = 1
+    mem_fraction: float = cost_memory.DEFAULT_MEM_FRACTION
+    cost_source: str = "roofline"
+    sim_models: Mapping[str, str] = field(default_factory=dict)
+    link_bytes_per_s: float | None = None  # KV transfers (None: the GPU's intra-node link × comm_eff)
+    block_bytes: int | None = None
+    max_batch_requests: int = cost_memory.DEFAULT_MAX_BATCH_REQUESTS
+    max_prefill_tokens: int = cost_memory.DEFAULT_MAX_PREFILL_TOKENS
+    device: str = BACKEND
+
+    def __post_init__(self) -> None:
+        hw = hardware(self.hardware)  # UnknownHardware lists the catalog
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.cost_source not in COST_SOURCES:
+            raise ValueError(f"unknown cost source {self.cost_source!r}; valid: {list(COST_SOURCES)}")
+        if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:
+            raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
+        archs = check_sim_models(self.sim_models)
+        if self.block_bytes is None:
+            from llmfleet.costmodel import MODEL_CATALOG
+
+            largest = max(a.kv_bytes_per_token for a in (archs or MODEL_CATALOG).values())
+            object.__setattr__(self, "block_bytes", -(-self.block_tokens * largest // 16) * 16)
+        object.__setattr__(self, "hardware", hw.name)
+        super().__post_init__()
+
+    @property
+    def hw(self) -> Hardware:
+        return hardware(self.hardware)
+
+    @property
+    def link_bw(self) -> float:
+        hw = self.hw
+        return self.link_bytes_per_s or hw.intra_node_bw * hw.comm_eff
+
+
+@dataclass(frozen=True)
+class StepPricer:
+    """An emulated model's "forward": the cost model of its catalog architecture at the engine's TP."""
+
+    arch: ModelArch
+    cost: LinearCost
+
+    def step_s(self, plan: StepPlan) -> float:
+        return self.cost.iteration(plan.prefill_tokens, plan.prefill_sq, plan.decodes, plan.context_tokens)
+
+
+def token_id(seed: int, position: int, vocab: int) -> int:
+    """The deterministic ``position``-th output token of a request (never a special id)."""
+    return WORD_BASE + (seed + position * 7919) % (vocab - WORD_BASE)
+
+
+class EmulatedExecutor(Executor):
+    """A native executor whose device is a catalog GPU priced by the simulator's cost model."""
+
+    config: EmulatedConfig
+
+    def __init__(self, config: EmulatedConfig | None = None, clock: WallClock | None = None) -> None:
+        self.clock = clock or WallClock()
+        self._seeds: dict[str, int] = {}
+        self._sent: dict[str, tuple[float, int]] = {}  # request -> (transfer start, K/V bytes so far)
+        super().__init__(config or EmulatedConfig())
+        self.backend = BACKEND
+
+    # ------------------------------------------------------------------------ device and memory
+    def _device_memory(self) -> tuple[str, int, int]:
+        cfg = self.config
+        total = cfg.tp * cfg.hw.mem_bytes
+        return BACKEND, total, cfg.memory_budget_bytes or int(total * cfg.mem_fraction)
+
+    def _kv_storage(self) -> Any:
+        return NoKvStorage()
+
+    def _free_memory(self) -> None:
+        pass  # nothing was allocated
+
+    @property
+    def lag(self):
+        """How far behind the cost model's times this engine ran (``clock.Lag``)."""
+        return self.clock.lag
+
+    # ------------------------------------------------------------------------------------ models
+    def _materialize(self, spec: ModelSpec) -> LoadedModel:
+        arch = resolve_arch(spec, self.config.sim_models)
+        return emulated_model(spec, arch, self.device, self.config.tp)
+
+    def _footprint(self, loaded: LoadedModel) -> tuple[KvShape, int]:
+        arch: ModelArch = loaded.model
+        cfg = self.config
+        activation = cost_memory.activation_bytes(arch, cfg.max_prefill_tokens, cfg.max_batch_requests)
+        return arch.kv_shape, arch.weight_bytes + activation
+
+    def _new_runner(self, loaded: LoadedModel) -> StepPricer:
+        arch: ModelArch = loaded.model
+        cfg = self.config
+        book = CostBook.build(cfg.hw, {arch.name: arch}, source=cfg.cost_source)
+        return StepPricer(arch, book.model(arch.name, cfg.tp))
+
+    def load_seconds(self, arch: ModelArch) -> float:
+        """The simulator's load time: the weights over the GPUs' host links."""
+        cfg = self.config
+        return arch.weight_bytes / (cfg.tp * cfg.hw.h2d_bytes_per_s)
+
+    def _weights_arrive(self, loaded: LoadedModel) -> None:
+        start = self.clock.monotonic()
+        self.clock.sleep_until(start + self.load_seconds(loaded.model))
+
+    # ---------------------------------------------------------------------------------- steps
+    def _step_inputs(self, plan: StepPlan, now: float) -> float:
+        for r in plan.prefills:
+            state: LiveRequest = r.payload
+            if state.scheduled_s is None:
+                state.scheduled_s = now
+        return now
+
+    def _forward(self, plan: StepPlan, members: list[LiveRequest], start: float) -> tuple[list[int], float]:
+        duration = members[0].model.runner.step_s(plan)
+        self.clock.sleep_until(start + duration)
+        vocab = members[0].model.loaded.vocab_size
+        picked = []
+        for r in members:
+            seed = self._seeds.get(r.request_id)
+            if seed is None:
+                seed = self._seeds[r.request_id] = zlib.crc32(r.request_id.encode())
+            picked.append(token_id(seed, len(r.tokens), vocab))
+        return picked, duration
+
+    def _finish_locked(self, state: LiveRequest, reason: Any, **kwargs: Any) -> None:
+        self._seeds.pop(state.request_id, None)
+        self._sent.pop(state.request_id, None)
+        super()._finish_locked(state, reason, **kwargs)
+
+    # ------------------------------------------------------------------------------ profiling
+    def profile(
+        self,
+        model: str,
+        batch_sizes: Sequence[int] = (1, 2, 4, 8),
+        input_lengths: Sequence[int] = (16, 64, 256),
+        context_lengths: Sequence[int] = (16, 64, 256),
+        repeats: int = 3,
+    ) -> ProfileResult:
+        """The native sweep's points, each timed by the cost model (a point whose sequences do not fit
+        the free pool is skipped, as natively)."""
+        if model not in self.model_names():
+            raise KeyError(model)
+        check_sweep(self.models[model].max_context, batch_sizes, input_lengths, context_lengths, repeats)
+        lm: LinearCost = self.runner(model).cost
+        samples: list[ProfileSample] = []
+        skipped: list[tuple[str, int, int]] = []
+        for phase, lengths in (("prefill", input_lengths), ("decode", context_lengths)):
+            for b in batch_sizes:
+                for n in lengths:
+                    if not self._fits(model, b, n + repeats + 1):
+                        skipped.append((phase, b, n))
+                        continue
+                    for r in range(repeats):
+                        if phase == "prefill":
+                            s = lm.iteration(b * n, b * n * n, 0, 0)
+                        else:
+                            s = lm.iteration(0, 0, b, b * (n + r + 1))
+                        samples.append(ProfileSample(phase, b, n, s))
+        if not samples:
+            raise ResourceExhaustedError(
+                f"no profiling point fits the free KV pool of {model!r}; skipped {skipped}"
+            )
+        return ProfileResult(tuple(samples), tuple(skipped))
+
+    def _fits(self, model: str, sequences: int, tokens: int) -> bool:
+        seqs = [f"{PREFIX}fit/{i}" for i in range(sequences)]
+
+        def trial(alloc) -> bool:
+            try:
+                for s in seqs:
+                    alloc.allocate(s, model, tokens)
+                return True
+            except OutOfBlocks:
+                return False
+            finally:
+                for s in seqs:
+                    if s in alloc:
+                        alloc.free(s)
+
+        return self.with_pool(trial)
+
+    # --------------------------------------------------------------------------- KV transfer
+    def link_seconds(self, nbytes: int) -> float:
+        """How long ``nbytes`` take on the emulated link."""
+        return nbytes / self.config.link_bw
+
+    def wire_bytes_per_token(self, header: TransferHeader) -> int:
+        return 0  # a chunk is a block-table range, whatever its size in K/V
+
+    def export_kv(self, request_id: str, start: int, end: int) -> bytes:
+        """Tokens [start, end) of a paused request as its token range and block ids, sent at the
+        emulated link's speed: this call returns when the range's K/V would have arrived."""
+        with self._cond:
+            r = self._active(request_id)
+            if not r.core.paused:
+                raise TransferError(f"request {request_id!r} must be paused before its KV is read")
+            held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
+            if not 0 <= start < end <= held:
+                raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
+            table = self.allocator.table(request_id)
+            t = table.tokens_per_block
+            blocks = list(table.blocks[start // t : -(-end // t)])
+            t0, sent = self._sent.get(request_id, (self.clock.monotonic(), 0))
+            sent += (end - start) * r.model.shape.bytes_per_token
+            self._sent[request_id] = (t0, sent)
+        self.clock.sleep_until(t0 + self.link_seconds(sent))
+        return _RANGE.pack(start, end, len(blocks)) + struct.pack(f"<{len(blocks)}i", *blocks)
+
+    def resume_request(self, request_id: str, *, moving: bool = False) -> bool:
+        with self._cond:
+            self._sent.pop(request_id, None)
+        return super().resume_request(request_id, moving=moving)
+
+    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None:
+        if len(data) < _RANGE.size:
+            raise TransferError(f"emulated KV chunk of {len(data)} bytes: shorter than its range header")
+        s, e, n = _RANGE.unpack_from(data)
+        if (s, e) != (start, start + num_tokens) or len(data) != _RANGE.size + 4 * n:
+            raise TransferError(
+                f"emulated KV chunk describes tokens [{s}, {e}) with {n} blocks in {len(data)} bytes; "
+                f"expected tokens [{start}, {start + num_tokens})"
+            )
+
+    def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None:
+        pass  # the blocks were reserved by begin_import; there are no K/V bytes to place
