@@ -371,6 +371,58 @@ class MigrationConfig(BaseModel):
         ]  # fmt: skip
 
 
+class EmulatedPool(BaseModel):
+    """``emulated:``: the engines are emulated GPUs (``llmfleet-engine --backend emulated``): ``count``
+    GPUs of catalog ``hardware``, hosted ``count / processes`` per process, each an engine with the
+    ``engine`` settings (local policy, options, limits) and every model served as its catalog
+    ``sim_model``. ``llmfleet up --emulate 32xA100-80GB`` sets count and hardware from the command line."""
+
+    model_config = _STRICT
+
+    hardware: str = "a100-80gb"
+    count: int = Field(8, ge=1, le=4096)
+    processes: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    cost_source: str = "roofline"
+    mem_fraction: float = Field(0.9, gt=0, le=1)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, v: str) -> str:
+        from llmfleet.costmodel.hardware import UnknownHardware, hardware
+
+        try:
+            name = hardware(v).name
+        except UnknownHardware as e:
+            raise ValueError(e.args[0]) from None
+        if name == "cpu":
+            raise ValueError("an emulated pool emulates a catalog GPU, not cpu")
+        return name
+
+    @field_validator("cost_source")
+    @classmethod
+    def _cost_source(cls, v: str) -> str:
+        if v not in ("roofline", "vidur"):
+            raise ValueError(f"unknown cost source {v!r}; valid: ['roofline', 'vidur']")
+        return v
+
+    @model_validator(mode="after")
+    def _layout(self) -> EmulatedPool:
+        if self.processes > self.count:
+            raise ValueError(f"processes ({self.processes}) must not exceed count ({self.count})")
+        if self.engine.models or self.engine.device != "cpu" or self.engine.port is not None:
+            raise ValueError(
+                "emulated.engine takes the local policy and limits only (no models, device or port)"
+            )
+        return self
+
+    def per_process(self) -> list[int]:
+        """Engines in each process (as even as the division allows)."""
+        q, r = divmod(self.count, self.processes)
+        return [q + (i < r) for i in range(self.processes)]
+
+
 class ClusterConfig(BaseModel):
     """deploy/local/cluster.yaml: services -> models -> engines."""
 
@@ -381,6 +433,7 @@ class ClusterConfig(BaseModel):
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     migration: MigrationConfig = Field(default_factory=MigrationConfig)
+    emulated: EmulatedPool | None = None  # emulated GPUs instead of the engines: entries
 
     @model_validator(mode="after")
     def _references(self) -> ClusterConfig:
@@ -395,9 +448,46 @@ class ClusterConfig(BaseModel):
                     raise ValueError(
                         f"engine {eid!r} lists unknown model {m!r}; known: {sorted(self.models)}"
                     )
-        if self.placement.planned:
-            self.catalog_models()  # a planner needs every served model in the cost-model catalog
+        if self.placement.planned or self.emulated is not None:
+            self.catalog_models()  # a planner / an emulated GPU needs every model in the catalog
+        if self.emulated is not None:
+            self._check_emulated_fit(self.emulated)
         return self
+
+    def _check_emulated_fit(self, pool: EmulatedPool) -> None:
+        """Every served model must fit one emulated engine alone (else it could never be placed)."""
+        from llmfleet.costmodel import hardware, model_arch
+        from llmfleet.costmodel.memory import kv_pool_bytes
+
+        hw = hardware(pool.hardware)
+        limits = pool.engine.limits()
+        for name, cat in self.catalog_models().items():
+            kv = kv_pool_bytes(
+                hw,
+                pool.tp,
+                [model_arch(cat)],
+                pool.mem_fraction,
+                limits.get("max_prefill_tokens", 8192),
+                limits.get("max_batch_requests", 256),
+            )
+            if kv <= 0:
+                raise ValueError(
+                    f"model {name!r} ({cat}) does not fit one emulated {pool.tp}x{hw.name} engine: its "
+                    f"weights and activations exceed {pool.mem_fraction:g} of {pool.tp * hw.mem_bytes / 2**30:.0f} "
+                    "GiB; raise emulated.tp"
+                )
+
+    def all_catalog_models(self) -> dict[str, str]:
+        """Every declared model with a catalog name (``sim_model`` or its own name) -> that name."""
+        from llmfleet.costmodel import UnknownModel, model_arch
+
+        out = {}
+        for name, m in self.models.items():
+            try:
+                out[name] = m.sim_model or model_arch(name).name
+            except UnknownModel:
+                continue
+        return out
 
     def catalog_models(self) -> dict[str, str]:
         """Served model -> its cost-model catalog name (``sim_model``, else the model's own name when it

@@ -22,11 +22,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig
+from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig, EmulatedPool, validation_message
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
 from llmfleet.supervisor_restart import Decision, RestartPolicy, Restarts
@@ -96,6 +97,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="first restart delay (doubles per failure, max 30 s)",
     )
+    p.add_argument(
+        "--emulate", default=None, metavar="NxHARDWARE",
+        help="serve on N emulated GPUs of a catalog hardware (e.g. 32xA100-80GB) instead of the config's "
+        "engines: (its emulated: section's settings apply; README 'Emulated fleet')",
+    )  # fmt: skip
+    p.add_argument(
+        "--emulate-processes", type=int, default=None, metavar="K",
+        help="processes hosting the emulated GPUs (default: the config's emulated.processes, else 1)",
+    )  # fmt: skip
     p.add_argument(
         "--tls", action="store_true",
         help="TLS on every gRPC hop and HTTPS on the OpenAI API, mutual TLS between services, with a "
@@ -204,6 +214,8 @@ def plan_services(
             )
         )
     used = {base_port + c[3] for c in control}
+    if config.emulated is not None:
+        return plans + emulated_plans(config, config.emulated, common, host, base_port, state, used)
     for i, (engine_id, engine) in enumerate(config.engines.items()):
         port = engine.port or base_port + ENGINE_PORT_OFFSET + i
         if port in used:
@@ -227,6 +239,77 @@ def plan_services(
             )
         )
     return plans
+
+
+def emulated_plans(
+    config: ClusterConfig,
+    pool: EmulatedPool,
+    common: Any,
+    host: str,
+    base_port: int,
+    state: Path,
+    used: set[int],
+) -> list[ServicePlan]:
+    """``pool.processes`` engine processes hosting ``pool.count`` emulated GPUs (``emu{p}-{i}``, ports
+    from base + 10 on, one per GPU; /metrics 1000 above each)."""
+    argv = [
+        "--backend", "emulated", "--hardware", pool.hardware, "--tp", str(pool.tp),
+        "--cost-source", pool.cost_source, "--mem-fraction", f"{pool.mem_fraction:g}",
+    ]  # fmt: skip
+    for name, arch in sorted(config.all_catalog_models().items()):
+        argv += ["--sim-model", f"{name}={arch}"]
+    argv += pool.engine.engine_args()
+    plans, port = [], base_port + ENGINE_PORT_OFFSET
+    for p, n in enumerate(pool.per_process()):
+        clash = used & set(range(port, port + n))
+        if clash:
+            raise ValueError(f"emulated GPUs: port {min(clash)} is already used by another service")
+        name = f"emu{p}"
+        plans.append(
+            ServicePlan(
+                name=name,
+                argv=[*service_command(*ENGINE_SCRIPT), *common(name, port), "--engines", str(n), *argv],
+                address=f"{host}:{port}",
+                log_path=state / "logs" / f"{name}.log",
+                metrics=f"{host}:{port + METRICS_PORT_OFFSET}..{port + n - 1 + METRICS_PORT_OFFSET}",
+            )
+        )
+        port += n
+    return plans
+
+
+def apply_emulate(config: ClusterConfig, emulate: str | None, processes: int | None) -> ClusterConfig:
+    """The config with ``--emulate NxHW`` / ``--emulate-processes K`` applied (ValueError naming the
+    problem: a bad spec, an unknown hardware, a model that does not fit, a native-only setting)."""
+    if emulate is None and processes is None:
+        return config
+    if emulate is None:
+        if config.emulated is None:
+            raise ValueError("--emulate-processes needs --emulate NxHARDWARE (or an emulated: section)")
+        pool = config.emulated.model_copy(update={"processes": processes})
+    else:
+        from llmfleet.sim.spec import ClusterSpec
+
+        spec = ClusterSpec.parse(emulate)  # ValueError / UnknownHardware naming the valid names
+        base = config.emulated or EmulatedPool()
+        update: dict[str, Any] = {"count": spec.count, "hardware": spec.hw.name}
+        if processes is not None:
+            update["processes"] = processes
+        pool = base.model_copy(update=update)
+    native = sorted(eid for eid, e in config.engines.items() if e.device != "cpu" or e.port is not None)
+    if native:
+        raise ValueError(
+            f"--emulate replaces the engines: entries, but {native} set a device or port (native-only); "
+            "remove them or run without --emulate"
+        )
+    if not config.placement.planned:
+        raise ValueError(
+            "--emulate needs a placement planner (placement.policy seallm, aladdin, ...): the static "
+            "policy places the engines: entries, which an emulated pool replaces"
+        )
+    data = config.model_dump()
+    data["emulated"] = EmulatedPool.model_validate(pool.model_dump()).model_dump()
+    return ClusterConfig.model_validate(data)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -269,7 +352,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     try:
         config = ClusterConfig.load(args.config)
-    except ValueError as e:
+        config = apply_emulate(config, args.emulate, args.emulate_processes)
+    except (ValueError, KeyError, ValidationError) as e:
+        if isinstance(e, ValidationError):
+            e = ValueError(validation_message(e))
+        elif isinstance(e, KeyError):
+            e = ValueError(e.args[0])
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
     if args.schedulers < 1:

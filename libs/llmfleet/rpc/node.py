@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, Registration
 from llmfleet.metrics.control import shell_metrics
@@ -51,6 +53,9 @@ class ServiceNode:
     metrics_port: int = -1
     metrics_host: str = "127.0.0.1"
     metrics: MetricsServer | None = None  # set by start() when metrics_port != -1
+    metrics_registry: CollectorRegistry | None = None  # what /metrics serves (None: the process's)
+    owns_etcd: bool = True  # False: ``etcd`` was handed in, shared with other nodes of the process
+    shared_etcd_ready: asyncio.Event | None = None  # set once a shared ``etcd`` is connected
     _started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -73,25 +78,33 @@ class ServiceNode:
         self.start_metrics()
         for hook in self.on_start:
             self.spawn(self._guarded(hook), f"{self.role}-start-{getattr(hook, '__name__', 'hook')}")
-        self.etcd = EtcdClient(self.settings)
+        if self.etcd is None:
+            self.etcd = EtcdClient(self.settings)
+        else:
+            self.owns_etcd = False
         self._tasks.append(asyncio.create_task(self._attach(), name=f"{self.role}-etcd-attach"))
 
     def start_metrics(self) -> MetricsServer | None:
         """Serve ``/metrics`` (the process registry) unless ``metrics_port`` is -1; logs the address."""
         if self.metrics is None and self.metrics_port != -1:
             try:
-                self.metrics = start_metrics_server(self.metrics_port, self.metrics_host)
+                self.metrics = start_metrics_server(
+                    self.metrics_port, self.metrics_host, self.metrics_registry
+                )
             except OSError as e:  # the port is taken: metrics on any free port, the service serves on
                 log.error("%s %s: cannot serve /metrics on port %d (%s); using a free port", self.role,
                           self.node_id, self.metrics_port, e)  # fmt: skip
-                self.metrics = start_metrics_server(0, self.metrics_host)
+                self.metrics = start_metrics_server(0, self.metrics_host, self.metrics_registry)
             if self.metrics is not None:
                 log.info("%s %s metrics on %s", self.role, self.node_id, self.metrics.url)
         return self.metrics
 
     async def _attach(self) -> None:
         assert self.etcd is not None
-        await self.etcd.connect(wait=True)  # retries forever, logging each failure
+        if self.owns_etcd:
+            await self.etcd.connect(wait=True)  # retries forever, logging each failure
+        elif self.shared_etcd_ready is not None:
+            await self.shared_etcd_ready.wait()  # the process's shared client is connected once
         key = self.etcd.keys.node(self.node_id)
         self.registration = Registration(
             self.etcd, key, lambda: self.record().to_json(), self.settings.lease_ttl_s
@@ -144,7 +157,7 @@ class ServiceNode:
             with contextlib.suppress(Exception):
                 self.metrics.stop()
             self.metrics = None
-        if self.etcd is not None:
+        if self.etcd is not None and self.owns_etcd:
             with contextlib.suppress(Exception):
                 await self.etcd.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 from dataclasses import replace
 from typing import Any
@@ -18,8 +19,11 @@ from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, n
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import ModelSpec, NodeRecord
+from prometheus_client import CollectorRegistry
 
 from llmfleet_engine.backend import EngineBackend
+from llmfleet_engine.emulated.host import EngineGroup, build_group
+from llmfleet_engine.emulated.shared import SharedEtcd
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.hardware import detect_hardware, hardware_name, tp_degree
 from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS
@@ -84,19 +88,28 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
     )
 
 
-def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
-    nid = node_id(args, ROLE)
+def build_node(
+    args: argparse.Namespace,
+    *,
+    nid: str | None = None,
+    port: int | None = None,
+    shared: SharedEtcd | None = None,
+) -> tuple[ServiceNode, EngineServicer]:
+    """One engine node. ``nid``/``port`` override the flags'; ``shared``: the etcd client and views of
+    a process hosting several engines (``--engines N``), whose metrics then go to a registry of their own."""
+    nid = nid or node_id(args, ROLE)
     executor = make_executor(args)
     # vllm:* metrics on the process registry (served by the shell's /metrics): counters and histograms
     # hooked where each backend sees tokens and ends, gauges from its load snapshot
-    executor.attach_metrics(engine_metrics())
+    registry = CollectorRegistry(auto_describe=True) if shared is not None else None
+    executor.attach_metrics(engine_metrics(registry))
     servicer = EngineServicer(
         executor, nid, default_max_tokens=args.default_max_tokens, max_migrations=args.max_migrations
     )
     server = GrpcServer(
         [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))],
         host=args.host,
-        port=args.port,
+        port=args.port if port is None else port,
     )
 
     hw = args.hardware or detect_hardware(str(executor.device), executor.memory_bytes, args.tp)
@@ -117,7 +130,17 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
             ),
         )
 
-    node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise, describe=describe)
+    node = ServiceNode(
+        ROLE,
+        nid,
+        etcd_settings(args),
+        server,
+        advertise=args.advertise if shared is None else None,
+        describe=describe,
+        metrics_registry=registry,
+    )
+    if shared is not None:
+        node.etcd, node.shared_etcd_ready = shared.client, shared.ready
 
     async def republish_on_model_change(n: ServiceNode) -> None:
         loop = asyncio.get_running_loop()
@@ -133,12 +156,15 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, EngineServicer]:
             await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
 
     async def follow_placement(n: ServiceNode) -> None:
-        view = placement_view(n.etcd)
-        await view.start()
-        n.on_stop.append(view.stop)
-        nodes = node_view(n.etcd)  # other engines: hand-off check and migration destinations
-        await nodes.start()
-        n.on_stop.append(nodes.stop)
+        if shared is not None:  # one watch per prefix for the whole process, not one per engine
+            view, nodes = await shared.views()
+        else:
+            view = placement_view(n.etcd)
+            await view.start()
+            n.on_stop.append(view.stop)
+            nodes = node_view(n.etcd)  # other engines: hand-off check and migration destinations
+            await nodes.start()
+            n.on_stop.append(nodes.stop)
         drain = DrainSettings(
             mode=args.drain_mode, timeout_s=args.drain_timeout_s, handoff_timeout_s=args.handoff_timeout_s
         )
@@ -231,7 +257,14 @@ class _Parser(argparse.ArgumentParser):
 
 # flags an emulated engine has no use for (it runs no model and no device): refused, never ignored
 NATIVE_ONLY = ("--device", "--models-dir", "--threads", "--offline")
-EMULATED_ONLY = ("--sim-model", "--cost-source", "--mem-fraction", "--link-bandwidth", "--block-tokens")
+EMULATED_ONLY = (
+    "--engines",
+    "--sim-model",
+    "--cost-source",
+    "--mem-fraction",
+    "--link-bandwidth",
+    "--block-tokens",
+)
 
 
 def check_emulated(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[str]) -> None:
@@ -337,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=ARCH",
         help="serve model NAME as catalog architecture ARCH (else a source emulated://ARCH or NAME itself)",
     )
+    g.add_argument(
+        "--engines",
+        type=_positive_int,
+        default=1,
+        help="emulated GPUs hosted by this process: ids ID-0..ID-(N-1), ports --port+i (0: any free)",
+    )
     g.add_argument("--cost-source", choices=("roofline", "vidur"), default="roofline", help="step costs")
     g.add_argument("--mem-fraction", type=float, default=0.9, help="GPU memory for weights + KV (0.9)")
     g.add_argument(
@@ -380,11 +419,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def build(args: argparse.Namespace) -> ServiceNode | EngineGroup:
+    """One engine node, or ``--engines N`` of them (emulated) sharing the process."""
+    if args.engines == 1:
+        return build_node(args)[0]
+    base = args.id or f"emulated-{socket.gethostname()}-{os.getpid()}"
+    return build_group(args, base, build_node, etcd_settings(args))
+
+
 def main(argv: list[str] | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
+    run_service(ROLE, build_parser(), build, argv)
 
 
 if __name__ == "__main__":

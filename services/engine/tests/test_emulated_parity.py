@@ -1,0 +1,172 @@
+"""Parity of the emulated backend: the same arrivals give the same decisions as ``SimInstance``.
+
+The emulated executor (its real worker thread, engine core, block allocator and streaming) runs on a
+simulated clock: each step "sleeps" exactly the cost model's iteration time, and the requests that
+arrive during a step are submitted at their own times. A ``SimInstance`` of the same catalog GPU,
+models, pool and limits runs the same arrivals. A spy around each side's policy records every batch
+(model, phase, members, end time), preemption and finish: the records must be identical. Unlike
+``test_core_parity`` nothing here is faked in the executor: the emulated backend prices its own steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from llmfleet.costmodel import hardware, model_arch
+from llmfleet.costmodel.memory import activation_bytes
+from llmfleet.policies.dispatch import RoundRobin
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.policies.request import DoublingBudget, Fcfs
+from llmfleet.sim.cost import CostBook
+from llmfleet.sim.simulator import Simulator
+from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.types import ModelSpec
+from llmfleet.workload import WorkloadRequest
+from llmfleet_engine import executor as executor_module
+from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+from llmfleet_engine.emulated.clock import Lag
+from llmfleet_engine.validation import build_request
+from test_core_parity import Spy, normalise
+
+HW = "a100-80gb"
+MODELS = ("llama2-7b", "llama2-13b")
+SERVICES = {"llama2-7b": "chat", "llama2-13b": "code"}
+BLOCK_TOKENS = 16
+KV_BLOCKS = 12
+LIMITS = {"max_running": 6, "max_batch_requests": 5, "max_prefill_tokens": 96, "watermark": 0.0}
+# (id, arrival in decode-step units, model, prompt tokens, output tokens)
+OFFSETS = [
+    ("r0", 0.0, "llama2-7b", 20, 160),
+    ("r1", 3.5, "llama2-13b", 40, 30),
+    ("r2", 7.25, "llama2-7b", 70, 45),
+    ("r3", 9.0, "llama2-13b", 12, 60),
+    ("r4", 15.5, "llama2-7b", 33, 25),
+    ("r5", 22.0, "llama2-13b", 55, 40),
+    ("r6", 31.75, "llama2-7b", 9, 70),
+    ("r7", 40.0, "llama2-13b", 25, 20),
+    ("r8", 40.5, "llama2-7b", 48, 35),
+    ("r9", 52.0, "llama2-13b", 30, 50),
+]
+POLICIES: dict[str, Callable[[], Any]] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget}
+
+
+def block_bytes() -> int:
+    return BLOCK_TOKENS * max(model_arch(m).kv_bytes_per_token for m in MODELS)
+
+
+def unit_s() -> float:
+    cost = CostBook.build(hardware(HW), {m: model_arch(m) for m in MODELS})
+    return cost.model("llama2-7b", 1).iteration(0, 0, 1, 30)
+
+
+class SimulatedClock:
+    """The emulated engine's clock on simulated time: ``sleep_until`` jumps to the due time, first
+    letting ``on_tick`` submit what arrived meanwhile."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.lag = Lag()
+        self.on_tick: Callable[[float, float], None] = lambda start, end: None
+
+    def monotonic(self) -> float:
+        return self.t
+
+    perf_counter = monotonic
+
+    def sleep_until(self, due: float) -> None:
+        start = self.t
+        self.on_tick(start, due)
+        self.t = max(self.t, due)
+
+
+def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
+    log: list = []
+    spec = SimSpec(
+        ClusterSpec.parse(f"1x{HW}"),
+        tuple(SimService(SERVICES[m], m, max_tokens=1) for m in MODELS),
+        EngineSettings(block_tokens=BLOCK_TOKENS, kv_bytes=KV_BLOCKS * block_bytes(), **LIMITS),
+    )
+    sim = Simulator(
+        spec,
+        [InstancePlan("e0", MODELS, 1)],
+        lambda: Spy(make_policy(), log),
+        RoundRobin(),
+        CostBook.build(spec.cluster.hw, spec.archs()),
+        fast_forward=False,
+    )
+    res = sim.run([WorkloadRequest(rid, t, p, o, SERVICES[m]) for rid, t, m, p, o in arrive], strict_services=True)
+    assert not [r for r in res.records if r.failed]
+    return log, sim.instances["e0"]
+
+
+async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, EmulatedExecutor]:
+    log: list = []
+    clock = SimulatedClock()
+    monkeypatch.setattr(executor_module, "time", clock)
+    bb = block_bytes()
+    reserved = sum(-(-(model_arch(m).weight_bytes + activation_bytes(model_arch(m), 96, 5)) // bb) for m in MODELS)
+    ex = EmulatedExecutor(
+        EmulatedConfig(
+            hardware=HW,
+            sim_models={m: m for m in MODELS},
+            memory_budget_bytes=(reserved + KV_BLOCKS) * bb,
+            policy=policy,
+            **LIMITS,
+        ),
+        clock=clock,
+    )
+    ex.policy = ex.core.policy = Spy(ex.core.policy, log)
+    for m in MODELS:
+        await asyncio.to_thread(ex.load, ModelSpec(m, f"emulated://{m}"))
+    assert ex.kv_capacity_bytes == KV_BLOCKS * bb and ex.plan.block_bytes == bb
+    loop = asyncio.get_running_loop()
+    pending, streams = list(arrive[1:]), []
+
+    def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
+        req = build_request(ex.models[model], " ".join(["w"] * prompt), request_id=rid, max_tokens=output)
+        assert req.prompt_tokens == prompt  # one token per word
+        streams.append(ex.submit(dataclasses.replace(req, arrival_s=t, service=SERVICES[model])))
+
+    def on_tick(start: float, end: float) -> None:
+        due = [a for a in pending if a[1] <= end]
+        del pending[: len(due)]
+
+        async def submit_due() -> None:
+            for a in due:
+                clock.t = a[1]
+                submit(*a)
+            clock.t = start
+
+        if due:
+            asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
+
+    clock.t = 0.0
+    clock.on_tick = on_tick
+    submit(*arrive[0])
+    done = 0
+    while done < len(streams) or pending:
+        chunks = await asyncio.wait_for(streams[done].collect(), 60)
+        assert chunks[-1].finish_reason.name == "LENGTH" and chunks[-1].usage.completion_tokens == arrive[done][4]
+        done += 1
+    return log, ex
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+async def test_emulated_engine_and_simulator_make_identical_decisions(name, monkeypatch):
+    u = unit_s()
+    arrive = [(rid, off * u, m, p, o) for rid, off, m, p, o in OFFSETS]
+    live, ex = await run_emulated(name, arrive, monkeypatch)
+    try:
+        sim, inst = run_sim(POLICIES[name], arrive)
+        assert live == sim  # every batch, preemption and finish, at the same times
+        assert normalise(live) == normalise(sim)
+        assert ex.core.preemptions == inst.preemptions
+        if name == "fcfs":
+            assert ex.core.preemptions > 0, "the pool was sized to force preemption"
+        assert ex.load_snapshot().kv_blocks_used == 0
+    finally:
+        ex.close()
