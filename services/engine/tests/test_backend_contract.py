@@ -1,0 +1,192 @@
+"""The engine-backend contract: one suite of cases run against every backend that implements
+``EngineBackend`` + ``KvMigrationBackend`` here — the native paged executor (a tiny random model on
+the CPU) and the emulated backend (a catalog model on an emulated A100). Whatever sits above the
+backend (servicer, placement follower, migration) relies on exactly these behaviours."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+from llmfleet.types import ModelSpec
+from llmfleet_engine import kv_rpc
+from llmfleet_engine.backend import EngineBackend, KvMigrationBackend, ProfilingBackend
+from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.models import ModelLoadError
+from llmfleet_engine.outputs import FinishReason, TransferError
+from llmfleet_engine.validation import UnknownModelError, ValidationError, build_request
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    make: Callable[..., Executor]
+    spec: ModelSpec
+    bad_source: ModelSpec  # a load that must fail with ModelLoadError
+
+
+def native(tmp_path) -> Executor:
+    return Executor(
+        ExecutorConfig(cache_dir=tmp_path, allow_download=False, num_threads=1, block_bytes=16 * 1152)
+    )
+
+
+def emulated(tmp_path) -> Executor:
+    return EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}))
+
+
+CASES = [
+    Case("native", native, ModelSpec("m", "tiny://llama"), ModelSpec("bad", "tiny://no-such-arch")),
+    Case("emulated", emulated, ModelSpec("m", "emulated://llama2-7b"), ModelSpec("bad", "emulated://gpt-9")),
+]
+
+
+@pytest.fixture(params=CASES, ids=lambda c: c.name)
+async def backend(request, tmp_path) -> AsyncIterator[tuple[Case, Executor]]:
+    case: Case = request.param
+    ex = case.make(tmp_path)
+    await asyncio.to_thread(ex.load, case.spec)
+    yield case, ex
+    await ex.aclose()
+
+
+def request_for(ex: Executor, rid: str, max_tokens: int = 8, words: int = 12):
+    return build_request(ex.models["m"], " ".join(["hello"] * words), request_id=rid, max_tokens=max_tokens)
+
+
+async def test_implements_the_protocols(backend):
+    _, ex = backend
+    assert isinstance(ex, EngineBackend) and isinstance(ex, KvMigrationBackend)
+    assert isinstance(ex, ProfilingBackend)
+
+
+async def test_generate_streams_max_tokens_and_reports_usage(backend):
+    _, ex = backend
+    chunks = await asyncio.wait_for(ex.submit(request_for(ex, "g1", max_tokens=6)).collect(), 30)
+    final = chunks[-1]
+    assert final.finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert len(tokens) == final.usage.completion_tokens <= 6
+    assert final.usage.prompt_tokens == request_for(ex, "x").prompt_tokens
+    assert final.usage.latency_s >= final.usage.ttft_s >= 0
+
+
+async def test_same_request_gives_same_tokens(backend):
+    _, ex = backend
+    a = await ex.submit(request_for(ex, "d1")).collect()
+    b = await ex.submit(request_for(ex, "d1")).collect()
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+
+
+async def test_cancel_ends_the_stream_and_frees_kv(backend):
+    _, ex = backend
+    stream = ex.submit(request_for(ex, "c1", max_tokens=2000))
+    first = await asyncio.wait_for(stream.__anext__(), 30)
+    assert first.token_ids
+    assert ex.cancel("c1")
+    rest = await asyncio.wait_for(stream.collect(), 30)
+    assert rest[-1].finish_reason == FinishReason.CANCELLED
+    assert not ex.cancel("c1")
+    await asyncio.sleep(0.05)
+    assert ex.load_snapshot().kv_used_bytes == 0
+
+
+async def test_load_unload_change_the_pool(backend):
+    case, ex = backend
+    cap = ex.kv_capacity_bytes
+    assert ex.model_names() == ("m",)
+    assert ex.load(case.spec).already_loaded
+    assert await asyncio.to_thread(ex.load, ModelSpec("m2", case.spec.source)) is not None
+    assert ex.kv_capacity_bytes < cap and set(ex.model_names()) == {"m", "m2"}
+    assert ex.unload("m2") and ex.kv_capacity_bytes == cap
+    assert not ex.unload("m2")
+
+
+async def test_snapshot_counts_running_requests(backend):
+    _, ex = backend
+    streams = [ex.submit(request_for(ex, f"s{i}", max_tokens=400)) for i in range(3)]
+    await asyncio.wait_for(streams[0].__anext__(), 30)
+    snap = ex.load_snapshot()
+    assert snap.running + snap.waiting == 3 and snap.kv_used_bytes > 0
+    assert {m.model for m in snap.models} == {"m"} and snap.kv_capacity_bytes == ex.kv_capacity_bytes
+    for i in range(3):
+        ex.cancel(f"s{i}")
+    for s in streams:
+        await asyncio.wait_for(s.collect(), 30)
+
+
+async def test_bad_input_is_refused(backend):
+    case, ex = backend
+    with pytest.raises(ModelLoadError):
+        await asyncio.to_thread(ex.load, case.bad_source)
+    with pytest.raises(UnknownModelError):
+        ex.submit(
+            build_request(ex.models["m"], "hi", request_id="u1").__class__(
+                **{**request_for(ex, "u1").__dict__, "model": "nope"}
+            )
+        )
+    with pytest.raises(ValidationError, match="max_tokens"):
+        request_for(ex, "huge", max_tokens=10**9)
+    with pytest.raises(ValidationError, match="max_tokens"):
+        request_for(ex, "zero", max_tokens=0)
+
+
+async def test_kv_moves_between_two_engines_and_the_stream_goes_on(backend, tmp_path):
+    case, src = backend
+    dst = case.make(tmp_path)
+    try:
+        await asyncio.to_thread(dst.load, case.spec)
+        stream = src.submit(request_for(src, "mv", max_tokens=40))
+        got = [await asyncio.wait_for(stream.__anext__(), 30) for _ in range(3)]
+        header = await asyncio.to_thread(src.pause_request, "mv", moving_to="dst")
+        assert header.num_tokens > 0
+
+        async def accepted() -> None:
+            pass
+
+        resp = await kv_rpc.import_stream(dst, kv_rpc.export_stream(src, header, 8), accepted)
+        assert resp.num_tokens == header.num_tokens
+        src.finish_migrated("mv", "dst")
+        tail = await asyncio.wait_for(stream.collect(), 30)
+        assert tail[-1].finish_reason == FinishReason.MIGRATED
+        moved = dst.attach("mv")
+        assert moved is not None
+        rest = await asyncio.wait_for(moved.collect(), 30)
+        produced = sum(len(c.token_ids) for c in [*got, *tail, *rest])
+        assert rest[-1].finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
+        assert produced == rest[-1].usage.completion_tokens
+    finally:
+        await dst.aclose()
+
+
+async def test_a_corrupt_kv_chunk_is_refused(backend):
+    _, src = backend
+    stream = src.submit(request_for(src, "bad-kv", max_tokens=40))
+    await asyncio.wait_for(stream.__anext__(), 30)
+    header = await asyncio.to_thread(src.pause_request, "bad-kv")
+    handle = await asyncio.to_thread(
+        src.begin_import, header.__class__(**{**header.__dict__, "request_id": "copy"})
+    )
+    with pytest.raises(TransferError):
+        handle.write(0, 1, b"\x00" * 3)
+    handle.abort()
+    src.resume_request("bad-kv")
+    src.cancel("bad-kv")
+    await asyncio.wait_for(stream.collect(), 30)
+
+
+async def test_profile_returns_a_sample_per_point(backend):
+    _, ex = backend
+    res = await asyncio.to_thread(
+        ex.profile, "m", batch_sizes=[1, 2], input_lengths=[8], context_lengths=[8], repeats=2
+    )
+    assert {(s.phase, s.batch_size) for s in res.samples} == {
+        ("prefill", 1),
+        ("prefill", 2),
+        ("decode", 1),
+        ("decode", 2),
+    }
+    assert all(s.seconds > 0 for s in res.samples) and len(res.samples) == 8
