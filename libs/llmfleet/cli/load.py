@@ -6,6 +6,17 @@ repeatable, run in order; or ``--service/--rate/--duration`` for one phase). Arr
 traffic does. Every ``--report-s`` a line gives what completed in that interval (TTFT and latency
 percentiles, errors, and which engines served it: a scale-out shows as a new engine id); the end
 prints the totals (``--json`` writes them). Exit 0 when every request completed, 1 otherwise.
+
+Replay (``--trace FILE`` or ``--synthetic N``, with ``llmfleet sim``'s workload flags: ``--rate``,
+``--rate-scale``, ``--lengths-from``, ``--start``, ``--end``, ``--limit``, ``--seed``): each request is
+sent at its arrival time to the service ``llmfleet sim`` assigns it (``--cluster-config``, ``--services``
+FILE|NAME,..., default every live service), with a prompt of exactly its prompt-token count and
+``max_tokens`` = its output length, through the SDK or the OpenAI HTTP API (``--via sdk|http``). A
+progress bar and interval lines show the run; etcd is sampled every ``--sample-s``; ``--out`` gets
+``llmfleet sim``'s report schema (``report.json``, ``report.md``, ``gpus_in_use.png``) for
+``llmfleet compare``. See ``llmfleet.cli.load_replay``.
+
+  llmfleet load --trace trace.csv --rate-scale 2 --cluster-config deploy/local/cluster.yaml --out .load
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
+from llmfleet.cli.load_lines import Outcome, interval_line, pct
+from llmfleet.cli.workload_args import add_workload_arguments, positive_float
 from llmfleet.client import AsyncClient, LlmfleetError
 
 NAME = "load"
@@ -75,16 +88,6 @@ def arrival_times(phases: list[Phase], seed: int) -> list[tuple[float, str]]:
 
 
 @dataclass
-class Outcome:
-    service: str
-    ok: bool
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    engine_id: str = ""
-    error: str = ""
-
-
-@dataclass
 class Summary:
     """Totals of a run (``--json``): per-service counts and percentiles, engines, errors."""
 
@@ -96,10 +99,6 @@ class Summary:
     error_messages: dict[str, int] = field(default_factory=dict)
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else 0.0
-
-
 def summarize(outcomes: list[Outcome], sent: int) -> Summary:
     s = Summary(sent=sent, completed=sum(o.ok for o in outcomes))
     s.errors = len(outcomes) - s.completed
@@ -109,26 +108,14 @@ def summarize(outcomes: list[Outcome], sent: int) -> Summary:
         s.services[name] = {
             "completed": len(ok),
             "errors": sum(1 for o in outcomes if o.service == name and not o.ok),
-            "ttft_p50_s": _pct(ttft, 50),
-            "ttft_p99_s": _pct(ttft, 99),
-            "latency_p50_s": _pct(lat, 50),
-            "latency_p99_s": _pct(lat, 99),
+            "ttft_p50_s": pct(ttft, 50),
+            "ttft_p99_s": pct(ttft, 99),
+            "latency_p50_s": pct(lat, 50),
+            "latency_p99_s": pct(lat, 99),
         }
     s.engines = dict(sorted(Counter(o.engine_id or "?" for o in outcomes if o.ok).items()))
     s.error_messages = dict(Counter(o.error for o in outcomes if not o.ok))
     return s
-
-
-def interval_line(elapsed: float, outcomes: list[Outcome], in_flight: int) -> str:
-    ok = [o for o in outcomes if o.ok]
-    engines = Counter(o.engine_id or "?" for o in ok)
-    per_service = Counter(o.service for o in ok)
-    return (
-        f"t={elapsed:6.1f}s  done {len(ok):4d} ({', '.join(f'{k} {v}' for k, v in sorted(per_service.items())) or '-'})"
-        f"  errors {len(outcomes) - len(ok)}  in flight {in_flight:4d}"
-        f"  ttft p50/p99 {_pct([o.ttft_s for o in ok], 50):.2f}/{_pct([o.ttft_s for o in ok], 99):.2f}s"
-        f"  engines {dict(sorted(engines.items())) or '-'}"
-    )
 
 
 async def _one(client: AsyncClient, prompt: str, service: str, max_tokens: int | None) -> Outcome:
@@ -191,7 +178,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a phase of load (repeatable; run in order), e.g. --phase chat:4:60 --phase chat:0.2:60",
     )
     p.add_argument("--service", "-s", help="one phase's service (instead of --phase)")
-    p.add_argument("--rate", type=float, default=1.0, help="one phase's rate in req/s (default 1)")
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=None,
+        help="one phase's rate in req/s (default 1); with --synthetic its arrival rate (default 10)",
+    )
     p.add_argument("--duration", type=float, default=30.0, help="one phase's length in seconds (default 30)")
     p.add_argument(
         "--scheduler",
@@ -200,11 +192,81 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-tokens", type=int, default=None, help="default: the service's default")
-    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times (and replay prompts)")
     p.add_argument("--report-s", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--timeout", type=float, default=300.0, help="deadline of each request in seconds")
     p.add_argument("--retries", type=int, default=3, help="retries when the scheduler is unavailable")
-    p.add_argument("--json", type=Path, default=None, help="write the summary here as JSON")
+    p.add_argument(
+        "--json", type=Path, default=None, help="write the summary (replay: the report) here as JSON"
+    )
+    add_replay_arguments(p)
+    p.set_defaults(_load_parser=p)
+
+
+def _services_arg(text: str) -> Path | list[str]:
+    """``--services``: a services YAML (as ``llmfleet sim`` reads it) or ``NAME[,NAME...]``."""
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"no such services file: {text}")
+        return path
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected a services YAML or NAME[,NAME...], got {text!r}")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a service is named twice in {text!r}")
+    return names
+
+
+def _hardware_arg(text: str) -> str:
+    """``--cluster``: ``COUNTxHARDWARE`` (as ``llmfleet sim``) or ``HARDWARE`` -> the catalog hardware name."""
+    from llmfleet.costmodel import hardware
+    from llmfleet.sim.spec import ClusterSpec
+
+    try:
+        return ClusterSpec.parse(text).hw.name if text[:1].isdigit() else hardware(text).name
+    except (KeyError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e.args[0] if e.args else e)) from None
+
+
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    """``--trace``/``--synthetic`` and what a replay needs (``llmfleet.cli.load_replay``)."""
+    g = p.add_argument_group("replay a workload (instead of --phase)")
+    add_workload_arguments(g, required=False)  # type: ignore[arg-type]
+    svc = g.add_mutually_exclusive_group()
+    svc.add_argument(
+        "--services",
+        type=_services_arg,
+        help="services YAML (as llmfleet sim) or NAME[,NAME...]: the targets, in the order length clusters "
+        "map onto (default: every live service, by name)",
+    )
+    svc.add_argument(
+        "--cluster-config", type=Path, help="take the services and SLOs of a cluster config (as llmfleet sim)"
+    )
+    g.add_argument(
+        "--via", choices=("sdk", "http"), default="sdk", help="send through the SDK (gRPC) or the HTTP API"
+    )
+    g.add_argument(
+        "--http",
+        default=os.environ.get("LLMFLEET_HTTP", "127.0.0.1:8000"),
+        help="host:port of the OpenAI-compatible API for --via http (env LLMFLEET_HTTP; default 127.0.0.1:8000)",
+    )
+    g.add_argument("--etcd", default=None, help="etcd endpoints host:port[,host:port] (env LLMFLEET_ETCD)")
+    g.add_argument("--prefix", default=None, help="etcd key prefix (env LLMFLEET_PREFIX, default /llmfleet)")
+    g.add_argument(
+        "--sample-s", type=positive_float, default=1.0, help="seconds between etcd samples (default 1)"
+    )
+    g.add_argument(
+        "--cluster",
+        type=_hardware_arg,
+        help="COUNTxHARDWARE or HARDWARE: the cost model's hardware for solo times when an engine's is not a "
+        "catalog name",
+    )
+    g.add_argument(
+        "--cost-source", choices=("roofline", "vidur"), default="roofline", help="solo times' cost model"
+    )
+    g.add_argument("--out", type=Path, default=Path(".load"), help="report directory (default .load)")
+    g.add_argument("--no-plots", action="store_true")
 
 
 def phases_of(args: argparse.Namespace) -> list[Phase]:
@@ -213,11 +275,46 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
     if args.phase:
         return list(args.phase)
     if not args.service:
-        raise SystemExit("llmfleet load: give --service (with --rate/--duration) or --phase")
-    return [Phase.parse(f"{args.service}:{args.rate}:{args.duration}")]
+        raise SystemExit(
+            "llmfleet load: give --service (with --rate/--duration), --phase, --trace or --synthetic"
+        )
+    rate = args.rate if args.rate is not None else 1.0
+    return [Phase.parse(f"{args.service}:{rate}:{args.duration}")]
+
+
+def replay_usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with a replay's flags, argparse style (``argument --flag: ...``), or None."""
+    source = "--trace" if getattr(args, "trace", None) is not None else "--synthetic"
+    if args.phase:
+        return f"argument --phase: not allowed with argument {source}"
+    if args.service:
+        return f"argument --service/-s: not allowed with argument {source} (use --services)"
+    if args.trace is not None and args.rate is not None:
+        return "argument --rate: not allowed with argument --trace (use --rate-scale)"
+    if args.trace is not None and not args.trace.is_file():
+        return f"argument --trace: no such file: {args.trace}"
+    if args.lengths_from is not None and not args.lengths_from.is_file():
+        return f"argument --lengths-from: no such file: {args.lengths_from}"
+    if args.end is not None and args.end <= args.start:
+        return f"argument --end: must be > --start ({args.start:g}), got {args.end:g}"
+    if args.cluster_config is not None and not args.cluster_config.is_file():
+        return f"argument --cluster-config: no such file: {args.cluster_config}"
+    if args.report_s <= 0:
+        return "argument --report-s: must be > 0"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "trace", None) is not None or getattr(args, "synthetic", None) is not None:
+        problem = replay_usage_error(args)
+        if problem is not None:
+            parser = getattr(args, "_load_parser", None)
+            if parser is not None:
+                parser.error(problem)  # exits 2 with the usage line
+            raise SystemExit(f"llmfleet load: error: {problem}")
+        from llmfleet.cli.load_replay import run_replay
+
+        return run_replay(args)
     phases = phases_of(args)
     if args.report_s <= 0:
         raise SystemExit("llmfleet load: --report-s must be > 0")

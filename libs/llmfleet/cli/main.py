@@ -11,9 +11,9 @@ import logging
 import sys
 from types import ModuleType
 
-from llmfleet.cli import apply, certs, load, services, sim, status, submit, up
+from llmfleet.cli import apply, certs, compare, load, services, sim, status, submit, up
 
-COMMANDS: tuple[ModuleType, ...] = (up, status, submit, load, sim, apply, services, certs)
+COMMANDS: tuple[ModuleType, ...] = (up, status, submit, load, sim, compare, apply, services, certs)
 
 
 def build_parser() -> argparse.ArgumentParser:

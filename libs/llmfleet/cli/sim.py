@@ -36,17 +36,26 @@ import argparse
 import sys
 from pathlib import Path
 
+from llmfleet.cli.workload_args import (
+    DEFAULT_SYNTHETIC_RATE,
+    add_workload_arguments,
+    build_workload,
+    positive_float,
+)
+
 NAME = "sim"
 HELP = "simulate a workload on a cluster with the shipped policies (and compare policies)"
 DEFAULT_COMPARE = ("vllm", "alpaserve", "muxserve", "seallm", "fcfs-jsq", "fcfs-p2c", "sls")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", type=Path, help="Azure LLM trace CSV")
-    src.add_argument("--synthetic", type=int, metavar="N", help="N Poisson requests (see --rate)")
-    p.add_argument("--rate", type=float, default=10.0, help="synthetic arrival rate, req/s (default 10)")
-    p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
+    add_workload_arguments(p, required=True)
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=DEFAULT_SYNTHETIC_RATE,
+        help="synthetic arrival rate, req/s (default 10)",
+    )
     p.add_argument("--cluster", default="32xA100-80GB", help="COUNTxHARDWARE (default 32xA100-80GB)")
     svc = p.add_mutually_exclusive_group()
     svc.add_argument("--services", type=Path, help="services YAML (default: one service of --model)")
@@ -102,10 +111,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--transfer", help="how migrations travel: hybrid (default), kv, tokens")
     p.add_argument("--migration-epoch-s", type=float, help="migration epoch in simulated seconds (default 1)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's arrival rate")
-    p.add_argument("--start", type=float, default=0.0, help="trace window start, seconds")
-    p.add_argument("--end", type=float, help="trace window end, seconds")
-    p.add_argument("--limit", type=int, help="keep the first N requests")
     p.add_argument(
         "--profile", type=Path, action="append", default=[], help="fitted ProfileRecord JSON (repeatable)"
     )
@@ -142,36 +147,6 @@ def _workers(value: str, n_requests: int) -> int:
     if n < 1:
         raise ValueError(f"--workers must be 'auto' or a positive integer, got {value!r}")
     return n
-
-
-def _workload(args):
-    from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
-
-    if args.trace is not None:
-        return load_azure_trace(
-            args.trace, start_s=args.start, end_s=args.end, limit=args.limit, rate_scale=args.rate_scale
-        )
-    if args.synthetic < 1:
-        raise ValueError("--synthetic needs N >= 1")
-    import numpy as np
-
-    rng = np.random.default_rng(args.seed)
-    if args.lengths_from is not None:
-        lengths = [(r.prompt_tokens, r.output_tokens) for r in load_azure_trace(args.lengths_from).requests]
-    else:  # the conv trace's rough shape: log-normal prompts ~1k, outputs ~200
-        lengths = list(
-            zip(
-                rng.lognormal(6.5, 0.8, 4096).astype(int) + 1,
-                rng.lognormal(5.0, 0.9, 4096).astype(int) + 1,
-                strict=True,
-            )
-        )
-    times = poisson(args.rate * args.rate_scale, n=args.synthetic, seed=args.seed)
-    pick = rng.integers(0, len(lengths), size=args.synthetic)
-    return Workload(tuple(
-        WorkloadRequest(f"syn-{i}", float(t), int(lengths[j][0]), max(1, int(lengths[j][1])))
-        for i, (t, j) in enumerate(zip(times, pick, strict=True))
-    ))  # fmt: skip
 
 
 def _spec(args):
@@ -232,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         ]  # fmt: skip
         spec = _spec(args)
         records = [load_record(p) for p in args.profile]
-        workload = _workload(args)
+        workload = build_workload(args)
         workers = _workers(args.workers, len(workload))
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"llmfleet sim: {e}", file=sys.stderr)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
@@ -22,9 +22,29 @@ from llmfleet_engine.native.runner import SeqStep
 from llmfleet_engine.outputs import ResourceExhaustedError
 
 if TYPE_CHECKING:
-    from llmfleet_engine.executor import Executor
+    from llmfleet_engine.models import LoadedModel
+    from llmfleet_engine.native.runner import PagedRunner
+
+
+class Executor(Protocol):
+    """What a sweep uses of the native executor (which calls :func:`profile`)."""
+
+    device: str
+
+    @property
+    def models(self) -> dict[str, LoadedModel]: ...
+
+    def model_names(self) -> tuple[str, ...]: ...
+
+    def runner(self, model: str) -> PagedRunner: ...
+
+    def with_pool(self, fn: Callable[[BlockAllocator], T]) -> T: ...
+
+    def run_in_worker(self, job: Callable[[], Any], timeout_s: float | None = None) -> Any: ...
+
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREFIX = "__profile__/"
 MAX_PROFILE_BATCH = 4096  # sequences per point

@@ -1,0 +1,58 @@
+"""`llmfleet load --trace` against a real local cluster, then `llmfleet sim` on the same trace and
+services and `llmfleet compare` of the two reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
+    rows = [(0.25 * i, 5 + (7 * i) % 20, 2 + i % 6) for i in range(16)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{t},{a},{b}\n" for t, a, b in rows)
+    )
+    services = tmp_path / "services.yaml"  # chat serves the endless llama: every output reaches max_tokens
+    services.write_text("services:\n  - {name: chat, model: tiny-llama, slo: {ttft_s: 2.0, tpot_s: 0.2}}\n")
+    live = tmp_path / "live"
+    load = subprocess.run(
+        [
+            str(BIN / "llmfleet"), "load", "--trace", str(trace), "--services", str(services),
+            "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
+            "--out", str(live), "--report-s", "2", "--no-plots",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert load.returncode == 0, load.stdout + load.stderr
+    assert "16/16 done" in load.stdout
+    run = json.loads((live / "report.json").read_text())["runs"][0]
+    assert run["overall"]["completed"] == 16 and run["overall"]["failed"] == 0
+    assert run["live"]["short_outputs"] == 0  # max_tokens = the trace's output length, reached
+    assert run["cluster"]["gpus_in_use"][0][1] == 2  # both engines host tiny-llama
+    assert {p["instance_id"] for p in run["plan"] if "tiny-llama" in p["models"]} == {"engine-0", "engine-1"}
+    assert run["overall"]["slo"]["seallm"] is not None  # tiny-llama has a cost model (cpu)
+
+    sim = tmp_path / "sim"
+    out = subprocess.run(
+        [
+            str(BIN / "llmfleet"), "sim", "--trace", str(trace), "--services", str(services), "--cluster", "2xcpu",
+            "--policy", "vllm", "--out", str(sim), "--no-plots", "--workers", "1",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cmp = subprocess.run(
+        [str(BIN / "llmfleet"), "compare", str(sim / "report.json"), str(live / "report.json"), "--out", str(tmp_path / "cmp")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cmp.returncode == 0, cmp.stderr
+    assert "latency mean s" in cmp.stdout and "same placement plans" in cmp.stdout
+    assert (tmp_path / "cmp" / "gpus_in_use.png").stat().st_size > 0
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    rows = {r["figure"]: r for r in doc["rows"]}
+    assert rows["completed"]["a"] == rows["completed"]["b"] == 16

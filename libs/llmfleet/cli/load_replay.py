@@ -1,0 +1,345 @@
+"""``llmfleet load --trace FILE | --synthetic N``: replay a workload against the live cluster and write
+``llmfleet sim``'s report (``OUT/report.json``, ``report.md``, ``gpus_in_use.png``).
+
+Each request is sent at its arrival time (× ``--rate-scale``), whether or not earlier ones finished,
+to the service ``llmfleet sim`` would give it, with a prompt of exactly its prompt-token count and
+``max_tokens`` = its output length. etcd is read every ``--sample-s`` (GPUs in use, placement plans,
+migration state) and the migration leader every 5 s (its epochs and moves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from llmfleet.cli.load_senders import Send, http_sender, sdk_sender
+from llmfleet.replay.report import LiveOutcome
+from llmfleet.replay.requests import ReplayRequest
+from llmfleet.sim.spec import SimService
+
+DEFAULT_OUT = Path(".load")
+
+
+class UsageError(Exception):
+    """Bad input found at start (after argparse): ``flag`` names the option."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass
+class Plan:
+    """What the replay sends, to which services, and the names that make live plans read as sim plans."""
+
+    requests: list[ReplayRequest]
+    services: list[SimService]
+    names: dict[str, str]  # live model -> catalog name
+
+
+async def _live_services(client: Any) -> tuple[dict, dict[str, str | None]]:
+    """etcd's ``services/`` (ServiceSpec by name) and ``models/`` (sim_model by model name)."""
+    from llmfleet.coord.desired import ModelEntry
+    from llmfleet.types import ServiceSpec
+
+    (svc, _), (models, _) = await asyncio.gather(
+        client.get_prefix(client.keys.services), client.get_prefix(client.keys.models)
+    )
+    live = {s.name: s for s in (ServiceSpec.from_json(v) for v in svc.values())}
+    sims = {m.name: m.sim_model for m in (ModelEntry.from_json(v) for v in models.values())}
+    return live, sims
+
+
+def plan_replay(
+    args: argparse.Namespace, workload: Any, live: dict, sim_models: dict[str, str | None]
+) -> Plan:
+    """Targets from the flags (validated against the live services) and the requests to send."""
+    from llmfleet.config import ClusterConfig
+    from llmfleet.replay.requests import replay_requests
+    from llmfleet.replay.targets import (
+        UnknownService,
+        config_targets,
+        file_targets,
+        live_targets,
+        model_names,
+    )
+    from llmfleet.sim.spec import load_services
+
+    names = model_names(live, sim_models)
+    try:
+        if args.cluster_config is not None:
+            services = config_targets(ClusterConfig.load(args.cluster_config), live)
+        elif isinstance(args.services, Path):
+            services = file_targets(load_services(args.services)[0], live)
+        else:
+            services = live_targets(args.services, live, names)
+    except UnknownService as e:
+        raise UsageError(e.flag, str(e)) from None
+    if not services:
+        raise UsageError("--services", "the cluster serves no service (etcd's services/ is empty)")
+    return Plan(replay_requests(workload, services), services, names)
+
+
+def _interval(now: float, window: Sequence[LiveOutcome], in_flight: int) -> str:
+    from llmfleet.cli.load_lines import interval_line
+
+    return interval_line(now, [_outcome(o) for o in window], in_flight)
+
+
+def _outcome(o: LiveOutcome) -> Any:
+    """A replay outcome as ``llmfleet.cli.load_lines.Outcome`` (its interval line)."""
+    from llmfleet.cli.load_lines import Outcome
+
+    if not o.ok:
+        return Outcome(o.service, False, engine_id=o.engine_id, error=o.error)
+    first = o.first_token_s if o.first_token_s is not None else o.finish_s
+    return Outcome(
+        o.service, True, (first or 0.0) - o.arrival_s, (o.finish_s or 0.0) - o.arrival_s, o.engine_id
+    )
+
+
+async def _safe(send: Send, r: ReplayRequest, prompt: str, t0: float) -> LiveOutcome:
+    """``send``, with any unexpected exception recorded as the request's failure."""
+    try:
+        return await send(r, prompt)
+    except Exception as e:
+        now = time.monotonic() - t0
+        return LiveOutcome(
+            r.request_id,
+            r.service,
+            r.arrival_s,
+            now,
+            r.prompt_tokens,
+            r.max_tokens,
+            error=f"{type(e).__name__}: {e}",
+        )
+
+
+async def send_all(
+    requests: Sequence[ReplayRequest],
+    send: Send,
+    t0: float,
+    *,
+    seed: int = 0,
+    report_s: float = 5.0,
+    console: Console | None = None,
+) -> list[LiveOutcome]:
+    """Send each request at ``t0 + arrival_s`` (one task each), with a progress bar and a line every
+    ``report_s``; returns the outcomes in arrival order."""
+    outcomes: dict[int, LiveOutcome] = {}
+    window: list[LiveOutcome] = []
+    tasks: set[asyncio.Task[LiveOutcome]] = set()
+    console = console or Console(soft_wrap=True)
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
+        TextColumn("sent {task.fields[sent]}, in flight {task.fields[inflight]}, failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as bar:
+        task_id = bar.add_task("replay", total=len(requests), sent=0, inflight=0, failed=0)
+        failed = 0
+
+        def finished(i: int, t: asyncio.Task[LiveOutcome]) -> None:
+            nonlocal failed
+            tasks.discard(t)
+            o = t.result()
+            outcomes[i] = o
+            window.append(o)
+            failed += not o.ok
+            bar.update(task_id, advance=1, inflight=len(tasks), failed=failed)
+
+        next_report = report_s
+        i = 0
+        while i < len(requests) or tasks:
+            now = time.monotonic() - t0
+            while i < len(requests) and requests[i].arrival_s <= now:
+                r = requests[i]
+                task = asyncio.create_task(_safe(send, r, r.prompt(seed), t0))
+                task.add_done_callback(lambda t, i=i: finished(i, t))
+                tasks.add(task)
+                i += 1
+            bar.update(task_id, sent=i, inflight=len(tasks))
+            if now >= next_report:
+                bar.console.print(escape(_interval(now, window, len(tasks))), highlight=False)
+                window.clear()
+                next_report += report_s
+            wake = min(requests[i].arrival_s if i < len(requests) else next_report, next_report)
+            await asyncio.sleep(max(0.0, min(wake - (time.monotonic() - t0), 0.25)))
+        if window:
+            bar.console.print(escape(_interval(time.monotonic() - t0, window, 0)), highlight=False)
+    return [outcomes[k] for k in sorted(outcomes)]
+
+
+async def _open_sender(args: argparse.Namespace, t0: float) -> tuple[Send, Any]:
+    """The sender for ``--via`` and the client to close; checks the scheduler answers first."""
+    if args.via == "http":
+        import openai
+
+        api_key = os.environ.get("LLMFLEET_API_KEY") or "unused"
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{args.http}/v1", api_key=api_key, timeout=args.timeout, max_retries=args.retries
+        )
+        await client.models.list()
+        return http_sender(client, t0), client
+    from llmfleet.client import AsyncClient
+
+    sdk = AsyncClient(args.scheduler, retries=args.retries, timeout_s=args.timeout)
+    await sdk.list_services(timeout_s=10)
+    return sdk_sender(sdk, t0), sdk
+
+
+async def replay(args: argparse.Namespace, workload: Any, console: Console) -> dict:
+    """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema)."""
+    from llmfleet.cli.load_sampler import FleetSampler
+    from llmfleet.config import EtcdSettings
+    from llmfleet.coord import EtcdClient
+    from llmfleet.replay.migration import migration_summary
+    from llmfleet.replay.report import SoloTimes, live_report
+
+    settings = EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix)
+    etcd = EtcdClient(settings)
+    try:
+        try:
+            await asyncio.wait_for(etcd.connect(wait=False), 10)
+            live, sim_models = await _live_services(etcd)
+        except Exception as e:
+            raise UsageError(
+                "--etcd", f"cannot read the cluster from etcd {','.join(settings.endpoints)}: {e}"
+            ) from e
+        plan = plan_replay(args, workload, live, sim_models)
+        console.print(
+            f"{len(plan.requests)} requests over {workload.duration_s:.0f} s ({workload.rate_rps:.2f} req/s) via "
+            f"{args.via}; services: {', '.join(f'{s.name}→{s.model}' for s in plan.services)}",
+            highlight=False,
+        )
+        t0 = time.monotonic() + 0.5
+        try:
+            send, client = await _open_sender(args, t0)
+        except Exception as e:
+            flag = "--http" if args.via == "http" else "--scheduler"
+            raise UsageError(flag, f"the scheduler does not answer: {e}") from e
+        sampler = FleetSampler(etcd, t0, period_s=args.sample_s)
+        await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+        await sampler.sample()
+        stop = asyncio.Event()
+        sampling = asyncio.create_task(sampler.run(stop))
+        wall = time.monotonic()
+        try:
+            outcomes = await send_all(
+                plan.requests, send, t0, seed=args.seed, report_s=args.report_s, console=console
+            )
+        finally:
+            stop.set()
+            await sampling
+            await client.close()
+        wall = time.monotonic() - wall
+        await sampler.finish()
+    finally:
+        await etcd.close()
+    hw = args.cluster  # a catalog name (checked by argparse) or None
+    migration = None
+    if sampler.migration_policy not in ("", "none"):  # as llmfleet sim: only when a policy runs
+        migration = migration_summary(
+            sampler.migration_policy, sampler.migration_epoch_s, sampler.epochs, sampler.moves,
+            t0_unix=time.time() - (time.monotonic() - t0),
+        )  # fmt: skip
+    last = sampler.samples[-1] if sampler.samples else None
+    policy = {
+        "placement": next((s.plan_policy for s in reversed(sampler.samples) if s.plan_policy), ""),
+        "migration": last.migration_policy if last else "",
+        "description": f"live replay via {args.via}",
+    }
+    extra = {"via": args.via, "sample_errors": sampler.errors, "migration_error": sampler.migration_error}
+    return live_report(
+        outcomes, sampler.samples, plan.services, solo=SoloTimes(hw, args.cost_source), names=plan.names,
+        migration=migration, policy=policy, wall_s=wall, extra=extra,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What ``llmfleet.sim.report.markdown_table`` reads of an experiment."""
+
+    policy: _Named
+    report: dict
+
+
+def write_live_report(report: dict, out: Path, context: str, plots: bool = True) -> dict[str, Path]:
+    """``report.json`` (``{"title", "context", "runs": [report]}``, as ``llmfleet sim`` writes it),
+    ``report.md`` and ``gpus_in_use.png``."""
+    from llmfleet.cli.compare import plot_gpus
+    from llmfleet.sim.report import markdown_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "report.json", "markdown": out / "report.md"}
+    doc = {"title": "llmfleet load", "context": context, "runs": [report]}
+    paths["json"].write_text(json.dumps(doc, indent=1, default=float))
+    table = markdown_table([_Run(_Named("live"), report)])  # type: ignore[list-item]
+    lines = ["# llmfleet load", "", context, "", table, ""]
+    for d in report.get("placement", []):
+        lines.append(
+            f"- t={d['t']:.1f}s plan #{d.get('plan_id')}: {d['plan']} ({'; '.join(d['changes']) or '–'})"
+        )
+    paths["markdown"].write_text("\n".join(lines) + "\n")
+    if plots:
+        end = report["cluster"]["makespan_s"]
+        paths["gpus"] = plot_gpus({"live": (report["cluster"]["gpus_in_use"], end)}, out / "gpus_in_use.png")
+    return paths
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """The replay subcommand's body (flags already checked by ``llmfleet.cli.load``)."""
+    from llmfleet.cli.workload_args import build_workload
+
+    console = Console(soft_wrap=True)
+    try:
+        workload = build_workload(args)
+    except (ValueError, FileNotFoundError) as e:  # the trace's file and line
+        console.print(f"[red]llmfleet load:[/] {escape(str(e))}", highlight=False)
+        return 2
+    if not len(workload):
+        console.print("[red]llmfleet load:[/] the workload has no requests", highlight=False)
+        return 2
+    try:
+        report = asyncio.run(replay(args, workload, console))
+    except UsageError as e:
+        console.print(f"[red]llmfleet load: error: argument {e.flag}:[/] {escape(str(e))}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+    source = (
+        f"trace {args.trace.name} ×{args.rate_scale}" if args.trace else f"synthetic {len(workload)} requests"
+    )
+    context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"
+    paths = write_live_report(report, args.out, context, plots=not args.no_plots)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(paths["json"].read_text())
+    o = report["overall"]
+    console.print(
+        f"{o['completed']} of {o['requests']} completed, {o['failed']} failed; latency mean "
+        f"{o['latency_s']['mean']:.3f}s p99 {o['latency_s']['p99']:.3f}s; TTFT p50 {o['ttft_s']['p50']:.3f}s; "
+        f"GPUs mean {report['cluster']['mean_gpus_in_use']:.2f} peak {report['cluster']['peak_gpus_in_use']}",
+        highlight=False,
+    )
+    for msg, n in report["live"]["errors"].items():
+        console.print(f"[red]{n} × {escape(msg)}[/]", highlight=False)
+    console.print(f"report: {paths['json']}  {paths['markdown']}", highlight=False)
+    return 0 if o["failed"] == 0 and o["completed"] == o["requests"] else 1

@@ -1,0 +1,85 @@
+"""``llmfleet load`` replay: one request through the SDK (gRPC, streaming) or the OpenAI HTTP API (the
+official ``openai`` package, streaming with usage), timed on the client from the run's start."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from llmfleet.client import AsyncClient, LlmfleetError
+from llmfleet.replay.report import LiveOutcome
+from llmfleet.replay.requests import ReplayRequest
+
+# (request, prompt) -> outcome; times are seconds from the sender's t0
+Send = Callable[[ReplayRequest, str], Awaitable[LiveOutcome]]
+
+
+def _outcome(req: ReplayRequest, t0: float, sent: float) -> LiveOutcome:
+    return LiveOutcome(
+        req.request_id, req.service, req.arrival_s, sent - t0, req.prompt_tokens, req.max_tokens
+    )
+
+
+def sdk_sender(client: AsyncClient, t0: float) -> Send:
+    """Send through ``client`` (``AsyncClient``): first token = the first chunk with tokens."""
+
+    async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
+        sent = time.monotonic()
+        out = _outcome(req, t0, sent)
+        try:
+            stream = client.generate(prompt, req.service, max_tokens=req.max_tokens)
+            async with stream:
+                async for chunk in stream:
+                    if out.first_token_s is None and chunk.token_ids:
+                        out.first_token_s = time.monotonic() - t0
+        except LlmfleetError as e:
+            out.error = f"{e.code.name}: {e.message}"
+            return out
+        u = stream.usage
+        if u is None:
+            out.error = "the stream ended without usage"
+            return out
+        out.finish_s = time.monotonic() - t0
+        out.completion_tokens = u.completion_tokens
+        out.engine_id = u.engine_id
+        out.finish_reason = u.finish_reason
+        return out
+
+    return send
+
+
+def http_sender(client: Any, t0: float) -> Send:
+    """Send through ``client`` (``openai.AsyncOpenAI``): a streamed completion (``model`` = the service)
+    with usage; the HTTP API does not say which engine served it."""
+    import openai
+
+    async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
+        sent = time.monotonic()
+        out = _outcome(req, t0, sent)
+        try:
+            stream = await client.completions.create(
+                model=req.service,
+                prompt=prompt,
+                max_tokens=req.max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for chunk in stream:
+                for choice in chunk.choices or ():
+                    if out.first_token_s is None and choice.text:
+                        out.first_token_s = time.monotonic() - t0
+                    if choice.finish_reason:
+                        out.finish_reason = choice.finish_reason
+                if chunk.usage is not None:
+                    out.completion_tokens = chunk.usage.completion_tokens
+        except openai.APIStatusError as e:
+            out.error = f"HTTP {e.status_code}: {e.message}"
+            return out
+        except openai.APIError as e:
+            out.error = f"{type(e).__name__}: {e.message}"
+            return out
+        out.finish_s = time.monotonic() - t0
+        return out
+
+    return send

@@ -1,0 +1,61 @@
+"""Workload → requests for a live cluster: each trace request keeps its arrival time, gets a prompt of
+exactly its prompt-token count (N seeded short words: the emulated engines' word-level tokenizer counts
+one token per whitespace-separated word, no BOS) and ``max_tokens`` = its output length.
+
+Services are assigned with ``llmfleet.sim.run.assign_services`` (k-means over lengths, the i-th
+shortest cluster to the i-th service), so ``llmfleet sim`` and ``llmfleet load`` on the same trace and
+services send every request to the same service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmfleet.sim.run import assign_services
+from llmfleet.sim.spec import SimService
+from llmfleet.workload import Workload
+
+VOCAB = 100  # prompt words are w0 … w99
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One request to send: when (seconds from the start), to which service, its lengths."""
+
+    request_id: str
+    arrival_s: float
+    service: str
+    prompt_tokens: int
+    max_tokens: int
+    index: int = 0  # position in the workload (seeds the prompt)
+
+    def prompt(self, seed: int = 0) -> str:
+        return synthetic_prompt(self.prompt_tokens, seed, self.index)
+
+
+def synthetic_prompt(n_tokens: int, seed: int, index: int) -> str:
+    """``n_tokens`` words ``w<k>`` (at least one: an empty prompt is refused), seeded by (seed, index)."""
+    rng = np.random.default_rng([seed, index])
+    return " ".join(f"w{k}" for k in rng.integers(0, VOCAB, max(1, n_tokens)).tolist())
+
+
+@dataclass(frozen=True)
+class _Services:
+    """What ``assign_services`` reads of a spec: its ordered services (no catalog check: live models
+    need not be cost-model names)."""
+
+    services: tuple[SimService, ...]
+
+
+def replay_requests(workload: Workload, services: Sequence[SimService]) -> list[ReplayRequest]:
+    """The workload's requests, labelled with ``services`` as ``llmfleet sim`` labels them, in arrival order."""
+    if not services:
+        raise ValueError("no service to send requests to")
+    labelled = assign_services(workload, _Services(tuple(services)))  # type: ignore[arg-type]
+    return [
+        ReplayRequest(r.request_id, r.arrival_s, r.service, r.prompt_tokens, r.output_tokens, i)
+        for i, r in enumerate(labelled.requests)
+    ]
