@@ -98,7 +98,9 @@ def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
         CostBook.build(spec.cluster.hw, spec.archs()),
         fast_forward=False,
     )
-    res = sim.run([WorkloadRequest(rid, t, p, o, SERVICES[m]) for rid, t, m, p, o in arrive], strict_services=True)
+    res = sim.run(
+        [WorkloadRequest(rid, t, p, o, SERVICES[m]) for rid, t, m, p, o in arrive], strict_services=True
+    )
     assert not [r for r in res.records if r.failed]
     return log, sim.instances["e0"]
 
@@ -108,7 +110,9 @@ async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, Em
     clock = SimulatedClock()
     monkeypatch.setattr(executor_module, "time", clock)
     bb = block_bytes()
-    reserved = sum(-(-(model_arch(m).weight_bytes + activation_bytes(model_arch(m), 96, 5)) // bb) for m in MODELS)
+    reserved = sum(
+        -(-(model_arch(m).weight_bytes + activation_bytes(model_arch(m), 96, 5)) // bb) for m in MODELS
+    )
     ex = EmulatedExecutor(
         EmulatedConfig(
             hardware=HW,
@@ -150,7 +154,10 @@ async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, Em
     done = 0
     while done < len(streams) or pending:
         chunks = await asyncio.wait_for(streams[done].collect(), 60)
-        assert chunks[-1].finish_reason.name == "LENGTH" and chunks[-1].usage.completion_tokens == arrive[done][4]
+        assert (
+            chunks[-1].finish_reason.name == "LENGTH"
+            and chunks[-1].usage.completion_tokens == arrive[done][4]
+        )
         done += 1
     return log, ex
 
