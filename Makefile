@@ -24,6 +24,7 @@ help:
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
 	@echo "make soak   - 2,000 concurrent streams, 20,000 requests (HTTP + SDK); errors, TTFT, RSS; .bench/soak"
+	@echo "make gpu-check - engine costs on a GPU (1B random Llama, bf16) vs HF generate and the vidur tables; .bench/gpu (GPU_CHECK_ARGS=\"--device cpu --shape tiny\" on CPU)"
 	@echo "make clean  - remove venv, caches and local state"
 
 $(PYTHON):

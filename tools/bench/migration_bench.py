@@ -42,10 +42,13 @@ Sections:
 
 1. **headline** — per setup × workload: peak and time-averaged active GPUs (GPUs holding requests),
    their ratios to the fluid bound of the same run (Σ⌈KV(t)/C⌉: peak/peak, mean/mean), mean KV
-   utilization of active GPUs (KV in use / KV capacity) and mean memory utilization (the paper's:
-   (weights + KV in use) / GPU memory), migrations per request, p99 latency, failures; each Mell
-   variant's GPU saving vs each baseline. Goals (reported, not tuned for), for each Mell variant: peak ≤
-   1.10 × fluid bound; memory utilization ≥ 88 %; 9–31 % fewer GPUs than the baselines (paper).
+   utilization of active GPUs (KV in use / C, where the paper defines C as "the memory capacity for the
+   KV cache in each GPU": the goal's metric, and the only reading under which its baselines' ~65–80 %
+   make sense) and, beside it, (weights + KV in use) / GPU memory, migrations per request, p99 latency,
+   failures; each Mell variant's GPU saving vs each baseline. Goals (reported, not tuned for), for each
+   Mell variant: peak ≤ 1.10 × fluid bound; peak ≤ 4/3 × fluid bound + 3 (Theorem 2: |A(I)| ≤ 4/3·OPT +
+   c, c = the open T-, S- and M-GPUs that may be part-full; OPT ≥ the fluid bound, so this is a
+   sufficient check); KV utilization ≥ 88 %; 9–31 % fewer GPUs than the baselines (paper).
 2. **batching** — Mell with operation batching on vs off on the same workloads: migrations per request,
    moves cancelled, reduction (paper: up to 30 %).
 3. **transfer** — Mell with KV-only, tokens-only (re-prefill) and hybrid transfer: KV transfer seconds,
@@ -99,6 +102,8 @@ SETUPS: dict[str, tuple[str, str, str]] = {
 }
 REF_SETUP = "a100-7b"
 BASELINES = ("BF", "WF", "LB")
+THEOREM_RATIO = 4 / 3  # Mell Theorem 2: |A(I)| ≤ 4/3·OPT(I) + c
+THEOREM_ADDITIVE = 3  # c: the most recently opened T-, S- and M-GPUs may be part-full (proof of Theorem 2)
 CONTROLS = ("alpaca-poisson",)  # KV is not the binding constraint there: reported, not in the goals
 # the paper's Mell; beyond the paper: Mell+ (fill_first), Mell++ (fill_first + compact)
 MELLS = ("Mell", "Mell+", "Mell++")
@@ -383,6 +388,7 @@ def _goals(runs: list[dict], savings: list[dict], variant: str) -> dict[str, dic
     worst_pf = max((r["peak_over_fluid"] for r in mell if r["peak_over_fluid"] is not None), default=None)
     mem = [r["mem_util_weights"] for r in mell]
     kvu = [r["mem_util"] for r in mell]
+    theorem = [r for r in mell if r["peak_active"] <= THEOREM_RATIO * r["fluid_peak"] + THEOREM_ADDITIVE]
     ranges = {}
     for b in BASELINES:
         for what in ("peak", "mean"):
@@ -401,16 +407,24 @@ def _goals(runs: list[dict], savings: list[dict], variant: str) -> dict[str, dic
             "runs": len(mell),
             "met": bool(mell) and len(within) == len(mell),
         },
+        "theorem": {
+            "text": f"{variant}: peak active GPUs ≤ 4/3 × fluid bound + {THEOREM_ADDITIVE} (Theorem 2's ratio and "
+            "additive constant; KV-bound workloads)",
+            "ours_text": f"holds in {len(theorem)}/{len(mell)} runs",
+            "met_runs": len(theorem),
+            "runs": len(mell),
+            "met": bool(mell) and len(theorem) == len(mell),
+        },
         "util": {
-            "text": f"{variant}: mean memory utilization of active GPUs ≥ 88 % (paper §VIII-B: percentage of GPU "
-            "memory in use, i.e. weights + KV over the GPU's memory; lowest average 88 %; KV-bound workloads)",
-            "ours_text": f"weights + KV: min {C.fmt(min(mem, default=None), '.3f')}, "
-            f"max {C.fmt(max(mem, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in mem)}/{len(mem)} runs; "
-            f"KV only (KV in use / KV capacity): min {C.fmt(min(kvu, default=None), '.3f')}, "
-            f"max {C.fmt(max(kvu, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in kvu)}/{len(kvu)} runs",
-            "min": min(mem, default=None),
-            "min_kv": min(kvu, default=None),
-            "met": bool(mem) and min(mem) >= 0.88,
+            "text": f"{variant}: mean KV utilization of active GPUs ≥ 88 % (KV in use / C, C = the KV capacity of a "
+            "GPU as the paper defines it; lowest average 88 %; KV-bound workloads)",
+            "ours_text": f"KV in use / C: min {C.fmt(min(kvu, default=None), '.3f')}, "
+            f"max {C.fmt(max(kvu, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in kvu)}/{len(kvu)} runs; "
+            f"beside it, (weights + KV) / memory: min {C.fmt(min(mem, default=None), '.3f')}, "
+            f"max {C.fmt(max(mem, default=None), '.3f')}",
+            "min": min(kvu, default=None),
+            "min_weights": min(mem, default=None),
+            "met": bool(kvu) and min(kvu) >= 0.88,
         },
         "savings": {
             "text": f"{variant} needs 9–31 % fewer GPUs than BF, WF and LB (paper; here: peak active GPUs, every "

@@ -2,19 +2,17 @@
 
 Sections (setups mirror the papers; nothing here is tuned to reach a goal):
 
-1. **SeaLLM headline** — 4 services from k-means (k = 4) over the Azure conv trace's (input, output)
-   lengths, ordered by mean total length and mapped to OPT-6.7B, Llama-2-7B, Llama-2-13B, Llama-2-70B
-   (the paper assigns models to clusters at random; we fix the order, biggest model to the longest
-   requests); prompts truncated to the model context. **Per-service bursty arrivals**: each service its
-   own Gamma process (CV 2) at the total rate × its cluster's share of the trace. 32 × A100-80GB.
-   Policies: ``vllm`` (the paper's baseline, vLLM 0.2–0.4: dedicated even split, FCFS with one phase
-   per iteration, fewest-requests dispatch; preset ``vllm-v0.4``, as in ``papers/seallm.py``),
-   ``vllm-mixed`` (the same with today's mixed prefill + decode iterations, for reference),
-   ``alpaserve`` (all models on every instance, FCFS one phase per iteration: ``alpaserve-v0.4``),
-   ``muxserve`` (colocated, round-robin prefill), ``seallm-colocated`` (colocated, DB,
-   fewest requests) and ``seallm`` (Algorithm 1's placement searched on a separate 60 s history of the
-   same processes, DB scheduling, fewest-requests dispatch). Metrics: normalized latency, p99, SLO
-   attainment (5 × solo time), over a rate sweep.
+1. **SeaLLM headline** — the one SeaLLM setup of ``papers/seallm_setup.py`` (shared with
+   ``papers/seallm.py``; paper §6.1 quoted there): 32 × A100-80GB; OPT-6.7B, Llama-2-7B/13B/70B on
+   k-means clusters of conv-trace ∪ LongBench-like lengths; per-service rates from function popularity
+   dealt round-robin (Zipf law matched to MAF's published tail), each service its own Gamma process
+   (CV 4); 2–50 req/s, 300 s runs. Policies: ``vllm`` (``vllm-v0.4``: the paper's baseline),
+   ``vllm-mixed`` (mixed prefill + decode iterations, for reference), ``alpaserve``
+   (``alpaserve-v0.4``), ``muxserve``, ``seallm-colocated`` (colocated, DB), ``seallm-adaptive`` (the
+   ``seallm-placement`` preset: Algorithm 1 + Eq. 8 during the run, as ``papers/seallm.py``) and
+   ``seallm`` (Algorithm 1's placement searched once on a separate 60 s history of the same processes,
+   fixed: the paper's SeaLLM-A ablation), with caps (1, 2) and FCFS-engine variants. Metrics:
+   normalized latency, p99, SLO attainment (5 × solo time), over a rate sweep.
 2. **Aladdin** — GPUs for 100 % and 99 % SLO attainment (TTFT ≤ 600 ms, ATGT ≤ 30 ms, Llama-2-13B,
    Table 2) vs Poisson arrival rate for ``aladdin`` (best-fit dispatch on N_g* workers), ``jsq-opt``
    (JSQ on N_g* workers) and ``vllm-default`` (JSQ over 4-GPU workers); engines FCFS with one phase per
@@ -54,10 +52,10 @@ from llmfleet.policies.placement import (
 )
 from llmfleet.sim.capacity import workers_needed
 from llmfleet.sim.plan_eval import SimPlanEvaluator, evaluator_factory
-from llmfleet.sim.run import PolicyBundle, assign_services, preset, service_loads, simulate
+from llmfleet.sim.run import PolicyBundle, preset, service_loads, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.types import Slo
-from llmfleet.workload import Workload, WorkloadRequest, gamma
+from llmfleet.workload import Workload, WorkloadRequest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -65,43 +63,26 @@ import bench_common  # noqa: E402
 
 C = bench_common.load()
 COST = "roofline cost models on the catalog a100-80gb (not GPU-fitted)"
-MODELS4 = ("opt-6.7b", "llama2-7b", "llama2-13b", "llama2-70b")  # shortest → longest requests
-CONTEXT = {"opt-6.7b": 2048, "llama2-7b": 4096, "llama2-13b": 4096, "llama2-70b": 4096}
-CV = 2.0  # burstiness of every service's Gamma arrivals (AlpaServe/SeaLLM use bursty Gamma processes)
+S = bench_common.load_seallm_setup()
+MODELS4 = S.MODELS
+CONTEXT = S.CONTEXT
+CV = 2.0  # burstiness of the adaptive-interval section's Gamma arrivals (SeaLLM headline: S.ARRIVAL_CV)
 HISTORY_S = 60.0
 
 
 # ----------------------------------------------------------------------------------- 1. SeaLLM
 def seallm_spec() -> SimSpec:
-    return SimSpec(
-        ClusterSpec.parse("32xA100-80GB"), tuple(SimService(f"svc{i}", m) for i, m in enumerate(MODELS4))
-    )
+    return S.spec()
 
 
-def clusters(sp: SimSpec) -> dict[str, np.ndarray]:
-    """Per service: its k-means cluster's (prompt, output) pairs, prompts truncated to the context."""
-    labelled = assign_services(C.conv_trace(), sp)
-    model = {s.name: s.model for s in sp.services}
-    out: dict[str, list[tuple[int, int]]] = {s.name: [] for s in sp.services}
-    for r in labelled.requests:
-        ctx = CONTEXT[model[r.service]]
-        out[r.service].append(
-            (max(1, min(r.prompt_tokens, ctx - r.output_tokens)), min(r.output_tokens, ctx - 1))
-        )
-    return {k: np.array(v) for k, v in out.items()}
+def clusters(sp: SimSpec) -> dict[str, tuple[str, np.ndarray]]:
+    """Per service: (model, its k-means cluster's (prompt, output) pairs) — ``seallm_setup.length_pools``."""
+    return S.length_pools(C.conv_trace(), sp)
 
 
-def bursty_workload(pairs: dict[str, np.ndarray], rate: float, duration_s: float, seed: int) -> Workload:
-    """Each service its own Gamma(CV) arrivals at ``rate`` × its share; lengths drawn from its cluster."""
-    total = sum(len(v) for v in pairs.values())
-    reqs = []
-    for k, (svc, lengths) in enumerate(sorted(pairs.items())):
-        share = len(lengths) / total
-        times = gamma(rate * share, CV, duration_s=duration_s, seed=seed * 101 + k)
-        pick = np.random.default_rng(seed * 101 + k + 50).integers(0, len(lengths), len(times))
-        for i, (t, j) in enumerate(zip(times.tolist(), pick.tolist(), strict=True)):
-            reqs.append(WorkloadRequest(f"{svc}-{i}", float(t), int(lengths[j][0]), int(lengths[j][1]), svc))
-    return Workload(tuple(reqs))
+def bursty_workload(pairs: dict, rate: float, duration_s: float, seed: int) -> Workload:
+    """Each service its own Gamma(CV 4) process at ``rate`` × its popularity share."""
+    return S.workload(pairs, S.shares(S.popularity()), rate, duration_s, seed)
 
 
 def seallm_place(
@@ -158,6 +139,7 @@ def seallm_section(cfg: dict, log) -> dict:
             "alpaserve": (dataclasses.replace(preset("alpaserve-v0.4"), name="alpaserve"), None),
             "muxserve": (preset("muxserve"), None),
             "seallm-colocated": (preset("seallm"), None),
+            "seallm-adaptive": (S.seallm(cfg["processes"])[0], None),
             "seallm": (dataclasses.replace(preset("seallm"), name="seallm-placed", placement="seallm"), plan),
             "seallm-cap12": (
                 dataclasses.replace(preset("seallm"), name="seallm-cap12", placement="seallm"),
@@ -166,7 +148,8 @@ def seallm_section(cfg: dict, log) -> dict:
             "seallm-placement-fcfs": (fcfs, plan_f),
         }
         for name, (bundle, p) in runs.items():
-            e = simulate(sp, wl, bundle, plan=p, samples=20)
+            ef = S.seallm(cfg["processes"])[1] if name == "seallm-adaptive" else None
+            e = simulate(sp, wl, bundle, plan=p, samples=20, evaluator_factory=ef)
             m = C.metrics(e)
             rows.append({"rate_rps": rate, "policy": name, **m})
             log(
@@ -186,6 +169,10 @@ def seallm_section(cfg: dict, log) -> dict:
                 "rate_rps": rate,
                 **{f"norm_{b}_over_seallm": C.ratio(at(rate, b)["norm_latency_mean"], s["norm_latency_mean"])
                    for b in ("vllm", "alpaserve", "muxserve", "seallm-colocated")},
+                "norm_vllm_over_seallm_adaptive": C.ratio(at(rate, "vllm")["norm_latency_mean"],
+                                                          at(rate, "seallm-adaptive")["norm_latency_mean"]),
+                "p99_vllm_over_seallm_adaptive": C.ratio(at(rate, "vllm")["latency_p99_s"],
+                                                         at(rate, "seallm-adaptive")["latency_p99_s"]),
                 "norm_vllm_over_seallm_cap12": C.ratio(at(rate, "vllm")["norm_latency_mean"],
                                                        at(rate, "seallm-cap12")["norm_latency_mean"]),
                 "norm_vllm_over_placement_fcfs": C.ratio(at(rate, "vllm")["norm_latency_mean"],
@@ -201,12 +188,14 @@ def seallm_section(cfg: dict, log) -> dict:
     high = ratios[-1]["norm_vllm_over_seallm"]
     high12 = ratios[-1]["norm_vllm_over_seallm_cap12"]
     high_fcfs = ratios[-1]["norm_vllm_over_placement_fcfs"]
+    best_adaptive = max((r["norm_vllm_over_seallm_adaptive"] or 0.0 for r in ratios), default=None)
     return {
         "setup": {
             "cluster": "32xA100-80GB",
             "services": {s.name: s.model for s in sp.services},
-            "shares": {k: len(v) / sum(len(x) for x in pairs.values()) for k, v in pairs.items()},
-            "arrivals": f"per-service Gamma, CV {CV}, {cfg['horizon_s']:g} s per rate",
+            "shares": S.shares(S.popularity()),
+            "popularity": S.popularity().source,
+            "arrivals": f"per-service Gamma, CV {S.ARRIVAL_CV:g}, {cfg['horizon_s']:g} s per rate",
             "placement history": f"{HISTORY_S:g} s of the same processes, another seed",
             "cost": COST,
         },
@@ -218,8 +207,9 @@ def seallm_section(cfg: dict, log) -> dict:
             "ours": high,
             "ours_cap12": high12,
             "ours_placement_fcfs": high_fcfs,
+            "ours_adaptive_best": best_adaptive,
             "at_rate_rps": top,
-            "met": any(x is not None and x >= 10.0 for x in (high, high12, high_fcfs)),
+            "met": any(x is not None and x >= 10.0 for x in (high, high12, high_fcfs, best_adaptive)),
         },
     }
 
@@ -473,7 +463,7 @@ def settings(quick: bool) -> dict:
             "adaptive_fixed": (15.0, 60.0),
             "adaptive_start": 30.0,
         }
-    return {"rates": (5.0, 10.0, 20.0, 30.0, 40.0, 50.0), "horizon_s": 120.0,
+    return {"rates": S.RATES, "horizon_s": S.HORIZON_S,
             "aladdin_rates": (5.0, 10.0, 20.0, 30.0), "aladdin_s": 60.0, "processes": 2, "search_reps": 3,
             "adaptive_phase_s": 120.0, "adaptive_fixed": (30.0, 120.0), "adaptive_start": 60.0}  # fmt: skip
 

@@ -6,6 +6,7 @@
   thinned/sinusoid, one per service with ``per_service_arrivals``).
 - ``synthesis``: SeaLLM-style multi-service synthesis by k-means over (prompt, output) lengths.
 - ``datasets``: (prompt, output) token lengths from Alpaca-style data sets.
+- ``popularity``: function popularity (MAF counts file or a Zipf law) dealt round-robin to services.
 - ``paperlike``: lengths from published statistics (ShareGPT-like, LongBench-like) and merged
   per-service bursty (Gamma, CV > 1) arrival processes.
 """
@@ -38,6 +39,14 @@ from llmfleet.workload.paperlike import (
     multi_service_workload,
     sharegpt_like_lengths,
 )
+from llmfleet.workload.popularity import (
+    Popularity,
+    PopularityFormatError,
+    load_function_counts,
+    round_robin_shares,
+    zipf_exponent_for,
+    zipf_popularity,
+)
 from llmfleet.workload.request import Workload, WorkloadRequest
 from llmfleet.workload.synthesis import (
     ServiceCluster,
@@ -53,6 +62,8 @@ __all__ = [
     "LONGBENCH_SEALLM",
     "SHAREGPT_VLLM",
     "LengthStats",
+    "Popularity",
+    "PopularityFormatError",
     "SeedLike",
     "ServiceCluster",
     "ServiceMix",
@@ -67,6 +78,7 @@ __all__ = [
     "gamma",
     "length_features",
     "load_azure_trace",
+    "load_function_counts",
     "lognormal_lengths",
     "longbench_like_lengths",
     "multi_service_workload",
@@ -76,8 +88,11 @@ __all__ = [
     "poisson",
     "read_azure_trace",
     "replay",
+    "round_robin_shares",
     "sharegpt_like_lengths",
     "sinusoid_poisson",
     "synthesize",
     "thinned_poisson",
+    "zipf_exponent_for",
+    "zipf_popularity",
 ]

@@ -6,7 +6,8 @@
     python tools/bench/papers/run.py --cost-source roofline --alpaca ../shared/datasets/alpaca_4000.json
 
 ``--cost-source`` picks the simulator's cost source (default ``roofline``); ``--alpaca PATH`` makes the
-Aladdin and SCLS scenarios use that Alpaca file's lengths instead of the synthesized ShareGPT-like ones.
+Aladdin and SCLS scenarios use that Alpaca file's lengths instead of the synthesized ShareGPT-like ones;
+``--popularity PATH`` gives SeaLLM MAF's per-function invocation counts instead of the Zipf law.
 
 Writes ``papers.json`` (every number), ``papers.md`` (per paper: setup, rate × policy table, the paper's
 claim beside ours, the goal and whether it is met, and why not) and ``<paper>_*.png`` (metric vs rate per
@@ -127,12 +128,22 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="Alpaca-style JSON: its lengths replace the ShareGPT-like synthetic ones in aladdin and scls",
     )
+    ap.add_argument(
+        "--popularity",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="SeaLLM: per-function invocation counts ('function,count' or MAF's invocations_per_function CSV) "
+        "dealt round-robin to the services, instead of the Zipf law",
+    )
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke-test scale
     a = ap.parse_args(argv)
     names = a.only or list(package().SCENARIOS)
     C = common()
     C.set_cost_source(a.cost_source)
     C.SHORT_ALPACA = a.alpaca
+    if "seallm" in names:
+        scenario("seallm").POPULARITY = a.popularity
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "tools/bench/papers/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cost_source": a.cost_source,
         "alpaca": None if a.alpaca is None else str(a.alpaca),
+        "popularity": None if a.popularity is None else str(a.popularity),
         "cost_models": C.cost_note(),
         "generated_unix": time.time(),
     }

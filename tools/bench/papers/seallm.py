@@ -1,65 +1,45 @@
 """SeaLLM (service-aware sharing of several LLMs): normalized latency, p99 latency and SLO attainment.
 
-Setup (paper §6.1 → ours):
+The setup is ``seallm_setup`` (paper §6.1 quoted there, shared with ``placement_bench.py``): 32 A100-80GB,
+OPT-6.7B and Llama2-7B/13B/70B on k-means clusters of conv-trace ∪ LongBench-like lengths, per-service
+rates from function popularity dealt round-robin (MAF counts with ``--popularity PATH``, else a Zipf law
+matched to MAF's published tail), each service its own bursty Gamma process, 2–50 req/s, 300 s of
+arrivals per rate.
 
-- Cluster: 32 GPUs (4 × 8 A800 80GB) → 32 × catalog ``a100-80gb`` (the A800 is an A100 with less NVLink).
-- Services: K-means over (input, output) lengths of ShareGPT/LongBench, an LLM per cluster → K-means
-  (k = 3, ``assign_services``) over the Azure conv trace's lengths; clusters ordered by mean total length,
-  svc0 → OPT-6.7B, svc1 → Llama2-13B, svc2 → Llama2-7B (the paper assigns models at random; OPT's 2,048-token
-  context goes to the short-prompt cluster), plus a long-input summarization service ``long`` → Llama2-13B
-  with LongBench-like lengths synthesized from SeaLLM's Table 1 means (input 13,186.8, output 21.1 tokens;
-  log-normal shape, ``llmfleet.workload.paperlike``) — the conv trace has no LongBench-like cluster. Llama 2
-  has the longest context of our models; 13B is SeaLLM's own long-input example (§2, Fig. 3). Prompts are
-  truncated so prompt + output fits the model's context (2,048 OPT, 4,096 Llama 2), so ``long``'s prompts
-  are mostly ~4,000 tokens.
-- Arrivals: MAF (Azure Functions) invocations, functions assigned round-robin to services, "traffic for
-  each service" (§6.1 "Traces"), 2–50 req/s → no functions trace here, so each service gets its own
-  seeded Gamma-renewal process (``multi_service_workload``) with coefficient of variation ``ARRIVAL_CV``
-  = 4 (bursty; our assumption, fixed a priori, not fitted to MAF) and an equal share of the total rate
-  (round-robin of functions gives each service the same expected share), the total being the conv trace's
-  mean rate (requests / trace duration) × ``scale``; ``horizon`` seconds of arrivals. Every policy sees
-  the same workload at a rate.
-- Metrics: mean normalized latency (latency / the service's mean solo execution time), p99 latency,
-  SLO attainment with SLO = 5 × the request's own execution time (``sim.metrics``).
-- Policies: ``vllm`` (dedicated even split, FCFS with one phase per iteration, prefill first — the
-  vLLM 0.2–0.4 scheduler of SeaLLM's era (PyTorch 2.1.2) — and fewest-requests dispatch: SeaLLM's
-  dispatcher, §4 "Request dispatcher"; the paper's SeaLLM-P, "SeaLLM without the placement algorithm … does
-  not share LLM services and thus is degraded to vLLM", §6.3), ``alpaserve`` (all models on every GPU,
-  FCFS single-phase, shared KV, fewest-requests dispatch: the authors "implement AlpaServe with our unified
-  KV cache and FCFS", §6.1, i.e. inside SeaLLM's vLLM-based engine), ``muxserve`` (colocated, round-robin
-  prefill across services, its own open-source code, round-robin dispatch), ``seallm`` (colocated,
-  doubling-budget scheduling, fewest-requests dispatch) and ``seallm-prof`` (the same with L̂_s, σ_s fixed
-  to the services' mean/std solo execution time from the cost model, i.e. the paper's service-monitor
-  profile, instead of what the policy learns: each request's single-request execution time per Eq. 7).
-  SeaLLM's own placement (Algorithm 1, ≤ 2 services per engine) and adaptive replacement are not built:
-  all colocated systems use ``colocate_all`` (3 models on each GPU, TP 1).
+Metrics (paper §6.1 "Metrics"): normalized latency (latency ÷ the service's mean execution time), the
+99th-percentile latency, SLO attainment with SLO = 5 × the request's execution time (``sim.metrics``).
+We also give p99 of the normalized latency, and the drain (completion of the last request − end of the
+arrivals): a drain that grows with the run means the queue never settles, and then every ratio grows
+with the run length, which ``run_length`` measures at one rate.
+
+Policies: ``vllm`` (``vllm-v0.4``: even split, FCFS one phase per iteration, fewest requests — the
+paper's vLLM), ``alpaserve`` (``alpaserve-v0.4``: all models on every instance, unified KV, FCFS — "we
+implement AlpaServe with our unified KV cache and FCFS"), ``muxserve`` (colocated, round-robin prefill),
+``seallm`` (Algorithm 1, ≤ 2 services per engine, searched once per rate on a separate 60 s history of
+the same processes with the preset's own engines, then fixed: the paper's SeaLLM-A, doubling budget,
+fewest requests), ``seallm-colocated`` (DB on all-models-everywhere: the scheduling effect alone, beside
+AlpaServe), and, at ``adaptive_rates`` only, ``seallm-adaptive`` (the ``seallm-placement`` preset:
+Algorithm 1 re-run during the run on the last interval's arrivals, adaptive interval Eq. 8, β = 0.1).
+The adaptive preset re-searches every ~50 s (~100 simulations of the window each), about 30 min of CPU
+per 300 s run at 30 req/s on this machine, which is why the sweep uses the fixed plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
-import numpy as np
-from llmfleet.policies.placement import GpuPool, make_placement_policy
-from llmfleet.policies.request.service_stats import ServiceStats
-from llmfleet.sim.memory import pool_layout
-from llmfleet.sim.run import assign_services, preset, service_loads
-from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
-from llmfleet.workload import Workload, longbench_like_lengths, multi_service_workload
+from llmfleet.sim.run import preset
 
 from . import common as C
+from . import seallm_setup as S
 
 NAME = "seallm"
-TITLE = "SeaLLM — sharing 3 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
-MODELS = ("opt-6.7b", "llama2-13b", "llama2-7b")  # svc0 (shortest requests) .. svc2: conv-trace clusters
-LONG = ("long", "llama2-13b")  # the LongBench-like long-input service
-CONTEXT = {"opt-6.7b": 2048, "llama2-13b": 4096, "llama2-7b": 4096}  # max prompt + output tokens
-CLUSTER = "32xA100-80GB"
-POLICIES = ("vllm", "alpaserve", "muxserve", "seallm", "seallm-prof")
-ARRIVAL_CV = 4.0  # per-service Gamma gaps: bursty (assumption, see the module doc)
-LONG_SAMPLES = 4000
+TITLE = "SeaLLM — sharing 4 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
+POLICIES = ("vllm", "alpaserve", "muxserve", "seallm-colocated", "seallm")
+POPULARITY: Path | None = None  # set by run.py --popularity: MAF function counts instead of the Zipf law
+LENGTH_RATE = 30.0  # req/s of the run-length study (fixed before any run)
+ADAPTIVE_RATES = (5.0, 20.0)  # where the adaptive preset also runs (CPU budget, see the module doc)
 CLAIM = (
     "normalized latency up to 10.38× lower than vLLM (9.52× AlpaServe, 13.60× MuxServe), p99 up to "
     "12.13×/5.80×/18.69× lower, SLO attainment up to 1.82×/3.64×/2.11× higher; SeaLLM's normalized "
@@ -67,184 +47,129 @@ CLAIM = (
 )
 
 
-class ProfiledStats(ServiceStats):
-    """L̂_s and σ_s fixed to given execution-time samples (observations after construction are ignored)."""
-
-    def __init__(self, samples: dict[str, list[float]]) -> None:
-        super().__init__()
-        for svc, xs in samples.items():
-            for x in xs:
-                ServiceStats.observe(self, svc, x)
-        self._frozen = True
-
-    def observe(self, service: str, exec_time_s: float) -> None:
-        if not getattr(self, "_frozen", False):
-            super().observe(service, exec_time_s)
-
-
-def _fit_lengths(a: np.ndarray, model: str) -> np.ndarray:
-    """Prompts truncated so prompt + output fits ``model``'s context."""
-    a = a.copy()
-    a[:, 0] = np.maximum(1, np.minimum(a[:, 0], CONTEXT[model] - a[:, 1]))
-    return a
-
-
-def _fit_context(wl: Workload, sp: SimSpec) -> Workload:
-    """Truncate each prompt so prompt + output fits its service's model context."""
-    model = {s.name: s.model for s in sp.services}
-    return Workload(
-        tuple(
-            dataclasses.replace(
-                r, prompt_tokens=max(1, min(r.prompt_tokens, CONTEXT[model[r.service]] - r.output_tokens))
-            )
-            for r in wl.requests
-        )
-    )
-
-
-def spec(with_long: bool = True) -> SimSpec:
-    svcs = tuple(SimService(f"svc{i}", m) for i, m in enumerate(MODELS))
-    if with_long:
-        svcs += (SimService(*LONG),)
-    return SimSpec(ClusterSpec.parse(CLUSTER), svcs)
-
-
-def bundles(stats: ProfiledStats) -> dict:
-    """The compared systems (see the module doc for what each mirrors)."""
-    out = {
-        "vllm": dataclasses.replace(preset("vllm-v0.4"), name="vllm"),
-        "alpaserve": dataclasses.replace(preset("alpaserve-v0.4"), name="alpaserve"),
-        "muxserve": preset("muxserve"),
-        "seallm": preset("seallm"),
-    }  # fmt: skip
-    out["seallm-prof"] = dataclasses.replace(
-        preset("seallm", local_options={"stats": stats}),
-        name="seallm-prof",
-        description="SeaLLM DB with L̂_s, σ_s from the solo-time profile (frozen)",
-    )
-    return out
-
-
-def pools(labelled: Workload, sp: SimSpec) -> dict[str, tuple[str, np.ndarray]]:
-    """Service → (model, length samples): the conv-trace clusters and the LongBench-like service."""
-    out = {}
-    for s in sp.services:
-        if s.name == LONG[0]:
-            a = longbench_like_lengths(LONG_SAMPLES, seed=23)
-        else:
-            a = np.array([[r.prompt_tokens, r.output_tokens] for r in labelled if r.service == s.name])
-        out[s.name] = (s.model, _fit_lengths(a.astype(np.int64), s.model))
-    return out
-
-
 def settings(quick: bool, tiny: bool) -> dict:
     if tiny:
-        return {"scales": (4.0,), "horizon_s": 3.0}
+        return {"rates": (4.0,), "horizon_s": 4.0, "lengths": (), "length_rate": 4.0, "adaptive_rates": (),
+                "history_s": 4.0}  # fmt: skip
     if quick:
-        return {"scales": (5.0, 20.0), "horizon_s": 15.0}
-    return {"scales": (2.0, 5.0, 10.0, 20.0, 30.0), "horizon_s": 60.0}
+        return {"rates": (10.0, 30.0), "horizon_s": 60.0, "lengths": (30.0, 60.0), "length_rate": 30.0,
+                "adaptive_rates": (), "history_s": 30.0}  # fmt: skip
+    return {"rates": S.RATES, "horizon_s": S.HORIZON_S, "lengths": (60.0, 120.0, 300.0, 600.0),
+            "length_rate": LENGTH_RATE, "adaptive_rates": ADAPTIVE_RATES, "history_s": S.HISTORY_S}  # fmt: skip
+
+
+def _systems() -> dict:
+    b, factory = S.seallm()
+    return {
+        "vllm": (S.vllm(), None),
+        "alpaserve": (preset("alpaserve-v0.4"), None),
+        "muxserve": (preset("muxserve"), None),
+        "seallm-colocated": (preset("seallm"), None),
+        "seallm": (S.seallm_fixed(), None),
+        "seallm-adaptive": (b, factory),
+    }
+
+
+def _run_one(sp, wl, bundle, factory, horizon: float, plan=None) -> dict:
+    e = C.simulate(sp, wl, bundle, samples=40, evaluator_factory=factory, plan=plan)
+    m = C.metrics(e)
+    m["drain_s"] = max(0.0, m["makespan_s"] - horizon)
+    plans = e.report.get("placement") or []
+    m["replans"] = sum(1 for p in plans if p.get("status") == "applied")
+    m["last_plan"] = plans[-1]["plan"] if plans else ""
+    return m
 
 
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     t0 = time.perf_counter()
     cfg = settings(quick, tiny)
-    sp = spec()
-    conv = C.conv_trace()
-    trace_rate = len(conv) / conv.duration_s
-    labelled = _fit_context(assign_services(conv, spec(with_long=False)), sp)  # k-means once, whole trace
-    pool = pools(labelled, sp)
-    names = [s.name for s in sp.services]
+    sp = S.spec()
+    pools = S.length_pools(C.conv_trace(), sp)
+    pop = S.popularity(POPULARITY)
+    share = S.shares(pop)
+    systems = _systems()
+    rows, adaptive, plans = [], [], {}
 
-    def workload(i: int, scale: float) -> Workload:
-        total = scale * trace_rate
-        rates = dict.fromkeys(names, total / len(names))  # round-robin functions → equal expected shares
-        return multi_service_workload(pool, rates, duration_s=cfg["horizon_s"], cv=ARRIVAL_CV, seed=100 + i)
+    def plan_at(rate: float, i: int):
+        if rate not in plans:
+            history = S.workload(pools, share, rate, cfg["history_s"], seed=500 + i)
+            t1 = time.perf_counter()
+            plans[rate] = S.place(sp, history)
+            log(f"  seallm Algorithm 1 at {rate:g} req/s [{time.perf_counter() - t1:.0f}s]: {plans[rate][1]}")
+        return plans[rate][0]
 
-    workloads = [workload(i, scale) for i, scale in enumerate(cfg["scales"])]
-    biggest = workloads[int(np.argmax(cfg["scales"]))]
-    colo = make_placement_policy("colocate_all").place(
-        GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node), service_loads(biggest, sp)
-    )
-    tp = colo[0].tp
-    archs = sp.archs()
-    kv_colo = pool_layout(sp.cluster.hw, tp, list(archs.values()), sp.engine).kv_bytes
-    kv_ded = {m: pool_layout(sp.cluster.hw, 1, [a], sp.engine).kv_bytes for m, a in archs.items()}
-    cost = C.cost_book(sp.cluster.hw, sp.archs())
-    solo = {
-        s.name: [cost.solo_time(s.model, tp, int(p), int(o)) for p, o in pool[s.name][1].tolist()]
-        for s in sp.services
-    }  # the profile: every length sample of the service, alone on a colocated instance
-    stats = ProfiledStats(solo)
-    systems = bundles(stats)
+    for i, rate in enumerate(cfg["rates"]):
+        wl = S.workload(pools, share, rate, cfg["horizon_s"], seed=100 + i)
+        names = POLICIES + (("seallm-adaptive",) if rate in cfg["adaptive_rates"] else ())
+        for name in names:
+            bundle, factory = systems[name]
+            t1 = time.perf_counter()
+            plan = plan_at(rate, i) if name == "seallm" else None
+            m = _run_one(sp, wl, bundle, factory, cfg["horizon_s"], plan)
+            row = {"rate_rps": rate, "policy": name, "horizon_s": cfg["horizon_s"], **m}
+            (adaptive if name == "seallm-adaptive" else rows).append(row)
+            log(
+                f"  seallm {rate:g} req/s ({len(wl)} req) {name:16s} norm {m['norm_latency_mean']:.2f} "
+                f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} drain {m['drain_s']:.0f}s "
+                f"[{time.perf_counter() - t1:.0f}s]"
+            )
+    lengths = []
+    for h in cfg["lengths"]:
+        wl = S.workload(pools, share, cfg["length_rate"], h, seed=999)
+        entry = {"horizon_s": h, "rate_rps": cfg["length_rate"], "requests": len(wl)}
+        for name in ("vllm", "seallm"):
+            bundle, factory = systems[name]
+            plan = plan_at(cfg["length_rate"], 99) if name == "seallm" else None
+            m = _run_one(sp, wl, bundle, factory, h, plan)
+            entry.update({f"{name}_{k}": m[k] for k in ("norm_latency_mean", "latency_p99_s", "drain_s")})
+        entry["norm_ratio"] = C.ratio(entry["vllm_norm_latency_mean"], entry["seallm_norm_latency_mean"])
+        entry["p99_ratio"] = C.ratio(entry["vllm_latency_p99_s"], entry["seallm_latency_p99_s"])
+        lengths.append(entry)
+        log(f"  seallm run length {h:g}s at {cfg['length_rate']:g} req/s: ×{C.fmt(entry['norm_ratio'])} mean, "
+            f"×{C.fmt(entry['p99_ratio'])} p99")  # fmt: skip
     services = [
         {
             "service": s.name,
             "model": s.model,
-            "share": 1.0 / len(names),
-            "lengths": "LongBench-like (SeaLLM Table 1 means)" if s.name == LONG[0] else "conv-trace cluster",
-            "mean_prompt": float(pool[s.name][1][:, 0].mean()),
-            "mean_output": float(pool[s.name][1][:, 1].mean()),
-            "solo_mean_s": float(np.mean(solo[s.name])),
+            "share": share[s.name],
+            "mean_prompt": float(pools[s.name][1][:, 0].mean()),
+            "mean_output": float(pools[s.name][1][:, 1].mean()),
         }
         for s in sp.services
     ]
-    tag = f"conv k-means×3 + LongBench-like, Gamma CV {ARRIVAL_CV:g}/service"
-    rows, diag = [], {}
-    for scale, wl in zip(cfg["scales"], workloads, strict=True):
-        rate = len(wl) / cfg["horizon_s"]
-        for name in POLICIES:
-            e = C.simulate(sp, wl, systems[name], samples=40)
-            m = C.metrics(e)
-            rows.append({"scale": scale, "rate_rps": rate, "policy": name, "workload": tag, **m})
-            if name == "seallm" and scale == max(cfg["scales"]):
-                diag = _db_diag(e, solo)
-            log(
-                f"  seallm x{scale:g} ({rate:.0f} req/s, {len(wl)} req) {name:11s} norm {m['norm_latency_mean']:.2f} "
-                f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} [{m['sim_wall_s']:.1f}s]"
-            )
+    tag = f"conv∪LongBench-like k-means×4, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}"
     result = {
         "paper": NAME,
         "title": TITLE,
         "setup": {
-            "cluster": f"{CLUSTER}; colocated systems: {len(colo)} instances × TP {tp} hosting all 3 models",
+            "cluster": f"{S.CLUSTER} (8 per node)",
             "services": ", ".join(
-                f"{s['service']}→{s['model']} ({s['lengths']}, {s['share']:.0%} of the rate, mean in/out "
-                f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok, solo {s['solo_mean_s']:.2f} s)"
+                f"{s['service']}→{s['model']} ({s['share']:.1%} of the rate, mean in/out "
+                f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok)"
                 for s in services
             ),
-            "workload": f"one Gamma-renewal process per service (CV {ARRIVAL_CV:g}, seeded), equal shares of "
-            f"the conv trace's mean rate ({trace_rate:.2f} req/s) × {', ×'.join(f'{s:g}' for s in cfg['scales'])}, "
-            f"{cfg['horizon_s']:g} s of arrivals (stand-in for MAF functions assigned round-robin to services)",
+            "workload": f"per-service shares from {pop.source} dealt round-robin (MAF's functions → services); "
+            f"each service its own Gamma process (CV {S.ARRIVAL_CV:g}); {cfg['horizon_s']:g} s of arrivals per rate",
             "SLO": "5 × the request's solo execution time on its instance",
-            "context": "prompts truncated to the model context minus the output (OPT 2,048, Llama 2 4,096 tokens)",
-            "engines": "vllm and alpaserve: FCFS with one phase per iteration, prefill first (vLLM 0.2–0.4); "
-            "vllm, alpaserve and seallm: fewest-requests dispatch (SeaLLM's dispatcher); muxserve: round robin",
+            "engines": "vllm/alpaserve: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: Algorithm 1 "
+            "(≤ 2 services per engine) + Eq. 8 adaptive re-placement (β = 0.1), doubling budget",
             "cost model": C.cost_label(),
         },
         "workload": tag,
         "cost_source": C.COST_SOURCE,
         "services": services,
         "rows": rows,
-        "db_diagnostic": diag,
-        "kv_gib": {"colocated": kv_colo / 2**30, **{f"dedicated {m}": v / 2**30 for m, v in kv_ded.items()}},
-        "setup_tp": tp,
+        "adaptive": adaptive,
+        "plans": {
+            str(r): {"plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl], "reason": why}
+            for r, (pl, why) in plans.items()
+        },
+        "run_length": lengths,
         "wall_s": 0.0,
     }
     _summarize(result)
     result["wall_s"] = time.perf_counter() - t0
     return result
-
-
-def _db_diag(e, solo: dict[str, list[float]]) -> dict:
-    """Per service: mean (finish − first token) — a lower bound of the execution time DB observes
-    (now − first scheduled) — against the mean solo time."""
-    out = {}
-    for svc, xs in solo.items():
-        recs = [r for r in e.result.records if r.service == svc and r.done]
-        if recs and xs:
-            seen = float(np.mean([r.finish_s - r.first_token_s for r in recs]))
-            out[svc] = {"observed_exec_lower_bound_s": seen, "solo_mean_s": float(np.mean(xs))}
-    return out
 
 
 def _at(rows: list[dict], rate: float, policy: str) -> dict:
@@ -254,95 +179,78 @@ def _at(rows: list[dict], rate: float, policy: str) -> dict:
 def _summarize(res: dict) -> None:
     rows = res["rows"]
     rates = sorted({r["rate_rps"] for r in rows})
-    top = rates[-1]
     per_rate = []
     for rate in rates:
         s = _at(rows, rate, "seallm")
-        entry = {"rate_rps": rate}
+        entry = {
+            "rate_rps": rate,
+            "seallm_drain_s": s["drain_s"],
+            "vllm_drain_s": _at(rows, rate, "vllm")["drain_s"],
+        }
         for b in ("vllm", "alpaserve", "muxserve"):
             x = _at(rows, rate, b)
             entry[f"norm_{b}_over_seallm"] = C.ratio(x["norm_latency_mean"], s["norm_latency_mean"])
+            entry[f"normp99_{b}_over_seallm"] = C.ratio(x["norm_latency_p99"], s["norm_latency_p99"])
             entry[f"p99_{b}_over_seallm"] = C.ratio(x["latency_p99_s"], s["latency_p99_s"])
             entry[f"slo_seallm_over_{b}"] = C.ratio(s["slo_seallm"], x["slo_seallm"])
         per_rate.append(entry)
-    up_to = {
-        k: max((e[k] for e in per_rate if e[k] is not None), default=None)
-        for k in per_rate[0]
-        if k != "rate_rps"
-    }
-    high = per_rate[-1]
-    ours_norm = high["norm_vllm_over_seallm"]
-    prof = _at(rows, top, "seallm-prof")
-    prof_ratio = C.ratio(_at(rows, top, "vllm")["norm_latency_mean"], prof["norm_latency_mean"])
-    res["summary"] = {"per_rate": per_rate, "up_to": up_to, "high_load_rate_rps": top}
+    keys = [k for k in per_rate[0] if k.endswith("_over_seallm") or k.startswith("slo_seallm_over")]
+    up_to = {k: max((e[k] for e in per_rate if e[k] is not None), default=None) for k in keys}
+    best = max(per_rate, key=lambda e: e["norm_vllm_over_seallm"] or 0.0)
+    ours = best["norm_vllm_over_seallm"]
+    res["summary"] = {"per_rate": per_rate, "up_to": up_to}
     res["goal"] = {
-        "text": "≥ 10× lower normalized latency than vLLM-dedicated at high load",
+        "text": "≥ 10× lower mean normalized latency than vllm-v0.4 somewhere in 2–50 req/s (paper 10.38×; p99 12.13×)",
         "target": 10.0,
-        "ours": ours_norm,
-        "ours_text": f"{C.fmt(ours_norm)}× at {top:.0f} req/s (seallm-prof: {C.fmt(prof_ratio)}×)",
-        "met": ours_norm is not None and ours_norm >= 10.0,
+        "ours": ours,
+        "ours_text": f"{C.fmt(ours)}× at {best['rate_rps']:g} req/s (p99 latency ×{C.fmt(up_to['p99_vllm_over_seallm'])} "
+        f"best over the sweep)",
+        "met": ours is not None and ours >= 10.0,
     }
-    s_top, v_top = _at(rows, top, "seallm"), _at(rows, top, "vllm")
     res["claim"] = CLAIM
     res["ours"] = (
-        f"at {top:.0f} req/s SeaLLM's normalized latency is {C.fmt(s_top['norm_latency_mean'])} vs vLLM "
-        f"{C.fmt(v_top['norm_latency_mean'])} ({C.fmt(ours_norm)}×); best ratios over the sweep: normalized "
-        f"latency {C.fmt(up_to['norm_vllm_over_seallm'])}× / {C.fmt(up_to['norm_alpaserve_over_seallm'])}× / "
-        f"{C.fmt(up_to['norm_muxserve_over_seallm'])}× (vLLM/AlpaServe/MuxServe), p99 "
-        f"{C.fmt(up_to['p99_vllm_over_seallm'])}× / {C.fmt(up_to['p99_alpaserve_over_seallm'])}× / "
-        f"{C.fmt(up_to['p99_muxserve_over_seallm'])}×, SLO attainment {C.fmt(up_to['slo_seallm_over_vllm'])}× / "
-        f"{C.fmt(up_to['slo_seallm_over_alpaserve'])}× / {C.fmt(up_to['slo_seallm_over_muxserve'])}× "
-        f"(values < 1 mean SeaLLM is worse)."
+        f"best ratios over the sweep: mean normalized latency {C.fmt(up_to['norm_vllm_over_seallm'])}× / "
+        f"{C.fmt(up_to['norm_alpaserve_over_seallm'])}× / {C.fmt(up_to['norm_muxserve_over_seallm'])}× "
+        f"(vLLM/AlpaServe/MuxServe), p99 latency {C.fmt(up_to['p99_vllm_over_seallm'])}× / "
+        f"{C.fmt(up_to['p99_alpaserve_over_seallm'])}× / {C.fmt(up_to['p99_muxserve_over_seallm'])}×, SLO "
+        f"attainment {C.fmt(up_to['slo_seallm_over_vllm'])}× / {C.fmt(up_to['slo_seallm_over_alpaserve'])}× / "
+        f"{C.fmt(up_to['slo_seallm_over_muxserve'])}× (values < 1: SeaLLM is worse)."
     )
-    kv = res["kv_gib"]
-    longest = max(res["services"], key=lambda x: x["solo_mean_s"] or 0.0)
-    kv_ded_txt = ", ".join(f"{v:.0f} GiB ({k.split()[1]})" for k, v in kv.items() if k != "colocated")
-    vllm_best = sum(
-        1
-        for rate in rates
-        if _at(rows, rate, "vllm")["norm_latency_mean"]
-        <= min(_at(rows, rate, p)["norm_latency_mean"] for p in POLICIES if p != "vllm")
-    )
-    notes = [
-        "SeaLLM's placement (Algorithm 1: sharing groups of ≤ 2 services sized by simulation) and adaptive "
-        "replacement are not built; every colocated system (AlpaServe, MuxServe, SeaLLM) uses `colocate_all`, "
-        f"all 3 models on each GPU (TP {res['setup_tp']}). The three models' weights and activations leave "
-        f"{kv['colocated']:.0f} GiB of KV per colocated engine vs {kv_ded_txt} for dedicated ones, so colocated "
-        "engines run much smaller batches.",
-        "Temporal sharing is charged in full by the roofline: an iteration runs one model and reads all of "
-        "its weights, so three models on a GPU pay three weight reads per round of decoding where a dedicated "
-        "GPU pays one, with a third of the KV to build batches that amortise them. Each service has its own "
-        f"bursty arrival process (Gamma, CV {ARRIVAL_CV:g}, a stand-in for MAF: no functions trace here), so "
-        "a dedicated split meets each service's bursts with a quarter-to-a-third of the GPUs while colocated "
-        f"engines pool them. Under this model vLLM's even split has the lowest normalized latency at {vllm_best} "
-        f"of the {len(rates)} rates.",
-        f"Doubling-budget ranks O_r = Q_r·L̂_s, so the service with the longest requests ({longest['service']}, "
-        f"{longest['model']}, solo {longest['solo_mean_s']:.1f} s) is served last; single-service batches "
-        "interleave the short services at small batch sizes, which costs throughput under the roofline (more "
-        "weight reads per token). All FCFS engines here (vllm, alpaserve) also run one phase per iteration "
-        "(vLLM 0.2–0.4), like DB, so prefill/decode mixing is no longer a difference between them.",
-    ]
-    alpa_best = up_to["norm_alpaserve_over_seallm"]
-    notes.append(
-        "The scheduling effect alone (same colocated placement, DB vs FCFS = SeaLLM vs AlpaServe): DB cuts the "
-        f"normalized latency by up to {C.fmt(alpa_best)}× over the sweep; the paper's SeaLLM-F ablation (FCFS "
-        "instead of DB) reports up to 4.17×."
-    )
-    diag = res.get("db_diagnostic") or {}
-    if diag:
-        parts = [
-            f"{svc}: ≥ {d['observed_exec_lower_bound_s']:.2f} s vs solo {d['solo_mean_s']:.2f} s"
-            for svc, d in diag.items()
-        ]
+    notes = []
+    over = [e["rate_rps"] for e in per_rate if e["vllm_drain_s"] > 0.1 * max(r["horizon_s"] for r in rows)]
+    if over:
         notes.append(
-            "DB's L̂_s and σ_s come from each request's executed time (Σ durations of the iterations it took "
-            "part in). An earlier version used now − first_scheduled_s, which counts the time a request waits "
-            "while other services run: an inflated L̂_s raises O_r = Q_r·L̂_s and starves the service further "
-            "(a feedback loop this benchmark exposed, now fixed). Under batching the executed time still exceeds "
-            f"the solo time; for reference, mean (finish − first token) at {top:.0f} req/s: "
+            f"vLLM's queue does not settle from {min(over):g} req/s (its last request finishes > 10% of the run "
+            "after the arrivals end): there the ratio measures a growing queue, and grows with the run length "
+            "(see the run-length table)."
+        )
+    lens = res.get("run_length") or []
+    if lens:
+        notes.append(
+            "Run length at "
+            + f"{lens[0]['rate_rps']:g} req/s: "
+            + ", ".join(f"{e['horizon_s']:g} s → ×{C.fmt(e['norm_ratio'])}" for e in lens)
+            + " (mean normalized latency, vLLM ÷ SeaLLM)."
+        )
+    notes.append(
+        "Differences that remain: the conv trace stands in for ShareGPT, LongBench-like lengths are synthesized "
+        "from SeaLLM's Table 1 means, MAF popularity is a Zipf law unless `--popularity` gives the counts, and "
+        "latencies come from the simulator's cost model, not from A800s."
+    )
+    ad = res.get("adaptive") or []
+    if ad:
+        parts = []
+        for a in ad:
+            v = _at(rows, a["rate_rps"], "vllm")
+            f = _at(rows, a["rate_rps"], "seallm")
+            parts.append(
+                f"{a['rate_rps']:g} req/s: adaptive norm {a['norm_latency_mean']:.2f} (×{C.fmt(C.ratio(v['norm_latency_mean'], a['norm_latency_mean']))} "
+                f"vs vLLM; {a['replans']} re-placements) vs fixed plan {f['norm_latency_mean']:.2f}"
+            )
+        notes.append(
+            "Adaptive re-placement (`seallm-placement` preset, Eq. 8) beside the fixed plan: "
             + "; ".join(parts)
-            + ". `seallm-prof` fixes L̂_s, σ_s to the solo-time profile (the paper's service monitor keeps "
-            "profiled per-TP iteration times) and is reported beside the preset."
+            + "."
         )
     res["notes"] = notes
 
@@ -351,11 +259,12 @@ COLUMNS = (
     ("req/s", "rate_rps", ".0f"),
     ("policy", "policy", ""),
     ("norm. latency", "norm_latency_mean", ".2f"),
+    ("norm. p99", "norm_latency_p99", ".1f"),
     ("p99 latency s", "latency_p99_s", ".1f"),
     ("SLO attain. (5×)", "slo_seallm", ".3f"),
-    ("mean latency s", "latency_mean_s", ".2f"),
     ("TTFT s", "ttft_mean_s", ".2f"),
     ("TPOT ms", "tpot_mean_ms", ".1f"),
+    ("drain s", "drain_s", ".0f"),
     ("done", "completed", ""),
 )
 
@@ -368,17 +277,32 @@ def markdown(res: dict) -> str:
             [
                 ("req/s", "rate_rps", ".0f"),
                 ("norm vLLM/S", "norm_vllm_over_seallm", ".2f"),
+                ("norm p99 vLLM/S", "normp99_vllm_over_seallm", ".2f"),
+                ("p99 vLLM/S", "p99_vllm_over_seallm", ".2f"),
                 ("norm Alpa/S", "norm_alpaserve_over_seallm", ".2f"),
                 ("norm Mux/S", "norm_muxserve_over_seallm", ".2f"),
-                ("p99 vLLM/S", "p99_vllm_over_seallm", ".2f"),
-                ("p99 Alpa/S", "p99_alpaserve_over_seallm", ".2f"),
-                ("p99 Mux/S", "p99_muxserve_over_seallm", ".2f"),
                 ("SLO S/vLLM", "slo_seallm_over_vllm", ".2f"),
-                ("SLO S/Alpa", "slo_seallm_over_alpaserve", ".2f"),
-                ("SLO S/Mux", "slo_seallm_over_muxserve", ".2f"),
+                ("vLLM drain s", "vllm_drain_s", ".0f"),
+                ("SeaLLM drain s", "seallm_drain_s", ".0f"),
             ],
         )
     )
+    if res.get("run_length"):
+        extra += ["", "Run length (same processes, longer arrivals):", ""]
+        extra.append(
+            C.md_table(
+                res["run_length"],
+                [
+                    ("arrivals s", "horizon_s", ".0f"),
+                    ("req/s", "rate_rps", ".0f"),
+                    ("vLLM norm", "vllm_norm_latency_mean", ".2f"),
+                    ("SeaLLM norm", "seallm_norm_latency_mean", ".2f"),
+                    ("norm ratio", "norm_ratio", ".2f"),
+                    ("p99 ratio", "p99_ratio", ".2f"),
+                    ("vLLM drain s", "vllm_drain_s", ".0f"),
+                ],
+            )
+        )
     return C.section(res, C.md_table(res["rows"], COLUMNS), extra)
 
 

@@ -15,7 +15,8 @@ Setup (paper §5.1 → ours):
 - Policies: ``slo_odbs`` (the authors' defaults: threshold 15000, L2 = 1.2, batch cap 10; our L1 = 1/s),
   its variants ``slo_dbs`` and ``odbs``, ``slo_odbs-authors`` (the authors' script constants),
   ``slo_odbs-b64`` (the authors' constants, batch cap raised to 64), ``fifo`` (FCFS
-  static batches of 10, UELLM's default batching) and ``s3`` (S³: FCFS, batch sized by the predicted-KV
+  static batches of 10, UELLM's default batching), ``fifo-cm`` (FIFO order with SLO-ODBS's own CM-based,
+  memory-sized batches: the like-for-like FIFO) and ``s3`` (S³: FCFS, batch sized by the predicted-KV
   reservation, no fixed cap).
 """
 
@@ -71,6 +72,8 @@ def policies() -> list[PolicyBundle]:
                      description="SLO-ODBS, the authors' constants with the batch cap raised to 64"),
         PolicyBundle("fifo", dispatch="round_robin", local="static_sls", local_options={"batch_size": 10},
                      description="FIFO static batches of 10"),
+        PolicyBundle("fifo-cm", dispatch="round_robin", local="fifo_cm",
+                     description="FIFO static batches sized by SLO-ODBS's CM rule (same memory-sized batches)"),
         PolicyBundle("s3", dispatch="round_robin", local="s3", description="S³: FCFS, predicted-KV reservation"),
     ]  # fmt: skip
 
@@ -147,6 +150,8 @@ def _summarize(res: dict) -> None:
                 if not f["slo_violation"]
                 else 1 - s["slo_violation"] / f["slo_violation"],
                 "b64_lat_cut_vs_fifo": 1 - C.ratio(s64["latency_mean_s"], f["latency_mean_s"]),
+                "lat_cut_vs_fifo_cm": 1
+                - C.ratio(s["latency_mean_s"], _at(rows, rate, "fifo-cm")["latency_mean_s"]),
                 "b64_lat_cut_vs_s3": 1 - C.ratio(s64["latency_mean_s"], s3["latency_mean_s"]),
             }
         )
@@ -160,13 +165,16 @@ def _summarize(res: dict) -> None:
     res["summary"] = {"per_rate": per, "best_lat_cut_vs_fifo": best, "variants_identical": same}
     res["claim"] = CLAIM
     res["goal"] = {
-        "text": "SLO-ODBS ≥ 70% lower latency than FIFO batching",
+        "text": "≥ 70% lower mean latency than S³ (paper: UELLM, i.e. HELR + SLO-ODBS, vs S³ and Morphling on a "
+        "heterogeneous power-capped cluster; here SLO-ODBS vs S³ on identical GPUs: the heterogeneous cluster, "
+        "HELR there and the Morphling-like baseline are not built)",
         "target": 0.7,
-        "ours": top["lat_cut_vs_fifo"],
-        "ours_text": f"{C.fmt(100 * top['lat_cut_vs_fifo'], '.0f')}% at {rates[-1]:g} req/s (best "
-        f"{C.fmt(100 * best, '.0f')}%; with the batch cap raised to 64: "
-        f"{C.fmt(100 * top['b64_lat_cut_vs_fifo'], '.0f')}%)",
-        "met": top["lat_cut_vs_fifo"] >= 0.7,
+        "ours": top["lat_cut_vs_s3"],
+        "ours_text": f"{C.fmt(100 * top['lat_cut_vs_s3'], '.0f')}% vs S³ at {rates[-1]:g} req/s (best "
+        f"{C.fmt(100 * max(p['lat_cut_vs_s3'] for p in per), '.0f')}%); vs FIFO with the same CM-sized batches "
+        f"{C.fmt(100 * top['lat_cut_vs_fifo_cm'], '.0f')}%; vs FIFO batches of 10 {C.fmt(100 * top['lat_cut_vs_fifo'], '.0f')}% "
+        f"(best {C.fmt(100 * best, '.0f')}%)",
+        "met": top["lat_cut_vs_s3"] >= 0.7,
     }
     s, f, s3 = (_at(rows, rates[-1], p) for p in ("slo_odbs", "fifo", "s3"))
     res["ours"] = (

@@ -12,6 +12,7 @@ from llmfleet.policies.batching.base import (
     padded_tokens,
     padding_tokens,
 )
+from llmfleet.policies.batching.fifo_cm import FifoCm
 from llmfleet.policies.batching.given_batches import GivenBatches
 from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
@@ -23,6 +24,7 @@ POLICIES: dict[str, type] = {
     "static_sls": StaticSls,
     "scls": SclsSliceBatcher,
     "slo_odbs": SloOdbs,
+    "fifo_cm": FifoCm,
     "slo_dbs": SloDbs,
     "odbs": Odbs,
     "s3": S3Batching,
@@ -37,6 +39,7 @@ def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
 
 __all__ = [
     "POLICIES",
+    "FifoCm",
     "GivenBatches",
     "Odbs",
     "S3Batching",

@@ -10,8 +10,15 @@ constraints for that worker with the request added (letters as in the paper):
                (l_out_j tokens so far, t_dec_j seconds since its first token: measured)
 - (e) KV:      Σ_j w_j[k] ≤ M for every future iteration k           (w_j from its CURRENT length)
 
-If no worker is feasible the cluster is fixed here, so the request goes to the LEAST loaded worker by
-the same norm and ``infeasible`` is incremented (a scaler may open a worker; the paper opens one).
+``constraints="paper"`` checks (b) and (d) as the paper writes them: (b) Σ_j (l_in_j + γ·l_pred_j) ≤
+θ·l_d(b + 1) at the full T_dec (Eq. 4), (d) t_pre(Σ_new l_in) ≤ θ·min_j (T_dec·l_out_j − t_dec_j) (no
+next-iteration term). ``"strict"`` (default, the forms above) is kept as a named option.
+
+If no worker is feasible: ``on_infeasible="least_loaded"`` (default) sends the request to the LEAST
+loaded worker by the same norm and increments ``infeasible``; ``"open"`` is the paper's best fit
+(Algorithm 1 opens a new worker for it): best fit only considers workers already opened, opens the
+first unopened one (engine-id order) and counts it in ``opened``; when every worker is open it falls
+back to the least loaded (``infeasible``).
 
 Contract with callers (simulator, scheduler). The dispatcher is the only entity placing requests, so
 the policy keeps its own ledger of every request it placed (l_in, prediction, estimated start):
@@ -147,6 +154,10 @@ class AladdinBestFit(FinishListener):
             dropped every ``memo_s`` seconds of policy time so that new observations show through.
         prefill_window_s: window over which (b)'s prefill load ρ (the share of time a worker spends in
             the prefills placed on it) is measured.
+        constraints: ``"strict"`` ((b) at T_dec·(1 − ρ), (d) with t_d(b + 1)) or ``"paper"`` (Eq. 4 as
+            printed); see the module docstring.
+        on_infeasible: ``"least_loaded"`` or ``"open"`` (the paper's: open a new worker).
+        protect: check (d) (default); False drops it, to measure what it costs (bench only).
     """
 
     name = "aladdin_bestfit"
@@ -169,7 +180,19 @@ class AladdinBestFit(FinishListener):
         default_output_tokens: float = 256.0,
         memo_s: float = 10.0,
         prefill_window_s: float = 10.0,
+        constraints: str = "strict",
+        on_infeasible: str = "least_loaded",
+        protect: bool = True,
     ) -> None:
+        self.protect = bool(protect)
+        if constraints not in ("strict", "paper"):
+            raise ValueError(f"constraints must be 'strict' or 'paper', got {constraints!r}")
+        if on_infeasible not in ("least_loaded", "open"):
+            raise ValueError(f"on_infeasible must be 'least_loaded' or 'open', got {on_infeasible!r}")
+        self.constraints = constraints
+        self.on_infeasible = on_infeasible
+        self.opened = 0  # workers opened (on_infeasible="open")
+        self._open: dict[str, set[int]] = {}
         if not latency_models or not slos:
             raise ValueError(
                 "aladdin_bestfit needs latency_models={model: AladdinModel | RooflineModel} and "
@@ -390,7 +413,10 @@ class AladdinBestFit(FinishListener):
         final = l_in + l_pred
 
         norm = pool.norm(idx)
-        ok = pool.mask_bcd(idx, it, now, l_in, ctx, self.theta)
+        ok = pool.mask_bcd(idx, it, now, l_in, ctx, self.theta, self.protect)
+        opened = self._open.setdefault(model, set())
+        if self.on_infeasible == "open":
+            ok &= np.isin(idx, list(opened))
         cand, nc = idx[ok], norm[ok]
         if cand.size:
             tight = pool.final[cand] + final > pool.M[cand]  # Σ final lengths: (e) holds if not
@@ -403,15 +429,24 @@ class AladdinBestFit(FinishListener):
         if cand.size:  # the most loaded worker that passes the exact (b) and (d), ties by engine id
             slack = pool.slack(cand, it, now)
             win = self.prefill_window_s
+            paper = self.constraints == "paper"
             for k in np.lexsort((pool.rank[cand], -nc)).tolist():
                 i = int(cand[k])
-                # ρ with this request's prefill added (the time it adds to the pending batch)
-                pend = float(pool.new_in[i])
-                added = float(pool.tpre(pend + l_in)) - (float(pool.tpre(pend)) if pend > 0 else 0.0)
-                rho = min(pool.prefill_seconds(i, now, win) / win + added / win, 0.99)
-                if pool.exact_bd(i, float(slack[k]), l_in, ctx, self.theta, rho):
+                rho = 0.0
+                if not paper:  # ρ with this request's prefill added (the time it adds to the pending batch)
+                    pend = float(pool.new_in[i])
+                    added = float(pool.tpre(pend + l_in)) - (float(pool.tpre(pend)) if pend > 0 else 0.0)
+                    rho = min(pool.prefill_seconds(i, now, win) / win + added / win, 0.99)
+                sk = float(slack[k]) if self.protect else math.inf
+                if pool.exact_bd(i, sk, l_in, ctx, self.theta, rho, paper):
                     chosen = i
                     break
+        if chosen < 0 and self.on_infeasible == "open":
+            closed = [int(i) for i in idx if int(i) not in opened]
+            if closed:
+                chosen = min(closed, key=lambda i: pool.rank[i])
+                opened.add(chosen)
+                self.opened += 1
         if chosen < 0:
             self.infeasible += 1
             low = idx[norm == norm.min()]
@@ -545,10 +580,14 @@ class AladdinBestFit(FinishListener):
         if new_in > pool.x_c:
             return False
         slack = float(pool.slack(np.array([y]), it, self._now)[0])
-        if float(pool.tpre(new_in)) + pool.td(b + 1.0, s + r.ctx) > self.theta * slack:
+        paper = self.constraints == "paper"
+        t_next = 0.0 if paper else pool.td(b + 1.0, s + r.ctx)
+        if float(pool.tpre(new_in)) + t_next > self.theta * slack:
             return False
+        if self.on_infeasible == "open" and y not in self._open.get(r.model, set()):
+            return False  # moves go to open workers only
         win = self.prefill_window_s
-        rho = min(pool.prefill_seconds(y, self._now, win) / win, 0.99)
+        rho = 0.0 if paper else min(pool.prefill_seconds(y, self._now, win) / win, 0.99)
         if rho > 0:
             t_eff = pool.t_dec * (1.0 - rho)
             if s + r.ctx > self.theta * max(0.0, float(pool.latency.decode.context_limit(b + 1.0, t_eff))):

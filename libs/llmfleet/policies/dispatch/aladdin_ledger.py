@@ -415,7 +415,14 @@ class ModelPool:
         return best
 
     def mask_bcd(
-        self, idx: np.ndarray, it: np.ndarray, now: float, l_in: float, ctx: float, theta: float
+        self,
+        idx: np.ndarray,
+        it: np.ndarray,
+        now: float,
+        l_in: float,
+        ctx: float,
+        theta: float,
+        protect: bool = True,
     ) -> np.ndarray:
         """Necessary conditions of (b), (c), (d) for a request (l_in, context ctx) on each worker in
         ``idx``, one numpy pass: (b) at the full T_dec (no prefill load), (c), and (d) without the next
@@ -424,7 +431,8 @@ class ModelPool:
         ok = self.S[idx] + ctx <= theta * self.ld(b + 1.0)  # (b)
         x = self.new_in[idx] + l_in
         ok &= x <= self.x_c  # (c)
-        ok &= self.tpre(x) <= theta * self.slack(idx, it, now)  # (d); no ongoing request: +inf
+        if protect:  # (d); no ongoing request: +inf
+            ok &= self.tpre(x) <= theta * self.slack(idx, it, now)
         return ok
 
     def slack(self, idx: np.ndarray, it: np.ndarray, now: float) -> np.ndarray:
@@ -433,7 +441,9 @@ class ModelPool:
         est = self.t_dec * it[idx] - now - self.amax[idx]
         return np.where(self.meas[idx] > 0, self.dkey[idx] - now, est)
 
-    def exact_bd(self, i: int, slack: float, l_in: float, ctx: float, theta: float, rho: float) -> bool:
+    def exact_bd(
+        self, i: int, slack: float, l_in: float, ctx: float, theta: float, rho: float, paper: bool = False
+    ) -> bool:
         """(b) with the prefill load and (d) with the batch growth, for the request on worker i.
 
         (b): decode runs only 1 − ρ of the time (ρ = the worker's prefill share), so the batch with
@@ -443,7 +453,12 @@ class ModelPool:
         (t_d(b + 1)) come before its next token, whose ATGT must stay ≤ T_dec:
         (t_dec_j + t_pre(x) + t_d(b + 1)) / l_out_j ≤ T_dec ⟺ t_pre(x) + t_d(b + 1) ≤ T_dec·l_out_j −
         t_dec_j, with θ as the paper's margin on the right.
+
+        ``paper``: the constraints as the paper prints them (Eq. 4 at the full T_dec; (d) with t_pre
+        only), which :meth:`mask_bcd` already checked, so True.
         """
+        if paper:
+            return True
         b1 = float(self.b[i]) + 1.0
         s1 = float(self.S[i]) + ctx
         if rho > 0:

@@ -78,6 +78,31 @@ def _roofline(arch: ModelArch, hw: Hardware) -> IterationTime:
     return lambda n, batch, ctx: decode_time(arch, hw, batch, ctx, n)
 
 
+def with_overhead(it: IterationTime, overhead: Callable[[float, int], float]) -> IterationTime:
+    """``it`` plus a per-iteration overhead(batch, n) (e.g. ``costmodel.overhead.VIDUR_A100_OVERHEAD``):
+    the paper's fixed cost c4 that the roofline lacks, so that N* trades it against the weight read."""
+    return lambda n, batch, ctx: it(n, batch, ctx) + overhead(batch, n)
+
+
+def roofline_iteration_time(arch: ModelArch, hw: Hardware, overhead=None) -> IterationTime:
+    """The roofline decode iteration, plus ``overhead(batch, n)`` if given."""
+    it = _roofline(arch, hw)
+    return it if overhead is None else with_overhead(it, overhead)
+
+
+def vidur_iteration_time(arch: ModelArch, hw: Hardware, overhead=None) -> IterationTime:
+    """The vidur source's decode iteration (measured operators, roofline attention) without its
+    constant 2 ms, plus ``overhead(batch, n)`` if given. Raises ``VidurDataError`` (a LookupError) when
+    ``hw`` or a TP degree has no measurements."""
+    from llmfleet.costmodel.vidur import vidur_legs
+
+    def it(n: int, batch: float, ctx: float) -> float:
+        legs = vidur_legs(arch, hw, n, overhead_s=0.0).decode
+        return max(a + b * batch + g * batch * ctx for a, b, g in legs)
+
+    return it if overhead is None else with_overhead(it, overhead)
+
+
 def kv_capacity(
     arch: ModelArch,
     hw: Hardware,

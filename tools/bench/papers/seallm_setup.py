@@ -1,0 +1,144 @@
+"""The one SeaLLM setup (paper §6.1), shared by ``papers/seallm.py`` and ``placement_bench.py``.
+
+Paper §6.1, quoted:
+
+- "a cluster with 4 nodes and 32 GPUs. Each node has 8 NVIDIA A800 80GB GPUs" → 32 × catalog
+  ``a100-80gb`` (the A800 is an A100 with less NVLink), 8 per node.
+- "Llama2-7B&13B&70B [44] and OPT-6.7B [54]. The input lengths and output lengths of requests are
+  sampled from … ShareGPT … LongBench … We use the K-means clustering algorithm to partition the
+  requests according to their input and output lengths. For each request group, we randomly assign an
+  LLM" → k-means (k = 4) over the union of the Azure conv trace's (input, output) lengths (no ShareGPT
+  file here) and LongBench-like lengths synthesized from SeaLLM's Table 1 means (4,000 samples); the
+  clusters, ordered by mean total length, go to OPT-6.7B, Llama2-7B, Llama2-13B, Llama2-70B (a fixed
+  order, not random: OPT's 2,048-token context goes to the shortest requests). Prompts are truncated
+  so prompt + output fits the context (OPT 2,048, Llama 2 4,096). Llama2-70B needs TP ≥ 2 on 80 GB.
+- "We round-robin functions in MAF to LLM services and generate traffic for each service" → per-service
+  shares from ``llmfleet.workload.popularity``: MAF's function counts if a file is given, else a Zipf
+  law matched to MAF's published heavy tail (18.6 % of functions → 99.6 % of invocations, n = 10,000,
+  s ≈ 1.63), functions dealt round-robin in a seeded random order. Each service gets its own Gamma
+  renewal process (CV ``ARRIVAL_CV`` = 4, bursty; an assumption fixed before any run, not fitted to MAF).
+- "We share at most two LLM services per local engine because of the GPU memory limitation" → Algorithm
+  1 with ``max_services=(2,)``; "β in Equation 8 to 0.1" → the ``seallm-placement`` preset (adaptive
+  interval, β = 0.1, first interval 60 s).
+- "vLLM … cannot share services and uses FCFS for scheduling. We allocate the GPUs evenly to LLM
+  services" → ``vllm-v0.4``: ``dedicated_even``, FCFS with one phase per iteration, fewest-requests
+  dispatch.
+- "We change the average arrival rate of requests from 2 to 50 requests per second" → the sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from llmfleet.sim.plan_eval import evaluator_factory
+from llmfleet.sim.run import PolicyBundle, assign_services, preset
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.workload import (
+    Popularity,
+    Workload,
+    WorkloadRequest,
+    load_function_counts,
+    longbench_like_lengths,
+    multi_service_workload,
+    round_robin_shares,
+    zipf_popularity,
+)
+
+CLUSTER = "32xA100-80GB"
+MODELS = ("opt-6.7b", "llama2-7b", "llama2-13b", "llama2-70b")  # shortest → longest clusters
+CONTEXT = {"opt-6.7b": 2048, "llama2-7b": 4096, "llama2-13b": 4096, "llama2-70b": 4096}
+SERVICES = tuple(f"svc{i}" for i in range(len(MODELS)))
+ARRIVAL_CV = 4.0
+LONG_SAMPLES = 4000
+RATES = (2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0)  # req/s, the paper's 2–50 range
+HORIZON_S = 300.0  # ≥ 5 minutes per run
+POPULARITY_SEED = 0
+
+
+def spec() -> SimSpec:
+    return SimSpec(
+        ClusterSpec.parse(CLUSTER), tuple(SimService(s, m) for s, m in zip(SERVICES, MODELS, strict=True))
+    )
+
+
+def popularity(path: Path | None = None, seed: int = POPULARITY_SEED) -> Popularity:
+    """MAF function counts from ``path``, else the Zipf stand-in (see the module docstring)."""
+    return load_function_counts(path) if path is not None else zipf_popularity(seed=seed)
+
+
+def shares(pop: Popularity) -> dict[str, float]:
+    return round_robin_shares(pop, SERVICES)
+
+
+def length_pools(conv: Workload, sp: SimSpec | None = None) -> dict[str, tuple[str, np.ndarray]]:
+    """Service → (model, (prompt, output) samples): k-means over conv-trace ∪ LongBench-like lengths."""
+    sp = sp or spec()
+    long = longbench_like_lengths(LONG_SAMPLES, seed=23)
+    reqs = [
+        WorkloadRequest(f"c{i}", 0.0, r.prompt_tokens, r.output_tokens, "")
+        for i, r in enumerate(conv.requests)
+    ]
+    reqs += [WorkloadRequest(f"l{i}", 0.0, int(p), int(o), "") for i, (p, o) in enumerate(long.tolist())]
+    labelled = assign_services(Workload(tuple(reqs)), sp)
+    model = {s.name: s.model for s in sp.services}
+    out: dict[str, list[tuple[int, int]]] = {s.name: [] for s in sp.services}
+    for r in labelled.requests:
+        ctx = CONTEXT[model[r.service]]
+        o = min(r.output_tokens, ctx - 1)
+        out[r.service].append((max(1, min(r.prompt_tokens, ctx - o)), o))
+    for s, v in out.items():
+        if not v:
+            raise ValueError(f"k-means left service {s} without requests")
+    return {s: (model[s], np.array(v, dtype=np.int64)) for s, v in out.items()}
+
+
+def workload(
+    pools: dict[str, tuple[str, np.ndarray]],
+    share: dict[str, float],
+    rate: float,
+    duration_s: float,
+    seed: int,
+) -> Workload:
+    """Each service its own Gamma(CV) process at ``rate`` × its share, over [0, duration_s)."""
+    rates = {s: rate * share[s] for s in pools if rate * share[s] > 0}
+    if not rates:
+        raise ValueError(f"rate {rate} req/s gives no service any traffic")
+    sub = {s: pools[s] for s in rates}
+    return multi_service_workload(sub, rates, duration_s=duration_s, cv=ARRIVAL_CV, seed=seed)
+
+
+def vllm() -> PolicyBundle:
+    return dataclasses.replace(preset("vllm-v0.4"), name="vllm")
+
+
+HISTORY_S = 60.0  # the arrivals Algorithm 1 is searched on, for the fixed-plan variant
+
+
+def place(sp: SimSpec, history: Workload, processes: int = 1) -> tuple[list, str]:
+    """Algorithm 1 (≤ 2 services per engine) searched once on ``history`` with the preset's own engines
+    and dispatch: the plan and the planner's reason (SeaLLM without re-placement: the paper's SeaLLM-A)."""
+    from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMPlacement
+    from llmfleet.sim.plan_eval import SimPlanEvaluator
+    from llmfleet.sim.run import service_loads
+
+    b = preset("seallm-placement")
+    planner = SeaLLMPlacement(max_services=(2,))
+    gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
+    with SimPlanEvaluator(sp, history.requests, b, processes=processes) as ev:
+        plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
+    return plan, planner.last_reason
+
+
+def seallm_fixed() -> PolicyBundle:
+    """The engines and dispatch of ``seallm-placement`` on a given plan (no re-placement)."""
+    return dataclasses.replace(preset("seallm"), name="seallm-fixed", placement="seallm")
+
+
+def seallm(processes: int = 1) -> tuple[PolicyBundle, Callable]:
+    """The ``seallm-placement`` preset (Algorithm 1 ≤ 2 services per engine, Eq. 8) and the factory of
+    the simulator that scores its candidate plans (with the preset's own engines and dispatch)."""
+    b = preset("seallm-placement", placement_options={"max_services": (2,)})
+    return b, evaluator_factory(b, processes=processes)
