@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from llmfleet_engine.model_host import HostedModel
 
 
+_RNG_STATE_BYTES = torch.Generator().get_state().numel()  # what pause_request sends (CPU generator)
+
+
 class MigrationOps:
     """Mixin of :class:`~llmfleet_engine.executor.Executor` (uses its lock, core, pool and requests)."""
 
@@ -153,6 +156,11 @@ class MigrationOps:
             if any(t >= vocab for t in (*header.prompt_token_ids, *header.generated_token_ids)):
                 raise TransferError(
                     f"header: token ids must be below {header.model!r}'s vocabulary of {vocab}"
+                )
+            if header.rng_state and len(header.rng_state) != _RNG_STATE_BYTES:
+                raise TransferError(
+                    f"header: rng_state must be a CPU generator state of {_RNG_STATE_BYTES} bytes, "
+                    f"got {len(header.rng_state)}"
                 )
             n_full = len(header.prompt_token_ids) + len(header.generated_token_ids)
             if header.num_tokens and header.num_tokens != n_full - 1:

@@ -190,3 +190,16 @@ async def test_profile_returns_a_sample_per_point(backend):
         ("decode", 2),
     }
     assert all(s.seconds > 0 for s in res.samples) and len(res.samples) == 8
+
+
+async def test_an_import_with_a_bad_rng_state_is_refused_up_front(backend):
+    _, ex = backend
+    stream = ex.submit(request_for(ex, "rng", max_tokens=40))
+    await asyncio.wait_for(stream.__anext__(), 30)
+    header = await asyncio.to_thread(ex.pause_request, "rng")
+    bad = header.__class__(**{**header.__dict__, "request_id": "rng-copy", "rng_state": b"\x01"})
+    with pytest.raises(TransferError, match="rng_state"):
+        await asyncio.to_thread(ex.begin_import, bad)
+    ex.resume_request("rng")
+    ex.cancel("rng")
+    await asyncio.wait_for(stream.collect(), 30)
