@@ -477,18 +477,6 @@ class ClusterConfig(BaseModel):
                     "GiB; raise emulated.tp"
                 )
 
-    def all_catalog_models(self) -> dict[str, str]:
-        """Every declared model with a catalog name (``sim_model`` or its own name) -> that name."""
-        from llmfleet.costmodel import UnknownModel, model_arch
-
-        out = {}
-        for name, m in self.models.items():
-            try:
-                out[name] = m.sim_model or model_arch(name).name
-            except UnknownModel:
-                continue
-        return out
-
     def catalog_models(self) -> dict[str, str]:
         """Served model -> its cost-model catalog name (``sim_model``, else the model's own name when it
         is a catalog name), for the models the services use. One-to-one: planners work with catalog

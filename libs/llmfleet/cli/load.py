@@ -35,8 +35,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmfleet.cli.load_lines import Outcome, interval_line, pct
-from llmfleet.cli.workload_args import add_workload_arguments, positive_float
+from llmfleet.cli.workload_args import add_workload_arguments
 from llmfleet.client import AsyncClient, LlmfleetError
+from llmfleet.rpc.cli_args import positive_float
 
 NAME = "load"
 HELP = "send Poisson load to services phase by phase and report latency and the engines used"

@@ -40,8 +40,8 @@ from llmfleet.cli.workload_args import (
     DEFAULT_SYNTHETIC_RATE,
     add_workload_arguments,
     build_workload,
-    positive_float,
 )
+from llmfleet.rpc.cli_args import positive_float
 
 NAME = "sim"
 HELP = "simulate a workload on a cluster with the shipped policies (and compare policies)"

@@ -256,7 +256,7 @@ def emulated_plans(
         "--backend", "emulated", "--hardware", pool.hardware, "--tp", str(pool.tp),
         "--cost-source", pool.cost_source, "--mem-fraction", f"{pool.mem_fraction:g}",
     ]  # fmt: skip
-    for name, arch in sorted(config.all_catalog_models().items()):
+    for name, arch in sorted(config.catalog_models().items()):
         argv += ["--sim-model", f"{name}={arch}"]
     argv += pool.engine.engine_args()
     plans, port = [], base_port + ENGINE_PORT_OFFSET
@@ -308,8 +308,8 @@ def apply_emulate(config: ClusterConfig, emulate: str | None, processes: int | N
             "policy places the engines: entries, which an emulated pool replaces"
         )
     data = config.model_dump()
-    data["emulated"] = EmulatedPool.model_validate(pool.model_dump()).model_dump()
-    return ClusterConfig.model_validate(data)
+    data["emulated"] = pool.model_dump()
+    return ClusterConfig.model_validate(data)  # checks the pool (model_copy does not) and the fit
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

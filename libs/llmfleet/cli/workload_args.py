@@ -11,41 +11,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
+
 if TYPE_CHECKING:
     from llmfleet.workload import Workload
 
 DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic when --rate is not given
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0 (the error names the flag)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return v
-
-
-def nonnegative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return v
 
 
 def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:

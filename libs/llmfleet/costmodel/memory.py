@@ -44,3 +44,9 @@ def kv_pool_bytes(
         a.weight_bytes + activation_bytes(a, max_prefill_tokens, max_batch_requests) for a in archs
     )
     return total - reserved
+
+
+def load_seconds(archs: Sequence[ModelArch], hw: Hardware, tp: int) -> float:
+    """Seconds to load ``archs``' weights onto a ``tp``-GPU instance: each GPU pulls its 1/tp shard
+    over its own host link (``Hardware.h2d_bytes_per_s``). The simulator and the emulated engine charge it."""
+    return sum(a.weight_bytes for a in archs) / (tp * hw.h2d_bytes_per_s)

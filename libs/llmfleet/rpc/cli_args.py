@@ -75,3 +75,31 @@ def json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
+
+
+def _number(text: str, cast: type, low: float, strict: bool) -> float:
+    """argparse type body: ``text`` as ``cast``, finite and above ``low`` (``strict``) or at least it."""
+    try:
+        v = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {'an integer' if cast is int else 'a number'}, got {text!r}"
+        ) from None
+    if not (v > low if strict else v >= low) or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in the error)."""
+    return int(_number(text, int, 1, strict=False))
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(text, float, 0, strict=True)
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(text, float, 0, strict=False)

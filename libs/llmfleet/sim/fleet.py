@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from llmfleet.costmodel.memory import load_seconds
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, HostList, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
@@ -86,10 +87,9 @@ class Fleet:
 
     # -------------------------------------------------------------------------------------- queries
     def load_time_s(self, models: Sequence[str], tp: int) -> float:
-        """Seconds to load ``models``' weights onto a ``tp``-GPU instance: each GPU pulls its 1/tp shard
-        over its own host link (``Hardware.h2d_bytes_per_s``)."""
+        """Seconds to load ``models``' weights onto a ``tp``-GPU instance (``costmodel.memory.load_seconds``)."""
         archs = self.spec.archs()
-        return sum(archs[m].weight_bytes for m in models) / (tp * self.spec.cluster.hw.h2d_bytes_per_s)
+        return load_seconds([archs[m] for m in models], self.spec.cluster.hw, tp)
 
     def kv_transfer_s(self, model: str, tokens: int) -> float:
         """Seconds to move ``tokens`` of ``model``'s KV between instances."""

@@ -15,7 +15,7 @@ from llmfleet.coord import node_view, placement_view
 from llmfleet.metrics.engine import engine_metrics
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import ModelSpec, NodeRecord
@@ -202,16 +202,6 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64KiB, 2GiB)") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _name_arch(text: str) -> tuple[str, str]:
     name, sep, arch = text.partition("=")
     if not sep or not name or not arch:
@@ -324,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--block-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="emulated: tokens per block of the largest model (16)",
     )
@@ -372,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--engines",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="emulated GPUs hosted by this process: ids ID-0..ID-(N-1), ports --port+i (0: any free)",
     )
@@ -387,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--default-max-tokens", type=int, default=64)
     ap.add_argument(
         "--max-migrations",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_MIGRATIONS,
         help="Migrate calls in flight at once on this engine (as source); one more is RESOURCE_EXHAUSTED",
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from llmfleet.engine_core import EngineCore
-from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
+from llmfleet.kvblocks import BlockAllocator, BlockTable, OutOfBlocks
 from llmfleet.kvblocks.storage import KvStorage
 
 from llmfleet_engine.outputs import (
@@ -122,14 +122,18 @@ class MigrationOps:
     def export_kv(self, request_id: str, start: int, end: int) -> bytes:
         """K/V of tokens [start, end) of a paused request in the canonical layout."""
         with self._cond:
-            r = self._active(request_id)
-            if not r.core.paused:
-                raise TransferError(f"request {request_id!r} must be paused before its KV is read")
-            held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
-            if not 0 <= start < end <= held:
-                raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
-            blocks = self.allocator.table(request_id).blocks
-        return self.storage.export_tokens(r.req.model, blocks, start, end)
+            r, table = self._kv_range_locked(request_id, start, end)
+        return self.storage.export_tokens(r.req.model, table.blocks, start, end)
+
+    def _kv_range_locked(self, request_id: str, start: int, end: int) -> tuple[LiveRequest, BlockTable]:
+        """The paused request whose K/V tokens [start, end) are read, and its block table."""
+        r = self._active(request_id)
+        if not r.core.paused:
+            raise TransferError(f"request {request_id!r} must be paused before its KV is read")
+        held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
+        if not 0 <= start < end <= held:
+            raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
+        return r, self.allocator.table(request_id)
 
     def finish_migrated(self, request_id: str, destination: str) -> None:
         """End the source side: final chunk MIGRATED (naming the destination), blocks freed."""

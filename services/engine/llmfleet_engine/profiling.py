@@ -45,6 +45,8 @@ class Executor(Protocol):
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# one point of a sweep: (phase, batch, tokens, repeats) -> the repeats' seconds; OutOfBlocks: skip it
+PointTimer = Callable[[str, int, int, int], list[float]]
 
 PREFIX = "__profile__/"
 MAX_PROFILE_BATCH = 4096  # sequences per point
@@ -73,13 +75,18 @@ def profile(
     input_lengths: Sequence[int] = (16, 64, 256),
     context_lengths: Sequence[int] = (16, 64, 256),
     repeats: int = 3,
+    point: PointTimer | None = None,
 ) -> ProfileResult:
-    """Run the sweeps (blocking; raises KeyError for an unknown model, ValueError for bad sizes)."""
+    """Run the sweeps on the worker thread (blocking; raises KeyError for an unknown model, ValueError
+    for bad sizes). ``point`` times one point (default: timed forwards of the paged runner)."""
     if model not in ex.model_names():
         raise KeyError(model)
     max_context = ex.models[model].max_context
     check_sweep(max_context, batch_sizes, input_lengths, context_lengths, repeats)
-    return ex.run_in_worker(lambda: _sweep(ex, model, batch_sizes, input_lengths, context_lengths, repeats))
+    timer = point or _forward_timer(ex, model)
+    return ex.run_in_worker(
+        lambda: _sweep(model, timer, batch_sizes, input_lengths, context_lengths, repeats)
+    )
 
 
 def check_sweep(
@@ -108,22 +115,32 @@ def check_sweep(
         raise ValueError(f"repeats: must be in [1, {MAX_PROFILE_REPEATS}], got {repeats}")
 
 
-def _sweep(ex: Executor, model: str, batch_sizes, input_lengths, context_lengths, repeats) -> ProfileResult:
+def _forward_timer(ex: Executor, model: str) -> PointTimer:
     runner = ex.runner(model)
     vocab = ex.models[model].vocab_size
     gen = torch.Generator().manual_seed(0)
+
+    def timer(phase: str, b: int, n: int, repeats: int) -> list[float]:
+        with torch.inference_mode():
+            return _point(ex, runner, model, vocab, gen, phase, b, n, repeats)
+
+    return timer
+
+
+def _sweep(
+    model: str, point: PointTimer, batch_sizes, input_lengths, context_lengths, repeats
+) -> ProfileResult:
     samples: list[ProfileSample] = []
     skipped: list[tuple[str, int, int]] = []
-    with torch.inference_mode():
-        for phase, lengths in (("prefill", input_lengths), ("decode", context_lengths)):
-            for b in batch_sizes:
-                for n in lengths:
-                    try:
-                        seconds = _point(ex, runner, model, vocab, gen, phase, b, n, repeats)
-                    except OutOfBlocks:
-                        skipped.append((phase, b, n))
-                        continue
-                    samples.extend(ProfileSample(phase, b, n, s) for s in seconds)
+    for phase, lengths in (("prefill", input_lengths), ("decode", context_lengths)):
+        for b in batch_sizes:
+            for n in lengths:
+                try:
+                    seconds = point(phase, b, n, repeats)
+                except OutOfBlocks:
+                    skipped.append((phase, b, n))
+                    continue
+                samples.extend(ProfileSample(phase, b, n, s) for s in seconds)
     if not samples:
         raise ResourceExhaustedError(
             f"no profiling point fits the free KV pool of {model!r}; skipped {skipped}"

@@ -6,6 +6,7 @@ backend (servicer, placement follower, migration) relies on exactly these behavi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -123,11 +124,7 @@ async def test_bad_input_is_refused(backend):
     with pytest.raises(ModelLoadError):
         await asyncio.to_thread(ex.load, case.bad_source)
     with pytest.raises(UnknownModelError):
-        ex.submit(
-            build_request(ex.models["m"], "hi", request_id="u1").__class__(
-                **{**request_for(ex, "u1").__dict__, "model": "nope"}
-            )
-        )
+        ex.submit(dataclasses.replace(request_for(ex, "u1"), model="nope"))
     with pytest.raises(ValidationError, match="max_tokens"):
         request_for(ex, "huge", max_tokens=10**9)
     with pytest.raises(ValidationError, match="max_tokens"):
@@ -167,9 +164,7 @@ async def test_a_corrupt_kv_chunk_is_refused(backend):
     stream = src.submit(request_for(src, "bad-kv", max_tokens=40))
     await asyncio.wait_for(stream.__anext__(), 30)
     header = await asyncio.to_thread(src.pause_request, "bad-kv")
-    handle = await asyncio.to_thread(
-        src.begin_import, header.__class__(**{**header.__dict__, "request_id": "copy"})
-    )
+    handle = await asyncio.to_thread(src.begin_import, dataclasses.replace(header, request_id="copy"))
     with pytest.raises(TransferError):
         handle.write(0, 1, b"\x00" * 3)
     handle.abort()
@@ -197,7 +192,7 @@ async def test_an_import_with_a_bad_rng_state_is_refused_up_front(backend):
     stream = ex.submit(request_for(ex, "rng", max_tokens=40))
     await asyncio.wait_for(stream.__anext__(), 30)
     header = await asyncio.to_thread(ex.pause_request, "rng")
-    bad = header.__class__(**{**header.__dict__, "request_id": "rng-copy", "rng_state": b"\x01"})
+    bad = dataclasses.replace(header, request_id="rng-copy", rng_state=b"\x01")
     with pytest.raises(TransferError, match="rng_state"):
         await asyncio.to_thread(ex.begin_import, bad)
     ex.resume_request("rng")

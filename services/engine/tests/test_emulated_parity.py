@@ -30,6 +30,7 @@ from llmfleet_engine import executor as executor_module
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.clock import Lag
 from llmfleet_engine.validation import build_request
+from test_core_parity import OFFSETS as CORE_OFFSETS
 from test_core_parity import Spy, normalise
 
 HW = "a100-80gb"
@@ -38,19 +39,9 @@ SERVICES = {"llama2-7b": "chat", "llama2-13b": "code"}
 BLOCK_TOKENS = 16
 KV_BLOCKS = 12
 LIMITS = {"max_running": 6, "max_batch_requests": 5, "max_prefill_tokens": 96, "watermark": 0.0}
-# (id, arrival in decode-step units, model, prompt tokens, output tokens)
-OFFSETS = [
-    ("r0", 0.0, "llama2-7b", 20, 160),
-    ("r1", 3.5, "llama2-13b", 40, 30),
-    ("r2", 7.25, "llama2-7b", 70, 45),
-    ("r3", 9.0, "llama2-13b", 12, 60),
-    ("r4", 15.5, "llama2-7b", 33, 25),
-    ("r5", 22.0, "llama2-13b", 55, 40),
-    ("r6", 31.75, "llama2-7b", 9, 70),
-    ("r7", 40.0, "llama2-13b", 25, 20),
-    ("r8", 40.5, "llama2-7b", 48, 35),
-    ("r9", 52.0, "llama2-13b", 30, 50),
-]
+# test_core_parity's arrivals, its two tiny models played by two catalog ones
+AS_CATALOG = {"tiny-llama": "llama2-7b", "tiny-qwen2": "llama2-13b"}
+OFFSETS = [(rid, off, AS_CATALOG[m], p, o) for rid, off, m, p, o in CORE_OFFSETS]
 POLICIES: dict[str, Callable[[], Any]] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget}
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 
 @dataclass
@@ -46,3 +50,31 @@ class WallClock:
             self.lag.record(late if late > 0.002 else 0.0)  # the OS's wake-up jitter is not lag
         else:
             self.lag.record(-remaining)
+
+
+class LagCollector(Collector):
+    """``/metrics`` of an emulated engine's lag: when the host process cannot keep up with the emulated
+    GPUs, steps end late and these grow (the sign that the emulation, not the fleet, is the bottleneck)."""
+
+    def __init__(self, lag: Lag) -> None:
+        self.lag = lag
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        lag = self.lag
+        with lag._lock:
+            waits, late, total, worst = lag.waits, lag.late, lag.total_s, lag.max_s
+        yield CounterMetricFamily(
+            "llmfleet_emulated_waits", "Emulated steps, loads and transfers paced.", value=waits
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_late", "Of those, how many ended past their due time.", value=late
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_lag_seconds", "Summed lateness past the due times.", value=total
+        )
+        yield GaugeMetricFamily(
+            "llmfleet_emulated_lag_max_seconds", "The largest lateness so far.", value=worst
+        )

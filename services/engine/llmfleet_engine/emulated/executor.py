@@ -25,26 +25,28 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.costmodel import Hardware, ModelArch, hardware
 from llmfleet.costmodel import memory as cost_memory
 from llmfleet.engine_core import StepPlan
-from llmfleet.kvblocks import KvShape, OutOfBlocks
+from llmfleet.kvblocks import KvShape
+from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.sim.cost import COST_SOURCES, CostBook, LinearCost
 from llmfleet.types import ModelSpec
 
+from llmfleet_engine import profiling
 from llmfleet_engine.emulated.catalog import check_sim_models, emulated_model, resolve_arch
-from llmfleet_engine.emulated.clock import WallClock
+from llmfleet_engine.emulated.clock import LagCollector, WallClock
 from llmfleet_engine.emulated.storage import NoKvStorage
 from llmfleet_engine.emulated.tokenizer import WORD_BASE
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.live_request import LiveRequest
 from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.outputs import ResourceExhaustedError, TransferError
-from llmfleet_engine.profiling import PREFIX, ProfileResult, ProfileSample, check_sweep
+from llmfleet_engine.outputs import TransferError
+from llmfleet_engine.profiling import ProfileResult
 from llmfleet_engine.transfer import ImportHandle, TransferHeader
 
 BACKEND = "emulated"
@@ -102,7 +104,6 @@ class EmulatedConfig(ExecutorConfig):
 class StepPricer:
     """An emulated model's "forward": the cost model of its catalog architecture at the engine's TP."""
 
-    arch: ModelArch
     cost: LinearCost
 
     def step_s(self, plan: StepPlan) -> float:
@@ -121,7 +122,6 @@ class EmulatedExecutor(Executor):
 
     def __init__(self, config: EmulatedConfig | None = None, clock: WallClock | None = None) -> None:
         self.clock = clock or WallClock()
-        self._seeds: dict[str, int] = {}
         self._sent: dict[str, tuple[float, int]] = {}  # request -> (transfer start, K/V bytes so far)
         super().__init__(config or EmulatedConfig())
         self.backend = BACKEND
@@ -138,10 +138,10 @@ class EmulatedExecutor(Executor):
     def _free_memory(self) -> None:
         pass  # nothing was allocated
 
-    @property
-    def lag(self):
-        """How far behind the cost model's times this engine ran (``clock.Lag``)."""
-        return self.clock.lag
+    def attach_metrics(self, metrics: EngineMetrics) -> None:
+        """The native ``vllm:*`` metrics plus this engine's lag behind the cost model's times."""
+        super().attach_metrics(metrics)
+        metrics.registry.register(LagCollector(self.clock.lag))
 
     # ------------------------------------------------------------------------------------ models
     def _materialize(self, spec: ModelSpec) -> LoadedModel:
@@ -158,16 +158,14 @@ class EmulatedExecutor(Executor):
         arch: ModelArch = loaded.model
         cfg = self.config
         book = CostBook.build(cfg.hw, {arch.name: arch}, source=cfg.cost_source)
-        return StepPricer(arch, book.model(arch.name, cfg.tp))
-
-    def load_seconds(self, arch: ModelArch) -> float:
-        """The simulator's load time: the weights over the GPUs' host links."""
-        cfg = self.config
-        return arch.weight_bytes / (cfg.tp * cfg.hw.h2d_bytes_per_s)
+        return StepPricer(book.model(arch.name, cfg.tp))
 
     def _weights_arrive(self, loaded: LoadedModel) -> None:
+        """The simulator's load time: the weights over the GPUs' host links."""
         start = self.clock.monotonic()
-        self.clock.sleep_until(start + self.load_seconds(loaded.model))
+        self.clock.sleep_until(
+            start + cost_memory.load_seconds([loaded.model], self.config.hw, self.config.tp)
+        )
 
     # ---------------------------------------------------------------------------------- steps
     def _step_inputs(self, plan: StepPlan, now: float) -> float:
@@ -181,70 +179,40 @@ class EmulatedExecutor(Executor):
         duration = members[0].model.runner.step_s(plan)
         self.clock.sleep_until(start + duration)
         vocab = members[0].model.loaded.vocab_size
-        picked = []
-        for r in members:
-            seed = self._seeds.get(r.request_id)
-            if seed is None:
-                seed = self._seeds[r.request_id] = zlib.crc32(r.request_id.encode())
-            picked.append(token_id(seed, len(r.tokens), vocab))
+        picked = [token_id(zlib.crc32(r.request_id.encode()), len(r.tokens), vocab) for r in members]
         return picked, duration
 
     def _finish_locked(self, state: LiveRequest, reason: Any, **kwargs: Any) -> None:
-        self._seeds.pop(state.request_id, None)
         self._sent.pop(state.request_id, None)
         super()._finish_locked(state, reason, **kwargs)
 
     # ------------------------------------------------------------------------------ profiling
-    def profile(
-        self,
-        model: str,
-        batch_sizes: Sequence[int] = (1, 2, 4, 8),
-        input_lengths: Sequence[int] = (16, 64, 256),
-        context_lengths: Sequence[int] = (16, 64, 256),
-        repeats: int = 3,
-    ) -> ProfileResult:
-        """The native sweep's points, each timed by the cost model (a point whose sequences do not fit
-        the free pool is skipped, as natively)."""
-        if model not in self.model_names():
-            raise KeyError(model)
-        check_sweep(self.models[model].max_context, batch_sizes, input_lengths, context_lengths, repeats)
+    def profile(self, model: str, **sweep: Any) -> ProfileResult:
+        """The native sweep (``profiling.profile``: same checks, points and skips), each point timed by
+        the cost model instead of a forward."""
+        return profiling.profile(self, model, point=self._priced_point(model), **sweep)
+
+    def _priced_point(self, model: str) -> profiling.PointTimer:
         lm: LinearCost = self.runner(model).cost
-        samples: list[ProfileSample] = []
-        skipped: list[tuple[str, int, int]] = []
-        for phase, lengths in (("prefill", input_lengths), ("decode", context_lengths)):
-            for b in batch_sizes:
-                for n in lengths:
-                    if not self._fits(model, b, n + repeats + 1):
-                        skipped.append((phase, b, n))
-                        continue
-                    for r in range(repeats):
-                        if phase == "prefill":
-                            s = lm.iteration(b * n, b * n * n, 0, 0)
-                        else:
-                            s = lm.iteration(0, 0, b, b * (n + r + 1))
-                        samples.append(ProfileSample(phase, b, n, s))
-        if not samples:
-            raise ResourceExhaustedError(
-                f"no profiling point fits the free KV pool of {model!r}; skipped {skipped}"
-            )
-        return ProfileResult(tuple(samples), tuple(skipped))
 
-    def _fits(self, model: str, sequences: int, tokens: int) -> bool:
-        seqs = [f"{PREFIX}fit/{i}" for i in range(sequences)]
+        def point(phase: str, b: int, n: int, repeats: int) -> list[float]:
+            seqs = [f"{profiling.PREFIX}{phase}/{b}/{n}/{i}" for i in range(b)]
 
-        def trial(alloc) -> bool:
-            try:
-                for s in seqs:
-                    alloc.allocate(s, model, tokens)
-                return True
-            except OutOfBlocks:
-                return False
-            finally:
-                for s in seqs:
-                    if s in alloc:
-                        alloc.free(s)
+            def fits(alloc) -> None:  # OutOfBlocks (the point is skipped) as natively
+                try:
+                    for s in seqs:
+                        alloc.allocate(s, model, n + repeats + 1)
+                finally:
+                    for s in seqs:
+                        if s in alloc:
+                            alloc.free(s)
 
-        return self.with_pool(trial)
+            self.with_pool(fits)
+            if phase == "prefill":
+                return [lm.iteration(b * n, b * n * n, 0, 0)] * repeats
+            return [lm.iteration(0, 0, b, b * (n + r + 1)) for r in range(repeats)]
+
+        return point
 
     # --------------------------------------------------------------------------- KV transfer
     def link_seconds(self, nbytes: int) -> float:
@@ -258,13 +226,7 @@ class EmulatedExecutor(Executor):
         """Tokens [start, end) of a paused request as its token range and block ids, sent at the
         emulated link's speed: this call returns when the range's K/V would have arrived."""
         with self._cond:
-            r = self._active(request_id)
-            if not r.core.paused:
-                raise TransferError(f"request {request_id!r} must be paused before its KV is read")
-            held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
-            if not 0 <= start < end <= held:
-                raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
-            table = self.allocator.table(request_id)
+            r, table = self._kv_range_locked(request_id, start, end)
             t = table.tokens_per_block
             blocks = list(table.blocks[start // t : -(-end // t)])
             t0, sent = self._sent.get(request_id, (self.clock.monotonic(), 0))

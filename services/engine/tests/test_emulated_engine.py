@@ -1,0 +1,93 @@
+"""The emulated backend's own facts: its pool is the simulator's, loading takes the simulator's load
+time, its lag is exported, and a KV chunk describes a block-table range."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llmfleet.costmodel import hardware, model_arch
+from llmfleet.costmodel.memory import load_seconds
+from llmfleet.metrics.engine import engine_metrics
+from llmfleet.metrics.server import samples
+from llmfleet.sim.memory import pool_layout
+from llmfleet.sim.spec import EngineSettings
+from llmfleet.types import ModelSpec
+from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+from llmfleet_engine.emulated.clock import Lag
+from llmfleet_engine.validation import build_request
+from prometheus_client import CollectorRegistry
+
+
+class SteppedClock:
+    """Records every wait instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.t, self.waits, self.lag = 0.0, [], Lag()
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep_until(self, due: float) -> None:
+        self.waits.append(due - self.t)
+        self.t = max(self.t, due)
+
+
+@pytest.mark.parametrize(("hw", "models", "tp"), [("a100-80gb", ["llama2-7b"], 1), ("a100-40gb", ["llama2-7b", "opt-6.7b"], 1),
+                                                 ("h100", ["llama2-70b"], 2)])  # fmt: skip
+def test_the_pool_is_the_simulators(hw, models, tp):
+    ex = EmulatedExecutor(
+        EmulatedConfig(hardware=hw, tp=tp, sim_models={m: m for m in models}), clock=SteppedClock()
+    )
+    try:
+        for m in models:
+            ex.load(ModelSpec(m, f"emulated://{m}"))
+        sim = pool_layout(hardware(hw), tp, [model_arch(m) for m in models], EngineSettings())
+        assert ex.plan.block_bytes == sim.block_bytes
+        # the live pool holds each reservation as whole blocks: at most one block per model fewer
+        assert sim.num_blocks - len(models) <= ex.kv_capacity_bytes // ex.plan.block_bytes <= sim.num_blocks
+    finally:
+        ex.close()
+
+
+def test_loading_waits_the_simulators_load_time_and_unloading_frees_the_pool():
+    clock = SteppedClock()
+    ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-13b"}), clock=clock)
+    try:
+        empty = ex.kv_capacity_bytes
+        ex.load(ModelSpec("m", "emulated://llama2-13b"))
+        assert clock.waits == [
+            pytest.approx(load_seconds([model_arch("llama2-13b")], hardware("a100-80gb"), 1))
+        ]
+        assert ex.kv_capacity_bytes < empty
+        ex.unload("m")
+        assert ex.kv_capacity_bytes == empty
+    finally:
+        ex.close()
+
+
+def test_a_model_that_does_not_fit_is_refused():
+    ex = EmulatedExecutor(
+        EmulatedConfig(hardware="a100-40gb", sim_models={"big": "llama2-70b"}), clock=SteppedClock()
+    )
+    try:
+        with pytest.raises(Exception, match="do not fit"):
+            ex.load(ModelSpec("big", "emulated://llama2-70b"))
+    finally:
+        ex.close()
+
+
+async def test_lag_is_exported_next_to_the_vllm_metrics():
+    registry = CollectorRegistry(auto_describe=True)
+    ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}))
+    try:
+        ex.attach_metrics(engine_metrics(registry))
+        await asyncio.to_thread(ex.load, ModelSpec("m", "emulated://llama2-7b"))
+        req = build_request(ex.models["m"], "a b c", request_id="r", max_tokens=5)
+        await asyncio.wait_for(ex.submit(req).collect(), 30)
+        got = samples(registry)
+        assert got["llmfleet_emulated_waits_total"] >= 6  # the load and five steps
+        assert "llmfleet_emulated_lag_seconds_total" in got
+        assert any(k.startswith("vllm:generation_tokens_total") for k in got)
+    finally:
+        await ex.aclose()
