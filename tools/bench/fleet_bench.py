@@ -153,11 +153,13 @@ def bench_startup(out: Path, gpus: int, processes: int) -> dict:
     }
 
 
-def bench_replay(out: Path, gpus: int, trace: Path, rate_scale: float, duration_s: float) -> dict:
+def bench_replay(
+    out: Path, gpus: int, trace: Path, rate_scale: float, duration_s: float, policy: str
+) -> dict:
     """Live replay vs ``llmfleet sim`` on the same trace window and services (``llmfleet compare``):
-    SeaLLM placement planning every 30 s over the last 60 s, both sides."""
-    placement = {"policy": "seallm", "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
-    fleet = Fleet(out, gpus, max(1, gpus // 16), placement)
+    ``policy`` placement planning every 30 s over the last 60 s, both sides."""
+    placement = {"policy": policy, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
+    fleet = Fleet(out / policy, gpus, max(1, gpus // 16), placement)
     fleet.start()
     window = ["--trace", str(trace), "--rate-scale", str(rate_scale), "--end", str(duration_s)]
     try:
@@ -171,7 +173,7 @@ def bench_replay(out: Path, gpus: int, trace: Path, rate_scale: float, duration_
         fleet.stop()
     sim = subprocess.run(
         [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{gpus}xA100-80GB", "--cluster-config",
-         str(fleet.config), "--policy", "vllm", "--placement", "seallm", "--placement-interval-s", "30",
+         str(fleet.config), "--policy", "vllm", "--placement", policy, "--placement-interval-s", "30",
          "--placement-window-s", "60", "--out", str(fleet.dir / "sim")],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
@@ -183,6 +185,7 @@ def bench_replay(out: Path, gpus: int, trace: Path, rate_scale: float, duration_
     )  # fmt: skip
     return {
         "gpus": gpus,
+        "placement": policy,
         "load_rc": run.returncode,
         "sim_rc": sim.returncode,
         "compare": (cmp.stdout + cmp.stderr)[-6000:],
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=None, help="startup: engine processes (4; quick 2)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--rate-scale", type=float, default=1.0)
+    ap.add_argument("--placement", default="seallm", help="replay: the placement policy, live and simulated")
     ap.add_argument("--duration", type=float, default=None, help="replay seconds (600; quick 120)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.trace,
                 args.rate_scale,
                 args.duration or (120 if args.quick else 600),
+                args.placement,
             )
         print(json.dumps(report["replay"], indent=1))
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
