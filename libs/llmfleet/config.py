@@ -136,6 +136,11 @@ class ServiceConfig(BaseModel):
     # admission bounds; 0 = the scheduler's --max-waiting / --max-queued-tokens
     max_waiting: int = Field(0, ge=0)
     max_queued_tokens: int = Field(0, ge=0)
+    # scale from zero: how long a request for this service's model waits for an engine to load it
+    # (0: min(10 x slo.ttft_s, 120 s)); past it UNAVAILABLE with a retry-after
+    cold_start_timeout_s: float = Field(0.0, ge=0.0)
+    # no engine needs to host it: the scheduler is ready (and `llmfleet up` done) without it
+    scale_to_zero: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -533,6 +538,8 @@ class ClusterConfig(BaseModel):
                 predict=s.predict,
                 max_waiting=s.max_waiting,
                 max_queued_tokens=s.max_queued_tokens,
+                cold_start_timeout_s=s.cold_start_timeout_s,
+                scale_to_zero=s.scale_to_zero,
             )
             for n, s in sorted(self.services.items())
         ]

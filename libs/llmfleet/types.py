@@ -97,6 +97,11 @@ class ServiceSpec:
     # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound
     max_waiting: int = 0  # requests admitted that have no first token yet
     max_queued_tokens: int = 0  # their estimated prompt tokens + max_tokens
+    # scale from zero: a request for a model no engine hosts waits this long for placement to load it
+    # (0: min(10 x slo.ttft_s, 120 s)); see llmfleet.policies.capacity.cold_start
+    cold_start_timeout_s: float = 0.0
+    # the service may have no engine (scaled to zero): the scheduler is ready without it
+    scale_to_zero: bool = False
 
     def __post_init__(self) -> None:
         if self.slo.ttft_s is None or self.slo.tpot_s is None:

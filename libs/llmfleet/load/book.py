@@ -61,6 +61,7 @@ class LoadReport:
     # model -> KV bytes per token on this engine, for the models that hold tokens in its KV pool
     kv_bytes_per_token: Mapping[str, float] = field(default_factory=dict)
     kv_waiting_bytes: int = 0  # KV the queued requests' prompts will take (from per-request loads)
+    max_running: int = 0  # the most requests the engine runs in one batch (0: unknown)
 
 
 @dataclass
@@ -176,6 +177,7 @@ class LoadBook:
             kv_used_bytes=r.kv_used_bytes + e.pending_kv,
             kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
             kv_waiting_bytes=r.kv_waiting_bytes,
+            max_running=r.max_running,
             requests=tuple(e.progress.values()) if with_progress else None,
         )
 

@@ -49,6 +49,7 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
         kv_capacity_bytes=snap.kv_capacity_bytes,
         kv_bytes_per_token=bpt,
         kv_waiting_bytes=int(waiting),
+        max_running=snap.max_running,
     )
 
 

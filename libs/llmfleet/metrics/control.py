@@ -85,6 +85,29 @@ class SchedulerMetrics:
             registry=registry,
         )
 
+        # requests held in the scheduler for capacity (issue 26): reason cold = no engine hosts the
+        # model yet (scale from zero), saturated = every engine hosting it is full (late binding)
+        self.held = Gauge(
+            "llmfleet_scheduler_held",
+            "Requests held in the scheduler waiting for capacity, by service and reason (cold, saturated).",
+            ["service", "reason"],
+            registry=registry,
+        )
+        self.held_seconds = Histogram(
+            "llmfleet_scheduler_held_seconds",
+            "Time a request waited in the scheduler for capacity before dispatch (or its timeout), by reason.",
+            ["service", "reason"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.cold_starts = Counter(
+            "llmfleet_scheduler_cold_starts",
+            "Requests that arrived for a model no engine hosted (scale from zero), by service and outcome "
+            "(served: an engine loaded it in time; timeout; unplaceable; cancelled).",
+            ["service", "outcome"],
+            registry=registry,
+        )
+
     def arrived(self) -> None:
         self.in_flight.inc()
 

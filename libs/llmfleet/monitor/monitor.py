@@ -56,6 +56,8 @@ def to_loads(
                 slo=slos[name],
                 attainment=w.attainment,
                 normalized_latency=w.normalized_latency,
+                queued=s.queued,
+                cold=s.cold,
             )
         )
     return out

@@ -142,6 +142,10 @@ class ServiceStats:
     samples_complete: bool = True
     # requests the reporter's dispatch found no feasible worker for, since it started (cumulative)
     infeasible: int = 0
+    # right now (not windowed): requests not started yet, held in the scheduler or queued on engines,
+    # and of them those held because no engine hosts the model (cold: scale from zero)
+    queued: int = 0
+    cold: int = 0
 
     def window(self, window_s: float | None = None) -> WindowStats:
         """The window of ``window_s`` seconds (else the shortest one at least that long, else the

@@ -43,6 +43,8 @@ def stats_to_proto(s: ServiceStats, now: float, samples: bool = True) -> placeme
         windows=[window_to_proto(w) for w in s.windows],
         samples_complete=s.samples_complete if samples else False,
         infeasible=s.infeasible,
+        queued=s.queued,
+        cold=s.cold,
     )
     if samples:
         msg.samples.extend(
@@ -104,7 +106,9 @@ def stats_from_proto(m: placement_pb2.ServiceStats, now: float) -> ServiceStats:
         _check(f"{where} sample", x.age_s, x.prompt_tokens, x.output_tokens)
         samples.append(RequestSample(now - x.age_s, x.prompt_tokens, x.output_tokens))
     samples.sort(key=lambda x: x.arrival_s)
-    return ServiceStats(m.service, m.model, windows, tuple(samples), m.samples_complete, m.infeasible)
+    return ServiceStats(
+        m.service, m.model, windows, tuple(samples), m.samples_complete, m.infeasible, m.queued, m.cold
+    )
 
 
 def pool_to_proto(pool: EnginePool, plan: placement_pb2.PlacementPlan) -> None:

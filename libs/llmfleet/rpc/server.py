@@ -34,6 +34,8 @@ class GrpcServer:
     host: str = "127.0.0.1"
     port: int = 0
     health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
+    # service names whose health starts NOT_SERVING (a readiness signal the service sets itself)
+    gated: frozenset[str] = frozenset()
     security: SecuritySettings | None = None  # None: the process's settings (llmfleet.security.current)
     _server: grpc.aio.Server | None = None
 
@@ -62,7 +64,8 @@ class GrpcServer:
         await server.start()
         self._server = server
         for _, _, name in self.services:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            serving = name not in self.gated
+            await self.set_service_serving(name, serving)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "gRPC server on %s (%s%s) serving %s",
@@ -80,6 +83,13 @@ class GrpcServer:
         for _, _, name in self.services:
             await self.health.set(name, status)
         await self.health.set("", status)
+
+    async def set_service_serving(self, name: str, serving: bool) -> None:
+        """The health of one service name only (a readiness signal; ``""`` stays liveness)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set(name, status)
 
     async def stop(self, grace: float = 2.0) -> None:
         if self._server is None:

@@ -85,4 +85,5 @@ class LoadReport:
             preemptions=self.core.preemptions,
             kv_fragmentation=stats.fragmentation,
             requests=RequestLoads(ids, mods, toks, kvb, phases),
+            max_running=self.core.limits.max_running,
         )

@@ -130,6 +130,7 @@ class LoadSnapshot:
     preemptions: int = 0
     kv_fragmentation: float = 0.0
     requests: RequestLoads = RequestLoads()
+    max_running: int = 0  # the most requests one batch runs (0: unknown)
 
 
 @dataclass(frozen=True)

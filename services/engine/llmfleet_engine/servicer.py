@@ -96,6 +96,7 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
         kv_blocks_total=snap.kv_blocks_total,
         preemptions=snap.preemptions,
         kv_fragmentation=snap.kv_fragmentation,
+        max_running=snap.max_running,
     )
     add = msg.requests.add  # one message per request, built in place
     for rid, model, tokens, kv_bytes, phase in snap.requests.rows():

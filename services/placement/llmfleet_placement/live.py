@@ -24,6 +24,7 @@ plan before one full interval, so a replacement in progress completes under it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -88,6 +89,9 @@ class LivePlacementLoop:
     # the services to plan for, read every tick: (config with etcd's services/models, problems), or
     # None while services/ is not seeded (no tick); unset: ``config`` as given
     desired: Callable[[], Awaitable[tuple[ClusterConfig, list[str]] | None]] | None = None
+    # set by whoever learns of requests waiting for an unhosted model (the servicer, from the
+    # schedulers' reports): the loop plans at once instead of sleeping out its interval
+    wake: asyncio.Event | None = None
     names: ModelNames = field(init=False)
     hysteresis: Hysteresis = field(init=False)
     _last_error: str = ""
@@ -106,7 +110,7 @@ class LivePlacementLoop:
         placement_metrics().leader_changes.inc()  # run() is one leadership term
         await asyncio.gather(self.placement_view.ready.wait(), self.nodes_view.ready.wait())
         if await self.adopt():
-            await asyncio.sleep(self.interval_s)
+            await self._sleep()
         while True:
             try:
                 await self.tick()
@@ -115,7 +119,18 @@ class LivePlacementLoop:
             except Exception as e:  # etcd hiccup, a planner bug: keep the plan, try next interval
                 log.exception("placement tick failed")
                 self._failed(f"placement tick failed: {e}")
+            await self._sleep()
+
+    async def _sleep(self) -> None:
+        """One interval, cut short by ``wake`` (cold demand: requests wait for an unhosted model)."""
+        if self.wake is None:
             await asyncio.sleep(self.interval_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), self.interval_s)
+        if self.wake.is_set():
+            log.info("placement: requests wait for a model no engine hosts; planning now")
+        self.wake.clear()
 
     async def adopt(self) -> bool:
         """Take the plan in etcd as the current one; True if there was one."""
@@ -182,7 +197,7 @@ class LivePlacementLoop:
         pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node)
         specs = self.config.service_specs()
         try:
-            loads = planner_loads(self.workload.loads(now), specs, self.names)
+            loads = planner_loads(self.workload.loads(now), specs, self.names, drain_s=self.interval_s)
         except ValueError as e:
             self._failed(str(e))
             return None

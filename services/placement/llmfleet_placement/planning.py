@@ -27,6 +27,7 @@ from llmfleet.policies.placement import (
     assign_plan,
     gpus_in_use,
 )
+from llmfleet.policies.placement.backlog import with_backlog
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
 
 Assignment = dict[str, tuple[str, ...]]  # engine id -> served model names (sorted; () = idle)
@@ -119,16 +120,17 @@ def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node
 
 
 def planner_loads(
-    loads: Iterable[ServiceLoad], services: Sequence[ServiceSpec], names: ModelNames
+    loads: Iterable[ServiceLoad], services: Sequence[ServiceSpec], names: ModelNames, drain_s: float = 0.0
 ) -> list[ServiceLoad]:
     """The configured services as a planner sees them: monitored demand (a service the monitor does not
-    report has none), SLO from the config, model as its catalog name."""
+    report has none), SLO from the config, model as its catalog name; with ``drain_s`` > 0 the requests
+    queued now count as demand too (``policies.placement.backlog``: served within ``drain_s``)."""
     seen = {s.name: s for s in loads}
     out = []
     for spec in sorted(services, key=lambda s: s.name):
         load = seen.get(spec.name) or ServiceLoad(spec.name, spec.model)
         out.append(replace(load, model=names.catalog(spec.model), slo=spec.slo))
-    return out
+    return with_backlog(out, drain_s) if drain_s > 0 else out
 
 
 def infeasible_since(

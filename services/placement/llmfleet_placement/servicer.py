@@ -8,6 +8,7 @@ on ``time.monotonic()``) and ``decisions`` (append a :class:`~llmfleet.monitor.D
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -42,6 +43,9 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     views: tuple[PrefixView, ...] = ()
     monitor: FleetMonitor = field(default_factory=FleetMonitor)
     decisions: deque[Decision] = field(default_factory=decision_log)
+    # set when a report carries requests waiting for a model no engine hosts (scale from zero): the
+    # leader's loop plans at once instead of at its next interval
+    cold_demand: asyncio.Event = field(default_factory=asyncio.Event)
     _leader: tuple[float, str] = (-1e18, "")  # (read at, leader id)
 
     async def shutdown(self) -> None:
@@ -95,6 +99,8 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 interval = report.interval_s if math.isfinite(report.interval_s) else 0.0
                 self.monitor.update(report.scheduler_id, services, now, report.seq, interval)
                 ack.accepted = True
+                if any(s.cold for s in services):
+                    self.cold_demand.set()
             ack.is_leader = self.election is not None and self.election.is_leader
             ack.leader_id = self.node_id if ack.is_leader else await self._leader_id(now)
             yield ack

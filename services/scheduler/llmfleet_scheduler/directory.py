@@ -43,6 +43,11 @@ class ClusterDirectory:
         entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
         return entry.source if entry is not None else None
 
+    def sim_model(self, model: str) -> str | None:
+        """The cost-model catalog name ``models/`` gives ``model`` (None: none given)."""
+        entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
+        return entry.sim_model if entry is not None else None
+
     def nodes(self) -> dict[str, NodeRecord]:
         return self.nodes_view.snapshot() if self.nodes_view is not None else {}
 

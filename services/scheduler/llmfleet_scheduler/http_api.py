@@ -70,6 +70,10 @@ class Backend(Protocol):
 
     def ready(self) -> bool: ...
 
+    def servable(self) -> tuple[bool, list[str]]:
+        """Whether every service that must be served has an engine (and which have none)."""
+        ...
+
     def services(self) -> dict[str, str]:
         """service name -> model name"""
         ...
@@ -105,6 +109,12 @@ class ServicerBackend:
 
     def ready(self) -> bool:
         return bool(self.servicer.directory.ready)
+
+    def servable(self) -> tuple[bool, list[str]]:
+        readiness = self.servicer.readiness
+        if readiness is None:
+            return self.ready(), [] if self.ready() else ["(not connected to etcd yet)"]
+        return readiness.check()
 
     def services(self) -> dict[str, str]:
         return {name: spec.model for name, spec in self.servicer.directory.services().items()}
@@ -305,6 +315,14 @@ def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | Non
         if backend.ready():
             return JSONResponse({"status": "serving"})
         return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 when every service that must be served has an engine with its model."""
+        ok, missing = backend.servable()
+        if ok:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "waiting", "unserved": missing}, status_code=503)
 
     @app.get("/version")
     async def get_version() -> dict[str, str]:

@@ -92,10 +92,10 @@ class RequestRecord:
         if self.on_done is not None:
             self.on_done(self)
 
-    async def fail(self, code: grpc.StatusCode, details: str) -> None:
+    async def fail(self, code: grpc.StatusCode, details: str, retry_after_s: int | None = None) -> None:
         if self.done:
             return
-        self.error = RequestFailed(code, details)
+        self.error = RequestFailed(code, details, retry_after_s)
         self.finished_at = time.monotonic()
         if self.release is not None:
             self.release()

@@ -10,6 +10,7 @@ from llmfleet.coord import node_view, service_view
 from llmfleet.coord.desired import model_view
 from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.load.monitor import LoadMonitor
+from llmfleet.policies.capacity import BINDINGS, Saturation
 from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
@@ -17,8 +18,10 @@ from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
 
 from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING, Admission
+from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
+from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.rebalance import LiveRebalance
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, MellViewReader, PredictionBatcher
@@ -46,6 +49,17 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         StatsReporter(nid, directory, interval_s=args.stats_interval_s) if args.stats_interval_s > 0 else None
     )
     central = SclsCentral.from_options(lambda model: engines_for(directory, model), args.scls_options)
+    # requests wait here for capacity: a model no engine hosts (scale from zero), and with --binding
+    # late every host saturated (issue 26)
+    gate = CapacityGate(
+        directory,
+        binding=args.binding,
+        saturation=Saturation(args.queue_slack, args.kv_room_fraction),
+        cold_start=args.cold_start,
+        on_cold=stats.kick if stats is not None else None,
+    )
+    if monitor is not None:
+        monitor.listeners.append(gate)  # after the load book: the pump reads the updated book
     relay = Relay(
         directory,
         router,
@@ -54,6 +68,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         predict_mode=args.predict,
         stats=stats,
         central=central,
+        gate=gate,
     )
     servicer = SchedulerServicer(
         directory,
@@ -61,18 +76,36 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         orphan_grace_s=args.orphan_grace_s,
         admission=Admission(args.max_waiting, args.max_queued_tokens),
     )
+    if stats is not None:  # each report carries the services' backlog (requests not started, cold)
+
+        def backlog() -> dict[str, tuple[int, int]]:
+            held = gate.held()
+            return {
+                s: (servicer.admission.waiting(s)[0], held.get(s, (0, 0))[1])
+                for s in {*held, *directory.services()}
+            }
+
+        stats.backlog = backlog
+    scheduler_service = service_name(scheduler_pb2, "Scheduler")
     server = GrpcServer(
         [
             (
                 scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                 servicer,
-                service_name(scheduler_pb2, "Scheduler"),
+                scheduler_service,
             )
         ],
         host=args.host,
         port=args.port,
+        gated=frozenset({scheduler_service}) if args.ready_when == "servable" else frozenset(),
     )
     node = ServiceNode(ROLE, nid, etcd_settings(args), server, advertise=args.advertise)
+    readiness = (
+        Readiness(directory, lambda ok: server.set_service_serving(scheduler_service, ok))
+        if args.ready_when == "servable"
+        else None
+    )
+    servicer.readiness = readiness
 
     async def attach_views(n: ServiceNode) -> None:
         directory.services_view = service_view(n.etcd)
@@ -87,6 +120,8 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         if stats is not None:
             stats.etcd = n.etcd
             n.spawn(stats.run(), "scheduler-stats-reporter")
+        if readiness is not None:
+            n.spawn(readiness.follow(), "scheduler-readiness")
         migration = migration_state_view(n.etcd)  # the migration leader's Mell view (mell dispatch)
         await migration.start()
         router.mell_view = MellViewReader(lambda: migration.snapshot().get(""))
@@ -98,6 +133,11 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         await central.run()  # idle (one timer) until a service with dispatch scls_central has requests
 
     node.on_start.append(run_central)
+
+    async def run_gate(n: ServiceNode) -> None:
+        await gate.run()  # dispatches held requests when capacity comes
+
+    node.on_start.append(run_gate)
 
     if args.rebalance_interval_s > 0:  # Aladdin's Algorithm 2 for rebalancing dispatch policies
 
@@ -191,6 +231,40 @@ def build_parser() -> argparse.ArgumentParser:
         default={},
         help="SCLS central scheduling (services with dispatch: scls_central), a JSON object: slice_iterations "
         "(S, 128), lam (λ, 0.5), gamma_s (Γ, 6.0: the paper's HF value), zeta (0.9), max_batch (256), cost",
+    )
+    ap.add_argument(
+        "--binding",
+        choices=BINDINGS,
+        default="late",
+        help="late: hold a request in the scheduler while every engine hosting its model is saturated "
+        "(its queue past its batch + --queue-slack, or its KV past --kv-room-fraction), and dispatch it "
+        "when one has room; early: bind every request to an engine on arrival (the queue stays there)",
+    )
+    ap.add_argument(
+        "--queue-slack",
+        type=int,
+        default=4,
+        help="late binding: requests an engine may queue beyond its batch",
+    )
+    ap.add_argument(
+        "--kv-room-fraction",
+        type=float,
+        default=0.95,
+        help="late binding: an engine whose KV (used + queued prompts) is past this share has no room",
+    )
+    ap.add_argument(
+        "--no-cold-start",
+        dest="cold_start",
+        action="store_false",
+        help="fail a request for a model no engine hosts at once (UNAVAILABLE) instead of holding it "
+        "until placement loads the model (the service's cold_start_timeout_s)",
+    )
+    ap.add_argument(
+        "--ready-when",
+        choices=("servable", "started"),
+        default="servable",
+        help="when the Scheduler service's gRPC health (and HTTP /ready) says SERVING: servable = every "
+        "service not marked scale_to_zero has an engine with its model loaded; started = at once",
     )
     ap.add_argument(
         "--max-waiting",

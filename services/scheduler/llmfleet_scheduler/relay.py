@@ -12,6 +12,7 @@ from typing import Protocol
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
 from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
+from llmfleet.policies.capacity import Unplaceable
 from llmfleet.policies.dispatch import (
     CountsInfeasible,
     DispatchRequest,
@@ -22,6 +23,7 @@ from llmfleet.policies.dispatch import (
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
 
+from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.observe import ObservationBatcher
@@ -61,6 +63,9 @@ class Relay:
     stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
     metrics: SchedulerMetrics | None = None  # llmfleet_scheduler_* (default: the process registry's)
     central: SclsCentral | None = None  # services with dispatch scls_central (None: refused)
+    # where requests wait for capacity (scale from zero, late binding); None: early binding, and a
+    # model no engine hosts fails at once (the behaviour before issue 26)
+    gate: CapacityGate | None = None
     # engine id -> its open Generate calls: cut when the engine leaves etcd (lease gone), so requests
     # fail over within one lease TTL instead of when TCP gives up on a silent host
     _open: dict[str, set[grpc.aio.Call]] = field(default_factory=dict)
@@ -73,6 +78,8 @@ class Relay:
             self.metrics = scheduler_metrics()
         if self.observations is None:
             self.observations = ObservationBatcher(self.directory)
+        if self.gate is None:
+            self.gate = CapacityGate(self.directory, cold_start=False, metrics=self.metrics)
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
@@ -130,12 +137,18 @@ class Relay:
         )  # fmt: skip
         for _ in range(self.max_attempts):
             counted = policy.infeasible if isinstance(policy, CountsInfeasible) else 0
+            assert self.gate is not None
             try:
-                cands = self.directory.candidates(progress=policy.needs.reads_progress)
-                engine_id = policy.choose(rec.model, cands, frozenset(excluded), request=dreq)
+                engine_id = await self.gate.place(spec, policy, dreq, frozenset(excluded))
             except NoCandidate as e:
                 why = f"{e}" + (f"; last engine error: {last_error}" if last_error else "")
                 await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {why}")
+                return
+            except Unplaceable as e:
+                await rec.fail(grpc.StatusCode.FAILED_PRECONDITION, f"service {rec.service!r}: {e}")
+                return
+            except ColdStartTimeout as e:
+                await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {e}", e.retry_after_s)
                 return
             if (
                 self.stats is not None
@@ -197,6 +210,8 @@ class Relay:
                 moved_to = await self._stream(rec, req, engine_id, address, timeout)
             finally:
                 self.directory.load.released(engine_id, rec.request_id)
+                if self.gate is not None:
+                    self.gate.notify()  # room on that engine: a held request may go
                 planned = self.planned_moves.pop(rec.request_id, None)
                 if listener is not None and not (
                     moved_to is not None and planned is not None and self._moved(listener, rec, planned)

@@ -19,6 +19,7 @@ from llmfleet.security.settings import current as current_security
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
+from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.validation import InvalidField, validate_submit
 
@@ -32,6 +33,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     journal: Journal = field(default_factory=Journal)
     orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
     admission: Admission = field(default_factory=Admission)
+    readiness: Readiness | None = None  # ready = servable (None: ready once connected to etcd)
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):

@@ -13,10 +13,12 @@ backoff (0.2 s doubling to ``backoff_max_s``, reset by an acknowledged report).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import grpc
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
@@ -47,8 +49,12 @@ class StatsReporter:
     reports_sent: int = 0  # acknowledged reports
     reports_refused: int = 0
     connects: int = 0
+    # per service, right now: (requests not started, of them waiting for a model no engine hosts);
+    # sent with every report so the leader counts queues as demand (issue 26)
+    backlog: Callable[[], dict[str, tuple[int, int]]] | None = None
     _seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     _backoff: float = BACKOFF_START_S
+    _kick: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -83,15 +89,29 @@ class StatsReporter:
         except Exception:
             log.exception("stats: recording the end of %s failed", rec.request_id)
 
+    def kick(self, service: str = "") -> None:
+        """Report now rather than at the next interval (a request waits for an unhosted model)."""
+        self._kick.set()
+
     # -- reporting -------------------------------------------------------------------------------------------
     def report(self, now: float) -> placement_pb2.ServiceStatsReport:
-        """The monitor's state at ``now`` (every known service, with or without traffic)."""
+        """The monitor's state at ``now`` (every known service, with or without traffic), with each
+        service's current backlog."""
         slos = {name: spec.slo for name, spec in self.directory.services().items()}
+        stats = self.monitor.stats(now, slos)
+        if self.backlog is not None:
+            queued = self.backlog()
+            stats = [
+                replace(s, queued=queued[s.service][0], cold=queued[s.service][1])
+                if s.service in queued
+                else s
+                for s in stats
+            ]
         return placement_pb2.ServiceStatsReport(
             scheduler_id=self.scheduler_id,
             seq=next(self._seq),
             interval_s=self.interval_s,
-            services=[stats_to_proto(s, now) for s in self.monitor.stats(now, slos)],
+            services=[stats_to_proto(s, now) for s in stats],
         )
 
     async def run(self) -> None:
@@ -150,7 +170,9 @@ class StatsReporter:
                     log.warning("stats: %s refused report %d: %s", node_id, ack.seq, ack.error)
                 if not ack.is_leader and ack.leader_id and ack.leader_id != node_id:
                     return ack.leader_id
-                await asyncio.sleep(self.interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), self.interval_s)
+                self._kick.clear()
         finally:
             call.cancel()
 

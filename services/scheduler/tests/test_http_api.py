@@ -30,6 +30,9 @@ class FakeBackend:
     def ready(self) -> bool:
         return self._ready
 
+    def servable(self) -> tuple[bool, list[str]]:
+        return self._ready, [] if self._ready else ["chat"]
+
     def services(self) -> dict[str, str]:
         return {"chat": "tiny-llama", "summarize": "tiny-qwen2", "chat2": "tiny-llama"}
 

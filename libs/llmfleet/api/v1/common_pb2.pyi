@@ -105,7 +105,7 @@ class RequestLoad(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., phase: _Optional[str] = ...) -> None: ...
 
 class LoadSnapshot(_message.Message):
-    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests")
+    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests", "max_running")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class LoadSnapshot(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     KV_FRAGMENTATION_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     timestamp: float
     running: int
@@ -132,7 +133,8 @@ class LoadSnapshot(_message.Message):
     preemptions: int
     kv_fragmentation: float
     requests: _containers.RepeatedCompositeFieldContainer[RequestLoad]
-    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ...) -> None: ...
+    max_running: int
+    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ..., max_running: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -62,6 +62,7 @@ class EngineCandidate:
     kv_capacity_bytes: int = 0
     kv_waiting_bytes: int = 0
     requests: tuple[RequestProgress, ...] | None = None
+    max_running: int = 0  # the most requests the engine runs in one batch, as it reports (0: unknown)
     # requests on the engine, running or waiting (the JSQ queue length); a plain attribute, not a
     # property, so scans over 1,000 candidates (min by queue) read it at C speed
     queued: int = field(init=False, repr=False, compare=False)

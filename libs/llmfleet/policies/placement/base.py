@@ -46,6 +46,8 @@ class ServiceLoad:
     slo: Slo = field(default_factory=Slo)
     attainment: float | None = None  # measured SLO attainment over the window (None: no finished request)
     normalized_latency: float | None = None  # measured mean L_r / L̂_s over the window
+    queued: int = 0  # requests not started now (held in schedulers or queued on engines)
+    cold: int = 0  # of them, waiting because no engine hosts the model (scale from zero)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,23 @@
+"""Requests that wait for capacity instead of failing (issue 26): when an engine has room for one more
+request (late binding), how long a request for a model no engine hosts may wait (scale from zero), and
+the queue that holds them in order. Pure: the scheduler (``llmfleet_scheduler.capacity``) and the
+simulator (``llmfleet.sim``) run the same objects."""
+
+from llmfleet.policies.capacity.cold_start import (
+    DEFAULT_COLD_START_CAP_S,
+    Unplaceable,
+    cold_start_timeout_s,
+    unplaceable,
+)
+from llmfleet.policies.capacity.hold_queue import HoldQueue
+from llmfleet.policies.capacity.saturation import BINDINGS, Saturation
+
+__all__ = [
+    "BINDINGS",
+    "DEFAULT_COLD_START_CAP_S",
+    "HoldQueue",
+    "Saturation",
+    "Unplaceable",
+    "cold_start_timeout_s",
+    "unplaceable",
+]

@@ -1,0 +1,49 @@
+"""Late binding: whether an engine has room for one more request (llm-d's flow control, KServe's
+activator). An engine whose batch is full and whose own queue is past a small slack, or whose KV pool
+is nearly taken, has no room: a scheduler that binds late keeps the request in its own queue until one
+has, so capacity that scaling adds serves the queue at once instead of the queue staying where it
+landed.
+
+The batch size is the engine's own report (``EngineCandidate.max_running``: the most requests it
+admits at once, vLLM's ``max_num_seqs``); without one, only the engine's waiting queue counts. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llmfleet.policies.dispatch.base import EngineCandidate
+
+# early: bind each request to an engine when it arrives (the dispatch policy's choice, queued there);
+# late: hold it in the scheduler while every engine hosting its model is saturated
+BINDINGS = ("early", "late")
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """``queue_slack``: requests an engine may hold waiting beyond its batch (a few, so its next step
+    never starves between two load reports); ``kv_fraction``: the share of its KV pool (used plus what
+    its queued prompts will take) past which it has no room."""
+
+    queue_slack: int = 4
+    kv_fraction: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.queue_slack < 0:
+            raise ValueError(f"queue_slack must be >= 0, got {self.queue_slack}")
+        if not 0.0 < self.kv_fraction <= 1.0:
+            raise ValueError(f"kv_fraction must be in (0, 1], got {self.kv_fraction}")
+
+    def has_room(self, c: EngineCandidate) -> bool:
+        """Room for one more request: queue below (batch + slack), or below the slack when the engine
+        reports no batch size; and KV (used + queued prompts) below ``kv_fraction`` of the pool."""
+        limit = c.max_running + self.queue_slack if c.max_running > 0 else max(1, self.queue_slack)
+        if c.queued >= limit:
+            return False
+        if c.kv_capacity_bytes > 0:
+            return c.kv_used_bytes + c.kv_waiting_bytes < self.kv_fraction * c.kv_capacity_bytes
+        return True
+
+    def with_room(self, candidates: Iterable[EngineCandidate]) -> list[EngineCandidate]:
+        return [c for c in candidates if self.has_room(c)]

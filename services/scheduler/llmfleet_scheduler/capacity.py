@@ -1,0 +1,277 @@
+"""Requests wait for capacity in the scheduler instead of failing (issue 26).
+
+:class:`CapacityGate` stands between a request and its dispatch policy:
+
+* **Scale from zero.** No engine hosts the request's model: the request waits (``cold``), the
+  placement leader is woken at once (``on_cold``: the stats reporter sends a report now, which counts
+  the waiting requests as demand), and the request is dispatched when an engine reports the model
+  loaded. Past the service's cold-start timeout (``llmfleet.policies.capacity.cold_start``) it fails
+  UNAVAILABLE with a retry-after. A model larger than every engine fails at once
+  (FAILED_PRECONDITION naming it and the largest engine).
+* **Late binding** (``binding="late"``). Every engine hosting the model is saturated
+  (``llmfleet.policies.capacity.Saturation``: its queue past its batch plus a slack, or its KV pool
+  nearly full): the request waits here (``saturated``) instead of in one engine's queue, and goes to
+  the first engine with room. Capacity that scaling adds then serves the queue at once.
+
+Waiting requests are kept per model in a :class:`~llmfleet.policies.capacity.HoldQueue` (service
+priority, then arrival). A pump dispatches them in that order whenever capacity may have changed: a
+load report came in, a request ended, the engine set changed, or ``poll_s`` passed. The pump takes the
+dispatch policy's choice for the head of the queue and records it in the load book at once, so the
+next head sees it. A cancelled request leaves the queue at once and is never dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmfleet.costmodel import UnknownModel, model_arch
+from llmfleet.load import LoadReport
+from llmfleet.metrics.control import SchedulerMetrics
+from llmfleet.policies.capacity import BINDINGS, HoldQueue, Saturation, Unplaceable, unplaceable
+from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
+from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
+from llmfleet.types import ServiceSpec
+
+from llmfleet_scheduler.directory import ClusterDirectory
+
+log = logging.getLogger(__name__)
+
+COLD, SATURATED = "cold", "saturated"
+
+
+class ColdStartTimeout(Exception):
+    """No engine loaded the model within the service's cold-start timeout."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Waiter:
+    request_id: str
+    spec: ServiceSpec
+    policy: DispatchPolicy
+    request: DispatchRequest
+    excluded: frozenset[str]
+    future: asyncio.Future[str]
+    since: float
+    reason: str  # COLD or SATURATED (what it waits for now)
+    cold_since: float | None = None  # since when it waits for its model to be loaded
+    was_cold: bool = False  # it waited for a load at some point (a cold start)
+
+
+@dataclass
+class CapacityGate:
+    directory: ClusterDirectory
+    binding: str = "early"  # early | late (see BINDINGS)
+    saturation: Saturation = field(default_factory=Saturation)
+    cold_start: bool = True  # False: no engine hosting the model fails at once (the old behaviour)
+    metrics: SchedulerMetrics | None = None
+    on_cold: Callable[[str], None] | None = None  # a service has a cold request: wake placement now
+    poll_s: float = 0.25  # re-check this often even when nothing signals a change
+    clock: Callable[[], float] = time.monotonic
+    _queues: dict[str, HoldQueue[_Waiter]] = field(default_factory=dict)  # per model
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _weights: dict[str, int] = field(default_factory=dict)  # model -> weight bytes (0: unknown)
+
+    def __post_init__(self) -> None:
+        if self.binding not in BINDINGS:
+            raise ValueError(f"binding must be one of {BINDINGS}, got {self.binding!r}")
+
+    # ------------------------------------------------------------------------------------ requests
+    async def place(
+        self, spec: ServiceSpec, policy: DispatchPolicy, request: DispatchRequest, excluded: frozenset[str]
+    ) -> str:
+        """The engine for ``request``, waiting here while there is none with room. Raises NoCandidate
+        (every host excluded; or no host and cold starts off), :class:`Unplaceable` or
+        :class:`ColdStartTimeout`."""
+        model = request.model
+        queue = self._queues.get(model)
+        if not queue:  # nobody waits ahead of it: decide now
+            got = self._decide(model, policy, request, excluded)
+            if not isinstance(got, _Hold):
+                return got
+            reason = got.reason
+        else:
+            reason = queue.peek().reason if queue.peek() is not None else SATURATED  # type: ignore[union-attr]
+        now = self.clock()
+        waiter = _Waiter(
+            request.request_id, spec, policy, request, excluded,
+            asyncio.get_running_loop().create_future(), now, reason,
+        )  # fmt: skip
+        queue = self._queues.setdefault(model, HoldQueue())
+        queue.push(request.request_id, waiter, request.arrival_s, spec.priority, self._deadline(waiter, now))
+        self._held(waiter, +1)
+        self.notify()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            queue.remove(request.request_id)
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                self.directory.load.released(waiter.future.result(), request.request_id)
+            self._outcome(waiter, "cancelled")
+            raise
+        finally:
+            self._held(waiter, -1)
+
+    def notify(self) -> None:
+        """Capacity may have changed (a load report, an end, the engine set): the pump looks again."""
+        self._changed.set()
+
+    # a LoadMonitor listener: every engine load report (and every engine leaving) wakes the pump
+    def report(self, engine_id: str, report: LoadReport) -> None:
+        self.notify()
+
+    def forget(self, engine_id: str) -> None:
+        self.notify()
+
+    def held(self) -> dict[str, tuple[int, int]]:
+        """Per service: (requests held here, of them cold)."""
+        out: dict[str, list[int]] = {}
+        for q in self._queues.values():
+            for w in q.items():
+                n = out.setdefault(w.spec.name, [0, 0])
+                n[0] += 1
+                n[1] += w.reason == COLD
+        return {k: (v[0], v[1]) for k, v in out.items()}
+
+    # ------------------------------------------------------------------------------------ the pump
+    async def run(self) -> None:
+        """Dispatch held requests whenever capacity may have changed; expire cold waits."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.poll_s)
+            self._changed.clear()
+            try:
+                self.pump()
+            except Exception:  # a bad round must not stop the pump
+                log.exception("capacity gate: a dispatch round failed")
+
+    def pump(self) -> int:
+        """One round over every model's queue; returns the number of requests dispatched."""
+        now = self.clock()
+        sent = 0
+        for model, queue in list(self._queues.items()):
+            for w in queue.expired(now):
+                self._expire(w, now)
+            while (w := queue.peek()) is not None:
+                if w.future.done():
+                    queue.remove(w.request_id)
+                    continue
+                try:
+                    got = self._decide(model, w.policy, w.request, w.excluded)
+                except (NoCandidate, Unplaceable) as e:
+                    queue.remove(w.request_id)
+                    w.future.set_exception(e)
+                    self._outcome(w, "unplaceable" if isinstance(e, Unplaceable) else "failed")
+                    continue
+                if isinstance(got, _Hold):
+                    self._set_reason(queue, w, got.reason, now)
+                    break
+                queue.remove(w.request_id)
+                kv = w.request.prompt_tokens * w.request.kv_bytes_per_token
+                self.directory.load.dispatched(got, w.request_id, kv)  # the next head sees it
+                w.future.set_result(got)
+                self._waited(w, now)
+                sent += 1
+            if not queue:
+                del self._queues[model]
+        return sent
+
+    # ------------------------------------------------------------------------------------ decisions
+    def _decide(
+        self, model: str, policy: DispatchPolicy, request: DispatchRequest, excluded: frozenset[str]
+    ) -> str | _Hold:
+        cands = self.directory.candidates(progress=policy.needs.reads_progress)
+        hosts = [c for c in cands if model in c.models]
+        if not hosts:
+            if not self.cold_start:
+                return policy.choose(model, cands, excluded, request=request)  # raises NoCandidate
+            why = self._unplaceable(model)
+            if why is not None:
+                raise Unplaceable(why)
+            return _Hold(COLD)
+        if self.binding == "late":
+            usable = [c for c in hosts if c.engine_id not in excluded]
+            if usable:
+                room = self.saturation.with_room(usable)
+                if not room:
+                    return _Hold(SATURATED)
+                return policy.choose(model, room, excluded, request=request)
+        return policy.choose(model, cands, excluded, request=request)
+
+    def _unplaceable(self, model: str) -> str | None:
+        weight = self._weights.get(model)
+        if weight is None:
+            name = self.directory.sim_model(model) or model
+            try:
+                weight = model_arch(name).weight_bytes
+            except UnknownModel:
+                weight = 0
+            self._weights[model] = weight
+        sizes = [EngineSize(n.node_id, n.memory_bytes) for n in self.directory.engines().values()]
+        return unplaceable(model, weight, sizes)
+
+    def _deadline(self, w: _Waiter, now: float) -> float:
+        if w.reason != COLD:
+            return math.inf
+        w.cold_since = w.cold_since if w.cold_since is not None else now
+        w.was_cold = True
+        return w.cold_since + cold_start_timeout_s(w.spec.cold_start_timeout_s, w.spec.slo.ttft_s)
+
+    def _set_reason(self, queue: HoldQueue[_Waiter], w: _Waiter, reason: str, now: float) -> None:
+        if reason == w.reason:
+            return
+        self._held(w, -1)
+        w.reason = reason
+        self._held(w, +1)
+        if reason != COLD:
+            w.cold_since = None
+        queue.set_deadline(w.request_id, self._deadline(w, now))
+
+    def _expire(self, w: _Waiter, now: float) -> None:
+        if w.future.done():
+            return
+        waited = now - (w.cold_since if w.cold_since is not None else w.since)
+        retry = max(1, math.ceil(cold_start_timeout_s(w.spec.cold_start_timeout_s, w.spec.slo.ttft_s) / 2))
+        w.future.set_exception(
+            ColdStartTimeout(
+                f"no engine loaded model {w.request.model!r} within {waited:.1f}s (the service's cold-start "
+                f"timeout); placement may still be loading it",
+                retry,
+            )
+        )
+        self._outcome(w, "timeout")
+        if self.metrics is not None:
+            self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(waited)
+
+    # ------------------------------------------------------------------------------------ accounting
+    def _held(self, w: _Waiter, delta: int) -> None:
+        if delta > 0 and w.reason == COLD and self.on_cold is not None:
+            try:
+                self.on_cold(w.spec.name)
+            except Exception:
+                log.exception("capacity gate: waking placement failed")
+        if self.metrics is not None:
+            self.metrics.held.labels(w.spec.name, w.reason).inc(delta)
+
+    def _waited(self, w: _Waiter, now: float) -> None:
+        if self.metrics is not None:
+            self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(now - w.since)
+        self._outcome(w, "served")
+
+    def _outcome(self, w: _Waiter, outcome: str) -> None:
+        if self.metrics is not None and w.was_cold:
+            self.metrics.cold_starts.labels(w.spec.name, outcome).inc()
+
+
+@dataclass(frozen=True)
+class _Hold:
+    reason: str

@@ -1,0 +1,76 @@
+"""Ready means servable (issue 26): the scheduler's readiness — gRPC health of
+``llmfleet.v1.Scheduler`` and HTTP ``/ready`` — is SERVING only when every configured service has a
+live engine with its model loaded, except services marked ``scale_to_zero``. ``""`` (the overall
+gRPC health) and HTTP ``/health`` stay liveness: the process is up and answering.
+
+:class:`Readiness` follows the services and nodes views and flips the health status when the answer
+changes; ``llmfleet up`` waits on it and shows what is missing meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from llmfleet.types import NodeRecord, ServiceSpec
+
+from llmfleet_scheduler.directory import ClusterDirectory
+
+log = logging.getLogger(__name__)
+
+
+def unserved(services: Mapping[str, ServiceSpec], engines: Iterable[NodeRecord]) -> list[str]:
+    """Services (by name) that must be served and that no engine serves: their model is loaded on no
+    engine. Services marked ``scale_to_zero`` never count."""
+    loaded = {m for n in engines for m in n.models}
+    return sorted(n for n, s in services.items() if not s.scale_to_zero and s.model not in loaded)
+
+
+@dataclass
+class Readiness:
+    directory: ClusterDirectory
+    set_status: Callable[[bool], Awaitable[None]]  # the health status to publish (True: SERVING)
+    servable: bool = False
+    missing: list[str] = field(default_factory=list)
+
+    def check(self) -> tuple[bool, list[str]]:
+        """(servable, what is missing); not connected to etcd yet counts as not servable."""
+        if not self.directory.ready:
+            return False, ["(not connected to etcd yet)"]
+        missing = unserved(self.directory.services(), self.directory.engines().values())
+        return not missing, missing
+
+    async def refresh(self) -> None:
+        ok, missing = self.check()
+        self.missing = missing
+        if ok != self.servable:
+            self.servable = ok
+            log.info(
+                "scheduler %s: %s",
+                "ready" if ok else "not ready",
+                "every service has an engine" if ok else "no engine serves " + ", ".join(missing),
+            )
+            await self.set_status(ok)
+
+    async def follow(self) -> None:
+        """Re-check whenever the services or the nodes change (and once a second regardless)."""
+        await self.set_status(False)
+        views = [v for v in (self.directory.services_view, self.directory.nodes_view) if v is not None]
+        changed = asyncio.Event()
+
+        async def pump(view) -> None:
+            async for _ in view.subscribe():
+                changed.set()
+
+        pumps = [asyncio.create_task(pump(v)) for v in views]
+        try:
+            while True:
+                await self.refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), 1.0)
+                changed.clear()
+        finally:
+            for p in pumps:
+                p.cancel()
