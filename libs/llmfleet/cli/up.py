@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from llmfleet.cli.up_ready import wait_servable
 from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig, EmulatedPool, validation_message
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
@@ -81,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--health-timeout", type=float, default=180.0, help="seconds to wait for all to be healthy"
     )
+    p.add_argument(
+        "--ready-timeout", type=float, default=300.0,
+        help="seconds to wait, once every process is healthy, until every service has an engine with its "
+        "model loaded (0: do not wait; 'llmfleet is up' then means started, not servable)",
+    )  # fmt: skip
     p.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop on SIGTERM")
     p.add_argument(
         "--schedulers", type=int, default=2,
@@ -457,10 +463,23 @@ def run(args: argparse.Namespace) -> int:
                         "log": str(plan.log_path),
                     }
                 )
+            scheds = [p for p in plans if p.name.startswith("scheduler")]
+            if args.ready_timeout > 0 and all(r["status"] == "healthy" for r in rows):
+                console.print("every process is healthy; waiting until every service can be served ...")
+                ready, missing = wait_servable(
+                    scheds[0].address,
+                    args.ready_timeout,
+                    alive=lambda: group[scheds[0].name].alive,
+                    show=lambda line: console.print(escape(line), highlight=False),
+                )
+                if not ready:
+                    console.print(
+                        f"[bold red]warning:[/] not servable after {args.ready_timeout:g}s; no engine serves "
+                        f"{escape(', '.join(missing) or '?')} (see {escape(str(state / 'logs'))}/placement.log)"
+                    )
             console.print(endpoints_table(rows))
             _write_endpoints(state, rows)
             scheme = "https" if args.tls else "http"
-            scheds = [p for p in plans if p.name.startswith("scheduler")]
             http = f"   openai: {scheme}://{scheds[0].http}/v1" if scheds[0].http else ""
             addresses = ",".join(p.address for p in scheds)
             console.print(f"etcd: {endpoint}   scheduler: {addresses}{http}   Ctrl-C to stop")

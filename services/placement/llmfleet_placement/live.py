@@ -66,6 +66,8 @@ from llmfleet_placement.workload import (
 
 log = logging.getLogger(__name__)
 
+RETRY_SOON_S = 0.5  # while no engine has registered, the loop looks again this often (start-up)
+
 
 @dataclass
 class LivePlacementLoop:
@@ -98,6 +100,7 @@ class LivePlacementLoop:
     _term_start: float | None = None
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
     _desired_problems: tuple[str, ...] = ()
+    _soon: bool = False  # the last tick found no engine: the next comes after RETRY_SOON_S
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -123,11 +126,12 @@ class LivePlacementLoop:
 
     async def _sleep(self) -> None:
         """One interval, cut short by ``wake`` (cold demand: requests wait for an unhosted model)."""
+        interval = min(self.interval_s, RETRY_SOON_S) if self._soon else self.interval_s
         if self.wake is None:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(interval)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), self.interval_s)
+            await asyncio.wait_for(self.wake.wait(), interval)
         if self.wake.is_set():
             log.info("placement: requests wait for a model no engine hosts; planning now")
         self.wake.clear()
@@ -184,6 +188,7 @@ class LivePlacementLoop:
         now = self.clock()
         placements = self.placement_view.snapshot()
         engines = live_engines(self.nodes_view.snapshot().values(), placements)
+        self._soon = not engines  # no engine registered yet: look again shortly, not in one interval
         if not engines:
             if now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s:
                 log.info("placement: no live engine yet; waiting for engines to register")

@@ -121,6 +121,12 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
             stats.etcd = n.etcd
             n.spawn(stats.run(), "scheduler-stats-reporter")
         if readiness is not None:
+            etcd = n.etcd
+
+            async def seeded() -> bool:
+                return await etcd.get(etcd.keys.services_seeded, timeout=2.0) is not None
+
+            readiness.seeded = seeded
             n.spawn(readiness.follow(), "scheduler-readiness")
         migration = migration_state_view(n.etcd)  # the migration leader's Mell view (mell dispatch)
         await migration.start()

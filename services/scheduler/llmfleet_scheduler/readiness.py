@@ -3,8 +3,11 @@
 live engine with its model loaded, except services marked ``scale_to_zero``. ``""`` (the overall
 gRPC health) and HTTP ``/health`` stay liveness: the process is up and answering.
 
-:class:`Readiness` follows the services and nodes views and flips the health status when the answer
-changes; ``llmfleet up`` waits on it and shows what is missing meanwhile."""
+:class:`Readiness` follows the services and nodes views and sets the health status when the answer
+changes; ``llmfleet up`` waits on it and shows what is missing meanwhile. Readiness is a start-up gate:
+once servable, the scheduler stays ready while it is connected to etcd. A service applied later, or one
+whose engines went away, does not take it back (that would stop traffic to every other service): its
+requests wait for placement instead (scale from zero, ``capacity.py``)."""
 
 from __future__ import annotations
 
@@ -32,17 +35,31 @@ def unserved(services: Mapping[str, ServiceSpec], engines: Iterable[NodeRecord])
 class Readiness:
     directory: ClusterDirectory
     set_status: Callable[[bool], Awaitable[None]]  # the health status to publish (True: SERVING)
+    # whether services/ was seeded from the cluster config (before that, there is nothing to serve
+    # yet, not "nothing to wait for"); None: do not ask
+    seeded: Callable[[], Awaitable[bool]] | None = None
     servable: bool = False
+    _seeded: bool = False
     missing: list[str] = field(default_factory=list)
 
     def check(self) -> tuple[bool, list[str]]:
-        """(servable, what is missing); not connected to etcd yet counts as not servable."""
+        """(servable, what is missing); not connected to etcd yet, or services/ not seeded yet, counts
+        as not servable."""
         if not self.directory.ready:
             return False, ["(not connected to etcd yet)"]
+        if self.servable:  # latched (module docstring)
+            return True, []
+        if self.seeded is not None and not self._seeded:
+            return False, ["(services not seeded by placement yet)"]
         missing = unserved(self.directory.services(), self.directory.engines().values())
         return not missing, missing
 
     async def refresh(self) -> None:
+        if self.seeded is not None and not self._seeded and self.directory.ready:
+            try:
+                self._seeded = await self.seeded()
+            except Exception as e:  # etcd hiccup: not ready yet, ask again next time
+                log.debug("readiness: reading the seed marker failed: %s", e)
         ok, missing = self.check()
         self.missing = missing
         if ok != self.servable:
