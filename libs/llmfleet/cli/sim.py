@@ -109,6 +109,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run a request-migration policy every epoch: mell (KV packing), llumnix_lb, none "
         "(report.json: migration, cluster.fluid_bound_gpus)",
     )
+    p.add_argument(
+        "--binding",
+        choices=("early", "late"),
+        help="late: arrivals wait in the scheduler while every instance of their model is saturated, as "
+        "the live scheduler's --binding late (default early: each arrival is dispatched at once)",
+    )
+    p.add_argument(
+        "--no-cold-start",
+        dest="cold_start",
+        action="store_false",
+        default=None,
+        help="a request for a model no instance serves fails at once instead of waiting for the "
+        "placement loop to load it",
+    )
     p.add_argument("--transfer", help="how migrations travel: hybrid (default), kv, tokens")
     p.add_argument("--migration-epoch-s", type=float, help="migration epoch in simulated seconds (default 1)")
     p.add_argument(
@@ -202,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
                 adaptive_interval=args.adaptive_interval or None,
                 placement_confirm_intervals=args.placement_confirm_intervals,
                 migration=args.migration, transfer=args.transfer, migration_epoch_s=args.migration_epoch_s,
+                binding=args.binding, cold_start=args.cold_start,
             )
             for n in names
         ]  # fmt: skip

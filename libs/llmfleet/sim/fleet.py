@@ -14,18 +14,26 @@
   (:meth:`SimInstance.rehost`).
 * :meth:`Fleet.retire_instance` removes every model; once empty the instance gives its GPUs back.
 
-An instance counts its GPUs from when it takes them until it gives them back (``gpu_log``). A request
-for a model no instance serves waits when some instance is loading it (it is dispatched when the model
-is ready), else fails with the reason; no request is lost.
+An instance counts its GPUs from when it takes them until it gives them back (``gpu_log``).
+
+Requests wait for capacity as in the live scheduler (issue 26, ``llmfleet.policies.capacity``): a
+request for a model no instance serves waits when some instance is loading it; else, with a placement
+loop installed (``cold_wake``) and ``cold_start`` on, it waits up to its service's cold-start timeout
+and wakes the loop at once (scale from zero); else it fails with the reason. With ``binding = "late"``
+a request whose model's every instance is saturated (``Saturation``) waits too, and goes to the first
+instance with room (at a step end, or when an instance is ready). Waiting requests are dispatched in
+the :class:`~llmfleet.policies.capacity.HoldQueue` order; no request is lost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.engine_core import CoreRequest
+from llmfleet.policies.capacity import HoldQueue, Saturation, cold_start_timeout_s
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, HostList, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.cost import CostBook
@@ -36,6 +44,22 @@ from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
 
 Hook = Callable[[Any, float], None]
+COLD, SATURATED = "cold", "saturated"
+
+
+@dataclass(slots=True)
+class Held:
+    """An arrival waiting for capacity: ``reason`` cold (no instance serves its model) or saturated
+    (late binding: every instance serving it is full); ``deadline`` of a cold wait (inf: none)."""
+
+    rec: RequestRecord
+    predicted: float | None
+    reason: str
+    deadline: float = float("inf")
+
+
+class Saturated(LookupError):
+    """Late binding: every instance serving the model is saturated (the request waits)."""
 
 
 class Fleet:
@@ -66,7 +90,9 @@ class Fleet:
 
         def _service(self, name: str) -> SimService: ...
 
-        def _dispatch(self, svc: SimService, req: DispatchRequest, exclude: frozenset[str]) -> str: ...
+        def _dispatch(
+            self, svc: SimService, req: DispatchRequest, exclude: frozenset[str], *, late: bool = False
+        ) -> str: ...
 
         def _admit(
             self, rec: RequestRecord, svc: SimService, iid: str, predicted: float | None, now: float
@@ -81,7 +107,13 @@ class Fleet:
         self.gpus_used = sum(i.tp for i in self.instances.values())
         self.gpu_log: list[tuple[float, int]] = [(0.0, self.gpus_used)]  # (time, GPUs in use) at each change
         self._waiting_gpus: list[SimInstance] = []  # added instances waiting for GPUs, in order
-        self._held: dict[str, list[tuple[RequestRecord, float | None]]] = {}  # model -> arrivals waiting
+        self._held: dict[str, HoldQueue[Held]] = {}  # model -> arrivals waiting for capacity
+        # requests wait for capacity (module docstring): late binding, and the placement loop's wake-up
+        # for a model no instance serves (set by llmfleet.sim.replan.PlacementLoop.install)
+        self.binding = "early"
+        self.saturation = Saturation()
+        self.cold_start = True
+        self.cold_wake: Callable[[float], None] | None = None
         self._one_shots = 0
         self.fleet_changes = 0
 
@@ -320,41 +352,112 @@ class Fleet:
             model in i.loading or model in i.to_load for i in self.instances.values() if i.released_s is None
         )
 
-    def _hold(self, rec: RequestRecord, predicted: float | None) -> bool:
-        """Keep an arrival that no instance can take until its model is ready somewhere; False (it
-        fails) when no instance is loading it."""
-        if not self._coming(rec.model):
+    def set_binding(self, binding: str, saturation: Saturation | None = None) -> None:
+        """``early`` (dispatch on arrival) or ``late`` (wait while every host is saturated)."""
+        if binding not in ("early", "late"):
+            raise ValueError(f"binding must be 'early' or 'late', got {binding!r}")
+        self.binding = binding
+        if saturation is not None:
+            self.saturation = saturation
+        if binding == "late":
+            self.load_blind = False  # room is read from the instances' state
+
+    def _room(self, model: str) -> HostList | None:
+        """Late binding: the candidates serving ``model`` with room (None: early binding, all of them);
+        raises :class:`Saturated` when some serve it and none has room."""
+        if self.binding != "late":
+            return None
+        cands = self._cands.get(model)
+        if not cands:
+            return None  # nobody serves it: NoCandidate (a cold wait), not saturation
+        room = self.saturation.with_room(cands)
+        if not room:
+            raise Saturated(model)
+        return HostList(model, room) if len(room) < len(cands) else cands
+
+    def _held_ahead(self, model: str) -> bool:
+        return bool(self._held.get(model))
+
+    def _hold(self, rec: RequestRecord, predicted: float | None, reason: str = COLD) -> bool:
+        """Keep an arrival that no instance can take now (see the module docstring); False (it fails) when
+        nothing will ever bring capacity for it."""
+        q = self._held.setdefault(rec.model, HoldQueue())
+        held = Held(rec, predicted, reason)
+        if reason == COLD and not self._coming(rec.model) and not self._cold_wait(held):
+            if not q:
+                del self._held[rec.model]
             return False
-        self._held.setdefault(rec.model, []).append((rec, predicted))
+        svc = self._service(rec.service)
+        q.push(rec.request_id, held, rec.arrival_s, svc.priority, held.deadline)
         return True
 
+    def _cold_wait(self, held: Held) -> bool:
+        """Start ``held``'s cold wait (bounded; the placement loop woken now); False when there is no loop
+        to place its model or cold starts are off."""
+        if not self.cold_start or self.cold_wake is None:
+            return False
+        svc = self._service(held.rec.service)
+        held.deadline = self.now + cold_start_timeout_s(svc.cold_start_timeout_s, svc.slo.ttft_s)
+        model, rid = held.rec.model, held.rec.request_id
+        self.at(held.deadline, lambda sim, t: self._expire_held(model, rid, t))
+        self.cold_wake(self.now)
+        return True
+
+    def _expire_held(self, model: str, request_id: str, now: float) -> None:
+        q = self._held.get(model)
+        held = q.remove(request_id) if q is not None else None
+        if held is None:
+            return
+        waited = now - held.rec.arrival_s
+        held.rec.failed = f"no instance loaded model {model!r} within {waited:.1f}s (the cold-start timeout)"
+        if not q:
+            del self._held[model]
+
     def _serve_held(self, model: str, now: float) -> None:
-        waiting = self._held.pop(model, [])
-        for k, (rec, predicted) in enumerate(waiting):
+        """Dispatch ``model``'s waiting arrivals, in order, while an instance can take them."""
+        q = self._held.get(model)
+        while q:
+            held = q.peek()
+            assert held is not None
+            rec = held.rec
             svc = self._service(rec.service)
             req = DispatchRequest(
-                rec.request_id, model, svc.name, rec.prompt_tokens, predicted or 0.0,
+                rec.request_id, model, svc.name, rec.prompt_tokens, held.predicted or 0.0,
                 self._kv_bytes_per_token[model], now,
             )  # fmt: skip
             try:
-                iid = self._dispatch(svc, req, frozenset())
-            except NoCandidate:
-                self._held[model] = waiting[k:]
+                iid = self._dispatch(svc, req, frozenset(), late=True)
+            except (NoCandidate, Saturated):
                 return
-            self._admit(rec, svc, iid, predicted, now)
+            q.pop()
+            self._admit(rec, svc, iid, held.predicted, now)
+        self._held.pop(model, None)
 
     def _check_held(self, now: float) -> None:
-        """Fail the waiting arrivals of models no instance is loading any more; serve those of models
-        an instance serves."""
+        """Serve the waiting arrivals of models an instance serves; those of models no instance serves or
+        loads any more start a cold wait (or fail, when none can start)."""
         for model in list(self._held):
             if self._cands.get(model):
                 self._serve_held(model, now)
             elif not self._coming(model):
-                self._fail_held(model, "no instance hosts it any more (its load was cancelled)")
+                q = self._held[model]
+                for held in q.items():
+                    if held.deadline == float("inf") and not self._cold_wait(held):
+                        q.remove(held.rec.request_id)
+                        held.rec.failed = (
+                            f"no instance serves model {model!r}: no instance hosts it any more (its load was "
+                            "cancelled)"
+                        )
+                    else:
+                        held.reason = COLD
+                        q.set_deadline(held.rec.request_id, held.deadline)
+                if not q:
+                    del self._held[model]
 
     def _fail_held(self, model: str, why: str) -> None:
-        for rec, _ in self._held.pop(model, []):
-            rec.failed = f"no instance serves model {model!r}: {why}"
+        q = self._held.pop(model, None)
+        for held in q.items() if q is not None else ():
+            held.rec.failed = f"no instance serves model {model!r}: {why}"
 
     def _land_guard(self, r: CoreRequest, dst: SimInstance) -> bool:
         """Count the landing of a moved request; False when ``dst`` no longer holds its model."""

@@ -17,6 +17,12 @@ Every interval a :class:`PlacementLoop` tick
    ValueError: an instance that would not hold its models) keeps the plan in force and logs the error,
    and ``confirm_intervals`` > 1 applies a changed plan only once proposed that many ticks in a row.
 
+Requests that wait count as demand, as in the live leader (issue 26): each service's requests not
+started at the tick (waiting for capacity in the simulator, or queued on an instance) are added to its
+rate by :func:`~llmfleet.policies.placement.backlog.with_backlog` (served within one interval). A
+request for a model no instance serves wakes the loop (``Simulator.cold_wake``): it ticks at once, as
+the live leader does when a scheduler reports cold requests, at most once per ``WAKE_GAP_S``.
+
 With an ``adaptive`` controller (SeaLLM Eq. 8, ``AdaptiveInterval``) the next tick comes after
 ``adaptive.next_interval(M_real, M_est)``: M_real measured over the interval that just ended, M_est the
 planner's estimate for it (its ``last_score`` when it gave one, else the previous estimate), with
@@ -26,6 +32,7 @@ M = SLO attainment / normalized latency (``adaptive_interval.performance``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +53,7 @@ from llmfleet.policies.placement import (
     moves,
 )
 from llmfleet.policies.placement.adaptive_interval import performance
+from llmfleet.policies.placement.backlog import with_backlog
 from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
 from llmfleet.sim.metrics import slo_met
 from llmfleet.sim.records import RequestRecord
@@ -54,6 +62,7 @@ from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import WorkloadRequest
 
 EvaluatorFactory = Callable[[SimSpec, list[WorkloadRequest], float], PlanEvaluator]
+WAKE_GAP_S = 1.0  # a woken tick comes at most this often (the live reporter's cadence)
 
 
 class _Skip(ValueError):
@@ -219,13 +228,31 @@ class PlacementLoop:
         self._infeasible_seen: dict[str, int] = {}
         self._last_output: dict[str, tuple[float, float]] = {}
         self._ticks = 0
+        self._gen = 0  # the scheduled tick's generation: a wake-up supersedes the pending one
+        self._sim: Simulator | None = None
 
     def install(self, sim: Simulator, start: float) -> None:
         """Tick first at ``start`` + the first interval (``start``: the workload's first arrival)."""
         self._start = self._last = start
         self._m_est = self._score_m()
         first = self.adaptive.interval_s if self.adaptive is not None else self.interval_s
-        sim.at(start + first, self.tick)
+        self._sim = sim
+        sim.cold_wake = self.wake
+        sim.at(start + first, self._scheduled(self._gen))
+
+    def _scheduled(self, gen: int) -> Callable[[Simulator, float], None]:
+        def fire(sim: Simulator, now: float) -> None:
+            if gen == self._gen:  # not superseded by a wake-up
+                self.tick(sim, now)
+
+        return fire
+
+    def wake(self, now: float) -> None:
+        """Requests wait for a model no instance serves: tick now (the next one an interval later)."""
+        if self._sim is None or (self._ticks and now - self._last < WAKE_GAP_S):
+            return
+        self._gen += 1
+        self._sim.at(now, self._scheduled(self._gen))
 
     def _score_m(self) -> float | None:
         score = self.planner.last_score
@@ -269,7 +296,10 @@ class PlacementLoop:
         interval = (
             self.adaptive.next_interval(m_real, m_est) if self.adaptive is not None else self.interval_s
         )
-        loads = window_loads(sim.spec, arrived, finished, span, self._last_output)
+        loads = with_backlog(
+            self._queued(sim, window_loads(sim.spec, arrived, finished, span, self._last_output), now),
+            self.interval_s,
+        )
         hosting = sim.hosting()
         current = tuple(InstancePlan(i, ms, tp) for i, (tp, ms) in sorted(hosting.items()) if ms)
         infeasible = {m: n - self._infeasible_seen.get(m, 0) for m, n in sim.infeasible.items()}
@@ -308,8 +338,17 @@ class PlacementLoop:
         self.decisions.append(decision)
         self._last = now
         if not sim.finished:
-            sim.at(now + interval, self.tick)
+            self._gen += 1
+            sim.at(now + interval, self._scheduled(self._gen))
         return decision
+
+    def _queued(self, sim: Simulator, loads: list[ServiceLoad], now: float) -> list[ServiceLoad]:
+        """``loads`` with each service's requests not started at ``now`` (waiting or queued)."""
+        queued: dict[str, int] = {}
+        for r in sim.records[self._cursor :]:
+            if r.first_token_s is None and not r.failed and r.arrival_s <= now:
+                queued[r.service] = queued.get(r.service, 0) + 1
+        return [dataclasses.replace(s, queued=queued.get(s.name, 0)) for s in loads]
 
     def _decide(
         self,

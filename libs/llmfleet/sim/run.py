@@ -22,6 +22,7 @@ import numpy as np
 from llmfleet.costmodel import ProfileRecord
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.batching import make_batching_policy
+from llmfleet.policies.capacity import BINDINGS, Saturation
 from llmfleet.policies.dispatch import POLICIES as DISPATCH
 from llmfleet.policies.dispatch import Rebalancer, make_dispatch_policy
 from llmfleet.policies.dispatch.mell import MellDispatch
@@ -71,6 +72,12 @@ class PolicyBundle:
     migration_options: dict[str, Any] = field(default_factory=dict)
     transfer: str = "hybrid"  # how moves travel: hybrid (Mell), kv, tokens
     migration_epoch_s: float = 1.0
+    # requests wait for capacity (issue 26; llmfleet.sim.fleet): late = hold arrivals while every
+    # instance of their model is saturated (binding_options: queue_slack, kv_fraction); cold_start =
+    # a request for a model no instance serves waits for the placement loop (when one runs)
+    binding: str = "early"
+    binding_options: dict[str, Any] = field(default_factory=dict)
+    cold_start: bool = True
 
     @property
     def central(self) -> bool:
@@ -108,6 +115,11 @@ class PolicyBundle:
             )
         if self.adaptive_interval and self.placement_interval_s is None:
             raise ValueError("adaptive_interval needs placement_interval_s (its initial interval)")
+        if self.binding not in BINDINGS:
+            raise ValueError(f"unknown binding {self.binding!r}; valid: {list(BINDINGS)}")
+        Saturation(**self.binding_options)  # TypeError/ValueError naming a bad option
+        if self.binding == "late" and self.central:
+            raise ValueError(f"binding late holds requests for dispatch; {self.dispatch!r} batches centrally")
         if self.migration is not None:
             lookup("migration", MIGRATION, self.migration)
             lookup("transfer", TRANSFERS, self.transfer)
@@ -290,6 +302,8 @@ def simulate(
     )  # fmt: skip
     if central is not None:
         central.install(sim)
+    sim.set_binding(policy.binding, Saturation(**policy.binding_options))
+    sim.cold_start = policy.cold_start
     loop = None
     if policy.placement_interval_s is not None:
         assert planner is not None

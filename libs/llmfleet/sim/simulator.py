@@ -45,7 +45,7 @@ from llmfleet.sim.events import HOOK as _HOOK
 from llmfleet.sim.events import MOVE as _MOVE
 from llmfleet.sim.events import READY as _READY
 from llmfleet.sim.events import SAMPLE as _SAMPLE
-from llmfleet.sim.fleet import Fleet
+from llmfleet.sim.fleet import COLD, SATURATED, Fleet, Saturated
 from llmfleet.sim.instance import SimInstance, record_of
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
@@ -211,6 +211,7 @@ class Simulator(Fleet):
             inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
             self._progress_of(inst, self.now) if self._progress else None,
+            self.spec.engine.limits.max_running,
         )  # fmt: skip
 
     @staticmethod
@@ -391,21 +392,31 @@ class Simulator(Fleet):
             wr.request_id, svc.model, svc.name, wr.prompt_tokens, predicted or 0.0,
             self._kv_bytes_per_token[svc.model], now,
         )  # fmt: skip
+        if self.binding == "late" and self._held_ahead(svc.model):
+            return Route(svc, predicted, None, SATURATED)  # behind the requests already waiting
         try:
-            iid = self._dispatch(svc, req, frozenset())
+            iid = self._dispatch(svc, req, frozenset(), late=True)
+        except Saturated:
+            return Route(svc, predicted, None, SATURATED)
         except NoCandidate as e:
             return Route(svc, predicted, None, str(e))
         return Route(svc, predicted, iid, None)
 
-    def _dispatch(self, svc: SimService, req: DispatchRequest, exclude: frozenset[str]) -> str:
-        """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none)."""
+    def _dispatch(
+        self, svc: SimService, req: DispatchRequest, exclude: frozenset[str], *, late: bool = False
+    ) -> str:
+        """The dispatch policy's choice among the instances serving ``svc``'s model (NoCandidate if none).
+        ``late``: an arrival under late binding, only among instances with room (Saturated if none)."""
         if self._progress:  # progress moves with time on every busy instance
             self._dirty.update(i for i, inst in self.instances.items() if inst.work is not None)
         if not self.load_blind:
             self._refresh()
         counting = self._counting
         before = counting.infeasible if counting is not None else 0
-        iid = self.dispatch.choose(svc.model, self._cands.get(svc.model, ()), exclude, request=req)
+        cands = self._cands.get(svc.model, ())
+        if late:
+            cands = self._room(svc.model) or cands
+        iid = self.dispatch.choose(svc.model, cands, exclude, request=req)
         if counting is not None and counting.infeasible != before:
             self.infeasible[svc.model] = self.infeasible.get(svc.model, 0) + 1
         return iid
@@ -447,8 +458,8 @@ class Simulator(Fleet):
             wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
         )
         self.records.append(rec)
-        if iid is None:
-            if not self._hold(rec, predicted):  # held while an instance loads its model
+        if iid is None:  # held for capacity (see llmfleet.sim.fleet), or failed with the reason
+            if not self._hold(rec, predicted, SATURATED if why == SATURATED else COLD):
                 rec.failed = why or "no instance"
             return
         self._admit(rec, svc, iid, predicted, now)
@@ -520,6 +531,10 @@ class Simulator(Fleet):
                     if self._on_finish is not None:
                         self._on_finish(r.sched.request_id, inst.instance_id, record_of(r).output_tokens, t)
                 self._kick(inst, t)
+                if self._held:  # late binding: a step end may have made room
+                    for m in inst.serving:
+                        if m in self._held:
+                            self._serve_held(m, t)
             elif kind == _ARRIVAL:
                 nxt = next(it, None)
                 if nxt is not None:

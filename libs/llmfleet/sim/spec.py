@@ -52,6 +52,8 @@ class SimService:
     slo: Slo = field(default_factory=Slo)  # no TTFT/TPOT objective or deadline; SeaLLM scale 5×
     max_tokens: int = 4096  # the per-request output cap (requests stop at EOS = the trace length)
     weight: float = 1.0  # rate share when a workload is split into services
+    priority: int = 0  # waiting for capacity: higher first (the live ServiceSpec's priority)
+    cold_start_timeout_s: float = 0.0  # scale from zero: the wait bound (0: min(10 x TTFT SLO, 120 s))
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -161,7 +163,12 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
                 f"service {name!r}: model {svc.model!r} (source {model.source}) is not in the cost-model "
                 f"catalog; give it a sim_model: one of {sorted(MODEL_CATALOG)}"
             ) from None
-        services.append(SimService(name, sim_model, svc.slo.to_slo()))
+        services.append(
+            SimService(
+                name, sim_model, svc.slo.to_slo(), priority=svc.priority,
+                cold_start_timeout_s=svc.cold_start_timeout_s,
+            )
+        )  # fmt: skip
     merged: dict[str, Any] = {}
     set_by: dict[str, str] = {}
     for eid, e in sorted(config.engines.items()):
