@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -428,6 +428,26 @@ class EmulatedPool(BaseModel):
         return [q + (i < r) for i in range(self.processes)]
 
 
+class SchedulerConfig(BaseModel):
+    """How the schedulers wait for capacity (README "Requests wait for capacity"; ``llmfleet up`` passes
+    these as ``llmfleet-scheduler`` flags, ``llmfleet sim --cluster-config`` simulates the binding)."""
+
+    model_config = _STRICT
+
+    # late: hold a request while every engine hosting its model is saturated; early: bind on arrival
+    binding: Literal["early", "late"] = "late"
+    queue_slack: int = Field(4, ge=0)  # late binding: requests an engine may queue beyond its batch
+    kv_room_fraction: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)  # ... and its KV share
+    cold_start: bool = True  # hold requests for a model no engine hosts while placement loads it
+    ready_when: Literal["servable", "started"] = "servable"  # the scheduler's readiness
+
+    def args(self) -> list[str]:
+        """The ``llmfleet-scheduler`` flags for these settings."""
+        out = ["--binding", self.binding, "--queue-slack", str(self.queue_slack)]
+        out += ["--kv-room-fraction", str(self.kv_room_fraction), "--ready-when", self.ready_when]
+        return out + ([] if self.cold_start else ["--no-cold-start"])
+
+
 class ClusterConfig(BaseModel):
     """deploy/local/cluster.yaml: services -> models -> engines."""
 
@@ -438,6 +458,7 @@ class ClusterConfig(BaseModel):
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     migration: MigrationConfig = Field(default_factory=MigrationConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     emulated: EmulatedPool | None = None  # emulated GPUs instead of the engines: entries
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ Allocate would put them. The report gains ``migration`` and ``cluster.fluid_boun
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -221,6 +222,18 @@ def run(args: argparse.Namespace) -> int:
             for n in names
         ]  # fmt: skip
         spec = _spec(args)
+        if args.cluster_config is not None and args.binding is None:  # the live schedulers' setting
+            from llmfleet.config import ClusterConfig
+
+            sched = ClusterConfig.load(args.cluster_config).scheduler
+            bundles = [
+                dataclasses.replace(
+                    b, binding=sched.binding,
+                    binding_options={"queue_slack": sched.queue_slack, "kv_fraction": sched.kv_room_fraction},
+                    cold_start=sched.cold_start if args.cold_start is None else args.cold_start,
+                )
+                for b in bundles
+            ]  # fmt: skip
         records = [load_record(p) for p in args.profile]
         workload = build_workload(args)
         workers = _workers(args.workers, len(workload))

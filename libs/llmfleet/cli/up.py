@@ -207,7 +207,12 @@ def plan_services(
         extra = {
             "placement": ["--config", str(config_path), *(["--reseed"] if reseed else [])],
             "migration": config.migration.args(),
-            "scheduler": ["--http-port", str(http), *(["--api-keys", api_keys] if api_keys else [])],
+            "scheduler": [
+                "--http-port",
+                str(http),
+                *(["--api-keys", api_keys] if api_keys else []),
+                *config.scheduler.args(),
+            ],
         }.get(name.split("-")[0], [])
         plans.append(
             ServicePlan(

@@ -74,5 +74,7 @@ def merge_services(parts: Sequence[ServiceStats], max_samples: int = 512) -> Ser
     samples = samples[-max_samples:] if max_samples else []
     model = next((p.model for p in parts if p.model), "")
     infeasible = sum(p.infeasible for p in parts)
-    queued, cold = sum(p.queued for p in parts), sum(p.cold for p in parts)
-    return ServiceStats(parts[0].service, model, windows, tuple(samples), complete, infeasible, queued, cold)
+    queued, cold, held = (sum(getattr(p, k) for p in parts) for k in ("queued", "cold", "held"))
+    return ServiceStats(
+        parts[0].service, model, windows, tuple(samples), complete, infeasible, queued, cold, held
+    )

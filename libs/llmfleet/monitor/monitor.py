@@ -58,6 +58,7 @@ def to_loads(
                 normalized_latency=w.normalized_latency,
                 queued=s.queued,
                 cold=s.cold,
+                held=s.held,
             )
         )
     return out

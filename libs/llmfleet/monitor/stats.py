@@ -146,6 +146,7 @@ class ServiceStats:
     # and of them those held because no engine hosts the model (cold: scale from zero)
     queued: int = 0
     cold: int = 0
+    held: int = 0  # of the queued, those the scheduler holds (cold, or every engine saturated)
 
     def window(self, window_s: float | None = None) -> WindowStats:
         """The window of ``window_s`` seconds (else the shortest one at least that long, else the

@@ -45,6 +45,7 @@ def stats_to_proto(s: ServiceStats, now: float, samples: bool = True) -> placeme
         infeasible=s.infeasible,
         queued=s.queued,
         cold=s.cold,
+        held=s.held,
     )
     if samples:
         msg.samples.extend(
@@ -107,7 +108,15 @@ def stats_from_proto(m: placement_pb2.ServiceStats, now: float) -> ServiceStats:
         samples.append(RequestSample(now - x.age_s, x.prompt_tokens, x.output_tokens))
     samples.sort(key=lambda x: x.arrival_s)
     return ServiceStats(
-        m.service, m.model, windows, tuple(samples), m.samples_complete, m.infeasible, m.queued, m.cold
+        m.service,
+        m.model,
+        windows,
+        tuple(samples),
+        m.samples_complete,
+        m.infeasible,
+        m.queued,
+        m.cold,
+        m.held,
     )
 
 

@@ -375,6 +375,14 @@ class Fleet:
             raise Saturated(model)
         return HostList(model, room) if len(room) < len(cands) else cands
 
+    def held(self) -> dict[str, int]:
+        """Per service: arrivals waiting for capacity now (cold or saturated)."""
+        out: dict[str, int] = {}
+        for q in self._held.values():
+            for h in q.items():
+                out[h.rec.service] = out.get(h.rec.service, 0) + 1
+        return out
+
     def _held_ahead(self, model: str) -> bool:
         return bool(self._held.get(model))
 

@@ -54,7 +54,7 @@ from llmfleet.policies.placement import (
 )
 from llmfleet.policies.placement.adaptive_interval import performance
 from llmfleet.policies.placement.backlog import with_backlog
-from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
+from llmfleet.policies.placement.hysteresis import Hysteresis, grows_for, newly_served
 from llmfleet.sim.metrics import slo_met
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Simulator
@@ -323,7 +323,8 @@ class PlacementLoop:
                 infeasible={m: n for m, n in infeasible.items() if n},
             )
             plan = self.planner.place(self.gpus, loads, context)
-            decision = self._decide(sim, plan, hosting, now)
+            backlogged = {s.model for s in loads if s.held}
+            decision = self._decide(sim, plan, hosting, now, backlogged)
         except (PlacementInfeasible, ValueError) as e:  # as the live leader: log, keep the plan in force
             status = "skipped" if isinstance(e, _Skip) else "infeasible"
             decision = Decision(now, plan_summary(current), sim.gpus_used, status=status, error=str(e))
@@ -348,7 +349,8 @@ class PlacementLoop:
         for r in sim.records[self._cursor :]:
             if r.first_token_s is None and not r.failed and r.arrival_s <= now:
                 queued[r.service] = queued.get(r.service, 0) + 1
-        return [dataclasses.replace(s, queued=queued.get(s.name, 0)) for s in loads]
+        held = sim.held()
+        return [dataclasses.replace(s, queued=queued.get(s.name, 0), held=held.get(s.name, 0)) for s in loads]
 
     def _decide(
         self,
@@ -356,6 +358,7 @@ class PlacementLoop:
         plan: Sequence[InstancePlan],
         hosting: dict[str, tuple[int, tuple[str, ...]]],
         now: float,
+        backlogged: set[str] | frozenset[str] = frozenset(),
     ) -> Decision:
         """Map ``plan`` onto the instances (existing ones first, new ones for the rest: assign_plan) and
         apply it, unless hysteresis holds it back."""
@@ -392,7 +395,8 @@ class PlacementLoop:
             tuple(sorted((e, tuple(sorted(ms))) for e, ms in target.items() if e not in fresh)),
             tuple(sorted((tps[e], tuple(sorted(target[e]))) for e in fresh if target[e])),
         )
-        if not self.hysteresis.decide(key, urgent=bool(newly_served(current, target))):
+        urgent = bool(newly_served(current, target) or grows_for(current, target, backlogged))
+        if not self.hysteresis.decide(key, urgent=urgent):
             note = f"proposed {summary}; applied if proposed for {self.confirm_intervals} intervals"
             return Decision(now, plan_summary([InstancePlan(e, ms, tps[e]) for e, ms in current.items() if ms]),
                             sim.gpus_used, n_moves, [note], status="proposed")  # fmt: skip

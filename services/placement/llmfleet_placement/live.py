@@ -37,7 +37,7 @@ from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
 from llmfleet.metrics.control import placement_metrics
 from llmfleet.monitor import Decision
 from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
-from llmfleet.policies.placement.hysteresis import Hysteresis, newly_served
+from llmfleet.policies.placement.hysteresis import Hysteresis, grows_for, newly_served
 from llmfleet.types import DesiredPlacement, NodeRecord
 
 from llmfleet_placement.planning import (
@@ -247,7 +247,10 @@ class LivePlacementLoop:
             log.debug("placement: plan unchanged (%s)", reason)
             return None
         needed = {s.model for s in specs}
-        urgent = bool(newly_served(current, result.target, needed))
+        held = {
+            self.config.services[s.name].model for s in loads if s.held and s.name in self.config.services
+        }
+        urgent = bool(newly_served(current, result.target, needed) or grows_for(current, result.target, held))
         change = describe_change(current, result.target)
         if not self.hysteresis.decide(result.target, urgent):
             if self.hysteresis.seen == 1:  # once per new proposal
@@ -261,7 +264,8 @@ class LivePlacementLoop:
                 )
             return None
         if urgent:
-            reason += f"; unserved: {', '.join(sorted(set(uncovered(current, needed))))}"
+            unserved = sorted(set(uncovered(current, needed)))
+            reason += f"; unserved: {', '.join(unserved)}" if unserved else "; requests held for capacity"
         return result if await self.apply(result, engines, placements, change, reason) else None
 
     async def apply(

@@ -78,10 +78,10 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
     )
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)
 
-        def backlog() -> dict[str, tuple[int, int]]:
+        def backlog() -> dict[str, tuple[int, int, int]]:
             held = gate.held()
             return {
-                s: (servicer.admission.waiting(s)[0], held.get(s, (0, 0))[1])
+                s: (servicer.admission.waiting(s)[0], *held.get(s, (0, 0)))
                 for s in {*held, *directory.services()}
             }
 

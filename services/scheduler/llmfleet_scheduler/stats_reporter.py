@@ -49,9 +49,9 @@ class StatsReporter:
     reports_sent: int = 0  # acknowledged reports
     reports_refused: int = 0
     connects: int = 0
-    # per service, right now: (requests not started, of them waiting for a model no engine hosts);
-    # sent with every report so the leader counts queues as demand (issue 26)
-    backlog: Callable[[], dict[str, tuple[int, int]]] | None = None
+    # per service, right now: (requests not started, of them held here, of those waiting for a model
+    # no engine hosts); sent with every report so the leader counts queues as demand (issue 26)
+    backlog: Callable[[], dict[str, tuple[int, int, int]]] | None = None
     _seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     _backoff: float = BACKOFF_START_S
     _kick: asyncio.Event = field(default_factory=asyncio.Event)
@@ -102,7 +102,7 @@ class StatsReporter:
         if self.backlog is not None:
             queued = self.backlog()
             stats = [
-                replace(s, queued=queued[s.service][0], cold=queued[s.service][1])
+                replace(s, queued=queued[s.service][0], held=queued[s.service][1], cold=queued[s.service][2])
                 if s.service in queued
                 else s
                 for s in stats

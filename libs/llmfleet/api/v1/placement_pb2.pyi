@@ -152,7 +152,7 @@ class RequestSample(_message.Message):
     def __init__(self, age_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("service", "model", "windows", "samples", "samples_complete", "infeasible", "queued", "cold")
+    __slots__ = ("service", "model", "windows", "samples", "samples_complete", "infeasible", "queued", "cold", "held")
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class ServiceStats(_message.Message):
     INFEASIBLE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     COLD_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     service: str
     model: str
     windows: _containers.RepeatedCompositeFieldContainer[WindowStats]
@@ -169,7 +170,8 @@ class ServiceStats(_message.Message):
     infeasible: int
     queued: int
     cold: int
-    def __init__(self, service: _Optional[str] = ..., model: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RequestSample, _Mapping]]] = ..., samples_complete: _Optional[bool] = ..., infeasible: _Optional[int] = ..., queued: _Optional[int] = ..., cold: _Optional[int] = ...) -> None: ...
+    held: int
+    def __init__(self, service: _Optional[str] = ..., model: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[RequestSample, _Mapping]]] = ..., samples_complete: _Optional[bool] = ..., infeasible: _Optional[int] = ..., queued: _Optional[int] = ..., cold: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
 
 class ServiceStatsReport(_message.Message):
     __slots__ = ("scheduler_id", "seq", "interval_s", "services")

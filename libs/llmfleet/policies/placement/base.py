@@ -48,6 +48,7 @@ class ServiceLoad:
     normalized_latency: float | None = None  # measured mean L_r / L̂_s over the window
     queued: int = 0  # requests not started now (held in schedulers or queued on engines)
     cold: int = 0  # of them, waiting because no engine hosts the model (scale from zero)
+    held: int = 0  # of them, held in the schedulers (cold, or every engine saturated)
 
 
 @dataclass(frozen=True)
