@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -20,6 +20,7 @@ help:
 	@echo "               bench-migration (Mell: active GPUs vs BF/WF/LB, operation batching, transfer modes)"
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "               bench-fleet (the live control plane on 64 emulated A100s: start-up, memory; trace replay vs sim)"
+	@echo "               bench-burst (requests wait for capacity: cold start, right after up, a 1,000-request burst; vs today's)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
@@ -83,6 +84,9 @@ bench-migration-live: setup
 
 bench-fleet: setup
 	$(PYTHON) tools/bench/fleet_bench.py --out .bench/fleet $(BENCH_ARGS)
+
+bench-burst: setup
+	$(PYTHON) tools/bench/burst_bench.py --out .bench/burst $(BENCH_ARGS)
 
 bench-metrics: setup
 	$(PYTHON) tools/bench/metrics_overhead.py --out .bench/metrics $(BENCH_ARGS)

@@ -20,14 +20,13 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
-import yaml
+from local_up import LocalUp
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -47,12 +46,6 @@ SERVICES = {
 }
 
 
-def _free_port() -> int:
-    from llmfleet.supervisor import free_port
-
-    return free_port()
-
-
 def _status(etcd: str) -> dict:
     env = os.environ | {"LLMFLEET_ETCD": etcd}
     out = subprocess.run(
@@ -61,38 +54,14 @@ def _status(etcd: str) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-class Fleet:
+class Fleet(LocalUp):
     """``llmfleet up`` on an emulated pool, as a user starts it; stopped with Ctrl-C (SIGINT)."""
 
     def __init__(self, out: Path, gpus: int, processes: int, placement: dict) -> None:
-        self.dir = out / f"fleet-{gpus}"
-        self.dir.mkdir(parents=True, exist_ok=True)
         cfg = {**SERVICES, "placement": placement, "emulated": {"hardware": "A100-80GB", "count": gpus}}
-        self.config = self.dir / "cluster.yaml"
-        self.config.write_text(yaml.safe_dump(cfg))
+        emulate = ["--emulate", f"{gpus}xA100-80GB", "--emulate-processes", str(processes)]
+        super().__init__(out / f"fleet-{gpus}", cfg, *emulate)
         self.gpus, self.processes = gpus, processes
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> float:
-        state = self.dir / "state"
-        self.log = open(self.dir / "up.out", "w")  # noqa: SIM115 - closed in stop()
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "llmfleet"), "up", "--config", str(self.config), "--state-dir", str(state),
-                "--emulate", f"{self.gpus}xA100-80GB", "--emulate-processes", str(self.processes),
-                "--etcd-port", "0", "--base-port", str(_free_port()), "--http-port", "-1",
-            ],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
-        endpoints = state / "endpoints.json"
-        while not endpoints.exists():
-            if self.proc.poll() is not None or time.monotonic() - t0 > 600:
-                raise RuntimeError((self.dir / "up.out").read_text()[-4000:])
-            time.sleep(0.25)
-        self.endpoints = json.loads(endpoints.read_text())
-        self.etcd = self.endpoints["etcd"]["address"]
-        return t0
 
     def engines(self) -> int:
         return sum(1 for n in _status(self.etcd).get("nodes", []) if n["role"] == "engine")
@@ -108,15 +77,6 @@ class Fleet:
             except psutil.Error:
                 continue
         return out
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
 
 
 def bench_startup(out: Path, gpus: int, processes: int) -> dict:

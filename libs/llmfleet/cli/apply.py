@@ -3,8 +3,8 @@
 FILE has the cluster file's ``services:`` mapping (name -> model, slo, priority, default_max_tokens,
 dispatch, predict) and optionally its ``models:`` mapping (name -> source, dtype, sim_model), checked
 by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
-be greater than 0``). A whole cluster file can be applied too: its ``engines:``, ``placement:`` and
-``migration:`` are bootstrap-only and ignored (with a note).
+be greater than 0``). A whole cluster file can be applied too: its ``engines:``, ``placement:``,
+``migration:``, ``scheduler:`` and ``emulated:`` are bootstrap-only and ignored (with a note).
 
 Every service and model in FILE is created or updated, all in ONE etcd transaction (all or nothing;
 it fails rather than overwrite a concurrent change, and is retried on fresh data); services not in
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 NAME = "apply"
 HELP = "add or change services (and their models) at runtime from a YAML file"
 
-BOOTSTRAP_ONLY = ("engines", "placement", "migration")  # cluster-file sections apply ignores
+BOOTSTRAP_ONLY = ("engines", "placement", "migration", "scheduler", "emulated")  # sections apply ignores
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # one etcd key component
 
 

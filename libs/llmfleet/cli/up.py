@@ -338,7 +338,9 @@ def _warn_exit(
 
 
 def _write_endpoints(state: Path, rows: list[dict[str, Any]]) -> None:
-    (state / "endpoints.json").write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
+    tmp = state / "endpoints.json.tmp"  # renamed into place: a reader never sees half of it
+    tmp.write_text(json.dumps({r["name"]: r for r in rows}, indent=2) + "\n")
+    tmp.replace(state / "endpoints.json")
 
 
 def endpoints_table(rows: list[dict[str, Any]]) -> Table:

@@ -72,7 +72,12 @@ def test_a_whole_cluster_file_applies_its_services_and_notes_the_bootstrap_secti
     text = Path("deploy/local/cluster.yaml").read_text()
     f, notes = parse_services_file(text, "cluster.yaml")
     assert set(f.services) == {"chat", "summarize"}
-    assert [n.split("ignoring ")[1].split(":")[0] for n in notes] == ["engines", "placement", "migration"]
+    assert [n.split("ignoring ")[1].split(":")[0] for n in notes] == [
+        "engines",
+        "placement",
+        "migration",
+        "scheduler",
+    ]
 
 
 # -- the diff ------------------------------------------------------------------------------------------

@@ -1,0 +1,439 @@
+"""Requests wait for capacity (issue 26), each scenario against today's behaviour in the same run
+(``make bench-burst``): .bench/burst/ (report.json, report.md, PNGs).
+
+"Today" is the scheduler before issue 26, still selectable: ``scheduler: {binding: early, cold_start:
+false, ready_when: started}`` in the cluster config and ``llmfleet up --ready-timeout 0``. "New" is
+the shipped default (late binding, cold starts held, ready = servable). Both arms run the shipped
+``deploy/local/cluster.yaml`` (aladdin placement every 5 s, three CPU engines), changing only that.
+
+Scenarios (``--only``):
+
+* ``cold`` — ``llmfleet apply -f`` of a new service on a model no engine hosts (``tiny://mistral``),
+  then 20 SDK requests at once (the SDK's default three retries): failures, and time to first token
+  against the model's load time (apply → an engine reports it loaded).
+* ``after_up`` — 200 requests sent at uniformly random times in the first 10 s after "llmfleet is up"
+  (``endpoints.json`` written): failures.
+* ``burst`` — 1,000 concurrent 48-token SDK requests to ``chat`` once the cluster is idle: the share
+  each engine served, throughput, p50/p99 latency, errors, and the engines hosting ``chat`` over time.
+  The CPU engines share this machine's cores, so throughput cannot grow with engines here.
+* ``emulated`` — the same burst on three emulated A100-80GB GPUs (``llmfleet up --emulate``; chat on
+  llama2-7b, summarize on llama2-13b): the goal is ≥ 1.8× the throughput and ≤ 0.6× the p99 of early
+  binding. ``llmfleet.sim`` runs the same burst (same services, placement, initial plan, binding) and
+  is compared: engines hosting chat over time, and p50 latency (goal: within 15 %).
+
+Each figure is from one run on this machine (named in the report); ratios are taken within the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import platform
+import random
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from local_up import ROOT, LocalUp
+
+DEFAULT_CONFIG = ROOT / "deploy" / "local" / "cluster.yaml"
+TODAY = {"binding": "early", "cold_start": False, "ready_when": "started"}
+ARMS = ("today", "new")
+QA = """
+services:
+  qa:
+    model: tiny-mistral
+    slo: {ttft_s: 3.0, tpot_s: 0.3}
+    default_max_tokens: 16
+models:
+  tiny-mistral: {source: "tiny://mistral"}
+"""
+PROMPT = "Summarize the following text about fleets of language models serving many users at once"
+EMULATED_MODELS = {
+    "tiny-llama": {"source": "emulated://llama2-7b", "dtype": "float16", "sim_model": "llama2-7b"},
+    "tiny-qwen2": {"source": "emulated://llama2-13b", "dtype": "float16", "sim_model": "llama2-13b"},
+}
+
+
+def arm_config(base: dict, arm: str) -> tuple[dict, list[str]]:
+    """The cluster config and extra ``up`` flags of one arm."""
+    cfg = copy.deepcopy(base)
+    if arm == "today":
+        cfg["scheduler"] = {**cfg.get("scheduler", {}), **TODAY}
+        return cfg, ["--ready-timeout", "0"]
+    return cfg, []
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+async def send_all(
+    address: str, service: str, delays: list[float], max_tokens: int, prompt: str = PROMPT
+) -> list[dict]:
+    """One SDK request per delay (seconds from now), concurrently; each one's outcome."""
+    from llmfleet.client import AsyncClient, LlmfleetError
+
+    async with AsyncClient(address, timeout_s=600) as client:
+
+        async def one(i: int, delay: float) -> dict:
+            await asyncio.sleep(delay)
+            t0 = time.monotonic()
+            try:
+                r = await client.complete(f"{prompt} {i}", service=service, max_tokens=max_tokens)
+            except LlmfleetError as e:
+                return {"ok": False, "error": f"{type(e).__name__}: {e}"[:300], "sent": t0}
+            u = r.usage
+            return {
+                "ok": True, "sent": t0, "done": time.monotonic(), "engine": u.engine_id,
+                "tokens": u.completion_tokens, "ttft_s": u.ttft_s, "latency_s": u.latency_s,
+            }  # fmt: skip
+
+        return list(await asyncio.gather(*(one(i, d) for i, d in enumerate(delays))))
+
+
+def outcome(results: list[dict]) -> dict[str, Any]:
+    ok = [r for r in results if r["ok"]]
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r["ok"]:
+            key = r["error"].split(":")[0] + ": " + r["error"].split(":", 2)[-1].strip()[:120]
+            errors[key] = errors.get(key, 0) + 1
+    lat = [r["latency_s"] for r in ok]
+    ttft = [r["ttft_s"] for r in ok]
+    per: dict[str, int] = {}
+    for r in ok:
+        per[r["engine"]] = per.get(r["engine"], 0) + 1
+    out: dict[str, Any] = {
+        "requests": len(results), "completed": len(ok), "failed": len(results) - len(ok), "errors": errors,
+        "latency_p50_s": pct(lat, 50), "latency_p99_s": pct(lat, 99),
+        "ttft_p50_s": pct(ttft, 50), "ttft_max_s": max(ttft) if ttft else None, "per_engine": per,
+    }  # fmt: skip
+    if ok:
+        span = max(r["done"] for r in ok) - min(r["sent"] for r in results)
+        out["wall_s"] = span
+        out["tokens_per_s"] = sum(r["tokens"] for r in ok) / span
+        out["max_engine_share"] = max(per.values()) / len(ok)
+    return out
+
+
+class HostWatch:
+    """Engines hosting ``service``'s model over time (ListServices every ``period_s``), in a thread."""
+
+    def __init__(self, address: str, service: str, period_s: float = 0.5) -> None:
+        self.address, self.service, self.period_s = address, service, period_s
+        self.samples: list[tuple[float, list[str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, t0: float) -> HostWatch:
+        self.t0 = t0
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from llmfleet.client import Client
+
+        with Client(self.address, timeout_s=5) as client:
+            while not self._stop.is_set():
+                try:
+                    info = {s.name: s for s in client.list_services()}.get(self.service)
+                    engines = sorted(info.engines) if info is not None else []
+                    self.samples.append((time.monotonic() - self.t0, engines))
+                except Exception:  # a slow answer under load: skip this sample
+                    pass
+                self._stop.wait(self.period_s)
+
+    def stop(self) -> list[tuple[float, list[str]]]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.samples
+
+
+def wait_loaded(up: LocalUp, services: list[str], timeout_s: float = 300.0) -> float:
+    """Seconds until every one of ``services`` has an engine with its model loaded."""
+    from llmfleet.client import Client
+
+    t0 = time.monotonic()
+    with Client(up.scheduler, timeout_s=5) as client:
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                info = {s.name: s for s in client.list_services()}
+                if all(info.get(s) is not None and info[s].engines for s in services):
+                    return time.monotonic() - t0
+            except Exception:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{services} not loaded after {timeout_s}s")
+
+
+# ------------------------------------------------------------------------------------------ scenarios
+def bench_cold(out: Path, base: dict, arm: str) -> dict:
+    cfg, args = arm_config(base, arm)
+    up = LocalUp(out / f"cold-{arm}", cfg, *args)
+    up.start()
+    try:
+        wait_loaded(up, sorted(cfg["services"]))
+        f = up.dir / "qa.yaml"
+        f.write_text(QA)
+        t_apply = time.monotonic()
+        applied = up.cli("apply", "-f", str(f))
+        if applied.returncode != 0:
+            raise RuntimeError(applied.stdout + applied.stderr)
+        loaded: dict[str, float] = {}
+        watcher = threading.Thread(target=lambda: loaded.update(s=wait_loaded(up, ["qa"])), daemon=True)
+        watcher.start()
+        results = asyncio.run(send_all(up.scheduler, "qa", [0.0] * 20, 8))
+        watcher.join(300)
+        report = outcome(results)
+        report["model_loaded_after_s"] = loaded.get("s")  # from the apply
+        report["apply_s"] = time.monotonic() - t_apply
+        return report
+    finally:
+        up.stop()
+
+
+def bench_after_up(out: Path, base: dict, arm: str, n: int = 200, seed: int = 0) -> dict:
+    cfg, args = arm_config(base, arm)
+    up = LocalUp(out / f"after-up-{arm}", cfg, *args)
+    t0 = up.start()
+    try:
+        up_s = time.monotonic() - t0
+        rng = random.Random(seed)
+        delays = sorted(rng.uniform(0.0, 10.0) for _ in range(n))
+        services = sorted(cfg["services"])
+
+        async def every_service() -> list[dict]:  # the requests alternate between the services
+            parts = await asyncio.gather(
+                *(send_all(up.scheduler, s, delays[k :: len(services)], 8) for k, s in enumerate(services))
+            )
+            return [r for part in parts for r in part]
+
+        results = asyncio.run(every_service())
+        report = outcome(results)
+        report["up_after_s"] = up_s
+        return report
+    finally:
+        up.stop()
+
+
+def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = None) -> dict:
+    cfg, args = arm_config(base, arm)
+    if emulate:
+        args += ["--emulate", emulate]
+    up = LocalUp(out / f"{'emulated' if emulate else 'burst'}-{arm}", cfg, *args)
+    up.start()
+    try:
+        wait_loaded(up, sorted(cfg["services"]))
+        time.sleep(2.0)  # idle: the placement leader has planned at zero load
+        before = {s: list(h) for s, h in _hosts(up).items()}
+        t0 = time.monotonic()
+        watch = HostWatch(up.scheduler, "chat").start(t0)
+        results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * n, 48))
+        timeline = watch.stop()
+        report = outcome(results)
+        report["hosts_before"] = before
+        report["chat_engines_over_time"] = [(round(t, 2), len(e)) for t, e in timeline]
+        report["placement_decisions"] = [
+            line.split("placement decision", 1)[1].strip()[:300]
+            for line in up.log_text("placement").splitlines()
+            if "placement decision" in line
+        ][-10:]
+        return report
+    finally:
+        up.stop()
+
+
+def _hosts(up: LocalUp) -> dict[str, list[str]]:
+    from llmfleet.client import Client
+
+    with Client(up.scheduler, timeout_s=5) as client:
+        return {s.name: sorted(s.engines) for s in client.list_services()}
+
+
+def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], n: int) -> dict:
+    """The emulated burst in the simulator: the config's services and placement, the live initial
+    plan (which models each engine hosted before the burst), late binding as configured."""
+    from llmfleet.config import ClusterConfig
+    from llmfleet.policies.placement import InstancePlan
+    from llmfleet.sim.run import PolicyBundle, simulate
+    from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
+    from llmfleet.workload import Workload, WorkloadRequest
+
+    config = ClusterConfig.model_validate(cfg)
+    services, engine = from_cluster_config(config)
+    spec = SimSpec(ClusterSpec.parse(f"{gpus}x{hardware}"), services, engine)
+    catalog = {name: config.models[s.model].sim_model for name, s in config.services.items()}
+    by_engine: dict[str, list[str]] = {}
+    for svc, engines in hosts.items():
+        for e in engines:
+            by_engine.setdefault(e, []).append(catalog[svc])
+    plan = [InstancePlan(e, tuple(sorted(ms))) for e, ms in sorted(by_engine.items())]
+    p, s = config.placement, config.scheduler
+    bundle = PolicyBundle(
+        "live", placement=p.policy, dispatch="round_robin", local="fcfs", placement_options=dict(p.options),
+        placement_interval_s=p.interval_s, placement_window_s=p.window_s,
+        placement_confirm_intervals=p.confirm_intervals, binding=s.binding,
+        binding_options={"queue_slack": s.queue_slack, "kv_fraction": s.kv_room_fraction},
+    )  # fmt: skip
+    prompt_tokens = len(PROMPT.split()) + 1  # the emulated engines' word-level tokenizer
+    work = Workload(
+        tuple(WorkloadRequest(f"r{i}", 0.0, prompt_tokens, 48, "chat", catalog["chat"]) for i in range(n))
+    )
+    exp = simulate(spec, work, bundle, plan=plan, samples=50)
+    lat = [r.latency_s for r in exp.result.records if r.done]
+    over_time = [(round(d["t"], 2), _count(d["plan"], catalog["chat"])) for d in exp.result.placement]
+    return {
+        "latency_p50_s": pct(lat, 50), "latency_p99_s": pct(lat, 99), "completed": len(lat),
+        "chat_engines_over_time": [(0.0, len(hosts.get("chat", []))), *over_time],
+        "decisions": [{k: d[k] for k in ("t", "plan", "status")} for d in exp.result.placement],
+    }  # fmt: skip
+
+
+def _count(summary: str, model: str) -> int:
+    """Instances hosting ``model`` in a plan summary (``2×tp1[llama2-7b] + tp1[llama2-13b]``)."""
+    n = 0
+    for m in re.finditer(r"(?:(\d+)×)?tp\d+\[([^\]]*)\]", summary):
+        if model in m.group(2).split("+"):
+            n += int(m.group(1) or 1)
+    return n
+
+
+# --------------------------------------------------------------------------------------------- report
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / ".bench" / "burst")
+    ap.add_argument("--only", nargs="*", choices=("cold", "after_up", "burst", "emulated"), default=None)
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--burst", type=int, default=1000, help="concurrent requests of the burst (default 1000)")
+    ap.add_argument("--emulate", default="3xA100-80GB", help="emulated pool of the emulated burst")
+    args = ap.parse_args(argv)
+    only = set(args.only or ("cold", "after_up", "burst", "emulated"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(args.config.read_text())
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()},
+        "config": str(args.config),
+        "burst": args.burst,
+    }
+    for name in ("cold", "after_up", "burst", "emulated"):
+        if name not in only:
+            continue
+        report[name] = {}
+        for arm in ARMS:
+            print(f"[{name}] {arm} ...", flush=True)
+            if name == "cold":
+                r = bench_cold(args.out, base, arm)
+            elif name == "after_up":
+                r = bench_after_up(args.out, base, arm)
+            elif name == "burst":
+                r = bench_burst(args.out, base, arm, args.burst)
+            else:
+                emu = {**copy.deepcopy(base), "models": EMULATED_MODELS}
+                r = bench_burst(args.out, emu, arm, args.burst, emulate=args.emulate)
+                if arm == "new":
+                    count, hw = args.emulate.split("x", 1)
+                    r["sim"] = simulate_burst(
+                        arm_config(emu, arm)[0], int(count), hw, r["hosts_before"], args.burst
+                    )
+            report[name][arm] = r
+            print(
+                json.dumps({k: v for k, v in r.items() if k not in ("placement_decisions",)}, default=str)[
+                    :800
+                ]
+            )
+        (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (args.out / "report.md").write_text(markdown(report))
+    plot(report, args.out)
+    print(markdown(report))
+    return 0
+
+
+def _f(v: Any, fmt: str = "{:.2f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# bench-burst ({report['machine']['platform']})", ""]
+    lines += [
+        "| scenario | arm | requests | failed | p50 latency s | p99 latency s | tokens/s | max engine share |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    for name in ("cold", "after_up", "burst", "emulated"):
+        for arm in ARMS:
+            r = report.get(name, {}).get(arm)
+            if r is None:
+                continue
+            lines.append(
+                f"| {name} | {arm} | {r['requests']} | {r['failed']} | {_f(r['latency_p50_s'])} | "
+                f"{_f(r['latency_p99_s'])} | {_f(r.get('tokens_per_s'), '{:.0f}')} | "
+                f"{_f(r.get('max_engine_share'), '{:.0%}')} |"
+            )
+    cold = report.get("cold", {}).get("new")
+    if cold:
+        lines += ["", f"Cold start (new): time to first token p50 {_f(cold['ttft_p50_s'])} s, max "
+                  f"{_f(cold['ttft_max_s'])} s; the model was loaded {_f(cold['model_loaded_after_s'])} s "
+                  "after the apply."]  # fmt: skip
+    for name in ("burst", "emulated"):
+        t, n = report.get(name, {}).get("today"), report.get(name, {}).get("new")
+        if t and n and t.get("tokens_per_s") and n.get("tokens_per_s"):
+            lines += ["", f"{name}: late/early binding throughput {n['tokens_per_s'] / t['tokens_per_s']:.2f}×, "
+                      f"p99 {n['latency_p99_s'] / t['latency_p99_s']:.2f}×; per engine today {t['per_engine']}, "
+                      f"new {n['per_engine']}."]  # fmt: skip
+    sim = report.get("emulated", {}).get("new", {}).get("sim")
+    if sim:
+        live = report["emulated"]["new"]
+        lines += ["", f"Simulator vs live (emulated, new): p50 latency {_f(sim['latency_p50_s'])} s vs "
+                  f"{_f(live['latency_p50_s'])} s ({sim['latency_p50_s'] / live['latency_p50_s'] - 1:+.0%}); "
+                  f"chat engines sim {sim['chat_engines_over_time']}, live (changes) "
+                  f"{_changes(live['chat_engines_over_time'])}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _changes(series: list) -> list:
+    out, last = [], None
+    for t, n in series:
+        if n != last:
+            out.append((t, n))
+            last = n
+    return out
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name in ("burst", "emulated"):
+        arms = report.get(name)
+        if not arms:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for arm, r in arms.items():
+            series = r.get("chat_engines_over_time") or []
+            if series:
+                ax.step([t for t, _ in series], [n for _, n in series], where="post", label=f"live {arm}")
+        sim = arms.get("new", {}).get("sim")
+        if sim:
+            series = sim["chat_engines_over_time"]
+            ax.step(
+                [t for t, _ in series], [n for _, n in series], where="post", linestyle="--", label="sim new"
+            )
+        ax.set_xlabel("seconds after the burst")
+        ax.set_ylabel("engines hosting chat")
+        ax.set_title(f"{name}: {report['burst']} concurrent requests")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{name}_engines.png", dpi=120)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

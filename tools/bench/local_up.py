@@ -1,0 +1,88 @@
+"""``llmfleet up`` as a user starts it, for benchmarks: a cluster config written to a fresh directory,
+a free port range and a local etcd on a free port; "up" is when ``endpoints.json`` appears (``up``
+writes it right after printing "llmfleet is up"); stopped with Ctrl-C (SIGINT) to the process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    from llmfleet.supervisor import free_port as free
+
+    return free()
+
+
+class LocalUp:
+    """One ``llmfleet up`` run in ``directory`` (its config, state, and output ``up.out``)."""
+
+    def __init__(self, directory: Path, config: dict[str, Any], *up_args: str) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = self.dir / "cluster.yaml"
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.up_args = list(up_args)
+        self.proc: subprocess.Popen | None = None
+        self.endpoints: dict[str, Any] = {}
+        self.etcd = ""
+        self.scheduler = ""
+
+    def start(self, timeout_s: float = 600.0) -> float:
+        """Launch and wait for "up"; returns the launch time (``time.monotonic()``)."""
+        state = self.dir / "state"
+        self.log = open(self.dir / "up.out", "w")  # noqa: SIM115 - closed in stop()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "llmfleet"), "up", "--config", str(self.config), "--state-dir", str(state),
+                "--etcd-port", "0", "--base-port", str(free_port()), "--http-port", "-1", *self.up_args,
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+        endpoints = state / "endpoints.json"
+        while not endpoints.exists():
+            if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
+                self.stop()
+                raise RuntimeError((self.dir / "up.out").read_text()[-4000:])
+            time.sleep(0.05)
+        self.endpoints = json.loads(endpoints.read_text())
+        self.etcd = self.endpoints["etcd"]["address"]
+        self.scheduler = self.endpoints["scheduler"]["address"]
+        return t0
+
+    def cli(self, *argv: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+        """``llmfleet ARGV`` against this cluster's etcd."""
+        env = os.environ | {"LLMFLEET_ETCD": self.etcd}
+        return subprocess.run(
+            [str(BIN / "llmfleet"), *argv], capture_output=True, text=True, timeout=timeout_s, env=env
+        )
+
+    def status(self) -> dict:
+        out = self.cli("status", "--json")
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def log_text(self, name: str) -> str:
+        path = self.dir / "state" / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if hasattr(self, "log"):
+            self.log.close()
