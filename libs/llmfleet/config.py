@@ -214,6 +214,9 @@ class EngineConfig(BaseModel):
     block_bytes: int | None = Field(None, ge=16, multiple_of=16)
     # deliver tokens to streams at most this often (first and final chunks at once; 0 = every iteration)
     stream_interval_s: float | None = Field(None, ge=0)
+    # torch intra-op threads of a CPU engine (unset: `llmfleet up` shares the host's cores among the
+    # CPU engines it starts, at least one each, so that engines on one host do not oversubscribe it)
+    threads: int | None = Field(None, ge=1)
 
     @field_validator("policy")
     @classmethod
@@ -255,6 +258,8 @@ class EngineConfig(BaseModel):
                 argv += [flag, str(value)]
         if self.stream_interval_s is not None:
             argv += ["--stream-interval-s", str(self.stream_interval_s)]
+        if self.threads is not None:
+            argv += ["--threads", str(self.threads)]
         return argv
 
 
@@ -438,6 +443,8 @@ class SchedulerConfig(BaseModel):
     binding: Literal["early", "late"] = "late"
     queue_slack: int = Field(4, ge=0)  # late binding: requests an engine may queue beyond its batch
     kv_room_fraction: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)  # ... and its KV share
+    # every second, move not-started requests off engines past their room (the alternative to late)
+    move_queued: bool = False
     cold_start: bool = True  # hold requests for a model no engine hosts while placement loads it
     ready_when: Literal["servable", "started"] = "servable"  # the scheduler's readiness
 
@@ -445,6 +452,7 @@ class SchedulerConfig(BaseModel):
         """The ``llmfleet-scheduler`` flags for these settings."""
         out = ["--binding", self.binding, "--queue-slack", str(self.queue_slack)]
         out += ["--kv-room-fraction", str(self.kv_room_fraction), "--ready-when", self.ready_when]
+        out += ["--move-queued"] if self.move_queued else []
         return out + ([] if self.cold_start else ["--no-cold-start"])
 
 

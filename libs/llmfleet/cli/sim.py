@@ -117,6 +117,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the live scheduler's --binding late (default early: each arrival is dispatched at once)",
     )
     p.add_argument(
+        "--move-queued",
+        action="store_true",
+        default=None,
+        help="every migration epoch, move requests not started off instances past their room onto "
+        "instances with room (the live scheduler's --move-queued)",
+    )
+    p.add_argument(
         "--no-cold-start",
         dest="cold_start",
         action="store_false",
@@ -217,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
                 adaptive_interval=args.adaptive_interval or None,
                 placement_confirm_intervals=args.placement_confirm_intervals,
                 migration=args.migration, transfer=args.transfer, migration_epoch_s=args.migration_epoch_s,
-                binding=args.binding, cold_start=args.cold_start,
+                binding=args.binding, cold_start=args.cold_start, move_queued=args.move_queued,
             )
             for n in names
         ]  # fmt: skip
@@ -231,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                     b, binding=sched.binding,
                     binding_options={"queue_slack": sched.queue_slack, "kv_fraction": sched.kv_room_fraction},
                     cold_start=sched.cold_start if args.cold_start is None else args.cold_start,
+                    move_queued=sched.move_queued if args.move_queued is None else args.move_queued,
                 )
                 for b in bundles
             ]  # fmt: skip

@@ -227,6 +227,7 @@ def plan_services(
     used = {base_port + c[3] for c in control}
     if config.emulated is not None:
         return plans + emulated_plans(config, config.emulated, common, host, base_port, state, used)
+    threads = cpu_threads_each(config)
     for i, (engine_id, engine) in enumerate(config.engines.items()):
         port = engine.port or base_port + ENGINE_PORT_OFFSET + i
         if port in used:
@@ -243,6 +244,11 @@ def plan_services(
                     "--device",
                     engine.device,
                     *engine.engine_args(),  # the local policy, its options and the engine limits set
+                    *(
+                        ["--threads", str(threads)]
+                        if engine.threads is None and engine.device == "cpu"
+                        else []
+                    ),
                 ],
                 address=f"{host}:{port}",
                 log_path=logs / f"{engine_id}.log",
@@ -250,6 +256,16 @@ def plan_services(
             )
         )
     return plans
+
+
+def cpu_threads_each(config: ClusterConfig, cores: int | None = None) -> int:
+    """Torch threads for each CPU engine ``up`` starts without its own ``threads``: the host's cores
+    shared among the CPU engines, at least one each. Each engine taking every core (torch's default)
+    oversubscribes the host: on 2 cores, two engines ran a burst 3.4x slower than one (README
+    "Requests wait for capacity")."""
+    n = sum(1 for e in config.engines.values() if e.device == "cpu")
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, cores // max(1, n))
 
 
 def emulated_plans(

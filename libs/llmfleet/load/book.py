@@ -62,6 +62,7 @@ class LoadReport:
     kv_bytes_per_token: Mapping[str, float] = field(default_factory=dict)
     kv_waiting_bytes: int = 0  # KV the queued requests' prompts will take (from per-request loads)
     max_running: int = 0  # the most requests the engine runs in one batch (0: unknown)
+    request_ids: frozenset[str] = frozenset()  # the requests the report counts (running and waiting)
 
 
 @dataclass
@@ -152,6 +153,19 @@ class LoadBook:
         """Requests sent to ``engine_id`` that its reports do not count yet."""
         e = self._engines.get(engine_id)
         return len(e.pending) if e is not None else 0
+
+    def occupancy(self, engine_id: str) -> int:
+        """Requests on ``engine_id`` counted once: its last report's running + waiting, plus the pending
+        requests that report does not name (engines name every request they hold). The candidate's
+        ``queued`` may count a pending request twice for up to two report intervals, which is harmless
+        for choosing among engines but would hold back late binding (what it compares with the
+        engine's room) for as long."""
+        e = self._engines.get(engine_id)
+        if e is None:
+            return 0
+        r = e.last or _EMPTY
+        named = r.request_ids
+        return r.running + r.waiting + sum(1 for rid in e.pending if rid not in named)
 
     def last_report(self, engine_id: str) -> LoadReport | None:
         e = self._engines.get(engine_id)

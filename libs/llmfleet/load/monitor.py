@@ -50,6 +50,7 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
         kv_bytes_per_token=bpt,
         kv_waiting_bytes=int(waiting),
         max_running=snap.max_running,
+        request_ids=frozenset(r.request_id for r in snap.requests),
     )
 
 

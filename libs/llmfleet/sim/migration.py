@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from llmfleet.policies.capacity import Saturation, plan_queue_moves
 from llmfleet.policies.dispatch import Rebalancer
 from llmfleet.policies.migration import (
     GpuState,
@@ -264,3 +265,41 @@ class RebalanceLoop:
             and rid not in inst.core.running
             and not inst.core.in_flight(rid)
         )
+
+
+@dataclass
+class QueueMoveLoop:
+    """Issue 26's alternative to late binding, as the live scheduler's ``--move-queued``: every
+    ``epoch_s`` the requests not started on instances past their room move to instances of the same
+    model with room (``llmfleet.policies.capacity.queue_moves``), at once (no KV travels)."""
+
+    saturation: Saturation = field(default_factory=Saturation)
+    epoch_s: float = 1.0
+    stats: RebalanceStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.epoch_s > 0:
+            raise ValueError(f"epoch_s must be > 0, got {self.epoch_s}")
+        self.stats = RebalanceStats(self.epoch_s)
+
+    def install(self, sim: Simulator) -> None:
+        sim.every(self.epoch_s, self.tick)
+
+    def tick(self, sim: Simulator, now: float) -> None:
+        st = self.stats
+        st.epochs += 1
+        queued: dict[str, list[tuple[str, str]]] = {}
+        for iid, inst in sim.instances.items():
+            rows = [(r.payload.arrival_s, rid, r.sched.model) for rid, r in inst.core.requests.items()
+                    if RebalanceLoop._queued(inst, rid)]  # fmt: skip
+            if rows:
+                queued[iid] = [(rid, m) for _, rid, m in sorted(rows)]
+        if not queued:
+            return
+        moves = plan_queue_moves(sim.candidates(), queued, self.saturation)
+        st.planned += len(moves)
+        for rid, _src, dst in moves:
+            if sim.move_request(rid, dst, 0.0, now):
+                st.executed += 1
+            else:
+                st.skipped += 1

@@ -42,7 +42,7 @@ from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import make_request_policy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
-from llmfleet.sim.migration import MigrationLoop, RebalanceLoop
+from llmfleet.sim.migration import MigrationLoop, QueueMoveLoop, RebalanceLoop
 from llmfleet.sim.partition import partition_blocker, run_partitioned
 from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
 from llmfleet.sim.scls_central import CENTRAL_MODES, make_central
@@ -78,6 +78,7 @@ class PolicyBundle:
     binding: str = "early"
     binding_options: dict[str, Any] = field(default_factory=dict)
     cold_start: bool = True
+    move_queued: bool = False  # every migration_epoch_s, move queued requests off full instances
 
     @property
     def central(self) -> bool:
@@ -330,6 +331,10 @@ def simulate(
         if isinstance(dispatch, MellDispatch) and isinstance(migration.policy, MellPacker):
             dispatch.view_source = migration.policy.view  # arrivals go where Allocate would put them
         migration.install(sim)
+    queue_moves = None
+    if policy.move_queued:  # issue 26's alternative to late binding, any dispatch policy
+        queue_moves = QueueMoveLoop(Saturation(**policy.binding_options), policy.migration_epoch_s)
+        queue_moves.install(sim)
     rebalance = None
     if isinstance(dispatch, Rebalancer):  # Aladdin Algorithm 2, each epoch
         rebalance = RebalanceLoop(dispatch, policy.migration_epoch_s)
@@ -347,6 +352,8 @@ def simulate(
         report["migration"] = migration.stats.to_dict()
     if rebalance is not None:
         report["rebalance"] = rebalance.stats.to_dict()
+    if queue_moves is not None:
+        report["queue_moves"] = queue_moves.stats.to_dict()
     if central is not None:
         report["scls_central"] = central.stats.to_dict()
     report["policy"] = dataclasses.asdict(policy)

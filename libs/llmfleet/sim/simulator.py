@@ -138,6 +138,8 @@ class Simulator(Fleet):
         if used > spec.cluster.count:
             raise ValueError(f"the plan uses {used} GPUs but the cluster has {spec.cluster.count}")
         self.spec = spec
+        limits = spec.engine.limits
+        self._batch_cap = min(limits.max_running, limits.max_batch_requests)  # what runs at once
         self.cost = cost
         self.dispatch = dispatch
         # a dispatcher reading per-request progress (Aladdin's constraint (d)) sees every busy instance
@@ -211,7 +213,7 @@ class Simulator(Fleet):
             inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
             self._progress_of(inst, self.now) if self._progress else None,
-            self.spec.engine.limits.max_running,
+            self._batch_cap,
         )  # fmt: skip
 
     @staticmethod
@@ -238,6 +240,10 @@ class Simulator(Fleet):
             n = rec.produced + (done if id(r) in members else 0)
             out.append(RequestProgress(rec.request_id, rec.model, n, f))
         return tuple(out)
+
+    def candidates(self) -> list[EngineCandidate]:
+        """Every serving instance as a dispatcher sees it now (one candidate each)."""
+        return [self._candidate(i) for _, i in sorted(self.instances.items()) if i.serving and i.active]
 
     def _refresh(self) -> None:
         for iid in self._dirty:

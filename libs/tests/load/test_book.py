@@ -139,3 +139,18 @@ def test_progress_rides_on_candidates_that_ask_for_it_until_released():
     assert book.candidate("e", ("m",), with_progress=True).requests == (RequestProgress("r2", "m", 3, 11.0),)
     book.forget("e")
     assert book.candidate("e", ("m",), with_progress=True).requests == ()
+
+
+def test_occupancy_counts_a_pending_request_once_when_the_report_names_it() -> None:
+    from llmfleet.load.book import LoadBook, LoadReport
+
+    book = LoadBook()
+    book.report("e", LoadReport(running=3, waiting=0))
+    book.dispatched("e", "a")
+    book.dispatched("e", "b")
+    assert book.occupancy("e") == 5  # the report predates both
+    book.report("e", LoadReport(running=4, waiting=0, request_ids=frozenset({"x", "y", "z", "a"})))
+    assert book.candidate("e", ("m",)).queued == 6  # the candidate still counts "a" twice
+    assert book.occupancy("e") == 5  # "a" is in the report; "b" is not yet
+    book.released("e", "b")
+    assert book.occupancy("e") == 4 and book.occupancy("unknown") == 0

@@ -89,3 +89,18 @@ def test_queued_requests_count_as_demand_served_within_the_interval() -> None:
     assert out[0].rate_rps == pytest.approx(22.0) and out[1] is loads[1]
     with pytest.raises(ValueError):
         with_backlog(loads, 0.0)
+
+
+def test_queue_moves_take_the_newest_excess_to_the_engine_with_most_room() -> None:
+    from llmfleet.policies.capacity import plan_queue_moves
+
+    s = Saturation(queue_slack=1)
+    full = EngineCandidate("a", ("m",), running=4, waiting=3, max_running=4)  # room 5: 2 past it
+    some = EngineCandidate("b", ("m",), running=4, waiting=0, max_running=4)  # room for 1
+    idle = EngineCandidate("c", ("m",), max_running=4)  # room for 5
+    other = EngineCandidate("d", ("x",), max_running=4)  # another model: never a destination
+    queued = {"a": [("r1", "m"), ("r2", "m"), ("r3", "m")]}
+    moves = plan_queue_moves([full, some, idle, other], queued, s)
+    assert moves == [("r3", "a", "c"), ("r2", "a", "c")]  # the newest first, to the roomiest
+    assert plan_queue_moves([full, other], queued, s) == []  # nowhere with room for model m
+    assert plan_queue_moves([some, idle], {"b": [("r", "m")]}, s) == []  # nobody past its room

@@ -85,3 +85,14 @@ def test_late_binding_lets_added_capacity_serve_the_burst_queue(tiny) -> None:
     late = burst(late_sim)
     assert early == {"i0": 24}  # bound on arrival: the queue stays where it landed
     assert late.get("i1", 0) >= 6 and late["i0"] + late["i1"] == 24
+
+
+def test_moving_queued_requests_lets_added_capacity_serve_the_burst_queue(tiny) -> None:
+    from llmfleet.sim.migration import QueueMoveLoop
+
+    engine = EngineSettings(max_running=4)
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine)
+    loop = QueueMoveLoop(Saturation(queue_slack=2), epoch_s=0.25)
+    loop.install(sim)
+    served = burst(sim)  # bound early to i0, then moved to i1 once it serves
+    assert served.get("i1", 0) >= 6 and loop.stats.executed == served["i1"]

@@ -85,5 +85,6 @@ class LoadReport:
             preemptions=self.core.preemptions,
             kv_fragmentation=stats.fragmentation,
             requests=RequestLoads(ids, mods, toks, kvb, phases),
-            max_running=self.core.limits.max_running,
+            # what runs at once: admitted (max_running) and stepped together (max_batch_requests)
+            max_running=min(self.core.limits.max_running, self.core.limits.max_batch_requests),
         )

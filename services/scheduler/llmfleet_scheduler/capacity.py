@@ -201,7 +201,8 @@ class CapacityGate:
         if self.binding == "late":
             usable = [c for c in hosts if c.engine_id not in excluded]
             if usable:
-                room = self.saturation.with_room(usable)
+                book = self.directory.load
+                room = [c for c in usable if self.saturation.has_room(c, book.occupancy(c.engine_id))]
                 if not room:
                     return _Hold(SATURATED)
                 return policy.choose(model, room, excluded, request=request)

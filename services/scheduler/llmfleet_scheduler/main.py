@@ -22,7 +22,7 @@ from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.readiness import Readiness
-from llmfleet_scheduler.rebalance import LiveRebalance
+from llmfleet_scheduler.rebalance import LiveRebalance, QueuedMoves
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter, MellViewReader, PredictionBatcher
 from llmfleet_scheduler.scls_central import EngineView, SclsCentral
@@ -151,7 +151,14 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
             rec = servicer.journal.get(rid)
             return rec is None or rec.first_token_at is not None or rec.done
 
-        rebalance = LiveRebalance(router, relay, directory, started, epoch_s=args.rebalance_interval_s)
+        queued = (
+            QueuedMoves(directory, servicer.journal.live, Saturation(args.queue_slack, args.kv_room_fraction))
+            if args.move_queued
+            else None
+        )
+        rebalance = LiveRebalance(
+            router, relay, directory, started, epoch_s=args.rebalance_interval_s, queued=queued
+        )
 
         async def run_rebalance(n: ServiceNode) -> None:
             await rebalance.run()
@@ -245,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="late: hold a request in the scheduler while every engine hosting its model is saturated "
         "(its queue past its batch + --queue-slack, or its KV past --kv-room-fraction), and dispatch it "
         "when one has room; early: bind every request to an engine on arrival (the queue stays there)",
+    )
+    ap.add_argument(
+        "--move-queued",
+        action="store_true",
+        help="every --rebalance-interval-s, move requests that have not started off engines past their "
+        "room (batch + --queue-slack) onto engines of the same model with room, for any dispatch policy "
+        "(the alternative to --binding late)",
     )
     ap.add_argument(
         "--queue-slack",

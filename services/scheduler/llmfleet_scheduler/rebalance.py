@@ -6,6 +6,10 @@ request to the destination as for any migration and records the move with the po
 ``apply_move`` instead of an end (``Relay.planned_moves``). A request that produced a token meanwhile
 is skipped (Aladdin never moves a started request); one that starts while the move is under way is
 moved anyway and reported to the policy as an end at the source (the ledger cannot take it as a move).
+
+:class:`QueuedMoves` does the same for any dispatch policy (``--move-queued``, issue 26's alternative to
+late binding): requests queued past an engine's room move to engines with room
+(``llmfleet.policies.capacity.queue_moves``).
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
+from llmfleet.policies.capacity import Saturation, plan_queue_moves
 from llmfleet.policies.dispatch import Rebalancer
 
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter
 
@@ -37,6 +43,28 @@ class RebalanceStats:
 
 
 @dataclass
+class QueuedMoves:
+    """Moves of not-started requests off engines past their room, for any dispatch policy: the
+    requests this scheduler dispatched that have no token yet, per engine, in arrival order."""
+
+    directory: ClusterDirectory
+    live: Callable[[], Iterable[RequestRecord]]  # the journal's live records
+    saturation: Saturation = field(default_factory=Saturation)
+
+    def plan(self) -> list[tuple[str, str, str]]:
+        queued: dict[str, list[tuple[float, str, str]]] = {}
+        for rec in self.live():
+            if rec.first_token_at is None and not rec.done and rec.engines:
+                queued.setdefault(rec.engines[-1], []).append((rec.arrival, rec.request_id, rec.model))
+        if not queued:
+            return []
+        ordered = {e: [(rid, m) for _, rid, m in sorted(rs)] for e, rs in queued.items()}
+        cands = self.directory.candidates()
+        occupancy = {c.engine_id: self.directory.load.occupancy(c.engine_id) for c in cands}
+        return plan_queue_moves(cands, ordered, self.saturation, occupancy=occupancy)
+
+
+@dataclass
 class LiveRebalance:
     router: DispatchRouter
     relay: Relay
@@ -45,6 +73,7 @@ class LiveRebalance:
     epoch_s: float = 1.0
     timeout_s: float = 10.0
     stats: RebalanceStats = field(default_factory=RebalanceStats)
+    queued: QueuedMoves | None = None  # also move queued requests for any dispatch policy
 
     async def run(self) -> None:
         while True:
@@ -61,6 +90,8 @@ class LiveRebalance:
         for policy in self.router.policies():
             if isinstance(policy, Rebalancer):
                 moves += policy.rebalance(time.monotonic())
+        if self.queued is not None:
+            moves += self.queued.plan()
         self.stats.planned += len(moves)
         done = await asyncio.gather(*(self._move(*m) for m in moves))
         return sum(done)

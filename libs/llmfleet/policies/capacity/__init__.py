@@ -10,6 +10,7 @@ from llmfleet.policies.capacity.cold_start import (
     unplaceable,
 )
 from llmfleet.policies.capacity.hold_queue import HoldQueue
+from llmfleet.policies.capacity.queue_moves import plan_queue_moves
 from llmfleet.policies.capacity.saturation import BINDINGS, Saturation
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "Saturation",
     "Unplaceable",
     "cold_start_timeout_s",
+    "plan_queue_moves",
     "unplaceable",
 ]

@@ -10,7 +10,7 @@ admits at once, vLLM's ``max_num_seqs``); without one, only the engine's waiting
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from llmfleet.policies.dispatch.base import EngineCandidate
@@ -35,15 +35,24 @@ class Saturation:
         if not 0.0 < self.kv_fraction <= 1.0:
             raise ValueError(f"kv_fraction must be in (0, 1], got {self.kv_fraction}")
 
-    def has_room(self, c: EngineCandidate) -> bool:
-        """Room for one more request: queue below (batch + slack), or below the slack when the engine
-        reports no batch size; and KV (used + queued prompts) below ``kv_fraction`` of the pool."""
-        limit = c.max_running + self.queue_slack if c.max_running > 0 else max(1, self.queue_slack)
-        if c.queued >= limit:
+    def limit(self, c: EngineCandidate) -> int:
+        """Requests ``c`` may hold (running + queued) while it has room."""
+        return c.max_running + self.queue_slack if c.max_running > 0 else max(1, self.queue_slack)
+
+    def has_room(self, c: EngineCandidate, occupancy: int | None = None) -> bool:
+        """Room for one more request: its requests (``occupancy``, default ``c.queued``) below (batch +
+        slack), or below the slack when the engine reports no batch size; and KV (used + queued
+        prompts) below ``kv_fraction`` of the pool."""
+        if (c.queued if occupancy is None else occupancy) >= self.limit(c):
             return False
         if c.kv_capacity_bytes > 0:
             return c.kv_used_bytes + c.kv_waiting_bytes < self.kv_fraction * c.kv_capacity_bytes
         return True
 
-    def with_room(self, candidates: Iterable[EngineCandidate]) -> list[EngineCandidate]:
-        return [c for c in candidates if self.has_room(c)]
+    def with_room(
+        self, candidates: Iterable[EngineCandidate], occupancy: Mapping[str, int] | None = None
+    ) -> list[EngineCandidate]:
+        """The candidates with room (``occupancy``: per engine id, its requests, else ``c.queued``)."""
+        if occupancy is None:
+            return [c for c in candidates if self.has_room(c)]
+        return [c for c in candidates if self.has_room(c, occupancy.get(c.engine_id))]
