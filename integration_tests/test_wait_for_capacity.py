@@ -156,7 +156,7 @@ async def test_cold_start_holds_requests_until_the_model_is_loaded(cluster: Clus
     assert all(r.usage.completion_tokens == 4 for r in results)  # type: ignore[union-attr]
     # the placement leader was woken at once: not one 30 s interval later
     assert took < INTERVAL_S, f"cold start took {took:.1f}s"
-    assert "planning now" in cluster.log("placement")
+    assert "planning now" in cluster.log("placement")  # woken by the scheduler's report
 
 
 async def test_a_model_too_large_for_every_engine_fails_at_once(cluster: Cluster, tmp_path: Path) -> None:

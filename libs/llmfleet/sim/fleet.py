@@ -18,10 +18,11 @@ An instance counts its GPUs from when it takes them until it gives them back (``
 
 Requests wait for capacity as in the live scheduler (issue 26, ``llmfleet.policies.capacity``): a
 request for a model no instance serves waits when some instance is loading it; else, with a placement
-loop installed (``cold_wake``) and ``cold_start`` on, it waits up to its service's cold-start timeout
+loop installed (``wake``) and ``cold_start`` on, it waits up to its service's cold-start timeout
 and wakes the loop at once (scale from zero); else it fails with the reason. With ``binding = "late"``
 a request whose model's every instance is saturated (``Saturation``) waits too, and goes to the first
-instance with room (at a step end, or when an instance is ready). Waiting requests are dispatched in
+instance with room (at a step end, or when an instance is ready); the first of them (the model's queue
+was empty) wakes the placement loop too, as the live scheduler's report does. Waiting requests are dispatched in
 the :class:`~llmfleet.policies.capacity.HoldQueue` order; no request is lost.
 """
 
@@ -109,11 +110,11 @@ class Fleet:
         self._waiting_gpus: list[SimInstance] = []  # added instances waiting for GPUs, in order
         self._held: dict[str, HoldQueue[Held]] = {}  # model -> arrivals waiting for capacity
         # requests wait for capacity (module docstring): late binding, and the placement loop's wake-up
-        # for a model no instance serves (set by llmfleet.sim.replan.PlacementLoop.install)
+        # for a model no instance serves or a queue starting (set by llmfleet.sim.replan.PlacementLoop)
         self.binding = "early"
         self.saturation = Saturation()
         self.cold_start = True
-        self.cold_wake: Callable[[float], None] | None = None
+        self.wake: Callable[[float], None] | None = None
         self._one_shots = 0
         self.fleet_changes = 0
 
@@ -390,6 +391,8 @@ class Fleet:
         """Keep an arrival that no instance can take now (see the module docstring); False (it fails) when
         nothing will ever bring capacity for it."""
         q = self._held.setdefault(rec.model, HoldQueue())
+        if reason == SATURATED and not q and self.wake is not None:
+            self.wake(self.now)  # a queue starts to build: the placement loop plans now
         held = Held(rec, predicted, reason)
         if reason == COLD and not self._coming(rec.model) and not self._cold_wait(held):
             if not q:
@@ -402,13 +405,13 @@ class Fleet:
     def _cold_wait(self, held: Held) -> bool:
         """Start ``held``'s cold wait (bounded; the placement loop woken now); False when there is no loop
         to place its model or cold starts are off."""
-        if not self.cold_start or self.cold_wake is None:
+        if not self.cold_start or self.wake is None:
             return False
         svc = self._service(held.rec.service)
         held.deadline = self.now + cold_start_timeout_s(svc.cold_start_timeout_s, svc.slo.ttft_s)
         model, rid = held.rec.model, held.rec.request_id
         self.at(held.deadline, lambda sim, t: self._expire_held(model, rid, t))
-        self.cold_wake(self.now)
+        self.wake(self.now)
         return True
 
     def _expire_held(self, model: str, request_id: str, now: float) -> None:

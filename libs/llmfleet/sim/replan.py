@@ -20,8 +20,9 @@ Every interval a :class:`PlacementLoop` tick
 Requests that wait count as demand, as in the live leader (issue 26): each service's requests not
 started at the tick (waiting for capacity in the simulator, or queued on an instance) are added to its
 rate by :func:`~llmfleet.policies.placement.backlog.with_backlog` (served within one interval). A
-request for a model no instance serves wakes the loop (``Simulator.cold_wake``): it ticks at once, as
-the live leader does when a scheduler reports cold requests, at most once per ``WAKE_GAP_S``.
+request for a model no instance serves, or the first request held because every instance of its model
+is saturated (late binding), wakes the loop (``Simulator.wake``): it ticks at once, as the live leader
+does when a scheduler reports such requests, at most once per ``WAKE_GAP_S``.
 
 With an ``adaptive`` controller (SeaLLM Eq. 8, ``AdaptiveInterval``) the next tick comes after
 ``adaptive.next_interval(M_real, M_est)``: M_real measured over the interval that just ended, M_est the
@@ -237,7 +238,7 @@ class PlacementLoop:
         self._m_est = self._score_m()
         first = self.adaptive.interval_s if self.adaptive is not None else self.interval_s
         self._sim = sim
-        sim.cold_wake = self.wake
+        sim.wake = self.wake
         sim.at(start + first, self._scheduled(self._gen))
 
     def _scheduled(self, gen: int) -> Callable[[Simulator, float], None]:

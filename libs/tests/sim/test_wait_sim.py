@@ -58,7 +58,7 @@ def test_a_model_nothing_places_fails_after_its_cold_start_timeout(tiny) -> None
     slow = SimService("t", "llama3-8b", Slo(ttft_s=1.0, tpot_s=0.1), cold_start_timeout_s=2.0)
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7, slow))
     woken: list[float] = []
-    sim.cold_wake = woken.append  # a loop that never places the model
+    sim.wake = woken.append  # a loop that never places the model
     res = sim.run(cold_work(), strict_services=True)
     cold = [r for r in res.records if r.service == "t"]
     assert all("cold-start timeout" in r.failed for r in cold)
@@ -96,3 +96,15 @@ def test_moving_queued_requests_lets_added_capacity_serve_the_burst_queue(tiny) 
     loop.install(sim)
     served = burst(sim)  # bound early to i0, then moved to i1 once it serves
     assert served.get("i1", 0) >= 6 and loop.stats.executed == served["i1"]
+
+
+def test_the_first_request_held_for_a_saturated_model_wakes_the_placement_loop(tiny) -> None:
+    engine = EngineSettings(max_running=4)
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine)
+    sim.set_binding("late", Saturation(queue_slack=2))
+    loop = PlacementLoop(
+        make_placement_policy("dedicated_even"), GpuPool("A100-80GB", 2, 8), interval_s=100.0
+    )
+    loop.install(sim, 0.0)
+    sim.run([W(f"r{i}", 0.0, 100, 40, "s") for i in range(24)], strict_services=True)
+    assert loop.decisions[0].t == 0.0  # not 100 s later

@@ -91,8 +91,8 @@ class LivePlacementLoop:
     # the services to plan for, read every tick: (config with etcd's services/models, problems), or
     # None while services/ is not seeded (no tick); unset: ``config`` as given
     desired: Callable[[], Awaitable[tuple[ClusterConfig, list[str]] | None]] | None = None
-    # set by whoever learns of requests waiting for an unhosted model (the servicer, from the
-    # schedulers' reports): the loop plans at once instead of sleeping out its interval
+    # set by whoever learns of requests waiting for capacity (the servicer, from the schedulers'
+    # reports: an unhosted model, or a queue starting to build): the loop plans at once
     wake: asyncio.Event | None = None
     names: ModelNames = field(init=False)
     hysteresis: Hysteresis = field(init=False)
@@ -125,7 +125,7 @@ class LivePlacementLoop:
             await self._sleep()
 
     async def _sleep(self) -> None:
-        """One interval, cut short by ``wake`` (cold demand: requests wait for an unhosted model)."""
+        """One interval, cut short by ``wake`` (requests wait for capacity: an unhosted model, a burst)."""
         interval = min(self.interval_s, RETRY_SOON_S) if self._soon else self.interval_s
         if self.wake is None:
             await asyncio.sleep(interval)
@@ -133,7 +133,7 @@ class LivePlacementLoop:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), interval)
         if self.wake.is_set():
-            log.info("placement: requests wait for a model no engine hosts; planning now")
+            log.info("placement: requests wait for capacity (an unhosted model or a burst); planning now")
         self.wake.clear()
 
     async def adopt(self) -> bool:

@@ -111,7 +111,7 @@ def live_loop(
         leader_id=n.node_id,
         workload=MonitorWorkload(servicer.monitor, config.service_specs, p.window_s, config, p.policy),
         decisions=servicer.decisions,
-        wake=servicer.cold_demand,
+        wake=servicer.demand,
         election=servicer.election,
         clock=time.monotonic,  # the monitor's clock (the servicer feeds it on time.monotonic)
         desired=lambda: read_runtime_config(n.etcd, config),  # etcd's services/, every tick

@@ -43,9 +43,11 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     views: tuple[PrefixView, ...] = ()
     monitor: FleetMonitor = field(default_factory=FleetMonitor)
     decisions: deque[Decision] = field(default_factory=decision_log)
-    # set when a report carries requests waiting for a model no engine hosts (scale from zero): the
+    # set when a report carries requests waiting for a model no engine hosts (scale from zero), or a
+    # service whose requests the scheduler began to hold (every engine saturated: a burst): the
     # leader's loop plans at once instead of at its next interval
-    cold_demand: asyncio.Event = field(default_factory=asyncio.Event)
+    demand: asyncio.Event = field(default_factory=asyncio.Event)
+    _held: dict[tuple[str, str], int] = field(default_factory=dict)  # (scheduler, service) -> held
     _leader: tuple[float, str] = (-1e18, "")  # (read at, leader id)
 
     async def shutdown(self) -> None:
@@ -99,11 +101,21 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 interval = report.interval_s if math.isfinite(report.interval_s) else 0.0
                 self.monitor.update(report.scheduler_id, services, now, report.seq, interval)
                 ack.accepted = True
-                if any(s.cold for s in services):
-                    self.cold_demand.set()
+                if self._wakes(report.scheduler_id, services):
+                    self.demand.set()
             ack.is_leader = self.election is not None and self.election.is_leader
             ack.leader_id = self.node_id if ack.is_leader else await self._leader_id(now)
             yield ack
+
+    def _wakes(self, scheduler: str, services: list) -> bool:
+        """Cold requests (every report while they wait), or held requests that were not held in this
+        scheduler's previous report (a queue starting to build)."""
+        wake = False
+        for s in services:
+            before = self._held.get((scheduler, s.service), 0)
+            self._held[(scheduler, s.service)] = s.held
+            wake |= s.cold > 0 or (s.held > 0 and before == 0)
+        return wake
 
     async def _leader_id(self, now: float) -> str:
         """The leader's id (cached ``LEADER_CACHE_S``; "" when unknown or etcd is unreachable)."""

@@ -3,7 +3,7 @@
 :class:`CapacityGate` stands between a request and its dispatch policy:
 
 * **Scale from zero.** No engine hosts the request's model: the request waits (``cold``), the
-  placement leader is woken at once (``on_cold``: the stats reporter sends a report now, which counts
+  placement leader is woken at once (``on_wait``: the stats reporter sends a report now, which counts
   the waiting requests as demand), and the request is dispatched when an engine reports the model
   loaded. Past the service's cold-start timeout (``llmfleet.policies.capacity.cold_start``) it fails
   UNAVAILABLE with a retry-after. A model larger than every engine fails at once
@@ -11,7 +11,8 @@
 * **Late binding** (``binding="late"``). Every engine hosting the model is saturated
   (``llmfleet.policies.capacity.Saturation``: its queue past its batch plus a slack, or its KV pool
   nearly full): the request waits here (``saturated``) instead of in one engine's queue, and goes to
-  the first engine with room. Capacity that scaling adds then serves the queue at once.
+  the first engine with room. Capacity that scaling adds then serves the queue at once. The first
+  request held this way (the model's queue was empty) wakes placement too: a burst scales out now.
 
 Waiting requests are kept per model in a :class:`~llmfleet.policies.capacity.HoldQueue` (service
 priority, then arrival). A pump dispatches them in that order whenever capacity may have changed: a
@@ -74,7 +75,8 @@ class CapacityGate:
     saturation: Saturation = field(default_factory=Saturation)
     cold_start: bool = True  # False: no engine hosting the model fails at once (the old behaviour)
     metrics: SchedulerMetrics | None = None
-    on_cold: Callable[[str], None] | None = None  # a service has a cold request: wake placement now
+    # a request of the service waits (cold, or the first to find every engine saturated): wake placement
+    on_wait: Callable[[str], None] | None = None
     poll_s: float = 0.25  # re-check this often even when nothing signals a change
     clock: Callable[[], float] = time.monotonic
     _queues: dict[str, HoldQueue[_Waiter]] = field(default_factory=dict)  # per model
@@ -107,8 +109,11 @@ class CapacityGate:
             asyncio.get_running_loop().create_future(), now, reason,
         )  # fmt: skip
         queue = self._queues.setdefault(model, HoldQueue())
+        first = not queue
         queue.push(request.request_id, waiter, request.arrival_s, spec.priority, self._deadline(waiter, now))
         self._held(waiter, +1)
+        if first and reason == SATURATED:
+            self._wake(spec.name)
         self.notify()
         try:
             return await waiter.future
@@ -255,13 +260,17 @@ class CapacityGate:
 
     # ------------------------------------------------------------------------------------ accounting
     def _held(self, w: _Waiter, delta: int) -> None:
-        if delta > 0 and w.reason == COLD and self.on_cold is not None:
-            try:
-                self.on_cold(w.spec.name)
-            except Exception:
-                log.exception("capacity gate: waking placement failed")
+        if delta > 0 and w.reason == COLD:
+            self._wake(w.spec.name)
         if self.metrics is not None:
             self.metrics.held.labels(w.spec.name, w.reason).inc(delta)
+
+    def _wake(self, service: str) -> None:
+        if self.on_wait is not None:
+            try:
+                self.on_wait(service)
+            except Exception:
+                log.exception("capacity gate: waking placement failed")
 
     def _waited(self, w: _Waiter, now: float) -> None:
         if self.metrics is not None:

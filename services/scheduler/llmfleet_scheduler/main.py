@@ -56,7 +56,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         binding=args.binding,
         saturation=Saturation(args.queue_slack, args.kv_room_fraction),
         cold_start=args.cold_start,
-        on_cold=stats.kick if stats is not None else None,
+        on_wait=stats.kick if stats is not None else None,
     )
     if monitor is not None:
         monitor.listeners.append(gate)  # after the load book: the pump reads the updated book

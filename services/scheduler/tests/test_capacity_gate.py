@@ -63,7 +63,7 @@ async def test_a_cold_request_waits_wakes_placement_and_goes_to_the_engine_that_
     d = directory(node("e0", "other"))
     woken: list[str] = []
     metrics = SchedulerMetrics(CollectorRegistry())
-    gate = CapacityGate(d, on_cold=woken.append, metrics=metrics, poll_s=0.05)
+    gate = CapacityGate(d, on_wait=woken.append, metrics=metrics, poll_s=0.05)
     policy = make_dispatch_policy("round_robin")
     async with running(gate):
         task = asyncio.create_task(gate.place(SPEC, policy, req("r1"), frozenset()))
