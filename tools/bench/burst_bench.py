@@ -16,10 +16,12 @@ Scenarios (``--only``):
 * ``burst`` — 1,000 concurrent 48-token SDK requests to ``chat`` once the cluster is idle: the share
   each engine served, throughput, p50/p99 latency, errors, and the engines hosting ``chat`` over time.
   The CPU engines share this machine's cores, so throughput cannot grow with engines here.
-* ``emulated`` — the same burst on three emulated A100-80GB GPUs (``llmfleet up --emulate``; chat on
-  llama2-7b, summarize on llama2-13b): the goal is ≥ 1.8× the throughput and ≤ 0.6× the p99 of early
-  binding. ``llmfleet.sim`` runs the same burst (same services, placement, initial plan, binding) and
-  is compared: engines hosting chat over time, and p50 latency (goal: within 15 %).
+* ``emulated`` — the same burst on emulated GPUs (``--emulate``; default three A100-80GB, then three
+  L4), chat on llama2-7b, summarize on opt-6.7b: the goal is ≥ 1.8× the throughput and ≤ 0.6× the p99
+  of early binding. The scheduler's CPU over the burst is recorded: it relays every token, so on fast
+  GPUs it, not the engines, can bound the throughput (the L4 pool keeps the engines the bottleneck).
+  ``llmfleet.sim`` runs the same burst (same services, placement, initial plan, binding, tp-1 engines)
+  and is compared: engines hosting chat over time, and p50 latency (goal: within 15 %).
 
 Each figure is from one run on this machine (named in the report); ratios are taken within the run.
 """
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import yaml
 from local_up import ROOT, LocalUp
 
@@ -59,7 +62,7 @@ models:
 PROMPT = "Summarize the following text about fleets of language models serving many users at once"
 EMULATED_MODELS = {
     "tiny-llama": {"source": "emulated://llama2-7b", "dtype": "float16", "sim_model": "llama2-7b"},
-    "tiny-qwen2": {"source": "emulated://llama2-13b", "dtype": "float16", "sim_model": "llama2-13b"},
+    "tiny-qwen2": {"source": "emulated://opt-6.7b", "dtype": "float16", "sim_model": "opt-6.7b"},
 }
 
 
@@ -229,17 +232,22 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
     cfg, args = arm_config(base, arm)
     if emulate:
         args += ["--emulate", emulate]
-    up = LocalUp(out / f"{'emulated' if emulate else 'burst'}-{arm}", cfg, *args)
+    up = LocalUp(out / f"{f'emulated-{emulate}' if emulate else 'burst'}-{arm}", cfg, *args)
     up.start()
     try:
         wait_loaded(up, sorted(cfg["services"]))
         time.sleep(2.0)  # idle: the placement leader has planned at zero load
         before = {s: list(h) for s, h in _hosts(up).items()}
+        sched = psutil.Process(up.endpoints["scheduler"]["pid"])
+        cpu0 = sum(sched.cpu_times()[:2])
         t0 = time.monotonic()
         watch = HostWatch(up.scheduler, "chat").start(t0)
         results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * n, 48))
         timeline = watch.stop()
         report = outcome(results)
+        # the scheduler relays every token: its CPU over the burst against the burst's length shows
+        # whether it (not the engines) bounds the throughput
+        report["scheduler_cpu_s"] = sum(sched.cpu_times()[:2]) - cpu0
         report["hosts_before"] = before
         report["chat_engines_over_time"] = [(round(t, 2), len(e)) for t, e in timeline]
         report["placement_decisions"] = [
@@ -270,7 +278,8 @@ def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[st
 
     config = ClusterConfig.model_validate(cfg)
     services, engine = from_cluster_config(config)
-    spec = SimSpec(ClusterSpec.parse(f"{gpus}x{hardware}"), services, engine)
+    cluster = ClusterSpec.parse(f"{gpus}x{hardware}")
+    spec = SimSpec(ClusterSpec(cluster.count, cluster.hw, engine_gpus=1), services, engine)  # tp-1 engines
     catalog = {name: config.models[s.model].sim_model for name, s in config.services.items()}
     by_engine: dict[str, list[str]] = {}
     for svc, engines in hosts.items():
@@ -314,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=("cold", "after_up", "burst", "emulated"), default=None)
     ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ap.add_argument("--burst", type=int, default=1000, help="concurrent requests of the burst (default 1000)")
-    ap.add_argument("--emulate", default="3xA100-80GB", help="emulated pool of the emulated burst")
+    ap.add_argument(
+        "--emulate", nargs="+", default=["3xA100-80GB", "3xL4"],
+        help="emulated pools of the emulated burst, one scenario each (default 3xA100-80GB 3xL4)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     only = set(args.only or ("cold", "after_up", "burst", "emulated"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -325,11 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         "burst_size": args.burst,
     }
     logging.getLogger("llmfleet.client").setLevel(logging.ERROR)  # the SDK's retry notes
-    for name in ("cold", "after_up", "burst", "emulated"):
-        if name not in only:
-            continue
+    scenarios = [n for n in ("cold", "after_up", "burst") if n in only]
+    scenarios += [f"emulated-{pool}" for pool in args.emulate] if "emulated" in only else []
+    for name in scenarios:
         report[name] = {}
-        for arm in BURST_ARMS if name in ("burst", "emulated") else ARMS:
+        for arm in ARMS if name in ("cold", "after_up") else BURST_ARMS:
             print(f"[{name}] {arm} ...", flush=True)
             if name == "cold":
                 r = bench_cold(args.out, base, arm)
@@ -338,19 +350,16 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "burst":
                 r = bench_burst(args.out, base, arm, args.burst)
             else:
+                pool = name.removeprefix("emulated-")
                 emu = {**copy.deepcopy(base), "models": EMULATED_MODELS}
-                r = bench_burst(args.out, emu, arm, args.burst, emulate=args.emulate)
+                r = bench_burst(args.out, emu, arm, args.burst, emulate=pool)
                 if arm == "new":
-                    count, hw = args.emulate.split("x", 1)
+                    count, hw = pool.split("x", 1)
                     r["sim"] = simulate_burst(
                         arm_config(emu, arm)[0], int(count), hw, r["hosts_before"], args.burst
                     )
             report[name][arm] = r
-            print(
-                json.dumps({k: v for k, v in r.items() if k not in ("placement_decisions",)}, default=str)[
-                    :800
-                ]
-            )
+            print(json.dumps({k: v for k, v in r.items() if k != "placement_decisions"}, default=str)[:800])
         (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (args.out / "report.md").write_text(markdown(report))
     plot(report, args.out)
@@ -368,7 +377,7 @@ def markdown(report: dict) -> str:
         "| scenario | arm | requests | failed | p50 latency s | p99 latency s | tokens/s | max engine share |"
     ]
     lines += ["|---|---|---|---|---|---|---|---|"]
-    for name in ("cold", "after_up", "burst", "emulated"):
+    for name in scenario_names(report):
         for arm in BURST_ARMS:
             r = report.get(name, {}).get(arm)
             if r is None:
@@ -383,22 +392,31 @@ def markdown(report: dict) -> str:
         lines += ["", f"Cold start (new): time to first token p50 {_f(cold['ttft_p50_s'])} s, max "
                   f"{_f(cold['ttft_max_s'])} s; an engine had the model loaded {_f(cold['model_loaded_after_s'])} s "
                   "after the requests were sent."]  # fmt: skip
-    for name in ("burst", "emulated"):
+    for name in [n for n in scenario_names(report) if n not in ("cold", "after_up")]:
         t = report.get(name, {}).get("today")
         for arm in ("new", "move_queued"):
             n = report.get(name, {}).get(arm)
             if t and n and t.get("tokens_per_s") and n.get("tokens_per_s"):
                 lines += ["", f"{name}: {arm} vs today (early binding): throughput "
                           f"{n['tokens_per_s'] / t['tokens_per_s']:.2f}×, p99 {n['latency_p99_s'] / t['latency_p99_s']:.2f}×; "
-                          f"per engine today {t['per_engine']}, {arm} {n['per_engine']}."]  # fmt: skip
-    sim = report.get("emulated", {}).get("new", {}).get("sim")
-    if sim:
-        live = report["emulated"]["new"]
-        lines += ["", f"Simulator vs live (emulated, new): p50 latency {_f(sim['latency_p50_s'])} s vs "
+                          f"per engine today {t['per_engine']}, {arm} {n['per_engine']}; scheduler CPU "
+                          f"{_f(t.get('scheduler_cpu_s'), '{:.1f}')} s / {_f(n.get('scheduler_cpu_s'), '{:.1f}')} s over "
+                          f"{_f(t.get('wall_s'), '{:.1f}')} s / {_f(n.get('wall_s'), '{:.1f}')} s."]  # fmt: skip
+    for name in [n for n in scenario_names(report) if n.startswith("emulated-")]:
+        sim = report[name].get("new", {}).get("sim")
+        if not sim:
+            continue
+        live = report[name]["new"]
+        lines += ["", f"Simulator vs live ({name}, new): p50 latency {_f(sim['latency_p50_s'])} s vs "
                   f"{_f(live['latency_p50_s'])} s ({sim['latency_p50_s'] / live['latency_p50_s'] - 1:+.0%}); "
                   f"chat engines sim {sim['chat_engines_over_time']}, live (changes) "
                   f"{_changes(live['chat_engines_over_time'])}."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def scenario_names(report: dict) -> list[str]:
+    """The scenarios a report holds, in run order."""
+    return [k for k, v in report.items() if isinstance(v, dict) and ("today" in v or "new" in v)]
 
 
 def _changes(series: list) -> list:
@@ -416,10 +434,8 @@ def plot(report: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for name in ("burst", "emulated"):
-        arms = report.get(name)
-        if not arms:
-            continue
+    for name in [n for n in scenario_names(report) if n not in ("cold", "after_up")]:
+        arms = report[name]
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for arm, r in arms.items():
             series = r.get("chat_engines_over_time") or []

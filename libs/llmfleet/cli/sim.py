@@ -111,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(report.json: migration, cluster.fluid_bound_gpus)",
     )
     p.add_argument(
+        "--engine-gpus",
+        type=int,
+        help="instances are at most this many GPUs, as in a live fleet of fixed-size engines (llmfleet up "
+        "--emulate: 1); default: up to a node",
+    )
+    p.add_argument(
         "--binding",
         choices=("early", "late"),
         help="late: arrivals wait in the scheduler while every instance of their model is saturated, as "
@@ -193,6 +199,8 @@ def _spec(args):
             raise ValueError(f"cluster config {args.cluster_config}: {e}") from None
     else:
         services, engine = (SimService("default", args.model),), EngineSettings()
+    if getattr(args, "engine_gpus", None) is not None:
+        cluster = dataclasses.replace(cluster, engine_gpus=args.engine_gpus)
     return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", "roofline"))
 
 

@@ -266,7 +266,7 @@ def simulate(
     if not workload.requests:
         raise ValueError("the workload has no requests")
     workload = assign_services(workload, spec)
-    gpus = GpuPool(spec.cluster.hw.name, spec.cluster.count, spec.cluster.hw.gpus_per_node)
+    gpus = GpuPool(spec.cluster.hw.name, spec.cluster.count, spec.cluster.max_tp)
     planner = None
     if plan is None or policy.placement_interval_s is not None:
         planner = make_placement_policy(policy.placement, **policy.placement_options)

@@ -21,10 +21,22 @@ _CLUSTER = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """``count`` GPUs of one catalog hardware type."""
+    """``count`` GPUs of one catalog hardware type. ``engine_gpus``: the planners' instances are at most
+    this many GPUs (a live fleet of fixed-size engines: ``llmfleet up --emulate`` starts one engine per
+    GPU, and the live leader plans instances the size of its engines); None: up to a node."""
 
     count: int
     hw: Hardware
+    engine_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine_gpus is not None and self.engine_gpus < 1:
+            raise ValueError(f"engine_gpus must be >= 1, got {self.engine_gpus}")
+
+    @property
+    def max_tp(self) -> int:
+        """The largest instance a planner may make here."""
+        return min(self.hw.gpus_per_node, self.engine_gpus or self.hw.gpus_per_node)
 
     @classmethod
     def parse(cls, text: str) -> ClusterSpec:
