@@ -43,11 +43,29 @@ from llmfleet.coord import (
     put_placement,
 )
 from llmfleet.coord.desired import ModelEntry, SeedRecord, get_seed, seed_desired
+from llmfleet.coord.unplaced import UnplacedPublisher
 from llmfleet.policies.placement import StaticConfigPlacement
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
+
+
+class LeftOut(str):
+    """A problem that leaves a service out of the plan (its text), naming the service and its model."""
+
+    service: str
+    model: str
+
+    def __new__(cls, text: str, service: str, model: str) -> LeftOut:
+        self = super().__new__(cls, text)
+        self.service, self.model = service, model
+        return self
+
+
+def unplaced_models(problems: list[str]) -> dict[str, str]:
+    """Model -> why it is left out, from the problems that leave services out (:class:`LeftOut`)."""
+    return {p.model: str(p) for p in problems if isinstance(p, LeftOut)}
 
 
 def config_models(config: ClusterConfig) -> list[ModelEntry]:
@@ -72,7 +90,8 @@ def runtime_config(
     svc_cfgs: dict[str, ServiceConfig] = {}
     for name, spec in sorted(services.items()):
         if spec.model not in model_cfgs:
-            problems.append(f"service {name!r}: model {spec.model!r} is not declared (models/ or the config)")
+            why = f"service {name!r}: model {spec.model!r} is not declared (models/ or the config)"
+            problems.append(LeftOut(why, name, spec.model))
             continue
         d = asdict(spec)
         slo = d.pop("slo")
@@ -80,7 +99,7 @@ def runtime_config(
         try:
             svc_cfgs[name] = ServiceConfig(**fields, slo=SloConfig(**slo))
         except ValidationError as e:
-            problems.append(f"service {name!r}: {validation_message(e)}")
+            problems.append(LeftOut(f"service {name!r}: {validation_message(e)}", name, spec.model))
     if base.placement.planned:
         from llmfleet.costmodel import UnknownModel, model_arch
 
@@ -99,7 +118,7 @@ def runtime_config(
                     cat = None
             if cat is None:
                 for name in [n for n, s in svc_cfgs.items() if s.model == model]:
-                    problems.append(f"service {name!r}: {why}")
+                    problems.append(LeftOut(f"service {name!r}: {why}", name, model))
                     del svc_cfgs[name]
             else:
                 catalog[model] = cat
@@ -150,6 +169,7 @@ class PlacementController:
     policy: StaticConfigPlacement = field(init=False)
     seeded: bool = False  # this controller has seeded, or found etcd seeded
     _unplaced_logged: frozenset[str] = frozenset()
+    _unplaced: UnplacedPublisher | None = None
 
     def __post_init__(self) -> None:
         self.policy = StaticConfigPlacement(tuple(self.config.placements()))
@@ -208,7 +228,8 @@ class PlacementController:
                 self.config_path or "<config>",
             )
 
-    def _note_unplaced(self, placements: Mapping[str, DesiredPlacement]) -> None:
+    def _note_unplaced(self, placements: Mapping[str, DesiredPlacement]) -> dict[str, str]:
+        """Log (once) the services the static plan leaves unplaced; their models -> why."""
         hosted = {m.name for p in placements.values() for m in p.models}
         unplaced = frozenset(n for n, s in self.services_view.snapshot().items() if s.model not in hosted)
         for name in sorted(unplaced - self._unplaced_logged):
@@ -220,6 +241,17 @@ class PlacementController:
                 spec.model,
             )
         self._unplaced_logged = unplaced
+        specs = self.services_view.snapshot()
+        return {
+            specs[n].model: f"the static placement lists model {specs[n].model!r} on no engine"
+            for n in sorted(unplaced)
+        }
+
+    async def _publish_unplaced(self, models: dict[str, str]) -> None:
+        """Tell the schedulers which models will not be placed (``coord.unplaced``), when it changes."""
+        if self._unplaced is None:
+            self._unplaced = UnplacedPublisher(self.etcd, self.election)
+        await self._unplaced.publish(models)
 
     async def reconcile_once(self) -> int:
         """Seed once, then write what differs between the static plan and etcd; returns the number of
@@ -237,7 +269,7 @@ class PlacementController:
         if changed:
             log.info("placement: wrote %d desired-state keys", changed)
         if self.services_view.ready.is_set():
-            self._note_unplaced(self.placement_view.snapshot())
+            await self._publish_unplaced(self._note_unplaced(self.placement_view.snapshot()))
         return changed
 
     async def run(self) -> None:

@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from llmfleet.config import ClusterConfig
 from llmfleet.coord import EtcdClient, LeaderElection, PrefixView
 from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
+from llmfleet.coord.unplaced import UnplacedPublisher
 from llmfleet.metrics.control import placement_metrics
 from llmfleet.monitor import Decision
 from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
 from llmfleet.policies.placement.hysteresis import Hysteresis, grows_for, newly_served
 from llmfleet.types import DesiredPlacement, NodeRecord
 
+from llmfleet_placement.controller import unplaced_models
 from llmfleet_placement.planning import (
     LiveEngine,
     ModelNames,
@@ -100,6 +102,7 @@ class LivePlacementLoop:
     _term_start: float | None = None
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
     _desired_problems: tuple[str, ...] = ()
+    _unplaced: UnplacedPublisher | None = None
     _soon: bool = False  # the last tick found no engine: the next comes after RETRY_SOON_S
 
     def __post_init__(self) -> None:
@@ -170,6 +173,7 @@ class LivePlacementLoop:
                 if self.workload.config is not None:
                     self.workload.config = config
         self.config = config
+        await self._publish_unplaced(unplaced_models(problems))
         if tuple(problems) != self._desired_problems:
             self._desired_problems = tuple(problems)
             for p in problems:
@@ -304,6 +308,12 @@ class LivePlacementLoop:
         m.plan_id.set(meta.plan_id)
         self._record(Decision(meta.time, self.policy, f"plan #{meta.plan_id}: {summary}", reason))
         return True
+
+    async def _publish_unplaced(self, models: dict[str, str]) -> None:
+        """Tell the schedulers which models will not be placed (``coord.unplaced``), when it changes."""
+        if self._unplaced is None:
+            self._unplaced = UnplacedPublisher(self.etcd, self.election)
+        await self._unplaced.publish(models)
 
     def _waiting_for_reports(self, now: float, placements: dict[str, DesiredPlacement]) -> bool:
         """A plan is in force and the monitor has heard nobody yet this term (within the grace)."""

@@ -7,7 +7,9 @@
   the waiting requests as demand), and the request is dispatched when an engine reports the model
   loaded. Past the service's cold-start timeout (``llmfleet.policies.capacity.cold_start``) it fails
   UNAVAILABLE with a retry-after. A model larger than every engine fails at once
-  (FAILED_PRECONDITION naming it and the largest engine).
+  (FAILED_PRECONDITION naming it and the largest engine), and so does one the placement leader says it
+  will not place (``llmfleet.coord.unplaced``: the static policy lists it nowhere, or a planner left
+  its service out).
 * **Late binding** (``binding="late"``). Every engine hosting the model is saturated
   (``llmfleet.policies.capacity.Saturation``: its queue past its batch plus a slack, or its KV pool
   nearly full): the request waits here (``saturated``) instead of in one engine's queue, and goes to
@@ -202,6 +204,9 @@ class CapacityGate:
             why = self._unplaceable(model)
             if why is not None:
                 raise Unplaceable(why)
+            left_out = self.directory.unplaced(model)
+            if left_out is not None:
+                raise Unplaceable(f"placement does not place model {model!r}: {left_out}")
             return _Hold(COLD)
         if self.binding == "late":
             usable = [c for c in hosts if c.engine_id not in excluded]

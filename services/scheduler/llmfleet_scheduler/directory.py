@@ -28,6 +28,8 @@ class ClusterDirectory:
     services_view: PrefixView[ServiceSpec] | None = None
     nodes_view: PrefixView[NodeRecord] | None = None
     models_view: PrefixView[ModelEntry] | None = None  # model sources (chat templates)
+    # the models the placement leader will not place, and why (llmfleet.coord.unplaced)
+    unplaced_view: PrefixView[dict[str, str]] | None = None
     load: LoadBook = field(default_factory=LoadBook)
     monitor: LoadMonitor | None = None  # None: no load source (the book sees only what we dispatch)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
@@ -47,6 +49,12 @@ class ClusterDirectory:
         """The cost-model catalog name ``models/`` gives ``model`` (None: none given)."""
         entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
         return entry.sim_model if entry is not None else None
+
+    def unplaced(self, model: str) -> str | None:
+        """Why the placement leader will not place ``model`` (None: it may)."""
+        if self.unplaced_view is None:
+            return None
+        return self.unplaced_view.snapshot().get("", {}).get(model)
 
     def nodes(self) -> dict[str, NodeRecord]:
         return self.nodes_view.snapshot() if self.nodes_view is not None else {}
@@ -80,7 +88,7 @@ class ClusterDirectory:
     async def close(self) -> None:
         if self.monitor is not None:
             await self.monitor.close()
-        for v in (self.services_view, self.nodes_view, self.models_view):
+        for v in (self.services_view, self.nodes_view, self.models_view, self.unplaced_view):
             if v is not None:
                 await v.stop()
         for ch in self._channels.values():

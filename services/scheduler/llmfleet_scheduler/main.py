@@ -9,6 +9,7 @@ from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.coord import node_view, service_view
 from llmfleet.coord.desired import model_view
 from llmfleet.coord.migration_state import migration_state_view
+from llmfleet.coord.unplaced import unplaced_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.capacity import BINDINGS, Saturation
 from llmfleet.policies.dispatch import POLICIES
@@ -111,9 +112,11 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         directory.services_view = service_view(n.etcd)
         directory.nodes_view = node_view(n.etcd)
         directory.models_view = model_view(n.etcd)
+        directory.unplaced_view = unplaced_view(n.etcd)
         await directory.services_view.start()
         await directory.nodes_view.start()
         await directory.models_view.start()
+        await directory.unplaced_view.start()
         if monitor is not None:
             n.spawn(monitor.track(directory.nodes_view), "scheduler-load-monitor")
         n.spawn(relay.watch_engines(), "scheduler-engine-watch")  # cut streams of engines that left
