@@ -240,6 +240,7 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
         before = {s: list(h) for s, h in _hosts(up).items()}
         sched = psutil.Process(up.endpoints["scheduler"]["pid"])
         cpu0 = sum(sched.cpu_times()[:2])
+        lag0 = emulated_lag(up)
         t0 = time.monotonic()
         watch = HostWatch(up.scheduler, "chat").start(t0)
         results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * n, 48))
@@ -248,6 +249,9 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
         # the scheduler relays every token: its CPU over the burst against the burst's length shows
         # whether it (not the engines) bounds the throughput
         report["scheduler_cpu_s"] = sum(sched.cpu_times()[:2]) - cpu0
+        if lag0 is not None:  # emulated engines: steps that ended late (this machine's CPU was short)
+            lag1 = emulated_lag(up) or lag0
+            report["emulated_lag"] = {k: lag1[k] - lag0[k] for k in lag0}
         report["hosts_before"] = before
         report["chat_engines_over_time"] = [(round(t, 2), len(e)) for t, e in timeline]
         report["placement_decisions"] = [
@@ -258,6 +262,29 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
         return report
     finally:
         up.stop()
+
+
+def emulated_lag(up: LocalUp) -> dict[str, float] | None:
+    """Summed over the emulated engines: paced waits, those that ended late, and the lateness in
+    seconds (``llmfleet_emulated_*``); None when the cluster has no emulated engine."""
+    import urllib.request
+
+    names = {"llmfleet_emulated_waits_total": "waits", "llmfleet_emulated_late_total": "late",
+             "llmfleet_emulated_lag_seconds_total": "lag_s"}  # fmt: skip
+    out = dict.fromkeys(names.values(), 0.0)
+    rows = [r for n, r in up.endpoints.items() if n.startswith("emu") and r.get("metrics")]
+    if not rows:
+        return None
+    for row in rows:
+        host, ports = row["metrics"].rsplit(":", 1)
+        lo, _, hi = ports.partition("..")
+        for port in range(int(lo), int(hi or lo) + 1):
+            text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name in names:
+                    out[names[name]] += float(value)
+    return out
 
 
 def _hosts(up: LocalUp) -> dict[str, list[str]]:
@@ -401,7 +428,8 @@ def markdown(report: dict) -> str:
                           f"{n['tokens_per_s'] / t['tokens_per_s']:.2f}×, p99 {n['latency_p99_s'] / t['latency_p99_s']:.2f}×; "
                           f"per engine today {t['per_engine']}, {arm} {n['per_engine']}; scheduler CPU "
                           f"{_f(t.get('scheduler_cpu_s'), '{:.1f}')} s / {_f(n.get('scheduler_cpu_s'), '{:.1f}')} s over "
-                          f"{_f(t.get('wall_s'), '{:.1f}')} s / {_f(n.get('wall_s'), '{:.1f}')} s."]  # fmt: skip
+                          f"{_f(t.get('wall_s'), '{:.1f}')} s / {_f(n.get('wall_s'), '{:.1f}')} s"
+                          + (f"; emulated steps late {_late(t)} / {_late(n)}" if "emulated_lag" in n else "") + "."]  # fmt: skip
     for name in [n for n in scenario_names(report) if n.startswith("emulated-")]:
         sim = report[name].get("new", {}).get("sim")
         if not sim:
@@ -412,6 +440,12 @@ def markdown(report: dict) -> str:
                   f"chat engines sim {sim['chat_engines_over_time']}, live (changes) "
                   f"{_changes(live['chat_engines_over_time'])}."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _late(r: dict) -> str:
+    lag = r.get("emulated_lag") or {}
+    waits = lag.get("waits") or 0
+    return f"{lag.get('late', 0) / waits:.0%} (lag {lag.get('lag_s', 0):.1f} s)" if waits else "—"
 
 
 def scenario_names(report: dict) -> list[str]:

@@ -178,3 +178,11 @@ async def test_a_request_behind_a_queue_waits_its_turn() -> None:
 def test_an_unknown_binding_is_refused() -> None:
     with pytest.raises(ValueError, match="binding"):
         CapacityGate(directory(), binding="sometimes")
+
+
+async def test_a_model_the_placement_leader_leaves_out_fails_at_once() -> None:
+    d = directory(node("e0", "other"))
+    d.unplaced_view = StaticView({"": {"m": "the static placement lists model 'm' on no engine"}})  # type: ignore[assignment]
+    gate = CapacityGate(d)
+    with pytest.raises(Unplaceable, match="placement does not place model 'm': the static placement"):
+        await gate.place(SPEC, make_dispatch_policy("round_robin"), req("r"), frozenset())
