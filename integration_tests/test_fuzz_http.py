@@ -60,6 +60,7 @@ def api_schema(api):
 # drawn from each operation's strategy under a plain @given. GETs take no parameters: no negative cases.
 OPERATIONS = [
     ("GET", "/health"),
+    ("GET", "/ready"),
     ("GET", "/version"),
     ("GET", "/v1/models"),
     ("POST", "/v1/completions"),

@@ -219,6 +219,13 @@ class RebalanceStats:
         return asdict(self)
 
 
+def epoch_stats(epoch_s: float) -> RebalanceStats:
+    """Fresh stats of a loop run every ``epoch_s`` (ValueError unless > 0)."""
+    if not epoch_s > 0:
+        raise ValueError(f"epoch_s must be > 0, got {epoch_s}")
+    return RebalanceStats(epoch_s)
+
+
 @dataclass
 class RebalanceLoop:
     """Aladdin's Algorithm 2 every ``epoch_s``: the dispatch policy (a
@@ -233,9 +240,7 @@ class RebalanceLoop:
     stats: RebalanceStats = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.epoch_s > 0:
-            raise ValueError(f"epoch_s must be > 0, got {self.epoch_s}")
-        self.stats = RebalanceStats(self.epoch_s)
+        self.stats = epoch_stats(self.epoch_s)
 
     def install(self, sim: Simulator) -> None:
         sim.every(self.epoch_s, self.tick)
@@ -278,9 +283,7 @@ class QueueMoveLoop:
     stats: RebalanceStats = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.epoch_s > 0:
-            raise ValueError(f"epoch_s must be > 0, got {self.epoch_s}")
-        self.stats = RebalanceStats(self.epoch_s)
+        self.stats = epoch_stats(self.epoch_s)
 
     def install(self, sim: Simulator) -> None:
         sim.every(self.epoch_s, self.tick)

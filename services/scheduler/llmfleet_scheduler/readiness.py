@@ -1,6 +1,7 @@
 """Ready means servable (issue 26): the scheduler's readiness — gRPC health of
 ``llmfleet.v1.Scheduler`` and HTTP ``/ready`` — is SERVING only when every configured service has a
-live engine with its model loaded, except services marked ``scale_to_zero``. ``""`` (the overall
+live engine with its model loaded, except services marked ``scale_to_zero`` and services whose model
+the placement leader says it will not place (``llmfleet.coord.unplaced``). ``""`` (the overall
 gRPC health) and HTTP ``/health`` stay liveness: the process is up and answering.
 
 :class:`Readiness` follows the services and nodes views and sets the health status when the answer
@@ -52,6 +53,10 @@ class Readiness:
         if self.seeded is not None and not self._seeded:
             return False, ["(services not seeded by placement yet)"]
         missing = unserved(self.directory.services(), self.directory.engines().values())
+        services = self.directory.services()
+        # a service whose model the placement leader says it will not place never gets an engine:
+        # waiting for it would hold readiness forever (its requests fail at once, naming why)
+        missing = [n for n in missing if self.directory.unplaced(services[n].model) is None]
         return not missing, missing
 
     async def refresh(self) -> None:
