@@ -1,0 +1,51 @@
+"""``llmfleet up`` passes the cluster config's ``scheduler:`` section to every scheduler, and shares the
+host's cores among the CPU engines it starts (each engine's own ``threads`` wins)."""
+
+from __future__ import annotations
+
+import pytest
+from llmfleet.cli import up
+from llmfleet.config import ClusterConfig, SchedulerConfig
+
+BASE = {
+    "services": {"chat": {"model": "m"}},
+    "models": {"m": {"source": "tiny://llama"}},
+    "engines": {"e0": {}, "e1": {}, "e2": {"threads": 3}},
+}
+
+
+def test_scheduler_section_becomes_scheduler_flags(tmp_path) -> None:
+    cfg = ClusterConfig.model_validate(
+        {**BASE, "scheduler": {"binding": "early", "cold_start": False, "move_queued": True}}
+    )
+    plans = up.plan_services(
+        cfg, tmp_path / "c.yaml", etcd="127.0.0.1:2379", state_dir=tmp_path, schedulers=2
+    )
+    for p in (p for p in plans if p.name.startswith("scheduler")):
+        argv = p.argv
+        assert argv[argv.index("--binding") + 1] == "early"
+        assert "--no-cold-start" in argv and "--move-queued" in argv
+        assert argv[argv.index("--ready-when") + 1] == "servable"
+
+
+def test_defaults_are_late_binding_with_cold_starts() -> None:
+    args = SchedulerConfig().args()
+    assert args[args.index("--binding") + 1] == "late" and "--no-cold-start" not in args
+
+
+def test_bad_scheduler_settings_name_the_key() -> None:
+    with pytest.raises(ValueError, match="binding"):
+        ClusterConfig.model_validate({**BASE, "scheduler": {"binding": "sometimes"}})
+    with pytest.raises(ValueError, match="kv_room_fraction"):
+        ClusterConfig.model_validate({**BASE, "scheduler": {"kv_room_fraction": 0}})
+
+
+def test_cpu_engines_share_the_cores(tmp_path) -> None:
+    cfg = ClusterConfig.model_validate(BASE)
+    assert up.cpu_threads_each(cfg, cores=2) == 1  # three engines, two cores: one each, not two
+    assert up.cpu_threads_each(cfg, cores=12) == 4
+    plans = {
+        p.name: p.argv for p in up.plan_services(cfg, tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+    }
+    assert plans["e0"][plans["e0"].index("--threads") + 1] == str(up.cpu_threads_each(cfg))
+    assert plans["e2"].count("--threads") == 1 and plans["e2"][plans["e2"].index("--threads") + 1] == "3"
