@@ -134,7 +134,7 @@ def bench_replay(
     sim = subprocess.run(
         [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{gpus}xA100-80GB", "--cluster-config",
          str(fleet.config), "--policy", "vllm", "--placement", policy, "--placement-interval-s", "30",
-         "--placement-window-s", "60", "--out", str(fleet.dir / "sim")],
+         "--placement-window-s", "60", "--engine-gpus", "1", "--out", str(fleet.dir / "sim")],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     (fleet.dir / "sim.out").write_text(sim.stdout + sim.stderr)

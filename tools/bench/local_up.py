@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ class LocalUp:
     def start(self, timeout_s: float = 600.0) -> float:
         """Launch and wait for "up"; returns the launch time (``time.monotonic()``)."""
         state = self.dir / "state"
+        shutil.rmtree(state, ignore_errors=True)  # each run starts from nothing (no etcd data, no logs)
         self.log = open(self.dir / "up.out", "w")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
         self.proc = subprocess.Popen(

@@ -28,7 +28,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.cli.up_ready import wait_servable
-from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig, EmulatedPool, validation_message
+from llmfleet.config import (
+    DEFAULT_CONFIG,
+    DEFAULT_PREFIX,
+    DEFAULT_TTL_S,
+    ClusterConfig,
+    EmulatedPool,
+    validation_message,
+)
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.supervisor import ProcessGroup, SupervisorError, describe_returncode
 from llmfleet.supervisor_restart import Decision, RestartPolicy, Restarts
@@ -258,6 +265,22 @@ def plan_services(
     return plans
 
 
+def forget_nodes(etcd: Any, prefix: str | None) -> None:
+    """Drop the node records a previous ``up`` left in its own etcd. etcd restores leases with a fresh
+    TTL when it restarts, so the last run's engines would look alive, with their models loaded, for a
+    whole TTL: the scheduler would call the cluster servable before any engine of this run exists.
+    Every process of that run is gone (``up`` stopped them), so their records are stale."""
+    import subprocess
+
+    from llmfleet.coord.keys import Keys
+
+    key = Keys(prefix or DEFAULT_PREFIX).nodes
+    subprocess.run(
+        [str(etcd.etcdctl_path()), "--endpoints", etcd.endpoint, "del", "--prefix", key],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
 def cpu_threads_each(config: ClusterConfig, cores: int | None = None) -> int:
     """Torch threads for each CPU engine ``up`` starts without its own ``threads``: the host's cores
     shared among the CPU engines, at least one each. Each engine taking every core (torch's default)
@@ -426,6 +449,7 @@ def run(args: argparse.Namespace) -> int:
                     console.print(f"[red]error:[/] etcd did not start: {escape(str(e))}")
                     return 1
                 endpoint = etcd.endpoint
+                forget_nodes(etcd, args.prefix)
                 etcd_row = {
                     "name": "etcd",
                     "address": endpoint,

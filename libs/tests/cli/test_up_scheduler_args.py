@@ -49,3 +49,22 @@ def test_cpu_engines_share_the_cores(tmp_path) -> None:
     }
     assert plans["e0"][plans["e0"].index("--threads") + 1] == str(up.cpu_threads_each(cfg))
     assert plans["e2"].count("--threads") == 1 and plans["e2"][plans["e2"].index("--threads") + 1] == "3"
+
+
+def test_up_forgets_the_node_records_a_previous_run_left_in_its_etcd(tmp_path) -> None:
+    import subprocess
+
+    from llmfleet.coord import LocalEtcd
+
+    etcd = LocalEtcd(tmp_path / "etcd").start()
+    try:
+        ctl = [str(LocalEtcd.etcdctl_path()), "--endpoints", etcd.endpoint]
+        subprocess.run([*ctl, "put", "/llmfleet/nodes/engine-0", "{}"], check=True, capture_output=True)
+        subprocess.run([*ctl, "put", "/llmfleet/services/chat", "{}"], check=True, capture_output=True)
+        up.forget_nodes(etcd, None)
+        keys = subprocess.run(
+            [*ctl, "get", "--prefix", "/llmfleet/", "--keys-only"], capture_output=True, text=True
+        )
+        assert keys.stdout.split() == ["/llmfleet/services/chat"]  # only the nodes are gone
+    finally:
+        etcd.stop()
