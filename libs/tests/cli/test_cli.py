@@ -269,13 +269,16 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
     assert sched[i + 1] == "127.0.0.1:2379" and sched[sched.index("--ttl") + 1] == "5"
     assert sched[sched.index("--id") + 1] == "scheduler" and "--prefix" not in sched
     assert plans[2].argv[-2:] == ["--config", "c.yaml"]
-    assert plans[4].argv[-6:] == [
+    threads = str(up.cpu_threads_each(cfg))  # the host's cores shared among the CPU engines
+    assert plans[4].argv[-8:] == [
         "--models-dir",
         str(tmp_path / "models"),
         "--device",
         "cpu",
         "--policy",
         "fcfs",
+        "--threads",
+        threads,
     ]
     assert plans[4].log_path == tmp_path / "logs" / "engine-0.log"
     cfg.engines["engine-1"].port = 7002
@@ -297,8 +300,9 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
     assert e0.argv[e0.argv.index("--policy") :] == [
         "--policy", "scls", "--policy-options", '{"keep_kv": false}',
         "--max-running", "8", "--max-prefill-tokens", "1024", "--watermark", "0.05",
+        "--threads", str(up.cpu_threads_each(cfg)),
     ]  # fmt: skip
-    assert e1.argv[-2:] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
+    assert e1.argv[-4:-2] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
 
 
 def test_plan_services_scheduler_replicas(tmp_path: Path) -> None:
