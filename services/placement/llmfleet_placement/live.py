@@ -68,7 +68,7 @@ from llmfleet_placement.workload import (
 
 log = logging.getLogger(__name__)
 
-RETRY_SOON_S = 0.5  # while no engine has registered, the loop looks again this often (start-up)
+RETRY_SOON_S = 0.5  # while the engines are registering, the loop looks again this often (start-up)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class LivePlacementLoop:
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
     _desired_problems: tuple[str, ...] = ()
     _unplaced: UnplacedPublisher | None = None
-    _soon: bool = False  # the last tick found no engine: the next comes after RETRY_SOON_S
+    _soon: bool = False  # the last tick found the engines still registering: the next after RETRY_SOON_S
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -192,12 +192,21 @@ class LivePlacementLoop:
         now = self.clock()
         placements = self.placement_view.snapshot()
         engines = live_engines(self.nodes_view.snapshot().values(), placements)
-        self._soon = not engines  # no engine registered yet: look again shortly, not in one interval
+        # start-up: while the configured engines are still registering (within the grace), look again
+        # shortly rather than in one interval, and do not plan on part of the pool yet
+        starting = now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s
+        expected = (
+            self.config.emulated.count if self.config.emulated is not None else len(self.config.engines)
+        )
+        self._soon = not engines or (starting and len(engines) < expected and not self.plan_id)
         if not engines:
-            if now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s:
+            if starting:
                 log.info("placement: no live engine yet; waiting for engines to register")
             else:
                 self._failed("no live engines to place on")
+            return None
+        if self._soon:
+            log.info("placement: %d of %d engines registered; waiting for the rest", len(engines), expected)
             return None
         if self._waiting_for_reports(now, placements):
             log.info("placement: waiting for the schedulers' first reports before planning")
