@@ -218,12 +218,22 @@ async def test_migration_mid_stream_is_invisible_to_the_client(cluster: Cluster)
                 break
         running = await wait_running(mig, lambda r: sum(r.values()) == 1, 10, "the request to run")
         source = next(e for e, n in running.items() if n == 1)
-        target = ({"engine-0", "engine-1"} - {source}).pop()
-        async with grpc.aio.insecure_channel(cluster.addresses[source]) as ch:
-            await engine_pb2_grpc.EngineStub(ch).Migrate(
-                engine_pb2.MigrateRequest(request_id="move-me", destination=cluster.addresses[target]),
-                timeout=60,
-            )
+        # the coordinator's view comes from load snapshots and may lag the engines by a snapshot: when
+        # the engine it names does not hold the request, the other one must (it is streaming)
+        for attempt in (source, ({"engine-0", "engine-1"} - {source}).pop()):
+            target = ({"engine-0", "engine-1"} - {attempt}).pop()
+            async with grpc.aio.insecure_channel(cluster.addresses[attempt]) as ch:
+                try:
+                    await engine_pb2_grpc.EngineStub(ch).Migrate(
+                        engine_pb2.MigrateRequest(
+                            request_id="move-me", destination=cluster.addresses[target]
+                        ),
+                        timeout=60,
+                    )
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.NOT_FOUND or attempt != source:
+                        raise
         chunks.extend([c async for c in stream])
     assert stream.usage.engine_id == target and stream.usage.finish_reason == "length"
     indices = [c.index for c in chunks]
