@@ -74,7 +74,6 @@ def test_hold_queue_orders_by_priority_then_arrival_and_removes_in_place() -> No
     assert q.items() == ["c", "b", "a", "d"]
     assert q.remove("b") == "b" and q.remove("b") is None
     assert q.pop() == "c" and q.peek() == "a"
-    assert q.next_deadline() == 10.0
     assert q.expired(9.9) == [] and q.expired(10.0) == ["d"]
     q.set_deadline("a", 5.0)
     assert q.expired(6.0) == ["a"] and len(q) == 0 and q.pop() is None

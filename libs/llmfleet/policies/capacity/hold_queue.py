@@ -28,6 +28,7 @@ class HoldQueue(Generic[T]):
         self._heap: list[_Entry[T]] = []
         self._by_key: dict[str, _Entry[T]] = {}
         self._seq = itertools.count()
+        self._timed: set[str] = set()  # keys with a finite deadline: expiry scans only when some exist
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -43,6 +44,8 @@ class HoldQueue(Generic[T]):
         e = _Entry((-priority, arrival, next(self._seq)), key, item, deadline)
         self._by_key[key] = e
         heapq.heappush(self._heap, e)
+        if deadline != float("inf"):
+            self._timed.add(key)
 
     def _drop_dead(self) -> None:
         while self._heap and not self._heap[0].live:
@@ -58,6 +61,7 @@ class HoldQueue(Generic[T]):
             return None
         e = heapq.heappop(self._heap)
         del self._by_key[e.key]
+        self._timed.discard(e.key)
         return e.item
 
     def remove(self, key: str) -> T | None:
@@ -65,6 +69,7 @@ class HoldQueue(Generic[T]):
         e = self._by_key.pop(key, None)
         if e is None:
             return None
+        self._timed.discard(key)
         e.live = False
         return e.item
 
@@ -72,16 +77,16 @@ class HoldQueue(Generic[T]):
         e = self._by_key.get(key)
         if e is not None:
             e.deadline = deadline
+            (self._timed.add if deadline != float("inf") else self._timed.discard)(key)
 
     def expired(self, now: float) -> list[T]:
         """Take out every item whose deadline is <= ``now`` (in queue order)."""
-        gone = sorted(e for e in self._by_key.values() if e.deadline <= now)
+        if not self._timed:  # nothing can expire: no scan (the pump runs on every end and report)
+            return []
+        gone = sorted(self._by_key[k] for k in self._timed if self._by_key[k].deadline <= now)
         for e in gone:
             self.remove(e.key)
         return [e.item for e in gone]
-
-    def next_deadline(self) -> float:
-        return min((e.deadline for e in self._by_key.values()), default=float("inf"))
 
     def items(self) -> list[T]:
         """Held items in queue order."""

@@ -10,7 +10,7 @@ admits at once, vLLM's ``max_num_seqs``); without one, only the engine's waiting
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmfleet.policies.dispatch.base import EngineCandidate
@@ -49,10 +49,5 @@ class Saturation:
             return c.kv_used_bytes + c.kv_waiting_bytes < self.kv_fraction * c.kv_capacity_bytes
         return True
 
-    def with_room(
-        self, candidates: Iterable[EngineCandidate], occupancy: Mapping[str, int] | None = None
-    ) -> list[EngineCandidate]:
-        """The candidates with room (``occupancy``: per engine id, its requests, else ``c.queued``)."""
-        if occupancy is None:
-            return [c for c in candidates if self.has_room(c)]
-        return [c for c in candidates if self.has_room(c, occupancy.get(c.engine_id))]
+    def with_room(self, candidates: Iterable[EngineCandidate]) -> list[EngineCandidate]:
+        return [c for c in candidates if self.has_room(c)]
