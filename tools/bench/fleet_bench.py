@@ -7,9 +7,12 @@ Sections (``--only``):
   loaded, and the resident memory of every process of the cluster (etcd, schedulers, profiler,
   placement, migration, the engine hosts), summed. Goal (issue 22): ≤ 6 GiB and ≤ 60 s at 64 GPUs.
 * ``replay`` — the conv trace (``--trace``, default ../shared/traces/azure_llm_2023_conv.csv) at the
-  README's rate on 32 emulated A100s with ``seallm`` placement: ``llmfleet load --trace`` against the
-  live fleet and ``llmfleet sim`` on the same trace and services, compared by ``llmfleet compare``
-  (mean and p99 latency, GPUs in use, placement plans, failures). Needs the trace; skipped without it.
+  README's rate (4×) for 10 minutes (``--quick``: 2) on 32 emulated A100s (quick 16), once per preset
+  (``--preset``, default ``vllm-v0.4`` and ``seallm``; seallm places with Algorithm 1, the ``seallm``
+  planner): ``llmfleet load --trace`` against the live fleet and ``llmfleet sim`` on the same trace window
+  and services (``--first-plan cold``: the simulated leader starts as the live one, with no request
+  seen), compared by ``llmfleet compare`` (mean and p99 latency, GPUs in use, placement plans,
+  failures). Needs the trace; skipped without it.
 
 Each figure comes from one run on this machine; the machine is named in the report.
 """
@@ -57,8 +60,20 @@ def _status(etcd: str) -> dict:
 class Fleet(LocalUp):
     """``llmfleet up`` on an emulated pool, as a user starts it; stopped with Ctrl-C (SIGINT)."""
 
-    def __init__(self, out: Path, gpus: int, processes: int, placement: dict) -> None:
-        cfg = {**SERVICES, "placement": placement, "emulated": {"hardware": "A100-80GB", "count": gpus}}
+    def __init__(
+        self,
+        out: Path,
+        gpus: int,
+        processes: int,
+        placement: dict,
+        engine: dict | None = None,
+        dispatch: str = "",
+    ) -> None:
+        services = {
+            k: {**v, **({"dispatch": dispatch} if dispatch else {})} for k, v in SERVICES["services"].items()
+        }
+        pool = {"hardware": "A100-80GB", "count": gpus, **({"engine": engine} if engine else {})}
+        cfg = {**SERVICES, "services": services, "placement": placement, "emulated": pool}
         emulate = ["--emulate", f"{gpus}xA100-80GB", "--emulate-processes", str(processes)]
         super().__init__(out / f"fleet-{gpus}", cfg, *emulate)
         self.gpus, self.processes = gpus, processes
@@ -113,15 +128,31 @@ def bench_startup(out: Path, gpus: int, processes: int) -> dict:
     }
 
 
+def preset_config(name: str, placement: str | None) -> tuple[dict, dict, str]:
+    """The live settings of ``llmfleet sim``'s preset ``name``: (placement section, emulated engine
+    section, services' dispatch). ``placement`` overrides the preset's planner, on both sides."""
+    from llmfleet.sim.run import preset
+
+    b = preset(name, placement=placement)
+    section = {"policy": b.placement, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
+    if b.placement_options:
+        section["options"] = b.placement_options
+    engine = {"policy": b.local, **({"policy_options": b.local_options} if b.local_options else {})}
+    return section, engine, b.dispatch
+
+
 def bench_replay(
-    out: Path, gpus: int, trace: Path, rate_scale: float, duration_s: float, policy: str
+    out: Path, gpus: int, trace: Path, rate_scale: float, duration_s: float, name: str, placement: str | None
 ) -> dict:
     """Live replay vs ``llmfleet sim`` on the same trace window and services (``llmfleet compare``):
-    ``policy`` placement planning every 30 s over the last 60 s, both sides."""
-    placement = {"policy": policy, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
-    fleet = Fleet(out / policy, gpus, max(1, gpus // 16), placement)
+    preset ``name`` (its placement planning every 30 s over the last 60 s, its dispatch and engine
+    policy) on both sides, each starting as a live leader does (``--first-plan cold``)."""
+    section, engine, dispatch = preset_config(name, placement)
+    label = f"{name}+{section['policy']}"
+    fleet = Fleet(out / label, gpus, max(1, gpus // 16), section, engine=engine, dispatch=dispatch)
     fleet.start()
-    window = ["--trace", str(trace), "--rate-scale", str(rate_scale), "--end", str(duration_s)]
+    # duration_s of wall time: that much of the trace's time times the rate scale
+    window = ["--trace", str(trace), "--rate-scale", str(rate_scale), "--end", str(duration_s * rate_scale)]
     try:
         run = subprocess.run(
             [str(BIN / "llmfleet"), "load", *window, "--scheduler", fleet.endpoints["scheduler"]["address"],
@@ -133,8 +164,8 @@ def bench_replay(
         fleet.stop()
     sim = subprocess.run(
         [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{gpus}xA100-80GB", "--cluster-config",
-         str(fleet.config), "--policy", "vllm", "--placement", policy, "--placement-interval-s", "30",
-         "--placement-window-s", "60", "--engine-gpus", "1", "--out", str(fleet.dir / "sim")],
+         str(fleet.config), "--policy", name, "--placement", section["policy"], "--placement-interval-s", "30",
+         "--placement-window-s", "60", "--engine-gpus", "1", "--first-plan", "cold", "--out", str(fleet.dir / "sim")],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     (fleet.dir / "sim.out").write_text(sim.stdout + sim.stderr)
@@ -145,7 +176,8 @@ def bench_replay(
     )  # fmt: skip
     return {
         "gpus": gpus,
-        "placement": policy,
+        "preset": name,
+        "placement": section["policy"],
         "load_rc": run.returncode,
         "sim_rc": sim.returncode,
         "compare": (cmp.stdout + cmp.stderr)[-6000:],
@@ -161,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=None, help="startup: emulated GPUs (64; quick 16)")
     ap.add_argument("--processes", type=int, default=None, help="startup: engine processes (4; quick 2)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--rate-scale", type=float, default=1.0)
-    ap.add_argument("--placement", default="seallm", help="replay: the placement policy, live and simulated")
+    ap.add_argument(
+        "--rate-scale", type=float, default=4.0, help="replay: the trace's rate × (the README's 4)"
+    )
+    ap.add_argument(
+        "--preset",
+        action="append",
+        help="replay: llmfleet sim presets, live and simulated (vllm-v0.4 and seallm)",
+    )
+    ap.add_argument(
+        "--placement", help="replay: override the presets' placement (default: seallm's is Algorithm 1)"
+    )
     ap.add_argument("--duration", type=float, default=None, help="replay seconds (600; quick 120)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -179,14 +220,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.trace.exists():
             report["replay"] = {"skipped": f"no trace at {args.trace}"}
         else:
-            report["replay"] = bench_replay(
-                out,
-                16 if args.quick else 32,
-                args.trace,
-                args.rate_scale,
-                args.duration or (120 if args.quick else 600),
-                args.placement,
-            )
+            report["replay"] = [
+                bench_replay(
+                    out,
+                    args.gpus or (16 if args.quick else 32),
+                    args.trace,
+                    args.rate_scale,
+                    args.duration or (120 if args.quick else 600),
+                    name,
+                    args.placement or ("seallm" if name == "seallm" else None),
+                )
+                for name in args.preset or ["vllm-v0.4", "seallm"]
+            ]
         print(json.dumps(report["replay"], indent=1))
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "fleet.md").write_text(markdown(report))
@@ -208,12 +253,15 @@ def markdown(report: dict) -> str:
             f"| goal | {s['goal']}: {s['met']} |", "",
         ]  # fmt: skip
     r = report.get("replay")
-    if r:
+    for run in r if isinstance(r, list) else [r] if r else []:
+        title = (
+            f"{run.get('preset')} (placement {run.get('placement')}) on {run.get('gpus')} emulated A100-80GB"
+        )
         lines += [
-            "## Replay: live vs simulated",
+            f"## Replay: live vs simulated, {title}",
             "",
             "```",
-            r.get("compare", r.get("skipped", "")),
+            run.get("compare", run.get("skipped", "")),
             "```",
             "",
         ]

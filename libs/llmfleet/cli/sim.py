@@ -123,6 +123,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the live scheduler's --binding late (default early: each arrival is dispatched at once)",
     )
     p.add_argument(
+        "--first-plan",
+        choices=("oracle", "cold"),
+        help="the plan in force at the start: oracle (default) = planned on the workload's own demand; cold "
+        "= as a live placement leader starts, with no request seen yet (compare with llmfleet load)",
+    )
+    p.add_argument(
         "--move-queued",
         action="store_true",
         default=None,
@@ -233,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
                 placement_confirm_intervals=args.placement_confirm_intervals,
                 migration=args.migration, transfer=args.transfer, migration_epoch_s=args.migration_epoch_s,
                 binding=args.binding, cold_start=args.cold_start, move_queued=args.move_queued,
+                first_plan=args.first_plan,
             )
             for n in names
         ]  # fmt: skip

@@ -51,6 +51,8 @@ from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
 from llmfleet.workload.synthesis import kmeans_labels, length_features
 
+FIRST_PLANS = ("oracle", "cold")
+
 
 @dataclass(frozen=True)
 class PolicyBundle:
@@ -79,6 +81,10 @@ class PolicyBundle:
     binding_options: dict[str, Any] = field(default_factory=dict)
     cold_start: bool = True
     move_queued: bool = False  # every migration_epoch_s, move queued requests off full instances
+    # the plan in force at the start: "oracle" = planned on the workload's own demand (its first window
+    # for planners that simulate); "cold" = as a live leader starts, with no requests seen yet (zero
+    # rates, no evaluator), so the fleet's first plan is the same on both sides
+    first_plan: str = "oracle"
 
     @property
     def central(self) -> bool:
@@ -116,6 +122,8 @@ class PolicyBundle:
             )
         if self.adaptive_interval and self.placement_interval_s is None:
             raise ValueError("adaptive_interval needs placement_interval_s (its initial interval)")
+        if self.first_plan not in FIRST_PLANS:
+            raise ValueError(f"unknown first_plan {self.first_plan!r}; valid: {list(FIRST_PLANS)}")
         if self.binding not in BINDINGS:
             raise ValueError(f"unknown binding {self.binding!r}; valid: {list(BINDINGS)}")
         Saturation(**self.binding_options)  # TypeError/ValueError naming a bad option
@@ -228,6 +236,11 @@ def service_loads(workload: Workload, spec: SimSpec) -> list[ServiceLoad]:
     return out
 
 
+def cold_loads(spec: SimSpec) -> list[ServiceLoad]:
+    """What a live leader's first plan sees: every service, no request yet."""
+    return [ServiceLoad(s.name, s.model, slo=s.slo) for s in spec.services]
+
+
 @dataclass
 class Experiment:
     """One policy on one workload: the plan, the raw result and the summary report."""
@@ -270,11 +283,15 @@ def simulate(
     planner = None
     if plan is None or policy.placement_interval_s is not None:
         planner = make_placement_policy(policy.placement, **policy.placement_options)
-        if planner.needs.evaluator and evaluator_factory is None:
+        searches = policy.placement_interval_s is not None or (plan is None and policy.first_plan == "oracle")
+        if planner.needs.evaluator and evaluator_factory is None and searches:
             raise ValueError(
                 f"placement {policy.placement!r} scores plans by simulating them: pass an evaluator_factory "
                 "(e.g. one building llmfleet.sim.plan_eval.SimPlanEvaluator)"
             )
+    if plan is None and policy.first_plan == "cold":
+        assert planner is not None
+        plan = planner.place(gpus, cold_loads(spec), PlacementContext(now=workload.requests[0].arrival_s))
     if plan is None:
         assert planner is not None
         context = None

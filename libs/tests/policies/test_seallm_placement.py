@@ -128,9 +128,24 @@ def test_new_service_gets_minimal_dedicated_gpus_without_a_search():
     assert ev.calls == [] and p.last_score is None and "new services" in p.last_reason
 
 
+def test_cold_start_places_every_service_on_minimal_dedicated_gpus_without_an_evaluator():
+    # a live leader that has seen no request yet: no evaluator, nothing placed
+    p = SeaLLMPlacement()
+    plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=0.0, B=0.0))
+    assert plan == [
+        InstancePlan("new-llama2-13b", ("llama2-13b",), 1),
+        InstancePlan("new-llama2-7b", ("llama2-7b",), 1),
+    ]
+    assert "no recent workload" in p.last_reason
+    # every service hosted and still no evaluator: nothing to search on; the plan in force stays
+    with pytest.raises(ValueError, match="recent requests"):
+        p.place(GpuPool("a100-80gb", 4, 4), loads(A=1.0, B=1.0), PlacementContext(tuple(plan)))
+    # a pool that cannot hold the newcomers: no search possible either
+    with pytest.raises(ValueError, match="recent requests"):
+        p.place(GpuPool("a100-80gb", 1, 1), loads(A=0.0, B=0.0))
+
+
 def test_bad_input():
-    with pytest.raises(ValueError, match="plan evaluator"):
-        SeaLLMPlacement().place(GpuPool("a100-80gb", 4), loads(A=1.0))
     ev = HandEvaluator({"X": 1}, {"X": 1})
     with pytest.raises(PlacementInfeasible, match="llama2-70b"):
         SeaLLMPlacement().place(GpuPool("l4", 2, 2), loads(X=1.0), PlacementContext(evaluator=ev))
@@ -213,3 +228,30 @@ def test_sharing_cap_as_a_search_dimension():
     assert "≤ 1 services per group" in p.last_reason
     with pytest.raises(ValueError, match="max_services"):
         SeaLLMPlacement(max_services=(0, 2))
+
+
+def test_the_simulator_can_start_as_a_live_leader_does():
+    """``first_plan="cold"``: the plan in force at t=0 is what a live leader with no request seen yet
+    places (minimal dedicated GPUs per model); ``"oracle"`` searches on the workload's first window."""
+    from llmfleet.sim.plan_eval import SimPlanEvaluator
+    from llmfleet.sim.run import preset, simulate
+    from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+    from llmfleet.workload import Workload, WorkloadRequest
+
+    spec = SimSpec(
+        ClusterSpec.parse("4xA100-80GB"), (SimService("A", "llama2-7b"), SimService("B", "llama2-13b"))
+    )
+    reqs = Workload(
+        tuple(WorkloadRequest(f"r{i}", i * 0.25, 100, 20, service="AB"[i % 2]) for i in range(40))
+    )
+    cold = simulate(spec, reqs, preset("seallm", placement="seallm", first_plan="cold"))
+    assert sorted((p.models, p.tp) for p in cold.plan) == [(("llama2-13b",), 1), (("llama2-7b",), 1)]
+    assert all(r.done for r in cold.result.records)
+
+    def factory(s, rs, now):
+        return SimPlanEvaluator(s, rs, preset("seallm"))
+
+    oracle = simulate(spec, reqs, preset("seallm", placement="seallm"), evaluator_factory=factory)
+    assert oracle.plan != cold.plan
+    with pytest.raises(ValueError, match="first_plan"):
+        preset("seallm", first_plan="later")

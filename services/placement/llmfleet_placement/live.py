@@ -103,7 +103,7 @@ class LivePlacementLoop:
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
     _desired_problems: tuple[str, ...] = ()
     _unplaced: UnplacedPublisher | None = None
-    _soon: bool = False  # the last tick found the engines still registering: the next after RETRY_SOON_S
+    _soon: bool = False  # the last tick found services/ unseeded or the engines still registering: the next after RETRY_SOON_S
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -188,6 +188,7 @@ class LivePlacementLoop:
     async def tick(self) -> PlanResult | None:
         """One planning round; the plan it applied (None: nothing written)."""
         if not await self.refresh_services():
+            self._soon = True  # the controller seeds services/ at start: look again shortly
             return None
         now = self.clock()
         placements = self.placement_view.snapshot()
@@ -221,14 +222,11 @@ class LivePlacementLoop:
             return None
         reason = describe_loads(loads) + (f"; {note}" if note else "")
         evaluator = None
-        if self.planner.needs.evaluator:
-            if isinstance(self.workload, EvaluatorSource):
-                evaluator = self.workload.evaluator(now, pool)
-            if evaluator is None:
-                self._failed(
-                    f"policy {self.policy} scores plans by simulation but has no recent workload", reason
-                )
-                return None
+        if self.planner.needs.evaluator and isinstance(self.workload, EvaluatorSource):
+            evaluator = self.workload.evaluator(now, pool)
+        # no recent workload: the planner still places what nobody hosts (SeaLLM §4's minimal dedicated
+        # GPUs for a new service), so a fresh fleet is served before its first request
+        cold = self.planner.needs.evaluator and evaluator is None
         infeasible = (
             infeasible_since(self.workload.infeasible(now), self._infeasible_seen, specs, self.names)
             if isinstance(self.workload, InfeasibleSource)
@@ -245,7 +243,12 @@ class LivePlacementLoop:
                 plan_target, self.planner, pool, loads, engines, self.names, context
             )
         except (PlacementInfeasible, ValueError) as e:
-            self._failed(f"infeasible plan: {e}", reason)
+            if cold:
+                self._failed(
+                    f"policy {self.policy} scores plans by simulation but has no recent workload", reason
+                )
+            else:
+                self._failed(f"infeasible plan: {e}", reason)
             return None
         finally:
             if evaluator is not None:

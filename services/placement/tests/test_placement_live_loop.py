@@ -247,6 +247,32 @@ async def test_seallm_scores_plans_on_the_monitored_requests(etcd_client, views)
     assert hosted == {"tiny-llama", "tiny-qwen2"}
 
 
+async def test_seallm_with_no_workload_yet_serves_every_model_then_waits_for_requests(
+    etcd_client, views
+) -> None:
+    """A fresh fleet: nothing placed, no request seen. SeaLLM still gives every service its minimal
+    dedicated GPUs (SeaLLM §4's rule for a new service), so "up" becomes servable."""
+    from llmfleet.monitor import FleetMonitor
+    from llmfleet.policies.placement import make_placement_policy
+    from llmfleet_placement.workload import MonitorWorkload
+
+    pv, _ = views
+    config = CONFIG.model_copy(update={"placement": CONFIG.placement.model_copy(update={"policy": "seallm"})})
+    workload = MonitorWorkload(FleetMonitor(), config.service_specs, None, config, "seallm")
+    loop = make_loop(
+        etcd_client, views, make_placement_policy("seallm"), workload=workload, clock=lambda: 80.0
+    )
+    loop.config = config
+    assert await loop.tick() is not None
+    await pv.wait_for(
+        lambda s: {m.name for p in s.values() for m in p.models} == {"tiny-llama", "tiny-qwen2"}, 5
+    )
+    assert "no recent workload" in loop.decisions[-1].reason
+    n = len(loop.decisions)
+    assert await loop.tick() is None  # the engines are still loading: the same plan, nothing rewritten
+    assert len(loop.decisions) == n
+
+
 async def test_no_engine_yet_is_a_wait_then_an_error(etcd_client) -> None:
     """At start-up the leader may run before any engine registers: not an error within the grace."""
     pv, nv = placement_view(etcd_client), node_view(etcd_client)
@@ -263,3 +289,19 @@ async def test_no_engine_yet_is_a_wait_then_an_error(etcd_client) -> None:
     finally:
         for v in (pv, nv):
             await v.stop()
+
+
+async def test_unseeded_services_are_looked_at_again_shortly(etcd_client, views) -> None:
+    """At start the controller seeds services/ just after the leader's first tick: the leader must not
+    then wait a whole interval (30 s by default) before its first plan."""
+    seeded = False
+
+    async def desired():
+        return (CONFIG, []) if seeded else None
+
+    planner = ScriptedPlanner(one_each())
+    loop = make_loop(etcd_client, views, planner, desired=desired)
+    loop.interval_s = 30.0
+    assert await loop.tick() is None and loop._soon and planner.calls == 0
+    seeded = True
+    await asyncio.wait_for(loop._sleep(), 5)  # RETRY_SOON_S, not the interval

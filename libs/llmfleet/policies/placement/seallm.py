@@ -32,6 +32,9 @@ Resolutions (the paper leaves these open):
 * A new service (in ``services`` but hosted by no instance of ``context.current``) first gets the
   minimum dedicated GPUs: the smallest fitting group on GPUs the current plan leaves free, without a
   search (SeaLLM §4); the next periodic search then places everything.
+* Cold start (ours, the same rule): with no evaluator — a live leader that has seen no requests yet —
+  every unhosted service gets its minimum dedicated GPUs, even when nothing is placed at all; with every
+  service hosted and no evaluator there is nothing to search on (ValueError).
 """
 
 from __future__ import annotations
@@ -230,12 +233,14 @@ class SeaLLMPlacement(PlannerReport):
         services: Sequence[ServiceLoad],
         current: Sequence[InstancePlan],
         mem_bytes: float,
+        cold: bool = False,
     ) -> list[InstancePlan] | None:
         """The current plan plus minimal dedicated groups for services it does not host, or None when
-        every service is hosted (or the free GPUs cannot hold the newcomers: then search)."""
+        every service is hosted (or the free GPUs cannot hold the newcomers: then search). An empty
+        current plan is searched unless ``cold`` (no evaluator: nothing to search on)."""
         hosted = {m for p in current for m in p.models}
         new = [s for s in services if s.model not in hosted]
-        if not new or not current:
+        if not new or not (current or cold):
             return None
         free = gpus.count - sum(p.tp for p in current)
         plan = list(current)
@@ -252,18 +257,23 @@ class SeaLLMPlacement(PlannerReport):
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
     ) -> list[InstancePlan]:
         ctx = context or PlacementContext()
-        if ctx.evaluator is None:
-            raise ValueError("the seallm planner needs a plan evaluator (PlacementContext.evaluator)")
         self.evaluations = 0
         if not services:
             self.last_score, self.last_reason = None, "no services"
             return []
         mem = hardware(gpus.hardware).mem_bytes
-        quick = self._new_services(gpus, services, ctx.current, mem)
+        cold = ctx.evaluator is None
+        quick = self._new_services(gpus, services, ctx.current, mem, cold=cold)
         if quick is not None:
             self.last_score = None
-            self.last_reason = "new services get minimal dedicated GPUs before the next search"
+            self.last_reason = "new services get minimal dedicated GPUs before the next search" + (
+                " (no recent workload to search on)" if cold else ""
+            )
             return quick
+        if cold:
+            raise ValueError(
+                "the seallm planner searches on recent requests (PlacementContext.evaluator) and has none"
+            )
         for m in {s.model for s in services}:
             if smallest_tp(model_arch(m).weight_bytes, mem, gpus.gpus_per_node, self.min_kv_fraction) is None:
                 raise PlacementInfeasible(
