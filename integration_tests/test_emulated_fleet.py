@@ -12,20 +12,13 @@ each engine's ``vllm:*`` metrics are its own. Full sizes (32–256 GPUs, trace r
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
-import yaml
-from llmfleet.supervisor import free_port
+from emulated import BIN, emulated_up, engines, status, wait_status
 
-BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parents[1]
 GPUS, PROCESSES = 16, 2
 
 CONFIG = {
@@ -44,83 +37,32 @@ CONFIG = {
 }  # fmt: skip
 
 
-def _status(etcd: str) -> dict:
-    env = os.environ | {"LLMFLEET_ETCD": etcd}
-    st = subprocess.run(
-        [str(BIN / "llmfleet"), "status", "--json"], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert st.returncode == 0, st.stderr
-    return json.loads(st.stdout)
-
-
-def _wait(etcd: str, predicate, timeout: float, what: str) -> dict:
-    deadline, last = time.monotonic() + timeout, {}
-    while time.monotonic() < deadline:
-        last = _status(etcd)
-        if predicate(last):
-            return last
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(last.get('fleet'), indent=1)[:3000]}")
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("emulated-fleet")
-    cfg = tmp / "cluster.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))
-    state = tmp / "state"
-    out = open(tmp / "up.out", "w")  # noqa: SIM115 - closed after up exits
-    up = subprocess.Popen(
-        [
-            str(BIN / "llmfleet"), "up", "--config", str(cfg), "--state-dir", str(state),
-            "--emulate", f"{GPUS}xA100-80GB", "--emulate-processes", str(PROCESSES),
-            "--etcd-port", "0", "--base-port", str(free_port()), "--http-port", "-1", "--ttl", "3",
-        ],
-        stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
-    endpoints_file = state / "endpoints.json"
-    try:
-        deadline = time.monotonic() + 240
-        while not endpoints_file.exists():
-            assert up.poll() is None, (tmp / "up.out").read_text()
-            assert time.monotonic() < deadline, "llmfleet up --emulate did not become healthy"
-            time.sleep(0.5)
-        endpoints = json.loads(endpoints_file.read_text())
-        yield endpoints, state
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait(10)
-        out.close()
-
-
-def _engines(status: dict) -> list[dict]:
-    return [n for n in status["nodes"] if n["role"] == "engine"]
+    with emulated_up(tmp_path_factory.mktemp("emulated-fleet"), CONFIG, GPUS, PROCESSES) as up:
+        yield up
 
 
 def test_every_emulated_gpu_is_an_engine_of_its_own(fleet):
     endpoints, _ = fleet
     etcd = endpoints["etcd"]["address"]
     assert {"emu0", "emu1"} <= set(endpoints) and "engine-0" not in endpoints
-    st = _wait(etcd, lambda s: len(_engines(s)) == GPUS, 60, f"{GPUS} emulated engines")
-    engines = _engines(st)
-    assert len({e["address"] for e in engines}) == GPUS  # own ports
-    assert len({e["pid"] for e in engines}) == PROCESSES  # hosted by two processes
-    assert {e["device"] for e in engines} == {"emulated"}
+    st = wait_status(etcd, lambda s: len(engines(s)) == GPUS, 60, f"{GPUS} emulated engines")
+    pool = engines(st)
+    assert len({e["address"] for e in pool}) == GPUS  # own ports
+    assert len({e["pid"] for e in pool}) == PROCESSES  # hosted by two processes
+    assert {e["device"] for e in pool} == {"emulated"}
     # placement gives each model a worker although nothing was sent yet (Aladdin's min_workers)
-    st = _wait(etcd, lambda s: s["fleet"]["gpus_in_use"] >= 2, 90, "a first plan to load both models")
-    loaded = {m for e in _engines(st) for m in e["models"]}
+    st = wait_status(etcd, lambda s: s["fleet"]["gpus_in_use"] >= 2, 90, "a first plan to load both models")
+    loaded = {m for e in engines(st) for m in e["models"]}
     assert loaded == {"llama2-7b", "llama2-13b"}
 
 
 def test_aladdin_scales_out_on_a_rate_step_and_back_in_without_losing_requests(fleet, tmp_path):
     endpoints, _ = fleet
     etcd, sched = endpoints["etcd"]["address"], endpoints["scheduler"]["address"]
-    _wait(etcd, lambda s: s["fleet"]["gpus_in_use"] >= 2, 90, "the first plan")
-    before = _status(etcd)["fleet"]["gpus_in_use"]
+    wait_status(etcd, lambda s: s["fleet"]["gpus_in_use"] >= 2, 90, "the first plan")
+    before = status(etcd)["fleet"]["gpus_in_use"]
     summary = tmp_path / "load.json"
     load = subprocess.Popen(
         [
@@ -132,14 +74,16 @@ def test_aladdin_scales_out_on_a_rate_step_and_back_in_without_losing_requests(f
     peak = before
     deadline = time.monotonic() + 200
     while load.poll() is None and time.monotonic() < deadline:
-        peak = max(peak, _status(etcd)["fleet"]["gpus_in_use"])
+        peak = max(peak, status(etcd)["fleet"]["gpus_in_use"])
         time.sleep(2)
     output = load.communicate(timeout=120)[0]
     assert load.returncode == 0, output
     result = json.loads(summary.read_text())
     assert result["errors"] == 0, output  # nothing lost, also while engines left
     assert peak >= before + 2, f"16 req/s should need more chat workers than {before - 1}: {output}"
-    st = _wait(etcd, lambda s: s["fleet"]["gpus_in_use"] < peak, 60, "the pool to shrink after the step")
+    st = wait_status(
+        etcd, lambda s: s["fleet"]["gpus_in_use"] < peak, 60, "the pool to shrink after the step"
+    )
     assert any(d["ok"] for d in st["fleet"]["decisions"])
     assert len([e for e, n in result["engines"].items() if n]) >= 2, "JSQ spreads chat over its workers"
 

@@ -23,80 +23,24 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
-from local_up import LocalUp
+from fleet_common import Fleet, FleetSpec, compare, run_load, run_sim, status
+from fleet_sections import bench_capacity, bench_mell, bench_scaling
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 
-SERVICES = {
-    "services": {
-        "chat": {"model": "llama2-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.1}},
-        "code": {"model": "llama2-13b", "slo": {"ttft_s": 3.0, "tpot_s": 0.15}},
-        "summarize": {"model": "opt-6.7b", "slo": {"ttft_s": 4.0, "tpot_s": 0.2}},
-    },
-    "models": {
-        "llama2-7b": {"source": "emulated://llama2-7b", "dtype": "float16"},
-        "llama2-13b": {"source": "emulated://llama2-13b", "dtype": "float16"},
-        "opt-6.7b": {"source": "emulated://opt-6.7b", "dtype": "float16"},
-    },
-}
 
-
-def _status(etcd: str) -> dict:
-    env = os.environ | {"LLMFLEET_ETCD": etcd}
-    out = subprocess.run(
-        [str(BIN / "llmfleet"), "status", "--json"], capture_output=True, text=True, timeout=120, env=env
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else {}
-
-
-class Fleet(LocalUp):
-    """``llmfleet up`` on an emulated pool, as a user starts it; stopped with Ctrl-C (SIGINT)."""
-
-    def __init__(
-        self,
-        out: Path,
-        gpus: int,
-        processes: int,
-        placement: dict,
-        engine: dict | None = None,
-        dispatch: str = "",
-    ) -> None:
-        services = {
-            k: {**v, **({"dispatch": dispatch} if dispatch else {})} for k, v in SERVICES["services"].items()
-        }
-        pool = {"hardware": "A100-80GB", "count": gpus, **({"engine": engine} if engine else {})}
-        cfg = {**SERVICES, "services": services, "placement": placement, "emulated": pool}
-        emulate = ["--emulate", f"{gpus}xA100-80GB", "--emulate-processes", str(processes)]
-        super().__init__(out / f"fleet-{gpus}", cfg, *emulate)
-        self.gpus, self.processes = gpus, processes
-
-    def engines(self) -> int:
-        return sum(1 for n in _status(self.etcd).get("nodes", []) if n["role"] == "engine")
-
-    def rss_bytes(self) -> dict[str, int]:
-        assert self.proc is not None
-        root = psutil.Process(self.proc.pid)
-        out = {}
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                name = " ".join(p.cmdline()[1:4]) if "python" in p.name() else p.name()
-                out[f"{p.pid} {name}"] = p.memory_info().rss
-            except psutil.Error:
-                continue
-        return out
+SECTIONS = ("startup", "replay", "scaling", "mell", "capacity")
 
 
 def bench_startup(out: Path, gpus: int, processes: int) -> dict:
     placement = {"policy": "aladdin", "interval_s": 5, "window_s": 10, "confirm_intervals": 1}
-    fleet = Fleet(out, gpus, processes, placement)
+    fleet = Fleet(out / f"fleet-{gpus}", FleetSpec(gpus, placement, processes=processes))
     t0 = fleet.start()
     try:
         healthy_s = time.monotonic() - t0
@@ -105,7 +49,7 @@ def bench_startup(out: Path, gpus: int, processes: int) -> dict:
                 raise RuntimeError(f"only {fleet.engines()} of {gpus} engines registered")
             time.sleep(0.5)
         registered_s = time.monotonic() - t0
-        while _status(fleet.etcd).get("fleet", {}).get("gpus_in_use", 0) < 3:
+        while status(fleet.etcd).get("fleet", {}).get("gpus_in_use", 0) < 3:
             if time.monotonic() - t0 > 600:
                 raise RuntimeError("no plan loaded the three models")
             time.sleep(0.5)
@@ -148,48 +92,61 @@ def bench_replay(
     preset ``name`` (its placement planning every 30 s over the last 60 s, its dispatch and engine
     policy) on both sides, each starting as a live leader does (``--first-plan cold``)."""
     section, engine, dispatch = preset_config(name, placement)
-    label = f"{name}+{section['policy']}"
-    fleet = Fleet(out / label, gpus, max(1, gpus // 16), section, engine=engine, dispatch=dispatch)
-    fleet.start()
+    spec = FleetSpec(gpus, section, engine=engine, dispatch=dispatch)
+    fleet = Fleet(out / f"{name}+{section['policy']}", spec)
     # duration_s of wall time: that much of the trace's time times the rate scale
     window = ["--trace", str(trace), "--rate-scale", str(rate_scale), "--end", str(duration_s * rate_scale)]
+    fleet.start()
     try:
-        run = subprocess.run(
-            [str(BIN / "llmfleet"), "load", *window, "--scheduler", fleet.endpoints["scheduler"]["address"],
-             "--etcd", fleet.etcd, "--cluster-config", str(fleet.config), "--out", str(fleet.dir / "live")],
-            capture_output=True, text=True, timeout=duration_s * 3 + 600,
-        )  # fmt: skip
-        (fleet.dir / "load.out").write_text(run.stdout + run.stderr)
+        load = run_load(fleet, window, fleet.dir / "live", duration_s * 3 + 600)
     finally:
         fleet.stop()
-    sim = subprocess.run(
-        [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{gpus}xA100-80GB", "--cluster-config",
-         str(fleet.config), "--policy", name, "--placement", section["policy"], "--placement-interval-s", "30",
-         "--placement-window-s", "60", "--engine-gpus", "1", "--first-plan", "cold", "--out", str(fleet.dir / "sim")],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    (fleet.dir / "sim.out").write_text(sim.stdout + sim.stderr)
-    cmp = subprocess.run(
-        [str(BIN / "llmfleet"), "compare", str(fleet.dir / "sim" / "report.json"),
-         str(fleet.dir / "live" / "report.json"), "--out", str(fleet.dir / "compare")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    sim_rc = run_sim(spec, fleet.config, window, name, fleet.dir / "sim", [])
+    cmp = compare(fleet.dir / "sim", fleet.dir / "live", fleet.dir / "compare")
+    rows = cmp.get("rows", {})
+
+    def rel(fig: str) -> float | None:
+        return (rows.get(fig) or {}).get("rel")
+
+    def diff(fig: str) -> float | None:
+        r = rows.get(fig) or {}
+        return None if r.get("sim") is None or r.get("live") is None else r["live"] - r["sim"]
+
+    goals = {
+        "mean latency within 10%": _within(rel("latency mean s"), 0.10),
+        "p99 latency within 15%": _within(rel("latency p99 s"), 0.15),
+        "mean GPUs within 1": _within(diff("GPUs in use mean"), 1.0),
+        "peak GPUs within 1": _within(diff("GPUs in use peak"), 1.0),
+        "same placement plans": cmp.get("same_plans"),
+        "0 failed": (rows.get("failed") or {}).get("live") == 0,
+    }
     return {
         "gpus": gpus,
         "preset": name,
         "placement": section["policy"],
-        "load_rc": run.returncode,
-        "sim_rc": sim.returncode,
-        "compare": (cmp.stdout + cmp.stderr)[-6000:],
+        "rate_scale": rate_scale,
+        "duration_s": duration_s,
+        "load_rc": load.returncode,
+        "sim_rc": sim_rc,
+        "rows": rows,
+        "plans": cmp.get("plans"),
+        "goals": goals,
+        "compare": cmp["text"],
         "dir": str(fleet.dir),
     }
+
+
+def _within(v: float | None, tol: float) -> bool | None:
+    return None if v is None else abs(v) <= tol
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".bench/fleet")
     ap.add_argument("--quick", action="store_true", help="16 GPUs in 2 processes; a 2-minute replay")
-    ap.add_argument("--only", choices=("startup", "replay"), default=None)
+    ap.add_argument(
+        "--only", choices=SECTIONS, action="append", help="sections to run (repeatable; default all)"
+    )
     ap.add_argument("--gpus", type=int, default=None, help="startup: emulated GPUs (64; quick 16)")
     ap.add_argument("--processes", type=int, default=None, help="startup: engine processes (4; quick 2)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
@@ -205,18 +162,24 @@ def main(argv: list[str] | None = None) -> int:
         "--placement", help="replay: override the presets' placement (default: seallm's is Algorithm 1)"
     )
     ap.add_argument("--duration", type=float, default=None, help="replay seconds (600; quick 120)")
+    ap.add_argument("--capacity-gpus", type=int, default=256, help="capacity: emulated GPUs (256)")
+    ap.add_argument(
+        "--capacity-rates", type=float, nargs="+", default=None, help="capacity: offered rates (4 8 ... 256)"
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {
         "machine": f"{platform.node()} {os.cpu_count()} cores {psutil.virtual_memory().total / 2**30:.0f} GiB"
     }
-    if args.only in (None, "startup"):
+    only = set(args.only or SECTIONS)
+    lengths = args.trace if args.trace.exists() else None
+    if "startup" in only:
         gpus = args.gpus or (16 if args.quick else 64)
         procs = args.processes or (2 if args.quick else 4)
         report["startup"] = bench_startup(out, gpus, procs)
         print(json.dumps(report["startup"], indent=1))
-    if args.only in (None, "replay"):
+    if "replay" in only:
         if not args.trace.exists():
             report["replay"] = {"skipped": f"no trace at {args.trace}"}
         else:
@@ -233,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
                 for name in args.preset or ["vllm-v0.4", "seallm"]
             ]
         print(json.dumps(report["replay"], indent=1))
+    if "scaling" in only:
+        report["scaling"] = bench_scaling(out, lengths, args.quick)
+        print(json.dumps({k: v for k, v in report["scaling"].items() if k != "compare"}, indent=1))
+    if "mell" in only:
+        if not args.trace.exists():
+            report["mell"] = {"skipped": f"no trace at {args.trace}"}
+        else:
+            report["mell"] = bench_mell(out, args.trace, args.quick)
+        print(json.dumps({k: v for k, v in report["mell"].items() if k != "compare"}, indent=1))
+    if "capacity" in only:
+        rates = tuple(args.capacity_rates) if args.capacity_rates else None
+        report["capacity"] = bench_capacity(out, lengths, args.quick, args.capacity_gpus, rates)
+        print(json.dumps(report["capacity"], indent=1))
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "fleet.md").write_text(markdown(report))
     plot(report, out)
@@ -260,31 +236,118 @@ def markdown(report: dict) -> str:
         lines += [
             f"## Replay: live vs simulated, {title}",
             "",
+            *_goals(run),
             "```",
             run.get("compare", run.get("skipped", "")),
             "```",
             "",
         ]
+    sc = report.get("scaling")
+    if sc:
+        lines += [
+            f"## Aladdin scaling on a 4× rate step ({sc['gpus']} emulated A100-80GB, phases {sc['phases']})", "",
+            *_goals(sc),
+            f"Live GPUs matched a simulated count within ±{sc['interval_s']} s in {sc['follow']['within']} of "
+            f"{sc['follow']['seconds']} seconds (worst miss {sc['follow']['worst_gpus_off']} GPUs); "
+            f"failed {sc['failed']}. Plot: scaling.png", "", "```", sc["compare"], "```", "",
+        ]  # fmt: skip
+    m = report.get("mell")
+    if m and "skipped" not in m:
+        lines += [
+            f"## Mell on {m['gpus']} emulated {m['hardware']}", "", *_goals(m),
+            f"Peak active GPUs sim/live: {m['peak_active_gpus']}; mean {m['mean_active_gpus']}; "
+            f"migrations {m['migrations']}", "", "```", m["compare"], "```", "",
+        ]  # fmt: skip
+    c = report.get("capacity")
+    if c:
+        lines += [
+            f"## Capacity: {c['gpus']} emulated A100-80GB in {c['processes']} host processes (up in {c['up_s']} s)", "",
+            "| offered req/s | completed | failed | TTFT p50 live s | TTFT p50 sim s | live/sim | busiest process (cores) |",
+            "|---:|---:|---:|---:|---:|---:|---|",
+        ]  # fmt: skip
+        for st in c["steps"]:
+            t = st["ttft_p50_s"]
+            lines.append(
+                f"| {st['rate_rps']:g} | {st['completed']} | {st['failed']} | {_f(t['live'])} | {_f(t['sim'])} | "
+                f"{st['ttft_ratio']} | {st['busiest']['process']} ({st['busiest']['cores']}) |"
+            )
+        lines += [
+            "",
+            f"Sustained (live TTFT p50 ≤ 2× the simulator's): {c['sustained_rps']} req/s; first step over: "
+            f"{c['first_over_2x']}; saturates first: {c['saturates_first']}. Plot: capacity.png",
+            "",
+        ]
     return "\n".join(lines)
 
 
+def _f(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _goals(run: dict) -> list[str]:
+    goals = run.get("goals") or {}
+    return [*(f"- {k}: **{v}**" for k, v in goals.items()), ""] if goals else []
+
+
 def plot(report: dict, out: Path) -> None:
-    s = report.get("startup")
-    if not s:
-        return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(s["rss_by_process_mib"])
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
-    ax.barh([n[:60] for n in names], [s["rss_by_process_mib"][n] for n in names])
-    ax.set_xlabel("resident memory (MiB)")
-    ax.set_title(f"{s['gpus']} emulated GPUs + control plane: {s['rss_total_gib']} GiB")
-    fig.tight_layout()
-    fig.savefig(out / "rss.png", dpi=110)
-    plt.close(fig)
+    s = report.get("startup")
+    if s:
+        names = list(s["rss_by_process_mib"])
+        fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
+        ax.barh([n[:60] for n in names], [s["rss_by_process_mib"][n] for n in names])
+        ax.set_xlabel("resident memory (MiB)")
+        ax.set_title(f"{s['gpus']} emulated GPUs + control plane: {s['rss_total_gib']} GiB")
+        fig.tight_layout()
+        fig.savefig(out / "rss.png", dpi=110)
+        plt.close(fig)
+    sc = report.get("scaling")
+    if sc:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        for name, series in sc["gpus_in_use"].items():
+            if series:
+                ts, ns = zip(*series, strict=True)
+                ax.step([*ts, sum(p[1] for p in sc["phases"])], [*ns, ns[-1]], where="post", label=name)
+        t = 0.0
+        for rate, secs in sc["phases"]:
+            ax.axvspan(t, t + secs, alpha=0.08 if rate == sc["phases"][0][0] else 0.2, color="gray")
+            t += secs
+        ax.set_xlabel("s")
+        ax.set_ylabel("GPUs in use")
+        ax.set_title("Aladdin on a 4× rate step (shaded: the 4× phase)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "scaling.png", dpi=110)
+        plt.close(fig)
+    c = report.get("capacity")
+    if c and c["steps"]:
+        rates = [st["rate_rps"] for st in c["steps"]]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for side in ("live", "sim"):
+            a1.plot(rates, [st["ttft_p50_s"][side] or float("nan") for st in c["steps"]], "o-", label=side)
+        a1.set_xscale("log", base=2)
+        a1.set_yscale("log")
+        a1.set_xlabel("offered req/s")
+        a1.set_ylabel("TTFT p50 (s)")
+        a1.legend()
+        procs = sorted(
+            {p for st in c["steps"] for p in st["cpu_cores"]},
+            key=lambda p: -c["steps"][-1]["cpu_cores"].get(p, 0),
+        )[:6]
+        for p in procs:
+            a2.plot(rates, [st["cpu_cores"].get(p, 0) for st in c["steps"]], "o-", label=p)
+        a2.set_xscale("log", base=2)
+        a2.set_xlabel("offered req/s")
+        a2.set_ylabel("CPU (cores)")
+        a2.legend(fontsize=8)
+        fig.suptitle(f"{c['gpus']} emulated GPUs: TTFT and CPU by process vs offered load")
+        fig.tight_layout()
+        fig.savefig(out / "capacity.png", dpi=110)
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -219,6 +219,8 @@ def plan_services(
                 str(http),
                 *(["--api-keys", api_keys] if api_keys else []),
                 *config.scheduler.args(),
+                # cost-model dispatch (aladdin_bestfit) prices requests on the engines' GPU, not the CPU's
+                *(["--hardware", config.emulated.hardware] if config.emulated is not None else []),
             ],
         }.get(name.split("-")[0], [])
         plans.append(

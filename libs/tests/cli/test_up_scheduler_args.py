@@ -68,3 +68,21 @@ def test_up_forgets_the_node_records_a_previous_run_left_in_its_etcd(tmp_path) -
         assert keys.stdout.split() == ["/llmfleet/services/chat"]  # only the nodes are gone
     finally:
         etcd.stop()
+
+
+def test_schedulers_of_an_emulated_pool_price_requests_on_its_gpu(tmp_path) -> None:
+    """aladdin_bestfit reads the roofline of ``--hardware``: on an emulated A100 pool that is the A100's,
+    not the CPU default."""
+    emulated = {
+        "services": {"chat": {"model": "llama2-7b"}},
+        "models": {"llama2-7b": {"source": "emulated://llama2-7b"}},
+        "placement": {"policy": "aladdin"},
+        "emulated": {"hardware": "A100-40GB", "count": 2},
+    }
+    plans = up.plan_services(
+        ClusterConfig.model_validate(emulated), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path, schedulers=2
+    )
+    for p in (p for p in plans if p.name.startswith("scheduler")):
+        assert p.argv[p.argv.index("--hardware") + 1] == "a100-40gb"
+    plans = up.plan_services(ClusterConfig.model_validate(BASE), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+    assert all("--hardware" not in p.argv for p in plans if p.name.startswith("scheduler"))

@@ -1,0 +1,229 @@
+"""What the ``make bench-fleet`` sections share: an emulated fleet started with ``llmfleet up --emulate``
+as a user starts it, and one live-vs-simulated run (``llmfleet load`` against the fleet, ``llmfleet sim``
+on the same trace window, services and policies, ``llmfleet compare`` of the two reports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from local_up import LocalUp
+
+BIN = Path(sys.executable).parent
+
+MODELS = {
+    "llama2-7b": {"source": "emulated://llama2-7b", "dtype": "float16"},
+    "llama2-13b": {"source": "emulated://llama2-13b", "dtype": "float16"},
+    "opt-6.7b": {"source": "emulated://opt-6.7b", "dtype": "float16"},
+}
+# the conv trace's three services (k-means length clusters in this order, as ``llmfleet sim`` maps them)
+CONV_SERVICES = {
+    "chat": {"model": "llama2-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.1}},
+    "code": {"model": "llama2-13b", "slo": {"ttft_s": 3.0, "tpot_s": 0.15}},
+    "summarize": {"model": "opt-6.7b", "slo": {"ttft_s": 4.0, "tpot_s": 0.2}},
+}
+
+
+def status(etcd: str) -> dict:
+    env = os.environ | {"LLMFLEET_ETCD": etcd}
+    out = subprocess.run(
+        [str(BIN / "llmfleet"), "status", "--json"], capture_output=True, text=True, timeout=120, env=env
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+@dataclass
+class FleetSpec:
+    """One emulated fleet: its pool, services and control-plane policies (a cluster config)."""
+
+    gpus: int
+    placement: dict[str, Any]
+    hardware: str = "A100-80GB"
+    processes: int = 0  # engine host processes (0: one per 16 GPUs)
+    services: dict[str, dict] = field(default_factory=lambda: dict(CONV_SERVICES))
+    engine: dict[str, Any] = field(default_factory=dict)
+    dispatch: str = ""
+    migration: dict[str, Any] | None = None
+
+    def config(self) -> dict[str, Any]:
+        services = {
+            k: {**v, **({"dispatch": self.dispatch} if self.dispatch else {})}
+            for k, v in self.services.items()
+        }
+        models = {m: MODELS[m] for m in sorted({s["model"] for s in services.values()})}
+        pool = {
+            "hardware": self.hardware,
+            "count": self.gpus,
+            **({"engine": self.engine} if self.engine else {}),
+        }
+        cfg: dict[str, Any] = {
+            "services": services,
+            "models": models,
+            "placement": self.placement,
+            "emulated": pool,
+        }
+        if self.migration:
+            cfg["migration"] = self.migration
+        return cfg
+
+    @property
+    def host_processes(self) -> int:
+        return self.processes or max(1, self.gpus // 16)
+
+
+class Fleet(LocalUp):
+    """``llmfleet up`` on an emulated pool, as a user starts it; stopped with Ctrl-C (SIGINT)."""
+
+    def __init__(self, directory: Path, spec: FleetSpec) -> None:
+        emulate = [
+            "--emulate",
+            f"{spec.gpus}x{spec.hardware}",
+            "--emulate-processes",
+            str(spec.host_processes),
+        ]
+        super().__init__(directory, spec.config(), *emulate)
+        self.spec = spec
+        self.gpus, self.processes = spec.gpus, spec.host_processes
+
+    def engines(self) -> int:
+        return sum(1 for n in status(self.etcd).get("nodes", []) if n["role"] == "engine")
+
+    def processes_by_name(self) -> dict[str, psutil.Process]:
+        """Every process of the cluster, by a short name (``etcd``, ``scheduler``, ``emu0``, ...)."""
+        assert self.proc is not None
+        root = psutil.Process(self.proc.pid)
+        out: dict[str, psutil.Process] = {"up": root}
+        for p in root.children(recursive=True):
+            try:
+                argv = p.cmdline()
+            except psutil.Error:
+                continue
+            name = p.name()
+            if "--id" in argv:
+                name = argv[argv.index("--id") + 1]
+            elif "etcd" in name:
+                name = "etcd"
+            out[name if name not in out else f"{name}-{p.pid}"] = p
+        return out
+
+    def rss_bytes(self) -> dict[str, int]:
+        out = {}
+        for name, p in self.processes_by_name().items():
+            try:
+                out[f"{p.pid} {name}"] = p.memory_info().rss
+            except psutil.Error:
+                continue
+        return out
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """user + system CPU seconds so far, per process."""
+        out = {}
+        for name, p in self.processes_by_name().items():
+            try:
+                t = p.cpu_times()
+                out[name] = t.user + t.system
+            except psutil.Error:
+                continue
+        return out
+
+
+def run_load(fleet: Fleet, window: list[str], out: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """``llmfleet load`` of a trace window against the fleet (the SDK, both schedulers)."""
+    run = subprocess.run(
+        [str(BIN / "llmfleet"), "load", *window, "--scheduler", fleet.endpoints["scheduler"]["address"],
+         "--etcd", fleet.etcd, "--cluster-config", str(fleet.config), "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    (out.parent / f"{out.name}.out").write_text(run.stdout + run.stderr)
+    return run
+
+
+def run_sim(
+    spec: FleetSpec, config: Path, window: list[str], policy: str, out: Path, extra: list[str]
+) -> int:
+    """``llmfleet sim`` of the same window and cluster config, starting as the live leader does."""
+    pl = spec.placement
+    sim = subprocess.run(
+        [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{spec.gpus}x{spec.hardware}", "--cluster-config",
+         str(config), "--policy", policy, "--placement", pl["policy"],
+         "--placement-interval-s", str(pl["interval_s"]), "--placement-window-s", str(pl.get("window_s") or 60),
+         "--placement-confirm-intervals", str(pl.get("confirm_intervals", 2)),
+         "--engine-gpus", "1", "--first-plan", "cold", "--out", str(out), *extra],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    (out.parent / f"{out.name}.out").write_text(sim.stdout + sim.stderr)
+    return sim.returncode
+
+
+def compare(sim_dir: Path, live_dir: Path, out: Path) -> dict[str, Any]:
+    """``llmfleet compare`` of the two reports; its rows by figure plus the text table."""
+    cmp = subprocess.run(
+        [str(BIN / "llmfleet"), "compare", str(sim_dir / "report.json"), str(live_dir / "report.json"), "--out",
+         str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    doc: dict[str, Any] = {"text": (cmp.stdout + cmp.stderr)[-6000:], "rc": cmp.returncode}
+    path = out / "compare.json"
+    if cmp.returncode == 0 and path.exists():
+        c = json.loads(path.read_text())
+        doc["rows"] = {r["figure"]: {"sim": r["a"], "live": r["b"], "rel": r["rel"]} for r in c["rows"]}
+        doc["same_plans"] = c["same_plans"]
+        doc["plans"] = {"sim": c["plans_a"], "live": c["plans_b"]}
+    return doc
+
+
+def gpu_series(report: Path) -> list[tuple[float, int]]:
+    """GPUs in use over time, (t, count) change points, from a report.json (sim's first run or load's)."""
+    doc = json.loads(report.read_text())
+    run = doc["runs"][0] if "runs" in doc else doc
+    return [(float(t), int(n)) for t, n in (run.get("cluster") or {}).get("gpus_in_use") or []]
+
+
+def at(series: list[tuple[float, int]], t: float) -> int:
+    """The series' value at time t (its last change point at or before t; 0 before the first)."""
+    v = 0
+    for ts, n in series:
+        if ts > t:
+            break
+        v = n
+    return v
+
+
+def follows(sim: list[tuple[float, int]], live: list[tuple[float, int]], tol_s: float, end_s: float) -> dict:
+    """Does live follow the simulator's GPU count within ``tol_s``? At each second t, live(t) must equal
+    sim(t') for some t' within ±tol_s. Returns the share of seconds that do, and the worst miss."""
+    checked = ok = 0
+    worst = 0
+    t = 0.0
+    while t <= end_s:
+        near = {at(sim, t + d) for d in (-tol_s, -tol_s / 2, 0.0, tol_s / 2, tol_s)}
+        near |= {n for ts, n in sim if t - tol_s <= ts <= t + tol_s}
+        lv = at(live, t)
+        checked += 1
+        if lv in near:
+            ok += 1
+        else:
+            worst = max(worst, min(abs(lv - n) for n in near))
+        t += 1.0
+    return {
+        "seconds": checked,
+        "within": ok,
+        "share": round(ok / max(checked, 1), 3),
+        "worst_gpus_off": worst,
+    }
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.5)
+    return time.monotonic() - t0
