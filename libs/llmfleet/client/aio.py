@@ -41,6 +41,26 @@ def _is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
 
 
+UNACCEPTED_S = 30  # grpc core cancels a call its server has not taken up in this long
+CORE_CANCEL = ("CANCELLED", "Cancelled", "")  # the details of a cancel by gRPC core, not by an application
+
+
+def unaccepted(exc: grpc.aio.AioRpcError, received: bool) -> grpc.aio.AioRpcError:
+    """A Submit ended CANCELLED by gRPC core itself (no application message) before the server sent
+    anything is a call the server never took up: core cancels calls left unaccepted for 30 s, which
+    happens when the scheduler's event loop is saturated. Nothing ran, so it is retried (on the next
+    replica) as UNAVAILABLE. A cancel with a message (a scheduler shutting down) stays final."""
+    if exc.code() != grpc.StatusCode.CANCELLED or received or exc.details() not in CORE_CANCEL:
+        return exc
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        exc.trailing_metadata() or grpc.aio.Metadata(),
+        f"the scheduler did not take the call up ({exc.details()}; gRPC cancels calls its server has not "
+        f"accepted in {UNACCEPTED_S} s: the scheduler is saturated)",
+    )
+
+
 def pushback_s(exc: BaseException) -> float | None:
     """The server's retry pushback (``grpc-retry-pushback-ms``, sent with RESOURCE_EXHAUSTED when a
     service is overloaded) in seconds; None when there is none (the error is then final)."""
@@ -205,8 +225,10 @@ class GenerateStream:
         self._address = self._client.address
         call = self._client._scheduler().Submit(request, timeout=timeout)
         self._call = call
+        received = False
         try:
             async for msg in call:
+                received = True
                 if msg.engine_id:
                     self.engine_id = msg.engine_id
                 chunk = self._resumer.accept(msg)
@@ -216,9 +238,9 @@ class GenerateStream:
                     self._text.append(chunk.text)
                     self._token_ids.extend(chunk.token_ids)
                     yield chunk
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as e:
             if self.usage is None:  # an error after the final chunk changes nothing for the caller
-                raise
+                raise unaccepted(e, received) from None
         finally:
             self._call = None
             if not call.done():

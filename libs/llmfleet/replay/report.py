@@ -215,6 +215,7 @@ def live_report(
         "errors": _count(o.error for o in outcomes if not o.ok),
         "finish_reasons": _count(o.finish_reason for o in outcomes if o.ok),
         "short_outputs": sum(1 for o in outcomes if o.ok and o.completion_tokens < o.max_tokens),
+        "engines": _count(o.engine_id for o in outcomes if o.ok and o.engine_id),  # served by (the last one)
         **(extra or {}),
     }
     return report

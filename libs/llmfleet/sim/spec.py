@@ -183,7 +183,10 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
         )  # fmt: skip
     merged: dict[str, Any] = {}
     set_by: dict[str, str] = {}
-    for eid, e in sorted(config.engines.items()):
+    engines = sorted(config.engines.items())
+    if config.emulated is not None:  # every emulated GPU runs the pool's engine settings
+        engines.append(("emulated", config.emulated.engine))
+    for eid, e in engines:
         for key, value in e.limits().items():
             if key == "block_bytes":
                 continue

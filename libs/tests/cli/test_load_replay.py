@@ -134,6 +134,7 @@ def test_report_from_outcomes_has_the_sim_schema() -> None:
     assert [d["plan_id"] for d in report["placement"]] == [2]
     assert report["plan"] == [{"instance_id": "engine-0", "models": ("tiny-llama",), "tp": 1}]
     assert report["live"]["errors"] == {"UNAVAILABLE: no engine": 1}
+    assert report["live"]["engines"] == {"engine-0": 4, "engine-1": 2}  # who served the completed ones
     assert report["live"]["send_lag_s"]["max"] == pytest.approx(0.01)
     assert set(report) >= {"overall", "services", "cluster", "cost_models", "policy", "plan"}
 

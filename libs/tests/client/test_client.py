@@ -234,6 +234,25 @@ async def test_retries_exhausted_raise_unavailable(serve: Serve) -> None:
     assert len(fake.submits) == 3 and ei.value.code == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_a_call_the_scheduler_never_took_up_is_retried(serve: Serve) -> None:
+    """gRPC core ends a call CANCELLED when its server has not accepted it within 30 s (a saturated
+    scheduler; seen at 1,000 concurrent streams): nothing ran, so the SDK retries it (on the next
+    replica when there are several). CANCELLED after tokens arrived is final."""
+    fake = FakeScheduler(
+        faults=[Fault(attempt=1, after_chunks=0, code=grpc.StatusCode.CANCELLED, message="CANCELLED")]
+    )
+    async with AsyncClient(await serve(fake), backoff_s=0.01) as client:
+        done = await client.complete("a", service="chat", max_tokens=4)
+    assert done.token_ids == tuple(expected("a", 4)[1]) and len(fake.submits) == 2
+    late = FakeScheduler(
+        faults=[Fault(attempt=1, after_chunks=2, code=grpc.StatusCode.CANCELLED, message="CANCELLED")]
+    )
+    async with AsyncClient(await serve(late), backoff_s=0.01) as client:
+        with pytest.raises(Cancelled):
+            await client.complete("a", service="chat", max_tokens=4)
+    assert len(late.submits) == 1
+
+
 async def test_other_errors_mid_stream_are_not_retried(serve: Serve) -> None:
     fake = FakeScheduler(
         faults=[Fault(attempt=1, after_chunks=1, code=grpc.StatusCode.INTERNAL, message="oops")]

@@ -5,9 +5,13 @@ served model names, ``now`` on the source's clock) and, for planners that score 
 simulation (SeaLLM), optionally :class:`EvaluatorSource`. :class:`MonitorWorkload` adapts the service
 monitor the schedulers feed (``llmfleet.monitor.FleetMonitor`` on the placement servicer) and, given
 the cluster config, scores plans with the simulator (``SimPlanEvaluator``) on the monitor's recent
-completed requests (their arrival times, prompt and output lengths), the services' SLOs and catalog
-models as ``llmfleet sim --cluster-config`` reads them, the engines' local policy and round-robin
-dispatch. :class:`NoTraffic` is the stand-in when there is no monitor (every service at rate 0).
+requests, the services' SLOs and catalog models as ``llmfleet sim --cluster-config`` reads them, the
+engines' local policy and the services' dispatch. The recent requests are the window's arrivals, as the
+simulator's placement loop replays them: the completed ones with their arrival times and lengths, and
+those that arrived but have not finished (queued or still running; an overloaded service has many)
+with the mean lengths of the service's completed ones, spread evenly over the window. Without them an
+overloaded service would look idle to the search, and get less the more it needs.
+:class:`NoTraffic` is the stand-in when there is no monitor (every service at rate 0).
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class MonitorWorkload:
         return {s.service: s.infeasible for s in self.monitor.stats(now)}
 
     def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
-        """A simulator scoring plans on the recent completed requests (None: none, or no config)."""
+        """A simulator scoring plans on the recent requests (None: none, or no config)."""
         if self.config is None:
             return None
         from llmfleet.costmodel.hardware import hardware
@@ -103,30 +107,59 @@ class MonitorWorkload:
 
         services, engine = from_cluster_config(self.config)
         catalog = {s.name: s.model for s in services}
-        samples = sorted(
-            (r.arrival_s, st.service, r)
-            for st in self.monitor.stats(now)
-            if st.service in catalog
-            for r in st.samples
+        rows = recent_requests(
+            [st for st in self.monitor.stats(now) if st.service in catalog], now, self.window_s
         )
-        if not samples:
+        if not rows:
             return None
-        t0 = samples[0][0]
+        t0 = rows[0][0]
         requests = [
-            WorkloadRequest(
-                f"{svc}-{i}", t - t0, max(0, r.prompt_tokens), max(1, r.output_tokens), svc, catalog[svc]
-            )
-            for i, (t, svc, r) in enumerate(samples)
+            WorkloadRequest(f"{svc}-{i}", t - t0, prompt, output, svc, catalog[svc])
+            for i, (t, svc, prompt, output) in enumerate(rows)
         ]
-        local = {e.policy for e in self.config.engines.values()}
+        engines = [*self.config.engines.values()]
+        if self.config.emulated is not None:
+            engines.append(self.config.emulated.engine)
+        local = {e.policy for e in engines}
+        dispatch = {s.dispatch for s in self.config.services.values() if s.dispatch}
         bundle = PolicyBundle(
             "live",
             placement=self.placement,
-            dispatch=self.dispatch,
+            dispatch=dispatch.pop() if len(dispatch) == 1 else self.dispatch,
             local=local.pop() if len(local) == 1 else "fcfs",
         )
         spec = SimSpec(ClusterSpec(gpus.count, hardware(gpus.hardware)), services, engine)
         return SimPlanEvaluator(spec, requests, bundle)
+
+
+def recent_requests(stats: list, now: float, window_s: float | None) -> list[tuple[float, str, int, int]]:
+    """(arrival, service, prompt tokens, output tokens) of the window's arrivals, by arrival: each
+    completed sample as it was, and per service ``arrivals − finished`` more requests that have not
+    finished, with that service's mean completed lengths (none completed: the window's means, else
+    skipped), evenly over the window's observed span (their arrival times are not reported)."""
+    rows = [
+        (r.arrival_s, st.service, max(0, r.prompt_tokens), max(1, r.output_tokens))
+        for st in stats
+        for r in st.samples
+    ]
+    for st in stats:
+        w = st.window(window_s)
+        missing = w.arrivals - w.finished
+        if missing <= 0 or w.span_s <= 0:
+            continue
+        if st.samples:
+            prompt = sum(r.prompt_tokens for r in st.samples) / len(st.samples)
+            output = sum(r.output_tokens for r in st.samples) / len(st.samples)
+        elif w.completed:
+            prompt, output = w.prompt_tokens.mean, w.output_tokens.mean
+        else:
+            continue  # nothing known of this service's lengths yet
+        step = w.span_s / missing
+        rows += [
+            (now - w.span_s + (k + 0.5) * step, st.service, max(0, round(prompt)), max(1, round(output)))
+            for k in range(missing)
+        ]
+    return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
 @dataclass
