@@ -169,9 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {
-        "machine": f"{platform.node()} {os.cpu_count()} cores {psutil.virtual_memory().total / 2**30:.0f} GiB"
-    }
+    # --only updates those sections of an earlier report in --out and keeps the others
+    previous = out / "fleet.json"
+    report: dict = json.loads(previous.read_text()) if previous.exists() else {}
+    report["machine"] = (
+        f"{platform.node()} {os.cpu_count()} cores {psutil.virtual_memory().total / 2**30:.0f} GiB"
+    )
     only = set(args.only or SECTIONS)
     lengths = args.trace if args.trace.exists() else None
     if "startup" in only:
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         procs = args.processes or (2 if args.quick else 4)
         report["startup"] = bench_startup(out, gpus, procs)
         print(json.dumps(report["startup"], indent=1))
+        save(out, report)
     if "replay" in only:
         if not args.trace.exists():
             report["replay"] = {"skipped": f"no trace at {args.trace}"}
@@ -196,23 +200,31 @@ def main(argv: list[str] | None = None) -> int:
                 for name in args.preset or ["vllm-v0.4", "seallm"]
             ]
         print(json.dumps(report["replay"], indent=1))
+        save(out, report)
     if "scaling" in only:
         report["scaling"] = bench_scaling(out, lengths, args.quick)
         print(json.dumps({k: v for k, v in report["scaling"].items() if k != "compare"}, indent=1))
+        save(out, report)
     if "mell" in only:
         if not args.trace.exists():
             report["mell"] = {"skipped": f"no trace at {args.trace}"}
         else:
             report["mell"] = bench_mell(out, args.trace, args.quick)
         print(json.dumps({k: v for k, v in report["mell"].items() if k != "compare"}, indent=1))
+        save(out, report)
     if "capacity" in only:
         rates = tuple(args.capacity_rates) if args.capacity_rates else None
         report["capacity"] = bench_capacity(out, lengths, args.quick, args.capacity_gpus, rates)
         print(json.dumps(report["capacity"], indent=1))
+    save(out, report)
+    return 0
+
+
+def save(out: Path, report: dict) -> None:
+    """fleet.json, fleet.md and the plots, after every section (a later failure keeps the earlier ones)."""
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "fleet.md").write_text(markdown(report))
     plot(report, out)
-    return 0
 
 
 def markdown(report: dict) -> str:
