@@ -140,6 +140,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self._prefilling: frozenset[str] | set[str] = frozenset()  # prefills of the step in flight
         self._pauses: dict[str, int] = {}  # request -> pause_request holders (migration_ops)
         self._moving: dict[str, str] = {}  # request -> destination of the migration under way
+        self._importing: set[str] = set()  # requests with an import begun and not yet committed or aborted
         self._jobs: deque[Callable[[], None]] = deque()
         self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
         self._generated = RateWindow(self.config.throughput_window_s)

@@ -54,6 +54,7 @@ class MigrationOps:
     _requests: dict[str, LiveRequest]
     _pauses: dict[str, int]
     _moving: dict[str, str]
+    _importing: set[str]
 
     def _active(self, request_id: str) -> LiveRequest:
         r = self._requests.get(request_id)
@@ -177,6 +178,8 @@ class MigrationOps:
                 )
             if header.request_id in self._requests or header.request_id in self.core.requests:
                 raise DuplicateRequestError(f"request {header.request_id!r} is already active here")
+            if header.request_id in self._importing:  # two sources sending one request: keep the first
+                raise DuplicateRequestError(f"request {header.request_id!r} is already being imported here")
             self._check_fits(model, len(header.prompt_token_ids) + header.sampling.max_tokens)  # type: ignore[attr-defined]
             blocks: tuple[int, ...] = ()
             if header.num_tokens:
@@ -187,6 +190,7 @@ class MigrationOps:
                 except OutOfBlocks as e:
                     raise ResourceExhaustedError(f"no room for {header.num_tokens} tokens of KV: {e}") from e
                 blocks = tuple(table.blocks)
+            self._importing.add(header.request_id)
             return ImportHandle(self, header, blocks)  # type: ignore[arg-type]
 
     def wire_bytes_per_token(self, header: TransferHeader) -> int:
@@ -210,6 +214,11 @@ class MigrationOps:
             if model is None:
                 self.abort_import_locked(handle)
                 raise TransferError(f"model {h.model!r} was unloaded during the import")
+            if h.request_id in self._requests or h.request_id in self.core.requests:
+                # never replace a live copy: its consumer would continue from this one's position
+                self.abort_import_locked(handle)
+                raise DuplicateRequestError(f"request {h.request_id!r} became active here during the import")
+            self._importing.discard(h.request_id)
             req = GenerationRequest(
                 request_id=h.request_id,
                 model=h.model,
@@ -237,5 +246,6 @@ class MigrationOps:
         if not handle.done:
             handle.done = True
             rid = handle.header.request_id
+            self._importing.discard(rid)
             if handle.header.num_tokens and rid in self.allocator and rid not in self.core.requests:
                 self.allocator.free(rid)

@@ -17,7 +17,7 @@ from llmfleet_engine.backend import EngineBackend, KvMigrationBackend, Profiling
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import ModelLoadError
-from llmfleet_engine.outputs import FinishReason, TransferError
+from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, TransferError
 from llmfleet_engine.validation import UnknownModelError, ValidationError, build_request
 
 
@@ -198,3 +198,39 @@ async def test_an_import_with_a_bad_rng_state_is_refused_up_front(backend):
     ex.resume_request("rng")
     ex.cancel("rng")
     await asyncio.wait_for(stream.collect(), 30)
+
+
+async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path):
+    """Two sources sending the same request at once (a migration planned on a stale view while an
+    earlier one lands): the second import is refused at its start, or at its commit if the first
+    committed meanwhile, so a consumer attaching to the request never continues from a copy that ran
+    ahead of what it was sent (seen live as "token stream gap" at 15 migrations/s). Token transfers
+    (no KV, nothing reserved) included."""
+    case, src = backend
+    dst = case.make(tmp_path)
+    try:
+        await asyncio.to_thread(dst.load, case.spec)
+        stream = src.submit(request_for(src, "twice", max_tokens=40))
+        await asyncio.wait_for(stream.__anext__(), 30)
+        header = await asyncio.to_thread(src.pause_request, "twice")
+        tokens_only = dataclasses.replace(header, num_tokens=0)  # a token transfer reserves no blocks
+        first = await asyncio.to_thread(dst.begin_import, tokens_only)
+        with pytest.raises(DuplicateRequestError, match="being imported"):
+            await asyncio.to_thread(dst.begin_import, tokens_only)
+        first.commit(asyncio.get_running_loop())
+        with pytest.raises(DuplicateRequestError, match="already active"):
+            await asyncio.to_thread(dst.begin_import, tokens_only)
+        # begun before the first committed: refused at the commit, the first copy stays attachable
+        dst.cancel("twice")
+        await asyncio.sleep(0)
+        a = await asyncio.to_thread(dst.begin_import, dataclasses.replace(tokens_only, request_id="race"))
+        live = dst.submit(request_for(dst, "race", max_tokens=40))
+        with pytest.raises(DuplicateRequestError, match="became active"):
+            a.commit(asyncio.get_running_loop())
+        dst.cancel("race")
+        await asyncio.wait_for(live.collect(), 30)
+        src.resume_request("twice")
+        src.cancel("twice")
+        await asyncio.wait_for(stream.collect(), 30)
+    finally:
+        await dst.aclose()
