@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="replay seconds (600; quick 120)")
     ap.add_argument("--capacity-gpus", type=int, default=256, help="capacity: emulated GPUs (256)")
     ap.add_argument(
+        "--capacity-past", type=int, default=0, help="capacity: steps to run past the first one over 2x (0)"
+    )
+    ap.add_argument(
         "--capacity-rates", type=float, nargs="+", default=None, help="capacity: offered rates (4 8 ... 256)"
     )
     args = ap.parse_args(argv)
@@ -214,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         save(out, report)
     if "capacity" in only:
         rates = tuple(args.capacity_rates) if args.capacity_rates else None
-        report["capacity"] = bench_capacity(out, lengths, args.quick, args.capacity_gpus, rates)
+        report["capacity"] = bench_capacity(
+            out, lengths, args.quick, args.capacity_gpus, rates, args.capacity_past
+        )
         print(json.dumps(report["capacity"], indent=1))
     save(out, report)
     return 0

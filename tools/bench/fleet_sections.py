@@ -146,8 +146,14 @@ def _peak_active(run: dict) -> int | None:
 
 
 def bench_capacity(
-    out: Path, lengths_from: Path | None, quick: bool, gpus: int = 256, rates: tuple[float, ...] | None = None
+    out: Path,
+    lengths_from: Path | None,
+    quick: bool,
+    gpus: int = 256,
+    rates: tuple[float, ...] | None = None,
+    past: int = 0,
 ) -> dict:
+    """``past``: steps to run after the first one over 2× (to see where the live side saturates)."""
     step_s = 30.0 if quick else 60.0
     rates = rates or (4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
     placement = {"policy": "dedicated_even", "interval_s": 600, "window_s": 60, "confirm_intervals": 1}
@@ -191,7 +197,8 @@ def bench_capacity(
                 json.dumps({k: step[k] for k in ("rate_rps", "ttft_p50_s", "ttft_ratio", "busiest")}),
                 flush=True,
             )
-            if step["ttft_ratio"] is not None and step["ttft_ratio"] > 2.0:
+            over = [x for x in steps if x["ttft_ratio"] is None or x["ttft_ratio"] > 2.0]
+            if over and len(steps) - steps.index(over[0]) > past:
                 break
     finally:
         fleet.stop()
