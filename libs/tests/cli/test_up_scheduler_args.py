@@ -80,9 +80,15 @@ def test_schedulers_of_an_emulated_pool_price_requests_on_its_gpu(tmp_path) -> N
         "emulated": {"hardware": "A100-40GB", "count": 2},
     }
     plans = up.plan_services(
-        ClusterConfig.model_validate(emulated), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path, schedulers=2
+        ClusterConfig.model_validate(emulated),
+        tmp_path / "c.yaml",
+        etcd="x:1",
+        state_dir=tmp_path,
+        schedulers=2,
     )
     for p in (p for p in plans if p.name.startswith("scheduler")):
         assert p.argv[p.argv.index("--hardware") + 1] == "a100-40gb"
-    plans = up.plan_services(ClusterConfig.model_validate(BASE), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+    plans = up.plan_services(
+        ClusterConfig.model_validate(BASE), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
+    )
     assert all("--hardware" not in p.argv for p in plans if p.name.startswith("scheduler"))

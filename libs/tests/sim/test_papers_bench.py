@@ -104,7 +104,19 @@ def test_rate_sweeps_cover_every_policy_with_sane_metrics(results, bench, name):
     expected = {
         "seallm": {"vllm", "alpaserve", "muxserve", "seallm-colocated", "seallm"},
         "scls": {"scls", "scls-keep", "scls-local", "sls", "cb"},
-        "uellm": {"slo_odbs", "slo_odbs-authors", "slo_dbs", "odbs", "slo_odbs-b64", "fifo", "fifo-cm", "s3"},
+        "uellm": {
+            "UA",
+            "UB",
+            "UD",
+            "S3",
+            "Morphling",
+            "Morphling-noprof",
+            "slo_dbs",
+            "odbs",
+            "slo_odbs-authors",
+            "fifo-cm",
+            "s3-helr",
+        },
     }[name]
     assert set(policies) == expected
 
@@ -144,6 +156,77 @@ def test_uellm_violations_are_fractions(results):
     for r in results["uellm"]["rows"]:
         assert 0.0 <= r["slo_violation"] <= 1.0
         assert math.isclose(r["slo_violation"] + r["slo_uellm"], 1.0)
+
+
+def test_uellm_deployments_follow_the_paper(results, bench):
+    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    devs = U.gpus()
+    assert [round(d.mem_bandwidth / devs[0].mem_bandwidth, 2) for d in devs] == [1.0, 0.86, 0.71, 0.43]
+    assert U.helr_deployment("llama2-7b", devs).stages == ((0, 32),)  # fits the fastest GPU alone
+    assert U.default_deployment("llama2-7b", devs).stages == ((0, 8), (1, 8), (2, 8), (3, 8))
+    rows = {r["policy"]: r for r in results["uellm"]["rows"]}
+    assert rows["UA"]["deployment"] == "GPU#0:32" and rows["S3"]["deployment"].count("GPU#") == 4
+    # Morphling: the profiling wait only adds latency, on the same deployment
+    assert rows["Morphling"]["deployment"] == rows["Morphling-noprof"]["deployment"]
+    assert rows["Morphling"]["latency_mean_s"] > rows["Morphling-noprof"]["latency_mean_s"]
+
+
+def test_morphling_keeps_the_fastest_trial_and_counts_every_trial(bench):
+    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    devs = U.gpus()
+    lengths = np.array([[20, 100], [40, 200]])
+    choice = U.morphling("llama2-7b", devs, lengths, lambda dep, burst, b: 100.0 / b + len(dep.stages))
+    assert len(choice.trials) == 4 * len(U.MORPHLING_BATCHES) <= U.MORPHLING_BUDGET
+    best = max(choice.trials, key=lambda t: t.tokens_per_s)
+    assert (choice.batch, len(choice.deployment.stages)) == (best.batch, best.gpus)
+    assert choice.profile_s == pytest.approx(sum(t.load_s + t.serve_s for t in choice.trials))
+    wl = U.Workload((U.WorkloadRequest("a", 1.0, 5, 5), U.WorkloadRequest("b", 9.0, 5, 5)))
+    assert [r.arrival_s for r in U.after_profiling(wl, 5.0).requests] == [5.0, 9.0]
+
+
+def test_setups_that_cannot_fit_name_the_limit(bench):
+    from llmfleet.policies.placement import PlacementInfeasible
+    from llmfleet.sim.spec import ClusterSpec, SimSpec
+    from llmfleet.workload import Workload, WorkloadRequest
+
+    S = importlib.import_module(bench.PACKAGE + ".seallm_setup")
+    C = importlib.import_module(bench.PACKAGE + ".common")
+    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    small = SimSpec(ClusterSpec.parse("4xA100-80GB"), S.spec().services)
+    wl = Workload(
+        tuple(WorkloadRequest(f"r{i}", 0.1 * i, 100, 50, s.name) for i, s in enumerate(small.services))
+    )
+    with pytest.raises(PlacementInfeasible, match=r"llama2-70b.*1 of 4 GPUs.*needs tp=2"):
+        C.simulate(small, wl, S.vllm())
+    huge = Workload((WorkloadRequest("x", 0.0, 300_000, 10, "svc0"),))
+    e = C.simulate(S.spec(), huge, S.vllm())
+    assert "KV blocks; the pool has" in e.result.records[0].failed
+    with pytest.raises(ValueError, match=r"GPU#0 .*cannot hold 80 layers of llama2-70b"):
+        U.default_deployment("llama2-70b", U.gpus(), 1)
+    with pytest.raises(ValueError, match="fits no configuration"):
+        U.morphling("llama2-70b", U.gpus()[:2], np.array([[5, 5]]), lambda d, w, b: 1.0)
+    with pytest.raises(ValueError, match="gives no service any traffic"):
+        S.workload({"svc0": ("opt-6.7b", np.array([[5, 5]]))}, {"svc0": 0.0}, 10.0, 10.0, seed=0)
+
+
+def test_scls_run_length_study(bench, monkeypatch):
+    sc = bench.scenario("scls")
+    monkeypatch.setattr(sc, "settings", lambda q, t: {"rates": (4.0,), "duration_s": 8.0, "lengths": (4.0,)})
+    res = sc.run(tiny=True, log=lambda _m: None)
+    (e,) = res["run_length"]
+    assert e["horizon_s"] == 4.0 and e["requests"] > 0 and e["ratio"] == e["scls_tput"] / e["sls_tput"]
+    assert res["notes"][0].startswith("Run length at 4 req/s") and "at the sweep's 8 s" in res["notes"][0]
+
+
+def test_seallm_prefill_demand_scales_with_rate_and_prompt(bench):
+    F = importlib.import_module(bench.PACKAGE + ".seallm_factors")
+    short = {"a": ("llama2-7b", np.array([[100, 10]] * 4)), "b": ("llama2-70b", np.array([[100, 10]] * 4))}
+    long = {k: (m, a * np.array([20, 1])) for k, (m, a) in short.items()}
+    share = {"a": 0.5, "b": 0.5}
+    one = F.prefill_gpus(short, share, 1.0)
+    assert one > 0 and F.prefill_gpus(short, share, 4.0) == pytest.approx(4 * one)
+    assert F.prefill_gpus(long, share, 1.0) > 10 * one  # prefill work grows with the prompt
+    assert F.prefill_gpus(short, {"a": 1.0, "b": 0.0}, 1.0) < F.prefill_gpus(short, {"a": 0.0, "b": 1.0}, 1.0)
 
 
 def test_markdown_and_plots(results, bench, tmp_path):
