@@ -23,6 +23,7 @@ import torch
 from llmfleet.engine_core import EngineCore
 from llmfleet.kvblocks import BlockAllocator, BlockTable, OutOfBlocks
 from llmfleet.kvblocks.storage import KvStorage
+from llmfleet.rpc.migrate_status import NOT_ATTACHED
 
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
@@ -70,6 +71,10 @@ class MigrationOps:
         with self._cond:
             r = self._active(request_id)
             if moving_to:
+                if not r.attached:  # moved in, and the scheduler has not followed it here yet
+                    raise MigrationConflictError(
+                        f"request {request_id!r} {NOT_ATTACHED}: it can move once the scheduler follows it here"
+                    )
                 if (other := self._moving.get(request_id)) is not None:
                     raise MigrationConflictError(
                         f"request {request_id!r} is already being migrated to {other}"

@@ -17,7 +17,7 @@ from llmfleet_engine.backend import EngineBackend, KvMigrationBackend, Profiling
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import ModelLoadError
-from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, TransferError
+from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, MigrationConflictError, TransferError
 from llmfleet_engine.validation import UnknownModelError, ValidationError, build_request
 
 
@@ -232,5 +232,35 @@ async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path
         src.resume_request("twice")
         src.cancel("twice")
         await asyncio.wait_for(stream.collect(), 30)
+    finally:
+        await dst.aclose()
+
+
+async def test_a_request_that_just_moved_in_moves_on_only_once_followed(backend, tmp_path):
+    """An imported request streams to nobody until the scheduler follows it: moving it on before that
+    would leave the scheduler behind the newest copy (a token gap, seen live with Mell at 15 moves/s),
+    so the engine refuses, and the coordinator retries in a later epoch."""
+    case, src = backend
+    dst = case.make(tmp_path)
+    try:
+        await asyncio.to_thread(dst.load, case.spec)
+        stream = src.submit(request_for(src, "hop", max_tokens=40))
+        await asyncio.wait_for(stream.__anext__(), 30)
+        header = await asyncio.to_thread(src.pause_request, "hop", moving_to="dst")
+
+        async def accepted() -> None:
+            pass
+
+        await kv_rpc.import_stream(dst, kv_rpc.export_stream(src, header, 8), accepted)
+        src.finish_migrated("hop", "dst")
+        await asyncio.wait_for(stream.collect(), 30)
+        with pytest.raises(MigrationConflictError, match="no consumer yet"):
+            await asyncio.to_thread(dst.pause_request, "hop", moving_to="elsewhere")
+        moved = dst.attach("hop")
+        assert moved is not None
+        await asyncio.to_thread(dst.pause_request, "hop", moving_to="elsewhere")  # followed: it may move
+        dst.resume_request("hop", moving=True)
+        dst.cancel("hop")
+        await asyncio.wait_for(moved.collect(), 30)
     finally:
         await dst.aclose()

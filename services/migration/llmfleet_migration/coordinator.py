@@ -191,7 +191,7 @@ class MigrationCoordinator:
             len(plan.migrations),
             sum(o.ok for o in outcomes),
             sum(o.state == "failed" for o in outcomes),
-            len(deferred) + len(plan.deferred),
+            len(deferred) + len(plan.deferred) + sum(o.state == "not yet" for o in outcomes),
             plan.cancelled,
             tuple(plan.activate),
             tuple(plan.deactivate),

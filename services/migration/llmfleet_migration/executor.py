@@ -21,6 +21,7 @@ import grpc
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.policies.migration import Migration
 from llmfleet.rpc.channels import open_channel
+from llmfleet.rpc.migrate_status import NOT_ATTACHED
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 log = logging.getLogger(__name__)
@@ -44,10 +45,13 @@ class Outcome:
     bytes: int = 0
     transfer_s: float = 0.0
     gone: bool = False  # NOT_FOUND: the request finished (or moved) after the load report it was planned on
+    # the request had just moved to the source and the scheduler had not followed it yet: a later epoch
+    # moves it (moving it on first would leave the scheduler's stream behind: a token gap)
+    not_yet: bool = False
 
     @property
     def state(self) -> str:
-        return "done" if self.ok else "gone" if self.gone else "failed"
+        return "done" if self.ok else "gone" if self.gone else "not yet" if self.not_yet else "failed"
 
 
 @dataclass
@@ -84,18 +88,26 @@ class MigrationExecutor:
                 raise
             except grpc.aio.AioRpcError as e:
                 out = Outcome(
-                    m, False, f"{e.code().name}: {e.details()}", gone=e.code() == grpc.StatusCode.NOT_FOUND
+                    m,
+                    False,
+                    f"{e.code().name}: {e.details()}",
+                    gone=e.code() == grpc.StatusCode.NOT_FOUND,
+                    not_yet=e.code() == grpc.StatusCode.FAILED_PRECONDITION
+                    and NOT_ATTACHED in (e.details() or ""),
                 )
             except Exception as e:  # a bad address, a closed channel: never fail the epoch
                 out = Outcome(m, False, f"{type(e).__name__}: {e}")
             finally:
                 self.running.pop(m.migration_id, None)
             out.seconds = time.monotonic() - t0
-            if out.gone:
+            if out.gone or out.not_yet:
                 log.info(
-                    "migration %s: %s (finished since the report it was planned on)",
+                    "migration %s: %s (%s)",
                     m.migration_id,
                     out.error,
+                    "finished since the report it was planned on"
+                    if out.gone
+                    else "deferred to a later epoch",
                 )
             elif not out.ok:
                 log.warning(

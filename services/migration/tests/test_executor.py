@@ -9,6 +9,7 @@ import grpc
 import pytest
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.policies.migration import Migration
+from llmfleet.rpc.migrate_status import NOT_ATTACHED
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet_migration.executor import MigrationExecutor
 
@@ -31,6 +32,11 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "try again")
             if request.request_id.startswith("gone"):
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no active request {request.request_id!r}")
+            if request.request_id.startswith("fresh"):
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"request {request.request_id!r} {NOT_ATTACHED}: later",
+                )
             return engine_pb2.MigrateResponse(
                 request_id=request.request_id, bytes=1000, transfer_s=0.01, mode=request.mode,
                 migration_id=request.migration_id,
@@ -59,12 +65,21 @@ async def test_modes_ids_retries_and_final_errors(engine) -> None:
     ex = MigrationExecutor(lambda: {"a": addr, "b": "127.0.0.1:1"}, max_concurrency=2)
     try:
         out = await ex.run(
-            [mig("r1"), mig("r2", "tokens"), mig("r-flaky"), mig("gone-1"), mig("r3", dst="dead")]
+            [
+                mig("r1"),
+                mig("r2", "tokens"),
+                mig("r-flaky"),
+                mig("gone-1"),
+                mig("r3", dst="dead"),
+                mig("fresh-1"),
+            ]
         )
     finally:
         await ex.close()
     ok = {o.migration.request_id: o for o in out}
-    assert [o.ok for o in out] == [True, True, True, False, False]
+    assert [o.ok for o in out] == [True, True, True, False, False, False]
+    # just moved in and not followed by the scheduler yet: a later epoch, not a failure
+    assert ok["fresh-1"].state == "not yet"
     assert "NOT_FOUND" in ok["gone-1"].error and "engine dead is not live" in ok["r3"].error
     assert (ok["gone-1"].state, ok["r3"].state, ok["r1"].state) == ("gone", "failed", "done")
     modes = {c.request_id: c.mode for c in eng.calls}
