@@ -6,6 +6,7 @@ backend (servicer, placement follower, migration) relies on exactly these behavi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -200,19 +201,36 @@ async def test_an_import_with_a_bad_rng_state_is_refused_up_front(backend):
     await asyncio.wait_for(stream.collect(), 30)
 
 
+@contextlib.asynccontextmanager
+async def second_engine(case: Case, tmp_path) -> AsyncIterator[Executor]:
+    """Another engine of the same backend with the case's model loaded (a migration destination)."""
+    dst = case.make(tmp_path)
+    try:
+        await asyncio.to_thread(dst.load, case.spec)
+        yield dst
+    finally:
+        await dst.aclose()
+
+
+async def started_then_paused(ex: Executor, rid: str, moving_to: str = ""):
+    """A request that produced its first chunk, then paused as a migration source does: (stream, header)."""
+    stream = ex.submit(request_for(ex, rid, max_tokens=40))
+    await asyncio.wait_for(stream.__anext__(), 30)
+    return stream, await asyncio.to_thread(ex.pause_request, rid, moving_to=moving_to)
+
+
+async def accepted() -> None:
+    """ImportKv's accepted callback (the servicer sends metadata there; nothing to do in-process)."""
+
+
 async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path):
     """Two sources sending the same request at once (a migration planned on a stale view while an
     earlier one lands): the second import is refused at its start, or at its commit if the first
     committed meanwhile, so a consumer attaching to the request never continues from a copy that ran
-    ahead of what it was sent (seen live as "token stream gap" at 15 migrations/s). Token transfers
-    (no KV, nothing reserved) included."""
+    ahead of what it was sent. Token transfers (no KV, nothing reserved) included."""
     case, src = backend
-    dst = case.make(tmp_path)
-    try:
-        await asyncio.to_thread(dst.load, case.spec)
-        stream = src.submit(request_for(src, "twice", max_tokens=40))
-        await asyncio.wait_for(stream.__anext__(), 30)
-        header = await asyncio.to_thread(src.pause_request, "twice")
+    async with second_engine(case, tmp_path) as dst:
+        stream, header = await started_then_paused(src, "twice")
         tokens_only = dataclasses.replace(header, num_tokens=0)  # a token transfer reserves no blocks
         first = await asyncio.to_thread(dst.begin_import, tokens_only)
         with pytest.raises(DuplicateRequestError, match="being imported"):
@@ -220,7 +238,7 @@ async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path
         first.commit(asyncio.get_running_loop())
         with pytest.raises(DuplicateRequestError, match="already active"):
             await asyncio.to_thread(dst.begin_import, tokens_only)
-        # begun before the first committed: refused at the commit, the first copy stays attachable
+        # begun before the request became active here: refused at the commit, the live copy stays
         dst.cancel("twice")
         await asyncio.sleep(0)
         a = await asyncio.to_thread(dst.begin_import, dataclasses.replace(tokens_only, request_id="race"))
@@ -232,8 +250,6 @@ async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path
         src.resume_request("twice")
         src.cancel("twice")
         await asyncio.wait_for(stream.collect(), 30)
-    finally:
-        await dst.aclose()
 
 
 async def test_a_request_that_just_moved_in_moves_on_only_once_followed(backend, tmp_path):
@@ -241,16 +257,8 @@ async def test_a_request_that_just_moved_in_moves_on_only_once_followed(backend,
     would leave the scheduler behind the newest copy (a token gap, seen live with Mell at 15 moves/s),
     so the engine refuses, and the coordinator retries in a later epoch."""
     case, src = backend
-    dst = case.make(tmp_path)
-    try:
-        await asyncio.to_thread(dst.load, case.spec)
-        stream = src.submit(request_for(src, "hop", max_tokens=40))
-        await asyncio.wait_for(stream.__anext__(), 30)
-        header = await asyncio.to_thread(src.pause_request, "hop", moving_to="dst")
-
-        async def accepted() -> None:
-            pass
-
+    async with second_engine(case, tmp_path) as dst:
+        stream, header = await started_then_paused(src, "hop", moving_to="dst")
         await kv_rpc.import_stream(dst, kv_rpc.export_stream(src, header, 8), accepted)
         src.finish_migrated("hop", "dst")
         await asyncio.wait_for(stream.collect(), 30)
@@ -262,5 +270,3 @@ async def test_a_request_that_just_moved_in_moves_on_only_once_followed(backend,
         dst.resume_request("hop", moving=True)
         dst.cancel("hop")
         await asyncio.wait_for(moved.collect(), 30)
-    finally:
-        await dst.aclose()
