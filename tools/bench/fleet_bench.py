@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import psutil
-from fleet_common import Fleet, FleetSpec, compare, run_load, run_sim, status
+from fleet_common import Fleet, FleetSpec, compare, run_load, run_sim
 from fleet_sections import bench_capacity, bench_mell, bench_scaling
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def bench_startup(out: Path, gpus: int, processes: int) -> dict:
                 raise RuntimeError(f"only {fleet.engines()} of {gpus} engines registered")
             time.sleep(0.5)
         registered_s = time.monotonic() - t0
-        while status(fleet.etcd).get("fleet", {}).get("gpus_in_use", 0) < 3:
+        while fleet.status().get("fleet", {}).get("gpus_in_use", 0) < 3:
             if time.monotonic() - t0 > 600:
                 raise RuntimeError("no plan loaded the three models")
             time.sleep(0.5)

@@ -5,7 +5,6 @@ on the same trace window, services and policies, ``llmfleet compare`` of the two
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,14 +28,6 @@ CONV_SERVICES = {
     "code": {"model": "llama2-13b", "slo": {"ttft_s": 3.0, "tpot_s": 0.15}},
     "summarize": {"model": "opt-6.7b", "slo": {"ttft_s": 4.0, "tpot_s": 0.2}},
 }
-
-
-def status(etcd: str) -> dict:
-    env = os.environ | {"LLMFLEET_ETCD": etcd}
-    out = subprocess.run(
-        [str(BIN / "llmfleet"), "status", "--json"], capture_output=True, text=True, timeout=120, env=env
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
 @dataclass
@@ -93,7 +84,7 @@ class Fleet(LocalUp):
         self.gpus, self.processes = spec.gpus, spec.host_processes
 
     def engines(self) -> int:
-        return sum(1 for n in status(self.etcd).get("nodes", []) if n["role"] == "engine")
+        return sum(1 for n in self.status().get("nodes", []) if n["role"] == "engine")
 
     def processes_by_name(self) -> dict[str, psutil.Process]:
         """Every process of the cluster, by a short name (``etcd``, ``scheduler``, ``emu0``, ...)."""
