@@ -111,7 +111,7 @@ def test_mell_on_emulated_gpus_keeps_every_stream_whole(tmp_path):
     assert live["live"]["short_outputs"] == 0  # every request streamed all its tokens across its moves
     mig = live["migration"]
     # the leader ran its epochs on the live reports; whether it moves anything in these 40 s depends
-    # on the reports it plans on (one run moved 2, one 1, one none: it packed only at the end), so
+    # on the reports it plans on (runs moved at least 2, then 1, then none: it packed only at the end), so
     # what is checked is that every move it made completed with the stream unbroken. Moves at scale
     # (3,306 in 5 minutes, none failed) are make bench-fleet's Mell section.
     assert mig["epochs"] > 0 and mig["operations"] > 0, json.dumps(mig)[:2000]
