@@ -29,7 +29,9 @@ from llmfleet.client.errors import Cancelled, DeadlineExceeded, Internal, Invali
 from llmfleet.client.resume import StreamResumer
 from llmfleet.client.types import Chunk, Completion, ServiceInfo, Usage, usage_from_chunk
 from llmfleet.rpc.channels import open_channel
+from llmfleet.rpc.mux import MuxLink, MuxStream, rpc_error
 from llmfleet.security import SecuritySettings
+from llmfleet.telemetry import tracing_enabled
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,7 @@ class GenerateStream:
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self._gen: AsyncGenerator[Chunk, None] | None = None
-        self._call: grpc.aio.UnaryStreamCall | None = None
+        self._call: grpc.aio.UnaryStreamCall | MuxStream | None = None
         self._address: str | None = None  # the replica of the current attempt
 
     @property
@@ -223,7 +225,7 @@ class GenerateStream:
             request.CopyFrom(self._request)
             request.resume_token_ids.extend(self._token_ids)
         self._address = self._client.address
-        call = self._client._scheduler().Submit(request, timeout=timeout)
+        call = self._client._open_submit(request, timeout)
         self._call = call
         received = False
         try:
@@ -239,6 +241,9 @@ class GenerateStream:
                     self._token_ids.extend(chunk.token_ids)
                     yield chunk
         except grpc.aio.AioRpcError as e:
+            if type(call) is MuxStream and e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._client.multiplex = False  # a scheduler without SubmitMany: a call per request
+                raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{e.details()}; retrying with Submit") from None
             if self.usage is None:  # an error after the final chunk changes nothing for the caller
                 raise unaccepted(e, received) from None
         finally:
@@ -336,6 +341,7 @@ class AsyncClient:
         api_key: str | None = None,
         tls_ca: str | None = None,
         tls: bool = False,
+        multiplex: bool = True,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -351,6 +357,11 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
         self._retired: list[grpc.aio.Channel] = []  # channels to replicas we failed over from
+        # streams on one SubmitMany call per replica (llmfleet.rpc.mux); off: a Submit call each
+        # (also while tracing is on, so each request keeps its own span)
+        self.multiplex = multiplex
+        self._links: dict[str, MuxLink] = {}
+        self._retired_links: list[MuxLink] = []
 
     # -- API -------------------------------------------------------------------------------------------
     def generate(
@@ -428,6 +439,9 @@ class AsyncClient:
         """Close the channel (open streams fail with CANCELLED)."""
         channel, self._channel, self._stub = self._channel, None, None
         retired, self._retired = self._retired, []
+        links, self._links, self._retired_links = [*self._links.values(), *self._retired_links], {}, []
+        for link in links:
+            await link.close()
         for ch in [*retired, *([channel] if channel is not None else [])]:
             await ch.close()
 
@@ -456,10 +470,27 @@ class AsyncClient:
             return
         channel, self._channel, self._stub = self._channel, None, None
         self._current = (self._current + 1) % len(self.addresses)
+        if (link := self._links.pop(failed, None)) is not None:
+            self._retired_links.append(link)
         if channel is not None:  # other calls may still be on it: they end on their own; closed at close()
             self._retired.append(channel)
 
     # -- internals -------------------------------------------------------------------------------------
+    def _open_submit(
+        self, request: scheduler_pb2.SubmitRequest, timeout: float | None
+    ) -> grpc.aio.UnaryStreamCall | MuxStream:
+        """Start ``request`` on the current replica: on its SubmitMany call, or as a Submit call."""
+        if not self.multiplex or tracing_enabled():
+            return self._scheduler().Submit(request, timeout=timeout)
+        address = self.address
+        link = self._links.get(address)
+        if link is None:
+            stub = self._scheduler()
+            link = self._links[address] = MuxLink(
+                lambda: stub.SubmitMany(), scheduler_pb2.SubmitCommands, name=f"scheduler {address}"
+            )
+        return link.open(request.request_id, request, timeout)
+
     def _scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
         if self._stub is None:
             self._channel = open_channel(self.address, self.security)

@@ -7,9 +7,11 @@ Scheduler (hooked in ``llmfleet_scheduler.relay``):
   first token and time per output token after the first, as the client sees them (scheduler clock).
   ``llmfleet_scheduler_dispatch_total{service,engine}``: dispatch decisions per engine (failovers
   included). ``llmfleet_scheduler_requests_in_flight``: requests being relayed now.
-  ``llmfleet_scheduler_rejected_total{service,reason}``: refused by admission control (``overloaded``)
-  or by an API key's service list (``forbidden``). ``llmfleet_scheduler_waiting{service}``: requests
-  admitted without a first token yet.
+  ``llmfleet_scheduler_rejected_total{service,reason}``: refused by admission control (``overloaded``),
+  by an API key's service list (``forbidden``) or by its rate limits (``rate_limited``).
+  ``llmfleet_scheduler_rate_limited_total{key,limit}``: refused by an API key's rate limits, by key name
+  and limit (``requests``: requests/s, ``tokens``: tokens/min). ``llmfleet_scheduler_waiting{service}``:
+  requests admitted without a first token yet.
 Placement (``llmfleet_placement.live``): ``llmfleet_placement_changes_total`` (plans written),
   ``llmfleet_placement_leader_changes_total`` (this replica became leader), ``llmfleet_placement_plan_id``.
 Migration (``llmfleet_migration``): ``llmfleet_migrations_total{outcome}`` (done, gone, failed),
@@ -68,8 +70,15 @@ class SchedulerMetrics:
         )
         self.rejected = Counter(
             "llmfleet_scheduler_rejected",
-            "Requests refused before any work: overloaded (admission control) or forbidden (API key).",
+            "Requests refused before any work: overloaded (admission control), forbidden (API key's "
+            "services) or rate_limited (API key's rate limits).",
             ["service", "reason"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "llmfleet_scheduler_rate_limited",
+            "Requests refused by an API key's rate limits, by key name and limit (requests, tokens).",
+            ["key", "limit"],
             registry=registry,
         )
         self.waiting = Gauge(

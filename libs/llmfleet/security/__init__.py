@@ -1,6 +1,7 @@
 """API keys, TLS and their process-wide settings (see :mod:`llmfleet.security.settings`)."""
 
 from llmfleet.security.api_keys import ApiKey, ApiKeyError, ApiKeyStore, bearer
+from llmfleet.security.rate_limits import KeyLimits, KeyRateLimiter, RateLimited
 from llmfleet.security.settings import (
     SecurityConfigError,
     SecuritySettings,
@@ -14,6 +15,9 @@ __all__ = [
     "ApiKey",
     "ApiKeyError",
     "ApiKeyStore",
+    "KeyLimits",
+    "KeyRateLimiter",
+    "RateLimited",
     "SecurityConfigError",
     "SecuritySettings",
     "add_security_args",

@@ -7,6 +7,10 @@ A keys file (YAML)::
         key: sk-team-a-0123...     # the key, or instead
         # sha256: 9f86d08...       # its SHA-256 hex digest, so the file holds no secret
         services: [chat]           # optional: the services this key may use (default: all)
+        limits:                    # optional: per-key rate limits (see llmfleet.security.rate_limits)
+          requests_per_s: 20       #   requests a second, with bursts of
+          burst: 40                #   up to this many at once (default: one second's worth)
+          tokens_per_min: 100000   #   estimated tokens a minute (the scheduler: prompt + max_tokens)
 
 Keys are compared as SHA-256 digests with :func:`hmac.compare_digest` against every entry (no early
 exit), so the time taken does not depend on how much of a key matched.
@@ -23,6 +27,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmfleet.security.rate_limits import KeyLimits
+
 
 class ApiKeyError(ValueError):
     """The keys file is unusable; the message names the entry and the field."""
@@ -32,12 +38,28 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+class _Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests_per_s: float | None = Field(None, gt=0)
+    burst: int | None = Field(None, ge=1)
+    tokens_per_min: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> _Limits:
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError("burst needs requests_per_s")
+        if self.requests_per_s is None and self.tokens_per_min is None:
+            raise ValueError("give requests_per_s or tokens_per_min (or leave limits out)")
+        return self
+
+
 class _KeyEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
     key: str | None = Field(None, min_length=8)
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     services: list[str] | None = None
+    limits: _Limits | None = None
 
     @model_validator(mode="after")
     def _one_secret(self) -> _KeyEntry:
@@ -56,6 +78,7 @@ class ApiKey:
     name: str
     digest: bytes
     services: frozenset[str] | None = None  # None: every service
+    limits: KeyLimits | None = None  # None: no rate limits
 
     def allows(self, service: str) -> bool:
         return self.services is None or service in self.services
@@ -110,6 +133,7 @@ class ApiKeyStore:
                     e.name,
                     digest(e.key) if e.key is not None else bytes.fromhex(e.sha256 or ""),
                     frozenset(e.services) if e.services is not None else None,
+                    KeyLimits(**e.limits.model_dump()) if e.limits is not None else None,
                 )
                 for e in parsed.keys
             )

@@ -6,7 +6,14 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from llmfleet.security import ApiKeyError, ApiKeyStore, SecurityConfigError, SecuritySettings, bearer
+from llmfleet.security import (
+    ApiKeyError,
+    ApiKeyStore,
+    KeyLimits,
+    SecurityConfigError,
+    SecuritySettings,
+    bearer,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -49,12 +56,48 @@ keys:
             "duplicate key names",
         ),
         ("keys: [", "is not YAML"),
+        (
+            "keys:\n  - {name: a, key: sk-long-enough, limits: {requests_per_s: 0}}",
+            "keys.0.limits.requests_per_s",
+        ),
+        (
+            "keys:\n  - {name: a, key: sk-long-enough, limits: {requests_per_s: 1, burst: 0}}",
+            "keys.0.limits.burst",
+        ),
+        (
+            "keys:\n  - {name: a, key: sk-long-enough, limits: {tokens_per_min: -5}}",
+            "keys.0.limits.tokens_per_min",
+        ),
+        ("keys:\n  - {name: a, key: sk-long-enough, limits: {rps: 5}}", "keys.0.limits.rps"),
+        (
+            "keys:\n  - {name: a, key: sk-long-enough, limits: {}}",
+            "keys.0.limits: Value error, give requests_per_s",
+        ),
+        ("keys:\n  - {name: a, key: sk-long-enough, limits: {burst: 3}}", "burst needs requests_per_s"),
     ],
 )
 def test_bad_keys_files_name_the_entry(tmp_path, text, names):
     with pytest.raises(ApiKeyError) as e:
         ApiKeyStore.load(write(tmp_path, text))
     assert names in str(e.value)
+
+
+def test_keys_with_rate_limits(tmp_path):
+    store = ApiKeyStore.load(
+        write(
+            tmp_path,
+            """
+keys:
+  - {name: team-a, key: sk-team-a-0001, limits: {requests_per_s: 20, burst: 40, tokens_per_min: 100000}}
+  - {name: team-b, key: sk-team-b-0001, limits: {tokens_per_min: 5000}}
+  - {name: ops, key: sk-ops-00001}
+""",
+        )
+    )
+    a, b, ops = (store.authenticate(k) for k in ("sk-team-a-0001", "sk-team-b-0001", "sk-ops-00001"))
+    assert a.limits == KeyLimits(requests_per_s=20, burst=40, tokens_per_min=100_000)
+    assert b.limits == KeyLimits(tokens_per_min=5000) and b.limits.requests_per_s is None
+    assert ops.limits is None
 
 
 def test_missing_file_and_inline_keys(tmp_path):

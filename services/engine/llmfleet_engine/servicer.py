@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.rpc.mux import StreamRefused, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
@@ -176,33 +177,55 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(
         self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
+        try:
+            async for msg in self.generate_chunks(request):
+                yield msg
+        except StreamRefused as e:
+            await context.abort(e.code, e.details)
+
+    async def GenerateMany(
+        self,
+        request_iterator: AsyncIterator[engine_pb2.GenerateCommands],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[common_pb2.ChunkBatch]:
+        """Generate's streams multiplexed on one call (``llmfleet.rpc.mux``)."""
+        async for batch in serve_many(
+            request_iterator, lambda req, _timeout: self.generate_chunks(req), name="GenerateMany"
+        ):
+            yield batch
+
+    async def generate_chunks(
+        self, request: engine_pb2.GenerateRequest
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        """One request's chunks (a new request, or one migrated in and attached); ``StreamRefused``
+        with the status its Generate call ends with. Closing the iterator cancels the request."""
         attached = self.executor.attach(request.request_id) if request.request_id else None
         try:
             if attached is not None:  # a request migrated in: continue its stream
                 stream = attached
             else:
                 if why := self._draining(request.model):  # the relay re-routes UNAVAILABLE
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
+                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
                 req = validate_generate(
                     request, self.executor.models, default_max_tokens=self.default_max_tokens
                 )
                 stream = self.executor.submit(req)
         except UnknownModelError as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            raise StreamRefused(grpc.StatusCode.NOT_FOUND, str(e)) from None
         except ValidationError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         except DuplicateRequestError as e:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+            raise StreamRefused(grpc.StatusCode.ALREADY_EXISTS, str(e)) from None
         except (QueueFullError, ResourceExhaustedError) as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except ExecutorClosedError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            raise StreamRefused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         try:
             async for chunk in stream:
                 if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
                     if chunk.token_ids:
                         yield chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id)
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
+                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
                 yield chunk_to_proto(chunk, self.engine_id)
         finally:  # client gone, deadline, or server shutdown: stop the work
             stream.close()

@@ -17,10 +17,12 @@ from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, n
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
+from llmfleet.telemetry import tracing_enabled
 
 from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING, Admission
 from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.engine_links import MUX, PATHS, EngineLinks
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.rebalance import LiveRebalance, QueuedMoves
@@ -70,6 +72,8 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         stats=stats,
         central=central,
         gate=gate,
+        # tracing keeps a call per request: each request's engine span stays in its own trace
+        links=EngineLinks(directory) if args.engine_path == MUX and not tracing_enabled() else None,
     )
     servicer = SchedulerServicer(
         directory,
@@ -183,6 +187,8 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, SchedulerServicer
         node.on_start.append(start_http)
         node.on_stop.append(http.stop)
     node.on_stop.append(servicer.close)
+    if relay.links is not None:
+        node.on_stop.append(relay.links.close)
     if relay.observations is not None:
         node.on_stop.append(relay.observations.close)  # send the last batch before the channels close
     node.on_stop.append(directory.close)
@@ -194,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(ap, ROLE, default_port=50051)
     ap.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
     ap.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on failure")
+    ap.add_argument(
+        "--engine-path",
+        choices=PATHS,
+        default=MUX,
+        help="mux: every request to an engine on one multiplexed GenerateMany call, tokens in batches; "
+        "per-request: a Generate call per request (the path before issue 23; always used with tracing on)",
+    )
     ap.add_argument(
         "--predict",
         choices=("auto", "always", "never"),

@@ -20,11 +20,13 @@ from llmfleet.policies.dispatch import (
     NoCandidate,
     Rebalancer,
 )
+from llmfleet.rpc.mux import MuxStream
 from llmfleet.types import ServiceSpec
 from llmfleet.workload.datasets import approx_token_count
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
@@ -66,9 +68,12 @@ class Relay:
     # where requests wait for capacity (scale from zero, late binding); None: early binding, and a
     # model no engine hosts fails at once (the behaviour before issue 26)
     gate: CapacityGate | None = None
+    # one multiplexed GenerateMany call per engine (None: a Generate call per request, the path
+    # before issue 23; also used while tracing is on, so each request keeps its own span)
+    links: EngineLinks | None = None
     # engine id -> its open Generate calls: cut when the engine leaves etcd (lease gone), so requests
     # fail over within one lease TTL instead of when TCP gives up on a silent host
-    _open: dict[str, set[grpc.aio.Call]] = field(default_factory=dict)
+    _open: dict[str, set[grpc.aio.Call | MuxStream]] = field(default_factory=dict)
     _cut: set[int] = field(default_factory=set)  # id() of calls cut that way
     # request id -> engine a dispatch policy's rebalance is moving it to (see rebalance.py)
     planned_moves: dict[str, str] = field(default_factory=dict)
@@ -249,8 +254,11 @@ class Relay:
     ) -> common_pb2.TokenChunk:
         """Relay one engine stream's tokens into the journal; returns its final chunk (not applied).
         With ``engine_id`` (a dispatched placement) the load book hears the request's progress."""
-        stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
-        call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
+        if self.links is not None:
+            call: grpc.aio.UnaryStreamCall | MuxStream = self.links.open(address, req, timeout)
+        else:
+            stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
+            call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
         final: common_pb2.TokenChunk | None = None
         owner = engine_id or self.directory.engine_at(address)
         if owner is not None:

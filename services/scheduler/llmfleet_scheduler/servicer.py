@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.rpc.mux import StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
+from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
 from llmfleet.security.settings import current as current_security
 
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
@@ -34,6 +36,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
     admission: Admission = field(default_factory=Admission)
     readiness: Readiness | None = None  # ready = servable (None: ready once connected to etcd)
+    key_limits: KeyRateLimiter = field(default_factory=KeyRateLimiter)  # API keys' rate limits
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
@@ -52,6 +55,37 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except RequestFailed as e:
             await context.abort(e.code, e.details)
 
+    async def SubmitMany(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.SubmitCommands],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[common_pb2.ChunkBatch]:
+        """Submit's streams multiplexed on one call (``llmfleet.rpc.mux``): the SDK's path."""
+        key = caller_key(current_security().key_store, context)
+
+        def submit(request: scheduler_pb2.SubmitRequest, timeout_s: float | None):
+            return self.submit_chunks(request, timeout_s, key)
+
+        async for batch in serve_many(request_iterator, submit, name="SubmitMany"):
+            yield batch
+
+    async def submit_chunks(
+        self, request: scheduler_pb2.SubmitRequest, timeout_s: float | None, key: ApiKey | None
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        """One Submit as an iterator of chunks; ``StreamRefused`` with the status Submit ends with."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            rec = self.open_request(request, deadline, key)
+        except InvalidField as e:
+            raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        except RequestFailed as e:
+            raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+        try:
+            async for chunk in self.follow(rec):
+                yield chunk
+        except RequestFailed as e:
+            raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+
     def __post_init__(self) -> None:
         m = self.relay.metrics
         if m is not None and self.admission.observe is None:
@@ -61,9 +95,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.SubmitRequest, deadline: float | None, key: ApiKey | None = None
     ) -> RequestRecord:
         """The one entry point of a submission (gRPC Submit and the HTTP API): validate, check the
-        caller's API key may use the service, then start the request (admission, journal, relay:
-        dispatch and failover) or attach to the one with the same id. Raises InvalidField, or
-        RequestFailed (UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED)."""
+        caller's API key may use the service and is within its rate limits, then start the request
+        (admission, journal, relay: dispatch and failover) or attach to the one with the same id.
+        Raises InvalidField, or RequestFailed (UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS,
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED)."""
         validate_submit(request)
         if key is not None and not key.allows(request.service):
             self._rejected(request.service, "forbidden")
@@ -71,14 +106,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"service: API key {key.name!r} may not use service {request.service!r}",
             )
+        counted = self._rate_limit(key, request) if key is not None and key.limits is not None else 0
         rid = request.request_id or uuid.uuid4().hex
         rec = self.journal.get(rid)
-        if rec is None:
+        if rec is None and counted:
+            rec = self._start_counted(rid, request, deadline, key, counted)
+        elif rec is None:
             rec = self._start(rid, request, deadline)
         elif rec.fingerprint != _fingerprint(request):
             raise RequestFailed(
                 grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
             )
+        elif counted and key is not None:  # attached to the request already there: generates nothing
+            self.key_limits.give_back(key.name, counted)
         return rec
 
     async def follow(self, rec: RequestRecord) -> AsyncIterator[common_pb2.TokenChunk]:
@@ -151,6 +191,50 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _rejected(self, service: str, reason: str) -> None:
         if self.relay.metrics is not None:
             self.relay.metrics.rejected.labels(service, reason).inc()
+
+    def _rate_limit(self, key: ApiKey, request: scheduler_pb2.SubmitRequest) -> int:
+        """Count a submission against ``key``'s rate limits (RESOURCE_EXHAUSTED with a retry-after past
+        one); its tokens are the prompt estimate plus max_tokens. Returns the max_tokens counted."""
+        assert key.limits is not None
+        max_tokens = tokens = 0
+        if key.limits.tokens_per_min is not None:
+            if request.sampling.HasField("max_tokens"):
+                max_tokens = request.sampling.max_tokens
+            elif (spec := self.directory.services().get(request.service)) is not None:
+                max_tokens = spec.default_max_tokens
+            tokens = estimate_tokens(request.prompt, max_tokens)
+        try:
+            self.key_limits.take(key.name, key.limits, tokens)
+        except RateLimited as e:
+            self._rejected(request.service, "rate_limited")
+            if self.relay.metrics is not None:
+                self.relay.metrics.rate_limited.labels(key.name, e.limit).inc()
+            raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.retry_after_s) from None
+        return max_tokens
+
+    def _start_counted(
+        self,
+        rid: str,
+        request: scheduler_pb2.SubmitRequest,
+        deadline: float | None,
+        key: ApiKey | None,
+        max_tokens: int,
+    ) -> RequestRecord:
+        """``_start`` for a request counted against ``key``'s tokens/min: gives back the part of
+        ``max_tokens`` it did not generate when it ends (all of it when it is refused)."""
+        assert key is not None
+        try:
+            rec = self._start(rid, request, deadline)
+        except (InvalidField, RequestFailed):
+            self.key_limits.give_back(key.name, max_tokens)
+            raise
+        assert rec.driver is not None
+        rec.driver.add_done_callback(
+            lambda _t: self.key_limits.give_back(
+                key.name, max_tokens - (rec.n_tokens - len(rec.prefix_token_ids))
+            )
+        )
+        return rec
 
     async def _reap(self, rec: RequestRecord) -> None:
         """Cancel a request whose every listener left (client gone) unless one re-attaches in time."""

@@ -147,3 +147,23 @@ class CancelResponse(_message.Message):
     FOUND_FIELD_NUMBER: _ClassVar[int]
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("request_id", "code", "details", "retry_after_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    code: int
+    details: str
+    retry_after_s: float
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
+class ChunkBatch(_message.Message):
+    __slots__ = ("chunks", "errors")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TokenChunk]
+    errors: _containers.RepeatedCompositeFieldContainer[StreamEnd]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[StreamEnd, _Mapping]]] = ...) -> None: ...

@@ -39,6 +39,22 @@ class GenerateRequest(_message.Message):
     batch_size: int
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ..., batch_id: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
+class GenerateStart(_message.Message):
+    __slots__ = ("request", "timeout_s")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateRequest
+    timeout_s: float
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class GenerateCommands(_message.Message):
+    __slots__ = ("start", "cancel")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    start: _containers.RepeatedCompositeFieldContainer[GenerateStart]
+    cancel: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, start: _Optional[_Iterable[_Union[GenerateStart, _Mapping]]] = ..., cancel: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ModelSpec(_message.Message):
     __slots__ = ("name", "source", "dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]

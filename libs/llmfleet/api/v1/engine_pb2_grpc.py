@@ -41,6 +41,11 @@ class EngineStub:
                 request_serializer=llmfleet_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_common__pb2.TokenChunk.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/llmfleet.v1.Engine/GenerateMany',
+                request_serializer=llmfleet_dot_v1_dot_engine__pb2.GenerateCommands.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_common__pb2.ChunkBatch.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/llmfleet.v1.Engine/Cancel',
                 request_serializer=llmfleet_dot_v1_dot_common__pb2.CancelRequest.SerializeToString,
@@ -104,6 +109,16 @@ class EngineServicer:
 
     def Generate(self, request, context):
         """Streams the completion token by token; the last chunk carries finish_reason and usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """The same streams multiplexed on one call per scheduler (issue 23: fewer messages per token):
+        the caller sends requests to start and streams to stop; each ChunkBatch carries the chunks of
+        every request the call started, and per-request errors as the status Generate would end with.
+        Stopping a stream, or the call ending, cancels its requests as a cancelled Generate does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -194,6 +209,11 @@ def add_EngineServicer_to_server(servicer, server):
                     request_deserializer=llmfleet_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_common__pb2.TokenChunk.SerializeToString,
             ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=llmfleet_dot_v1_dot_engine__pb2.GenerateCommands.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_common__pb2.ChunkBatch.SerializeToString,
+            ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
                     request_deserializer=llmfleet_dot_v1_dot_common__pb2.CancelRequest.FromString,
@@ -278,6 +298,33 @@ class Engine:
             '/llmfleet.v1.Engine/Generate',
             llmfleet_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             llmfleet_dot_v1_dot_common__pb2.TokenChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Engine/GenerateMany',
+            llmfleet_dot_v1_dot_engine__pb2.GenerateCommands.SerializeToString,
+            llmfleet_dot_v1_dot_common__pb2.ChunkBatch.FromString,
             options,
             channel_credentials,
             insecure,

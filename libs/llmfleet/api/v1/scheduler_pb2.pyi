@@ -21,6 +21,22 @@ class SubmitRequest(_message.Message):
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, request_id: _Optional[str] = ..., service: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class SubmitStart(_message.Message):
+    __slots__ = ("request", "timeout_s")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    request: SubmitRequest
+    timeout_s: float
+    def __init__(self, request: _Optional[_Union[SubmitRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class SubmitCommands(_message.Message):
+    __slots__ = ("start", "cancel")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    start: _containers.RepeatedCompositeFieldContainer[SubmitStart]
+    cancel: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, start: _Optional[_Iterable[_Union[SubmitStart, _Mapping]]] = ..., cancel: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ServiceInfo(_message.Message):
     __slots__ = ("name", "model", "ttft_slo_s", "tpot_slo_s", "priority", "engines")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -41,6 +41,11 @@ class SchedulerStub:
                 request_serializer=llmfleet_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=llmfleet_dot_v1_dot_common__pb2.TokenChunk.FromString,
                 _registered_method=True)
+        self.SubmitMany = channel.stream_stream(
+                '/llmfleet.v1.Scheduler/SubmitMany',
+                request_serializer=llmfleet_dot_v1_dot_scheduler__pb2.SubmitCommands.SerializeToString,
+                response_deserializer=llmfleet_dot_v1_dot_common__pb2.ChunkBatch.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/llmfleet.v1.Scheduler/Cancel',
                 request_serializer=llmfleet_dot_v1_dot_common__pb2.CancelRequest.SerializeToString,
@@ -65,6 +70,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitMany(self, request_iterator, context):
+        """Many Submit streams on one call (what the SDK uses): start requests, stop following them
+        (a request nobody follows is cancelled after a grace, as when a Submit call is cancelled); the
+        chunks of all of them come back in batches, and a request that fails gets a StreamEnd with the
+        status Submit would end with (RESOURCE_EXHAUSTED with its retry_after_s, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -84,6 +99,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=llmfleet_dot_v1_dot_scheduler__pb2.SubmitRequest.FromString,
                     response_serializer=llmfleet_dot_v1_dot_common__pb2.TokenChunk.SerializeToString,
+            ),
+            'SubmitMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubmitMany,
+                    request_deserializer=llmfleet_dot_v1_dot_scheduler__pb2.SubmitCommands.FromString,
+                    response_serializer=llmfleet_dot_v1_dot_common__pb2.ChunkBatch.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -124,6 +144,33 @@ class Scheduler:
             '/llmfleet.v1.Scheduler/Submit',
             llmfleet_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
             llmfleet_dot_v1_dot_common__pb2.TokenChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmfleet.v1.Scheduler/SubmitMany',
+            llmfleet_dot_v1_dot_scheduler__pb2.SubmitCommands.SerializeToString,
+            llmfleet_dot_v1_dot_common__pb2.ChunkBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,384 @@
+"""Multiplexed token streams: many requests' streams on one gRPC call (issue 23).
+
+A per-request server-streaming call costs a call set-up and one message per token on each side; in
+grpc's asyncio stack that is about 0.1 ms of CPU per message and more per call. ``SubmitMany``
+(SDK → scheduler) and ``GenerateMany`` (scheduler → engine) carry every request of a client on one
+bidirectional call instead: the caller sends ``*Commands`` (requests to start, streams to stop), the
+server answers with :class:`ChunkBatch` es holding the chunks of all of them.
+
+There is no timer: the server's writer sends what is ready as soon as its previous write is done, so
+an idle path sends each chunk at once and a busy one gathers the chunks that became ready meanwhile
+(one engine step's tokens for all its requests, typically) into one message.
+
+* :class:`MuxLink` (caller side) opens the call lazily, hands out :class:`MuxStream` s that read like
+  a ``grpc.aio`` unary-stream call (async iteration, ``cancel()``, ``done()``; errors are
+  ``grpc.aio.AioRpcError`` with the status a per-request call would end with, including the retry
+  pushback trailer), and fails every open stream with the call's status when the call breaks; the next
+  ``open`` starts a fresh call.
+* :func:`serve_many` (server side) runs one handler per started request (an async iterator of
+  ``TokenChunk``; :class:`StreamRefused` ends it with a status) and batches their output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import grpc
+
+from llmfleet.api.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
+PUSHBACK = "grpc-retry-pushback-ms"
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+CALL_FINAL = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
+class StreamRefused(Exception):
+    """Ends one multiplexed stream with a status (a per-request call would have been aborted so)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.retry_after_s = retry_after_s
+
+
+def rpc_error(code: grpc.StatusCode, details: str, retry_after_s: float = 0.0) -> grpc.aio.AioRpcError:
+    """The ``AioRpcError`` a per-request call ending with this status raises (pushback in trailers)."""
+    trailing = grpc.aio.Metadata()
+    if retry_after_s > 0:
+        trailing.add(PUSHBACK, str(int(retry_after_s * 1000)))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+
+
+def status_code(value: int) -> grpc.StatusCode:
+    return _CODES.get(value, grpc.StatusCode.UNKNOWN)
+
+
+class MuxStream:
+    """One request's chunks on a :class:`MuxLink`: iterate it like a unary-stream call's response."""
+
+    __slots__ = ("_cancelled", "_error", "_finished", "_items", "_link", "_timer", "_waiter", "request_id")
+
+    def __init__(self, link: MuxLink, request_id: str) -> None:
+        self._link = link
+        self.request_id = request_id
+        self._items: deque[common_pb2.TokenChunk] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._finished = False  # the final chunk arrived
+        self._cancelled = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- the link's side
+    def _push(self, chunk: common_pb2.TokenChunk) -> None:
+        self._items.append(chunk)
+        if chunk.finish_reason != UNSPECIFIED:
+            self._finished = True
+            self._end()
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._finished:
+            self._error = error
+            self._end()
+            self._wake()
+
+    def _end(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self.done():
+            self._fail(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self._link._stop(self.request_id, self)
+
+    # -- the consumer's side
+    def __aiter__(self) -> MuxStream:
+        return self
+
+    async def __anext__(self) -> common_pb2.TokenChunk:
+        items = self._items
+        while not items:
+            if self._error is not None:
+                raise self._error
+            if self._finished:
+                raise StopAsyncIteration
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            await waiter
+        return items.popleft()
+
+    def done(self) -> bool:
+        return self._finished or self._error is not None
+
+    def cancel(self) -> bool:
+        """Stop the stream (the server cancels it as a cancelled call); a reader gets CancelledError."""
+        if self.done():
+            return False
+        self._cancelled = True
+        self._fail(asyncio.CancelledError())
+        self._link._stop(self.request_id, self)
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+class _Call(Protocol):
+    async def write(self, request: Any) -> None: ...
+
+    def cancel(self) -> bool: ...
+
+    def __aiter__(self) -> AsyncIterator[common_pb2.ChunkBatch]: ...
+
+
+class MuxLink:
+    """The caller's end of one multiplexed call. ``open_call()`` starts the call (e.g.
+    ``stub.GenerateMany``); ``commands`` is its request message type (``GenerateCommands`` or
+    ``SubmitCommands``: ``start`` entries with ``request`` and ``timeout_s``, and ``cancel`` ids)."""
+
+    def __init__(self, open_call: Callable[[], _Call], commands: type, name: str = "") -> None:
+        self._open_call = open_call
+        self._commands = commands
+        self.name = name
+        self.streams: dict[str, MuxStream] = {}
+        self._call: _Call | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._pending = commands()  # the next message to write: starts (copied at open) and cancels
+        self._has_pending = False
+        self._kick: asyncio.Future[None] | None = None
+        self._closed = False
+        self.calls_opened = 0
+
+    def open(self, request_id: str, request: Any, timeout_s: float | None = None) -> MuxStream:
+        """Start ``request`` (id ``request_id``) on the call; returns its stream at once."""
+        stream = MuxStream(self, request_id)
+        if self._closed:
+            stream._fail(rpc_error(grpc.StatusCode.CANCELLED, f"link {self.name} is closed"))
+            return stream
+        if request_id in self.streams:
+            stream._fail(
+                rpc_error(
+                    grpc.StatusCode.ALREADY_EXISTS, f"request {request_id!r} is already open on this call"
+                )
+            )
+            return stream
+        self.streams[request_id] = stream
+        if timeout_s is not None:
+            stream._timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), stream._expire)
+        self._pending.start.add(request=request, timeout_s=timeout_s or 0.0)
+        self._has_pending = True
+        self._ensure_call()
+        self._wake_writer()
+        return stream
+
+    async def close(self) -> None:
+        self._closed = True
+        self._reset(rpc_error(grpc.StatusCode.CANCELLED, f"link {self.name} closed"))
+
+    # -- internals
+    def _stop(self, request_id: str, stream: MuxStream) -> None:
+        if self.streams.get(request_id) is stream:
+            del self.streams[request_id]
+            if self._call is not None:
+                self._pending.cancel.append(request_id)
+                self._has_pending = True
+                self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        k = self._kick
+        if k is not None:
+            self._kick = None
+            if not k.done():
+                k.set_result(None)
+
+    def _ensure_call(self) -> None:
+        if self._call is not None:
+            return
+        call = self._call = self._open_call()
+        self.calls_opened += 1
+        self._tasks = [
+            asyncio.create_task(self._write(call), name=f"mux-write-{self.name}"),
+            asyncio.create_task(self._read(call), name=f"mux-read-{self.name}"),
+        ]
+
+    async def _write(self, call: _Call) -> None:
+        try:
+            while self._call is call:
+                if not self._has_pending:
+                    kick = asyncio.get_running_loop().create_future()
+                    self._kick = kick
+                    await kick
+                    continue
+                msg, self._pending, self._has_pending = self._pending, self._commands(), False
+                await call.write(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the call broke: the reader sees why and fails the streams
+            log.debug("mux %s: write failed: %r", self.name, e)
+
+    async def _read(self, call: _Call) -> None:
+        error: BaseException
+        try:
+            streams = self.streams
+            async for batch in call:
+                for chunk in batch.chunks:
+                    s = streams.get(chunk.request_id)
+                    if s is not None:
+                        if chunk.finish_reason != UNSPECIFIED:
+                            del streams[chunk.request_id]
+                        s._push(chunk)
+                for end in batch.errors:
+                    s = streams.pop(end.request_id, None)
+                    if s is not None:
+                        s._fail(rpc_error(status_code(end.code), end.details, end.retry_after_s))
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.name}: the multiplexed call ended")
+        except asyncio.CancelledError:
+            return
+        except grpc.aio.AioRpcError as e:
+            # the call's own status is final only when it is about the call (credentials, an
+            # unknown method); anything else (a broken connection, a cancel by grpc's core) is a
+            # path that went away: UNAVAILABLE, which callers fail over or resume from
+            code = e.code() if e.code() in CALL_FINAL else grpc.StatusCode.UNAVAILABLE
+            error = rpc_error(code, f"{self.name}: {e.code().name}: {e.details()}")
+        except Exception as e:
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.name}: multiplexed call failed: {e!r}")
+        if self._call is call:
+            self._reset(error, own=asyncio.current_task())
+
+    def _reset(self, error: BaseException, own: asyncio.Task | None = None) -> None:
+        """The call is over: fail its streams with ``error``; the next ``open`` starts a new call."""
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        for t in self._tasks:
+            if t is not own:
+                t.cancel()
+        self._tasks = []
+        self._pending, self._has_pending = self._commands(), False
+        streams, self.streams = self.streams, {}
+        for s in streams.values():
+            s._fail(error)
+        self._wake_writer()
+
+
+Handler = Callable[[Any, float | None], AsyncIterator[common_pb2.TokenChunk]]
+
+
+async def serve_many(
+    commands: AsyncIterator[Any], handler: Handler, *, name: str = "mux"
+) -> AsyncIterator[common_pb2.ChunkBatch]:
+    """The server's end of a multiplexed call: for every ``start`` in ``commands`` run
+    ``handler(request, timeout_s)`` (its ``TokenChunk`` s go out in batches; ``StreamRefused`` ends
+    the stream with a status; past ``timeout_s`` DEADLINE_EXCEEDED); a ``cancel`` stops the handler as
+    a cancelled call would. Ends when the caller has stopped sending and every handler is done; the
+    caller going away cancels them all."""
+    loop = asyncio.get_running_loop()
+    chunks: list[common_pb2.TokenChunk] = []
+    errors: list[common_pb2.StreamEnd] = []
+    pumps: dict[str, asyncio.Task] = {}
+    kick: list[asyncio.Future[None] | None] = [None]
+    reading = [True]
+
+    def wake() -> None:
+        k = kick[0]
+        if k is not None:
+            kick[0] = None
+            if not k.done():
+                k.set_result(None)
+
+    def refuse(rid: str, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
+        errors.append(
+            common_pb2.StreamEnd(
+                request_id=rid, code=code.value[0], details=details, retry_after_s=retry_after_s or 0.0
+            )
+        )
+        wake()
+
+    async def pump(rid: str, request: Any, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s > 0 else None):
+                async for chunk in handler(request, timeout_s if timeout_s > 0 else None):
+                    chunks.append(chunk)
+                    if kick[0] is not None:
+                        wake()
+        except StreamRefused as e:
+            refuse(rid, e.code, e.details, e.retry_after_s)
+        except TimeoutError:
+            refuse(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        except asyncio.CancelledError:
+            pass  # stopped by the caller (cancel, or the call ended)
+        except Exception as e:
+            log.exception("%s: stream %s failed", name, rid)
+            refuse(rid, grpc.StatusCode.INTERNAL, f"{name}: {e}")
+        finally:
+            if pumps.get(rid) is asyncio.current_task():
+                del pumps[rid]
+            wake()
+
+    async def read() -> None:
+        try:
+            async for msg in commands:
+                # starts first: a stream stopped before its start was written comes in one message
+                for start in msg.start:
+                    rid = start.request.request_id
+                    if rid in pumps:
+                        refuse(
+                            rid,
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"request {rid!r} is already open on this call",
+                        )
+                        continue
+                    pumps[rid] = loop.create_task(pump(rid, start.request, start.timeout_s))
+                for rid in msg.cancel:
+                    task = pumps.pop(rid, None)
+                    if task is not None:
+                        task.cancel()
+        finally:
+            reading[0] = False
+            wake()
+
+    reader = loop.create_task(read(), name=f"{name}-commands")
+    try:
+        while True:
+            if chunks or errors:
+                batch = common_pb2.ChunkBatch(chunks=chunks, errors=errors)
+                chunks.clear()
+                errors.clear()
+                yield batch
+                continue
+            if not reading[0] and not pumps:
+                return
+            k = loop.create_future()
+            kick[0] = k
+            await k
+    finally:
+        reader.cancel()
+        for task in list(pumps.values()):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
