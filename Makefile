@@ -8,7 +8,7 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -87,6 +87,9 @@ bench-fleet: setup
 
 bench-burst: setup
 	$(PYTHON) tools/bench/burst_bench.py --out .bench/burst $(BENCH_ARGS)
+
+bench-capacity: setup
+	$(PYTHON) tools/bench/capacity_bench.py --out .bench/capacity $(BENCH_ARGS)
 
 bench-metrics: setup
 	$(PYTHON) tools/bench/metrics_overhead.py --out .bench/metrics $(BENCH_ARGS)

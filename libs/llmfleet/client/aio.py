@@ -36,6 +36,7 @@ from llmfleet.telemetry import tracing_enabled
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+SPREAD_SKIP_S = 5.0  # spread: how long a replica that failed is left out
 T = TypeVar("T")
 
 
@@ -224,8 +225,7 @@ class GenerateStream:
             request = scheduler_pb2.SubmitRequest()
             request.CopyFrom(self._request)
             request.resume_token_ids.extend(self._token_ids)
-        self._address = self._client.address
-        call = self._client._open_submit(request, timeout)
+        call, self._address = self._client._open_submit(request, timeout)
         self._call = call
         received = False
         try:
@@ -328,6 +328,11 @@ class AsyncClient:
     with the system's roots. The channel opens lazily on first use. A stream cut by a replica's death is
     resumed on the next one with the same request id and the tokens already received, so its tokens
     arrive exactly once.
+
+    ``multiplex`` (default): every stream to a replica rides one ``SubmitMany`` call (tokens in
+    batches; README "Control-plane capacity"); off, or while tracing is on, a ``Submit`` call each.
+    ``spread``: requests go round-robin over all the replicas (several scheduler processes share the
+    load) instead of to one; a replica that fails is left out for a few seconds.
     """
 
     def __init__(
@@ -342,6 +347,7 @@ class AsyncClient:
         tls_ca: str | None = None,
         tls: bool = False,
         multiplex: bool = True,
+        spread: bool = False,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -362,6 +368,12 @@ class AsyncClient:
         self.multiplex = multiplex
         self._links: dict[str, MuxLink] = {}
         self._retired_links: list[MuxLink] = []
+        # spread: requests go round-robin over every replica (one SubmitMany call each) instead of
+        # to one; a replica that failed is skipped for SPREAD_SKIP_S
+        self.spread = spread
+        self._rr = 0
+        self._down: dict[str, float] = {}
+        self._spread_channels: dict[str, grpc.aio.Channel] = {}
 
     # -- API -------------------------------------------------------------------------------------------
     def generate(
@@ -442,6 +454,8 @@ class AsyncClient:
         links, self._links, self._retired_links = [*self._links.values(), *self._retired_links], {}, []
         for link in links:
             await link.close()
+        retired += list(self._spread_channels.values())
+        self._spread_channels = {}
         for ch in [*retired, *([channel] if channel is not None else [])]:
             await ch.close()
 
@@ -466,6 +480,8 @@ class AsyncClient:
     async def _failover(self, failed: str) -> None:
         """``failed`` was unavailable: move to the next scheduler replica (a no-op with one address, or
         when another call already moved on from ``failed``); the next call opens a channel there."""
+        if self.spread:
+            self._down[failed] = time.monotonic() + SPREAD_SKIP_S
         if len(self.addresses) < 2 or self.address != failed:
             return
         channel, self._channel, self._stub = self._channel, None, None
@@ -478,18 +494,36 @@ class AsyncClient:
     # -- internals -------------------------------------------------------------------------------------
     def _open_submit(
         self, request: scheduler_pb2.SubmitRequest, timeout: float | None
-    ) -> grpc.aio.UnaryStreamCall | MuxStream:
-        """Start ``request`` on the current replica: on its SubmitMany call, or as a Submit call."""
+    ) -> tuple[grpc.aio.UnaryStreamCall | MuxStream, str]:
+        """Start ``request`` on a replica (the current one, or the next with ``spread``): on its
+        SubmitMany call, or as a Submit call. Returns the call and the replica's address."""
         if not self.multiplex or tracing_enabled():
-            return self._scheduler().Submit(request, timeout=timeout)
-        address = self.address
+            return self._scheduler().Submit(request, timeout=timeout), self.address
+        address = self._next_replica() if self.spread and len(self.addresses) > 1 else self.address
         link = self._links.get(address)
         if link is None:
-            stub = self._scheduler()
+            stub = self._stub_at(address)
             link = self._links[address] = MuxLink(
                 lambda: stub.SubmitMany(), scheduler_pb2.SubmitCommands, name=f"scheduler {address}"
             )
-        return link.open(request.request_id, request, timeout)
+        return link.open(request.request_id, request, timeout), address
+
+    def _next_replica(self) -> str:
+        now, n = time.monotonic(), len(self.addresses)
+        for _ in range(n):
+            address = self.addresses[self._rr % n]
+            self._rr += 1
+            if self._down.get(address, 0.0) <= now:
+                return address
+        return self.address  # every replica failed lately: the current one
+
+    def _stub_at(self, address: str) -> scheduler_pb2_grpc.SchedulerStub:
+        if address == self.address:
+            return self._scheduler()
+        ch = self._spread_channels.get(address)
+        if ch is None:
+            ch = self._spread_channels[address] = open_channel(address, self.security)
+        return scheduler_pb2_grpc.SchedulerStub(ch)
 
     def _scheduler(self) -> scheduler_pb2_grpc.SchedulerStub:
         if self._stub is None:

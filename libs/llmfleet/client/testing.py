@@ -26,7 +26,7 @@ from types import TracebackType
 import grpc
 
 from llmfleet.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmfleet.rpc.mux import PUSHBACK, StreamRefused, serve_many
+from llmfleet.rpc.mux import PUSHBACK, StreamRefused, from_iterator, serve_many
 from llmfleet.rpc.server import GrpcServer, service_name
 
 BASE_TOKEN_ID = 1000
@@ -178,7 +178,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self, request_iterator: AsyncIterator[scheduler_pb2.SubmitCommands], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.ChunkBatch]:
         """Submit's answers multiplexed (``llmfleet.rpc.mux``): each stream's abort ends that stream."""
-        async for batch in serve_many(request_iterator, lambda req, _t: self.Submit(req, _StreamContext())):
+        async for batch in serve_many(
+            request_iterator, from_iterator(lambda req, _t: self.Submit(req, _StreamContext()))
+        ):
             yield batch
 
     @staticmethod

@@ -27,6 +27,7 @@ class Usage:
     latency_s: float
     finish_reason: str
     engine_id: str
+    engine_ttft_s: float = 0.0  # the engine's own TTFT (ttft_s minus this: what the path added)
 
 
 @dataclass(frozen=True)
@@ -85,4 +86,5 @@ def usage_from_chunk(chunk: common_pb2.TokenChunk, engine_id: str = "") -> Usage
         latency_s=u.latency_s,
         finish_reason=finish_reason_name(chunk.finish_reason),
         engine_id=chunk.engine_id or engine_id,
+        engine_ttft_s=u.engine_ttft_s,
     )

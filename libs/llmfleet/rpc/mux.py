@@ -15,8 +15,12 @@ an idle path sends each chunk at once and a busy one gathers the chunks that bec
   ``grpc.aio.AioRpcError`` with the status a per-request call would end with, including the retry
   pushback trailer), and fails every open stream with the call's status when the call breaks; the next
   ``open`` starts a fresh call.
-* :func:`serve_many` (server side) runs one handler per started request (an async iterator of
-  ``TokenChunk``; :class:`StreamRefused` ends it with a status) and batches their output.
+* :func:`serve_many` (server side) runs one handler per started request (it hands its chunks to an
+  ``emit`` callback, or :func:`from_iterator` adapts an async iterator; :class:`StreamRefused` ends
+  it with a status) and batches their output.
+
+Both ends can relay without waking a task per token: a :class:`MuxStream` with ``on_chunk`` set hands
+chunks to the callback on the link's reader, and a handler may call ``emit`` from any callback.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -72,7 +76,9 @@ def status_code(value: int) -> grpc.StatusCode:
 class MuxStream:
     """One request's chunks on a :class:`MuxLink`: iterate it like a unary-stream call's response."""
 
-    __slots__ = ("_cancelled", "_error", "_finished", "_items", "_link", "_timer", "_waiter", "request_id")
+    __slots__ = (
+        "_cancelled", "_error", "_finished", "_items", "_link", "_timer", "_waiter", "on_chunk", "request_id",
+    )  # fmt: skip
 
     def __init__(self, link: MuxLink, request_id: str) -> None:
         self._link = link
@@ -83,13 +89,24 @@ class MuxStream:
         self._finished = False  # the final chunk arrived
         self._cancelled = False
         self._timer: asyncio.TimerHandle | None = None
+        # set: chunks before the final one go to this callback as they arrive (on the link's reader,
+        # no wake-up of the consumer per chunk); iteration then yields only the final chunk
+        self.on_chunk: Callable[[common_pb2.TokenChunk], None] | None = None
 
     # -- the link's side
     def _push(self, chunk: common_pb2.TokenChunk) -> None:
-        self._items.append(chunk)
         if chunk.finish_reason != UNSPECIFIED:
             self._finished = True
             self._end()
+        elif self.on_chunk is not None:
+            try:
+                self.on_chunk(chunk)
+            except Exception as e:  # the consumer's bug ends its stream, never the link
+                log.exception("stream %s: chunk callback failed", self.request_id)
+                self._fail(rpc_error(grpc.StatusCode.INTERNAL, f"relaying a chunk failed: {e!r}"))
+                self._link._stop(self.request_id, self)
+            return
+        self._items.append(chunk)
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
@@ -286,14 +303,27 @@ class MuxLink:
         self._wake_writer()
 
 
-Handler = Callable[[Any, float | None], AsyncIterator[common_pb2.TokenChunk]]
+Emit = Callable[[common_pb2.TokenChunk], None]
+# Runs one stream: hands its chunks to ``emit`` (in order, the final one last) and returns when done;
+# ``StreamRefused`` ends it with a status. Called as ``handler(request, timeout_s, emit)``.
+Handler = Callable[[Any, float | None, Emit], Awaitable[None]]
+
+
+def from_iterator(chunks: Callable[[Any, float | None], AsyncIterator[common_pb2.TokenChunk]]) -> Handler:
+    """A :data:`Handler` from a function returning a request's chunks as an async iterator."""
+
+    async def run(request: Any, timeout_s: float | None, emit: Emit) -> None:
+        async for chunk in chunks(request, timeout_s):
+            emit(chunk)
+
+    return run
 
 
 async def serve_many(
     commands: AsyncIterator[Any], handler: Handler, *, name: str = "mux"
 ) -> AsyncIterator[common_pb2.ChunkBatch]:
     """The server's end of a multiplexed call: for every ``start`` in ``commands`` run
-    ``handler(request, timeout_s)`` (its ``TokenChunk`` s go out in batches; ``StreamRefused`` ends
+    ``handler(request, timeout_s, emit)`` (what it emits goes out in batches; ``StreamRefused`` ends
     the stream with a status; past ``timeout_s`` DEADLINE_EXCEEDED); a ``cancel`` stops the handler as
     a cancelled call would. Ends when the caller has stopped sending and every handler is done; the
     caller going away cancels them all."""
@@ -311,6 +341,11 @@ async def serve_many(
             if not k.done():
                 k.set_result(None)
 
+    def emit(chunk: common_pb2.TokenChunk) -> None:
+        chunks.append(chunk)
+        if kick[0] is not None:
+            wake()
+
     def refuse(rid: str, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
         errors.append(
             common_pb2.StreamEnd(
@@ -321,11 +356,11 @@ async def serve_many(
 
     async def pump(rid: str, request: Any, timeout_s: float) -> None:
         try:
-            async with asyncio.timeout(timeout_s if timeout_s > 0 else None):
-                async for chunk in handler(request, timeout_s if timeout_s > 0 else None):
-                    chunks.append(chunk)
-                    if kick[0] is not None:
-                        wake()
+            if timeout_s > 0:
+                async with asyncio.timeout(timeout_s):
+                    await handler(request, timeout_s, emit)
+            else:
+                await handler(request, None, emit)
         except StreamRefused as e:
             refuse(rid, e.code, e.details, e.retry_after_s)
         except TimeoutError:

@@ -393,3 +393,19 @@ async def test_an_overload_is_retried_after_the_servers_pushback(serve: Serve) -
         with pytest.raises(ResourceExhausted):  # the pushback would pass the deadline: give up now
             await client.complete("hi", service="chat", max_tokens=3)
     assert len(fake.submits) == 1
+
+
+async def test_multiplexed_streams_share_one_call_and_spread_goes_round_robin(serve: Serve) -> None:
+    """Many streams, one SubmitMany call per replica; ``spread`` alternates the replicas and skips one
+    that failed (its streams resume on the other)."""
+    a, b = FakeScheduler(), FakeScheduler()
+    async with AsyncClient([await serve(a), await serve(b)], spread=True) as client:
+        done = await asyncio.gather(
+            *[client.complete(f"p {i}", service="chat", max_tokens=3) for i in range(8)]
+        )
+        assert all(c.usage.completion_tokens == 3 for c in done)
+        assert len(a.submits) == len(b.submits) == 4
+        assert all(link.calls_opened == 1 for link in client._links.values()) and len(client._links) == 2
+    async with AsyncClient(await serve(FakeScheduler()), multiplex=False) as client:
+        assert (await client.complete("x", service="chat", max_tokens=2)).usage.completion_tokens == 2
+        assert client._links == {}

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-from llmfleet.rpc.mux import StreamRefused, serve_many
+from llmfleet.rpc.mux import StreamRefused, from_iterator, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
@@ -190,7 +190,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> AsyncIterator[common_pb2.ChunkBatch]:
         """Generate's streams multiplexed on one call (``llmfleet.rpc.mux``)."""
         async for batch in serve_many(
-            request_iterator, lambda req, _timeout: self.generate_chunks(req), name="GenerateMany"
+            request_iterator,
+            from_iterator(lambda req, _timeout: self.generate_chunks(req)),
+            name="GenerateMany",
         ):
             yield batch
 

@@ -43,6 +43,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     first_token_at: float | None = None
     dispatched_at: float | None = None
+    engine_ttft_s: float = 0.0  # the first engine's own TTFT (its final chunk's usage)
     final: common_pb2.TokenChunk | None = None
     error: RequestFailed | None = None
     subscribers: int = 0
@@ -56,6 +57,10 @@ class RequestRecord:
     prefix_token_ids: tuple[int, ...] = ()
     # Followers parked until the next change (plain futures: a Condition's lock per chunk costs more).
     _waiters: list[asyncio.Future] = field(default_factory=list)
+    # Followers that take each chunk as it is added (``stream_to``: no wake-up per chunk), and their
+    # futures, set when the request ends
+    _listeners: list[Callable[[common_pb2.TokenChunk], None]] = field(default_factory=list)
+    _end_waiters: list[asyncio.Future] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -66,6 +71,10 @@ class RequestRecord:
 
     async def append(self, chunk: common_pb2.TokenChunk) -> None:
         """Add an engine chunk; tokens this journal already has (index < n_tokens) are dropped."""
+        self.add(chunk)
+
+    def add(self, chunk: common_pb2.TokenChunk) -> None:
+        """``append`` without the coroutine (the relay's callback path)."""
         skip = self.n_tokens - chunk.index
         if skip > 0:
             if skip >= len(chunk.token_ids):
@@ -81,7 +90,10 @@ class RequestRecord:
                 self.release()
         self.n_tokens += len(chunk.token_ids)
         self.chunks.append(chunk)
-        self._notify()
+        for listener in self._listeners:
+            listener(chunk)
+        if self._waiters:
+            self._notify()
 
     async def finish(self, final: common_pb2.TokenChunk) -> None:
         self.final = final
@@ -105,9 +117,31 @@ class RequestRecord:
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
+        if self.done:
+            waiters += self._end_waiters
+            self._end_waiters = []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    async def stream_to(self, emit: Callable[[common_pb2.TokenChunk], None]) -> None:
+        """``follow`` as a callback: every chunk from the start, new ones as they are added (called
+        from ``add``), then the final chunk; raises the request's error instead of a final chunk."""
+        for chunk in self.chunks:
+            emit(chunk)
+        if not self.done:
+            self._listeners.append(emit)
+            try:
+                while not self.done:
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._end_waiters.append(waiter)
+                    await waiter
+            finally:
+                self._listeners.remove(emit)
+        if self.error is not None:
+            raise self.error
+        assert self.final is not None
+        emit(self.final)
 
     async def follow(self) -> AsyncIterator[common_pb2.TokenChunk]:
         """Every chunk from the start, then new ones as they come, then the final chunk (or raise)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmfleet.rpc.mux import StreamRefused, serve_many
+from llmfleet.rpc.mux import Emit, StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
@@ -63,16 +63,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Submit's streams multiplexed on one call (``llmfleet.rpc.mux``): the SDK's path."""
         key = caller_key(current_security().key_store, context)
 
-        def submit(request: scheduler_pb2.SubmitRequest, timeout_s: float | None):
-            return self.submit_chunks(request, timeout_s, key)
+        async def submit(request: scheduler_pb2.SubmitRequest, timeout_s: float | None, emit: Emit) -> None:
+            await self.submit_into(request, timeout_s, key, emit)
 
         async for batch in serve_many(request_iterator, submit, name="SubmitMany"):
             yield batch
 
-    async def submit_chunks(
-        self, request: scheduler_pb2.SubmitRequest, timeout_s: float | None, key: ApiKey | None
-    ) -> AsyncIterator[common_pb2.TokenChunk]:
-        """One Submit as an iterator of chunks; ``StreamRefused`` with the status Submit ends with."""
+    async def submit_into(
+        self, request: scheduler_pb2.SubmitRequest, timeout_s: float | None, key: ApiKey | None, emit: Emit
+    ) -> None:
+        """One Submit whose chunks go to ``emit`` as the journal gets them (no task wakes per token);
+        ``StreamRefused`` with the status Submit ends with. A listener like ``follow``'s."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             rec = self.open_request(request, deadline, key)
@@ -80,11 +81,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         except RequestFailed as e:
             raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+        rec.subscribers += 1
+        self._cancel_reaper(rec.request_id)
         try:
-            async for chunk in self.follow(rec):
-                yield chunk
+            await rec.stream_to(emit)
         except RequestFailed as e:
             raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+        finally:
+            self._unsubscribe(rec)
 
     def __post_init__(self) -> None:
         m = self.relay.metrics
@@ -130,9 +134,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             async for chunk in rec.follow():
                 yield chunk
         finally:
-            rec.subscribers -= 1
-            if rec.subscribers == 0 and not rec.done:
-                self._reapers[rec.request_id] = asyncio.create_task(self._reap(rec))
+            self._unsubscribe(rec)
+
+    def _unsubscribe(self, rec: RequestRecord) -> None:
+        rec.subscribers -= 1
+        if rec.subscribers == 0 and not rec.done:
+            self._reapers[rec.request_id] = asyncio.create_task(self._reap(rec))
 
     def _start(self, rid: str, request: scheduler_pb2.SubmitRequest, deadline: float | None) -> RequestRecord:
         if not self.directory.ready:

@@ -24,33 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmfleet/v1/common.proto\x12\x0bllmfleet.v1\"\xaa\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\tB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"m\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x0f\n\x07queue_s\x18\x03 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x11\n\tlatency_s\x18\x05 \x01(\x01\"\xcd\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.llmfleet.v1.FinishReason\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.llmfleet.v1.Usage\x12\x11\n\tengine_id\x18\x07 \x01(\t\x12\x13\n\x0bmigrated_to\x18\x08 \x01(\t\"\x93\x01\n\tModelLoad\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x15\n\rkv_used_bytes\x18\x04 \x01(\x04\x12\x11\n\tkv_tokens\x18\x05 \x01(\x04\x12\x11\n\tkv_blocks\x18\x06 \x01(\r\x12\x18\n\x10tokens_per_block\x18\x07 \x01(\r\"a\n\x0bRequestLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x10\n\x08kv_bytes\x18\x04 \x01(\x04\x12\r\n\x05phase\x18\x05 \x01(\t\"\xe7\x02\n\x0cLoadSnapshot\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x0f\n\x07running\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x15\n\rkv_used_bytes\x18\x05 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x07 \x01(\x01\x12&\n\x06models\x18\x08 \x03(\x0b\x32\x16.llmfleet.v1.ModelLoad\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x18\n\x10kv_fragmentation\x18\x0c \x01(\x01\x12*\n\x08requests\x18\r \x03(\x0b\x32\x18.llmfleet.v1.RequestLoad\x12\x13\n\x0bmax_running\x18\x0e \x01(\r\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"U\n\tStreamEnd\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\"]\n\nChunkBatch\x12\'\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x17.llmfleet.v1.TokenChunk\x12&\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x16.llmfleet.v1.StreamEnd*\xc8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1a\n\x16\x46INISH_REASON_MIGRATED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmfleet/v1/common.proto\x12\x0bllmfleet.v1\"\xaa\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\tB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\x84\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x0f\n\x07queue_s\x18\x03 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x11\n\tlatency_s\x18\x05 \x01(\x01\x12\x15\n\rengine_ttft_s\x18\x06 \x01(\x01\"\xcd\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.llmfleet.v1.FinishReason\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.llmfleet.v1.Usage\x12\x11\n\tengine_id\x18\x07 \x01(\t\x12\x13\n\x0bmigrated_to\x18\x08 \x01(\t\"\x93\x01\n\tModelLoad\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x15\n\rkv_used_bytes\x18\x04 \x01(\x04\x12\x11\n\tkv_tokens\x18\x05 \x01(\x04\x12\x11\n\tkv_blocks\x18\x06 \x01(\r\x12\x18\n\x10tokens_per_block\x18\x07 \x01(\r\"a\n\x0bRequestLoad\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x10\n\x08kv_bytes\x18\x04 \x01(\x04\x12\r\n\x05phase\x18\x05 \x01(\t\"\xe7\x02\n\x0cLoadSnapshot\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x01\x12\x0f\n\x07running\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x15\n\rkv_used_bytes\x18\x05 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x07 \x01(\x01\x12&\n\x06models\x18\x08 \x03(\x0b\x32\x16.llmfleet.v1.ModelLoad\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x18\n\x10kv_fragmentation\x18\x0c \x01(\x01\x12*\n\x08requests\x18\r \x03(\x0b\x32\x18.llmfleet.v1.RequestLoad\x12\x13\n\x0bmax_running\x18\x0e \x01(\r\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"U\n\tStreamEnd\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\"]\n\nChunkBatch\x12\'\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x17.llmfleet.v1.TokenChunk\x12&\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x16.llmfleet.v1.StreamEnd*\xc8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1a\n\x16\x46INISH_REASON_MIGRATED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmfleet.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1397
-  _globals['_FINISHREASON']._serialized_end=1597
+  _globals['_FINISHREASON']._serialized_start=1421
+  _globals['_FINISHREASON']._serialized_end=1621
   _globals['_SAMPLINGPARAMS']._serialized_start=42
   _globals['_SAMPLINGPARAMS']._serialized_end=212
-  _globals['_USAGE']._serialized_start=214
-  _globals['_USAGE']._serialized_end=323
-  _globals['_TOKENCHUNK']._serialized_start=326
-  _globals['_TOKENCHUNK']._serialized_end=531
-  _globals['_MODELLOAD']._serialized_start=534
-  _globals['_MODELLOAD']._serialized_end=681
-  _globals['_REQUESTLOAD']._serialized_start=683
-  _globals['_REQUESTLOAD']._serialized_end=780
-  _globals['_LOADSNAPSHOT']._serialized_start=783
-  _globals['_LOADSNAPSHOT']._serialized_end=1142
-  _globals['_CANCELREQUEST']._serialized_start=1144
-  _globals['_CANCELREQUEST']._serialized_end=1179
-  _globals['_CANCELRESPONSE']._serialized_start=1181
-  _globals['_CANCELRESPONSE']._serialized_end=1212
-  _globals['_STREAMEND']._serialized_start=1214
-  _globals['_STREAMEND']._serialized_end=1299
-  _globals['_CHUNKBATCH']._serialized_start=1301
-  _globals['_CHUNKBATCH']._serialized_end=1394
+  _globals['_USAGE']._serialized_start=215
+  _globals['_USAGE']._serialized_end=347
+  _globals['_TOKENCHUNK']._serialized_start=350
+  _globals['_TOKENCHUNK']._serialized_end=555
+  _globals['_MODELLOAD']._serialized_start=558
+  _globals['_MODELLOAD']._serialized_end=705
+  _globals['_REQUESTLOAD']._serialized_start=707
+  _globals['_REQUESTLOAD']._serialized_end=804
+  _globals['_LOADSNAPSHOT']._serialized_start=807
+  _globals['_LOADSNAPSHOT']._serialized_end=1166
+  _globals['_CANCELREQUEST']._serialized_start=1168
+  _globals['_CANCELREQUEST']._serialized_end=1203
+  _globals['_CANCELRESPONSE']._serialized_start=1205
+  _globals['_CANCELRESPONSE']._serialized_end=1236
+  _globals['_STREAMEND']._serialized_start=1238
+  _globals['_STREAMEND']._serialized_end=1323
+  _globals['_CHUNKBATCH']._serialized_start=1325
+  _globals['_CHUNKBATCH']._serialized_end=1418
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,437 @@
+"""``make bench-capacity``: what one scheduler process sustains, and what each request and token
+costs it, on the multiplexed data path against the per-request path it replaced (issue 23).
+
+Setup (one run, one machine, the arms side by side):
+
+* ``llmfleet up --emulate 2xA100-80GB``: two emulated A100s (``--backend emulated``: the engine core
+  with the cost model's step times, so the engines cost little CPU and what is left is the control
+  plane's own cost), both hosting ``emu-7b`` (llama2-7b's costs; ``colocate_all`` placement), one
+  service ``cap``.
+* Two scheduler processes on the same etcd and engines: ``up``'s own (``--engine-path mux``, the
+  default) and one this bench starts with ``--engine-path per-request`` (the path before issue 23).
+  Arm **mux**: the SDK with ``multiplex=True`` (one ``SubmitMany`` call) → the mux scheduler (one
+  ``GenerateMany`` call per engine). Arm **per-request**: the SDK with ``multiplex=False`` (a
+  ``Submit`` call per request) → the per-request scheduler (a ``Generate`` call per request).
+* Load: ``--generators`` processes, each an asyncio loop with its own SDK client, sending an open-loop
+  Poisson stream (offered rate / generators each) for ``--step-s`` seconds per step. The arms
+  alternate at every step (per-request first at odd steps), so drift hits both alike.
+* Workloads: ``1tok`` (1-token requests at ``--rate-1tok``), ``64tok`` (64-token streams at
+  ``--rate-64tok``: CPU per relayed token), and the ``16tok`` sweep over ``--rates``.
+
+CPU figures are net of each process's idle CPU (measured for ``--idle-s`` before the steps: load
+reports, leases, health checks), so a low rate is not charged for the background. Per step and arm: offered and achieved req/s, errors, **hop** = client TTFT − the engine's own TTFT
+(``Usage.engine_ttft_s``: what the SDK, the scheduler and two network transits added) p50/p99, CPU
+seconds of every process (the scheduler under test, the engines, the generators) per request and per
+relayed token. **Sustained**: the highest offered 16-token rate with ≥ 95 % of it completed, no
+errors, hop p50 ≤ 3 ms and p99 ≤ 10 ms (the issue's bar).
+
+``--two-processes``: a last sweep of the mux arm with two mux scheduler processes (the generators
+split between them) against one.
+
+Writes ``report.json``, ``report.md`` and PNGs (hop p50/p99 and scheduler CPU per request vs offered
+load) to ``--out`` (default ``.bench/capacity``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import resource
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from local_up import LocalUp, free_port
+
+SERVICE = "cap"
+CONFIG = {
+    "services": {
+        SERVICE: {"model": "emu-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16}
+    },
+    "models": {"emu-7b": {"source": "emulated://llama2-7b", "dtype": "float16", "sim_model": "llama2-7b"}},
+    "placement": {"policy": "colocate_all", "interval_s": 5},
+}
+PROMPT = "Summarize the following text about fleets of language models serving many users at once"
+ARMS = ("per-request", "mux")
+HOP_P50_MS, HOP_P99_MS = 3.0, 10.0
+
+
+# ------------------------------------------------------------------------------------- generators
+def _generate(
+    address: str, multiplex: bool, rate: float, duration_s: float, tokens: int, seed: int, q
+) -> None:
+    """(a generator process) Poisson arrivals at ``rate`` for ``duration_s``; puts its results on ``q``."""
+    import logging
+
+    logging.getLogger("llmfleet.client").setLevel(logging.ERROR)
+    q.put(asyncio.run(_generate_async(address, multiplex, rate, duration_s, tokens, seed)))
+
+
+async def _generate_async(
+    address: str, multiplex: bool, rate: float, duration_s: float, tokens: int, seed: int
+) -> dict[str, Any]:
+    from llmfleet.client import AsyncClient
+
+    rng = random.Random(seed)
+    rows: list[tuple[float, float, float, int]] = []  # (ttft, engine ttft, latency, tokens)
+    errors: list[str] = []
+    async with AsyncClient(address, timeout_s=30, multiplex=multiplex) as client:
+        await client.complete(PROMPT, SERVICE, max_tokens=1)  # open the channel (and the mux call)
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            first, n = None, 0
+            try:
+                async with client.generate(PROMPT, SERVICE, max_tokens=tokens) as stream:
+                    async for chunk in stream:
+                        if first is None and chunk.token_ids:
+                            first = time.perf_counter()
+                        n += len(chunk.token_ids)
+                u = stream.usage
+                assert first is not None and u is not None
+                rows.append((first - t0, u.engine_ttft_s, time.perf_counter() - t0, n))
+            except Exception as e:  # counted, never fatal
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        tasks: set[asyncio.Task] = set()
+        start = time.perf_counter()
+        t = start
+        sent = 0
+        while True:
+            t += rng.expovariate(rate)
+            if t - start >= duration_s:
+                break
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            sent += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "sent": sent,
+        "rows": rows,
+        "errors": errors,
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
+    }
+
+
+# -------------------------------------------------------------------------------------------- cluster
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return out
+
+
+class Cluster:
+    """``llmfleet up --emulate`` plus the extra scheduler processes the arms need."""
+
+    def __init__(self, out: Path, gpus: int, hardware: str) -> None:
+        self.up = LocalUp(out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1")
+        self.extra: list[subprocess.Popen] = []
+        self.addresses: dict[str, str] = {}
+        self.pids: dict[str, int] = {}
+        self.idle: dict[str, float] = {}  # CPU seconds per second of each process with no load
+
+    def measure_idle(self, seconds: float) -> dict[str, float]:
+        before, t0 = cpu_seconds(self.pids), time.monotonic()
+        time.sleep(seconds)
+        after, span = cpu_seconds(self.pids), time.monotonic() - t0
+        self.idle = {k: (after[k] - before.get(k, after[k])) / span for k in after}
+        return self.idle
+
+    def start(self) -> None:
+        self.up.start()
+        ep = self.up.endpoints
+        self.addresses["mux"] = ep["scheduler"]["address"]
+        self.pids = {n: e["pid"] for n, e in ep.items() if isinstance(e, dict) and e.get("pid")}
+        self.pids["mux"] = self.pids.pop("scheduler")
+        argv = psutil.Process(self.pids["mux"]).cmdline()
+        self._spawn("per-request", argv, ["--engine-path", "per-request"])
+        self._spawn("mux-2", argv, ["--engine-path", "mux"])
+
+    def _spawn(self, name: str, argv: list[str], extra: list[str]) -> None:
+        port = free_port()
+        args = list(argv)
+        for flag, value in (("--id", f"scheduler-{name}"), ("--port", str(port)), ("--metrics-port", "0")):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
+        log = open(self.up.dir / f"scheduler-{name}.log", "w")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen([*args, *extra], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.extra.append(proc)
+        self.addresses[name] = f"127.0.0.1:{port}"
+        self.pids[name] = proc.pid
+        wait_serving(self.addresses[name])
+
+    def stop(self) -> None:
+        for p in self.extra:
+            p.terminate()
+        for p in self.extra:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.up.stop()
+
+
+def wait_serving(address: str, timeout_s: float = 120) -> None:
+    from llmfleet.client import Client
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with Client(address, timeout_s=10, retries=0) as c:
+                c.complete(PROMPT, SERVICE, max_tokens=1)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+def run_step(
+    cluster: Cluster,
+    arm: str,
+    targets: list[str],
+    rate: float,
+    tokens: int,
+    duration_s: float,
+    generators: int,
+) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    multiplex = arm != "per-request"
+    procs = [
+        ctx.Process(
+            target=_generate,
+            args=(cluster.addresses[targets[i % len(targets)]], multiplex, rate / generators, duration_s,
+                  tokens, random.randrange(1 << 30), q),
+        )
+        for i in range(generators)
+    ]  # fmt: skip
+    for p in procs:
+        p.start()
+    time.sleep(1.5)  # the generators import and open their channels before the clock starts
+    before, t_before = cpu_seconds(cluster.pids), time.monotonic()
+    idle = cluster.idle
+    results = [q.get(timeout=duration_s + 180) for _ in procs]
+    after = cpu_seconds(cluster.pids)
+    for p in procs:
+        p.join(30)
+    rows = [r for res in results for r in res["rows"]]
+    sent = sum(r["sent"] for r in results)
+    errors = [e for r in results for e in r["errors"]]
+    wall = max(r["wall_s"] for r in results)
+    hop = np.array([(ttft - eng) * 1000 for ttft, eng, _, _ in rows if eng > 0]) if rows else np.array([])
+    ttft = np.array([r[0] * 1000 for r in rows]) if rows else np.array([])
+    n_tokens = sum(r[3] for r in rows)
+    span = time.monotonic() - t_before
+    # net of each process's idle CPU (load reports, leases, health: measured before the steps)
+    used = {k: max(0.0, after.get(k, 0.0) - before.get(k, 0.0) - idle.get(k, 0.0) * span) for k in after}
+    sched = sum(used.get(t, 0.0) for t in targets)
+    engines = sum(v for k, v in used.items() if k.startswith("emu"))
+    done = len(rows)
+    return {
+        "arm": arm,
+        "schedulers": len(targets),
+        "tokens": tokens,
+        "offered_rps": rate,
+        "sent": sent,
+        "completed": done,
+        "achieved_rps": done / wall if wall else 0.0,
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:3],
+        "hop_p50_ms": float(np.percentile(hop, 50)) if hop.size else None,
+        "hop_p99_ms": float(np.percentile(hop, 99)) if hop.size else None,
+        "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft.size else None,
+        "scheduler_cpu_s": sched,
+        "scheduler_cpu_ms_per_req": 1000 * sched / done if done else None,
+        "scheduler_cpu_us_per_token": 1e6 * sched / n_tokens if n_tokens else None,
+        "engines_cpu_s": engines,
+        "generators_cpu_s": sum(r["cpu_s"] for r in results),
+        "wall_s": wall,
+        "cpu_by_process": used,
+    }
+
+
+def sustained(rows: list[dict]) -> float:
+    ok = [
+        r["offered_rps"]
+        for r in rows
+        if r["errors"] == 0
+        and r["completed"] >= 0.95 * r["sent"]
+        and r["achieved_rps"] >= 0.95 * r["offered_rps"]
+        and r["hop_p50_ms"] is not None
+        and r["hop_p50_ms"] <= HOP_P50_MS
+        and r["hop_p99_ms"] <= HOP_P99_MS
+    ]
+    return max(ok, default=0.0)
+
+
+# --------------------------------------------------------------------------------------------- report
+def _f(v: Any, fmt: str = "{:.2f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# make bench-capacity",
+        "",
+        f"Machine: {report['machine']}; {report['cores']} cores. Emulated engines: {report['engines']}.",
+        "",
+        "| workload | arm | sched. procs | offered req/s | achieved req/s | errors | hop p50 ms | hop p99 ms "
+        "| sched. CPU ms/req | sched. CPU µs/token | engines CPU s | generators CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["steps"]:
+        lines.append(
+            f"| {r['tokens']} tok | {r['arm']} | {r['schedulers']} | {r['offered_rps']:.0f} | "
+            f"{r['achieved_rps']:.0f} | {r['errors']} | {_f(r['hop_p50_ms'])} | {_f(r['hop_p99_ms'])} | "
+            f"{_f(r['scheduler_cpu_ms_per_req'], '{:.3f}')} | {_f(r['scheduler_cpu_us_per_token'], '{:.0f}')} | "
+            f"{r['engines_cpu_s']:.1f} | {r['generators_cpu_s']:.1f} |"
+        )
+    lines += ["", "## Ratios (mux / per-request, same run)", ""]
+    for k, v in report["ratios"].items():
+        lines.append(f"- {k}: {_f(v, '{:.3f}')}")
+    lines += ["", "## Sustained 16-token rate (≥ 95 % completed, 0 errors, hop p50 ≤ 3 ms, p99 ≤ 10 ms)", ""]
+    for k, v in report["sustained"].items():
+        lines.append(f"- {k}: {v:.0f} req/s")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = [r for r in report["steps"] if r["tokens"] == 16]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for key, procs in (("per-request", 1), ("mux", 1), ("mux", 2)):
+        rows = sorted(
+            (r for r in sweep if r["arm"] == key and r["schedulers"] == procs), key=lambda r: r["offered_rps"]
+        )
+        if not rows:
+            continue
+        x = [r["offered_rps"] for r in rows]
+        label = f"{key} ({procs} proc)"
+        axes[0].plot(x, [r["hop_p50_ms"] or np.nan for r in rows], "o-", label=f"{label} p50")
+        axes[0].plot(x, [r["hop_p99_ms"] or np.nan for r in rows], "x--", label=f"{label} p99")
+        axes[1].plot(x, [r["scheduler_cpu_ms_per_req"] or np.nan for r in rows], "o-", label=label)
+    axes[0].set(xlabel="offered 16-token req/s", ylabel="hop ms", yscale="log", title="hop vs offered load")
+    axes[0].axhline(HOP_P50_MS, color="grey", lw=0.5)
+    axes[0].axhline(HOP_P99_MS, color="grey", lw=0.5, ls="--")
+    axes[1].set(xlabel="offered 16-token req/s", ylabel="ms CPU / request", title="scheduler CPU per request")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "capacity.png", dpi=120)
+    plt.close(fig)
+
+
+def ratio(steps: list[dict], tokens: int, key: str) -> float | None:
+    def mean(arm: str) -> float | None:
+        vals = [r[key] for r in steps if r["tokens"] == tokens and r["arm"] == arm and r["schedulers"] == 1]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    a, b = mean("mux"), mean("per-request")
+    return a / b if a is not None and b else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(".bench/capacity"))
+    ap.add_argument("--rates", type=float, nargs="+", default=[50, 100, 200, 300, 400, 600, 800])
+    ap.add_argument("--rate-1tok", type=float, default=100.0)
+    ap.add_argument("--rate-64tok", type=float, default=50.0)
+    ap.add_argument("--step-s", type=float, default=10.0)
+    ap.add_argument("--generators", type=int, default=2)
+    ap.add_argument("--idle-s", type=float, default=10.0, help="idle CPU measured first (subtracted)")
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--hardware", default="A100-80GB")
+    ap.add_argument(
+        "--two-processes", action="store_true", help="also sweep the mux arm with 2 scheduler processes"
+    )
+    ap.add_argument("--quick", action="store_true", help="CI size: 3 s steps, rates 20 and 60")
+    args = ap.parse_args()
+    if args.quick:
+        args.rates, args.step_s, args.rate_1tok, args.rate_64tok = [20, 60], 3.0, 20.0, 10.0
+        args.idle_s = 3.0
+    args.out.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(args.out, args.gpus, args.hardware)
+    steps: list[dict] = []
+    report: dict[str, Any] = {
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "cores": os.cpu_count(),
+        "engines": f"{args.gpus}x{args.hardware} (emulated)",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "steps": steps,
+    }
+
+    def write() -> None:
+        report["ratios"] = {
+            "scheduler CPU per 1-token request": ratio(steps, 1, "scheduler_cpu_ms_per_req"),
+            "scheduler CPU per relayed token (64-token streams)": ratio(
+                steps, 64, "scheduler_cpu_us_per_token"
+            ),
+            "scheduler CPU per 16-token request (sweep mean)": ratio(steps, 16, "scheduler_cpu_ms_per_req"),
+        }
+        report["sustained"] = {
+            f"{arm} ({n} proc)": sustained(
+                [r for r in steps if r["tokens"] == 16 and r["arm"] == arm and r["schedulers"] == n]
+            )
+            for arm, n in (("per-request", 1), ("mux", 1), ("mux", 2))
+        }
+        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "report.md").write_text(markdown(report))
+
+    try:
+        cluster.start()
+        time.sleep(3)
+        report["idle_cpu_per_s"] = cluster.measure_idle(args.idle_s)
+        plan = [(1, args.rate_1tok), (64, args.rate_64tok), *[(16, r) for r in args.rates]]
+        for i, (tokens, rate) in enumerate(plan):
+            for arm in ARMS if i % 2 == 0 else ARMS[::-1]:
+                r = run_step(cluster, arm, [arm], rate, tokens, args.step_s, args.generators)
+                steps.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
+                write()
+        if args.two_processes:
+            for rate in args.rates:
+                r = run_step(cluster, "mux", ["mux", "mux-2"], rate, 16, args.step_s, max(2, args.generators))
+                steps.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
+                write()
+    finally:
+        cluster.stop()
+    write()
+    plot(report, args.out)
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
