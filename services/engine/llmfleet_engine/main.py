@@ -286,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--stream-interval-s",
         type=float,
-        default=0.005,
-        help="deliver tokens to streams at most this often; first and final chunks go at once (0: every iteration)",
+        default=0.0,
+        help="deliver tokens to streams at most this often; first and final chunks go at once (0, the "
+        "default: after every iteration; the multiplexed path batches one iteration's tokens itself)",
     )
     ap.add_argument(
         "--backend",

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-from llmfleet.rpc.mux import StreamRefused, from_iterator, serve_many
+from llmfleet.rpc.mux import Emit, StreamRefused, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
@@ -30,6 +30,7 @@ from llmfleet_engine.outputs import (
     TransferError,
 )
 from llmfleet_engine.placement_follower import DrainingBackend
+from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import (
     DEFAULT_MAX_TOKENS,
     UnknownModelError,
@@ -189,11 +190,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[common_pb2.ChunkBatch]:
         """Generate's streams multiplexed on one call (``llmfleet.rpc.mux``)."""
-        async for batch in serve_many(
-            request_iterator,
-            from_iterator(lambda req, _timeout: self.generate_chunks(req)),
-            name="GenerateMany",
-        ):
+
+        async def run(request: engine_pb2.GenerateRequest, _timeout: float | None, emit: Emit) -> None:
+            await self.generate_into(request, emit)
+
+        async for batch in serve_many(request_iterator, run, name="GenerateMany"):
             yield batch
 
     async def generate_chunks(
@@ -201,17 +202,44 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         """One request's chunks (a new request, or one migrated in and attached); ``StreamRefused``
         with the status its Generate call ends with. Closing the iterator cancels the request."""
+        stream = self._open_stream(request)
+        try:
+            async for chunk in stream:
+                if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
+                    if chunk.token_ids:
+                        yield chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id)
+                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
+                yield chunk_to_proto(chunk, self.engine_id)
+        finally:  # client gone, deadline, or server shutdown: stop the work
+            stream.close()
+
+    async def generate_into(self, request: engine_pb2.GenerateRequest, emit: Emit) -> None:
+        """``generate_chunks`` handing each chunk to ``emit`` as the worker produces it (no task wakes
+        per token: the multiplexed path)."""
+        stream = self._open_stream(request)
+
+        def take(chunk: EngineChunk) -> None:
+            if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
+                if chunk.token_ids:
+                    emit(chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id))
+                raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
+            emit(chunk_to_proto(chunk, self.engine_id))
+
+        try:
+            await stream.run_into(take)
+        finally:
+            stream.close()
+
+    def _open_stream(self, request: engine_pb2.GenerateRequest) -> RequestStream:
+        """Start ``request`` (or attach to it, migrated in); ``StreamRefused`` with Generate's status."""
         attached = self.executor.attach(request.request_id) if request.request_id else None
         try:
             if attached is not None:  # a request migrated in: continue its stream
-                stream = attached
-            else:
-                if why := self._draining(request.model):  # the relay re-routes UNAVAILABLE
-                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
-                req = validate_generate(
-                    request, self.executor.models, default_max_tokens=self.default_max_tokens
-                )
-                stream = self.executor.submit(req)
+                return attached
+            if why := self._draining(request.model):  # the relay re-routes UNAVAILABLE
+                raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
+            req = validate_generate(request, self.executor.models, default_max_tokens=self.default_max_tokens)
+            return self.executor.submit(req)
         except UnknownModelError as e:
             raise StreamRefused(grpc.StatusCode.NOT_FOUND, str(e)) from None
         except ValidationError as e:
@@ -222,15 +250,6 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except ExecutorClosedError as e:
             raise StreamRefused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
-        try:
-            async for chunk in stream:
-                if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
-                    if chunk.token_ids:
-                        yield chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id)
-                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
-                yield chunk_to_proto(chunk, self.engine_id)
-        finally:  # client gone, deadline, or server shutdown: stop the work
-            stream.close()
 
     def _draining(self, model: str) -> str | None:
         """Why ``model`` takes no new request here (it is being drained), or None."""

@@ -18,7 +18,7 @@ import dataclasses
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from llmfleet_engine.outputs import EngineChunk
@@ -76,6 +76,9 @@ class LoopWaker:
             pending, self._pending = self._pending, []
             self._scheduled = False
         for sink in pending:
+            if sink.on_items is not None:  # a consumer that takes items by callback (no task wake)
+                sink.on_items()
+                continue
             waiter = sink.waiter
             if waiter is not None:
                 sink.waiter = None
@@ -92,7 +95,7 @@ class ChunkSink:
     worker does, for stop strings).
     """
 
-    __slots__ = ("index", "items", "request_id", "text", "waiter", "waker")
+    __slots__ = ("index", "items", "on_items", "request_id", "text", "waiter", "waker")
 
     def __init__(self, request_id: str, waker: LoopWaker, text: TextStream | None, index: int) -> None:
         self.request_id = request_id
@@ -101,6 +104,7 @@ class ChunkSink:
         self.index = index  # completion index of the next plain token id
         self.items: deque[SinkItem] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.on_items: Callable[[], None] | None = None  # set: called instead of waking ``waiter``
 
     def to_chunk(self, item: SinkItem) -> EngineChunk:
         """(consumer side) the chunk of one item."""
@@ -162,6 +166,41 @@ class RequestStream:
 
     async def aclose(self) -> None:
         self.close()
+
+    async def run_into(self, take: Callable[[EngineChunk], None]) -> None:
+        """Hand every chunk to ``take`` until the final one. From a ``ChunkSink`` this runs on the
+        waker's callback, so a multiplexed stream wakes no task per token; an exception from ``take``
+        ends the run with it. Cancelling the caller cancels the request (as closing does)."""
+        source = self._queue
+        if type(source) is not ChunkSink:
+            async for chunk in self:
+                take(chunk)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def drain() -> None:
+            items = source.items
+            while items and not done.done():
+                try:
+                    chunk = source.to_chunk(items.popleft())
+                    if chunk.finish_reason is not None:
+                        self._done = True
+                    take(chunk)
+                except BaseException as e:  # ends this stream, never the waker's other consumers
+                    done.set_exception(e)
+                    return
+                if self._done:
+                    done.set_result(None)
+
+        source.on_items = drain
+        try:
+            drain()  # what is already there
+            await done
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        finally:
+            source.on_items = None
 
     async def collect(self) -> list[EngineChunk]:
         """Read the stream to its final chunk."""

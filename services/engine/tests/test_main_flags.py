@@ -40,7 +40,7 @@ def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
         32,
         65536,
     )
-    assert cfg.stream_interval_s == 0.005
+    assert cfg.stream_interval_s == 0.0  # tokens never wait for a timer (issue 23)
     cfg = executor_config(["--policy", "scls", "--slice-end", "recompute"], monkeypatch)
     assert cfg.policy_options == {"keep_kv": False}
     cfg = executor_config(["--slice-end", "recompute"], monkeypatch)  # a request policy: no slices

@@ -157,11 +157,7 @@ class Relay:
             except ColdStartTimeout as e:
                 await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {e}", e.retry_after_s)
                 return
-            if (
-                self.stats is not None
-                and counts
-                and policy.infeasible != counted
-            ):
+            if self.stats is not None and counts and policy.infeasible != counted:
                 self.stats.infeasible(rec)
             node = self.directory.engines().get(engine_id)
             if node is None:
