@@ -12,6 +12,17 @@ from llmfleet.coord.client import EtcdClient
 from llmfleet.coord.local_etcd import LocalEtcd
 
 
+@pytest.fixture(autouse=True)
+def _no_tracing_after() -> Iterator[None]:
+    """A test that installs a TracerProvider uninstalls it when it ends: tracing switches the SDK and
+    the scheduler to a call per request, which would change every later test's data path."""
+    yield
+    from llmfleet.telemetry import reset_tracing, tracing_enabled
+
+    if tracing_enabled():
+        reset_tracing()
+
+
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[LocalEtcd]:
     """A fresh single-node etcd (real binary) on free ports, data in tmp_path; stopped afterwards."""

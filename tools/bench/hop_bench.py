@@ -60,7 +60,11 @@ PCTS = (50, 90, 99)
 
 # ------------------------------------------------------------------------------------------ cluster
 def start_cluster(
-    root: Path, engine_threads: int, scheduler_args: Sequence[str], http: bool = False
+    root: Path,
+    engine_threads: int,
+    scheduler_args: Sequence[str],
+    http: bool = False,
+    engine_args: Sequence[str] = (),
 ) -> LocalCluster:
     """etcd + the children ``llmfleet up`` plans for a one-engine config (stopped by ``stop``);
     ``http``: the scheduler serves its OpenAI-compatible API on a free port (``cluster.http``)."""
@@ -77,7 +81,14 @@ def start_cluster(
     config_path = root / "cluster.yaml"
     config_path.write_text(yaml.safe_dump(config))
     extra = {
-        ENGINE_ID: ["--threads", str(engine_threads), "--offline", "--max-batch-requests", "128"],
+        ENGINE_ID: [
+            "--threads",
+            str(engine_threads),
+            "--offline",
+            "--max-batch-requests",
+            "128",
+            *engine_args,
+        ],
         "scheduler": list(scheduler_args),
     }
     return start_local_cluster(
@@ -89,14 +100,16 @@ def start_cluster(
 class Paths:
     """The ways to send one request; each returns its client-side TTFT in seconds."""
 
-    def __init__(self, engine: str, scheduler: str, http: str = "", width: int = 100) -> None:
+    def __init__(
+        self, engine: str, scheduler: str, http: str = "", width: int = 100, multiplex: bool = True
+    ) -> None:
         from llmfleet.api.v1 import engine_pb2_grpc
         from llmfleet.client import AsyncClient
         from llmfleet.rpc.channels import open_channel
 
         self._engine_channel = open_channel(engine)
         self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
-        self._client = AsyncClient(scheduler, timeout_s=60)
+        self._client = AsyncClient(scheduler, timeout_s=60, multiplex=multiplex)
         self._http = None
         self._openai = None
         if http:
@@ -327,7 +340,7 @@ async def run_bench(
     await wait_routed(engine, scheduler, MODEL, SERVICE)
     if http:
         await wait_http(http)
-    paths = Paths(engine, scheduler, http, args.concurrency)
+    paths = Paths(engine, scheduler, http, args.concurrency, multiplex=not args.per_request)
     names = [p for p in ALL_PATHS if p in args.paths]
     send = {p: getattr(paths, p) for p in names}
     scenarios = [(mode, t) for mode in ("sequential", "concurrent") for t in args.tokens]
@@ -411,6 +424,12 @@ def main() -> None:
         "as after 10 minutes of service (it keeps up to 10,000 finished requests for 10 min); 0: fresh",
     )
     ap.add_argument(
+        "--per-request",
+        action="store_true",
+        help="the data path before issue 23: SDK Submit and scheduler Generate calls per request, the "
+        "engine's 5 ms stream interval (default: the multiplexed calls, no interval)",
+    )
+    ap.add_argument(
         "--scheduler-args", default="", help="extra scheduler flags, one string (e.g. '--predict always')"
     )
     ap.add_argument(
@@ -431,6 +450,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scheduler_args = args.scheduler_args.split()
+    engine_args: list[str] = []
+    if args.per_request:  # the data path before issue 23: a call per request, the 5 ms stream interval
+        scheduler_args += ["--engine-path", "per-request"]
+        engine_args += ["--stream-interval-s", "0.005"]
     t0 = time.monotonic()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     cluster = None
@@ -442,7 +465,9 @@ def main() -> None:
     else:
         root = Path(tempfile.mkdtemp(prefix="llmfleet-hop-"))
         print(f"starting a local cluster under {root} ...", flush=True)
-        cluster = start_cluster(root, args.engine_threads, scheduler_args, http=wants_http)
+        cluster = start_cluster(
+            root, args.engine_threads, scheduler_args, http=wants_http, engine_args=engine_args
+        )
         engine, scheduler, http = cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"], cluster.http
         pids = {
             c.name: c.pid for c in cluster.group.children if c.name in ("scheduler", "profiler", ENGINE_ID)

@@ -50,6 +50,17 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
     return provider
 
 
+def reset_tracing() -> None:
+    """Uninstall the global TracerProvider (tests: one test's tracing must not switch later tests'
+    clients to the per-request path, see ``llmfleet.rpc.mux``)."""
+    global _configured
+    from opentelemetry.util._once import Once
+
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    _configured = False
+
+
 def tracing_enabled() -> bool:
     return isinstance(trace.get_tracer_provider(), TracerProvider)
 
