@@ -214,7 +214,40 @@ GENERATE_OVERRIDES = {
 }
 SWEEP = {"batch_sizes": SIZES, "input_lengths": SIZES, "context_lengths": SIZES, "repeats": REPEATS}
 
+
+def commands(cmd_cls, req_cls, overrides) -> Callable[[Cluster], st.SearchStrategy]:
+    """A multiplexed call's command stream: up to 3 messages of up to 3 starts (fuzzed requests,
+    odd deadlines) and cancels (ids, some of the started ones)."""
+
+    def build(starts: list, cancels: list[str]):
+        msg = cmd_cls()
+        for request, timeout_s in starts:
+            msg.start.add(request=request, timeout_s=timeout_s)
+        msg.cancel.extend(cancels)
+        return msg
+
+    def strategy(_c: Cluster) -> st.SearchStrategy:
+        timeouts = st.sampled_from([0.0, 20.0, -1.0, float("nan"), float("inf"), 1e300, 1e-9])
+        starts = st.lists(st.tuples(messages(req_cls, overrides), timeouts), max_size=3)
+        cancels = st.lists(st.sampled_from(["", "r-1", "fuzz"]) | st.text(max_size=8), max_size=2)
+        return st.lists(st.builds(build, starts, cancels), max_size=3)
+
+    return strategy
+
+
+MANY_IDS = {"request_id": st.sampled_from(["", "r-1", "r-2", "fuzz"]) | st.text(max_size=8)}
+
 SPECS: dict[str, Spec] = {
+    "Scheduler.SubmitMany": Spec(
+        commands(scheduler_pb2.SubmitCommands, scheduler_pb2.SubmitRequest, {**SUBMIT_OVERRIDES, **MANY_IDS}),
+        examples=SLOW_EXAMPLES * 2,
+        timeout=60,
+    ),
+    "Engine.GenerateMany": Spec(
+        commands(engine_pb2.GenerateCommands, engine_pb2.GenerateRequest, {**GENERATE_OVERRIDES, **MANY_IDS}),
+        examples=SLOW_EXAMPLES * 2,
+        timeout=60,
+    ),
     "Scheduler.Submit": Spec(
         one(scheduler_pb2.SubmitRequest, SUBMIT_OVERRIDES), also_ok=frozenset({C.UNAVAILABLE})
     ),
@@ -356,6 +389,11 @@ def invoke(
     try:
         if m.client_streaming and m.server_streaming:
             got = list(channel.stream_stream(path, **kw)(iter(request), timeout=spec.timeout))
+            # a multiplexed call's per-stream statuses (ChunkBatch.errors) count like call statuses
+            for end in (e for batch in got for e in getattr(batch, "errors", ())):
+                code = next((c for c in C if c.value[0] == end.code), C.UNKNOWN)
+                if code in (C.INTERNAL, C.UNKNOWN, C.DATA_LOSS):  # a deadline it asked for is fine
+                    return code, end.details, len(got)
             return C.OK, "", len(got)
         if m.client_streaming:
             channel.stream_unary(path, **kw)(iter(request), timeout=spec.timeout)

@@ -381,6 +381,13 @@ async def serve_many(
                 # starts first: a stream stopped before its start was written comes in one message
                 for start in msg.start:
                     rid = start.request.request_id
+                    if not rid:  # its chunks could not be told from another stream's
+                        refuse(
+                            rid,
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "start.request.request_id: must not be empty",
+                        )
+                        continue
                     if rid in pumps:
                         refuse(
                             rid,

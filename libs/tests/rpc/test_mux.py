@@ -173,3 +173,11 @@ async def _retry(make, attempts: int = 50):
             if e.code() != grpc.StatusCode.UNAVAILABLE or i == attempts - 1:
                 raise
             await asyncio.sleep(0.1)
+
+
+async def test_an_empty_request_id_is_refused_naming_the_field(setup) -> None:
+    _servicer, _server, link = setup
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _collect(link.open("", request("")))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request_id" in err.value.details()

@@ -74,7 +74,7 @@ def _frac(x) -> bool:
 
 
 def test_every_scenario_has_the_common_shape(results):
-    assert list(results) == ["seallm", "aladdin", "scls", "uellm"]
+    assert list(results) == ["seallm", "aladdin", "scls", "uellm", "mell"]
     for name, res in results.items():
         assert res["paper"] == name
         for key in ("title", "setup", "rows", "summary", "goal", "claim", "ours", "notes", "wall_s"):
@@ -132,6 +132,20 @@ def test_seallm_services_and_normalized_latency(results):
     for r in res["rows"]:
         assert r["norm_latency_mean"] >= 0.99  # a request cannot beat its own solo execution time
         assert r["gpus"] <= 32
+
+
+def test_seallm_goal_says_when_seallm_fails_requests(results, bench):
+    import copy
+
+    res = copy.deepcopy(results["seallm"])
+    row = next(r for r in res["rows"] if r["policy"] == "seallm")
+    row["failed"] = 5
+    bench.scenario("seallm")._summarize(res)
+    assert (
+        f"but SeaLLM fails 5/{row['requests']} requests at {row['rate_rps']:g} req/s"
+        in res["goal"]["ours_text"]
+    )
+    assert res["notes"][0].startswith("SeaLLM's plan fails requests vLLM completes")
 
 
 def test_aladdin_search_reaches_the_target(results):
@@ -227,6 +241,19 @@ def test_seallm_prefill_demand_scales_with_rate_and_prompt(bench):
     assert one > 0 and F.prefill_gpus(short, share, 4.0) == pytest.approx(4 * one)
     assert F.prefill_gpus(long, share, 1.0) > 10 * one  # prefill work grows with the prompt
     assert F.prefill_gpus(short, {"a": 1.0, "b": 0.0}, 1.0) < F.prefill_gpus(short, {"a": 0.0, "b": 1.0}, 1.0)
+
+
+def test_mell_row_comes_from_the_migration_bench(results):
+    res = results["mell"]
+    variants = [r["variant"] for r in res["rows"]]
+    assert variants and set(variants) == {"BF", "WF", "LB", "Mell", "Mell+", "Mell++"}
+    for r in res["rows"]:
+        assert r["failed"] == 0 and r["completed"] == r["requests"] > 0, r
+        assert 0 < r["peak_active"] <= 40 and 0.0 <= r["mem_util"] <= 1.0
+    g = res["goal"]
+    assert g["met"] == (g["util"]["met"] and g["savings"]["met"])
+    assert "KV in use / C" in g["ours_text"] and "4/3 × fluid bound + 3" in g["ours_text"]
+    assert res["savings"] and {"peak_vs_WF", "mean_vs_LB"} <= set(res["savings"][0])
 
 
 def test_markdown_and_plots(results, bench, tmp_path):

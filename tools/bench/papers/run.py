@@ -1,7 +1,7 @@
-"""Reproduction benchmark of the papers (issue 6): SeaLLM, Aladdin, SCLS and UELLM on the simulator.
+"""Reproduction benchmark of the papers (issues 6, 24): SeaLLM, Aladdin, SCLS, UELLM and Mell on the simulator.
 
-    python tools/bench/papers/run.py                     # everything, ≤ ~10 min on 2 cores
-    python tools/bench/papers/run.py --quick             # ~1 min: fewer rates, shorter horizons
+    python tools/bench/papers/run.py                     # every paper in one process (~1 h on 2 cores)
+    python tools/bench/papers/run.py --quick             # fewer rates, shorter horizons
     python tools/bench/papers/run.py --only scls --out .bench/papers
     python tools/bench/papers/run.py --cost-source roofline --alpaca ../shared/datasets/alpaca_4000.json
 
@@ -11,7 +11,9 @@ Aladdin and SCLS scenarios use that Alpaca file's lengths instead of the synthes
 
 Writes ``papers.json`` (every number), ``papers.md`` (per paper: setup, rate × policy table, the paper's
 claim beside ours, the goal and whether it is met, and why not) and ``<paper>_*.png`` (metric vs rate per
-policy) under ``--out`` (default ``.bench/papers``). Runs sequentially in one process.
+policy) under ``--out`` (default ``.bench/papers``). Runs sequentially in one process; the Mell row
+(``papers/mell.py``) is the headline section of ``tools/bench/migration_bench.py`` at the mid load, run
+in this process.
 """
 
 from __future__ import annotations

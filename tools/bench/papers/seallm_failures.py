@@ -1,0 +1,76 @@
+"""Which requests SeaLLM's fixed plan fails in a ``make bench-papers`` run, per service, with the reason.
+
+    python tools/bench/papers/seallm_failures.py --papers .bench/papers/papers.json --rate 20 --rate 40
+
+Re-simulates the sweep's workload at each rate (same seeds as ``papers/seallm.py``) on the plan that run
+recorded for it (``papers.json`` → ``seallm.plans``), and prints failed / total per service and the most
+common failure reasons. Normalized latency counts completed requests only, so a failed request drops
+out of SeaLLM's figures; this says which ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+RUN = Path(__file__).resolve().parent / "run.py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--papers", type=Path, default=Path(".bench/papers/papers.json"))
+    ap.add_argument(
+        "--rate", type=float, action="append", help="req/s (repeatable; default: every planned rate)"
+    )
+    a = ap.parse_args(argv)
+    spec = importlib.util.spec_from_file_location("llmfleet_papers_run", RUN)
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    run.package()
+    C = importlib.import_module(run.PACKAGE + ".common")
+    S = importlib.import_module(run.PACKAGE + ".seallm_setup")
+    from llmfleet.policies.placement import InstancePlan
+
+    res = json.loads(a.papers.read_text())["papers"]["seallm"]
+    sp = S.spec()
+    pools = S.length_pools(C.conv_trace(), sp)
+    share = S.shares(S.popularity())
+    model = {s.name: s.model for s in sp.services}
+    rates = list(S.RATES)
+    for rate in a.rate or sorted(float(r) for r in res["plans"]):
+        if str(rate) not in res["plans"] or rate not in rates:
+            print(f"{rate:g} req/s: no plan for it in {a.papers}")
+            continue
+        wl = S.workload(pools, share, rate, S.HORIZON_S, seed=100 + rates.index(rate))
+        plan = []
+        for line in res["plans"][str(rate)]["plan"]:
+            iid, rest = line.split(": ")
+            tp, models = rest.split(" ", 1)
+            plan.append(InstancePlan(iid, tuple(models.split("+")), int(tp.removeprefix("tp"))))
+        e = C.simulate(sp, wl, S.seallm_fixed(), samples=40, plan=plan)
+        failed: collections.Counter[str] = collections.Counter()
+        total: collections.Counter[str] = collections.Counter()
+        why: collections.Counter[str] = collections.Counter()
+        for rec in e.result.records:
+            total[rec.service] += 1
+            if rec.failed:
+                failed[rec.service] += 1
+                reason = rec.failed.split(";")[0]
+                why["prompt too long for the KV pool" if "KV blocks" in reason else reason[:80]] += 1
+        print(
+            f"{rate:g} req/s: {sum(failed.values())} of {len(wl)} failed; "
+            + ", ".join(f"{s} ({model[s]}) {failed[s]}/{total[s]}" for s in sorted(total))
+        )
+        for reason, n in why.most_common(3):
+            print(f"    {n} × {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
