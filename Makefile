@@ -22,6 +22,7 @@ help:
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "               bench-fleet (the live control plane on 64 emulated A100s: start-up, memory; trace replay vs sim)"
 	@echo "               bench-burst (requests wait for capacity: cold start, right after up, a 1,000-request burst; vs today's)"
+	@echo "               bench-capacity (one scheduler process: multiplexed vs per-request data path on emulated GPUs)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
