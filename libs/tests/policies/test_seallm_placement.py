@@ -58,21 +58,22 @@ def loads(**rates: float) -> list[ServiceLoad]:
 def test_algorithm1_by_hand_two_candidates():
     """4 A100s; A (7B, 3 req/s, needs 2 replicas), B (13B, 1 req/s, needs 1); candidates tp 1 and 2.
 
-    tp=1, 4 groups at rate 0: UI_A = 30 > UI_B = 10 → A to tp1-0; A still misses 15 → A to the
-    lowest-rate group tp1-1; now UI_B = 10 → B to tp1-2; UIs are α·L_N only (A 0.003 > B 0.001) → A to
-    tp1-3 (rate 0); rates A 3/3 = 1, B 1 → all 1, by id: tp1-0 takes B (A is there); now B's 2 replicas
-    give 0.5 each: tp1-2 {B} is lowest → takes A; A's 4 replicas give 0.75: tp1-1 {A} (0.75, before
-    tp1-3 by id) takes B; tp1-3 {A} (0.75) takes B; all groups hold 2 services → stop.
-    tp=2, 2 groups: A → tp2-0, A → tp2-1, B → tp2-0 (tie 1.5/1.5 by id), B → tp2-1 (rate 1.5 < 2.5).
+    tp=1, 4 groups at rate 0: UI_A = 30 > UI_B = 10 → A to tp1-0; B is hosted nowhere, so it goes
+    before A (UI 15; Eq. 3) → B to the lowest-rate group tp1-1; A still misses 15 → A to tp1-2 (rate 0);
+    UIs are α·L_N only (A 0.003 > B 0.001) → A to tp1-3 (rate 0); rates A 3/3 = 1, B 1 → all 1, by id:
+    tp1-0 takes B (A is there); now B's 2 replicas give 0.5 each: tp1-1 {B} is lowest → takes A; A's 4
+    replicas give 0.75: tp1-2 {A} (0.75, before tp1-3 by id) takes B; tp1-3 {A} (0.75) takes B; all
+    groups hold 2 services → stop.
+    tp=2, 2 groups: A → tp2-0, B (hosted nowhere) → tp2-1, A → tp2-1 (rate 1 < 3), B → tp2-0.
     Both reach attainment 1; tp=2 has the lower normalized latency (1.5 < 2.0) and wins."""
     ev = HandEvaluator({"A": 30, "B": 10}, {"A": 2, "B": 1})
     p = SeaLLMPlacement(tp_candidates=(1, 2))
     plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
     assert p.search_log[1] == [
-        ("tp1-0", "A"), ("tp1-1", "A"), ("tp1-2", "B"), ("tp1-3", "A"),
-        ("tp1-0", "B"), ("tp1-2", "A"), ("tp1-1", "B"), ("tp1-3", "B"),
+        ("tp1-0", "A"), ("tp1-1", "B"), ("tp1-2", "A"), ("tp1-3", "A"),
+        ("tp1-0", "B"), ("tp1-1", "A"), ("tp1-2", "B"), ("tp1-3", "B"),
     ]  # fmt: skip
-    assert p.search_log[2] == [("tp2-0", "A"), ("tp2-1", "A"), ("tp2-0", "B"), ("tp2-1", "B")]
+    assert p.search_log[2] == [("tp2-0", "A"), ("tp2-1", "B"), ("tp2-1", "A"), ("tp2-0", "B")]
     assert plan == [
         InstancePlan("tp2-0", ("llama2-13b", "llama2-7b"), 2),
         InstancePlan("tp2-1", ("llama2-13b", "llama2-7b"), 2),
@@ -255,3 +256,96 @@ def test_the_simulator_can_start_as_a_live_leader_does():
     assert oracle.plan != cold.plan
     with pytest.raises(ValueError, match="first_plan"):
         preset("seallm", first_plan="later")
+
+
+def _svc(name: str, rate: float, prompt: float, output: float, std: float = 0.0) -> ServiceLoad:
+    return ServiceLoad(name, MODEL[name], rate, prompt, output, std, 0.0)
+
+
+def test_a_service_is_not_placed_where_its_requests_do_not_fit_the_kv_pool():
+    """CanAllocate checks the KV pool, not only the weights: 70B + 7B on two A100-80GB leave ~1 GB of
+    KV (3,105 tokens of the 70B), so a 70B service of 3,800-token prompts must not share its TP-2 group
+    with the 7B, however high the 7B's unserved index."""
+    ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
+    p = SeaLLMPlacement(tp_candidates=(1,))
+    plan = p.place(
+        GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 1100, 400), _svc("X", 1.0, 3800, 20)],
+        PlacementContext(evaluator=ev),
+    )  # fmt: skip
+    hosts_x = [x for x in plan if "llama2-70b" in x.models]
+    assert hosts_x and all(x.models == ("llama2-70b",) for x in hosts_x)
+    assert any("llama2-7b" in x.models for x in plan)
+    # short 70B requests do fit the shared pool: then sharing stays allowed
+    ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
+    plan = SeaLLMPlacement(tp_candidates=(1,)).place(
+        GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 200, 100), _svc("X", 1.0, 500, 20)],
+        PlacementContext(evaluator=ev),
+    )  # fmt: skip
+    assert any(set(x.models) == {"llama2-70b", "llama2-7b"} for x in plan)
+
+
+def test_every_service_with_traffic_gets_an_instance():
+    """Eq. 3 (every service placed): B's 5 requests never top A's unserved index, yet B must get one
+    of the two groups; a service without traffic is not pushed ahead."""
+    ev = HandEvaluator({"A": 100, "B": 5}, {"A": 8, "B": 1})
+    p = SeaLLMPlacement(max_services=1, tp_candidates=(1,))
+    plan = p.place(
+        GpuPool("a100-80gb", 2, 2), [_svc("A", 9.0, 200, 100), _svc("B", 0.5, 200, 100)],
+        PlacementContext(evaluator=ev),
+    )  # fmt: skip
+    assert sorted(m for x in plan for m in x.models) == ["llama2-13b", "llama2-7b"]
+    ev = HandEvaluator({"A": 100, "B": 0}, {"A": 8, "B": 1})
+    plan = SeaLLMPlacement(max_services=1, tp_candidates=(1,)).place(
+        GpuPool("a100-80gb", 2, 2), [_svc("A", 9.0, 200, 100), _svc("B", 0.0, 0, 0)],
+        PlacementContext(evaluator=ev),
+    )  # fmt: skip
+    assert [x.models for x in plan] == [("llama2-7b",), ("llama2-7b",)]
+
+
+class _FavourTp4:
+    """Scores any plan of TP-4 groups 0.99, others 0.5: only the rule that a plan must host every
+    service with traffic keeps the TP-4 candidate (which cannot host both) from winning."""
+
+    parallelism = 1
+
+    def close(self) -> None:
+        pass
+
+    def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
+        return [
+            PlanScore(0.99 if p and all(x.tp == 4 for x in p) else 0.5, 1.0, {"A": 1, "X": 1}, {}, 2)
+            for p in plans
+        ]
+
+
+def test_a_candidate_that_leaves_a_service_unhosted_loses():
+    p = SeaLLMPlacement(max_services=1, tp_candidates=(1, 4))
+    plan = p.place(
+        GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 200, 100), _svc("X", 1.0, 200, 20)],
+        PlacementContext(evaluator=_FavourTp4()),
+    )  # fmt: skip
+    assert {m for x in plan for m in x.models} == {"llama2-7b", "llama2-70b"}
+    assert all(x.tp < 4 for x in plan)
+
+
+def test_simulated_search_on_long_70b_prompts_fails_no_request():
+    """End to end on the simulator: the 70B's 3,800-token prompts fail on a 70B + 7B TP-2 pool; the
+    searched plan serves every request of both services."""
+    from llmfleet.sim.plan_eval import SimPlanEvaluator
+    from llmfleet.sim.run import preset, service_loads
+    from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+    from llmfleet.workload import Workload, WorkloadRequest
+
+    spec = SimSpec(
+        ClusterSpec.parse("4xA100-80GB"), (SimService("A", "llama2-7b"), SimService("X", "llama2-70b"))
+    )
+    reqs = [WorkloadRequest(f"a{i}", i * 0.1, 1100, 50, service="A") for i in range(60)]
+    reqs += [WorkloadRequest(f"x{i}", 0.05 + i * 1.0, 3800, 5, service="X") for i in range(6)]
+    wl = Workload(tuple(sorted(reqs, key=lambda r: (r.arrival_s, r.request_id))))
+    with SimPlanEvaluator(spec, wl.requests, preset("seallm")) as ev:
+        shared = [InstancePlan("g0", ("llama2-70b", "llama2-7b"), 2), InstancePlan("g1", ("llama2-7b",), 2)]
+        assert ev.evaluate([shared])[0].violations["X"] == 6  # what a plan sharing the 70B scores
+        p = SeaLLMPlacement(tp_candidates=(1,))
+        plan = p.place(GpuPool("a100-80gb", 4, 4), service_loads(wl, spec), PlacementContext(evaluator=ev))
+    assert all(x.models == ("llama2-70b",) for x in plan if "llama2-70b" in x.models)
+    assert p.last_score is not None and p.last_score.violations["X"] < 6

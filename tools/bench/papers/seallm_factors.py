@@ -52,6 +52,7 @@ def row(sp, wl, bundle, plan, horizon: float) -> dict:
         "norm_p99": m["norm_latency_p99"],
         "latency_p99_s": m["latency_p99_s"],
         "drain_s": max(0.0, m["makespan_s"] - horizon),
+        "failed": m["failed"],  # normalized latency counts completed requests only
     }
 
 
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         out.append(r)
         print(f"{label:13s} {a.rate:g} req/s: vLLM norm {v['norm_mean']:.2f} (drain {v['drain_s']:.0f}s), "
               f"SeaLLM {s['norm_mean']:.2f} (drain {s['drain_s']:.0f}s) → ×{C.fmt(r['norm_ratio'])} mean, "
-              f"×{C.fmt(r['norm_p99_ratio'])} p99 [{time.perf_counter() - t0:.0f}s]", flush=True)  # fmt: skip
+              f"×{C.fmt(r['norm_p99_ratio'])} p99; failed vLLM {v['failed']}, SeaLLM {s['failed']} of "
+              f"{len(wl)} [{time.perf_counter() - t0:.0f}s]", flush=True)  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "factors.json").write_text(
         json.dumps({"factors": out, "prefill_demand": demand}, indent=1, default=float)

@@ -5,7 +5,8 @@
 Re-simulates the sweep's workload at each rate (same seeds as ``papers/seallm.py``) on the plan that run
 recorded for it (``papers.json`` → ``seallm.plans``), and prints failed / total per service and the most
 common failure reasons. Normalized latency counts completed requests only, so a failed request drops
-out of SeaLLM's figures; this says which ones.
+out of SeaLLM's figures; this says which ones. ``--by-service`` also prints, per service, the mean
+normalized latency of the completed requests and the last finish, on that plan and under ``vllm-v0.4``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rate", type=float, action="append", help="req/s (repeatable; default: every planned rate)"
     )
+    ap.add_argument("--by-service", action="store_true", help="per-service latency, SeaLLM's plan and vLLM")
     a = ap.parse_args(argv)
     spec = importlib.util.spec_from_file_location("llmfleet_papers_run", RUN)
     assert spec is not None and spec.loader is not None
@@ -69,7 +71,28 @@ def main(argv: list[str] | None = None) -> int:
         )
         for reason, n in why.most_common(3):
             print(f"    {n} × {reason}")
+        if a.by_service:
+            for name, records in (
+                ("seallm", e.result.records),
+                ("vllm", C.simulate(sp, wl, S.vllm(), samples=40).result.records),
+            ):
+                print(f"    {name}: " + "; ".join(_by_service(records, model)))
     return 0
+
+
+def _by_service(records, model: dict[str, str]) -> list[str]:
+    """Per service: completed requests' mean normalized latency (latency ÷ the service's mean solo time,
+    as ``sim.metrics``) and the last finish (s)."""
+    out = []
+    for s in sorted({r.service for r in records}):
+        solos = [r.solo_s for r in records if r.service == s and r.solo_s > 0]
+        done = [r for r in records if r.service == s and r.done]
+        if not solos or not done:
+            out.append(f"{model[s]} none completed")
+            continue
+        norm = sum(r.latency_s for r in done) / len(done) / (sum(solos) / len(solos))
+        out.append(f"{model[s]} norm {norm:.1f}, last finish {max(r.finish_s for r in done):.0f} s")
+    return out
 
 
 if __name__ == "__main__":

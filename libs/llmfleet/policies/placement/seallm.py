@@ -6,19 +6,29 @@ For each TP candidate p (powers of two ≤ GPUs per node) the pool is cut into g
     loop:
         UI ← SimulateUI(R, P)                       # UI_s = Σ_{r∈R_s} 1[L_r > SLO_s] + α·L_N^s
         for b in groups by ascending average request rate:
-            for s in services by descending UI:
+            for s in services by descending UI (services no group hosts first, Eq. 3):
                 if b.CanAllocate(s): P.AddServices(b, s); restart the loop
         stop when nothing was added
     M_est ← SimulatePerformance(R, P)
 
-and the candidate with the highest simulated SLO attainment wins, ties by lower normalized latency.
+and the candidate with the highest simulated SLO attainment wins, ties by lower normalized latency
+(a candidate that leaves a service with traffic unhosted loses to one that hosts them all, Eq. 3).
 
 Resolutions (the paper leaves these open):
 
-* ``CanAllocate(b, s)``: s is not in b yet, b holds fewer than ``max_services`` services (the paper's
-  evaluation shares at most 2 per engine), and b's GPUs hold the weights of every distinct model in
-  b ∪ {s} with ``min_kv_fraction`` of the memory left for activations and the KV cache. A model too big
-  for an empty group merges it with another empty group (p → 2p, within a node), as the paper says.
+* ``CanAllocate(b, s)`` ("checks if the GPU memory is enough for serving the shared LLMs with profiled
+  memory usage", §4.1): s is not in b yet, b holds fewer than ``max_services`` services (the paper's
+  evaluation shares at most 2 per engine), b's GPUs hold the weights of every distinct model in b ∪ {s}
+  with ``min_kv_fraction`` of the memory left, and the unified KV pool left after weights and peak
+  activations (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine's defaults, as the simulator
+  sizes it) holds one request of every service of b ∪ {s} at its mean + ``kv_sigmas`` σ prompt and
+  output lengths. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
+  of the 70B) while the 70B's prompts averaged 3,836 tokens: the engine fails such requests. A model
+  (or its requests) too big for an empty group merges it with another empty group (p → 2p, within a
+  node), as the paper says.
+* Every service is placed (Eq. 3): a service with traffic that no group hosts goes before the UI order.
+  By UI alone a small service (OPT's ~6 % of the rate) can stay below the violations of the big ones
+  until every group is full, and its requests are then all lost.
 * A group's average rate is Σ_{s∈b} rate_s / replicas_s (a service in k groups sends each 1/k).
 * UI ties: higher request rate first, then name. Group ties: fewer GPUs, then id.
 * The candidates advance in lockstep: each round the evaluator scores every candidate's current
@@ -42,7 +52,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.hardware import Hardware, hardware
+from llmfleet.costmodel.memory import kv_pool_bytes
 from llmfleet.costmodel.models import model_arch
 from llmfleet.policies.placement.base import (
     GpuPool,
@@ -55,6 +66,11 @@ from llmfleet.policies.placement.base import (
     ServiceLoad,
 )
 from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
+
+
+def _has_traffic(s: ServiceLoad) -> bool:
+    """Arrivals in the window or requests waiting: Eq. 3 wants such a service hosted."""
+    return s.rate_rps > 0 or s.queued > 0
 
 
 @dataclass
@@ -86,6 +102,8 @@ class SeaLLMPlacement(PlannerReport):
         alpha: α of the unserved index (paper: 1e-4).
         tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
         min_kv_fraction: memory share kept free of weights in a group.
+        kv_sigmas: a group's KV pool must hold one request of each of its services at mean + this many
+            standard deviations of the prompt and output lengths (see the module doc).
         speculate: fill idle evaluator slots with guessed next plans (same result; see the module doc).
     """
 
@@ -98,6 +116,7 @@ class SeaLLMPlacement(PlannerReport):
         alpha: float = 1e-4,
         tp_candidates: Sequence[int] | None = None,
         min_kv_fraction: float = 0.1,
+        kv_sigmas: float = 2.0,
         speculate: bool = True,
     ) -> None:
         caps = (max_services,) if isinstance(max_services, int) else tuple(max_services)
@@ -112,6 +131,9 @@ class SeaLLMPlacement(PlannerReport):
         self.alpha = float(alpha)
         self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
         self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
+        if kv_sigmas < 0:
+            raise ValueError(f"kv_sigmas must be >= 0, got {kv_sigmas}")
+        self.kv_sigmas = float(kv_sigmas)
         self.speculate = bool(speculate)
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
@@ -121,9 +143,21 @@ class SeaLLMPlacement(PlannerReport):
         self.search_log: dict = {}  # tp (or (tp, cap)) -> (group, service) added, in order
 
     # ---------------------------------------------------------------------------------- helpers
-    def _fits(self, models: set[str], tp: int, mem_bytes: float) -> bool:
-        weights = sum(model_arch(m).weight_bytes for m in models)
-        return fits_tp(weights, mem_bytes, tp, self.min_kv_fraction)
+    def request_tokens(self, s: ServiceLoad) -> float:
+        """KV tokens of one request of ``s`` that a group hosting it must hold (mean + kv_sigmas·σ)."""
+        k = self.kv_sigmas
+        return s.mean_prompt_tokens + k * s.std_prompt_tokens + s.mean_output_tokens + k * s.std_output_tokens
+
+    def _fits(self, members: Sequence[ServiceLoad], tp: int, hw: Hardware) -> bool:
+        """CanAllocate's memory check: weights (with ``min_kv_fraction`` left) and one request of each
+        member in the KV pool left after weights and peak activations."""
+        archs = [model_arch(m) for m in sorted({s.model for s in members})]
+        if not fits_tp(sum(a.weight_bytes for a in archs), hw.mem_bytes, tp, self.min_kv_fraction):
+            return False
+        kv = kv_pool_bytes(hw, tp, archs)
+        return kv > 0 and all(
+            self.request_tokens(s) * model_arch(s.model).kv_bytes_per_token <= kv for s in members
+        )
 
     def unserved_index(self, score: PlanScore, services: Sequence[ServiceLoad]) -> dict[str, float]:
         """UI_s = Σ_r 1[L_r > SLO_s] + α·L_N^s for every service (0 for one with no requests)."""
@@ -146,7 +180,7 @@ class SeaLLMPlacement(PlannerReport):
         ui: dict[str, float],
         services: Sequence[ServiceLoad],
         gpus_per_node: int,
-        mem_bytes: float,
+        hw: Hardware,
     ) -> bool:
         """One pass of the loop body: add the first (group, service) that fits; False when none does."""
         svc = {s.name: s for s in services}
@@ -158,20 +192,23 @@ class SeaLLMPlacement(PlannerReport):
         def group_rate(g: _Group) -> float:
             return sum(svc[s].rate_rps / replicas[s] for s in g.services)
 
+        def placed_or_idle(s: ServiceLoad) -> bool:  # Eq. 3: unhosted services with traffic go first
+            return replicas[s.name] > 0 or not (_has_traffic(s) or ui[s.name] > 0)
+
         groups = sorted(cand.groups, key=lambda g: (group_rate(g), g.tp, g.gid))
-        order = sorted(services, key=lambda s: (-ui[s.name], -s.rate_rps, s.name))
+        order = sorted(services, key=lambda s: (placed_or_idle(s), -ui[s.name], -s.rate_rps, s.name))
         for g in groups:
             if len(g.services) >= cand.cap:
                 continue
             for s in order:
                 if s.name in g.services:
                     continue
-                models = {svc[x].model for x in g.services} | {s.model}
-                if self._fits(models, g.tp, mem_bytes):
+                members = [svc[x] for x in g.services] + [s]
+                if self._fits(members, g.tp, hw):
                     g.services.append(s.name)
                     cand.added.append((g.gid, s.name))
                     return True
-                if not g.services and self._merge(cand, g, models, gpus_per_node, mem_bytes):
+                if not g.services and self._merge(cand, g, members, gpus_per_node, hw):
                     g.services.append(s.name)
                     cand.added.append((g.gid, s.name))
                     return True
@@ -183,7 +220,7 @@ class SeaLLMPlacement(PlannerReport):
         last_ui: dict[int, dict[str, float]],
         services: Sequence[ServiceLoad],
         gpus_per_node: int,
-        mem_bytes: float,
+        hw: Hardware,
         model_of: dict[str, str],
         slots: int,
         known: dict,
@@ -202,7 +239,7 @@ class SeaLLMPlacement(PlannerReport):
         while slots > 0 and chains:
             alive = []
             for sim, ui in chains:
-                if slots == 0 or not self._step(sim, ui, services, gpus_per_node, mem_bytes):
+                if slots == 0 or not self._step(sim, ui, services, gpus_per_node, hw):
                     continue
                 alive.append((sim, ui))
                 plan = self._plan(sim, model_of)
@@ -213,10 +250,10 @@ class SeaLLMPlacement(PlannerReport):
         return out
 
     def _merge(
-        self, cand: _Candidate, g: _Group, models: set[str], gpus_per_node: int, mem_bytes: float
+        self, cand: _Candidate, g: _Group, members: list[ServiceLoad], gpus_per_node: int, hw: Hardware
     ) -> bool:
-        """Grow the empty group ``g`` by absorbing other empty groups of its size until ``models`` fit."""
-        while not self._fits(models, g.tp, mem_bytes):
+        """Grow the empty group ``g`` by absorbing other empty groups of its size until ``members`` fit."""
+        while not self._fits(members, g.tp, hw):
             if g.tp * 2 > gpus_per_node:
                 return False
             other = next((o for o in cand.groups if o is not g and not o.services and o.tp == g.tp), None)
@@ -261,7 +298,8 @@ class SeaLLMPlacement(PlannerReport):
         if not services:
             self.last_score, self.last_reason = None, "no services"
             return []
-        mem = hardware(gpus.hardware).mem_bytes
+        hw = hardware(gpus.hardware)
+        mem = hw.mem_bytes
         cold = ctx.evaluator is None
         quick = self._new_services(gpus, services, ctx.current, mem, cold=cold)
         if quick is not None:
@@ -305,7 +343,7 @@ class SeaLLMPlacement(PlannerReport):
                 if tuple(plan) not in scored:
                     need.setdefault(tuple(plan), plan)
             if need:
-                guesses = self._guesses(active, last_ui, services, gpus.gpus_per_node, mem, model_of,
+                guesses = self._guesses(active, last_ui, services, gpus.gpus_per_node, hw, model_of,
                                         (-len(need)) % width, {**scored, **need})  # fmt: skip
                 scores = ctx.evaluator.evaluate([*need.values(), *guesses.values()])
                 scored.update(zip([*need, *guesses], scores, strict=True))
@@ -319,13 +357,21 @@ class SeaLLMPlacement(PlannerReport):
                     self.speculation_hits += 1
                 c.score = scored[key]
                 last_ui[id(c)] = ui = self.unserved_index(c.score, services)
-                if not self._step(c, ui, services, gpus.gpus_per_node, mem):
+                if not self._step(c, ui, services, gpus.gpus_per_node, hw):
                     c.done = True
         placed = [c for c in cands if any(g.services for g in c.groups)]
         if not placed:
             raise PlacementInfeasible("no service fits any GPU group of the pool")
         self.search_log = {(c.tp if len(self.caps) == 1 else (c.tp, c.cap)): list(c.added) for c in cands}
-        best = min(placed, key=lambda c: (-c.score.slo_attainment, c.score.normalized_latency, c.tp, c.cap))
+        wanted = {s.name for s in services if _has_traffic(s)}
+
+        def unhosted(c: _Candidate) -> int:  # Eq. 3: services with traffic the plan leaves out
+            return len(wanted - {s for g in c.groups for s in g.services})
+
+        best = min(
+            placed,
+            key=lambda c: (unhosted(c), -c.score.slo_attainment, c.score.normalized_latency, c.tp, c.cap),
+        )
         self.last_score = best.score
         self.last_reason = (
             f"tp={best.tp}, ≤ {best.cap} services per group: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
