@@ -77,7 +77,7 @@ class MuxStream:
     """One request's chunks on a :class:`MuxLink`: iterate it like a unary-stream call's response."""
 
     __slots__ = (
-        "_cancelled", "_error", "_finished", "_items", "_link", "_timer", "_waiter", "on_chunk", "request_id",
+        "_error", "_finished", "_items", "_link", "_timer", "_waiter", "on_chunk", "request_id",
     )  # fmt: skip
 
     def __init__(self, link: MuxLink, request_id: str) -> None:
@@ -87,7 +87,6 @@ class MuxStream:
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._finished = False  # the final chunk arrived
-        self._cancelled = False
         self._timer: asyncio.TimerHandle | None = None
         # set: chunks before the final one go to this callback as they arrive (on the link's reader,
         # no wake-up of the consumer per chunk); iteration then yields only the final chunk
@@ -156,13 +155,9 @@ class MuxStream:
         """Stop the stream (the server cancels it as a cancelled call); a reader gets CancelledError."""
         if self.done():
             return False
-        self._cancelled = True
         self._fail(asyncio.CancelledError())
         self._link._stop(self.request_id, self)
         return True
-
-    def cancelled(self) -> bool:
-        return self._cancelled
 
 
 class _Call(Protocol):

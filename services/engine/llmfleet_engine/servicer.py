@@ -203,13 +203,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         """One request's chunks (a new request, or one migrated in and attached); ``StreamRefused``
         with the status its Generate call ends with. Closing the iterator cancels the request."""
         stream = self._open_stream(request)
+        out: list[common_pb2.TokenChunk] = []
         try:
             async for chunk in stream:
-                if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
-                    if chunk.token_ids:
-                        yield chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id)
-                    raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
-                yield chunk_to_proto(chunk, self.engine_id)
+                try:
+                    self._to_proto(chunk, out.append)
+                except StreamRefused:
+                    for msg in out:  # an evicted request's last tokens go out before its status
+                        yield msg
+                    raise
+                for msg in out:
+                    yield msg
+                out.clear()
         finally:  # client gone, deadline, or server shutdown: stop the work
             stream.close()
 
@@ -217,18 +222,19 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         """``generate_chunks`` handing each chunk to ``emit`` as the worker produces it (no task wakes
         per token: the multiplexed path)."""
         stream = self._open_stream(request)
-
-        def take(chunk: EngineChunk) -> None:
-            if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
-                if chunk.token_ids:
-                    emit(chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id))
-                raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)  # resume elsewhere
-            emit(chunk_to_proto(chunk, self.engine_id))
-
         try:
-            await stream.run_into(take)
+            await stream.run_into(lambda chunk: self._to_proto(chunk, emit))
         finally:
             stream.close()
+
+    def _to_proto(self, chunk: EngineChunk, emit: Emit) -> None:
+        """``chunk`` as the stream's message; a request a drain evicted hands over its last tokens
+        and ends UNAVAILABLE (its consumer resumes it elsewhere)."""
+        if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
+            if chunk.token_ids:
+                emit(chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id))
+            raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)
+        emit(chunk_to_proto(chunk, self.engine_id))
 
     def _open_stream(self, request: engine_pb2.GenerateRequest) -> RequestStream:
         """Start ``request`` (or attach to it, migrated in); ``StreamRefused`` with Generate's status."""

@@ -254,9 +254,10 @@ class Relay:
     ) -> common_pb2.TokenChunk:
         """Relay one engine stream's tokens into the journal; returns its final chunk (not applied).
         With ``engine_id`` (a dispatched placement) the load book hears the request's progress."""
+        take = self._taker(rec, engine_id)
         if self.links is not None:
             call: grpc.aio.UnaryStreamCall | MuxStream = self.links.open(address, req, timeout)
-            call.on_chunk = self._taker(rec, engine_id)  # tokens go to the journal as they arrive
+            call.on_chunk = take  # tokens go to the journal as they arrive, no wake-up per token
         else:
             stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
             call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
@@ -268,15 +269,11 @@ class Relay:
             # Read to the end of the stream (not just the final chunk) so the call, and its client
             # span, complete normally.
             async for chunk in call:
+                if chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+                    take(chunk)
+                    continue
                 if chunk.usage.prompt_tokens:
                     rec.prompt_tokens = chunk.usage.prompt_tokens
-                if chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
-                    await rec.append(chunk)
-                    if engine_id is not None and rec.first_token_at is not None:  # Aladdin's (d)
-                        self.directory.load.progress(
-                            engine_id, rec.request_id, rec.model, rec.n_tokens, rec.first_token_at
-                        )
-                    continue
                 final = chunk
                 tail = common_pb2.TokenChunk()
                 tail.CopyFrom(chunk)
@@ -310,7 +307,8 @@ class Relay:
         return final
 
     def _taker(self, rec: RequestRecord, engine_id: str | None) -> Callable[[common_pb2.TokenChunk], None]:
-        """The loop body of ``_relay_stream`` for chunks before the final one, as a callback."""
+        """What ``_relay_stream`` does with each chunk before the final one (a callback on the
+        multiplexed path): into the journal, and the load book hears the request's progress."""
         load = self.directory.load
 
         def take(chunk: common_pb2.TokenChunk) -> None:
