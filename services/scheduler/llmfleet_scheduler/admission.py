@@ -1,8 +1,8 @@
 """Admission control: per-service bounds on waiting requests and queued tokens.
 
 A request *waits* from admission until its first token (queued here or at an engine). Its *queued
-tokens* are its prompt, estimated at ``BYTES_PER_TOKEN`` bytes a token (the scheduler holds no
-tokenizer), plus its ``max_tokens``: the KV it may grow to. Past either bound a request is refused at
+tokens* are its prompt, estimated by :func:`llmfleet.token_estimate.approx_token_count` (the
+scheduler holds no tokenizer; dispatch and the SCLS pool use the same estimate), plus its ``max_tokens``: the KV it may grow to. Past either bound a request is refused at
 once with RESOURCE_EXHAUSTED (HTTP 429) and a retry-after, so an overload never queues without bound
 or runs a process out of memory; one request larger than the token bound alone is still admitted
 into an empty queue (else it could never run).
@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-BYTES_PER_TOKEN = 4
+from llmfleet.token_estimate import approx_token_count
+
 DEFAULT_MAX_WAITING = 1024
 DEFAULT_MAX_QUEUED_TOKENS = 4_000_000
 
@@ -32,7 +33,8 @@ class Overloaded(Exception):
 
 
 def estimate_tokens(prompt: str, max_tokens: int) -> int:
-    return math.ceil(len(prompt.encode()) / BYTES_PER_TOKEN) + max_tokens
+    """The KV a request may grow to: its estimated prompt tokens plus its output cap."""
+    return approx_token_count(prompt) + max_tokens
 
 
 @dataclass

@@ -23,7 +23,7 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.rpc.mux import MuxStream
 from llmfleet.types import ServiceSpec
-from llmfleet.workload.datasets import approx_token_count
+from llmfleet.token_estimate import approx_token_count
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -137,7 +137,7 @@ class Relay:
             predicted = await self.predictions.predict(rec.request_id, rec.service, req.prompt)
             if predicted:
                 req.predicted_output_tokens = predicted
-        # the scheduler does not tokenize: the prompt length is estimated (llmfleet.workload.datasets)
+        # the scheduler does not tokenize: the prompt length is estimated (llmfleet.token_estimate)
         dreq = DispatchRequest(
             rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
             int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival,

@@ -81,7 +81,7 @@ def test_retry_after_follows_the_drain_rate():
 
 def test_estimate_tokens():
     assert estimate_tokens("", 16) == 16
-    assert estimate_tokens("abcd" * 10, 0) == 10
+    assert estimate_tokens("abcd " * 10, 0) == 10  # ten short words: one token each
     assert estimate_tokens("é", 0) == 1  # bytes, not characters
 
 

@@ -1,0 +1,22 @@
+"""Every default the live services and the simulator share, in one place.
+
+The spec sections (:mod:`llmfleet.spec.policies`), the cluster config, the engine's flags, the
+engine's request validation and the simulator all read these names; none repeats the number.
+"""
+
+from __future__ import annotations
+
+DEFAULT_MAX_TOKENS = 64  # a request's output cap when it sets none (a service may set its own)
+SLICE_END = "keep"  # a static batch's slice end: "keep" its KV, or "recompute" it (the papers' mode)
+SLICE_END_MODES = ("keep", "recompute")
+ENGINE_POLICY = "fcfs"  # the engine-local request policy
+DISPATCH_POLICY = "round_robin"
+PLACEMENT_POLICY = "static"  # the live leader's default: copy the engines: lists (no planner)
+LIVE_PLACEMENT_INTERVAL_S = 30.0  # the live leader's interval when none is given
+PLACEMENT_CONFIRM_INTERVALS = 2  # hysteresis: a changed plan is applied once proposed this often in a row
+MIGRATION_POLICY = "none"
+MIGRATION_EPOCH_S = 1.0
+TRANSFER = "hybrid"
+BINDING = "late"  # requests wait in the scheduler while every engine of their model is saturated
+QUEUE_SLACK = 4
+KV_ROOM_FRACTION = 0.95
