@@ -139,8 +139,8 @@ def launch(
         config = json.loads(json.dumps(config).replace("{endless}", str(endless)))
     config = config or {
         "services": {
-            "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16},
-            "summarize": {"model": "tiny-qwen2", "default_max_tokens": 16},
+            "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "max_tokens": 16},
+            "summarize": {"model": "tiny-qwen2", "max_tokens": 16},
             "unplaced": {"model": "tiny-mistral"},  # a model no engine is given
         },
         "models": {

@@ -19,8 +19,8 @@ from util import wait_running
 ENGINES = {"engine-0": {"models": ["tiny-llama"]}, "engine-1": {"models": ["tiny-llama"]}}
 CONFIG = {
     "services": {
-        "s-jsq": {"model": "tiny-llama", "dispatch": "jsq", "default_max_tokens": 4},
-        "s-least": {"model": "tiny-llama", "dispatch": "least_loaded", "default_max_tokens": 4},
+        "s-jsq": {"model": "tiny-llama", "dispatch": "jsq", "max_tokens": 4},
+        "s-least": {"model": "tiny-llama", "dispatch": "least_loaded", "max_tokens": 4},
     },
     "models": {"tiny-llama": {"source": "{endless}"}},  # no EOS: every request runs to max_tokens
     "engines": ENGINES,

@@ -20,7 +20,7 @@ LONG = 1900
 SHORT = 60
 ENGINES = [f"engine-{i}" for i in range(3)]
 CONFIG = {
-    "services": {"chat": {"model": "tiny-llama", "default_max_tokens": 16}},
+    "services": {"chat": {"model": "tiny-llama", "max_tokens": 16}},
     "models": {"tiny-llama": {"source": "{endless}"}},
     "engines": {eid: {"models": ["tiny-llama"]} for eid in ENGINES},
 }

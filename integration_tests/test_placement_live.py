@@ -45,8 +45,8 @@ def launch_live(root: Path) -> Cluster:
     endless = prepare_endless_llama(models_dir)
     config = {
         "services": {
-            "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16},
-            "summarize": {"model": "tiny-qwen2", "default_max_tokens": 8},
+            "chat": {"model": "tiny-llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "max_tokens": 16},
+            "summarize": {"model": "tiny-qwen2", "max_tokens": 8},
         },
         "models": {"tiny-llama": {"source": str(endless)}, "tiny-qwen2": {"source": "tiny://qwen2"}},
         "engines": {eid: {} for eid in ENGINES},

@@ -16,7 +16,7 @@ ENGINES = {
     "e-fcfs": {"models": ["tiny-llama"], "policy": "fcfs", "max_batch_requests": 4},  # an engine limit
     "e-db": {"models": ["shared"], "policy": "doubling_budget"},
     "e-mux": {"models": ["shared"], "policy": "muxserve_rr"},
-    "e-sls": {"models": ["m-sls"], "policy": "static_sls", "policy_options": {"batch_size": 4}},
+    "e-sls": {"models": ["m-sls"], "policy": "static_sls", "options": {"batch_size": 4}},
     "e-scls": {"models": ["m-scls"], "policy": "scls"},
     "e-odbs": {"models": ["m-odbs"], "policy": "slo_odbs"},
     "e-s3": {"models": ["m-s3"], "policy": "s3"},
@@ -35,7 +35,7 @@ SERVICES = {
     "s-s3": {"model": "m-s3", "predict": True},
 }
 CONFIG = {
-    "services": {name: {"default_max_tokens": 8, **s} for name, s in SERVICES.items()},
+    "services": {name: {"max_tokens": 8, **s} for name, s in SERVICES.items()},
     "models": {m: ENDLESS for m in ("tiny-llama", "shared", "m-sls", "m-scls", "m-odbs", "m-s3")},
     "engines": ENGINES,
 }

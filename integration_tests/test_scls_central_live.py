@@ -18,10 +18,10 @@ from util import hf_greedy
 S = 4  # tokens per slice
 N = 10  # tokens per request: three slices (4 + 4 + 2)
 CONFIG = {
-    "services": {"central": {"model": "tiny-llama", "dispatch": "scls_central", "default_max_tokens": N}},
+    "services": {"central": {"model": "tiny-llama", "dispatch": "scls_central", "max_tokens": N}},
     "models": {"tiny-llama": {"source": "{endless}"}},
     "engines": {
-        f"engine-{i}": {"models": ["tiny-llama"], "policy": "given", "policy_options": {"keep_kv": False}}
+        f"engine-{i}": {"models": ["tiny-llama"], "policy": "given", "options": {"slice_end": "recompute"}}
         for i in range(2)
     },
 }

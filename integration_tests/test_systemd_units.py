@@ -341,7 +341,7 @@ def test_units_start_and_serve(tmp_path):
     config.write_text(
         yaml.safe_dump(
             {
-                "services": {"chat": {"model": "tiny-llama", "default_max_tokens": 8}},
+                "services": {"chat": {"model": "tiny-llama", "max_tokens": 8}},
                 "models": {"tiny-llama": {"source": str(endless)}},
                 "engines": {"engine-0": {"models": ["tiny-llama"]}},
             }

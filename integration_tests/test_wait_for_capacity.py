@@ -31,7 +31,7 @@ from llmfleet.supervisor import ProcessGroup
 ENGINES = ["engine-0", "engine-1", "engine-2"]
 INTERVAL_S = 30.0
 CONFIG = {
-    "services": {"chat": {"model": "tiny-llama", "default_max_tokens": 8}},
+    "services": {"chat": {"model": "tiny-llama", "max_tokens": 8}},
     "models": {"tiny-llama": {"source": "tiny://llama"}},
     "engines": {eid: {} for eid in ENGINES},
     "placement": {
@@ -47,7 +47,7 @@ services:
   qa:
     model: tiny-qwen2
     slo: {ttft_s: 3.0, tpot_s: 0.3}
-    default_max_tokens: 6
+    max_tokens: 6
 models:
   tiny-qwen2: {source: "tiny://qwen2"}
 """

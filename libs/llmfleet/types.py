@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
+
 ENGINE_ROLE = "engine"
 CONTROL_ROLES = ("scheduler", "profiler", "placement", "migration")
 
@@ -90,7 +92,7 @@ class ServiceSpec:
     model: str
     slo: Slo = DEFAULT_SLO
     priority: int = 0
-    default_max_tokens: int = 64
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # the service's max_tokens (llmfleet.spec)
     dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
     predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
     # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request

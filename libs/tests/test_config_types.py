@@ -105,7 +105,7 @@ def config(**engine) -> dict:
 
 def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
     cfg = ClusterConfig.load(write(tmp_path, config(
-        policy="static_sls", policy_options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
+        policy="static_sls", options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
         max_running=16, max_batch_requests=8, max_prefill_tokens=2048, watermark=0.05, block_bytes=4096,
         block_tokens=32,
     )))  # fmt: skip
@@ -130,13 +130,13 @@ def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
         ({"block_bytes": 100}, "engines.e0.block_bytes: Input should be a multiple of 16, got 100"),
         ({"watermark": 1.0}, "engines.e0.watermark: Input should be less than 1, got 1.0"),
         ({"max_runing": 8}, "engines.e0.max_runing: Extra inputs are not permitted"),
-        ({"policy": "static_sls", "policy_options": {"batch": 8}},
-         "engines.e0.policy_options: bad options for batching policy 'static_sls': "
+        ({"policy": "static_sls", "options": {"batch": 8}},
+         "engines.e0.options: bad options for batching policy 'static_sls': "
          "StaticSls.__init__() got an unexpected keyword argument 'batch'"),
-        ({"policy": "static_sls", "policy_options": {"batch_size": 0}}, "batch_size must be an int >= 1, got 0"),
-        ({"policy": "scls", "policy_options": {"keep_kv": "no"}}, "keep_kv must be a bool, got 'no'"),
-        ({"policy_options": {"keep_kv": False}}, "bad options for request policy 'fcfs'"),
-        ({"policy": "nope", "policy_options": {"x": 1}}, "engines.e0.policy: unknown engine policy 'nope'"),
+        ({"policy": "static_sls", "options": {"batch_size": 0}}, "batch_size must be an int >= 1, got 0"),
+        ({"policy": "scls", "options": {"keep_kv": "no"}}, "keep_kv must be a bool, got 'no'"),
+        ({"options": {"keep_kv": False}}, "bad options for request policy 'fcfs'"),
+        ({"policy": "nope", "options": {"x": 1}}, "engines.e0.policy: unknown engine policy 'nope'"),
     ],
 )  # fmt: skip
 def test_bad_engine_settings_name_the_key(tmp_path, engine, message):

@@ -32,6 +32,7 @@ import platform
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 from llmfleet.costmodel.hardware import hardware
@@ -55,7 +56,7 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=2000.0)
@@ -66,8 +67,62 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--slo", type=float, nargs=2, default=(0.4, 0.015), metavar=("T_PRE", "T_DEC"))
     ap.add_argument("--kv-tokens", type=float, default=None, help="override M per worker (tokens)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap
 
+
+@dataclass
+class Timings:
+    """What the timed part of the run measured (µs per call) and the requests still running."""
+
+    choose_us: list[float] = field(default_factory=list)
+    choose_cpu_us: list[float] = field(default_factory=list)
+    finish_us: list[float] = field(default_factory=list)
+    ongoing: int = 0
+
+
+def _simulate(
+    args: argparse.Namespace,
+    policy: AladdinBestFit,
+    predictor: EmpiricalLengthPredictor,
+    kv_bytes_per_token: float,
+    rng: random.Random,
+) -> Timings:
+    """Poisson arrivals placed by ``policy`` and finished at their true time, until ``--decisions``
+    ``choose`` calls after the warm-up are timed."""
+    cands = [EngineCandidate(f"e{i:04d}", (args.model,)) for i in range(args.engines)]
+    finishes: list[tuple[float, str, str, int]] = []
+    now, n = 0.0, 0
+    tm = Timings()
+    timing = False
+    while len(tm.choose_us) < args.decisions:
+        now += rng.expovariate(args.rate)
+        while finishes and finishes[0][0] <= now:
+            t, rid, eid, out = heapq.heappop(finishes)
+            t0 = time.perf_counter_ns()
+            policy.on_finish(rid, eid, out, t)
+            if timing:
+                tm.finish_us.append((time.perf_counter_ns() - t0) / 1e3)
+            tm.ongoing -= 1
+        l_in, l_out = lengths(rng)
+        pred = predictor.predict(LengthQuery("chat", prompt_tokens=l_in)).mean
+        rid = f"r{n}"
+        n += 1
+        req = DispatchRequest(rid, args.model, "chat", l_in, pred, kv_bytes_per_token, now)
+        if not timing and now >= args.warmup_s:
+            timing = True
+            gc.collect()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        eid = policy.choose(args.model, cands, frozenset(), req)
+        if timing:
+            tm.choose_us.append((time.perf_counter_ns() - t0) / 1e3)
+            tm.choose_cpu_us.append((time.thread_time_ns() - c0) / 1e3)
+        heapq.heappush(finishes, (now + TRUE_PREFILL_S + l_out * TRUE_TOKEN_S, rid, eid, l_out))
+        tm.ongoing += 1
+    return tm
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
     rng = random.Random(args.seed)
     arch, hw = model_arch(args.model), hardware(args.hardware)
     predictor = EmpiricalLengthPredictor(seed=args.seed)
@@ -83,37 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
         kv_bytes_per_token=arch.kv_bytes_per_token,
         predictor=predictor,
     )
-    cands = [EngineCandidate(f"e{i:04d}", (args.model,)) for i in range(args.engines)]
-    finishes: list[tuple[float, str, str, int]] = []
-    now, n, ongoing = 0.0, 0, 0
-    choose_us: list[float] = []
-    choose_cpu_us: list[float] = []
-    finish_us: list[float] = []
-    timing = False
-    while len(choose_us) < args.decisions:
-        now += rng.expovariate(args.rate)
-        while finishes and finishes[0][0] <= now:
-            t, rid, eid, out = heapq.heappop(finishes)
-            t0 = time.perf_counter_ns()
-            policy.on_finish(rid, eid, out, t)
-            if timing:
-                finish_us.append((time.perf_counter_ns() - t0) / 1e3)
-            ongoing -= 1
-        l_in, l_out = lengths(rng)
-        pred = predictor.predict(LengthQuery("chat", prompt_tokens=l_in)).mean
-        rid = f"r{n}"
-        n += 1
-        req = DispatchRequest(rid, args.model, "chat", l_in, pred, arch.kv_bytes_per_token, now)
-        if not timing and now >= args.warmup_s:
-            timing = True
-            gc.collect()
-        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-        eid = policy.choose(args.model, cands, frozenset(), req)
-        if timing:
-            choose_us.append((time.perf_counter_ns() - t0) / 1e3)
-            choose_cpu_us.append((time.thread_time_ns() - c0) / 1e3)
-        heapq.heappush(finishes, (now + TRUE_PREFILL_S + l_out * TRUE_TOKEN_S, rid, eid, l_out))
-        ongoing += 1
+    tm = _simulate(args, policy, predictor, arch.kv_bytes_per_token, rng)
+    choose_us, choose_cpu_us, finish_us = tm.choose_us, tm.choose_cpu_us, tm.finish_us
     out = {
         "bench": "aladdin_bestfit_choose",
         "engines": args.engines,
@@ -121,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model,
         "hardware": args.hardware,
         "kv_capacity_tokens": args.kv_tokens or kv_bytes / arch.kv_bytes_per_token,
-        "ongoing_requests": ongoing,
+        "ongoing_requests": tm.ongoing,
         "decisions_timed": len(choose_us),
         "choose_p50_us": round(pct(choose_us, 50), 1),
         "choose_p99_us": round(pct(choose_us, 99), 1),

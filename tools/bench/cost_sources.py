@@ -121,49 +121,13 @@ def markdown(r: dict) -> list[str]:
         "## Summary (cost source: vidur)",
         "",
     ]
-    rows = []
-    for gpu, s in r["summary"].items():
-        rows.append(
-            [
-                gpu,
-                f"{_pct(s['heldout_layer']['mean_rel'])} / {_pct(s['heldout_layer']['max_rel'])}",
-                f"{_pct(s['heldout_forward']['mean_rel'])} / {_pct(s['heldout_forward']['max_rel'])}",
-                f"{_pct(s['allreduce']['mean_rel'])} / {_pct(s['allreduce']['max_rel'])}",
-                f"{_pct(s['leave_one_shape_out_layer']['mean_rel'])} / {_pct(s['leave_one_shape_out_layer']['max_rel'])}",
-            ]
-        )
-    lines += _table(
-        [
-            "GPU",
-            "per-layer, held-out tokens (mean / max)",
-            "non-attention forward, held-out (mean / max)",
-            "all-reduce fit, held-out sizes",
-            "derived shape, leave-one-shape-out",
-        ],
-        rows,
-    )
+    lines += _summary(r)
     lines += [
         "",
         "## Held-out token counts (cost source: vidur; fit on even-indexed counts, scored on odd)",
         "",
     ]
-    rows = []
-    for gpu, held in r["heldout"].items():
-        for e in held:
-            rows.append(
-                [
-                    gpu,
-                    _short(e["profile"]),
-                    str(e["tp"]),
-                    f"{_pct(e['layer']['mean_rel'])} / {_pct(e['layer']['max_rel'])}",
-                    f"{e['layers']}",
-                    f"{_pct(e['forward']['mean_rel'])} / {_pct(e['forward']['max_rel'])}",
-                    str(e["legs"]),
-                ]
-            )
-    lines += _table(
-        ["GPU", "profile", "TP", "per-layer mean / max", "L", "forward mean / max", "legs"], rows, left=2
-    )
+    lines += _heldout(r)
     lines += ["", "## All-reduce fit (cost source: vidur; even sizes → odd sizes, DGX in-node groups)", ""]
     rows = [
         [gpu, str(e["tp"]), str(e["devices_per_node"]), _pct(e["mean_rel"]), _pct(e["max_rel"]), str(e["n"])]
@@ -187,6 +151,61 @@ def markdown(r: dict) -> list[str]:
         "## Iteration times of catalog models, both cost sources (ms; not a measurement)",
         "",
     ]
+    lines += _catalog(r)
+    lines += ["", f"Computed in {r['elapsed_s']:.1f} s with `python tools/bench/cost_sources.py`."]
+    return lines
+
+
+def _mean_max(e: dict) -> str:
+    return f"{_pct(e['mean_rel'])} / {_pct(e['max_rel'])}"
+
+
+def _summary(r: dict) -> list[str]:
+    """Per GPU: the mean / max error of each held-out check."""
+    rows = [
+        [
+            gpu,
+            _mean_max(s["heldout_layer"]),
+            _mean_max(s["heldout_forward"]),
+            _mean_max(s["allreduce"]),
+            _mean_max(s["leave_one_shape_out_layer"]),
+        ]
+        for gpu, s in r["summary"].items()
+    ]
+    return _table(
+        [
+            "GPU",
+            "per-layer, held-out tokens (mean / max)",
+            "non-attention forward, held-out (mean / max)",
+            "all-reduce fit, held-out sizes",
+            "derived shape, leave-one-shape-out",
+        ],
+        rows,
+    )
+
+
+def _heldout(r: dict) -> list[str]:
+    """Per GPU, profile and TP degree: the held-out token counts' errors."""
+    rows = [
+        [
+            gpu,
+            _short(e["profile"]),
+            str(e["tp"]),
+            _mean_max(e["layer"]),
+            f"{e['layers']}",
+            _mean_max(e["forward"]),
+            str(e["legs"]),
+        ]
+        for gpu, held in r["heldout"].items()
+        for e in held
+    ]
+    return _table(
+        ["GPU", "profile", "TP", "per-layer mean / max", "L", "forward mean / max", "legs"], rows, left=2
+    )
+
+
+def _catalog(r: dict) -> list[str]:
+    """Both cost sources' iteration times of the catalog models."""
     rows = [
         [
             e["hardware"],
@@ -200,7 +219,7 @@ def markdown(r: dict) -> list[str]:
         ]
         for e in r["catalog"]
     ]
-    lines += _table(
+    return _table(
         [
             "hardware",
             "model",
@@ -214,8 +233,6 @@ def markdown(r: dict) -> list[str]:
         rows,
         left=4,
     )
-    lines += ["", f"Computed in {r['elapsed_s']:.1f} s with `python tools/bench/cost_sources.py`."]
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

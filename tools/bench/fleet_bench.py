@@ -140,7 +140,7 @@ def _within(v: float | None, tol: float) -> bool | None:
     return None if v is None else abs(v) <= tol
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".bench/fleet")
     ap.add_argument("--quick", action="store_true", help="16 GPUs in 2 processes; a 2-minute replay")
@@ -169,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--capacity-rates", type=float, nargs="+", default=None, help="capacity: offered rates (4 8 ... 256)"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # --only updates those sections of an earlier report in --out and keeps the others

@@ -37,9 +37,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -48,13 +46,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hop_report import ALL_PATHS, GOAL_HTTP_P50_MS, GOAL_P50_MS, GOAL_P99_MS, markdown, plot
-from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
 
-SERVICE = "hop"
-MODEL = "tiny-llama"
+from hop_paths import MODEL, SERVICE, Paths
+from hop_report import ALL_PATHS, GOAL_HTTP_P50_MS, GOAL_P50_MS, GOAL_P99_MS, hop_key, markdown, plot
+from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
+from toolkit.host import load_average, machine
+from toolkit.stats import percentile, spread
+
 ENGINE_ID = "engine-0"
-PROMPT = "Once upon a time there was a tiny model"
 PCTS = (50, 90, 99)
 
 
@@ -96,140 +96,7 @@ def start_cluster(
     )
 
 
-# ------------------------------------------------------------------------------------------ requests
-class Paths:
-    """The ways to send one request; each returns its client-side TTFT in seconds."""
-
-    def __init__(
-        self, engine: str, scheduler: str, http: str = "", width: int = 100, multiplex: bool = True
-    ) -> None:
-        from llmfleet.api.v1 import engine_pb2_grpc
-        from llmfleet.client import AsyncClient
-        from llmfleet.rpc.channels import open_channel
-
-        self._engine_channel = open_channel(engine)
-        self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
-        self._client = AsyncClient(scheduler, timeout_s=60, multiplex=multiplex)
-        self._http = None
-        self._openai = None
-        if http:
-            import httpx
-
-            # one connection per request in flight, all kept alive from one request (burst) to the next
-            limits = httpx.Limits(max_connections=width + 8, max_keepalive_connections=width + 8)
-            self._http = httpx.AsyncClient(base_url=f"http://{http}", limits=limits, timeout=60)
-            self._http_openai = httpx.AsyncClient(limits=limits, timeout=60)
-
-    async def http(self, max_tokens: int) -> float:
-        """``POST /v1/completions`` streamed; TTFT: the first ``data:`` event (the first chunk of tokens,
-        whose text may still be empty); the final usage chunk checks the token count."""
-        assert self._http is not None
-        body = {
-            "model": SERVICE,
-            "prompt": PROMPT,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        t0 = time.perf_counter()
-        first = None
-        n = -1
-        async with self._http.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if first is None:
-                    first = time.perf_counter()
-                if '"usage":{' in line:
-                    n = json.loads(line[6:])["usage"]["completion_tokens"]
-        if first is None or n != max_tokens:
-            raise RuntimeError(f"request through the HTTP API produced {n} tokens, wanted {max_tokens}")
-        return first - t0
-
-    async def openai(self, max_tokens: int) -> float:
-        """The same with the official ``openai`` client (``AsyncOpenAI``, no retries)."""
-        if self._openai is None:
-            import openai
-
-            assert self._http is not None
-            self._openai = openai.AsyncOpenAI(
-                base_url=str(self._http.base_url).rstrip("/") + "/v1",
-                api_key="unused",
-                max_retries=0,
-                http_client=self._http_openai,
-            )
-        t0 = time.perf_counter()
-        first = None
-        n = -1
-        stream = await self._openai.completions.create(
-            model=SERVICE,
-            prompt=PROMPT,
-            max_tokens=max_tokens,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        async for chunk in stream:
-            if first is None and chunk.choices:
-                first = time.perf_counter()
-            if chunk.usage is not None:
-                n = chunk.usage.completion_tokens
-        if first is None or n != max_tokens:
-            raise RuntimeError(f"request through the openai client produced {n} tokens, wanted {max_tokens}")
-        return first - t0
-
-    async def direct(self, max_tokens: int) -> float:
-        from llmfleet.api.v1 import common_pb2, engine_pb2
-
-        t0 = time.perf_counter()
-        req = engine_pb2.GenerateRequest(
-            request_id=uuid.uuid4().hex,
-            model=MODEL,
-            prompt=PROMPT,
-            sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
-        )
-        first = None
-        n = 0
-        async for msg in self._engine.Generate(req, timeout=60):
-            if first is None and msg.token_ids:
-                first = time.perf_counter()
-            n += len(msg.token_ids)
-        if first is None or n != max_tokens:
-            raise RuntimeError(f"direct request produced {n} tokens, wanted {max_tokens}")
-        return first - t0
-
-    async def through(self, max_tokens: int) -> float:
-        t0 = time.perf_counter()
-        first = None
-        n = 0
-        async with self._client.generate(PROMPT, SERVICE, max_tokens=max_tokens) as stream:
-            async for chunk in stream:
-                if first is None and chunk.token_ids:
-                    first = time.perf_counter()
-                n += len(chunk.token_ids)
-        if first is None or n != max_tokens:
-            raise RuntimeError(f"request through the scheduler produced {n} tokens, wanted {max_tokens}")
-        return first - t0
-
-    async def close(self) -> None:
-        await self._client.close()
-        await self._engine_channel.close()
-        if self._http is not None:
-            await self._http.aclose()
-            await self._http_openai.aclose()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
+# ------------------------------------------------------------------------------------------ measuring
 class CpuMeter:
     """CPU seconds (user + system) used by the cluster's processes and by this one (the client), per
     path: where the hop's time goes when the cores are the bottleneck."""
@@ -290,11 +157,6 @@ async def concurrent(send: Send, tokens: int, bursts: int, width: int, cpu: CpuM
     return out
 
 
-def hop_key(path: str) -> str:
-    """The JSON key of ``path``'s added TTFT over direct: ``hop`` for through (as before), else hop_<path>."""
-    return "hop" if path == "through" else f"hop_{path}"
-
-
 def summarize(samples: dict[str, list[float]]) -> dict:
     """Per-path percentiles (ms) of one repeat and each path's hop over direct per percentile."""
     paths = list(samples)
@@ -311,8 +173,7 @@ def aggregate(repeats: list[dict], paths: Sequence[str]) -> dict:
     for key in (*paths, *(hop_key(p) for p in paths[1:])):
         out[key] = {}
         for pq in (f"p{q}" for q in PCTS):
-            vals = [r[key][pq] for r in repeats]
-            out[key][pq] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+            out[key][pq] = spread([r[key][pq] for r in repeats])
     out["n_per_repeat"] = repeats[0]["n"]
     return out
 
@@ -406,8 +267,8 @@ async def run_bench(
     }
 
 
-# ------------------------------------------------------------------------------------------ report
-def main() -> None:
+# ------------------------------------------------------------------------------------------ main
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".bench/hop", help="output directory")
     ap.add_argument("--repeats", type=int, default=5)
@@ -443,19 +304,14 @@ def main() -> None:
     ap.add_argument("--scheduler", default=None, help="use a running cluster: scheduler address")
     ap.add_argument("--engine", default=None, help="use a running cluster: engine address")
     ap.add_argument("--http", default=None, help="use a running cluster: the scheduler's HTTP API host:port")
-    args = ap.parse_args()
-    if "direct" not in args.paths:
-        args.paths.insert(0, "direct")
+    return ap
+
+
+def _measure(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, scheduler_args: list[str], engine_args: list[str]
+) -> dict:
+    """``run_bench`` against the running cluster ``--scheduler``/``--engine`` name, or a local one."""
     wants_http = "http" in args.paths or "openai" in args.paths
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    scheduler_args = args.scheduler_args.split()
-    engine_args: list[str] = []
-    if args.per_request:  # the data path before issue 23: a call per request, the 5 ms stream interval
-        scheduler_args += ["--engine-path", "per-request"]
-        engine_args += ["--stream-interval-s", "0.005"]
-    t0 = time.monotonic()
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     cluster = None
     pids: dict[str, int] = {}
     if args.scheduler and args.engine:
@@ -473,12 +329,29 @@ def main() -> None:
             c.name: c.pid for c in cluster.group.children if c.name in ("scheduler", "profiler", ENGINE_ID)
         }
     try:
-        result = asyncio.run(run_bench(args, engine, scheduler, pids, http))
+        return asyncio.run(run_bench(args, engine, scheduler, pids, http))
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def main() -> None:
+    ap = _parser()
+    args = ap.parse_args()
+    if "direct" not in args.paths:
+        args.paths.insert(0, "direct")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scheduler_args = args.scheduler_args.split()
+    engine_args: list[str] = []
+    if args.per_request:  # the data path before issue 23: a call per request, the 5 ms stream interval
+        scheduler_args += ["--engine-path", "per-request"]
+        engine_args += ["--stream-interval-s", "0.005"]
+    t0 = time.monotonic()
+    load_before = load_average()
+    result = _measure(ap, args, scheduler_args, engine_args)
     result.update(
-        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        machine=machine(),
         cpus=os.cpu_count(),
         python=sys.version.split()[0],
         repeats=args.repeats,
@@ -487,7 +360,7 @@ def main() -> None:
         scheduler_args=scheduler_args,
         wall_s=time.monotonic() - t0,
         load_before=load_before,
-        load_after=" ".join(f"{x:.2f}" for x in os.getloadavg()),
+        load_after=load_average(),
         goals_ms={"p50": GOAL_P50_MS, "p99": GOAL_P99_MS, "http_p50": GOAL_HTTP_P50_MS},
     )
     result["plot"] = plot(result, out)

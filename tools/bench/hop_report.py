@@ -16,12 +16,17 @@ def _paths(result: dict) -> list[str]:
     return list(result.get("paths", PATHS))
 
 
-def _hop(path: str) -> str:
+def hop_key(path: str) -> str:
+    """The JSON key of ``path``'s added TTFT over direct: ``hop`` for through (as before), else hop_<path>."""
     return "hop" if path == "through" else f"hop_{path}"
 
 
 def _cell(x: dict) -> str:
     return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
+
+
+def _scenario(s: dict) -> str:
+    return f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
 
 
 def markdown(result: dict) -> str:
@@ -33,6 +38,19 @@ def markdown(result: dict) -> str:
         f"engine threads {result['engine_threads']} · "
         f"scheduler flags `{' '.join(result['scheduler_args']) or '(defaults)'}` · wall {result['wall_s']:.0f} s",
         "",
+        *_sdk_tables(result),
+        *_api_table(result),
+        *_cpu_table(result),
+        "",
+        f"Load average before / after the run: {result['load_before']} / {result['load_after']}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sdk_tables(result: dict) -> list[str]:
+    """Direct vs through the SDK per scenario, and the goals."""
+    lines = [
         "Client-side TTFT in ms (call started -> first chunk with tokens): **direct** to the engine's "
         "`Generate` vs **through** the scheduler's `Submit` with the SDK, interleaved. Cells: median over "
         "repeats (min–max). Hop = through − direct per percentile.",
@@ -41,9 +59,8 @@ def markdown(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in result["scenarios"]:
-        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
         lines.append(
-            f"| {name} | {s['n_per_repeat']} | {_cell(s['direct']['p50'])} | {_cell(s['through']['p50'])} | "
+            f"| {_scenario(s)} | {s['n_per_repeat']} | {_cell(s['direct']['p50'])} | {_cell(s['through']['p50'])} | "
             f"**{_cell(s['hop']['p50'])}** | {_cell(s['direct']['p99'])} | {_cell(s['through']['p99'])} | "
             f"**{_cell(s['hop']['p99'])}** | {_cell(s['hop']['p90'])} |"
         )
@@ -55,59 +72,63 @@ def markdown(result: dict) -> str:
         "|---|---:|---|---:|---|",
     ]
     for s in result["scenarios"]:
-        name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
         p50, p99 = s["hop"]["p50"]["median"], s["hop"]["p99"]["median"]
         lines.append(
-            f"| {name} | {p50:.2f} | {'yes' if p50 <= GOAL_P50_MS else 'no'} | {p99:.2f} | "
+            f"| {_scenario(s)} | {p50:.2f} | {'yes' if p50 <= GOAL_P50_MS else 'no'} | {p99:.2f} | "
             f"{'yes' if p99 <= GOAL_P99_MS else 'no'} |"
         )
+    return lines
+
+
+def _api_table(result: dict) -> list[str]:
+    """The HTTP API paths (httpx, openai) against direct, when measured."""
     api = [p for p in _paths(result) if p in API_PATHS]
-    if api:
-        lines += [
-            "",
-            "Through the scheduler's OpenAI-compatible API (`POST /v1/completions`, `stream: true`): TTFT = "
-            "request sent -> first `data:` event, over one persistent `httpx.AsyncClient` (keep-alive "
-            "connections, enough for a whole burst), interleaved with the paths above; `openai` is the "
-            "same through the official `AsyncOpenAI` client. Hop = that path − direct per percentile. "
-            f"Goal: HTTP hop ≤ {GOAL_HTTP_P50_MS:g} ms p50.",
-            "",
-            "| scenario | path | direct p50 | path p50 | **hop p50** | goal met | direct p99 | path p99 | **hop p99** | hop p90 |",
-            "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
-        ]
-        for s in result["scenarios"]:
-            name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
-            for p in api:
-                h = s[_hop(p)]
-                lines.append(
-                    f"| {name} | {API_PATHS[p]} | {_cell(s['direct']['p50'])} | {_cell(s[p]['p50'])} | "
-                    f"**{_cell(h['p50'])}** | {'yes' if h['p50']['median'] <= GOAL_HTTP_P50_MS else 'no'} | "
-                    f"{_cell(s['direct']['p99'])} | {_cell(s[p]['p99'])} | **{_cell(h['p99'])}** | "
-                    f"{_cell(h['p90'])} |"
-                )
+    if not api:
+        return []
+    lines = [
+        "",
+        "Through the scheduler's OpenAI-compatible API (`POST /v1/completions`, `stream: true`): TTFT = "
+        "request sent -> first `data:` event, over one persistent `httpx.AsyncClient` (keep-alive "
+        "connections, enough for a whole burst), interleaved with the paths above; `openai` is the "
+        "same through the official `AsyncOpenAI` client. Hop = that path − direct per percentile. "
+        f"Goal: HTTP hop ≤ {GOAL_HTTP_P50_MS:g} ms p50.",
+        "",
+        "| scenario | path | direct p50 | path p50 | **hop p50** | goal met | direct p99 | path p99 | **hop p99** | hop p90 |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for s in result["scenarios"]:
+        for p in api:
+            h = s[hop_key(p)]
+            lines.append(
+                f"| {_scenario(s)} | {API_PATHS[p]} | {_cell(s['direct']['p50'])} | {_cell(s[p]['p50'])} | "
+                f"**{_cell(h['p50'])}** | {'yes' if h['p50']['median'] <= GOAL_HTTP_P50_MS else 'no'} | "
+                f"{_cell(s['direct']['p99'])} | {_cell(s[p]['p99'])} | **{_cell(h['p99'])}** | "
+                f"{_cell(h['p90'])} |"
+            )
+    return lines
+
+
+def _cpu_table(result: dict) -> list[str]:
+    """CPU time per request of every process, per scenario and path."""
     procs = sorted(
         {k for s in result["scenarios"] for p in _paths(result) for k in s["cpu_ms_per_request"][p]}
     )
-    if procs:
-        lines += [
-            "",
-            "CPU time per request in ms (user + system, all repeats; `client` is this benchmark process):",
-            "",
-            "| scenario | path | " + " | ".join(procs) + " |",
-            "|---|---|" + "---:|" * len(procs),
-        ]
-        for s in result["scenarios"]:
-            name = f"{s['mode']} ×{s['concurrency']}, {s['tokens']} tok"
-            for p in _paths(result):
-                used = s["cpu_ms_per_request"][p]
-                lines.append(
-                    f"| {name} | {p} | " + " | ".join(f"{used.get(k, 0.0):.2f}" for k in procs) + " |"
-                )
-    lines += [
+    if not procs:
+        return []
+    lines = [
         "",
-        f"Load average before / after the run: {result['load_before']} / {result['load_after']}",
+        "CPU time per request in ms (user + system, all repeats; `client` is this benchmark process):",
         "",
+        "| scenario | path | " + " | ".join(procs) + " |",
+        "|---|---|" + "---:|" * len(procs),
     ]
-    return "\n".join(lines)
+    for s in result["scenarios"]:
+        for p in _paths(result):
+            used = s["cpu_ms_per_request"][p]
+            lines.append(
+                f"| {_scenario(s)} | {p} | " + " | ".join(f"{used.get(k, 0.0):.2f}" for k in procs) + " |"
+            )
+    return lines
 
 
 def plot(result: dict, out: Path) -> str:
@@ -122,7 +143,7 @@ def plot(result: dict, out: Path) -> str:
         for s in scen
     ]
     paths = _paths(result)
-    bars = [*paths, *(_hop(p) for p in paths[1:])]  # direct, through, http, ..., hop, hop_http, ...
+    bars = [*paths, *(hop_key(p) for p in paths[1:])]  # direct, through, http, ..., hop, hop_http, ...
     width = 0.84 / len(bars)
     fig, axes = plt.subplots(1, 2, figsize=(4 + 2 * len(bars), 3.8))
     xs = range(len(scen))

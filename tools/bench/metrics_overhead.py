@@ -28,13 +28,15 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
 
 import torch
 from engine_bench import endless, prompts, request
@@ -43,6 +45,8 @@ from llmfleet.metrics.server import start_metrics_server
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel
 from prometheus_client import CollectorRegistry, generate_latest
+from toolkit.host import load_average, machine
+from toolkit.stats import spread as median_spread
 
 GOAL_OVERHEAD = 0.01
 MODES = ("on", "scrape 1s", "scrape 0.1s")
@@ -157,7 +161,8 @@ async def run_mode(
 
 
 def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+    """Median, min, max and the values themselves."""
+    return {**median_spread(values), "values": values}
 
 
 def time_calls(fn, n: int) -> float:
@@ -219,6 +224,72 @@ def estimate(costs: dict, tokens_per_s: float, args: argparse.Namespace) -> dict
     }
 
 
+@dataclass
+class Pairs:
+    """Every off/X pair of each mode, with its ratios: throughput, CPU and worker CPU per token."""
+
+    runs: dict[str, list[dict]] = field(default_factory=lambda: {m: [] for m in MODES})
+    ratios: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+    cpu_ratios: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+    worker_ratios: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+
+    def add(self, mode: str, order: tuple[str, str], got: dict[str, dict]) -> tuple[float, float, float]:
+        """Record one pair; returns its (throughput, CPU, worker CPU) ratios X / off."""
+        ratio = got[mode]["tokens_per_s"] / got["off"]["tokens_per_s"]
+        cpu_ratio = got[mode]["cpu_us_per_token"] / got["off"]["cpu_us_per_token"]
+        worker_ratio = got[mode]["worker_us_per_token"] / got["off"]["worker_us_per_token"]
+        self.runs[mode].append(
+            {
+                "off": got["off"],
+                mode: got[mode],
+                "order": list(order),
+                "ratio": ratio,
+                "cpu_ratio": cpu_ratio,
+                "worker_ratio": worker_ratio,
+            }
+        )
+        self.ratios[mode].append(ratio)
+        self.cpu_ratios[mode].append(cpu_ratio)
+        self.worker_ratios[mode].append(worker_ratio)
+        return ratio, cpu_ratio, worker_ratio
+
+    def summary(self, m: str) -> dict:
+        """The report's entry for mode ``m``."""
+        runs = self.runs[m]
+        return {
+            "ratio": spread(self.ratios[m]),
+            "overhead": spread([1 - r for r in self.ratios[m]]),
+            # best run vs best run: the machine's noise only ever slows a run down
+            "best_overhead": 1
+            - max(r[m]["tokens_per_s"] for r in runs) / max(r["off"]["tokens_per_s"] for r in runs),
+            # this process's CPU time per token (all its threads: executor, event loop, /metrics)
+            "cpu_overhead": spread([r - 1 for r in self.cpu_ratios[m]]),
+            # the executor worker thread's CPU time per token (the hooks' thread) vs off
+            "worker_cpu_overhead": spread([r - 1 for r in self.worker_ratios[m]]),
+            "runs": runs,
+        }
+
+
+async def run_pairs(
+    ex: Executor, model: LoadedModel, batch: list[list[int]], args: argparse.Namespace
+) -> Pairs:
+    """``--pairs`` rounds of an off/X pair per mode, the order alternating (off X, X off, ...)."""
+    pairs = Pairs()
+    for i in range(args.pairs):
+        for j, mode in enumerate(MODES):
+            order = ("off", mode) if (i + j) % 2 == 0 else (mode, "off")
+            got = {m: await run_mode(ex, m, model, batch, args) for m in order}
+            ratio, cpu_ratio, worker_ratio = pairs.add(mode, order, got)
+            extra = f", {got[mode]['scrapes']} scrapes" if "scrapes" in got[mode] else ""
+            print(
+                f"  pair {i + 1}/{args.pairs} {mode:>11}: off {got['off']['tokens_per_s']:7.0f} tok/s, "
+                f"{mode} {got[mode]['tokens_per_s']:7.0f} tok/s, overhead {100 * (1 - ratio):+5.2f}%; "
+                f"CPU/token {100 * (cpu_ratio - 1):+5.2f}%, worker CPU/token {100 * (worker_ratio - 1):+5.2f}%{extra}",
+                flush=True,
+            )
+    return pairs
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     models = Path(args.models_dir or tempfile.mkdtemp(prefix="llmfleet-metrics-"))
     llama = endless("tiny://llama", models, "tiny-llama")
@@ -230,10 +301,6 @@ async def main_async(args: argparse.Namespace) -> dict:
     )
     ex.add_loaded(llama)
     batch = prompts(args.batch, args.prompt_tokens, llama.vocab_size, seed=1)
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
-    ratios: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu_ratios: dict[str, list[float]] = {m: [] for m in MODES}
-    worker_ratios: dict[str, list[float]] = {m: [] for m in MODES}
     try:
         await workload(ex, llama, batch, 8, 1)  # warm-up
         await run_mode(ex, "off", llama, batch, args)
@@ -244,38 +311,12 @@ async def main_async(args: argparse.Namespace) -> dict:
             + f"; one scrape {costs['scrape_ms']:.2f} ms ({costs['scrape_bytes']} bytes)",
             flush=True,
         )
-        for i in range(args.pairs):
-            for j, mode in enumerate(MODES):
-                order = ("off", mode) if (i + j) % 2 == 0 else (mode, "off")
-                got = {m: await run_mode(ex, m, llama, batch, args) for m in order}
-                ratio = got[mode]["tokens_per_s"] / got["off"]["tokens_per_s"]
-                cpu_ratio = got[mode]["cpu_us_per_token"] / got["off"]["cpu_us_per_token"]
-                worker_ratio = got[mode]["worker_us_per_token"] / got["off"]["worker_us_per_token"]
-                runs[mode].append(
-                    {
-                        "off": got["off"],
-                        mode: got[mode],
-                        "order": list(order),
-                        "ratio": ratio,
-                        "cpu_ratio": cpu_ratio,
-                        "worker_ratio": worker_ratio,
-                    }
-                )
-                ratios[mode].append(ratio)
-                cpu_ratios[mode].append(cpu_ratio)
-                worker_ratios[mode].append(worker_ratio)
-                extra = f", {got[mode]['scrapes']} scrapes" if "scrapes" in got[mode] else ""
-                print(
-                    f"  pair {i + 1}/{args.pairs} {mode:>11}: off {got['off']['tokens_per_s']:7.0f} tok/s, "
-                    f"{mode} {got[mode]['tokens_per_s']:7.0f} tok/s, overhead {100 * (1 - ratio):+5.2f}%; "
-                    f"CPU/token {100 * (cpu_ratio - 1):+5.2f}%, worker CPU/token {100 * (worker_ratio - 1):+5.2f}%{extra}",
-                    flush=True,
-                )
+        pairs = await run_pairs(ex, llama, batch, args)
     finally:
         ex.close()
-    off_tps = statistics.median(r["off"]["tokens_per_s"] for m in MODES for r in runs[m])
+    off_tps = statistics.median(r["off"]["tokens_per_s"] for m in MODES for r in pairs.runs[m])
     return {
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": machine(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -289,21 +330,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "off_tokens_per_s": off_tps,
         "hook_costs": costs,
         "estimate": estimate(costs, off_tps, args),
-        "modes": {
-            m: {
-                "ratio": spread(ratios[m]),
-                "overhead": spread([1 - r for r in ratios[m]]),
-                # best run vs best run: the machine's noise only ever slows a run down
-                "best_overhead": 1
-                - max(r[m]["tokens_per_s"] for r in runs[m]) / max(r["off"]["tokens_per_s"] for r in runs[m]),
-                # this process's CPU time per token (all its threads: executor, event loop, /metrics)
-                "cpu_overhead": spread([r - 1 for r in cpu_ratios[m]]),
-                # the executor worker thread's CPU time per token (the hooks' thread) vs off
-                "worker_cpu_overhead": spread([r - 1 for r in worker_ratios[m]]),
-                "runs": runs[m],
-            }
-            for m in MODES
-        },
+        "modes": {m: pairs.summary(m) for m in MODES},
     }
 
 
@@ -403,13 +430,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = load_average()
     result = asyncio.run(main_async(args))
-    result.update(
-        wall_s=time.monotonic() - t0,
-        load_before=load_before,
-        load_after=" ".join(f"{x:.2f}" for x in os.getloadavg()),
-    )
+    result.update(wall_s=time.monotonic() - t0, load_before=load_before, load_after=load_average())
     result["plot"] = plot(result, out)
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "metrics.md").write_text(markdown(result))

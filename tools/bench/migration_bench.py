@@ -61,163 +61,111 @@ and merges them into an existing migration.json.
 
 from __future__ import annotations
 
+# The parts: migration_bench_setup (setups, loads, workloads, policy variants), migration_bench_sections
+# (the sections from the rows), migration_bench_report (markdown and PNGs); this file runs the simulations.
 import argparse
-import dataclasses
 import json
 import multiprocessing as mp
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np
-from llmfleet.costmodel import hardware, model_arch
-from llmfleet.sim.memory import pool_layout
-from llmfleet.sim.run import PolicyBundle, simulate
-from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
-from llmfleet.workload import Workload
-from llmfleet.workload.datasets import alpaca_lengths
+from llmfleet.sim.run import simulate
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import bench_common  # noqa: E402
-
-C = bench_common.load()
-COST = (
-    "the simulator's roofline cost models on catalog hardware (a100-40gb, rtx-4090) × catalog models "
-    "(llama2-7b, llama2-13b); not GPU-fitted"
+from migration_bench_report import NOTES, markdown, plot  # noqa: E402
+from migration_bench_sections import (  # noqa: E402
+    batching_section,
+    headline_section,
+    key,
+    pick,
+    saving,
+    transfer_section,
 )
-CONTEXT = 4096  # Llama-2
-GPUS = 40
-LEVELS = {"low": 6.25, "mid": 10.0, "high": 13.75}  # × the trace's mean rate (paper: λ 0.5 / 0.8 / 1.1)
-SETUPS: dict[str, tuple[str, str, str]] = {
-    "a100-7b": ("A100-40GB", "llama2-7b", "Llama-2-7B on A100-40GB"),
-    "4090-7b": ("RTX-4090", "llama2-7b", "Llama-2-7B on RTX 4090"),
-    "a100-13b": ("A100-40GB", "llama2-13b", "Llama-2-13B on A100-40GB"),
-}
-REF_SETUP = "a100-7b"
-BASELINES = ("BF", "WF", "LB")
-THEOREM_RATIO = 4 / 3  # Mell Theorem 2: |A(I)| ≤ 4/3·OPT(I) + c
-THEOREM_ADDITIVE = 3  # c: the most recently opened T-, S- and M-GPUs may be part-full (proof of Theorem 2)
-CONTROLS = ("alpaca-poisson",)  # KV is not the binding constraint there: reported, not in the goals
-# the paper's Mell; beyond the paper: Mell+ (fill_first), Mell++ (fill_first + compact)
-MELLS = ("Mell", "Mell+", "Mell++")
-HEADLINE = (*BASELINES, *MELLS)
-SECTIONS = ("headline", "batching", "transfer")
-SECTION_VARIANTS = {
-    "headline": HEADLINE,
-    "batching": ("Mell", "Mell-nobatch"),
-    "transfer": ("Mell-kv", "Mell-tokens", "Mell"),
-}
-PLOT_RUN = ("a100-7b", "conv-poisson")  # the time-series plot: at the highest level run (paper Fig. 15)
+from migration_bench_setup import (  # noqa: E402
+    BASELINES,
+    CONTEXT,
+    CONTROLS,
+    COST,
+    GPUS,
+    HEADLINE,
+    LEVELS,
+    MELLS,
+    PLOT_RUN,
+    REF_SETUP,
+    SECTION_VARIANTS,
+    SECTIONS,
+    SETUPS,
+    THEOREM_ADDITIVE,
+    THEOREM_RATIO,
+    WF_OPTIONS,
+    C,
+    alpaca_pairs,
+    bundle,
+    capacity_tokens,
+    conv_pairs,
+    kv_capacity,
+    load_scale,
+    multiple,
+    setup_info,
+    trace_rate,
+    truncate,
+    workload,
+    workloads,
+)
 
-
-# the paper's WF: worst fit among the active GPUs, a new GPU only when none fits
-WF_OPTIONS = {"active_only": True}
-
-
-def bundle(variant: str) -> PolicyBundle:
-    """The policy bundle of one variant (see the module docstring)."""
-    if variant == "BF":
-        return PolicyBundle("bf", "dedicated_even", "best_fit_kv", "fcfs")
-    if variant == "WF":
-        return PolicyBundle("wf", "dedicated_even", "worst_fit_kv", "fcfs", dispatch_options=WF_OPTIONS)
-    if variant == "LB":
-        return PolicyBundle(
-            "lb", "dedicated_even", "worst_fit_kv", "fcfs", dispatch_options=WF_OPTIONS,
-            migration="llumnix_lb", transfer="kv",
-        )  # fmt: skip
-    if variant == "Mell":
-        return PolicyBundle("mell", "dedicated_even", "mell", "fcfs", migration="mell", transfer="hybrid")
-    if variant == "Mell+":  # beyond the paper: before Allocate opens a GPU, fill an active one (best fit)
-        return dataclasses.replace(bundle("Mell"), name="mell-fill", migration_options={"fill_first": True})
-    if variant == "Mell++":  # beyond the paper: Mell+ and, each epoch, empty one GPU into the others' room
-        return dataclasses.replace(
-            bundle("Mell"), name="mell-fill-compact", migration_options={"fill_first": True, "compact": True}
-        )
-    if variant == "Mell-nobatch":
-        return dataclasses.replace(bundle("Mell"), name="mell-nobatch", migration_options={"batching": False})
-    if variant in ("Mell-kv", "Mell-tokens"):
-        mode = variant.split("-")[1]
-        return dataclasses.replace(bundle("Mell"), name=f"mell-{mode}", transfer=mode)
-    raise ValueError(f"unknown variant {variant!r}")
-
-
-# ------------------------------------------------------------------------------------------ workloads
-def kv_capacity(setup: str) -> int:
-    """C: the KV bytes of one instance of the setup's model on one of its GPUs (the simulator's sizing)."""
-    hw, model, _ = SETUPS[setup]
-    return pool_layout(hardware(hw.lower()), 1, [model_arch(model)], EngineSettings()).kv_bytes
-
-
-def capacity_tokens(setup: str) -> float:
-    return kv_capacity(setup) / model_arch(SETUPS[setup][1]).kv_bytes_per_token
-
-
-def load_scale(setup: str) -> float:
-    """The setup's KV capacity in tokens relative to the reference setup's (rates scale with it)."""
-    return capacity_tokens(setup) / capacity_tokens(REF_SETUP)
-
-
-def trace_rate() -> float:
-    tr = C.conv_trace()
-    return len(tr) / tr.duration_s
-
-
-def truncate(pairs: np.ndarray) -> np.ndarray:
-    """(prompt, output) pairs within the context: output ≤ ctx − 1 first, then prompt ≤ ctx − output."""
-    out = np.minimum(pairs[:, 1], CONTEXT - 1)
-    prompt = np.maximum(1, np.minimum(pairs[:, 0], CONTEXT - out))
-    return np.stack([prompt, out], axis=1)
-
-
-@lru_cache(maxsize=2)
-def alpaca_pairs(scale: int) -> np.ndarray:
-    return truncate(np.array(alpaca_lengths(C.ALPACA), dtype=np.int64) * scale)
-
-
-@lru_cache(maxsize=1)
-def conv_pairs() -> np.ndarray:
-    return truncate(C.trace_lengths())
-
-
-def multiple(setup: str, level: str) -> float:
-    """The level's multiple of the trace's mean rate for ``setup`` (capacity-scaled)."""
-    return LEVELS[level] * load_scale(setup)
-
-
-@lru_cache(maxsize=8)
-def workload(setup: str, kind: str, level: str, horizon_s: float) -> Workload:
-    rate = multiple(setup, level) * trace_rate()
-    if kind == "conv-poisson":
-        return C.poisson_workload(conv_pairs(), rate, horizon_s, seed=1)
-    if kind == "alpaca10-poisson":
-        return C.poisson_workload(alpaca_pairs(10), rate, horizon_s, seed=2)
-    if kind == "alpaca-poisson":
-        return C.poisson_workload(alpaca_pairs(1), rate, horizon_s, seed=3)
-    if kind == "conv-trace":
-        w = C.rescaled(C.conv_trace(), multiple(setup, level), horizon_s)
-        p = truncate(np.array(w.lengths(), dtype=np.int64))
-        return Workload(
-            tuple(
-                dataclasses.replace(r, prompt_tokens=int(a), output_tokens=int(b))
-                for r, (a, b) in zip(w.requests, p.tolist(), strict=True)
-            )
-        )
-    raise ValueError(f"unknown workload {kind!r}")
-
-
-def workloads(cfg: dict) -> list[tuple[str, str]]:
-    """(kind, level) pairs run on every setup."""
-    out = [(k, lv) for k in ("conv-poisson", "conv-trace", "alpaca10-poisson") for lv in cfg["levels"]]
-    if cfg["alpaca_control"]:
-        out.append(("alpaca-poisson", "mid"))
-    return out
+__all__ = [  # what papers/mell.py and older callers read from this module
+    "BASELINES",
+    "CONTEXT",
+    "CONTROLS",
+    "COST",
+    "GPUS",
+    "HEADLINE",
+    "LEVELS",
+    "MELLS",
+    "NOTES",
+    "PLOT_RUN",
+    "REF_SETUP",
+    "SECTIONS",
+    "SECTION_VARIANTS",
+    "SETUPS",
+    "THEOREM_ADDITIVE",
+    "THEOREM_RATIO",
+    "WF_OPTIONS",
+    "C",
+    "alpaca_pairs",
+    "batching_section",
+    "bundle",
+    "capacity_tokens",
+    "conv_pairs",
+    "headline_section",
+    "key",
+    "kv_capacity",
+    "load_scale",
+    "markdown",
+    "multiple",
+    "pick",
+    "plot",
+    "run_all",
+    "run_one",
+    "saving",
+    "settings",
+    "setup_info",
+    "simulate",
+    "step_mean",
+    "trace_rate",
+    "transfer_section",
+    "truncate",
+    "workload",
+    "workloads",
+]
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -332,384 +280,6 @@ def _log_row(r: dict, log) -> None:
         f"util {r['mem_util']:.2f} mig/req {r['migrations_per_req']:.2f} p99 {r['latency_p99_s']:6.1f}s "
         f"failed {r['failed']} ({r['sim_wall_s']:.1f} s)"
     )
-
-
-# ------------------------------------------------------------------------------------------- sections
-def key(r: dict) -> tuple[str, str, str]:
-    return r["setup"], r["workload"], r["level"]
-
-
-def pick(rows: list[dict], k: tuple, variant: str) -> dict | None:
-    return next((r for r in rows if key(r) == k and r["variant"] == variant), None)
-
-
-def saving(mell: float, base: float) -> float | None:
-    """Mell's GPU saving vs a baseline: 1 − mell / base."""
-    r = C.ratio(mell, base)
-    return None if r is None else 1.0 - r
-
-
-def headline_section(rows: list[dict], cfg: dict) -> dict:
-    runs = [r for r in rows if r["variant"] in HEADLINE]
-    keys = list(dict.fromkeys(key(r) for r in runs))
-    savings = []
-    for k in keys:
-        s: dict[str, Any] = {"setup": k[0], "workload": k[1], "level": k[2]}
-        for v in MELLS:
-            m = pick(runs, k, v)
-            if m is None:
-                continue
-            for b in BASELINES:
-                x = pick(runs, k, b)
-                if x is not None:
-                    s[f"peak_vs_{b}{_sfx(v)}"] = saving(m["peak_active"], x["peak_active"])
-                    s[f"mean_vs_{b}{_sfx(v)}"] = saving(m["mean_active"], x["mean_active"])
-        if len(s) > 3:
-            savings.append(s)
-    goals: dict[str, Any] = {}
-    for v in MELLS:
-        if any(r["variant"] == v for r in runs):
-            goals.update({f"{g}{_sfx(v)}": x for g, x in _goals(runs, savings, v).items()})
-    return {"setup": _setup_info(cfg), "rows": runs, "savings": savings, "goals": goals}
-
-
-def _sfx(variant: str) -> str:
-    """Key suffix of a Mell variant's savings and goals: "" for the paper's Mell, "_plus" for Mell+,
-    "_plusplus" for Mell++."""
-    return {"Mell": "", "Mell+": "_plus", "Mell++": "_plusplus"}[variant]
-
-
-def _goals(runs: list[dict], savings: list[dict], variant: str) -> dict[str, dict]:
-    """The paper's goals for one Mell variant, on the KV-bound workloads."""
-    sfx = _sfx(variant)
-    mell = [r for r in runs if r["variant"] == variant and r["workload"] not in CONTROLS]
-    kv_bound = [s for s in savings if s["workload"] not in CONTROLS]
-    within = [r for r in mell if r["peak_over_fluid"] is not None and r["peak_over_fluid"] <= 1.10]
-    worst_pf = max((r["peak_over_fluid"] for r in mell if r["peak_over_fluid"] is not None), default=None)
-    mem = [r["mem_util_weights"] for r in mell]
-    kvu = [r["mem_util"] for r in mell]
-    theorem = [r for r in mell if r["peak_active"] <= THEOREM_RATIO * r["fluid_peak"] + THEOREM_ADDITIVE]
-    ranges = {}
-    for b in BASELINES:
-        for what in ("peak", "mean"):
-            x = [s[f"{what}_vs_{b}{sfx}"] for s in kv_bound if s.get(f"{what}_vs_{b}{sfx}") is not None]
-            ranges[f"{what}_vs_{b}"] = [min(x), max(x)] if x else None
-    peak_savings = [
-        s[f"peak_vs_{b}{sfx}"] for s in kv_bound for b in BASELINES if s.get(f"peak_vs_{b}{sfx}") is not None
-    ]
-    return {
-        "fluid": {
-            "text": f"{variant}: peak active GPUs ≤ 1.10 × the fluid bound (peak of Σ⌈KV/C⌉ in the same run; "
-            "KV-bound workloads)",
-            "ours_text": f"worst {C.fmt(worst_pf)}×; within 1.10× in {len(within)}/{len(mell)} runs",
-            "worst": worst_pf,
-            "met_runs": len(within),
-            "runs": len(mell),
-            "met": bool(mell) and len(within) == len(mell),
-        },
-        "theorem": {
-            "text": f"{variant}: peak active GPUs ≤ 4/3 × fluid bound + {THEOREM_ADDITIVE} (Theorem 2's ratio and "
-            "additive constant; KV-bound workloads)",
-            "ours_text": f"holds in {len(theorem)}/{len(mell)} runs",
-            "met_runs": len(theorem),
-            "runs": len(mell),
-            "met": bool(mell) and len(theorem) == len(mell),
-        },
-        "util": {
-            "text": f"{variant}: mean KV utilization of active GPUs ≥ 88 % (KV in use / C, C = the KV capacity of a "
-            "GPU as the paper defines it; lowest average 88 %; KV-bound workloads)",
-            "ours_text": f"KV in use / C: min {C.fmt(min(kvu, default=None), '.3f')}, "
-            f"max {C.fmt(max(kvu, default=None), '.3f')}, ≥ 0.88 in {sum(u >= 0.88 for u in kvu)}/{len(kvu)} runs; "
-            f"beside it, (weights + KV) / memory: min {C.fmt(min(mem, default=None), '.3f')}, "
-            f"max {C.fmt(max(mem, default=None), '.3f')}",
-            "min": min(kvu, default=None),
-            "min_weights": min(mem, default=None),
-            "met": bool(kvu) and min(kvu) >= 0.88,
-        },
-        "savings": {
-            "text": f"{variant} needs 9–31 % fewer GPUs than BF, WF and LB (paper; here: peak active GPUs, every "
-            "KV-bound run and baseline ≥ 9 %)",
-            "ours_text": "peak saving "
-            + ", ".join(f"vs {b} {_pct_range(ranges[f'peak_vs_{b}'])}" for b in BASELINES)
-            + "; mean saving "
-            + ", ".join(f"vs {b} {_pct_range(ranges[f'mean_vs_{b}'])}" for b in BASELINES),
-            "ranges": ranges,
-            "met": bool(peak_savings) and min(peak_savings) >= 0.09,
-        },
-    }
-
-
-def batching_section(rows: list[dict], cfg: dict) -> dict:
-    keys = list(dict.fromkeys(key(r) for r in rows))
-    out = []
-    for k in keys:
-        on, off = pick(rows, k, "Mell"), pick(rows, k, "Mell-nobatch")
-        if on is None or off is None:
-            continue
-        out.append({
-            "setup": k[0], "workload": k[1], "level": k[2],
-            "mig_per_req_on": on["migrations_per_req"], "mig_per_req_off": off["migrations_per_req"],
-            "planned_on": on["planned"], "planned_off": off["planned"],
-            "cancelled_on": on["cancelled"], "cancelled_off": off["cancelled"],
-            "reduction": saving(on["migrations"], off["migrations"]),
-            "planned_reduction": saving(on["planned"], off["planned"]),
-            "peak_on": on["peak_active"], "peak_off": off["peak_active"],
-            "mean_on": on["mean_active"], "mean_off": off["mean_active"],
-            "p99_on": on["latency_p99_s"], "p99_off": off["latency_p99_s"],
-        })  # fmt: skip
-    red = [x["reduction"] for x in out if x["reduction"] is not None and x["workload"] not in CONTROLS]
-    goal = {
-        "text": "operation batching cuts Mell's executed migrations (paper: up to 30 %; KV-bound workloads)",
-        "ours_text": f"reduction {_pct_range([min(red), max(red)] if red else None)} "
-        f"(cuts in {sum(r > 0 for r in red)}/{len(red)} runs)",
-        "max": max(red, default=None),
-        "min": min(red, default=None),
-        "met": bool(red) and min(red) > 0,
-    }
-    return {"setup": _setup_info(cfg), "rows": out, "goal": goal}
-
-
-def transfer_section(rows: list[dict], cfg: dict) -> dict:
-    keys = list(dict.fromkeys(key(r) for r in rows))
-    out = []
-    for k in keys:
-        hyb = pick(rows, k, "Mell")
-        if hyb is None:
-            continue
-        for v in ("Mell-kv", "Mell-tokens", "Mell"):
-            r = pick(rows, k, v)
-            if r is None:
-                continue
-            out.append({
-                "setup": k[0], "workload": k[1], "level": k[2],
-                "transfer": {"Mell-kv": "kv", "Mell-tokens": "tokens", "Mell": "hybrid"}[v],
-                **{f: r[f] for f in ("migrations", "kv_moves", "token_moves", "kv_gb_moved", "transfer_s_total",
-                                     "reprefill_tokens", "deferred", "skipped", "latency_p99_s", "latency_mean_s",
-                                     "tpot_mean_ms", "ttft_mean_s", "peak_active", "mean_active")},
-                "tpot_vs_hybrid": C.ratio(r["tpot_mean_ms"], hyb["tpot_mean_ms"]),
-                "latency_vs_hybrid": C.ratio(r["latency_mean_s"], hyb["latency_mean_s"]),
-                "p99_vs_hybrid": C.ratio(r["latency_p99_s"], hyb["latency_p99_s"]),
-            })  # fmt: skip
-    return {"setup": _setup_info(cfg), "rows": out}
-
-
-def _table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
-    """``C.md_table`` with columns given as (key, header, format)."""
-    return C.md_table(rows, [(h, k, f) for k, h, f in cols])
-
-
-def _pct_range(r: list[float] | None) -> str:
-    if not r:
-        return "–"
-    return f"{100 * r[0]:.0f}…{100 * r[1]:.0f} %"
-
-
-def _setup_info(cfg: dict) -> dict:
-    return {
-        "cluster": f"{GPUS} GPUs per setup, one model instance per GPU",
-        "setups": {k: v[2] for k, v in SETUPS.items()},
-        "kv_capacity_tokens": {k: round(capacity_tokens(k)) for k in SETUPS},
-        "load_scale": {k: load_scale(k) for k in SETUPS},
-        "levels": {lv: LEVELS[lv] for lv in cfg["levels"]},
-        "trace_rate_rps": trace_rate(),
-        "horizon_s": cfg["horizon_s"],
-        "context_tokens": CONTEXT,
-        "migration_epoch_s": 1.0,
-        "cost": COST,
-    }
-
-
-# --------------------------------------------------------------------------------------------- report
-def markdown(res: dict, command: str) -> str:
-    lines = [
-        "# Mell migration benchmark",
-        "",
-        f"Command (last invocation): `{command}`",
-        "",
-        f"Cost source: {COST}. {C.COST_NOTE}",
-        "",
-    ]
-    info = next((res[s]["setup"] for s in SECTIONS if s in res), None)
-    if info:
-        lines += [
-            f"- Cluster: {info['cluster']}; setups: "
-            + "; ".join(
-                f"`{k}` = {v} (C = {info['kv_capacity_tokens'][k]:,} tokens, rates × {info['load_scale'][k]:.3f})"
-                for k, v in info["setups"].items()
-            ),
-            f"- Load levels (× the conv trace's {info['trace_rate_rps']:.2f} req/s, then × the setup's "
-            f"rate factor): {', '.join(f'{k} {v:g}' for k, v in info['levels'].items())}; "
-            f"{info['horizon_s']:g} s of arrivals per run; prompts/outputs ≤ {info['context_tokens']} tokens.",
-            "- Active GPUs: GPUs holding requests (peak over the samples, time-weighted mean to the last "
-            "finish); fluid bound: Σ⌈KV(t)/C⌉ of the same run (its peak and time-weighted mean).",
-            "",
-        ]
-    if "headline" in res:
-        h = res["headline"]
-        lines += [
-            "## 1. Headline: active GPUs (BF / WF / LB / Mell / Mell+ / Mell++)",
-            "",
-            "Beyond the paper: Mell+ = Mell with `fill_first` (before Allocate opens a GPU, the item goes to "
-            "an active GPU of any type with room, best fit); Mell++ = Mell+ with `compact` (after the "
-            "operations, each epoch, the GPU with the least KV whose items fit in the other GPUs' room, "
-            "keeping 5 % of C free there, is emptied). `KV util`: KV in use / KV capacity of the active "
-            "GPUs; `mem util`: the paper's GPU utilization, (weights + KV in use) / GPU memory of the active "
-            "GPUs; both time-averaged over the samples with an active GPU.",
-            "",
-        ]
-        for setup in SETUPS:
-            rows = [r for r in h["rows"] if r["setup"] == setup]
-            if not rows:
-                continue
-            lines += [f"### {SETUPS[setup][2]} ({GPUS} GPUs)", ""]
-            lines += [_table(rows, [
-                ("workload", "workload", ""), ("level", "level", ""), ("rate_rps", "req/s", ".1f"),
-                ("variant", "policy", ""), ("peak_active", "peak", ""), ("mean_active", "mean", ".2f"),
-                ("fluid_peak", "fluid peak", ""), ("fluid_mean", "fluid mean", ".2f"),
-                ("peak_over_fluid", "peak/fluid", ".2f"), ("mean_over_fluid", "mean/fluid", ".2f"),
-                ("mem_util", "KV util", ".3f"), ("mem_util_weights", "mem util", ".3f"),
-                ("migrations_per_req", "mig/req", ".2f"),
-                ("latency_p99_s", "p99 (s)", ".1f"), ("tpot_mean_ms", "TPOT (ms)", ".1f"),
-                ("failed", "failed", ""),
-            ]), ""]  # fmt: skip
-        for v in MELLS:
-            cols = [("setup", "setup", ""), ("workload", "workload", ""), ("level", "level", "")]
-            for b in BASELINES:
-                cols += [(f"peak_vs_{b}{_sfx(v)}", f"peak vs {b}", ".1%"),
-                         (f"mean_vs_{b}{_sfx(v)}", f"mean vs {b}", ".1%")]  # fmt: skip
-            if any(f"peak_vs_BF{_sfx(v)}" in s for s in h["savings"]):
-                lines += [f"### {v}'s GPU saving vs each baseline (1 − {v} / baseline)", ""]
-                lines += [_table(h["savings"], cols), ""]
-        lines += [f"- {C.goal_line(g)}" for g in h["goals"].values()]
-        capped = [r for r in h["rows"] if r.get("at_cluster_size") and r["variant"] not in ("WF", "LB")]
-        lines += [
-            f"- Runs other than WF/LB whose peak reached the cluster size ({GPUS}): "
-            + (
-                ", ".join(f"{r['setup']} {r['workload']} {r['level']} {r['variant']}" for r in capped)
-                or "none"
-            )
-        ]
-        lines += [""]
-    if "batching" in res:
-        b = res["batching"]
-        lines += ["## 2. Operation batching (Mell, batching on vs off)", ""]
-        lines += [_table(b["rows"], [
-            ("setup", "setup", ""), ("workload", "workload", ""), ("level", "level", ""),
-            ("mig_per_req_on", "mig/req on", ".3f"), ("mig_per_req_off", "mig/req off", ".3f"),
-            ("reduction", "reduction", ".1%"), ("planned_reduction", "planned red.", ".1%"),
-            ("cancelled_on", "cancelled", ""), ("peak_on", "peak on", ""), ("peak_off", "peak off", ""),
-            ("mean_on", "mean on", ".2f"), ("mean_off", "mean off", ".2f"),
-            ("p99_on", "p99 on (s)", ".1f"), ("p99_off", "p99 off (s)", ".1f"),
-        ]), ""]  # fmt: skip
-        lines += [f"- {C.goal_line(b['goal'])}", ""]
-    if "transfer" in res:
-        t = res["transfer"]
-        lines += ["## 3. Transfer: KV only, tokens only (re-prefill), hybrid", ""]
-        lines += [_table(t["rows"], [
-            ("setup", "setup", ""), ("workload", "workload", ""), ("level", "level", ""),
-            ("transfer", "transfer", ""), ("migrations", "moves", ""), ("kv_moves", "KV moves", ""),
-            ("token_moves", "token moves", ""), ("transfer_s_total", "KV transfer (s)", ".1f"),
-            ("reprefill_tokens", "re-prefill tok", ""), ("deferred", "deferred", ""),
-            ("latency_p99_s", "p99 (s)", ".1f"), ("tpot_mean_ms", "TPOT (ms)", ".2f"),
-            ("tpot_vs_hybrid", "TPOT/hybrid", ".3f"), ("latency_vs_hybrid", "latency/hybrid", ".3f"),
-            ("peak_active", "peak", ""), ("mean_active", "mean", ".2f"),
-        ]), ""]  # fmt: skip
-    if res.get("notes"):
-        lines += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
-    lines += [f"Wall time: {res['wall_s']:.0f} s for the last invocation ({res.get('simulations', 0)} simulations in "
-              f"{res.get('processes', 1)} processes). The sections above come from:", ""]  # fmt: skip
-    lines += [f"- {k}: `{v['command']}` — {v['simulations']} simulations, {v['wall_s']:.0f} s"
-              for k, v in res.get("invocations", {}).items()]  # fmt: skip
-    lines += [""]
-    return "\n".join(lines)
-
-
-NOTES = [
-    "WF and LB use `worst_fit_kv` with `active_only=True`: among the active GPUs (holding KV or queued "
-    "prompts) the one with the most free KV that holds the request's prompt KV; an idle GPU is activated only "
-    "when no active one fits (the paper's 'activate a new GPU if no GPU can handle an incoming request'). "
-    "LB's balancing moves requests between active GPUs only; it never activates or deactivates one.",
-    "BF dispatches by the prompt's KV (no output prediction): it packs arrivals onto nearly full GPUs, where "
-    "requests then wait or are preempted as their KV grows; few active GPUs come with a long queue "
-    "(see p99 and TPOT) and with a lower fluid bound (queued requests hold no KV).",
-    "The fluid bound is that of each run: it depends on the policy (a packed GPU decodes slower, so requests "
-    "hold their KV longer; queued requests hold none).",
-    "Dispatchers see an engine's queued prompts as promised KV (`EngineCandidate.kv_waiting_bytes`); a move "
-    "of a request still queued carries no KV and is counted as `queued_moves`.",
-    "The computation boundary of hybrid transfer is the marginal cost of re-prefill tokens fused into a "
-    "decode iteration (the cost model's iteration time with and without them), within 10 % of that "
-    "iteration, times the iterations in the epoch.",
-    "Goals are evaluated on the KV-bound workloads; the raw-Alpaca control (`alpaca-poisson`) is reported "
-    "but left out (one GPU's batch cap, not its KV, binds there).",
-]
-
-
-def plot(res: dict, out: Path, series: dict) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    if series:
-        fig, ax = plt.subplots(figsize=(7.5, 3.8))
-        for v in HEADLINE:
-            s = series.get(v)
-            if s:
-                ax.step(s["t"], s["active"], where="post", label=v, lw=1.2)
-        s = series.get("Mell")
-        if s:
-            ax.step(
-                s["t"], s["fluid"], where="post", color="k", ls="--", lw=1.0, label="fluid bound (Mell run)"
-            )
-        meta = series.get("_meta", {})
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("active GPUs")
-        ax.set_title(f"Active GPUs over time: {meta.get('title', '')}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / "migration_active_gpus.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
-    if "headline" in res:
-        rows = res["headline"]["rows"]
-        setups = [s for s in SETUPS if any(r["setup"] == s for r in rows)]
-        fig, axes = plt.subplots(1, len(setups), figsize=(5.5 * len(setups), 4.0), squeeze=False)
-        for ax, setup in zip(axes[0], setups, strict=True):
-            rs = [r for r in rows if r["setup"] == setup]
-            groups = list(dict.fromkeys((r["workload"], r["level"]) for r in rs))
-            width = 0.8 / len(HEADLINE)
-            mid = (len(HEADLINE) - 1) / 2
-            for j, v in enumerate(HEADLINE):
-                ys = [next((r["mean_active"] for r in rs if (r["workload"], r["level"]) == g and r["variant"] == v), 0)
-                      for g in groups]  # fmt: skip
-                ax.bar([i + (j - mid) * width for i in range(len(groups))], ys, width, label=v)
-            fl = [next((r["fluid_mean"] for r in rs if (r["workload"], r["level"]) == g and r["variant"] == "Mell"), 0)
-                  for g in groups]  # fmt: skip
-            ax.scatter(
-                [i + (HEADLINE.index("Mell") - mid) * width for i in range(len(groups))],
-                fl,
-                marker="_",
-                s=150,
-                color="k",
-                zorder=3,
-                label="fluid mean (Mell run)",
-            )
-            ax.set_xticks(range(len(groups)))
-            ax.set_xticklabels([f"{w}\n{lv}" for w, lv in groups], fontsize=6, rotation=45, ha="right")
-            ax.set_ylabel("mean active GPUs")
-            ax.set_title(SETUPS[setup][2], fontsize=9)
-            ax.grid(alpha=0.3, axis="y")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=7)
-        fig.tight_layout(rect=(0, 0, 1, 0.93))
-        p = out / "migration_mean_active.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(p)
-    return paths
 
 
 # ----------------------------------------------------------------------------------------------- main

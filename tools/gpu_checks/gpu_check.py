@@ -24,15 +24,17 @@ import argparse
 import asyncio
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
+
 import numpy as np
 import torch
+from toolkit.stats import spread as median_spread
 
 SHAPES: dict[str, dict[str, int]] = {
     "1b": {
@@ -81,7 +83,8 @@ def _sync(device: str) -> None:
 
 
 def spread(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    """Median, min, max and how many."""
+    return {**median_spread(values), "n": len(values)}
 
 
 async def native_vs_hf(ex, model, device: str, repeats: int, deadline: float) -> list[dict]:
@@ -191,7 +194,7 @@ def fit_residual(points: list[dict]) -> dict[str, float] | None:
     return {"a_ms": 1e3 * float(a), "c_ms_per_request": 1e3 * float(c), "points": len(pts)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
@@ -204,21 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         "--vidur-hw", default=None, help="catalog hardware for the vidur tables (default by device)"
     )
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this")
-    a = ap.parse_args(argv)
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        print("gpu-check: no CUDA device here; run with --device cpu", file=sys.stderr)
-        return 2
-    if a.repeats < 1:
-        ap.error("--repeats must be ≥ 1")
-    batches = [int(x) for x in a.batches.split(",")]
-    lengths = [int(x) for x in a.lengths.split(",")]
-    name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else platform.processor() or "cpu"
-    vidur_hw = a.vidur_hw or ("h100-80gb" if "H100" in name or "H200" in name else "a100-80gb")
-    t0 = time.monotonic()
-    deadline = t0 + a.budget_s
+    return ap
 
+
+def measure(
+    a: argparse.Namespace, batches: list[int], lengths: list[int], vidur_hw: str, deadline: float
+) -> tuple[list[dict], list[list], list[dict]]:
+    """Build and load the model, profile it and race it against HF ``generate``: (the profiled points
+    with their predictions, the skipped points, the native-vs-HF rows)."""
     from llmfleet.costmodel.models import arch_from_hf_config
-    from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
     from llmfleet.types import ModelSpec
     from llmfleet_engine.executor import Executor, ExecutorConfig
     from llmfleet_engine.models import load_model
@@ -268,16 +265,34 @@ def main(argv: list[str] | None = None) -> int:
             hf = asyncio.run(native_vs_hf(ex, model, a.device, a.repeats, deadline))
         finally:
             ex.close()
-    residual = fit_residual(points)
+    return points, [list(x) for x in prof.skipped], hf
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here; run with --device cpu", file=sys.stderr)
+        return 2
+    if a.repeats < 1:
+        ap.error("--repeats must be ≥ 1")
+    batches = [int(x) for x in a.batches.split(",")]
+    lengths = [int(x) for x in a.lengths.split(",")]
+    name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else platform.processor() or "cpu"
+    vidur_hw = a.vidur_hw or ("h100-80gb" if "H100" in name or "H200" in name else "a100-80gb")
+    t0 = time.monotonic()
+    from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
+
+    points, skipped, hf = measure(a, batches, lengths, vidur_hw, t0 + a.budget_s)
     result = {
         "device": a.device,
         "device_name": name,
         "shape": {"name": a.shape, **SHAPES[a.shape], "dtype": a.dtype},
         "vidur_hw": vidur_hw,
         "profile": points,
-        "skipped": [list(x) for x in prof.skipped],
+        "skipped": skipped,
         "native_vs_hf": hf,
-        "engine_overhead_fit": residual,
+        "engine_overhead_fit": fit_residual(points),
         "vidur_cpu_overhead_fit_tp1": {
             "a_ms": 1e3 * VIDUR_A100_OVERHEAD.fits[1][0],
             "c_ms_per_request": 1e3 * VIDUR_A100_OVERHEAD.fits[1][1],

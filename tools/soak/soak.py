@@ -29,43 +29,26 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 
-from chaos import ChaosCluster, Load, Outcome, Reference, _counts, _pct, _rss_kib, compute_reference
+from chaos_cluster import ChaosCluster
+from chaos_load import Load, compute_reference
+from chaos_outcomes import Outcome, Reference, counts
+from soak_report import markdown, stats
+from toolkit.procs import rss_kib
 
 log = logging.getLogger("soak")
-GROWTH_GOAL = 0.10
-
-
-def _stats(outcomes: Sequence[Any]) -> dict[str, Any]:
-    ok = [o for o in outcomes if o.status == "ok"]
-    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
-    lat = [o.ended - o.started for o in ok]
-    server = [o.server_ttft_s for o in ok if o.server_ttft_s is not None]
-    return {
-        "server_ttft_p50_ms": _ms(_pct(server, 50)),  # SDK only: the scheduler's usage.ttft_s
-        "server_queue_p50_ms": _ms(_pct([o.server_queue_s for o in ok if o.server_queue_s is not None], 50)),
-        "requests": len(outcomes),
-        "ok": len(ok),
-        "ttft_p50_ms": _ms(_pct(ttft, 50)),
-        "ttft_p99_ms": _ms(_pct(ttft, 99)),
-        "latency_p50_ms": _ms(_pct(lat, 50)),
-        "latency_p99_ms": _ms(_pct(lat, 99)),
-    }
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else round(1000 * x, 1)
 
 
 def _rss_all(cluster: ChaosCluster, child: subprocess.Popen | None = None) -> dict[str, int]:
     out = cluster.rss_kib()
     for name, pid in (("load-generator", os.getpid()), ("load-generator-http", child and child.pid)):
-        rss = _rss_kib(pid) if pid else None
+        rss = rss_kib(pid) if pid else None
         if rss is not None:
             out[name] = rss
     return out
@@ -93,25 +76,40 @@ async def _http_worker(spec_path: Path) -> None:
     Path(spec["out"]).write_text(json.dumps([asdict(o) for o in load.outcomes]))
 
 
-async def run_soak(
-    cluster: ChaosCluster,
-    *,
-    concurrency: int,
-    requests: int,
-    warmup: int,
-    lengths: Sequence[int],
-    clients: int,
-    request_timeout_s: float,
-    report_s: float = 10.0,
-    http_share: float = 0.5,
-    split: bool = True,
-) -> dict[str, Any]:
-    await cluster.wait_routed()
-    reference = await compute_reference(cluster.sdk_addresses[0], lengths)
-    child = None
-    n_http = round(concurrency * http_share)
-    r_http = round(requests * http_share)
-    if split and n_http and n_http < concurrency:
+@dataclass(frozen=True)
+class SoakSettings:
+    """What ``run_soak`` is asked for (see its flags in :func:`main`)."""
+
+    concurrency: int
+    requests: int
+    warmup: int
+    lengths: Sequence[int]
+    clients: int
+    request_timeout_s: float
+    http_share: float
+    split: bool
+
+
+@dataclass
+class SoakLoad:
+    """The load of this process and, when the HTTP half runs in a child, that child's spec file."""
+
+    load: Load
+    warmup: int  # requests of this process's load before the warm-up RSS sample
+    spec_path: Path | None = None  # the child's spec (``--http-worker``); None: one process
+    outcomes_path: Path | None = None  # where the child writes its outcomes
+
+
+def _plan_load(cluster: ChaosCluster, reference: Reference, s: SoakSettings) -> SoakLoad:
+    """This process's load and, with ``split``, the spec of the child that carries the HTTP half."""
+    n_http = round(s.concurrency * s.http_share)
+    r_http = round(s.requests * s.http_share)
+    common: dict[str, Any] = {
+        "lengths": s.lengths,
+        "clients": s.clients,
+        "request_timeout_s": s.request_timeout_s,
+    }
+    if s.split and n_http and n_http < s.concurrency:
         # the HTTP half in its own process: in one event loop, hundreds of busy httpx streams starved
         # the SDK's grpc.aio streams (first tokens only once the HTTP load stopped)
         tmp = Path(tempfile.mkdtemp(prefix="soak-http-"))
@@ -119,51 +117,52 @@ async def run_soak(
             "http": cluster.http_addresses,
             "concurrency": n_http,
             "requests": r_http,
-            "lengths": list(lengths),
-            "clients": clients,
-            "timeout": request_timeout_s,
+            "lengths": list(s.lengths),
+            "clients": s.clients,
+            "timeout": s.request_timeout_s,
             "reference": [[p, n, t] for (p, n), t in reference.text.items()],
             "out": str(tmp / "outcomes.json"),
         }
         (tmp / "spec.json").write_text(json.dumps(spec))
-        load = Load(
-            cluster.sdk_addresses,
-            cluster.http_addresses,
+        load = Load.on(
+            cluster,
             reference,
-            concurrency=concurrency - n_http,
-            lengths=lengths,
-            clients=clients,
-            max_requests=requests - r_http,
-            request_timeout_s=request_timeout_s,
+            concurrency=s.concurrency - n_http,
+            max_requests=s.requests - r_http,
             http_share=0.0,
+            **common,
         )
-        warmup_here = round(warmup * (1 - http_share))
-    else:
-        load = Load(
-            cluster.sdk_addresses,
-            cluster.http_addresses,
-            reference,
-            concurrency=concurrency,
-            lengths=lengths,
-            clients=clients,
-            max_requests=requests,
-            request_timeout_s=request_timeout_s,
-            http_retries=10,
-            http_share=http_share,
-        )
-        warmup_here = warmup
-    rss_start = _rss_all(cluster)
-    t0 = time.monotonic()
-    if load.max_requests is not None and load.max_requests < requests:
-        child = subprocess.Popen([sys.executable, __file__, "--http-worker", str(tmp / "spec.json")])
-    await load.start()
+        return SoakLoad(load, round(s.warmup * (1 - s.http_share)), tmp / "spec.json", Path(spec["out"]))
+    load = Load.on(
+        cluster,
+        reference,
+        concurrency=s.concurrency,
+        max_requests=s.requests,
+        http_retries=10,
+        http_share=s.http_share,
+        **common,
+    )
+    return SoakLoad(load, s.warmup)
+
+
+async def _watch(
+    cluster: ChaosCluster,
+    plan: SoakLoad,
+    child: subprocess.Popen | None,
+    requests: int,
+    t0: float,
+    report_s: float,
+) -> tuple[float | None, dict[str, int]]:
+    """Until every request is done: take the RSS sample at the end of the warm-up (then count later
+    requests as phase 1) and log progress every ``report_s``; returns (warm-up end, its sample)."""
+    load = plan.load
     rss_warm: dict[str, int] = {}
     t_warm = None
     last_report = t0
     while not load.all_done.is_set() or (child is not None and child.poll() is None):
         await asyncio.sleep(0.5)
         done = sum(o.status != "running" for o in load.outcomes)
-        if t_warm is None and done >= warmup_here:
+        if t_warm is None and done >= plan.warmup:
             t_warm = time.monotonic()
             rss_warm = _rss_all(cluster, child)
             load.phase = 1
@@ -179,17 +178,55 @@ async def run_soak(
                 sum(o.status == "running" for o in load.outcomes),
                 errors,
             )
+    return t_warm, rss_warm
+
+
+def _child_outcomes(child: subprocess.Popen, path: Path, t_warm: float | None) -> list[Outcome]:
+    """The HTTP child's outcomes, each in phase 1 when it started after the warm-up."""
+    if child.returncode != 0:
+        raise RuntimeError(f"the HTTP load process failed (exit {child.returncode})")
+    out = []
+    for d in json.loads(path.read_text()):
+        o = Outcome(**d)
+        o.phase = 1 if t_warm is not None and o.started >= t_warm else 0
+        out.append(o)
+    return out
+
+
+async def run_soak(
+    cluster: ChaosCluster,
+    *,
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    lengths: Sequence[int],
+    clients: int,
+    request_timeout_s: float,
+    report_s: float = 10.0,
+    http_share: float = 0.5,
+    split: bool = True,
+) -> dict[str, Any]:
+    """The reference, then ``requests`` requests at ``concurrency`` streams; returns the report dict."""
+    await cluster.wait_routed()
+    reference = await compute_reference(cluster.sdk_addresses[0], lengths)
+    settings = SoakSettings(
+        concurrency, requests, warmup, lengths, clients, request_timeout_s, http_share, split
+    )
+    plan = _plan_load(cluster, reference, settings)
+    load, child = plan.load, None
+    rss_start = _rss_all(cluster)
+    t0 = time.monotonic()
+    if load.max_requests is not None and load.max_requests < requests:
+        child = subprocess.Popen([sys.executable, __file__, "--http-worker", str(plan.spec_path)])
+    await load.start()
+    t_warm, rss_warm = await _watch(cluster, plan, child, requests, t0, report_s)
     elapsed = time.monotonic() - t0
     rss_end = _rss_all(cluster, child)  # the child's last sample is the one at warm-up if it exited
     await load.stop(drain_s=60)
     outcomes = load.outcomes
     if child is not None:
-        if child.returncode != 0:
-            raise RuntimeError(f"the HTTP load process failed (exit {child.returncode})")
-        for d in json.loads(Path(spec["out"]).read_text()):
-            o = Outcome(**d)
-            o.phase = 1 if t_warm is not None and o.started >= t_warm else 0
-            outcomes.append(o)
+        assert plan.outcomes_path is not None
+        outcomes += _child_outcomes(child, plan.outcomes_path, t_warm)
     growth = {
         name: round(rss_end[name] / rss_warm[name] - 1, 4)
         for name in rss_end
@@ -212,62 +249,14 @@ async def run_soak(
         "elapsed_s": round(elapsed, 1),
         "throughput_rps": round(len(outcomes) / elapsed, 1),
         "warmup_s": None if t_warm is None else round(t_warm - t0, 1),
-        "counts": _counts(outcomes),
-        "all": _stats(outcomes),
-        "sdk": _stats([o for o in outcomes if o.path == "sdk"]),
-        "http": _stats([o for o in outcomes if o.path == "http"]),
-        "after_warmup": _stats([o for o in outcomes if o.phase == 1]),
+        "counts": counts(outcomes),
+        "all": stats(outcomes),
+        "sdk": stats([o for o in outcomes if o.path == "sdk"]),
+        "http": stats([o for o in outcomes if o.path == "http"]),
+        "after_warmup": stats([o for o in outcomes if o.phase == 1]),
         "rss_kib": {"start": rss_start, "after_warmup": rss_warm, "end": rss_end},
         "rss_growth_after_warmup": growth,
     }
-
-
-def markdown(r: dict[str, Any]) -> str:
-    cfg, c = r["config"], r["counts"]
-    errors = c["error"] + c["lost"] + c["duplicated"] + c["gapped"] + c["wrong"]
-    lines = [
-        "# Soak run",
-        "",
-        f"{cfg['requests']} requests, {cfg['concurrency']} concurrent streams (half SDK with both scheduler "
-        f"replicas, half HTTP `/v1/completions` streaming, alternating replicas), greedy, max_tokens in "
-        f"{cfg['lengths']}, {len(cfg['engines'])} CPU engines, {cfg['cpus']} CPUs: {r['elapsed_s']} s, "
-        f"{r['throughput_rps']} req/s.",
-        "",
-        f"Errors: **{errors}** (client errors {c['error']}, lost {c['lost']}, duplicated {c['duplicated']}, "
-        f"gapped {c['gapped']}, wrong {c['wrong']}); retries {c['retries']} "
-        f"({c['retried_requests']} requests; SDK {c['sdk']['retries']}, HTTP {c['http']['retries']}).",
-        "",
-        "| path | requests | ok | TTFT p50 | TTFT p99 | latency p50 | latency p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in ("sdk", "http", "all", "after_warmup"):
-        s = r[name]
-        lines.append(
-            f"| {name} | {s['requests']} | {s['ok']} | {s['ttft_p50_ms']} ms | {s['ttft_p99_ms']} ms | "
-            f"{s['latency_p50_ms']} ms | {s['latency_p99_ms']} ms |"
-        )
-    rss = r["rss_kib"]
-    lines += [
-        "",
-        f"Resident memory (MiB; warm-up = the first {cfg['warmup']} requests, {r['warmup_s']} s):",
-        "",
-        "| process | start | after warm-up | end | end vs warm-up |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name in sorted(rss["end"], key=lambda n: (n == "load-generator", n)):
-        g = r["rss_growth_after_warmup"].get(name)
-        flag = "" if g is None or abs(g) <= GROWTH_GOAL else " **over 10%**"
-        lines.append(
-            f"| {name} | {_mib(rss['start'].get(name))} | {_mib(rss['after_warmup'].get(name))} | "
-            f"{_mib(rss['end'].get(name))} | {'-' if g is None else f'{100 * g:+.1f}%'}{flag} |"
-        )
-    if c["examples"]:
-        lines += ["", "Examples of failures: " + "; ".join(c["examples"])]
-    return "\n".join(lines) + "\n"
-
-
-def _mib(kib: int | None) -> str:
-    return "-" if kib is None else f"{kib / 1024:.0f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmfleet.cli.up import CONTROL_PLANE, ENGINE_PORT_OFFSET, plan_services
+from llmfleet.cli.up_plan import CONTROL_PLANE, ENGINE_PORT_OFFSET, plan_services
 from llmfleet.config import ClusterConfig
 from llmfleet.coord import LocalEtcd
 from llmfleet.supervisor import ProcessGroup

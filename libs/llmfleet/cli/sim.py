@@ -16,6 +16,11 @@ their lengths, shortest cluster to the first service. ``--profile`` takes fitted
 (JSON written by the profiler) to replace the roofline defaults; ``--cost-source vidur`` uses measured
 GPU operator timings (``llmfleet.costmodel.vidur``) instead of the roofline for the others.
 
+Without ``--policy``/``--compare``, ``--cluster-config`` runs the cluster file's own policy sections
+(engine, dispatch, placement, migration, capacity: :mod:`llmfleet.spec`), as ``llmfleet up`` would
+with the same file; each policy flag below overrides one field of one section (``--engine-policy``,
+``--dispatch``, ``--placement-interval-s``, ...; see :mod:`llmfleet.cli.sim_args`).
+
 ``--placement NAME`` replaces the preset's placement planner; with ``--placement-interval-s`` it also
 runs during the simulation, every interval over the last ``--placement-window-s`` of the workload
 (``--adaptive-interval``: SeaLLM's Eq. 8 adapts the interval), and its plans are applied with load,
@@ -33,118 +38,36 @@ Allocate would put them. The report gains ``migration`` and ``cluster.fluid_boun
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
-from llmfleet.cli.workload_args import (
-    DEFAULT_SYNTHETIC_RATE,
-    add_workload_arguments,
-    build_workload,
+from llmfleet.cli.sim_args import (
+    add_loop_arguments,
+    add_policy_arguments,
+    add_system_arguments,
+    bundles,
+    describe,
+    sim_spec,
 )
+from llmfleet.cli.workload_args import DEFAULT_SYNTHETIC_RATE, add_workload_arguments, build_workload
 from llmfleet.rpc.cli_args import positive_float
 
 NAME = "sim"
 HELP = "simulate a workload on a cluster with the shipped policies (and compare policies)"
-DEFAULT_COMPARE = ("vllm", "alpaserve", "muxserve", "seallm", "fcfs-jsq", "fcfs-p2c", "sls")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_workload_arguments(p, required=True)
-    p.add_argument(
-        "--rate",
-        type=positive_float,
-        default=DEFAULT_SYNTHETIC_RATE,
-        help="synthetic arrival rate, req/s (default 10)",
-    )
-    p.add_argument("--cluster", default="32xA100-80GB", help="COUNTxHARDWARE (default 32xA100-80GB)")
-    svc = p.add_mutually_exclusive_group()
-    svc.add_argument("--services", type=Path, help="services YAML (default: one service of --model)")
-    svc.add_argument(
-        "--cluster-config",
-        type=Path,
-        help="take the services, SLOs and engine limits of a live cluster config (deploy/local/cluster.yaml)",
-    )
-    p.add_argument("--model", default="llama2-7b", help="model of the default service (default llama2-7b)")
-    p.add_argument("--policy", default="vllm", help="policy preset (default vllm); see --list-policies")
-    p.add_argument(
-        "--compare",
-        nargs="*",
-        metavar="POLICY",
-        help=f"run several presets (default {' '.join(DEFAULT_COMPARE)})",
-    )
-    p.add_argument("--dispatch", help="override the preset's dispatch policy")
-    p.add_argument(
-        "--local", help="override the preset's engine-local policy (request policy or static batcher)"
-    )
-    p.add_argument("--placement", help="override the preset's placement planner")
-    p.add_argument(
-        "--placement-interval-s",
-        type=float,
-        help="re-run the placement planner every S simulated seconds (default: place once)",
-    )
-    p.add_argument(
-        "--placement-window-s",
-        type=float,
-        help="recent workload each placement reads (default: the interval)",
-    )
-    p.add_argument(
-        "--adaptive-interval",
-        action="store_true",
-        help="adapt the placement interval (SeaLLM Eq. 8) starting from --placement-interval-s",
-    )
-    p.add_argument(
-        "--placement-confirm-intervals",
-        type=int,
-        help="apply a changed plan once proposed this many intervals in a row (the live leader's "
-        "hysteresis; default 1: at once)",
-    )
-    p.add_argument(
-        "--placement-processes",
-        type=int,
-        default=1,
-        help="processes simulating candidate plans, for planners that score plans by simulation (default 1)",
-    )
-    p.add_argument(
-        "--migration",
-        help="run a request-migration policy every epoch: mell (KV packing), llumnix_lb, none "
-        "(report.json: migration, cluster.fluid_bound_gpus)",
-    )
-    p.add_argument(
-        "--engine-gpus",
-        type=int,
-        help="instances are at most this many GPUs, as in a live fleet of fixed-size engines (llmfleet up "
-        "--emulate: 1); default: up to a node",
-    )
-    p.add_argument(
-        "--binding",
-        choices=("early", "late"),
-        help="late: arrivals wait in the scheduler while every instance of their model is saturated, as "
-        "the live scheduler's --binding late (default early: each arrival is dispatched at once)",
-    )
-    p.add_argument(
-        "--first-plan",
-        choices=("oracle", "cold"),
-        help="the plan in force at the start: oracle (default) = planned on the workload's own demand; cold "
-        "= as a live placement leader starts, with no request seen yet (compare with llmfleet load)",
-    )
-    p.add_argument(
-        "--move-queued",
-        action="store_true",
-        default=None,
-        help="every migration epoch, move requests not started off instances past their room onto "
-        "instances with room (the live scheduler's --move-queued)",
-    )
-    p.add_argument(
-        "--no-cold-start",
-        dest="cold_start",
-        action="store_false",
-        default=None,
-        help="a request for a model no instance serves fails at once instead of waiting for the "
-        "placement loop to load it",
-    )
-    p.add_argument("--transfer", help="how migrations travel: hybrid (default), kv, tokens")
-    p.add_argument("--migration-epoch-s", type=float, help="migration epoch in simulated seconds (default 1)")
+    add_workload_arguments(p, required=False)  # required unless --list-policies (checked in _prepare)
+    p.add_argument("--rate", type=positive_float, default=DEFAULT_SYNTHETIC_RATE,
+                   help="synthetic arrival rate, req/s (default 10)")  # fmt: skip
+    add_system_arguments(p)
+    add_policy_arguments(p)
+    add_loop_arguments(p)
+    add_run_arguments(p)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Costs, outputs and processes."""
     p.add_argument(
         "--profile", type=Path, action="append", default=[], help="fitted ProfileRecord JSON (repeatable)"
     )
@@ -183,83 +106,41 @@ def _workers(value: str, n_requests: int) -> int:
     return n
 
 
-def _spec(args):
-    from llmfleet.config import ClusterConfig
-    from llmfleet.sim.spec import (
-        ClusterSpec,
-        EngineSettings,
-        SimService,
-        SimSpec,
-        from_cluster_config,
-        load_services,
-    )
+def _list_policies() -> int:
+    from llmfleet.policies.placement import POLICIES as PLACEMENT
+    from llmfleet.sim.run import PRESETS
 
-    cluster = ClusterSpec.parse(args.cluster)
-    if args.services is not None:
-        services, engine = load_services(args.services)
-    elif args.cluster_config is not None:
-        config = ClusterConfig.load(args.cluster_config)  # its errors name the file and the key
-        try:
-            services, engine = from_cluster_config(config)
-        except ValueError as e:
-            raise ValueError(f"cluster config {args.cluster_config}: {e}") from None
-    else:
-        services, engine = (SimService("default", args.model),), EngineSettings()
-    if getattr(args, "engine_gpus", None) is not None:
-        cluster = dataclasses.replace(cluster, engine_gpus=args.engine_gpus)
-    return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", "roofline"))
+    for b in PRESETS.values():
+        print(describe(b))
+    print(f"placement planners (--placement): {', '.join(sorted(PLACEMENT))}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace):
+    """(spec, bundles, profile records, workload, workers) from the flags; ValueError naming a bad one."""
+    from llmfleet.config import ClusterConfig
+    from llmfleet.costmodel import load_record
+
+    if args.trace is None and args.synthetic is None:
+        raise ValueError("give the workload: --trace FILE or --synthetic N")
+    if args.placement_processes < 1:
+        raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
+    config = ClusterConfig.load(args.cluster_config) if args.cluster_config is not None else None
+    spec = sim_spec(args, config)  # its errors name the file and the key
+    runs = bundles(args, config)
+    records = [load_record(p) for p in args.profile]
+    workload = build_workload(args)
+    return spec, runs, records, workload, _workers(args.workers, len(workload))
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from llmfleet.costmodel import load_record
-    from llmfleet.sim.plan_eval import evaluator_factory
-    from llmfleet.sim.report import markdown_table, write_report
-    from llmfleet.sim.run import PRESETS, preset, simulate
 
     console = Console(stderr=True)
     if args.list_policies:
-        for b in PRESETS.values():
-            print(f"{b.name:18} {b.placement:15} {b.dispatch:14} {b.local:16} {b.description}")
-        from llmfleet.policies.placement import POLICIES as PLACEMENT
-
-        print(f"placement planners (--placement): {', '.join(sorted(PLACEMENT))}")
-        return 0
+        return _list_policies()
     try:
-        names = list(args.compare or DEFAULT_COMPARE) if args.compare is not None else [args.policy]
-        if args.placement_processes < 1:
-            raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
-        bundles = [
-            preset(
-                n, dispatch=args.dispatch, local=args.local, placement=args.placement,
-                placement_interval_s=args.placement_interval_s, placement_window_s=args.placement_window_s,
-                adaptive_interval=args.adaptive_interval or None,
-                placement_confirm_intervals=args.placement_confirm_intervals,
-                migration=args.migration, transfer=args.transfer, migration_epoch_s=args.migration_epoch_s,
-                binding=args.binding, cold_start=args.cold_start, move_queued=args.move_queued,
-                first_plan=args.first_plan,
-            )
-            for n in names
-        ]  # fmt: skip
-        spec = _spec(args)
-        if args.cluster_config is not None and args.binding is None:  # the live schedulers' setting
-            from llmfleet.config import ClusterConfig
-
-            sched = ClusterConfig.load(args.cluster_config).scheduler
-            bundles = [
-                dataclasses.replace(
-                    b, binding=sched.binding,
-                    binding_options={"queue_slack": sched.queue_slack, "kv_fraction": sched.kv_room_fraction},
-                    cold_start=sched.cold_start if args.cold_start is None else args.cold_start,
-                    move_queued=sched.move_queued if args.move_queued is None else args.move_queued,
-                )
-                for b in bundles
-            ]  # fmt: skip
-        records = [load_record(p) for p in args.profile]
-        workload = build_workload(args)
-        workers = _workers(args.workers, len(workload))
+        spec, runs, records, workload, workers = _prepare(args)
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"llmfleet sim: {e}", file=sys.stderr)
         return 2
@@ -267,10 +148,24 @@ def run(args: argparse.Namespace) -> int:
         f"{len(workload)} requests over {workload.duration_s:.0f} s ({workload.rate_rps:.2f} req/s) on "
         f"{spec.cluster}; services: {', '.join(f'{s.name}→{s.model}' for s in spec.services)}"
     )
+    try:
+        experiments = _simulate_all(args, spec, runs, records, workload, workers, console)
+    except ValueError as err:  # placement infeasible, model does not fit, ...
+        print(f"llmfleet sim: {err}", file=sys.stderr)
+        return 2
+    return _write(args, spec, workload, experiments, console)
+
+
+def _simulate_all(args, spec, runs, records, workload, workers, console) -> list:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmfleet.sim.plan_eval import evaluator_factory
+    from llmfleet.sim.run import simulate
+
     experiments = []
     with Progress(TextColumn("{task.description:18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("sim t={task.fields[now]:.0f}s"), TimeElapsedColumn(), console=console) as bar:  # fmt: skip
-        for b in bundles:
+        for b in runs:
             task = bar.add_task(b.name, total=len(workload), now=0.0)
             try:
                 e = simulate(
@@ -279,18 +174,22 @@ def run(args: argparse.Namespace) -> int:
                     workers=workers,
                     evaluator_factory=evaluator_factory(b, records=records, processes=args.placement_processes),
                 )  # fmt: skip
-            except ValueError as err:  # placement infeasible, model does not fit, ...
-                print(f"llmfleet sim: policy {b.name}: {err}", file=sys.stderr)
-                return 2
+            except ValueError as err:
+                raise ValueError(f"policy {b.name}: {err}") from None
             experiments.append(e)
+    return experiments
+
+
+def _write(args, spec, workload, experiments, console) -> int:
+    from llmfleet.sim.report import markdown_table, write_report
+
+    source = (
+        f", trace {args.trace.name} ×{args.rate_scale}" if args.trace else f", synthetic {args.rate} req/s"
+    )
     context = (
         f"{len(workload)} requests, {spec.cluster}, services "
         + ", ".join(f"{s.name}→{s.model}" for s in spec.services)
-        + (
-            f", trace {args.trace.name} ×{args.rate_scale}"
-            if args.trace
-            else f", synthetic {args.rate} req/s"
-        )
+        + source
         + f", costs: {spec.cost_source}"
     )
     paths = write_report(experiments, args.out, title="llmfleet sim", context=context,

@@ -149,6 +149,85 @@ def _leader_id(raw: bytes) -> str:
     return text if not isinstance(value, str) else value
 
 
+def _node_rows(
+    node_kvs: list[KV], prefix: str, ttls: dict[int, int]
+) -> tuple[list[NodeRow], dict[str, NodeRecord]]:
+    """One row per key under ``nodes/`` (``error`` set when its record does not decode), and the
+    records that did decode, by node id."""
+    rows: list[NodeRow] = []
+    records: dict[str, NodeRecord] = {}
+    for kv in node_kvs:
+        node_id = _relative(kv.key, prefix)
+        row = NodeRow(
+            node_id=node_id, lease_id=kv.lease, lease_ttl_s=ttls.get(kv.lease) if kv.lease else None
+        )
+        try:
+            rec = NodeRecord.from_json(kv.value)
+        except (ValueError, TypeError, KeyError) as e:
+            row.error = f"bad node record: {e}"
+        else:
+            records[node_id] = rec
+            row.role, row.address, row.device = rec.role, rec.address, rec.device
+            row.models, row.pid = list(rec.models), rec.pid
+        rows.append(row)
+    return rows, records
+
+
+def _service_rows(svc_kvs: list[KV], prefix: str) -> list[ServiceRow]:
+    rows: list[ServiceRow] = []
+    for kv in svc_kvs:
+        name = _relative(kv.key, prefix)
+        try:
+            spec = ServiceSpec.from_json(kv.value)
+        except (ValueError, TypeError, KeyError) as e:
+            rows.append(ServiceRow(name=name, error=f"bad service spec: {e}"))
+            continue
+        rows.append(
+            ServiceRow(
+                name=spec.name or name,
+                model=spec.model,
+                ttft_slo_s=spec.slo.ttft_s,
+                tpot_slo_s=spec.slo.tpot_s,
+                priority=spec.priority,
+                default_max_tokens=spec.default_max_tokens,
+            )
+        )
+    return rows
+
+
+def _placement_rows(
+    place_kvs: list[KV], prefix: str, records: dict[str, NodeRecord]
+) -> tuple[list[PlacementRow], dict[str, DesiredPlacement]]:
+    """One row per engine with a placement or a node record (desired vs loaded models), and the
+    placements that decoded, by engine id."""
+    desired: dict[str, list[str] | None] = {}
+    placements: dict[str, DesiredPlacement] = {}
+    errors: dict[str, str] = {}
+    for kv in place_kvs:
+        engine_id = _relative(kv.key, prefix)
+        try:
+            placements[engine_id] = DesiredPlacement.from_json(kv.value)
+            desired[engine_id] = [m.name for m in placements[engine_id].models]
+        except (ValueError, TypeError, KeyError) as e:
+            desired[engine_id], errors[engine_id] = None, f"bad placement: {e}"
+    engines = {nid for nid, r in records.items() if r.role == ENGINE_ROLE}
+    rows: list[PlacementRow] = []
+    for engine_id in sorted(set(desired) | engines):
+        want = desired.get(engine_id)
+        rec = records.get(engine_id)
+        have = list(rec.models) if rec is not None else None
+        rows.append(
+            PlacementRow(
+                engine_id=engine_id,
+                desired=want,
+                loaded=have,
+                in_sync=want is not None and have is not None and sorted(want) == sorted(have),
+                error=errors.get(engine_id),
+            )
+        )
+    return rows, placements
+
+
 async def collect_status(
     source: StatusSource,
     keys: Keys,
@@ -173,66 +252,9 @@ async def collect_status(
         zip(leases, await asyncio.gather(*(source.lease_ttl(lease) for lease in leases)), strict=True)
     )
     status = ClusterStatus(prefix=keys.prefix, etcd=etcd)
-
-    records: dict[str, NodeRecord] = {}
-    for kv in node_kvs:
-        node_id = _relative(kv.key, keys.nodes)
-        row = NodeRow(
-            node_id=node_id, lease_id=kv.lease, lease_ttl_s=ttls.get(kv.lease) if kv.lease else None
-        )
-        try:
-            rec = NodeRecord.from_json(kv.value)
-        except (ValueError, TypeError, KeyError) as e:
-            row.error = f"bad node record: {e}"
-        else:
-            records[node_id] = rec
-            row.role, row.address, row.device = rec.role, rec.address, rec.device
-            row.models, row.pid = list(rec.models), rec.pid
-        status.nodes.append(row)
-
-    for kv in svc_kvs:
-        name = _relative(kv.key, keys.services)
-        try:
-            spec = ServiceSpec.from_json(kv.value)
-        except (ValueError, TypeError, KeyError) as e:
-            status.services.append(ServiceRow(name=name, error=f"bad service spec: {e}"))
-            continue
-        status.services.append(
-            ServiceRow(
-                name=spec.name or name,
-                model=spec.model,
-                ttft_slo_s=spec.slo.ttft_s,
-                tpot_slo_s=spec.slo.tpot_s,
-                priority=spec.priority,
-                default_max_tokens=spec.default_max_tokens,
-            )
-        )
-
-    desired: dict[str, list[str] | None] = {}
-    placements: dict[str, DesiredPlacement] = {}
-    errors: dict[str, str] = {}
-    for kv in place_kvs:
-        engine_id = _relative(kv.key, keys.placements)
-        try:
-            placements[engine_id] = DesiredPlacement.from_json(kv.value)
-            desired[engine_id] = [m.name for m in placements[engine_id].models]
-        except (ValueError, TypeError, KeyError) as e:
-            desired[engine_id], errors[engine_id] = None, f"bad placement: {e}"
-    engines = {nid for nid, r in records.items() if r.role == ENGINE_ROLE}
-    for engine_id in sorted(set(desired) | engines):
-        want = desired.get(engine_id)
-        rec = records.get(engine_id)
-        have = list(rec.models) if rec is not None else None
-        status.placements.append(
-            PlacementRow(
-                engine_id=engine_id,
-                desired=want,
-                loaded=have,
-                in_sync=want is not None and have is not None and sorted(want) == sorted(have),
-                error=errors.get(engine_id),
-            )
-        )
-
+    status.nodes, records = _node_rows(node_kvs, keys.nodes, ttls)
+    status.services = _service_rows(svc_kvs, keys.services)
+    status.placements, placements = _placement_rows(place_kvs, keys.placements, records)
     for kv in leader_kvs:
         role = _relative(kv.key, keys.leaders).split("/", 1)[0]
         status.leaders.append(LeaderRow(role=role, leader=_leader_id(kv.value)))

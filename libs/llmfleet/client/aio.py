@@ -13,9 +13,7 @@ it already delivered, so the caller sees every token exactly once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -25,57 +23,18 @@ from typing import TypeVar
 import grpc
 
 from llmfleet.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmfleet.client.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, from_rpc_error
+from llmfleet.client.errors import Cancelled, Internal, InvalidArgument, from_rpc_error
 from llmfleet.client.resume import StreamResumer
+from llmfleet.client.retry import Backoff, remaining, unaccepted
 from llmfleet.client.types import Chunk, Completion, ServiceInfo, Usage, usage_from_chunk
 from llmfleet.rpc.channels import open_channel
 from llmfleet.rpc.mux import MuxLink, MuxStream, rpc_error
 from llmfleet.security import SecuritySettings
 from llmfleet.telemetry import tracing_enabled
 
-log = logging.getLogger(__name__)
-
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SPREAD_SKIP_S = 5.0  # spread: how long a replica that failed is left out
 T = TypeVar("T")
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
-
-
-UNACCEPTED_S = 30  # grpc core cancels a call its server has not taken up in this long
-CORE_CANCEL = ("CANCELLED", "Cancelled", "")  # the details of a cancel by gRPC core, not by an application
-
-
-def unaccepted(exc: grpc.aio.AioRpcError, received: bool) -> grpc.aio.AioRpcError:
-    """A Submit ended CANCELLED by gRPC core itself (no application message) before the server sent
-    anything is a call the server never took up: core cancels calls left unaccepted for 30 s, which
-    happens when the scheduler's event loop is saturated. Nothing ran, so it is retried (on the next
-    replica) as UNAVAILABLE. A cancel with a message (a scheduler shutting down) stays final."""
-    if exc.code() != grpc.StatusCode.CANCELLED or received or exc.details() not in CORE_CANCEL:
-        return exc
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.aio.Metadata(),
-        exc.trailing_metadata() or grpc.aio.Metadata(),
-        f"the scheduler did not take the call up ({exc.details()}; gRPC cancels calls its server has not "
-        f"accepted in {UNACCEPTED_S} s: the scheduler is saturated)",
-    )
-
-
-def pushback_s(exc: BaseException) -> float | None:
-    """The server's retry pushback (``grpc-retry-pushback-ms``, sent with RESOURCE_EXHAUSTED when a
-    service is overloaded) in seconds; None when there is none (the error is then final)."""
-    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return None
-    for k, v in exc.trailing_metadata() or ():
-        if k == "grpc-retry-pushback-ms":
-            try:
-                return max(0.0, int(v) / 1000)
-            except ValueError:
-                return None
-    return None
 
 
 def parse_addresses(address: str | Sequence[str]) -> list[str]:
@@ -200,7 +159,7 @@ class GenerateStream:
     # -- internals -------------------------------------------------------------------------------------
     async def _run(self) -> AsyncGenerator[Chunk, None]:
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
-        backoff = _Backoff(self._client, deadline, f"request {self.request_id}")
+        backoff = self._client._backoff(deadline, f"request {self.request_id}")
         try:
             while True:
                 try:
@@ -217,7 +176,7 @@ class GenerateStream:
             ) from None
 
     async def _attempt(self, deadline: float | None) -> AsyncGenerator[Chunk, None]:
-        timeout = _remaining(deadline, self.request_id)
+        timeout = remaining(deadline, self.request_id)
         self.attempts += 1
         self._resumer.begin_attempt()
         request = self._request
@@ -261,59 +220,6 @@ class GenerateStream:
 async def _exhausted() -> AsyncGenerator[Chunk, None]:
     return
     yield  # pragma: no cover - makes this an async generator
-
-
-class _Backoff:
-    """The retry schedule of one call: after the n-th failed attempt, UNAVAILABLE is retried in
-    ``min(max_backoff_s, backoff_s * 2**(n-1))`` seconds and an overload (RESOURCE_EXHAUSTED with a
-    retry pushback) after the pushback the server asked for, at most ``retries`` times in all and never
-    past the deadline; any other error is final. (A plain loop: building a tenacity retrier per call cost about
-    0.1 ms of the client's CPU per request.)"""
-
-    def __init__(self, client: AsyncClient, deadline: float | None, what: str) -> None:
-        self.client = client
-        self.deadline = deadline
-        self.what = what
-        self.failures = 0
-
-    async def again(self, exc: BaseException, address: str | None = None) -> bool:
-        """After a failed attempt: True once the wait before the next one is over, False to give up."""
-        self.failures += 1
-        c = self.client
-        pushback = pushback_s(exc)
-        if not (_is_unavailable(exc) or pushback is not None) or self.failures > c.retries:
-            return False
-        sleep = (
-            pushback if pushback is not None else min(c.max_backoff_s, c.backoff_s * 2 ** (self.failures - 1))
-        )
-        if self.deadline is not None and time.monotonic() + sleep >= self.deadline:
-            return False
-        detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
-        failed = address or c.address
-        if pushback is None:
-            await c._failover(failed)  # unavailable: the next scheduler replica (when there are several)
-        log.warning(
-            "%s: scheduler at %s %s (%s); retry %d/%d on %s in %.2fs",
-            self.what,
-            failed,
-            "overloaded" if pushback is not None else "unavailable",
-            detail,
-            self.failures,
-            c.retries,
-            c.address,
-            sleep,
-        )
-        await asyncio.sleep(sleep)
-        return True
-
-
-def _remaining(deadline: float | None, request_id: str | None = None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", request_id=request_id)
-    return left
 
 
 class AsyncClient:
@@ -492,6 +398,18 @@ class AsyncClient:
             self._retired.append(channel)
 
     # -- internals -------------------------------------------------------------------------------------
+    def _backoff(self, deadline: float | None, what: str) -> Backoff:
+        """The retry schedule of one call (``what`` names it in the retry warnings)."""
+        return Backoff(
+            self.retries,
+            self.backoff_s,
+            self.max_backoff_s,
+            self._failover,
+            lambda: self.address,
+            deadline,
+            what,
+        )
+
     def _open_submit(
         self, request: scheduler_pb2.SubmitRequest, timeout: float | None
     ) -> tuple[grpc.aio.UnaryStreamCall | MuxStream, str]:
@@ -536,12 +454,12 @@ class AsyncClient:
     ) -> T:
         timeout_s = timeout_s if timeout_s is not None else self.timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        backoff = _Backoff(self, deadline, what)
+        backoff = self._backoff(deadline, what)
         try:
             while True:
                 address = self.address
                 try:
-                    return await call(_remaining(deadline))
+                    return await call(remaining(deadline))
                 except grpc.aio.AioRpcError as e:
                     if not await backoff.again(e, address):
                         raise

@@ -4,277 +4,66 @@ aetcd supplies the gRPC channel, stubs and protobuf messages; the RPCs are issue
 so that every call gets a deadline, transient failures are retried (tenacity) and surface as
 :class:`EtcdUnavailable`, watches keep etcd's per-revision batching, and a dead channel is replaced
 (rotating through ``settings.endpoints``) so the client survives etcd being killed and restarted.
+
+The channel and the retrying call live in :mod:`llmfleet.coord.connection`, watches in
+:mod:`llmfleet.coord.watch`, the errors in :mod:`llmfleet.coord.etcd_errors`; this module has the
+key-value and lease operations, and re-exports the errors and records callers import from here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Literal, NamedTuple, TypeVar
+from typing import TypeVar
 
 import aetcd
 import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from llmfleet.config import EtcdSettings
-from llmfleet.coord.etcd_tls import new_aetcd_client
+from llmfleet.coord.connection import EtcdConnection
+from llmfleet.coord.etcd_errors import (
+    EtcdError,
+    EtcdUnavailable,
+    LeaseNotFound,
+    WatchInterrupted,
+    is_transient,
+)
 from llmfleet.coord.keys import Keys
+from llmfleet.coord.records import KeyValue, WatchEvent
+from llmfleet.coord.watch import watch_events
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "EtcdClient",
+    "EtcdError",
+    "EtcdUnavailable",
+    "KeyValue",
+    "LeaseNotFound",
+    "WatchEvent",
+    "WatchInterrupted",
+    "is_transient",
+]
 
 R = TypeVar("R")
-
-_TRANSIENT_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-
-_DISCARD_GRACE_S = 2.0  # a replaced channel is closed this long after (closing cancels calls still on it)
-
-# gRPC channel options: reconnect quickly after etcd restarts; detect dead peers via HTTP/2 keepalive
-# (etcd's default --grpc-keepalive-min-time is 5 s and it rejects pings without active streams).
-_CHANNEL_OPTIONS: dict[str, int] = {
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.keepalive_time_ms": 10_000,
-    "grpc.keepalive_timeout_ms": 5_000,
-    "grpc.keepalive_permit_without_calls": 0,
-    "grpc.max_receive_message_length": 64 * 1024 * 1024,
-}
-
-
-class EtcdError(Exception):
-    """Base class of the coordination library's etcd errors."""
-
-
-class EtcdUnavailable(EtcdError):
-    """etcd could not be reached (or did not answer) within the configured timeout."""
-
-
-class LeaseNotFound(EtcdError):
-    """The lease does not exist (expired, revoked, or etcd lost its data)."""
-
-
-class WatchInterrupted(EtcdError):
-    """A watch ended (compaction, server cancel, stream error); re-list and watch again."""
-
-    def __init__(self, message: str, compact_revision: int = 0) -> None:
-        super().__init__(message)
-        self.compact_revision = compact_revision
-
-
-class WatchEvent(NamedTuple):
-    """One change: ``kind`` is 'put' or 'delete'; for deletes ``value`` is b""."""
-
-    kind: Literal["put", "delete"]
-    key: str
-    value: bytes
-    mod_revision: int
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    """A key's full record as etcd stores it (``lease`` is 0 when unbound)."""
-
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int
-
-
-def _rpc_error(e: BaseException) -> grpc.aio.AioRpcError | None:
-    seen: BaseException | None = e
-    for _ in range(5):
-        if seen is None:
-            return None
-        if isinstance(seen, grpc.aio.AioRpcError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def is_transient(e: BaseException) -> bool:
-    """True for errors worth retrying: connection trouble, timeouts, a channel closed under us."""
-    if isinstance(e, EtcdUnavailable | ConnectionError | OSError | grpc.aio.UsageError):
-        return True  # (TimeoutError is an OSError)
-    if isinstance(e, aetcd.ConnectionFailedError | aetcd.ConnectionTimeoutError):
-        return True
-    err = _rpc_error(e)
-    return err is not None and err.code() in _TRANSIENT_CODES
-
-
-def _is_connection_failure(e: BaseException) -> bool:
-    """Transport-level failure (as opposed to an etcd server answering 'etcdserver: ...')."""
-    err = _rpc_error(e)
-    if err is None:
-        return isinstance(e, ConnectionError | OSError | grpc.aio.UsageError)
-    if err.code() == grpc.StatusCode.UNAVAILABLE:
-        return not (err.details() or "").startswith("etcdserver:")
-    return err.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
-
-
-def _describe(e: BaseException) -> str:
-    err = _rpc_error(e)
-    return f"{err.code().name}: {err.details()}" if err is not None else f"{type(e).__name__}: {e}"
-
-
-def _grpc_cancelled() -> bool:
-    """True if a CancelledError did not come from cancelling the current task: grpc.aio raises
-    CancelledError in the awaiting task when a call is cancelled locally (e.g. its channel closed)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() == 0
-
-
-def _translate(e: BaseException) -> BaseException:
-    err = _rpc_error(e)
-    if (
-        err is not None
-        and err.code() == grpc.StatusCode.NOT_FOUND
-        and "lease not found" in (err.details() or "")
-    ):
-        return LeaseNotFound(err.details())
-    return e
-
-
-def _kv(kv: rpc.KeyValue) -> KeyValue:
-    return KeyValue(
-        key=kv.key.decode(),
-        value=bytes(kv.value),
-        create_revision=kv.create_revision,
-        mod_revision=kv.mod_revision,
-        version=kv.version,
-        lease=kv.lease,
-    )
-
-
-def _split_endpoint(ep: str) -> tuple[str, int]:
-    ep = ep.removeprefix("http://").removeprefix("https://").rstrip("/")
-    host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"etcd endpoint must be host:port, got {ep!r}")
-    return host, int(port)
 
 
 class EtcdClient:
     """Async etcd client for llmfleet's coordination keys (all keys/values as str/bytes)."""
 
     def __init__(self, settings: EtcdSettings) -> None:
-        if not settings.endpoints:
-            raise ValueError("EtcdSettings.endpoints is empty")
+        self._conn = EtcdConnection(settings)  # ValueError when settings.endpoints is empty
         self.settings = settings
         self.keys = Keys(settings.prefix)
-        self._endpoints = [_split_endpoint(e) for e in settings.endpoints]
-        self._idx = 0
-        self._client: aetcd.Client | None = None
-        self._gen = 0
-        self._healthy = False
-        self._closed = False
-        self._lock = asyncio.Lock()
-        self._bg: set[asyncio.Task[None]] = set()
 
     # -- connection management ---------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
         """True once connected and while the last RPC succeeded (or failed for a non-transport reason)."""
-        return self._client is not None and self._healthy and not self._closed
+        return self._conn.connected
 
     @property
     def endpoint(self) -> str:
-        host, port = self._endpoints[self._idx]
-        return f"{host}:{port}"
-
-    def _new_client(self, idx: int) -> aetcd.Client:
-        host, port = self._endpoints[idx]
-        return new_aetcd_client(self.settings, host, port, dict(_CHANNEL_OPTIONS))
-
-    async def _current(self) -> tuple[aetcd.Client, int]:
-        if self._closed:
-            raise EtcdError("EtcdClient is closed")
-        if self._client is None:
-            async with self._lock:
-                if self._client is None:
-                    c = self._new_client(self._idx)
-                    await c.connect()  # aetcd only builds the channel and stubs here; no I/O
-                    self._client = c
-                    self._gen += 1
-        assert self._client is not None
-        return self._client, self._gen
-
-    def _discard(self, client: aetcd.Client) -> None:
-        """Close a replaced channel after a grace period, so calls still on it end on their own."""
-        task = asyncio.get_running_loop().create_task(self._close_later(client))
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
-
-    async def _close_later(self, client: aetcd.Client) -> None:
-        try:
-            await asyncio.sleep(_DISCARD_GRACE_S)
-        finally:
-            await self._close_quietly(client)
-
-    @staticmethod
-    async def _close_quietly(client: aetcd.Client) -> None:
-        with contextlib.suppress(Exception):
-            await client.close()
-
-    def _on_failure(self, gen: int, e: BaseException) -> None:
-        """After a transport failure, drop the channel (once per generation) and move to the next endpoint."""
-        self._healthy = False
-        if gen != self._gen or self._client is None:
-            return
-        err = _rpc_error(e)
-        timed_out = err is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        if not (_is_connection_failure(e) or (timed_out and len(self._endpoints) > 1)):
-            return  # etcd answered (e.g. "etcdserver: leader changed"): keep the channel
-        old, self._client = self._client, None
-        self._idx = (self._idx + 1) % len(self._endpoints)
-        log.debug("etcd channel failed (%s); reconnecting to %s", _describe(e), self.endpoint)
-        self._discard(old)
-
-    async def _probe(self, client: aetcd.Client, timeout: float) -> None:
-        await client.connect()
-        await client.maintenancestub.Status(rpc.StatusRequest(), timeout=timeout, metadata=client.metadata)
-
-    async def _connect_once(self) -> None:
-        errors: list[str] = []
-        n = len(self._endpoints)
-        for i in range(n):
-            idx = (self._idx + i) % n
-            client = self._new_client(idx)
-            try:
-                await self._probe(client, min(self.settings.timeout_s, 2.0))
-            except Exception as e:
-                await self._close_quietly(client)
-                err = _rpc_error(e)
-                host, port = self._endpoints[idx]
-                errors.append(f"{host}:{port}: {err.details() if err else e}")
-                continue
-            old, self._client = self._client, client
-            self._idx, self._gen, self._healthy = idx, self._gen + 1, True
-            if old is not None:
-                self._discard(old)
-            log.info("connected to etcd at %s", self.endpoint)
-            return
-        raise EtcdUnavailable("etcd unreachable at " + "; ".join(errors))
+        return self._conn.endpoint
 
     async def connect(self, wait: bool = True) -> None:
         """Connect to the first answering endpoint.
@@ -282,35 +71,10 @@ class EtcdClient:
         ``wait=True`` retries forever with exponential backoff (max 5 s), logging a warning each time;
         ``wait=False`` tries every endpoint once and raises :class:`EtcdUnavailable`.
         """
-        if self._closed:
-            raise EtcdError("EtcdClient is closed")
-        if not wait:
-            await self._connect_once()
-            return
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(EtcdUnavailable),
-            wait=wait_exponential(multiplier=0.1, min=0.1, max=5.0),
-            before_sleep=lambda s: log.warning(
-                "etcd unreachable at %s, retrying in %.1fs (attempt %d): %s",
-                ",".join(self.settings.endpoints),
-                s.next_action.sleep if s.next_action else 0.0,
-                s.attempt_number,
-                s.outcome.exception() if s.outcome else None,
-            ),
-        ):
-            with attempt:
-                await self._connect_once()
+        await self._conn.connect(wait)
 
     async def close(self) -> None:
-        self._closed = True
-        self._healthy = False
-        client, self._client = self._client, None
-        if client is not None:
-            await self._close_quietly(client)
-        for t in list(self._bg):
-            t.cancel()  # closes the replaced channels now
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._conn.close()
 
     async def __aenter__(self) -> EtcdClient:
         await self.connect(wait=True)
@@ -319,48 +83,10 @@ class EtcdClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- retrying call helper ----------------------------------------------------------------------------
     async def _call(
         self, what: str, fn: Callable[[aetcd.Client, float], Awaitable[R]], timeout: float | None = None
     ) -> R:
-        """Run ``fn(client, attempt_timeout)``, retrying transient errors for ``timeout`` (default
-        ``settings.timeout_s``), then raise :class:`EtcdUnavailable`."""
-        budget = timeout if timeout is not None else self.settings.timeout_s
-        deadline = time.monotonic() + budget
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(budget),
-                wait=wait_exponential(multiplier=0.05, min=0.05, max=1.0),
-                retry=retry_if_exception(is_transient),
-                reraise=True,
-            ):
-                with attempt:
-                    client, gen = await self._current()
-                    try:
-                        try:
-                            result = await fn(client, max(0.2, deadline - time.monotonic()))
-                        except asyncio.CancelledError as e:
-                            if not _grpc_cancelled():
-                                raise
-                            raise ConnectionError("etcd call cancelled: its channel was closed") from e
-                    except Exception as e:
-                        if is_transient(e):
-                            self._on_failure(gen, e)
-                        translated = _translate(e)
-                        if translated is e:
-                            raise
-                        raise translated from e
-                    self._healthy = True
-                    return result
-        except EtcdError:
-            raise
-        except Exception as e:
-            if is_transient(e):
-                raise EtcdUnavailable(
-                    f"etcd {what} failed for {budget:.1f}s at {self.endpoint}: {_describe(e)}"
-                ) from e
-            raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._conn.call(what, fn, timeout)
 
     # -- KV ----------------------------------------------------------------------------------------------
     async def put(
@@ -380,7 +106,7 @@ class EtcdClient:
 
         async def op(c: aetcd.Client, t: float) -> tuple[KeyValue | None, int]:
             resp = await c.kvstub.Range(req, timeout=t, metadata=c.metadata)
-            return (_kv(resp.kvs[0]) if resp.kvs else None), resp.header.revision
+            return (KeyValue.from_proto(resp.kvs[0]) if resp.kvs else None), resp.header.revision
 
         return await self._call(f"get {key}", op, timeout)
 
@@ -509,66 +235,8 @@ class EtcdClient:
         Use with ``contextlib.aclosing`` (or ``break``) so the stream is released.
         """
         p = prefix.encode()
-        return self._watch(p, prefix_range_end(p), start_revision)
+        return watch_events(self._conn, p, prefix_range_end(p), start_revision)
 
     def watch_key(self, key: str, start_revision: int) -> AsyncIterator[list[WatchEvent]]:
         """Like :meth:`watch_prefix` for exactly one key."""
-        return self._watch(key.encode(), b"", start_revision)
-
-    async def _watch_io(self, aw: Awaitable[R], gen: int, what: str) -> R:
-        """Await one step of a watch stream, mapping transport trouble to EtcdUnavailable."""
-        try:
-            try:
-                return await aw
-            except asyncio.CancelledError as e:
-                if not _grpc_cancelled():
-                    raise
-                raise ConnectionError("watch cancelled: its channel was closed") from e
-        except Exception as e:
-            if is_transient(e):
-                self._on_failure(gen, e)
-                raise EtcdUnavailable(f"etcd {what} at {self.endpoint}: {_describe(e)}") from e
-            raise
-
-    async def _watch(
-        self, key: bytes, range_end: bytes, start_revision: int
-    ) -> AsyncIterator[list[WatchEvent]]:
-        name = key.decode()
-        client, gen = await self._current()
-        create = rpc.WatchCreateRequest(key=key, range_end=range_end, start_revision=max(start_revision, 0))
-        metadata = (*(client.metadata or ()), ("hasleader", "true"))
-        call = rpc.WatchStub(client.channel).Watch(metadata=metadata)
-        try:
-            await self._watch_io(
-                call.write(rpc.WatchRequest(create_request=create)), gen, f"watch {name!r} failed"
-            )
-            resp = await self._watch_io(
-                asyncio.wait_for(call.read(), self.settings.timeout_s), gen, f"watch {name!r} failed"
-            )
-            while True:
-                if resp is grpc.aio.EOF:
-                    raise WatchInterrupted(f"watch on {name!r} closed by etcd")
-                if resp.compact_revision:
-                    raise WatchInterrupted(
-                        f"watch on {name!r} from revision {start_revision}: history compacted "
-                        f"up to {resp.compact_revision}",
-                        compact_revision=resp.compact_revision,
-                    )
-                if resp.canceled:
-                    raise WatchInterrupted(f"watch on {name!r} canceled by etcd: {resp.cancel_reason}")
-                self._healthy = True
-                batch: list[WatchEvent] = []
-                for ev in resp.events:  # etcd never splits one revision across responses (fragment=False)
-                    rev = ev.kv.mod_revision
-                    if batch and batch[0].mod_revision != rev:
-                        yield batch
-                        batch = []
-                    if ev.type == rpc.Event.PUT:
-                        batch.append(WatchEvent("put", ev.kv.key.decode(), bytes(ev.kv.value), rev))
-                    else:
-                        batch.append(WatchEvent("delete", ev.kv.key.decode(), b"", rev))
-                if batch:
-                    yield batch
-                resp = await self._watch_io(call.read(), gen, f"watch {name!r} lost")
-        finally:
-            call.cancel()
+        return watch_events(self._conn, key.encode(), b"", start_revision)

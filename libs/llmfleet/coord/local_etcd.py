@@ -2,7 +2,7 @@
 
 Used by tests and by ``deploy/local``. The child gets PR_SET_PDEATHSIG=SIGKILL on Linux so it never
 outlives the thread that started it (start it from the main thread, not from a thread pool); it is set
-by an exec shim (``llmfleet.supervisor.with_pdeathsig``), not a ``preexec_fn``, which could crash the
+by an exec shim (``llmfleet.procs.with_pdeathsig``), not a ``preexec_fn``, which could crash the
 forked child of a parent with busy gRPC threads.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from llmfleet.ports import free_port
-from llmfleet.supervisor import with_pdeathsig
+from llmfleet.procs import with_pdeathsig
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """Latency and memory cost models: Aladdin and SCLS forms, tensor parallelism, fitting from engine
-profiles, model/hardware catalogs, roofline defaults and measured GPU operator costs (``vidur``).
+profiles, model/hardware catalogs, roofline defaults, measured GPU operator costs (``vidur``) and the
+compiled per-iteration latency the simulator and the services price with (``iteration_costs``).
 Pure: no I/O beyond the explicit JSON helpers in ``serialize`` and the package's own tables that
 ``vidur`` reads (``data/``), no clock reads inside the models.
 """
@@ -17,6 +18,14 @@ from llmfleet.costmodel.aladdin import (
 )
 from llmfleet.costmodel.fit import FitError, FitReport, fit_curve, fit_linear
 from llmfleet.costmodel.hardware import HARDWARE_CATALOG, Hardware, UnknownHardware, hardware, local_cpu
+from llmfleet.costmodel.iteration_costs import (
+    COST_SOURCES,
+    CostBook,
+    LinearCost,
+    fitted_cost,
+    roofline_cost,
+    vidur_cost,
+)
 from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch, UnknownModel, arch_from_hf_config, model_arch
 from llmfleet.costmodel.profile_fit import EngineProfileFit, fit_engine_profile
 from llmfleet.costmodel.roofline import (
@@ -54,11 +63,13 @@ from llmfleet.costmodel.vidur import (
 )
 
 __all__ = [
+    "COST_SOURCES",
     "FRAMEWORK_OVERHEAD_S",
     "HARDWARE_CATALOG",
     "MODEL_CATALOG",
     "AladdinCoefficients",
     "AladdinModel",
+    "CostBook",
     "DecodeModel",
     "EngineProfileFit",
     "FitError",
@@ -66,6 +77,7 @@ __all__ = [
     "Hardware",
     "Hinge",
     "KvModel",
+    "LinearCost",
     "ModelArch",
     "PrefillModel",
     "ProfileRecord",
@@ -94,6 +106,7 @@ __all__ = [
     "fit_scls_decode",
     "fit_scls_prefill",
     "fit_tp",
+    "fitted_cost",
     "hardware",
     "load_record",
     "local_cpu",
@@ -101,7 +114,9 @@ __all__ = [
     "n_max",
     "prefill_time",
     "record_from_fit",
+    "roofline_cost",
     "roofline_record",
     "save_record",
+    "vidur_cost",
     "vidur_legs",
 ]

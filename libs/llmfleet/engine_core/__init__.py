@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from llmfleet.engine_core.core import ChunkablePolicy, EngineCore, RunChargedPolicy
+from llmfleet.engine_core.continuous_stepper import ContinuousStepper
+from llmfleet.engine_core.core import ChunkablePolicy, EngineCore, RunChargedPolicy, stepper_for
 from llmfleet.engine_core.limits import EngineLimits
-from llmfleet.engine_core.request import CoreRequest, StepPlan, StepResult
+from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.engine_core.static_stepper import StaticStepper
+from llmfleet.engine_core.stepper import Stepper
 
 __all__ = [
     "ChunkablePolicy",
+    "ContinuousStepper",
     "CoreRequest",
     "EngineCore",
     "EngineLimits",
     "RunChargedPolicy",
+    "StaticStepper",
+    "StepEnd",
     "StepPlan",
     "StepResult",
+    "Stepper",
+    "stepper_for",
 ]

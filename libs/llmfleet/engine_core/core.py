@@ -6,21 +6,25 @@ cost model's time), then ``complete(plan, now, ...)`` applies its effects. No th
 reads: both the live engine and the simulator drive the very same object, so their batch sequences,
 preemptions and finish orders are the same by construction (``libs/tests/engine_core/test_parity.py``).
 
-Two modes, chosen by the policy's type:
+Two steppers (:mod:`llmfleet.engine_core.stepper`), one chosen when the core is built (by default by
+the policy's type, :func:`stepper_for`); the core holds the request table and the step in flight, the
+stepper chooses each step and applies its effects:
 
-* **continuous** — a :class:`~llmfleet.policies.request.RequestPolicy` (FCFS, SeaLLM's doubling budget,
-  MuxServe RR, or a static batcher kept over continuous batching by ``StaticBatches``) picks each
-  iteration's batch. A prefill takes ``sched.prompt_tokens`` tokens of KV; a decode appends one slot
-  (all members at once when they fit, else one by one, preempting by recompute the victim the policy
-  names). A plan whose every member was preempted runs nothing: the policy is asked again.
-* **static** — a :class:`~llmfleet.policies.batching.StaticBatchPolicy` (static SLS, SCLS, UELLM,
-  S³) as HF ``generate`` runs it: ``form_batch`` when idle, every row padded to the longest prompt, all
-  rows (finished ones as padding) grow one slot per iteration until every row finished, the slice's
+* **continuous** (:class:`~llmfleet.engine_core.continuous_stepper.ContinuousStepper`) — a
+  :class:`~llmfleet.policies.request.RequestPolicy` (FCFS, SeaLLM's doubling budget, MuxServe RR, or
+  a static batcher kept over continuous batching by ``StaticBatches``) picks each iteration's batch.
+  A prefill takes ``sched.prompt_tokens`` tokens of KV; a decode appends one slot (all members at once
+  when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
+  every member was preempted runs nothing: the policy is asked again.
+* **static** (:class:`~llmfleet.engine_core.static_stepper.StaticStepper`) — a
+  :class:`~llmfleet.policies.batching.StaticBatchPolicy` (static SLS, SCLS, UELLM, S³) as HF
+  ``generate`` runs it: ``form_batch`` when idle, every row padded to the longest prompt, all rows
+  (finished ones as padding) grow one slot per iteration until every row finished, the slice's
   ``max_iterations`` ran, or the pool cannot grow (an OOM slice end). At the batch end all rows free
   their KV and the unfinished go back to waiting to be re-prefilled with prompt + output so far.
 
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
-``llmfleet.policies.batching.base``; this module is its only implementation.
+``llmfleet.policies.batching.base``; this module and its two steppers are its only implementation.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol, runtime_checkable
 
+from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.limits import EngineLimits
-from llmfleet.engine_core.request import CoreRequest, StepPlan, StepResult
-from llmfleet.engine_core.static_mode import StaticMode
-from llmfleet.kvblocks import BlockAllocator, OutOfBlocks
+from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.engine_core.static_stepper import StaticStepper
+from llmfleet.engine_core.stepper import Stepper
+from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
 from llmfleet.policies.request.base import (
     Batch,
@@ -60,9 +66,16 @@ class RunChargedPolicy(Protocol):
     ) -> None: ...
 
 
-class EngineCore(StaticMode):
+def stepper_for(policy: object) -> Stepper:
+    """The stepper ``policy`` runs under: static for a static batcher, else continuous."""
+    static = isinstance(policy, StaticBatchPolicy) and not isinstance(policy, RequestPolicy)
+    return StaticStepper() if static else ContinuousStepper()
+
+
+class EngineCore:
     """An engine's scheduling state. ``allocator`` may hold other sequences (the live engine reserves
-    model weights in it); ``watermark_blocks`` is what admissions leave free (settable)."""
+    model weights in it); ``watermark_blocks`` is what admissions leave free (settable). ``stepper``:
+    continuous or static stepping (default: :func:`stepper_for` the policy)."""
 
     def __init__(
         self,
@@ -70,9 +83,11 @@ class EngineCore(StaticMode):
         allocator: BlockAllocator,
         limits: EngineLimits | None = None,
         watermark_blocks: int | None = None,
+        stepper: Stepper | None = None,
     ) -> None:
         self.policy = policy
-        self.static = isinstance(policy, StaticBatchPolicy) and not isinstance(policy, RequestPolicy)
+        self.stepper: Stepper = stepper_for(policy) if stepper is None else stepper
+        self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
         self.run_charged = isinstance(policy, RunChargedPolicy)
         self.alloc = allocator
@@ -85,18 +100,11 @@ class EngineCore(StaticMode):
         self.running: dict[str, CoreRequest] = {}
         self.failed: list[tuple[CoreRequest, str]] = []  # stuck requests, drained by the driver
         self.preemptions = 0
-        self.requeues = 0  # static mode: unfinished rows sent back to waiting at a batch end
+        self.requeues = 0  # static stepper: unfinished rows sent back to waiting at a batch end
         self._plan: StepPlan | None = None
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
         self._pool: PoolView | None = None
         self._paused = 0
-        # static mode: the batch in progress
-        self._sbatch: StaticBatch | None = None
-        self._srows: list[CoreRequest] = []
-        self._sdone: set[str] = set()
-        self._siters = 0
-        self._sdur = 0.0
-        self._slongest = 0
 
     # ------------------------------------------------------------------------------------ models
     def add_model(self, model: str) -> None:
@@ -123,7 +131,7 @@ class EngineCore(StaticMode):
     def add(self, r: CoreRequest, now: float) -> None:
         """A new request (phase prefill) enters waiting; the policy's ``on_arrival``."""
         self._register(r)
-        self._enqueue(r, now)
+        self.enqueue(r, now)
 
     def _register(self, r: CoreRequest) -> str:
         rid = r.sched.request_id
@@ -134,7 +142,8 @@ class EngineCore(StaticMode):
         self.requests[rid] = r
         return rid
 
-    def _enqueue(self, r: CoreRequest, now: float) -> None:
+    def enqueue(self, r: CoreRequest, now: float) -> None:
+        """``r`` (registered) joins waiting as a prefill; the policy's ``on_arrival``."""
         r.sched.phase = "prefill"
         self.waiting[r.sched.request_id] = r
         self.policy.on_arrival(r.sched, now)
@@ -154,7 +163,7 @@ class EngineCore(StaticMode):
         if reserved and rid in self.alloc:
             self.alloc.free(rid)
         r.fold()
-        self._enqueue(r, now)
+        self.enqueue(r, now)
         return False
 
     def drop(self, request_id: str) -> CoreRequest | None:
@@ -172,9 +181,7 @@ class EngineCore(StaticMode):
             self._deferred.append(request_id)
         elif request_id in self.alloc:
             self.alloc.free(request_id)
-        if self.static and self._sbatch is not None:
-            self._srows = [x for x in self._srows if x is not r]
-            self._sdone.discard(request_id)
+        self.stepper.dropped(r)
         return r
 
     def remove(self, request_id: str) -> CoreRequest | None:
@@ -209,8 +216,8 @@ class EngineCore(StaticMode):
 
     @property
     def static_batch(self) -> StaticBatch | None:
-        """Static mode: the batch in progress (None between batches and in continuous mode)."""
-        return self._sbatch
+        """Static stepper: the batch in progress (None between batches and with a continuous stepper)."""
+        return self.stepper.batch
 
     @property
     def inflight(self) -> set[str]:
@@ -219,6 +226,11 @@ class EngineCore(StaticMode):
         if plan is None:
             return set()
         return {r.sched.request_id for r in (plan.rows if plan.static else plan.members)}
+
+    @property
+    def paused_count(self) -> int:
+        """Requests paused (queued, excluded from scheduling)."""
+        return self._paused
 
     def has_work(self) -> bool:
         """Anything schedulable (unpaused) is queued."""
@@ -230,19 +242,14 @@ class EngineCore(StaticMode):
         were all preempted launches nothing and the policy is asked again."""
         if self._plan is not None:
             raise RuntimeError("a step is already in flight: complete() it first")
-        if self.static:
-            plan = self._schedule_static(now)
-        else:
-            while True:
-                before = (self.preemptions, len(self.waiting))
-                plan = self._schedule_continuous(now)
-                if plan is not None or (self.preemptions, len(self.waiting)) == before:
-                    break
+        plan = self.stepper.schedule(self, now)
         if plan is not None:
             self._plan = plan
         return plan
 
-    def _visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
+    def visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
+        """What the policy may see: unpaused waiting requests up to the room left under
+        ``max_running``, and the unpaused running ones."""
         waiting, running = self.waiting, self.running
         room = max(0, self.limits.max_running - len(running))
         if self._paused:
@@ -252,110 +259,9 @@ class EngineCore(StaticMode):
             return list(waiting.values()), list(running.values())
         return list(islice(waiting.values(), room)), list(running.values())
 
-    def _schedule_continuous(self, now: float) -> StepPlan | None:
-        ws, rs = self._visible()
-        scheds_w = [r.sched for r in ws]
-        scheds_r = [r.sched for r in rs]
-        pool = self.pool_view()
-        batch = self.policy.next_batch(scheds_w, scheds_r, pool, self.batch_limits, now)  # type: ignore[union-attr]
-        if batch is None:
-            if not rs and not self._paused:
-                self._fail_stuck(scheds_w, pool)
-            return None
-        members: list[CoreRequest] = []
-        prefills: list[CoreRequest] = []
-        preempted: list[CoreRequest] = []
-        prefill = prefill_sq = decodes = ctx = 0
-        ids = batch.request_ids
-        reqs: list[CoreRequest]
-        if batch.phase == "decode":  # the common case: one slot each, in one all-or-nothing step
-            running = self.running
-            try:
-                reqs = [running[rid] for rid in ids]
-            except KeyError:
-                reqs = self._resolve(ids)
-            try:
-                self.alloc.grow_each(list(ids), 1)
-            except OutOfBlocks:
-                pass  # some decode needs a block that is not there: the per-request path preempts
-            else:
-                ctx = sum([r.sched.prompt_tokens + r.sched.generated for r in reqs])
-                plan = StepPlan(batch, batch.model, reqs, [], [], 0, 0, len(reqs), ctx, scheds_w, scheds_r)
-                return plan
-        else:
-            reqs = self._resolve(ids)
-        for r in reqs:
-            s = r.sched
-            rid = s.request_id
-            if s.phase == "prefill":
-                try:
-                    self.alloc.reserve(rid, s.model, s.prompt_tokens)
-                except OutOfBlocks:
-                    continue  # the policy over-admitted; it retries next iteration
-                del self.waiting[rid]
-                self.running[rid] = r
-                s.phase = "decode"
-                prefill += s.prompt_tokens
-                prefill_sq += s.prompt_tokens * s.prompt_tokens
-                prefills.append(r)
-            else:
-                if not self._append_or_preempt(r, members, preempted, now):
-                    continue
-                decodes += 1
-                ctx += s.context_tokens
-            members.append(r)
-        if not members:
-            return None
-        return StepPlan(
-            batch,
-            batch.model,
-            members,
-            prefills,
-            preempted,
-            prefill,
-            prefill_sq,
-            decodes,
-            ctx,
-            scheds_w,
-            scheds_r,
-        )
-
-    def _resolve(self, ids: Sequence[str]) -> list[CoreRequest]:
-        out = []
-        for rid in ids:
-            r = self.waiting.get(rid) or self.running.get(rid)
-            if r is None or r.paused:
-                raise RuntimeError(f"policy {self.policy.name} batched unknown request {rid!r}")
-            out.append(r)
-        return out
-
-    def _append_or_preempt(
-        self, r: CoreRequest, members: list[CoreRequest], preempted: list[CoreRequest], now: float
-    ) -> bool:
-        while True:
-            try:
-                self.alloc.append_slot(r.sched.request_id)
-                return True
-            except OutOfBlocks:
-                cands = [x for x in self.running.values() if x is not r and not x.paused and x not in members]
-                by_id = {id(x.sched): x for x in [*cands, r]}
-                victim = by_id[id(self.policy.preemption_victim([x.sched for x in [*cands, r]], now))]
-                self._preempt(victim, now)
-                preempted.append(victim)
-                if victim is r:
-                    return False
-
-    def _preempt(self, r: CoreRequest, now: float) -> None:
-        """Preemption by recompute: drop the KV, fold the output into the prompt, back to waiting."""
-        rid = r.sched.request_id
-        self.alloc.free(rid)
-        del self.running[rid]
-        r.fold()
-        r.preemptions += 1
-        self.preemptions += 1
-        self._enqueue(r, now)
-
-    def _fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None:
+    def fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None:
+        """Nothing runs and the policy chose nothing: waiting requests that can never fit the pool
+        leave the core as failed (:meth:`drain_failed`)."""
         for s in stuck_requests(scheds_w, [], pool):
             r = self.requests.pop(s.request_id)
             del self.waiting[s.request_id]
@@ -429,36 +335,26 @@ class EngineCore(StaticMode):
             if rid in self.alloc:
                 self.alloc.free(rid)
         self._deferred.clear()
-        if plan.static:
-            return self._complete_static(plan, now, durations, produced, finished)
-        k = plan.iterations
-        members = plan.members
-        scheds = [r.sched for r in members]
-        if isinstance(durations, float | int):
-            self.policy.on_iteration(plan.batch, float(durations), now, scheds)  # type: ignore[arg-type]
-        elif k > 1 and self.run_charged:
-            self.policy.on_iterations(plan.batch, durations, now, scheds)  # type: ignore[union-attr]
-        else:
-            self.policy.on_iteration(plan.batch, float(sum(durations)), now, scheds)  # type: ignore[arg-type]
-        requests = self.requests
+        return self.stepper.complete(self, plan, StepEnd(now, durations, produced, finished))
+
+    # ---------------------------------------------------------------------------- static stepper
+    def _static_stepper(self) -> StaticStepper:
+        if not isinstance(self.stepper, StaticStepper):
+            raise RuntimeError("the core runs a continuous stepper: no static batch")
+        return self.stepper
+
+    def static_steps_left(self, plan: StepPlan, cap: int | None = None) -> int:
+        """Iterations the static batch may run from ``plan`` on (``cap``, the slice limit and the
+        KV): a simulator may set ``plan.iterations`` up to this, every row growing a slot per extra
+        iteration."""
+        return self._static_stepper().steps_left(self, plan, cap)
+
+    def reserve_ahead(self, plan: StepPlan, k: int) -> None:
+        """Run the static ``plan`` for ``k`` iterations, every row's padded KV for all of them reserved
+        now (HF's static cache); ``k`` within :meth:`static_steps_left`."""
+        if not plan.static or plan is not self._plan or k < 1:
+            raise ValueError("reserve_ahead takes the static plan in flight and k >= 1")
         if k > 1:
-            self.alloc.grow_each([s.request_id for s in scheds if s.request_id in requests], k - 1)
-        if produced is None:
-            for r in members:
-                r.produced += k
-                r.sched.generated += k
-        else:
-            for r, n in zip(members, produced, strict=True):
-                r.produced += n
-                r.sched.generated += n
-        done = []
-        for r in finished:
-            rid = r.sched.request_id
-            if requests.pop(rid, None) is None:
-                continue  # dropped while in flight
-            self.running.pop(rid, None)
-            if rid in self.alloc:
-                self.alloc.free(rid)
-            self.policy.on_finish(r.sched, now)
-            done.append(r)
-        return StepResult(done, [], [])
+            self.alloc.grow_each([r.sched.request_id for r in plan.rows], k - 1)
+        plan.iterations = k
+        plan.reserved = k - 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,3 +105,15 @@ class StepResult:
     finished: list[CoreRequest]
     requeued: list[CoreRequest]
     batch_rows: list[CoreRequest]
+
+
+@dataclass(slots=True)
+class StepEnd:
+    """What the driver reports of a step that ended (:meth:`EngineCore.complete`'s arguments): when,
+    how long it took (one duration, or one per iteration of a chunk), the tokens each member produced
+    (None: ``plan.iterations`` each) and the members that finished."""
+
+    now: float
+    durations: Sequence[float] | float
+    produced: Sequence[int] | None = None
+    finished: Iterable[CoreRequest] = ()

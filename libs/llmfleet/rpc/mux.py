@@ -314,6 +314,88 @@ def from_iterator(chunks: Callable[[Any, float | None], AsyncIterator[common_pb2
     return run
 
 
+class _ServerCall:
+    """The server's state of one multiplexed call: a pump task per started stream, and the chunks
+    and stream ends waiting to go out in the next batch."""
+
+    def __init__(self, handler: Handler, name: str) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.handler = handler
+        self.name = name
+        self.chunks: list[common_pb2.TokenChunk] = []
+        self.errors: list[common_pb2.StreamEnd] = []
+        self.pumps: dict[str, asyncio.Task] = {}
+        self.kick: asyncio.Future[None] | None = None  # set while the writer waits for output
+        self.reading = True
+
+    def wake(self) -> None:
+        k = self.kick
+        if k is not None:
+            self.kick = None
+            if not k.done():
+                k.set_result(None)
+
+    def emit(self, chunk: common_pb2.TokenChunk) -> None:
+        self.chunks.append(chunk)
+        if self.kick is not None:
+            self.wake()
+
+    def refuse(
+        self, rid: str, code: grpc.StatusCode, details: str, retry_after_s: float | None = None
+    ) -> None:
+        self.errors.append(
+            common_pb2.StreamEnd(
+                request_id=rid, code=code.value[0], details=details, retry_after_s=retry_after_s or 0.0
+            )
+        )
+        self.wake()
+
+    async def pump(self, rid: str, request: Any, timeout_s: float) -> None:
+        """Run the handler of one stream; how it ends becomes that stream's end."""
+        try:
+            if timeout_s > 0:
+                async with asyncio.timeout(timeout_s):
+                    await self.handler(request, timeout_s, self.emit)
+            else:
+                await self.handler(request, None, self.emit)
+        except StreamRefused as e:
+            self.refuse(rid, e.code, e.details, e.retry_after_s)
+        except TimeoutError:
+            self.refuse(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        except asyncio.CancelledError:
+            pass  # stopped by the caller (cancel, or the call ended)
+        except Exception as e:
+            log.exception("%s: stream %s failed", self.name, rid)
+            self.refuse(rid, grpc.StatusCode.INTERNAL, f"{self.name}: {e}")
+        finally:
+            if self.pumps.get(rid) is asyncio.current_task():
+                del self.pumps[rid]
+            self.wake()
+
+    def start(self, rid: str, request: Any, timeout_s: float) -> None:
+        if not rid:  # its chunks could not be told from another stream's
+            self.refuse(rid, grpc.StatusCode.INVALID_ARGUMENT, "start.request.request_id: must not be empty")
+        elif rid in self.pumps:
+            self.refuse(rid, grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is already open on this call")
+        else:
+            self.pumps[rid] = self.loop.create_task(self.pump(rid, request, timeout_s))
+
+    async def read(self, commands: AsyncIterator[Any]) -> None:
+        """Start and cancel streams as the caller's commands say, until it stops sending."""
+        try:
+            async for msg in commands:
+                # starts first: a stream stopped before its start was written comes in one message
+                for start in msg.start:
+                    self.start(start.request.request_id, start.request, start.timeout_s)
+                for rid in msg.cancel:
+                    task = self.pumps.pop(rid, None)
+                    if task is not None:
+                        task.cancel()
+        finally:
+            self.reading = False
+            self.wake()
+
+
 async def serve_many(
     commands: AsyncIterator[Any], handler: Handler, *, name: str = "mux"
 ) -> AsyncIterator[common_pb2.ChunkBatch]:
@@ -322,100 +404,24 @@ async def serve_many(
     the stream with a status; past ``timeout_s`` DEADLINE_EXCEEDED); a ``cancel`` stops the handler as
     a cancelled call would. Ends when the caller has stopped sending and every handler is done; the
     caller going away cancels them all."""
-    loop = asyncio.get_running_loop()
-    chunks: list[common_pb2.TokenChunk] = []
-    errors: list[common_pb2.StreamEnd] = []
-    pumps: dict[str, asyncio.Task] = {}
-    kick: list[asyncio.Future[None] | None] = [None]
-    reading = [True]
-
-    def wake() -> None:
-        k = kick[0]
-        if k is not None:
-            kick[0] = None
-            if not k.done():
-                k.set_result(None)
-
-    def emit(chunk: common_pb2.TokenChunk) -> None:
-        chunks.append(chunk)
-        if kick[0] is not None:
-            wake()
-
-    def refuse(rid: str, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
-        errors.append(
-            common_pb2.StreamEnd(
-                request_id=rid, code=code.value[0], details=details, retry_after_s=retry_after_s or 0.0
-            )
-        )
-        wake()
-
-    async def pump(rid: str, request: Any, timeout_s: float) -> None:
-        try:
-            if timeout_s > 0:
-                async with asyncio.timeout(timeout_s):
-                    await handler(request, timeout_s, emit)
-            else:
-                await handler(request, None, emit)
-        except StreamRefused as e:
-            refuse(rid, e.code, e.details, e.retry_after_s)
-        except TimeoutError:
-            refuse(rid, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        except asyncio.CancelledError:
-            pass  # stopped by the caller (cancel, or the call ended)
-        except Exception as e:
-            log.exception("%s: stream %s failed", name, rid)
-            refuse(rid, grpc.StatusCode.INTERNAL, f"{name}: {e}")
-        finally:
-            if pumps.get(rid) is asyncio.current_task():
-                del pumps[rid]
-            wake()
-
-    async def read() -> None:
-        try:
-            async for msg in commands:
-                # starts first: a stream stopped before its start was written comes in one message
-                for start in msg.start:
-                    rid = start.request.request_id
-                    if not rid:  # its chunks could not be told from another stream's
-                        refuse(
-                            rid,
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            "start.request.request_id: must not be empty",
-                        )
-                        continue
-                    if rid in pumps:
-                        refuse(
-                            rid,
-                            grpc.StatusCode.ALREADY_EXISTS,
-                            f"request {rid!r} is already open on this call",
-                        )
-                        continue
-                    pumps[rid] = loop.create_task(pump(rid, start.request, start.timeout_s))
-                for rid in msg.cancel:
-                    task = pumps.pop(rid, None)
-                    if task is not None:
-                        task.cancel()
-        finally:
-            reading[0] = False
-            wake()
-
-    reader = loop.create_task(read(), name=f"{name}-commands")
+    call = _ServerCall(handler, name)
+    reader = call.loop.create_task(call.read(commands), name=f"{name}-commands")
     try:
         while True:
-            if chunks or errors:
-                batch = common_pb2.ChunkBatch(chunks=chunks, errors=errors)
-                chunks.clear()
-                errors.clear()
+            if call.chunks or call.errors:
+                batch = common_pb2.ChunkBatch(chunks=call.chunks, errors=call.errors)
+                call.chunks.clear()
+                call.errors.clear()
                 yield batch
                 continue
-            if not reading[0] and not pumps:
+            if not call.reading and not call.pumps:
                 return
-            k = loop.create_future()
-            kick[0] = k
+            k = call.loop.create_future()
+            call.kick = k
             await k
     finally:
         reader.cancel()
-        for task in list(pumps.values()):
+        for task in list(call.pumps.values()):
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader

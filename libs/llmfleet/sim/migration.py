@@ -4,7 +4,7 @@ Each epoch (``sim.every``) :class:`MigrationLoop` builds the policy's input from
 one :class:`GpuState` per instance, its requests with the KV they hold now (whole blocks, as the pool
 counts them; a waiting request counts its prompt, which it will hold once admitted) — runs the
 policy, lets the transfer planner choose each migration's mode within the epoch's budgets, and
-executes the moves with ``Simulator.move_request``:
+executes the moves with ``Fleet.move_request``:
 
 - **KV transfer**: the request is away for ``kv_bytes / link bandwidth`` (the hardware's intra-node
   link for instances on one node, else its inter-node link, at ``comm_eff``) and lands with its KV;
@@ -99,7 +99,7 @@ class MigrationLoop:
         """Nodes by GPU order (instances fill nodes of ``gpus_per_node`` in plan order); epochs from now."""
         per_node = sim.spec.cluster.hw.gpus_per_node
         gpu = 0
-        for iid, inst in sim.instances.items():
+        for iid, inst in sim.fleet.instances.items():
             self._node[iid] = gpu // per_node
             gpu += inst.tp
         sim.every(self.epoch_s, self.tick)
@@ -109,8 +109,8 @@ class MigrationLoop:
         self._holding = set()
         arriving: dict[str, list[RequestState]] = {}
         for rid, (dst, r) in list(self._transit.items()):
-            at = sim.instance_of(rid)
-            listed = at is not None and rid in sim.instances[at].core.requests
+            at = sim.fleet.instance_of(rid)
+            listed = at is not None and rid in sim.fleet.instances[at].core.requests
             if at == dst and not listed:  # on the wire, or landed during a step and waiting to join
                 arriving.setdefault(dst, []).append(r)
                 self._holding.add(rid)
@@ -119,7 +119,7 @@ class MigrationLoop:
             # else: still on its source (it leaves when the step in flight ends), which reports it
         return [
             self._state(inst, arriving.get(inst.instance_id, ()))
-            for inst in sim.instances.values()
+            for inst in sim.fleet.instances.values()
             if inst.active and inst.serving
         ]
 
@@ -154,7 +154,7 @@ class MigrationLoop:
                     links[(a.gpu_id, b.gpu_id)] = bw * hw.comm_eff * self.epoch_s
         prefill: dict[str, float] = {}
         for g in gpus:
-            inst = sim.instances[g.gpu_id]
+            inst = sim.fleet.instances[g.gpu_id]
             lm = sim.cost.model(inst.models[0], inst.tp)
             ctx = sum(r.tokens for r in g.requests)
             prefill[g.gpu_id] = reprefill_boundary(lm, len(g.requests), ctx, self.epoch_s, self.prefill_slack)
@@ -183,7 +183,7 @@ class MigrationLoop:
             else:
                 same = self._node.get(m.source) == self._node.get(m.destination)
                 transfer_s = m.kv_bytes / ((hw.intra_node_bw if same else hw.inter_node_bw) * hw.comm_eff)
-            if not sim.move_request(m.request_id, m.destination, transfer_s, now, reprefill=token):
+            if not sim.fleet.move_request(m.request_id, m.destination, transfer_s, now, reprefill=token):
                 st.skipped += 1
                 continue
             done += 1
@@ -230,7 +230,7 @@ def epoch_stats(epoch_s: float) -> RebalanceStats:
 class RebalanceLoop:
     """Aladdin's Algorithm 2 every ``epoch_s``: the dispatch policy (a
     :class:`~llmfleet.policies.dispatch.Rebalancer`) plans moves of not-yet-started requests from
-    under- to over-estimated workers; each is carried out with ``Simulator.move_request`` — at once
+    under- to over-estimated workers; each is carried out with ``Fleet.move_request`` — at once
     (a queued request has no KV, only its prompt travels) — and recorded with ``apply_move``. A request
     that is no longer queued at its source (its prefill is in the step in flight, it produced a token,
     finished or moved) is skipped: Aladdin never migrates a started request."""
@@ -251,10 +251,10 @@ class RebalanceLoop:
         moves = self.policy.rebalance(now)
         st.planned += len(moves)
         for rid, src_id, dst_id in moves:
-            if sim.instance_of(rid) != src_id or not self._queued(sim.instances[src_id], rid):
+            if sim.fleet.instance_of(rid) != src_id or not self._queued(sim.fleet.instances[src_id], rid):
                 st.skipped += 1
                 continue
-            if not sim.move_request(rid, dst_id, 0.0, now):
+            if not sim.fleet.move_request(rid, dst_id, 0.0, now):
                 st.skipped += 1
                 continue
             self.policy.apply_move(rid, dst_id, now)
@@ -292,17 +292,17 @@ class QueueMoveLoop:
         st = self.stats
         st.epochs += 1
         queued: dict[str, list[tuple[str, str]]] = {}
-        for iid, inst in sim.instances.items():
+        for iid, inst in sim.fleet.instances.items():
             rows = [(r.payload.arrival_s, rid, r.sched.model) for rid, r in inst.core.requests.items()
                     if RebalanceLoop._queued(inst, rid)]  # fmt: skip
             if rows:
                 queued[iid] = [(rid, m) for _, rid, m in sorted(rows)]
         if not queued:
             return
-        moves = plan_queue_moves(sim.candidates(), queued, self.saturation)
+        moves = plan_queue_moves(sim.fleet.candidates(), queued, self.saturation)
         st.planned += len(moves)
         for rid, _src, dst in moves:
-            if sim.move_request(rid, dst, 0.0, now):
+            if sim.fleet.move_request(rid, dst, 0.0, now):
                 st.executed += 1
             else:
                 st.skipped += 1

@@ -32,12 +32,12 @@ from llmfleet.sim.simulator import Route, Sample, SimResult, Simulator
 
 def partition_blocker(sim: Simulator) -> str | None:
     """Why ``sim`` cannot be split across processes, or None when it can."""
-    if not sim.load_blind:
+    if not sim.fleet.load_blind:
         return f"dispatch policy {sim.dispatch.name!r} reads instance load ({sim.dispatch.needs.describe()})"
     coupled = sim.coupling()
     if coupled is not None:
         return coupled
-    if len(sim.instances) < 2:
+    if len(sim.fleet.instances) < 2:
         return "only one instance"
     if "fork" not in mp.get_all_start_methods():
         return "this platform cannot fork"
@@ -88,7 +88,7 @@ def _child(
             done[slot] = n
             clock[slot] = now
 
-        res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim.strict_services)
+        res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim.fleet.strict_services)
         # the parent knows each request; only outcomes travel (plain tuples pickle ~10x faster)
         outcomes = [tuple(getattr(r, f) for f in _OUTCOME) for r in res.records]
         res.records = []
@@ -117,10 +117,29 @@ def run_partitioned(
     reqs = list(requests)
     if not reqs:
         raise ValueError("the workload has no requests")
-    sim.strict_services = strict_services
+    routes = _route_all(sim, reqs, strict_services)  # step 1
+    counts: dict[str, int] = {}
+    for r in routes:
+        if r.instance_id is not None:
+            counts[r.instance_id] = counts.get(r.instance_id, 0) + 1
+    groups = _groups(counts, list(sim.fleet.instances), workers)
+    owner = {iid: g for g, ids in enumerate(groups) for iid in ids}
+    parts: list[tuple[list, list[Route]]] = [([], []) for _ in groups]
+    for wr, r in zip(reqs, routes, strict=True):
+        if r.instance_id is not None:
+            part_reqs, part_routes = parts[owner[r.instance_id]]
+            part_reqs.append(wr)
+            part_routes.append(r)
+    results = _fork(sim, groups, parts, reqs[0].arrival_s, progress)  # step 2
+    return _merge(sim, reqs, routes, owner, groups, results, t0, progress)
+
+
+def _route_all(sim: Simulator, reqs: list, strict_services: bool) -> list[Route]:
+    """Route every request in arrival order, exactly as the serial run's arrivals would."""
+    sim.fleet.use_services(strict_services)
     routes: list[Route] = []
     prev = None
-    for wr in reqs:  # step 1: route in arrival order, exactly as the serial run's arrivals would
+    for wr in reqs:
         if prev is not None and wr.arrival_s < prev.arrival_s:
             raise ValueError(
                 f"requests must be sorted by arrival: {wr.request_id} ({wr.arrival_s}) comes "
@@ -128,44 +147,38 @@ def run_partitioned(
             )
         routes.append(sim.route(wr, wr.arrival_s))
         prev = wr
-    counts: dict[str, int] = {}
-    for r in routes:
-        if r.instance_id is not None:
-            counts[r.instance_id] = counts.get(r.instance_id, 0) + 1
-    groups = _groups(counts, list(sim.instances), workers)
-    owner = {iid: g for g, ids in enumerate(groups) for iid in ids}
-    part_reqs: list[list] = [[] for _ in groups]
-    part_routes: list[list[Route]] = [[] for _ in groups]
-    for wr, r in zip(reqs, routes, strict=True):
-        if r.instance_id is not None:
-            g = owner[r.instance_id]
-            part_reqs[g].append(wr)
-            part_routes[g].append(r)
+    return routes
 
+
+def _fork(
+    sim: Simulator,
+    groups: list[list[str]],
+    parts: list[tuple[list, list[Route]]],
+    origin: float,
+    progress: Callable[[int, float], None] | None,
+) -> dict[int, tuple[SimResult, list[tuple]]]:
+    """One forked process per group with requests; their (result, outcomes) by group."""
     ctx = mp.get_context("fork")
     done = ctx.Array("q", len(groups), lock=False)  # per worker: requests arrived, simulated time
     clock = ctx.Array("d", len(groups), lock=False)
-    procs, conns = [], []
-    for g, ids in enumerate(groups):  # step 2: one forked process per non-empty group
-        if not part_reqs[g]:
+    procs, pending = [], {}
+    for g, ids in enumerate(groups):
+        part_reqs, part_routes = parts[g]
+        if not part_reqs:
             continue
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_child,
-            args=(sim, ids, part_reqs[g], part_routes[g], reqs[0].arrival_s, send, done, clock, g),
-            daemon=True,
+            target=_child, args=(sim, ids, part_reqs, part_routes, origin, send, done, clock, g), daemon=True
         )
         p.start()
         send.close()
-        procs.append((g, p))
-        conns.append((g, recv))
+        procs.append(p)
+        pending[g] = recv
     results: dict[int, tuple[SimResult, list[tuple]]] = {}
     errors: list[str] = []
-    pending = dict(conns)
     try:
         while pending:
-            ready = wait(list(pending.values()), timeout=0.5)
-            for conn in ready:
+            for conn in wait(list(pending.values()), timeout=0.5):
                 g = next(k for k, c in pending.items() if c is conn)
                 try:
                     status, payload = conn.recv()
@@ -179,13 +192,13 @@ def run_partitioned(
             if progress:  # simulated time: the furthest behind of the workers still running
                 progress(sum(done), min((clock[g] for g in pending), default=clock[0]))
     finally:
-        for _, p in procs:
+        for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
     if errors:
         raise RuntimeError("a simulation worker failed:\n" + "\n".join(errors))
-    return _merge(sim, reqs, routes, owner, groups, results, t0, progress)
+    return results
 
 
 def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResult:
@@ -206,7 +219,7 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
         records.append(rec)
     stats = {d["instance"]: d for res in results.values() for d in res.instances}
     idle = {  # an idle group (no results, or done sampling) holds no KV, no GPUs busy, no requests
-        g: sum(sim.instances[i].kv_capacity_bytes for i in ids) for g, ids in enumerate(groups)
+        g: sum(sim.fleet.instances[i].kv_capacity_bytes for i in ids) for g, ids in enumerate(groups)
     }
     n_samples = max((len(res.samples) for res in results.values()), default=0)
     samples = []
@@ -237,18 +250,18 @@ def _merge(sim, reqs, routes, owner, groups, payloads, t0, progress) -> SimResul
     events = sum(res.events - len(res.samples) for res in results.values()) + n_samples + unrouted
     end_s = max((res.end_s for res in results.values()), default=reqs[-1].arrival_s)
     sim.records = records
-    sim.now = end_s
+    sim.events.now = end_s
     if progress:
         progress(len(reqs), end_s)
     return SimResult(
         records=records,
         samples=samples,
-        instances=[stats.get(i) or sim.instance_stats(sim.instances[i]) for i in sim.instances],
+        instances=[stats.get(i) or sim.instance_stats(sim.fleet.instances[i]) for i in sim.fleet.instances],
         end_s=end_s,
         events=events,
         wall_s=time.perf_counter() - t0,
         cost_sources=sim.cost.sources(),
-        provisioned_gpus=sum(i.tp for i in sim.instances.values()),
+        provisioned_gpus=sum(i.tp for i in sim.fleet.instances.values()),
         workers=len(results),
-        gpu_log=list(sim.gpu_log),
+        gpu_log=list(sim.fleet.gpu_log),
     )

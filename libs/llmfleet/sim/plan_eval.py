@@ -13,6 +13,10 @@ costs. Score (:class:`~llmfleet.policies.placement.PlanScore`):
 * a request no instance can take is a violation; its latency counts from its arrival to the end of the
   simulated window (the last arrival or finish, whichever is later).
 
+:class:`ClusterPlanEvaluators` is the :class:`~llmfleet.policies.placement.evaluator.PlanEvaluatorFactory`
+the live placement leader is given: it turns a cluster config, the GPU pool and the monitored window
+into a :class:`SimPlanEvaluator`, as ``llmfleet sim --cluster-config`` reads that config.
+
 ``processes`` > 1 simulates the plans of one :meth:`evaluate` call side by side in that many worker
 processes (spawned once, each holding the workload and the cost tables; "spawn" so that a process with
 gRPC threads can use it safely).
@@ -23,18 +27,25 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llmfleet.costmodel import ProfileRecord
+from llmfleet.costmodel.hardware import hardware
 from llmfleet.policies.dispatch import make_dispatch_policy
-from llmfleet.policies.placement.base import InstancePlan, PlanScore
+from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlanScore
 from llmfleet.policies.placement.dedicated_even import smallest_tp
+from llmfleet.policies.placement.evaluator import WindowRequest
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import slo_met
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.simulator import Simulator
-from llmfleet.sim.spec import SimSpec
+from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
 from llmfleet.workload import WorkloadRequest
+
+if TYPE_CHECKING:
+    from llmfleet.config import ClusterConfig
 
 
 class _Scorer:
@@ -62,7 +73,7 @@ class _Scorer:
         if plan:
             sim = Simulator(
                 spec, list(plan), self.bundle.local_factory(),
-                make_dispatch_policy(self.bundle.dispatch, **self.bundle.dispatch_options), self.cost,
+                make_dispatch_policy(self.bundle.dispatch.policy, **self.bundle.dispatch.options), self.cost,
             )  # fmt: skip
             records = sim.run(self.requests, strict_services=True).records
         else:
@@ -184,3 +195,43 @@ def evaluator_factory(
         return SimPlanEvaluator(spec, requests, bundle, records=records, processes=processes)
 
     return make
+
+
+@dataclass(frozen=True)
+class ClusterPlanEvaluators:
+    """The live leader's :class:`~llmfleet.policies.placement.evaluator.PlanEvaluatorFactory`: a
+    :class:`SimPlanEvaluator` replaying the window's requests of the config's services (catalog models
+    and SLOs as ``llmfleet sim --cluster-config`` reads them; arrivals from the window's first) with the
+    engines' local policy (``fcfs`` unless they all run one) and the services' dispatch (``dispatch``
+    unless they all name one), ``placement`` naming the planner whose candidates are scored."""
+
+    placement: str = "seallm"
+    dispatch: str = "round_robin"
+
+    def __call__(
+        self, config: ClusterConfig, gpus: GpuPool, window: Sequence[WindowRequest]
+    ) -> SimPlanEvaluator | None:
+        services, engine = from_cluster_config(config)
+        catalog = {s.name: s.model for s in services}
+        rows = [w for w in window if w.service in catalog]
+        if not rows:
+            return None
+        t0 = rows[0].arrival_s
+        requests = [
+            WorkloadRequest(f"{w.service}-{i}", w.arrival_s - t0, w.prompt_tokens, w.output_tokens,
+                            w.service, catalog[w.service])
+            for i, w in enumerate(rows)
+        ]  # fmt: skip
+        engines = [*config.engines.values()]
+        if config.emulated is not None:
+            engines.append(config.emulated.engine)
+        local = {e.policy for e in engines}
+        dispatch = {s.dispatch for s in config.services.values() if s.dispatch}
+        bundle = PolicyBundle(
+            "live",
+            placement=self.placement,
+            dispatch=dispatch.pop() if len(dispatch) == 1 else self.dispatch,
+            engine=local.pop() if len(local) == 1 else "fcfs",
+        )
+        spec = SimSpec(ClusterSpec(gpus.count, hardware(gpus.hardware)), services, engine)
+        return SimPlanEvaluator(spec, requests, bundle)

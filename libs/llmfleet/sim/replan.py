@@ -238,7 +238,7 @@ class PlacementLoop:
         self._m_est = self._score_m()
         first = self.adaptive.interval_s if self.adaptive is not None else self.interval_s
         self._sim = sim
-        sim.wake = self.wake
+        sim.fleet.wake = self.wake
         sim.at(start + first, self._scheduled(self._gen))
 
     def _scheduled(self, gen: int) -> Callable[[Simulator, float], None]:
@@ -301,10 +301,10 @@ class PlacementLoop:
             self._queued(sim, window_loads(sim.spec, arrived, finished, span, self._last_output), now),
             self.interval_s,
         )
-        hosting = sim.hosting()
+        hosting = sim.fleet.hosting()
         current = tuple(InstancePlan(i, ms, tp) for i, (tp, ms) in sorted(hosting.items()) if ms)
-        infeasible = {m: n - self._infeasible_seen.get(m, 0) for m, n in sim.infeasible.items()}
-        self._infeasible_seen = dict(sim.infeasible)
+        infeasible = {m: n - self._infeasible_seen.get(m, 0) for m, n in sim.fleet.infeasible.items()}
+        self._infeasible_seen = dict(sim.fleet.infeasible)
         evaluator = None
         decision: Decision
         try:
@@ -328,7 +328,7 @@ class PlacementLoop:
             decision = self._decide(sim, plan, hosting, now, backlogged)
         except (PlacementInfeasible, ValueError) as e:  # as the live leader: log, keep the plan in force
             status = "skipped" if isinstance(e, _Skip) else "infeasible"
-            decision = Decision(now, plan_summary(current), sim.gpus_used, status=status, error=str(e))
+            decision = Decision(now, plan_summary(current), sim.fleet.gpus_used, status=status, error=str(e))
         finally:
             if evaluator is not None:
                 evaluator.close()
@@ -350,7 +350,7 @@ class PlacementLoop:
         for r in sim.records[self._cursor :]:
             if r.first_token_s is None and not r.failed and r.arrival_s <= now:
                 queued[r.service] = queued.get(r.service, 0) + 1
-        held = sim.held()
+        held = sim.fleet.held()
         return [dataclasses.replace(s, queued=queued.get(s.name, 0), held=held.get(s.name, 0)) for s in loads]
 
     def _decide(
@@ -375,7 +375,7 @@ class PlacementLoop:
         for tp, n in sorted(wanted.items()):
             for j in range(n):
                 eid = f"n{self._ticks}.{tp}.{j}"
-                while eid in sim.instances:
+                while eid in sim.fleet.instances:
                     eid += "'"
                 fresh.append(eid)
                 pool.append(EngineSlot(eid, tp))
@@ -389,7 +389,7 @@ class PlacementLoop:
             return Decision(now, summary, gpus, status="unchanged")
         for eid, ms in target.items():  # every instance must hold its models before any change
             if ms:
-                sim.check_models(ms, tps[eid], f"instance {eid}")  # ValueError (DoesNotFit)
+                sim.fleet.check_models(ms, tps[eid], f"instance {eid}")  # ValueError (DoesNotFit)
         # hysteresis, as the live leader: the same proposal confirm_intervals ticks in a row, unless it
         # serves a model the plan in force leaves unserved
         key = (
@@ -400,13 +400,13 @@ class PlacementLoop:
         if not self.hysteresis.decide(key, urgent=urgent):
             note = f"proposed {summary}; applied if proposed for {self.confirm_intervals} intervals"
             return Decision(now, plan_summary([InstancePlan(e, ms, tps[e]) for e, ms in current.items() if ms]),
-                            sim.gpus_used, n_moves, [note], status="proposed")  # fmt: skip
+                            sim.fleet.gpus_used, n_moves, [note], status="proposed")  # fmt: skip
         changes = []
         for eid, ms in sorted(target.items()):
             if eid in fresh or set(ms) == set(current[eid]):
                 continue
             before = set(current[eid])
-            sim.set_models(eid, ms, now, mode=self.mode)
+            sim.fleet.set_models(eid, ms, now, mode=self.mode)
             if ms:
                 delta = [f"+{m}" for m in ms if m not in before] + [f"-{m}" for m in sorted(before - set(ms))]
                 changes.append(f"{eid}: {' '.join(delta)}")
@@ -415,6 +415,8 @@ class PlacementLoop:
         for eid in fresh:
             ms = target[eid]
             if ms:
-                sim.add_instance(InstancePlan(eid, ms, tps[eid]), now + sim.load_time_s(ms, tps[eid]))
+                sim.fleet.add_instance(
+                    InstancePlan(eid, ms, tps[eid]), now + sim.fleet.load_time_s(ms, tps[eid])
+                )
                 changes.append(f"{eid}: new tp{tps[eid]} [{'+'.join(ms)}]")
         return Decision(now, summary, gpus, n_moves, changes, status="applied")

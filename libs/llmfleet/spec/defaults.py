@@ -13,10 +13,20 @@ ENGINE_POLICY = "fcfs"  # the engine-local request policy
 DISPATCH_POLICY = "round_robin"
 PLACEMENT_POLICY = "static"  # the live leader's default: copy the engines: lists (no planner)
 LIVE_PLACEMENT_INTERVAL_S = 30.0  # the live leader's interval when none is given
-PLACEMENT_CONFIRM_INTERVALS = 2  # hysteresis: a changed plan is applied once proposed this often in a row
+LIVE_PLACEMENT_CONFIRM_INTERVALS = (
+    2  # hysteresis: a changed plan is applied once proposed this often in a row
+)
 MIGRATION_POLICY = "none"
 MIGRATION_EPOCH_S = 1.0
 TRANSFER = "hybrid"
 BINDING = "late"  # requests wait in the scheduler while every engine of their model is saturated
 QUEUE_SLACK = 4
 KV_ROOM_FRACTION = 0.95
+
+# Where the simulator's presets differ, and why: they reproduce the papers' systems, which plan once
+# (no leader), apply a plan at once (no hysteresis) and bind every request on arrival; and a simulated
+# request always carries its own output length (the trace's), so its cap only bounds the run.
+SIM_PLACEMENT_POLICY = "dedicated_even"  # "static" copies engines: lists, which a simulated GPU pool has not
+SIM_PLACEMENT_CONFIRM_INTERVALS = 1
+SIM_BINDING = "early"
+SIM_MAX_TOKENS = 4096

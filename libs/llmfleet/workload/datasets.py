@@ -16,6 +16,7 @@ from llmfleet.token_estimate import approx_token_count
 
 Tokenizer = Callable[[str], int]
 
+
 def _count(tokenizer: Tokenizer, text: str, where: str) -> int:
     n = tokenizer(text)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from llmfleet.cli import up
+from llmfleet.cli import up, up_plan
 from llmfleet.cli.main import main
 from llmfleet.cli.status import KV, ClusterStatus, collect_status, render_status
 from llmfleet.client.testing import FakeScheduler, FakeSchedulerThread, Fault, fake_completion
@@ -357,8 +357,8 @@ def test_up_starts_supervises_and_stops_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, gone: Callable[..., bool]
 ) -> None:
     """``up`` with stand-in services (the health helper), a real local etcd and Ctrl-C at the end."""
-    monkeypatch.setattr(
-        up, "service_command", lambda script, module: [sys.executable, str(HERE / "health_child.py")]
+    monkeypatch.setattr(  # plan_services (llmfleet.cli.up_plan) looks the command up there
+        up_plan, "service_command", lambda script, module: [sys.executable, str(HERE / "health_child.py")]
     )
     state = tmp_path / "state"
     base = free_port()

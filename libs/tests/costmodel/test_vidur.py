@@ -144,7 +144,7 @@ def test_overhead_and_attention_terms():
 
 def test_unknown_hardware_falls_back_to_roofline(caplog):
     arch = model_arch("llama2-7b")
-    with caplog.at_level(logging.WARNING, logger="llmfleet.sim.cost"):
+    with caplog.at_level(logging.WARNING, logger="llmfleet.costmodel.iteration_costs"):
         lm = vidur_cost(arch, hardware("cpu"), 1)
     assert lm.source == "roofline"
     assert lm == roofline_cost(arch, hardware("cpu"), 1)
@@ -250,11 +250,12 @@ def test_cli_cost_source_flag_reaches_the_spec():
     import argparse
 
     from llmfleet.cli import sim as cli
+    from llmfleet.cli.sim_args import sim_spec
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     base = ["--synthetic", "10", "--cluster", "2xA100-80GB", "--model", "llama2-7b"]
-    assert cli._spec(p.parse_args(base)).cost_source == "roofline"
-    assert cli._spec(p.parse_args([*base, "--cost-source", "vidur"])).cost_source == "vidur"
+    assert sim_spec(p.parse_args(base), None).cost_source == "roofline"
+    assert sim_spec(p.parse_args([*base, "--cost-source", "vidur"]), None).cost_source == "vidur"
     with pytest.raises(SystemExit):
         p.parse_args([*base, "--cost-source", "measured"])

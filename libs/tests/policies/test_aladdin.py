@@ -163,7 +163,7 @@ def test_e_vectorised_check_equals_the_direct_profile():
                 p.on_finish(live.pop(rng.randrange(len(live))), "", 3, t)
         now = t + rng.uniform(0, 0.4)
         p.error_distance(M, now)  # brings starts and re-predictions up to now
-        pool = p._pools[M]
+        pool = p.book.pools[M]
         it, rows = pool.iters(now), np.arange(pool.n)
         for _ in range(8):
             l_in, l_pred = rng.randint(1, 60), rng.randint(1, 60)

@@ -141,7 +141,7 @@ def test_estimated_clock_stands_still_for_prefills():
     assert stall > THETA * true_slack  # r2 would break r0's ATGT
     assert stall <= THETA * old_slack(now, 0.1, t_d)  # the old clock says ≈ 14 s: it was admitted
     assert p.choose(M, cands(measured=False), request=rq("r2", 1500, 10, now)) == "b"
-    pool = p._pools[M]
+    pool = p.book.pools[M]
     a = pool.slot_of["a"]
     est = pool.slack(pool.cache_idx[[a]], pool.iters(now), now)[0]
     assert est == pytest.approx(true_slack, abs=1e-9)  # the clock stood still for r1's prefill

@@ -28,7 +28,7 @@ def test_workers_needed_is_the_smallest_count_meeting_the_target():
     svc = SimService("chat", "llama2-7b", Slo(ttft_s=0.4, tpot_s=0.015))
     spec = SimSpec(ClusterSpec.parse("1xA100-80GB"), (svc,))
     wl = Workload(tuple(WorkloadRequest(f"r{i}", 0.02 * i, 800, 64, "chat", "llama2-7b") for i in range(200)))
-    bundle = PolicyBundle("jsq", dispatch="jsq", local="fcfs")
+    bundle = PolicyBundle("jsq", dispatch="jsq", engine="fcfs")
     pt = workers_needed(spec, wl, bundle, model="llama2-7b", tp=1, target=0.99, max_workers=32)
     assert pt.workers >= 2 and pt.gpus == pt.workers and pt.attainment >= 0.99
     below = attainment_with(spec, wl, bundle, "llama2-7b", 1, pt.workers - 1, "aladdin")

@@ -50,8 +50,8 @@ def load_s(sim: Simulator, model: str, tp: int = 1) -> float:
 def test_an_added_model_serves_only_after_its_load_time(tiny):
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
     load = load_s(sim, "llama3-8b")
-    assert sim.load_time_s(["llama3-8b"], 1) == approx(load, rel=1e-12) and 0.4 < load < 0.6
-    sim.at(1.0, lambda s, now: s.set_models("i0", ("llama2-7b", "llama3-8b"), now))
+    assert sim.fleet.load_time_s(["llama3-8b"], 1) == approx(load, rel=1e-12) and 0.4 < load < 0.6
+    sim.at(1.0, lambda s, now: s.fleet.set_models("i0", ("llama2-7b", "llama3-8b"), now))
     work = [
         W("a", 0.0, 100, 5, "s"),  # done by ~0.3: i0 is idle when the change comes
         W("early", 0.5, 100, 5, "t"),  # no instance has or loads llama3-8b: fails at once
@@ -72,7 +72,7 @@ def test_a_removed_model_moves_its_running_requests_with_kv_transfer_time(tiny):
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1), InstancePlan("i1", ("llama2-7b",), 1)],
                services=(S7,), dispatch=Prefer("i0", "i1"))  # fmt: skip
     moved, landed = {}, {}
-    move_out, land = sim._move_out, sim._land
+    move_out, land = sim.fleet.moves.move_out, sim.fleet.moves.land
 
     def spy_move(src, r, now):
         moved[r.sched.request_id] = (now, r.kv_tokens)
@@ -82,8 +82,8 @@ def test_a_removed_model_moves_its_running_requests_with_kv_transfer_time(tiny):
         landed[r.sched.request_id] = now
         land(r, dst, now)
 
-    sim._move_out, sim._land = spy_move, spy_land
-    sim.at(0.5, lambda s, now: s.retire_instance("i0", now))
+    sim.fleet.moves.move_out, sim.fleet.moves.land = spy_move, spy_land
+    sim.at(0.5, lambda s, now: s.fleet.retire_instance("i0", now))
     res = sim.run([W("a", 0.0, 100, 50, "s"), W("b", 0.0, 100, 30, "s")], strict_services=True)
     assert set(moved) == {"a", "b"}
     boundary = {t for t, _ in moved.values()}
@@ -102,7 +102,7 @@ def test_a_removed_model_moves_its_running_requests_with_kv_transfer_time(tiny):
 def test_retire_in_drain_mode_finishes_requests_in_place(tiny):
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1), InstancePlan("i1", ("llama2-7b",), 1)],
                services=(S7,), dispatch=Prefer("i0", "i1"))  # fmt: skip
-    sim.at(0.5, lambda s, now: s.retire_instance("i0", now, "drain"))
+    sim.at(0.5, lambda s, now: s.fleet.retire_instance("i0", now, "drain"))
     res = sim.run([W("a", 0.0, 100, 50, "s"), W("b", 0.0, 100, 30, "s"), W("c", 1.0, 100, 5, "s")],
                   strict_services=True)  # fmt: skip
     a, b, c = res.records
@@ -119,7 +119,7 @@ def test_a_model_no_one_else_hosts_drains_then_unloads_and_the_pool_grows(tiny):
     seen = {}
 
     def remove(s, now):
-        s.set_models("i0", ("llama2-7b",), now)
+        s.fleet.set_models("i0", ("llama2-7b",), now)
         seen["serving"] = i0.serving
 
     sim.at(0.5, remove)
@@ -140,11 +140,11 @@ def test_gpu_seconds_count_active_instances_only(tiny):
                dispatch=Prefer("i0", "i1"))  # fmt: skip
     sim.at(
         1.0,
-        lambda s, now: s.add_instance(
-            InstancePlan("i1", ("llama2-7b",), 2), now + s.load_time_s(["llama2-7b"], 2)
+        lambda s, now: s.fleet.add_instance(
+            InstancePlan("i1", ("llama2-7b",), 2), now + s.fleet.load_time_s(["llama2-7b"], 2)
         ),
     )
-    sim.at(3.0, lambda s, now: s.retire_instance("i1", now))  # idle: gives its 2 GPUs back at once
+    sim.at(3.0, lambda s, now: s.fleet.retire_instance("i1", now))  # idle: gives its 2 GPUs back at once
     res = sim.run([W("a", 0.0, 100, 200, "s")], strict_services=True)
     end = res.records[0].finish_s
     assert end == approx(6.379, abs=1e-9)  # alone on i0 (see test_sim_hooks)
@@ -164,9 +164,11 @@ def test_a_new_instance_waits_for_gpus_and_arrivals_wait_for_its_load(tiny):
                services=(S7,), dispatch=Prefer("i1", "n"))  # fmt: skip
 
     def replace(s, now):
-        s.retire_instance("i0", now)
-        s.retire_instance("i1", now, "drain")
-        s.add_instance(InstancePlan("n", ("llama2-7b",), 2), now + s.load_time_s(["llama2-7b"], 2))
+        s.fleet.retire_instance("i0", now)
+        s.fleet.retire_instance("i1", now, "drain")
+        s.fleet.add_instance(
+            InstancePlan("n", ("llama2-7b",), 2), now + s.fleet.load_time_s(["llama2-7b"], 2)
+        )
 
     sim.at(1.0, replace)
     res = sim.run([W("a", 0.0, 100, 200, "s"), W("b", 2.0, 100, 5, "s")], strict_services=True)
@@ -181,18 +183,18 @@ def test_a_new_instance_waits_for_gpus_and_arrivals_wait_for_its_load(tiny):
 def test_changes_are_validated(tiny):
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
     with pytest.raises(KeyError, match="nope"):
-        sim.set_models("nope", ("llama2-7b",), 0.0)
+        sim.fleet.set_models("nope", ("llama2-7b",), 0.0)
     with pytest.raises(ValueError, match="not served"):
-        sim.set_models("i0", ("llama2-70b",), 0.0)
+        sim.fleet.set_models("i0", ("llama2-70b",), 0.0)
     with pytest.raises(ValueError, match="mode"):
-        sim.retire_instance("i0", 0.0, "vanish")
+        sim.fleet.retire_instance("i0", 0.0, "vanish")
     with pytest.raises(ValueError, match="already used"):
-        sim.add_instance(InstancePlan("i0", ("llama2-7b",), 1), 1.0)
+        sim.fleet.add_instance(InstancePlan("i0", ("llama2-7b",), 1), 1.0)
     with pytest.raises(ValueError, match="GPUs"):
-        sim.add_instance(InstancePlan("big", ("llama2-7b",), 4), 1.0)
+        sim.fleet.add_instance(InstancePlan("big", ("llama2-7b",), 4), 1.0)
     with pytest.raises(ValueError, match="before now"):
         sim.at(-1.0, lambda s, now: None)
-    assert sim.fleet_changes == 0 and sim.coupling() is None
+    assert sim.fleet.fleet_changes == 0 and sim.coupling() is None
 
 
 def test_a_busy_instance_starts_loading_at_its_next_step_boundary(tiny):
@@ -200,9 +202,9 @@ def test_a_busy_instance_starts_loading_at_its_next_step_boundary(tiny):
     in progress, whose end τ is when the new model's memory is claimed and its load starts."""
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
     ready = []
-    orig = sim._ready
-    sim._ready = lambda iid, model, t: (ready.append(t), orig(iid, model, t))
-    sim.at(1.0, lambda s, now: s.set_models("i0", ("llama2-7b", "llama3-8b"), now))
+    orig = sim.fleet.ready
+    sim.fleet.ready = lambda iid, model, t: (ready.append(t), orig(iid, model, t))
+    sim.at(1.0, lambda s, now: s.fleet.set_models("i0", ("llama2-7b", "llama3-8b"), now))
     res = sim.run([W("a", 0.0, 100, 200, "s")], strict_services=True)
     t, ctx = 0.21, 101  # prefill; then one decode per iteration, the context growing by one
     while t < 1.0:
@@ -221,7 +223,7 @@ def test_loading_a_model_evicts_kv_that_no_longer_fits(tiny):
 
     def add(s, now):
         seen["used"] = i0.alloc.used_blocks
-        s.set_models("i0", ("llama2-7b", "llama3-8b"), now)
+        s.fleet.set_models("i0", ("llama2-7b", "llama3-8b"), now)
 
     sim.at(60.0, add)  # all twenty prefilled by then
     res = sim.run([W(f"r{k}", 0.0, 1000, 200, "s") for k in range(20)], strict_services=True)
@@ -237,7 +239,7 @@ def test_a_model_that_does_not_fit_beside_the_old_one_loads_after_it_unloads(tin
     """1×L4 holds llama2-7b or llama3-8b, not both: replacing 7b by 8b drains a (7b), unloads 7b,
     then loads 8b; b (8b) waits for it."""
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], cluster="1xL4")
-    sim.at(1.0, lambda s, now: s.set_models("i0", ("llama3-8b",), now))
+    sim.at(1.0, lambda s, now: s.fleet.set_models("i0", ("llama3-8b",), now))
     res = sim.run([W("a", 0.0, 100, 200, "s"), W("b", 1.5, 100, 5, "t")], strict_services=True)
     a, b = res.records
     assert a.finish_s == approx(6.379, abs=1e-9) and a.moves == 0
@@ -248,9 +250,11 @@ def test_a_model_that_does_not_fit_beside_the_old_one_loads_after_it_unloads(tin
 def test_a_model_removed_while_loading_and_kept_again_serves_at_its_first_ready_time(tiny):
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)])
     both = ("llama2-7b", "llama3-8b")
-    sim.at(1.0, lambda s, now: s.set_models("i0", both, now))
-    sim.at(1.1, lambda s, now: s.set_models("i0", ("llama2-7b",), now))  # a is running: not unloaded yet
-    sim.at(1.2, lambda s, now: s.set_models("i0", both, now))
+    sim.at(1.0, lambda s, now: s.fleet.set_models("i0", both, now))
+    sim.at(
+        1.1, lambda s, now: s.fleet.set_models("i0", ("llama2-7b",), now)
+    )  # a is running: not unloaded yet
+    sim.at(1.2, lambda s, now: s.fleet.set_models("i0", both, now))
     res = sim.run([W("a", 0.9, 100, 50, "s"), W("b", 1.3, 100, 5, "t")], strict_services=True)
     a, b = res.records
     assert a.done and b.done and not b.failed
@@ -263,11 +267,11 @@ def test_an_instance_waiting_for_gpus_can_be_changed_or_dropped(tiny):
                services=(S7, S8))  # fmt: skip
 
     def hook(s, now):
-        s.add_instance(InstancePlan("n", ("llama2-7b",), 1), now + 1.0)  # no free GPU: it waits
-        s.add_instance(InstancePlan("m", ("llama2-7b",), 1), now + 1.0)
-        s.set_models("n", ("llama3-8b",), now)  # still waiting: takes 8b instead
-        s.retire_instance("m", now)  # dropped before it ever took a GPU
-        s.retire_instance("i1", now)  # i1 gives its GPU to n
+        s.fleet.add_instance(InstancePlan("n", ("llama2-7b",), 1), now + 1.0)  # no free GPU: it waits
+        s.fleet.add_instance(InstancePlan("m", ("llama2-7b",), 1), now + 1.0)
+        s.fleet.set_models("n", ("llama3-8b",), now)  # still waiting: takes 8b instead
+        s.fleet.retire_instance("m", now)  # dropped before it ever took a GPU
+        s.fleet.retire_instance("i1", now)  # i1 gives its GPU to n
 
     sim.at(1.0, hook)
     res = sim.run([W("a", 0.0, 100, 5, "s"), W("b", 1.2, 100, 5, "t")], strict_services=True)
@@ -288,7 +292,13 @@ def chaos_run(tiny, seed: int, fast_forward: bool, local: str = "fcfs"):
     rng = random.Random(seed)
     models = ("llama2-7b", "llama3-8b")
     spec = tiny.spec(services=(S7, S8), cluster="4xA100-80GB")
-    bundle = PolicyBundle("x", local=local, local_options={"batch_size": 4} if local == "static_sls" else {})
+    bundle = PolicyBundle(
+        "x",
+        engine={
+            "policy": local,
+            "options": {"batch_size": 4, "slice_end": "recompute"} if local == "static_sls" else {},
+        },
+    )
     plan = [InstancePlan("i0", models, 1), InstancePlan("i1", ("llama2-7b",), 1)]
     sim = Simulator(
         spec, plan, bundle.local_factory(), RoundRobin(), tiny.book(spec), fast_forward=fast_forward
@@ -298,17 +308,19 @@ def chaos_run(tiny, seed: int, fast_forward: bool, local: str = "fcfs"):
 
     def chaos(s, now):
         bad.extend(tiny.kv_mismatches(s))
-        live = [i for i, (_, ms) in s.hosting().items() if s.instances[i].started_s is not None]
+        live = [i for i, (_, ms) in s.fleet.hosting().items() if s.instances[i].started_s is not None]
         action = rng.random()
-        if action < 0.3 and s.gpus_free >= 1:
+        if action < 0.3 and s.fleet.gpus_free >= 1:
             count[0] += 1
             ms = tuple(rng.sample(models, rng.randint(1, 2)))
-            s.add_instance(InstancePlan(f"x{count[0]}", ms, rng.choice([1, 1, 2])), now + rng.uniform(0, 0.5))
+            s.fleet.add_instance(
+                InstancePlan(f"x{count[0]}", ms, rng.choice([1, 1, 2])), now + rng.uniform(0, 0.5)
+            )
         elif action < 0.8 and live:
             ms = tuple(rng.sample(models, rng.randint(0, 2)))
-            s.set_models(rng.choice(live), ms, now, mode=rng.choice(["move", "drain"]))
+            s.fleet.set_models(rng.choice(live), ms, now, mode=rng.choice(["move", "drain"]))
         elif live:
-            s.retire_instance(rng.choice(live), now)
+            s.fleet.retire_instance(rng.choice(live), now)
 
     sim.every(0.37, chaos)
     work = sorted(
@@ -335,7 +347,7 @@ def test_random_changes_lose_nothing_and_fast_forward_stays_exact(tiny, seed, lo
     assert sum(r.done for r in res.records) > 100 and sum(r.moves for r in res.records) > 0
     assert all(0 <= n <= 4 for _, n in res.gpu_log)
     assert all(i.alloc.used_blocks == 0 and not i.core.requests for i in sim.instances.values())
-    assert sim.gpus_used == sum(i.tp for i in sim.instances.values() if i.active)
+    assert sim.fleet.gpus_used == sum(i.tp for i in sim.instances.values() if i.active)
     _, slow, _ = chaos_run(tiny, seed, False, local)
     for x, y in zip(res.records, slow.records, strict=True):
         assert (x.request_id, x.instance, x.produced, x.moves, x.preemptions, x.failed) == (

@@ -78,7 +78,9 @@ def test_an_infeasible_plan_keeps_the_last_one_and_is_logged(tiny):
     assert (bad.status, bad.error) == ("infeasible", "llama2-70b does not fit")
     assert bad.plan == first.plan and bad.gpus_in_use == 2
     assert (third.status, third.moves, third.plan) == ("unchanged", 0, first.plan)
-    assert sorted(m for _, ms in sim.hosting().values() for m in ms) == sorted(m for p in B for m in p.models)
+    assert sorted(m for _, ms in sim.fleet.hosting().values() for m in ms) == sorted(
+        m for p in B for m in p.models
+    )
     assert all(r.done and r.produced == r.output_tokens for r in res.records)
 
 
@@ -90,9 +92,9 @@ def test_alternating_plans_make_the_moves_assign_plan_predicts(tiny):
     tick = loop.tick
 
     def spy(s, now):
-        before.append({i: ms for i, (_, ms) in s.hosting().items()})
+        before.append({i: ms for i, (_, ms) in s.fleet.hosting().items()})
         d = tick(s, now)
-        after = {i: ms for i, (_, ms) in s.hosting().items()}
+        after = {i: ms for i, (_, ms) in s.fleet.hosting().items()}
         slots = [EngineSlot(i, 1, ms) for i, ms in sorted(before[-1].items())]
         if len(before) <= 4:
             want = assign_plan([B, A][(len(before) - 1) % 2], slots)
@@ -254,7 +256,7 @@ def test_a_placement_loop_blocks_partitioning_and_simulate_reports_decisions(tin
     PlacementLoop(Scripted(), pool_of(sim.spec), interval_s=1.0).install(sim, 0.0)
     assert "hooks" in partition_blocker(sim)
     spec = tiny.spec(services=(S7,), cluster="4xA100-80GB")
-    bundle = PolicyBundle("dyn", "dedicated_even", placement_interval_s=2.0)
+    bundle = PolicyBundle("dyn", {"policy": "dedicated_even", "interval_s": 2.0})
     work = Workload(tuple(steady(80, 0.1, services=("s",))))
     exp = simulate(spec, work, bundle, workers=2)
     assert exp.result.workers == 1  # hooks couple the instances: run serially
@@ -264,5 +266,5 @@ def test_a_placement_loop_blocks_partitioning_and_simulate_reports_decisions(tin
     assert exp.report["overall"]["completed"] == 80
     with pytest.raises(ValueError, match=r"valid: .*dedicated_even"):
         simulate(spec, work, PolicyBundle("bad", "nope"))
-    with pytest.raises(ValueError, match="placement_interval_s"):
-        simulate(spec, work, PolicyBundle("bad", placement_interval_s=0.0))
+    with pytest.raises(ValueError, match=r"placement\.interval_s"):
+        simulate(spec, work, PolicyBundle("bad", {"interval_s": 0.0}))

@@ -16,7 +16,9 @@ def test_placement_loop_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixtu
                "--placement-confirm-intervals", "2", "--out", str(out), "--workers", "2"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     (run,) = json.loads((out / "report.json").read_text())["runs"]
-    assert run["policy"]["placement"] == "seallm" and run["policy"]["placement_interval_s"] == 10.0
+    assert (
+        run["policy"]["placement"]["policy"] == "seallm" and run["policy"]["placement"]["interval_s"] == 10.0
+    )
     decisions = run["placement"]
     assert decisions and 10.0 < decisions[0]["t"] < 11.0  # one interval after the first arrival
     assert all(d["status"] in ("applied", "unchanged", "proposed", "skipped") for d in decisions)
@@ -31,8 +33,8 @@ def test_placement_loop_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixtu
     ("argv", "message"),
     [
         (["--placement", "nope"], "unknown placement policy 'nope'; valid: ['aladdin'"),
-        (["--placement-interval-s", "0"], "placement_interval_s must be > 0"),
-        (["--adaptive-interval"], "adaptive_interval needs placement_interval_s"),
+        (["--placement-interval-s", "0"], "placement.interval_s: Input should be greater than 0"),
+        (["--adaptive-interval"], "adaptive_interval needs interval_s"),
         (["--placement-processes", "0"], "--placement-processes must be >= 1"),
     ],
 )

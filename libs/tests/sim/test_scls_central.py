@@ -281,8 +281,10 @@ def test_simulate_bundle_and_report(tiny):
     for mode in ("recompute", "keep"):
         bundle = PolicyBundle(
             f"scls-central-{mode}",
-            dispatch="scls_central",
-            dispatch_options={"slice_iterations": 16, "slice_end": mode, "gamma_s": 1.0},
+            dispatch={
+                "policy": "scls_central",
+                "options": {"slice_iterations": 16, "slice_end": mode, "gamma_s": 1.0},
+            },
         )
         e = simulate(spec, Workload(tuple(reqs)), bundle, plan=plan, samples=20)
         rep = e.report
@@ -295,10 +297,10 @@ def test_simulate_bundle_and_report(tiny):
         reports[mode] = rep
     assert reports["keep"]["scls_central"]["keep_hits"] > 0
     with pytest.raises(ValueError, match="slice_end"):
-        simulate(spec, Workload(tuple(reqs)), PolicyBundle("x", dispatch="scls_central",
-                 dispatch_options={"slice_end": "bogus"}), plan=plan)  # fmt: skip
+        simulate(spec, Workload(tuple(reqs)), PolicyBundle("x", dispatch={"policy": "scls_central",
+                 "options": {"slice_end": "bogus"}}), plan=plan)  # fmt: skip
     with pytest.raises(ValueError, match="fixed plan"):
-        PolicyBundle("x", dispatch="scls_central", placement_interval_s=10.0).validate()
+        PolicyBundle("x", {"interval_s": 10.0}, dispatch="scls_central").validate()
 
 
 def test_assign_batches_credit_prefers_the_kv_holder():
@@ -334,7 +336,7 @@ def test_keep_affinity_raises_the_hit_rate(tiny):
         hits[aff] = (st.keep_hits, st.keep_misses)
     assert hits[True][0] > hits[False][0] and hits[True][1] < hits[False][1]
     with pytest.raises(ValueError, match="keep_affinity"):
-        SclsCentral(cost=HandSlice(), keep_affinity=True)
+        SclsCentral(cost=HandSlice(), keep_affinity=True, slice_end="recompute")
 
 
 def test_worker_queue_serves_the_offloaded_batches_in_order():

@@ -62,11 +62,11 @@ def test_move_a_waiting_request(tiny):
 
     def hook(s, now):
         if now == 0.5:
-            assert s.instance_of("b") == "i0" and s.instance_of("a") == "i0"
-            answers["b"] = s.move_request("b", "i1", 0.1, now)
-            answers["again"] = s.move_request("b", "i0", 0.1, now)  # in transit: not on any instance
-            answers["unknown"] = s.move_request("zz", "i1", 0.1, now)
-            answers["bad dst"] = s.move_request("b", "nope", 0.1, now)
+            assert s.fleet.instance_of("b") == "i0" and s.fleet.instance_of("a") == "i0"
+            answers["b"] = s.fleet.move_request("b", "i1", 0.1, now)
+            answers["again"] = s.fleet.move_request("b", "i0", 0.1, now)  # in transit: not on any instance
+            answers["unknown"] = s.fleet.move_request("zz", "i1", 0.1, now)
+            answers["bad dst"] = s.fleet.move_request("b", "nope", 0.1, now)
 
     sim.every(0.5, hook)
     res = sim.run([W("a", 0.0, 100, 100, "s"), W("b", 0.01, 100, 5, "s")])
@@ -90,8 +90,8 @@ def test_a_request_in_the_step_in_flight_leaves_when_the_step_ends(tiny):
 
     def hook(s, now):
         if now == 0.5:
-            answers["a"] = s.move_request("a", "i1", 0.1, now)
-            answers["again"] = s.move_request("a", "i1", 0.1, now)  # already leaving
+            answers["a"] = s.fleet.move_request("a", "i1", 0.1, now)
+            answers["again"] = s.fleet.move_request("a", "i1", 0.1, now)  # already leaving
 
     sim.every(0.5, hook)
     res = sim.run([W("a", 0.0, 100, 100, "s")])
@@ -109,8 +109,8 @@ def test_move_to_an_instance_without_the_model_is_refused(tiny):
 
     def hook(s, now):
         if not out:
-            out.append(s.move_request("b", "i1", 0.0, now))
-            out.append(s.instance_of("b"))
+            out.append(s.fleet.move_request("b", "i1", 0.0, now))
+            out.append(s.fleet.instance_of("b"))
 
     sim.every(0.1, hook)
     res = sim.run([W("a", 0.0, 100, 20, "s"), W("b", 0.01, 100, 5, "s")], strict_services=True)
@@ -135,7 +135,7 @@ def _kv_move_scenario(tiny, check_kv: list | None = None):
         if not moved and "c" in i0.running and "c" not in flying:
             moved["held"] = i0.alloc.num_tokens("c")
             moved["context"] = i0.running["c"].sched.context_tokens
-            moved["ok"] = s.move_request("c", "i1", 0.0, now)
+            moved["ok"] = s.fleet.move_request("c", "i1", 0.0, now)
             moved["at"] = now
 
     sim.every(0.01, hook)

@@ -30,9 +30,8 @@ def workload(n: int = 160, rate: float = 4.0, seed: int = 0) -> Workload:
 
 
 def bundle(dispatch: str, migration: str | None, **kw) -> PolicyBundle:
-    return PolicyBundle(
-        f"{dispatch}+{migration}", "dedicated_even", dispatch, "fcfs", migration=migration, **kw
-    )
+    section = {"policy": migration or "none", **kw}
+    return PolicyBundle(f"{dispatch}+{migration}", "dedicated_even", dispatch, "fcfs", migration=section)
 
 
 def test_mell_packs_requests_and_reports_the_fluid_bound() -> None:
@@ -137,7 +136,7 @@ def test_a_request_whose_kv_is_on_the_wire_is_seen_on_its_destination() -> None:
         def epoch(self, gpus, now):
             listed = [r.request_id for g in gpus for r in g.requests]
             assert len(listed) == len(set(listed))  # on one GPU at most
-            missing.extend(set(sim._where) - set(listed))  # unfinished, yet on no GPU
+            missing.extend(set(sim.fleet._where) - set(listed))  # unfinished, yet on no GPU
             b = next((g for g in gpus if g.gpu_id == "b"), None)
             travelling.extend(
                 r.request_id
@@ -186,5 +185,5 @@ def test_bad_migration_settings_are_named() -> None:
         bundle("jsq", "pack").validate()
     with pytest.raises(ValueError, match="unknown transfer policy 'teleport'"):
         bundle("jsq", "mell", transfer="teleport").validate()
-    with pytest.raises(ValueError, match="migration_epoch_s"):
-        bundle("jsq", "mell", migration_epoch_s=0).validate()
+    with pytest.raises(ValueError, match=r"migration\.epoch_s"):
+        bundle("jsq", "mell", epoch_s=0).validate()

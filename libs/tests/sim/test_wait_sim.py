@@ -49,7 +49,7 @@ def test_cold_starts_off_fail_at_once(tiny) -> None:
         make_placement_policy("dedicated_even"), GpuPool("A100-80GB", 2, 8), interval_s=100.0
     )
     loop.install(sim, 0.0)
-    sim.cold_start = False
+    sim.fleet.cold_start = False
     res = sim.run(cold_work(), strict_services=True)
     assert all("no engine available" in r.failed for r in res.records if r.service == "t")
 
@@ -58,7 +58,7 @@ def test_a_model_nothing_places_fails_after_its_cold_start_timeout(tiny) -> None
     slow = SimService("t", "llama3-8b", Slo(ttft_s=1.0, tpot_s=0.1), cold_start_timeout_s=2.0)
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7, slow))
     woken: list[float] = []
-    sim.wake = woken.append  # a loop that never places the model
+    sim.fleet.wake = woken.append  # a loop that never places the model
     res = sim.run(cold_work(), strict_services=True)
     cold = [r for r in res.records if r.service == "t"]
     assert all("cold-start timeout" in r.failed for r in cold)
@@ -68,7 +68,7 @@ def test_a_model_nothing_places_fails_after_its_cold_start_timeout(tiny) -> None
 
 
 def burst(sim: Simulator) -> dict[str, int]:
-    sim.at(0.05, lambda s, now: s.add_instance(InstancePlan("i1", ("llama2-7b",), 1), now + 0.5))
+    sim.at(0.05, lambda s, now: s.fleet.add_instance(InstancePlan("i1", ("llama2-7b",), 1), now + 0.5))
     res = sim.run([W(f"r{i}", 0.0, 100, 40, "s") for i in range(24)], strict_services=True)
     assert all(r.done for r in res.records)
     out: dict[str, int] = {}
@@ -81,7 +81,7 @@ def test_late_binding_lets_added_capacity_serve_the_burst_queue(tiny) -> None:
     engine = EngineSettings(max_running=4)
     early = burst(make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine))
     late_sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine)
-    late_sim.set_binding("late", Saturation(queue_slack=2))
+    late_sim.fleet.set_binding("late", Saturation(queue_slack=2))
     late = burst(late_sim)
     assert early == {"i0": 24}  # bound on arrival: the queue stays where it landed
     assert late.get("i1", 0) >= 6 and late["i0"] + late["i1"] == 24
@@ -101,7 +101,7 @@ def test_moving_queued_requests_lets_added_capacity_serve_the_burst_queue(tiny) 
 def test_the_first_request_held_for_a_saturated_model_wakes_the_placement_loop(tiny) -> None:
     engine = EngineSettings(max_running=4)
     sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine)
-    sim.set_binding("late", Saturation(queue_slack=2))
+    sim.fleet.set_binding("late", Saturation(queue_slack=2))
     loop = PlacementLoop(
         make_placement_policy("dedicated_even"), GpuPool("A100-80GB", 2, 8), interval_s=100.0
     )

@@ -24,24 +24,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from llmfleet.engine_core import CoreRequest, EngineCore, EngineLimits, StepPlan
+from llmfleet.engine_core import EngineCore, StepPlan
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.kvblocks.storage import KvStorage
 from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.policies.engine_policy import make_engine_policy
-from llmfleet.policies.request import SchedRequest
 
 from llmfleet_engine import profiling
+from llmfleet_engine.delegate import Via
 from llmfleet_engine.delivery import Delivery, RateWindow
-from llmfleet_engine.live_request import LiveRequest, seq_steps
+from llmfleet_engine.executor_config import ExecutorConfig
+from llmfleet_engine.live_request import LiveRequest, Outcome, new_live_request, seq_steps
 from llmfleet_engine.load_report import LoadReport
 from llmfleet_engine.memory import (
     RESERVED_MODEL,
+    KvPool,
     MemoryPlan,
     default_budget,
     device_memory_bytes,
@@ -52,16 +52,13 @@ from llmfleet_engine.model_host import HostedModel, ModelHost
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
     EngineChunk,
-    EngineUsage,
-    ExecutorClosedError,
     FinishReason,
     QueueFullError,
-    ResourceExhaustedError,
 )
 from llmfleet_engine.profiling import ProfileResult
-from llmfleet_engine.sampling import make_generator, position_seed, select_token
+from llmfleet_engine.request_table import RequestTable
+from llmfleet_engine.sampling import position_seed, select_token
 from llmfleet_engine.stream import FinalText, RequestStream
-from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError
 
 __all__ = ["Executor", "ExecutorConfig", "device_memory_bytes"]
@@ -72,45 +69,18 @@ T = TypeVar("T")
 BACKEND = "native"
 
 
-@dataclass(frozen=True)
-class ExecutorConfig(EngineLimits):
-    """Executor knobs: the shared :class:`EngineLimits` (CPU-friendly defaults) plus the node's own
-    (see the README's engine section for how they interact)."""
+class Executor:
+    """Owns the engine core and the worker thread; built from parts that share one request table:
 
-    max_batch_requests: int = 32
-    max_prefill_tokens: int = 4096
-    block_bytes: int | None = 64 * 1024  # one merged block (all layers x KV heads x T_m tokens of a model)
-    device: str = "cpu"
-    cache_dir: str | Path | None = None
-    memory_budget_bytes: int | None = None  # weights + activations + KV pool; None: default_budget()
-    policy: str = "fcfs"  # local policy: a request policy, or a static batcher (see make_engine_policy)
-    policy_options: dict[str, Any] = field(default_factory=dict)
-    max_waiting: int = 4096
-    num_threads: int | None = None
-    throughput_window_s: float = 10.0
-    allow_download: bool = True
-    stream_interval_s: float = 0.005  # wake consumers at most this often (first/final chunks at once)
+    * ``table`` (:class:`RequestTable`): the active requests and the lock;
+    * ``host`` (:class:`ModelHost`): the loaded models, their pool reservations and drains;
+    * ``migration`` (:class:`MigrationOps`): pauses, KV export and import;
+    * ``load_report`` (:class:`LoadReport`): the load snapshot.
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.block_bytes is None:
-            raise ValueError("the live executor needs block_bytes")
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.throughput_window_s <= 0:
-            raise ValueError(f"throughput_window_s must be > 0, got {self.throughput_window_s}")
-        if self.stream_interval_s < 0:
-            raise ValueError(f"stream_interval_s must be >= 0, got {self.stream_interval_s}")
-
-
-class Executor(ModelHost, MigrationOps, LoadReport):
-    """Owns the loaded models, the unified KV pool, the engine core and the worker thread.
-
-    Thread-safe: ``load``/``unload``/``reconcile``/``profile`` block (call them via
-    ``asyncio.to_thread``); ``submit`` must be called from a running event loop.
-    ``on_models_changed`` callbacks receive the sorted model names after each change.
+    The parts' public methods are the executor's (``Via``). Thread-safe:
+    ``load``/``unload``/``reconcile``/``profile`` block (call them via ``asyncio.to_thread``);
+    ``submit`` must be called from a running event loop. ``on_models_changed`` callbacks receive the
+    sorted model names after each change.
     """
 
     supports_kv_transfer = True
@@ -130,26 +100,74 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         self.allocator = BlockAllocator(self.plan.num_blocks, self.plan.block_bytes, watermark=0.0)
         self.allocator.register_model(RESERVED_MODEL, reserved_shape(self.plan.block_bytes))
         self.storage = self._kv_storage()
+        self.pool = KvPool(self.device, self.plan, self.allocator, self.storage)
         self.policy = make_engine_policy(self.config.policy, **self.config.policy_options)
         self.core = EngineCore(self.policy, self.allocator, self.config.limits, watermark_blocks=0)
-        self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self.metrics: EngineMetrics | None = None  # vllm:* metrics (set by main / attach_metrics)
-        self._reserved_blocks = 0  # pool blocks held by model reservations (weights + activation)
-        self._models: dict[str, HostedModel] = {}
-        self._requests: dict[str, LiveRequest] = {}
-        self._prefilling: frozenset[str] | set[str] = frozenset()  # prefills of the step in flight
-        self._pauses: dict[str, int] = {}  # request -> pause_request holders (migration_ops)
-        self._moving: dict[str, str] = {}  # request -> destination of the migration under way
-        self._importing: set[str] = set()  # requests with an import begun and not yet committed or aborted
+        self.table = RequestTable()
+        self._cond, self._requests = self.table.cond, self.table.requests  # shared, never rebound
         self._jobs: deque[Callable[[], None]] = deque()
         self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
         self._generated = RateWindow(self.config.throughput_window_s)
-        self._cond = threading.Condition()
-        self._load_lock = threading.Lock()
-        self._closed = False
+        self.host = self._new_host()
+        self.migration = self._new_migration()
+        self.load_report = LoadReport(self.table, self.core, self.pool, self.host, self._generated)
+        self.on_models_changed = self.host.on_models_changed
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
         self._delivery.worker = self._worker
         self._worker.start()
+
+    def _new_host(self) -> ModelHost:
+        return ModelHost(self.config, self.table, self.core, self.pool, self._finish_locked)
+
+    def _new_migration(self) -> MigrationOps:
+        return MigrationOps(self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state)
+
+    # the parts' public API
+    models = Via("host")
+    model_names = Via("host")
+    runner = Via("host")
+    kv_capacity_bytes = Via("host")
+    watermark_blocks = Via("host")
+    tokens_per_block = Via("host")
+    reserved_bytes = Via("host")
+    load = Via("host")
+    load_async = Via("host")
+    add_loaded = Via("host")
+    unload = Via("host")
+    begin_drain = Via("host")
+    end_drain = Via("host")
+    draining_reason = Via("host")
+    serving_model_names = Via("host")
+    model_request_ids = Via("host")
+    evict = Via("host")
+    take_eviction = Via("host")
+    reconcile = Via("host")
+    pause_request = Via("migration")
+    resume_request = Via("migration")
+    export_kv = Via("migration")
+    finish_migrated = Via("migration")
+    begin_import = Via("migration")
+    wire_bytes_per_token = Via("migration")
+    check_chunk = Via("migration")
+    write_import = Via("migration")
+    commit_import = Via("migration")
+    abort_import = Via("migration")
+    abort_import_locked = Via("migration")
+    load_snapshot = Via("load_report")
+
+    @property
+    def _models(self) -> dict[str, HostedModel]:
+        """The host's models (read by tests and benchmarks that reach into the executor)."""
+        return self.host.hosted
+
+    @property
+    def _pauses(self) -> dict[str, int]:
+        return self.migration.pauses
+
+    @property
+    def _moving(self) -> dict[str, str]:
+        return self.migration.moving
 
     def _device_memory(self) -> tuple[str, int, int]:
         """The device, its memory and the budget (weights + activations + KV pool)."""
@@ -184,16 +202,17 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         ``ResourceExhaustedError`` (can never fit the pool) or ``ExecutorClosedError``.
         """
         loop = asyncio.get_running_loop()
+        host = self.host
         with self._cond:
-            model = self._models.get(request.model)
+            model = host.hosted.get(request.model)
         if model is None:
-            raise UnknownModelError(request.model, self.model_names())
-        self._check_fits(model, request.prompt_tokens + request.sampling.max_tokens)
+            raise UnknownModelError(request.model, host.model_names())
+        host.check_fits(model, request.prompt_tokens + request.sampling.max_tokens)
         state = self._new_state(request, model, loop, list(request.resume_token_ids))
         with self._cond:
-            self._check_open()
-            if self._models.get(request.model) is not model:
-                raise UnknownModelError(request.model, list(self._models))
+            self.table.check_open()
+            if host.hosted.get(request.model) is not model:
+                raise UnknownModelError(request.model, list(host.hosted))
             if request.request_id in self._requests:
                 raise DuplicateRequestError(f"request {request.request_id!r} is already active")
             if len(self.core.waiting) >= self.config.max_waiting:
@@ -214,44 +233,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         loop: asyncio.AbstractEventLoop,
         tokens: list[int],
     ) -> LiveRequest:
-        sampling = request.sampling
-        text = TextStream(model.loaded.tokenizer, sampling.stop, context_ids=request.prompt_token_ids)
-        text.replay(tokens)
-        sched = SchedRequest(
-            request_id=request.request_id,
-            service=request.group,
-            model=request.model,
-            arrival_s=request.arrival_s,
-            prompt_tokens=request.prompt_tokens + len(tokens),  # known tokens are prefilled together
-            max_new_tokens=max(1, sampling.max_tokens - len(tokens)),
-            predicted_output_tokens=request.predicted_output_tokens,
-            deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
-            batch_id=request.batch_id,
-            batch_size=request.batch_size,
-        )
-        # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
-        sink = self._delivery.sink(request.request_id, loop, None if sampling.stop else text, len(tokens))
-        state = LiveRequest(
-            req=request,
-            model=model,
-            sink=sink,
-            text=text,
-            generator=None if sampling.greedy else make_generator(sampling.seed),
-            tokens=tokens,
-        )
-        state.core = CoreRequest(sched, request.prompt_tokens, sampling.max_tokens, len(tokens), state)
-        return state
-
-    def _check_fits(self, model: HostedModel, tokens: int) -> None:
-        """A request whose KV can never fit the pool is refused up front (never a hang)."""
-        need = model.shape.blocks_for(tokens, self.plan.block_bytes)
-        usable = self.kv_capacity_bytes // self.plan.block_bytes - self.watermark_blocks
-        if need > usable:
-            raise ResourceExhaustedError(
-                f"{tokens} tokens of {model.loaded.name!r} need {need} KV blocks "
-                f"({need * self.plan.block_bytes} B) but the pool has {usable} usable blocks "
-                f"({usable * self.plan.block_bytes} B)"
-            )
+        """The executor's state of ``request``, resumed from ``tokens`` (``live_request``)."""
+        return new_live_request(request, model, self._delivery, loop, tokens)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel an active request (final chunk CANCELLED, KV freed); False if unknown/finished."""
@@ -281,30 +264,22 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._finish_locked(state, FinishReason.CANCELLED)
             return True
 
-    def _cancel_model_locked(self, model: HostedModel) -> None:
-        for r in [r for r in self._requests.values() if r.model is model]:
-            self._finish_locked(r, FinishReason.CANCELLED)
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Cancel every request, stop the worker and drop the models."""
         with self._cond:
-            if self._closed:
+            if self.table.closed:
                 return
-            self._closed = True
+            self.table.closed = True
             for r in list(self._requests.values()):
                 self._finish_locked(r, FinishReason.CANCELLED)
             self._cond.notify_all()
         self._worker.join(timeout_s)
         with self._cond:
-            self._models.clear()
-        self._free_memory()
+            self.host.hosted.clear()
+        self.host.free_memory()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ExecutorClosedError("executor is closed")
 
     def profile(self, model: str, **sweep: Any) -> ProfileResult:
         """Timed forward sweeps on the worker thread (``profiling.profile``; blocking)."""
@@ -324,7 +299,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                     fut.set_exception(e)
 
         with self._cond:
-            self._check_open()
+            self.table.check_open()
             self._jobs.append(wrapped)
             self._cond.notify()
         return fut.result(timeout_s)
@@ -340,10 +315,10 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 job: Callable[[], None] | None = None
                 step: tuple[StepPlan, Any] | None = None
                 with self._cond:
-                    while not self._closed and not self._jobs and not core.has_work():
+                    while not self.table.closed and not self._jobs and not core.has_work():
                         self._delivery.release()  # nothing held back while the worker waits
                         self._cond.wait()
-                    if self._closed:
+                    if self.table.closed:
                         return
                     if self._jobs:
                         job = self._jobs.popleft()
@@ -368,7 +343,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         if plan is None:
             return None
         if plan.prefills:  # reported as phase "prefill" until the step completes
-            self._prefilling = {r.sched.request_id for r in plan.prefills}
+            self.table.prefilling = {r.sched.request_id for r in plan.prefills}
         for r in plan.preempted:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
             if self.metrics is not None:
@@ -405,7 +380,7 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 self.core.complete(
                     plan, time.monotonic(), 0.0, produced=[0] * len(members)
                 )  # nothing produced
-                self._prefilling = frozenset()
+                self.table.prefilling = frozenset()
                 for r in members:
                     if not r.finished:
                         self._finish_locked(r, FinishReason.ERROR)
@@ -454,8 +429,8 @@ class Executor(ModelHost, MigrationOps, LoadReport):
                 if metrics is not None:  # a step runs one model: every member's is the first's
                     metrics.decode_step(members[0].req.model, now, previous, n)
             self.core.complete(plan, now, duration, finished=[r.core for r, _ in outcomes])
-            if self._prefilling:
-                self._prefilling = frozenset()
+            if self.table.prefilling:
+                self.table.prefilling = frozenset()
             for r, (reason, token_ids, text, index) in outcomes:
                 self._finish_locked(
                     r, reason, token_ids=token_ids, text=text, index=index, now=now, flush=text is None
@@ -463,34 +438,16 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._cond.notify_all()
         delivery.end()
 
-    def _accept_token_locked(
-        self, r: LiveRequest, token: int, now: float
-    ) -> tuple[FinishReason, tuple[int, ...], str | None, int] | None:
+    def _accept_token_locked(self, r: LiveRequest, token: int, now: float) -> Outcome | None:
         """Record ``token``; emit it, or return how the request finished (the caller retires it after
-        the core has seen the step). The text is the worker's only for requests with stop strings; a
-        None text: the consumer's detokenizer flushes what it holds."""
+        the core has seen the step; see ``LiveRequest.take_token``)."""
         if r.finished:
             return None
-        reason: FinishReason | None = None
-        token_ids: tuple[int, ...] = ()
-        text: str | None = ""
-        if token in r.model.loaded.eos_token_ids:
-            text, reason = (r.text.finish() if r.worker_text else None), FinishReason.EOS
-        else:
-            token_ids = (token,)
-            if r.worker_text:
-                text, stopped = r.text.push(token)
-                if stopped:
-                    reason = FinishReason.STOP
-            if reason is None and len(r.tokens) + 1 >= r.req.sampling.max_tokens:
-                text = text + r.text.finish() if r.worker_text else None  # type: ignore[operator]
-                reason = FinishReason.LENGTH
-        index = len(r.tokens)
-        r.tokens.extend(token_ids)
+        reason, token_ids, text, index = r.take_token(token)
         if token_ids:
             self._generated.add(now, 1)
         if self.metrics is not None:
-            self._token_metrics(self.metrics, r, now, produced=1 if token_ids else 0)
+            r.token_metrics(self.metrics, now, produced=1 if token_ids else 0)
         first = r.first_token_s is None
         if first:
             r.first_token_s = now
@@ -499,18 +456,6 @@ class Executor(ModelHost, MigrationOps, LoadReport):
             self._delivery.emit(r, item, urgent=first)
             return None
         return reason, token_ids, text, index
-
-    @staticmethod
-    def _token_metrics(metrics: EngineMetrics, r: LiveRequest, now: float, produced: int = 1) -> None:
-        """A step gave ``r`` a token (``produced``: 0 for an EOS, which is not output): first token
-        (TTFT, prompt tokens) or the gap since the previous one (inter-token latency)."""
-        model = r.req.model
-        if r.last_token_s is None:
-            metrics.first_token(model, r.req.prompt_tokens, now - r.req.arrival_s)
-        else:
-            metrics.inter_token(model, now - r.last_token_s)
-        r.last_token_s = now
-        metrics.tokens(model, produced)
 
     def _finish_locked(
         self,
@@ -529,16 +474,10 @@ class Executor(ModelHost, MigrationOps, LoadReport):
         now = time.monotonic() if now is None else now
         state.finished = True
         self._requests.pop(state.request_id, None)
+        self.migration.forget(state.request_id)
         if self.core.requests.get(state.request_id) is state.core:
             self.core.drop(state.request_id)
-        arrival = state.req.arrival_s
-        usage = EngineUsage(
-            prompt_tokens=state.req.prompt_tokens,
-            completion_tokens=len(state.tokens),
-            queue_s=max(0.0, (state.scheduled_s if state.scheduled_s is not None else now) - arrival),
-            ttft_s=max(0.0, state.first_token_s - arrival) if state.first_token_s is not None else 0.0,
-            latency_s=max(0.0, now - arrival),
-        )
+        usage = state.usage(now)
         if self.metrics is not None:
             self.metrics.finished(
                 state.req.model, reason.name, usage.queue_s, usage.latency_s, state.scheduled_s is not None

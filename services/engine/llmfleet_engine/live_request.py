@@ -3,17 +3,30 @@ engine core holds its scheduling state in ``core``)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from llmfleet.engine_core import CoreRequest, StepPlan
 from llmfleet.kvblocks import BlockAllocator
+from llmfleet.policies.request import SchedRequest
 
 from llmfleet_engine.model_host import HostedModel
 from llmfleet_engine.native.runner import SeqStep
+from llmfleet_engine.outputs import EngineUsage, FinishReason
+from llmfleet_engine.sampling import make_generator
 from llmfleet_engine.stream import ChunkSink
 from llmfleet_engine.text import TextStream
 from llmfleet_engine.validation import GenerationRequest
+
+if TYPE_CHECKING:
+    from llmfleet.metrics.engine import EngineMetrics
+
+    from llmfleet_engine.delivery import Delivery
+
+# how a token ended its request: (reason, the token ids it adds, the worker's text or None, its index)
+Outcome = tuple[FinishReason, tuple[int, ...], str | None, int]
 
 
 @dataclass(eq=False)
@@ -43,6 +56,88 @@ class LiveRequest:
 
     def full_ids(self) -> list[int]:
         return [*self.req.prompt_token_ids, *self.tokens]
+
+    def take_token(self, token: int) -> tuple[FinishReason | None, tuple[int, ...], str | None, int]:
+        """Record ``token`` (an EOS is not output): whether it ends the request (EOS, a stop string,
+        ``max_tokens``), the ids it adds, the text (the worker's, for requests with stop strings; None:
+        the consumer's detokenizer flushes what it holds) and its index."""
+        reason: FinishReason | None = None
+        token_ids: tuple[int, ...] = ()
+        text: str | None = ""
+        if token in self.model.loaded.eos_token_ids:
+            text, reason = (self.text.finish() if self.worker_text else None), FinishReason.EOS
+        else:
+            token_ids = (token,)
+            if self.worker_text:
+                text, stopped = self.text.push(token)
+                if stopped:
+                    reason = FinishReason.STOP
+            if reason is None and len(self.tokens) + 1 >= self.req.sampling.max_tokens:
+                text = text + self.text.finish() if self.worker_text else None  # type: ignore[operator]
+                reason = FinishReason.LENGTH
+        index = len(self.tokens)
+        self.tokens.extend(token_ids)
+        return reason, token_ids, text, index
+
+    def token_metrics(self, metrics: EngineMetrics, now: float, produced: int = 1) -> None:
+        """A step gave this request a token (``produced``: 0 for an EOS, which is not output): first
+        token (TTFT, prompt tokens) or the gap since the previous one (inter-token latency)."""
+        model = self.req.model
+        if self.last_token_s is None:
+            metrics.first_token(model, self.req.prompt_tokens, now - self.req.arrival_s)
+        else:
+            metrics.inter_token(model, now - self.last_token_s)
+        self.last_token_s = now
+        metrics.tokens(model, produced)
+
+    def usage(self, now: float) -> EngineUsage:
+        """The final chunk's usage, the request ending at ``now``."""
+        arrival = self.req.arrival_s
+        return EngineUsage(
+            prompt_tokens=self.req.prompt_tokens,
+            completion_tokens=len(self.tokens),
+            queue_s=max(0.0, (self.scheduled_s if self.scheduled_s is not None else now) - arrival),
+            ttft_s=max(0.0, self.first_token_s - arrival) if self.first_token_s is not None else 0.0,
+            latency_s=max(0.0, now - arrival),
+        )
+
+
+def new_live_request(
+    request: GenerationRequest,
+    model: HostedModel,
+    delivery: Delivery,
+    loop: asyncio.AbstractEventLoop,
+    tokens: list[int],
+) -> LiveRequest:
+    """The executor's state of ``request`` on ``model``, resumed from ``tokens`` (its core request
+    prefills them with the prompt); its output goes through ``delivery`` to ``loop``."""
+    sampling = request.sampling
+    text = TextStream(model.loaded.tokenizer, sampling.stop, context_ids=request.prompt_token_ids)
+    text.replay(tokens)
+    sched = SchedRequest(
+        request_id=request.request_id,
+        service=request.group,
+        model=request.model,
+        arrival_s=request.arrival_s,
+        prompt_tokens=request.prompt_tokens + len(tokens),  # known tokens are prefilled together
+        max_new_tokens=max(1, sampling.max_tokens - len(tokens)),
+        predicted_output_tokens=request.predicted_output_tokens,
+        deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
+        batch_id=request.batch_id,
+        batch_size=request.batch_size,
+    )
+    # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
+    sink = delivery.sink(request.request_id, loop, None if sampling.stop else text, len(tokens))
+    state = LiveRequest(
+        req=request,
+        model=model,
+        sink=sink,
+        text=text,
+        generator=None if sampling.greedy else make_generator(sampling.seed),
+        tokens=tokens,
+    )
+    state.core = CoreRequest(sched, request.prompt_tokens, sampling.max_tokens, len(tokens), state)
+    return state
 
 
 def seq_steps(plan: StepPlan, alloc: BlockAllocator, now: float) -> list[SeqStep]:

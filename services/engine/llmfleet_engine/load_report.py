@@ -1,43 +1,42 @@
-"""The executor's load report (``load_snapshot``): per-model running/waiting, KV use and tokens/s, and
-each request's context tokens, KV bytes and phase."""
+"""The executor's load report (``load_snapshot``), a part of :class:`~llmfleet_engine.executor.Executor`:
+per-model running/waiting, KV use and tokens/s, and each request's context tokens, KV bytes and phase."""
 
 from __future__ import annotations
 
-import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmfleet.engine_core import EngineCore
-from llmfleet.kvblocks import BlockAllocator
 
 from llmfleet_engine.delivery import RateWindow
-from llmfleet_engine.memory import MemoryPlan
 from llmfleet_engine.outputs import LoadSnapshot, ModelLoad, RequestLoads
 
 if TYPE_CHECKING:
-    from llmfleet_engine.model_host import HostedModel
+    from llmfleet_engine.memory import KvPool
+    from llmfleet_engine.model_host import ModelHost
+    from llmfleet_engine.request_table import RequestTable
 
 
+@dataclass(eq=False)
 class LoadReport:
-    """Mixin of :class:`~llmfleet_engine.executor.Executor` (uses its lock, core, pool and models)."""
+    """Reads the core's queues, the pool's use and the hosted models under the request table's lock;
+    ``generated`` is the executor's window of tokens produced."""
 
-    allocator: BlockAllocator
+    table: RequestTable
     core: EngineCore
-    plan: MemoryPlan
-    _cond: threading.Condition
-    _models: dict[str, HostedModel]
-    _generated: RateWindow
-    _reserved_blocks: int
-    _prefilling: frozenset[str] | set[str]
+    pool: KvPool
+    host: ModelHost
+    generated: RateWindow
 
     def load_snapshot(self) -> LoadSnapshot:
         now = time.monotonic()
-        with self._cond:
-            stats = self.allocator.stats()
-            per: dict[str, list[int]] = {n: [0, 0] for n in self._models}
-            bpt = {n: m.shape.bytes_per_token for n, m in self._models.items()}
-            seqs = self.allocator
-            prefilling = self._prefilling  # the prefills of the step in flight
+        with self.table.cond:
+            stats = self.pool.allocator.stats()
+            per: dict[str, list[int]] = {n: [0, 0] for n in self.host.hosted}
+            bpt = {n: m.shape.bytes_per_token for n, m in self.host.hosted.items()}
+            seqs = self.pool.allocator
+            prefilling = self.table.prefilling  # the prefills of the step in flight
             # per request, one column each (no object per request; see RequestLoads)
             ids: list[str] = []
             mods: list[str] = []
@@ -54,10 +53,10 @@ class LoadReport:
                     toks.append(r.prompt + r.produced)
                     kvb.append(seqs.num_tokens(rid) * bpt.get(model, 0) if rid in seqs else 0)
                     phases.append("waiting" if i else "prefill" if rid in prefilling else "decode")
-            tokens_per_s = self._generated.per_second(now)
+            tokens_per_s = self.generated.per_second(now)
             running, waiting = len(self.core.running), len(self.core.waiting)
             models = []
-            for name, m in sorted(self._models.items()):
+            for name, m in sorted(self.host.hosted.items()):
                 st = stats.models.get(name)
                 tokens = st.tokens if st is not None else 0
                 models.append(
@@ -71,17 +70,17 @@ class LoadReport:
                         tokens_per_block=m.tokens_per_block,
                     )
                 )
-            reserved = self._reserved_blocks
+            reserved = self.host.reserved_blocks
         return LoadSnapshot(
             timestamp=time.time(),
             running=running,
             waiting=waiting,
             kv_used_bytes=sum(m.kv_used_bytes for m in models),
-            kv_capacity_bytes=(self.plan.num_blocks - reserved) * self.plan.block_bytes,
+            kv_capacity_bytes=(self.pool.plan.num_blocks - reserved) * self.pool.plan.block_bytes,
             tokens_per_s=tokens_per_s,
             models=tuple(models),
             kv_blocks_used=stats.used_blocks - reserved,
-            kv_blocks_total=self.plan.num_blocks - reserved,
+            kv_blocks_total=self.pool.plan.num_blocks - reserved,
             preemptions=self.core.preemptions,
             kv_fragmentation=stats.fragmentation,
             requests=RequestLoads(ids, mods, toks, kvb, phases),

@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, SLICE_END, SLICE_END_MODES
 from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
 
@@ -111,32 +113,13 @@ def build_node(
         host=args.host,
         port=args.port if port is None else port,
     )
-
-    hw = args.hardware or detect_hardware(str(executor.device), executor.memory_bytes, args.tp)
-
-    def describe(r: NodeRecord) -> NodeRecord:
-        return replace(
-            r,
-            hardware=hw,
-            tp=args.tp,
-            device=executor.device,
-            memory_bytes=executor.memory_bytes,
-            kv_capacity_bytes=executor.kv_capacity_bytes,
-            # a draining model is not advertised: schedulers stop routing to it at once
-            models=(
-                executor.serving_model_names()
-                if isinstance(executor, DrainingBackend)
-                else executor.model_names()
-            ),
-        )
-
     node = ServiceNode(
         ROLE,
         nid,
         etcd_settings(args),
         server,
         advertise=args.advertise if shared is None else None,
-        describe=describe,
+        describe=_describer(args, executor),
         metrics_registry=registry,
     )
     if shared is not None:
@@ -155,6 +138,41 @@ def build_node(
             name, _, source = spec.partition("=")
             await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
 
+    node.on_start.append(preload)  # --model preloads do not wait for etcd
+    node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
+    node.on_stop.append(executor.aclose)
+    return node, servicer
+
+
+def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[NodeRecord], NodeRecord]:
+    """What the node record says of this engine: hardware, device, memory and the models it serves."""
+    hw = args.hardware or detect_hardware(str(executor.device), executor.memory_bytes, args.tp)
+
+    def describe(r: NodeRecord) -> NodeRecord:
+        return replace(
+            r,
+            hardware=hw,
+            tp=args.tp,
+            device=executor.device,
+            memory_bytes=executor.memory_bytes,
+            kv_capacity_bytes=executor.kv_capacity_bytes,
+            # a draining model is not advertised: schedulers stop routing to it at once
+            models=(
+                executor.serving_model_names()
+                if isinstance(executor, DrainingBackend)
+                else executor.model_names()
+            ),
+        )
+
+    return describe
+
+
+def _placement_following(
+    args: argparse.Namespace, nid: str, executor: EngineBackend, shared: SharedEtcd | None
+) -> Callable[[ServiceNode], Awaitable[None]]:
+    """The node's etcd hook that starts its placement follower (over the process's shared views when
+    it hosts several engines)."""
+
     async def follow_placement(n: ServiceNode) -> None:
         if shared is not None:  # one watch per prefix for the whole process, not one per engine
             view, nodes = await shared.views()
@@ -171,10 +189,7 @@ def build_node(
         follower = PlacementFollower(nid, executor, drain=drain, nodes=nodes)
         n.spawn(follower.run(view), "placement-follower")
 
-    node.on_start.append(preload)  # --model preloads do not wait for etcd
-    node.on_etcd.extend([republish_on_model_change, follow_placement])
-    node.on_stop.append(executor.aclose)
-    return node, servicer
+    return follow_placement
 
 
 _UNITS = {
@@ -210,14 +225,17 @@ def _name_arch(text: str) -> tuple[str, str]:
 
 
 def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) -> dict[str, Any]:
-    """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``keep_kv``, checked by
-    building the policy (a bad option is a usage error, not a crash at the first request)."""
+    """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``slice_end``, checked
+    by building the policy (a bad option is a usage error, not a crash at the first request)."""
     options = dict(options)
     if slice_end is not None and policy in BATCHING:
-        keep_kv = slice_end == "keep"
-        if options.setdefault("keep_kv", keep_kv) != keep_kv:
+        old = options.get("keep_kv")  # the deprecated spelling (make_engine_policy warns)
+        if "keep_kv" in options and "slice_end" not in options:
+            if isinstance(old, bool) and ("keep" if old else "recompute") != slice_end:
+                raise ValueError(f"--slice-end {slice_end} contradicts keep_kv={old} in --policy-options")
+        elif options.setdefault("slice_end", slice_end) != slice_end:
             raise ValueError(
-                f"--slice-end {slice_end} contradicts keep_kv={options['keep_kv']} in --policy-options"
+                f"--slice-end {slice_end} contradicts slice_end={options['slice_end']} in --policy-options"
             )
     make_engine_policy(policy, **options)
     return options
@@ -278,6 +296,16 @@ def check_emulated(parser: argparse.ArgumentParser, ns: argparse.Namespace, give
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="llmfleet-engine", description=__doc__)
     add_common_args(ap, ROLE, default_port=50061)
+    _add_device_flags(ap)
+    _add_pool_flags(ap)
+    _add_policy_flags(ap)
+    _add_emulated_flags(ap.add_argument_group("emulated backend (--backend emulated)"))
+    _add_node_flags(ap)
+    return ap
+
+
+def _add_device_flags(ap: argparse.ArgumentParser) -> None:
+    """Where the engine runs: device, model cache, threads, backend, hardware and TP."""
     ap.add_argument(
         "--device", default=os.environ.get("LLMFLEET_DEVICE", "cpu"), help="cpu, cuda, cuda:1, ..."
     )
@@ -304,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
         "from the GPU's name)",
     )
     ap.add_argument("--tp", type=tp_degree, default=1, help="GPUs of the engine (vLLM tensor parallel size)")
+
+
+def _add_pool_flags(ap: argparse.ArgumentParser) -> None:
+    """The memory budget and the KV pool's blocks."""
     ap.add_argument(
         "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
     )
@@ -320,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="emulated: tokens per block of the largest model (16)",
     )
     ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
+
+
+def _add_policy_flags(ap: argparse.ArgumentParser) -> None:
+    """The local policy, its options and the engine limits."""
     ap.add_argument(
         "--policy",
         default="fcfs",
@@ -336,11 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--slice-end",
-        choices=("keep", "recompute"),
+        choices=SLICE_END_MODES,
         default=None,
-        help="static mode, at a slice end (SCLS): keep the unfinished requests' KV (default) or drop it "
-        "and re-prefill prompt + output when re-batched (the paper's recompute mode); the same as "
-        "keep_kv true/false in --policy-options",
+        help="static batcher, at a slice end (SCLS): keep the unfinished requests' KV or drop it and "
+        "re-prefill prompt + output when re-batched (the paper's recompute mode); the same as "
+        f"slice_end in --policy-options (default: {SLICE_END})",
     )
     ap.add_argument("--max-running", type=int, default=None, help="requests holding KV at once (256)")
     ap.add_argument(
@@ -352,7 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="prompt tokens per prefill batch (4096; emulated 8192)",
     )
-    g = ap.add_argument_group("emulated backend (--backend emulated)")
+
+
+def _add_emulated_flags(g: argparse._ArgumentGroup) -> None:
+    """``--backend emulated``: the catalog architectures, engines per process, costs and link."""
     g.add_argument(
         "--sim-model",
         type=_name_arch,
@@ -375,7 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="KV transfer link in B/s (default: the GPU's intra-node link at its all-reduce efficiency)",
     )
-    ap.add_argument("--default-max-tokens", type=int, default=64)
+
+
+def _add_node_flags(ap: argparse.ArgumentParser) -> None:
+    """Requests, migrations, downloads, draining and preloaded models."""
+    ap.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     ap.add_argument(
         "--max-migrations",
         type=positive_int,
@@ -407,7 +450,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=SOURCE",
         help="load at start (in addition to the placement in etcd); repeatable",
     )
-    return ap
 
 
 def build(args: argparse.Namespace) -> ServiceNode | EngineGroup:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from llmfleet.kvblocks import BlockAllocator
 from llmfleet.kvblocks.shapes import KvShape
 
 RESERVED_MODEL = "__reserved__"
@@ -69,3 +71,13 @@ class MemoryPlan:
 
     def blocks_for_bytes(self, nbytes: int) -> int:
         return -(-nbytes // self.block_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class KvPool:
+    """The unified pool the executor's parts share: its device, plan, block allocator and K/V tensors."""
+
+    device: str
+    plan: MemoryPlan
+    allocator: BlockAllocator
+    storage: Any  # KvStorage (native), or the emulated engine's NoKvStorage

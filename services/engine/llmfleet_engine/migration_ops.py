@@ -1,4 +1,5 @@
-"""The executor's public live-migration primitives (Mell's KV transfer; token transfer without KV).
+"""The executor's live-migration primitives (Mell's KV transfer; token transfer without KV), a part of
+:class:`~llmfleet_engine.executor.Executor` whose public methods it exposes.
 
 Source side: ``pause_request`` takes a request out of scheduling (after the step in flight) and
 describes its state, ``export_kv`` reads K/V of a token range, ``finish_migrated`` ends its stream with
@@ -15,21 +16,19 @@ meanwhile is refused (``MigrationConflictError``).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from llmfleet.engine_core import EngineCore
-from llmfleet.kvblocks import BlockAllocator, BlockTable, OutOfBlocks
-from llmfleet.kvblocks.storage import KvStorage
+from llmfleet.kvblocks import BlockTable, OutOfBlocks
 from llmfleet.rpc.migrate_status import NOT_ATTACHED
 
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
     FinishReason,
     MigrationConflictError,
-    RequestNotFoundError,
     ResourceExhaustedError,
     TransferError,
 )
@@ -38,53 +37,68 @@ from llmfleet_engine.validation import GenerationRequest
 
 if TYPE_CHECKING:
     from llmfleet_engine.live_request import LiveRequest
-    from llmfleet_engine.model_host import HostedModel
+    from llmfleet_engine.memory import KvPool
+    from llmfleet_engine.model_host import HostedModel, ModelHost
+    from llmfleet_engine.request_table import RequestTable, Retire
 
 
 _RNG_STATE_BYTES = torch.Generator().get_state().numel()  # what pause_request sends (CPU generator)
 
 
+class Admit(Protocol):
+    """Make the executor's state of a request (its stream, detokenizer, sampler) from ``tokens``."""
+
+    def __call__(
+        self,
+        request: GenerationRequest,
+        model: HostedModel,
+        loop: asyncio.AbstractEventLoop,
+        tokens: list[int],
+    ) -> LiveRequest: ...
+
+
+@dataclass(eq=False)
 class MigrationOps:
-    """Mixin of :class:`~llmfleet_engine.executor.Executor` (uses its lock, core, pool and requests)."""
+    """Pauses, exports and imports of requests, under the request table's lock. ``retire`` ends a
+    migrated request; ``admit`` builds the state of an imported one. Also the
+    :class:`~llmfleet_engine.transfer.ImportTarget` of its import handles."""
 
-    allocator: BlockAllocator
-    storage: KvStorage
+    table: RequestTable
     core: EngineCore
-    _cond: threading.Condition
-    _models: dict[str, HostedModel]
-    _requests: dict[str, LiveRequest]
-    _pauses: dict[str, int]
-    _moving: dict[str, str]
-    _importing: set[str]
+    pool: KvPool
+    host: ModelHost
+    retire: Retire
+    admit: Admit
+    pauses: dict[str, int] = field(default_factory=dict, init=False)  # request -> pause holders
+    moving: dict[str, str] = field(default_factory=dict, init=False)  # request -> its destination
+    # requests with an import begun, not yet committed or aborted
+    importing: set[str] = field(default_factory=set, init=False)
 
-    def _active(self, request_id: str) -> LiveRequest:
-        r = self._requests.get(request_id)
-        if r is None or r.finished:
-            raise RequestNotFoundError(f"no active request {request_id!r} on this engine")
-        return r
+    def forget(self, request_id: str) -> None:
+        """``request_id`` was retired (native: nothing kept per request beyond the pauses)."""
 
     def pause_request(
         self, request_id: str, timeout_s: float = 30.0, *, moving_to: str = ""
     ) -> TransferHeader:
         """Stop scheduling ``request_id`` (waiting out the step in flight) and describe its state.
         ``moving_to``: the pause is a migration's (one at a time per request)."""
-        with self._cond:
-            r = self._active(request_id)
+        with self.table.cond:
+            r = self.table.active(request_id)
             if moving_to:
                 if not r.attached:  # moved in, and the scheduler has not followed it here yet
                     raise MigrationConflictError(
                         f"request {request_id!r} {NOT_ATTACHED}: it can move once the scheduler follows it here"
                     )
-                if (other := self._moving.get(request_id)) is not None:
+                if (other := self.moving.get(request_id)) is not None:
                     raise MigrationConflictError(
                         f"request {request_id!r} is already being migrated to {other}"
                     )
-                self._moving[request_id] = moving_to
+                self.moving[request_id] = moving_to
             self.core.pause(request_id)
-            self._pauses[request_id] = self._pauses.get(request_id, 0) + 1
+            self.pauses[request_id] = self.pauses.get(request_id, 0) + 1
             deadline = time.monotonic() + timeout_s
             while self.core.in_flight(request_id):
-                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                if not self.table.cond.wait(max(0.0, deadline - time.monotonic())):
                     self._release_locked(request_id, bool(moving_to))
                     raise TransferError(f"request {request_id!r} did not leave its iteration in {timeout_s}s")
             kv = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
@@ -106,57 +120,57 @@ class MigrationOps:
     def resume_request(self, request_id: str, *, moving: bool = False) -> bool:
         """Release one pause (``moving``: the migration's, which failed); the request is scheduled again
         when no pause holds it. False if it is gone."""
-        with self._cond:
+        with self.table.cond:
             return self._release_locked(request_id, moving)
 
     def _release_locked(self, request_id: str, moving: bool) -> bool:
         if moving:
-            self._moving.pop(request_id, None)
-        held = self._pauses.get(request_id, 0) - 1
+            self.moving.pop(request_id, None)
+        held = self.pauses.get(request_id, 0) - 1
         if held > 0:
-            self._pauses[request_id] = held
+            self.pauses[request_id] = held
         else:
-            self._pauses.pop(request_id, None)
-        r = self._requests.get(request_id)
+            self.pauses.pop(request_id, None)
+        r = self.table.requests.get(request_id)
         if r is None or r.finished:
             return False
         if held <= 0:
             self.core.resume(request_id)
-            self._cond.notify_all()
+            self.table.cond.notify_all()
         return True
 
     def export_kv(self, request_id: str, start: int, end: int) -> bytes:
         """K/V of tokens [start, end) of a paused request in the canonical layout."""
-        with self._cond:
+        with self.table.cond:
             r, table = self._kv_range_locked(request_id, start, end)
-        return self.storage.export_tokens(r.req.model, table.blocks, start, end)
+        return self.pool.storage.export_tokens(r.req.model, table.blocks, start, end)
 
     def _kv_range_locked(self, request_id: str, start: int, end: int) -> tuple[LiveRequest, BlockTable]:
         """The paused request whose K/V tokens [start, end) are read, and its block table."""
-        r = self._active(request_id)
+        r = self.table.active(request_id)
         if not r.core.paused:
             raise TransferError(f"request {request_id!r} must be paused before its KV is read")
         held = r.core.kv_tokens if r.core.sched.phase == "decode" else 0
         if not 0 <= start < end <= held:
             raise TransferError(f"token range [{start}, {end}) outside the {held} tokens in the KV")
-        return r, self.allocator.table(request_id)
+        return r, self.pool.allocator.table(request_id)
 
     def finish_migrated(self, request_id: str, destination: str) -> None:
         """End the source side: final chunk MIGRATED (naming the destination), blocks freed."""
-        with self._cond:
-            self._moving.pop(request_id, None)
-            self._pauses.pop(request_id, None)
-            r = self._active(request_id)
-            self._finish_locked(r, FinishReason.MIGRATED, migrated_to=destination)  # type: ignore[attr-defined]
-            self._cond.notify_all()
+        with self.table.cond:
+            self.moving.pop(request_id, None)
+            self.pauses.pop(request_id, None)
+            r = self.table.active(request_id)
+            self.retire(r, FinishReason.MIGRATED, migrated_to=destination)
+            self.table.cond.notify_all()
 
     def begin_import(self, header: TransferHeader) -> ImportHandle:
         """Validate ``header`` against this engine and reserve its blocks (nothing allocated on error)."""
-        with self._cond:
-            model = self._models.get(header.model)
+        with self.table.cond:
+            model = self.host.hosted.get(header.model)
             if model is None:
                 raise TransferError(
-                    f"model {header.model!r} is not loaded here (loaded: {sorted(self._models)})"
+                    f"model {header.model!r} is not loaded here (loaded: {sorted(self.host.hosted)})"
                 )
             if header.shape != model.shape:
                 raise TransferError(
@@ -181,22 +195,22 @@ class MigrationOps:
                 raise TransferError(
                     f"{n_full} tokens exceed {header.model!r}'s context of {model.loaded.max_context}"
                 )
-            if header.request_id in self._requests or header.request_id in self.core.requests:
+            if header.request_id in self.table.requests or header.request_id in self.core.requests:
                 raise DuplicateRequestError(f"request {header.request_id!r} is already active here")
-            if header.request_id in self._importing:  # two sources sending one request: keep the first
+            if header.request_id in self.importing:  # two sources sending one request: keep the first
                 raise DuplicateRequestError(f"request {header.request_id!r} is already being imported here")
-            self._check_fits(model, len(header.prompt_token_ids) + header.sampling.max_tokens)  # type: ignore[attr-defined]
+            self.host.check_fits(model, len(header.prompt_token_ids) + header.sampling.max_tokens)
             blocks: tuple[int, ...] = ()
             if header.num_tokens:
                 try:
-                    table = self.allocator.reserve_import(
+                    table = self.pool.allocator.reserve_import(
                         header.request_id, header.model, header.shape, header.num_tokens
                     )
                 except OutOfBlocks as e:
                     raise ResourceExhaustedError(f"no room for {header.num_tokens} tokens of KV: {e}") from e
                 blocks = tuple(table.blocks)
-            self._importing.add(header.request_id)
-            return ImportHandle(self, header, blocks)  # type: ignore[arg-type]
+            self.importing.add(header.request_id)
+            return ImportHandle(self, header, blocks)
 
     def wire_bytes_per_token(self, header: TransferHeader) -> int:
         """Bytes one token of ``header``'s K/V takes on the wire (chunks are sized by it)."""
@@ -208,22 +222,22 @@ class MigrationOps:
             raise TransferError(f"chunk of {num_tokens} tokens has {len(data)} bytes, expected {expected}")
 
     def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None:
-        self.storage.import_tokens(handle.header.model, handle.blocks, start, data)
+        self.pool.storage.import_tokens(handle.header.model, handle.blocks, start, data)
 
     def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None:
         """Adopt the request: it decodes from where the source stopped (or re-prefills, for a token
         transfer); its output is buffered until a consumer ``attach``es."""
         h = handle.header
-        with self._cond:
-            model = self._models.get(h.model)
+        with self.table.cond:
+            model = self.host.hosted.get(h.model)
             if model is None:
                 self.abort_import_locked(handle)
                 raise TransferError(f"model {h.model!r} was unloaded during the import")
-            if h.request_id in self._requests or h.request_id in self.core.requests:
+            if h.request_id in self.table.requests or h.request_id in self.core.requests:
                 # never replace a live copy: its consumer would continue from this one's position
                 self.abort_import_locked(handle)
                 raise DuplicateRequestError(f"request {h.request_id!r} became active here during the import")
-            self._importing.discard(h.request_id)
+            self.importing.discard(h.request_id)
             req = GenerationRequest(
                 request_id=h.request_id,
                 model=h.model,
@@ -233,24 +247,24 @@ class MigrationOps:
                 arrival_s=time.monotonic() - h.age_s,
                 service=h.service,
             )
-            state = self._new_state(req, model, loop, list(h.generated_token_ids))  # type: ignore[attr-defined]
+            state = self.admit(req, model, loop, list(h.generated_token_ids))
             if state.generator is not None and h.rng_state:
                 state.generator.set_state(torch.frombuffer(bytearray(h.rng_state), dtype=torch.uint8))
             state.attached = False
             state.scheduled_s = state.first_token_s = time.monotonic()
-            self._requests[h.request_id] = state
+            self.table.requests[h.request_id] = state
             handle.done = True
             self.core.land(state.core, time.monotonic(), kv_tokens=h.num_tokens, reserved=bool(h.num_tokens))
-            self._cond.notify_all()
+            self.table.cond.notify_all()
 
     def abort_import(self, handle: ImportHandle) -> None:
-        with self._cond:
+        with self.table.cond:
             self.abort_import_locked(handle)
 
     def abort_import_locked(self, handle: ImportHandle) -> None:
         if not handle.done:
             handle.done = True
             rid = handle.header.request_id
-            self._importing.discard(rid)
-            if handle.header.num_tokens and rid in self.allocator and rid not in self.core.requests:
-                self.allocator.free(rid)
+            self.importing.discard(rid)
+            if handle.header.num_tokens and rid in self.pool.allocator and rid not in self.core.requests:
+                self.pool.allocator.free(rid)

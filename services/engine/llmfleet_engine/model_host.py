@@ -1,6 +1,6 @@
-r"""The executor's model hosting: load/unload models into the unified pool (weights + peak activation
-reserved as pool blocks, a KV view registered per model), reconcile to a desired set, and drain a
-model before its unload.
+r"""The executor's model host (a part of :class:`~llmfleet_engine.executor.Executor`): load/unload
+models into the unified pool (weights + peak activation reserved as pool blocks, a KV view registered
+per model), reconcile to a desired set, and drain a model before its unload.
 
 Draining (placement replacement, see ``placement_follower``): a draining model stays loaded and its
 requests keep running, but it is left out of :meth:`ModelHost.serving_model_names` (the node record,
@@ -20,15 +20,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from llmfleet.engine_core import EngineCore
-from llmfleet.kvblocks import BlockAllocator, KvShape, OutOfBlocks
-from llmfleet.kvblocks.storage import KvStorage
+from llmfleet.kvblocks import KvShape, OutOfBlocks
 from llmfleet.types import ModelSpec
 
-from llmfleet_engine.memory import RESERVED_MODEL, MemoryPlan, peak_activation_bytes
+from llmfleet_engine.executor_config import ExecutorConfig
+from llmfleet_engine.memory import RESERVED_MODEL, KvPool, peak_activation_bytes
 from llmfleet_engine.models import LoadedModel, ModelLoadError, load_model
 from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
 from llmfleet_engine.outputs import (
@@ -41,20 +41,8 @@ from llmfleet_engine.outputs import (
 )
 from llmfleet_engine.reconcile import reconcile as reconcile_models
 
-
-class _HostRequest(Protocol):
-    """What the host reads of a live request (``LiveRequest``, which imports this module)."""
-
-    @property
-    def req(self) -> _Model: ...
-
-    @property
-    def finished(self) -> bool: ...
-
-
-class _Model(Protocol):
-    @property
-    def model(self) -> str: ...
+if TYPE_CHECKING:
+    from llmfleet_engine.request_table import RequestTable, Retire
 
 
 log = logging.getLogger(__name__)
@@ -84,62 +72,65 @@ class HostedModel:
     reserved_bytes: int
 
 
+@dataclass(eq=False)
 class ModelHost:
-    """Mixin of :class:`~llmfleet_engine.executor.Executor`: the models half of the engine node."""
+    """The models half of the engine node. Holds the hosted models, the blocks their reservations take
+    and the drains; reads and writes them under the request table's lock. Subclasses (the emulated
+    engine) override how a model is materialized, sized, run and freed (``_materialize``,
+    ``_footprint``, ``_new_runner``, ``_weights_arrive``, ``free_memory``)."""
 
-    # set by Executor.__init__
-    config: object
-    device: str
-    plan: MemoryPlan
-    allocator: BlockAllocator
-    storage: KvStorage
+    config: ExecutorConfig
+    table: RequestTable
     core: EngineCore
-    on_models_changed: list[Callable[[tuple[str, ...]], None]]
-    _cond: threading.Condition
-    _load_lock: threading.Lock
-    _models: dict[str, HostedModel]
-    _reserved_blocks: int
-    _drain_book: DrainBook | None = None  # created on first use (under _cond)
-
-    if TYPE_CHECKING:  # provided by the class this is mixed into
-        _requests: dict[str, _HostRequest]
-
-        def _check_open(self) -> None: ...
-
-        def _cancel_model_locked(self, model: HostedModel) -> None: ...
-
-        def _finish_locked(self, state: _HostRequest, reason: FinishReason) -> None: ...
+    pool: KvPool
+    retire: Retire
+    hosted: dict[str, HostedModel] = field(default_factory=dict, init=False)
+    reserved_blocks: int = field(default=0, init=False)  # pool blocks held by model reservations
+    drains: DrainBook = field(default_factory=DrainBook, init=False)
+    on_models_changed: list[Callable[[tuple[str, ...]], None]] = field(default_factory=list, init=False)
+    _load_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def models(self) -> dict[str, LoadedModel]:
         """The loaded models by name (a copy)."""
-        with self._cond:
-            return {n: m.loaded for n, m in self._models.items()}
+        with self.table.cond:
+            return {n: m.loaded for n, m in self.hosted.items()}
 
     def model_names(self) -> tuple[str, ...]:
-        with self._cond:
-            return tuple(sorted(self._models))
+        with self.table.cond:
+            return tuple(sorted(self.hosted))
 
     def runner(self, model: str) -> PagedRunner:
         """The paged forward of ``model`` (KeyError if it is not loaded)."""
-        with self._cond:
-            return self._models[model].runner
+        with self.table.cond:
+            return self.hosted[model].runner
 
     @property
     def kv_capacity_bytes(self) -> int:
         """Pool bytes usable for KV: the budget minus every model's reservation."""
-        return (self.plan.num_blocks - self._reserved_blocks) * self.plan.block_bytes
+        return (self.pool.plan.num_blocks - self.reserved_blocks) * self.pool.plan.block_bytes
 
     @property
     def watermark_blocks(self) -> int:
         """Blocks kept free when admitting new requests: ``watermark`` of the KV capacity."""
-        return int(self.config.watermark * (self.kv_capacity_bytes // self.plan.block_bytes))  # type: ignore[attr-defined]
+        return int(self.config.watermark * (self.kv_capacity_bytes // self.pool.plan.block_bytes))
+
+    def check_fits(self, model: HostedModel, tokens: int) -> None:
+        """A request whose KV can never fit the pool is refused up front (never a hang)."""
+        block = self.pool.plan.block_bytes
+        need = model.shape.blocks_for(tokens, block)
+        usable = self.kv_capacity_bytes // block - self.watermark_blocks
+        if need > usable:
+            raise ResourceExhaustedError(
+                f"{tokens} tokens of {model.loaded.name!r} need {need} KV blocks "
+                f"({need * block} B) but the pool has {usable} usable blocks ({usable * block} B)"
+            )
 
     def tokens_per_block(self, model: str) -> int:
-        return self._models[model].tokens_per_block
+        return self.hosted[model].tokens_per_block
 
     def reserved_bytes(self, model: str) -> int:
-        return self._models[model].reserved_bytes
+        return self.hosted[model].reserved_bytes
 
     def load(self, spec: ModelSpec) -> LoadResult:
         """Load ``spec`` (blocking); idempotent for the same source and dtype.
@@ -150,8 +141,8 @@ class ModelHost:
         if not spec.name or spec.name.startswith("__"):
             raise ModelLoadError(f"invalid model name {spec.name!r}")
         with self._load_lock:
-            self._check_open()
-            existing = self._models.get(spec.name)
+            self.table.check_open()
+            existing = self.hosted.get(spec.name)
             if existing is not None:
                 if existing.loaded.serves(spec):
                     return LoadResult(existing.loaded, already_loaded=True)
@@ -172,8 +163,8 @@ class ModelHost:
     def add_loaded(self, model: LoadedModel) -> None:
         """Register a model loaded elsewhere (``models.load_model``); its name must be free."""
         with self._load_lock:
-            self._check_open()
-            if model.name in self._models:
+            self.table.check_open()
+            if model.name in self.hosted:
                 raise ModelConflictError(f"model {model.name!r} is already loaded")
             self._install(model)
         self._models_changed()
@@ -183,9 +174,9 @@ class ModelHost:
         cfg = self.config
         return load_model(
             spec,
-            device=self.device,
-            cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
-            allow_download=cfg.allow_download,  # type: ignore[attr-defined]
+            device=self.pool.device,
+            cache_dir=cfg.cache_dir,
+            allow_download=cfg.allow_download,
         )
 
     def _footprint(self, loaded: LoadedModel) -> tuple[KvShape, int]:
@@ -196,14 +187,14 @@ class ModelHost:
         activation = peak_activation_bytes(
             config,
             shape.dtype_bytes,
-            cfg.max_prefill_tokens,  # type: ignore[attr-defined]
-            cfg.max_batch_requests,  # type: ignore[attr-defined]
+            cfg.max_prefill_tokens,
+            cfg.max_batch_requests,
         )
         return shape, loaded.weight_bytes + activation
 
     def _new_runner(self, loaded: LoadedModel) -> PagedRunner:
         """The model's forward over the pool (registered in the storage first)."""
-        return PagedRunner(loaded.model, self.storage, loaded.name)
+        return PagedRunner(loaded.model, self.pool.storage, loaded.name)
 
     def _weights_arrive(self, loaded: LoadedModel) -> None:
         """Called once the model's memory is claimed, before it is announced (native: nothing left)."""
@@ -211,35 +202,35 @@ class ModelHost:
     def _install(self, loaded: LoadedModel) -> None:
         """Reserve weights + peak activation in the pool, register the KV view, build the runner."""
         shape, reserve = self._footprint(loaded)
-        if shape.bytes_per_token > self.plan.block_bytes:
+        if shape.bytes_per_token > self.pool.plan.block_bytes:
             raise ResourceExhaustedError(
                 f"model {loaded.name!r} needs {shape.bytes_per_token} B of KV per token, more than one "
-                f"{self.plan.block_bytes} B block; raise block_bytes"
+                f"{self.pool.plan.block_bytes} B block; raise block_bytes"
             )
         seq = f"{RESERVED_MODEL}/{loaded.name}"
-        blocks = self.plan.blocks_for_bytes(reserve)
-        with self._cond:
+        blocks = self.pool.plan.blocks_for_bytes(reserve)
+        with self.table.cond:
             try:
-                self.allocator.allocate(seq, RESERVED_MODEL, blocks)
-                self._reserved_blocks += blocks
+                self.pool.allocator.allocate(seq, RESERVED_MODEL, blocks)
+                self.reserved_blocks += blocks
             except OutOfBlocks as e:
                 raise ResourceExhaustedError(
                     f"cannot load {loaded.name!r}: weights {loaded.weight_bytes} B + peak activation "
                     f"{reserve - loaded.weight_bytes} B do not fit the engine's free memory "
-                    f"({self.allocator.free_blocks * self.plan.block_bytes} B of a {self.plan.budget_bytes} B budget)"
+                    f"({self.pool.allocator.free_blocks * self.pool.plan.block_bytes} B of a {self.pool.plan.budget_bytes} B budget)"
                 ) from e
             try:
-                t_m = self.allocator.register_model(loaded.name, shape)
-                self.storage.register(loaded.name, shape)
+                t_m = self.pool.allocator.register_model(loaded.name, shape)
+                self.pool.storage.register(loaded.name, shape)
                 runner = self._new_runner(loaded)
             except Exception:
-                self._reserved_blocks -= self.allocator.free(seq)
+                self.reserved_blocks -= self.pool.allocator.free(seq)
                 with contextlib.suppress(Exception):
-                    self.allocator.unregister_model(loaded.name)
+                    self.pool.allocator.unregister_model(loaded.name)
                 with contextlib.suppress(Exception):
-                    self.storage.unregister(loaded.name)
+                    self.pool.storage.unregister(loaded.name)
                 raise
-            self._models[loaded.name] = HostedModel(loaded, runner, shape, t_m, reserve)
+            self.hosted[loaded.name] = HostedModel(loaded, runner, shape, t_m, reserve)
             self.core.add_model(loaded.name)
             self.core.watermark_blocks = self.watermark_blocks
 
@@ -248,44 +239,39 @@ class ModelHost:
 
         Requests of a draining model still running here are evicted (their consumers are told to
         resume elsewhere) instead of cancelled."""
-        with self._cond:
-            model = self._models.pop(name, None)
+        with self.table.cond:
+            model = self.hosted.pop(name, None)
             if model is None:
                 return False
-            book = self._drains()
+            book = self.drains
             why = book.models.pop(name, None)
             if why is not None:
-                for r in self._requests.values():
+                for r in self.table.requests.values():
                     if r.model is model and not r.finished:
                         book.evicted(r.request_id, f"{why}; unloaded with the request in flight")
             self.core.remove_model(name)
-            self._cancel_model_locked(model)
+            for r in [r for r in self.table.requests.values() if r.model is model]:
+                self.retire(r, FinishReason.CANCELLED)
             while any(self.core.requests.get(rid) is None for rid in self.core.inflight):
-                self._cond.wait(0.05)  # its last iteration is still writing the pool
-            self.allocator.unregister_model(name)
-            self.storage.unregister(name)
-            self._reserved_blocks -= self.allocator.free(f"{RESERVED_MODEL}/{name}")
+                self.table.cond.wait(0.05)  # its last iteration is still writing the pool
+            self.pool.allocator.unregister_model(name)
+            self.pool.storage.unregister(name)
+            self.reserved_blocks -= self.pool.allocator.free(f"{RESERVED_MODEL}/{name}")
             self.core.watermark_blocks = self.watermark_blocks
         del model
-        self._free_memory()
+        self.free_memory()
         log.info("unloaded model %s", name)
         self._models_changed()
         return True
 
     # ------------------------------------------------------------------ draining
 
-    def _drains(self) -> DrainBook:
-        with self._cond:
-            if self._drain_book is None:
-                self._drain_book = DrainBook()
-            return self._drain_book
-
     def begin_drain(self, name: str, reason: str) -> bool:
         """Stop advertising ``name`` and refuse its new requests (``reason`` says why); its running
         requests go on. False if it is not loaded or already draining."""
-        with self._cond:
-            book = self._drains()
-            if name not in self._models or name in book.models:
+        with self.table.cond:
+            book = self.drains
+            if name not in self.hosted or name in book.models:
                 return False
             book.models[name] = reason
         log.info("draining model %s: %s", name, reason)
@@ -294,8 +280,8 @@ class ModelHost:
 
     def end_drain(self, name: str) -> bool:
         """Serve ``name`` again (it is desired here after all); False if it was not draining."""
-        with self._cond:
-            if self._drains().models.pop(name, None) is None:
+        with self.table.cond:
+            if self.drains.models.pop(name, None) is None:
                 return False
         log.info("model %s serves again (drain called off)", name)
         self._models_changed()
@@ -303,36 +289,36 @@ class ModelHost:
 
     def draining_reason(self, name: str) -> str | None:
         """Why ``name`` refuses new requests (None: it is not draining)."""
-        with self._cond:
-            return self._drains().models.get(name)
+        with self.table.cond:
+            return self.drains.models.get(name)
 
     def serving_model_names(self) -> tuple[str, ...]:
         """Loaded models that take new requests: what the node record advertises."""
-        with self._cond:
-            draining = self._drains().models
-            return tuple(sorted(n for n in self._models if n not in draining))
+        with self.table.cond:
+            draining = self.drains.models
+            return tuple(sorted(n for n in self.hosted if n not in draining))
 
     def model_request_ids(self, name: str) -> list[str]:
         """Ids of the active requests of model ``name`` (running, waiting or paused)."""
-        with self._cond:
-            return [rid for rid, r in self._requests.items() if r.req.model == name and not r.finished]
+        with self.table.cond:
+            return [rid for rid, r in self.table.requests.items() if r.req.model == name and not r.finished]
 
     def evict(self, request_id: str, reason: str) -> bool:
         """End ``request_id`` here so that its consumer resumes it elsewhere (the servicer answers
         UNAVAILABLE with ``reason``); False if it is not active."""
-        with self._cond:
-            state = self._requests.get(request_id)
+        with self.table.cond:
+            state = self.table.requests.get(request_id)
             if state is None or state.finished:
                 return False
-            self._drains().evicted(request_id, reason)
-            self._finish_locked(state, FinishReason.CANCELLED)
-            self._cond.notify_all()
+            self.drains.evicted(request_id, reason)
+            self.retire(state, FinishReason.CANCELLED)
+            self.table.cond.notify_all()
         return True
 
     def take_eviction(self, request_id: str) -> str | None:
         """Why ``request_id`` was evicted (once; None if it was not)."""
-        with self._cond:
-            return self._drains().evictions.pop(request_id, None)
+        with self.table.cond:
+            return self.drains.evictions.pop(request_id, None)
 
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
         """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""
@@ -348,7 +334,8 @@ class ModelHost:
             except Exception:
                 log.exception("on_models_changed callback failed")
 
-    def _free_memory(self) -> None:
+    def free_memory(self) -> None:
+        """Give the memory of dropped models back (native: collect, empty the CUDA cache)."""
         gc.collect()
-        if torch.device(self.device).type == "cuda":
+        if torch.device(self.pool.device).type == "cuda":
             torch.cuda.empty_cache()

@@ -14,11 +14,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmfleet.api.v1 import engine_pb2
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
 
 from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.sampling import SamplingConfig
 
-DEFAULT_MAX_TOKENS = 64
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "GenerationRequest",
+    "UnknownModelError",
+    "ValidationError",
+    "build_request",
+    "new_request_id",
+    "validate_generate",
+]
 
 
 class ValidationError(ValueError):
@@ -92,39 +101,9 @@ def build_request(
     ``max_tokens`` counts ``resume_token_ids``; unset it defaults to ``default_max_tokens`` capped to
     the context left after the prompt. ``temperature`` defaults to 0 (greedy), ``top_p`` to 1.0.
     """
-    if not prompt:
-        raise ValidationError("prompt", "must not be empty")
-    prompt_ids = tuple(int(t) for t in model.tokenizer(prompt)["input_ids"])
-    n_prompt = len(prompt_ids)
-    if not prompt_ids:
-        raise ValidationError("prompt", "encodes to no tokens")
-    if max(prompt_ids) >= model.vocab_size:
-        raise ValidationError(
-            "prompt", f"encodes to token ids outside the model vocabulary ({model.vocab_size})"
-        )
-    room = model.max_context - n_prompt
-    if room <= 0:
-        raise ValidationError(
-            "prompt", f"has {n_prompt} tokens, at or over the model context limit of {model.max_context}"
-        )
-    if max_tokens is None:
-        max_tokens = min(default_max_tokens, room)
-    elif max_tokens <= 0:
-        raise ValidationError("sampling.max_tokens", f"must be > 0, got {max_tokens}")
-    elif max_tokens > room:
-        raise ValidationError(
-            "sampling.max_tokens",
-            f"{max_tokens} plus {n_prompt} prompt tokens exceeds the context limit of {model.max_context} "
-            f"(at most {room} for this prompt)",
-        )
-    temperature = 0.0 if temperature is None else float(temperature)
-    if math.isnan(temperature) or temperature < 0:
-        raise ValidationError("sampling.temperature", f"must be >= 0, got {temperature}")
-    top_p = 1.0 if top_p is None else float(top_p)
-    if math.isnan(top_p) or not 0 < top_p <= 1:
-        raise ValidationError("sampling.top_p", f"must be in (0, 1], got {top_p}")
-    if any(not s for s in stop):
-        raise ValidationError("sampling.stop", "stop strings must not be empty")
+    prompt_ids = _prompt_ids(model, prompt)
+    max_tokens = _max_tokens(model, len(prompt_ids), max_tokens, default_max_tokens)
+    sampling = _sampling(max_tokens, temperature, top_p, seed, stop)
     if bool(batch_id) != (batch_size > 0):
         raise ValidationError("batch_size", f"must be > 0 exactly when batch_id is set, got {batch_size}")
     resume = tuple(int(t) for t in resume_token_ids)
@@ -139,13 +118,7 @@ def build_request(
         model=model.name,
         prompt=prompt,
         prompt_token_ids=prompt_ids,
-        sampling=SamplingConfig(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop=tuple(stop),
-        ),
+        sampling=sampling,
         resume_token_ids=resume,
         arrival_s=time.monotonic() if arrival_s is None else arrival_s,
         service=service,
@@ -153,6 +126,58 @@ def build_request(
         deadline_s=_positive("deadline_s", deadline_s),
         batch_id=batch_id,
         batch_size=batch_size,
+    )
+
+
+def _prompt_ids(model: LoadedModel, prompt: str) -> tuple[int, ...]:
+    """The prompt's token ids: not empty, inside the vocabulary, leaving room in the context."""
+    if not prompt:
+        raise ValidationError("prompt", "must not be empty")
+    prompt_ids = tuple(int(t) for t in model.tokenizer(prompt)["input_ids"])
+    n_prompt = len(prompt_ids)
+    if not prompt_ids:
+        raise ValidationError("prompt", "encodes to no tokens")
+    if max(prompt_ids) >= model.vocab_size:
+        raise ValidationError(
+            "prompt", f"encodes to token ids outside the model vocabulary ({model.vocab_size})"
+        )
+    if model.max_context - n_prompt <= 0:
+        raise ValidationError(
+            "prompt", f"has {n_prompt} tokens, at or over the model context limit of {model.max_context}"
+        )
+    return prompt_ids
+
+
+def _max_tokens(model: LoadedModel, n_prompt: int, max_tokens: int | None, default: int) -> int:
+    """The output cap: ``max_tokens`` checked against the context left, or ``default`` capped to it."""
+    room = model.max_context - n_prompt
+    if max_tokens is None:
+        return min(default, room)
+    if max_tokens <= 0:
+        raise ValidationError("sampling.max_tokens", f"must be > 0, got {max_tokens}")
+    if max_tokens > room:
+        raise ValidationError(
+            "sampling.max_tokens",
+            f"{max_tokens} plus {n_prompt} prompt tokens exceeds the context limit of {model.max_context} "
+            f"(at most {room} for this prompt)",
+        )
+    return max_tokens
+
+
+def _sampling(
+    max_tokens: int, temperature: float | None, top_p: float | None, seed: int | None, stop: Sequence[str]
+) -> SamplingConfig:
+    """The sampling settings, checked: temperature 0 (greedy) and top_p 1.0 unless given."""
+    temperature = 0.0 if temperature is None else float(temperature)
+    if math.isnan(temperature) or temperature < 0:
+        raise ValidationError("sampling.temperature", f"must be >= 0, got {temperature}")
+    top_p = 1.0 if top_p is None else float(top_p)
+    if math.isnan(top_p) or not 0 < top_p <= 1:
+        raise ValidationError("sampling.top_p", f"must be in (0, 1], got {top_p}")
+    if any(not s for s in stop):
+        raise ValidationError("sampling.stop", "stop strings must not be empty")
+    return SamplingConfig(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=tuple(stop)
     )
 
 

@@ -42,11 +42,11 @@ def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert cfg.stream_interval_s == 0.0  # tokens never wait for a timer (issue 23)
     cfg = executor_config(["--policy", "scls", "--slice-end", "recompute"], monkeypatch)
-    assert cfg.policy_options == {"keep_kv": False}
+    assert cfg.policy_options == {"slice_end": "recompute"}
     cfg = executor_config(["--slice-end", "recompute"], monkeypatch)  # a request policy: no slices
     assert cfg.policy_options == {}
     opts = ["--policy-options", '{"batch_size": 2}', "--slice-end", "keep", "--policy", "static_sls"]
-    assert executor_config(opts, monkeypatch).policy_options == {"batch_size": 2, "keep_kv": True}
+    assert executor_config(opts, monkeypatch).policy_options == {"batch_size": 2, "slice_end": "keep"}
 
 
 @pytest.mark.parametrize(

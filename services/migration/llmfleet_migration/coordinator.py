@@ -36,8 +36,8 @@ from llmfleet.policies.migration import (
     TransferBudget,
     TransferPlanner,
     migration_id,
+    reprefill_boundary,
 )
-from llmfleet.sim.cost import reprefill_boundary
 from llmfleet.types import NodeRecord
 
 from llmfleet_migration.cluster_state import gpu_states

@@ -13,9 +13,16 @@ import time
 from dataclasses import dataclass, field
 
 from llmfleet.coord import EtcdClient
-from llmfleet.costmodel import UnknownHardware, UnknownModel, hardware, model_arch
+from llmfleet.costmodel import (
+    LinearCost,
+    UnknownHardware,
+    UnknownModel,
+    fitted_cost,
+    hardware,
+    model_arch,
+    roofline_cost,
+)
 from llmfleet.costmodel.serialize import ProfileRecord
-from llmfleet.sim.cost import LinearCost, fitted_cost, roofline_cost
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from llmfleet.coord.desired import PlanMeta, get_placement_meta, write_plan
 from llmfleet.coord.unplaced import UnplacedPublisher
 from llmfleet.metrics.control import placement_metrics
 from llmfleet.monitor import Decision
-from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner
+from llmfleet.policies.placement import PlacementContext, PlacementInfeasible, PlacementPlanner, ServiceLoad
 from llmfleet.policies.placement.hysteresis import Hysteresis, grows_for, newly_served
 from llmfleet.types import DesiredPlacement, NodeRecord
 
@@ -193,8 +193,47 @@ class LivePlacementLoop:
         now = self.clock()
         placements = self.placement_view.snapshot()
         engines = live_engines(self.nodes_view.snapshot().values(), placements)
-        # start-up: while the configured engines are still registering (within the grace), look again
-        # shortly rather than in one interval, and do not plan on part of the pool yet
+        if not self._engines_ready(now, engines):
+            return None
+        if self._waiting_for_reports(now, placements):
+            log.info("placement: waiting for the schedulers' first reports before planning")
+            return None
+        planned = await self._plan(now, engines)
+        if planned is None:
+            return None
+        result, loads, reason = planned
+        current = current_state(engines)
+        if result.target == current:
+            self.hysteresis.reset()
+            self._last_error = ""
+            log.debug("placement: plan unchanged (%s)", reason)
+            return None
+        needed = {s.model for s in self.config.service_specs()}
+        held = {
+            self.config.services[s.name].model for s in loads if s.held and s.name in self.config.services
+        }
+        urgent = bool(newly_served(current, result.target, needed) or grows_for(current, result.target, held))
+        change = describe_change(current, result.target)
+        if not self.hysteresis.decide(result.target, urgent):
+            if self.hysteresis.seen == 1:  # once per new proposal
+                self._record(
+                    Decision(
+                        self.wall(),
+                        self.policy,
+                        f"proposed {change}; applied if proposed for {self.hysteresis.confirm} intervals",
+                        reason,
+                    )
+                )
+            return None
+        if urgent:
+            unserved = sorted(set(uncovered(current, needed)))
+            reason += f"; unserved: {', '.join(unserved)}" if unserved else "; requests held for capacity"
+        return result if await self.apply(result, engines, placements, change, reason) else None
+
+    def _engines_ready(self, now: float, engines: list[LiveEngine]) -> bool:
+        """Whether to plan on ``engines`` now. At start-up, while the configured engines are still
+        registering (within the grace), look again shortly rather than in one interval, and do not plan
+        on part of the pool yet; no engine after the grace is a failed round."""
         starting = now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s
         expected = (
             self.config.emulated.count if self.config.emulated is not None else len(self.config.engines)
@@ -205,13 +244,17 @@ class LivePlacementLoop:
                 log.info("placement: no live engine yet; waiting for engines to register")
             else:
                 self._failed("no live engines to place on")
-            return None
+            return False
         if self._soon:
             log.info("placement: %d of %d engines registered; waiting for the rest", len(engines), expected)
-            return None
-        if self._waiting_for_reports(now, placements):
-            log.info("placement: waiting for the schedulers' first reports before planning")
-            return None
+            return False
+        return True
+
+    async def _plan(
+        self, now: float, engines: list[LiveEngine]
+    ) -> tuple[PlanResult, list[ServiceLoad], str] | None:
+        """Run the planner over the monitored demand and the live pool (off the event loop): its plan,
+        the loads it planned for and the reason so far; None (recorded as failed) when it cannot."""
         cfg = self.config.placement
         pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node)
         specs = self.config.service_specs()
@@ -256,33 +299,7 @@ class LivePlacementLoop:
         why = self.planner.last_reason  # the planner's own account, when it gives one
         if why:
             reason += f"; {self.policy}: {why}"
-        current = current_state(engines)
-        if result.target == current:
-            self.hysteresis.reset()
-            self._last_error = ""
-            log.debug("placement: plan unchanged (%s)", reason)
-            return None
-        needed = {s.model for s in specs}
-        held = {
-            self.config.services[s.name].model for s in loads if s.held and s.name in self.config.services
-        }
-        urgent = bool(newly_served(current, result.target, needed) or grows_for(current, result.target, held))
-        change = describe_change(current, result.target)
-        if not self.hysteresis.decide(result.target, urgent):
-            if self.hysteresis.seen == 1:  # once per new proposal
-                self._record(
-                    Decision(
-                        self.wall(),
-                        self.policy,
-                        f"proposed {change}; applied if proposed for {self.hysteresis.confirm} intervals",
-                        reason,
-                    )
-                )
-            return None
-        if urgent:
-            unserved = sorted(set(uncovered(current, needed)))
-            reason += f"; unserved: {', '.join(unserved)}" if unserved else "; requests held for capacity"
-        return result if await self.apply(result, engines, placements, change, reason) else None
+        return result, loads, reason
 
     async def apply(
         self,

@@ -19,7 +19,8 @@ import time
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
 from llmfleet.config import DEFAULT_CONFIG, STATIC_POLICY, ClusterConfig, placement_policy_names
 from llmfleet.coord import LeaderElection, PrefixView, node_view, placement_view, service_view
-from llmfleet.policies.placement import make_placement_policy
+from llmfleet.policies.placement import PlacementPlanner, make_placement_policy
+from llmfleet.policies.placement.evaluator import PlanEvaluatorFactory
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
@@ -100,22 +101,36 @@ def live_loop(
     """A planner loop for a new term (fresh hysteresis; it adopts the plan in etcd), reading the
     service monitor the schedulers feed and logging its decisions on the servicer."""
     p = config.placement
+    planner = make_placement_policy(p.policy, **p.options)
     return LivePlacementLoop(
         config,
         n.etcd,
         placements,
         nodes,
-        planner=make_placement_policy(p.policy, **p.options),
+        planner=planner,
         policy=p.policy,
         interval_s=p.interval_s,
         leader_id=n.node_id,
-        workload=MonitorWorkload(servicer.monitor, config.service_specs, p.window_s, config, p.policy),
+        workload=MonitorWorkload(
+            servicer.monitor, config.service_specs, p.window_s, config, plan_evaluators(planner, p.policy)
+        ),
         decisions=servicer.decisions,
         wake=servicer.demand,
         election=servicer.election,
         clock=time.monotonic,  # the monitor's clock (the servicer feeds it on time.monotonic)
         desired=lambda: read_runtime_config(n.etcd, config),  # etcd's services/, every tick
     )
+
+
+def plan_evaluators(planner: PlacementPlanner, policy: str) -> PlanEvaluatorFactory | None:
+    """The simulator scoring candidate plans, for a planner that needs one (SeaLLM): the one place this
+    service reaches the simulator, and only through the ``PlanEvaluatorFactory`` interface (imported
+    on demand: other planners never load it)."""
+    if not planner.needs.evaluator:
+        return None
+    from llmfleet.sim.plan_eval import ClusterPlanEvaluators
+
+    return ClusterPlanEvaluators(policy)
 
 
 def apply_flags(config: ClusterConfig, args: argparse.Namespace) -> ClusterConfig:

@@ -4,10 +4,10 @@ The loop only needs :class:`WorkloadSource` (``loads(now)``: one :class:`Service
 served model names, ``now`` on the source's clock) and, for planners that score candidate plans by
 simulation (SeaLLM), optionally :class:`EvaluatorSource`. :class:`MonitorWorkload` adapts the service
 monitor the schedulers feed (``llmfleet.monitor.FleetMonitor`` on the placement servicer) and, given
-the cluster config, scores plans with the simulator (``SimPlanEvaluator``) on the monitor's recent
-requests, the services' SLOs and catalog models as ``llmfleet sim --cluster-config`` reads them, the
-engines' local policy and the services' dispatch. The recent requests are the window's arrivals, as the
-simulator's placement loop replays them: the completed ones with their arrival times and lengths, and
+the cluster config and a :class:`~llmfleet.policies.placement.evaluator.PlanEvaluatorFactory` (the
+simulator's, ``llmfleet.sim.plan_eval.ClusterPlanEvaluators``, chosen in ``main``), scores plans on the
+monitor's recent requests. The recent requests are the window's arrivals, as the simulator's placement
+loop replays them: the completed ones with their arrival times and lengths, and
 those that arrived but have not finished (queued or still running; an overloaded service has many)
 with the mean lengths of the service's completed ones, spread evenly over the window. Without them an
 overloaded service would look idle to the search, and get less the more it needs.
@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from llmfleet.config import ClusterConfig
 from llmfleet.policies.placement import GpuPool, PlanEvaluator, ServiceLoad
+from llmfleet.policies.placement.evaluator import PlanEvaluatorFactory, WindowRequest
 from llmfleet.types import ServiceSpec, Slo
 
 
@@ -76,9 +77,8 @@ class MonitorWorkload:
     monitor: _Monitor
     services: Callable[[], list[ServiceSpec]]
     window_s: float | None = None
-    config: ClusterConfig | None = None  # enables evaluator() (the services' catalog models and SLOs)
-    placement: str = "seallm"  # the planner whose candidates are scored (the simulator's bundle name)
-    dispatch: str = "round_robin"  # the schedulers' dispatch, as the simulator runs it
+    config: ClusterConfig | None = None  # with evaluators, enables evaluator() (the services and SLOs)
+    evaluators: PlanEvaluatorFactory | None = None  # builds the plan scorer (the simulator's, given by main)
 
     def loads(self, now: float) -> list[ServiceLoad]:
         specs = self.services()
@@ -96,40 +96,11 @@ class MonitorWorkload:
         return {s.service: s.infeasible for s in self.monitor.stats(now)}
 
     def evaluator(self, now: float, gpus: GpuPool) -> PlanEvaluator | None:
-        """A simulator scoring plans on the recent requests (None: none, or no config)."""
-        if self.config is None:
+        """Scores plans on the recent requests (None: none, or no config or evaluator factory)."""
+        if self.config is None or self.evaluators is None:
             return None
-        from llmfleet.costmodel.hardware import hardware
-        from llmfleet.sim.plan_eval import SimPlanEvaluator
-        from llmfleet.sim.run import PolicyBundle
-        from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
-        from llmfleet.workload import WorkloadRequest
-
-        services, engine = from_cluster_config(self.config)
-        catalog = {s.name: s.model for s in services}
-        rows = recent_requests(
-            [st for st in self.monitor.stats(now) if st.service in catalog], now, self.window_s
-        )
-        if not rows:
-            return None
-        t0 = rows[0][0]
-        requests = [
-            WorkloadRequest(f"{svc}-{i}", t - t0, prompt, output, svc, catalog[svc])
-            for i, (t, svc, prompt, output) in enumerate(rows)
-        ]
-        engines = [*self.config.engines.values()]
-        if self.config.emulated is not None:
-            engines.append(self.config.emulated.engine)
-        local = {e.policy for e in engines}
-        dispatch = {s.dispatch for s in self.config.services.values() if s.dispatch}
-        bundle = PolicyBundle(
-            "live",
-            placement=self.placement,
-            dispatch=dispatch.pop() if len(dispatch) == 1 else self.dispatch,
-            local=local.pop() if len(local) == 1 else "fcfs",
-        )
-        spec = SimSpec(ClusterSpec(gpus.count, hardware(gpus.hardware)), services, engine)
-        return SimPlanEvaluator(spec, requests, bundle)
+        window = [WindowRequest(*row) for row in recent_requests(self.monitor.stats(now), now, self.window_s)]
+        return self.evaluators(self.config, gpus, window)
 
 
 def recent_requests(stats: list, now: float, window_s: float | None) -> list[tuple[float, str, int, int]]:

@@ -223,12 +223,13 @@ async def test_seallm_scores_plans_on_the_monitored_requests(etcd_client, views)
     from llmfleet.monitor import FleetMonitor, ServiceMonitor
     from llmfleet.monitor.records import Completion
     from llmfleet.policies.placement import GpuPool, make_placement_policy
+    from llmfleet.sim.plan_eval import ClusterPlanEvaluators
     from llmfleet_placement.workload import MonitorWorkload
 
     pv, _ = views
     config = CONFIG.model_copy(update={"placement": CONFIG.placement.model_copy(update={"policy": "seallm"})})
     local, fleet = ServiceMonitor(), FleetMonitor()
-    workload = MonitorWorkload(fleet, config.service_specs, None, config, "seallm")
+    workload = MonitorWorkload(fleet, config.service_specs, None, config, ClusterPlanEvaluators("seallm"))
     assert workload.evaluator(100.0, GpuPool("cpu", 4)) is None  # nothing to replay yet
     for i in range(40):
         t = 60.0 + i * 0.5
@@ -254,11 +255,14 @@ async def test_seallm_with_no_workload_yet_serves_every_model_then_waits_for_req
     dedicated GPUs (SeaLLM §4's rule for a new service), so "up" becomes servable."""
     from llmfleet.monitor import FleetMonitor
     from llmfleet.policies.placement import make_placement_policy
+    from llmfleet.sim.plan_eval import ClusterPlanEvaluators
     from llmfleet_placement.workload import MonitorWorkload
 
     pv, _ = views
     config = CONFIG.model_copy(update={"placement": CONFIG.placement.model_copy(update={"policy": "seallm"})})
-    workload = MonitorWorkload(FleetMonitor(), config.service_specs, None, config, "seallm")
+    workload = MonitorWorkload(
+        FleetMonitor(), config.service_specs, None, config, ClusterPlanEvaluators("seallm")
+    )
     loop = make_loop(
         etcd_client, views, make_placement_policy("seallm"), workload=workload, clock=lambda: 80.0
     )

@@ -62,6 +62,24 @@ class RequestRecord:
     _listeners: list[Callable[[common_pb2.TokenChunk], None]] = field(default_factory=list)
     _end_waiters: list[asyncio.Future] = field(default_factory=list)
 
+    def final_chunk(self, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
+        """The request's final chunk, ending now for ``reason``, with its usage so far."""
+        now = time.monotonic()
+        return common_pb2.TokenChunk(
+            request_id=self.request_id,
+            index=self.n_tokens,
+            finish_reason=reason,
+            engine_id=engine_id or (self.engines[-1] if self.engines else ""),
+            usage=common_pb2.Usage(
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.n_tokens,
+                queue_s=(self.dispatched_at or now) - self.arrival,
+                ttft_s=(self.first_token_at or now) - self.arrival,
+                latency_s=now - self.arrival,
+                engine_ttft_s=self.engine_ttft_s,
+            ),
+        )
+
     @property
     def done(self) -> bool:
         return self.final is not None or self.error is not None

@@ -22,8 +22,8 @@ from llmfleet.policies.dispatch import (
     Rebalancer,
 )
 from llmfleet.rpc.mux import MuxStream
-from llmfleet.types import ServiceSpec
 from llmfleet.token_estimate import approx_token_count
+from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -32,7 +32,7 @@ from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.routing import DispatchRouter, PredictionBatcher
 from llmfleet_scheduler.scls_central import MODE as SCLS_CENTRAL
-from llmfleet_scheduler.scls_central import SclsCentral
+from llmfleet_scheduler.scls_central import Assignment, SclsCentral
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Relay:
         try:
             await self._dispatch(rec, req, deadline)
         except asyncio.CancelledError:
-            await rec.finish(self._final(rec, common_pb2.FINISH_REASON_CANCELLED))
+            await rec.finish(rec.final_chunk(common_pb2.FINISH_REASON_CANCELLED))
             raise
         except Exception as e:  # never leave a request hanging
             log.exception("request %s failed", rec.request_id)
@@ -241,7 +241,7 @@ class Relay:
             rec.engine_ttft_s = final.usage.ttft_s
         if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
             return final.migrated_to
-        await rec.finish(self._final(rec, final.finish_reason, engine_id))
+        await rec.finish(rec.final_chunk(final.finish_reason, engine_id))
         return None
 
     async def _relay_stream(
@@ -323,70 +323,72 @@ class Relay:
     async def _central_slices(
         self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None
     ) -> None:
-        """SCLS central scheduling (``scls_central.py``): wait in the pool for a batch, run one slice
-        (at most S more tokens) on the engine it went to, and come back until the request is done. An
-        engine failure sends the request back to the pool (its tokens so far are kept)."""
+        """SCLS central scheduling: slices from the central driver (``scls_central.py``) until the request
+        is done. Each waits in the pool for a batch, then runs on the engine the batch went to; an engine
+        failure sends the request back to the pool (its tokens so far are kept).
+
+        Not folded into :meth:`_dispatch`: a central request is dispatched once per slice, from a pool the
+        driver resolves every interval, not placed by a policy through the capacity gate; its failures go
+        back to the pool instead of excluding the engine, and its slices are not in the load book."""
         central = self.central
         assert central is not None
         total = req.sampling.max_tokens
-        failures, last_error = 0, ""
+        failures = 0
         while True:
             prompt = rec.prompt_tokens or approx_token_count(req.prompt)
-            member = central.enqueue(
+            a = await central.next_slice(
                 rec.request_id, rec.service, rec.model, rec.arrival, prompt + rec.n_tokens
             )
             try:
-                a = await member.slot
-            except asyncio.CancelledError:
-                central.withdraw(member)
-                raise
-            node = self.directory.engines().get(a.engine_id)
-            try:
-                if node is None:
-                    failures, last_error = failures + 1, f"{a.engine_id}: gone"
-                    final = None
-                else:
-                    slice_req = engine_pb2.GenerateRequest()
-                    slice_req.CopyFrom(req)
-                    slice_req.resume_token_ids.extend(rec.delivered_token_ids())
-                    slice_req.sampling.max_tokens = min(total, rec.n_tokens + central.slice_iterations)
-                    slice_req.batch_id, slice_req.batch_size = a.batch_id, a.batch_size
-                    rec.engines.append(a.engine_id)
-                    if rec.dispatched_at is None:
-                        rec.dispatched_at = time.monotonic()
-                    if self.metrics is not None:
-                        self.metrics.dispatched(rec.service, a.engine_id)
-                    timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
-                    try:
-                        final = await self._relay_stream(rec, slice_req, node.address, timeout)
-                    except grpc.aio.AioRpcError as e:
-                        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                            await rec.fail(e.code(), f"deadline exceeded after {rec.n_tokens} tokens")
-                            return
-                        if e.code() not in RETRYABLE:
-                            await rec.fail(e.code(), e.details() or str(e.code()))
-                            return
-                        failures, last_error = failures + 1, f"{a.engine_id}: {e.code().name}: {e.details()}"
-                        final = None
+                out = await self._slice(rec, req, a, total, deadline)
             finally:
                 central.returned(a)
-            if final is None:
+            if out is None:  # failed for good
+                return
+            if isinstance(out, str):  # the engine failed: back to the pool
+                failures += 1
                 if failures >= self.max_attempts:
-                    await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {last_error}")
+                    await rec.fail(grpc.StatusCode.UNAVAILABLE, f"service {rec.service!r}: {out}")
                     return
                 log.warning(
-                    "request %s: slice on %s failed (%s); back to the pool",
-                    rec.request_id,
-                    a.engine_id,
-                    last_error,
+                    "request %s: slice on %s failed (%s); back to the pool", rec.request_id, a.engine_id, out
                 )
                 continue
-            slice_end = final.finish_reason in (
-                common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_MIGRATED,
-            ) and rec.n_tokens < total  # fmt: skip
-            if not slice_end:
-                await rec.finish(self._final(rec, final.finish_reason, a.engine_id))
+            if not central.unfinished(out.finish_reason, rec.n_tokens, total):
+                await rec.finish(rec.final_chunk(out.finish_reason, a.engine_id))
                 return
+
+    async def _slice(
+        self,
+        rec: RequestRecord,
+        req: engine_pb2.GenerateRequest,
+        a: Assignment,
+        total: int,
+        deadline: float | None,
+    ) -> common_pb2.TokenChunk | str | None:
+        """Run one slice of ``rec`` as batch ``a`` assigned it: its final chunk, or why the engine failed (the
+        request may go back to the pool), or None when the request failed for good (``rec.fail`` done)."""
+        assert self.central is not None
+        node = self.directory.engines().get(a.engine_id)
+        if node is None:
+            return f"{a.engine_id}: gone"
+        slice_req = self.central.slice_request(req, rec.delivered_token_ids(), rec.n_tokens, total, a)
+        rec.engines.append(a.engine_id)
+        if rec.dispatched_at is None:
+            rec.dispatched_at = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.dispatched(rec.service, a.engine_id)
+        timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            return await self._relay_stream(rec, slice_req, node.address, timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                await rec.fail(e.code(), f"deadline exceeded after {rec.n_tokens} tokens")
+                return None
+            if e.code() not in RETRYABLE:
+                await rec.fail(e.code(), e.details() or str(e.code()))
+                return None
+            return f"{a.engine_id}: {e.code().name}: {e.details()}"
 
     def _moved(self, policy: FinishListener, rec: RequestRecord, to_engine: str) -> bool:
         """A move the policy planned (Aladdin's rebalance) happened: record it as a move, not an end.
@@ -435,23 +437,6 @@ class Relay:
         await asyncio.sleep(grace_s)
         if engine_id not in self.directory.engines():
             self.engine_gone(engine_id)
-
-    def _final(self, rec: RequestRecord, reason: int, engine_id: str = "") -> common_pb2.TokenChunk:
-        now = time.monotonic()
-        return common_pb2.TokenChunk(
-            request_id=rec.request_id,
-            index=rec.n_tokens,
-            finish_reason=reason,
-            engine_id=engine_id or (rec.engines[-1] if rec.engines else ""),
-            usage=common_pb2.Usage(
-                prompt_tokens=rec.prompt_tokens,
-                completion_tokens=rec.n_tokens,
-                queue_s=(rec.dispatched_at or now) - rec.arrival,
-                ttft_s=(rec.first_token_at or now) - rec.arrival,
-                latency_s=now - rec.arrival,
-                engine_ttft_s=rec.engine_ttft_s,
-            ),
-        )
 
     @staticmethod
     def _count(metrics: SchedulerMetrics, rec: RequestRecord) -> None:

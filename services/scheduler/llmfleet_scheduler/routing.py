@@ -16,9 +16,11 @@ prediction: the request proceeds with ``None``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
@@ -77,10 +79,14 @@ class DispatchRouter:
     load_source: bool = True  # engine load reports reach the candidates (the load monitor runs)
     # the migration leader's Mell view (etcd migration_state), for the mell dispatch policy
     mell_view: Callable[[], MellView | None] | None = None
+    # the default policy's constructor options (--dispatch-options); a service naming its own policy
+    # builds it without them
+    default_options: Mapping[str, Any] = field(default_factory=dict)
     _policies: dict[tuple[str, str], DispatchPolicy] = field(default_factory=dict)
 
     def check_default(self) -> None:
-        """ValueError when the default policy cannot run here (it reads load and none comes in)."""
+        """ValueError when the default policy cannot run here (it reads load and none comes in), or
+        its options are refused (the policy is built once to find out)."""
         ctx = DispatchContext(load_source=self.load_source, hardware=self.hardware)
         try:
             check_context(self.default, dispatch_needs(self.default), ctx)
@@ -89,6 +95,13 @@ class DispatchRouter:
             raise ValueError(
                 f"--dispatch {self.default}: {e}; drop --no-load-monitor or pick a load-blind policy: {blind}"
             ) from None
+        if self.default_options:
+            try:
+                make_dispatch_policy(self.default, ctx, **self.default_options)
+            except ValueError as e:
+                raise ValueError(
+                    f"--dispatch-options {json.dumps(dict(self.default_options))}: {e}"
+                ) from None
 
     def name_for(self, spec: ServiceSpec) -> str:
         return spec.dispatch or self.default
@@ -110,7 +123,8 @@ class DispatchRouter:
         key = (spec.name, name)
         policy = self._policies.get(key)
         if policy is None:
-            policy = make_dispatch_policy(name, self.context(name, spec))
+            options = self.default_options if not spec.dispatch else {}
+            policy = make_dispatch_policy(name, self.context(name, spec), **options)
             if isinstance(policy, MellDispatch) and self.mell_view is not None:
                 policy.view_source = self.mell_view  # arrivals go where the leader's Allocate would put them
             self._policies[key] = policy

@@ -17,6 +17,8 @@ from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
 from llmfleet.security.settings import current as current_security
+from llmfleet.token_estimate import approx_token_count
+from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -154,11 +156,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         sampling.CopyFrom(request.sampling)
         if not sampling.HasField("max_tokens"):
             sampling.max_tokens = spec.default_max_tokens
-        if len(request.resume_token_ids) >= sampling.max_tokens:
+        if len(request.resume_token_ids) > sampling.max_tokens:
             raise InvalidField(
                 "resume_token_ids",
                 f"has {len(request.resume_token_ids)} tokens; the request ends at {sampling.max_tokens}",
             )
+        if len(request.resume_token_ids) == sampling.max_tokens:  # every token arrived, only the end was lost
+            return self._complete(rid, spec, request)
         try:
             ticket = self.admission.admit(
                 spec.name,
@@ -193,6 +197,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # A failed request was not served: forget it so a retry with the same id runs afresh
         # (followers already attached still see the error).
         rec.driver.add_done_callback(lambda _t: rec.error is not None and self.journal.discard(rid))
+        return rec
+
+    def _complete(self, rid: str, spec: ServiceSpec, request: scheduler_pb2.SubmitRequest) -> RequestRecord:
+        """A resume that holds every token of the request (its final chunk was lost in a failover): the
+        record ends at once with FINISH_REASON_LENGTH; nothing is dispatched and its prompt's tokens are
+        estimated (no engine counted them here)."""
+        prefix = tuple(request.resume_token_ids)
+        rec = RequestRecord(
+            request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request),
+            prefix_token_ids=prefix, n_tokens=len(prefix), prompt_tokens=approx_token_count(request.prompt),
+        )  # fmt: skip
+        self.journal.add(rec)
+        rec.driver = asyncio.create_task(rec.finish(rec.final_chunk(common_pb2.FINISH_REASON_LENGTH)))
         return rec
 
     def _rejected(self, service: str, reason: str) -> None:

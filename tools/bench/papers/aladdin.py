@@ -34,39 +34,29 @@ Setup (paper §6.3–6.4 → ours):
 
 from __future__ import annotations
 
-import math
+# The parts: aladdin_setup (hardware, target, Aladdin's options, the claim), aladdin_sweep (N*,
+# the worker searches, one model's sweep), aladdin_summary (ratios, goal, notes); this file runs the
+# sweep and renders the result.
 import time
 from pathlib import Path
 
-from llmfleet.costmodel import RooflineModel, hardware, model_arch
+from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
-from llmfleet.policies.placement import InstancePlan, optimal_tp
-from llmfleet.policies.placement.aladdin_workers import roofline_iteration_time, vidur_iteration_time
-from llmfleet.sim.capacity import fewest_passing
-from llmfleet.sim.run import PolicyBundle
-from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
-from llmfleet.types import Slo
 
 from . import common as C
+from .aladdin_setup import CLAIM, HW, MAX_GPUS, TARGET, THETA
+from .aladdin_summary import summarize as _summarize
+from .aladdin_sweep import ModelSweep, worker_sizes
+
+__all__ = ["CLAIM", "MODELS", "NAME", "TITLE", "markdown", "plot", "run", "settings", "worker_sizes"]
 
 NAME = "aladdin"
 TITLE = "Aladdin — GPUs for 99% SLO attainment vs arrival rate (Llama2, A100-80GB)"
-HW = "a100-80gb"
-GPUS_PER_MACHINE = 4  # the paper's testbed machines (default vLLM = all 4 in one worker)
-TARGET = 0.99
-THETA = 0.7
-MAX_GPUS = 160
-ENGINE = {"single_phase": True}  # vLLM 0.2–0.4: one phase per iteration, prefill first
 MODELS = {
     "llama2-7b": {"slo": (0.4, 0.015), "rates": (10.0, 25.0, 50.0), "paper_tp": 1},
     "llama2-13b": {"slo": (0.6, 0.030), "rates": (5.0, 12.0, 25.0), "paper_tp": 1},
     "llama2-70b": {"slo": (1.6, 0.075), "rates": (2.0, 5.0, 10.0), "paper_tp": 2},
 }
-CLAIM = (
-    "in simulation (default continuous batching) up to 71% fewer GPUs than default vLLM and 40% fewer than "
-    "JSQ with Aladdin's optimal worker configuration (split-phase decode: 60% fewer than JSQ, 49% fewer than "
-    "power-of-two); on the A100 testbed, 70B: up to 3.5× fewer SLO violations than default vLLM."
-)
 
 
 def settings(quick: bool, tiny: bool) -> dict:
@@ -80,116 +70,6 @@ def settings(quick: bool, tiny: bool) -> dict:
         models = {"llama2-7b": {**MODELS["llama2-7b"], "rates": (10.0, 30.0)}}
         return {"models": models, "duration_s": 20.0, "min_requests": 200}
     return {"models": MODELS, "duration_s": 40.0, "min_requests": 600}
-
-
-OPEN_PAPER = {"constraints": "paper", "on_infeasible": "open"}
-THETAS = (0.9, 1.0)  # the margin of (b) and (d), varied alone at each model's top rate; then (d) dropped
-OPEN_STRICT = {"constraints": "strict", "on_infeasible": "open"}
-SEARCH_PAPER = {"constraints": "paper", "on_infeasible": "least_loaded"}
-
-
-def worker_sizes(arch, hw, slo, m_r: float) -> dict[str, int]:
-    """N* (Eq. 6) three ways: the cost source with Vidur's fitted per-iteration overhead (used), the
-    same without overhead, and with overhead but the paper's M = N·m_gpu − m_model."""
-    it = roofline_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
-    if C.COST_SOURCE == "vidur":
-        try:
-            vit = vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
-            vit(1, 1.0, 1.0)
-            it = vit
-        except LookupError:
-            pass  # no measurements for this GPU: the roofline, as the simulator does
-    kw = {"gpus_per_node": GPUS_PER_MACHINE}
-    try:
-        vidur = optimal_tp(
-            arch, hw, slo, m_r, iteration_time=vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD), **kw
-        )
-    except LookupError:
-        vidur = None
-    return {
-        "vidur_overhead": vidur,
-        "overhead": optimal_tp(arch, hw, slo, m_r, iteration_time=it, **kw),
-        "plain": optimal_tp(arch, hw, slo, m_r, **kw),
-        "paper_memory": optimal_tp(arch, hw, slo, m_r, iteration_time=it, paper_memory=True, **kw),
-    }
-
-
-def _open_row(model, rate, label, policy, tp, n, cap, at, requests, tag) -> dict:
-    return {
-        "model": model, "rate_rps": rate, "config": label, "workload": f"{tag}, Poisson",
-        "cost_source": at.get("cost_source", C.COST_SOURCE), "policy": policy, "tp": tp,
-        "workers": n, "gpus": n * tp, "gpus_used": n * tp, "pool_workers": cap, "cap_reached": n >= cap,
-        "gpus_p100": n * tp if at["p100"] else None, "p100_met": bool(at["p100"]),
-        "attainment": at.get("attainment"), "ttft_p99_s": at.get("ttft_p99_s"),
-        "tpot_p99_ms": at.get("tpot_p99_ms"), "viol_ttft": at.get("viol_ttft"),
-        "viol_atgt": at.get("viol_atgt"), "preemptions": at.get("preemptions"), "plateau": None,
-        "requests": requests, "sims": 1, "tried": {str(cap): round(at["attainment"], 4)},
-    }  # fmt: skip
-
-
-class _Search:
-    """Fewest workers of ``tp`` GPUs reaching the target attainment; evaluations are memoised."""
-
-    def __init__(self, model, tp, policy, wl, slo, predict, pred, hw, mode=None) -> None:
-        self.model, self.tp, self.policy, self.wl, self.mode = model, tp, policy, wl, mode or {}
-        self.slo, self.predict, self.pred, self.hw = slo, predict, pred, hw
-        self.seen: dict[int, dict] = {}
-
-    def bundle(self) -> PolicyBundle:
-        if self.policy == "aladdin_bestfit":
-            lat = {self.model: RooflineModel(model_arch(self.model), self.hw, self.tp)}
-            opts = {
-                "latency_models": lat,
-                "slos": {self.model: self.slo},
-                "predictor": self.pred,
-                "theta": THETA,
-                **self.mode,
-            }
-            return PolicyBundle(
-                "aladdin",
-                dispatch="aladdin_bestfit",
-                local="fcfs",
-                dispatch_options=opts,
-                local_options=ENGINE,
-            )
-        return PolicyBundle(self.policy, dispatch=self.policy, local="fcfs", local_options=ENGINE)
-
-    def eval(self, n: int) -> dict:
-        if n not in self.seen:
-            svc = SimService("chat", self.model, Slo(ttft_s=self.slo[0], tpot_s=self.slo[1]), max_tokens=2048)
-            spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,))
-            plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
-            e = C.simulate(spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10)
-            o = e.report["overall"]
-            used = sum(i["tp"] for i in e.result.instances if i["iterations"] > 0)
-            recs = e.result.records
-            done = [r for r in recs if r.done]
-            self.seen[n] = {
-                "viol_ttft": sum(r.ttft_s > self.slo[0] for r in done) / max(1, len(recs)),
-                "viol_atgt": sum(r.tpot_s > self.slo[1] for r in done) / max(1, len(recs)),
-                "preemptions": o["preemptions"],
-                "attainment": o["slo"]["aladdin"],
-                "gpus_used": used,
-                "ttft_p99_s": o["ttft_s"]["p99"],
-                "tpot_p99_ms": 1e3 * o["tpot_s"]["p99"],
-                "failed": o["failed"],
-                # Aladdin's attainment at P100 / P99: the percentile of max(TTFT/T_pre, ATGT/T_dec) <= 1
-                "p100": o["aladdin_at"]["p100"]["met"],
-                "p99": o["aladdin_at"]["p99"]["met"],
-                "ratio_p100": o["aladdin_at"]["p100"]["ratio"],
-                "ratio_p99": o["aladdin_at"]["p99"]["ratio"],
-                "cost_source": "/".join(sorted(set(e.report.get("cost_models", {}).values())))
-                or C.COST_SOURCE,
-            }
-        return self.seen[n]
-
-    def ok(self, n: int, key: str = "p99") -> bool:
-        if key == "p99":
-            return self.eval(n)["attainment"] >= TARGET
-        return bool(self.eval(n)[key])
-
-    def run(self, guess: int, key: str = "p99") -> int | None:
-        return fewest_passing(lambda n: self.ok(n, key), guess, max(1, MAX_GPUS // self.tp))
 
 
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
@@ -206,116 +86,20 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         arch = model_arch(model)
         sizes = worker_sizes(arch, hw, mc["slo"], mean_seq * arch.kv_bytes_per_token)
         n_star = sizes["overhead"]
-        configs = [
-            ("jsq-opt", "jsq", n_star, None),
-            ("aladdin", "aladdin_bestfit", n_star, OPEN_PAPER),
-            ("aladdin-strict", "aladdin_bestfit", n_star, OPEN_STRICT),
-            ("aladdin-search", "aladdin_bestfit", n_star, SEARCH_PAPER),
-        ]
-        if n_star != GPUS_PER_MACHINE:
-            configs.append(("vllm-default", "jsq", GPUS_PER_MACHINE, None))
-        if mc["paper_tp"] != n_star:
-            configs += [
-                (f"jsq@{mc['paper_tp']}gpu", "jsq", mc["paper_tp"], None),
-                (f"aladdin@{mc['paper_tp']}gpu", "aladdin_bestfit", mc["paper_tp"], OPEN_PAPER),
-            ]
         workers[model] = {
             "n_star": n_star,
             "paper_n": mc["paper_tp"],
             **{f"n_{k}": v for k, v in sizes.items()},
         }
-        guess: dict[str, int] = {}
-        prev_rate: float | None = None
+        sweep = ModelSweep(model, mc, n_star, hw, pred, predict, tag, log)
         for ri, rate in enumerate(mc["rates"]):
             dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
             wl = C.poisson_workload(test, rate, dur, seed=1000 * mi + ri, service="chat")
-            jsq100: dict[int, int] = {}
-            extra = []
-            if ri == len(mc["rates"]) - 1:  # θ, one factor at a time, at the top rate
-                extra = [
-                    (f"aladdin θ={t:g}", "aladdin_bestfit", n_star, {**OPEN_PAPER, "theta": t})
-                    for t in THETAS
-                ]
-                extra.append(("aladdin no-(d)", "aladdin_bestfit", n_star, {**OPEN_PAPER, "protect": False}))
-            for label, policy, tp, mode in configs + extra:
-                s = _Search(model, tp, policy, wl, mc["slo"], predict, pred, hw, mode)
-                if mode is not None and mode.get("on_infeasible") == "open":
-                    # the paper's count: a pool larger than needed, best fit opens workers as it must
-                    cap = min(MAX_GPUS // tp, max(8, 2 * jsq100.get(tp, 4) + 2))
-                    at = s.eval(cap)
-                    n = at["gpus_used"] // tp
-                    rows.append(_open_row(model, rate, label, policy, tp, n, cap, at, len(wl), tag))
-                    log(f"  aladdin {model} {rate:g} req/s {label:14s} TP{tp}: opened {n * tp} GPUs "
-                        f"(P100 {'met' if at['p100'] else 'not met'}, P99 {at['attainment']:.4f})")  # fmt: skip
-                    continue
-                base = guess.get(label) or guess.get(label.replace("aladdin-search", "jsq-opt"))
-                g = math.ceil(base * rate / prev_rate) if base and prev_rate else (base or 1)
-                n = s.run(g)
-                if n is not None:
-                    guess[label] = n
-                n100 = s.run(n or g, "p100")  # memoised: the P100 search reuses the P99 evaluations
-                if policy == "jsq" and n100 is not None:
-                    jsq100[tp] = n100
-                at = s.eval(n) if n is not None else {}
-                rows.append(
-                    {
-                        "model": model,
-                        "rate_rps": rate,
-                        "config": label,
-                        "workload": f"{tag}, Poisson",
-                        "cost_source": at.get("cost_source", C.COST_SOURCE),
-                        "policy": policy,
-                        "tp": tp,
-                        "workers": n,
-                        "gpus": n * tp if n is not None else None,
-                        "gpus_used": at.get("gpus_used"),
-                        "gpus_p100": n100 * tp if n100 is not None else None,
-                        "attainment": at.get("attainment"),
-                        "ttft_p99_s": at.get("ttft_p99_s"),
-                        "tpot_p99_ms": at.get("tpot_p99_ms"),
-                        "viol_ttft": at.get("viol_ttft"),
-                        "viol_atgt": at.get("viol_atgt"),
-                        "preemptions": at.get("preemptions"),
-                        "plateau": None if n is not None else max(v["attainment"] for v in s.seen.values()),
-                        "requests": len(wl),
-                        "sims": len(s.seen),
-                        "tried": {str(k): round(v["attainment"], 4) for k, v in sorted(s.seen.items())},
-                    }
-                )
-                if label == "jsq-opt" and n_star == GPUS_PER_MACHINE:
-                    rows.append({**rows[-1], "config": "vllm-default", "same_as": "jsq-opt"})
-                log(
-                    f"  aladdin {model} {rate:g} req/s {label:14s} TP{tp}: "
-                    f"{'>' + str(MAX_GPUS) if n is None else n * tp} GPUs at P99, "
-                    f"{'>' + str(MAX_GPUS) if n100 is None else n100 * tp} at P100 ({len(s.seen)} sims)"
-                )
-            prev_rate = rate
+            rows += sweep.rate(rate, wl, top=ri == len(mc["rates"]) - 1)
     result = {
         "paper": NAME,
         "title": TITLE,
-        "setup": {
-            "hardware": f"catalog {HW} (NVLink SXM; the paper's testbed A100s are PCIe), 4-GPU machines",
-            "SLOs": "; ".join(
-                f"{m}: TTFT {c['slo'][0] * 1e3:.0f} ms, ATGT {c['slo'][1] * 1e3:.0f} ms"
-                for m, c in cfg["models"].items()
-            ),
-            "workload": f"Poisson, max({cfg['duration_s']:g} s, {cfg['min_requests']} requests) per rate; "
-            f"{lengths_label}; prompt ≤ 2048, output ≤ 2048 (mean prompt+output {mean_seq:.0f} tokens)",
-            "predictor": f"empirical per input-length bin, fitted on {len(train):,} disjoint samples; re-prediction on",
-            "worker size N*": ", ".join(
-                f"{m}: {w['n_star']} (Eq. 6 on the {C.COST_SOURCE} cost + fitted overhead; vidur + overhead "
-                f"{w['n_vidur_overhead']}; no overhead {w['n_plain']}; paper M = N·m_gpu − m_model "
-                f"{w['n_paper_memory']}) vs Table 3 {w['paper_n']}"
-                for m, w in workers.items()
-            ),
-            "overhead": f"per-iteration a + c·b fitted per TP on {VIDUR_A100_OVERHEAD.source} (max residual "
-            f"{VIDUR_A100_OVERHEAD.max_rel_error:.0%}); used for N* only: the simulator's {C.COST_SOURCE} costs are unchanged",
-            "Aladdin options": f"γ = 0.5, θ = {THETA}; `aladdin`: (b), (d) as printed, opens a worker when none is "
-            "feasible (counted); `aladdin-strict`: (b) at T_dec·(1−ρ), (d) + t_d(b+1), opening; `aladdin-search`: "
-            "paper constraints, least-loaded fallback, fewest workers by search",
-            "search": f"JSQ: fewest workers with P100 (headline) and ≥ {TARGET:.0%} attainment (gallop + bisection, ≤ {MAX_GPUS} GPUs)",
-            "cost model": f"{C.cost_label()}; engines FCFS continuous batching, one phase per iteration (vLLM 0.2–0.4)",
-        },
+        "setup": _setup(cfg, workers, lengths_label, mean_seq, len(train)),
         "workload": f"{tag} lengths, Poisson",
         "cost_source": C.COST_SOURCE,
         "workers": workers,
@@ -327,148 +111,30 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     return result
 
 
-def _gpus(rows, model, rate, config, key="gpus"):
-    r = next(
-        (x for x in rows if x["model"] == model and x["rate_rps"] == rate and x["config"] == config), None
-    )
-    return None if r is None else r.get(key)
-
-
-def _summarize(res: dict) -> None:
-    rows = res["rows"]
-    per = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        rates = sorted({r["rate_rps"] for r in rows if r["model"] == model})
-        for rate in rates:
-            a, j, v = (_gpus(rows, model, rate, c) for c in ("aladdin", "jsq-opt", "vllm-default"))
-            au = _gpus(rows, model, rate, "aladdin", "gpus_used")
-            per.append(
-                {
-                    "model": model,
-                    "rate_rps": rate,
-                    "aladdin": a,
-                    "aladdin_used": au,
-                    "jsq_opt": j,
-                    "vllm_default": v,
-                    "aladdin_over_jsq": C.ratio(a, j),
-                    "aladdin_used_over_jsq": C.ratio(au, j),
-                    "aladdin_over_vllm": C.ratio(a, v),
-                    "top": rate == rates[-1],
-                }
-            )
-    top = [p for p in per if p["top"]]
-    tot_a = sum(p["aladdin"] for p in top if p["aladdin"] is not None and p["jsq_opt"] is not None)
-    tot_j = sum(p["jsq_opt"] for p in top if p["aladdin"] is not None and p["jsq_opt"] is not None)
-    tot_au = sum(p["aladdin_used"] for p in top if p["aladdin_used"] is not None and p["jsq_opt"] is not None)
-    tot_v = sum(p["vllm_default"] for p in top if p["aladdin"] is not None and p["vllm_default"] is not None)
-    ours = C.ratio(tot_a, tot_j)
-    p100 = [
-        (_gpus(rows, p["model"], p["rate_rps"], "aladdin", "gpus_p100"),
-         _gpus(rows, p["model"], p["rate_rps"], "jsq-opt", "gpus_p100"))
-        for p in top
-    ]  # fmt: skip
-    tot_a100 = sum(a for a, j in p100 if a and j)
-    tot_j100 = sum(j for a, j in p100 if a and j)
-    ours100 = C.ratio(tot_a100, tot_j100)
-    best = min((p["aladdin_over_jsq"] for p in per if p["aladdin_over_jsq"] is not None), default=None)
-    paper_cfg = [
-        (
-            p,
-            _gpus(rows, p["model"], p["rate_rps"], f"aladdin@{res['workers'][p['model']]['paper_n']}gpu"),
-            _gpus(rows, p["model"], p["rate_rps"], f"jsq@{res['workers'][p['model']]['paper_n']}gpu"),
-        )
-        for p in top
-    ]
-    paper_ratio = C.ratio(
-        sum(a for _, a, j in paper_cfg if a and j), sum(j for _, a, j in paper_cfg if a and j)
-    )
-    res["summary"] = {
-        "per_rate": per,
-        "top_rate_gpus": {"aladdin": tot_a, "aladdin_used": tot_au, "jsq_opt": tot_j, "vllm_default": tot_v},
-        "aladdin_over_jsq_top": ours,
-        "aladdin_used_over_jsq_top": C.ratio(tot_au, tot_j),
-        "aladdin_over_vllm_top": C.ratio(tot_a, tot_v),
-        "best_aladdin_over_jsq": best,
-        "paper_n_aladdin_over_jsq_top": paper_ratio,
-        "p100_gpus": {"aladdin": tot_a100, "jsq_opt": tot_j100},
-        "aladdin_over_jsq_top_p100": ours100,
+def _setup(cfg: dict, workers: dict, lengths_label: str, mean_seq: float, trained: int) -> dict[str, str]:
+    return {
+        "hardware": f"catalog {HW} (NVLink SXM; the paper's testbed A100s are PCIe), 4-GPU machines",
+        "SLOs": "; ".join(
+            f"{m}: TTFT {c['slo'][0] * 1e3:.0f} ms, ATGT {c['slo'][1] * 1e3:.0f} ms"
+            for m, c in cfg["models"].items()
+        ),
+        "workload": f"Poisson, max({cfg['duration_s']:g} s, {cfg['min_requests']} requests) per rate; "
+        f"{lengths_label}; prompt ≤ 2048, output ≤ 2048 (mean prompt+output {mean_seq:.0f} tokens)",
+        "predictor": f"empirical per input-length bin, fitted on {trained:,} disjoint samples; re-prediction on",
+        "worker size N*": ", ".join(
+            f"{m}: {w['n_star']} (Eq. 6 on the {C.COST_SOURCE} cost + fitted overhead; vidur + overhead "
+            f"{w['n_vidur_overhead']}; no overhead {w['n_plain']}; paper M = N·m_gpu − m_model "
+            f"{w['n_paper_memory']}) vs Table 3 {w['paper_n']}"
+            for m, w in workers.items()
+        ),
+        "overhead": f"per-iteration a + c·b fitted per TP on {VIDUR_A100_OVERHEAD.source} (max residual "
+        f"{VIDUR_A100_OVERHEAD.max_rel_error:.0%}); used for N* only: the simulator's {C.COST_SOURCE} costs are unchanged",
+        "Aladdin options": f"γ = 0.5, θ = {THETA}; `aladdin`: (b), (d) as printed, opens a worker when none is "
+        "feasible (counted); `aladdin-strict`: (b) at T_dec·(1−ρ), (d) + t_d(b+1), opening; `aladdin-search`: "
+        "paper constraints, least-loaded fallback, fewest workers by search",
+        "search": f"JSQ: fewest workers with P100 (headline) and ≥ {TARGET:.0%} attainment (gallop + bisection, ≤ {MAX_GPUS} GPUs)",
+        "cost model": f"{C.cost_label()}; engines FCFS continuous batching, one phase per iteration (vLLM 0.2–0.4)",
     }
-    res["claim"] = CLAIM
-    missed = [p["model"] for p in top if not _gpus(rows, p["model"], p["rate_rps"], "aladdin", "p100_met")]
-    s100 = [
-        (_gpus(rows, p["model"], p["rate_rps"], "aladdin-search", "gpus_p100"),
-         _gpus(rows, p["model"], p["rate_rps"], "jsq-opt", "gpus_p100"))
-        for p in top
-    ]  # fmt: skip
-    search100 = C.ratio(sum(a for a, j in s100 if a and j), sum(j for a, j in s100 if a and j))
-    res["summary"]["aladdin_search_over_jsq_top_p100"] = search100
-    res["summary"]["aladdin_missed_p100"] = missed
-    res["goal"] = {
-        "text": "Aladdin ≤ 0.6× the GPUs of JSQ (optimal worker size) at P100 attainment at the top rate (P99 beside)",
-        "target": 0.6,
-        "ours": ours100,
-        "ours_text": f"{C.fmt(ours100)}× at P100 (Σ {tot_a100} opened vs {tot_j100} JSQ GPUs"
-        + (f"; Aladdin's opened workers missed P100 for {', '.join(missed)}" if missed else "")
-        + f"); P99 {C.fmt(ours)}× (Σ {tot_a} vs {tot_j}); fewest-workers search with least-loaded fallback "
-        f"at P100 {C.fmt(search100)}×",
-        "met": ours100 is not None and ours100 <= 0.6 and not missed,
-    }
-    res["ours"] = (
-        f"at each model's highest rate Aladdin needs {tot_a} GPUs (used {tot_au}) vs JSQ-optimal {tot_j} and "
-        f"default vLLM {tot_v}: {C.fmt(ours)}× JSQ, {C.fmt(C.ratio(tot_a, tot_v))}× vLLM; "
-        f"with the paper's worker sizes: {C.fmt(paper_ratio)}× JSQ."
-    )
-    found = [r for r in rows if r.get("workers") is not None and not r.get("same_as")]
-    pre = sum(r.get("preemptions") or 0 for r in found)
-    v_ttft = sum(r.get("viol_ttft") or 0 for r in found)
-    v_atgt = sum(r.get("viol_atgt") or 0 for r in found)
-    stuck = [r for r in rows if r.get("workers") is None]
-    w7 = model_arch("llama2-7b").weight_bytes / hardware(HW).bandwidth
-    ws = res["workers"]
-    notes = [
-        "Worker size N* (Eq. 6) with the fitted per-iteration overhead: "
-        + ", ".join(
-            f"{m} {w['n_star']} (Table 3: {w['paper_n']}; without overhead {w['n_plain']})"
-            for m, w in ws.items()
-        )
-        + ". The overhead (vLLM 0.2–0.4's per-step CPU work, and the Ray round trip at TP > 1) is what makes "
-        "small workers win: without it the roofline splits the weight read N ways for free. It is used for N* "
-        "only; the simulated engines run on the unchanged cost source. At TP 1 a 7B decode step already spends "
-        f"{1e3 * w7:.1f} ms of the 15 ms ATGT budget reading weights.",
-        "ATGT in the simulator includes the prefill iterations that run between a request's decode steps "
-        "(vLLM 0.2–0.4 runs admissible prompts first, as iterations of their own; no chunked prefill), so a "
-        "request with a few dozen output tokens misses its ATGT when long prompts are prefilled during its life. Constraint (b) bounds only the decode "
-        "context and (d) protects ongoing requests with an iteration clock that ignores those stalls, so "
-        "best-fit's packing is optimistic and concentrates exactly the collisions that JSQ's spreading "
-        f"avoids. At the reported points {C.fmt(100 * v_atgt / max(1, len(found)), '.2f')}% of requests "
-        f"missed ATGT and {C.fmt(100 * v_ttft / max(1, len(found)), '.2f')}% TTFT on average; "
-        f"{pre} preemptions in total (KV seldom binds on 80 GB GPUs, which is where best-fit beats JSQ in "
-        "the paper's Figure 3).",
-        "Attainment is not monotone in the worker count (a different count changes which requests collide), "
-        "so the bisection's answer can move by a worker between neighbouring rates; the `tried` lists in "
-        "the JSON show every count simulated.",
-    ]
-    knobs = [r for r in rows if r["config"].startswith("aladdin θ") or r["config"] == "aladdin no-(d)"]
-    if knobs:
-        notes.append(
-            f"One factor at a time at each model's top rate (θ = {THETA} in the headline rows): "
-            + "; ".join(
-                f"{r['model']} {r['config']}: opened {r['gpus']} GPUs, P100 {'met' if r['p100_met'] else 'not met'}, "
-                f"P99 attainment {C.fmt(r['attainment'], '.4f')}"
-                for r in knobs
-            )
-            + "."
-        )
-    if stuck:
-        notes.append(
-            "No worker count reached 99% for: "
-            + "; ".join(
-                f"{r['model']} {r['rate_rps']:g} req/s {r['config']} (plateau {C.fmt(r['plateau'], '.4f')})"
-                for r in stuck
-            )
-            + " — best-fit leaves the added workers empty once its constraints say the loaded ones suffice."
-        )
-    res["notes"] = notes
 
 
 COLUMNS = (

@@ -26,13 +26,20 @@ per 300 s run at 30 req/s on this machine, which is why the sweep uses the fixed
 
 from __future__ import annotations
 
+# The summary (ratios, goal, notes) is seallm_summary; the setup is seallm_setup.
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 from llmfleet.sim.run import preset
 
 from . import common as C
 from . import seallm_setup as S
+from .seallm_summary import CLAIM
+from .seallm_summary import summarize as _summarize
+
+__all__ = ["CLAIM", "COLUMNS", "NAME", "POLICIES", "TITLE", "markdown", "plot", "run", "settings"]
 
 NAME = "seallm"
 TITLE = "SeaLLM — sharing 4 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
@@ -40,11 +47,6 @@ POLICIES = ("vllm", "alpaserve", "muxserve", "seallm-colocated", "seallm")
 POPULARITY: Path | None = None  # set by run.py --popularity: MAF function counts instead of the Zipf law
 LENGTH_RATE = 30.0  # req/s of the run-length study (fixed before any run)
 ADAPTIVE_RATES = (5.0, 20.0)  # where the adaptive preset also runs (CPU budget, see the module doc)
-CLAIM = (
-    "normalized latency up to 10.38× lower than vLLM (9.52× AlpaServe, 13.60× MuxServe), p99 up to "
-    "12.13×/5.80×/18.69× lower, SLO attainment up to 1.82×/3.64×/2.11× higher; SeaLLM's normalized "
-    "latency < 3 and SLO attainment > 90% at every rate (2–50 req/s, 32 A800)."
-)
 
 
 def settings(quick: bool, tiny: bool) -> dict:
@@ -80,6 +82,70 @@ def _run_one(sp, wl, bundle, factory, horizon: float, plan=None) -> dict:
     return m
 
 
+@dataclasses.dataclass
+class _Sweep:
+    """One invocation's runs on the SeaLLM setup: the systems, and Algorithm 1's plan per rate (searched
+    once, on a separate history of the same processes)."""
+
+    cfg: dict[str, Any]
+    sp: Any
+    pools: dict[str, Any]
+    share: dict[str, float]
+    systems: dict[str, Any]
+    log: C.Log
+    plans: dict[float, Any] = dataclasses.field(default_factory=dict)
+
+    def plan_at(self, rate: float, i: int):
+        cfg, plans, log = self.cfg, self.plans, self.log
+        if rate not in plans:
+            history = S.workload(self.pools, self.share, rate, cfg["history_s"], seed=500 + i)
+            t1 = time.perf_counter()
+            plans[rate] = S.place(self.sp, history)
+            log(f"  seallm Algorithm 1 at {rate:g} req/s [{time.perf_counter() - t1:.0f}s]: {plans[rate][1]}")
+        return plans[rate][0]
+
+    def rates(self) -> tuple[list[dict], list[dict]]:
+        """Every policy at every rate (the adaptive preset at ``adaptive_rates`` only): (rows, adaptive rows)."""
+        cfg, log = self.cfg, self.log
+        rows: list[dict] = []
+        adaptive: list[dict] = []
+        for i, rate in enumerate(cfg["rates"]):
+            wl = S.workload(self.pools, self.share, rate, cfg["horizon_s"], seed=100 + i)
+            names = POLICIES + (("seallm-adaptive",) if rate in cfg["adaptive_rates"] else ())
+            for name in names:
+                bundle, factory = self.systems[name]
+                t1 = time.perf_counter()
+                plan = self.plan_at(rate, i) if name == "seallm" else None
+                m = _run_one(self.sp, wl, bundle, factory, cfg["horizon_s"], plan)
+                row = {"rate_rps": rate, "policy": name, "horizon_s": cfg["horizon_s"], **m}
+                (adaptive if name == "seallm-adaptive" else rows).append(row)
+                log(
+                    f"  seallm {rate:g} req/s ({len(wl)} req) {name:16s} norm {m['norm_latency_mean']:.2f} "
+                    f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} drain {m['drain_s']:.0f}s "
+                    f"[{time.perf_counter() - t1:.0f}s]"
+                )
+        return rows, adaptive
+
+    def run_lengths(self) -> list[dict]:
+        """vLLM and SeaLLM at ``length_rate`` for longer and longer arrivals."""
+        cfg, log = self.cfg, self.log
+        lengths = []
+        for h in cfg["lengths"]:
+            wl = S.workload(self.pools, self.share, cfg["length_rate"], h, seed=999)
+            entry = {"horizon_s": h, "rate_rps": cfg["length_rate"], "requests": len(wl)}
+            for name in ("vllm", "seallm"):
+                bundle, factory = self.systems[name]
+                plan = self.plan_at(cfg["length_rate"], 99) if name == "seallm" else None
+                m = _run_one(self.sp, wl, bundle, factory, h, plan)
+                entry.update({f"{name}_{k}": m[k] for k in ("norm_latency_mean", "latency_p99_s", "drain_s")})
+            entry["norm_ratio"] = C.ratio(entry["vllm_norm_latency_mean"], entry["seallm_norm_latency_mean"])
+            entry["p99_ratio"] = C.ratio(entry["vllm_latency_p99_s"], entry["seallm_latency_p99_s"])
+            lengths.append(entry)
+            log(f"  seallm run length {h:g}s at {cfg['length_rate']:g} req/s: ×{C.fmt(entry['norm_ratio'])} mean, "
+                f"×{C.fmt(entry['p99_ratio'])} p99")  # fmt: skip
+        return lengths
+
+
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     t0 = time.perf_counter()
     cfg = settings(quick, tiny)
@@ -87,46 +153,9 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     pools = S.length_pools(C.conv_trace(), sp)
     pop = S.popularity(POPULARITY)
     share = S.shares(pop)
-    systems = _systems()
-    rows, adaptive, plans = [], [], {}
-
-    def plan_at(rate: float, i: int):
-        if rate not in plans:
-            history = S.workload(pools, share, rate, cfg["history_s"], seed=500 + i)
-            t1 = time.perf_counter()
-            plans[rate] = S.place(sp, history)
-            log(f"  seallm Algorithm 1 at {rate:g} req/s [{time.perf_counter() - t1:.0f}s]: {plans[rate][1]}")
-        return plans[rate][0]
-
-    for i, rate in enumerate(cfg["rates"]):
-        wl = S.workload(pools, share, rate, cfg["horizon_s"], seed=100 + i)
-        names = POLICIES + (("seallm-adaptive",) if rate in cfg["adaptive_rates"] else ())
-        for name in names:
-            bundle, factory = systems[name]
-            t1 = time.perf_counter()
-            plan = plan_at(rate, i) if name == "seallm" else None
-            m = _run_one(sp, wl, bundle, factory, cfg["horizon_s"], plan)
-            row = {"rate_rps": rate, "policy": name, "horizon_s": cfg["horizon_s"], **m}
-            (adaptive if name == "seallm-adaptive" else rows).append(row)
-            log(
-                f"  seallm {rate:g} req/s ({len(wl)} req) {name:16s} norm {m['norm_latency_mean']:.2f} "
-                f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} drain {m['drain_s']:.0f}s "
-                f"[{time.perf_counter() - t1:.0f}s]"
-            )
-    lengths = []
-    for h in cfg["lengths"]:
-        wl = S.workload(pools, share, cfg["length_rate"], h, seed=999)
-        entry = {"horizon_s": h, "rate_rps": cfg["length_rate"], "requests": len(wl)}
-        for name in ("vllm", "seallm"):
-            bundle, factory = systems[name]
-            plan = plan_at(cfg["length_rate"], 99) if name == "seallm" else None
-            m = _run_one(sp, wl, bundle, factory, h, plan)
-            entry.update({f"{name}_{k}": m[k] for k in ("norm_latency_mean", "latency_p99_s", "drain_s")})
-        entry["norm_ratio"] = C.ratio(entry["vllm_norm_latency_mean"], entry["seallm_norm_latency_mean"])
-        entry["p99_ratio"] = C.ratio(entry["vllm_latency_p99_s"], entry["seallm_latency_p99_s"])
-        lengths.append(entry)
-        log(f"  seallm run length {h:g}s at {cfg['length_rate']:g} req/s: ×{C.fmt(entry['norm_ratio'])} mean, "
-            f"×{C.fmt(entry['p99_ratio'])} p99")  # fmt: skip
+    sweep = _Sweep(cfg, sp, pools, share, _systems(), log)
+    rows, adaptive = sweep.rates()
+    lengths = sweep.run_lengths()
     services = [
         {
             "service": s.name,
@@ -137,32 +166,18 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         }
         for s in sp.services
     ]
-    tag = f"conv∪LongBench-like k-means×4, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}"
     result = {
         "paper": NAME,
         "title": TITLE,
-        "setup": {
-            "cluster": f"{S.CLUSTER} (8 per node)",
-            "services": ", ".join(
-                f"{s['service']}→{s['model']} ({s['share']:.1%} of the rate, mean in/out "
-                f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok)"
-                for s in services
-            ),
-            "workload": f"per-service shares from {pop.source} dealt round-robin (MAF's functions → services); "
-            f"each service its own Gamma process (CV {S.ARRIVAL_CV:g}); {cfg['horizon_s']:g} s of arrivals per rate",
-            "SLO": "5 × the request's solo execution time on its instance",
-            "engines": "vllm/alpaserve: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: Algorithm 1 "
-            "(≤ 2 services per engine) + Eq. 8 adaptive re-placement (β = 0.1), doubling budget",
-            "cost model": C.cost_label(),
-        },
-        "workload": tag,
+        "setup": _setup(cfg, services, pop),
+        "workload": f"conv∪LongBench-like k-means×4, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}",
         "cost_source": C.COST_SOURCE,
         "services": services,
         "rows": rows,
         "adaptive": adaptive,
         "plans": {
             str(r): {"plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl], "reason": why}
-            for r, (pl, why) in plans.items()
+            for r, (pl, why) in sweep.plans.items()
         },
         "run_length": lengths,
         "wall_s": 0.0,
@@ -172,118 +187,21 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     return result
 
 
-def _at(rows: list[dict], rate: float, policy: str) -> dict:
-    return next(r for r in rows if r["rate_rps"] == rate and r["policy"] == policy)
-
-
-def _summarize(res: dict) -> None:
-    rows = res["rows"]
-    rates = sorted({r["rate_rps"] for r in rows})
-    per_rate = []
-    for rate in rates:
-        s = _at(rows, rate, "seallm")
-        entry = {
-            "rate_rps": rate,
-            "seallm_drain_s": s["drain_s"],
-            "vllm_drain_s": _at(rows, rate, "vllm")["drain_s"],
-            "seallm_failed": s["failed"],
-            "vllm_failed": _at(rows, rate, "vllm")["failed"],
-            "requests": s["requests"],
-        }
-        for b in ("vllm", "alpaserve", "muxserve"):
-            x = _at(rows, rate, b)
-            entry[f"norm_{b}_over_seallm"] = C.ratio(x["norm_latency_mean"], s["norm_latency_mean"])
-            entry[f"normp99_{b}_over_seallm"] = C.ratio(x["norm_latency_p99"], s["norm_latency_p99"])
-            entry[f"p99_{b}_over_seallm"] = C.ratio(x["latency_p99_s"], s["latency_p99_s"])
-            entry[f"slo_seallm_over_{b}"] = C.ratio(s["slo_seallm"], x["slo_seallm"])
-        per_rate.append(entry)
-    keys = [k for k in per_rate[0] if k.endswith("_over_seallm") or k.startswith("slo_seallm_over")]
-    up_to = {k: max((e[k] for e in per_rate if e[k] is not None), default=None) for k in keys}
-    best = max(per_rate, key=lambda e: e["norm_vllm_over_seallm"] or 0.0)
-    ours = best["norm_vllm_over_seallm"]
-    res["summary"] = {"per_rate": per_rate, "up_to": up_to}
-    res["goal"] = {
-        "text": "≥ 10× lower mean normalized latency than vllm-v0.4 somewhere in 2–50 req/s (paper 10.38×; p99 12.13×)",
-        "target": 10.0,
-        "ours": ours,
-        "ours_text": f"{C.fmt(ours)}× at {best['rate_rps']:g} req/s (p99 latency ×{C.fmt(up_to['p99_vllm_over_seallm'])} "
-        f"best over the sweep)",
-        "met": ours is not None and ours >= 10.0,
+def _setup(cfg: dict[str, Any], services: list[dict], pop: Any) -> dict[str, str]:
+    return {
+        "cluster": f"{S.CLUSTER} (8 per node)",
+        "services": ", ".join(
+            f"{s['service']}→{s['model']} ({s['share']:.1%} of the rate, mean in/out "
+            f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok)"
+            for s in services
+        ),
+        "workload": f"per-service shares from {pop.source} dealt round-robin (MAF's functions → services); "
+        f"each service its own Gamma process (CV {S.ARRIVAL_CV:g}); {cfg['horizon_s']:g} s of arrivals per rate",
+        "SLO": "5 × the request's solo execution time on its instance",
+        "engines": "vllm/alpaserve: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: Algorithm 1 "
+        "(≤ 2 services per engine) + Eq. 8 adaptive re-placement (β = 0.1), doubling budget",
+        "cost model": C.cost_label(),
     }
-    # normalized latency counts completed requests only: say where SeaLLM fails some and vLLM does not
-    failing = [e for e in per_rate if e["seallm_failed"] > e["vllm_failed"]]
-    same = [e for e in per_rate if e["seallm_failed"] == 0 and e["vllm_failed"] == 0]
-    if failing:
-        best_same = max(same, key=lambda e: e["norm_vllm_over_seallm"] or 0.0) if same else None
-        res["goal"]["ours_text"] += (
-            "; but SeaLLM fails "
-            + ", ".join(f"{e['seallm_failed']}/{e['requests']}" for e in failing)
-            + " requests at "
-            + ", ".join(f"{e['rate_rps']:g}" for e in failing)
-            + " req/s, left out of its figures"
-            + (
-                f" (on the same requests: {C.fmt(best_same['norm_vllm_over_seallm'])}× at "
-                f"{best_same['rate_rps']:g} req/s)"
-                if best_same
-                else ""
-            )
-        )
-        res["goal"]["like_for_like"] = best_same and best_same["norm_vllm_over_seallm"]
-    res["claim"] = CLAIM
-    res["ours"] = (
-        f"best ratios over the sweep: mean normalized latency {C.fmt(up_to['norm_vllm_over_seallm'])}× / "
-        f"{C.fmt(up_to['norm_alpaserve_over_seallm'])}× / {C.fmt(up_to['norm_muxserve_over_seallm'])}× "
-        f"(vLLM/AlpaServe/MuxServe), p99 latency {C.fmt(up_to['p99_vllm_over_seallm'])}× / "
-        f"{C.fmt(up_to['p99_alpaserve_over_seallm'])}× / {C.fmt(up_to['p99_muxserve_over_seallm'])}×, SLO "
-        f"attainment {C.fmt(up_to['slo_seallm_over_vllm'])}× / {C.fmt(up_to['slo_seallm_over_alpaserve'])}× / "
-        f"{C.fmt(up_to['slo_seallm_over_muxserve'])}× (values < 1: SeaLLM is worse)."
-    )
-    notes = []
-    if failing:
-        notes.append(
-            "SeaLLM's plan fails requests vLLM completes ("
-            + ", ".join(
-                f"{e['seallm_failed']} of {e['requests']} at {e['rate_rps']:g} req/s" for e in failing
-            )
-            + "). Normalized latency, p99 and drain count completed requests only, so the ratios at those rates "
-            "are not like-for-like; `seallm_failures.py` breaks the failures down by service."
-        )
-    over = [e["rate_rps"] for e in per_rate if e["vllm_drain_s"] > 0.1 * max(r["horizon_s"] for r in rows)]
-    if over:
-        notes.append(
-            f"vLLM's queue does not settle from {min(over):g} req/s (its last request finishes > 10% of the run "
-            "after the arrivals end): there the ratio measures a growing queue, and grows with the run length "
-            "(see the run-length table)."
-        )
-    lens = res.get("run_length") or []
-    if lens:
-        notes.append(
-            "Run length at "
-            + f"{lens[0]['rate_rps']:g} req/s: "
-            + ", ".join(f"{e['horizon_s']:g} s → ×{C.fmt(e['norm_ratio'])}" for e in lens)
-            + " (mean normalized latency, vLLM ÷ SeaLLM)."
-        )
-    notes.append(
-        "Differences that remain: the conv trace stands in for ShareGPT, LongBench-like lengths are synthesized "
-        "from SeaLLM's Table 1 means, MAF popularity is a Zipf law unless `--popularity` gives the counts, and "
-        "latencies come from the simulator's cost model, not from A800s."
-    )
-    ad = res.get("adaptive") or []
-    if ad:
-        parts = []
-        for a in ad:
-            v = _at(rows, a["rate_rps"], "vllm")
-            f = _at(rows, a["rate_rps"], "seallm")
-            parts.append(
-                f"{a['rate_rps']:g} req/s: adaptive norm {a['norm_latency_mean']:.2f} (×{C.fmt(C.ratio(v['norm_latency_mean'], a['norm_latency_mean']))} "
-                f"vs vLLM; {a['replans']} re-placements) vs fixed plan {f['norm_latency_mean']:.2f}"
-            )
-        notes.append(
-            "Adaptive re-placement (`seallm-placement` preset, Eq. 8) beside the fixed plan: "
-            + "; ".join(parts)
-            + "."
-        )
-    res["notes"] = notes
 
 
 COLUMNS = (

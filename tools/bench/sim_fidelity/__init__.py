@@ -58,7 +58,7 @@ from .calibrate import (
     fit_overhead,
     with_overhead,
 )
-from .cli import main, measure, parse_args
+from .cli import main, measure, parse_args, stderr_log
 from .cluster import (
     LocalCluster,
     engine_flags,
@@ -79,7 +79,16 @@ from .metrics import (
     summarize,
     summarize_usage,
 )
-from .replay import engine_generate, replay, replay_direct, run_one, simulate, watch_load
+from .replay import (
+    Streamed,
+    engine_generate,
+    replay,
+    replay_direct,
+    run_one,
+    simulate,
+    stream_request,
+    watch_load,
+)
 from .report import explain, little_lines, pct, render_markdown, write_report
 from .workload import (
     ENGINE_ID,
@@ -110,6 +119,7 @@ __all__ = [
     "Overhead",
     "PlannedRequest",
     "Settings",
+    "Streamed",
     "analyse",
     "calibrate",
     "calibrate_cluster",
@@ -139,6 +149,8 @@ __all__ = [
     "simulate",
     "spread",
     "start_cluster",
+    "stderr_log",
+    "stream_request",
     "summarize",
     "summarize_usage",
     "wait_ready",

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,15 @@ from .metrics import little_latency, summarize
 from .replay import replay, replay_direct
 from .report import write_report
 from .workload import ENGINE_ID, MODEL, Settings, plan_workload
+
+
+def stderr_log(t_start: float) -> Callable[[str], None]:
+    """``log(msg)``: the message on stderr after the seconds since ``t_start`` (``time.perf_counter``)."""
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    return log
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Settings]:
@@ -148,10 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     load_before = os.getloadavg()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
+    log = stderr_log(t_start)
     if args.resimulate:  # analyse a saved measurement again (e.g. after a simulator change)
         meas = json.loads(Path(args.resimulate).read_text())
         s = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in meas["settings"].items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
@@ -13,19 +14,49 @@ from .metrics import summarize
 from .workload import ENGINE_ID, HARDWARE, MODEL, SERVICE, PlannedRequest, Settings, make_prompt
 
 
-async def run_one(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One request through the SDK and the scheduler: client-side times and the scheduler's Usage."""
+@dataclasses.dataclass(frozen=True)
+class Streamed:
+    """One request streamed through the SDK: client monotonic times and the scheduler's Usage (if any)."""
+
+    request_id: str
+    sent: float
+    first: float | None  # the first chunk with tokens; None when none came
+    end: float
+    usage: Any
+
+
+async def stream_request(client: Any, prompt: str, max_tokens: int, service: str = SERVICE) -> Streamed:
+    """Send one request to ``service`` and read its stream to the end."""
     sent = time.monotonic()
     first = None
-    stream = client.generate(prompt, SERVICE, max_tokens=max_tokens)
+    stream = client.generate(prompt, service, max_tokens=max_tokens)
     async with stream:
         async for chunk in stream:
             if first is None and chunk.token_ids:
                 first = time.monotonic()
-    end = time.monotonic()
-    u = stream.usage
+    return Streamed(stream.request_id, sent, first, time.monotonic(), stream.usage)
+
+
+def timed_row(
+    request_id: str, planned_arrival_s: float, sent: float, first: float | None, end: float, t0: float
+) -> dict[str, Any]:
+    """The start of a request's row: its times relative to the workload's start ``t0`` (the first token at
+    its end when none came)."""
+    return {
+        "request_id": request_id,
+        "planned_arrival_s": planned_arrival_s,
+        "arrival_s": sent - t0,
+        "first_token_s": (first or end) - t0,
+        "finish_s": end - t0,
+    }
+
+
+async def run_one(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One request through the SDK and the scheduler: client-side times and the scheduler's Usage."""
+    st = await stream_request(client, prompt, max_tokens)
+    sent, first, end, u = st.sent, st.first, st.end, st.usage
     if u is None:
-        raise RuntimeError(f"request {stream.request_id} ended without usage")
+        raise RuntimeError(f"request {st.request_id} ended without usage")
     return {
         "sent": sent,
         "first": first if first is not None else end,
@@ -91,11 +122,7 @@ async def replay(
             await asyncio.sleep(max(0.0, t0 + p.arrival_s - time.monotonic()))
             r = await run_one(client, prompt, p.output_tokens)
             return {
-                "request_id": p.request_id,
-                "planned_arrival_s": p.arrival_s,
-                "arrival_s": r["sent"] - t0,
-                "first_token_s": r["first"] - t0,
-                "finish_s": r["end"] - t0,
+                **timed_row(p.request_id, p.arrival_s, r["sent"], r["first"], r["end"], t0),
                 "planned_prompt_tokens": p.prompt_tokens,
                 "prompt_tokens": r["prompt_tokens"],
                 "planned_output_tokens": p.output_tokens,
@@ -147,11 +174,7 @@ async def replay_direct(
             end = time.monotonic()
             assert last is not None
             return {
-                "request_id": p.request_id,
-                "planned_arrival_s": p.arrival_s,
-                "arrival_s": sent - t0,
-                "first_token_s": (first or end) - t0,
-                "finish_s": end - t0,
+                **timed_row(p.request_id, p.arrival_s, sent, first, end, t0),
                 "prompt_tokens": last.usage.prompt_tokens,
                 "output_tokens": last.usage.completion_tokens,
                 "planned_output_tokens": p.output_tokens,

@@ -43,8 +43,22 @@ def _table(
 
 def explain(report: dict[str, Any]) -> list[str]:
     """What separates live and simulated numbers, with this run's figures."""
-    live, noise, sims = report["live"]["summary"], report["live"]["spread"], report["sim"]
     lines = ["## What explains the residual", ""]
+    lines += _explain_fits(report)
+    lines += _explain_deployed(report)
+    lines += _explain_direct(report)
+    lines += _explain_little(report)
+    lines.append(
+        "- A mixed iteration (prefills joining running decodes) is one forward in the engine; the "
+        "simulator charges prefill + decode minus their shared fixed cost (min(c1, c3)), not both."
+    )
+    return lines
+
+
+def _explain_fits(report: dict[str, Any]) -> list[str]:
+    """Throughput, the raw fit and the engine-side calibration against the live runs."""
+    live, noise, sims = report["live"]["summary"], report["live"]["spread"], report["sim"]
+    lines: list[str] = []
     raw = sims["raw"]["summary"]
     lines.append(
         f"- Throughput is set by the arrivals at this load (the engine idles between bursts): raw and "
@@ -78,6 +92,14 @@ def explain(report: dict[str, Any]) -> list[str]:
                 "from contended stretches and stalls, amplified by queueing (the live p99 itself moved "
                 f"{100 * noise['latency_p99_s']:.0f}% between identical runs)."
             )
+    return lines
+
+
+def _explain_deployed(report: dict[str, Any]) -> list[str]:
+    """The calibration as deployed (the groups through the SDK and the scheduler)."""
+    live, sims = report["live"]["summary"], report["sim"]
+    cal = report.get("calibration")
+    lines: list[str] = []
     dep = (cal or {}).get("deployed")
     if dep and "deployed" in sims:
         x = sims["deployed"]["summary"]
@@ -102,6 +124,13 @@ def explain(report: dict[str, Any]) -> list[str]:
                 f"{pct(rel_diff(sims['calibrated']['summary']['latency_p99_s'], e['latency_p99_s']))} on the "
                 "engine's clock), so it is the engine's iteration model, not the relay."
             )
+    return lines
+
+
+def _explain_direct(report: dict[str, Any]) -> list[str]:
+    """TTFT and latency on the engine's own clock (the direct run) against the cluster."""
+    live, sims = report["live"]["summary"], report["sim"]
+    lines: list[str] = []
     direct = report.get("direct")
     if direct and "calibrated" in sims:
         c, e = sims["calibrated"]["summary"], direct["engine_side"]
@@ -118,6 +147,13 @@ def explain(report: dict[str, Any]) -> list[str]:
             f"{e['latency_mean_s'] * 1e3:.1f} ms (calibrated sim {pct(rel_diff(c['latency_mean_s'], e['latency_mean_s']))}),"
             f" the cluster runs {live['latency_mean_s'] * 1e3:.1f} ms on the client."
         )
+    return lines
+
+
+def _explain_little(report: dict[str, Any]) -> list[str]:
+    """Time in the engine per request (Little's law) in the cluster runs and the direct run."""
+    live, sims = report["live"]["summary"], report["sim"]
+    lines: list[str] = []
     little = report["diagnostics"].get("engine_little_latency_s") or {}
     if little.get("cluster") and "direct" in little and "calibrated" in sims:
         eng = float(np.mean(little["cluster"]))
@@ -130,10 +166,6 @@ def explain(report: dict[str, Any]) -> list[str]:
             "figures is the engine running slower while the scheduler and the SDK client relay every token "
             "on the same two cores; the rest is the relay path itself."
         )
-    lines.append(
-        "- A mixed iteration (prefills joining running decodes) is one forward in the engine; the "
-        "simulator charges prefill + decode minus their shared fixed cost (min(c1, c3)), not both."
-    )
     return lines
 
 
@@ -155,7 +187,20 @@ def little_lines(report: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    s, m, t = report["settings"], report["machine"], report["timings"]
+    """``sim_fidelity.md``: the comparisons, the cost model, the calibrations, the explanation and the
+    diagnostics."""
+    lines = _headline(report)
+    lines += _other_clocks(report)
+    lines += _fit_lines(report["fit"])
+    lines += _calibration_lines(report)
+    lines += ["", *explain(report)]
+    lines += _diagnostics(report)
+    return "\n".join(lines)
+
+
+def _headline(report: dict[str, Any]) -> list[str]:
+    """The setup, live vs each simulation (with the live runs and their spread) and the goal."""
+    s, m = report["settings"], report["machine"]
     sims = report["sim"]
     live, runs, noise = report["live"]["summary"], report["live"]["runs"], report["live"]["spread"]
     keys = [k for k, _ in COMPARED if k in live]
@@ -186,7 +231,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"- sim ({VARIANTS[v]}): mean latency, p99 latency and throughput within {GOAL:.0%}: "
             f"**{'yes' if worst <= GOAL else 'no'}** (worst {100 * worst:.1f}%)"
         )
-    lines += [
+    return lines
+
+
+def _other_clocks(report: dict[str, Any]) -> list[str]:
+    """The same runs timed by the scheduler, and the direct run timed by the engine and the client."""
+    sims = report["sim"]
+    lines = [
         "",
         "The same cluster runs timed by the scheduler (its Usage: arrival at the scheduler -> first / last "
         "token it relayed; without the client <-> scheduler hop):",
@@ -207,8 +258,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             *_table("live (client, direct)", direct["client_side"], sims),
         ]
-    f = report["fit"]
-    lines += [
+    return lines
+
+
+def _fit_lines(f: dict[str, Any]) -> list[str]:
+    return [
         "",
         "## Cost model (fitted from the engine's Profile sweep)",
         "",
@@ -217,61 +271,75 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- decode t = (k2*l + c2)*b + c3: k2 = {f['k2']:.3e} s/token, c2 = {f['c2'] * 1e3:.3f} ms, "
         f"c3 = {f['c3'] * 1e3:.3f} ms (max rel. error {f['reports']['aladdin.decode']['max_rel_error']:.1%})",
     ]
+
+
+def _calibration_lines(report: dict[str, Any]) -> list[str]:
+    """The engine-side calibration groups and overheads, then the ones as deployed."""
+    s = report["settings"]
     cal = report.get("calibration")
-    if cal:
-        o = cal["overhead"]
-        lines += [
-            "",
-            "## Calibration (engine-side, separate requests, before / between / after the live runs)",
-            "",
-            f"Groups of b identical requests ({s['calib_prompt']}-token prompt, {s['calib_output']} tokens out) "
-            "sent together straight to the engine, one group at a time; live decode iteration = "
-            "(latency − ttft)/(out − 1) from the engine's own Usage:",
-            "",
-            "| b | live iteration, each group (ms) | fitted t_d (ms) | mean excess (ms) |",
-            "|---:|---|---:|---:|",
-        ]
-        for b in sorted({g["batch"] for g in cal["groups"]}):
-            gb = [g for g in cal["groups"] if g["batch"] == b]
-            excess = statistics.fmean(g["iteration_s"] - g["fitted_iteration_s"] for g in gb)
-            lines.append(
-                f"| {b} | {_ms(g['iteration_s'] for g in gb)} | {gb[0]['fitted_iteration_s'] * 1e3:.3f} | "
-                f"{excess * 1e3:+.3f} |"
-            )
-        c = cal["record"]["aladdin"]
-        lines += [
-            "",
-            f"Excess fitted as o3 + o2*b: o3 = {o['per_iteration_s'] * 1e3:.3f} ms per iteration (-> c3), "
-            f"o2 = {o['per_sequence_s'] * 1e3:.3f} ms per sequence (-> c2); lone-request TTFT − t_pre: "
-            f"o1 = {o['prefill_s'] * 1e3:.3f} ms (-> c1). Calibrated: c1 = {c['prefill']['c1'] * 1e3:.3f} ms, "
-            f"c2 = {c['decode']['c2'] * 1e3:.3f} ms, c3 = {c['decode']['c3'] * 1e3:.3f} ms.",
-        ]
-        dep = cal.get("deployed")
-        if dep:
-            od, cd = dep["overhead"], dep["record"]["aladdin"]
-            lines += [
-                "",
-                "## Calibration as deployed (the same groups through the SDK and the scheduler)",
-                "",
-                "The same groups sent through the cluster and timed on the client: the decode iteration "
-                "while the control plane relays tokens on the same cores, and the hops.",
-                "",
-                "| b | live iteration through the cluster, each group (ms) |",
-                "|---:|---|",
-                *(
-                    f"| {b} | {_ms(g['iteration_s'] for g in dep['groups'] if g['batch'] == b)} |"
-                    for b in sorted({g["batch"] for g in dep["groups"]})
-                ),
-                "",
-                f"o3 = {od['per_iteration_s'] * 1e3:.3f} ms, o2 = {od['per_sequence_s'] * 1e3:.3f} ms "
-                f"(c2 = {cd['decode']['c2'] * 1e3:.3f} ms, c3 = {cd['decode']['c3'] * 1e3:.3f} ms); o1 from the "
-                f"engine-side groups. Hop: lone requests' TTFT through the cluster − on the engine's clock = "
-                f"{dep['hop_s'] * 1e3:.2f} ms, added to every simulated first token and finish (a constant delay "
-                "shifts all arrivals at the engine alike, so the engine's schedule does not change).",
-            ]
-    lines += ["", *explain(report)]
-    d = report["diagnostics"]
+    if not cal:
+        return []
+    o = cal["overhead"]
+    lines = [
+        "",
+        "## Calibration (engine-side, separate requests, before / between / after the live runs)",
+        "",
+        f"Groups of b identical requests ({s['calib_prompt']}-token prompt, {s['calib_output']} tokens out) "
+        "sent together straight to the engine, one group at a time; live decode iteration = "
+        "(latency − ttft)/(out − 1) from the engine's own Usage:",
+        "",
+        "| b | live iteration, each group (ms) | fitted t_d (ms) | mean excess (ms) |",
+        "|---:|---|---:|---:|",
+    ]
+    for b in sorted({g["batch"] for g in cal["groups"]}):
+        gb = [g for g in cal["groups"] if g["batch"] == b]
+        excess = statistics.fmean(g["iteration_s"] - g["fitted_iteration_s"] for g in gb)
+        lines.append(
+            f"| {b} | {_ms(g['iteration_s'] for g in gb)} | {gb[0]['fitted_iteration_s'] * 1e3:.3f} | "
+            f"{excess * 1e3:+.3f} |"
+        )
+    c = cal["record"]["aladdin"]
     lines += [
+        "",
+        f"Excess fitted as o3 + o2*b: o3 = {o['per_iteration_s'] * 1e3:.3f} ms per iteration (-> c3), "
+        f"o2 = {o['per_sequence_s'] * 1e3:.3f} ms per sequence (-> c2); lone-request TTFT − t_pre: "
+        f"o1 = {o['prefill_s'] * 1e3:.3f} ms (-> c1). Calibrated: c1 = {c['prefill']['c1'] * 1e3:.3f} ms, "
+        f"c2 = {c['decode']['c2'] * 1e3:.3f} ms, c3 = {c['decode']['c3'] * 1e3:.3f} ms.",
+    ]
+    dep = cal.get("deployed")
+    if dep:
+        lines += _deployed_lines(dep)
+    return lines
+
+
+def _deployed_lines(dep: dict[str, Any]) -> list[str]:
+    od, cd = dep["overhead"], dep["record"]["aladdin"]
+    return [
+        "",
+        "## Calibration as deployed (the same groups through the SDK and the scheduler)",
+        "",
+        "The same groups sent through the cluster and timed on the client: the decode iteration "
+        "while the control plane relays tokens on the same cores, and the hops.",
+        "",
+        "| b | live iteration through the cluster, each group (ms) |",
+        "|---:|---|",
+        *(
+            f"| {b} | {_ms(g['iteration_s'] for g in dep['groups'] if g['batch'] == b)} |"
+            for b in sorted({g["batch"] for g in dep["groups"]})
+        ),
+        "",
+        f"o3 = {od['per_iteration_s'] * 1e3:.3f} ms, o2 = {od['per_sequence_s'] * 1e3:.3f} ms "
+        f"(c2 = {cd['decode']['c2'] * 1e3:.3f} ms, c3 = {cd['decode']['c3'] * 1e3:.3f} ms); o1 from the "
+        f"engine-side groups. Hop: lone requests' TTFT through the cluster − on the engine's clock = "
+        f"{dep['hop_s'] * 1e3:.2f} ms, added to every simulated first token and finish (a constant delay "
+        "shifts all arrivals at the engine alike, so the engine's schedule does not change).",
+    ]
+
+
+def _diagnostics(report: dict[str, Any]) -> list[str]:
+    t, sims = report["timings"], report["sim"]
+    d = report["diagnostics"]
+    return [
         "",
         "## Diagnostics",
         "",
@@ -295,7 +363,6 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"direct run {t['direct_s']:.1f} s, simulations {t['sim_s']:.2f} s, shutdown {t['shutdown_s']:.1f} s).",
         "",
     ]
-    return "\n".join(lines)
 
 
 def write_report(out: Path, report: dict[str, Any]) -> str:

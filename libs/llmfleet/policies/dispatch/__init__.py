@@ -29,10 +29,6 @@ from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
 from llmfleet.policies.registry import instantiate, lookup
 
-# Service dispatch values that are scheduler modes, not per-request policies: the scheduler pools the
-# service's requests and schedules them in rounds (scls_central: SCLS §4, batches + slices).
-SCHEDULER_MODES: tuple[str, ...] = ("scls_central",)
-
 POLICIES: dict[str, type] = {
     "round_robin": RoundRobin,
     "jsq": JoinShortestQueue,
@@ -94,3 +90,14 @@ __all__ = [
     "dispatch_needs",
     "make_dispatch_policy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``SCHEDULER_MODES``: service dispatch values that are scheduler modes, not per-request policies (the
+    scheduler pools the service's requests and schedules them in rounds: ``llmfleet.policies.central``).
+    Defined with the central policies, read lazily: they import this package."""
+    if name == "SCHEDULER_MODES":
+        from llmfleet.policies.central.scls_central import CENTRAL_MODES
+
+        return CENTRAL_MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,28 +90,30 @@ scalar exact (b)/(d) check per worker tried in load order until one passes, O(Σ
 read the candidates' measured progress,
 O(W·b) for (e) on the workers that need it — plus O(log n) per request event (placement, start,
 finish, re-prediction) and O(b log b) to rebuild the profile of a worker whose set changed. Predictor
-answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it. The per-worker books
-(numpy arrays, (e) profiles) live in :mod:`.aladdin_ledger`; this module decides.
+answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it.
+
+Parts: the per-worker books (numpy arrays, (e) profiles) live in :mod:`.aladdin_ledger`; the requests
+placed, their clock, the measured progress and re-prediction in :mod:`.aladdin_book`; Algorithm 2's
+greedy moves in :mod:`.aladdin_rebalance`. This module decides.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from llmfleet.policies.dispatch.aladdin_ledger import EPS, ModelPool, PlacedRequest
+from llmfleet.policies.dispatch.aladdin_book import KvCapacity, RequestBook
+from llmfleet.policies.dispatch.aladdin_ledger import PlacedRequest
+from llmfleet.policies.dispatch.aladdin_rebalance import MoveCheck, plan_moves
 from llmfleet.policies.dispatch.base import (
     DispatchNeeds,
     DispatchRequest,
     EngineCandidate,
     FinishListener,
-    eligible,
 )
-from llmfleet.predict.base import LengthQuery
 
 
 def _slo_pair(slo: Any) -> tuple[float, float]:
@@ -122,12 +124,6 @@ def _slo_pair(slo: Any) -> tuple[float, float]:
         return float(slo.ttft_s), float(slo.tpot_s)
     t_pre, t_dec = slo
     return float(t_pre), float(t_dec)
-
-
-def _per_model(value: Any, model: str) -> Any:
-    if isinstance(value, Mapping):
-        return value.get(model)
-    return value
 
 
 class AladdinBestFit(FinishListener):
@@ -217,169 +213,15 @@ class AladdinBestFit(FinishListener):
         if prefill_window_s <= 0:
             raise ValueError(f"prefill_window_s must be > 0, got {prefill_window_s}")
         self.prefill_window_s = float(prefill_window_s)
-        self._memo: dict[tuple[str, int, int], float] = {}
-        self._memo_t = -math.inf
         self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
         self.placed = 0
-        self.repredictions = 0
-        self._pools: dict[str, ModelPool] = {}
-        self._reqs: dict[str, PlacedRequest] = {}
-        self._starts: list[tuple[float, int, str]] = []  # (t_start, seq, rid)
-        self._seq = 0
-        self._now = -math.inf
+        capacity = KvCapacity(kv_capacity_tokens, kv_capacity_bytes, kv_bytes_per_token)
+        self.book = RequestBook(self.latency_models, self.slos, capacity, self.gamma, predictor, self.memo_s)
 
-    # --------------------------------------------------------------------------------- helpers
-    def _pool(self, model: str) -> ModelPool:
-        pool = self._pools.get(model)
-        if pool is None:
-            lat = self.latency_models.get(model)
-            slo = self.slos.get(model)
-            if lat is None or slo is None:
-                raise ValueError(f"aladdin_bestfit has no latency model and SLO for model {model!r}")
-            pool = self._pools[model] = ModelPool(model, lat, slo[0], slo[1])
-        return pool
-
-    def _capacity(self, model: str, cand: EngineCandidate, bpt_req: float) -> float:
-        tok = _per_model(self.kv_capacity_tokens, model)
-        if tok is not None:
-            return float(tok)
-        bpt = _per_model(self.kv_bytes_per_token, model) or bpt_req
-        cap = _per_model(self.kv_capacity_bytes, model)
-        if cap is None and cand.kv_capacity_bytes > 0:
-            cap = cand.kv_capacity_bytes
-        if cap is not None and bpt:
-            return float(cap) / float(bpt)
-        return math.inf
-
-    def _slots(
-        self,
-        pool: ModelPool,
-        model: str,
-        candidates: Sequence[EngineCandidate],
-        exclude: frozenset[str],
-        bpt: float,
-    ) -> np.ndarray:
-        ids = [c.engine_id for c in candidates]
-        if ids != pool.cache_ids:
-            idx = []
-            for c in candidates:
-                if model not in c.models:
-                    continue
-                i = pool.slot_of.get(c.engine_id)
-                if i is None:
-                    i = pool.add_slot(c.engine_id, self._capacity(model, c, bpt))
-                idx.append(i)
-            pool.cache_ids, pool.cache_idx = ids, np.array(idx, dtype=np.intp)
-        idx = pool.cache_idx
-        if exclude:
-            ex = [pool.slot_of[e] for e in exclude if e in pool.slot_of]
-            if ex:
-                idx = idx[~np.isin(idx, ex)]
-        if idx is None or not idx.size:
-            eligible(model, candidates, exclude)  # raises NoCandidate with the reason
-        return idx
-
-    def _advance(self, now: float) -> float:
-        """Bring the time-derived state to ``now``: requests whose prefill ended become ongoing (by
-        the estimate, on workers without measured progress; elsewhere when their first token shows)."""
-        now = max(now, self._now)
-        self._now = now
-        h = self._starts
-        while h and h[0][0] <= now:
-            t, _, rid = heapq.heappop(h)
-            r = self._reqs.get(rid)
-            if r is None or r.started or r.t_start != t:
-                continue
-            pool = self._pools[r.model]
-            if pool.meas[r.slot] > 0:
-                continue  # measured: it starts when the engine reports its first token
-            pool.start(r, t)
-        return now
-
-    def _observe(
-        self, pool: ModelPool, model: str, candidates: Sequence[EngineCandidate], now: float
-    ) -> None:
-        """Take in the measured progress the candidates carry (``EngineCandidate.requests``).
-
-        Per worker: dkey = min_j (T_dec·l_out_j + t_first_j) over every request decoding there (ours
-        or not: any ongoing request's ATGT is at stake), so that (d)'s slack at t is dkey − t. Our
-        requests that produced a token are started at their first token, and their place on the
-        worker's iteration clock follows their real token count."""
-        t_dec = pool.t_dec
-        for c in candidates:
-            reqs = c.requests
-            if reqs is None or model not in c.models:
-                continue
-            i = pool.slot_of.get(c.engine_id)
-            if i is None:
-                continue
-            pool.meas[i] = 1.0
-            key = math.inf
-            it_i = None
-            for q in reqs:
-                if q.generated_tokens < 1:
-                    continue
-                td = t_dec if q.model == model else self.slos.get(q.model, (0.0, None))[1]
-                if td is not None:
-                    key = min(key, td * q.generated_tokens + q.first_token_s)
-                r = self._reqs.get(q.request_id)
-                if r is None or r.slot != i or r.model != model:
-                    continue
-                if not r.started:
-                    pool.start(r, min(q.first_token_s, now))
-                if it_i is None:
-                    it_i = pool.iter_at(i, now)
-                pool.sync(r, it_i, float(q.generated_tokens))
-            pool.dkey[i] = key
-
-    def _predict(self, service: str, l_in: float, generated: float) -> float | None:
-        p = self.predictor
-        if p is None:
-            return None
-        bin_of = getattr(p, "bin_of", None)
-        key = (service, bin_of(int(l_in)) if bin_of else int(l_in), int(generated))
-        if self._now - self._memo_t > self.memo_s:
-            self._memo.clear()
-            self._memo_t = self._now
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        if hasattr(p, "predict"):
-            q = LengthQuery(service, prompt_tokens=int(l_in), generated_tokens=int(generated))
-            out = float(p.predict(q).mean)
-        else:
-            out = float(p(service, int(l_in), int(generated)))
-        self._memo[key] = out
-        return out
-
-    def _repredict_overdue(self, pool: ModelPool, it: np.ndarray, now: float) -> None:
-        """§4.3: ongoing requests past their predicted end get E[l_out | l_in, l_out > g]."""
-        late = np.flatnonzero(it > pool.min_end[: pool.n])
-        for i in late.tolist():
-            it_i = float(it[i])
-            todo = pool.pop_overdue(i, it_i)
-            if todo:
-                pool.touch(i, now)
-                for r in todo:
-                    g = max(r.l_pred, math.floor(1.0 + it_i - r.s_iter))
-                    new = self._predict(r.service, r.l_in, g)
-                    if new is None or not new > g:
-                        new = 2.0 * max(g, 1.0)
-                    pool.repredict(r, new, self.gamma)
-                    self.repredictions += 1
-                pool.dirty[i] = 1.0
-                pool.set_rate(i)
-            pool.clean_ends(i)
-
-    def _record(self, pool: ModelPool, i: int, r: PlacedRequest, now: float) -> None:
-        pool.place(i, r, now, self.gamma)
-        self._reqs[r.rid] = r
-        self._seq += 1
-        heapq.heappush(self._starts, (r.t_start, self._seq, r.rid))
-
-    def _remove(self, pool: ModelPool, r: PlacedRequest, now: float) -> None:
-        pool.remove(r, now)
-        self._reqs.pop(r.rid, None)
+    @property
+    def repredictions(self) -> int:
+        """Requests re-predicted after outliving their prediction (§4.3)."""
+        return self.book.repredictions
 
     # ------------------------------------------------------------------------------------ API
     def choose(
@@ -390,22 +232,22 @@ class AladdinBestFit(FinishListener):
         request: DispatchRequest | None = None,
         now: float | None = None,
     ) -> str:
-        pool = self._pool(model)
+        pool = self.book.pool(model)
         bpt = float(request.kv_bytes_per_token) if request is not None else 0.0
-        idx = self._slots(pool, model, candidates, exclude, bpt)
-        t = now if now is not None else (request.arrival_s if request is not None else self._now)
-        self._observe(pool, model, candidates, max(t, self._now))
-        now = self._advance(t)
+        idx = self.book.slots(pool, model, candidates, exclude, bpt)
+        t = now if now is not None else (request.arrival_s if request is not None else self.book.now)
+        self.book.observe(pool, model, candidates, max(t, self.book.now))
+        now = self.book.advance(t)
         it = pool.iters(now)
-        self._repredict_overdue(pool, it, now)
+        self.book.repredict_overdue(pool, it, now)
         if request is not None:
-            old = self._reqs.get(request.request_id)
+            old = self.book.reqs.get(request.request_id)
             if old is not None:
-                self._remove(self._pools[old.model], old, now)
+                self.book.remove(self.book.pools[old.model], old, now)
             l_in = float(max(request.prompt_tokens, 0))
             l_pred = float(request.predicted_output_tokens)
             if l_pred <= 0:
-                l_pred = self._predict(request.service, l_in, 0) or self.default_output_tokens
+                l_pred = self.book.predict(request.service, l_in, 0) or self.default_output_tokens
         else:
             l_in, l_pred = 0.0, self.default_output_tokens
         l_pred = max(l_pred, 1.0)
@@ -453,20 +295,20 @@ class AladdinBestFit(FinishListener):
             chosen = int(low[np.argmin(pool.rank[low])])
         if request is not None:
             r = PlacedRequest(request.request_id, model, request.service, chosen, l_in, l_pred)
-            self._record(pool, chosen, r, now)
+            self.book.record(pool, chosen, r, now)
             self.placed += 1
         return pool.ids[chosen]
 
     def on_finish(self, request_id: str, engine_id: str, output_tokens: int, now: float) -> None:
         """A placed request finished with ``output_tokens``; early finishes mark over-estimates."""
         del engine_id  # the ledger knows where it was placed
-        now = self._advance(now)
-        r = self._reqs.get(request_id)
+        now = self.book.advance(now)
+        r = self.book.reqs.get(request_id)
         if r is None:
             return
-        pool = self._pools[r.model]
+        pool = self.book.pools[r.model]
         i = r.slot
-        self._remove(pool, r, now)
+        self.book.remove(pool, r, now)
         if r.started and output_tokens < r.l_pred:
             # over-estimate: one request and its context fewer than planned until its predicted end
             pool.err_b[i] -= 1.0
@@ -478,7 +320,7 @@ class AladdinBestFit(FinishListener):
     # ------------------------------------------------------------------------- introspection
     def state(self, engine_id: str, model: str) -> dict[str, float]:
         """The ledger of one worker: batch, Σ(l_in + γ·l_pred), Σ new l_in, Σ final lengths, M."""
-        pool = self._pool(model)
+        pool = self.book.pool(model)
         i = pool.slot_of[engine_id]
         return {
             "batch": float(pool.b[i]),
@@ -490,31 +332,31 @@ class AladdinBestFit(FinishListener):
 
     def norms(self, model: str) -> dict[str, float]:
         """capacity_norm of every known worker of ``model``."""
-        pool = self._pool(model)
+        pool = self.book.pool(model)
         v = pool.norm(np.arange(pool.n))
         return {e: float(v[i]) for i, e in enumerate(pool.ids)}
 
     def prediction(self, request_id: str) -> float | None:
-        r = self._reqs.get(request_id)
+        r = self.book.reqs.get(request_id)
         return None if r is None else r.l_pred
 
     def started(self, request_id: str) -> bool | None:
-        r = self._reqs.get(request_id)
+        r = self.book.reqs.get(request_id)
         return None if r is None else r.started
 
     def kv_peak(self, engine_id: str, model: str, now: float) -> float:
         """Exact (e) peak in tokens of the requests on ``engine_id`` from ``now`` on."""
-        now = self._advance(now)
-        pool = self._pool(model)
+        now = self.book.advance(now)
+        pool = self.book.pool(model)
         i = pool.slot_of[engine_id]
         return pool.kv_peak(i, pool.iter_at(i, now))
 
     def error_distance(self, model: str, now: float) -> dict[str, float]:
         """Signed distance d_i of every worker's error point (Algorithm 2); > 0 under-estimated."""
-        now = self._advance(now)
-        pool = self._pool(model)
+        now = self.book.advance(now)
+        pool = self.book.pool(model)
         it = pool.iters(now)
-        self._repredict_overdue(pool, it, now)
+        self.book.repredict_overdue(pool, it, now)
         for i in range(pool.n):
             if pool.adj[i]:
                 pool.expire_adj(i, float(it[i]))
@@ -528,89 +370,37 @@ class AladdinBestFit(FinishListener):
         Changes no placement (it only brings time-derived bookkeeping up to ``now``, as any call
         does); the caller carries the moves out and records each with :meth:`apply_move`. Greedy:
         from the most under-estimated worker (largest d > 0), the not-started request whose move to
-        the most over-estimated feasible worker (d < 0) lowers Σ_i |d_i| the most, until none does.
+        the most over-estimated feasible worker (d < 0) lowers Σ_i |d_i| the most, until none does
+        (:mod:`.aladdin_rebalance`).
         """
         moves: list[tuple[str, str, str]] = []
-        for model in sorted(self._pools):
-            pool = self._pools[model]
+        paper = self.constraints == "paper"
+        for model in sorted(self.book.pools):
+            pool = self.book.pools[model]
             dist = self.error_distance(model, now)
             d = np.array([dist[e] for e in pool.ids])
-            it = pool.iters(self._now)
-            # simulated aggregates of the targets (moves already planned)
-            extra: dict[int, list[PlacedRequest]] = {}
-            gone: set[str] = set()
-            while True:
-                best = None
-                for x in np.argsort(-d).tolist():
-                    if d[x] <= 0:
-                        break
-                    pend = [r for r in pool.members[x].values() if not r.started and r.rid not in gone]
-                    for r in pend:
-                        delta = (r.ctx + pool.beta) * pool.err_norm
-                        for y in np.argsort(d).tolist():
-                            if d[y] >= 0:
-                                break
-                            gain = abs(d[x]) + abs(d[y]) - abs(d[x] - delta) - abs(d[y] + delta)
-                            if gain <= 1e-12 or (best is not None and gain <= best[0]):
-                                break
-                            if self._fits_after(pool, y, it, r, extra.get(y, [])):
-                                best = (gain, r, x, y, delta)
-                                break
-                    if best is not None:
-                        break
-                if best is None:
-                    break
-                _, r, x, y, delta = best
-                d[x] -= delta
-                d[y] += delta
-                extra.setdefault(y, []).append(r)
-                gone.add(r.rid)
-                moves.append((r.rid, pool.ids[x], pool.ids[y]))
+            it = pool.iters(self.book.now)
+            opened = frozenset(self._open.get(model, set())) if self.on_infeasible == "open" else None
+            check = MoveCheck(self.theta, paper, self.prefill_window_s, self.book.now, opened)
+            moves += plan_moves(pool, d, it, check)
         return moves
-
-    def _fits_after(
-        self, pool: ModelPool, y: int, it: np.ndarray, r: PlacedRequest, planned: list[PlacedRequest]
-    ) -> bool:
-        """(b)–(e) for request r on worker y, with the requests already planned to move there."""
-        b = pool.b[y] + len(planned)
-        s = pool.S[y] + sum(q.ctx for q in planned)
-        new_in = pool.new_in[y] + sum(q.l_in for q in planned) + r.l_in
-        if s + r.ctx > self.theta * float(pool.ld(np.array([b + 1.0]))[0]):
-            return False
-        if new_in > pool.x_c:
-            return False
-        slack = float(pool.slack(np.array([y]), it, self._now)[0])
-        paper = self.constraints == "paper"
-        t_next = 0.0 if paper else pool.td(b + 1.0, s + r.ctx)
-        if float(pool.tpre(new_in)) + t_next > self.theta * slack:
-            return False
-        if self.on_infeasible == "open" and y not in self._open.get(r.model, set()):
-            return False  # moves go to open workers only
-        win = self.prefill_window_s
-        rho = 0.0 if paper else min(pool.prefill_seconds(y, self._now, win) / win, 0.99)
-        if rho > 0:
-            t_eff = pool.t_dec * (1.0 - rho)
-            if s + r.ctx > self.theta * max(0.0, float(pool.latency.decode.context_limit(b + 1.0, t_eff))):
-                return False
-        extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
-        return pool.kv_peak(y, float(it[y]), extra) <= pool.M[y] + EPS
 
     def apply_move(self, request_id: str, to_engine: str, now: float) -> None:
         """Record that a not-yet-started request was moved to ``to_engine`` (Algorithm 2, 23–26)."""
-        now = self._advance(now)
-        r = self._reqs.get(request_id)
+        now = self.book.advance(now)
+        r = self.book.reqs.get(request_id)
         if r is None:
             raise KeyError(f"unknown request {request_id!r}")
         if r.started:
             raise ValueError(f"request {request_id!r} has started; Aladdin does not migrate it")
-        pool = self._pools[r.model]
+        pool = self.book.pools[r.model]
         y = pool.slot_of.get(to_engine)
         if y is None:
             raise KeyError(f"engine {to_engine!r} does not serve {r.model!r}")
         x = r.slot
         it = pool.iters(now)
-        self._remove(pool, r, now)
-        self._record(pool, y, r, now)
+        self.book.remove(pool, r, now)
+        self.book.record(pool, y, r, now)
         for i, sign in ((x, -1.0), (y, 1.0)):
             pool.err_b[i] += sign
             pool.err_l[i] += sign * r.ctx

@@ -22,6 +22,7 @@ from llmfleet.policies.migration.hybrid_transfer import (
     TokensOnly,
     communication_boundary,
     computation_boundary,
+    reprefill_boundary,
 )
 from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
 from llmfleet.policies.migration.mell import MellPacker, MellView, allocate_target
@@ -77,4 +78,5 @@ __all__ = [
     "make_migration_policy",
     "make_transfer_planner",
     "migration_id",
+    "reprefill_boundary",
 ]

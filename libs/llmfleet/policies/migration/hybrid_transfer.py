@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from llmfleet.costmodel.iteration_costs import LinearCost
 from llmfleet.policies.migration.base import Migration, TransferBudget, TransferMode
 
 FitRule = Literal["first", "best"]
@@ -42,6 +43,7 @@ __all__ = [
     "TokensOnly",
     "communication_boundary",
     "computation_boundary",
+    "reprefill_boundary",
     "transfer_order",
 ]
 
@@ -200,3 +202,16 @@ def computation_boundary(
         else:
             hi = mid
     return float(steps * lo)
+
+
+def reprefill_boundary(cost: LinearCost, batch: int, context_sum: int, epoch_s: float, slack: float) -> float:
+    """Mell's computation boundary of an instance decoding ``batch`` requests (``context_sum`` tokens):
+    the re-prefill tokens per epoch whose *marginal* cost, fused into one of its decode iterations,
+    stays within ``slack`` of that iteration, times the iterations in the epoch."""
+    batch = max(batch, 1)
+    step = cost.iteration(0, 0, batch, context_sum)
+
+    def marginal(t: int) -> float:
+        return cost.iteration(t, t * t, batch, context_sum) - step
+
+    return computation_boundary(marginal, step, epoch_s, slack)

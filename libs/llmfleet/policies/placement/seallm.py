@@ -61,6 +61,7 @@ from llmfleet.policies.placement.base import (
     PlacementContext,
     PlacementInfeasible,
     PlacementNeeds,
+    PlanEvaluator,
     PlannerReport,
     PlanScore,
     ServiceLoad,
@@ -312,10 +313,18 @@ class SeaLLMPlacement(PlannerReport):
             raise ValueError(
                 "the seallm planner searches on recent requests (PlacementContext.evaluator) and has none"
             )
+        cands = self._candidates(gpus, services, hw)
+        model_of = {s.name: s.model for s in services}
+        self._search(cands, services, gpus.gpus_per_node, hw, model_of, ctx.evaluator)
+        return self._best(cands, services, model_of)
+
+    def _candidates(self, gpus: GpuPool, services: Sequence[ServiceLoad], hw: Hardware) -> list[_Candidate]:
+        """One empty candidate per (TP size, sharing cap): the pool cut into groups of that TP."""
         for m in {s.model for s in services}:
-            if smallest_tp(model_arch(m).weight_bytes, mem, gpus.gpus_per_node, self.min_kv_fraction) is None:
+            weights = model_arch(m).weight_bytes
+            if smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, self.min_kv_fraction) is None:
                 raise PlacementInfeasible(
-                    f"model {m!r}: {model_arch(m).weight_bytes / GIB:.1f} GiB of weights do not fit "
+                    f"model {m!r}: {weights / GIB:.1f} GiB of weights do not fit "
                     f"{gpus.gpus_per_node} {gpus.hardware} GPUs of a node"
                 )
         tps = self.tp_candidates or tuple(1 << i for i in range(gpus.gpus_per_node.bit_length()))
@@ -327,12 +336,24 @@ class SeaLLMPlacement(PlannerReport):
         ]
         if not cands:
             raise PlacementInfeasible(f"no TP candidate fits a pool of {gpus.count} GPUs")
-        model_of = {s.name: s.model for s in services}
+        return cands
+
+    def _search(
+        self,
+        cands: list[_Candidate],
+        services: Sequence[ServiceLoad],
+        gpus_per_node: int,
+        hw: Hardware,
+        model_of: dict[str, str],
+        evaluator: PlanEvaluator,
+    ) -> None:
+        """Run the candidates in lockstep until none can add a service: each round scores every
+        candidate's current plan in one call (with speculative guesses in idle slots), then steps each."""
         self.speculated = self.speculation_hits = 0
         scored: dict[tuple[InstancePlan, ...], PlanScore] = {}
         ahead: set[tuple[InstancePlan, ...]] = set()  # scored speculatively, not used yet
         last_ui: dict[int, dict[str, float]] = {}
-        width = max(1, ctx.evaluator.parallelism) if self.speculate else 1
+        width = max(1, evaluator.parallelism) if self.speculate else 1
         while True:
             active = [c for c in cands if not c.done]
             if not active:
@@ -343,9 +364,9 @@ class SeaLLMPlacement(PlannerReport):
                 if tuple(plan) not in scored:
                     need.setdefault(tuple(plan), plan)
             if need:
-                guesses = self._guesses(active, last_ui, services, gpus.gpus_per_node, hw, model_of,
+                guesses = self._guesses(active, last_ui, services, gpus_per_node, hw, model_of,
                                         (-len(need)) % width, {**scored, **need})  # fmt: skip
-                scores = ctx.evaluator.evaluate([*need.values(), *guesses.values()])
+                scores = evaluator.evaluate([*need.values(), *guesses.values()])
                 scored.update(zip([*need, *guesses], scores, strict=True))
                 ahead.update(guesses)
                 self.speculated += len(guesses)
@@ -357,8 +378,14 @@ class SeaLLMPlacement(PlannerReport):
                     self.speculation_hits += 1
                 c.score = scored[key]
                 last_ui[id(c)] = ui = self.unserved_index(c.score, services)
-                if not self._step(c, ui, services, gpus.gpus_per_node, hw):
+                if not self._step(c, ui, services, gpus_per_node, hw):
                     c.done = True
+
+    def _best(
+        self, cands: list[_Candidate], services: Sequence[ServiceLoad], model_of: dict[str, str]
+    ) -> list[InstancePlan]:
+        """The searched candidate that hosts the most services with traffic, then has the highest
+        simulated SLO attainment, then the lowest normalized latency (Eq. 3); its plan."""
         placed = [c for c in cands if any(g.services for g in c.groups)]
         if not placed:
             raise PlacementInfeasible("no service fits any GPU group of the pool")

@@ -23,34 +23,32 @@ Everything but the forward pass is the native :class:`~llmfleet_engine.executor.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmfleet.costmodel import Hardware, ModelArch, hardware
+from llmfleet.costmodel import Hardware, hardware
 from llmfleet.costmodel import memory as cost_memory
 from llmfleet.engine_core import StepPlan
-from llmfleet.kvblocks import KvShape
 from llmfleet.metrics.engine import EngineMetrics
-from llmfleet.sim.cost import COST_SOURCES, CostBook, LinearCost
-from llmfleet.types import ModelSpec
+from llmfleet.sim.cost import COST_SOURCES, LinearCost
 
 from llmfleet_engine import profiling
-from llmfleet_engine.emulated.catalog import check_sim_models, emulated_model, resolve_arch
+from llmfleet_engine.delegate import Via
+from llmfleet_engine.emulated.catalog import check_sim_models
 from llmfleet_engine.emulated.clock import LagCollector, WallClock
+from llmfleet_engine.emulated.migration import EmulatedMigration
+from llmfleet_engine.emulated.model_host import EmulatedHost, StepPricer
 from llmfleet_engine.emulated.storage import NoKvStorage
 from llmfleet_engine.emulated.tokenizer import WORD_BASE
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.live_request import LiveRequest
-from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.outputs import TransferError
 from llmfleet_engine.profiling import ProfileResult
-from llmfleet_engine.transfer import ImportHandle, TransferHeader
+
+__all__ = ["EmulatedConfig", "EmulatedExecutor", "StepPricer", "token_id"]
 
 BACKEND = "emulated"
-_RANGE = struct.Struct("<qqi")  # start, end, number of block ids that follow (int32 each)
 
 
 @dataclass(frozen=True)
@@ -100,16 +98,6 @@ class EmulatedConfig(ExecutorConfig):
         return self.link_bytes_per_s or hw.intra_node_bw * hw.comm_eff
 
 
-@dataclass(frozen=True)
-class StepPricer:
-    """An emulated model's "forward": the cost model of its catalog architecture at the engine's TP."""
-
-    cost: LinearCost
-
-    def step_s(self, plan: StepPlan) -> float:
-        return self.cost.iteration(plan.prefill_tokens, plan.prefill_sq, plan.decodes, plan.context_tokens)
-
-
 def token_id(seed: int, position: int, vocab: int) -> int:
     """The deterministic ``position``-th output token of a request (never a special id)."""
     return WORD_BASE + (seed + position * 7919) % (vocab - WORD_BASE)
@@ -121,10 +109,26 @@ class EmulatedExecutor(Executor):
     config: EmulatedConfig
 
     def __init__(self, config: EmulatedConfig | None = None, clock: WallClock | None = None) -> None:
-        self.clock = clock or WallClock()
-        self._sent: dict[str, tuple[float, int]] = {}  # request -> (transfer start, K/V bytes so far)
+        self.clock = clock or WallClock()  # before the parts are built (they pace on it)
         super().__init__(config or EmulatedConfig())
         self.backend = BACKEND
+
+    link_seconds = Via("migration")
+
+    def _new_host(self) -> EmulatedHost:
+        return EmulatedHost(self.config, self.table, self.core, self.pool, self._finish_locked, self.clock)
+
+    def _new_migration(self) -> EmulatedMigration:
+        return EmulatedMigration(
+            self.table,
+            self.core,
+            self.pool,
+            self.host,
+            self._finish_locked,
+            self._new_state,
+            self.clock,
+            self.config.link_bw,
+        )
 
     # ------------------------------------------------------------------------ device and memory
     def _device_memory(self) -> tuple[str, int, int]:
@@ -135,37 +139,10 @@ class EmulatedExecutor(Executor):
     def _kv_storage(self) -> Any:
         return NoKvStorage()
 
-    def _free_memory(self) -> None:
-        pass  # nothing was allocated
-
     def attach_metrics(self, metrics: EngineMetrics) -> None:
         """The native ``vllm:*`` metrics plus this engine's lag behind the cost model's times."""
         super().attach_metrics(metrics)
         metrics.registry.register(LagCollector(self.clock.lag))
-
-    # ------------------------------------------------------------------------------------ models
-    def _materialize(self, spec: ModelSpec) -> LoadedModel:
-        arch = resolve_arch(spec, self.config.sim_models)
-        return emulated_model(spec, arch, self.device, self.config.tp)
-
-    def _footprint(self, loaded: LoadedModel) -> tuple[KvShape, int]:
-        arch: ModelArch = loaded.model
-        cfg = self.config
-        activation = cost_memory.activation_bytes(arch, cfg.max_prefill_tokens, cfg.max_batch_requests)
-        return arch.kv_shape, arch.weight_bytes + activation
-
-    def _new_runner(self, loaded: LoadedModel) -> StepPricer:
-        arch: ModelArch = loaded.model
-        cfg = self.config
-        book = CostBook.build(cfg.hw, {arch.name: arch}, source=cfg.cost_source)
-        return StepPricer(book.model(arch.name, cfg.tp))
-
-    def _weights_arrive(self, loaded: LoadedModel) -> None:
-        """The simulator's load time: the weights over the GPUs' host links."""
-        start = self.clock.monotonic()
-        self.clock.sleep_until(
-            start + cost_memory.load_seconds([loaded.model], self.config.hw, self.config.tp)
-        )
 
     # ---------------------------------------------------------------------------------- steps
     def _step_inputs(self, plan: StepPlan, now: float) -> float:
@@ -181,10 +158,6 @@ class EmulatedExecutor(Executor):
         vocab = members[0].model.loaded.vocab_size
         picked = [token_id(zlib.crc32(r.request_id.encode()), len(r.tokens), vocab) for r in members]
         return picked, duration
-
-    def _finish_locked(self, state: LiveRequest, reason: Any, **kwargs: Any) -> None:
-        self._sent.pop(state.request_id, None)
-        super()._finish_locked(state, reason, **kwargs)
 
     # ------------------------------------------------------------------------------ profiling
     def profile(self, model: str, **sweep: Any) -> ProfileResult:
@@ -213,42 +186,3 @@ class EmulatedExecutor(Executor):
             return [lm.iteration(0, 0, b, b * (n + r + 1)) for r in range(repeats)]
 
         return point
-
-    # --------------------------------------------------------------------------- KV transfer
-    def link_seconds(self, nbytes: int) -> float:
-        """How long ``nbytes`` take on the emulated link."""
-        return nbytes / self.config.link_bw
-
-    def wire_bytes_per_token(self, header: TransferHeader) -> int:
-        return 0  # a chunk is a block-table range, whatever its size in K/V
-
-    def export_kv(self, request_id: str, start: int, end: int) -> bytes:
-        """Tokens [start, end) of a paused request as its token range and block ids, sent at the
-        emulated link's speed: this call returns when the range's K/V would have arrived."""
-        with self._cond:
-            r, table = self._kv_range_locked(request_id, start, end)
-            t = table.tokens_per_block
-            blocks = list(table.blocks[start // t : -(-end // t)])
-            t0, sent = self._sent.get(request_id, (self.clock.monotonic(), 0))
-            sent += (end - start) * r.model.shape.bytes_per_token
-            self._sent[request_id] = (t0, sent)
-        self.clock.sleep_until(t0 + self.link_seconds(sent))
-        return _RANGE.pack(start, end, len(blocks)) + struct.pack(f"<{len(blocks)}i", *blocks)
-
-    def resume_request(self, request_id: str, *, moving: bool = False) -> bool:
-        with self._cond:
-            self._sent.pop(request_id, None)
-        return super().resume_request(request_id, moving=moving)
-
-    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None:
-        if len(data) < _RANGE.size:
-            raise TransferError(f"emulated KV chunk of {len(data)} bytes: shorter than its range header")
-        s, e, n = _RANGE.unpack_from(data)
-        if (s, e) != (start, start + num_tokens) or len(data) != _RANGE.size + 4 * n:
-            raise TransferError(
-                f"emulated KV chunk describes tokens [{s}, {e}) with {n} blocks in {len(data)} bytes; "
-                f"expected tokens [{start}, {start + num_tokens})"
-            )
-
-    def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None:
-        pass  # the blocks were reserved by begin_import; there are no K/V bytes to place

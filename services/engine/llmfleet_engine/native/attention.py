@@ -143,84 +143,101 @@ def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.T
 def build_plan(layout: BatchLayout, window: int | None, pack: Packer, device: torch.device) -> AttnPlan:
     """The attention plan of one iteration and one sliding window value (shared by its layers); its
     index lists go into ``pack`` (``bind`` it to the packed tensors before use)."""
-    t_m = layout.tokens_per_block
-    table = layout.table
-    plan = AttnPlan(_tokens_per_block=t_m)
+    plan = AttnPlan(_tokens_per_block=layout.tokens_per_block)
     gather: list[int] = []
-    nd = layout.num_decode
     first_segment = 0
-    if nd >= 2:
-        # Row i holds its blocks right-aligned in nb_max columns; the last column is each row's last
-        # (possibly partial) block, the front padding repeats a FULL block (the first block of the
-        # longest row), so only the last column can hold bytes the row has not written.
-        starts, offs = layout.start[:nd], layout.tbl_off[:nd]
-        lo = [_window_lo(p, window) for p in starts] if window is not None else [0] * nd
-        b0 = [x // t_m for x in lo]
-        nb = [(p + t_m) // t_m - b for p, b in zip(starts, b0, strict=True)]  # ceil((p + 1) / t_m) - b0
-        nb_max = max(nb)
-        if nb_max == 1:
-            gather = [table[o + b] for o, b in zip(offs, b0, strict=True)]
-            v_lo = [x - b * t_m for x, b in zip(lo, b0, strict=True)]  # valid keys: [v_lo, v_hi)
-            v_hi = [p + 1 - b * t_m for p, b in zip(starts, b0, strict=True)]
-            tail = v_hi
-        else:
-            longest = table[offs[nb.index(nb_max)] + b0[nb.index(nb_max)]]
-            v_lo, v_hi, tail = [], [], []
-            for p, o, x, b, n in zip(starts, offs, lo, b0, nb, strict=True):
-                pad = nb_max - n
-                if pad:
-                    gather += [longest] * pad
-                gather += table[o + b : o + b + n]
-                v_lo.append(pad * t_m + x - b * t_m)
-                v_hi.append(pad * t_m + p + 1 - b * t_m)
-                tail.append(p + 1 - (b + n - 1) * t_m)  # written slots of the last block
-        plan.num_decode, plan.decode_blocks = nd, nb_max
-        # keys outside [min v_lo, max v_hi) are cropped away; inside, rows that differ need a mask
-        k_lo, k_hi = min(v_lo), max(v_hi)
-        plan.decode_keys = (k_lo, k_hi)
-        plan._mask = max(v_lo) > k_lo or min(v_hi) < k_hi
-        plan._tail = min(v_hi) < k_hi  # some row's unwritten tail lies inside the crop
-        if plan._mask or plan._tail:
-            plan._meta_at = pack.add(v_lo + v_hi + tail)
-        if nb_max == 1:
-            plan.decode_crop = k_hi  # unless a segment gathers too (below)
-        first_segment = nd
+    if layout.num_decode >= 2:
+        _plan_decode_group(layout, window, pack, plan, gather)
+        first_segment = layout.num_decode
     for i in range(first_segment, len(layout.q_len)):
-        n, start = layout.q_len[i], layout.start[i]
-        a = layout.tok_off[i]
-        seg = Segment(a=a, b=a + n, fresh=start == 0)
-        if seg.fresh:
-            if window is None or window >= n:
-                seg.is_causal = True
-                prev = plan.segments[-1] if plan.segments else None
-                if (
-                    prev is not None
-                    and prev.is_causal
-                    and prev.fresh
-                    and prev.b == a
-                    and prev.b - prev.a == n * prev.count
-                ):
-                    prev.b, prev.count = a + n, prev.count + 1  # joins the batched call of its equals
-                    continue
-            else:
-                qpos = torch.arange(n, device=device)
-                seg.mask = _mask(qpos, qpos, window)
-        else:
-            end = start + n
-            lo_ = _window_lo(start, window)
-            s0, s1 = lo_ // t_m, -(-end // t_m)
-            seg.g0 = len(gather)
-            gather += table[layout.tbl_off[i] + s0 : layout.tbl_off[i] + s1]
-            seg.g1 = len(gather)
-            seg.lo, seg.hi = lo_ - s0 * t_m, end - s0 * t_m
-            plan.decode_crop = None  # the segment reads whole blocks of the same gather
-            if n > 1:  # a lone decode sees exactly its keys [lo, end): no mask at all
-                qpos = torch.arange(start, end, device=device)
-                seg.mask = _mask(qpos, torch.arange(lo_, end, device=device), window)
-        plan.segments.append(seg)
+        seg = _plan_segment(layout, i, window, plan, gather, device)
+        if seg is not None:
+            plan.segments.append(seg)
     if gather:
         plan._gather_at = pack.add(gather)
     return plan
+
+
+def _plan_decode_group(
+    layout: BatchLayout, window: int | None, pack: Packer, plan: AttnPlan, gather: list[int]
+) -> None:
+    """The padded decode group (two decodes or more): its blocks into ``gather``, its crop and masks
+    into ``plan``."""
+    t_m, table, nd = layout.tokens_per_block, layout.table, layout.num_decode
+    # Row i holds its blocks right-aligned in nb_max columns; the last column is each row's last
+    # (possibly partial) block, the front padding repeats a FULL block (the first block of the
+    # longest row), so only the last column can hold bytes the row has not written.
+    starts, offs = layout.start[:nd], layout.tbl_off[:nd]
+    lo = [_window_lo(p, window) for p in starts] if window is not None else [0] * nd
+    b0 = [x // t_m for x in lo]
+    nb = [(p + t_m) // t_m - b for p, b in zip(starts, b0, strict=True)]  # ceil((p + 1) / t_m) - b0
+    nb_max = max(nb)
+    if nb_max == 1:
+        gather += [table[o + b] for o, b in zip(offs, b0, strict=True)]
+        v_lo = [x - b * t_m for x, b in zip(lo, b0, strict=True)]  # valid keys: [v_lo, v_hi)
+        v_hi = [p + 1 - b * t_m for p, b in zip(starts, b0, strict=True)]
+        tail = v_hi
+    else:
+        longest = table[offs[nb.index(nb_max)] + b0[nb.index(nb_max)]]
+        v_lo, v_hi, tail = [], [], []
+        for p, o, x, b, n in zip(starts, offs, lo, b0, nb, strict=True):
+            pad = nb_max - n
+            if pad:
+                gather += [longest] * pad
+            gather += table[o + b : o + b + n]
+            v_lo.append(pad * t_m + x - b * t_m)
+            v_hi.append(pad * t_m + p + 1 - b * t_m)
+            tail.append(p + 1 - (b + n - 1) * t_m)  # written slots of the last block
+    plan.num_decode, plan.decode_blocks = nd, nb_max
+    # keys outside [min v_lo, max v_hi) are cropped away; inside, rows that differ need a mask
+    k_lo, k_hi = min(v_lo), max(v_hi)
+    plan.decode_keys = (k_lo, k_hi)
+    plan._mask = max(v_lo) > k_lo or min(v_hi) < k_hi
+    plan._tail = min(v_hi) < k_hi  # some row's unwritten tail lies inside the crop
+    if plan._mask or plan._tail:
+        plan._meta_at = pack.add(v_lo + v_hi + tail)
+    if nb_max == 1:
+        plan.decode_crop = k_hi  # unless a segment gathers too (below)
+
+
+def _plan_segment(
+    layout: BatchLayout, i: int, window: int | None, plan: AttnPlan, gather: list[int], device: torch.device
+) -> Segment | None:
+    """Sequence ``i``'s own SDPA call (its pool blocks into ``gather`` unless its keys are fresh); None
+    when it joins the batched call of the equal fresh prompt before it."""
+    t_m = layout.tokens_per_block
+    n, start = layout.q_len[i], layout.start[i]
+    a = layout.tok_off[i]
+    seg = Segment(a=a, b=a + n, fresh=start == 0)
+    if seg.fresh:
+        if window is None or window >= n:
+            seg.is_causal = True
+            prev = plan.segments[-1] if plan.segments else None
+            if (
+                prev is not None
+                and prev.is_causal
+                and prev.fresh
+                and prev.b == a
+                and prev.b - prev.a == n * prev.count
+            ):
+                prev.b, prev.count = a + n, prev.count + 1  # joins the batched call of its equals
+                return None
+        else:
+            qpos = torch.arange(n, device=device)
+            seg.mask = _mask(qpos, qpos, window)
+        return seg
+    end = start + n
+    lo_ = _window_lo(start, window)
+    s0, s1 = lo_ // t_m, -(-end // t_m)
+    seg.g0 = len(gather)
+    gather += layout.table[layout.tbl_off[i] + s0 : layout.tbl_off[i] + s1]
+    seg.g1 = len(gather)
+    seg.lo, seg.hi = lo_ - s0 * t_m, end - s0 * t_m
+    plan.decode_crop = None  # the segment reads whole blocks of the same gather
+    if n > 1:  # a lone decode sees exactly its keys [lo, end): no mask at all
+        qpos = torch.arange(start, end, device=device)
+        seg.mask = _mask(qpos, torch.arange(lo_, end, device=device), window)
+    return seg
 
 
 def paged_attention(

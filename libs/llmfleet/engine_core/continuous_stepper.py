@@ -1,0 +1,174 @@
+"""The engine core's continuous stepper: a :class:`~llmfleet.policies.request.RequestPolicy` picks each
+iteration's batch (see :mod:`llmfleet.engine_core.core`).
+
+A prefill takes ``sched.prompt_tokens`` tokens of KV; a decode appends one slot (all members at once
+when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
+every member was preempted runs nothing: the policy is asked again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.kvblocks import OutOfBlocks
+from llmfleet.policies.batching.base import StaticBatch
+
+if TYPE_CHECKING:
+    from llmfleet.engine_core.core import EngineCore
+
+
+class ContinuousStepper:
+    """Continuous batching: a new batch every iteration, preemption by recompute when KV runs out."""
+
+    static = False
+
+    @property
+    def batch(self) -> StaticBatch | None:
+        return None
+
+    def dropped(self, r: CoreRequest) -> None:
+        pass  # no state of its own
+
+    def schedule(self, core: EngineCore, now: float) -> StepPlan | None:
+        while True:
+            before = (core.preemptions, len(core.waiting))
+            plan = self._schedule_once(core, now)
+            if plan is not None or (core.preemptions, len(core.waiting)) == before:
+                return plan
+
+    def _schedule_once(self, core: EngineCore, now: float) -> StepPlan | None:
+        ws, rs = core.visible()
+        scheds_w = [r.sched for r in ws]
+        scheds_r = [r.sched for r in rs]
+        pool = core.pool_view()
+        batch = core.policy.next_batch(scheds_w, scheds_r, pool, core.batch_limits, now)  # type: ignore[union-attr]
+        if batch is None:
+            if not rs and not core.paused_count:
+                core.fail_stuck(scheds_w, pool)
+            return None
+        ids = batch.request_ids
+        reqs: list[CoreRequest]
+        if batch.phase == "decode":  # the common case: one slot each, in one all-or-nothing step
+            running = core.running
+            try:
+                reqs = [running[rid] for rid in ids]
+            except KeyError:
+                reqs = self._resolve(core, ids)
+            try:
+                core.alloc.grow_each(list(ids), 1)
+            except OutOfBlocks:
+                pass  # some decode needs a block that is not there: the per-request path preempts
+            else:
+                ctx = sum([r.sched.prompt_tokens + r.sched.generated for r in reqs])
+                return StepPlan(batch, batch.model, reqs, [], [], 0, 0, len(reqs), ctx, scheds_w, scheds_r)
+        else:
+            reqs = self._resolve(core, ids)
+        members: list[CoreRequest] = []
+        prefills: list[CoreRequest] = []
+        preempted: list[CoreRequest] = []
+        prefill = prefill_sq = decodes = ctx = 0
+        for r in reqs:
+            s = r.sched
+            rid = s.request_id
+            if s.phase == "prefill":
+                try:
+                    core.alloc.reserve(rid, s.model, s.prompt_tokens)
+                except OutOfBlocks:
+                    continue  # the policy over-admitted; it retries next iteration
+                del core.waiting[rid]
+                core.running[rid] = r
+                s.phase = "decode"
+                prefill += s.prompt_tokens
+                prefill_sq += s.prompt_tokens * s.prompt_tokens
+                prefills.append(r)
+            else:
+                if not self._append_or_preempt(core, r, members, preempted, now):
+                    continue
+                decodes += 1
+                ctx += s.context_tokens
+            members.append(r)
+        if not members:
+            return None
+        return StepPlan(
+            batch, batch.model, members, prefills, preempted, prefill, prefill_sq, decodes, ctx,
+            scheds_w, scheds_r,
+        )  # fmt: skip
+
+    @staticmethod
+    def _resolve(core: EngineCore, ids: Sequence[str]) -> list[CoreRequest]:
+        out = []
+        for rid in ids:
+            r = core.waiting.get(rid) or core.running.get(rid)
+            if r is None or r.paused:
+                raise RuntimeError(f"policy {core.policy.name} batched unknown request {rid!r}")
+            out.append(r)
+        return out
+
+    def _append_or_preempt(
+        self,
+        core: EngineCore,
+        r: CoreRequest,
+        members: list[CoreRequest],
+        preempted: list[CoreRequest],
+        now: float,
+    ) -> bool:
+        while True:
+            try:
+                core.alloc.append_slot(r.sched.request_id)
+                return True
+            except OutOfBlocks:
+                cands = [x for x in core.running.values() if x is not r and not x.paused and x not in members]
+                by_id = {id(x.sched): x for x in [*cands, r]}
+                victim = by_id[id(core.policy.preemption_victim([x.sched for x in [*cands, r]], now))]
+                self._preempt(core, victim, now)
+                preempted.append(victim)
+                if victim is r:
+                    return False
+
+    @staticmethod
+    def _preempt(core: EngineCore, r: CoreRequest, now: float) -> None:
+        """Preemption by recompute: drop the KV, fold the output into the prompt, back to waiting."""
+        rid = r.sched.request_id
+        core.alloc.free(rid)
+        del core.running[rid]
+        r.fold()
+        r.preemptions += 1
+        core.preemptions += 1
+        core.enqueue(r, now)
+
+    def complete(self, core: EngineCore, plan: StepPlan, end: StepEnd) -> StepResult:
+        now, durations, produced = end.now, end.durations, end.produced
+        k = plan.iterations
+        members = plan.members
+        scheds = [r.sched for r in members]
+        policy = core.policy
+        if isinstance(durations, float | int):
+            policy.on_iteration(plan.batch, float(durations), now, scheds)  # type: ignore[arg-type]
+        elif k > 1 and core.run_charged:
+            policy.on_iterations(plan.batch, durations, now, scheds)  # type: ignore[union-attr]
+        else:
+            policy.on_iteration(plan.batch, float(sum(durations)), now, scheds)  # type: ignore[arg-type]
+        requests = core.requests
+        if k > 1:
+            core.alloc.grow_each([s.request_id for s in scheds if s.request_id in requests], k - 1)
+        if produced is None:
+            for r in members:
+                r.produced += k
+                r.sched.generated += k
+        else:
+            for r, n in zip(members, produced, strict=True):
+                r.produced += n
+                r.sched.generated += n
+        done = []
+        for r in end.finished:
+            rid = r.sched.request_id
+            if requests.pop(rid, None) is None:
+                continue  # dropped while in flight
+            core.running.pop(rid, None)
+            if rid in core.alloc:
+                core.alloc.free(rid)
+            policy.on_finish(r.sched, now)
+            done.append(r)
+        return StepResult(done, [], [])

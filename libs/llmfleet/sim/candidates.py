@@ -1,0 +1,96 @@
+"""What a dispatch policy sees of the simulated instances: one
+:class:`~llmfleet.policies.dispatch.EngineCandidate` per serving instance, listed per model and kept
+current per instance (an instance whose state changed is refreshed before the next dispatch)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from llmfleet.policies.dispatch import DispatchNeeds, EngineCandidate, HostList, RequestProgress
+from llmfleet.sim.events import EventQueue
+from llmfleet.sim.instance import SimInstance
+
+
+class CandidateBook:
+    """Per model, the candidates of the instances serving it (by id), and which instances changed."""
+
+    def __init__(self, needs: DispatchNeeds, batch_cap: int, clock: EventQueue) -> None:
+        self._reads_kv = needs.reads_kv
+        # a dispatcher reading per-request progress (Aladdin's constraint (d)) sees every busy instance
+        # as of the dispatch time: tokens of the chunk in flight count up to ``now``
+        self.reads_progress = needs.reads_progress
+        self._batch_cap = batch_cap  # what runs at once
+        self._clock = clock
+        self.by_model: dict[str, HostList] = {}
+        self._slot: dict[str, list[tuple[str, int]]] = {}  # instance -> [(model, index in by_model[model])]
+        self._dirty: set[str] = set()
+
+    def candidate(self, inst: SimInstance) -> EngineCandidate:
+        """``inst`` as a dispatcher sees it now."""
+        queued = 0
+        if self._reads_kv:  # queued prompts as promised KV: a scan only KV readers pay for
+            block, tpb = inst.layout.block_bytes, inst.tpb
+            queued = (
+                sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
+            )
+        return EngineCandidate(
+            inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
+            inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
+            progress_of(inst, self._clock.now) if self.reads_progress else None,
+            self._batch_cap,
+        )  # fmt: skip
+
+    def touch(self, instance_id: str) -> None:
+        """``instance_id``'s state changed: refresh its candidate before the next dispatch."""
+        self._dirty.add(instance_id)
+
+    def touch_busy(self, instances: Mapping[str, SimInstance]) -> None:
+        """Progress moves with time on every busy instance: refresh them all."""
+        self._dirty.update(i for i, inst in instances.items() if inst.work is not None)
+
+    def refresh(self, instances: Mapping[str, SimInstance]) -> None:
+        for iid in self._dirty:
+            slots = self._slot.get(iid)
+            if slots:
+                c = self.candidate(instances[iid])
+                for m, i in slots:
+                    self.by_model[m][i] = c
+        self._dirty.clear()
+
+    def rebuild(self, instances: Mapping[str, SimInstance]) -> None:
+        """Per model, the active instances serving it, by id."""
+        self.by_model, self._slot = {}, {}
+        for iid, inst in sorted(instances.items()):
+            if not inst.serving or not inst.active:
+                continue
+            c = self.candidate(inst)
+            for m in inst.serving:
+                lst = self.by_model.setdefault(m, HostList(m))
+                self._slot.setdefault(iid, []).append((m, len(lst)))
+                lst.append(c)
+
+
+def progress_of(inst: SimInstance, now: float) -> tuple[RequestProgress, ...]:
+    """The requests that have produced their first token on ``inst``, with their tokens by ``now``
+    (what a live engine would have streamed): those finished at the last step boundary plus, for
+    members of a chunk in flight, its iterations that ended by ``now``."""
+    w = inst.work
+    done, members = 0, ()
+    if w is not None and not w.plan.static:
+        k = w.plan.iterations
+        if w.ends is not None:
+            done = int(np.searchsorted(w.ends[:k], now, side="right"))
+        elif w.end <= now:
+            done = 1
+        if done:
+            members = {id(r) for r in w.plan.members}
+    out = []
+    for r in inst.core.requests.values():
+        rec = r.payload
+        f = rec.first_token_s
+        if f is None:
+            continue  # no token yet: a pending prefill, not an ongoing request
+        n = rec.produced + (done if id(r) in members else 0)
+        out.append(RequestProgress(rec.request_id, rec.model, n, f))
+    return tuple(out)

@@ -1,0 +1,163 @@
+"""Arrivals waiting for capacity, as in the live scheduler (issue 26, ``llmfleet.policies.capacity``); a
+part of :class:`~llmfleet.sim.fleet.Fleet`.
+
+A request for a model no instance serves waits when some instance is loading it; else, with a placement
+loop installed (the fleet's ``wake``) and ``cold_start`` on, it waits up to its service's cold-start
+timeout and wakes the loop at once (scale from zero); else it fails with the reason. With late binding a
+request whose model's every instance is saturated (``Saturation``) waits too, and goes to the first
+instance with room (at a step end, or when an instance is ready); the first of them (the model's queue
+was empty) wakes the placement loop too, as the live scheduler's report does. Waiting requests are
+dispatched in the :class:`~llmfleet.policies.capacity.HoldQueue` order; no request is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llmfleet.policies.capacity import HoldQueue, cold_start_timeout_s
+from llmfleet.policies.dispatch import HostList, NoCandidate
+from llmfleet.sim.records import RequestRecord
+
+if TYPE_CHECKING:
+    from llmfleet.sim.fleet import Fleet
+
+COLD, SATURATED = "cold", "saturated"
+
+
+@dataclass(slots=True)
+class Held:
+    """An arrival waiting for capacity: ``reason`` cold (no instance serves its model) or saturated
+    (late binding: every instance serving it is full); ``deadline`` of a cold wait (inf: none)."""
+
+    rec: RequestRecord
+    predicted: float | None
+    reason: str
+    deadline: float = float("inf")
+
+
+class Saturated(LookupError):
+    """Late binding: every instance serving the model is saturated (the request waits)."""
+
+
+class Holds:
+    """Per model, the arrivals waiting for capacity; it reads the fleet's capacity settings (``binding``,
+    ``saturation``, ``cold_start``, ``wake``) and places requests through its public API."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.queues: dict[str, HoldQueue[Held]] = {}  # model -> arrivals waiting for capacity
+
+    def __contains__(self, model: str) -> bool:
+        return model in self.queues
+
+    def __bool__(self) -> bool:
+        return bool(self.queues)
+
+    def ahead(self, model: str) -> bool:
+        """Requests of ``model`` already wait (a new arrival goes behind them)."""
+        return bool(self.queues.get(model))
+
+    def held(self) -> dict[str, int]:
+        """Per service: arrivals waiting for capacity now (cold or saturated)."""
+        out: dict[str, int] = {}
+        for q in self.queues.values():
+            for h in q.items():
+                out[h.rec.service] = out.get(h.rec.service, 0) + 1
+        return out
+
+    def room(self, model: str, cands: HostList | None) -> HostList | None:
+        """Late binding: the candidates serving ``model`` with room (None: early binding, all of them);
+        raises :class:`Saturated` when some serve it and none has room."""
+        if self.fleet.binding != "late" or not cands:
+            return None  # nobody serves it: NoCandidate (a cold wait), not saturation
+        room = self.fleet.saturation.with_room(cands)
+        if not room:
+            raise Saturated(model)
+        return HostList(model, room) if len(room) < len(cands) else cands
+
+    def hold(self, rec: RequestRecord, predicted: float | None, reason: str = COLD) -> bool:
+        """Keep an arrival that no instance can take now; False (it fails) when nothing will ever bring
+        capacity for it."""
+        fleet = self.fleet
+        q = self.queues.setdefault(rec.model, HoldQueue())
+        if reason == SATURATED and not q and fleet.wake is not None:
+            fleet.wake(fleet.events.now)  # a queue starts to build: the placement loop plans now
+        held = Held(rec, predicted, reason)
+        if reason == COLD and not fleet.coming(rec.model) and not self._cold_wait(held):
+            if not q:
+                del self.queues[rec.model]
+            return False
+        svc = fleet.service(rec.service)
+        q.push(rec.request_id, held, rec.arrival_s, svc.priority, held.deadline)
+        return True
+
+    def _cold_wait(self, held: Held) -> bool:
+        """Start ``held``'s cold wait (bounded; the placement loop woken now); False when there is no loop
+        to place its model or cold starts are off."""
+        fleet = self.fleet
+        if not fleet.cold_start or fleet.wake is None:
+            return False
+        svc = fleet.service(held.rec.service)
+        now = fleet.events.now
+        held.deadline = now + cold_start_timeout_s(svc.cold_start_timeout_s, svc.slo.ttft_s)
+        model, rid = held.rec.model, held.rec.request_id
+        fleet.events.at(held.deadline, lambda sim, t: self._expire(model, rid, t))
+        fleet.wake(now)
+        return True
+
+    def _expire(self, model: str, request_id: str, now: float) -> None:
+        q = self.queues.get(model)
+        held = q.remove(request_id) if q is not None else None
+        if held is None:
+            return
+        waited = now - held.rec.arrival_s
+        held.rec.failed = f"no instance loaded model {model!r} within {waited:.1f}s (the cold-start timeout)"
+        if not q:
+            del self.queues[model]
+
+    def serve(self, model: str, now: float) -> None:
+        """Dispatch ``model``'s waiting arrivals, in order, while an instance can take them."""
+        fleet = self.fleet
+        q = self.queues.get(model)
+        while q:
+            held = q.peek()
+            assert held is not None
+            rec = held.rec
+            svc = fleet.service(rec.service)
+            req = fleet.dispatch_request(rec.request_id, svc, rec.prompt_tokens, held.predicted, now)
+            try:
+                iid = fleet.pick_instance(svc, req, frozenset(), late=True)
+            except (NoCandidate, Saturated):
+                return
+            q.pop()
+            fleet.admit(rec, svc, iid, held.predicted, now)
+        self.queues.pop(model, None)
+
+    def check(self, now: float) -> None:
+        """Serve the waiting arrivals of models an instance serves; those of models no instance serves or
+        loads any more start a cold wait (or fail, when none can start)."""
+        for model in list(self.queues):
+            if self.fleet.serves(model):
+                self.serve(model, now)
+            elif not self.fleet.coming(model):
+                q = self.queues[model]
+                for held in q.items():
+                    if held.deadline == float("inf") and not self._cold_wait(held):
+                        q.remove(held.rec.request_id)
+                        held.rec.failed = (
+                            f"no instance serves model {model!r}: no instance hosts it any more (its load was "
+                            "cancelled)"
+                        )
+                    else:
+                        held.reason = COLD
+                        q.set_deadline(held.rec.request_id, held.deadline)
+                if not q:
+                    del self.queues[model]
+
+    def fail_all(self, why: str) -> None:
+        """Every waiting arrival fails with ``why``."""
+        for model in list(self.queues):
+            q = self.queues.pop(model)
+            for held in q.items():
+                held.rec.failed = f"no instance serves model {model!r}: {why}"

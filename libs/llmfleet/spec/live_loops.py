@@ -1,0 +1,109 @@
+"""The live fleet's loops: the spec sections (:mod:`llmfleet.spec.sections`) with what only a live
+process needs (etcd-monitored windows, the pool's hardware, how many moves run at once, readiness) and
+the flags ``llmfleet up`` passes to each service.
+
+Where a live default differs from the simulator's (a placement leader runs every 30 s with
+hysteresis; the scheduler binds late), the value is in :mod:`llmfleet.spec.defaults` with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+import llmfleet.spec.defaults as defaults
+from llmfleet.spec.sections import CapacitySpec, DispatchSpec, MigrationSpec, PlacementSpec
+
+STATIC_POLICY = defaults.PLACEMENT_POLICY  # the placement policy that copies ``engines:`` into etcd
+
+
+def placement_policy_names() -> list[str]:
+    """Valid ``placement.policy`` values: ``static`` and every planner of the placement registry."""
+    from llmfleet.policies.placement import POLICIES
+
+    return [STATIC_POLICY, *sorted(POLICIES)]
+
+
+class PlacementConfig(PlacementSpec):
+    """The placement leader's loop. ``static`` writes the ``engines:`` lists as they are (no planner);
+    any other policy is a planner of ``llmfleet.policies.placement`` run every ``interval_s`` over the
+    monitored workload and the live engine pool (``engines:`` then only says which engines
+    ``llmfleet up`` starts and with which settings; their ``models`` are ignored)."""
+
+    policy: str = STATIC_POLICY
+    interval_s: float = Field(defaults.LIVE_PLACEMENT_INTERVAL_S, gt=0, allow_inf_nan=False)
+    # hysteresis: a changed plan is applied once the planner has proposed it this many intervals in a
+    # row (1: at once); a plan that serves an unserved model, or the first plan, is applied at once
+    confirm_intervals: int = Field(defaults.LIVE_PLACEMENT_CONFIRM_INTERVALS, ge=1)
+    hardware: str = "cpu"  # catalog hardware of the pool when engines report none (or disagree)
+    gpus_per_node: int = Field(8, ge=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in placement_policy_names():
+            raise ValueError(f"unknown placement policy {v!r}; valid: {placement_policy_names()}")
+        return v
+
+    @field_validator("window_s")
+    @classmethod
+    def _window(cls, v: float | None) -> float | None:
+        from llmfleet.monitor.window import DEFAULT_WINDOWS_S
+
+        if v is not None and v not in DEFAULT_WINDOWS_S:
+            raise ValueError(
+                f"window_s must be one of the windows the schedulers report, "
+                f"{', '.join(f'{w:g}' for w in DEFAULT_WINDOWS_S)} s; got {v:g}"
+            )
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, v: str) -> str:
+        from llmfleet.costmodel.hardware import UnknownHardware, hardware
+
+        try:
+            return hardware(v).name
+        except UnknownHardware as e:
+            raise ValueError(e.args[0]) from None
+
+
+class MigrationConfig(MigrationSpec):
+    """The migration leader's loop (``llmfleet-migration``; docs "Migration coordinator"): its policy
+    (``none``, ``mell``, ``llumnix_lb``) and options, epoch, how moves travel, and how many run at once."""
+
+    max_concurrency: int = Field(4, ge=1)
+    load_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False)  # the engines' load snapshot period
+
+    def args(self) -> list[str]:
+        """The ``llmfleet-migration`` flags for this section."""
+        return [
+            "--policy", self.policy, "--policy-options", json.dumps(self.options),
+            "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
+            "--max-concurrency", str(self.max_concurrency), "--load-interval-s", f"{self.load_interval_s:g}",
+        ]  # fmt: skip
+
+
+class SchedulerConfig(CapacitySpec):
+    """The schedulers: the default dispatch policy with its options (a service may name its own), how
+    requests wait for capacity (:class:`~llmfleet.spec.sections.CapacitySpec`), and readiness
+    (``llmfleet up`` passes these as ``llmfleet-scheduler`` flags; ``llmfleet sim --cluster-config``
+    simulates the same)."""
+
+    dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
+    ready_when: Literal["servable", "started"] = "servable"  # the scheduler's readiness
+
+    def args(self) -> list[str]:
+        """The ``llmfleet-scheduler`` flags for these settings."""
+        out = ["--binding", self.binding, "--queue-slack", str(self.queue_slack)]
+        out += ["--kv-room-fraction", str(self.kv_room_fraction), "--ready-when", self.ready_when]
+        out += ["--dispatch", self.dispatch.policy]
+        out += (
+            ["--dispatch-options", json.dumps(self.dispatch.options, sort_keys=True)]
+            if self.dispatch.options
+            else []
+        )
+        out += ["--move-queued"] if self.move_queued else []
+        return out + ([] if self.cold_start else ["--no-cold-start"])

@@ -1,0 +1,64 @@
+"""A policy bundle is the spec's sections, named; the flat keywords of earlier releases still read."""
+
+from __future__ import annotations
+
+import pytest
+from llmfleet.policies.batching import StaticBatchPolicy
+from llmfleet.policies.request.static_batches import StaticBatches
+from llmfleet.sim.bundle import PolicyBundle
+from llmfleet.sim.run import PRESETS, preset
+from llmfleet.spec import PlacementSpec
+
+
+def test_sections_from_names_mappings_or_sections() -> None:
+    b = PolicyBundle("x", "seallm", {"policy": "jsq"}, PRESETS["seallm"].engine, capacity={"binding": "late"})
+    assert b.placement == PlacementSpec(policy="seallm")
+    assert (b.dispatch.policy, b.engine.policy, b.capacity.binding) == ("jsq", "doubling_budget", "late")
+    assert PolicyBundle("y").capacity.binding == "early"  # presets bind on arrival, as the papers' systems
+
+
+def test_overrides_replace_a_section_or_update_its_fields() -> None:
+    b = preset("seallm-placement", dispatch="round_robin", placement={"interval_s": 30.0})
+    assert b.placement.policy == "seallm" and b.placement.interval_s == 30.0 and b.placement.adaptive_interval
+    assert b.dispatch.policy == "round_robin"
+    assert preset("vllm", placement=None).placement == PRESETS["vllm"].placement
+
+
+def test_a_bad_field_is_named_with_its_section() -> None:
+    with pytest.raises(ValueError, match=r"placement\.interval_s: Input should be greater than 0"):
+        PolicyBundle("x", {"interval_s": -1})
+    with pytest.raises(ValueError, match="dispatch: unknown dispatch policy 'nope'"):
+        PolicyBundle("x", dispatch="nope")
+    with pytest.raises(ValueError, match="engine: bad options for request policy 'fcfs'"):
+        PolicyBundle("x", engine={"policy": "fcfs", "options": {"batch_size": 3}})
+    with pytest.raises(TypeError, match="unexpected keyword 'placment'"):
+        PolicyBundle("x", placment="seallm")
+
+
+def test_old_keywords_warn_and_mean_what_they_meant() -> None:
+    with pytest.warns(DeprecationWarning, match=r"local=\.\.\.\) is deprecated: write engine="):
+        old = PolicyBundle("x", local="static_sls", local_options={"batch_size": 4}, placement_interval_s=5.0,
+                           dispatch_options={"seed": 1}, dispatch="power_of_two", migration_epoch_s=2.0,
+                           binding_options={"kv_fraction": 0.5})  # fmt: skip
+    new = PolicyBundle("x", {"interval_s": 5.0}, {"policy": "power_of_two", "options": {"seed": 1}},
+                       {"policy": "static_sls", "options": {"batch_size": 4, "slice_end": "recompute"}},
+                       migration={"epoch_s": 2.0}, capacity={"binding": "early", "kv_room_fraction": 0.5})  # fmt: skip
+    assert old == new
+    # the old simulator ran a static batcher on the static stepper; the new default keeps the KV
+    assert isinstance(old.local_factory()(), StaticBatchPolicy)
+    assert isinstance(PolicyBundle("z", engine="static_sls").local_factory()(), StaticBatches)
+
+
+def test_the_report_entry_names_every_section() -> None:
+    d = PRESETS["sls"].to_dict()
+    assert d["engine"] == {"policy": "static_sls", "options": {"batch_size": 16, "slice_end": "recompute"}}
+    assert set(d) == {
+        "name",
+        "description",
+        "first_plan",
+        "engine",
+        "dispatch",
+        "placement",
+        "migration",
+        "capacity",
+    }

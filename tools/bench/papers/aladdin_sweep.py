@@ -1,0 +1,250 @@
+"""The Aladdin scenario's searches: N* (Eq. 6) from the cost model, the fewest workers of a config
+reaching the target attainment (memoised simulations), and one model's sweep over its rates."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from llmfleet.costmodel import RooflineModel, model_arch
+from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
+from llmfleet.policies.placement import InstancePlan, optimal_tp
+from llmfleet.policies.placement.aladdin_workers import roofline_iteration_time, vidur_iteration_time
+from llmfleet.sim.capacity import fewest_passing
+from llmfleet.sim.run import PolicyBundle
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.types import Slo
+
+from . import common as C
+from .aladdin_setup import (
+    ENGINE,
+    GPUS_PER_MACHINE,
+    MAX_GPUS,
+    OPEN_PAPER,
+    OPEN_STRICT,
+    SEARCH_PAPER,
+    TARGET,
+    THETA,
+    THETAS,
+)
+
+
+def worker_sizes(arch, hw, slo, m_r: float) -> dict[str, int]:
+    """N* (Eq. 6) three ways: the cost source with Vidur's fitted per-iteration overhead (used), the
+    same without overhead, and with overhead but the paper's M = N·m_gpu − m_model."""
+    it = roofline_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
+    if C.COST_SOURCE == "vidur":
+        try:
+            vit = vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
+            vit(1, 1.0, 1.0)
+            it = vit
+        except LookupError:
+            pass  # no measurements for this GPU: the roofline, as the simulator does
+    kw = {"gpus_per_node": GPUS_PER_MACHINE}
+    try:
+        vidur = optimal_tp(
+            arch, hw, slo, m_r, iteration_time=vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD), **kw
+        )
+    except LookupError:
+        vidur = None
+    return {
+        "vidur_overhead": vidur,
+        "overhead": optimal_tp(arch, hw, slo, m_r, iteration_time=it, **kw),
+        "plain": optimal_tp(arch, hw, slo, m_r, **kw),
+        "paper_memory": optimal_tp(arch, hw, slo, m_r, iteration_time=it, paper_memory=True, **kw),
+    }
+
+
+def open_row(model, rate, label, policy, tp, n, cap, at, requests, tag) -> dict:
+    return {
+        "model": model, "rate_rps": rate, "config": label, "workload": f"{tag}, Poisson",
+        "cost_source": at.get("cost_source", C.COST_SOURCE), "policy": policy, "tp": tp,
+        "workers": n, "gpus": n * tp, "gpus_used": n * tp, "pool_workers": cap, "cap_reached": n >= cap,
+        "gpus_p100": n * tp if at["p100"] else None, "p100_met": bool(at["p100"]),
+        "attainment": at.get("attainment"), "ttft_p99_s": at.get("ttft_p99_s"),
+        "tpot_p99_ms": at.get("tpot_p99_ms"), "viol_ttft": at.get("viol_ttft"),
+        "viol_atgt": at.get("viol_atgt"), "preemptions": at.get("preemptions"), "plateau": None,
+        "requests": requests, "sims": 1, "tried": {str(cap): round(at["attainment"], 4)},
+    }  # fmt: skip
+
+
+class Search:
+    """Fewest workers of ``tp`` GPUs reaching the target attainment; evaluations are memoised."""
+
+    def __init__(self, model, tp, policy, wl, slo, predict, pred, hw, mode=None) -> None:
+        self.model, self.tp, self.policy, self.wl, self.mode = model, tp, policy, wl, mode or {}
+        self.slo, self.predict, self.pred, self.hw = slo, predict, pred, hw
+        self.seen: dict[int, dict] = {}
+
+    def bundle(self) -> PolicyBundle:
+        if self.policy == "aladdin_bestfit":
+            lat = {self.model: RooflineModel(model_arch(self.model), self.hw, self.tp)}
+            opts = {
+                "latency_models": lat,
+                "slos": {self.model: self.slo},
+                "predictor": self.pred,
+                "theta": THETA,
+                **self.mode,
+            }
+            return PolicyBundle(
+                "aladdin",
+                dispatch="aladdin_bestfit",
+                local="fcfs",
+                dispatch_options=opts,
+                local_options=ENGINE,
+            )
+        return PolicyBundle(self.policy, dispatch=self.policy, local="fcfs", local_options=ENGINE)
+
+    def eval(self, n: int) -> dict:
+        if n not in self.seen:
+            svc = SimService("chat", self.model, Slo(ttft_s=self.slo[0], tpot_s=self.slo[1]), max_tokens=2048)
+            spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,))
+            plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
+            e = C.simulate(spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10)
+            o = e.report["overall"]
+            used = sum(i["tp"] for i in e.result.instances if i["iterations"] > 0)
+            recs = e.result.records
+            done = [r for r in recs if r.done]
+            self.seen[n] = {
+                "viol_ttft": sum(r.ttft_s > self.slo[0] for r in done) / max(1, len(recs)),
+                "viol_atgt": sum(r.tpot_s > self.slo[1] for r in done) / max(1, len(recs)),
+                "preemptions": o["preemptions"],
+                "attainment": o["slo"]["aladdin"],
+                "gpus_used": used,
+                "ttft_p99_s": o["ttft_s"]["p99"],
+                "tpot_p99_ms": 1e3 * o["tpot_s"]["p99"],
+                "failed": o["failed"],
+                # Aladdin's attainment at P100 / P99: the percentile of max(TTFT/T_pre, ATGT/T_dec) <= 1
+                "p100": o["aladdin_at"]["p100"]["met"],
+                "p99": o["aladdin_at"]["p99"]["met"],
+                "ratio_p100": o["aladdin_at"]["p100"]["ratio"],
+                "ratio_p99": o["aladdin_at"]["p99"]["ratio"],
+                "cost_source": "/".join(sorted(set(e.report.get("cost_models", {}).values())))
+                or C.COST_SOURCE,
+            }
+        return self.seen[n]
+
+    def ok(self, n: int, key: str = "p99") -> bool:
+        if key == "p99":
+            return self.eval(n)["attainment"] >= TARGET
+        return bool(self.eval(n)[key])
+
+    def run(self, guess: int, key: str = "p99") -> int | None:
+        return fewest_passing(lambda n: self.ok(n, key), guess, max(1, MAX_GPUS // self.tp))
+
+
+def searched_row(model, rate, label, policy, tp, n, n100, at, s: Search, requests, tag) -> dict:
+    """The row of a config whose workers were searched (``n`` at P99, ``n100`` at P100; None: not found)."""
+    return {
+        "model": model,
+        "rate_rps": rate,
+        "config": label,
+        "workload": f"{tag}, Poisson",
+        "cost_source": at.get("cost_source", C.COST_SOURCE),
+        "policy": policy,
+        "tp": tp,
+        "workers": n,
+        "gpus": n * tp if n is not None else None,
+        "gpus_used": at.get("gpus_used"),
+        "gpus_p100": n100 * tp if n100 is not None else None,
+        "attainment": at.get("attainment"),
+        "ttft_p99_s": at.get("ttft_p99_s"),
+        "tpot_p99_ms": at.get("tpot_p99_ms"),
+        "viol_ttft": at.get("viol_ttft"),
+        "viol_atgt": at.get("viol_atgt"),
+        "preemptions": at.get("preemptions"),
+        "plateau": None if n is not None else max(v["attainment"] for v in s.seen.values()),
+        "requests": requests,
+        "sims": len(s.seen),
+        "tried": {str(k): round(v["attainment"], 4) for k, v in sorted(s.seen.items())},
+    }
+
+
+@dataclasses.dataclass
+class ModelSweep:
+    """One model's sweep over its rates (call :meth:`rate` in rate order): every config's GPUs at P99 and
+    P100, each search starting from the previous rate's answer scaled by the rate."""
+
+    model: str
+    mc: dict[str, Any]
+    n_star: int
+    hw: Any
+    pred: Any
+    predict: Any
+    tag: str
+    log: C.Log
+    guess: dict[str, int] = dataclasses.field(default_factory=dict)
+    prev_rate: float | None = None
+
+    def configs(self, top: bool) -> list[tuple[str, str, int, dict | None]]:
+        """(label, dispatch policy, TP, Aladdin options) of every config; at the top rate also θ and (d),
+        one factor at a time."""
+        n_star, paper_tp = self.n_star, self.mc["paper_tp"]
+        configs = [
+            ("jsq-opt", "jsq", n_star, None),
+            ("aladdin", "aladdin_bestfit", n_star, OPEN_PAPER),
+            ("aladdin-strict", "aladdin_bestfit", n_star, OPEN_STRICT),
+            ("aladdin-search", "aladdin_bestfit", n_star, SEARCH_PAPER),
+        ]
+        if n_star != GPUS_PER_MACHINE:
+            configs.append(("vllm-default", "jsq", GPUS_PER_MACHINE, None))
+        if paper_tp != n_star:
+            configs += [
+                (f"jsq@{paper_tp}gpu", "jsq", paper_tp, None),
+                (f"aladdin@{paper_tp}gpu", "aladdin_bestfit", paper_tp, OPEN_PAPER),
+            ]
+        if top:
+            configs += [
+                (f"aladdin θ={t:g}", "aladdin_bestfit", n_star, {**OPEN_PAPER, "theta": t}) for t in THETAS
+            ]
+            configs.append(("aladdin no-(d)", "aladdin_bestfit", n_star, {**OPEN_PAPER, "protect": False}))
+        return configs
+
+    def rate(self, rate: float, wl: Any, top: bool) -> list[dict]:
+        """Every config's row at one rate on the workload ``wl``."""
+        rows: list[dict] = []
+        jsq100: dict[int, int] = {}
+        for label, policy, tp, mode in self.configs(top):
+            s = Search(self.model, tp, policy, wl, self.mc["slo"], self.predict, self.pred, self.hw, mode)
+            if mode is not None and mode.get("on_infeasible") == "open":
+                rows.append(self._opened(s, rate, label, policy, jsq100, len(wl)))
+            else:
+                rows += self._searched(s, rate, label, policy, jsq100, len(wl))
+        self.prev_rate = rate
+        return rows
+
+    def _opened(self, s: Search, rate: float, label: str, policy: str, jsq100: dict, requests: int) -> dict:
+        """The paper's count: a pool larger than needed, best fit opens workers as it must."""
+        tp = s.tp
+        cap = min(MAX_GPUS // tp, max(8, 2 * jsq100.get(tp, 4) + 2))
+        at = s.eval(cap)
+        n = at["gpus_used"] // tp
+        row = open_row(self.model, rate, label, policy, tp, n, cap, at, requests, self.tag)
+        self.log(f"  aladdin {self.model} {rate:g} req/s {label:14s} TP{tp}: opened {n * tp} GPUs "
+                 f"(P100 {'met' if at['p100'] else 'not met'}, P99 {at['attainment']:.4f})")  # fmt: skip
+        return row
+
+    def _searched(
+        self, s: Search, rate: float, label: str, policy: str, jsq100: dict, requests: int
+    ) -> list[dict]:
+        """Fewest workers at P99, then at P100 (reusing the P99 evaluations)."""
+        tp = s.tp
+        base = self.guess.get(label) or self.guess.get(label.replace("aladdin-search", "jsq-opt"))
+        g = math.ceil(base * rate / self.prev_rate) if base and self.prev_rate else (base or 1)
+        n = s.run(g)
+        if n is not None:
+            self.guess[label] = n
+        n100 = s.run(n or g, "p100")  # memoised: the P100 search reuses the P99 evaluations
+        if policy == "jsq" and n100 is not None:
+            jsq100[tp] = n100
+        at = s.eval(n) if n is not None else {}
+        rows = [searched_row(self.model, rate, label, policy, tp, n, n100, at, s, requests, self.tag)]
+        if label == "jsq-opt" and self.n_star == GPUS_PER_MACHINE:
+            rows.append({**rows[-1], "config": "vllm-default", "same_as": "jsq-opt"})
+        self.log(
+            f"  aladdin {self.model} {rate:g} req/s {label:14s} TP{tp}: "
+            f"{'>' + str(MAX_GPUS) if n is None else n * tp} GPUs at P99, "
+            f"{'>' + str(MAX_GPUS) if n100 is None else n100 * tp} at P100 ({len(s.seen)} sims)"
+        )
+        return rows
