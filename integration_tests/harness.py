@@ -130,7 +130,7 @@ def launch(
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
     ``config`` replaces the default cluster config (``"{endless}"`` in a model source is the endless
-    llama); each engine gets its config's ``policy``, ``policy_options`` and limits. ``env`` goes to
+    llama); each engine gets its config's ``policy``, ``options`` and limits. ``env`` goes to
     every process (and ``llmfleet status``), ``scheduler_env`` on top of it to the scheduler. Returns once every
     process answers health and every engine has loaded its desired models."""
     models_dir = root / "models"
@@ -193,7 +193,7 @@ def launch(
                 "--threads",
                 "1",
                 "--offline",
-                *engines[eid].engine_args(),  # the config's policy, policy_options and limits
+                *engines[eid].engine_args(),  # the config's policy, options and limits
                 *engine_args,
             )
         c.wait_healthy()

@@ -30,7 +30,7 @@ CONFIG = {
         "llama2-7b": {"source": "emulated://llama2-7b", "dtype": "float16"},
         "llama2-13b": {"source": "emulated://llama2-13b", "dtype": "float16"},
     },
-    # Aladdin Eq. 7 with a demo slope: one more chat worker per 4 req/s (the README's demo value)
+    # Aladdin Eq. 7 with a demo slope: one more chat worker per 4 req/s (the demo value of docs/getting-started.md)
     "placement": {"policy": "aladdin", "interval_s": 2, "window_s": 10, "confirm_intervals": 1,
                   "options": {"k5": 0.25}},
     "emulated": {"hardware": "A100-80GB", "count": 4, "processes": 1},

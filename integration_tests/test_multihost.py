@@ -45,9 +45,7 @@ PROMPT = "A fleet that spans hosts"
 SHORT = 16
 
 CONFIG = {
-    "services": {
-        "chat": {"model": "llama", "slo": {"ttft_s": 5.0, "tpot_s": 0.5}, "max_tokens": SHORT}
-    },
+    "services": {"chat": {"model": "llama", "slo": {"ttft_s": 5.0, "tpot_s": 0.5}, "max_tokens": SHORT}},
     "models": {"llama": {"source": "{endless}"}},
     "engines": {"engine-0": {"models": ["llama"]}, "engine-1": {"models": ["llama"]}},
 }

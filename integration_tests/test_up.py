@@ -37,7 +37,7 @@ def _status(endpoints: dict) -> dict:
 
 
 def _demo_scale_out(endpoints: dict, tmp_path: Path) -> None:
-    """The README's demo: the shipped config starts one of its three engines idle (which one depends
+    """The demo of docs/getting-started.md: the shipped config starts one of its three engines idle (which one depends
     on the order the engines registered in); `llmfleet load` on chat makes the aladdin leader give it
     chat's model, and `llmfleet status` shows the decision and the pool."""
     pool = {e["engine_id"]: e for e in _status(endpoints)["fleet"]["pool"]}
@@ -83,7 +83,7 @@ def _metrics(endpoints: dict) -> None:
 
 
 def _openai(endpoints: dict, http_port: int) -> None:
-    """The scheduler's OpenAI-compatible API, with the official client, as the README shows it."""
+    """The scheduler's OpenAI-compatible API, with the official client, as docs/getting-started.md shows it."""
     import openai
 
     assert endpoints["scheduler"]["http"] == f"127.0.0.1:{http_port}"

@@ -55,7 +55,7 @@ services:
   qa:
     model: tiny-mistral
     slo: {ttft_s: 3.0, tpot_s: 0.3}
-    default_max_tokens: 16
+    max_tokens: 16
 models:
   tiny-mistral: {source: "tiny://mistral"}
 """
@@ -313,13 +313,8 @@ def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[st
         for e in engines:
             by_engine.setdefault(e, []).append(catalog[svc])
     plan = [InstancePlan(e, tuple(sorted(ms))) for e, ms in sorted(by_engine.items())]
-    p, s = config.placement, config.scheduler
-    bundle = PolicyBundle(
-        "live", placement=p.policy, dispatch="round_robin", local="fcfs", placement_options=dict(p.options),
-        placement_interval_s=p.interval_s, placement_window_s=p.window_s,
-        placement_confirm_intervals=p.confirm_intervals, binding=s.binding,
-        binding_options={"queue_slack": s.queue_slack, "kv_fraction": s.kv_room_fraction},
-    )  # fmt: skip
+    policies = config.policies()  # the cluster file's own sections, as the live fleet runs them
+    bundle = PolicyBundle("live", policies.placement, "round_robin", "fcfs", capacity=policies.capacity)
     prompt_tokens = len(PROMPT.split()) + 1  # the emulated engines' word-level tokenizer
     work = Workload(
         tuple(WorkloadRequest(f"r{i}", 0.0, prompt_tokens, 48, "chat", catalog["chat"]) for i in range(n))

@@ -53,9 +53,7 @@ from local_up import LocalUp, free_port
 
 SERVICE = "cap"
 CONFIG = {
-    "services": {
-        SERVICE: {"model": "emu-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "default_max_tokens": 16}
-    },
+    "services": {SERVICE: {"model": "emu-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "max_tokens": 16}},
     "models": {"emu-7b": {"source": "emulated://llama2-7b", "dtype": "float16", "sim_model": "llama2-7b"}},
     "placement": {"policy": "colocate_all", "interval_s": 5},
 }

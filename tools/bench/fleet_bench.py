@@ -7,7 +7,7 @@ Sections (``--only``):
   loaded, and the resident memory of every process of the cluster (etcd, schedulers, profiler,
   placement, migration, the engine hosts), summed. Goal (issue 22): ≤ 6 GiB and ≤ 60 s at 64 GPUs.
 * ``replay`` — the conv trace (``--trace``, default ../shared/traces/azure_llm_2023_conv.csv) at the
-  README's rate (4×) for 10 minutes (``--quick``: 2) on 32 emulated A100s (quick 16), once per preset
+  docs/simulator.md's rate (4×) for 10 minutes (``--quick``: 2) on 32 emulated A100s (quick 16), once per preset
   (``--preset``, default ``vllm-v0.4`` and ``seallm``; seallm places with Algorithm 1, the ``seallm``
   planner): ``llmfleet load --trace`` against the live fleet and ``llmfleet sim`` on the same trace window
   and services (``--first-plan cold``: the simulated leader starts as the live one, with no request
@@ -78,11 +78,11 @@ def preset_config(name: str, placement: str | None) -> tuple[dict, dict, str]:
     from llmfleet.sim.run import preset
 
     b = preset(name, placement=placement)
-    section = {"policy": b.placement, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
-    if b.placement_options:
-        section["options"] = b.placement_options
-    engine = {"policy": b.local, **({"policy_options": b.local_options} if b.local_options else {})}
-    return section, engine, b.dispatch
+    section = {"policy": b.placement.policy, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}
+    if b.placement.options:
+        section["options"] = b.placement.options
+    engine = {"policy": b.engine.policy, **({"options": b.engine.options} if b.engine.options else {})}
+    return section, engine, b.dispatch.policy
 
 
 def bench_replay(
@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--processes", type=int, default=None, help="startup: engine processes (4; quick 2)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument(
-        "--rate-scale", type=float, default=4.0, help="replay: the trace's rate × (the README's 4)"
+        "--rate-scale", type=float, default=4.0, help="replay: the trace's rate × (docs/simulator.md's 4)"
     )
     ap.add_argument(
         "--preset",

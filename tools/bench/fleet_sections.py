@@ -2,7 +2,7 @@
 
 * ``scaling`` — Aladdin scaling (``aladdin-scaling``: Eq. 6–7 worker count, JSQ, FCFS, planning every
   10 s over 10 s) on 16 emulated A100-80GB serving ``chat`` (Llama-2-7B), on a 4× rate step: the conv
-  trace's own rate (4 req/s) for 90 s, the README's 4× (16 req/s) for 120 s, back to 4 req/s for 120 s
+  trace's own rate (4 req/s) for 90 s, docs/simulator.md's 4× (16 req/s) for 120 s, back to 4 req/s for 120 s
   (``--quick``: 45/60/60 s). Lengths are drawn from the conv trace (``step_trace``). Goal: live GPUs
   follow the simulator's count within one planning interval, and no request is lost while the pool
   scales in.

@@ -74,7 +74,7 @@ def start_cluster(
     models_dir = root / "models"
     endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
     config = {
-        "services": {SERVICE: {"model": MODEL, "default_max_tokens": 16}},
+        "services": {SERVICE: {"model": MODEL, "max_tokens": 16}},
         "models": {MODEL: {"source": str(endless)}},
         "engines": {ENGINE_ID: {"models": [MODEL]}},
     }

@@ -54,26 +54,29 @@ def bundle(variant: str) -> PolicyBundle:
     if variant == "BF":
         return PolicyBundle("bf", "dedicated_even", "best_fit_kv", "fcfs")
     if variant == "WF":
-        return PolicyBundle("wf", "dedicated_even", "worst_fit_kv", "fcfs", dispatch_options=WF_OPTIONS)
+        return PolicyBundle("wf", "dedicated_even", {"policy": "worst_fit_kv", "options": WF_OPTIONS}, "fcfs")
     if variant == "LB":
-        return PolicyBundle(
-            "lb", "dedicated_even", "worst_fit_kv", "fcfs", dispatch_options=WF_OPTIONS,
-            migration="llumnix_lb", transfer="kv",
-        )  # fmt: skip
+        return PolicyBundle("lb", "dedicated_even", {"policy": "worst_fit_kv", "options": WF_OPTIONS}, "fcfs",
+                            migration={"policy": "llumnix_lb", "transfer": "kv"})  # fmt: skip
     if variant == "Mell":
-        return PolicyBundle("mell", "dedicated_even", "mell", "fcfs", migration="mell", transfer="hybrid")
-    if variant == "Mell+":  # beyond the paper: before Allocate opens a GPU, fill an active one (best fit)
-        return dataclasses.replace(bundle("Mell"), name="mell-fill", migration_options={"fill_first": True})
-    if variant == "Mell++":  # beyond the paper: Mell+ and, each epoch, empty one GPU into the others' room
-        return dataclasses.replace(
-            bundle("Mell"), name="mell-fill-compact", migration_options={"fill_first": True, "compact": True}
+        return PolicyBundle(
+            "mell", "dedicated_even", "mell", "fcfs", migration={"policy": "mell", "transfer": "hybrid"}
         )
+    if variant == "Mell+":  # beyond the paper: before Allocate opens a GPU, fill an active one (best fit)
+        return _mell("mell-fill", options={"fill_first": True})
+    if variant == "Mell++":  # beyond the paper: Mell+ and, each epoch, empty one GPU into the others' room
+        return _mell("mell-fill-compact", options={"fill_first": True, "compact": True})
     if variant == "Mell-nobatch":
-        return dataclasses.replace(bundle("Mell"), name="mell-nobatch", migration_options={"batching": False})
+        return _mell("mell-nobatch", options={"batching": False})
     if variant in ("Mell-kv", "Mell-tokens"):
         mode = variant.split("-")[1]
-        return dataclasses.replace(bundle("Mell"), name=f"mell-{mode}", transfer=mode)
+        return _mell(f"mell-{mode}", transfer=mode)
     raise ValueError(f"unknown variant {variant!r}")
+
+
+def _mell(name: str, **migration: object) -> PolicyBundle:
+    """Mell's bundle with its migration section's fields updated."""
+    return dataclasses.replace(bundle("Mell").with_overrides(migration=migration), name=name)
 
 
 def kv_capacity(setup: str) -> int:

@@ -26,7 +26,7 @@ The same small scenario runs on a live local cluster of three CPU engines and in
 3. **Simulation.** The identical requests (planned arrivals, engine-counted prompt lengths, output
    lengths) on ``3xcpu`` with the live engines' knobs and KV pool (``EngineSettings(kv_bytes=...)``,
    one instance per engine), ``PolicyBundle(dispatch=mell|round_robin, migration=mell|None,
-   migration_epoch_s=0.5)``.
+   migration={epoch_s: 0.5})``.
 
 Reported per variant: live vs simulated peak and time-averaged engines holding requests (over first
 arrival .. last finish), migrations executed, p50/p99 latency, requests completed (every one must
@@ -133,10 +133,8 @@ def simulate(
         f"live-{dispatch}-{policy}",
         placement="dedicated_even",
         dispatch=dispatch,
-        local="fcfs",
-        migration=None if policy == "none" else policy,
-        transfer="hybrid",
-        migration_epoch_s=EPOCH_S,
+        engine="fcfs",
+        migration={"policy": policy, "transfer": "hybrid", "epoch_s": EPOCH_S},
     )
     e = sim_run(
         spec,

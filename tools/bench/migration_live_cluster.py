@@ -40,7 +40,7 @@ def start(root: Path, models_dir: Path, s: Settings, dispatch: str, policy: str,
     if not endless.exists():
         endless = without_eos(materialize("tiny://llama", models_dir), endless)
     config = {
-        "services": {SERVICE: {"model": MODEL, "default_max_tokens": 16, "dispatch": dispatch}},
+        "services": {SERVICE: {"model": MODEL, "max_tokens": 16, "dispatch": dispatch}},
         "models": {MODEL: {"source": str(endless)}},
         "engines": {eid: {"models": [MODEL]} for eid in ENGINES},
         "migration": {"policy": policy, "epoch_s": EPOCH_S, "load_interval_s": POLL_S},

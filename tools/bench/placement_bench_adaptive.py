@@ -43,13 +43,8 @@ def adaptive_section(cfg: dict, log) -> dict:
         f"adaptive from {cfg['adaptive_start']:g} s": (cfg["adaptive_start"], True)
     }
     for name, (interval, adaptive) in variants.items():
-        b = dataclasses.replace(
-            preset("seallm"),
-            name=name,
-            placement="seallm",
-            placement_interval_s=interval,
-            adaptive_interval=adaptive,
-        )
+        placement = {"policy": "seallm", "interval_s": interval, "adaptive_interval": adaptive}
+        b = dataclasses.replace(preset("seallm", placement=placement), name=name)
         t0 = time.perf_counter()
         e = simulate(sp, wl, b, samples=20, evaluator_factory=evaluator_factory(preset("seallm")))
         m = C.metrics(e)

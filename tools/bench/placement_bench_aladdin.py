@@ -38,14 +38,9 @@ def _bundle(policy: str, tp: int, hw, pred) -> PolicyBundle:
             "predictor": pred,
             "theta": THETA,
         }
-        return PolicyBundle(
-            "aladdin",
-            dispatch="aladdin_bestfit",
-            local="fcfs",
-            local_options=ENGINE,
-            dispatch_options=opts,
-        )
-    return PolicyBundle(policy, dispatch=policy, local="fcfs", local_options=ENGINE)
+        engine = {"policy": "fcfs", "options": ENGINE}
+        return PolicyBundle("aladdin", dispatch={"policy": "aladdin_bestfit", "options": opts}, engine=engine)
+    return PolicyBundle(policy, dispatch=policy, engine={"policy": "fcfs", "options": ENGINE})
 
 
 def _sweep(cfg: dict, spec: SimSpec, test, hw, n_star: int, pred, predict, log) -> list[dict]:

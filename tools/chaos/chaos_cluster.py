@@ -86,7 +86,7 @@ class ChaosCluster:
         endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
         self.engine_ids = [f"engine-{i}" for i in range(engines)]
         config = {
-            "services": {SERVICE: {"model": MODEL, "default_max_tokens": default_max_tokens}},
+            "services": {SERVICE: {"model": MODEL, "max_tokens": default_max_tokens}},
             "models": {MODEL: {"source": str(endless)}},
             "placement": {"policy": "static"},
             "engines": {e: {"models": [MODEL]} for e in self.engine_ids},

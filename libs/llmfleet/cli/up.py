@@ -121,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--emulate", default=None, metavar="NxHARDWARE",
         help="serve on N emulated GPUs of a catalog hardware (e.g. 32xA100-80GB) instead of the config's "
-        "engines: (its emulated: section's settings apply; README 'Emulated fleet')",
+        "engines: (its emulated: section's settings apply; docs/engine.md)",
     )  # fmt: skip
     p.add_argument(
         "--emulate-processes", type=int, default=None, metavar="K",
@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--api-keys", default=None,
-        help="the scheduler (gRPC and HTTP) accepts only these API keys (YAML file, see README)",
+        help="the scheduler (gRPC and HTTP) accepts only these API keys (YAML file, see docs/api.md)",
     )  # fmt: skip
 
 

@@ -186,8 +186,7 @@ def _engine_plans(
 def cpu_threads_each(config: ClusterConfig, cores: int | None = None) -> int:
     """Torch threads for each CPU engine ``up`` starts without its own ``threads``: the host's cores
     shared among the CPU engines, at least one each. Each engine taking every core (torch's default)
-    oversubscribes the host: on 2 cores, two engines ran a burst 3.4x slower than one (README
-    "Requests wait for capacity")."""
+    oversubscribes the host: on 2 cores, two engines ran a burst 3.4x slower than one (docs/benchmarks/burst.md)."""
     n = sum(1 for e in config.engines.values() if e.device == "cpu")
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return max(1, cores // max(1, n))

@@ -236,7 +236,7 @@ class AsyncClient:
     arrive exactly once.
 
     ``multiplex`` (default): every stream to a replica rides one ``SubmitMany`` call (tokens in
-    batches; README "Control-plane capacity"); off, or while tracing is on, a ``Submit`` call each.
+    batches; docs/architecture.md, the data path); off, or while tracing is on, a ``Submit`` call each.
     ``spread``: requests go round-robin over all the replicas (several scheduler processes share the
     load) instead of to one; a replica that fails is left out for a few seconds.
     """

@@ -1,6 +1,6 @@
 """``migration_state``: what the migration leader decided, for the schedulers and a successor.
 
-Ownership (README "Migration coordinator"): the placement leader decides which models each engine
+Ownership (docs/migration.md): the placement leader decides which models each engine
 hosts (``placement/{engine}``); among the engines hosting a model, the migration leader decides which
 are **active** — receive new requests — and where running requests live. It writes one key,
 ``{prefix}/migration_state``, fenced by its leader lease: the epoch counter (a successor continues it,

@@ -71,7 +71,7 @@ class PlacementConfig(PlacementSpec):
 
 
 class MigrationConfig(MigrationSpec):
-    """The migration leader's loop (``llmfleet-migration``; docs "Migration coordinator"): its policy
+    """The migration leader's loop (``llmfleet-migration``; docs/migration.md): its policy
     (``none``, ``mell``, ``llumnix_lb``) and options, epoch, how moves travel, and how many run at once."""
 
     max_concurrency: int = Field(4, ge=1)

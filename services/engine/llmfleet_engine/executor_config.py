@@ -12,7 +12,7 @@ from llmfleet.engine_core import EngineLimits
 @dataclass(frozen=True)
 class ExecutorConfig(EngineLimits):
     """Executor knobs: the shared :class:`EngineLimits` (CPU-friendly defaults) plus the node's own
-    (see the README's engine section for how they interact)."""
+    (see docs/engine.md for how they interact)."""
 
     max_batch_requests: int = 32
     max_prefill_tokens: int = 4096

@@ -87,14 +87,11 @@ class Search:
                 "theta": THETA,
                 **self.mode,
             }
+            engine = {"policy": "fcfs", "options": ENGINE}
             return PolicyBundle(
-                "aladdin",
-                dispatch="aladdin_bestfit",
-                local="fcfs",
-                dispatch_options=opts,
-                local_options=ENGINE,
+                "aladdin", dispatch={"policy": "aladdin_bestfit", "options": opts}, engine=engine
             )
-        return PolicyBundle(self.policy, dispatch=self.policy, local="fcfs", local_options=ENGINE)
+        return PolicyBundle(self.policy, dispatch=self.policy, engine={"policy": "fcfs", "options": ENGINE})
 
     def eval(self, n: int) -> dict:
         if n not in self.seen:

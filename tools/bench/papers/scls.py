@@ -61,33 +61,33 @@ def policies() -> list[tuple[PolicyBundle, EngineSettings]]:
     slc = {"slice_iterations": SLICE}
     return [
         (
-            PolicyBundle("scls", dispatch="scls_central",
-                         dispatch_options={**slc, "slice_end": "recompute"},
+            PolicyBundle("scls", dispatch={"policy": "scls_central", "options": {**slc, "slice_end": "recompute"}},
                          description="SCLS (the paper): central pool, DP batches every interval "
                          "T = max(λ·min load, Γ = 6 s), max-min offload, recompute at a slice end"),
             CENTRAL_ENGINE,
         ),
         (
-            PolicyBundle("scls-keep", dispatch="scls_central",
-                         dispatch_options={**slc, "slice_end": "keep", "keep_affinity": True},
+            PolicyBundle("scls-keep", dispatch={"policy": "scls_central",
+                                                "options": {**slc, "slice_end": "keep", "keep_affinity": True}},
                          description="SCLS central, KV kept across slices when re-batched on the same GPU "
                          "(our extension)"),
             CENTRAL_ENGINE,
         ),
         (
-            PolicyBundle("scls-local", dispatch="scls_maxmin", local="scls", local_options=slc,
-                         dispatch_options=slc,
+            PolicyBundle("scls-local", dispatch={"policy": "scls_maxmin", "options": slc},
+                         engine={"policy": "scls", "options": {**slc, "slice_end": "recompute"}},
                          description="SCLS per engine: each engine's DP over its own queue when idle, "
                          "requests max-min dispatched on arrival (the pre-central variant)"),
             STATIC_ENGINE,
         ),
         (
-            PolicyBundle("sls", dispatch="round_robin", local="static_sls", local_options={"batch_size": 16},
+            PolicyBundle("sls", dispatch="round_robin",
+                         engine={"policy": "static_sls", "options": {"batch_size": 16, "slice_end": "recompute"}},
                          description="SLS: FCFS static batches of 16, round robin"),
             STATIC_ENGINE,
         ),
         (
-            PolicyBundle("cb", dispatch="round_robin", local="fcfs",
+            PolicyBundle("cb", dispatch="round_robin", engine="fcfs",
                          description="continuous batching (FCFS, mixed iterations as FastGen's SplitFuse), round robin"),
             EngineSettings(),
         ),

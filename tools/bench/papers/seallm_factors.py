@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     equal = {s: 1.0 / len(S.SERVICES) for s in S.SERVICES}
     vllm = S.vllm()
     fixed = S.seallm_fixed()
-    fcfs = dataclasses.replace(fixed, name="seallm-fcfs", local=vllm.local, local_options=vllm.local_options)
+    fcfs = dataclasses.replace(fixed.with_overrides(engine=vllm.engine), name="seallm-fcfs")
     conv = C.conv_trace()
     short = S.length_pools(sharegpt_conv(len(conv)), sp)
     demand = [

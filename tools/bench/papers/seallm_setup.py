@@ -140,5 +140,5 @@ def seallm_fixed() -> PolicyBundle:
 def seallm(processes: int = 1) -> tuple[PolicyBundle, Callable]:
     """The ``seallm-placement`` preset (Algorithm 1 ≤ 2 services per engine, Eq. 8) and the factory of
     the simulator that scores its candidate plans (with the preset's own engines and dispatch)."""
-    b = preset("seallm-placement", placement_options={"max_services": (2,)})
+    b = preset("seallm-placement", placement={"options": {"max_services": (2,)}})
     return b, evaluator_factory(b, processes=processes)

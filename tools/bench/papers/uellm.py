@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from llmfleet.policies.batching import POLICIES as STATIC_BATCHERS
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
@@ -62,7 +63,11 @@ def settings(quick: bool, tiny: bool) -> dict:
 
 
 def _bundle(name: str, local: str, **opts) -> PolicyBundle:
-    return PolicyBundle(name, dispatch="round_robin", local=local, local_options=opts)
+    """The engine policy ``local`` with ``opts``; a static batcher as the paper ran it (recompute at a
+    slice end, on the static stepper)."""
+    if local in STATIC_BATCHERS:
+        opts = {"slice_end": "recompute", **opts}
+    return PolicyBundle(name, dispatch="round_robin", engine={"policy": local, "options": opts})
 
 
 BATCHERS = {

@@ -56,7 +56,7 @@ def start_cluster(root: Path, s: Settings, log: Any) -> LocalCluster:
     models_dir = root / "models"
     endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
     config = {
-        "services": {SERVICE: {"model": MODEL, "default_max_tokens": s.output_max}},
+        "services": {SERVICE: {"model": MODEL, "max_tokens": s.output_max}},
         "models": {MODEL: {"source": str(endless)}},
         "engines": {ENGINE_ID: {"models": [MODEL]}},
     }

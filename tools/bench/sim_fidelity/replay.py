@@ -253,7 +253,7 @@ def simulate(
     exp = sim_run(
         spec,
         workload,
-        PolicyBundle("fidelity", placement="dedicated_even", dispatch="round_robin", local="fcfs"),
+        PolicyBundle("fidelity", placement="dedicated_even", dispatch="round_robin", engine="fcfs"),
         records=[record],
         plan=[InstancePlan(ENGINE_ID, (MODEL,), 1)],
     )

@@ -42,7 +42,7 @@ SLO-ODBS degenerates to earliest-deadline batches of 10.
 
 (The alternative of each term alone reaching Θ at the reference, i.e. twice these L1 and L2, halves the
 batches of the loose half of the SLO range: on the UELLM benchmark it had 2.4× the mean latency of this
-calibration at 16 req/s, 54.4 s against 23.1 s; see the README's UELLM notes.)
+calibration at 16 req/s, 54.4 s against 23.1 s; see docs/benchmarks/papers.md, UELLM.)
 
 CM-based batch size (listing lines 17/24/26)
 --------------------------------------------

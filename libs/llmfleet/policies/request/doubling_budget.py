@@ -18,7 +18,7 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
   overshoot off the new budget (Q_r ← Q_r + 2^k (L̂_s + σ_s), repeated while Q_r ≤ 0; after k renewals
   Q_r = (2^{k+1} − 1)(L̂_s + σ_s) − executed time). It did not measure clearly better on the SeaLLM
   benchmark (normalized latency within 1–4% of reset at every rate, lower at three of the four loaded
-  rates; see the README's notes), so it is an option only.
+  rates; see docs/benchmarks/placement.md), so it is an option only.
 * Starvation: a service is starving when one of its requests has made no progress for longer than the
   service's threshold (config per service; default ``starvation_factor`` × L̂_s = 100 L̂_s; the paper
   gives no value). L̂_s is the single-request time, which a request under colocated, batched load
