@@ -9,14 +9,11 @@ every member was preempted runs nothing: the policy is asked again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.engine_core.stepper import SteppedCore
 from llmfleet.kvblocks import OutOfBlocks
 from llmfleet.policies.batching.base import StaticBatch
-
-if TYPE_CHECKING:
-    from llmfleet.engine_core.core import EngineCore
 
 
 class ContinuousStepper:
@@ -31,14 +28,14 @@ class ContinuousStepper:
     def dropped(self, r: CoreRequest) -> None:
         pass  # no state of its own
 
-    def schedule(self, core: EngineCore, now: float) -> StepPlan | None:
+    def schedule(self, core: SteppedCore, now: float) -> StepPlan | None:
         while True:
             before = (core.preemptions, len(core.waiting))
             plan = self._schedule_once(core, now)
             if plan is not None or (core.preemptions, len(core.waiting)) == before:
                 return plan
 
-    def _schedule_once(self, core: EngineCore, now: float) -> StepPlan | None:
+    def _schedule_once(self, core: SteppedCore, now: float) -> StepPlan | None:
         ws, rs = core.visible()
         scheds_w = [r.sched for r in ws]
         scheds_r = [r.sched for r in rs]
@@ -97,7 +94,7 @@ class ContinuousStepper:
         )  # fmt: skip
 
     @staticmethod
-    def _resolve(core: EngineCore, ids: Sequence[str]) -> list[CoreRequest]:
+    def _resolve(core: SteppedCore, ids: Sequence[str]) -> list[CoreRequest]:
         out = []
         for rid in ids:
             r = core.waiting.get(rid) or core.running.get(rid)
@@ -108,7 +105,7 @@ class ContinuousStepper:
 
     def _append_or_preempt(
         self,
-        core: EngineCore,
+        core: SteppedCore,
         r: CoreRequest,
         members: list[CoreRequest],
         preempted: list[CoreRequest],
@@ -128,7 +125,7 @@ class ContinuousStepper:
                     return False
 
     @staticmethod
-    def _preempt(core: EngineCore, r: CoreRequest, now: float) -> None:
+    def _preempt(core: SteppedCore, r: CoreRequest, now: float) -> None:
         """Preemption by recompute: drop the KV, fold the output into the prompt, back to waiting."""
         rid = r.sched.request_id
         core.alloc.free(rid)
@@ -138,7 +135,7 @@ class ContinuousStepper:
         core.preemptions += 1
         core.enqueue(r, now)
 
-    def complete(self, core: EngineCore, plan: StepPlan, end: StepEnd) -> StepResult:
+    def complete(self, core: SteppedCore, plan: StepPlan, end: StepEnd) -> StepResult:
         now, durations, produced = end.now, end.durations, end.produced
         k = plan.iterations
         members = plan.members

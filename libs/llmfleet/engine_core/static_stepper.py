@@ -6,14 +6,10 @@ re-queued to be re-prefilled with prompt + output so far."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.engine_core.stepper import SteppedCore
 from llmfleet.kvblocks import OutOfBlocks
 from llmfleet.policies.batching.base import StaticBatch
-
-if TYPE_CHECKING:
-    from llmfleet.engine_core.core import EngineCore
 
 
 class StaticStepper:
@@ -34,7 +30,7 @@ class StaticStepper:
             self.rows = [x for x in self.rows if x is not r]
             self.done.discard(r.sched.request_id)
 
-    def schedule(self, core: EngineCore, now: float) -> StepPlan | None:
+    def schedule(self, core: SteppedCore, now: float) -> StepPlan | None:
         if self.batch is not None:
             plan = self._decode(core)
             if plan is not None:
@@ -71,7 +67,7 @@ class StaticStepper:
             scheds_w, [], static=True, rows=list(rows), padded_len=longest,
         )  # fmt: skip
 
-    def _decode(self, core: EngineCore) -> StepPlan | None:
+    def _decode(self, core: SteppedCore) -> StepPlan | None:
         rows = self.rows
         try:
             core.alloc.grow_each([r.sched.request_id for r in rows], 1)
@@ -85,7 +81,7 @@ class StaticStepper:
             static=True, rows=list(rows), padded_len=self.longest,
         )  # fmt: skip
 
-    def steps_left(self, core: EngineCore, plan: StepPlan, cap: int | None = None) -> int:
+    def steps_left(self, core: SteppedCore, plan: StepPlan, cap: int | None = None) -> int:
         """Iterations the static batch may run from ``plan`` on (``cap``, the slice limit and the KV)."""
         sb = self.batch
         assert plan.static and sb is not None
@@ -96,7 +92,7 @@ class StaticStepper:
             left = min(left, sb.max_iterations - self.iterations)
         return core.kv_bound(plan.rows, max(1, left))
 
-    def complete(self, core: EngineCore, plan: StepPlan, end: StepEnd) -> StepResult:
+    def complete(self, core: SteppedCore, plan: StepPlan, end: StepEnd) -> StepResult:
         now, durations, produced = end.now, end.durations, end.produced
         k = plan.iterations
         dur = float(durations) if isinstance(durations, float | int) else float(sum(durations))
@@ -129,7 +125,7 @@ class StaticStepper:
         requeued = self._end(core, now)
         return StepResult(done, requeued, rows)
 
-    def _end(self, core: EngineCore, now: float) -> list[CoreRequest]:
+    def _end(self, core: SteppedCore, now: float) -> list[CoreRequest]:
         """Batch end: every row frees its padded KV; finished rows leave, the others are re-queued."""
         sb, rows = self.batch, self.rows
         assert sb is not None

@@ -9,17 +9,45 @@ counters), so one is built before its core and chosen when the core is built
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
-from llmfleet.policies.batching.base import StaticBatch
+from llmfleet.kvblocks import BlockAllocator
+from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
+from llmfleet.policies.request.base import BatchLimits, PoolView, RequestPolicy, SchedRequest
 
-if TYPE_CHECKING:
-    from llmfleet.engine_core.core import EngineCore
+
+class SteppedCore(Protocol):
+    """What a stepper may use of the :class:`~llmfleet.engine_core.core.EngineCore` it steps: its
+    request table and queues, the allocator, the policy, the counters and a few helpers."""
+
+    alloc: BlockAllocator
+    policy: RequestPolicy | StaticBatchPolicy
+    batch_limits: BatchLimits
+    requests: dict[str, CoreRequest]
+    waiting: dict[str, CoreRequest]
+    running: dict[str, CoreRequest]
+    preemptions: int
+    requeues: int
+    run_charged: bool
+
+    @property
+    def paused_count(self) -> int: ...
+
+    def pool_view(self) -> PoolView: ...
+
+    def visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]: ...
+
+    def enqueue(self, r: CoreRequest, now: float) -> None: ...
+
+    def fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None: ...
+
+    def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int: ...
 
 
 class Stepper(Protocol):
-    """One iteration's choice and effects, for an :class:`EngineCore`."""
+    """One iteration's choice and effects, for an engine core (:class:`SteppedCore`)."""
 
     static: bool  # plans are static-batch plans (padded rows)
 
@@ -28,12 +56,12 @@ class Stepper(Protocol):
         """The static batch in progress (None between batches, and always for a continuous stepper)."""
         ...
 
-    def schedule(self, core: EngineCore, now: float) -> StepPlan | None:
+    def schedule(self, core: SteppedCore, now: float) -> StepPlan | None:
         """The next step with its KV slots set up; None when nothing can run now."""
         ...
 
-    def complete(self, core: EngineCore, plan: StepPlan, end: StepEnd) -> StepResult:
-        """Apply ``plan``, which ended as ``end`` says (see :meth:`EngineCore.complete`)."""
+    def complete(self, core: SteppedCore, plan: StepPlan, end: StepEnd) -> StepResult:
+        """Apply ``plan``, which ended as ``end`` says (see :meth:`~llmfleet.engine_core.core.EngineCore.complete`)."""
         ...
 
     def dropped(self, r: CoreRequest) -> None:

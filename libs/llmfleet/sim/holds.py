@@ -13,14 +13,11 @@ dispatched in the :class:`~llmfleet.policies.capacity.HoldQueue` order; no reque
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from llmfleet.policies.capacity import HoldQueue, cold_start_timeout_s
 from llmfleet.policies.dispatch import HostList, NoCandidate
+from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
-
-if TYPE_CHECKING:
-    from llmfleet.sim.fleet import Fleet
 
 COLD, SATURATED = "cold", "saturated"
 
@@ -44,7 +41,7 @@ class Holds:
     """Per model, the arrivals waiting for capacity; it reads the fleet's capacity settings (``binding``,
     ``saturation``, ``cold_start``, ``wake``) and places requests through its public API."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: FleetView) -> None:
         self.fleet = fleet
         self.queues: dict[str, HoldQueue[Held]] = {}  # model -> arrivals waiting for capacity
 

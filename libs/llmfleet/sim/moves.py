@@ -9,22 +9,18 @@ dispatched again among the instances serving it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.dispatch import NoCandidate
 from llmfleet.sim.events import MOVE, EventQueue
+from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.instance import SimInstance, record_of
-
-if TYPE_CHECKING:
-    from llmfleet.sim.fleet import Fleet
 
 
 class Moves:
     """The requests in transit: how many, which re-prefill on landing; it moves them through ``fleet``'s
     public API."""
 
-    def __init__(self, fleet: Fleet, events: EventQueue) -> None:
+    def __init__(self, fleet: FleetView, events: EventQueue) -> None:
         self.fleet = fleet
         self.events = events
         self.moving = 0  # requests on their way (a MOVE event pending)
@@ -33,7 +29,7 @@ class Moves:
     def move_request(
         self, request_id: str, instance_id: str, transfer_s: float, now: float, *, reprefill: bool = False
     ) -> bool:
-        """See :meth:`Fleet.move_request`."""
+        """See :meth:`~llmfleet.sim.fleet.Fleet.move_request`."""
         fleet = self.fleet
         src = fleet.locate(request_id)
         dst = fleet.instances.get(instance_id)

@@ -18,28 +18,31 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmfleet_engine.stream import ChunkSink, LoopWaker, SinkItem
 from llmfleet_engine.text import TextStream
 
-if TYPE_CHECKING:
-    from llmfleet_engine.live_request import LiveRequest
+
+class Streamed(Protocol):
+    """What delivery needs of a request: its output's way to the consumer (a ``LiveRequest``)."""
+
+    sink: ChunkSink
 
 
 class Delivery:
     """Wakes consumers for the worker thread ``worker`` (set by the executor). ``on_dead_loop`` gets the
     requests whose event loop is gone (nobody will read them)."""
 
-    def __init__(self, on_dead_loop: Callable[[list[LiveRequest]], None], interval_s: float = 0.0) -> None:
+    def __init__(self, on_dead_loop: Callable[[list[Streamed]], None], interval_s: float = 0.0) -> None:
         self.worker: threading.Thread | None = None
         self.interval_s = interval_s
         self._on_dead_loop = on_dead_loop
         self._lock = threading.Lock()
         self._wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWaker]
         self._wakers = weakref.WeakKeyDictionary()
-        self._batch: list[LiveRequest] | None = None  # given output during the iteration in progress
-        self._held: list[LiveRequest] = []  # given output, consumers not woken yet (stream interval)
+        self._batch: list[Streamed] | None = None  # given output during the iteration in progress
+        self._held: list[Streamed] = []  # given output, consumers not woken yet (stream interval)
         self._urgent = False
         self._last = 0.0
 
@@ -53,7 +56,7 @@ class Delivery:
         return ChunkSink(request_id, waker, text, index)
 
     # ------------------------------------------------------------------ worker iterations
-    def begin(self) -> list[LiveRequest]:
+    def begin(self) -> list[Streamed]:
         """(worker) An iteration starts; returns the list to append requests given output to."""
         self._batch = []
         return self._batch
@@ -82,7 +85,7 @@ class Delivery:
             self.deliver(held)
 
     # -------------------------------------------------------------------------- any thread
-    def emit(self, state: LiveRequest, item: SinkItem, urgent: bool = False) -> None:
+    def emit(self, state: Streamed, item: SinkItem, urgent: bool = False) -> None:
         """Hand ``item`` to ``state``'s consumer: with the iteration's batch on the worker, else now."""
         state.sink.items.append(item)
         if self._batch is not None and threading.current_thread() is self.worker:
@@ -91,7 +94,7 @@ class Delivery:
             return
         self.deliver([state])
 
-    def deliver(self, states: list[LiveRequest]) -> None:
+    def deliver(self, states: list[Streamed]) -> None:
         """Wake the consumers of ``states``: one ``call_soon_threadsafe`` per event loop."""
         first = states[0].sink.waker
         if all(s.sink.waker is first for s in states):

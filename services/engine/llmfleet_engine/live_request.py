@@ -12,7 +12,7 @@ from llmfleet.engine_core import CoreRequest, StepPlan
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.request import SchedRequest
 
-from llmfleet_engine.model_host import HostedModel
+from llmfleet_engine.hosted_model import HostedModel
 from llmfleet_engine.native.runner import SeqStep
 from llmfleet_engine.outputs import EngineUsage, FinishReason
 from llmfleet_engine.sampling import make_generator

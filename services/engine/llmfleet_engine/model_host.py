@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from llmfleet.engine_core import EngineCore
@@ -28,6 +28,7 @@ from llmfleet.kvblocks import KvShape, OutOfBlocks
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.executor_config import ExecutorConfig
+from llmfleet_engine.hosted_model import HostedModel
 from llmfleet_engine.memory import RESERVED_MODEL, KvPool, peak_activation_bytes
 from llmfleet_engine.models import LoadedModel, ModelLoadError, load_model
 from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
@@ -61,15 +62,6 @@ class DrainBook:
         self.evictions[request_id] = reason
         while len(self.evictions) > MAX_EVICTIONS:
             self.evictions.popitem(last=False)
-
-
-@dataclass(eq=False)
-class HostedModel:
-    loaded: LoadedModel
-    runner: Any  # PagedRunner (native) or the emulated engine's step pricer
-    shape: KvShape
-    tokens_per_block: int
-    reserved_bytes: int
 
 
 @dataclass(eq=False)

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmfleet.costmodel import ModelArch
+from llmfleet.costmodel import CostBook, LinearCost, ModelArch
 from llmfleet.costmodel import memory as cost_memory
 from llmfleet.engine_core import StepPlan
 from llmfleet.kvblocks import KvShape
-from llmfleet.sim.cost import CostBook, LinearCost
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.emulated.catalog import emulated_model, resolve_arch
@@ -19,7 +18,7 @@ from llmfleet_engine.model_host import ModelHost
 from llmfleet_engine.models import LoadedModel
 
 if TYPE_CHECKING:
-    from llmfleet_engine.emulated.executor import EmulatedConfig
+    from llmfleet_engine.emulated.config import EmulatedConfig
 
 
 @dataclass(frozen=True)
