@@ -7,6 +7,7 @@ PYTHON        := $(BIN)/python
 STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
+TEST_WORKERS  ?= 2
 
 .PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
@@ -52,11 +53,17 @@ protos-check: $(STAMP)
 run: setup
 	$(BIN)/llmfleet up $(RUN_ARGS)
 
+# The unit half runs on TEST_WORKERS processes (pytest-xdist; 0: in this process), the integration half
+# in one (its clusters time themselves); fails when either half fails. Exit 5 (nothing selected, e.g.
+# a -k matching one half only) counts as passed unless both halves selected nothing.
 test: setup
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	@u=0; $(PYTHON) -m pytest libs/tests services -n $(TEST_WORKERS) $(PYTEST_ARGS) || u=$$?; \
+	i=0; $(PYTHON) -m pytest integration_tests $(PYTEST_ARGS) || i=$$?; \
+	echo "make test: unit exit $$u, integration exit $$i"; \
+	case "$$u$$i" in 00|05|50) exit 0;; *) exit 1;; esac
 
 test-unit: setup
-	$(PYTHON) -m pytest libs/tests services $(PYTEST_ARGS)
+	$(PYTHON) -m pytest libs/tests services -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
