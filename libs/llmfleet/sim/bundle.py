@@ -153,13 +153,9 @@ class PolicyBundle:
 
     @classmethod
     def of(cls, name: str, policies: FleetPolicies, **kw: Any) -> PolicyBundle:
-        """The bundle running ``policies`` (e.g. a cluster file's, :func:`llmfleet.spec.from_cluster`)."""
+        """The bundle running ``policies`` (e.g. a cluster file's, :meth:`llmfleet.config.ClusterConfig.policies`)."""
         return cls(name, policies.placement, policies.dispatch, policies.engine, policies.migration,
                    policies.capacity, **kw)  # fmt: skip
-
-    def policies(self) -> FleetPolicies:
-        return FleetPolicies(engine=self.engine, dispatch=self.dispatch, placement=self.placement,
-                             migration=self.migration, capacity=self.capacity)  # fmt: skip
 
     def with_overrides(self, **sections: Any) -> PolicyBundle:
         """A copy with each given section replaced (a section or a policy name) or, for a mapping,

@@ -2,8 +2,8 @@
 cluster file holds (engine, dispatch, placement, migration, capacity) with one spelling each.
 
 The live config (:class:`llmfleet.config.ClusterConfig`) embeds these sections; ``llmfleet sim
---cluster-config`` reads the same file into the same sections (:func:`llmfleet.spec.from_cluster.
-policies_of`), so both sides build the same policy objects with the same options.
+--cluster-config`` reads the same file into the same sections
+(:meth:`llmfleet.config.ClusterConfig.policies`), so both sides build the same policy objects with the same options.
 """
 
 from llmfleet.spec.sections import (
