@@ -110,3 +110,21 @@ def test_simulator_and_its_inputs_do_no_service_io():
                 offenders.append(f"{name} imports {imp}")
     assert not offenders, offenders
     assert any(m.startswith("llmfleet.sim.") for m in modules())
+
+
+def test_control_plane_processes_do_not_import_scipy_optimize():
+    """scipy.optimize costs about a second per process start (the CLI runs once per command, the
+    integration tests start hundreds of processes): only code that fits a curve imports it, on use."""
+    import subprocess
+    import sys
+
+    mods = [
+        "llmfleet.cli.main",
+        "llmfleet_scheduler.main",
+        "llmfleet_placement.main",
+        "llmfleet_migration.main",
+    ]
+    code = f"import sys\nfor m in {mods!r}: __import__(m)\nprint('scipy.optimize' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

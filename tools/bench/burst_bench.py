@@ -245,6 +245,11 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
         watch = HostWatch(up.scheduler, "chat").start(t0)
         results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * n, 48))
         timeline = watch.stop()
+        # each request's times (from the burst's start), for a look at how each engine's batches formed
+        (up.dir / "requests.json").write_text(
+            json.dumps([{**r, "sent": r["sent"] - t0, "done": r.get("done", t0) - t0} for r in results])
+            + "\n"
+        )
         report = outcome(results)
         # the scheduler relays every token: its CPU over the burst against the burst's length shows
         # whether it (not the engines) bounds the throughput
@@ -349,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         "--emulate", nargs="+", default=["3xA100-80GB", "3xL4"],
         help="emulated pools of the emulated burst, one scenario each (default 3xA100-80GB 3xL4)",
     )  # fmt: skip
+    ap.add_argument(
+        "--arms", nargs="+", choices=BURST_ARMS, default=None,
+        help="run only these arms (default: all; a ratio needs today's arm in the same run)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     only = set(args.only or ("cold", "after_up", "burst", "emulated"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -364,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in scenarios:
         report[name] = {}
         for arm in ARMS if name in ("cold", "after_up") else BURST_ARMS:
+            if args.arms is not None and arm not in args.arms:
+                continue
             print(f"[{name}] {arm} ...", flush=True)
             if name == "cold":
                 r = bench_cold(args.out, base, arm)

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit, linprog, lsq_linear
 
 
 class FitError(ValueError):
@@ -117,6 +116,8 @@ def fit_linear(
     diag(1/y) with ``relative`` (see the module docstring)."""
     a, b, w, scale = _prepare(design, y, names, what, relative)
     lower = np.where(np.asarray(nonneg, dtype=bool), 0.0, -np.inf)
+    from scipy.optimize import lsq_linear  # scipy.optimize takes ~1 s to import: only where a fit runs
+
     res = lsq_linear(
         a * w[:, None] / scale, b * w, bounds=(lower, np.full(len(names), np.inf)), method="bvls"
     )
@@ -147,6 +148,8 @@ def fit_curve(
         return scaled[idx.astype(int)] @ np.asarray(theta)
 
     x = np.arange(len(b), dtype=float)
+    from scipy.optimize import curve_fit
+
     theta, _ = curve_fit(
         model,
         x,
@@ -173,6 +176,8 @@ def min_max_rel_error(design: Sequence[Sequence[float]], y: Sequence[float], non
     aw = a * w[:, None] / scale  # rows divided by y: the constraints read |aw·φ − 1| ≤ t
     n, k = aw.shape
     ones = np.ones((n, 1))
+    from scipy.optimize import linprog
+
     res = linprog(
         c=np.r_[np.zeros(k), 1.0],
         A_ub=np.vstack([np.hstack([aw, -ones]), np.hstack([-aw, -ones])]),

@@ -57,10 +57,18 @@ from importlib import resources
 from itertools import combinations
 
 import numpy as np
-from scipy.optimize import nnls
 
 from llmfleet.costmodel.hardware import Hardware
 from llmfleet.costmodel.models import ModelArch
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """scipy's non-negative least squares, imported on first use (scipy.optimize takes about a second
+    to import, and most processes that price iterations never fit a Vidur curve)."""
+    from scipy.optimize import nnls as scipy_nnls
+
+    return scipy_nnls(a, b)
+
 
 FRAMEWORK_OVERHEAD_S = 2.0e-3
 """Fixed per-iteration framework overhead (scheduling, input preparation, sampling, output processing),
