@@ -111,7 +111,7 @@ class Cluster:
         return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        self.procs.stop_all(grace=10)
+        self.procs.stop_all(grace=10, together=True)
         self.etcd.stop()
 
 

@@ -67,5 +67,5 @@ def test_service_survives_etcd_absent_at_start(tmp_path):
                 assert time.monotonic() < deadline, child.log_tail()
                 time.sleep(0.3)
         finally:
-            group.stop_all(grace=10)
+            group.stop_all(grace=10, together=True)
             etcd.stop()

@@ -64,7 +64,7 @@ def engines(tmp_path_factory, request):
             group.wait_healthy(name, addr, timeout=90)
         yield addresses, model_dir
     finally:
-        group.stop_all(grace=10)
+        group.stop_all(grace=10, together=True)
 
 
 async def wait_model(address: str) -> None:

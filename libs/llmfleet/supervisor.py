@@ -273,10 +273,22 @@ class ProcessGroup:
         child.signal(sig)
         return child.wait() if wait else None
 
-    def stop_all(self, grace: float = 10.0) -> None:
-        """Stop every child in reverse start order: SIGTERM, then SIGKILL after ``grace`` seconds each."""
-        for child in reversed(list(self._children.values())):
-            self._stop(child, grace)
+    def stop_all(self, grace: float = 10.0, together: bool = False) -> None:
+        """Stop every child in reverse start order: SIGTERM, then SIGKILL after ``grace`` seconds each.
+        ``together``: SIGTERM them all at once and wait for them in parallel (``grace`` seconds in all
+        before the stragglers are killed); for a cluster being torn down, where no child needs another
+        to outlive it (each service's own shutdown takes up to a few seconds, so one by one adds up)."""
+        children = list(reversed(list(self._children.values())))
+        if not together:
+            for child in children:
+                self._stop(child, grace)
+            return
+        for child in children:
+            if child.alive:
+                child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in children:
+            self._stop(child, max(0.05, deadline - time.monotonic()), signalled=True)
 
     def close(self) -> None:
         """stop_all(0) and drop temporary log files."""
@@ -286,10 +298,11 @@ class ProcessGroup:
             self._tmp = None
 
     @staticmethod
-    def _stop(child: Child, grace: float) -> int | None:
+    def _stop(child: Child, grace: float, signalled: bool = False) -> int | None:
         if not child.alive:
             return child.returncode
-        child.signal(signal.SIGTERM)
+        if not signalled:
+            child.signal(signal.SIGTERM)
         rc = child.wait(grace) if grace > 0 else child.wait(0.05)
         if rc is None:
             log.warning("%s (pid %d) ignored SIGTERM for %.1fs; killing it", child.name, child.pid, grace)

@@ -150,7 +150,7 @@ class ChaosCluster:
             if node.name in self.group and self.group[node.name].alive:
                 self.group[node.name].signal(signal.SIGCONT)
         try:
-            self.group.stop_all(grace=10)
+            self.group.stop_all(grace=10, together=True)
         finally:
             self.etcd.stop()
 

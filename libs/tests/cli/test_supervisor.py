@@ -75,6 +75,32 @@ def test_stop_all_reverse_order_and_sigkill_escalation(tmp_path: Path, gone: Cal
     assert all(gone(c.pid) for c in children)
 
 
+def test_stop_all_together_signals_every_child_without_waiting_for_a_slow_one(
+    tmp_path: Path, gone: Callable[..., bool]
+) -> None:
+    import threading
+
+    term_log = tmp_path / "terms.txt"
+    group = ProcessGroup(log_dir=tmp_path)
+    children = []
+    for name in ("a", "b", "c"):
+        port = free_port()
+        extra = ["--term-log", str(term_log)] + (["--ignore-term"] if name == "b" else [])
+        children.append(group.spawn(name, health_child(name, port, *extra)))
+        group.wait_healthy(name, f"127.0.0.1:{port}", timeout=30)
+    stopper = threading.Thread(target=group.stop_all, kwargs={"grace": 6.0, "together": True})
+    stopper.start()
+    # one by one, "a" would get its SIGTERM only once "b" had ignored its own for the whole grace
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline and not (term_log.exists() and "a" in term_log.read_text().split()):
+        time.sleep(0.05)
+    assert sorted(term_log.read_text().split()) == ["a", "b", "c"]
+    assert stopper.is_alive()  # still waiting out b's grace
+    stopper.join(30)
+    assert [c.returncode for c in children] == [0, -signal.SIGKILL, 0]
+    assert all(gone(c.pid) for c in children)
+
+
 def test_kill_poll_exited_and_restart(tmp_path: Path) -> None:
     with ProcessGroup(log_dir=tmp_path) as group:
         port = free_port()
