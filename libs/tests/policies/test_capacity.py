@@ -30,7 +30,15 @@ def test_without_a_batch_size_only_the_engine_queue_counts() -> None:
     s = Saturation(queue_slack=2)
     assert s.has_room(cand(running=0, waiting=1))
     assert not s.has_room(cand(running=0, waiting=2))
-    assert not Saturation(queue_slack=0).has_room(cand(running=1))  # at least one may always be queued
+    # at least one may always be queued, whatever runs
+    assert Saturation(queue_slack=0).has_room(cand(running=5))
+    assert not Saturation(queue_slack=0).has_room(cand(running=5, waiting=1))
+
+
+def test_the_default_slack_holds_every_request_past_the_batch() -> None:
+    s = Saturation()
+    assert s.has_room(cand(running=7, max_running=8))
+    assert not s.has_room(cand(running=8, max_running=8))
 
 
 def test_a_nearly_full_kv_pool_has_no_room_counting_queued_prompts() -> None:

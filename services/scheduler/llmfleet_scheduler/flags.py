@@ -8,6 +8,7 @@ import argparse
 from llmfleet.policies.capacity import BINDINGS
 from llmfleet.policies.dispatch import POLICIES
 from llmfleet.rpc.cli_args import json_object
+from llmfleet.spec import defaults
 
 from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING
 from llmfleet_scheduler.engine_links import MUX, PATHS
@@ -89,7 +90,7 @@ def add_capacity_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--binding",
         choices=BINDINGS,
-        default="late",
+        default=defaults.BINDING,
         help="late: hold a request in the scheduler while every engine hosting its model is saturated "
         "(its queue past its batch + --queue-slack, or its KV past --kv-room-fraction), and dispatch it "
         "when one has room; early: bind every request to an engine on arrival (the queue stays there)",
@@ -104,13 +105,13 @@ def add_capacity_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--queue-slack",
         type=int,
-        default=4,
+        default=defaults.QUEUE_SLACK,
         help="late binding: requests an engine may queue beyond its batch",
     )
     g.add_argument(
         "--kv-room-fraction",
         type=float,
-        default=0.95,
+        default=defaults.KV_ROOM_FRACTION,
         help="late binding: an engine whose KV (used + queued prompts) is past this share has no room",
     )
     g.add_argument(
