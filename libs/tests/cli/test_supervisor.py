@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,8 +59,8 @@ def test_health_timeout_includes_log_tail(tmp_path: Path, gone: Callable[..., bo
     assert gone(child.pid)
 
 
-def test_stop_all_reverse_order_and_sigkill_escalation(tmp_path: Path, gone: Callable[..., bool]) -> None:
-    term_log = tmp_path / "terms.txt"
+def _three_children(tmp_path: Path, term_log: Path) -> tuple[ProcessGroup, list]:
+    """Children a, b, c, healthy, logging each SIGTERM they get to ``term_log``; b ignores it."""
     group = ProcessGroup(log_dir=tmp_path)
     children = []
     for name in ("a", "b", "c"):
@@ -67,6 +68,12 @@ def test_stop_all_reverse_order_and_sigkill_escalation(tmp_path: Path, gone: Cal
         extra = ["--term-log", str(term_log)] + (["--ignore-term"] if name == "b" else [])
         children.append(group.spawn(name, health_child(name, port, *extra)))
         group.wait_healthy(name, f"127.0.0.1:{port}", timeout=30)
+    return group, children
+
+
+def test_stop_all_reverse_order_and_sigkill_escalation(tmp_path: Path, gone: Callable[..., bool]) -> None:
+    term_log = tmp_path / "terms.txt"
+    group, children = _three_children(tmp_path, term_log)
     t0 = time.monotonic()
     group.stop_all(grace=0.5)
     assert time.monotonic() - t0 < 10
@@ -78,16 +85,8 @@ def test_stop_all_reverse_order_and_sigkill_escalation(tmp_path: Path, gone: Cal
 def test_stop_all_together_signals_every_child_without_waiting_for_a_slow_one(
     tmp_path: Path, gone: Callable[..., bool]
 ) -> None:
-    import threading
-
     term_log = tmp_path / "terms.txt"
-    group = ProcessGroup(log_dir=tmp_path)
-    children = []
-    for name in ("a", "b", "c"):
-        port = free_port()
-        extra = ["--term-log", str(term_log)] + (["--ignore-term"] if name == "b" else [])
-        children.append(group.spawn(name, health_child(name, port, *extra)))
-        group.wait_healthy(name, f"127.0.0.1:{port}", timeout=30)
+    group, children = _three_children(tmp_path, term_log)
     stopper = threading.Thread(target=group.stop_all, kwargs={"grace": 6.0, "together": True})
     stopper.start()
     # one by one, "a" would get its SIGTERM only once "b" had ignored its own for the whole grace
