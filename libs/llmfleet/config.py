@@ -214,6 +214,7 @@ class ClusterConfig(BaseModel):
                 priority=s.priority,
                 default_max_tokens=s.max_tokens,
                 dispatch=s.dispatch,
+                dispatch_options=dict(s.dispatch_options),
                 predict=s.predict,
                 max_waiting=s.max_waiting,
                 max_queued_tokens=s.max_queued_tokens,
@@ -239,10 +240,13 @@ class ClusterConfig(BaseModel):
                 )
         dispatch = self.scheduler.dispatch
         for name, svc in sorted(self.services.items()):
-            if svc.dispatch and svc.dispatch != dispatch.policy:
+            if svc.dispatch and (svc.dispatch, dict(svc.dispatch_options)) != (
+                dispatch.policy,
+                dispatch.options,
+            ):
                 raise ValueError(
-                    f"the simulator runs one dispatch policy: service {name!r} dispatches by {svc.dispatch!r}, "
-                    f"the schedulers by {dispatch.policy!r}"
+                    f"the simulator runs one dispatch policy: service {name!r} dispatches by {svc.dispatch!r} "
+                    f"{dict(svc.dispatch_options)}, the schedulers by {dispatch.policy!r} {dispatch.options}"
                 )
         capacity = self.scheduler.model_dump(exclude={"dispatch", "ready_when"})
         sections = {"placement": self.placement.model_dump(exclude={"hardware", "gpus_per_node"}),

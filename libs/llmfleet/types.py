@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
@@ -94,6 +94,9 @@ class ServiceSpec:
     priority: int = 0
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # the service's max_tokens (llmfleet.spec)
     dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
+    # the constructor options of the service's own dispatch policy (the default's come from the
+    # scheduler's --dispatch-options); compared, never hashed
+    dispatch_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
     # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request
     # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound

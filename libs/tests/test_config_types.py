@@ -209,3 +209,45 @@ def test_migration_section(tmp_path):
         ValueError, match=r"unknown migration policy 'pack'; valid: \['llumnix_lb', 'mell', 'none'\]"
     ):
         ClusterConfig.load(p)
+
+
+@pytest.mark.parametrize(
+    "dispatch",
+    [
+        {"dispatch": "power_of_two", "dispatch_options": {"seed": 7}},
+        {"dispatch": {"policy": "power_of_two", "options": {"seed": 7}}},  # the section spelling
+    ],
+)
+def test_a_service_names_its_dispatch_policy_with_options(tmp_path, dispatch):
+    doc = config()
+    doc["services"]["chat"] = {"model": "m", **dispatch}
+    (spec,) = ClusterConfig.load(write(tmp_path, doc)).service_specs()
+    assert (spec.dispatch, spec.dispatch_options) == ("power_of_two", {"seed": 7})
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "message"),
+    [
+        ({"dispatch_options": {"seed": 7}}, "services.chat: dispatch_options needs the service's own dispatch "
+                                            "policy (dispatch: ...); the scheduler's default policy takes "
+                                            "scheduler.dispatch.options"),
+        ({"dispatch": "power_of_two", "dispatch_options": {"bogus": 1}},
+         "services.chat: dispatch_options: bad options for dispatch policy 'power_of_two'"),
+        ({"dispatch": {"policy": "jsq", "opts": {}}}, "services.chat: dispatch: unknown keys ['opts']"),
+    ],
+)  # fmt: skip
+def test_bad_service_dispatch_options_name_the_key(tmp_path, dispatch, message):
+    doc = config()
+    doc["services"]["chat"] = {"model": "m", **dispatch}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig.load(write(tmp_path, doc))
+
+
+def test_the_simulator_refuses_a_service_whose_dispatch_options_differ(tmp_path):
+    doc = config()
+    doc["services"]["chat"] = {"model": "m", "dispatch": "round_robin"}
+    ClusterConfig.load(write(tmp_path, doc)).policies()  # the schedulers' policy, no options: the same
+    doc["services"]["chat"] = {"model": "m", "dispatch": {"policy": "power_of_two", "options": {"seed": 7}}}
+    doc["scheduler"] = {"dispatch": "power_of_two"}
+    with pytest.raises(ValueError, match=r"service 'chat' dispatches by 'power_of_two' \{'seed': 7\}"):
+        ClusterConfig.load(write(tmp_path, doc)).policies()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
 from llmfleet.spec.legacy import renamed
+from llmfleet.spec.validation import validation_message
 from llmfleet.types import DEFAULT_SLO, Slo
 
 _STRICT = ConfigDict(extra="forbid")  # a misspelt key is an error naming it, not silently ignored
@@ -45,7 +46,10 @@ class ServiceConfig(BaseModel):
     slo: SloConfig = Field(default_factory=SloConfig)
     priority: int = 0
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, gt=0)  # the output cap of a request that sets none
-    dispatch: str = ""  # dispatch policy name for this service; "" = the scheduler's --dispatch
+    # the service's own dispatch policy ("" = the scheduler's, with scheduler.dispatch.options), and its
+    # constructor options; also written as one section, dispatch: {policy: jsq, options: {...}}
+    dispatch: str = ""
+    dispatch_options: dict[str, Any] = Field(default_factory=dict)
     # predict output lengths before dispatch (for engines whose static batcher orders by length);
     # dispatch policies that read predictions get them regardless
     predict: bool = False
@@ -63,6 +67,18 @@ class ServiceConfig(BaseModel):
     def _moved_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "deadline_s" in data:
             raise ValueError("deadline_s is part of the SLO now: write slo: {deadline_s: ...}")
+        if isinstance(data, dict) and isinstance(data.get("dispatch"), dict):  # the section spelling
+            section = dict(data["dispatch"])
+            unknown = set(section) - {"policy", "options"}
+            if unknown:
+                raise ValueError(f"dispatch: unknown keys {sorted(unknown)}; valid: ['options', 'policy']")
+            if "dispatch_options" in data:
+                raise ValueError("dispatch: give the options in the section or as dispatch_options, not both")
+            data = {
+                **data,
+                "dispatch": section.get("policy", ""),
+                "dispatch_options": section.get("options") or {},
+            }
         return renamed(data, "default_max_tokens", "max_tokens", "services.<name>")
 
     @property
@@ -78,6 +94,27 @@ class ServiceConfig(BaseModel):
         if v and v not in POLICIES and v not in SCHEDULER_MODES:
             raise ValueError(f"unknown dispatch policy {v!r}; valid: {sorted([*POLICIES, *SCHEDULER_MODES])}")
         return v
+
+    @model_validator(mode="after")
+    def _dispatch_options(self) -> ServiceConfig:
+        """Options are checked by building the policy with them (a bad one is named); the scheduler's
+        default policy takes ``scheduler.dispatch.options`` instead."""
+        if not self.dispatch_options:
+            return self
+        if not self.dispatch:
+            raise ValueError(
+                "dispatch_options needs the service's own dispatch policy (dispatch: ...); the "
+                "scheduler's default policy takes scheduler.dispatch.options"
+            )
+        from llmfleet.spec.sections import DispatchSpec
+
+        try:
+            DispatchSpec(policy=self.dispatch, options=self.dispatch_options)
+        except ValidationError as e:
+            raise ValueError(f"dispatch_options: {validation_message(e)}") from None
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"dispatch_options: {e}") from None
+        return self
 
 
 class ModelConfig(BaseModel):

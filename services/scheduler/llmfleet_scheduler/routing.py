@@ -82,7 +82,7 @@ class DispatchRouter:
     # the default policy's constructor options (--dispatch-options); a service naming its own policy
     # builds it without them
     default_options: Mapping[str, Any] = field(default_factory=dict)
-    _policies: dict[tuple[str, str], DispatchPolicy] = field(default_factory=dict)
+    _policies: dict[tuple[str, str, str], DispatchPolicy] = field(default_factory=dict)
 
     def check_default(self) -> None:
         """ValueError when the default policy cannot run here (it reads load and none comes in), or
@@ -120,10 +120,14 @@ class DispatchRouter:
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
         """The service's policy object (ValueError when it cannot be built or cannot run here)."""
         name = self.name_for(spec)
-        key = (spec.name, name)
+        options = spec.dispatch_options if spec.dispatch else self.default_options
+        key = (
+            spec.name,
+            name,
+            json.dumps(dict(options), sort_keys=True, default=str),
+        )  # an apply may change them
         policy = self._policies.get(key)
         if policy is None:
-            options = self.default_options if not spec.dispatch else {}
             policy = make_dispatch_policy(name, self.context(name, spec), **options)
             if isinstance(policy, MellDispatch) and self.mell_view is not None:
                 policy.view_source = self.mell_view  # arrivals go where the leader's Allocate would put them

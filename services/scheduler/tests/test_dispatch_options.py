@@ -46,3 +46,24 @@ def test_bad_json_is_a_usage_error_naming_the_flag(text, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--dispatch-options", text])
     assert "--dispatch-options" in capsys.readouterr().err
+
+
+def test_a_service_naming_its_own_policy_gets_its_own_options():
+    router = DispatchRouter("worst_fit_kv", default_options={"active_only": True})
+    spec = ServiceSpec("b", "tiny-llama", dispatch="worst_fit_kv", dispatch_options={"active_only": False})
+    own = router.for_service(spec)
+    assert own.active_only is False  # the service's options, not the default's
+    assert router.for_service(spec) is own
+    # `llmfleet apply` changed the options: the policy is built again with the new ones
+    again = router.for_service(
+        ServiceSpec("b", "tiny-llama", dispatch="worst_fit_kv", dispatch_options={"active_only": True})
+    )
+    assert again is not own and again.active_only is True
+
+
+def test_service_dispatch_options_travel_through_etcd_json():
+    spec = ServiceSpec("b", "tiny-llama", dispatch="power_of_two", dispatch_options={"seed": 7})
+    back = ServiceSpec.from_json(spec.to_json())
+    assert back == spec and back.dispatch_options == {"seed": 7}
+    # what an older writer stored (no dispatch_options) reads as no options
+    assert ServiceSpec.from_json(b'{"name": "b", "model": "m", "dispatch": "jsq"}').dispatch_options == {}
