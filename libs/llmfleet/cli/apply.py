@@ -1,8 +1,8 @@
 """``llmfleet apply -f FILE``: add or change services (and the models they use) at runtime.
 
-FILE has the cluster file's ``services:`` mapping (name -> model, slo, priority, default_max_tokens,
-dispatch, dispatch_options, predict) and optionally its ``models:`` mapping (name -> source, dtype, sim_model), checked
-by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
+FILE has the cluster file's ``services:`` mapping (name -> model, slo, priority, max_tokens, dispatch,
+dispatch_options, predict, ...) and optionally its ``models:`` mapping (name -> source, dtype,
+sim_model), checked by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
 be greater than 0``). A whole cluster file can be applied too: its ``engines:``, ``placement:``,
 ``migration:``, ``scheduler:`` and ``emulated:`` are bootstrap-only and ignored (with a note).
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
 from llmfleet.spec.legacy import renamed
+from llmfleet.spec.sections import DispatchSpec
 from llmfleet.spec.validation import validation_message
 from llmfleet.types import DEFAULT_SLO, Slo
 
@@ -106,8 +107,6 @@ class ServiceConfig(BaseModel):
                 "dispatch_options needs the service's own dispatch policy (dispatch: ...); the "
                 "scheduler's default policy takes scheduler.dispatch.options"
             )
-        from llmfleet.spec.sections import DispatchSpec
-
         try:
             DispatchSpec(policy=self.dispatch, options=self.dispatch_options)
         except ValidationError as e:

@@ -29,8 +29,8 @@ BINDINGS = ("early", "late")
 
 @dataclass(frozen=True)
 class Saturation:
-    """``queue_slack``: requests an engine may hold waiting beyond its batch; ``kv_fraction``: the share of its KV pool (used plus what
-    its queued prompts will take) past which it has no room."""
+    """``queue_slack``: requests an engine may hold waiting beyond its batch; ``kv_fraction``: the
+    share of its KV pool (used plus what its queued prompts will take) past which it has no room."""
 
     queue_slack: int = 0
     kv_fraction: float = 0.95
