@@ -20,7 +20,7 @@ MIGRATION_POLICY = "none"
 MIGRATION_EPOCH_S = 1.0
 TRANSFER = "hybrid"
 BINDING = "late"  # requests wait in the scheduler while every engine of their model is saturated
-QUEUE_SLACK = 0  # late binding holds every request past an engine's batch (docs/benchmarks/burst.md)
+QUEUE_SLACK = 4  # requests an engine may queue past its batch under late binding (docs/benchmarks/burst.md)
 KV_ROOM_FRACTION = 0.95
 
 # Where the simulator's presets differ, and why: they reproduce the papers' systems, which plan once

@@ -35,8 +35,8 @@ def test_without_a_batch_size_only_the_engine_queue_counts() -> None:
     assert not Saturation(queue_slack=0).has_room(cand(running=5, waiting=1))
 
 
-def test_the_default_slack_holds_every_request_past_the_batch() -> None:
-    s = Saturation()
+def test_slack_zero_holds_every_request_past_the_batch() -> None:
+    s = Saturation(queue_slack=0)
     assert s.has_room(cand(running=7, max_running=8))
     assert not s.has_room(cand(running=8, max_running=8))
 
