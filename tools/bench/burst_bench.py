@@ -299,38 +299,47 @@ def _hosts(up: LocalUp) -> dict[str, list[str]]:
         return {s.name: sorted(s.engines) for s in client.list_services()}
 
 
-def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], n: int) -> dict:
-    """The emulated burst in the simulator: the config's services and placement, the live initial
-    plan (which models each engine hosted before the burst), late binding as configured."""
+def burst_sim(cfg: dict, pool: str, plan: Any, rows: list[tuple[int, int]]) -> Any:
+    """The burst ``rows`` ((prompt, output) tokens, all at t = 0, to ``chat``) in the simulator: the
+    config's services and policy sections as the live fleet runs them, ``pool`` (``3xL4``) as tp-1
+    engines, starting from ``plan`` (InstancePlans); the simulation's result."""
     from llmfleet.config import ClusterConfig
-    from llmfleet.policies.placement import InstancePlan
     from llmfleet.sim.run import PolicyBundle, simulate
     from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
     from llmfleet.workload import Workload, WorkloadRequest
 
     config = ClusterConfig.model_validate(cfg)
     services, engine = from_cluster_config(config)
-    cluster = ClusterSpec.parse(f"{gpus}x{hardware}")
+    cluster = ClusterSpec.parse(pool)
     spec = SimSpec(ClusterSpec(cluster.count, cluster.hw, engine_gpus=1), services, engine)  # tp-1 engines
+    policies = config.policies()  # the cluster file's own sections, as the live fleet runs them
+    bundle = PolicyBundle("live", policies.placement, "round_robin", "fcfs", capacity=policies.capacity)
+    chat = config.models[config.services["chat"].model].sim_model
+    work = Workload(tuple(WorkloadRequest(f"r{i}", 0.0, p, o, "chat", chat) for i, (p, o) in enumerate(rows)))
+    return simulate(spec, work, bundle, plan=plan, samples=50).result
+
+
+def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], n: int) -> dict:
+    """The emulated burst in the simulator: the config's services and placement, the live initial
+    plan (which models each engine hosted before the burst), late binding as configured."""
+    from llmfleet.config import ClusterConfig
+    from llmfleet.policies.placement import InstancePlan
+
+    config = ClusterConfig.model_validate(cfg)
     catalog = {name: config.models[s.model].sim_model for name, s in config.services.items()}
     by_engine: dict[str, list[str]] = {}
     for svc, engines in hosts.items():
         for e in engines:
             by_engine.setdefault(e, []).append(catalog[svc])
     plan = [InstancePlan(e, tuple(sorted(ms))) for e, ms in sorted(by_engine.items())]
-    policies = config.policies()  # the cluster file's own sections, as the live fleet runs them
-    bundle = PolicyBundle("live", policies.placement, "round_robin", "fcfs", capacity=policies.capacity)
     prompt_tokens = len(PROMPT.split()) + 1  # the emulated engines' word-level tokenizer
-    work = Workload(
-        tuple(WorkloadRequest(f"r{i}", 0.0, prompt_tokens, 48, "chat", catalog["chat"]) for i in range(n))
-    )
-    exp = simulate(spec, work, bundle, plan=plan, samples=50)
-    lat = [r.latency_s for r in exp.result.records if r.done]
-    over_time = [(round(d["t"], 2), _count(d["plan"], catalog["chat"])) for d in exp.result.placement]
+    result = burst_sim(cfg, f"{gpus}x{hardware}", plan, [(prompt_tokens, 48)] * n)
+    lat = [r.latency_s for r in result.records if r.done]
+    over_time = [(round(d["t"], 2), _count(d["plan"], catalog["chat"])) for d in result.placement]
     return {
         "latency_p50_s": pct(lat, 50), "latency_p99_s": pct(lat, 99), "completed": len(lat),
         "chat_engines_over_time": [(0.0, len(hosts.get("chat", []))), *over_time],
-        "decisions": [{k: d[k] for k in ("t", "plan", "status")} for d in exp.result.placement],
+        "decisions": [{k: d[k] for k in ("t", "plan", "status")} for d in result.placement],
     }  # fmt: skip
 
 

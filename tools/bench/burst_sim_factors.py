@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT
+from burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT, burst_sim
 
 L4 = "3xL4"
 CHAT, SUMMARIZE = ("llama2-7b",), ("opt-6.7b",)
@@ -32,11 +32,7 @@ def run(
     scheduler: dict[str, Any], rows: list[tuple[int, int]], plan: tuple, engine: dict | None = None
 ) -> dict[str, float]:
     """Makespan, output tokens/s and p50/p99 latency of one simulated burst."""
-    from llmfleet.config import ClusterConfig
     from llmfleet.policies.placement import InstancePlan
-    from llmfleet.sim.run import PolicyBundle, simulate
-    from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
-    from llmfleet.workload import Workload, WorkloadRequest
 
     doc = {**yaml.safe_load(DEFAULT_CONFIG.read_text()), "models": copy.deepcopy(EMULATED_MODELS)}
     doc["scheduler"] = {**doc.get("scheduler", {}), **scheduler}
@@ -44,17 +40,8 @@ def run(
         doc["engines"] = {name: dict(engine) for name in doc["engines"]}
     if plan == BOTH_UP:  # the plan stays: the loop never plans again
         doc["placement"] = {**doc["placement"], "interval_s": 1e6}
-    config = ClusterConfig.model_validate(doc)
-    services, engine_spec = from_cluster_config(config)
-    cluster = ClusterSpec.parse(L4)
-    spec = SimSpec(ClusterSpec(cluster.count, cluster.hw, engine_gpus=1), services, engine_spec)
-    policies = config.policies()
-    bundle = PolicyBundle("live", policies.placement, "round_robin", "fcfs", capacity=policies.capacity)
-    work = Workload(
-        tuple(WorkloadRequest(f"r{i}", 0.0, p, o, "chat", CHAT[0]) for i, (p, o) in enumerate(rows))
-    )
     instances = [InstancePlan(f"e{i}", models) for i, models in enumerate(plan)]
-    records = [r for r in simulate(spec, work, bundle, plan=instances).result.records if r.done]
+    records = [r for r in burst_sim(doc, L4, instances, rows).records if r.done]
     end = max(r.arrival_s + r.latency_s for r in records)
     lat = np.array([r.latency_s for r in records])
     return {

@@ -82,7 +82,7 @@ class DispatchRouter:
     # the default policy's constructor options (--dispatch-options); a service naming its own policy
     # builds it without them
     default_options: Mapping[str, Any] = field(default_factory=dict)
-    _policies: dict[tuple[str, str, str], DispatchPolicy] = field(default_factory=dict)
+    _policies: dict[tuple[str, str], tuple[DispatchPolicy, dict[str, Any]]] = field(default_factory=dict)
 
     def check_default(self) -> None:
         """ValueError when the default policy cannot run here (it reads load and none comes in), or
@@ -115,23 +115,20 @@ class DispatchRouter:
 
     def policies(self) -> list[DispatchPolicy]:
         """The policy objects built so far (one per service and policy name)."""
-        return list(self._policies.values())
+        return [policy for policy, _ in self._policies.values()]
 
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
         """The service's policy object (ValueError when it cannot be built or cannot run here)."""
         name = self.name_for(spec)
         options = spec.dispatch_options if spec.dispatch else self.default_options
-        key = (
-            spec.name,
-            name,
-            json.dumps(dict(options), sort_keys=True, default=str),
-        )  # an apply may change them
-        policy = self._policies.get(key)
-        if policy is None:
-            policy = make_dispatch_policy(name, self.context(name, spec), **options)
-            if isinstance(policy, MellDispatch) and self.mell_view is not None:
-                policy.view_source = self.mell_view  # arrivals go where the leader's Allocate would put them
-            self._policies[key] = policy
+        key = (spec.name, name)
+        built = self._policies.get(key)
+        if built is not None and built[1] == options:  # a dict compare per request: an apply may change them
+            return built[0]
+        policy = make_dispatch_policy(name, self.context(name, spec), **options)
+        if isinstance(policy, MellDispatch) and self.mell_view is not None:
+            policy.view_source = self.mell_view  # arrivals go where the leader's Allocate would put them
+        self._policies[key] = (policy, dict(options))
         return policy
 
     def context(self, name: str, spec: ServiceSpec) -> DispatchContext:

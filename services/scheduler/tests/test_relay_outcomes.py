@@ -333,7 +333,7 @@ async def test_rebalance_moves_a_request_not_started_and_records_a_move():
     directory = ClusterDirectory(StaticView({"s": ServiceSpec("s", M)}), StaticView(nodes))
     policy = Planner()
     router = FixedRouter(policy)
-    router._policies[("s", "planner", "{}")] = policy  # what for_service would have cached
+    router._policies[("s", "planner")] = (policy, {})  # what for_service would have cached
     relay = Relay(directory, router, predict_mode="never")
     started: set[str] = set()
     rebalance = LiveRebalance(router, relay, directory, lambda rid: rid in started)
