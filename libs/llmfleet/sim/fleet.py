@@ -25,9 +25,8 @@ Its public API:
     :meth:`Fleet.load_time_s` later. A new KV pool is sized for each resident set (:meth:`SimInstance.rehost`).
   - :meth:`Fleet.retire_instance` removes every model; once empty the instance gives its GPUs back.
 
-An instance counts its GPUs from when it takes them until it gives them back (``gpu_log``). Capacity
-settings (``binding``, ``saturation``, ``cold_start``, ``wake``) say when arrivals wait
-(:mod:`llmfleet.sim.holds`).
+An instance counts its GPUs from when it takes them until it gives them back (``gpu_log``).
+``binding``, ``saturation``, ``cold_start``, ``wake`` say when arrivals wait (:mod:`llmfleet.sim.holds`).
 """
 
 from __future__ import annotations
@@ -73,6 +72,7 @@ class Fleet:
         self.spec, self.cost, self.dispatch, self.events = spec, cost, dispatch, events
         self.archs: dict[str, ModelArch] = spec.archs()
         self.kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in self.archs.items()}
+        self.reference_tp = spec.reference_tps()  # solo times (normalized latency) at this TP per model
         self._make_policy = make_policy
         # KV-aware dispatchers read kv_used, which a chunk only updates at its end: no chunks then.
         self._fast_forward = fast_forward and not dispatch.needs.reads_kv
@@ -252,8 +252,8 @@ class Fleet:
     ) -> None:
         """Hand an arrived request to instance ``iid`` at ``now``."""
         inst = self.instances[iid]
-        rec.instance = iid
-        rec.solo_s = self.cost.solo_time(svc.model, inst.tp, rec.prompt_tokens, rec.output_tokens)
+        rec.instance, ref = iid, self.reference_tp[svc.model]
+        rec.solo_s = self.cost.solo_time(svc.model, ref, rec.prompt_tokens, rec.output_tokens)
         deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
         inst.admit(rec, svc.max_tokens, now, predicted, deadline)
         self._where[rec.request_id] = inst

@@ -2,7 +2,8 @@
 
 Per request: TTFT, TPOT (= Aladdin's ATGT: (finish − first token)/(l_out − 1), 0 for one token),
 end-to-end latency, normalized latency L_r / L̂_s (SeaLLM: L̂_s = the service's mean execution time,
-the mean of its requests' solo times). SLO attainment, each paper's definition (a failed request misses
+the mean of its requests' solo times at the model's fixed reference TP, ``SimSpec.reference_tps``, so
+that every system compared on the same requests has the same denominator). SLO attainment, each paper's definition (a failed request misses
 every SLO):
 
 - ``aladdin``: TTFT ≤ T_pre and ATGT ≤ T_dec (services whose ``slo`` sets ``ttft_s`` and ``tpot_s``)

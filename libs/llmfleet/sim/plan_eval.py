@@ -34,7 +34,6 @@ from llmfleet.costmodel import ProfileRecord
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.policies.dispatch import make_dispatch_policy
 from llmfleet.policies.placement.base import GpuPool, InstancePlan, PlanScore
-from llmfleet.policies.placement.dedicated_even import smallest_tp
 from llmfleet.policies.placement.evaluator import WindowRequest
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import slo_met
@@ -62,11 +61,7 @@ class _Scorer:
         self.requests = list(requests)
         self.bundle = bundle
         self.cost = CostBook.build(spec.cluster.hw, spec.archs(), records, spec.cost_source)
-        hw = spec.cluster.hw
-        self.min_tp = {
-            m: smallest_tp(a.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node
-            for m, a in spec.archs().items()
-        }
+        self.min_tp = spec.reference_tps()
 
     def score(self, plan: Sequence[InstancePlan]) -> PlanScore:
         spec, svc = self.spec, {s.name: s for s in self.spec.services}

@@ -17,7 +17,7 @@ class RequestRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     produced: int = 0  # output tokens generated so far (kept across preemptions)
-    solo_s: float = 0.0  # execution time alone on its instance (cost model)
+    solo_s: float = 0.0  # execution time alone at the model's reference TP (Fleet.solo_time)
     preemptions: int = 0
     moves: int = 0
     requeues: int = 0  # static batching: times it went back to the queue/pool unfinished (slice or OOM end)

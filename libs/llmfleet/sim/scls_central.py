@@ -181,7 +181,9 @@ class SclsCentral:
             sim.fleet.track(rec.request_id, inst)
             if p.core is None:
                 if rec.solo_s == 0.0:
-                    rec.solo_s = sim.cost.solo_time(rec.model, inst.tp, rec.prompt_tokens, rec.output_tokens)
+                    rec.solo_s = sim.cost.solo_time(
+                        rec.model, sim.fleet.reference_tp[rec.model], rec.prompt_tokens, rec.output_tokens
+                    )
                 deadline = rec.arrival_s + p.svc.deadline_s if p.svc.deadline_s is not None else None
                 inst.admit(rec, p.svc.max_tokens, now, p.predicted, deadline)
             else:

@@ -123,6 +123,19 @@ class SimSpec:
     def archs(self) -> dict[str, ModelArch]:
         return {m: model_arch(m) for m in self.models}
 
+    def reference_tps(self) -> dict[str, int]:
+        """Per model, the TP of the execution time normalized latency divides by: the smallest power of
+        two whose GPUs hold the weights (1 for a model that fits one GPU, as SeaLLM profiles "on one
+        GPU", §4), on the cluster's hardware. The same for every system compared on the spec, so the
+        denominator does not move with a system's own tensor parallelism."""
+        from llmfleet.policies.placement.dedicated_even import smallest_tp  # policies import sim types
+
+        hw = self.cluster.hw
+        return {
+            m: smallest_tp(a.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node
+            for m, a in self.archs().items()
+        }
+
     def service(self, name: str) -> SimService:
         for s in self.services:
             if s.name == name:

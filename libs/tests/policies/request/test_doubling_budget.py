@@ -19,7 +19,9 @@ def d(rid, service="short", arrival=0.0, prompt=15, model=None):
 
 
 def policy(short=(0.1, 0.02), long=(1.0, 0.2), **kw):
-    """DB whose service stats have exactly these (L̂, σ): two samples m ± σ/√2 per service."""
+    """DB whose service stats have exactly these (L̂, σ): two samples m ± σ/√2 per service (Algorithm 2
+    as printed unless ``admission`` is given)."""
+    kw.setdefault("admission", "literal")
     p = DoublingBudget(**kw)
     for svc, (mean, std) in (("short", short), ("long", long)):
         # two samples m ± s/√2 have mean m and sample std s
@@ -309,3 +311,69 @@ def test_default_solo_cost_is_the_one_gpu_roofline_the_simulator_uses():
     assert h100.execution_time(r, 60.0) < p.execution_time(r, 60.0)
     # a model outside the catalog (the tests' "ms") keeps the executed time
     assert p.execution_time(finished("x", executed=1.25), 2.0) == 1.25 and p.solo_fallbacks == 1
+
+
+def test_admission_modes_on_a_running_batch_that_has_not_used_its_budget():
+    """A running request still in its first budget ranks ahead of its service's new requests: the
+    literal Algorithm 2 decodes it, ``prefill_first`` admits the new ones first, ``mixed`` runs both;
+    all three keep DB's choice of service (the long service's prefill waits)."""
+    picks = {}
+    for mode in ("literal", "prefill_first", "mixed"):
+        p = policy(admission=mode)
+        run1, run2 = d("r1", arrival=0.0), d("r2", arrival=0.5)
+        new1, new2 = w("n1", arrival=1.0), w("n2", arrival=1.5)
+        other = w("lw", "long", arrival=0.2)
+        arrive(p, run1, run2, new1, new2, other)
+        p.charge(run1, 0.05)  # used part of its budget: O_r below every fresh request's
+        picks[mode] = p.next_batch([new1, new2, other], [run1, run2], BIG, BatchLimits(), 2.0)
+    assert picks["literal"] == Batch("ms", "decode", ("r1", "r2"))
+    assert picks["prefill_first"] == Batch("ms", "prefill", ("n1", "n2"))
+    assert picks["mixed"] == Batch("ms", "mixed", ("r1", "r2", "n1", "n2"))
+
+
+def test_prefill_first_slots_and_pool_then_decodes():
+    p = policy(admission="prefill_first")
+    runs = [d(f"r{i}", arrival=float(i)) for i in range(3)]
+    waits = [w(f"n{i}", arrival=5.0 + i, prompt=31) for i in range(3)]  # 2 blocks each
+    arrive(p, *runs, *waits)
+    # max_requests 4 with 3 running: one slot for a new request
+    assert p.next_batch(waits, runs, BIG, BatchLimits(max_requests=4), 9.0).request_ids == ("n0",)
+    # no slot left: the service's decodes run
+    b = p.next_batch(waits, runs, BIG, BatchLimits(max_requests=3), 9.0)
+    assert b == Batch("ms", "decode", ("r0", "r1", "r2"))
+    tight = PoolView(free_blocks=3, watermark_blocks=0, tokens_per_block={"ms": 16})  # one admission
+    assert p.next_batch(waits, runs, tight, BatchLimits(), 9.0).request_ids == ("n0",)
+    full = PoolView(free_blocks=1, watermark_blocks=0, tokens_per_block={"ms": 16})  # none
+    assert p.next_batch(waits, runs, full, BatchLimits(), 9.0).phase == "decode"
+
+
+def test_service_modes_admit_nothing_past_a_blocked_top_prefill():
+    """The top request is a prefill the pool cannot take: the best decode runs and no other prefill
+    is admitted, whatever the mode (its KV would delay the blocked head further)."""
+    for mode in ("prefill_first", "mixed"):
+        p = policy(admission=mode)
+        huge = w("huge", "long", prompt=1000)
+        small = w("small", "long", arrival=1.0)
+        dec = d("dec", "long", arrival=0.5)
+        arrive(p, huge, small, dec)
+        pool = PoolView(free_blocks=10, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16})
+        assert p.next_batch([huge, small], [dec], pool, BatchLimits(), 2.0) == Batch("ml", "decode", ("dec",))
+        assert p.next_batch([huge, small], [], pool, BatchLimits(), 2.0) == Batch("ml", "prefill", ("small",))
+
+
+def test_starving_service_seed_leads_its_batch_in_every_mode():
+    for mode in ("prefill_first", "mixed", "literal"):
+        p = policy(admission=mode, starvation_threshold_s={"long": 1.0})
+        fresh = w("fresh", "long", arrival=9.5)
+        stalled = w("stalled", "long", arrival=0.0)
+        stalled.budget_s = 50.0  # lowest priority of its service, but stalled longest
+        short = w("s", "short", arrival=9.0)
+        arrive(p, fresh, stalled, short)
+        lim = BatchLimits(max_requests=1)
+        assert p.next_batch([fresh, stalled, short], [], BIG, lim, 10.0).request_ids == ("stalled",)
+
+
+def test_admission_is_validated_and_default_is_prefill_first():
+    assert DoublingBudget().admission == "prefill_first"
+    with pytest.raises(ValueError, match="admission"):
+        DoublingBudget(admission="fcfs")
