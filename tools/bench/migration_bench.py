@@ -94,6 +94,7 @@ from migration_bench_setup import (  # noqa: E402
     CONTEXT,
     CONTROLS,
     COST,
+    FLEET_GPUS,
     GPUS,
     HEADLINE,
     LEVELS,
@@ -103,6 +104,7 @@ from migration_bench_setup import (  # noqa: E402
     SECTION_VARIANTS,
     SECTIONS,
     SETUPS,
+    STEADY_SKIP,
     THEOREM_ADDITIVE,
     THEOREM_RATIO,
     WF_OPTIONS,
@@ -110,13 +112,16 @@ from migration_bench_setup import (  # noqa: E402
     alpaca_pairs,
     bundle,
     capacity_tokens,
+    cluster_gpus,
     conv_pairs,
     kv_capacity,
     load_scale,
     multiple,
     setup_info,
+    steady_window,
     trace_rate,
     truncate,
+    weights_ceiling,
     workload,
     workloads,
 )
@@ -126,6 +131,7 @@ __all__ = [  # what papers/mell.py and older callers read from this module
     "CONTEXT",
     "CONTROLS",
     "COST",
+    "FLEET_GPUS",
     "GPUS",
     "HEADLINE",
     "LEVELS",
@@ -136,6 +142,7 @@ __all__ = [  # what papers/mell.py and older callers read from this module
     "SECTIONS",
     "SECTION_VARIANTS",
     "SETUPS",
+    "STEADY_SKIP",
     "THEOREM_ADDITIVE",
     "THEOREM_RATIO",
     "WF_OPTIONS",
@@ -144,8 +151,10 @@ __all__ = [  # what papers/mell.py and older callers read from this module
     "batching_section",
     "bundle",
     "capacity_tokens",
+    "cluster_gpus",
     "conv_pairs",
     "headline_section",
+    "job_weight",
     "key",
     "kv_capacity",
     "load_scale",
@@ -159,10 +168,13 @@ __all__ = [  # what papers/mell.py and older callers read from this module
     "settings",
     "setup_info",
     "simulate",
+    "steady_means",
+    "steady_window",
     "step_mean",
     "trace_rate",
     "transfer_section",
     "truncate",
+    "weights_ceiling",
     "workload",
     "workloads",
 ]
@@ -182,11 +194,36 @@ def step_mean(ts: list[float], values: list[float], end_s: float) -> float:
     return area / total if total > 0 else float(values[-1])
 
 
+def steady_means(samples: list, start_s: float, end_s: float) -> dict[str, float | None]:
+    """Means over the samples in [start_s, end_s] (evenly spaced, so plain means are time means): KV
+    in use / C of the GPUs holding requests (``steady_kv_util``), the weights-included reading
+    (``steady_mem_util``), active GPUs and the fluid bound; None without a sample there."""
+    win = [s for s in samples if start_s <= s.t <= end_s]
+    act = [s for s in win if s.active_kv_capacity]
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "steady_start_s": start_s,
+        "steady_end_s": end_s,
+        "steady_samples": len(win),
+        "steady_kv_util": mean([s.kv_used / s.active_kv_capacity for s in act]),
+        "steady_mem_util": mean(
+            [s.active_mem_used / s.active_mem_capacity for s in act if s.active_mem_capacity]
+        ),
+        "steady_active": mean([float(s.active_gpus) for s in win]),
+        "steady_fluid": mean([float(s.fluid_gpus) for s in win]),
+    }
+
+
 def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
     """One simulation: (setup, workload kind, level, variant, horizon, samples) → its row."""
     setup, kind, level, variant, horizon_s, samples = job
     hw, model, _ = SETUPS[setup]
-    spec = SimSpec(ClusterSpec.parse(f"{GPUS}x{hw}"), (SimService("chat", model, max_tokens=CONTEXT),))
+    gpus = cluster_gpus(level)
+    max_tokens = int(capacity_tokens(setup)) if kind == "conv-x4" else CONTEXT
+    spec = SimSpec(ClusterSpec.parse(f"{gpus}x{hw}"), (SimService("chat", model, max_tokens=max_tokens),))
     wl = workload(setup, kind, level, horizon_s)
     t0 = time.perf_counter()
     e = simulate(spec, wl, bundle(variant), samples=samples)
@@ -203,6 +240,7 @@ def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
     fluid_peak = max(fluid, default=0)
     fluid_mean = step_mean(ts, fluid, end)
     n = len(wl)
+    steady = steady_means(e.result.samples, *steady_window(horizon_s))
     row: dict[str, Any] = {
         "setup": setup,
         "workload": kind,
@@ -218,7 +256,10 @@ def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
         "fluid_peak": fluid_peak,
         "fluid_mean": fluid_mean,
         "fluid_bound_report": cl["fluid_bound_gpus"],
-        "at_cluster_size": cl["peak_active_gpus"] >= GPUS,
+        "at_cluster_size": cl["peak_active_gpus"] >= gpus,
+        **steady,
+        "weights_ceiling": weights_ceiling(setup),
+        "openings": mig.get("policy_counters", {}),
         "peak_over_fluid": C.ratio(cl["peak_active_gpus"], fluid_peak),
         "mean_over_fluid": C.ratio(cl["mean_active_gpus"], fluid_mean),
         "mem_util": cl["active_kv_utilization_mean"],  # KV in use / KV capacity of the active GPUs
@@ -252,7 +293,7 @@ def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
 
 def run_all(jobs: list[tuple], processes: int, log) -> list[dict]:
     """Every job once, in ``processes`` workers (heaviest first); rows in job order."""
-    order = sorted(range(len(jobs)), key=lambda i: -_weight(jobs[i]))
+    order = sorted(range(len(jobs)), key=lambda i: -job_weight(jobs[i]))
     rows: list[dict | None] = [None] * len(jobs)
     if processes <= 1:
         for i in order:
@@ -267,10 +308,13 @@ def run_all(jobs: list[tuple], processes: int, log) -> list[dict]:
     return [r for r in rows if r is not None]
 
 
-def _weight(job: tuple) -> float:
+def job_weight(job: tuple) -> float:
+    """A job's relative cost (for the order of the pool): arrivals × horizon, Mell's packer × 2, the
+    workloads with fewer requests (raw Alpaca, conv × 4) × 0.3."""
     setup, kind, level, variant, horizon_s, _ = job
     w = LEVELS[level] * load_scale(setup) * horizon_s
-    return w * (2.0 if variant.startswith("Mell") else 1.0) * (0.3 if kind == "alpaca-poisson" else 1.0)
+    few = kind in ("alpaca-poisson", "conv-x4")
+    return w * (2.0 if variant.startswith("Mell") else 1.0) * (0.3 if few else 1.0)
 
 
 def _log_row(r: dict, log) -> None:

@@ -21,8 +21,13 @@ COST = (
     "(llama2-7b, llama2-13b); not GPU-fitted"
 )
 CONTEXT = 4096  # Llama-2
+LONG_SCALE = 4  # conv-x4: the conv trace's prompts and outputs × 4 (mean prompt ~4.6k tokens)
 GPUS = 40
-LEVELS = {"low": 6.25, "mid": 10.0, "high": 13.75}  # × the trace's mean rate (paper: λ 0.5 / 0.8 / 1.1)
+# × the trace's mean rate (paper: λ 0.5 / 0.8 / 1.1 for low / mid / high); "fleet" is 3 × mid, the load at
+# which the reference setup holds at least 40 active GPUs, run on FLEET_GPUS so that no policy hits the size
+LEVELS = {"low": 6.25, "mid": 10.0, "high": 13.75, "fleet": 30.0}
+FLEET_GPUS = 96
+STEADY_SKIP = 0.25  # the steady window: the arrival window without its first quarter (ramp-up) and the drain
 SETUPS: dict[str, tuple[str, str, str]] = {
     "a100-7b": ("A100-40GB", "llama2-7b", "Llama-2-7B on A100-40GB"),
     "4090-7b": ("RTX-4090", "llama2-7b", "Llama-2-7B on RTX 4090"),
@@ -79,6 +84,46 @@ def _mell(name: str, **migration: object) -> PolicyBundle:
     return dataclasses.replace(bundle("Mell").with_overrides(migration=migration), name=name)
 
 
+def cluster_gpus(level: str) -> int:
+    """GPUs per setup at ``level``: :data:`GPUS`, or :data:`FLEET_GPUS` at the ``fleet`` load."""
+    return FLEET_GPUS if level == "fleet" else GPUS
+
+
+def steady_window(horizon_s: float) -> tuple[float, float]:
+    """The steady-state window of a run whose arrivals span [0, ``horizon_s``): from
+    :data:`STEADY_SKIP` × the horizon (the ramp-up left out) to the last arrival (the drain left out).
+    The same window for every policy on a workload."""
+    return STEADY_SKIP * horizon_s, horizon_s
+
+
+def weights_ceiling(setup: str) -> float:
+    """The most the weights-included reading can show: (weights + a full KV pool C) / GPU memory
+    (the engine gives KV what is left after weights, activations and headroom)."""
+    hw, model, _ = SETUPS[setup]
+    return (model_arch(model).weight_bytes + kv_capacity(setup)) / hardware(hw.lower()).mem_bytes
+
+
+def kv_demand(pairs: np.ndarray) -> float:
+    """Mean KV-token-steps a request holds: output × (prompt + output / 2) (its KV over its decode
+    steps); a workload's KV demand at a rate is that rate times this, per decode step."""
+    p, o = pairs[:, 0].astype(float), pairs[:, 1].astype(float)
+    return float(np.mean(o * (p + o / 2)))
+
+
+def fit_capacity(pairs: np.ndarray, cap_tokens: int) -> np.ndarray:
+    """(prompt, output) pairs that fit one GPU's KV: output ≤ cap − 1 first, then prompt ≤ cap − output."""
+    out = np.minimum(pairs[:, 1], cap_tokens - 1)
+    prompt = np.maximum(1, np.minimum(pairs[:, 0], cap_tokens - out))
+    return np.stack([prompt, out], axis=1)
+
+
+def long_pairs(setup: str) -> np.ndarray:
+    """``conv-x4``: the conv trace's lengths × :data:`LONG_SCALE`, not cut to Llama-2's context (the
+    paper scales its conversations to mimic long-context models), only to fit the setup's KV capacity."""
+    raw = np.array(C.trace_lengths(), dtype=np.int64) * LONG_SCALE
+    return fit_capacity(raw, int(capacity_tokens(setup)))
+
+
 def kv_capacity(setup: str) -> int:
     """C: the KV bytes of one instance of the setup's model on one of its GPUs (the simulator's sizing)."""
     hw, model, _ = SETUPS[setup]
@@ -130,6 +175,9 @@ def workload(setup: str, kind: str, level: str, horizon_s: float) -> Workload:
         return C.poisson_workload(alpaca_pairs(10), rate, horizon_s, seed=2)
     if kind == "alpaca-poisson":
         return C.poisson_workload(alpaca_pairs(1), rate, horizon_s, seed=3)
+    if kind == "conv-x4":  # the same KV demand as conv-poisson at the level, in 4× larger requests
+        pairs = long_pairs(setup)
+        return C.poisson_workload(pairs, rate * kv_demand(conv_pairs()) / kv_demand(pairs), horizon_s, seed=4)
     if kind == "conv-trace":
         w = C.rescaled(C.conv_trace(), multiple(setup, level), horizon_s)
         p = truncate(np.array(w.lengths(), dtype=np.int64))
@@ -153,7 +201,9 @@ def workloads(cfg: dict) -> list[tuple[str, str]]:
 def setup_info(cfg: dict) -> dict:
     """What every section reports about the setups (the JSON's ``setup``)."""
     return {
-        "cluster": f"{GPUS} GPUs per setup, one model instance per GPU",
+        "cluster": f"{GPUS} GPUs per setup ({FLEET_GPUS} at the fleet load), one model instance per GPU",
+        "steady_window": f"[{STEADY_SKIP:g} × horizon, horizon] of the arrivals (ramp-up and drain left out)",
+        "weights_ceiling": {k: weights_ceiling(k) for k in SETUPS},
         "setups": {k: v[2] for k, v in SETUPS.items()},
         "kv_capacity_tokens": {k: round(capacity_tokens(k)) for k in SETUPS},
         "load_scale": {k: load_scale(k) for k in SETUPS},

@@ -160,6 +160,10 @@ _CATALOG = [
     _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, dtype="bfloat16"),
     # huggingface.co/Qwen/Qwen2-7B/blob/main/config.json (qkv bias, untied lm_head)
     _llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, dtype="bfloat16", qkv_bias=True),
+    # huggingface.co/THUDM/chatglm2-6b/blob/main/config.json: num_layers 28, hidden_size 4096, 32 heads of
+    # kv_channels 128, multi-query attention with multi_query_group_num 2 (2 KV heads), SwiGLU
+    # ffn_hidden_size 13696, padded_vocab_size 65024, add_qkv_bias, no other bias, untied output layer
+    _llama("chatglm2-6b", 28, 4096, 32, 2, 13696, 65024, qkv_bias=True),
     # huggingface.co/facebook/opt-6.7b/blob/main/config.json (ReLU MLP, biases, learned positions 2048+2)
     _llama(
         "opt-6.7b",

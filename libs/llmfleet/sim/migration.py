@@ -67,6 +67,7 @@ class MigrationStats:
     transfer_s_total: float = 0.0  # Σ KV transfer times
     reprefill_tokens: int = 0
     max_per_epoch: int = 0
+    policy_counters: dict[str, int] = field(default_factory=dict)  # the policy's own, if it keeps any
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +166,9 @@ class MigrationLoop:
         gpus = self.gpu_states(sim)
         plan = self.policy.epoch(gpus, now)
         st = self.stats
+        counters = getattr(self.policy, "counters", None)
+        if callable(counters):
+            st.policy_counters = counters()
         st.epochs += 1
         st.operations += plan.operations
         st.cancelled += plan.cancelled

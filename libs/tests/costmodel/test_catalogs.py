@@ -43,6 +43,17 @@ def test_llama2_7b_exact_params_and_weight_bytes():
     assert arch.weight_bytes == 2 * arch.params
 
 
+def test_chatglm2_6b_is_multi_query_with_two_kv_groups():
+    arch = model_arch("ChatGLM2-6B")
+    assert (arch.num_layers, arch.hidden_size, arch.num_kv_heads, arch.head_dim) == (28, 4096, 2, 128)
+    assert (arch.ffn_size, arch.vocab_size) == (13696, 65024)
+    # 2 (K, V) × 28 layers × 2 groups × 128 × 2 bytes: 28 KB a token, against Llama-2-7B's 512 KB
+    assert arch.kv_bytes_per_token == 28_672
+    assert model_arch("llama2-7b").kv_bytes_per_token == 524_288
+    # q (4096) + k, v (2 × 256) biases on the qkv projection only: 6.24 B parameters, as published
+    assert arch.params == 6_243_584_000
+
+
 def test_lookup_is_forgiving_and_errors_list_names():
     assert model_arch("Llama-2-7B") is MODEL_CATALOG["llama2-7b"]
     assert hardware("A100-80GB") is HARDWARE_CATALOG["a100-80gb"]

@@ -13,7 +13,7 @@ import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery
 from llmfleet.sim import run as sim_run
-from llmfleet.sim.cost import CostBook
+from llmfleet.sim.cost import COST_SOURCES, CostBook
 from llmfleet.sim.run import Experiment
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import (
@@ -37,8 +37,8 @@ COST_NOTE = (
     "on GPUs (no GPU was used), so absolute numbers are those of an idealised engine without kernel-launch "
     "or framework overheads."
 )
-COST_SOURCES = ("roofline", "vidur")
-COST_SOURCE = "roofline"  # set by run.py --cost-source; read at call time by cost_book / simulate
+# the simulator's default cost source unless run.py --cost-source sets another
+COST_SOURCE: str = SimSpec.__dataclass_fields__["cost_source"].default
 SHORT_ALPACA: Path | None = None  # set by run.py --alpaca: Alpaca lengths instead of ShareGPT-like ones
 
 

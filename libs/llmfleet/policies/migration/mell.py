@@ -15,7 +15,7 @@ not moved again.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -77,11 +77,22 @@ class MellPacker:
         self._pending: dict[str, tuple[Migration, int]] = {}  # request -> (planned move, epoch first planned)
         self._op_moves: tuple[int, ...] = ()
         self._view = MellView(fill_first=fill_first)
+        self._active_end: set[str] = set()  # GPUs holding items at the end of the last epoch's plan
+        self._openings: Counter[str] = Counter()
 
     @property
     def last_op_moves(self) -> tuple[int, ...]:
         """Item moves made by each operation of the last epoch (before batching cancelled any)."""
         return self._op_moves
+
+    def counters(self) -> dict[str, int]:
+        """GPU openings since the start, by cause. ``opened_arrival``: a GPU the last plan left empty
+        that reports requests at an epoch (dispatch placed arrivals there); ``opened_<operation>``: an
+        empty GPU an operation (``allocate``, ``update``, ``depart``, ``overload``, ``compact``) moved an
+        item into, still holding items at the epoch's end (planned moves, before operation batching).
+        ``room_<cause>``: of those, openings while another active GPU hosting the model had room for
+        one of the requests (the arrival's, or the first item moved in)."""
+        return dict(sorted(self._openings.items()))
 
     def view(self) -> MellView:
         """The read-only view dispatch uses (:func:`allocate_target`), as of the last epoch."""
@@ -97,6 +108,7 @@ class MellPacker:
         w.new_bundle = self._new_bundle
         w.fill_first = self.fill_first
         seen = self._observe(w, gpus)
+        self._count_arrival_openings(gpus)
         reissued = self._reissue(w, seen)
         ops = self._build(w, seen)
         for _, _, name, fn, args in sorted(
@@ -111,6 +123,21 @@ class MellPacker:
         return self._finish(w, gpus, seen, reissued)
 
     # ---------------------------------------------------------------- epoch steps
+    def _count_arrival_openings(self, gpus: Sequence[GpuState]) -> None:
+        """GPUs the last plan left empty that now report requests: dispatch opened them."""
+        free = {
+            g.gpu_id: (g.capacity_bytes - g.used_bytes, g.models)
+            for g in gpus
+            if g.gpu_id in self._active_end
+        }
+        for g in gpus:
+            if not g.requests or g.gpu_id in self._active_end:
+                continue
+            self._openings["opened_arrival"] += 1
+            small = min(r.kv_bytes for r in g.requests)
+            room = any(left >= small and set(models) & set(g.models) for left, models in free.values())
+            self._openings["room_arrival"] += room
+
     def _new_bundle(self) -> str:
         self._bundles += 1
         return f"bundle:{self._bundles}"
@@ -248,6 +275,11 @@ class MellPacker:
             for it in (b.items[iid],)
         }
         self._op_moves = tuple(w.op_moves)
+        self._active_end = {b.gpu_id for b in bins if b.n}
+        for gid, cause in w.filled_by.items():
+            if w.bins[gid].n:
+                self._openings[f"opened_{cause}"] += 1
+                self._openings[f"room_{cause}"] += gid in w.room_elsewhere
         self._view = MellView(
             self._cap,
             tuple(MellGpu(g, k, q) for g, (k, q) in sorted(self._meta.items())),

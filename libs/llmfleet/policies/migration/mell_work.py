@@ -53,6 +53,10 @@ class EpochWork:
         self.notes: list[str] = []
         self.new_bundle: Callable[[], str] = lambda: ""
         self.ghosts: set[str] = set()  # finished requests, present until their Depart runs
+        # GPUs empty at the epoch's start that a move fills: the operation of the first move into each,
+        # and those whose first incoming item fitted on another active GPU of its model then
+        self.filled_by: dict[str, str] = {}
+        self.room_elsewhere: set[str] = set()
         for g in sorted(gpus, key=lambda g: g.gpu_id):
             b = self.bins[g.gpu_id] = Bin(g)
             b.kind, b.seq = meta.get(g.gpu_id, (None, -1))
@@ -108,6 +112,10 @@ class EpochWork:
             self.attach(it, src)
             return not refused
         assert op is not None
+        if not dst.was_active and dst.gpu_id not in self.filled_by:
+            self.filled_by[dst.gpu_id] = op.name
+            if any(b.n and b.free >= it.size for b in self.hosts[it.model] if b is not dst and b is not src):
+                self.room_elsewhere.add(dst.gpu_id)
         self.attach(it, dst)
         op.moves += 1
         self.moves.extend((rid, src.gpu_id, dst.gpu_id) for rid in it.reqs)

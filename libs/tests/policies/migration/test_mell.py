@@ -607,3 +607,18 @@ def test_fill_first_and_compact_keep_every_invariant_and_the_peak_bound(epochs, 
     assert peak["active"] <= 4 / 3 * peak["lb"] + ADDITIVE, peak
     mixed = {f"g{i:02d}": (("a",), ("b",), ("a", "b"))[i % 3] for i in range(60)}
     simulate(epochs, batching, mixed, ("a", "b"), executed, fill_first=True, compact=compact)
+
+
+def test_counters_count_gpu_openings_by_cause():
+    p = taught(gpu("g0", ("a", 250), ("b", 250), ("c", 250)), idle("g1"), idle("g2"))
+    assert p.counters() == {"opened_arrival": 1, "room_arrival": 0}  # the first GPU to hold requests
+    # "a" grows from T to S: Update departs and re-allocates it; no S-GPU exists, so it opens one
+    plan = p.epoch([gpu("g0", ("a", 350), ("b", 250), ("c", 250)), idle("g1"), idle("g2")], 1.0)
+    (dst,) = plan.activate
+    assert moves(plan) == [("a", "g0", dst)]
+    assert p.counters() == {"opened_arrival": 1, "opened_update": 1, "room_arrival": 0, "room_update": 0}
+    # the dispatcher puts an arrival on the GPU the last plan left empty while g0 still has room for it
+    empty = "g2" if dst == "g1" else "g1"
+    now = [gpu("g0", ("b", 250), ("c", 250)), gpu(dst, ("a", 350)), gpu(empty, ("n", 200), active=False)]
+    p.epoch(now, 2.0)
+    assert p.counters() == {"opened_arrival": 2, "opened_update": 1, "room_arrival": 1, "room_update": 0}
