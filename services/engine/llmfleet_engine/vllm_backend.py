@@ -1,29 +1,28 @@
-"""Optional vLLM backend: the executor interface of ``executor.Executor`` on top of vLLM async engines.
+"""The vLLM backend: the executor interface of ``executor.Executor`` on top of vLLM's V1 async engine.
 
-One vLLM async engine per loaded model, each driven from its own event-loop thread (so a blocking
+One vLLM ``AsyncLLM`` per loaded model, each driven from its own event-loop thread (so a blocking
 load or shutdown of one model never stalls another model's streams, and ``load``/``unload`` can block
 from any thread). vLLM is imported lazily: this module imports without it, and constructing
-``VllmExecutor`` without it raises ``BackendUnavailable``.
+``VllmExecutor`` without it raises ``BackendUnavailable`` with the install command.
 
 What differs from the native executor:
 
 * no unified KV pool and no KV export/import (``supports_kv_transfer = False``): a migrated or resumed
-  request is re-prefilled from ``prompt_token_ids + resume_token_ids`` (token transfer);
-* ``load_snapshot`` KV numbers are adapter-side estimates (prompt + generated tokens of requests that
-  have produced output, times the model's bytes per token), not vLLM's block usage; a request counts
-  as *waiting* until its first output arrives and as *running* afterwards (per request: phase
-  "waiting", then "decode"; no "prefill");
-* ``kv_capacity_bytes`` is ``num_gpu_blocks * block_size * kv_bytes_per_token`` when the installed vLLM
-  exposes the block count after start-up, else the estimate ``memory share - weights``.
+  request is re-prefilled from ``prompt_token_ids + resume_token_ids`` (token transfer), which vLLM's
+  automatic prefix caching shortens where the prefix is still cached;
+* the load snapshot's running and waiting counts and its KV in use are vLLM's own, from the scheduler
+  stats vLLM hands a stat logger after each step (``vllm_stats``); its KV capacity is vLLM's block count
+  times its block size. Per request, the KV bytes are the adapter's count (prompt + generated tokens
+  times the model's bytes per token): vLLM does not report a request's blocks.
 
 Completion text is not vLLM's: token ids come from vLLM (cumulative ``RequestOutput``s turned into
 deltas), text and stop strings go through the same ``TextStream`` as the native executor, so both
 backends produce the same text for the same tokens, including across a resume. Stop strings are also
 given to vLLM so it stops in-engine; whichever side sees a stop first ends the stream.
 
-The vLLM version shims are in ``vllm_compat``, the configuration in ``vllm_config``, the model
-lifecycle in ``vllm_models`` and the request lifecycle in ``vllm_requests``; ``VllmExecutor`` (here)
-puts them together.
+What the backend reads from vLLM is in ``vllm_compat``, the configuration in ``vllm_config``, the
+scheduler numbers in ``vllm_stats``, the model lifecycle in ``vllm_models`` and the request lifecycle
+in ``vllm_requests``; ``VllmExecutor`` (here) puts them together.
 
 The executor surface, grouped as the backends line up (the native ``executor.Executor`` has the same
 names): requests ``submit``/``cancel`` (+ ``attach``/``cancel_if_unattached`` for migrated-in
@@ -38,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -73,7 +73,7 @@ class VllmExecutor(VllmModels, VllmRequests):
         self.config = config or VllmConfig()
         self.device = self.config.device
         self.backend = BACKEND
-        self.memory_bytes = total_gpu_memory_bytes() * self.config.tensor_parallel_size
+        self.memory_bytes = _device_memory_bytes(self.config.device) * self.config.tensor_parallel_size
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self._runtimes: dict[str, ModelRuntime] = {}
         self._requests: dict[str, ActiveRequest] = {}
@@ -83,20 +83,21 @@ class VllmExecutor(VllmModels, VllmRequests):
         self._closed = False
         self._sequence = itertools.count(1)
         self.metrics: EngineMetrics | None = None  # attach_metrics
-        log.info("vLLM backend: vllm %s (V1 engine by default: %s)", self._api.version, self._api.v1_default)
+        log.info("vLLM backend: vllm %s on %s", self._api.version, self.device)
 
     def attach_metrics(self, metrics: EngineMetrics) -> None:
-        """Export ``vllm:*`` metrics on ``metrics``: gauges from the load snapshot, counters and
-        histograms from each request's outputs (first token, tokens, inter-token gaps, its end)."""
+        """Export ``vllm:*`` metrics on ``metrics`` (before any model loads): gauges from the load
+        snapshot (vLLM's scheduler numbers), prefix-cache and preemption counters from vLLM's stats,
+        the rest from each request's outputs (first token, tokens, inter-token gaps, its end)."""
         metrics.attach(self.load_snapshot)
         self.metrics = metrics
 
     def load_snapshot(self) -> LoadSnapshot:
-        """Requests per model; KV numbers are adapter estimates (see the module docstring)."""
+        """Per model, vLLM's running and waiting requests and KV in use; per request, the adapter's
+        token count (see the module docstring)."""
         now = time.monotonic()
         with self._lock:
-            per_model = {name: [0, 0, 0] for name in self._runtimes}  # running, waiting, kv tokens
-            bpt = {name: rt.model.kv_bytes_per_token for name, rt in self._runtimes.items()}
+            runtimes = dict(self._runtimes)
             ids: list[str] = []
             mods: list[str] = []
             toks: list[int] = []
@@ -104,35 +105,25 @@ class VllmExecutor(VllmModels, VllmRequests):
             phases: list[str] = []
             for state in self._requests.values():
                 req = state.req
-                counts = per_model.get(req.model)
-                if counts is None:
+                runtime = runtimes.get(req.model)
+                if runtime is None:
                     continue
                 tokens = req.prompt_tokens + len(state.assembler.tokens)
+                started = state.first_token_s is not None
                 ids.append(req.request_id)
                 mods.append(req.model)
                 toks.append(tokens)
-                if state.first_token_s is None:
-                    counts[1] += 1
-                    kvb.append(0)
-                    phases.append("waiting")
-                else:
-                    counts[0] += 1
-                    counts[2] += tokens
-                    kvb.append(tokens * bpt[req.model])
-                    phases.append("decode")
+                kvb.append(tokens * runtime.model.kv_bytes_per_token if started else 0)
+                phases.append("decode" if started else "waiting")
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
-            capacity = sum(rt.kv_capacity_bytes for rt in self._runtimes.values())
-        models = tuple(
-            ModelLoad(model=name, running=r, waiting=w, kv_tokens=kv, kv_used_bytes=kv * bpt[name])
-            for name, (r, w, kv) in sorted(per_model.items())
-        )
+        models = tuple(_model_load(name, rt) for name, rt in sorted(runtimes.items()))
         return LoadSnapshot(
             timestamp=time.time(),
             running=sum(m.running for m in models),
             waiting=sum(m.waiting for m in models),
             kv_used_bytes=sum(m.kv_used_bytes for m in models),
-            kv_capacity_bytes=capacity,
+            kv_capacity_bytes=sum(rt.kv_capacity_bytes for rt in runtimes.values()),
             tokens_per_s=generated / self.config.throughput_window_s,
             models=models,
             requests=RequestLoads(ids, mods, toks, kvb, phases),
@@ -154,3 +145,23 @@ class VllmExecutor(VllmModels, VllmRequests):
     def _check_open(self) -> None:
         if self._closed:
             raise ExecutorClosedError("executor is closed")
+
+
+def _model_load(name: str, runtime: ModelRuntime) -> ModelLoad:
+    """One model's load as vLLM's scheduler last reported it."""
+    view = runtime.stats.view()
+    tokens = round(view.kv_usage * runtime.kv_capacity_tokens)
+    return ModelLoad(
+        model=name,
+        running=view.running,
+        waiting=view.waiting,
+        kv_tokens=tokens,
+        kv_used_bytes=tokens * runtime.model.kv_bytes_per_token,
+    )
+
+
+def _device_memory_bytes(device: str) -> int:
+    """The GPU's memory, or on CPU the host's (vLLM's CPU build keeps weights and KV there)."""
+    if device == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total_gpu_memory_bytes()

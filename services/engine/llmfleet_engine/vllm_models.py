@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from llmfleet.types import ModelSpec
@@ -35,16 +35,12 @@ from llmfleet_engine.outputs import (
     ReconcileResult,
 )
 from llmfleet_engine.reconcile import reconcile as reconcile_models
-from llmfleet_engine.vllm_compat import (
-    EngineFacts,
-    VllmApi,
-    auto_dtype,
-    engine_facts,
-    shutdown_engine,
-    supported_kwargs,
-    uses_cumulative_memory_accounting,
-)
-from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs, engine_memory_fraction
+from llmfleet_engine.vllm_compat import EngineFacts, VllmApi, engine_facts
+from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs
+from llmfleet_engine.vllm_stats import ModelStats, stat_logger_factory
+
+if TYPE_CHECKING:
+    from llmfleet.metrics.engine import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -88,27 +84,35 @@ class EngineHost:
 
 @dataclass(kw_only=True)
 class VllmLoadedModel(LoadedModel):
-    """A ``LoadedModel`` whose ``model`` is a vLLM async engine; ``dtype`` is the requested label."""
+    """A ``LoadedModel`` whose ``model`` is a vLLM async engine; ``dtype`` is the requested label,
+    ``engine_dtype`` the one vLLM runs."""
 
     engine_dtype: str = "auto"
-    memory_fraction: float = 0.0
-    engine_api: str = "v1"
 
 
 @dataclass(eq=False)
 class ModelRuntime:
     """A loaded model: its record (holding the engine), the engine's host thread, what the engine says
-    about itself, its KV capacity and the request drivers running on the host."""
+    about itself, vLLM's scheduler numbers and the request drivers running on the host."""
 
     model: VllmLoadedModel
     host: EngineHost
     facts: EngineFacts
-    kv_capacity_bytes: int = 0
+    stats: ModelStats
     drivers: set[asyncio.Task] = field(default_factory=set)  # touched only in the host loop
 
     @property
     def engine(self) -> Any:
         return self.model.model
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens vLLM's KV cache holds (its blocks x block size)."""
+        return self.facts.num_blocks * self.facts.block_size
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        return self.kv_capacity_tokens * self.model.kv_bytes_per_token
 
 
 class VllmModels:
@@ -120,6 +124,7 @@ class VllmModels:
     memory_bytes: int
     on_models_changed: list[Callable[[tuple[str, ...]], None]]
     _api: VllmApi
+    metrics: EngineMetrics | None
     _lock: threading.Lock
     _load_lock: threading.Lock
     _closed: bool
@@ -162,12 +167,12 @@ class VllmModels:
                     f"model {spec.name!r} is already loaded from {existing.model.source!r} "
                     f"({existing.model.dtype}); unload it first"
                 )
-            if loaded >= self.config.max_models:
+            if loaded >= self.config.settings.max_models:
                 raise ModelLoadError(
                     f"cannot load {spec.name!r}: this vLLM engine node holds at most max_models="
-                    f"{self.config.max_models} models (each gets an equal share of GPU memory)"
+                    f"{self.config.settings.max_models} models (each gets an equal share of GPU memory)"
                 )
-            runtime = self._start(spec, label, loaded)
+            runtime = self._start(spec, label)
             with self._lock:
                 if self._closed:
                     closed = True
@@ -178,7 +183,7 @@ class VllmModels:
                 self._stop_runtime(runtime)
                 raise ExecutorClosedError("executor is closed")
         m = runtime.model
-        details = f"{m.engine_api}, {m.engine_dtype}, {m.memory_fraction:.0%} of GPU memory, context {m.max_context}"
+        details = f"{m.engine_dtype}, {runtime.kv_capacity_tokens} KV tokens, context {m.max_context}"
         log.info("loaded model %s from %s with vLLM (%s) in %.1fs", m.name, m.source, details, m.load_s)
         self._models_changed()
         return LoadResult(m, already_loaded=False)
@@ -186,7 +191,7 @@ class VllmModels:
     async def load_async(self, spec: ModelSpec) -> LoadResult:
         return await asyncio.to_thread(self.load, spec)
 
-    def _start(self, spec: ModelSpec, label: str, loaded: int) -> ModelRuntime:
+    def _start(self, spec: ModelSpec, label: str) -> ModelRuntime:
         from transformers import AutoConfig, AutoTokenizer
 
         started = time.perf_counter()
@@ -200,21 +205,15 @@ class VllmModels:
             raise ModelLoadError(f"cannot load model {spec.source!r}: {e}") from e
         if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
             tokenizer.pad_token = tokenizer.eos_token
-        cumulative = {"per_instance": False, "cumulative": True}.get(
-            self.config.memory_accounting,
-            uses_cumulative_memory_accounting(self._api.version, self._api.v1_default),
-        )
-        fraction = engine_memory_fraction(
-            self.config.gpu_memory_utilization, self.config.max_models, loaded, cumulative
-        )
-        dtype = engine_dtype(label, self.config.dtype)
-        args_cls = self._api.engine_args_cls
-        args = args_cls(**supported_kwargs(args_cls, engine_kwargs(self.config, path, dtype, fraction)))
+        dtype = engine_dtype(label, self.config.settings.dtype)
+        args = self._api.engine_args_cls(**engine_kwargs(self.config, path, dtype))
+        stats = ModelStats(spec.name, self.metrics)
+        logger = stat_logger_factory(self._api.stat_logger_cls, stats)
         host = EngineHost(spec.name)
         engine_cls = self._api.engine_cls
 
-        async def build() -> Any:  # in the host loop, so V1 starts its output handler there
-            return engine_cls.from_engine_args(args)
+        async def build() -> Any:  # in the host loop, so the engine's output handler runs there
+            return engine_cls.from_engine_args(args, stat_loggers=[logger])
 
         try:
             engine = host.call(build())
@@ -222,12 +221,11 @@ class VllmModels:
             host.stop(self.config.shutdown_timeout_s)
             raise ModelLoadError(f"vLLM could not start {spec.source!r}: {type(e).__name__}: {e}") from e
         try:
-            runtime = self._describe(
-                spec, label, path, local_only, hf_config, tokenizer, engine, host, fraction
-            )
+            runtime = self._describe(spec, label, path, local_only, hf_config, tokenizer, engine, host, stats)
         except Exception as e:  # never leak a started engine
+            facts = EngineFacts(max_model_len=0, dtype="", num_blocks=0, block_size=0)
             self._stop_runtime(
-                ModelRuntime(model=_bare_model(spec, engine), host=host, facts=engine_facts(engine))
+                ModelRuntime(model=_bare_model(spec, engine), host=host, facts=facts, stats=stats)
             )
             raise ModelLoadError(f"cannot describe model {spec.source!r}: {type(e).__name__}: {e}") from e
         runtime.model.load_s = time.perf_counter() - started
@@ -243,21 +241,11 @@ class VllmModels:
         tokenizer: Any,
         engine: Any,
         host: EngineHost,
-        fraction: float,
+        stats: ModelStats,
     ) -> ModelRuntime:
-        """The ``ModelRuntime`` of a started engine: facts from the engine, else from the HF config."""
+        """The ``ModelRuntime`` of a started engine: context, dtype and KV blocks as vLLM reports them."""
         facts = engine_facts(engine)
-        dtype = engine_dtype(label, self.config.dtype)
-        actual_dtype = facts.dtype or (dtype if dtype != "auto" else auto_dtype(hf_config))
-        torch_dtype = _TORCH_DTYPES.get(actual_dtype, torch.float16)
-        config_len = int(getattr(hf_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-        max_context = facts.max_model_len or min(config_len, self.config.max_model_len or config_len)
-        weight_bytes = _weight_bytes(hf_config, torch_dtype)
-        bpt = _kv_bytes_per_token(hf_config, torch_dtype)
-        if facts.num_gpu_blocks and facts.block_size:
-            kv_capacity = facts.num_gpu_blocks * facts.block_size * bpt
-        else:  # estimate: this engine's memory share minus its weights
-            kv_capacity = max(0, int(fraction * self.memory_bytes) - weight_bytes)
+        torch_dtype = _TORCH_DTYPES.get(facts.dtype, torch.float16)
         model = VllmLoadedModel(
             name=spec.name,
             source=spec.source,
@@ -266,17 +254,15 @@ class VllmModels:
             architecture=(getattr(hf_config, "architectures", None) or [hf_config.model_type])[0],
             dtype=label,
             device=self.device,
-            weight_bytes=weight_bytes,
-            max_context=max_context,
-            kv_bytes_per_token=bpt,
+            weight_bytes=_weight_bytes(hf_config, torch_dtype),
+            max_context=facts.max_model_len,
+            kv_bytes_per_token=_kv_bytes_per_token(hf_config, torch_dtype),
             eos_token_ids=_eos_token_ids(path, hf_config, tokenizer, local_only),
             vocab_size=int(hf_config.vocab_size),
             path=path,
-            engine_dtype=actual_dtype,
-            memory_fraction=fraction,
-            engine_api="v1" if facts.v1 else "v0",
+            engine_dtype=facts.dtype,
         )
-        return ModelRuntime(model=model, host=host, facts=facts, kv_capacity_bytes=kv_capacity)
+        return ModelRuntime(model=model, host=host, facts=facts, stats=stats)
 
     def _resolve_source(self, source: str) -> tuple[str, bool]:
         """A checkpoint dir or hub id for vLLM (``tiny://`` built first) and whether it is local-only."""
@@ -317,24 +303,21 @@ class VllmModels:
     def _stop_runtime(self, runtime: ModelRuntime, timeout_s: float | None = None) -> None:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
 
-        async def stop() -> str:
+        async def stop() -> None:
             tasks = [t for t in runtime.drivers if not t.done()]
             for task in tasks:  # request drivers: run their abort handlers before the engine goes
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=min(5.0, timeout))
-            return shutdown_engine(runtime.engine)
+            runtime.engine.shutdown()  # stops the engine core's process and the output handler
 
         try:
-            path = runtime.host.call(stop(), timeout)
-            log.debug("vLLM engine of %s stopped via %s", runtime.model.name, path)
+            runtime.host.call(stop(), timeout)
         except Exception:
             log.warning("shutting down the vLLM engine of %s failed", runtime.model.name, exc_info=True)
         runtime.host.stop(timeout)
         runtime.model.model = None  # drop the engine reference so its memory can be freed
         gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # in-process (V0) engines
 
     def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult:
         """Load and unload so that exactly ``desired`` is loaded; failures are reported, not raised."""
@@ -358,7 +341,7 @@ def _bare_model(spec: ModelSpec, engine: Any) -> VllmLoadedModel:
         tokenizer=None,
         architecture="",
         dtype=spec.dtype or DEFAULT_DTYPE,
-        device="cuda",
+        device="",
         weight_bytes=0,
         max_context=0,
         kv_bytes_per_token=0,

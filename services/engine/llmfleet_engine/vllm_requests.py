@@ -37,7 +37,6 @@ from llmfleet_engine.vllm_compat import (
     abort_request,
     close_output_stream,
     engine_queue_s,
-    supported_kwargs,
 )
 
 if TYPE_CHECKING:
@@ -312,9 +311,8 @@ class VllmRequests:
             state.runtime.drivers.add(task)
             task.add_done_callback(state.runtime.drivers.discard)
         try:
-            params_cls = self._api.sampling_params_cls
             kwargs = sampling_kwargs(state.req.sampling, len(state.req.resume_token_ids))
-            params = params_cls(**supported_kwargs(params_cls, kwargs))
+            params = self._api.sampling_params_cls(**kwargs)
             with self._lock:
                 if state.finished:
                     return

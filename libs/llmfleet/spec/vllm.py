@@ -1,0 +1,78 @@
+"""``engines.<id>.vllm``: the settings of an engine whose ``backend`` is ``vllm``.
+
+One record, read in three places: the cluster file (``llmfleet up`` passes it to the engine as
+``--vllm-options JSON``), the engine's ``--vllm-options`` flag (checked by the same model) and the vLLM
+backend, which turns it into ``AsyncEngineArgs`` (one vLLM engine per loaded model).
+
+Memory: on CPU, ``kv_cache_memory_bytes`` sizes each model's KV cache (what ``VLLM_CPU_KVCACHE_SPACE``
+does, per engine); unset, vLLM takes its CPU default. On CUDA, ``gpu_memory_utilization`` is the GPU
+fraction all of the node's vLLM engines use together, split evenly over ``max_models`` (a vLLM engine
+cannot grow or shrink after it starts); ``kv_cache_memory_bytes``, when set, fixes the KV cache of each
+engine instead, as vLLM's own argument does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
+VllmDtype = Literal["auto", "float16", "bfloat16", "float32"]
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+# AsyncEngineArgs fields the named settings set: engine_args may not set them a second time
+_NAMED = {
+    "max_model_len": "max_model_len",
+    "enforce_eager": "enforce_eager",
+    "dtype": "dtype",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "max_num_seqs": "max_num_seqs",
+    "model": "the model's source (models:)",
+    "tensor_parallel_size": "the engine's tp",
+}
+
+
+def size_bytes(value: int | str) -> int:
+    """``1073741824``, ``"64KiB"``, ``"2GiB"``, ``"1.5GB"`` -> bytes (ValueError naming the text)."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (e.g. 1073741824, 512MiB, 2GiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+class VllmSettings(BaseModel):
+    """A vLLM engine's settings (a misspelt key is an error naming it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # KV cache of each model's vLLM engine (vLLM's kv_cache_memory_bytes; "1GiB" accepted)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)
+    # CUDA: the GPU fraction all models of the node use together (split evenly over max_models)
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=1)  # unset: the checkpoint's context
+    enforce_eager: bool = False  # no torch.compile / CUDA graphs (faster start, slower steps)
+    dtype: VllmDtype = "auto"  # auto: the model entry's dtype, else the checkpoint's
+    max_models: int = Field(1, ge=1)  # vLLM engines (models) one node runs at once
+    enable_prefix_caching: bool = True  # vLLM's automatic prefix caching (its V1 default)
+    max_num_seqs: int | None = Field(None, ge=1)  # requests per step (vLLM's default when unset)
+    # further AsyncEngineArgs fields, passed as they are (vLLM rejects an unknown one at load)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kv_cache_memory_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return size_bytes(v) if isinstance(v, str) else v
+
+    @field_validator("engine_args")
+    @classmethod
+    def _not_named(cls, v: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(k for k in v if k in _NAMED)
+        if taken:
+            where = ", ".join(f"{k} ({_NAMED[k]})" for k in taken)
+            raise ValueError(f"engine_args may not set what a named setting sets: {where}")
+        return v
