@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.costmodel import decode_time, model_arch
-from llmfleet.costmodel.pipeline import RTX_3090, balanced_layers, pipeline, power_capped
+from llmfleet.costmodel.iteration_costs import roofline_cost
+from llmfleet.costmodel.pipeline import (
+    NO_OVERHEAD,
+    RTX_3090,
+    PipelineOverhead,
+    balanced_layers,
+    pipeline,
+    power_capped,
+    static_batch_time,
+)
 
 
 def test_power_cap_scales_compute_and_bandwidth() -> None:
@@ -39,3 +48,20 @@ def test_balanced_layers_is_accelerate_auto() -> None:
     assert balanced_layers(32, 3) == [11, 11, 10]
     with pytest.raises(ValueError, match="cannot split 2 layers over 3 devices"):
         balanced_layers(2, 3)
+
+
+def test_static_batch_time_charges_the_overhead_once_per_iteration_and_stage_boundary() -> None:
+    cost = roofline_cost(model_arch("chatglm2-6b"), RTX_3090)
+    prompts = [20, 35, 10]
+    bare = static_batch_time(cost, prompts, 100, NO_OVERHEAD, 4)
+    # padded: three rows of the longest prompt, then 99 decode steps of all three rows
+    expected = cost.prefill(3 * 35, 3 * 35 * 35) + sum(cost.decode(3, 3 * (35 + i)) for i in range(1, 100))
+    assert bare == pytest.approx(expected, rel=1e-9)
+    over = PipelineOverhead(per_iteration_s=0.01, per_stage_s=0.002)
+    assert over.iteration(4) == pytest.approx(0.016)
+    assert static_batch_time(cost, prompts, 100, over, 4) == pytest.approx(bare + 100 * 0.016)
+    assert static_batch_time(cost, prompts, 100, over, 1) == pytest.approx(bare + 100 * 0.01)
+    with pytest.raises(ValueError, match="at least one step"):
+        static_batch_time(cost, prompts, 0, over, 1)
+    with pytest.raises(ValueError, match="≥ 0"):
+        PipelineOverhead(-1.0, 0.0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 
 RUN = Path(__file__).resolve().parents[3] / "tools" / "bench" / "papers" / "run.py"
 
@@ -82,7 +83,7 @@ def test_every_scenario_has_the_common_shape(results):
         assert res["rows"], name
         g = res["goal"]
         assert isinstance(g["met"], bool) and g["text"] and g["ours_text"]
-        assert res["setup"]["cost model"].startswith("roofline")
+        assert res["setup"]["cost model"].startswith(DEFAULT_COST_SOURCE)
         json.dumps(res)  # JSON-ready
 
 
@@ -179,10 +180,34 @@ def test_uellm_deployments_follow_the_paper(results, bench):
     assert U.helr_deployment("llama2-7b", devs).stages == ((0, 32),)  # fits the fastest GPU alone
     assert U.default_deployment("llama2-7b", devs).stages == ((0, 8), (1, 8), (2, 8), (3, 8))
     rows = {r["policy"]: r for r in results["uellm"]["rows"]}
-    assert rows["UA"]["deployment"] == "GPU#0:32" and rows["S3"]["deployment"].count("GPU#") == 4
+    assert (
+        rows["UA"]["deployment"] == "GPU#0:28" and rows["S3"]["deployment"].count("GPU#") == 4
+    )  # ChatGLM2-6B
     # Morphling: the profiling wait only adds latency, on the same deployment
     assert rows["Morphling"]["deployment"] == rows["Morphling-noprof"]["deployment"]
     assert rows["Morphling"]["latency_mean_s"] > rows["Morphling-noprof"]["latency_mean_s"]
+
+
+def test_uellm_harness_follows_the_authors_scripts(results, bench):
+    H = importlib.import_module(bench.PACKAGE + ".uellm_harness")
+    qs = [H.Query(10, lab, slo) for lab, slo in [(900, 1), (100, 50), (50, 350), (300, 1), (600, 100)] * 6]
+    s3 = H.s3_groups(qs)  # by label, fewer than 20 a batch, labels' sum ≤ 1024
+    assert all(len(g) <= 20 and (sum(q.label for q in g) <= 1024 or len(g) == 1) for g in s3)
+    labels = [q.label for g in s3 for q in g]
+    assert labels == sorted(labels) and len(labels) == len(qs)
+    ua = H.uellm_groups(qs)  # by SLO + 0.5·label, at most 10 a batch
+    keys = [q.slo + 0.5 * q.label for g in ua for q in g]
+    assert keys == sorted(keys) and all(len(g) <= 10 for g in ua) and len(keys) == len(qs)
+    g = [H.Query(30, 100, 1.0), H.Query(50, 40, 1.0)]
+    assert H.uellm_cap(g) == 150  # max_length = the longest label + 50, the padded prompt inside it
+    assert H.steps(g, 1.0, H.uellm_cap(g)) == 100 and H.steps(g, 4.0, H.uellm_cap(g)) == 100
+    assert H.steps(g, 4.0, H.MAX_LENGTH) == 400 and H.steps(g, "cap", H.MAX_LENGTH) == 2048 - 50
+    hz = results["uellm"]["harness"]
+    by = {(r["factor"], r["system"]): r for r in hz["rows"]}
+    for f in H.FACTORS:  # UELLM's cap binds its rows; S³'s only at 2,048: S³ never shortens as rows grow
+        assert by[(f, "S3")]["elapsed_s"] >= by[(1.0, "S3")]["elapsed_s"] - 1e-9
+        assert by[(f, "Morphling")]["elapsed_s"] > by[(f, "Morphling-noprof")]["elapsed_s"]
+    assert hz["requests"] == 100  # ar = 100
 
 
 def test_morphling_keeps_the_fastest_trial_and_counts_every_trial(bench):
@@ -246,14 +271,31 @@ def test_seallm_prefill_demand_scales_with_rate_and_prompt(bench):
 def test_mell_row_comes_from_the_migration_bench(results):
     res = results["mell"]
     variants = [r["variant"] for r in res["rows"]]
-    assert variants and set(variants) == {"BF", "WF", "LB", "Mell", "Mell+", "Mell++"}
+    assert variants and set(variants) == {"BF", "WF", "LB", "Mell", "Mell++"}
     for r in res["rows"]:
         assert r["failed"] == 0 and r["completed"] == r["requests"] > 0, r
         assert 0 < r["peak_active"] <= 40 and 0.0 <= r["mem_util"] <= 1.0
+        assert r["steady_kv_util"] is not None and 0.0 < r["steady_kv_util"] <= 1.0
+        assert 0.0 < r["steady_mem_util"] <= r["weights_ceiling"] + 1e-9 < 1.0
+        assert (r["openings"].get("opened_arrival", 0) > 0) == r["variant"].startswith("Mell")
     g = res["goal"]
     assert g["met"] == (g["util"]["met"] and g["savings"]["met"])
     assert "KV in use / C" in g["ours_text"] and "4/3 × fluid bound + 3" in g["ours_text"]
-    assert res["savings"] and {"peak_vs_WF", "mean_vs_LB"} <= set(res["savings"][0])
+    assert res["savings"] and {"peak_vs_WF", "mean_vs_LB", "steady_vs_WF"} <= set(res["savings"][0])
+    assert res["openings"] and all(o["opened"] >= o["with_room"] for o in res["openings"])
+
+
+def test_mell_units_combine_to_the_in_process_run(bench, results):
+    sc = bench.scenario("mell")
+    parts = sc.parts(tiny=True)
+    assert len(parts) == len(results["mell"]["rows"]) and len({k for k, _, _ in parts}) == len(parts)
+    rows = {k: sc.run_part(job) for k, _, job in reversed(parts)}  # any order
+    res = sc.combine(rows, tiny=True, log=lambda _m: None)
+    strip = ("sim_wall_s", "wall_s")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in res["rows"]] == [
+        {k: v for k, v in r.items() if k not in strip} for r in results["mell"]["rows"]
+    ]
+    assert res["goal"]["ours_text"] == results["mell"]["goal"]["ours_text"]
 
 
 def test_markdown_and_plots(results, bench, tmp_path):

@@ -6,8 +6,8 @@ Setup (paper §5.1–5.2 → ours; the cluster and deployers are in ``uellm_clus
 - Cluster: 4 RTX 3090 capped at 350/300/250/150 W (Table 2) → ``costmodel.pipeline.RTX_3090`` with the
   cap as a speed factor; a deployment is a ``device_map`` (layers over an ordered GPU subset, stage after
   stage), simulated as one instance.
-- Model: ChatGLM2-6B → ``llama2-7b`` (ChatGLM2-6B is not in the model catalog; 6.2B vs 6.7B parameters,
-  both MHA fp16).
+- Model: ChatGLM2-6B, the catalog's ``chatglm2-6b`` (28 layers, hidden 4096, multi-query attention with 2
+  KV groups of 128: 28 KB of KV a token, fp16).
 - Requests: Alpaca (the predictor's training set) → the 4,000-item Alpaca sample's (prompt, output)
   lengths (approximate token counts), Poisson arrivals for ``duration`` s. The paper gives no rates; ours
   are fixed before any run at 1–6 req/s for the whole cluster (the previous round's 1–6 req/s per GPU).
@@ -23,6 +23,14 @@ Setup (paper §5.1–5.2 → ours; the cluster and deployers are in ``uellm_clus
   the HELR deployment (Fig. 4): ``slo_dbs``, ``odbs``, ``slo_odbs-authors`` (the scripts' constants),
   ``fifo-cm`` (FIFO with SLO-ODBS's own CM-based, memory-sized batches) and ``s3-helr``.
 - One factor at a time, at the top rate: the same systems on four uncapped GPUs (``uniform``).
+
+Two readings of the headline, side by side:
+
+- **like for like** (the sweep above): every system serves the same Poisson arrivals, each request
+  generating its own output length whatever the system;
+- **the authors' harness** (``uellm_harness``): 100 requests at once, total elapsed time, UELLM's
+  batches cut at their longest label + 50 tokens and S³'s at ``max_length`` 2,048 with sampling, as the
+  public scripts run them; rows generate ``factor × label`` tokens for factors 1, 2, 4 and the cap.
 """
 
 from __future__ import annotations
@@ -39,10 +47,11 @@ from llmfleet.workload import Workload, alpaca_lengths
 
 from . import common as C
 from . import uellm_cluster as U
+from . import uellm_harness as H
 
 NAME = "uellm"
 TITLE = "UELLM — HELR + SLO-ODBS vs S³ and Morphling on 4 power-capped 24 GB GPUs (latency, SLO violations)"
-MODEL = "llama2-7b"
+MODEL = "chatglm2-6b"
 DEADLINES = (1, 50, 100, 150, 200, 250, 300, 350)
 SIGMA = 0.3
 SYSTEMS = ("UA", "UB", "UD", "S3", "Morphling", "Morphling-noprof")
@@ -202,12 +211,16 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
                 log(
                     f"  uellm uniform {rate:g} req/s {r['policy']:16s} {r['deployment']:28s} lat {r['latency_mean_s']:.1f}s"
                 )
+    harness = H.run(deps, MODEL, lengths, DEADLINES, seed=500)
+    for r in harness["rows"]:
+        log(f"  uellm harness ×{r['factor']} {r['system']:13s} elapsed {r['elapsed_s']:.1f}s mean latency "
+            f"{r['latency_mean_s']:.1f}s cut {100 * r['cut_elapsed']:.0f}% (elapsed)")  # fmt: skip
     result = {
         "paper": NAME,
         "title": TITLE,
         "setup": {
             "cluster": "4 × RTX 3090 (24 GB) capped at 350/300/250/150 W → speed ×1, 0.86, 0.71, 0.43 (FLOP/s and "
-            f"bandwidth); {MODEL} (stand-in for ChatGLM2-6B); one device_map = one simulated instance",
+            f"bandwidth); {MODEL}; one device_map = one simulated instance",
             "deployments": f"default (S3, UB): device_map=auto over all 4 = {deps['default'].label}; HELR (UA, UD): "
             f"{deps['helr'].label}; Morphling: {mor.deployment.label}, batch {mor.batch} (best of "
             f"{len(mor.trials)} stress tests, {mor.profile_s:.0f} s of profiling before serving)",
@@ -225,6 +238,7 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         "uniform": uniform,
         "uniform_deployments": uniform_deps if uniform else {},
         "morphling_trials": [t.__dict__ for t in mor.trials],
+        "harness": harness,
         "wall_s": 0.0,
     }
     _summarize(result)
@@ -262,17 +276,36 @@ def _summarize(res: dict) -> None:
     res["summary"] = {"per_rate": per, "best_rate": per[best_i]["rate_rps"], "best_min_cut": both[best_i]}
     res["claim"] = CLAIM
     b = per[best_i]
-    res["goal"] = {
-        "text": "UA (HELR + SLO-ODBS) ≥ 70% lower mean latency than S³ and than the Morphling-like baseline on the "
-        "heterogeneous cluster (paper: 72.3–90.3%)",
-        "target": 0.7,
-        "ours": both[best_i],
-        "ours_text": f"at {b['rate_rps']:g} req/s {C.fmt(100 * (b['lat_cut_vs_S3'] or 0), '.0f')}% vs S³, "
+    hz = res["harness"]
+    cuts = {  # on the total elapsed time the scripts print; mean latency beside, in the table
+        f: min(
+            r["cut_elapsed"] for r in hz["rows"] if r["factor"] == f and r["system"] in ("S3", "Morphling")
+        )
+        for f in H.FACTORS
+    }
+    res["summary"]["harness_cuts"] = {str(f): c for f, c in cuts.items()}
+    like = (
+        f"like for like: at {b['rate_rps']:g} req/s {C.fmt(100 * (b['lat_cut_vs_S3'] or 0), '.0f')}% vs S³, "
         f"{C.fmt(100 * (b['lat_cut_vs_Morphling'] or 0), '.0f')}% vs Morphling "
         f"({C.fmt(100 * (b['lat_cut_vs_Morphling-noprof'] or 0), '.0f')}% without its profiling wait); at "
         f"{rates[-1]:g} req/s {C.fmt(100 * (top['lat_cut_vs_S3'] or 0), '.0f')}% / "
-        f"{C.fmt(100 * (top['lat_cut_vs_Morphling'] or 0), '.0f')}%",
-        "met": both[best_i] >= 0.7,
+        f"{C.fmt(100 * (top['lat_cut_vs_Morphling'] or 0), '.0f')}%"
+    )
+    even = hz["break_even_factor"]
+    res["goal"] = {
+        "text": "UA (HELR + SLO-ODBS) ≥ 70% lower latency than S³ and than the Morphling-like baseline under the "
+        "authors' harness (total elapsed time of 100 requests, as the scripts print it; paper: 72.3–90.3%), the "
+        "like-for-like mean latency beside it",
+        "target": 0.7,
+        "ours": cuts[1.0],
+        "ours_text": "authors' harness (100 requests at once, elapsed time), the smaller cut vs S³ and Morphling "
+        "with rows generating "
+        + ", ".join(
+            f"{'the cap' if f == 'cap' else f'{f:g}× the label'} {100 * c:.0f}%" for f, c in cuts.items()
+        )
+        + f"; ≥ 70% from {'–' if even is None else f'{even:g}×'} the label; {like}",
+        "met": cuts[1.0] >= 0.7,
+        "like_for_like": both[best_i],
     }
     ua, s3, mo = (_at(rows, rates[-1], p) for p in ("UA", "S3", "Morphling"))
     res["ours"] = (
@@ -299,9 +332,24 @@ def _summarize(res: dict) -> None:
             f"UB {C.fmt(u['UB']['latency_mean_s'])} s; deployments {res['uniform_deployments']}."
         )
     notes.append(
-        "Differences that remain: llama2-7b for ChatGLM2-6B, a noisy oracle for the fine-tuned length "
-        "classifier, the power cap as a linear speed factor, no PCIe hop cost between pipeline stages, and "
-        "the simulator's roofline instead of measured RTX 3090 times."
+        "The authors' harness against like for like: the public scripts stop UELLM's batches at their longest "
+        "label + 50 tokens and leave S³ at chat_batch's max_length 2,048 with sampling, so how long S³'s rows run "
+        "is ChatGLM2's sampled length, not the label. The goal reads 'met' only at rows of their label length, the "
+        "one reading that assumes nothing about sampling; S3-uellm-cap (S³ with UELLM's cap) isolates the cap: "
+        + ", ".join(
+            f"×{r['factor']}: S³ {C.fmt(r['latency_mean_s'])} s"
+            + f" / S3-uellm-cap {C.fmt(next(x['latency_mean_s'] for x in hz['rows'] if x['factor'] == r['factor'] and x['system'] == 'S3-uellm-cap'))} s"
+            for r in hz["rows"]
+            if r["system"] == "S3"
+        )
+        + f" (UA's batches {hz['groups']['UA']}, S³'s {hz['groups']['S3']}, Morphling's {hz['groups']['Morphling']})."
+    )
+    notes.append(
+        "Differences that remain: a noisy oracle for the fine-tuned length classifier, the power cap as a linear "
+        "speed factor, the pipeline overheads of costmodel.pipeline (per iteration "
+        f"{1000 * hz['overhead']['per_iteration_s']:g} ms, per stage boundary "
+        f"{1000 * hz['overhead']['per_stage_s']:g} ms) assumed, not measured, and charged in the harness only "
+        "(the sweep's simulator uses its cost source as is), and no measured RTX 3090 times."
     )
     res["notes"] = notes
 
@@ -338,6 +386,25 @@ def markdown(res: dict) -> str:
     )
     if res.get("uniform"):
         extra += ["", "One factor: four uncapped GPUs, top rate:", "", C.md_table(res["uniform"], COLUMNS)]
+    extra += [
+        "",
+        "The authors' harness (100 requests at once; rows generate factor × label tokens within their batch's "
+        "cap; cut = 1 − UA / theirs, on mean latency):",
+        "",
+        C.md_table(
+            res["harness"]["rows"],
+            [
+                ("factor", "factor", ""),
+                ("system", "system", ""),
+                ("elapsed s", "elapsed_s", ".1f"),
+                ("mean latency s", "latency_mean_s", ".1f"),
+                ("SLO violations", "slo_violation", ".2f"),
+                ("batches", "batches", ""),
+                ("UA's cut (latency)", "cut_latency", ".0%"),
+                ("UA's cut (elapsed)", "cut_elapsed", ".0%"),
+            ],
+        ),
+    ]
     return C.section(res, C.md_table(res["rows"], COLUMNS), extra)
 
 
