@@ -37,6 +37,7 @@ from rich.markup import escape
 from llmfleet.cli.load_lines import Outcome, interval_line, pct
 from llmfleet.cli.workload_args import add_workload_arguments
 from llmfleet.client import AsyncClient, LlmfleetError
+from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import positive_float
 
 NAME = "load"
@@ -264,7 +265,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "catalog name",
     )
     g.add_argument(
-        "--cost-source", choices=("roofline", "vidur"), default="roofline", help="solo times' cost model"
+        "--cost-source", choices=COST_SOURCES, default=DEFAULT_COST_SOURCE, help="solo times' cost model"
     )
     g.add_argument("--out", type=Path, default=Path(".load"), help="report directory (default .load)")
     g.add_argument("--no-plots", action="store_true")

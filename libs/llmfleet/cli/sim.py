@@ -50,6 +50,7 @@ from llmfleet.cli.sim_args import (
     sim_spec,
 )
 from llmfleet.cli.workload_args import DEFAULT_SYNTHETIC_RATE, add_workload_arguments, build_workload
+from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import positive_float
 
 NAME = "sim"
@@ -73,11 +74,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cost-source",
-        choices=("roofline", "vidur"),
-        default="roofline",
-        help="iteration costs of models without --profile: roofline (default, datasheet peaks) or vidur "
-        "(measured A100-80GB/H100 operator timings from Microsoft Vidur, roofline attention; other "
-        "hardware falls back to the roofline)",
+        choices=COST_SOURCES,
+        default=DEFAULT_COST_SOURCE,
+        help=f"iteration costs of models without --profile (default {DEFAULT_COST_SOURCE}): calibrated "
+        "(measured A100-80GB/H100 operator timings from Microsoft Vidur plus the fitted per-iteration CPU "
+        "overhead; elsewhere the roofline scaled by fitted factors), vidur (the measured operators with a "
+        "fixed 2 ms overhead; elsewhere the roofline) or roofline (datasheet peaks, no overhead)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(".sim"), help="output directory (default .sim)")

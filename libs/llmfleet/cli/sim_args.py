@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import json_object, positive_float
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ def sim_spec(args: argparse.Namespace, config: ClusterConfig | None) -> SimSpec:
         services, engine = (SimService("default", args.model),), EngineSettings()
     if getattr(args, "engine_gpus", None) is not None:
         cluster = dataclasses.replace(cluster, engine_gpus=args.engine_gpus)
-    return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", "roofline"))
+    return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", DEFAULT_COST_SOURCE))
 
 
 def describe(b: PolicyBundle) -> str:

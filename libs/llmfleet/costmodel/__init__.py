@@ -19,13 +19,15 @@ from llmfleet.costmodel.aladdin import (
 from llmfleet.costmodel.fit import FitError, FitReport, fit_curve, fit_linear
 from llmfleet.costmodel.hardware import HARDWARE_CATALOG, Hardware, UnknownHardware, hardware, local_cpu
 from llmfleet.costmodel.iteration_costs import (
-    COST_SOURCES,
     CostBook,
     LinearCost,
+    calibrated_cost,
+    cost_of,
     fitted_cost,
     roofline_cost,
     vidur_cost,
 )
+from llmfleet.costmodel.latency_model import CostLatencyModel, decode_iteration_time, latency_model
 from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch, UnknownModel, arch_from_hf_config, model_arch
 from llmfleet.costmodel.profile_fit import EngineProfileFit, fit_engine_profile
 from llmfleet.costmodel.roofline import (
@@ -53,6 +55,7 @@ from llmfleet.costmodel.serialize import (
     roofline_record,
     save_record,
 )
+from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.costmodel.vidur import (
     FRAMEWORK_OVERHEAD_S,
     Hinge,
@@ -64,12 +67,14 @@ from llmfleet.costmodel.vidur import (
 
 __all__ = [
     "COST_SOURCES",
+    "DEFAULT_COST_SOURCE",
     "FRAMEWORK_OVERHEAD_S",
     "HARDWARE_CATALOG",
     "MODEL_CATALOG",
     "AladdinCoefficients",
     "AladdinModel",
     "CostBook",
+    "CostLatencyModel",
     "DecodeModel",
     "EngineProfileFit",
     "FitError",
@@ -95,6 +100,10 @@ __all__ = [
     "VidurLegs",
     "allreduce_time",
     "arch_from_hf_config",
+    "calibrated_cost",
+    "check_cost_source",
+    "cost_of",
+    "decode_iteration_time",
     "decode_time",
     "fit_curve",
     "fit_decode",
@@ -108,6 +117,7 @@ __all__ = [
     "fit_tp",
     "fitted_cost",
     "hardware",
+    "latency_model",
     "load_record",
     "local_cpu",
     "model_arch",

@@ -23,6 +23,10 @@ all-reduces (Microsoft Vidur's profiling data) as convex piecewise-linear legs i
 iteration, plus a fixed framework overhead and the lm_head, with the roofline's attention terms on γ;
 hardware without measurements falls back to the roofline (logged).
 
+Calibrated (``costmodel.calibrated``, ``cost_source="calibrated"``, the default of
+``costmodel.sources``): the Vidur legs with the fitted per-iteration overhead a + c·b per TP instead of
+the fixed 2 ms; the roofline scaled by fitted factors where nothing is measured.
+
 A request's solo execution time (SeaLLM's "execution time", the basis of normalized latency and of the
 5× SLO) is t_pre(l_in) + Σ_{i=1}^{l_out−1} t_d(1, l_in + i), summed in closed form per leg when one leg
 dominates the whole range, else term by term.
@@ -37,14 +41,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmfleet.costmodel.calibrated import calibrated_legs
 from llmfleet.costmodel.hardware import Hardware
 from llmfleet.costmodel.models import ModelArch
 from llmfleet.costmodel.roofline import allreduce_time
 from llmfleet.costmodel.serialize import ProfileRecord
+from llmfleet.costmodel.sources import CALIBRATED, COST_SOURCES, DEFAULT_COST_SOURCE, VIDUR, check_cost_source
 from llmfleet.costmodel.vidur import FRAMEWORK_OVERHEAD_S, VidurDataError, vidur_legs
 
 Leg = tuple[float, float, float]  # (α, β, γ)
-COST_SOURCES = ("roofline", "vidur")
+__all__ = [
+    "COST_SOURCES",
+    "DEFAULT_COST_SOURCE",
+    "CostBook",
+    "Leg",
+    "LinearCost",
+    "calibrated_cost",
+    "cost_of",
+    "fitted_cost",
+    "roofline_cost",
+    "vidur_cost",
+]
 log = logging.getLogger(__name__)
 
 
@@ -164,6 +181,24 @@ def vidur_cost(
     return LinearCost(legs.prefill, legs.decode, source)
 
 
+def calibrated_cost(arch: ModelArch, hw: Hardware, tp: int = 1) -> LinearCost:
+    """Measured operators plus the fitted per-iteration overhead (``costmodel.calibrated``), source
+    ``calibrated:<gpu>[:derived]``, or ``calibrated:scaled-roofline`` where nothing is measured."""
+    prefill, decode, source = calibrated_legs(arch, hw, tp)
+    return LinearCost(prefill, decode, source)
+
+
+def cost_of(source: str, arch: ModelArch, hw: Hardware, tp: int = 1) -> LinearCost:
+    """The latency model of ``arch`` at ``tp`` on ``hw`` from the named cost source
+    (``costmodel.sources``)."""
+    check_cost_source(source)
+    if source == CALIBRATED:
+        return calibrated_cost(arch, hw, tp)
+    if source == VIDUR:
+        return vidur_cost(arch, hw, tp)
+    return roofline_cost(arch, hw, tp)
+
+
 def fitted_cost(rec: ProfileRecord) -> LinearCost:
     p, d = rec.aladdin.prefill, rec.aladdin.decode
     return LinearCost(((p.c1, p.k1, 0.0),), ((d.c3, d.c2, d.k2),), f"fitted:{rec.hardware}:{rec.engine}")
@@ -171,13 +206,13 @@ def fitted_cost(rec: ProfileRecord) -> LinearCost:
 
 @dataclass
 class CostBook:
-    """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the default
-    ``source``: "roofline" (the default) or "vidur" (measured operators; roofline where none)."""
+    """Latency per (model, tp), compiled lazily: a fitted record at its TP degree, else the cost
+    ``source`` (``costmodel.sources``: "calibrated", the default, "vidur" or "roofline")."""
 
     hw: Hardware
     archs: Mapping[str, ModelArch]
     records: Mapping[str, ProfileRecord] = field(default_factory=dict)
-    source: str = "roofline"
+    source: str = DEFAULT_COST_SOURCE
     _cache: dict[tuple[str, int], LinearCost] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -186,10 +221,9 @@ class CostBook:
         hw: Hardware,
         archs: Mapping[str, ModelArch],
         records: Iterable[ProfileRecord] = (),
-        source: str = "roofline",
+        source: str = DEFAULT_COST_SOURCE,
     ) -> CostBook:
-        if source not in COST_SOURCES:
-            raise ValueError(f"unknown cost source {source!r}; valid: {list(COST_SOURCES)}")
+        check_cost_source(source)
         by_model = {r.model: r for r in records}
         unknown = sorted(set(by_model) - set(archs))
         if unknown:
@@ -212,11 +246,7 @@ class CostBook:
                     raise ValueError(
                         f"no architecture for model {name!r}; known: {sorted(self.archs)}"
                     ) from None
-                lm = (
-                    vidur_cost(arch, self.hw, tp)
-                    if self.source == "vidur"
-                    else roofline_cost(arch, self.hw, tp)
-                )
+                lm = cost_of(self.source, arch, self.hw, tp)
             self._cache[key] = lm
         return lm
 

@@ -19,7 +19,7 @@ from typing import Any
 from llmfleet.costmodel import UnknownModel, hardware, model_arch
 from llmfleet.costmodel.hardware import UnknownHardware
 from llmfleet.replay.fleet import FleetSample, gpu_log, placement_decisions
-from llmfleet.sim.cost import CostBook
+from llmfleet.sim.cost import DEFAULT_COST_SOURCE, CostBook
 from llmfleet.sim.metrics import dist, summarize
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Sample, SimResult
@@ -70,7 +70,7 @@ class SoloTimes:
     hardware (else ``default_hardware``); 0.0 when the model or the hardware is not in the catalog."""
 
     default_hardware: str | None = None
-    cost_source: str = "roofline"
+    cost_source: str = DEFAULT_COST_SOURCE
     _books: dict[tuple[str, str], CostBook | None] = field(default_factory=dict, repr=False)
 
     def book(self, model: str, hw_name: str) -> CostBook | None:
@@ -193,6 +193,8 @@ def live_report(
         placement=decisions,
     )
     report = summarize(result, services)
+    if solo is not None:
+        report["cost_source"] = solo.cost_source
     cluster = report["cluster"]
     for key in UNOBSERVED:
         cluster[key] = None

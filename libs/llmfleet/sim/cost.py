@@ -5,9 +5,11 @@ latency models, :class:`CostBook`) and of Mell's :func:`reprefill_boundary`
 
 from llmfleet.costmodel.iteration_costs import (
     COST_SOURCES,
+    DEFAULT_COST_SOURCE,
     CostBook,
     Leg,
     LinearCost,
+    calibrated_cost,
     fitted_cost,
     roofline_cost,
     vidur_cost,
@@ -16,9 +18,11 @@ from llmfleet.policies.migration.hybrid_transfer import reprefill_boundary
 
 __all__ = [
     "COST_SOURCES",
+    "DEFAULT_COST_SOURCE",
     "CostBook",
     "Leg",
     "LinearCost",
+    "calibrated_cost",
     "fitted_cost",
     "reprefill_boundary",
     "roofline_cost",

@@ -216,6 +216,7 @@ def simulate(
     report = summarize(result, spec.services)
     report.update(loops.stats())
     report["policy"] = policy.to_dict()
+    report["cost_source"] = spec.cost_source
     report["plan"] = [dataclasses.asdict(p) for p in plan]
     report["cluster"]["spec"] = str(spec.cluster)
     return Experiment(policy, list(plan), result, report)

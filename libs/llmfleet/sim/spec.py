@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from llmfleet.costmodel import MODEL_CATALOG, Hardware, ModelArch, UnknownModel, hardware, model_arch
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.engine_core import EngineLimits
 from llmfleet.types import SLO_KEYS, Slo
 
@@ -103,13 +104,12 @@ class SimSpec:
     cluster: ClusterSpec
     services: tuple[SimService, ...]
     engine: EngineSettings = field(default_factory=EngineSettings)
-    cost_source: str = "roofline"  # iteration costs without a profile: "roofline" | "vidur" (sim.cost)
+    cost_source: str = DEFAULT_COST_SOURCE  # iteration costs without a profile (costmodel.sources)
 
     def __post_init__(self) -> None:
         if not self.services:
             raise ValueError("a simulation needs at least one service")
-        if self.cost_source not in ("roofline", "vidur"):
-            raise ValueError(f"unknown cost source {self.cost_source!r}; valid: ['roofline', 'vidur']")
+        check_cost_source(self.cost_source)
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate service names: {names}")

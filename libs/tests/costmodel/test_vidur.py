@@ -158,7 +158,7 @@ def test_unknown_hardware_falls_back_to_roofline(caplog):
 def test_costbook_source_option_and_spec():
     archs = {"llama2-7b": model_arch("llama2-7b"), "opt-6.7b": model_arch("opt-6.7b")}
     book = CostBook.build(A100, archs)
-    assert book.model("llama2-7b", 1).source == "roofline"  # the default stays the roofline
+    assert book.model("llama2-7b", 1).source == "calibrated:a100"  # the default: costmodel.sources
     book = CostBook.build(A100, archs, source="vidur")
     assert book.model("llama2-7b", 2).source == "vidur:a100"
     assert book.model("opt-6.7b", 1).source == "vidur:a100:derived"
@@ -166,7 +166,7 @@ def test_costbook_source_option_and_spec():
     with pytest.raises(ValueError, match="unknown cost source"):
         CostBook.build(A100, archs, source="measured")
     spec = SimSpec(ClusterSpec.parse("4xA100-80GB"), (SimService("s", "llama2-7b"),))
-    assert spec.cost_source == "roofline"
+    assert spec.cost_source == "calibrated"
     with pytest.raises(ValueError, match="unknown cost source"):
         SimSpec(ClusterSpec.parse("4xA100-80GB"), (SimService("s", "llama2-7b"),), cost_source="x")
 
@@ -255,7 +255,8 @@ def test_cli_cost_source_flag_reaches_the_spec():
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     base = ["--synthetic", "10", "--cluster", "2xA100-80GB", "--model", "llama2-7b"]
-    assert sim_spec(p.parse_args(base), None).cost_source == "roofline"
+    assert sim_spec(p.parse_args(base), None).cost_source == "calibrated"
+    assert sim_spec(p.parse_args([*base, "--cost-source", "roofline"]), None).cost_source == "roofline"
     assert sim_spec(p.parse_args([*base, "--cost-source", "vidur"]), None).cost_source == "vidur"
     with pytest.raises(SystemExit):
         p.parse_args([*base, "--cost-source", "measured"])

@@ -31,7 +31,7 @@ def random_workload(n=300, rate=15.0, seed=11, max_prompt=400, max_out=200):
 
 def run(tiny, work, *, fast_forward, engine=None, dispatch=None, check_kv=None):
     spec = tiny.spec(engine)
-    book = CostBook.build(hardware("A100-80GB"), {MODEL: model_arch(MODEL)})  # roofline: two legs
+    book = CostBook.build(hardware("A100-80GB"), {MODEL: model_arch(MODEL)})  # the default: 3–4 legs
     plan = [InstancePlan("i0", (MODEL,), 1), InstancePlan("i1", (MODEL,), 1)]
     sim = Simulator(spec, plan, Fcfs, dispatch or RoundRobin(), book, fast_forward=fast_forward)
     if check_kv is not None:  # the engine's KV bookkeeping, checked every 50 ms of simulated time

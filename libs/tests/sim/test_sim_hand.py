@@ -76,10 +76,12 @@ def test_solo_time_matches_a_lone_simulated_request(tiny, cost, prompt, out):
     assert sim.cost.solo_time(tiny.model, 1, prompt, out) == approx(r.latency_s, rel=1e-12)
 
 
-def test_solo_time_matches_a_lone_request_on_the_roofline(tiny):
-    """The default (roofline, two legs) cost: solo_time is still the lone request's simulated latency."""
+@pytest.mark.parametrize(("source", "named"), [("roofline", "roofline"), ("calibrated", "calibrated:a100")])
+def test_solo_time_matches_a_lone_request_on_each_cost_source(tiny, source, named):
+    """The roofline (two legs) and the calibrated source (measured legs plus overhead): solo_time is
+    still the lone request's simulated latency."""
     spec = tiny.spec()
-    book = CostBook.build(hardware("A100-80GB"), {tiny.model: model_arch(tiny.model)})
+    book = CostBook.build(hardware("A100-80GB"), {tiny.model: model_arch(tiny.model)}, source=source)
     for ff in (True, False):
         sim = Simulator(
             spec, [InstancePlan("i0", (tiny.model,), 1)], Fcfs, RoundRobin(), book, fast_forward=ff
@@ -87,7 +89,7 @@ def test_solo_time_matches_a_lone_request_on_the_roofline(tiny):
         (r,) = sim.run([W("a", 0.0, 700, 300, "s")]).records
         assert r.latency_s == approx(book.solo_time(tiny.model, 1, 700, 300), rel=1e-9)
         assert r.solo_s == approx(r.latency_s, rel=1e-9)
-    assert book.sources() == {f"{tiny.model}@tp1": "roofline"}
+    assert book.sources() == {f"{tiny.model}@tp1": named}
 
 
 # ----------------------------------------------------------------------------- a join mid-decode

@@ -450,7 +450,10 @@ def _add_emulated_flags(g: argparse._ArgumentGroup) -> None:
         help="emulated GPUs hosted by this process: ids ID-0..ID-(N-1), ports --port+i (0: any free)",
     )
     g.add_argument(
-        "--cost-source", choices=COST_SOURCES, default=DEFAULT_COST_SOURCE, help="step costs (costmodel.sources)"
+        "--cost-source",
+        choices=COST_SOURCES,
+        default=DEFAULT_COST_SOURCE,
+        help="step costs (costmodel.sources)",
     )
     g.add_argument("--mem-fraction", type=float, default=0.9, help="GPU memory for weights + KV (0.9)")
     g.add_argument(

@@ -91,3 +91,43 @@ async def test_lag_is_exported_next_to_the_vllm_metrics():
         assert any(k.startswith("vllm:generation_tokens_total") for k in got)
     finally:
         await ex.aclose()
+
+
+class HostClock:
+    """Simulated time where the host spends ``host_s`` after every wait (waking up, completing the
+    step, scheduling the next) before it can do anything else."""
+
+    def __init__(self, host_s: float) -> None:
+        self.t, self.host_s, self.dues, self.lag = 0.0, host_s, [], Lag()
+
+    def monotonic(self) -> float:
+        return self.t
+
+    perf_counter = monotonic
+
+    def sleep_until(self, due: float) -> None:
+        self.dues.append(due)
+        self.t = max(self.t, due) + self.host_s
+
+
+@pytest.mark.parametrize("host_s", [0.0, 0.004])
+async def test_steps_keep_the_modelled_clock_whatever_the_host_spends_between_them(host_s, monkeypatch):
+    from llmfleet_engine import executor as executor_module
+
+    clock = HostClock(host_s)
+    monkeypatch.setattr(executor_module, "time", clock)
+    ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=clock)
+    try:
+        await asyncio.to_thread(ex.load, ModelSpec("m", "emulated://llama2-7b"))
+        start = clock.t
+        req = build_request(ex.models["m"], "a b c", request_id="r", max_tokens=12, arrival_s=start)
+        await asyncio.wait_for(ex.submit(req).collect(), 30)
+        cost = ex.runner("m").cost
+        # a prefill of 3 tokens, then 11 decodes of one sequence whose context grows from 4
+        modelled = cost.iteration(3, 9, 0, 0) + sum(cost.iteration(0, 0, 1, 3 + i) for i in range(1, 12))
+        assert clock.dues[-1] - start == pytest.approx(modelled)  # the host's time is not added
+        assert ex.clock.lag.host_steps == 11  # every decode's work was waiting at the previous due
+        assert ex.clock.lag.host_s == pytest.approx(11 * host_s)
+        assert ex.clock.lag.host_max_s == pytest.approx(host_s)
+    finally:
+        await ex.aclose()

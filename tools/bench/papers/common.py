@@ -55,6 +55,13 @@ def set_cost_source(name: str) -> None:
 def cost_note() -> str:
     if COST_SOURCE == "roofline":
         return COST_NOTE
+    if COST_SOURCE == "calibrated":
+        return (
+            "Latencies come from the simulator's `calibrated` cost source (`llmfleet.costmodel.calibrated`: "
+            "Vidur's measured A100/H100 operator times plus the per-iteration CPU overhead a + c·b fitted "
+            "per TP on Vidur's vLLM profile; elsewhere the roofline scaled by fitted factors; the per-"
+            "instance sources are in each row's JSON under `cost_models`)."
+        )
     return (
         f"Latencies come from the simulator's `{COST_SOURCE}` cost source (`llmfleet.sim.cost`: measured "
         "per-operator times where the data covers the model and GPU, the roofline elsewhere; the per-"

@@ -1,6 +1,8 @@
 """Wall-clock pacing of emulated work: a step, a transfer or a weight load ends when the cost model
-says it would on the GPU, measured from when it began (not from when the Python work around it ended),
-so the time the host spends scheduling is part of the step, as a GPU's launch overhead would be."""
+says it would on the GPU, measured from its start on the modelled clock (a step's start is chosen by
+the executor: the previous step's due time when work was waiting), so the host's own Python time
+overlaps the modelled work instead of adding to it. ``Lag`` counts what the host could not hide: waits
+already past due, and per step the host's time between a due time and the next step's scheduling."""
 
 from __future__ import annotations
 
@@ -21,7 +23,17 @@ class Lag:
     late: int = 0  # waits that were already past due
     total_s: float = 0.0  # summed lateness
     max_s: float = 0.0
+    host_steps: int = 0  # steps that started at the previous step's due time
+    host_s: float = 0.0  # summed host time from those due times to the steps' scheduling
+    host_max_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record_host(self, seconds: float) -> None:
+        """The host's time between a step's due time and the scheduling of the step that follows."""
+        with self._lock:
+            self.host_steps += 1
+            self.host_s += seconds
+            self.host_max_s = max(self.host_max_s, seconds)
 
     def record(self, late_s: float) -> None:
         with self._lock:
@@ -66,6 +78,7 @@ class LagCollector(Collector):
         lag = self.lag
         with lag._lock:
             waits, late, total, worst = lag.waits, lag.late, lag.total_s, lag.max_s
+            steps, host, host_max = lag.host_steps, lag.host_s, lag.host_max_s
         yield CounterMetricFamily(
             "llmfleet_emulated_waits", "Emulated steps, loads and transfers paced.", value=waits
         )
@@ -77,4 +90,18 @@ class LagCollector(Collector):
         )
         yield GaugeMetricFamily(
             "llmfleet_emulated_lag_max_seconds", "The largest lateness so far.", value=worst
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_host_steps",
+            "Steps that started at the previous step's due time (work was waiting).",
+            value=steps,
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_host_seconds",
+            "Summed host time from those due times to the next step's scheduling (per step: divide by "
+            "llmfleet_emulated_host_steps).",
+            value=host,
+        )
+        yield GaugeMetricFamily(
+            "llmfleet_emulated_host_max_seconds", "The largest host time between two steps.", value=host_max
         )

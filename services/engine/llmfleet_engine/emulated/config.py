@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.costmodel import COST_SOURCES, Hardware, hardware
+from llmfleet.costmodel import DEFAULT_COST_SOURCE, Hardware, check_cost_source, hardware
 from llmfleet.costmodel import memory as cost_memory
 
 from llmfleet_engine.emulated.catalog import check_sim_models
@@ -24,7 +24,7 @@ class EmulatedConfig(ExecutorConfig):
     hardware: str = "a100-80gb"
     tp: int = 1
     mem_fraction: float = cost_memory.DEFAULT_MEM_FRACTION
-    cost_source: str = "roofline"
+    cost_source: str = DEFAULT_COST_SOURCE
     sim_models: Mapping[str, str] = field(default_factory=dict)
     link_bytes_per_s: float | None = None  # KV transfers (None: the GPU's intra-node link × comm_eff)
     block_bytes: int | None = None
@@ -38,8 +38,7 @@ class EmulatedConfig(ExecutorConfig):
             raise ValueError(f"tp must be >= 1, got {self.tp}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
-        if self.cost_source not in COST_SOURCES:
-            raise ValueError(f"unknown cost source {self.cost_source!r}; valid: {list(COST_SOURCES)}")
+        check_cost_source(self.cost_source)
         if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:
             raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
         archs = check_sim_models(self.sim_models)

@@ -10,10 +10,16 @@ Everything but the forward pass is the native :class:`~llmfleet_engine.executor.
   mem_fraction`` of the catalog GPU, each model reserving its weights plus the peak-activation estimate
   of ``llmfleet.costmodel.memory``; merged blocks of ``block_tokens`` tokens of the largest declared
   model. No tensors are allocated.
-* **A step** is priced by the simulator's cost model (``CostBook``, ``--cost-source roofline|vidur``) as
-  ``iteration(prefill tokens, Σ prefill², decodes, context)`` and ends when that time has passed on the
-  wall clock since it was scheduled. Token ids are deterministic per (request, position) and never EOS:
-  a request ends at its ``max_tokens`` (a trace's output length).
+* **A step** is priced by the simulator's cost model (``CostBook``, ``--cost-source``, default
+  ``costmodel.sources.DEFAULT_COST_SOURCE``) as ``iteration(prefill tokens, Σ prefill², decodes,
+  context)`` and ends that long after its start on the modelled clock, as in the simulator: a step
+  whose work was waiting when the previous step ended starts at the previous step's due time, not when
+  the host got round to scheduling it; a step of work that arrived later starts at its earliest
+  member's arrival (never later than it was scheduled). So the host's Python time between steps
+  (completing one step, scheduling the next, other engines' threads) overlaps the modelled step
+  instead of adding to it, and it is reported per step (``llmfleet_emulated_host_*``). Token ids are
+  deterministic per (request, position) and never EOS: a request ends at its ``max_tokens`` (a trace's
+  output length).
 * **Loading** a model takes ``weights / (tp × host-to-device bandwidth)``, as the simulator charges;
   its memory is claimed first.
 * **KV export/import** sends the block table and token range, not K/V bytes, and takes
@@ -57,6 +63,7 @@ class EmulatedExecutor(Executor):
 
     def __init__(self, config: EmulatedConfig | None = None, clock: WallClock | None = None) -> None:
         self.clock = clock or WallClock()  # before the parts are built (they pace on it)
+        self._due: float | None = None  # when the previous step ends on the modelled clock
         super().__init__(config or EmulatedConfig())
         self.backend = BACKEND
 
@@ -97,11 +104,25 @@ class EmulatedExecutor(Executor):
             state: LiveRequest = r.payload
             if state.scheduled_s is None:
                 state.scheduled_s = now
-        return now
+        return self._start(plan, now)
+
+    def _start(self, plan: StepPlan, now: float) -> float:
+        """The step's start on the modelled clock (module docstring): the previous step's due time, or
+        the earliest member's arrival if that is later, but never after ``now``; the host's time past
+        the due time is recorded when the step starts there."""
+        due = self._due
+        if due is None or due > now:
+            return now
+        ready = min(r.sched.arrival_s for r in plan.members)
+        if ready <= due:
+            self.clock.lag.record_host(now - due)
+            return due
+        return min(ready, now)
 
     def _forward(self, plan: StepPlan, members: list[LiveRequest], start: float) -> tuple[list[int], float]:
         duration = members[0].model.runner.step_s(plan)
-        self.clock.sleep_until(start + duration)
+        self._due = start + duration
+        self.clock.sleep_until(self._due)
         vocab = members[0].model.loaded.vocab_size
         picked = [token_id(zlib.crc32(r.request_id.encode()), len(r.tokens), vocab) for r in members]
         return picked, duration
