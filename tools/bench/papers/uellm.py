@@ -189,7 +189,7 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
     mor = deps["morphling"]
     log(f"  uellm deployments: default {deps['default'].label}, HELR {deps['helr'].label}, Morphling "
         f"{mor.deployment.label} batch {mor.batch} after {len(mor.trials)} trials ({mor.profile_s:.0f} s)")  # fmt: skip
-    rows, uniform = [], []
+    rows, uniform, oracle = [], [], []
     for i, rate in enumerate(cfg["rates"]):
         wl = C.poisson_workload(
             lengths, rate, cfg["duration_s"], seed=300 + i, service=[s.name for s in services], model=MODEL
@@ -211,6 +211,8 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
                 log(
                     f"  uellm uniform {rate:g} req/s {r['policy']:16s} {r['deployment']:28s} lat {r['latency_mean_s']:.1f}s"
                 )
+            exact = {r.request_id: float(r.output_tokens) for r in wl.requests}  # one factor: the predictor
+            oracle = _run_systems(deps, services, wl, exact, ("UA", "S3"), rate, "capped, exact lengths")
     harness = H.run(deps, MODEL, lengths, DEADLINES, seed=500)
     for r in harness["rows"]:
         log(f"  uellm harness ×{r['factor']} {r['system']:13s} elapsed {r['elapsed_s']:.1f}s mean latency "
@@ -239,6 +241,7 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         "uniform_deployments": uniform_deps if uniform else {},
         "morphling_trials": [t.__dict__ for t in mor.trials],
         "harness": harness,
+        "exact_oracle": oracle,
         "wall_s": 0.0,
     }
     _summarize(result)
@@ -344,6 +347,25 @@ def _summarize(res: dict) -> None:
         )
         + f" (UA's batches {hz['groups']['UA']}, S³'s {hz['groups']['S3']}, Morphling's {hz['groups']['Morphling']})."
     )
+    if res.get("exact_oracle"):
+        ex = {r["policy"]: r for r in res["exact_oracle"]}
+        ua6, s36 = (_at(rows, rates[-1], p) for p in ("UA", "S3"))
+        notes.append(
+            f"One factor, the length predictor: at {rates[-1]:g} req/s with exact output lengths instead of the noisy "
+            f"oracle (σ = {SIGMA}), UA {C.fmt(ex['UA']['latency_mean_s'])} s (noisy: {C.fmt(ua6['latency_mean_s'])} s), "
+            f"S³ {C.fmt(ex['S3']['latency_mean_s'])} s (noisy: {C.fmt(s36['latency_mean_s'])} s)."
+        )
+    no = hz["no_overhead"]
+    notes.append(
+        "One factor, the pipeline overheads (harness, elapsed time, without them / with them): "
+        + ", ".join(
+            f"×{f} {name} {C.fmt(no[str(f)][name])} s / "
+            f"{C.fmt(next(r['elapsed_s'] for r in hz['rows'] if r['factor'] == f and r['system'] == name))} s"
+            for f in (1.0, "cap")
+            for name in ("UA", "S3")
+        )
+        + "."
+    )
     notes.append(
         "Differences that remain: a noisy oracle for the fine-tuned length classifier, the power cap as a linear "
         "speed factor, the pipeline overheads of costmodel.pipeline (per iteration "
@@ -389,7 +411,7 @@ def markdown(res: dict) -> str:
     extra += [
         "",
         "The authors' harness (100 requests at once; rows generate factor × label tokens within their batch's "
-        "cap; cut = 1 − UA / theirs, on mean latency):",
+        "cap; cut = 1 − UA / theirs, on mean latency and on the total elapsed time the scripts print):",
         "",
         C.md_table(
             res["harness"]["rows"],

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from llmfleet.costmodel import model_arch
-from llmfleet.costmodel.pipeline import HF_PIPELINE_OVERHEAD, PipelineOverhead, static_batch_time
+from llmfleet.costmodel.pipeline import HF_PIPELINE_OVERHEAD, NO_OVERHEAD, PipelineOverhead, static_batch_time
 
 from . import common as C
 from . import uellm_cluster as U
@@ -185,10 +185,20 @@ def run(deps: dict, model: str, lengths: np.ndarray, slos: Sequence[float], seed
         return min(1 - ua / systems[b](f)["elapsed_s"] for b in ("S3", "Morphling"))
 
     even = next((f for f in grid if worst_cut(f) >= GOAL), None)
+    bare = {  # one factor: the same runs without the pipeline overheads
+        str(f): {
+            "UA": serve(uellm_groups(qs), deps["helr"], model, f, uellm_cap, NO_OVERHEAD)["elapsed_s"],
+            "S3": serve(s3_groups(qs), deps["default"], model, f, lambda g: MAX_LENGTH, NO_OVERHEAD)[
+                "elapsed_s"
+            ],
+        }
+        for f in (1.0, "cap")
+    }
     return {
         "requests": len(qs),
         "rows": rows,
         "break_even_factor": even,
+        "no_overhead": bare,
         "groups": {
             "UA": len(uellm_groups(qs)),
             "S3": len(s3_groups(qs)),
