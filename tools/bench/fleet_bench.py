@@ -99,6 +99,7 @@ def bench_replay(
     fleet.start()
     try:
         load = run_load(fleet, window, fleet.dir / "live", duration_s * 3 + 600)
+        pacing = fleet.emulated_pacing()
     finally:
         fleet.stop()
     sim_rc = run_sim(spec, fleet.config, window, name, fleet.dir / "sim", [])
@@ -114,6 +115,7 @@ def bench_replay(
 
     goals = {
         "mean latency within 10%": _within(rel("latency mean s"), 0.10),
+        "mean TPOT within 10%": _within(rel("TPOT (ATGT) mean s"), 0.10),
         "p99 latency within 15%": _within(rel("latency p99 s"), 0.15),
         "mean GPUs within 1": _within(diff("GPUs in use mean"), 1.0),
         "peak GPUs within 1": _within(diff("GPUs in use peak"), 1.0),
@@ -126,6 +128,8 @@ def bench_replay(
         "placement": section["policy"],
         "rate_scale": rate_scale,
         "duration_s": duration_s,
+        "cost_source": spec.cost_source,
+        "pacing": pacing,
         "load_rc": load.returncode,
         "sim_rc": sim_rc,
         "rows": rows,
@@ -254,10 +258,25 @@ def markdown(report: dict) -> str:
         title = (
             f"{run.get('preset')} (placement {run.get('placement')}) on {run.get('gpus')} emulated A100-80GB"
         )
+        pacing = run.get("pacing") or {}
+        per_step = pacing.get("host_per_step_ms")
         lines += [
             f"## Replay: live vs simulated, {title}",
             "",
+            f"Rate × {run.get('rate_scale')}, {run.get('duration_s')} s, cost source {run.get('cost_source')}.",
+            "",
             *_goals(run),
+            *(
+                [
+                    f"Emulated pacing: {pacing['waits']:.0f} waits, {pacing['late']:.0f} late "
+                    f"({pacing['lag_seconds']:.1f} s summed); the host's time from a step's due time to "
+                    f"the next step: {per_step:.2f} ms per step over {pacing['host_steps']:.0f} steps "
+                    f"(max {1e3 * pacing['host_max_s']:.1f} ms).",
+                    "",
+                ]
+                if per_step is not None
+                else []
+            ),
             "```",
             run.get("compare", run.get("skipped", "")),
             "```",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 from local_up import LocalUp
 
 BIN = Path(sys.executable).parent
@@ -42,6 +43,7 @@ class FleetSpec:
     engine: dict[str, Any] = field(default_factory=dict)
     dispatch: str = ""
     migration: dict[str, Any] | None = None
+    cost_source: str = DEFAULT_COST_SOURCE  # the emulated engines', the simulator's and the solo times'
 
     def config(self) -> dict[str, Any]:
         services = {
@@ -52,6 +54,7 @@ class FleetSpec:
         pool = {
             "hardware": self.hardware,
             "count": self.gpus,
+            "cost_source": self.cost_source,
             **({"engine": self.engine} if self.engine else {}),
         }
         cfg: dict[str, Any] = {
@@ -113,6 +116,26 @@ class Fleet(LocalUp):
                 continue
         return out
 
+    def emulated_pacing(self) -> dict[str, float]:
+        """Every emulated GPU's pacing counters (``llmfleet_emulated_*`` on its /metrics), summed; and
+        the host's mean time per step from a step's due time to the next step's scheduling."""
+        keys = ("waits", "late", "lag_seconds", "host_steps", "host_seconds")
+        total = dict.fromkeys(keys, 0.0)
+        host_max = 0.0
+        for row in self.endpoints.values():
+            if row.get("name", "").startswith("emu") and row.get("metrics"):
+                for port in _ports(row["metrics"]):
+                    got = scrape(port)
+                    for k in keys:
+                        total[k] += got.get(f"llmfleet_emulated_{k}_total", 0.0)
+                    host_max = max(host_max, got.get("llmfleet_emulated_host_max_seconds", 0.0))
+        steps = total["host_steps"]
+        return {
+            **total,
+            "host_max_s": host_max,
+            "host_per_step_ms": 1e3 * total["host_seconds"] / steps if steps else None,
+        }
+
     def cpu_seconds(self) -> dict[str, float]:
         """user + system CPU seconds so far, per process."""
         out = {}
@@ -125,11 +148,36 @@ class Fleet(LocalUp):
         return out
 
 
+def _ports(metrics: str) -> list[str]:
+    """``host:a..b`` (or ``host:a``) → ``host:a`` … ``host:b``."""
+    host, _, ports = metrics.rpartition(":")
+    lo, _, hi = ports.partition("..")
+    return [f"{host}:{p}" for p in range(int(lo), int(hi or lo) + 1)]
+
+
+def scrape(address: str) -> dict[str, float]:
+    """``name`` -> value of one /metrics page (unlabelled samples; {} when it does not answer)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
 def run_load(fleet: Fleet, window: list[str], out: Path, timeout_s: float) -> subprocess.CompletedProcess:
     """``llmfleet load`` of a trace window against the fleet (the SDK, both schedulers)."""
     run = subprocess.run(
         [str(BIN / "llmfleet"), "load", *window, "--scheduler", fleet.endpoints["scheduler"]["address"],
-         "--etcd", fleet.etcd, "--cluster-config", str(fleet.config), "--out", str(out)],
+         "--etcd", fleet.etcd, "--cluster-config", str(fleet.config), "--out", str(out),
+         "--cost-source", fleet.spec.cost_source],
         capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
     (out.parent / f"{out.name}.out").write_text(run.stdout + run.stderr)
@@ -146,7 +194,8 @@ def run_sim(
          str(config), "--policy", policy, "--placement", pl["policy"],
          "--placement-interval-s", str(pl["interval_s"]), "--placement-window-s", str(pl.get("window_s") or 60),
          "--placement-confirm-intervals", str(pl.get("confirm_intervals", 2)),
-         "--engine-gpus", "1", "--first-plan", "cold", "--out", str(out), *extra],
+         "--engine-gpus", "1", "--first-plan", "cold", "--cost-source", spec.cost_source, "--out", str(out),
+         *extra],
         capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     (out.parent / f"{out.name}.out").write_text(sim.stdout + sim.stderr)
