@@ -118,8 +118,11 @@ bench-capacity: setup
 bench-metrics: setup
 	$(PYTHON) tools/bench/metrics_overhead.py --out .bench/metrics $(BENCH_ARGS)
 
+# With a CUDA GPU it also installs vLLM's CUDA build and checks the vLLM backend on the GPU.
 gpu-check: setup
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then $(MAKE) --no-print-directory setup-vllm; fi
 	$(PYTHON) tools/gpu_checks/gpu_check.py --out .bench/gpu $(GPU_CHECK_ARGS)
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then $(PYTHON) tools/gpu_checks/vllm_check.py --out .bench/gpu; fi
 
 bench-costs: setup
 	$(PYTHON) tools/bench/cost_sources.py --out .bench/costs $(BENCH_ARGS)

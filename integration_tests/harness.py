@@ -126,13 +126,15 @@ def launch(
     engine_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     scheduler_env: dict[str, str] | None = None,
+    load_timeout_s: float = 120,
 ) -> Cluster:
     """Start etcd, scheduler, profiler, placement (leader + standbys), migration and the engines.
 
     ``config`` replaces the default cluster config (``"{endless}"`` in a model source is the endless
     llama); each engine gets its config's ``policy``, ``options`` and limits. ``env`` goes to
-    every process (and ``llmfleet status``), ``scheduler_env`` on top of it to the scheduler. Returns once every
-    process answers health and every engine has loaded its desired models."""
+    every process (and ``llmfleet status``), ``scheduler_env`` on top of it to the scheduler;
+    ``engine_args`` go to every engine. Returns once every process answers health and every
+    engine has loaded its desired models (within ``load_timeout_s``)."""
     models_dir = root / "models"
     endless = prepare_endless_llama(models_dir)
     if config is not None:
@@ -185,22 +187,22 @@ def launch(
             name = "migration" if migration_replicas == 1 else f"migration-{i}"
             c.start(name, "llmfleet-migration", "--load-interval-s", "0.2", *migration_args)
         for eid in engine_ids:
+            native = engines[eid].backend == "native"
             c.start(
                 eid,
                 "llmfleet-engine",
                 "--models-dir",
                 str(models_dir),
-                "--threads",
-                "1",
+                *(["--threads", "1"] if native else []),
                 "--offline",
-                *engines[eid].engine_args(),  # the config's policy, options and limits
+                *engines[eid].engine_args(),  # the config's backend, policy, options and limits
                 *engine_args,
             )
         c.wait_healthy()
         want = {eid: set(e["models"]) for eid, e in config["engines"].items()}
         c.wait_status(
             lambda s: {n["node_id"]: set(n["models"]) for n in s["nodes"] if n["role"] == "engine"} == want,
-            timeout=120,
+            timeout=load_timeout_s,
             what="engines to load their placement",
         )
     except BaseException:

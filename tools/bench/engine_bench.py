@@ -8,6 +8,9 @@
    interleaved the same way: the overhead per repeat, its median and spread.
 3. KV transfer on loopback between two engine servers: ExportKv throughput and a live Migrate of a
    1,000-token request, with a llama-shaped model large enough for the bytes to matter.
+4. The backends side by side where vLLM is installed (``make setup-vllm``): the native engine, the
+   vLLM backend and HF ``generate`` on one checkpoint, tokens/s at batch 1, 8 and 32, TTFT, load time
+   and resident memory (``engine_backends.py``).
 
 1 and 2 run once per intra-op thread count of ``--threads`` (default ``default,1``: torch's default
 count, then 1); both sides always use the same count (HF in the main thread, the engine's worker via
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -32,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import engine_backends
 import grpc
 import torch
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -105,7 +110,7 @@ async def run_requests(ex: Executor, work: list[tuple[LoadedModel, list[int]]], 
 
 
 def hf_generate_s(model: LoadedModel, batch: list[list[int]], new: int) -> float:
-    ids = torch.tensor(batch)
+    ids = torch.tensor(batch, device=model.model.device)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = model.model.generate(
@@ -116,6 +121,8 @@ def hf_generate_s(model: LoadedModel, batch: list[list[int]], new: int) -> float
             min_new_tokens=new,
             pad_token_id=0,
         )
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
     assert out.shape[1] == ids.shape[1] + new
     return dt
@@ -336,9 +343,12 @@ def markdown(result: dict) -> str:
         f"| {k['export_mb_per_s']:.0f} MB/s | {k['migrate_tokens']} | {k['migrate_bytes'] / 1e6:.1f} MB | "
         f"{k['migrate_transfer_s'] * 1e3:.0f} ms | {k['migrate_pause_s'] * 1e3:.0f} ms | {k['migrate_mb_per_s']:.0f} |",
         "",
-        "GPU: " + result["gpu"],
-        "",
     ]
+    if result.get("backends"):
+        lines += engine_backends.markdown(result["backends"])
+    else:
+        lines += ["Backends section skipped: vLLM is not installed (make setup-vllm) or --no-vllm.", ""]
+    lines += ["GPU: " + result["gpu"], ""]
     return "\n".join(lines)
 
 
@@ -414,10 +424,16 @@ async def main_async(args: argparse.Namespace) -> dict:
     torch.set_num_threads(default_threads)
     print("KV transfer:")
     kv = await kv_transfer(models)
+    section = None
+    if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
+        print("backends (native, vLLM, HF generate):")
+        section = await engine_backends.backends(
+            models, args.repeats, NEW_TOKENS, PROMPT_TOKENS, hf_generate_s
+        )
     gpu = (
         f"CUDA available ({torch.cuda.get_device_name(0)}) but this run used the CPU"
         if torch.cuda.is_available()
-        else "no GPU on this machine: the CUDA path of the native engine and the vLLM backend are unverified here"
+        else "no GPU on this machine: the CUDA paths of the native engine and of vLLM are unverified here"
     )
     return {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -432,6 +448,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "throughput": runs[0]["throughput"],  # the first thread setting (compatibility)
         "sharing": runs[0]["sharing"],
         "kv_transfer": kv,
+        "backends": section,
         "gpu": gpu,
     }
 
@@ -448,6 +465,7 @@ def main() -> None:
     ap.add_argument(
         "--models-dir", default=None, help="where tiny checkpoints are built (default: a temp dir)"
     )
+    ap.add_argument("--no-vllm", action="store_true", help="skip the backends section (vLLM side by side)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,9 @@ off). A key means exactly those models (``()``: idle). Replacement loses no requ
    from the delivered tokens (re-prefill);
 4. **unload** once no request of the model is left.
 
-A model desired again while draining serves again at once. Backends without drain support (vLLM)
-unload at once (their requests end with the model), as before. Failed loads are retried every
+A model desired again while draining serves again at once. Both the native and the vLLM backend
+drain; the vLLM one has no KV export, so its moved requests are evicted and resumed by re-prefill.
+A backend without drain support would unload at once (its requests end with the model). Failed loads are retried every
 ``retry_s``; a change of the desired state wakes the follower at once.
 """
 

@@ -9,7 +9,8 @@ What differs from the native executor:
 
 * no unified KV pool and no KV export/import (``supports_kv_transfer = False``): a migrated or resumed
   request is re-prefilled from ``prompt_token_ids + resume_token_ids`` (token transfer), which vLLM's
-  automatic prefix caching shortens where the prefix is still cached;
+  automatic prefix caching shortens where the prefix is still cached; a model leaving the node drains
+  (``vllm_drains``): its requests finish, or are evicted and resumed elsewhere by the scheduler;
 * the load snapshot's running and waiting counts and its KV in use are vLLM's own, from the scheduler
   stats vLLM hands a stat logger after each step (``vllm_stats``); its KV capacity is vLLM's block count
   times its block size. Per request, the KV bytes are the adapter's count (prompt + generated tokens
@@ -40,13 +41,14 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from llmfleet_engine.outputs import ExecutorClosedError, LoadSnapshot, ModelLoad, RequestLoads
 from llmfleet_engine.vllm_compat import BackendUnavailable, import_vllm, total_gpu_memory_bytes
 from llmfleet_engine.vllm_config import BACKEND, VllmConfig
+from llmfleet_engine.vllm_drains import VllmDrains
 from llmfleet_engine.vllm_models import ModelRuntime, VllmLoadedModel, VllmModels
 from llmfleet_engine.vllm_requests import ActiveRequest, VllmRequests
 
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class VllmExecutor(VllmModels, VllmRequests):
+class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
     """The engine executor interface on vLLM: one async engine per model, requests streamed as chunks.
 
     Thread-safe like ``executor.Executor``: ``load``/``unload``/``reconcile``/``close`` block (call them
@@ -77,6 +79,8 @@ class VllmExecutor(VllmModels, VllmRequests):
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self._runtimes: dict[str, ModelRuntime] = {}
         self._requests: dict[str, ActiveRequest] = {}
+        self._draining: dict[str, str] = {}  # model -> why it refuses new requests
+        self._evictions: OrderedDict[str, str] = OrderedDict()  # request id -> why it was evicted
         self._generated: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()

@@ -130,6 +130,7 @@ class VllmModels:
     _closed: bool
     _runtimes: dict[str, ModelRuntime]
     _requests: dict[str, Any]  # request id -> vllm_requests.ActiveRequest (owned by VllmRequests)
+    _draining: dict[str, str]  # owned by vllm_drains.VllmDrains
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -289,6 +290,7 @@ class VllmModels:
     def _unload(self, name: str, timeout_s: float | None = None) -> bool:
         with self._lock:
             runtime = self._runtimes.pop(name, None)
+            self._draining.pop(name, None)
             if runtime is None:
                 return False
             states = [s for s in self._requests.values() if s.runtime is runtime]

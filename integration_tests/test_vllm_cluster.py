@@ -1,0 +1,306 @@
+"""The vLLM backend through the whole path, on this machine's CPU (vLLM's CPU build, `make setup-vllm`).
+
+One cluster for the module (a vLLM engine's start costs about a minute on 2 cores): etcd, the
+scheduler (gRPC and the OpenAI HTTP API), one placement leader, the migration coordinator, a vLLM
+engine ``vllm-0`` and a native engine ``native-0``, both serving ``vtiny``: a tiny random Mistral
+(vLLM's CPU attention needs a head size that is a multiple of 32) without EOS, so greedy runs always
+reach ``max_tokens``. vLLM runs it in float32, so both engines' greedy tokens equal HF ``generate``'s.
+
+Covered: SDK and OpenAI completions (stream, non-stream, stop strings, ``max_tokens``, usage, cancel)
+served by the vLLM engine; the load it reports (vLLM's own numbers); bad input; a drain of a request
+off the vLLM engine when placement takes the model away (token transfer to the native engine), its
+unload and its reload from etcd; kill -9 of the vLLM engine mid-stream (every token exactly once).
+Destructive tests come last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from harness import TTL_S, Cluster, launch
+from llmfleet.client import AsyncClient
+from llmfleet.client.errors import InvalidArgument, NotFound
+from llmfleet.config import EtcdSettings
+from llmfleet.coord import EtcdClient
+from llmfleet.coord.desired import put_placement
+from llmfleet.supervisor import free_port
+from llmfleet.types import DesiredPlacement
+from llmfleet_engine.models import materialize, without_eos
+from util import flatten, hf_greedy, migration_status, wait_running
+from vllm_marks import VLLM_DEVICE, VLLM_TINY_SOURCE, requires_vllm
+
+pytestmark = [pytest.mark.integration, *requires_vllm]
+
+MODEL = "vtiny"
+VLLM = "vllm-0"
+NATIVE = "native-0"
+PROMPT = "Once upon a time there was a fleet of models"
+MAX_MODEL_LEN = 2048
+LONG_TOKENS = 1500  # still running when a test acts on it mid-stream
+VLLM_SETTINGS = {
+    "kv_cache_memory_bytes": "256MiB",
+    "max_model_len": MAX_MODEL_LEN,
+    "enforce_eager": True,
+    "dtype": "float32",
+}
+LOAD_TIMEOUT_S = 600  # a vLLM start on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    models = tmp_path_factory.mktemp("vllm-models")
+    return without_eos(materialize(VLLM_TINY_SOURCE, models), models / "endless-mistral")
+
+
+@pytest.fixture(scope="module")
+def vcluster(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> Iterator[Cluster]:
+    http = free_port()
+    config = {
+        "services": {"chat": {"model": MODEL, "max_tokens": 32}},
+        "models": {MODEL: {"source": str(checkpoint)}},
+        "engines": {
+            VLLM: {"backend": "vllm", "models": [MODEL], "device": VLLM_DEVICE, "vllm": VLLM_SETTINGS},
+            NATIVE: {"models": [MODEL]},
+        },
+    }
+    c = launch(
+        tmp_path_factory.mktemp("vllm-cluster"),
+        config=config,
+        placement_replicas=1,
+        scheduler_args=("--http-port", str(http)),
+        engine_args=("--drain-mode", "migrate"),
+        load_timeout_s=LOAD_TIMEOUT_S,
+    )
+    c.http = f"http://127.0.0.1:{http}/v1"  # type: ignore[attr-defined]
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> list[int]:
+    return hf_greedy(checkpoint, PROMPT, LONG_TOKENS)
+
+
+@pytest.fixture
+async def client(vcluster: Cluster) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(vcluster.scheduler, timeout_s=120) as c:
+        yield c
+
+
+def openai_client(c: Cluster) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=c.http, api_key="unused", max_retries=0, timeout=120)  # type: ignore[attr-defined]
+
+
+def engine_node(c: Cluster, engine_id: str) -> dict:
+    return next(n for n in c.status()["nodes"] if n["node_id"] == engine_id)
+
+
+async def until_on(engine_id: str, attempt, tries: int = 8):
+    """Run ``attempt()`` (a request that reports its engine) until ``engine_id`` served one; the
+    dispatch policy alternates between the two engines."""
+    results = []
+    for _ in range(tries):
+        result = await attempt()
+        results.append(result)
+        if result[0] == engine_id:
+            return result, results
+    raise AssertionError(f"no request reached {engine_id} in {tries} tries: {[r[0] for r in results]}")
+
+
+async def test_the_vllm_engine_reports_vllms_kv_capacity(vcluster: Cluster) -> None:
+    assert engine_node(vcluster, VLLM)["models"] == [MODEL]
+    status = await migration_status(vcluster.addresses["migration"])
+    load = next(e.load for e in status.engines if e.engine_id == VLLM)
+    # 256 MiB of vLLM KV cache, counted in vLLM's blocks (128 tokens of 1 KiB each here)
+    assert 0 <= 256 * 2**20 - load.kv_capacity_bytes < 128 * 1024, load
+    assert load.running == 0 and load.kv_used_bytes == 0, load
+
+
+async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
+    client: AsyncClient, reference: list[int]
+) -> None:
+    async def stream() -> tuple[str, list[int]]:
+        s = client.generate(PROMPT, service="chat", max_tokens=24)
+        chunks = [c async for c in s]
+        assert s.usage.finish_reason == "length" and s.usage.completion_tokens == 24
+        return s.usage.engine_id, flatten(chunks)
+
+    async def complete() -> tuple[str, list[int]]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=24)
+        return r.usage.engine_id, list(r.token_ids)
+
+    for attempt in (stream, complete):
+        _, results = await until_on(VLLM, attempt)
+        await until_on(NATIVE, attempt)
+        for engine_id, tokens in results:
+            assert tokens == reference[:24], engine_id
+
+
+async def test_openai_completion_usage_max_tokens_and_stream(vcluster: Cluster) -> None:
+    api = openai_client(vcluster)
+
+    async def complete() -> tuple[str, object]:
+        r = await api.completions.create(model="chat", prompt=PROMPT, max_tokens=12)
+        return r.id, r
+
+    non_stream = [await complete() for _ in range(2)]  # both engines, alternately
+    texts = {r.choices[0].text for _, r in non_stream}
+    assert len(texts) == 1, "the vLLM and the native engine give the same greedy text"
+    for _, r in non_stream:
+        assert r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens > 0
+    chunks = [
+        c
+        async for c in await api.completions.create(
+            model="chat", prompt=PROMPT, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        )
+    ]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == texts.pop()
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+async def test_stop_strings_end_completions_on_the_vllm_engine(client: AsyncClient) -> None:
+    async def full() -> tuple[str, str]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=24)
+        return r.usage.engine_id, r.text
+
+    (_, text), _ = await until_on(VLLM, full)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), f"no usable stop string in {text!r}"
+
+    async def stopped() -> tuple[str, object]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=24, stop=[stop])
+        return r.usage.engine_id, r
+
+    (_, r), _ = await until_on(VLLM, stopped)
+    assert r.usage.finish_reason == "stop"
+    assert r.text == text[: text.index(stop)]
+
+
+async def test_cancelled_stream_leaves_the_vllm_engine(vcluster: Cluster, client: AsyncClient) -> None:
+    migration = vcluster.addresses["migration"]
+    for _ in range(8):
+        stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
+        got = []
+        async for c in stream:
+            got.append(c)
+            if len(flatten(got)) >= 4:
+                break
+        running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
+        await stream.cancel()
+        if running.get(VLLM) == 1:
+            break
+        await wait_running(migration, lambda r: sum(r.values()) == 0, 10, "the native stream to end")
+    else:
+        raise AssertionError("no stream reached the vLLM engine")
+    # vLLM's own scheduler says the request is gone
+    await wait_running(migration, lambda r: r.get(VLLM) == 0, 10, "vLLM to drop the cancelled request")
+
+
+async def test_bad_input_is_refused_and_the_engine_keeps_serving(
+    client: AsyncClient, vcluster: Cluster
+) -> None:
+    with pytest.raises(InvalidArgument, match=str(MAX_MODEL_LEN)):
+        await client.complete("word " * (MAX_MODEL_LEN + 10), service="chat", max_tokens=4)
+    with pytest.raises(NotFound):
+        await client.complete(PROMPT, service="no-such-service", max_tokens=4)
+    api = openai_client(vcluster)
+    with pytest.raises(openai.BadRequestError, match=str(MAX_MODEL_LEN)):
+        await api.completions.create(model="chat", prompt="word " * (MAX_MODEL_LEN + 10), max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        await api.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
+
+    async def ok() -> tuple[str, int]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=4)
+        return r.usage.engine_id, r.usage.completion_tokens
+
+    (_, n), _ = await until_on(VLLM, ok)
+    assert n == 4
+
+
+# ---- destructive: placement is taken over by the test, then the vLLM engine is killed ------------
+
+
+async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
+    vcluster: Cluster, client: AsyncClient, reference: list[int]
+) -> None:
+    # the test plays the placement leader: it writes placement/ as the leader does
+    vcluster.procs.stop("placement-0")
+    etcd = EtcdClient(
+        EtcdSettings(endpoints=[vcluster.etcd.endpoint], prefix=vcluster.prefix, lease_ttl_s=TTL_S)
+    )
+    await etcd.connect()
+    migration = vcluster.addresses["migration"]
+    raw = await etcd.get(etcd.keys.placement(VLLM))
+    assert raw is not None, "the placement leader wrote the vLLM engine's placement"
+    placed = DesiredPlacement.from_json(raw)
+    try:
+        for _ in range(8):
+            stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
+            chunks = []
+            async for c in stream:
+                chunks.append(c)
+                if len(flatten(chunks)) >= 8:
+                    break
+            running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
+            if running.get(VLLM) == 1:
+                break
+            chunks.extend([c async for c in stream])
+        else:
+            raise AssertionError("no stream reached the vLLM engine")
+        await put_placement(etcd, DesiredPlacement(VLLM, ()))  # the model leaves the vLLM engine
+        chunks.extend([c async for c in stream])
+        assert stream.usage.engine_id == NATIVE and stream.usage.finish_reason == "length"
+        indices = [c.index for c in chunks]
+        assert indices == sorted(set(indices)), "no duplicated or reordered chunks"
+        assert flatten(chunks) == reference
+        vcluster.wait_status(
+            lambda s: any(n["node_id"] == VLLM and not n["models"] for n in s["nodes"]),
+            timeout=60,
+            what="the vLLM engine to unload the model",
+        )
+        await put_placement(etcd, placed)  # and comes back
+        vcluster.wait_status(
+            lambda s: any(n["node_id"] == VLLM and n["models"] == [MODEL] for n in s["nodes"]),
+            timeout=LOAD_TIMEOUT_S,
+            what="the vLLM engine to load the model again",
+        )
+    finally:
+        await etcd.close()
+
+    async def served() -> tuple[str, list[int]]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=8)
+        return r.usage.engine_id, list(r.token_ids)
+
+    (_, tokens), _ = await until_on(VLLM, served)
+    assert tokens == reference[:8]
+
+
+async def test_kill9_of_the_vllm_engine_mid_stream_finishes_on_the_native_one(
+    vcluster: Cluster, client: AsyncClient, reference: list[int]
+) -> None:
+    migration = vcluster.addresses["migration"]
+    for _ in range(8):
+        stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
+        chunks = []
+        async for c in stream:
+            chunks.append(c)
+            if len(flatten(chunks)) >= 8:
+                break
+        running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
+        if running.get(VLLM) == 1:
+            vcluster.procs.kill(VLLM)
+            chunks.extend([c async for c in stream])
+            break
+        chunks.extend([c async for c in stream])
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("no stream reached the vLLM engine")
+    assert stream.usage.engine_id == NATIVE and stream.usage.finish_reason == "length"
+    indices = [c.index for c in chunks]
+    assert indices == sorted(set(indices)), "no duplicated or reordered chunks"
+    assert flatten(chunks) == reference
