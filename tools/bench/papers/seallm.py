@@ -1,27 +1,36 @@
 """SeaLLM (service-aware sharing of several LLMs): normalized latency, p99 latency and SLO attainment.
 
 The setup is ``seallm_setup`` (paper §6.1 quoted there, shared with ``placement_bench.py``): 32 A100-80GB,
-OPT-6.7B and Llama2-7B/13B/70B on k-means clusters of conv-trace ∪ LongBench-like lengths, per-service
-rates from function popularity dealt round-robin (MAF counts with ``--popularity PATH``, else a Zipf law
-matched to MAF's published tail), each service its own bursty Gamma process, 2–50 req/s, 300 s of
-arrivals per rate.
+OPT-6.7B and Llama2-7B/13B/70B on k-means clusters of ShareGPT-like (Table 1 means) ∪ LongBench-like
+lengths, each cluster given a model by a seeded random assignment (``assignments``, at least four in the
+full run: "For each request group, we randomly assign an LLM"), per-service rates from function
+popularity dealt round-robin (MAF counts with ``--popularity PATH``, else a Zipf law matched to MAF's
+published tail), each service its own bursty Gamma process, 2–50 req/s, 300 s of arrivals per rate. The
+conv trace's lengths in place of ShareGPT-like ones are the ``conv`` variant, run at ``conv_rates``.
+Each rate is reported with its offered load relative to the cluster's capacity (``load``,
+``seallm_setup.offered_load``).
 
-Metrics (paper §6.1 "Metrics"): normalized latency (latency ÷ the service's mean execution time), the
-99th-percentile latency, SLO attainment with SLO = 5 × the request's execution time (``sim.metrics``).
-We also give p99 of the normalized latency, and the drain (completion of the last request − end of the
-arrivals): a drain that grows with the run means the queue never settles, and then every ratio grows
-with the run length, which ``run_length`` measures at one rate.
+Metrics (paper §6.1 "Metrics"): normalized latency (latency ÷ the service's mean execution time, each
+request's solo time at its model's reference TP, the same for every system: ``SimSpec.reference_tps``),
+the 99th-percentile latency, SLO attainment with SLO = 5 × the request's execution time
+(``sim.metrics``). We also give p99 of the normalized latency, and the drain (completion of the last
+request − end of the arrivals): a drain that grows with the run means the queue never settles, and then
+every ratio grows with the run length, which ``run_length`` measures at one rate.
 
-Policies: ``vllm`` (``vllm-v0.4``: even split, FCFS one phase per iteration, fewest requests — the
-paper's vLLM), ``alpaserve`` (``alpaserve-v0.4``: all models on every instance, unified KV, FCFS — "we
-implement AlpaServe with our unified KV cache and FCFS"), ``muxserve`` (colocated, round-robin prefill),
-``seallm`` (Algorithm 1, ≤ 2 services per engine, searched once per rate on a separate 60 s history of
-the same processes with the preset's own engines, then fixed: the paper's SeaLLM-A, doubling budget,
-fewest requests), ``seallm-colocated`` (DB on all-models-everywhere: the scheduling effect alone, beside
-AlpaServe), and, at ``adaptive_rates`` only, ``seallm-adaptive`` (the ``seallm-placement`` preset:
-Algorithm 1 re-run during the run on the last interval's arrivals, adaptive interval Eq. 8, β = 0.1).
-The adaptive preset re-searches every ~50 s (~100 simulations of the window each), about 30 min of CPU
-per 300 s run at 30 req/s on this machine, which is why the sweep uses the fixed plan.
+Policies: ``vllm`` (``vllm-v0.4``: even split as TP-1/2 replicas, FCFS one phase per iteration, fewest
+requests — the paper's vLLM, "We allocate the GPUs evenly to LLM services"), ``vllm-tp`` (the same engines
+as one server per model at TP = its even share, TP 8), ``seallm`` (Algorithm 1, ≤ 2 services per engine,
+searched once per rate on a separate 60 s history of the same processes with the preset's own engines,
+then fixed: the paper's SeaLLM-A, doubling budget with its default admission, fewest requests),
+``seallm-f`` (SeaLLM-F: the same plan and dispatch on vLLM's FCFS engines), ``seallm-literal`` and
+``seallm-mixed`` (the doubling budget's other ``admission`` options on the same plan), and on the first
+assignment only ``alpaserve`` (``alpaserve-v0.4``: all models on every instance, unified KV, FCFS — "we
+implement AlpaServe with our unified KV cache and FCFS"), ``muxserve`` (colocated, round-robin prefill)
+and ``seallm-colocated`` (DB on all-models-everywhere: the scheduling effect alone, beside AlpaServe);
+at ``adaptive_rates`` (first assignment) ``seallm-adaptive`` (the ``seallm-placement`` preset:
+Algorithm 1 re-run during the run on the last interval's arrivals, adaptive interval Eq. 8, β = 0.1:
+SeaLLM with both of its parts). The adaptive preset re-searches every ~50 s (~100 simulations of the
+window each), which is why the sweep uses the fixed plan.
 """
 
 from __future__ import annotations
@@ -43,33 +52,44 @@ __all__ = ["CLAIM", "COLUMNS", "NAME", "POLICIES", "TITLE", "markdown", "plot", 
 
 NAME = "seallm"
 TITLE = "SeaLLM — sharing 4 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
-POLICIES = ("vllm", "alpaserve", "muxserve", "seallm-colocated", "seallm")
+POLICIES = ("vllm", "vllm-tp", "seallm", "seallm-f", "seallm-literal", "seallm-mixed")  # every assignment
+BASELINES = ("alpaserve", "muxserve", "seallm-colocated")  # the first assignment only
+CONV_POLICIES = ("vllm", "vllm-tp", "seallm", "seallm-f")  # the conv-trace variant
 POPULARITY: Path | None = None  # set by run.py --popularity: MAF function counts instead of the Zipf law
 LENGTH_RATE = 30.0  # req/s of the run-length study (fixed before any run)
 ADAPTIVE_RATES = (5.0, 20.0)  # where the adaptive preset also runs (CPU budget, see the module doc)
+CONV_RATES = (5.0, 20.0)  # where the conv-trace variant runs
 
 
 def settings(quick: bool, tiny: bool) -> dict:
     if tiny:
         return {"rates": (4.0,), "horizon_s": 4.0, "lengths": (), "length_rate": 4.0, "adaptive_rates": (),
-                "history_s": 4.0}  # fmt: skip
+                "history_s": 4.0, "assignments": (0,), "conv_rates": (4.0,)}  # fmt: skip
     if quick:
-        return {"rates": (10.0, 30.0), "horizon_s": 60.0, "lengths": (30.0, 60.0), "length_rate": 30.0,
-                "adaptive_rates": (), "history_s": 30.0}  # fmt: skip
+        return {"rates": (10.0, 30.0), "horizon_s": 60.0, "lengths": (), "length_rate": 30.0,
+                "adaptive_rates": (), "history_s": 30.0, "assignments": (0, 1), "conv_rates": ()}  # fmt: skip
     return {"rates": S.RATES, "horizon_s": S.HORIZON_S, "lengths": (60.0, 120.0, 300.0, 600.0),
-            "length_rate": LENGTH_RATE, "adaptive_rates": ADAPTIVE_RATES, "history_s": S.HISTORY_S}  # fmt: skip
+            "length_rate": LENGTH_RATE, "adaptive_rates": ADAPTIVE_RATES, "history_s": S.HISTORY_S,
+            "assignments": S.ASSIGNMENTS, "conv_rates": CONV_RATES}  # fmt: skip
 
 
 def _systems() -> dict:
     b, factory = S.seallm()
     return {
         "vllm": (S.vllm(), None),
+        "vllm-tp": (dataclasses.replace(S.vllm(), name="vllm-tp"), None),
         "alpaserve": (preset("alpaserve-v0.4"), None),
         "muxserve": (preset("muxserve"), None),
         "seallm-colocated": (preset("seallm"), None),
         "seallm": (S.seallm_fixed(), None),
+        "seallm-f": (S.seallm_fcfs(), None),
+        "seallm-literal": (S.seallm_fixed("literal"), None),
+        "seallm-mixed": (S.seallm_fixed("mixed"), None),
         "seallm-adaptive": (b, factory),
     }
+
+
+FIXED_PLAN = ("seallm", "seallm-f", "seallm-literal", "seallm-mixed")  # run on Algorithm 1's plan
 
 
 def _run_one(sp, wl, bundle, factory, horizon: float, plan=None) -> dict:
@@ -84,10 +104,12 @@ def _run_one(sp, wl, bundle, factory, horizon: float, plan=None) -> dict:
 
 @dataclasses.dataclass
 class _Sweep:
-    """One invocation's runs on the SeaLLM setup: the systems, and Algorithm 1's plan per rate (searched
-    once, on a separate history of the same processes)."""
+    """One (lengths, assignment)'s runs on the SeaLLM setup: the systems, and Algorithm 1's plan per rate
+    (searched once, on a separate history of the same processes)."""
 
     cfg: dict[str, Any]
+    lengths: str
+    assignment: int
     sp: Any
     pools: dict[str, Any]
     share: dict[str, float]
@@ -101,28 +123,44 @@ class _Sweep:
             history = S.workload(self.pools, self.share, rate, cfg["history_s"], seed=500 + i)
             t1 = time.perf_counter()
             plans[rate] = S.place(self.sp, history)
-            log(f"  seallm Algorithm 1 at {rate:g} req/s [{time.perf_counter() - t1:.0f}s]: {plans[rate][1]}")
+            log(f"  seallm {self.tag} Algorithm 1 at {rate:g} req/s [{time.perf_counter() - t1:.0f}s]: "
+                f"{plans[rate][1]}")  # fmt: skip
         return plans[rate][0]
 
-    def rates(self) -> tuple[list[dict], list[dict]]:
-        """Every policy at every rate (the adaptive preset at ``adaptive_rates`` only): (rows, adaptive rows)."""
+    @property
+    def tag(self) -> str:
+        return f"{self.lengths}/a{self.assignment}"
+
+    def run_policy(self, name: str, rate: float, i: int, wl: Any) -> dict:
+        bundle, factory = self.systems[name]
+        plan = self.plan_at(rate, i) if name in FIXED_PLAN else None
+        if name == "vllm-tp":
+            plan = S.vllm_share_plan(self.sp)
+        return _run_one(self.sp, wl, bundle, factory, self.cfg["horizon_s"], plan)
+
+    def rates(self, rates: tuple[float, ...], names: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
+        """``names`` at every rate (the adaptive preset at ``adaptive_rates`` of the first assignment):
+        (rows, adaptive rows)."""
         cfg, log = self.cfg, self.log
         rows: list[dict] = []
         adaptive: list[dict] = []
-        for i, rate in enumerate(cfg["rates"]):
+        first = self.lengths == S.LENGTHS[0] and self.assignment == cfg["assignments"][0]
+        for rate in rates:
+            i = S.RATES.index(rate) if rate in S.RATES else len(S.RATES) + int(rate)
             wl = S.workload(self.pools, self.share, rate, cfg["horizon_s"], seed=100 + i)
-            names = POLICIES + (("seallm-adaptive",) if rate in cfg["adaptive_rates"] else ())
-            for name in names:
-                bundle, factory = self.systems[name]
+            load = S.offered_load(self.sp, self.pools, self.share, rate, C.COST_SOURCE)
+            extra = BASELINES if first else ()
+            extra += ("seallm-adaptive",) if first and rate in cfg["adaptive_rates"] else ()
+            for name in names + extra:
                 t1 = time.perf_counter()
-                plan = self.plan_at(rate, i) if name == "seallm" else None
-                m = _run_one(self.sp, wl, bundle, factory, cfg["horizon_s"], plan)
-                row = {"rate_rps": rate, "policy": name, "horizon_s": cfg["horizon_s"], **m}
+                m = self.run_policy(name, rate, i, wl)
+                row = {"lengths": self.lengths, "assignment": self.assignment, "rate_rps": rate, "load": load,
+                       "policy": name, "horizon_s": cfg["horizon_s"], **m}  # fmt: skip
                 (adaptive if name == "seallm-adaptive" else rows).append(row)
                 log(
-                    f"  seallm {rate:g} req/s ({len(wl)} req) {name:16s} norm {m['norm_latency_mean']:.2f} "
-                    f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} drain {m['drain_s']:.0f}s "
-                    f"[{time.perf_counter() - t1:.0f}s]"
+                    f"  seallm {self.tag} {rate:g} req/s (load {load:.2f}, {len(wl)} req) {name:16s} "
+                    f"norm {m['norm_latency_mean']:.2f} p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} "
+                    f"drain {m['drain_s']:.0f}s [{time.perf_counter() - t1:.0f}s]"
                 )
         return rows, adaptive
 
@@ -146,39 +184,66 @@ class _Sweep:
         return lengths
 
 
-def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
-    t0 = time.perf_counter()
-    cfg = settings(quick, tiny)
-    sp = S.spec()
-    pools = S.length_pools(C.conv_trace(), sp)
-    pop = S.popularity(POPULARITY)
-    share = S.shares(pop)
-    sweep = _Sweep(cfg, sp, pools, share, _systems(), log)
-    rows, adaptive = sweep.rates()
-    lengths = sweep.run_lengths()
-    services = [
+def _sweep(cfg: dict, lengths: str, assignment: int, share: dict, conv: Any, log: C.Log) -> _Sweep:
+    sp = S.spec(assignment)
+    pools = S.length_pools(S.short_lengths(lengths, conv), sp)
+    return _Sweep(cfg, lengths, assignment, sp, pools, share, _systems(), log)
+
+
+def _services(sw: _Sweep) -> list[dict]:
+    return [
         {
+            "lengths": sw.lengths,
+            "assignment": sw.assignment,
             "service": s.name,
             "model": s.model,
-            "share": share[s.name],
-            "mean_prompt": float(pools[s.name][1][:, 0].mean()),
-            "mean_output": float(pools[s.name][1][:, 1].mean()),
+            "share": sw.share[s.name],
+            "mean_prompt": float(sw.pools[s.name][1][:, 0].mean()),
+            "mean_output": float(sw.pools[s.name][1][:, 1].mean()),
         }
-        for s in sp.services
+        for s in sw.sp.services
     ]
+
+
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
+    """The scenario with ``settings(quick, tiny)``, or with ``cfg`` (``seallm_sweep.py``)."""
+    t0 = time.perf_counter()
+    cfg = cfg or settings(quick, tiny)
+    pop = S.popularity(POPULARITY)
+    share = S.shares(pop)
+    conv = C.conv_trace() if cfg["conv_rates"] else None
+    rows: list[dict] = []
+    adaptive: list[dict] = []
+    services: list[dict] = []
+    plans: dict[str, Any] = {}
+    lengths: list[dict] = []
+    sweeps = [(S.LENGTHS[0], a, cfg["rates"], POLICIES) for a in cfg["assignments"]]
+    if cfg["conv_rates"]:
+        sweeps.append(("conv", cfg["assignments"][0], cfg["conv_rates"], CONV_POLICIES))
+    for kind, a, rates, names in sweeps:
+        sw = _sweep(cfg, kind, a, share, conv, log)
+        r, ad = sw.rates(rates, names)
+        rows += r
+        adaptive += ad
+        services += _services(sw)
+        if kind == S.LENGTHS[0] and a == cfg["assignments"][0]:
+            lengths = sw.run_lengths()
+        for rate, (pl, why) in sw.plans.items():
+            plans[f"{sw.tag}@{rate:g}"] = {
+                "plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl],
+                "reason": why,
+            }
     result = {
         "paper": NAME,
         "title": TITLE,
         "setup": _setup(cfg, services, pop),
-        "workload": f"conv∪LongBench-like k-means×4, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}",
+        "workload": f"ShareGPT-like (Table 1)∪LongBench-like k-means×4, {len(cfg['assignments'])} random model "
+        f"assignments, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}; conv-trace variant",
         "cost_source": C.COST_SOURCE,
         "services": services,
         "rows": rows,
         "adaptive": adaptive,
-        "plans": {
-            str(r): {"plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl], "reason": why}
-            for r, (pl, why) in sweep.plans.items()
-        },
+        "plans": plans,
         "run_length": lengths,
         "wall_s": 0.0,
     }
@@ -188,24 +253,38 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
 
 
 def _setup(cfg: dict[str, Any], services: list[dict], pop: Any) -> dict[str, str]:
+    first = [s for s in services if s["lengths"] == S.LENGTHS[0] and s["assignment"] == cfg["assignments"][0]]
+    assigned = sorted({(s["assignment"], s["lengths"]) for s in services})
     return {
         "cluster": f"{S.CLUSTER} (8 per node)",
         "services": ", ".join(
             f"{s['service']}→{s['model']} ({s['share']:.1%} of the rate, mean in/out "
             f"{s['mean_prompt']:.0f}/{s['mean_output']:.0f} tok)"
-            for s in services
+            for s in first
+        ),
+        "assignments": "; ".join(
+            f"{kind} a{a}: "
+            + ", ".join(
+                f"{s['service']}→{s['model']}"
+                for s in services
+                if s["assignment"] == a and s["lengths"] == kind
+            )
+            for a, kind in assigned
         ),
         "workload": f"per-service shares from {pop.source} dealt round-robin (MAF's functions → services); "
         f"each service its own Gamma process (CV {S.ARRIVAL_CV:g}); {cfg['horizon_s']:g} s of arrivals per rate",
-        "SLO": "5 × the request's solo execution time on its instance",
-        "engines": "vllm/alpaserve: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: Algorithm 1 "
-        "(≤ 2 services per engine) + Eq. 8 adaptive re-placement (β = 0.1), doubling budget",
+        "SLO": "5 × the request's solo execution time at its model's reference TP",
+        "engines": "vllm/vllm-tp/alpaserve/seallm-f: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: "
+        "Algorithm 1 (≤ 2 services per engine) searched once, doubling budget (default admission)",
         "cost model": C.cost_label(),
     }
 
 
 COLUMNS = (
+    ("lengths", "lengths", ""),
+    ("assign.", "assignment", ""),
     ("req/s", "rate_rps", ".0f"),
+    ("load", "load", ".2f"),
     ("policy", "policy", ""),
     ("norm. latency", "norm_latency_mean", ".2f"),
     ("norm. p99", "norm_latency_p99", ".1f"),
@@ -224,9 +303,15 @@ def markdown(res: dict) -> str:
         C.md_table(
             res["summary"]["per_rate"],
             [
+                ("lengths", "lengths", ""),
+                ("assign.", "assignment", ""),
                 ("req/s", "rate_rps", ".0f"),
+                ("load", "load", ".2f"),
                 ("norm vLLM/S", "norm_vllm_over_seallm", ".2f"),
-                ("norm p99 vLLM/S", "normp99_vllm_over_seallm", ".2f"),
+                ("norm vLLM-TP/S", "norm_vllm-tp_over_seallm", ".2f"),
+                ("norm F/S", "norm_seallm-f_over_seallm", ".2f"),
+                ("norm literal/S", "norm_seallm-literal_over_seallm", ".2f"),
+                ("norm mixed/S", "norm_seallm-mixed_over_seallm", ".2f"),
                 ("p99 vLLM/S", "p99_vllm_over_seallm", ".2f"),
                 ("norm Alpa/S", "norm_alpaserve_over_seallm", ".2f"),
                 ("norm Mux/S", "norm_muxserve_over_seallm", ".2f"),
@@ -258,7 +343,11 @@ def markdown(res: dict) -> str:
 def plot(res: dict, out: Path) -> list[Path]:
     return [
         C.plot_sweep(
-            res["rows"],
+            [
+                r
+                for r in res["rows"]
+                if r["lengths"] == S.LENGTHS[0] and r["assignment"] == res["rows"][0]["assignment"]
+            ],
             [
                 ("norm_latency_mean", "normalized latency (mean)", True),
                 ("latency_p99_s", "p99 latency (s)", True),
