@@ -20,8 +20,9 @@ from llmfleet.costmodel.models import ModelArch
 from llmfleet.costmodel.profile_fit import EngineProfileFit
 from llmfleet.costmodel.roofline import decode_time, prefill_time
 from llmfleet.costmodel.scls import SclsDecode, SclsPrefill, fit_scls_decode, fit_scls_prefill
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 
-SOURCES = ("fitted", "roofline")
+SOURCES = ("fitted", "roofline", "vidur", "calibrated")  # fitted on an engine, or a cost source's
 SCHEMA_VERSION = 1
 
 
@@ -46,7 +47,7 @@ class ProfileRecord:
     hardware: str
     engine: str
     date: str  # ISO 8601
-    source: str  # "fitted" | "roofline"
+    source: str  # "fitted", or the cost source the forms were fitted to (costmodel.sources)
     aladdin: AladdinCoefficients
     scls: SclsCoefficients
     reports: dict[str, FitReport] = field(default_factory=dict)
@@ -159,15 +160,55 @@ def roofline_record(
     Decode points whose KV does not fit next to the weights in tp·mem_bytes are dropped (all are kept
     if fewer than 8 would remain). KV is exact: h = kv_bytes_per_token, j = 0.
     """
+    return _record_of(
+        arch,
+        hw,
+        tp,
+        lambda b, ln: prefill_time(arch, hw, b * ln, tp, [ln] * b),
+        lambda b, ln: decode_time(arch, hw, b, ln, tp),
+        "roofline",
+        engine,
+        date,
+    )
+
+
+def cost_record(
+    arch: ModelArch, hw: Hardware, tp: int = 1, source: str = DEFAULT_COST_SOURCE, date: str | None = None
+) -> ProfileRecord:
+    """:func:`roofline_record`'s fit on the points of cost ``source`` (``costmodel.sources``; a batch of
+    b prompts of l tokens is a prefill of b·l tokens with Σl² = b·l²): the Aladdin and SCLS forms of the
+    iteration costs the simulator and the emulated engines charge. The engine is the source's name."""
+    from llmfleet.costmodel.iteration_costs import cost_of
+
+    lm = cost_of(source, arch, hw, tp)
+    return _record_of(
+        arch,
+        hw,
+        tp,
+        lambda b, ln: lm.prefill(b * ln, b * ln * ln),
+        lambda b, ln: lm.decode(b, b * ln),
+        source,
+        source,
+        date,
+    )
+
+
+def _record_of(
+    arch: ModelArch,
+    hw: Hardware,
+    tp: int,
+    prefill: Any,
+    decode: Any,
+    source: str,
+    engine: str,
+    date: str | None,
+) -> ProfileRecord:
+    """The forms fitted to ``prefill(b, l)`` and ``decode(b, l)`` seconds on the record's grid."""
     free = tp * hw.mem_bytes - arch.weight_bytes
-    pre = [
-        (b, ln, prefill_time(arch, hw, b * ln, tp, [ln] * b))
-        for b in PREFILL_BATCHES
-        for ln in PREFILL_LENGTHS
-    ]
+    pre = [(b, ln, prefill(b, ln)) for b in PREFILL_BATCHES for ln in PREFILL_LENGTHS]
     grid = [(b, ln) for b in DECODE_BATCHES for ln in DECODE_CONTEXTS]
     fits = [(b, ln) for b, ln in grid if b * ln * arch.kv_bytes_per_token <= free]
-    dec = [(b, ln, decode_time(arch, hw, b, ln, tp)) for b, ln in (fits if len(fits) >= 8 else grid)]
+    dec = [(b, ln, decode(b, ln)) for b, ln in (fits if len(fits) >= 8 else grid)]
     a_pre, r1 = fit_prefill([(b * ln, t) for b, ln, t in pre])
     a_dec, r2 = fit_decode(dec)
     s_pre, r3 = fit_scls_prefill(pre)
@@ -177,7 +218,7 @@ def roofline_record(
         hardware=hw.name,
         engine=engine,
         date=_date(date),
-        source="roofline",
+        source=source,
         tp=tp,
         aladdin=AladdinCoefficients(a_pre, a_dec, KvModel(h=float(arch.kv_bytes_per_token), j=0.0)),
         scls=SclsCoefficients(s_pre, s_dec),

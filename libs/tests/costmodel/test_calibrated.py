@@ -122,3 +122,27 @@ def test_latency_model_follows_the_cost_source():
     assert latency_model(L7, A100, 1, "roofline").source == "roofline"
     it = decode_iteration_time(L7, A100)
     assert it(2, 4, 300.0) == calibrated_cost(L7, A100, 2).decode(4, 1200)
+
+
+def test_cost_record_fits_the_forms_to_the_cost_source():
+    from llmfleet.costmodel import cost_record, roofline_record
+    from llmfleet.policies.batching.scls_dp import default_scls_cost
+
+    a13 = model_arch("llama2-13b")
+    rec = cost_record(a13, A100, date="2026-01-01T00:00:00")
+    assert (rec.source, rec.engine) == ("calibrated", "calibrated")
+    lm = calibrated_cost(a13, A100, 1)
+    # Aladdin's decode form t = (k2·l + c2)·b + c3 against the cost at its own grid
+    d = rec.aladdin.decode
+    for b, ln in ((1, 512), (16, 1024), (64, 256)):
+        assert d.predict(b, ln) == pytest.approx(
+            lm.decode(b, b * ln), rel=rec.reports["aladdin.decode"].max_rel_error + 1e-6
+        )
+    # the roofline's record is the same fit on the roofline source's points
+    roof, via = roofline_record(a13, A100), cost_record(a13, A100, source="roofline")
+    assert via.source == roof.source == "roofline"
+    for form in ("prefill", "decode"):
+        mine, theirs = getattr(via.scls, form).to_dict(), getattr(roof.scls, form).to_dict()
+        assert mine == pytest.approx(theirs, rel=1e-6, abs=1e-12)
+    scls = default_scls_cost()
+    assert scls.prefill == rec.scls.prefill and scls.decode == rec.scls.decode
