@@ -11,7 +11,10 @@ MIT-licensed A100-80GB / H100 profiling data by ``tools/vidur_tables.py``); noth
 2. the all-reduce fit alone (even sizes → odd sizes) per TP group;
 3. leave-one-shape-out: each profiled layer shape derived from the others (how unprofiled shapes such
    as OPT-6.7B are costed) against its measurement;
-4. the compiled iteration times of both sources side by side for catalog models (no measurement to
+4. the calibrated source's overhead fit (a + c·b per TP on Vidur's CPU-overhead rows) and its scaled
+   roofline (hardware without measurements): the fitted factors, and their error against the measured
+   cost on rows held out of the fit (one GPU, or one layer shape, at a time);
+5. the compiled iteration times of every source side by side for catalog models (no measurement to
    compare with: attention is not in the data; this shows what switching the source changes).
 
     python tools/bench/cost_sources.py [--out .bench/costs]
@@ -25,10 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from llmfleet.costmodel import hardware, model_arch
+from llmfleet.costmodel import COST_SOURCES, DEFAULT_COST_SOURCE, cost_of, hardware, model_arch
+from llmfleet.costmodel import calibrated as cal
 from llmfleet.costmodel import vidur as v
+from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
 from llmfleet.costmodel.vidur import FRAMEWORK_OVERHEAD_S
-from llmfleet.sim.cost import roofline_cost, vidur_cost
 
 CATALOG_ROWS = (
     ("a100-80gb", "llama2-7b", (1, 2, 4)),
@@ -40,6 +44,8 @@ CATALOG_ROWS = (
     ("h100", "opt-6.7b", (1,)),
     ("h100", "llama3-8b", (1,)),
     ("h100", "llama2-70b", (4, 8)),
+    ("l4", "llama2-7b", (1, 2)),
+    ("h200", "llama2-70b", (4, 8)),
 )
 
 
@@ -70,6 +76,20 @@ def run(out: Path) -> dict:
         "leave_one_shape_out": {},
         "summary": {},
         "catalog": [],
+        "default_cost_source": DEFAULT_COST_SOURCE,
+        "overhead": {
+            "source": VIDUR_A100_OVERHEAD.source,
+            "max_rel_error": VIDUR_A100_OVERHEAD.max_rel_error,
+            "fits_ms": {
+                str(tp): [1e3 * a, 1e3 * c] for tp, (a, c) in sorted(VIDUR_A100_OVERHEAD.fits.items())
+            },
+        },
+        "scaled_roofline": {
+            "factors": {
+                f"{ph}@tp{tp}": list(f) for (ph, tp), f in sorted(cal.roofline_scale().factors.items())
+            },
+            "heldout": cal.scale_heldout_errors(),
+        },
     }
     for gpu in v.GPUS:
         held = v.heldout_errors(gpu)
@@ -87,12 +107,14 @@ def run(out: Path) -> dict:
     for hw_name, model, tps in CATALOG_ROWS:
         hw, arch = hardware(hw_name), model_arch(model)
         for tp in tps:
-            for lm in (vidur_cost(arch, hw, tp), roofline_cost(arch, hw, tp)):
+            for src in COST_SOURCES:
+                lm = cost_of(src, arch, hw, tp)
                 result["catalog"].append(
                     {
                         "hardware": hw_name,
                         "model": model,
                         "tp": tp,
+                        "requested": src,
                         "cost_source": lm.source,
                         "prefill_512_ms": 1e3 * lm.prefill(512),
                         "prefill_2048_ms": 1e3 * lm.prefill(2048),
@@ -146,9 +168,11 @@ def markdown(r: dict) -> list[str]:
         for e in lo
     ]
     lines += _table(["GPU", "left-out shape", "TP", "mean", "max"], rows, left=2)
+    lines += ["", f"## The calibrated source (`{r['default_cost_source']}` is the default)", ""]
+    lines += _calibrated(r)
     lines += [
         "",
-        "## Iteration times of catalog models, both cost sources (ms; not a measurement)",
+        "## Iteration times of catalog models, every cost source (ms; not a measurement)",
         "",
     ]
     lines += _catalog(r)
@@ -204,6 +228,45 @@ def _heldout(r: dict) -> list[str]:
     )
 
 
+def _calibrated(r: dict) -> list[str]:
+    """The overhead fit, the scaled roofline's factors and its held-out errors."""
+    o = r["overhead"]
+    lines = [
+        f"Per-iteration CPU overhead a + c·b, fitted per TP on {o['source']} (largest residual "
+        f"{_pct(o['max_rel_error'])}):",
+        "",
+    ]
+    lines += _table(
+        ["TP", "a (ms)", "c (ms per sequence)"],
+        [[tp, f"{a:.3f}", f"{c:.4f}"] for tp, (a, c) in o["fits_ms"].items()],
+    )
+    sr = r["scaled_roofline"]
+    lines += [
+        "",
+        "Scaled roofline (hardware or TP without measurements): max(k_c·compute, k_m·memory) + e·L per "
+        "phase and TP, fitted on every measured (GPU, layer shape, TP):",
+        "",
+    ]
+    lines += _table(
+        ["phase@TP", "k_c", "k_m", "e (µs per layer)"],
+        [[k, f"{kc:.3f}", f"{km:.3f}", f"{1e6 * e:.1f}"] for k, (kc, km, e) in sr["factors"].items()],
+    )
+    lines += [
+        "",
+        "Its error against the measured cost (without the overhead) on the rows held out of the fit:",
+        "",
+    ]
+    lines += _table(
+        ["phase", "held out", "mean", "max", "points"],
+        [
+            [e["phase"], e["held_out"], _pct(e["mean_rel"]), _pct(e["max_rel"]), str(e["n"])]
+            for e in sr["heldout"]
+        ],
+        left=2,
+    )
+    return lines
+
+
 def _catalog(r: dict) -> list[str]:
     """Both cost sources' iteration times of the catalog models."""
     rows = [
@@ -211,7 +274,9 @@ def _catalog(r: dict) -> list[str]:
             e["hardware"],
             e["model"],
             str(e["tp"]),
-            e["cost_source"],
+            e["cost_source"]
+            if e["cost_source"].startswith(e["requested"])
+            else f"{e['requested']} → {e['cost_source']}",
             f"{e['prefill_512_ms']:.2f}",
             f"{e['prefill_2048_ms']:.2f}",
             f"{e['decode_b1_ctx1024_ms']:.2f}",
