@@ -15,11 +15,11 @@ Destructive tests come last.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 from harness import TTL_S, Cluster, launch
 from llmfleet.client import AsyncClient
@@ -222,6 +222,56 @@ async def test_bad_input_is_refused_and_the_engine_keeps_serving(
     assert n == 4
 
 
+async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8):
+    """A long stream that runs on the vLLM engine, after ``tokens`` of it were read: (stream, chunks).
+    Streams that land on the native engine are read to their end (the dispatch alternates)."""
+    migration = vcluster.addresses["migration"]
+    for _ in range(8):
+        stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
+        chunks = []
+        async for c in stream:
+            chunks.append(c)
+            if len(flatten(chunks)) >= tokens:
+                break
+        running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
+        if running.get(VLLM) == 1:
+            return stream, chunks
+        chunks.extend([c async for c in stream])
+    raise AssertionError("no stream reached the vLLM engine")
+
+
+def assert_whole(stream, chunks: list, reference: list[int], engine_id: str) -> None:
+    assert stream.usage.engine_id == engine_id and stream.usage.finish_reason == "length"
+    indices = [c.index for c in chunks]
+    assert indices == sorted(set(indices)), "no duplicated or reordered chunks"
+    assert flatten(chunks) == reference
+
+
+async def test_a_dead_vllm_engine_core_moves_its_requests_and_restarts(
+    vcluster: Cluster, client: AsyncClient, reference: list[int]
+) -> None:
+    stream, chunks = await start_on_vllm(vcluster, client)
+    cores = psutil.Process(vcluster.procs[VLLM].pid).children(recursive=True)
+    assert cores, "vLLM runs its engine core in child processes"
+    for p in cores:
+        p.kill()
+    chunks.extend([c async for c in stream])
+    assert_whole(stream, chunks, reference, NATIVE)
+    assert vcluster.procs[VLLM].alive, "the engine process outlives its vLLM engine core"
+    vcluster.wait_status(
+        lambda s: any(n["node_id"] == VLLM and n["models"] == [MODEL] for n in s["nodes"]),
+        timeout=LOAD_TIMEOUT_S,
+        what="the vLLM engine to load its model again",
+    )
+
+    async def served() -> tuple[str, list[int]]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=8)
+        return r.usage.engine_id, list(r.token_ids)
+
+    (_, tokens), _ = await until_on(VLLM, served)
+    assert tokens == reference[:8]
+
+
 # ---- destructive: placement is taken over by the test, then the vLLM engine is killed ------------
 
 
@@ -234,30 +284,14 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
         EtcdSettings(endpoints=[vcluster.etcd.endpoint], prefix=vcluster.prefix, lease_ttl_s=TTL_S)
     )
     await etcd.connect()
-    migration = vcluster.addresses["migration"]
     raw = await etcd.get(etcd.keys.placement(VLLM))
     assert raw is not None, "the placement leader wrote the vLLM engine's placement"
     placed = DesiredPlacement.from_json(raw)
     try:
-        for _ in range(8):
-            stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
-            chunks = []
-            async for c in stream:
-                chunks.append(c)
-                if len(flatten(chunks)) >= 8:
-                    break
-            running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
-            if running.get(VLLM) == 1:
-                break
-            chunks.extend([c async for c in stream])
-        else:
-            raise AssertionError("no stream reached the vLLM engine")
+        stream, chunks = await start_on_vllm(vcluster, client)
         await put_placement(etcd, DesiredPlacement(VLLM, ()))  # the model leaves the vLLM engine
         chunks.extend([c async for c in stream])
-        assert stream.usage.engine_id == NATIVE and stream.usage.finish_reason == "length"
-        indices = [c.index for c in chunks]
-        assert indices == sorted(set(indices)), "no duplicated or reordered chunks"
-        assert flatten(chunks) == reference
+        assert_whole(stream, chunks, reference, NATIVE)
         vcluster.wait_status(
             lambda s: any(n["node_id"] == VLLM and not n["models"] for n in s["nodes"]),
             timeout=60,
@@ -283,24 +317,7 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
 async def test_kill9_of_the_vllm_engine_mid_stream_finishes_on_the_native_one(
     vcluster: Cluster, client: AsyncClient, reference: list[int]
 ) -> None:
-    migration = vcluster.addresses["migration"]
-    for _ in range(8):
-        stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
-        chunks = []
-        async for c in stream:
-            chunks.append(c)
-            if len(flatten(chunks)) >= 8:
-                break
-        running = await wait_running(migration, lambda r: sum(r.values()) == 1, 10, "the stream to run")
-        if running.get(VLLM) == 1:
-            vcluster.procs.kill(VLLM)
-            chunks.extend([c async for c in stream])
-            break
-        chunks.extend([c async for c in stream])
-        await asyncio.sleep(0)
-    else:
-        raise AssertionError("no stream reached the vLLM engine")
-    assert stream.usage.engine_id == NATIVE and stream.usage.finish_reason == "length"
-    indices = [c.index for c in chunks]
-    assert indices == sorted(set(indices)), "no duplicated or reordered chunks"
-    assert flatten(chunks) == reference
+    stream, chunks = await start_on_vllm(vcluster, client)
+    vcluster.procs.kill(VLLM)
+    chunks.extend([c async for c in stream])
+    assert_whole(stream, chunks, reference, NATIVE)

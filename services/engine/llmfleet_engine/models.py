@@ -200,11 +200,11 @@ def materialize(source: str, cache_dir: str | Path | None = None) -> str:
     return source  # a hub id
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def eos_ids(gen: Any, tokenizer: Any) -> frozenset[int]:
     """The ids that end generation, by ``generate``'s rule: the generation config's ``eos_token_id``
     (which transformers initialises from the model config); the tokenizer's only when the model
-    has no generation config at all. A checkpoint that sets it to null never stops on EOS."""
-    gen = getattr(model, "generation_config", None)
+    has no generation config at all. A checkpoint that sets it to null never stops on EOS. Both
+    backends end requests by this rule."""
     value = gen.eos_token_id if gen is not None else getattr(tokenizer, "eos_token_id", None)
     if isinstance(value, int):
         return frozenset({value})
@@ -345,7 +345,7 @@ def load_model(
         weight_bytes=weight_bytes,
         max_context=int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length),
         kv_bytes_per_token=kv_bytes_per_token(config, dtype),
-        eos_token_ids=_eos_ids(model, tokenizer),
+        eos_token_ids=eos_ids(getattr(model, "generation_config", None), tokenizer),
         vocab_size=int(config.vocab_size),
         path=path,
         load_s=time.perf_counter() - started,

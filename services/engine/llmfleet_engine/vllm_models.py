@@ -11,7 +11,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from llmfleet_engine.models import (
     LoadedModel,
     ModelLoadError,
     ModelSourceNotFound,
+    eos_ids,
     kv_bytes_per_token,
     materialize,
 )
@@ -99,6 +100,7 @@ class ModelRuntime:
     host: EngineHost
     facts: EngineFacts
     stats: ModelStats
+    dead: bool = False  # its engine core died; it is being unloaded
     drivers: set[asyncio.Task] = field(default_factory=set)  # touched only in the host loop
 
     @property
@@ -131,6 +133,7 @@ class VllmModels:
     _runtimes: dict[str, ModelRuntime]
     _requests: dict[str, Any]  # request id -> vllm_requests.ActiveRequest (owned by VllmRequests)
     _draining: dict[str, str]  # owned by vllm_drains.VllmDrains
+    evict: Callable[[str, str], bool]  # vllm_drains.VllmDrains
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -302,6 +305,22 @@ class VllmModels:
         self._stop_runtime(runtime, timeout_s)
         return True
 
+    def _engine_died(self, runtime: ModelRuntime, error: BaseException) -> None:
+        """A model's engine core died (vLLM answers ``EngineDeadError``): evict its requests, so that
+        the scheduler resumes each on another engine from its delivered tokens, and unload the model,
+        so that the placement follower loads it again. Once per engine; returns at once."""
+        with self._lock:
+            if runtime.dead or self._runtimes.get(runtime.model.name) is not runtime:
+                return
+            runtime.dead = True
+            ids = [rid for rid, s in self._requests.items() if s.runtime is runtime and not s.finished]
+        name = runtime.model.name
+        log.error("the vLLM engine core of %s died (%s); unloading it to load it again", name, error)
+        reason = f"the vLLM engine of model {name!r} failed and restarts"
+        for rid in ids:
+            self.evict(rid, reason)
+        threading.Thread(target=self.unload, args=(name,), name=f"vllm-dead-{name}", daemon=True).start()
+
     def _stop_runtime(self, runtime: ModelRuntime, timeout_s: float | None = None) -> None:
         timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
 
@@ -374,17 +393,12 @@ def _kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
 
 
 def _eos_token_ids(path: str, hf_config: Any, tokenizer: Any, local_only: bool) -> frozenset[int]:
-    values: list[Any] = [getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
-    try:
-        from transformers import GenerationConfig
+    """``generate``'s EOS ids, as the native backend takes them: the checkpoint's generation config
+    (transformers makes one from the model config when the file is missing)."""
+    from transformers import GenerationConfig
 
-        values.append(GenerationConfig.from_pretrained(path, local_files_only=local_only).eos_token_id)
-    except Exception:
-        pass  # no generation_config.json
-    ids: set[int] = set()
-    for value in values:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, Sequence) and not isinstance(value, str):
-            ids.update(v for v in value if isinstance(v, int))
-    return frozenset(ids)
+    try:
+        gen = GenerationConfig.from_pretrained(path, local_files_only=local_only)
+    except OSError:  # no generation_config.json
+        gen = GenerationConfig.from_model_config(hf_config)
+    return eos_ids(gen, tokenizer)

@@ -60,12 +60,16 @@ def engine_prompt(request: GenerationRequest) -> dict[str, list[int]]:
     return {"prompt_token_ids": [*request.prompt_token_ids, *request.resume_token_ids]}
 
 
-def sampling_kwargs(sampling: SamplingConfig, resumed: int = 0) -> dict[str, Any]:
+def sampling_kwargs(
+    sampling: SamplingConfig, resumed: int = 0, eos_token_ids: Iterable[int] = ()
+) -> dict[str, Any]:
     """Keyword arguments for ``vllm.SamplingParams`` of a request that already has ``resumed`` tokens.
 
     Temperature 0 is greedy (vLLM treats temperature 0 as greedy; top_p is 1 and no seed then);
-    ``max_tokens`` counts only the tokens still to generate. vLLM detokenizes only to match stop
-    strings (the adapter makes the text itself).
+    ``max_tokens`` counts only the tokens still to generate. EOS follows ``generate``'s rule, as on
+    the native backend: vLLM's own EOS (the tokenizer's) is ignored and the model's
+    ``eos_token_ids`` stop it instead. vLLM detokenizes only to match stop strings (the adapter makes
+    the text itself).
     """
     remaining = sampling.max_tokens - resumed
     if remaining < 1:
@@ -74,6 +78,8 @@ def sampling_kwargs(sampling: SamplingConfig, resumed: int = 0) -> dict[str, Any
         "n": 1,
         "max_tokens": remaining,
         "stop": list(sampling.stop),
+        "ignore_eos": True,
+        "stop_token_ids": sorted(eos_token_ids),
         "detokenize": bool(sampling.stop),
         "skip_special_tokens": True,
     }
@@ -311,7 +317,8 @@ class VllmRequests:
             state.runtime.drivers.add(task)
             task.add_done_callback(state.runtime.drivers.discard)
         try:
-            kwargs = sampling_kwargs(state.req.sampling, len(state.req.resume_token_ids))
+            model = state.runtime.model
+            kwargs = sampling_kwargs(state.req.sampling, len(state.req.resume_token_ids), model.eos_token_ids)
             params = self._api.sampling_params_cls(**kwargs)
             with self._lock:
                 if state.finished:
@@ -334,7 +341,10 @@ class VllmRequests:
         except asyncio.CancelledError:
             await abort_request(engine, rid)
             raise
-        except Exception:
+        except Exception as e:
+            if engine.errored:  # the engine core died: the model's requests move elsewhere
+                self._engine_died(state.runtime, e)
+                return
             log.exception("vLLM request %s failed", rid)
             with self._lock:
                 if not state.finished:
