@@ -5,8 +5,9 @@ cluster config (etcd ``services/{name}``) or the scheduler's ``--dispatch`` defa
 the policy registry with a :class:`~llmfleet.policies.dispatch.DispatchContext`, so the live scheduler
 runs the very objects the simulator runs. The context carries the service's SLO (TTFT, TPOT), whether
 engine load reports come in (the load monitor), and for policies that read costs
-(``needs.reads_costs``: ``aladdin_bestfit``) the roofline of the service's model on ``--hardware``
-until a fitted profile is wired in. A policy that reads load where no load comes in is refused.
+(``needs.reads_costs``: ``aladdin_bestfit``) the latency model of the service's model on ``--hardware``
+from the default cost source (``costmodel.latency_model``; what the simulator and the emulated engines
+charge) until a fitted profile is wired in. A policy that reads load where no load comes in is refused.
 
 ``PredictionBatcher``: concurrent requests are predicted with ONE profiler ``Predict`` call (requests
 arriving within ``window_s`` share it). A profiler that is down or slow costs nothing but the
@@ -135,9 +136,10 @@ class DispatchRouter:
         """What the scheduler offers policy ``name`` serving ``spec``."""
         latency = {}
         if dispatch_needs(name).reads_costs:
-            from llmfleet.costmodel import RooflineModel, hardware, model_arch
+            from llmfleet.costmodel import hardware, latency_model, model_arch
 
-            latency = {spec.model: RooflineModel(model_arch(spec.model), hardware(self.hardware))}
+            # the default cost source: what the simulator and the emulated engines charge
+            latency = {spec.model: latency_model(model_arch(spec.model), hardware(self.hardware))}
         return DispatchContext(
             latency_models=latency,
             slos={spec.model: (spec.slo.ttft_s, spec.slo.tpot_s)},

@@ -15,7 +15,7 @@ def test_each_service_gets_its_own_policy_object():
     assert r.for_service(a) is not r.for_service(ServiceSpec("c", "tiny-llama"))
 
 
-def test_aladdin_is_built_from_the_roofline_and_the_service_slo():
+def test_aladdin_is_built_from_the_cost_model_and_the_service_slo():
     spec = ServiceSpec("s", "tiny-llama", slo=Slo(ttft_s=2.0, tpot_s=0.2), dispatch="aladdin_bestfit")
     assert DispatchRouter(hardware="cpu").for_service(spec).name == "aladdin_bestfit"
 
@@ -50,8 +50,10 @@ def test_per_service_policies_get_the_context():
     spec = ServiceSpec("a", "tiny-llama", slo=Slo(ttft_s=2.0, tpot_s=0.2), dispatch="aladdin_bestfit")
     ctx = r.context("aladdin_bestfit", spec)
     assert set(ctx.latency_models) == {"tiny-llama"} and ctx.slos == {"tiny-llama": (2.0, 0.2)}
+    gpu = DispatchRouter("round_robin", hardware="a100-80gb").context("aladdin_bestfit", spec)
+    assert gpu.latency_models["tiny-llama"].source == "calibrated:a100:derived"  # the default cost source
     assert not ctx.load_source and r.for_service(spec).slos == {"tiny-llama": (2.0, 0.2)}
-    assert r.context("round_robin", spec).latency_models == {}  # no roofline for who does not read it
+    assert r.context("round_robin", spec).latency_models == {}  # no costs for who does not read them
 
 
 def test_mell_dispatch_reads_the_migration_leaders_view():
