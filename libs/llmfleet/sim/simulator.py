@@ -21,6 +21,7 @@ every arrival into its pool instead of dispatch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,8 @@ class Simulator:
         self._hooks: list[tuple[float, Callable[[Simulator, float], None]]] = []
         # dispatchers that track what they placed (Aladdin, SCLS max-min) hear about completions
         self._on_finish = dispatch.on_finish if isinstance(dispatch, FinishListener) else None
+        # a dispatcher with a scheduling heartbeat (Aladdin) places each arrival at the next beat
+        self._heartbeat_s = float(getattr(dispatch, "heartbeat_s", 0.0) or 0.0)
         self._routes: list[Route] | None = None  # set in a partition: each arrival's route, decided upfront
         self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
@@ -249,7 +252,11 @@ class Simulator:
             events += 1
             if kind == ARRIVAL:
                 self._read_next(it, a)
-                self._arrive(a, t, None if self._routes is None else self._routes[arrived])
+                if self._heartbeat_s and self._routes is None:  # placed at the next beat, in arrival
+                    beat = max(t, self._heartbeat_s * math.ceil(t / self._heartbeat_s))  # order; TTFT from t
+                    self.events.at(beat, lambda sim, now, wr=a: sim._arrive(wr, now))
+                else:
+                    self._arrive(a, t, None if self._routes is None else self._routes[arrived])
                 arrived += 1
                 if progress and arrived % step == 0:
                     progress(arrived, t)

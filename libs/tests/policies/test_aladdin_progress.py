@@ -126,8 +126,9 @@ def test_measured_start_keeps_a_queued_prefill_pending():
 
 def test_estimated_clock_stands_still_for_prefills():
     """Without measured progress, an admitted prefill consumes (d)'s slack: the old clock kept running
-    through it, so the slack only grew and a second long prefill was admitted during the first."""
-    p = policy()
+    through it, so the slack only grew and a second long prefill was admitted during the first. (The
+    protection of requests whose prefill has not ended is off here: it is tested on its own below.)"""
+    p = policy(protect_prefills=False)
     assert p.choose(M, cands(measured=False), request=rq("r0", 100, 1000, 0.0)) == "a"  # starts 0.1 s
     t_d = LAT.decode.predict(1, 600)
     s1 = old_slack(0.3, 0.1, t_d)  # both formulas agree before any other prefill: ≈ 1.77 s
@@ -152,7 +153,9 @@ def test_b_counts_the_workers_prefill_load():
     flat = AladdinModel(PrefillModel(1e-3, 0.0), DecodeModel(1e-4, 0.0, 0.0))  # l_d = T_dec/k2 = 1000
 
     def pol():
-        p = AladdinBestFit({M: flat}, {M: (100.0, T_DEC)}, theta=1.0, prefill_window_s=10.0)
+        p = AladdinBestFit(  # (b) alone: r0's pending prefill is not protected here
+            {M: flat}, {M: (100.0, T_DEC)}, theta=1.0, prefill_window_s=10.0, protect_prefills=False
+        )
         assert p.choose(M, cands(), request=rq("r0", 400, 200, 0.0)) == "a"  # ctx 500, 0.4 s prefill
         return p
 
@@ -167,3 +170,20 @@ def test_b_counts_the_workers_prefill_load():
     assert q.choose(M, cands(), request=rq("r1", 100, 600, 0.0)) == "b"
     # the window forgets it: 10 s later the same request fits on a again
     assert q.choose(M, cands(), request=rq("r2", 100, 600, 10.5)) == "a"
+
+
+def test_d_protects_requests_whose_prefill_has_not_ended():
+    """r0's prefill is running (placed, no first token): its second token waits for every prefill
+    placed after it, so its worker's slack is T_dec. r1's 200 ms prefill breaks that; with the
+    protection off the worker looks free of ongoing requests and takes r1."""
+    for protect, want in ((True, "b"), (False, "a")):
+        p = policy(protect_prefills=protect)
+        assert p.choose(M, cands(), request=rq("r0", 100, 50, 0.0)) == "a"
+        assert p.choose(M, cands(), request=rq("r1", 200, 50, 0.05)) == want, protect
+    # once r0's first token shows it is ongoing: slack T_dec·l_out − t_dec from its progress
+    p = policy()
+    p.choose(M, cands(), request=rq("r0", 100, 50, 0.0))
+    prog = cands(a=[RequestProgress("r0", M, 40, 0.1)])
+    assert p.choose(M, prog, request=rq("r1", 200, 50, 0.2)) == "a"  # slack 40·T_dec − 0.1 s holds 0.3 s
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        policy(heartbeat_s=-1.0)

@@ -127,3 +127,38 @@ def test_attainment_at_p100_and_p99():
     m = request_metrics(recs, [SimService("s", "m", slo)])
     assert m["aladdin_at"]["p99"]["met"] is False and m["aladdin_at"]["p100"]["ratio"] == float("inf")
     assert attainment_at(recs, {"s": Slo()}, 99) is None
+
+
+class BeatProbe:
+    """Round robin that records when each request is dispatched, with a scheduling heartbeat."""
+
+    name = "beat"
+    needs = DispatchNeeds()
+
+    def __init__(self, heartbeat_s: float) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.at: list[tuple[str, float]] = []
+
+    def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+        self.at.append((request.request_id, request.arrival_s))
+        return sorted(c.engine_id for c in candidates)[len(self.at) % len(candidates)]
+
+
+def test_heartbeat_places_arrivals_at_the_next_beat_and_ttft_counts_from_arrival(tiny):
+    wl = [
+        W("a", 0.01, 50, 5, "s"),
+        W("b", 0.04, 50, 5, "s"),
+        W("c", 0.05, 50, 5, "s"),
+        W("d", 0.07, 50, 5, "s"),
+    ]
+    base = tiny.sim(instances=2, dispatch=BeatProbe(0.0)).run(wl)
+    probe = BeatProbe(0.05)
+    res = tiny.sim(instances=2, dispatch=probe, fast_forward=False).run(wl)
+    # a, b wait for the beat at 0.05 (c arrives on it), d for 0.10; in arrival order
+    assert [rid for rid, _ in probe.at] == ["a", "b", "c", "d"]
+    assert [t for _, t in probe.at] == pytest.approx([0.05, 0.05, 0.05, 0.10])
+    rec = {r.request_id: r for r in res.records}
+    before = {r.request_id: r for r in base.records}
+    assert {r: rec[r].arrival_s for r in rec} == {r: before[r].arrival_s for r in before}  # TTFT from arrival
+    assert rec["a"].ttft_s >= 0.04 - 1e-9 and rec["d"].ttft_s >= 0.03 - 1e-9
+    assert rec["a"].ttft_s > before["a"].ttft_s

@@ -46,6 +46,11 @@ Resolutions of what the paper leaves open:
   (t_dec_j + t_pre + t_d(b+1))/l_out_j ≤ T_dec exactly when t_pre + t_d(b+1) ≤ T_dec·l_out_j − t_dec_j.
   A stale report only under-counts tokens (conservative). Our requests start when their first token
   shows, and their place on the iteration clock follows their real token count.
+- Requests whose prefill has not ended (``protect_prefills``, default on). Such a request has one
+  token and no decode time at its first token, and with one-phase engines every prefill placed after
+  it runs before its second token, so the worker's slack is at most T_dec while Σ new l_in > 0.
+  The pending prefills' own time is counted in t_pre as well (conservative by that time): the policy
+  cannot tell a running prefill from a queued one.
 - Time model without progress (``requests is None``): a placed request is *new* until its estimated
   start ``t_place + t_pre(Σ_new l_in)``, then *ongoing*. Each worker has an iteration clock
   advancing at 1/t_d with t_d = decode.predict(b, Σ(l_in + γ·l_pred)/b) (piecewise constant, updated
@@ -154,6 +159,14 @@ class AladdinBestFit(FinishListener):
             printed); see the module docstring.
         on_infeasible: ``"least_loaded"`` or ``"open"`` (the paper's: open a new worker).
         protect: check (d) (default); False drops it, to measure what it costs (bench only).
+        protect_prefills: (d) also protects the requests placed on a worker whose prefill has not
+            ended (default): with one-phase engines a prefill placed after theirs runs before their
+            second token, so the worker's slack is at most T_dec. False protects only requests that
+            have produced a token (the earlier behaviour, kept to measure the difference).
+        heartbeat_s: the scheduling heartbeat (0: each request is placed when it arrives). The paper's
+            MIP places the requests that arrived "between the scheduling heartbeat" together: callers
+            dispatch a request at the first multiple of ``heartbeat_s`` at or after its arrival, in
+            arrival order, with that time as ``now`` (its TTFT still counts from its arrival).
     """
 
     name = "aladdin_bestfit"
@@ -179,8 +192,13 @@ class AladdinBestFit(FinishListener):
         constraints: str = "strict",
         on_infeasible: str = "least_loaded",
         protect: bool = True,
+        protect_prefills: bool = True,
+        heartbeat_s: float = 0.0,
     ) -> None:
         self.protect = bool(protect)
+        if not (math.isfinite(heartbeat_s) and heartbeat_s >= 0):
+            raise ValueError(f"heartbeat_s must be finite and >= 0, got {heartbeat_s!r}")
+        self.heartbeat_s = float(heartbeat_s)
         if constraints not in ("strict", "paper"):
             raise ValueError(f"constraints must be 'strict' or 'paper', got {constraints!r}")
         if on_infeasible not in ("least_loaded", "open"):
@@ -216,7 +234,15 @@ class AladdinBestFit(FinishListener):
         self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
         self.placed = 0
         capacity = KvCapacity(kv_capacity_tokens, kv_capacity_bytes, kv_bytes_per_token)
-        self.book = RequestBook(self.latency_models, self.slos, capacity, self.gamma, predictor, self.memo_s)
+        self.book = RequestBook(
+            self.latency_models,
+            self.slos,
+            capacity,
+            self.gamma,
+            predictor,
+            self.memo_s,
+            bool(protect_prefills),
+        )
 
     @property
     def repredictions(self) -> int:

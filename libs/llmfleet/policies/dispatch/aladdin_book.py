@@ -66,6 +66,7 @@ class RequestBook:
     gamma: float
     predictor: Any
     memo_s: float
+    protect_prefills: bool = True
     pools: dict[str, ModelPool] = field(default_factory=dict)
     reqs: dict[str, PlacedRequest] = field(default_factory=dict)
     starts: list[tuple[float, int, str]] = field(default_factory=list)  # (t_start, seq, rid)
@@ -83,7 +84,8 @@ class RequestBook:
             slo = self.slos.get(model)
             if lat is None or slo is None:
                 raise ValueError(f"aladdin_bestfit has no latency model and SLO for model {model!r}")
-            pool = self.pools[model] = ModelPool(model, lat, slo[0], slo[1])
+            pool = ModelPool(model, lat, slo[0], slo[1], protect_prefills=self.protect_prefills)
+            self.pools[model] = pool
         return pool
 
     def slots(

@@ -61,6 +61,7 @@ class ModelPool:
     pre_log: list[deque[tuple[float, float]]] = field(default_factory=list)  # (t_place, t_pre seconds)
     cache_ids: list[str] | None = None
     cache_idx: np.ndarray | None = None
+    protect_prefills: bool = True  # (d) also covers requests placed here whose prefill has not ended
 
     def __post_init__(self) -> None:
         self.n = 0
@@ -437,9 +438,15 @@ class ModelPool:
 
     def slack(self, idx: np.ndarray, it: np.ndarray, now: float) -> np.ndarray:
         """min_j (T_dec·l_out_j − t_dec_j) over the requests decoding on each worker (+inf: none):
-        measured where progress is reported (``dkey − now``), else from the estimated clock."""
+        measured where progress is reported (``dkey − now``), else from the estimated clock. With
+        ``protect_prefills``, a worker holding requests whose prefill has not ended (Σ new l_in > 0)
+        has at most T_dec: each of them has 1 token and no decode time at its first token, and the
+        prefills placed after it run before its next token."""
         est = self.t_dec * it[idx] - now - self.amax[idx]
-        return np.where(self.meas[idx] > 0, self.dkey[idx] - now, est)
+        out = np.where(self.meas[idx] > 0, self.dkey[idx] - now, est)
+        if self.protect_prefills:
+            out = np.where(self.new_in[idx] > 0, np.minimum(out, self.t_dec), out)
+        return out
 
     def exact_bd(
         self, i: int, slack: float, l_in: float, ctx: float, theta: float, rho: float, paper: bool = False
