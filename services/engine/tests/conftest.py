@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import transformers
 from llmfleet.types import ModelSpec
-from llmfleet_engine import vllm_backend as vb
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel, load_model
-from vllm_doubles import FakeAsyncEngineArgs, FakeAsyncLLMEngine, FakeSamplingParams
 
 NUM_THREADS = int(os.environ.get("LLMFLEET_TEST_THREADS", "2"))
 torch.set_num_threads(NUM_THREADS)
@@ -134,47 +129,3 @@ MISTRAL = ModelSpec(name="tiny-mistral", source="tiny://mistral")
 @pytest.fixture(scope="session")
 def mistral(cache_dir: Path) -> LoadedModel:
     return load_model(MISTRAL, cache_dir=cache_dir)
-
-
-# ------------------------------------------------------------------ vLLM backend fixtures (fake vllm)
-@pytest.fixture
-def fake_vllm(monkeypatch) -> type[FakeAsyncLLMEngine]:
-    """Install a fake ``vllm`` package (just the modules the adapter imports)."""
-    modules = {
-        "vllm": types.ModuleType("vllm"),
-        "vllm.engine": types.ModuleType("vllm.engine"),
-        "vllm.engine.arg_utils": types.ModuleType("vllm.engine.arg_utils"),
-        "vllm.engine.async_llm_engine": types.ModuleType("vllm.engine.async_llm_engine"),
-        "vllm.sampling_params": types.ModuleType("vllm.sampling_params"),
-    }
-    modules["vllm"].__version__ = "0.0.0+fake"
-    modules["vllm.engine.arg_utils"].AsyncEngineArgs = FakeAsyncEngineArgs
-    modules["vllm.engine.async_llm_engine"].AsyncLLMEngine = FakeAsyncLLMEngine
-    modules["vllm.sampling_params"].SamplingParams = FakeSamplingParams
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    FakeAsyncLLMEngine.instances.clear()
-    monkeypatch.setattr(FakeAsyncLLMEngine, "step_delay_s", 0.0)
-    return FakeAsyncLLMEngine
-
-
-@pytest.fixture
-def make_vllm_executor(fake_vllm, cache_dir):
-    made: list[vb.VllmExecutor] = []
-
-    def make(**overrides: Any) -> vb.VllmExecutor:
-        config = dataclasses.replace(vb.VllmConfig(cache_dir=cache_dir, allow_download=False), **overrides)
-        executor = vb.VllmExecutor(config)
-        made.append(executor)
-        return executor
-
-    yield make
-    for executor in made:
-        executor.close()
-
-
-@pytest.fixture
-def vexec(make_vllm_executor) -> vb.VllmExecutor:
-    executor = make_vllm_executor()
-    executor.load(LLAMA)
-    return executor

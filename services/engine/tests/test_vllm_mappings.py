@@ -1,63 +1,241 @@
-"""The vLLM backend's pure mappings, without vLLM: request -> vLLM arguments, vLLM outputs -> chunks,
-version branches, checked with plain objects shaped like vLLM's."""
+"""The vLLM backend's pure parts, without vLLM: its settings and configuration, request -> vLLM
+arguments, vLLM outputs -> chunks, and vLLM's scheduler stats -> the model's load, checked with plain
+objects shaped like vLLM's (the real engine is in test_vllm_backend.py)."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
-import torch
+from llmfleet.metrics.engine import EngineMetrics
+from llmfleet.metrics.server import samples
+from llmfleet.spec.vllm import VllmSettings
 from llmfleet_engine import vllm_backend as vb
 from llmfleet_engine import vllm_compat as compat
 from llmfleet_engine import vllm_config as vconf
 from llmfleet_engine import vllm_requests as vreq
+from llmfleet_engine import vllm_stats as vstats
 from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.outputs import (
-    FinishReason,
-)
+from llmfleet_engine.outputs import FinishReason
 from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.validation import build_request
-from vllm_doubles import FakeAsyncEngineArgs, FakeRequestOutput, out
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+# ------------------------------------------------------------------ plain objects shaped like vLLM's
+
+
+@dataclass
+class CompletionOutput:
+    """Shaped like ``vllm.outputs.CompletionOutput`` (cumulative ``token_ids``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """Shaped like ``vllm.outputs.RequestOutput``."""
+
+    request_id: str
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    metrics: Any = None
+
+
+@dataclass
+class RequestStateStats:
+    """Shaped like ``vllm.v1.metrics.stats.RequestStateStats`` (the timestamps the adapter reads)."""
+
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+
+
+@dataclass
+class PrefixCacheStats:
+    """Shaped like ``vllm.v1.metrics.stats.PrefixCacheStats``."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    """Shaped like ``vllm.v1.metrics.stats.SchedulerStats``."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_skipped_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+
+@dataclass
+class IterationStats:
+    """Shaped like ``vllm.v1.metrics.stats.IterationStats``."""
+
+    num_preempted_reqs: int = 0
+
+
+def out(
+    ids: list[int],
+    reason: str | None = None,
+    stop_reason: int | str | None = None,
+    finished: bool | None = None,
+) -> RequestOutput:
+    done = reason is not None if finished is None else finished
+    return RequestOutput("r", [CompletionOutput(0, "", list(ids), reason, stop_reason)], done)
+
 
 # ------------------------------------------------------------------ import and construction
 
 
-def test_module_imports_without_vllm() -> None:
+def test_module_imports_without_vllm_and_config_defaults() -> None:
     assert vb.VllmExecutor.supports_kv_transfer is False
     config = vb.VllmConfig()
-    assert (config.device, config.gpu_memory_utilization, config.max_model_len) == ("cuda", 0.85, None)
-    assert (config.enforce_eager, config.dtype, config.tensor_parallel_size) == (False, "auto", 1)
+    assert config.settings == VllmSettings()
+    assert (config.device, config.tensor_parallel_size, config.max_requests) == ("cuda", 1, 4096)
     assert config.allow_download and config.cache_dir is None
+    s = config.settings
+    assert (s.gpu_memory_utilization, s.max_models, s.dtype, s.enforce_eager) == (0.85, 1, "auto", False)
+    assert s.enable_prefix_caching and s.kv_cache_memory_bytes is None and s.max_model_len is None
 
 
-def test_constructing_without_vllm_raises_backend_unavailable(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where it is installed
+def test_constructing_without_vllm_raises_backend_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, installed or not
     with pytest.raises(vb.BackendUnavailable) as info:
-        vb.VllmExecutor(vb.VllmConfig())
+        vb.VllmExecutor(vb.VllmConfig(device="cpu"))
     message = str(info.value)
-    assert message.startswith("the vLLM backend needs `pip install -e .[vllm]` on a CUDA host: ")
+    assert "`make setup-vllm`" in message
     assert "ImportError" in message or "ModuleNotFoundError" in message
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0"])
+def test_config_accepts_cpu_and_cuda(device: str) -> None:
+    assert vb.VllmConfig(device=device).device == device
+
+
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "match"),
     [
-        {"gpu_memory_utilization": 0},
-        {"gpu_memory_utilization": 1.5},
-        {"max_models": 0},
-        {"max_model_len": 0},
-        {"dtype": "float8"},
-        {"tensor_parallel_size": 0},
-        {"memory_accounting": "shared"},
-        {"device": "cuda:1"},
-        {"device": "cpu"},
+        ({"device": "cuda:1"}, "CUDA_VISIBLE_DEVICES"),
+        ({"device": "mps"}, "device must be 'cpu' or 'cuda'"),
+        ({"device": "cpu:0"}, "device must be 'cpu' or 'cuda'"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"max_requests": 0}, "max_requests"),
+        ({"throughput_window_s": 0.0}, "throughput_window_s"),
     ],
 )
-def test_config_validation(bad: dict) -> None:
-    with pytest.raises(ValueError):
+def test_config_validation(bad: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         vb.VllmConfig(**bad)
+
+
+# ------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1GiB", 2**30),
+        ("256MiB", 256 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        (" 64 KiB ", 64 * 2**10),
+        (4096, 4096),
+    ],
+)
+def test_settings_sizes(text: str | int, expected: int) -> None:
+    assert VllmSettings(kv_cache_memory_bytes=text).kv_cache_memory_bytes == expected
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"kv_cache_memory_bytes": "lots"}, "not a size: 'lots'"),
+        ({"kv_cache_memory_bytes": "2TiB"}, "not a size"),
+        ({"kv_cache_memory_bytes": 0}, "greater than 0"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"max_models": 0}, "max_models"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"max_model_length": 512}, "max_model_length"),  # a misspelt key names itself
+    ],
+)
+def test_settings_validation(bad: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        VllmSettings(**bad)
+
+
+def test_engine_args_may_not_set_named_settings() -> None:
+    with pytest.raises(ValidationError) as info:
+        VllmSettings(engine_args={"max_model_len": 512, "model": "x", "block_size": 16})
+    (error,) = info.value.errors()
+    assert error["loc"] == ("engine_args",)
+    assert error["msg"] == (
+        "Value error, engine_args may not set what a named setting sets: "
+        "max_model_len (max_model_len), model (the model's source (models:))"
+    )
+    with pytest.raises(ValidationError, match="tensor_parallel_size"):
+        VllmSettings(engine_args={"tensor_parallel_size": 2})
+    assert VllmSettings(engine_args={"block_size": 16}).engine_args == {"block_size": 16}
+
+
+# ------------------------------------------------------------------ settings -> engine arguments
+
+
+def test_engine_kwargs_from_settings() -> None:
+    settings = VllmSettings(
+        kv_cache_memory_bytes="1GiB",
+        gpu_memory_utilization=0.8,
+        max_models=4,
+        max_model_len=512,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        max_num_seqs=8,
+        engine_args={"block_size": 32, "seed": 7},
+    )
+    config = vb.VllmConfig(settings=settings, device="cpu", tensor_parallel_size=2)
+    kwargs = vconf.engine_kwargs(config, "/models/x", "float32")
+    assert kwargs == {
+        "model": "/models/x",
+        "tokenizer": "/models/x",
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.2,  # the node's fraction split over max_models
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "tensor_parallel_size": 2,
+        "disable_log_stats": True,
+        "enable_log_requests": False,
+        "kv_cache_memory_bytes": 2**30,
+        "max_model_len": 512,
+        "max_num_seqs": 8,
+        "block_size": 32,
+        "seed": 7,
+    }
+
+
+def test_engine_kwargs_leave_unset_settings_to_vllm() -> None:
+    kwargs = vconf.engine_kwargs(
+        vb.VllmConfig(settings=VllmSettings(gpu_memory_utilization=0.9, max_models=3)), "m", "auto"
+    )
+    assert not {"kv_cache_memory_bytes", "max_model_len", "max_num_seqs"} & kwargs.keys()
+    assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["enable_prefix_caching"] is True
+    assert kwargs["enforce_eager"] is False and kwargs["tensor_parallel_size"] == 1
+
+
+def test_engine_dtype() -> None:
+    assert vconf.engine_dtype("float32") == "auto"  # ModelSpec's default: unspecified
+    assert vconf.engine_dtype(None) == "auto"
+    assert vconf.engine_dtype("bfloat16") == "bfloat16"
+    assert vconf.engine_dtype("float16") == "float16"
+    assert vconf.engine_dtype("float16", "float32") == "float32"  # the configured dtype wins
 
 
 # ------------------------------------------------------------------ request -> vLLM arguments
@@ -76,6 +254,8 @@ def test_sampling_kwargs_greedy_sampled_and_resumed() -> None:
         "n": 1,
         "max_tokens": 10,
         "stop": [],
+        "ignore_eos": True,  # vLLM's EOS is the tokenizer's; the model's EOS ids stop it instead
+        "stop_token_ids": [],
         "detokenize": False,
         "skip_special_tokens": True,
         "temperature": 0.0,
@@ -88,63 +268,12 @@ def test_sampling_kwargs_greedy_sampled_and_resumed() -> None:
     assert sampled["max_tokens"] == 6
     assert (sampled["temperature"], sampled["top_p"], sampled["seed"]) == (0.7, 0.9, 5)
     assert sampled["stop"] == ["\n", "END"] and sampled["detokenize"] is True
-    with pytest.raises(ValueError):
+    assert vreq.sampling_kwargs(SamplingConfig(max_tokens=2), eos_token_ids={9, 2})["stop_token_ids"] == [
+        2,
+        9,
+    ]
+    with pytest.raises(ValueError, match="nothing left to generate"):
         vreq.sampling_kwargs(SamplingConfig(max_tokens=3), resumed=3)
-
-
-def test_supported_kwargs_drops_only_unknown_optional_keys() -> None:
-    kwargs = vconf.engine_kwargs(vb.VllmConfig(max_model_len=512), "/models/x", "auto", 0.4)
-    args = FakeAsyncEngineArgs(**compat.supported_kwargs(FakeAsyncEngineArgs, kwargs))
-    assert (args.model, args.tokenizer, args.dtype, args.max_model_len) == (
-        "/models/x",
-        "/models/x",
-        "auto",
-        512,
-    )
-    assert args.gpu_memory_utilization == 0.4 and args.disable_log_stats and not args.enable_log_requests
-
-    @dataclass
-    class OldArgs:  # shaped like AsyncEngineArgs up to ~0.10 (disable_log_requests)
-        model: str
-        disable_log_requests: bool = False
-
-    kept = compat.supported_kwargs(
-        OldArgs, {"model": "m", "disable_log_requests": True, "enable_log_requests": False}
-    )
-    assert kept == {"model": "m", "disable_log_requests": True}
-    # a required key the class does not know is passed on, so vLLM reports it
-    assert compat.supported_kwargs(OldArgs, {"model": "m", "dtype": "auto"}) == {
-        "model": "m",
-        "dtype": "auto",
-    }
-
-    class Struct:  # shaped like a msgspec struct (SamplingParams since 0.6)
-        __struct_fields__ = ("max_tokens", "temperature")
-
-    assert compat.supported_kwargs(Struct, {"max_tokens": 1, "detokenize": False}) == {"max_tokens": 1}
-    extra = vconf.engine_kwargs(vb.VllmConfig(extra_engine_args={"max_num_seqs": 8}), "m", "auto", 0.5)
-    assert extra["max_num_seqs"] == 8 and "max_model_len" not in extra
-
-
-def test_engine_dtype() -> None:
-    assert vconf.engine_dtype("float32") == "auto"  # ModelSpec's default: unspecified on a GPU
-    assert vconf.engine_dtype(None) == "auto"
-    assert vconf.engine_dtype("bfloat16") == "bfloat16"
-    assert vconf.engine_dtype("float16", "float32") == "float32"  # the configured dtype wins
-
-
-def test_memory_fraction_and_accounting_branches() -> None:
-    assert vconf.engine_memory_fraction(0.8, 2, 0, cumulative=False) == pytest.approx(0.4)
-    assert vconf.engine_memory_fraction(0.8, 2, 1, cumulative=False) == pytest.approx(0.4)
-    assert vconf.engine_memory_fraction(0.8, 2, 1, cumulative=True) == pytest.approx(0.8)
-    assert vconf.engine_memory_fraction(0.8, 4, 5, cumulative=True) == pytest.approx(0.8)
-    assert compat.parse_version("0.6.4.post1") == (0, 6, 4)
-    assert compat.parse_version("0.10.1rc2+cu128") == (0, 10, 1)
-    assert not compat.uses_cumulative_memory_accounting("0.6.3", v1_engine=False)
-    assert compat.uses_cumulative_memory_accounting("0.6.4.post1", v1_engine=False)
-    assert compat.uses_cumulative_memory_accounting("0.7.3", v1_engine=False)
-    assert not compat.uses_cumulative_memory_accounting("0.7.3", v1_engine=True)
-    assert not compat.uses_cumulative_memory_accounting("0.11.0", v1_engine=True)
 
 
 # ------------------------------------------------------------------ vLLM outputs -> chunks
@@ -164,7 +293,7 @@ def test_memory_fraction_and_accounting_branches() -> None:
         ("something-new", None, FinishReason.STOP),
     ],
 )
-def test_map_finish_reason(reason, stop_reason, expected) -> None:
+def test_map_finish_reason(reason: str | None, stop_reason: int | str | None, expected: FinishReason) -> None:
     assert vreq.map_finish_reason(reason, stop_reason) is expected
 
 
@@ -181,10 +310,10 @@ def test_output_delta_from_cumulative_outputs() -> None:
     )
     assert vreq.output_delta(out([5], "length"), 0) == vreq.OutputDelta((5,), 1, FinishReason.LENGTH)
     assert vreq.output_delta(out([5], finished=True), 0).finish_reason is FinishReason.STOP
-    assert vreq.output_delta(FakeRequestOutput("r", [], False), 0) == vreq.OutputDelta((), 0, None)
+    assert vreq.output_delta(RequestOutput("r", [], False), 0) == vreq.OutputDelta((), 0, None)
 
 
-def _steps(assembler: vreq.CompletionAssembler, outputs) -> list[vreq.Step]:
+def _steps(assembler: vreq.CompletionAssembler, outputs: list[RequestOutput]) -> list[vreq.Step]:
     steps = []
     for o in outputs:
         step = assembler.feed(o)
@@ -294,54 +423,50 @@ def test_assembler_initial_finish(llama: LoadedModel) -> None:
     assert vreq.CompletionAssembler(open_, llama.tokenizer).initial_finish is None
 
 
-def test_engine_queue_time_from_metrics() -> None:
-    v0 = SimpleNamespace(arrival_time=1000.0, first_scheduled_time=1000.25)  # RequestMetrics
-    v1 = SimpleNamespace(queued_ts=50.0, scheduled_ts=50.5)  # RequestStateStats
-    assert compat.engine_queue_s(v0) == pytest.approx(0.25)
-    assert compat.engine_queue_s(v1) == pytest.approx(0.5)
-    assert compat.engine_queue_s(SimpleNamespace(arrival_time=1000.0, first_scheduled_time=None)) is None
+def test_engine_queue_time_from_request_stats() -> None:
+    assert compat.engine_queue_s(RequestStateStats(queued_ts=50.0, scheduled_ts=50.5)) == pytest.approx(0.5)
+    assert compat.engine_queue_s(RequestStateStats(queued_ts=50.0)) is None  # not scheduled yet
+    assert compat.engine_queue_s(RequestStateStats(queued_ts=50.5, scheduled_ts=50.0)) == 0.0
     assert compat.engine_queue_s(None) is None
 
 
-# ------------------------------------------------------------------ engine facts and shutdown branches
+# ------------------------------------------------------------------ vLLM's scheduler stats -> load
 
 
-def test_engine_facts_v0_and_v1_shapes() -> None:
-    v1 = SimpleNamespace(
-        model_config=SimpleNamespace(max_model_len=4096, dtype=torch.bfloat16),
-        vllm_config=SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=1000, block_size=16)),
+def test_model_stats_record_scheduler_and_iteration_stats() -> None:
+    registry = CollectorRegistry()
+    stats = vstats.ModelStats("m", EngineMetrics(registry))
+    assert stats.view() == vstats.SchedulerView()
+    stats.record(
+        SchedulerStats(2, 3, 1, 0.25, PrefixCacheStats(queries=300, hits=0)),
+        IterationStats(num_preempted_reqs=1),
     )
-    facts = compat.engine_facts(v1)
-    assert (facts.max_model_len, facts.dtype, facts.num_gpu_blocks, facts.block_size) == (
-        4096,
-        "bfloat16",
-        1000,
-        16,
+    assert stats.view() == vstats.SchedulerView(
+        running=2, waiting=4, kv_usage=0.25, prefix_queries=300, prefix_hits=0, preemptions=1, steps=1
     )
-    v0 = SimpleNamespace(
-        engine=SimpleNamespace(
-            model_config=SimpleNamespace(max_model_len=2048, dtype=torch.float16),
-            cache_config=SimpleNamespace(num_gpu_blocks=None, block_size=16),
-        )
+    stats.record(SchedulerStats(1, 0, 0, 0.5, PrefixCacheStats(queries=300, hits=256)), None)
+    stats.record(None, IterationStats(num_preempted_reqs=2))  # iteration stats alone: the view stays
+    assert stats.view() == vstats.SchedulerView(
+        running=1, waiting=0, kv_usage=0.5, prefix_queries=600, prefix_hits=256, preemptions=3, steps=2
     )
-    facts = compat.engine_facts(v0)
-    assert (facts.max_model_len, facts.dtype, facts.num_gpu_blocks, facts.v1) == (
-        2048,
-        "float16",
-        None,
-        False,
-    )
-    assert compat.engine_facts(object()) == compat.EngineFacts(False, None, None, None, None)
+    stats.record(SchedulerStats(), IterationStats())
+    view = stats.view()
+    assert (view.running, view.waiting, view.kv_usage, view.steps) == (0, 0, 0.0, 3)
+    assert (view.prefix_queries, view.prefix_hits, view.preemptions) == (600, 256, 3)
+    s = samples(registry)
+    assert s['vllm:prefix_cache_queries_total{model_name="m"}'] == 600
+    assert s['vllm:prefix_cache_hits_total{model_name="m"}'] == 256
+    assert s['vllm:num_preemptions_total{model_name="m"}'] == 3
 
 
-def test_shutdown_engine_branches() -> None:
-    calls: list[str] = []
-    v1 = SimpleNamespace(shutdown=lambda: calls.append("v1"))
-    v0 = SimpleNamespace(
-        shutdown_background_loop=lambda: calls.append("loop"),
-        engine=SimpleNamespace(model_executor=SimpleNamespace(shutdown=lambda: calls.append("executor"))),
-    )
-    assert compat.shutdown_engine(v1) == "shutdown"
-    assert compat.shutdown_engine(v0) == "shutdown_background_loop"
-    assert compat.shutdown_engine(object()) == "none"
-    assert calls == ["v1", "loop", "executor"]
+def test_stat_logger_feeds_model_stats() -> None:
+    class Base:  # stands in for vLLM's StatLoggerBase, which the logger only subclasses
+        pass
+
+    stats = vstats.ModelStats("m", None)
+    logger_cls = vstats.stat_logger_factory(Base, stats)
+    assert issubclass(logger_cls, Base)
+    logger = logger_cls(object(), engine_index=1)  # vLLM builds it with (vllm_config, engine_index)
+    assert logger.engine_index == 1 and logger.log_engine_initialized() is None
+    logger.record(SchedulerStats(num_running_reqs=3, kv_cache_usage=0.1), IterationStats(), None, 1)
+    assert (stats.view().running, stats.view().kv_usage, stats.view().steps) == (3, 0.1, 1)
