@@ -41,12 +41,11 @@ import time
 from pathlib import Path
 
 from llmfleet.costmodel import hardware, model_arch
-from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
 
 from . import common as C
-from .aladdin_setup import CLAIM, HW, MAX_GPUS, TARGET, THETA
+from .aladdin_setup import CLAIM, HEADLINE, HW, MAX_GPUS, SEEDS, TARGET, THETA
 from .aladdin_summary import summarize as _summarize
-from .aladdin_sweep import ModelSweep, worker_sizes
+from .aladdin_sweep import Headline, ModelSweep, Search, worker_sizes
 
 __all__ = ["CLAIM", "MODELS", "NAME", "TITLE", "markdown", "plot", "run", "settings", "worker_sizes"]
 
@@ -65,37 +64,47 @@ def settings(quick: bool, tiny: bool) -> dict:
             "models": {"llama2-7b": {**MODELS["llama2-7b"], "rates": (4.0,)}},
             "duration_s": 4.0,
             "min_requests": 0,
+            "seeds": (0, 1),
+            "sweep": True,
         }
     if quick:
         models = {"llama2-7b": {**MODELS["llama2-7b"], "rates": (10.0, 30.0)}}
-        return {"models": models, "duration_s": 20.0, "min_requests": 200}
-    return {"models": MODELS, "duration_s": 40.0, "min_requests": 600}
+        return {"models": models, "duration_s": 20.0, "min_requests": 200, "seeds": SEEDS, "sweep": True}
+    return {"models": MODELS, "duration_s": 40.0, "min_requests": 600, "seeds": SEEDS, "sweep": True}
 
 
-def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
+    """The scenario with ``settings(quick, tiny)``, or with ``cfg`` (``aladdin_headline.py``)."""
     t0 = time.perf_counter()
-    cfg = settings(quick, tiny)
+    cfg = cfg or settings(quick, tiny)
     hw = hardware(HW)
     lengths, lengths_label = C.short_prompt_lengths(20_000, seed=11, max_prompt=2048, max_output=2048)
     tag = "Alpaca" if C.SHORT_ALPACA is not None else "ShareGPT-like"
     train, test = C.split(lengths, min(5000, len(lengths) // 2), seed=0)
     pred, predict = C.empirical_predictor(train)
     mean_seq = float(train.sum(axis=1).mean())
-    rows, workers = [], {}
+    rows, workers, headline = [], {}, []
     for mi, (model, mc) in enumerate(cfg["models"].items()):
         arch = model_arch(model)
         sizes = worker_sizes(arch, hw, mc["slo"], mean_seq * arch.kv_bytes_per_token)
-        n_star = sizes["overhead"]
+        n_star = sizes["eq6"]
         workers[model] = {
             "n_star": n_star,
             "paper_n": mc["paper_tp"],
             **{f"n_{k}": v for k, v in sizes.items()},
         }
         sweep = ModelSweep(model, mc, n_star, hw, pred, predict, tag, log)
-        for ri, rate in enumerate(mc["rates"]):
+        for ri, rate in enumerate(mc["rates"] if cfg["sweep"] else ()):  # one seed, every rate
             dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
             wl = C.poisson_workload(test, rate, dur, seed=1000 * mi + ri, service="chat")
             rows += sweep.rate(rate, wl, top=ri == len(mc["rates"]) - 1)
+        rate = mc["rates"][-1]
+        dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
+        wls = [
+            C.poisson_workload(test, rate, dur, seed=1000 * mi + 100 + s, service="chat")
+            for s in cfg["seeds"]
+        ]
+        headline += _headline(model, mc, n_star, rate, wls, hw, pred, predict, log)
     result = {
         "paper": NAME,
         "title": TITLE,
@@ -104,11 +113,40 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         "cost_source": C.COST_SOURCE,
         "workers": workers,
         "rows": rows,
+        "headline": headline,
+        "seeds": list(cfg["seeds"]),
         "wall_s": 0.0,
     }
     _summarize(result)
     result["wall_s"] = time.perf_counter() - t0
     return result
+
+
+def _headline(model, mc, n_star, rate, wls, hw, pred, predict, log: C.Log) -> list[dict]:
+    """P100 at ``rate`` on every seed's workload: JSQ's fewest workers and each best-fit config's opened
+    workers, each answer n checked at n − 1 and n + 1; at N* and, where it differs, Table 3's size."""
+    out = []
+    sizes = [n_star] + ([mc["paper_tp"]] if mc["paper_tp"] != n_star else [])
+    for tp in sizes:
+        suffix = "" if tp == n_star else f"@{tp}gpu"
+
+        def searches(policy, mode=None, tp=tp):
+            return [Search(model, tp, policy, wl, mc["slo"], predict, pred, hw, mode) for wl in wls]
+
+        t0 = time.perf_counter()
+        jsq = Headline("jsq-opt" + suffix, searches("jsq")).jsq(max(1, round(rate / 5)))
+        found = [jsq]
+        pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
+        for label, mode in HEADLINE if tp == n_star else HEADLINE[:2]:
+            found.append(Headline(label + suffix, searches("aladdin_bestfit", mode)).opened(pool))
+        for h in found:
+            h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})
+            log(f"  aladdin {model} {rate:g} req/s {h['config']:26s} TP{tp}: {h['workers']} workers per seed "
+                f"{h['per_seed']}, P100 at n−1/n/n+1 {h.get('p100_below')}/{h.get('p100_at')}/{h.get('p100_above')}, "
+                f"busy {h.get('busy_workers')}")  # fmt: skip
+        log(f"  aladdin {model} headline TP{tp} [{time.perf_counter() - t0:.0f}s]")
+        out += found
+    return out
 
 
 def _setup(cfg: dict, workers: dict, lengths_label: str, mean_seq: float, trained: int) -> dict[str, str]:
@@ -122,13 +160,14 @@ def _setup(cfg: dict, workers: dict, lengths_label: str, mean_seq: float, traine
         f"{lengths_label}; prompt ≤ 2048, output ≤ 2048 (mean prompt+output {mean_seq:.0f} tokens)",
         "predictor": f"empirical per input-length bin, fitted on {trained:,} disjoint samples; re-prediction on",
         "worker size N*": ", ".join(
-            f"{m}: {w['n_star']} (Eq. 6 on the {C.COST_SOURCE} cost + fitted overhead; vidur + overhead "
-            f"{w['n_vidur_overhead']}; no overhead {w['n_plain']}; paper M = N·m_gpu − m_model "
-            f"{w['n_paper_memory']}) vs Table 3 {w['paper_n']}"
+            f"{m}: {w['n_star']} (Eq. 6 on the {C.COST_SOURCE} cost source; with the paper's M = N·m_gpu − "
+            f"m_model {w['n_paper_memory']}; roofline without overhead {w['n_roofline']}) vs Table 3 {w['paper_n']}"
             for m, w in workers.items()
         ),
-        "overhead": f"per-iteration a + c·b fitted per TP on {VIDUR_A100_OVERHEAD.source} (max residual "
-        f"{VIDUR_A100_OVERHEAD.max_rel_error:.0%}); used for N* only: the simulator's {C.COST_SOURCE} costs are unchanged",
+        "latency model": f"Aladdin's policy prices work on the {C.COST_SOURCE} cost source, as the simulated "
+        "engines are charged (`costmodel.latency_model`)",
+        "headline": f"P100 at each model's top rate on {len(cfg['seeds'])} seeds; each answer n also run at n − 1 "
+        "and n + 1 workers; time-averaged busy workers beside",
         "Aladdin options": f"γ = 0.5, θ = {THETA}; `aladdin`: (b), (d) as printed, opens a worker when none is "
         "feasible (counted); `aladdin-strict`: (b) at T_dec·(1−ρ), (d) + t_d(b+1), opening; `aladdin-search`: "
         "paper constraints, least-loaded fallback, fewest workers by search",
@@ -163,15 +202,37 @@ def markdown(res: dict) -> str:
             nstar,
             [
                 ("model", "model", ""),
-                ("N* (cost + fitted overhead, used)", "n_star", ""),
-                ("vidur + overhead", "n_vidur_overhead", ""),
-                ("no overhead", "n_plain", ""),
+                ("N* (Eq. 6, used)", "n_star", ""),
                 ("paper M = N·m_gpu − m_model", "n_paper_memory", ""),
+                ("roofline, no overhead", "n_roofline", ""),
                 ("Table 3", "paper_n", ""),
             ],
         )
     )
-    extra += ["", "GPU ratios per rate:", ""]
+    extra += [
+        "",
+        f"Headline: P100 on seeds {res['seeds']}, each answer checked at n − 1 and n + 1 workers:",
+        "",
+    ]
+    extra.append(
+        C.md_table(
+            res["headline"],
+            [
+                ("model", "model", ""),
+                ("req/s", "rate_rps", ".0f"),
+                ("config", "config", ""),
+                ("TP", "tp", ""),
+                ("workers", "workers", ""),
+                ("GPUs", "gpus", ""),
+                ("per seed", "per_seed", ""),
+                ("P100 n−1", "p100_below", ""),
+                ("P100 n", "p100_at", ""),
+                ("P100 n+1", "p100_above", ""),
+                ("busy workers", "busy_workers", ""),
+            ],
+        )
+    )
+    extra += ["", "GPU ratios per rate (seed 0):", ""]
     extra.append(
         C.md_table(
             res["summary"]["per_rate"],

@@ -19,3 +19,13 @@ OPEN_PAPER = {"constraints": "paper", "on_infeasible": "open"}
 THETAS = (0.9, 1.0)  # the margin of (b) and (d), varied alone at each model's top rate; then (d) dropped
 OPEN_STRICT = {"constraints": "strict", "on_infeasible": "open"}
 SEARCH_PAPER = {"constraints": "paper", "on_infeasible": "least_loaded"}
+SEEDS = (0, 1, 2)  # the headline's workloads: its P100 answer must hold on every one
+HEARTBEAT_S = 0.05  # the scheduling heartbeat measured beside placement at arrival
+HEADLINE = (  # (label, Aladdin options) of the best-fit configs at each model's top rate, beside JSQ
+    ("aladdin", OPEN_PAPER),
+    ("aladdin-strict", OPEN_STRICT),
+    ("aladdin hb 50 ms", {**OPEN_PAPER, "heartbeat_s": HEARTBEAT_S}),
+    ("aladdin-strict hb 50 ms", {**OPEN_STRICT, "heartbeat_s": HEARTBEAT_S}),
+    ("aladdin (d) ongoing only", {**OPEN_PAPER, "protect_prefills": False}),
+)
+GOAL_CONFIGS = ("aladdin", "aladdin-strict")  # the paper's constraints and the strict ones, at arrival

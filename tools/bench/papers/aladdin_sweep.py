@@ -7,10 +7,9 @@ import dataclasses
 import math
 from typing import Any
 
-from llmfleet.costmodel import RooflineModel, model_arch
-from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
+from llmfleet.costmodel import model_arch
+from llmfleet.costmodel.latency_model import decode_iteration_time, latency_model
 from llmfleet.policies.placement import InstancePlan, optimal_tp
-from llmfleet.policies.placement.aladdin_workers import roofline_iteration_time, vidur_iteration_time
 from llmfleet.sim.capacity import fewest_passing
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
@@ -31,28 +30,15 @@ from .aladdin_setup import (
 
 
 def worker_sizes(arch, hw, slo, m_r: float) -> dict[str, int]:
-    """N* (Eq. 6) three ways: the cost source with Vidur's fitted per-iteration overhead (used), the
-    same without overhead, and with overhead but the paper's M = N·m_gpu − m_model."""
-    it = roofline_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
-    if C.COST_SOURCE == "vidur":
-        try:
-            vit = vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD)
-            vit(1, 1.0, 1.0)
-            it = vit
-        except LookupError:
-            pass  # no measurements for this GPU: the roofline, as the simulator does
+    """N* (Eq. 6) on the bench's cost source (its decode iteration, the calibrated source's fitted
+    per-iteration overhead included), with Eq. 6's memory and with the paper's M = N·m_gpu − m_model,
+    and on the roofline without overhead for reference."""
     kw = {"gpus_per_node": GPUS_PER_MACHINE}
-    try:
-        vidur = optimal_tp(
-            arch, hw, slo, m_r, iteration_time=vidur_iteration_time(arch, hw, VIDUR_A100_OVERHEAD), **kw
-        )
-    except LookupError:
-        vidur = None
+    it = decode_iteration_time(arch, hw, C.COST_SOURCE)
     return {
-        "vidur_overhead": vidur,
-        "overhead": optimal_tp(arch, hw, slo, m_r, iteration_time=it, **kw),
-        "plain": optimal_tp(arch, hw, slo, m_r, **kw),
+        "eq6": optimal_tp(arch, hw, slo, m_r, iteration_time=it, **kw),
         "paper_memory": optimal_tp(arch, hw, slo, m_r, iteration_time=it, paper_memory=True, **kw),
+        "roofline": optimal_tp(arch, hw, slo, m_r, **kw),
     }
 
 
@@ -78,8 +64,8 @@ class Search:
         self.seen: dict[int, dict] = {}
 
     def bundle(self) -> PolicyBundle:
-        if self.policy == "aladdin_bestfit":
-            lat = {self.model: RooflineModel(model_arch(self.model), self.hw, self.tp)}
+        if self.policy == "aladdin_bestfit":  # priced as the simulator charges the engines
+            lat = {self.model: latency_model(model_arch(self.model), self.hw, self.tp, C.COST_SOURCE)}
             opts = {
                 "latency_models": lat,
                 "slos": {self.model: self.slo},
@@ -103,12 +89,15 @@ class Search:
             used = sum(i["tp"] for i in e.result.instances if i["iterations"] > 0)
             recs = e.result.records
             done = [r for r in recs if r.done]
+            span = max((r.finish_s for r in done), default=0.0) - min(r.arrival_s for r in recs)
             self.seen[n] = {
                 "viol_ttft": sum(r.ttft_s > self.slo[0] for r in done) / max(1, len(recs)),
                 "viol_atgt": sum(r.tpot_s > self.slo[1] for r in done) / max(1, len(recs)),
                 "preemptions": o["preemptions"],
                 "attainment": o["slo"]["aladdin"],
                 "gpus_used": used,
+                # workers running an iteration, averaged over first arrival → last finish
+                "busy_workers": sum(i["busy_s"] for i in e.result.instances) / span if span > 0 else 0.0,
                 "ttft_p99_s": o["ttft_s"]["p99"],
                 "tpot_p99_ms": 1e3 * o["tpot_s"]["p99"],
                 "failed": o["failed"],
@@ -245,3 +234,44 @@ class ModelSweep:
             f"{'>' + str(MAX_GPUS) if n100 is None else n100 * tp} at P100 ({len(s.seen)} sims)"
         )
         return rows
+
+
+@dataclasses.dataclass
+class Headline:
+    """One model's P100 answer at one rate on several seeds, each answer checked at n − 1 and n + 1:
+    ``searches`` holds one :class:`Search` per seed (same config, the seed's workload)."""
+
+    label: str
+    searches: list[Search]
+
+    def jsq(self, guess: int) -> dict:
+        """JSQ: the fewest workers with P100 on every seed (the largest of the per-seed fewest)."""
+        per_seed = [s.run(guess, "p100") for s in self.searches]
+        n = None if None in per_seed else max(per_seed)
+        return self._checked(n, per_seed)
+
+    def opened(self, pool: int) -> dict:
+        """Best fit that opens workers, on a pool of ``pool``: the most it opened over the seeds."""
+        at = [s.eval(pool) for s in self.searches]
+        tp = self.searches[0].tp
+        per_seed = [a["gpus_used"] // tp for a in at]
+        out = self._checked(max(per_seed), per_seed)
+        out["p100_opened"] = [bool(a["p100"]) for a in at]  # P100 with the pool it could open from
+        out["pool_workers"] = pool
+        return out
+
+    def _checked(self, n: int | None, per_seed: list[int | None]) -> dict:
+        """P100 on every seed at n − 1, n and n + 1 workers (a pool of exactly that many), and the
+        time-averaged busy workers at n."""
+        tp = self.searches[0].tp
+        out: dict[str, Any] = {"config": self.label, "tp": tp, "workers": n, "per_seed": per_seed}
+        if n is None:
+            return out
+        for k, m in (("below", n - 1), ("at", n), ("above", n + 1)):
+            out[f"p100_{k}"] = [bool(s.eval(m)["p100"]) for s in self.searches] if m >= 1 else []
+        out["gpus"] = n * tp
+        out["busy_workers"] = [round(s.eval(n)["busy_workers"], 2) for s in self.searches]
+        out["ratio_p100"] = [s.eval(n)["ratio_p100"] for s in self.searches]
+        out["holds"] = all(out["p100_at"]) and all(out["p100_above"])
+        out["tight"] = not out["p100_below"] or not all(out["p100_below"])
+        return out
