@@ -32,7 +32,14 @@ def test_every_policy_declares_what_it_reads():
         "worst_fit_kv",
         "mell",
     }
-    assert {n for n, d in table.items() if d.reads_queue} == {"jsq", "power_of_two", "least_loaded", "mell"}
+    assert {n for n, d in table.items() if d.reads_queue} == {
+        "jsq",
+        "power_of_two",
+        "least_loaded",
+        "mell",
+        "prefix_affinity",
+    }
+    assert {n for n, d in table.items() if d.reads_prompt} == {"prefix_affinity"}
     assert {n for n, d in table.items() if d.reads_predictions} == {
         "best_fit_kv",
         "scls_maxmin",

@@ -24,6 +24,7 @@ from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
+from llmfleet.policies.dispatch.prefix_affinity import PrefixAffinity
 from llmfleet.policies.dispatch.round_robin import RoundRobin
 from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
@@ -39,6 +40,7 @@ POLICIES: dict[str, type] = {
     "worst_fit_kv": WorstFitKv,
     "scls_maxmin": SclsMaxMin,
     "aladdin_bestfit": AladdinBestFit,
+    "prefix_affinity": PrefixAffinity,
 }
 
 
@@ -80,6 +82,7 @@ __all__ = [
     "MellDispatch",
     "NoCandidate",
     "PowerOfTwo",
+    "PrefixAffinity",
     "Rebalancer",
     "RequestProgress",
     "RoundRobin",

@@ -86,6 +86,10 @@ class DispatchRequest:
     predicted_output_tokens: float = 0.0
     kv_bytes_per_token: int = 0
     arrival_s: float = 0.0
+    # the prompt's text, for policies that read it (``needs.reads_prompt``); "" when the caller has none
+    prompt: str = ""
+    # the conversation the request continues ("" when none is named)
+    session: str = ""
 
     @property
     def kv_need_bytes(self) -> int:
@@ -104,7 +108,8 @@ class DispatchNeeds:
     ``latency_models``/``slos`` unless the options name them). ``reads_progress``: the candidates'
     ``requests`` (per-request tokens so far and first-token time); the live scheduler measures them
     from the tokens it relays, so they need no load source, but the choices then depend on the
-    engines' state (see ``state_blind``).
+    engines' state (see ``state_blind``). ``reads_prompt``: ``request.prompt`` (the prompt's text; the
+    simulator renders it from the workload's prompt content only for such policies).
     """
 
     reads_queue: bool = False
@@ -112,6 +117,7 @@ class DispatchNeeds:
     reads_predictions: bool = False
     reads_costs: bool = False
     reads_progress: bool = False
+    reads_prompt: bool = False
 
     @property
     def load_blind(self) -> bool:
@@ -134,6 +140,7 @@ class DispatchNeeds:
                 (self.reads_predictions, "predicted output lengths"),
                 (self.reads_costs, "latency models and SLOs"),
                 (self.reads_progress, "per-request decode progress"),
+                (self.reads_prompt, "prompt text"),
             )
             if flag
         ]

@@ -1,0 +1,278 @@
+"""Prefix-affinity dispatch: send a request where its prompt's prefix is expected to be cached, within
+a load bound, so that cache hits never pile a burst onto one engine.
+
+**What is hashed.** A dispatch decision sees the prompt's *text* (``DispatchRequest.prompt``), not its
+token ids: the scheduler holds no tokenizer (the engines tokenize), and the simulator renders a
+workload request's prompt content as the text ``llmfleet load`` would send. The policy splits the
+UTF-8 text into fixed-size chunks of ``block_bytes`` bytes (default 256, about 64 tokens of English at
+~4 bytes per token, llm-d's block of 64 tokens) and hashes them as a chain: a chunk's hash covers the
+model, its parent chunk's hash and its bytes, so equal hashes mean equal prefixes. Chunks rather than
+the token estimator's pieces: chunking costs one encode and slices (no regex pass per prompt in the
+scheduler), and nothing requires chunk boundaries to be token boundaries, since the chain is only ever
+compared with chains this policy computed. A prefix that ends mid-chunk matches its full chunks only,
+as an engine's cache matches full KV blocks only. :func:`prompt_blocks` is that one way.
+
+**Index.** Per engine, the blocks it is expected to hold, fed by this policy's own dispatch history:
+the chosen engine computes (or reuses) every block of the prompt, so after a dispatch it holds them.
+Each engine's entries are LRU-ordered and bounded (``capacity_blocks``; by default what the engine's
+KV pool can hold, from its reported capacity), inserted tail first so the LRU end drops a prompt's
+tail before its head, as paged caches evict; an entry untouched for ``ttl_s`` seconds counts as gone.
+Time is the request's ``arrival_s`` (the caller's clock): the policy reads no clock.
+
+**Choice.** Among the eligible engines, those whose load (``queued``: running + waiting, which the
+live load book raises by every request sent since the engine's last report) is within the bound
+``max(least + max_load_excess, least · max_load_ratio)`` of the least-loaded engine are *allowed*;
+the others are never preferred for their cache. Among the allowed, the engine holding the longest
+prefix of the prompt wins, then the least loaded, then the smallest id. So a burst of one prefix stays
+on the engine that holds it only until that engine is past the bound; the next engine then gets it,
+holds the prefix from then on, and the burst spreads over every engine by load (llm-d's failure, where
+every request of a burst saw the same stale score, cannot happen: each dispatch raises the chosen
+engine's load before the next choice). Without a prompt the choice is join-the-shortest-queue.
+
+**Sessions.** A request naming a conversation (``session``) goes to the engine that served the
+conversation last while that engine is allowed: the special case of a prefix known by name. The
+session table is LRU-bounded (``max_sessions``) and expires with ``ttl_s`` too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+
+from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+
+BLOCK_BYTES = 256  # default chunk size: ~64 tokens at ~4 bytes per token
+BYTES_PER_TOKEN = 4  # to convert an engine's KV capacity in tokens into chunks (English text, BPE)
+DEFAULT_CAPACITY_BLOCKS = 4096  # per engine, when its KV capacity is unknown (~1M bytes of prompt)
+MAX_BLOCKS = 256  # chunks of a prompt considered (a 64 KiB prefix)
+
+
+def _chain_hash(model: bytes, parent: int, block: bytes) -> int:
+    """The hash of one block given its parent's: the one place that defines the chain."""
+    h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
+    h.update(model)
+    h.update(block)
+    return int.from_bytes(h.digest(), "little")
+
+
+def prompt_blocks(
+    model: str, prompt: str, block_bytes: int = BLOCK_BYTES, max_blocks: int = MAX_BLOCKS
+) -> list[int]:
+    """The hash chain of ``prompt``'s full ``block_bytes`` chunks (UTF-8), at most ``max_blocks``."""
+    data = prompt.encode()
+    n = min(len(data) // block_bytes, max_blocks)
+    m = model.encode() + b"\0"
+    out: list[int] = []
+    parent = 0
+    for i in range(n):
+        parent = _chain_hash(m, parent, data[i * block_bytes : (i + 1) * block_bytes])
+        out.append(parent)
+    return out
+
+
+class PrefixIndex:
+    """Per engine, the prompt blocks it is expected to hold: LRU-bounded, with expiry.
+
+    ``insert(engine, chain, now, capacity)`` records that ``engine`` holds ``chain`` as of ``now``;
+    ``depths(chain, now)`` is, per engine, how many leading blocks of ``chain`` it holds. An entry
+    older than ``ttl_s`` counts as gone (and is dropped when met)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._held: dict[str, OrderedDict[int, float]] = {}  # engine -> block -> last use (LRU order)
+        self._where: dict[int, set[str]] = {}  # block -> engines holding it
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self._held.values())
+
+    def blocks(self, engine_id: str) -> int:
+        """Entries kept for ``engine_id`` (expired ones not yet dropped included)."""
+        held = self._held.get(engine_id)
+        return len(held) if held is not None else 0
+
+    def _drop(self, engine_id: str, block: int) -> None:
+        engines = self._where.get(block)
+        if engines is not None:
+            engines.discard(engine_id)
+            if not engines:
+                del self._where[block]
+
+    def insert(self, engine_id: str, chain: Sequence[int], now: float, capacity: int) -> None:
+        held = self._held.get(engine_id)
+        if held is None:
+            held = self._held[engine_id] = OrderedDict()
+        for block in reversed(chain):  # the head ends most recent: the LRU end drops tails first
+            if block in held:
+                held.move_to_end(block)
+            else:
+                self._where.setdefault(block, set()).add(engine_id)
+            held[block] = now
+        horizon = now - self.ttl_s
+        while held:
+            block, seen = next(iter(held.items()))
+            if len(held) <= capacity and seen >= horizon:
+                break
+            del held[block]
+            self._drop(engine_id, block)
+
+    def depths(self, chain: Sequence[int], now: float) -> dict[str, int]:
+        """Per engine holding the chain's first block, the number of leading blocks it holds."""
+        horizon = now - self.ttl_s
+        depth: dict[str, int] = {}
+        alive: set[str] | None = None
+        for i, block in enumerate(chain):
+            engines = self._where.get(block)
+            if not engines:
+                break
+            current = set()
+            for e in list(engines):
+                if alive is not None and e not in alive:
+                    continue
+                held = self._held[e]
+                if held[block] < horizon:  # expired: the engine has likely evicted it
+                    del held[block]
+                    self._drop(e, block)
+                    continue
+                current.add(e)
+            if not current:
+                break
+            for e in current:
+                depth[e] = i + 1
+            alive = current
+        return depth
+
+
+@dataclass
+class PrefixStats:
+    """What the policy did: requests with a prompt, their blocks, the blocks the chosen engine was
+    expected to hold, session hits, and choices where the engine holding the most was over the bound."""
+
+    requests: int = 0
+    blocks: int = 0
+    matched_blocks: int = 0
+    session_hits: int = 0
+    over_bound: int = 0
+
+    @property
+    def expected_hit_rate(self) -> float:
+        return self.matched_blocks / self.blocks if self.blocks else 0.0
+
+
+def _positive(name: str, value: object, kind: type) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind | int):
+        raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
+    if not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+class PrefixAffinity:
+    """The engine expected to hold the longest prefix of the prompt, among those within the load
+    bound; then the least loaded; then the smallest id (see the module docstring).
+
+    Options: ``block_bytes`` (chunk size, bytes of UTF-8 text), ``max_blocks`` (chunks of a prompt
+    considered), ``capacity_blocks`` (entries kept per engine; None: what the engine's KV pool holds,
+    from its reported capacity and the request's KV bytes per token, else
+    ``DEFAULT_CAPACITY_BLOCKS``), ``ttl_s`` (seconds after which an unused entry counts as evicted),
+    ``max_load_excess`` and ``max_load_ratio`` (the load bound), ``max_sessions`` (conversations
+    remembered)."""
+
+    name = "prefix_affinity"
+    needs = DispatchNeeds(reads_queue=True, reads_prompt=True)
+
+    def __init__(
+        self,
+        block_bytes: int = BLOCK_BYTES,
+        max_blocks: int = MAX_BLOCKS,
+        capacity_blocks: int | None = None,
+        ttl_s: float = 300.0,
+        max_load_excess: int = 4,
+        max_load_ratio: float = 1.5,
+        max_sessions: int = 100_000,
+    ) -> None:
+        for name, value in (
+            ("block_bytes", block_bytes),
+            ("max_blocks", max_blocks),
+            ("max_sessions", max_sessions),
+        ):
+            _positive(name, value, int)
+        if capacity_blocks is not None:
+            _positive("capacity_blocks", capacity_blocks, int)
+        _positive("ttl_s", ttl_s, float)
+        if isinstance(max_load_excess, bool) or not isinstance(max_load_excess, int) or max_load_excess < 0:
+            raise ValueError(f"max_load_excess must be an int >= 0, got {max_load_excess!r}")
+        _positive("max_load_ratio", max_load_ratio, float)
+        if max_load_ratio < 1:
+            raise ValueError(f"max_load_ratio must be >= 1, got {max_load_ratio!r}")
+        self.block_bytes = block_bytes
+        self.max_blocks = max_blocks
+        self.capacity_blocks = capacity_blocks
+        self.ttl_s = float(ttl_s)
+        self.max_load_excess = max_load_excess
+        self.max_load_ratio = float(max_load_ratio)
+        self.max_sessions = max_sessions
+        self.index = PrefixIndex(self.ttl_s)
+        self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session -> (engine, last use)
+        self.stats = PrefixStats()
+
+    def capacity(self, candidate: EngineCandidate, request: DispatchRequest) -> int:
+        """Entries kept for ``candidate``: the option, else its KV pool's tokens in chunks, else the default."""
+        if self.capacity_blocks is not None:
+            return self.capacity_blocks
+        if candidate.kv_capacity_bytes > 0 and request.kv_bytes_per_token > 0:
+            tokens = candidate.kv_capacity_bytes / request.kv_bytes_per_token
+            return max(1, int(tokens * BYTES_PER_TOKEN / self.block_bytes))
+        return DEFAULT_CAPACITY_BLOCKS
+
+    def _session_engine(self, session: str, now: float) -> str | None:
+        hit = self.sessions.get(session) if session else None
+        if hit is None:
+            return None
+        if hit[1] < now - self.ttl_s:
+            del self.sessions[session]
+            return None
+        return hit[0]
+
+    def _remember(self, session: str, engine_id: str, now: float) -> None:
+        self.sessions[session] = (engine_id, now)
+        self.sessions.move_to_end(session)
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+
+    def choose(
+        self,
+        model: str,
+        candidates: Sequence[EngineCandidate],
+        exclude: frozenset[str] = frozenset(),
+        request: DispatchRequest | None = None,
+    ) -> str:
+        pool = eligible(model, candidates, exclude)
+        least = min(c.queued for c in pool)
+        if request is None:
+            return next(c for c in pool if c.queued == least).engine_id
+        bound = max(least + self.max_load_excess, least * self.max_load_ratio)
+        allowed = [c for c in pool if c.queued <= bound]  # never empty: the least loaded is in it
+        now = request.arrival_s
+        chain = (
+            prompt_blocks(model, request.prompt, self.block_bytes, self.max_blocks) if request.prompt else []
+        )
+        depth = self.index.depths(chain, now) if chain else {}
+        sticky = self._session_engine(request.session, now)
+        best = None
+        if sticky is not None:
+            best = next((c for c in allowed if c.engine_id == sticky), None)
+            self.stats.session_hits += best is not None
+        if best is None:
+            best = min(allowed, key=lambda c: (-depth.get(c.engine_id, 0), c.queued))  # ties: smallest id
+        if chain:
+            self.stats.requests += 1
+            self.stats.blocks += len(chain)
+            self.stats.matched_blocks += depth.get(best.engine_id, 0)
+            got = depth.get(best.engine_id, 0)
+            self.stats.over_bound += any(depth.get(c.engine_id, 0) > got for c in pool if c.queued > bound)
+            self.index.insert(best.engine_id, chain, now, self.capacity(best, request))
+        if request.session:
+            self._remember(request.session, best.engine_id, now)
+        return best.engine_id
