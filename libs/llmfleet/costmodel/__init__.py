@@ -27,7 +27,12 @@ from llmfleet.costmodel.iteration_costs import (
     roofline_cost,
     vidur_cost,
 )
-from llmfleet.costmodel.latency_model import CostLatencyModel, decode_iteration_time, latency_model
+from llmfleet.costmodel.latency_model import (
+    CostLatencyModel,
+    cost_record,
+    decode_iteration_time,
+    latency_model,
+)
 from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch, UnknownModel, arch_from_hf_config, model_arch
 from llmfleet.costmodel.profile_fit import EngineProfileFit, fit_engine_profile
 from llmfleet.costmodel.roofline import (
@@ -50,7 +55,6 @@ from llmfleet.costmodel.serialize import (
     AladdinCoefficients,
     ProfileRecord,
     SclsCoefficients,
-    cost_record,
     load_record,
     record_from_fit,
     roofline_record,

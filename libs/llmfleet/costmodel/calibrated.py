@@ -38,6 +38,7 @@ import numpy as np
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch
 from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD, IterationOverhead
+from llmfleet.costmodel.roofline import roofline_legs
 from llmfleet.costmodel.vidur import GPUS, VidurDataError, load_table, shape_key, vidur_legs
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,6 @@ def _gpu_hardware(gpu: str) -> Hardware:
 @cache
 def fit_points() -> tuple[Points, ...]:
     """The points both costs exist at: every measured shape on every measured GPU (see module)."""
-    from llmfleet.costmodel.iteration_costs import roofline_cost
-
     out = []
     for gpu in GPUS:
         hw = _gpu_hardware(gpu)
@@ -144,10 +143,10 @@ def fit_points() -> tuple[Points, ...]:
                 v = vidur_legs(arch, hw, tp, overhead_s=0.0)
             except VidurDataError:
                 continue
-            r = roofline_cost(arch, hw, tp)
+            r_pre, r_dec = roofline_legs(arch, hw, tp)
             for phase, (x, y), rl, vl in (
-                ("prefill", _prefill_xy(), r.prefill_legs, v.prefill),
-                ("decode", _decode_xy(), r.decode_legs, v.decode),
+                ("prefill", _prefill_xy(), r_pre, v.prefill),
+                ("decode", _decode_xy(), r_dec, v.decode),
             ):
                 legs = _legs_at(rl, x, y)
                 out.append(
@@ -239,13 +238,11 @@ def calibrated_legs(
     arch: ModelArch, hw: Hardware, tp: int = 1, overhead: IterationOverhead = VIDUR_A100_OVERHEAD
 ) -> tuple[tuple[Leg, ...], tuple[Leg, ...], str]:
     """(prefill legs, decode legs, source) of the calibrated cost (module docstring)."""
-    from llmfleet.costmodel.iteration_costs import roofline_cost
-
     if tp < 1:
         raise ValueError(f"tensor-parallel degree must be ≥ 1, got {tp}")
     if hw.name == "cpu":
-        r = roofline_cost(arch, hw, tp)
-        return r.prefill_legs, r.decode_legs, "roofline"
+        r_pre, r_dec = roofline_legs(arch, hw, tp)
+        return r_pre, r_dec, "roofline"
     try:
         v = vidur_legs(arch, hw, tp, overhead_s=0.0)
         prefill, decode = with_overhead(v.prefill, v.decode, overhead, tp)
@@ -254,11 +251,11 @@ def calibrated_legs(
         log.debug(
             "calibrated cost for %s at TP %d on %s: %s; scaling the roofline", arch.name, tp, hw.name, e
         )
-    r = roofline_cost(arch, hw, tp)
+    r_pre, r_dec = roofline_legs(arch, hw, tp)
     scale = roofline_scale()
     prefill, decode = with_overhead(
-        scale.legs("prefill", tp, r.prefill_legs, arch.num_layers),
-        scale.legs("decode", tp, r.decode_legs, arch.num_layers),
+        scale.legs("prefill", tp, r_pre, arch.num_layers),
+        scale.legs("decode", tp, r_dec, arch.num_layers),
         overhead,
         tp,
     )

@@ -44,7 +44,7 @@ import numpy as np
 from llmfleet.costmodel.calibrated import calibrated_legs
 from llmfleet.costmodel.hardware import Hardware
 from llmfleet.costmodel.models import ModelArch
-from llmfleet.costmodel.roofline import allreduce_time
+from llmfleet.costmodel.roofline import roofline_legs
 from llmfleet.costmodel.serialize import ProfileRecord
 from llmfleet.costmodel.sources import CALIBRATED, COST_SOURCES, DEFAULT_COST_SOURCE, VIDUR, check_cost_source
 from llmfleet.costmodel.vidur import FRAMEWORK_OVERHEAD_S, VidurDataError, vidur_legs
@@ -152,17 +152,7 @@ class LinearCost:
 def roofline_cost(arch: ModelArch, hw: Hardware, tp: int = 1) -> LinearCost:
     if tp < 1:
         raise ValueError(f"tensor-parallel degree must be ≥ 1, got {tp}")
-    f, bw = tp * hw.flops, tp * hw.bandwidth
-    attn = arch.num_layers * arch.num_heads * arch.head_dim
-    ar = allreduce_time(arch, hw, 1, tp)  # per token (prefill) / per sequence (decode)
-    prefill = (
-        (0.0, 2 * arch.matmul_params / f + ar, 2 * attn / f),
-        (arch.weight_bytes / bw, arch.kv_bytes_per_token / bw + ar, 0.0),
-    )
-    decode = (
-        (0.0, 2 * arch.matmul_params / f + ar, 4 * attn / f),
-        (arch.weight_bytes / bw, ar, arch.kv_bytes_per_token / bw),
-    )
+    prefill, decode = roofline_legs(arch, hw, tp)
     return LinearCost(prefill, decode, "roofline")
 
 

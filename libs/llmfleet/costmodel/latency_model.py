@@ -5,8 +5,10 @@ engines charge, behind the interface Aladdin's dispatch and worker sizing read.
 ``.decode.predict(batch, mean_context)``, ``.decode.context_limit(batch, T_dec)`` (the largest Σ
 context whose decode iteration meets T_dec) and ``prefill_time``/``decode_time``, like
 ``AladdinModel`` and ``RooflineModel``. ``decode_iteration_time(arch, hw, source)`` is Aladdin's
-``IterationTime`` (n GPUs, batch, mean context → seconds) for Eq. 6. Both default to the default cost
-source (``costmodel.sources``), so a policy prices work as the engines it dispatches to are charged.
+``IterationTime`` (n GPUs, batch, mean context → seconds) for Eq. 6. ``cost_record(arch, hw, tp, source)``
+fits the Aladdin and SCLS forms to the source's points (a ``ProfileRecord``, as the profiler writes). All
+default to the default cost source (``costmodel.sources``), so a policy prices work as the engines it
+dispatches to are charged.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from functools import cache
 from llmfleet.costmodel.hardware import Hardware
 from llmfleet.costmodel.iteration_costs import LinearCost, cost_of
 from llmfleet.costmodel.models import ModelArch
+from llmfleet.costmodel.serialize import ProfileRecord, forms_record
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 
 
@@ -94,3 +97,22 @@ def decode_iteration_time(
 ) -> Callable[[int, float, float], float]:
     """(n GPUs, batch, mean context tokens) → one decode iteration's seconds under ``source``."""
     return lambda n, batch, ctx: _cost(source, arch, hw, n).decode(batch, batch * ctx)
+
+
+def cost_record(
+    arch: ModelArch, hw: Hardware, tp: int = 1, source: str = DEFAULT_COST_SOURCE, date: str | None = None
+) -> ProfileRecord:
+    """``roofline_record``'s fit on the points of cost ``source`` (a batch of b prompts of l tokens is a
+    prefill of b·l tokens with Σl² = b·l²): the Aladdin and SCLS forms of the iteration costs the
+    simulator and the emulated engines charge. The record's source and engine are the source's name."""
+    lm = _cost(source, arch, hw, tp)
+    return forms_record(
+        arch,
+        hw,
+        tp,
+        lambda b, ln: lm.prefill(b * ln, b * ln * ln),
+        lambda b, ln: lm.decode(b, b * ln),
+        source,
+        source,
+        date,
+    )

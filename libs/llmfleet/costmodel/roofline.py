@@ -155,3 +155,23 @@ class RooflineModel:
 
     def decode_time(self, batch: float, mean_context: float) -> float:
         return decode_time(self.arch, self.hw, batch, mean_context, self.tp)
+
+
+def roofline_legs(
+    arch: ModelArch, hw: Hardware, tp: int = 1
+) -> tuple[tuple[tuple[float, float, float], ...], tuple[tuple[float, float, float], ...]]:
+    """The roofline as cost legs (α, β, γ): prefill over (T, Σl²) and decode over (b, Σ context), each
+    (compute, memory), the all-reduce on both (``costmodel.iteration_costs.LinearCost``)."""
+    _check(tp, 0)
+    f, bw = tp * hw.flops, tp * hw.bandwidth
+    attn = arch.num_layers * arch.num_heads * arch.head_dim
+    ar = allreduce_time(arch, hw, 1, tp)  # per token (prefill) / per sequence (decode)
+    prefill = (
+        (0.0, 2 * arch.matmul_params / f + ar, 2 * attn / f),
+        (arch.weight_bytes / bw, arch.kv_bytes_per_token / bw + ar, 0.0),
+    )
+    decode = (
+        (0.0, 2 * arch.matmul_params / f + ar, 4 * attn / f),
+        (arch.weight_bytes / bw, ar, arch.kv_bytes_per_token / bw),
+    )
+    return prefill, decode

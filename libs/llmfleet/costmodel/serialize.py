@@ -20,7 +20,6 @@ from llmfleet.costmodel.models import ModelArch
 from llmfleet.costmodel.profile_fit import EngineProfileFit
 from llmfleet.costmodel.roofline import decode_time, prefill_time
 from llmfleet.costmodel.scls import SclsDecode, SclsPrefill, fit_scls_decode, fit_scls_prefill
-from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 
 SOURCES = ("fitted", "roofline", "vidur", "calibrated")  # fitted on an engine, or a cost source's
 SCHEMA_VERSION = 1
@@ -160,7 +159,7 @@ def roofline_record(
     Decode points whose KV does not fit next to the weights in tp·mem_bytes are dropped (all are kept
     if fewer than 8 would remain). KV is exact: h = kv_bytes_per_token, j = 0.
     """
-    return _record_of(
+    return forms_record(
         arch,
         hw,
         tp,
@@ -172,28 +171,7 @@ def roofline_record(
     )
 
 
-def cost_record(
-    arch: ModelArch, hw: Hardware, tp: int = 1, source: str = DEFAULT_COST_SOURCE, date: str | None = None
-) -> ProfileRecord:
-    """:func:`roofline_record`'s fit on the points of cost ``source`` (``costmodel.sources``; a batch of
-    b prompts of l tokens is a prefill of b·l tokens with Σl² = b·l²): the Aladdin and SCLS forms of the
-    iteration costs the simulator and the emulated engines charge. The engine is the source's name."""
-    from llmfleet.costmodel.iteration_costs import cost_of
-
-    lm = cost_of(source, arch, hw, tp)
-    return _record_of(
-        arch,
-        hw,
-        tp,
-        lambda b, ln: lm.prefill(b * ln, b * ln * ln),
-        lambda b, ln: lm.decode(b, b * ln),
-        source,
-        source,
-        date,
-    )
-
-
-def _record_of(
+def forms_record(
     arch: ModelArch,
     hw: Hardware,
     tp: int,
@@ -203,7 +181,8 @@ def _record_of(
     engine: str,
     date: str | None,
 ) -> ProfileRecord:
-    """The forms fitted to ``prefill(b, l)`` and ``decode(b, l)`` seconds on the record's grid."""
+    """The Aladdin and SCLS forms fitted to ``prefill(b, l)`` (b prompts of l tokens) and ``decode(b, l)``
+    (b sequences of context l) seconds on the record's grid (see :func:`roofline_record`)."""
     free = tp * hw.mem_bytes - arch.weight_bytes
     pre = [(b, ln, prefill(b, ln)) for b in PREFILL_BATCHES for ln in PREFILL_LENGTHS]
     grid = [(b, ln) for b in DECODE_BATCHES for ln in DECODE_CONTEXTS]

@@ -71,7 +71,7 @@ def test_up_forgets_the_node_records_a_previous_run_left_in_its_etcd(tmp_path) -
 
 
 def test_schedulers_of_an_emulated_pool_price_requests_on_its_gpu(tmp_path) -> None:
-    """aladdin_bestfit reads the roofline of ``--hardware``: on an emulated A100 pool that is the A100's,
+    """aladdin_bestfit reads the cost model of ``--hardware``: on an emulated A100 pool that is the A100's,
     not the CPU default."""
     emulated = {
         "services": {"chat": {"model": "llama2-7b"}},

@@ -73,8 +73,8 @@ def default_scls_cost() -> SclsModel:
     """The paper's setting when no profile is given: LLaMA2-13B on one A100-80GB, the SCLS forms fitted
     to the default cost source (``costmodel.cost_record``), the costs the simulator charges."""
     from llmfleet.costmodel.hardware import hardware
+    from llmfleet.costmodel.latency_model import cost_record
     from llmfleet.costmodel.models import model_arch
-    from llmfleet.costmodel.serialize import cost_record
 
     rec = cost_record(model_arch("llama2-13b"), hardware("a100-80gb"), date="1970-01-01T00:00:00")
     return SclsModel(rec.scls.prefill, rec.scls.decode)

@@ -3,9 +3,9 @@ one GPU" — the request alone (batch of one, no queueing): its prefill plus one
 output token.
 
 :class:`SoloCost` is the type a policy declares it needs (anything with ``solo_time``).
-:class:`RooflineSolo` is the default: ``llmfleet.costmodel.roofline.solo_time`` of each model on one GPU
-of a catalog hardware type, the same formulas the simulator's roofline cost uses, so in the
-simulator it equals the request's ``solo_s``. Pure: no I/O, no clock.
+:class:`CostSolo` is the default: ``CostBook.solo_time`` of each model on one GPU of a catalog hardware
+type under a cost source (default the default, ``costmodel.sources``), the simulator's own solo time, so
+in a simulation on that hardware and source it equals the request's ``solo_s``. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from llmfleet.costmodel.hardware import Hardware, hardware
-from llmfleet.costmodel.models import ModelArch, UnknownModel, model_arch
-from llmfleet.costmodel.roofline import solo_time
+from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.iteration_costs import CostBook
+from llmfleet.costmodel.models import UnknownModel, model_arch
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 
 
 @runtime_checkable
@@ -28,33 +29,37 @@ class SoloCost(Protocol):
 
 
 @dataclass
-class RooflineSolo:
-    """:class:`SoloCost` from the catalog roofline on one GPU of ``hardware`` (default the A100-80GB,
-    the catalog's stand-in for SeaLLM's A800). Unknown models raise ``UnknownModel`` (a KeyError)."""
+class CostSolo:
+    """:class:`SoloCost` from cost ``source`` on one GPU of ``hardware`` (default the A100-80GB, the
+    catalog's stand-in for SeaLLM's A800). Unknown models raise ``UnknownModel`` (a KeyError)."""
 
     hardware: str = "a100-80gb"
-    _hw: Hardware = field(init=False, repr=False)
-    _archs: dict[str, ModelArch] = field(default_factory=dict, repr=False)
+    source: str = DEFAULT_COST_SOURCE
+    _books: dict[str, CostBook] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._hw = hardware(self.hardware)
+        hardware(self.hardware)  # UnknownHardware lists the catalog
+        check_cost_source(self.source)
 
     def solo_time(self, model: str, prompt_tokens: int, output_tokens: int) -> float:
-        arch = self._archs.get(model)
-        if arch is None:
-            arch = self._archs[model] = model_arch(model)
-        return solo_time(arch, self._hw, prompt_tokens, output_tokens)
+        book = self._books.get(model)
+        if book is None:
+            arch = model_arch(model)
+            book = self._books[model] = CostBook.build(
+                hardware(self.hardware), {model: arch}, source=self.source
+            )
+        return book.solo_time(model, 1, prompt_tokens, output_tokens)
 
 
 def as_solo_cost(cost: SoloCost | Mapping[str, Any] | None) -> SoloCost:
-    """None → :class:`RooflineSolo` on the A100-80GB; ``{"hardware": NAME}`` → on that hardware; an object
-    with ``solo_time`` as is."""
+    """None → :class:`CostSolo` on the A100-80GB under the default cost source; ``{"hardware": NAME,
+    "source": COST_SOURCE}`` (either optional) → that; an object with ``solo_time`` as is."""
     if cost is None:
-        return RooflineSolo()
+        return CostSolo()
     if isinstance(cost, Mapping):
-        if set(cost) - {"hardware"}:
-            raise ValueError(f"a cost mapping takes only 'hardware', got keys {sorted(cost)}")
-        return RooflineSolo(str(cost.get("hardware", "a100-80gb")))
+        if set(cost) - {"hardware", "source"}:
+            raise ValueError(f"a cost mapping takes only 'hardware' and 'source', got keys {sorted(cost)}")
+        return CostSolo(str(cost.get("hardware", "a100-80gb")), str(cost.get("source", DEFAULT_COST_SOURCE)))
     if not callable(getattr(cost, "solo_time", None)):
         raise ValueError(
             f"cost must have solo_time(model, prompt_tokens, output_tokens), got {type(cost).__name__}"
@@ -62,4 +67,4 @@ def as_solo_cost(cost: SoloCost | Mapping[str, Any] | None) -> SoloCost:
     return cost
 
 
-__all__ = ["RooflineSolo", "SoloCost", "UnknownModel", "as_solo_cost"]
+__all__ = ["CostSolo", "SoloCost", "UnknownModel", "as_solo_cost"]

@@ -298,17 +298,22 @@ def test_service_mean_is_learned_from_single_request_time():
         DoublingBudget(cost=object())
 
 
-def test_default_solo_cost_is_the_one_gpu_roofline_the_simulator_uses():
+def test_default_solo_cost_is_the_one_gpu_cost_the_simulator_uses():
     from llmfleet.costmodel import hardware, model_arch
     from llmfleet.sim.cost import CostBook
 
-    p = DoublingBudget()  # default: catalog roofline on one A100-80GB
+    p = DoublingBudget()  # default: the default cost source on one A100-80GB
     r = finished("r", model="llama2-7b", prompt=300, generated=200, executed=50.0)
     p.on_finish(r, 60.0)
     book = CostBook.build(hardware("a100-80gb"), {"llama2-7b": model_arch("llama2-7b")})
     assert p.stats.mean("svc") == pytest.approx(book.solo_time("llama2-7b", 1, 300, 200), rel=1e-12)
     h100 = DoublingBudget(cost={"hardware": "h100"})
     assert h100.execution_time(r, 60.0) < p.execution_time(r, 60.0)
+    from llmfleet.costmodel.roofline import solo_time
+
+    roof = DoublingBudget(cost={"source": "roofline"})
+    want = solo_time(model_arch("llama2-7b"), hardware("a100-80gb"), 300, 200)
+    assert roof.execution_time(r, 60.0) == pytest.approx(want, rel=1e-12)
     # a model outside the catalog (the tests' "ms") keeps the executed time
     assert p.execution_time(finished("x", executed=1.25), 2.0) == 1.25 and p.solo_fallbacks == 1
 
