@@ -230,6 +230,27 @@ async def test_a_policy_that_cannot_run_here_fails_the_request_clearly(cluster):
     assert "dispatch policy 'jsq' reads engine load (queue lengths)" in rec.error.details
 
 
+async def test_the_dispatch_policy_sees_the_prompt_text(cluster):
+    _, directory, _, _ = cluster
+
+    class PromptReader(Recorder):
+        needs = DispatchNeeds(reads_prompt=True)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.prompts: list[str] = []
+
+        def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+            self.prompts.append(request.prompt)
+            return super().choose(model, candidates, exclude, request)
+
+    reader = PromptReader()
+    relay = Relay(directory, FixedRouter(reader), predict_mode="never")
+    rec, task = start(relay, "r-prompt", "ok")
+    await task
+    assert rec.error is None and reader.prompts == ["ok"]
+
+
 # ------------------------------------------------------------------ llmfleet_scheduler_* metrics
 
 
