@@ -136,7 +136,7 @@ class MigrationCoordinator:
     def budget(self, gpus: Sequence[GpuState]) -> TransferBudget:
         """Links: measured bandwidth (else the flag) × epoch. Destinations: the re-prefill tokens whose
         marginal cost fits ``prefill_slack`` of their decode iterations (the engine's model on its
-        hardware, from the profiler's record or the roofline), else the flag."""
+        hardware, from the profiler's record or the default cost source), else the flag."""
         prefill: dict[str, float] = {}
         nodes = self.nodes.snapshot()
         for g in gpus:

@@ -1,8 +1,9 @@
 """Per-engine cost models for the computation boundary of hybrid transfer.
 
 For each (model, hardware) the profiler's fitted record in etcd (``profiles/{model}/{hardware}``,
-written by ``Characterize``) when there is one, else the roofline of the catalog model on the catalog
-hardware, else none (the coordinator then uses ``--prefill-tokens-per-epoch``). Records are re-read
+written by ``Characterize``) when there is one, else the default cost source (``costmodel.sources``, what
+the simulator and the emulated engines charge) of the catalog model on the catalog hardware, else none
+(the coordinator then uses ``--prefill-tokens-per-epoch``). Records are re-read
 every ``ttl_s`` (a new characterization takes effect without a restart).
 """
 
@@ -14,13 +15,14 @@ from dataclasses import dataclass, field
 
 from llmfleet.coord import EtcdClient
 from llmfleet.costmodel import (
+    DEFAULT_COST_SOURCE,
     LinearCost,
     UnknownHardware,
     UnknownModel,
+    cost_of,
     fitted_cost,
     hardware,
     model_arch,
-    roofline_cost,
 )
 from llmfleet.costmodel.serialize import ProfileRecord
 
@@ -56,8 +58,8 @@ class CostModels:
             try:
                 return fitted_cost(ProfileRecord.from_json(raw.decode()))
             except (ValueError, KeyError, TypeError) as e:
-                log.warning("profiles/%s/%s is unreadable (%s); using the roofline", model, hw, e)
+                log.warning("profiles/%s/%s is unreadable (%s); using the default cost source", model, hw, e)
         try:
-            return roofline_cost(model_arch(model), hardware(hw))
+            return cost_of(DEFAULT_COST_SOURCE, model_arch(model), hardware(hw))
         except (UnknownModel, UnknownHardware):
             return None  # not in the catalog

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--prefill-tokens-per-epoch", type=float, default=2048.0,
         help="re-prefill tokens a destination absorbs per epoch where its model has no cost model "
-        "(profiler record or catalog roofline); default 2048",
+        "(profiler record or the default cost source); default 2048",
     )  # fmt: skip
     return ap
 

@@ -121,7 +121,8 @@ async def test_the_computation_boundary_comes_from_the_engines_cost_model(etcd_c
 
     costs = CostModels(etcd_client)
     await costs.refresh({("llama2-7b", "a100-40gb"), ("mystery", "a100-40gb")})
-    assert costs.get("llama2-7b", "a100-40gb") is not None  # no profiler record: the catalog roofline
+    # no profiler record: the default cost source (A100-40GB is not measured: the scaled roofline)
+    assert costs.get("llama2-7b", "a100-40gb").source == "calibrated:scaled-roofline"
     assert costs.get("mystery", "a100-40gb") is None
     c = coordinator(etcd_client, MoveFirst())
     c.nodes = Nodes({e: NodeRecord(e, ENGINE_ROLE, f"10.0.0.{i}:1", models=("llama2-7b",), hardware="a100-40gb")
