@@ -16,14 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import package, scenario  # type: ignore[import-not-found]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, like run.py
+from run import common, package, scenario  # type: ignore[import-not-found]
 
-    package()
-    ALADDIN = scenario("aladdin")
-else:
-    from . import aladdin as ALADDIN
+package()
+ALADDIN = scenario("aladdin")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", action="append", default=[], metavar="MODEL=RATE",
                     help="a model and its top rate (repeatable; default: every model at its top rate)")  # fmt: skip
     ap.add_argument("--no-sweep", action="store_true", help="skip the one-seed sweep over the lower rates")
+    ap.add_argument("--cost-source", default=None, help="the simulator's cost source (default: its own)")
     ap.add_argument("--out", type=Path, default=Path(".bench/papers-aladdin-headline"))
     a = ap.parse_args(argv)
+    if a.cost_source is not None:
+        common().set_cost_source(a.cost_source)
     full = ALADDIN.settings(quick=False, tiny=False)
     models = dict(full["models"])
     if a.rate:

@@ -15,14 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import package, scenario  # type: ignore[import-not-found]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, like run.py
+from run import common, package, scenario  # type: ignore[import-not-found]
 
-    package()
-    SEALLM = scenario("seallm")
-else:
-    from . import seallm as SEALLM
+package()
+SEALLM = scenario("seallm")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adaptive-rates", type=float, nargs="*", default=[])
     ap.add_argument("--run-lengths", type=float, nargs="*", default=[])
     ap.add_argument("--horizon", type=float, default=full["horizon_s"])
+    ap.add_argument("--cost-source", default=None, help="the simulator's cost source (default: its own)")
     ap.add_argument("--out", type=Path, default=Path(".bench/papers-seallm-sweep"))
     a = ap.parse_args(argv)
+    if a.cost_source is not None:
+        common().set_cost_source(a.cost_source)
     cfg = {
         **full,
         "rates": tuple(a.rates),
