@@ -54,3 +54,26 @@ def test_follows_allows_one_interval_of_lag_and_names_the_worst_miss(bench) -> N
     late = [(0.0, 1), (130.0, 2), (150.0, 3), (200.0, 1)]  # 30 s late, and at 2 on the way
     f = common.follows(sim, late, 10.0, 300.0)
     assert f["within"] < f["seconds"] and f["worst_gpus_off"] == 2
+
+
+def test_the_fleet_sets_its_cost_source_once_and_reads_the_engines_pacing(bench) -> None:
+    from llmfleet.costmodel import DEFAULT_COST_SOURCE
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    fc, _ = bench
+    spec = fc.FleetSpec(4, {"policy": "static"})
+    assert spec.cost_source == DEFAULT_COST_SOURCE
+    assert fc.FleetSpec(4, {}, cost_source="roofline").config()["emulated"]["cost_source"] == "roofline"
+    assert fc._ports("127.0.0.1:51061..51063") == ["127.0.0.1:51061", "127.0.0.1:51062", "127.0.0.1:51063"]
+    assert fc._ports("h:9") == ["h:9"]
+    registry = CollectorRegistry()
+    Counter("llmfleet_emulated_host_steps", "steps", registry=registry).inc(4)
+    Counter("llmfleet_emulated_host_seconds", "seconds", registry=registry).inc(0.01)
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        got = fc.scrape(f"127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    assert got["llmfleet_emulated_host_steps_total"] == 4.0
+    assert got["llmfleet_emulated_host_seconds_total"] == pytest.approx(0.01)
+    assert fc.scrape("127.0.0.1:1") == {}  # nothing there
