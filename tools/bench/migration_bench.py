@@ -16,6 +16,9 @@ Setups (the paper's: one model instance per GPU, Llama-2-7B/13B on RTX 4090 and 
   capacity C relative to 7B on A100-40GB (C = 14.2k tokens on a 4090 and for 13B, 46.8k for 7B on
   A100), so that every setup sees about the same demand per GPU of KV and none saturates the cluster.
   The paper's absolute λ belong to its 10×-longer conversations on its own cluster and do not carry over.
+  ``fleet`` = 3 × ``mid`` (30 × the trace's rate), the load at which A100-7B holds at least 40 active
+  GPUs, runs on 96 GPUs per setup; ``papers/mell.py`` (``make bench-papers``) runs it, this bench keeps
+  the three paper levels.
 - Workloads (prompts and outputs truncated to Llama-2's 4,096-token context, the output first):
 
   * ``conv-poisson``: conv-trace (prompt, output) lengths, Poisson arrivals at each level (the paper's
@@ -26,6 +29,10 @@ Setups (the paper's: one model instance per GPU, Llama-2-7B/13B on RTX 4090 and 
     conversations (LMSYS-Chat, WildChat: short prompts, few hundred output tokens) ten-fold to mimic
     long-context models; Alpaca × 10 (mean 205 + 670 tokens) is the closest such workload here. The
     conv trace is not scaled: its mean prompt is already 1,155 tokens, ×10 would truncate nearly all;
+  * ``conv-x4``: the long-context workload: the conv trace's lengths × 4 (mean prompt ~4.6k tokens), not
+    cut to Llama-2's context, only to fit one GPU's KV (output first), Poisson at the rate that gives
+    the same KV demand (rate × mean output × (prompt + output / 2)) as ``conv-poisson`` at the level;
+    its requests reach the S, M and L classes, where Mell's types matter (run by ``papers/mell.py``);
   * ``alpaca-poisson`` (full run only): raw Alpaca (mean 20 + 67 tokens) at the ``mid`` rate, a
     control where KV is not the binding constraint (256 requests per batch cap a GPU long before its KV);
     reported, but left out of the goals.
@@ -41,7 +48,10 @@ paper: each epoch the GPU with the least KV is emptied when its items fit in the
 Sections:
 
 1. **headline** — per setup × workload: peak and time-averaged active GPUs (GPUs holding requests),
-   their ratios to the fluid bound of the same run (Σ⌈KV(t)/C⌉: peak/peak, mean/mean), mean KV
+   their ratios to the fluid bound of the same run (Σ⌈KV(t)/C⌉: peak/peak, mean/mean), over the steady
+   window (``steady_window``: the arrivals' window without its first quarter, the drain left out) the
+   mean active GPUs, KV in use / C and (weights + KV) / memory with its ceiling (a full KV pool,
+   ``weights_ceiling``), Mell's GPU openings by cause (``MellPacker.counters``), mean KV
    utilization of active GPUs (KV in use / C, where the paper defines C as "the memory capacity for the
    KV cache in each GPU": the goal's metric, and the only reading under which its baselines' ~65–80 %
    make sense) and, beside it, (weights + KV in use) / GPU memory, migrations per request, p99 latency,
