@@ -338,3 +338,28 @@ def test_driver_writes_json_markdown_and_pngs(bench, tmp_path):
     md = (tmp_path / "papers.md").read_text()
     assert "| paper | goal | ours | met |" in md and "## SCLS" in md and "## UELLM" in md
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["scls_sweep.png", "uellm_sweep.png"]
+
+
+def test_seallm_setup_assignments_share_plan_and_load(bench):
+    S = importlib.import_module(bench.PACKAGE + ".seallm_setup")
+    perms = {S.assigned_models(a) for a in S.ASSIGNMENTS}
+    assert len(perms) >= 3 and all(sorted(p) == sorted(S.MODELS) for p in perms)  # random, all four
+    assert S.assigned_models(2) == S.assigned_models(2) and S.assigned_models(None) == S.MODELS  # seeded
+    sp = S.spec(1)
+    plan = S.vllm_share_plan(sp)
+    assert sorted(p.models[0] for p in plan) == sorted(S.MODELS) and {p.tp for p in plan} == {8}
+    pools = {
+        "svc0": ("llama2-7b", np.array([[100, 300]] * 8)),
+        "svc1": ("llama2-70b", np.array([[100, 300]] * 8)),
+    }
+    share = {"svc0": 0.5, "svc1": 0.5}
+    small = S.spec(None)
+    one = S.offered_load(small, pools, share, 1.0)
+    assert 0 < one < S.offered_load(small, pools, share, 2.0) == pytest.approx(2 * one)
+    long = {k: (m, a * np.array([10, 1])) for k, (m, a) in pools.items()}
+    assert S.offered_load(small, long, share, 1.0) > one  # longer prompts: more work
+    short = S.short_lengths("sharegpt")
+    mean_in = np.mean([r.prompt_tokens for r in short.requests])
+    assert 40 < mean_in < 110  # Table 1's 73 tokens, log-normal, capped
+    with pytest.raises(ValueError, match="lengths must be"):
+        S.short_lengths("alpaca")
