@@ -7,8 +7,9 @@ traffic does. Every ``--report-s`` a line gives what completed in that interval 
 percentiles, errors, and which engines served it: a scale-out shows as a new engine id); the end
 prints the totals (``--json`` writes them). Exit 0 when every request completed, 1 otherwise.
 
-Replay (``--trace FILE`` or ``--synthetic N``, with ``llmfleet sim``'s workload flags: ``--rate``,
-``--rate-scale``, ``--lengths-from``, ``--start``, ``--end``, ``--limit``, ``--seed``): each request is
+Replay (``--trace FILE``, ``--synthetic N`` or ``--conversations N``, with ``llmfleet sim``'s workload
+flags: ``--rate``, ``--rate-scale``, ``--lengths-from``, ``--start``, ``--end``, ``--limit``,
+``--system-prompt-tokens``, ``--mean-turns``, ``--think-s``, ``--seed``): each request is
 sent at its arrival time to the service ``llmfleet sim`` assigns it (``--cluster-config``, ``--services``
 FILE|NAME,..., default every live service), with a prompt of exactly its prompt-token count and
 ``max_tokens`` = its output length, through the SDK or the OpenAI HTTP API (``--via sdk|http``). A
@@ -284,9 +285,14 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
     return [Phase.parse(f"{args.service}:{rate}:{args.duration}")]
 
 
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether the workload source ``flag`` was given."""
+    return getattr(args, flag.removeprefix("--"), None) is not None
+
+
 def replay_usage_error(args: argparse.Namespace) -> str | None:
     """What is wrong with a replay's flags, argparse style (``argument --flag: ...``), or None."""
-    source = "--trace" if getattr(args, "trace", None) is not None else "--synthetic"
+    source = next(f for f in ("--trace", "--synthetic", "--conversations") if _given(args, f))
     if args.phase:
         return f"argument --phase: not allowed with argument {source}"
     if args.service:
@@ -307,7 +313,7 @@ def replay_usage_error(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "trace", None) is not None or getattr(args, "synthetic", None) is not None:
+    if any(_given(args, f) for f in ("--trace", "--synthetic", "--conversations")):
         problem = replay_usage_error(args)
         if problem is not None:
             parser = getattr(args, "_load_parser", None)

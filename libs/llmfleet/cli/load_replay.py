@@ -325,8 +325,10 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print("[yellow]interrupted[/]")
         return 130
     source = (
-        f"trace {args.trace.name} ×{args.rate_scale}" if args.trace else f"synthetic {len(workload)} requests"
-    )
+        f"trace {args.trace.name} ×{args.rate_scale}" if args.trace
+        else f"{args.conversations} conversations" if args.conversations
+        else f"synthetic {len(workload)} requests"
+    )  # fmt: skip
     context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"
     paths = write_live_report(report, args.out, context, plots=not args.no_plots)
     if args.json is not None:

@@ -6,8 +6,10 @@
 
   llmfleet sim --synthetic 2000 --cluster-config deploy/local/cluster.yaml --policy seallm
 
-The workload is an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens) or ``--synthetic N``
-Poisson requests with lengths drawn from ``--lengths-from`` (a trace). ``--services`` is a YAML list of
+The workload is an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens), ``--synthetic N``
+Poisson requests with lengths drawn from ``--lengths-from`` (a trace), or ``--conversations N``
+multi-turn conversations (each turn resends the history; ``llmfleet.workload.conversations``);
+``--system-prompt-tokens K`` starts every prompt with its service's system prompt. ``--services`` is a YAML list of
 services (name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens) with an optional
 ``engine:`` mapping of engine settings; ``--cluster-config`` reads the services (with their SLOs) and
 the engine limits of a live cluster config instead, each model simulated as its ``sim_model`` (or its
@@ -123,8 +125,8 @@ def _prepare(args: argparse.Namespace):
     from llmfleet.config import ClusterConfig
     from llmfleet.costmodel import load_record
 
-    if args.trace is None and args.synthetic is None:
-        raise ValueError("give the workload: --trace FILE or --synthetic N")
+    if args.trace is None and args.synthetic is None and args.conversations is None:
+        raise ValueError("give the workload: --trace FILE, --synthetic N or --conversations N")
     if args.placement_processes < 1:
         raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
     config = ClusterConfig.load(args.cluster_config) if args.cluster_config is not None else None
@@ -186,8 +188,10 @@ def _write(args, spec, workload, experiments, console) -> int:
     from llmfleet.sim.report import markdown_table, write_report
 
     source = (
-        f", trace {args.trace.name} ×{args.rate_scale}" if args.trace else f", synthetic {args.rate} req/s"
-    )
+        f", trace {args.trace.name} ×{args.rate_scale}" if args.trace
+        else f", {args.conversations} conversations" if args.conversations
+        else f", synthetic {args.rate} req/s"
+    )  # fmt: skip
     context = (
         f"{len(workload)} requests, {spec.cluster}, services "
         + ", ".join(f"{s.name}→{s.model}" for s in spec.services)

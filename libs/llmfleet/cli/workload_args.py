@@ -1,5 +1,6 @@
-"""The workload flags ``llmfleet sim`` and ``llmfleet load`` share: ``--trace FILE`` or ``--synthetic N``,
-with ``--rate-scale``, ``--lengths-from``, ``--start``/``--end``/``--limit``, and the workload they build.
+"""The workload flags ``llmfleet sim`` and ``llmfleet load`` share: ``--trace FILE``, ``--synthetic N`` or
+``--conversations N``, with ``--rate-scale``, ``--lengths-from``, ``--start``/``--end``/``--limit``,
+``--system-prompt-tokens``, ``--mean-turns``/``--think-s``, and the workload they build.
 
 ``--rate`` (synthetic arrivals per second) and ``--seed`` are each command's own flags (``load`` also
 uses them for its Poisson phases); :func:`build_workload` reads them from the namespace.
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, THINK_S
 
 if TYPE_CHECKING:
     from llmfleet.workload import Workload
 
-DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic when --rate is not given
+DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic (conversations/s of --conversations) without --rate
 
 
 def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -28,6 +30,13 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> Non
     src.add_argument(
         "--synthetic", type=positive_int, metavar="N", help="N Poisson requests at --rate (seeded by --seed)"
     )
+    src.add_argument(
+        "--conversations",
+        type=positive_int,
+        metavar="N",
+        help="N multi-turn conversations starting at --rate per second, each turn resending the history "
+        "(LMSYS-Chat-1M's turn and length means; llmfleet.workload.conversations)",
+    )
     p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
     p.add_argument(
         "--rate-scale",
@@ -38,16 +47,63 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> Non
     p.add_argument("--start", type=nonnegative_float, default=0.0, help="trace window start, seconds")
     p.add_argument("--end", type=positive_float, help="trace window end, seconds")
     p.add_argument("--limit", type=positive_int, help="keep the first N requests")
+    p.add_argument(
+        "--system-prompt-tokens",
+        type=positive_int,
+        metavar="K",
+        help="every prompt starts with its service's system prompt of K tokens (shared prefixes)",
+    )
+    p.add_argument(
+        "--mean-turns",
+        type=_at_least_one,
+        help=f"--conversations: mean turns per conversation (default {LMSYS_CHAT_1M.mean_turns:g}, LMSYS-Chat-1M's)",
+    )
+    p.add_argument(
+        "--think-s",
+        type=nonnegative_float,
+        default=THINK_S,
+        help=f"--conversations: mean seconds between a conversation's turns (default {THINK_S:g})",
+    )
+
+
+def _at_least_one(text: str) -> float:
+    v = positive_float(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload the flags describe (raises ValueError/FileNotFoundError naming the file and line)."""
+    from llmfleet.workload.prompts import with_system_prompts
+
+    workload = _requests(args)
+    if args.system_prompt_tokens is not None:
+        workload = with_system_prompts(workload, args.system_prompt_tokens, seed=args.seed)
+    return workload
+
+
+def _requests(args: argparse.Namespace) -> Workload:
     from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
 
     if args.trace is not None:
         return load_azure_trace(
             args.trace, start_s=args.start, end_s=args.end, limit=args.limit, rate_scale=args.rate_scale
         )
+    if args.conversations is None and args.mean_turns is not None:
+        raise ValueError("--mean-turns needs --conversations")
+    if args.conversations is not None:
+        from llmfleet.workload.conversations import conversations
+
+        if args.lengths_from is not None:
+            raise ValueError("--lengths-from: conversations draw their lengths from LMSYS-Chat-1M's means")
+
+        rate = args.rate if args.rate is not None else DEFAULT_SYNTHETIC_RATE
+        workload = conversations(
+            args.conversations, rate=rate * args.rate_scale, stats=LMSYS_CHAT_1M, mean_turns=args.mean_turns,
+            system_tokens=args.system_prompt_tokens or 0, think_s=args.think_s, seed=args.seed,
+        )  # fmt: skip
+        return workload.head(args.limit) if args.limit is not None else workload
     if args.synthetic < 1:
         raise ValueError("--synthetic needs N >= 1")
     import numpy as np

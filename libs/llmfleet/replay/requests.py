@@ -1,6 +1,8 @@
 """Workload → requests for a live cluster: each trace request keeps its arrival time, gets a prompt of
 exactly its prompt-token count (N seeded short words: the emulated engines' word-level tokenizer counts
-one token per whitespace-separated word, no BOS) and ``max_tokens`` = its output length.
+one token per whitespace-separated word, no BOS) and ``max_tokens`` = its output length. A request
+with prompt content (system prompts, conversations: :mod:`llmfleet.workload.prompts`) sends that
+content's words instead, so requests that share a prefix in the workload share it live.
 
 Services are assigned with ``llmfleet.sim.run.assign_services`` (k-means over lengths, the i-th
 shortest cluster to the i-th service), so ``llmfleet sim`` and ``llmfleet load`` on the same trace and
@@ -16,9 +18,8 @@ import numpy as np
 
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import SimService
-from llmfleet.workload import Workload
-
-VOCAB = 100  # prompt words are w0 … w99
+from llmfleet.workload import Workload, WorkloadRequest
+from llmfleet.workload.prompts import VOCAB, prompt_text
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ class ReplayRequest:
     prompt_tokens: int
     max_tokens: int
     index: int = 0  # position in the workload (seeds the prompt)
+    source: WorkloadRequest | None = None  # the workload's request, when it has prompt content
 
     def prompt(self, seed: int = 0) -> str:
+        if self.source is not None:
+            return prompt_text(self.source)
         return synthetic_prompt(self.prompt_tokens, seed, self.index)
 
 
@@ -56,6 +60,14 @@ def replay_requests(workload: Workload, services: Sequence[SimService]) -> list[
         raise ValueError("no service to send requests to")
     labelled = assign_services(workload, _Services(tuple(services)))  # type: ignore[arg-type]
     return [
-        ReplayRequest(r.request_id, r.arrival_s, r.service, r.prompt_tokens, r.output_tokens, i)
+        ReplayRequest(
+            r.request_id,
+            r.arrival_s,
+            r.service,
+            r.prompt_tokens,
+            r.output_tokens,
+            i,
+            r if r.has_content else None,
+        )
         for i, r in enumerate(labelled.requests)
     ]

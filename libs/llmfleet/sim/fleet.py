@@ -87,6 +87,7 @@ class Fleet:
         # a dispatcher that never reads load (round robin) needs no candidate refresh, and its choices do
         # not depend on the instances' state: a run can then be partitioned across processes
         self.load_blind = dispatch.needs.state_blind
+        self.reads_prompt = dispatch.needs.reads_prompt  # arrivals then carry their prompt's text
         self._counting = dispatch if isinstance(dispatch, CountsInfeasible) else None  # checked once
         # per model: arrivals a dispatcher counting ``infeasible`` (Aladdin best fit) found no worker for
         self.infeasible: dict[str, int] = {}
@@ -217,11 +218,19 @@ class Fleet:
 
     # ------------------------------------------------------------------------------------------ requests
     def dispatch_request(
-        self, request_id: str, svc: SimService, prompt_tokens: int, predicted: float | None, now: float
+        self,
+        request_id: str,
+        svc: SimService,
+        prompt_tokens: int,
+        predicted: float | None,
+        now: float,
+        prompt: str = "",
+        session: str = "",
     ) -> DispatchRequest:
-        """What the dispatch policy is told of a request of ``svc``."""
+        """What the dispatch policy is told of a request of ``svc`` (``prompt``: its text, for policies
+        that read it; ``session``: its conversation)."""
         return DispatchRequest(request_id, svc.model, svc.name, prompt_tokens, predicted or 0.0,
-                               self.kv_bytes_per_token[svc.model], now)  # fmt: skip
+                               self.kv_bytes_per_token[svc.model], now, prompt, session)  # fmt: skip
 
     def pick_instance(
         self,

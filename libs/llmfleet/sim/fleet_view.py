@@ -34,7 +34,14 @@ class FleetView(Protocol):
     def kv_transfer_s(self, model: str, tokens: int) -> float: ...
 
     def dispatch_request(
-        self, request_id: str, svc: SimService, prompt_tokens: int, predicted: float | None, now: float
+        self,
+        request_id: str,
+        svc: SimService,
+        prompt_tokens: int,
+        predicted: float | None,
+        now: float,
+        prompt: str = "",
+        session: str = "",
     ) -> DispatchRequest: ...
 
     def pick_instance(

@@ -42,6 +42,7 @@ from llmfleet.sim.scls_central import make_central
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
+from llmfleet.workload.conversations import deal_sessions
 from llmfleet.workload.synthesis import kmeans_labels, length_features
 
 _RECOMPUTE = {"slice_end": "recompute"}  # the papers' static batching: padded rows, recompute at slice ends
@@ -100,7 +101,9 @@ def preset(name: str, **overrides: Any) -> PolicyBundle:
 def assign_services(workload: Workload, spec: SimSpec, seed: int = 0) -> Workload:
     """Label requests with the spec's services.
 
-    Labels that already name spec services are kept. Otherwise, with one service everything goes to it;
+    Labels that already name spec services are kept. Otherwise, a workload of conversations (requests
+    naming a ``session``) is dealt to the services conversation by conversation, round-robin in order of
+    first arrival (:func:`~llmfleet.workload.conversations.deal_sessions`); with one service everything goes to it;
     with k services the requests are clustered by (prompt, output) length with k-means (SeaLLM §7: the
     services are length clusters) and cluster i, ordered by mean total length, becomes the i-th service
     of the spec — so list services from shortest to longest requests.
@@ -109,6 +112,8 @@ def assign_services(workload: Workload, spec: SimSpec, seed: int = 0) -> Workloa
     reqs = workload.requests
     if all(r.service in names for r in reqs):
         return workload
+    if any(r.session for r in reqs):  # conversations stay whole, each with one service
+        return deal_sessions(workload, [(s.name, s.model) for s in spec.services])
     if len(names) == 1:
         return Workload(
             tuple(dataclasses.replace(r, service=names[0], model=spec.services[0].model) for r in reqs)

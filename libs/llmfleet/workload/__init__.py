@@ -9,6 +9,10 @@
 - ``popularity``: function popularity (MAF counts file or a Zipf law) dealt round-robin to services.
 - ``paperlike``: lengths from published statistics (ShareGPT-like, LongBench-like) and merged
   per-service bursty (Gamma, CV > 1) arrival processes.
+- ``prompts``: a request's prompt content (its service's system prompt, seeded segments) as token ids
+  or text; ``with_system_prompts`` gives plain requests per-service system prompts.
+- ``conversations``: multi-turn conversations, each turn resending the history (LMSYS-Chat-1M's
+  means), and ``deal_sessions`` to label them with services whole.
 """
 
 from llmfleet.workload.arrivals import (
@@ -29,6 +33,7 @@ from llmfleet.workload.azure_trace import (
     load_azure_trace,
     read_azure_trace,
 )
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, ConversationStats, conversations, deal_sessions
 from llmfleet.workload.datasets import alpaca_lengths, approx_token_count
 from llmfleet.workload.paperlike import (
     LONGBENCH_SEALLM,
@@ -47,6 +52,7 @@ from llmfleet.workload.popularity import (
     zipf_exponent_for,
     zipf_popularity,
 )
+from llmfleet.workload.prompts import prompt_text, prompt_token_ids, with_system_prompts
 from llmfleet.workload.request import Workload, WorkloadRequest
 from llmfleet.workload.synthesis import (
     ServiceCluster,
@@ -59,8 +65,10 @@ from llmfleet.workload.synthesis import (
 
 __all__ = [
     "AZURE_COLUMNS",
+    "LMSYS_CHAT_1M",
     "LONGBENCH_SEALLM",
     "SHAREGPT_VLLM",
+    "ConversationStats",
     "LengthStats",
     "Popularity",
     "PopularityFormatError",
@@ -74,6 +82,8 @@ __all__ = [
     "alpaca_lengths",
     "approx_token_count",
     "assign_models",
+    "conversations",
+    "deal_sessions",
     "from_lengths",
     "gamma",
     "length_features",
@@ -86,6 +96,8 @@ __all__ = [
     "piecewise_gamma",
     "piecewise_poisson",
     "poisson",
+    "prompt_text",
+    "prompt_token_ids",
     "read_azure_trace",
     "replay",
     "round_robin_shares",
@@ -93,6 +105,7 @@ __all__ = [
     "sinusoid_poisson",
     "synthesize",
     "thinned_poisson",
+    "with_system_prompts",
     "zipf_exponent_for",
     "zipf_popularity",
 ]

@@ -34,7 +34,14 @@ def _as_int(name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One request: when it arrives and how long its prompt and (true) output are."""
+    """One request: when it arrives and how long its prompt and (true) output are.
+
+    Optionally its prompt's content, for prefix caching and cache-aware dispatch
+    (:mod:`llmfleet.workload.prompts` renders it as token ids or text): ``system_tokens`` leading
+    tokens are its service's system prompt, and ``parts`` are the rest as seeded segments ``(seed,
+    tokens)``, so prompts that share segments share a prefix. With content, ``system_tokens`` plus the
+    parts' tokens is ``prompt_tokens``. ``session`` names the conversation the request continues ("":
+    none)."""
 
     request_id: str
     arrival_s: float
@@ -42,6 +49,14 @@ class WorkloadRequest:
     output_tokens: int
     service: str = "default"
     model: str = ""
+    system_tokens: int = 0
+    parts: tuple[tuple[int, int], ...] = ()
+    session: str = ""
+
+    @property
+    def has_content(self) -> bool:
+        """Whether the request says what its prompt holds (else only its length is known)."""
+        return self.system_tokens > 0 or bool(self.parts)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -62,6 +77,35 @@ class WorkloadRequest:
         object.__setattr__(self, "arrival_s", arrival)
         object.__setattr__(self, "prompt_tokens", prompt)
         object.__setattr__(self, "output_tokens", output)
+        if self.system_tokens or self.parts:
+            self._check_content(prompt)
+        if not isinstance(self.session, str):
+            raise TypeError(f"{self.request_id}: session must be a str, got {self.session!r}")
+
+    def _check_content(self, prompt: int) -> None:
+        system = _as_int("system_tokens", self.system_tokens)
+        if system < 0:
+            raise ValueError(f"{self.request_id}: system_tokens must be >= 0, got {system}")
+        parts = []
+        for part in self.parts:
+            if len(part) != 2:
+                raise ValueError(f"{self.request_id}: a part is (seed, tokens), got {part!r}")
+            seed, n = _as_int("a part's seed", part[0]), _as_int("a part's tokens", part[1])
+            if not 0 <= seed < 2**64 or n < 1:
+                raise ValueError(
+                    f"{self.request_id}: a part needs 0 <= seed < 2**64 and tokens >= 1, got {part!r}"
+                )
+            parts.append((seed, n))
+        total = system + sum(n for _, n in parts)
+        if total != prompt:
+            raise ValueError(
+                f"{self.request_id}: system_tokens + parts' tokens = {total}, but prompt_tokens = {prompt}"
+            )
+        object.__setattr__(self, "system_tokens", system)
+        object.__setattr__(self, "parts", tuple(parts))
+
+
+_CONTENT_FIELDS = ("system_tokens", "parts", "session")
 
 
 def _order_key(r: WorkloadRequest) -> tuple[float, tuple[str | int, ...]]:
@@ -143,7 +187,11 @@ class Workload:
         """Write one JSON object per request (the ``WorkloadRequest`` fields), in arrival order."""
         with Path(path).open("w", encoding="utf-8") as f:
             for r in self.requests:
-                f.write(json.dumps(asdict(r)) + "\n")
+                obj = asdict(r)
+                for key in _CONTENT_FIELDS:  # written only when set: plain workloads' files stay as they were
+                    if not obj[key]:
+                        del obj[key]
+                f.write(json.dumps(obj) + "\n")
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> Workload:

@@ -1,0 +1,140 @@
+"""Multi-turn conversations in which each turn resends the history, from published chat statistics.
+
+A conversation is a system prompt (its service's, ``system_tokens`` tokens) and turns of a user
+message and an answer. Turn k's request has the prompt system + u1 + a1 + … + u(k−1) + a(k−1) + uk
+and the output ak: each turn resends everything before it, as chat clients do, so its prompt's
+prefix is the previous turn's whole prompt and answer. The answers in the history are the workload's
+own (an open-loop replay cannot wait for the model's), so a cache can reuse the previous turns'
+prompts; whether it also reuses the previous answers depends on whether the engine produced the same
+tokens.
+
+**Statistics** (``LMSYS_CHAT_1M``): Zheng et al., "LMSYS-Chat-1M: A Large-Scale Real-World LLM
+Conversation Dataset", ICLR 2024, Table 1: 1,000,000 conversations, on average 2.0 turns per
+conversation, 69.5 tokens per user prompt and 214.5 tokens per response. The paper gives means, not
+distributions, so the shapes are OUR assumptions: the number of turns is geometric on 1, 2, … with the
+published mean (half of the conversations are single-turn at a mean of 2; CachedAttention, Gao et al.,
+USENIX ATC 2024, §2, reports 73% of ShareGPT's conversations multi-turn, so pass ``mean_turns`` to
+model a chattier population), and message lengths are independent log-normals with σ = 1.0 of the log
+(:func:`~llmfleet.workload.paperlike.lognormal_lengths`, the same shape assumption as the ShareGPT-like
+lengths) with the published means. A conversation ends at its last turn or before a turn whose prompt
+plus answer would pass ``max_context`` tokens.
+
+**Arrivals.** Conversations start as a Poisson process at ``rate`` conversations per second; a turn
+arrives an exponential think time (mean ``think_s``) after the one before. Conversations are dealt
+round-robin to ``services``; request ids are ``conv<c>-t<k>`` and every turn carries its conversation
+as ``session`` (``conv<c>``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from llmfleet.workload.arrivals import poisson
+from llmfleet.workload.paperlike import LengthStats, lognormal_lengths
+from llmfleet.workload.prompts import stable_seed
+from llmfleet.workload.request import Workload, WorkloadRequest
+
+
+@dataclass(frozen=True)
+class ConversationStats:
+    """Published means of a multi-turn chat data set: turns per conversation, tokens per user message
+    and per answer, and where they come from."""
+
+    mean_turns: float
+    mean_user_tokens: float
+    mean_answer_tokens: float
+    source: str
+
+
+THINK_S = 10.0  # default mean seconds between a conversation's turns
+
+LMSYS_CHAT_1M = ConversationStats(
+    2.0,
+    69.5,
+    214.5,
+    "LMSYS-Chat-1M (Zheng et al., ICLR 2024) Table 1: 2.0 turns per conversation, 69.5 tokens per "
+    "prompt, 214.5 per response",
+)
+
+
+def conversations(
+    n: int,
+    *,
+    rate: float,
+    stats: ConversationStats = LMSYS_CHAT_1M,
+    mean_turns: float | None = None,
+    system_tokens: int = 0,
+    think_s: float = THINK_S,
+    max_context: int = 4096,
+    services: Sequence[str] = ("default",),
+    seed: int = 0,
+) -> Workload:
+    """``n`` conversations (see the module docstring); ``mean_turns`` overrides ``stats``' mean."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    turns_mean = stats.mean_turns if mean_turns is None else float(mean_turns)
+    if not (math.isfinite(turns_mean) and turns_mean >= 1):
+        raise ValueError(f"mean_turns must be finite and >= 1, got {turns_mean!r}")
+    if not (math.isfinite(think_s) and think_s >= 0):
+        raise ValueError(f"think_s must be finite and >= 0, got {think_s!r}")
+    if isinstance(system_tokens, bool) or not isinstance(system_tokens, int) or system_tokens < 0:
+        raise ValueError(f"system_tokens must be an int >= 0, got {system_tokens!r}")
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context <= system_tokens + 1:
+        raise ValueError(f"max_context must be an int > system_tokens + 1, got {max_context!r}")
+    if not services or any(not isinstance(s, str) or not s for s in services):
+        raise ValueError(f"services must be non-empty names, got {services!r}")
+    rng = np.random.default_rng([seed, 0x636F6E76])  # its own stream: "conv"
+    starts = poisson(rate, n=n, seed=rng)
+    turns = rng.geometric(1.0 / turns_mean, size=n)
+    total = int(turns.sum())
+    lengths = lognormal_lengths(
+        LengthStats(stats.mean_user_tokens, stats.mean_answer_tokens, stats.source), total, seed=rng
+    )
+    gaps = rng.exponential(think_s, size=total) if think_s > 0 else np.zeros(total)
+    out: list[WorkloadRequest] = []
+    k0 = 0
+    for c in range(n):
+        service = services[c % len(services)]
+        session = f"conv{c}"
+        history: list[tuple[int, int]] = []
+        context = system_tokens
+        t = float(starts[c])
+        for k in range(int(turns[c])):
+            user, answer = (int(x) for x in lengths[k0 + k])
+            if context + user + answer > max_context:
+                break
+            if k:
+                t += float(gaps[k0 + k])
+            history.append((stable_seed(seed, session, "user", k), user))
+            context += user
+            out.append(
+                WorkloadRequest(
+                    f"{session}-t{k + 1}", t, context, answer, service,
+                    system_tokens=system_tokens, parts=tuple(history), session=session,
+                )
+            )  # fmt: skip
+            history.append((stable_seed(seed, session, "answer", k), answer))
+            context += answer
+        k0 += int(turns[c])
+    return Workload(tuple(out))
+
+
+def deal_sessions(workload: Workload, services: Sequence[tuple[str, str]]) -> Workload:
+    """Label the requests with ``services`` ((name, model) pairs) by conversation: each session, in
+    order of its first arrival, goes round-robin to the next service, whole (a request without a
+    session is a conversation of its own). Its system prompt is then its new service's."""
+    if not services:
+        raise ValueError("no service to deal conversations to")
+    where: dict[str, tuple[str, str]] = {}
+    out = []
+    for r in workload.requests:
+        key = r.session or f"\0{r.request_id}"
+        svc = where.get(key)
+        if svc is None:
+            svc = where[key] = services[len(where) % len(services)]
+        out.append(replace(r, service=svc[0], model=svc[1]))
+    return Workload(tuple(out))
