@@ -75,6 +75,8 @@ async def test_names_and_types_are_vllms(metered, llama: LoadedModel) -> None:
         "vllm:num_requests_waiting": "gauge",
         "vllm:kv_cache_usage_perc": "gauge",
         "vllm:num_preemptions_total": "counter",
+        "vllm:prefix_cache_queries_total": "counter",
+        "vllm:prefix_cache_hits_total": "counter",
         "vllm:prompt_tokens_total": "counter",
         "vllm:generation_tokens_total": "counter",
         "vllm:request_success_total": "counter",
@@ -149,6 +151,18 @@ def test_exposition_is_prometheus_clients() -> None:
     ref = CollectorRegistry()
     label = ["model_name"]
     pre = Counter("vllm:num_preemptions", "Cumulative number of preemptions.", label, registry=ref)
+    queries = Counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        label,
+        registry=ref,
+    )
+    hits = Counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        label,
+        registry=ref,
+    )
     prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label, registry=ref)
     gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", label, registry=ref)
     success = Counter(
@@ -189,6 +203,10 @@ def test_exposition_is_prometheus_clients() -> None:
 
     m.preempted("a")
     pre.labels("a").inc()
+    m.prefix_cache("a", 300, 256)
+    queries.labels("a").inc(300)
+    hits.labels("a").inc(256)
+    m.prefix_cache("b", 0, 0)  # no lookup: no series
     m.first_token("a", 7, 0.02)  # exactly on a bucket boundary: counted in that bucket
     prompt.labels("a").inc(7)
     ttft.labels("a").observe(0.02)
