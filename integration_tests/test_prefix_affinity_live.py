@@ -1,0 +1,56 @@
+"""prefix_affinity live: the scheduler hands the policy each request's prompt, so a prompt continuing
+one that an engine served goes back to that engine while both are idle (join-the-shortest-queue would
+take engine-0, the smaller id, every time); and a concurrent burst of one prefix spreads over both
+engines (the load book counts what was sent since the last report)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from harness import launch
+from llmfleet.client import AsyncClient
+
+ENGINES = {"engine-0": {"models": ["tiny-llama"]}, "engine-1": {"models": ["tiny-llama"]}}
+CONFIG = {
+    "services": {
+        "s-prefix": {
+            "model": "tiny-llama",
+            "dispatch": {"policy": "prefix_affinity", "options": {"max_load_excess": 2}},
+            "max_tokens": 4,
+        },
+    },
+    "models": {"tiny-llama": {"source": "{endless}"}},  # no EOS: every request runs to max_tokens
+    "engines": ENGINES,
+}
+A = "alpha " * 120  # 720 bytes: two full 256-byte chunks
+B = "bravo " * 120
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = launch(tmp_path_factory.mktemp("prefix-affinity"), config=CONFIG, placement_replicas=1)
+    yield c
+    c.stop()
+
+
+async def test_continuations_follow_their_prefix_and_a_burst_spreads(cluster):
+    async with AsyncClient(cluster.scheduler, timeout_s=120) as client:
+        # sent together: one goes to engine-0 (a tie), the other to engine-1 (the first is pending there)
+        first = await asyncio.gather(*(client.complete(p, service="s-prefix") for p in (A, B)))
+        where = {p: r.usage.engine_id for p, r in zip((A, B), first, strict=True)}
+        assert sorted(where.values()) == ["engine-0", "engine-1"]
+        # one at a time, both engines idle: each continuation goes where its prefix is
+        for prompt in (B, A, A, B):
+            done = await client.complete(prompt + "more words", service="s-prefix")
+            assert done.usage.engine_id == where[prompt], (prompt[:12], done.usage.engine_id)
+        # a burst of one new prefix: the load bound (2) moves it on, then it spreads by load
+        burst = await asyncio.gather(
+            *(
+                client.complete("charlie " * 100 + f"q{i}", service="s-prefix", max_tokens=64)
+                for i in range(16)
+            )
+        )
+        share = Counter(r.usage.engine_id for r in burst)
+        assert set(share) == {"engine-0", "engine-1"} and max(share.values()) <= 11, share
