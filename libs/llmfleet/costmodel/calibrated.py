@@ -39,7 +39,7 @@ from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch
 from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD, IterationOverhead
 from llmfleet.costmodel.roofline import roofline_legs
-from llmfleet.costmodel.vidur import GPUS, VidurDataError, load_table, shape_key, vidur_legs
+from llmfleet.costmodel.vidur import GPUS, VidurDataError, load_table, profile_key, shape_key, vidur_legs
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +112,14 @@ def _decode_xy() -> tuple[np.ndarray, np.ndarray]:
 
 def measured_shapes(gpu: str) -> list[tuple[str, int]]:
     """(catalog model, TP) for each layer shape measured on ``gpu`` with a catalog model of that
-    shape (the first by name), at every TP the fit uses; one entry per shape."""
+    shape (the first by name), at every TP the fit uses; a shape profiled twice counts once."""
     models = load_table(gpu)["models"]
     by_shape: dict[tuple, str] = {}
     for name in sorted(MODEL_CATALOG):
         by_shape.setdefault(shape_key(MODEL_CATALOG[name]), name)
     out, seen = [], set()
     for p in models.values():
-        key = (p["n_embd"], p["n_expanded_embd"], p["n_head"], p["n_kv_head"], bool(p["use_gated_mlp"]))
+        key = profile_key(p)
         if key in seen or key not in by_shape:
             continue
         seen.add(key)

@@ -211,14 +211,14 @@ def shape_key(arch: ModelArch) -> ShapeKey:
     return (arch.hidden_size, arch.ffn_size, arch.num_heads, arch.num_kv_heads, arch.gated_mlp)
 
 
-def _profile_key(p: dict) -> ShapeKey:
+def profile_key(p: dict) -> ShapeKey:
     return (p["n_embd"], p["n_expanded_embd"], p["n_head"], p["n_kv_head"], bool(p["use_gated_mlp"]))
 
 
 def profile_for(gpu: str, key: ShapeKey) -> str | None:
     """Name of the first profile (sorted) with this layer shape on ``gpu``, or None."""
     for name in sorted(load_table(gpu)["models"]):
-        if _profile_key(load_table(gpu)["models"][name]) == key:
+        if profile_key(load_table(gpu)["models"][name]) == key:
             return name
     return None
 
@@ -262,7 +262,7 @@ def derived_curve(gpu: str, key: ShapeKey, tp: int, exclude: ShapeKey | None = N
     models = load_table(gpu)["models"]
     rows = []  # (key, tp, {tokens: (layer, emb)})
     for p in models.values():
-        k = _profile_key(p)
+        k = profile_key(p)
         if k == exclude:
             continue
         for t, r in p["tp"].items():
@@ -383,7 +383,7 @@ def heldout_errors(gpu: str) -> list[dict]:
     out = []
     table = load_table(gpu)
     for name, p in sorted(table["models"].items()):
-        layers = depth_of(_profile_key(p))
+        layers = depth_of(profile_key(p))
         h = p["n_embd"]
         for tp in sorted(p["tp"], key=int):
             c = measured_curve(gpu, name, int(tp))
@@ -438,7 +438,7 @@ def leave_one_shape_out(gpu: str) -> list[dict]:
     models = load_table(gpu)["models"]
     seen: set[ShapeKey] = set()
     for name, p in sorted(models.items()):
-        key = _profile_key(p)
+        key = profile_key(p)
         if key in seen:
             continue
         seen.add(key)
