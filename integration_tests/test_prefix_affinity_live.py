@@ -6,11 +6,14 @@ engines (the load book counts what was sent since the last report)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from collections import Counter
 
 import pytest
-from harness import launch
+from harness import BIN, launch
 from llmfleet.client import AsyncClient
+from llmfleet.workload.conversations import conversations
 
 ENGINES = {"engine-0": {"models": ["tiny-llama"]}, "engine-1": {"models": ["tiny-llama"]}}
 CONFIG = {
@@ -54,3 +57,21 @@ async def test_continuations_follow_their_prefix_and_a_burst_spreads(cluster):
         )
         share = Counter(r.usage.engine_id for r in burst)
         assert set(share) == {"engine-0", "engine-1"} and max(share.values()) <= 11, share
+
+
+def test_llmfleet_load_replays_conversations(cluster, tmp_path):
+    out = tmp_path / "live"
+    load = subprocess.run(
+        [
+            str(BIN / "llmfleet"), "load", "--conversations", "6", "--rate", "3", "--mean-turns", "3",
+            "--think-s", "0.5", "--system-prompt-tokens", "40", "--max-context", "400", "--services", "s-prefix",
+            "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
+            "--out", str(out), "--report-s", "2", "--no-plots",
+        ],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert load.returncode == 0, load.stdout + load.stderr
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    # the tiny model's tokenizer splits a word w<k> into about 3 tokens; its context is 2,048
+    n = len(conversations(6, rate=3.0, mean_turns=3.0, think_s=0.5, system_tokens=40, max_context=400))
+    assert run["overall"]["completed"] == n > 6 and run["overall"]["failed"] == 0

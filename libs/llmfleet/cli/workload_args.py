@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
-from llmfleet.workload.conversations import LMSYS_CHAT_1M, THINK_S
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, THINK_S
 
 if TYPE_CHECKING:
     from llmfleet.workload import Workload
@@ -64,6 +64,14 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> Non
         default=THINK_S,
         help=f"--conversations: mean seconds between a conversation's turns (default {THINK_S:g})",
     )
+    p.add_argument(
+        "--max-context",
+        type=positive_int,
+        default=MAX_CONTEXT,
+        metavar="TOKENS",
+        help=f"--conversations: a conversation ends before its prompt plus answer would pass TOKENS "
+        f"(default {MAX_CONTEXT}; the model's context, in the engines' tokens)",
+    )
 
 
 def _at_least_one(text: str) -> float:
@@ -101,7 +109,8 @@ def _requests(args: argparse.Namespace) -> Workload:
         rate = args.rate if args.rate is not None else DEFAULT_SYNTHETIC_RATE
         workload = conversations(
             args.conversations, rate=rate * args.rate_scale, stats=LMSYS_CHAT_1M, mean_turns=args.mean_turns,
-            system_tokens=args.system_prompt_tokens or 0, think_s=args.think_s, seed=args.seed,
+            system_tokens=args.system_prompt_tokens or 0, think_s=args.think_s, max_context=args.max_context,
+            seed=args.seed,
         )  # fmt: skip
         return workload.head(args.limit) if args.limit is not None else workload
     if args.synthetic < 1:

@@ -51,6 +51,7 @@ class ConversationStats:
 
 
 THINK_S = 10.0  # default mean seconds between a conversation's turns
+MAX_CONTEXT = 4096  # default tokens a conversation's prompt plus answer stays within
 
 LMSYS_CHAT_1M = ConversationStats(
     2.0,
@@ -69,7 +70,7 @@ def conversations(
     mean_turns: float | None = None,
     system_tokens: int = 0,
     think_s: float = THINK_S,
-    max_context: int = 4096,
+    max_context: int = MAX_CONTEXT,
     services: Sequence[str] = ("default",),
     seed: int = 0,
 ) -> Workload:
