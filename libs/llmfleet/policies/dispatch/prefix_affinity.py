@@ -48,6 +48,7 @@ BLOCK_BYTES = 256  # default chunk size: ~64 tokens at ~4 bytes per token
 BYTES_PER_TOKEN = 4  # to convert an engine's KV capacity in tokens into chunks (English text, BPE)
 DEFAULT_CAPACITY_BLOCKS = 4096  # per engine, when its KV capacity is unknown (~1M bytes of prompt)
 MAX_BLOCKS = 256  # chunks of a prompt considered (a 64 KiB prefix)
+TTL_S = 300.0  # seconds after which an index entry unused since counts as evicted
 
 
 def _chain_hash(model: bytes, parent: int, block: bytes) -> int:
@@ -163,7 +164,7 @@ class PrefixStats:
 
 def _positive(name: str, value: object, kind: type) -> None:
     if isinstance(value, bool) or not isinstance(value, kind | int):
-        raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
+        raise ValueError(f"{name} must be {'an int' if kind is int else 'a number'}, got {value!r}")
     if not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
@@ -187,7 +188,7 @@ class PrefixAffinity:
         block_bytes: int = BLOCK_BYTES,
         max_blocks: int = MAX_BLOCKS,
         capacity_blocks: int | None = None,
-        ttl_s: float = 300.0,
+        ttl_s: float = TTL_S,
         max_load_excess: int = 4,
         max_load_ratio: float = 1.5,
         max_sessions: int = 100_000,
@@ -269,8 +270,8 @@ class PrefixAffinity:
         if chain:
             self.stats.requests += 1
             self.stats.blocks += len(chain)
-            self.stats.matched_blocks += depth.get(best.engine_id, 0)
             got = depth.get(best.engine_id, 0)
+            self.stats.matched_blocks += got
             self.stats.over_bound += any(depth.get(c.engine_id, 0) > got for c in pool if c.queued > bound)
             self.index.insert(best.engine_id, chain, now, self.capacity(best, request))
         if request.session:
