@@ -293,7 +293,7 @@ def test_seallm_prefill_demand_scales_with_rate_and_prompt(bench):
 def test_mell_row_comes_from_the_migration_bench(results):
     res = results["mell"]
     variants = [r["variant"] for r in res["rows"]]
-    assert variants and set(variants) == {"BF", "WF", "LB", "Mell", "Mell++"}
+    assert variants and set(variants) == {"BF", "WF", "LB", "Mell"}
     for r in res["rows"]:
         assert r["failed"] == 0 and r["completed"] == r["requests"] > 0, r
         assert 0 < r["peak_active"] <= 40 and 0.0 <= r["mem_util"] <= 1.0

@@ -18,7 +18,7 @@ heaviest first (``weight``: the unit's expected seconds; a whole paper's is :dat
 the papers overlap. The simulations are deterministic given their seeds, so the numbers do not depend
 on the number of processes; ``--processes 1`` runs everything in this process.
 
-Writes ``papers.json`` (every number, with per paper the wall time of its units and, in ``meta``, the
+Writes ``units.jsonl`` (each unit's result as it finishes), ``papers.json`` (every number, with per paper the wall time of its units and, in ``meta``, the
 whole run's), ``papers.md`` (per paper: setup, rate × policy table, the paper's claim beside ours, the
 goal and whether it is met, and why not) and ``<paper>_*.png`` (metric vs rate per policy) under
 ``--out`` (default ``.bench/papers``).
@@ -170,24 +170,36 @@ def execute(unit: Unit, quick: bool, tiny: bool) -> tuple[Any, float, float]:
 
 
 def run_units(
-    work: list[Unit], processes: int, quick: bool, tiny: bool, log: Callable[[str], None]
+    work: list[Unit],
+    processes: int,
+    quick: bool,
+    tiny: bool,
+    log: Callable[[str], None],
+    journal: Path | None = None,
 ) -> dict[Unit, tuple[Any, float, float]]:
-    """Every unit once, on ``processes`` forked workers (they inherit the parent's settings)."""
+    """Every unit once, on ``processes`` forked workers (they inherit the parent's settings). Each
+    finished unit is appended to ``journal`` (JSON lines: paper, key, wall and CPU seconds, result) as it
+    ends, so a long run's finished units survive it."""
     done: dict[Unit, tuple[Any, float, float]] = {}
+
+    def finished(u: Unit, res: tuple[Any, float, float]) -> None:
+        done[u] = res
+        log(
+            f"{u.paper} {u.key or ''} done in {res[1]:.0f} s ({res[2]:.0f} s CPU; {len(done)}/{len(work)} units)"
+        )
+        if journal is not None:
+            line = {"paper": u.paper, "key": u.key, "wall_s": res[1], "cpu_s": res[2], "result": res[0]}
+            with journal.open("a") as f:
+                f.write(json.dumps(line, default=float) + "\n")
+
     if processes <= 1:
         for u in work:
-            done[u] = execute(u, quick, tiny)
-            log(f"{u.paper} {u.key or ''} done in {done[u][1]:.0f} s ({done[u][2]:.0f} s CPU)")
+            finished(u, execute(u, quick, tiny))
         return done
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as pool:
         futs = {pool.submit(execute, u, quick, tiny): u for u in work}
         for f in as_completed(futs):
-            u = futs[f]
-            done[u] = f.result()
-            log(
-                f"{u.paper} {u.key or ''} done in {done[u][1]:.0f} s ({done[u][2]:.0f} s CPU; "
-                f"{len(done)}/{len(work)} units)"
-            )
+            finished(futs[f], f.result())
     return done
 
 
@@ -271,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
 
     work = units(names, a.quick, a.tiny)
     log(f"{len(work)} units of {', '.join(names)} on {a.processes} process(es)")
-    done = run_units(work, a.processes, a.quick, a.tiny, log)
+    a.out.mkdir(parents=True, exist_ok=True)
+    journal = a.out / "units.jsonl"
+    journal.unlink(missing_ok=True)
+    done = run_units(work, a.processes, a.quick, a.tiny, log, journal)
     results = assemble(names, done, a.quick, a.tiny, log)
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {
