@@ -131,3 +131,15 @@ async def test_steps_keep_the_modelled_clock_whatever_the_host_spends_between_th
         assert ex.clock.lag.host_max_s == pytest.approx(host_s)
     finally:
         await ex.aclose()
+
+
+def test_the_modelled_clock_restarts_when_no_step_could_run():
+    clock = HostClock(0.0)
+    ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=clock)
+    try:
+        ex._due = 5.0
+        with ex._cond:
+            assert ex._schedule_locked(9.0) is None  # nothing to run
+        assert ex._due is None
+    finally:
+        ex.close()

@@ -15,7 +15,8 @@ Everything but the forward pass is the native :class:`~llmfleet_engine.executor.
   context)`` and ends that long after its start on the modelled clock, as in the simulator: a step
   whose work was waiting when the previous step ended starts at the previous step's due time, not when
   the host got round to scheduling it; a step of work that arrived later starts at its earliest
-  member's arrival (never later than it was scheduled). So the host's Python time between steps
+  member's arrival (never later than it was scheduled); when work was there but none could run (paused
+  KV holders, a full pool), the clock restarts at the next step. So the host's Python time between steps
   (completing one step, scheduling the next, other engines' threads) overlaps the modelled step
   instead of adding to it, and it is reported per step (``llmfleet_emulated_host_*``). Token ids are
   deterministic per (request, position) and never EOS: a request ends at its ``max_tokens`` (a trace's
@@ -105,6 +106,12 @@ class EmulatedExecutor(Executor):
             if state.scheduled_s is None:
                 state.scheduled_s = now
         return self._start(plan, now)
+
+    def _schedule_locked(self, now: float) -> tuple[StepPlan, Any] | None:
+        step = super()._schedule_locked(now)
+        if step is None:
+            self._due = None  # work was there but none could run: the modelled clock restarts
+        return step
 
     def _start(self, plan: StepPlan, now: float) -> float:
         """The step's start on the modelled clock (module docstring): the previous step's due time, or
