@@ -185,7 +185,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=positive_float,
         default=None,
-        help="one phase's rate in req/s (default 1); with --synthetic its arrival rate (default 10)",
+        help="one phase's rate in req/s (default 1); with --synthetic its arrival rate, with --conversations "
+        "conversations/s (default 10)",
     )
     p.add_argument("--duration", type=float, default=30.0, help="one phase's length in seconds (default 30)")
     p.add_argument(

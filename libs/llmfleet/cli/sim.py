@@ -62,7 +62,7 @@ HELP = "simulate a workload on a cluster with the shipped policies (and compare 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_arguments(p, required=False)  # required unless --list-policies (checked in _prepare)
     p.add_argument("--rate", type=positive_float, default=DEFAULT_SYNTHETIC_RATE,
-                   help="synthetic arrival rate, req/s (default 10)")  # fmt: skip
+                   help="synthetic arrival rate, req/s; with --conversations, conversations/s (default 10)")  # fmt: skip
     add_system_arguments(p)
     add_policy_arguments(p)
     add_loop_arguments(p)
