@@ -1,7 +1,8 @@
 """The engine core's continuous stepper: a :class:`~llmfleet.policies.request.RequestPolicy` picks each
 iteration's batch (see :mod:`llmfleet.engine_core.core`).
 
-A prefill takes ``sched.prompt_tokens`` tokens of KV; a decode appends one slot (all members at once
+A prefill takes ``sched.prompt_tokens`` tokens of KV, the first ones cached blocks of its prompt's
+prefix when the pool holds them (:meth:`EngineCore.cached_prefix`), and computes the rest; a decode appends one slot (all members at once
 when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
 every member was preempted runs nothing: the policy is asked again.
 """
@@ -65,20 +66,25 @@ class ContinuousStepper:
         members: list[CoreRequest] = []
         prefills: list[CoreRequest] = []
         preempted: list[CoreRequest] = []
-        prefill = prefill_sq = decodes = ctx = 0
+        prefill = prefill_sq = decodes = ctx = cached_total = 0
         for r in reqs:
             s = r.sched
             rid = s.request_id
             if s.phase == "prefill":
+                hit = core.cached_prefix(r)
                 try:
-                    core.alloc.reserve(rid, s.model, s.prompt_tokens)
+                    core.alloc.reserve(rid, s.model, s.prompt_tokens, hit)
                 except OutOfBlocks:
                     continue  # the policy over-admitted; it retries next iteration
                 del core.waiting[rid]
                 core.running[rid] = r
                 s.phase = "decode"
-                prefill += s.prompt_tokens
-                prefill_sq += s.prompt_tokens * s.prompt_tokens
+                cached = r.cached = len(hit) * core.alloc.tokens_per_block(s.model) if hit else 0
+                core.note_prefix(s.prompt_tokens, cached)
+                n = s.prompt_tokens - cached
+                prefill += n
+                prefill_sq += n * (n + 2 * cached)
+                cached_total += cached
                 prefills.append(r)
             else:
                 if not self._append_or_preempt(core, r, members, preempted, now):
@@ -90,7 +96,7 @@ class ContinuousStepper:
             return None
         return StepPlan(
             batch, batch.model, members, prefills, preempted, prefill, prefill_sq, decodes, ctx,
-            scheds_w, scheds_r,
+            scheds_w, scheds_r, cached_tokens=cached_total,
         )  # fmt: skip
 
     @staticmethod

@@ -13,7 +13,8 @@ stepper chooses each step and applies its effects:
 * **continuous** (:class:`~llmfleet.engine_core.continuous_stepper.ContinuousStepper`) — a
   :class:`~llmfleet.policies.request.RequestPolicy` (FCFS, SeaLLM's doubling budget, MuxServe RR, or
   a static batcher kept over continuous batching by ``StaticBatches``) picks each iteration's batch.
-  A prefill takes ``sched.prompt_tokens`` tokens of KV; a decode appends one slot (all members at once
+  A prefill takes ``sched.prompt_tokens`` tokens of KV, starting on the cached blocks of its prompt's
+  prefix (prefix caching) and computing the rest; a decode appends one slot (all members at once
   when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
   every member was preempted runs nothing: the policy is asked again.
 * **static** (:class:`~llmfleet.engine_core.static_stepper.StaticStepper`) — a
@@ -22,6 +23,13 @@ stepper chooses each step and applies its effects:
   (finished ones as padding) grow one slot per iteration until every row finished, the slice's
   ``max_iterations`` ran, or the pool cannot grow (an OOM slice end). At the batch end all rows free
   their KV and the unfinished go back to waiting to be re-prefilled with prompt + output so far.
+
+Prefix caching (``limits.prefix_caching``, continuous stepper): a request with prompt token ids looks
+up its prompt's block hash chain (:func:`llmfleet.kvblocks.prefix_block_hashes`) in the pool; its
+prefill starts on the cached blocks found, at least one prompt token always computed (its logits
+give the first token), and once the step completed its full prompt blocks are cached for later
+requests. The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
+emulated engine's priced step and the simulator's step all compute only the uncached tokens.
 
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
 ``llmfleet.policies.batching.base``; this module and its two steppers are its only implementation.
@@ -100,6 +108,9 @@ class EngineCore:
         self.running: dict[str, CoreRequest] = {}
         self.failed: list[tuple[CoreRequest, str]] = []  # stuck requests, drained by the driver
         self.preemptions = 0
+        self.prefix_caching = self.limits.prefix_caching
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache, and found there
+        self.prefix_hits = 0
         self.requeues = 0  # static stepper: unfinished rows sent back to waiting at a batch end
         self._plan: StepPlan | None = None
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
@@ -278,6 +289,36 @@ class EngineCore:
         out, self.failed = self.failed, []
         return out
 
+    # ---------------------------------------------------------------------------- prefix cache
+    def cached_prefix(self, r: CoreRequest) -> list[int]:
+        """The hashes of the cached blocks ``r``'s next prefill may start on (none when caching is off
+        or its prompt ids are unknown); at least its last prompt token is left to compute."""
+        if not self.prefix_caching or r.prompt_ids is None:
+            return []
+        tpb = self.tpb[r.sched.model]
+        hashes = r.block_hashes(tpb)
+        if not hashes:
+            return []
+        n = min(self.alloc.match(hashes), (r.sched.prompt_tokens - 1) // tpb)
+        return hashes[:n]
+
+    def note_prefix(self, prompt_tokens: int, cached: int) -> None:
+        """A prefill of ``prompt_tokens`` looked up the cache and took ``cached`` tokens from it."""
+        if self.prefix_caching:
+            self.prefix_queries += prompt_tokens
+            self.prefix_hits += cached
+
+    def _cache_prefills(self, plan: StepPlan, produced: Sequence[int] | None) -> None:
+        """The prompts prefilled by ``plan`` (those that produced a token) name their full blocks."""
+        index = {id(r): i for i, r in enumerate(plan.members)} if produced is not None else None
+        for r in plan.prefills:
+            rid = r.sched.request_id
+            if r.prompt_ids is None or rid not in self.alloc:
+                continue
+            if index is not None and not produced[index[id(r)]]:  # type: ignore[index]
+                continue  # the step failed: its K/V was not written
+            self.alloc.cache_blocks(rid, r.block_hashes(self.tpb[r.sched.model]))
+
     # ---------------------------------------------------------------------------- fast-forward
     def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int:
         """Largest k ≤ k_max such that k − 1 more tokens per member fit the free blocks."""
@@ -335,6 +376,8 @@ class EngineCore:
             if rid in self.alloc:
                 self.alloc.free(rid)
         self._deferred.clear()
+        if self.prefix_caching and plan.prefills and not plan.static:
+            self._cache_prefills(plan, produced)
         return self.stepper.complete(self, plan, StepEnd(now, durations, produced, finished))
 
     # ---------------------------------------------------------------------------- static stepper

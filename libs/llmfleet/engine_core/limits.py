@@ -25,6 +25,8 @@ class EngineLimits:
     * ``watermark`` — fraction of the KV blocks kept free when admitting new requests.
     * ``block_tokens`` — tokens per merged KV block of the largest model (the simulator's pool layout);
       ``block_bytes`` — the live engine's fixed merged-block size (None: derived from ``block_tokens``).
+    * ``prefix_caching`` [enable_prefix_caching] — a prompt starting with cached full blocks of its
+      model takes them and prefills only the tokens after them (continuous batching).
     """
 
     max_running: int = 256
@@ -33,6 +35,7 @@ class EngineLimits:
     watermark: float = 0.01
     block_tokens: int = 16
     block_bytes: int | None = None
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_batch_requests", "max_prefill_tokens", "block_tokens"):
@@ -42,6 +45,8 @@ class EngineLimits:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.block_bytes is not None and (self.block_bytes < 16 or self.block_bytes % 16):
             raise ValueError(f"block_bytes must be a positive multiple of 16, got {self.block_bytes}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be a bool, got {self.prefix_caching!r}")
 
     @property
     def limits(self) -> EngineLimits:

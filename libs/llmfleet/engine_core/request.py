@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmfleet.kvblocks.prefix import prefix_block_hashes
 from llmfleet.policies.batching.base import StaticBatch
 from llmfleet.policies.request.base import Batch, SchedRequest
 
@@ -19,12 +20,33 @@ class CoreRequest:
     token so far (resumed ones included). While it holds KV, ``kv_tokens`` = context − 1: the newest
     sampled token is not in the cache yet. ``payload`` is the driver's object (the live executor's
     request state, the simulator's record); the core never reads it.
+
+    ``prompt_ids``: the prompt's token ids when known (None: only its length is), for prefix caching;
+    ``cached`` is how many tokens its latest prefill took from the prefix cache (the prefill computes
+    the ones after them).
     """
 
-    __slots__ = ("max_tokens", "paused", "payload", "preemptions", "produced", "prompt", "sched")
+    __slots__ = (
+        "_hashes",
+        "cached",
+        "max_tokens",
+        "paused",
+        "payload",
+        "preemptions",
+        "produced",
+        "prompt",
+        "prompt_ids",
+        "sched",
+    )
 
     def __init__(
-        self, sched: SchedRequest, prompt: int, max_tokens: int, produced: int = 0, payload: Any = None
+        self,
+        sched: SchedRequest,
+        prompt: int,
+        max_tokens: int,
+        produced: int = 0,
+        payload: Any = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> None:
         if prompt < 0 or max_tokens < 1 or produced < 0:
             raise ValueError(
@@ -37,6 +59,22 @@ class CoreRequest:
         self.payload = payload
         self.paused = False
         self.preemptions = 0
+        self.prompt_ids = prompt_ids
+        self.cached = 0
+        self._hashes: tuple[int, list[int]] | None = None  # (tokens per block, the prompt's hashes)
+
+    def block_hashes(self, tokens_per_block: int) -> list[int]:
+        """The hash chain of the prompt's full blocks of ``tokens_per_block`` (none without ids)."""
+        if self.prompt_ids is None:
+            return []
+        memo = self._hashes
+        if memo is None or memo[0] != tokens_per_block:
+            ids = self.prompt_ids
+            hashes = prefix_block_hashes(
+                self.sched.model, ids, tokens_per_block, self.prompt // tokens_per_block
+            )
+            memo = self._hashes = (tokens_per_block, hashes)
+        return memo[1]
 
     @property
     def request_id(self) -> str:
@@ -68,7 +106,10 @@ class StepPlan:
     """One step chosen by :meth:`EngineCore.schedule`.
 
     ``members`` are the requests computed, in batch order; ``prefills`` the subset that prefills
-    (``sched.prompt_tokens`` tokens each; the others decode their newest token). ``iterations`` is 1
+    (``sched.prompt_tokens − cached`` tokens each, after the ``cached`` it took from the prefix cache;
+    the others decode their newest token). ``prefill_tokens`` sums the computed prompt tokens and
+    ``prefill_sq`` their attention work, ``n · (n + 2c)`` for n tokens after c cached ones (``n²``
+    without a cached prefix). ``iterations`` is 1
     for the live engine; a simulator may raise it (:meth:`EngineCore.extend`) to run the same members
     for k iterations as one chunk. Static mode: ``rows`` are all rows of the padded static batch
     (finished rows still hold their padded KV) and ``padded_len`` the longest prompt.
@@ -90,6 +131,7 @@ class StepPlan:
     rows: list[CoreRequest] = field(default_factory=list)
     padded_len: int = 0
     reserved: int = 0  # extra iterations whose KV was reserved up front (EngineCore.reserve_ahead)
+    cached_tokens: int = 0  # prompt tokens the prefills took from the prefix cache (not computed)
 
     @property
     def request_ids(self) -> list[str]:

@@ -45,6 +45,10 @@ class SteppedCore(Protocol):
 
     def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int: ...
 
+    def cached_prefix(self, r: CoreRequest) -> list[int]: ...
+
+    def note_prefix(self, prompt_tokens: int, cached: int) -> None: ...
+
 
 class Stepper(Protocol):
     """One iteration's choice and effects, for an engine core (:class:`SteppedCore`)."""

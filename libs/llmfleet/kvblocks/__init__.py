@@ -16,11 +16,13 @@ from llmfleet.kvblocks.allocator import (
     UnknownModel,
     UnknownSequence,
 )
+from llmfleet.kvblocks.prefix import RECENT_HASHES, block_hash, prefix_block_hashes
 from llmfleet.kvblocks.shapes import DTYPE_BYTES, KvShape
-from llmfleet.kvblocks.stats import ModelUsage, PoolStats
+from llmfleet.kvblocks.stats import ModelUsage, PoolStats, PrefixCacheStats
 
 __all__ = [
     "DTYPE_BYTES",
+    "RECENT_HASHES",
     "BlockAllocator",
     "BlockTable",
     "DuplicateSequence",
@@ -30,8 +32,11 @@ __all__ = [
     "ModelUsage",
     "OutOfBlocks",
     "PoolStats",
+    "PrefixCacheStats",
     "ShapeMismatch",
     "Slot",
     "UnknownModel",
     "UnknownSequence",
+    "block_hash",
+    "prefix_block_hashes",
 ]

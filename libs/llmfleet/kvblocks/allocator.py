@@ -19,10 +19,19 @@ Conventions:
 - Forking shares full blocks (reference counted) and copies the partial last block; shared blocks are
   full, so appending never writes into a shared block and no copy-on-write happens later.
 - Every failing operation leaves the allocator unchanged.
+
+Prefix caching (``prefix.py``): ``cache_blocks`` names a sequence's full prompt blocks by their hash
+chain once their K/V is written; ``reserve(..., prefix=hashes)`` starts a sequence on the cached blocks
+``match`` found, read-only and reference counted, so only the tokens after them are computed. When the
+last holder lets a cached block go it stays cached, idle, in LRU order: idle blocks count as free
+(``free_blocks``), and an allocation that finds no never-cached free block takes the least recently
+idled one, so caching never makes an allocation fail. A block several sequences hold counts once in
+the usage statistics.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,8 +44,10 @@ from llmfleet.kvblocks.errors import (
     UnknownModel,
     UnknownSequence,
 )
+from llmfleet.kvblocks.freelist import FreeBlocks
+from llmfleet.kvblocks.prefix import PrefixIndex
 from llmfleet.kvblocks.shapes import KvShape
-from llmfleet.kvblocks.stats import ModelUsage, PoolStats
+from llmfleet.kvblocks.stats import ModelUsage, PoolStats, PrefixCacheStats
 
 __all__ = [
     "BlockAllocator",
@@ -102,12 +113,13 @@ class _Model:
 
 
 class _Seq:
-    __slots__ = ("blocks", "model", "num_tokens")
+    __slots__ = ("blocks", "hits", "model", "num_tokens")
 
-    def __init__(self, model: _Model, blocks: list[int], num_tokens: int) -> None:
+    def __init__(self, model: _Model, blocks: list[int], num_tokens: int, hits: int = 0) -> None:
         self.model = model
         self.blocks = blocks
         self.num_tokens = num_tokens
+        self.hits = hits  # leading blocks taken from the prefix cache
 
 
 def _count(name: str, value: object) -> int:
@@ -120,7 +132,17 @@ def _count(name: str, value: object) -> int:
 class BlockAllocator:
     """Block ids, reference counts and per-sequence block tables of one unified KV pool."""
 
-    __slots__ = ("_block_bytes", "_free", "_models", "_num_blocks", "_seqs", "_shared", "_watermark", "_wm")
+    __slots__ = (
+        "_block_bytes",
+        "_cache",
+        "_free",
+        "_models",
+        "_num_blocks",
+        "_seqs",
+        "_shared",
+        "_watermark",
+        "_wm",
+    )
 
     def __init__(self, num_blocks: int, block_bytes: int, watermark: float = 0.01) -> None:
         for name, v in (("num_blocks", num_blocks), ("block_bytes", block_bytes)):
@@ -132,18 +154,20 @@ class BlockAllocator:
         self._block_bytes = block_bytes
         self._watermark = float(watermark)
         self._wm = int(watermark * num_blocks)
-        # A stack: pop() hands out the lowest ids first; freed blocks are reused first (LIFO).
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        # Reference counts, sparse: a block is free (on the stack), held by one sequence, or shared by
-        # forks (its count, ≥ 2, here). With nothing shared, taking and freeing blocks touch no counts.
+        # pop() hands out the lowest ids first; freed blocks are reused first (LIFO).
+        self._free = FreeBlocks(num_blocks)
+        # Reference counts, sparse: a block is free, idle in the prefix cache, held by one sequence, or
+        # shared by forks and cache hits (its count, ≥ 2, here). With nothing shared, taking and freeing
+        # blocks touch no counts.
         self._shared: dict[int, int] = {}
+        self._cache = PrefixIndex()
         self._models: dict[str, _Model] = {}
         self._seqs: dict[str, _Seq] = {}
 
     def __repr__(self) -> str:
         return (
             f"BlockAllocator(num_blocks={self._num_blocks}, block_bytes={self._block_bytes}, "
-            f"free={len(self._free)}, models={len(self._models)}, sequences={len(self._seqs)})"
+            f"free={self.free_blocks}, models={len(self._models)}, sequences={len(self._seqs)})"
         )
 
     # ------------------------------------------------------------------------------------ properties
@@ -166,11 +190,13 @@ class BlockAllocator:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: the free ones and the idle cached ones."""
+        return len(self._free) + len(self._cache.idle)
 
     @property
     def used_blocks(self) -> int:
-        return self._num_blocks - len(self._free)
+        """Blocks live sequences hold (each once, however many hold it)."""
+        return self._num_blocks - self.free_blocks
 
     # ------------------------------------------------------------------------------------ models
     def register_model(self, name: str, shape: KvShape) -> int:
@@ -192,6 +218,7 @@ class BlockAllocator:
         m = self._model(name)
         if m.sequences:
             raise ModelInUse(f"model {name!r} still has {m.sequences} live sequences ({m.blocks} blocks)")
+        self._free.extend(self._cache.drop_model(name))
         del self._models[name]
 
     def models(self) -> dict[str, KvShape]:
@@ -209,7 +236,7 @@ class BlockAllocator:
         """Admission check: would ``allocate`` succeed and leave ``watermark_blocks`` free?"""
         needed = self.blocks_needed(model, num_tokens)
         reserve = 0 if ignore_watermark else self._wm
-        return len(self._free) - needed >= reserve
+        return self.free_blocks - needed >= reserve
 
     def allocate(self, seq_id: str, model: str, num_tokens: int) -> BlockTable:
         """Start a sequence holding ``num_tokens`` tokens (e.g. a prompt) and reserve their blocks.
@@ -220,18 +247,70 @@ class BlockAllocator:
         self.reserve(seq_id, model, num_tokens)
         return self.table(seq_id)
 
-    def reserve(self, seq_id: str, model: str, num_tokens: int) -> int:
+    def reserve(self, seq_id: str, model: str, num_tokens: int, prefix: Sequence[int] = ()) -> int:
         """:meth:`allocate` without building the block-table snapshot (for planners such as the
-        simulator); returns the number of blocks reserved."""
+        simulator); returns the number of new blocks reserved.
+
+        ``prefix``: hashes of cached blocks (:meth:`match`) the sequence starts on, read-only; the
+        blocks after them are new. ``OutOfBlocks`` when the new ones do not fit.
+        """
         m = self._model(model)
         num_tokens = _count("num_tokens", num_tokens)
         self._check_new(seq_id)
-        needed = -(-num_tokens // m.tpb)
-        self._ensure_free(needed, lambda: f"to allocate {num_tokens} tokens of {m.name!r} ({m.tpb}/block)")
-        self._seqs[seq_id] = _Seq(m, self._take(needed, m), num_tokens)
-        m.tokens += num_tokens
+        t = m.tpb
+        needed = -(-num_tokens // t)
+        cache = self._cache
+        try:
+            hits = [cache.by_hash[h] for h in prefix]
+        except KeyError:
+            raise ValueError(f"{seq_id!r}: a prefix block is not cached (call match first)") from None
+        if len(hits) * t > num_tokens:
+            raise ValueError(f"{seq_id!r}: {len(hits)} cached blocks exceed its {num_tokens} tokens")
+        fresh = needed - len(hits)
+        idle = cache.idle
+        room = self.free_blocks - sum(1 for b in hits if b in idle)
+        if fresh > room:
+            raise OutOfBlocks(
+                fresh,
+                room,
+                f"need {fresh} KV blocks to allocate {num_tokens} tokens of {m.name!r} ({t}/block) but "
+                f"only {room} of {self._num_blocks} are free ({self._block_bytes} bytes each)",
+            )
+        shared = self._shared
+        for b in hits:  # taken before the new blocks, so that making room never evicts them
+            if cache.claim(b):
+                m.blocks += 1
+                m.tokens += t
+            else:
+                shared[b] = shared.get(b, 1) + 1
+        self._seqs[seq_id] = _Seq(m, hits + self._take(fresh, m), num_tokens, len(hits))
+        m.tokens += num_tokens - len(hits) * t
         m.sequences += 1
-        return needed
+        return fresh
+
+    # ------------------------------------------------------------------------------------ prefix cache
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many of ``hashes`` (a prompt's block hash chain), from the first, are cached here."""
+        return self._cache.match(hashes)
+
+    def cache_blocks(self, seq_id: str, hashes: Sequence[int]) -> int:
+        """Name the first ``len(hashes)`` blocks of ``seq_id`` (full, their K/V written) by ``hashes``
+        so later sequences can start on them; blocks or hashes already cached are left as they are.
+        Returns how many blocks became cached."""
+        seq = self._seq(seq_id)
+        if len(hashes) * seq.model.tpb > seq.num_tokens:
+            raise ValueError(f"{seq_id!r}: only full blocks are cached ({seq.num_tokens} tokens)")
+        add, name, blocks = self._cache.add, seq.model.name, seq.blocks
+        return sum([add(blocks[i], h, name) for i, h in enumerate(hashes)])
+
+    def own_tokens(self, seq_id: str) -> int:
+        """Tokens of ``seq_id`` outside the cached prefix it started on (the KV it added to the pool)."""
+        seq = self._seq(seq_id)
+        return seq.num_tokens - seq.hits * seq.model.tpb
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        cache = self._cache
+        return PrefixCacheStats(len(cache), len(cache.idle), tuple(cache.recent))
 
     def reserve_import(self, seq_id: str, model: str, shape: KvShape, num_tokens: int) -> BlockTable:
         """Reserve blocks for ``num_tokens`` tokens migrating in from another engine.
@@ -262,13 +341,16 @@ class BlockAllocator:
         offset = n % m.tpb
         if offset == 0:
             free = self._free
-            if not free:
+            if free:
+                block = free.pop()
+            elif self._cache.idle:
+                block = self._cache.evict()
+            else:
                 raise OutOfBlocks(
                     1,
                     0,
                     f"need 1 KV block to append to {seq_id!r} ({m.name!r}) but 0 of {self._num_blocks} are free",
                 )
-            block = free.pop()
             seq.blocks.append(block)
             m.blocks += 1
         else:
@@ -289,11 +371,11 @@ class BlockAllocator:
         needs = [-(-(s.num_tokens + n) // s.model.tpb) - len(s.blocks) for s in seqs]
         total = sum(needs)
         free = self._free
-        if total > len(free):
-            raise OutOfBlocks(total, len(free))
+        if total > self.free_blocks:
+            raise OutOfBlocks(total, self.free_blocks)
         for s, need in zip(seqs, needs, strict=True):
             m = s.model
-            if need == 1:  # (the usual case: one block at a block boundary)
+            if need == 1 and free:  # (the usual case: one block at a block boundary)
                 s.blocks.append(free.pop())
                 m.blocks += 1
             elif need:
@@ -328,7 +410,8 @@ class BlockAllocator:
         return Slot(seq.blocks[q], r)
 
     def free(self, seq_id: str) -> int:
-        """End a sequence; returns how many blocks went back to the free list (refcount reached 0)."""
+        """End a sequence; returns how many blocks no sequence holds any more (refcount reached 0):
+        they go back to the free list, or stay cached, idle, when they are cached."""
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             raise self._unknown(seq_id)
@@ -336,7 +419,8 @@ class BlockAllocator:
         blocks = seq.blocks
         m.sequences -= 1
         shared = self._shared
-        if not shared:  # the common case (no forks in the pool): every block goes back
+        cache = self._cache
+        if not shared and not cache:  # the common case (nothing shared or cached): every block goes back
             blocks.reverse()  # so that the stack hands them out again in their original order
             self._free.extend(blocks)
             m.blocks -= len(blocks)
@@ -350,7 +434,8 @@ class BlockAllocator:
             b = blocks[i]
             c = shared.get(b)
             if c is None:
-                free.append(b)
+                if not cache.park(b):  # (idle cached blocks are evicted oldest first: the tail first)
+                    free.append(b)
                 released += 1
                 m.tokens -= t if i < last else seq.num_tokens - last * t
             elif c == 2:
@@ -407,19 +492,20 @@ class BlockAllocator:
         count = self._shared.get(block)
         if count is not None:
             return count
-        return 0 if block in self._free else 1
+        return 0 if block in self._free or block in self._cache.idle else 1
 
     def stats(self) -> PoolStats:
         bb = self._block_bytes
         models: dict[str, ModelUsage] = {}
         frag = 0
         for name, m in self._models.items():
-            models[name] = ModelUsage(m.blocks, m.tokens, m.sequences, m.blocks * m.tpb)
+            idle = self._cache.idle_by_model.get(name, 0)
+            models[name] = ModelUsage(m.blocks, m.tokens, m.sequences, m.blocks * m.tpb, idle)
             frag += m.blocks * bb - m.tokens * m.bytes_per_token
         used = self.used_blocks
         return PoolStats(
             total_blocks=self._num_blocks,
-            free_blocks=len(self._free),
+            free_blocks=self.free_blocks,
             used_blocks=used,
             block_bytes=bb,
             watermark_blocks=self._wm,
@@ -428,6 +514,7 @@ class BlockAllocator:
             internal_fragmentation_bytes=frag,
             fragmentation=frag / (used * bb) if used else 0.0,
             utilization=used / self._num_blocks,
+            cached_blocks=len(self._cache.idle),
         )
 
     # ------------------------------------------------------------------------------------ internals
@@ -453,7 +540,7 @@ class BlockAllocator:
             raise DuplicateSequence(f"sequence {seq_id!r} is already live")
 
     def _ensure_free(self, needed: int, what) -> None:
-        free = len(self._free)
+        free = self.free_blocks
         if needed > free:
             raise OutOfBlocks(
                 needed,
@@ -467,8 +554,10 @@ class BlockAllocator:
         if n <= 0:
             return []
         free = self._free
-        taken = free[-n:]
-        del free[-n:]
-        taken.reverse()
+        short = n - len(free)
+        taken = free.take(n - max(0, short))
+        if short > 0:  # the rest: idle cached blocks, least recently idled first
+            evict = self._cache.evict
+            taken += [evict() for _ in range(short)]
         m.blocks += n
         return taken

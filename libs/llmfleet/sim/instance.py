@@ -35,6 +35,7 @@ from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import EngineSettings
+from llmfleet.workload.prompts import prompt_token_ids
 
 Fail = Callable[[CoreRequest, str], None]
 
@@ -224,7 +225,8 @@ class SimInstance:
             predicted_output_tokens=predicted,
             deadline_s=deadline,
         )
-        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec.produced, rec), now)
+        ids = prompt_token_ids(rec.content) if rec.content is not None and rec.content.has_content else None
+        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec.produced, rec, ids), now)
 
     def interrupt(self, now: float) -> float | None:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in

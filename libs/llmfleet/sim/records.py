@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -22,6 +23,8 @@ class RequestRecord:
     moves: int = 0
     requeues: int = 0  # static batching: times it went back to the queue/pool unfinished (slice or OOM end)
     failed: str = ""  # why the request could not be served ("" = served)
+    # the workload request, when it says what its prompt holds (prefix caching hashes its token ids)
+    content: Any = field(default=None, repr=False, compare=False)
 
     @property
     def done(self) -> bool:
@@ -46,4 +49,6 @@ class RequestRecord:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["content"]
+        return out

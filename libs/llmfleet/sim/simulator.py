@@ -214,6 +214,8 @@ class Simulator:
         rec = RequestRecord(
             wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
         )
+        if getattr(wr, "has_content", False):  # its prompt's token ids: the engines' prefix caching
+            rec.content = wr
         self.records.append(rec)
         return rec
 

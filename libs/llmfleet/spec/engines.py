@@ -47,7 +47,15 @@ ENGINE_LIMIT_FLAGS: dict[str, str | None] = {
     "watermark": "--watermark",
     "block_bytes": "--block-bytes",
     "block_tokens": None,
+    "prefix_caching": "--prefix-caching",
 }
+
+
+def flag_value(value: object) -> str:
+    """A limit's value on the engine's command line (a switch is ``on`` or ``off``)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 # what only the native engine core reads: a vLLM engine schedules, batches and pages on its own
@@ -78,6 +86,7 @@ class EngineConfig(BaseModel):
     watermark: float | None = Field(None, ge=0, lt=1)
     block_tokens: int | None = Field(None, ge=1)
     block_bytes: int | None = Field(None, ge=16, multiple_of=16)
+    prefix_caching: bool | None = None  # reuse the KV of cached prompt prefixes (unset: on)
     # deliver tokens to streams at most this often (first and final chunks at once; 0 = every iteration)
     stream_interval_s: float | None = Field(None, ge=0)
     # torch intra-op threads of a CPU engine (unset: `llmfleet up` shares the host's cores among the
@@ -151,7 +160,7 @@ class EngineConfig(BaseModel):
         for key, value in self.limits().items():
             flag = ENGINE_LIMIT_FLAGS[key]
             if flag is not None:
-                argv += [flag, str(value)]
+                argv += [flag, flag_value(value)]
         if self.stream_interval_s is not None:
             argv += ["--stream-interval-s", str(self.stream_interval_s)]
         if self.threads is not None:

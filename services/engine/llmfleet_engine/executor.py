@@ -348,6 +348,9 @@ class Executor:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
             if self.metrics is not None:
                 self.metrics.preempted(r.sched.model)
+        if plan.prefills and self.metrics is not None and self.core.prefix_caching:
+            queries = sum([r.sched.prompt_tokens for r in plan.prefills])
+            self.metrics.prefix_cache(plan.model, queries, plan.cached_tokens)
         return plan, self._step_inputs(plan, now)
 
     def _step_inputs(self, plan: StepPlan, now: float) -> Any:

@@ -136,13 +136,16 @@ def new_live_request(
         generator=None if sampling.greedy else make_generator(sampling.seed),
         tokens=tokens,
     )
-    state.core = CoreRequest(sched, request.prompt_tokens, sampling.max_tokens, len(tokens), state)
+    state.core = CoreRequest(
+        sched, request.prompt_tokens, sampling.max_tokens, len(tokens), state, request.prompt_token_ids
+    )
     return state
 
 
 def seq_steps(plan: StepPlan, alloc: BlockAllocator, now: float) -> list[SeqStep]:
     """The forward inputs of ``plan``'s members (their KV slots are allocated): a prefill feeds prompt +
-    completion so far from position 0, a decode its newest token at ``kv_tokens``."""
+    completion so far after the ``cached`` tokens it took from the prefix cache, a decode its newest
+    token at ``kv_tokens``."""
     prefills = set(map(id, plan.prefills))
     steps = []
     for r in plan.members:
@@ -157,8 +160,10 @@ def seq_steps(plan: StepPlan, alloc: BlockAllocator, now: float) -> list[SeqStep
                 raise IndexError(f"{rid!r} holds {table.num_tokens} slots, its prefill needs {n}")
             if state.scheduled_s is None:
                 state.scheduled_s = now
+            c = r.cached
+            new = full[c:] if c else full
             steps.append(
-                SeqStep(full, 0, blocks, [blocks[p // t] for p in range(n)], [p % t for p in range(n)])
+                SeqStep(new, c, blocks, [blocks[p // t] for p in range(c, n)], [p % t for p in range(c, n)])
             )
         else:
             pos = r.kv_tokens  # the newest token's slot (the core appended it)

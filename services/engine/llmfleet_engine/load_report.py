@@ -1,5 +1,7 @@
 """The executor's load report (``load_snapshot``), a part of :class:`~llmfleet_engine.executor.Executor`:
-per-model running/waiting, KV use and tokens/s, and each request's context tokens, KV bytes and phase."""
+per-model running/waiting, KV use and tokens/s, each request's context tokens, KV bytes and phase, and
+the prefix cache. A block several requests share counts once: in its model's KV use, and in the KV
+bytes of the request that computed it, not of those that found it cached."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING
 from llmfleet.engine_core import EngineCore
 
 from llmfleet_engine.delivery import RateWindow
-from llmfleet_engine.outputs import LoadSnapshot, ModelLoad, RequestLoads
+from llmfleet_engine.outputs import LoadSnapshot, ModelLoad, PrefixCacheLoad, RequestLoads
 
 if TYPE_CHECKING:
     from llmfleet_engine.memory import KvPool
@@ -51,7 +53,7 @@ class LoadReport:
                     ids.append(rid)
                     mods.append(model)
                     toks.append(r.prompt + r.produced)
-                    kvb.append(seqs.num_tokens(rid) * bpt.get(model, 0) if rid in seqs else 0)
+                    kvb.append(seqs.own_tokens(rid) * bpt.get(model, 0) if rid in seqs else 0)
                     phases.append("waiting" if i else "prefill" if rid in prefilling else "decode")
             tokens_per_s = self.generated.per_second(now)
             running, waiting = len(self.core.running), len(self.core.waiting)
@@ -71,6 +73,11 @@ class LoadReport:
                     )
                 )
             reserved = self.host.reserved_blocks
+            cache = None
+            if self.core.prefix_caching:
+                pc = seqs.prefix_cache_stats()
+                q, h = self.core.prefix_queries, self.core.prefix_hits
+                cache = PrefixCacheLoad(pc.blocks, pc.idle_blocks, q, h, pc.recent_hashes)
         return LoadSnapshot(
             timestamp=time.time(),
             running=running,
@@ -86,4 +93,5 @@ class LoadReport:
             requests=RequestLoads(ids, mods, toks, kvb, phases),
             # what runs at once: admitted (max_running) and stepped together (max_batch_requests)
             max_running=min(self.core.limits.max_running, self.core.limits.max_batch_requests),
+            prefix_cache=cache,
         )

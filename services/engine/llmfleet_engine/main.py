@@ -63,6 +63,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
             ("max_batch_requests", args.max_batch_requests),
             ("max_prefill_tokens", args.max_prefill_tokens),
             ("block_tokens", args.block_tokens),
+            ("prefix_caching", args.prefix_caching),
         )
         if v is not None
     }
@@ -292,6 +293,7 @@ NATIVE_CORE_ONLY = (
     "--memory-budget",
     "--block-bytes",
     "--watermark",
+    "--prefix-caching",
     "--max-running",
     "--max-batch-requests",
     "--max-prefill-tokens",
@@ -377,6 +379,14 @@ def _add_device_flags(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def on_off(text: str) -> bool:
+    """``on`` / ``off`` (the cluster file's ``true`` / ``false`` as the engine flag writes them)."""
+    value = {"on": True, "off": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value
+
+
 def _add_pool_flags(ap: argparse.ArgumentParser) -> None:
     """The memory budget and the KV pool's blocks."""
     ap.add_argument(
@@ -395,6 +405,13 @@ def _add_pool_flags(ap: argparse.ArgumentParser) -> None:
         help="emulated: tokens per block of the largest model (16)",
     )
     ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
+    ap.add_argument(
+        "--prefix-caching",
+        type=on_off,
+        default=None,
+        metavar="on|off",
+        help="reuse the KV of cached prompt prefixes (default on)",
+    )
 
 
 def _add_policy_flags(ap: argparse.ArgumentParser) -> None:

@@ -8,6 +8,10 @@ truncation by arrivals are exercised). A spy around each side's policy records e
 iteration's batch (model, phase, members, end time), each preemption victim, each finish, each static
 batch. The two records must be identical. Any change to either loop alone — the executor's or the
 simulator's — shows up here as a difference.
+
+The prompts of a service share its system prompt (workload content, the same token ids on both sides),
+so prefix caching hits: both sides' steps prefill only the uncached tokens, and the fake forward
+prices the tokens the live executor actually feeds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import ModelSpec
 from llmfleet.workload import WorkloadRequest
+from llmfleet.workload.prompts import prompt_token_ids
 from llmfleet_engine import executor as executor_module
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.validation import build_request
@@ -40,6 +45,7 @@ BLOCK_BYTES = 16 * 1152  # 16 tokens of tiny-qwen2 (the larger KV per token), as
 KV_BLOCKS = 8
 LIMITS = {"max_running": 6, "max_batch_requests": 5, "max_prefill_tokens": 96, "watermark": 0.0}
 TOKEN = 7  # the fake forward always picks this (never EOS): requests end at max_tokens
+SYSTEM_TOKENS = 40  # each service's system prompt: one full block of tiny-llama (36), two of tiny-qwen2 (16)
 
 # (id, arrival in decode-step units, model, prompt tokens, output tokens): r0 keeps the engine busy
 # until every arrival (the live side submits arrivals from inside a running forward)
@@ -59,6 +65,13 @@ OFFSETS = [
 
 def arrivals(unit: float) -> list[tuple[str, float, str, int, int]]:
     return [(rid, off * unit, m, p, o) for rid, off, m, p, o in OFFSETS]
+
+
+def workload_request(rid: str, t: float, service: str, prompt: int, output: int) -> WorkloadRequest:
+    """A request whose prompt is its service's system prompt, then (when longer) a part of its own."""
+    system = min(prompt, SYSTEM_TOKENS)
+    parts = ((int(rid[1:]) + 1, prompt - system),) if prompt > system else ()
+    return WorkloadRequest(rid, t, prompt, output, service, system_tokens=system, parts=parts)
 
 
 def decode_step_s() -> float:
@@ -133,17 +146,25 @@ class FakeClock:
 
 class FakeRunner:
     """The forward: the cost model's iteration time on the fake clock, logits picking ``TOKEN``; at
-    the iteration's end it submits the requests that arrived meanwhile (arrival order, each at its time)."""
+    the iteration's end it submits the requests that arrived meanwhile (arrival order, each at its time).
+    ``plans`` holds the plans the executor scheduled (the latest one is the step being run): it tells
+    a prefill's step from a decode's, whose tokens are priced as fed."""
 
-    def __init__(self, clock: FakeClock, cost, vocab: int, on_tick: Callable[[float, float], None]) -> None:
-        self.clock, self.cost, self.vocab, self.on_tick = clock, cost, vocab, on_tick
+    def __init__(
+        self, clock: FakeClock, cost, vocab: int, on_tick: Callable[[float, float], None], plans: list
+    ) -> None:
+        self.clock, self.cost, self.vocab, self.on_tick, self.plans = clock, cost, vocab, on_tick, plans
 
     def forward(self, steps) -> torch.Tensor:
+        plan = self.plans[-1]
+        prefills = {id(r) for r in plan.prefills}
         prefill = prefill_sq = decodes = ctx = 0
-        for s in steps:
-            if s.start_pos == 0:
-                prefill += len(s.token_ids)
-                prefill_sq += len(s.token_ids) ** 2
+        for r, s in zip(plan.members, steps, strict=True):
+            if id(r) in prefills:
+                n, cached = len(s.token_ids), s.start_pos  # the tokens after the cached prefix
+                assert n + cached == r.sched.prompt_tokens
+                prefill += n
+                prefill_sq += n * (n + 2 * cached)
             else:
                 decodes += 1
                 ctx += s.start_pos + 1
@@ -174,7 +195,7 @@ def run_sim(
         cost,
         fast_forward=fast_forward,
     )
-    reqs = [WorkloadRequest(rid, t, p, o, SERVICES[m]) for rid, t, m, p, o in arrive]
+    reqs = [workload_request(rid, t, SERVICES[m], p, o) for rid, t, m, p, o in arrive]
     res = sim.run(reqs, strict_services=True)
     assert [r.failed for r in res.records if r.failed] == []
     return log, sim.instances["e0"]
@@ -215,6 +236,14 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
         )
     )
     ex.policy = ex.core.policy = Spy(ex.core.policy, log)  # record what the core asks of its policy
+    plans: list = []
+    step_inputs = ex._step_inputs
+
+    def record_plan(plan, now):
+        plans.append(plan)
+        return step_inputs(plan, now)
+
+    ex._step_inputs = record_plan
     for m in MODELS:
         await asyncio.to_thread(ex.load, ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
     assert ex.kv_capacity_bytes == KV_BLOCKS * BLOCK_BYTES
@@ -222,7 +251,7 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
     def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
         loaded = ex.models[model]
         req = build_request(loaded, "x", request_id=rid, max_tokens=output)
-        ids = tuple(10 + (i % 50) for i in range(prompt))
+        ids = tuple(prompt_token_ids(workload_request(rid, t, SERVICES[model], prompt, output)).tolist())
         req = dataclasses.replace(req, prompt_token_ids=ids, arrival_s=t, service=SERVICES[model])
         streams.append(ex.submit(req))
 
@@ -241,7 +270,7 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
             asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
 
     for m in MODELS:
-        ex._models[m].runner = FakeRunner(clock, cost.model(m, 1), ex.models[m].vocab_size, on_tick)
+        ex._models[m].runner = FakeRunner(clock, cost.model(m, 1), ex.models[m].vocab_size, on_tick, plans)
     submit(*arrive[0])
     done = 0
     while done < len(streams) or pending:  # streams grow as arrivals are submitted
@@ -274,6 +303,10 @@ async def test_live_core_and_simulator_make_identical_decisions(name, tmp_path, 
         assert live_log == exact  # every decision and every time, iteration by iteration
         assert normalise(live_log) == normalise(chunked)
         assert ex.core.preemptions == inst.preemptions and ex.core.requeues == inst.core.requeues
+        hits = (ex.core.prefix_queries, ex.core.prefix_hits)
+        assert hits == (inst.core.prefix_queries, inst.core.prefix_hits)
+        if name != "static_sls":  # (static batches prefill whole padded rows: no prefix caching)
+            assert 0 < hits[1] < hits[0], "the services' system prompts are cached and hit"
         if name == "fcfs":  # (DB runs its seed request nearly alone: it needs no more KV than this)
             assert ex.core.preemptions > 0, "the pool was sized to force preemption"
         if name != "static_sls":

@@ -6,6 +6,7 @@ arrive during a step are submitted at their own times. A ``SimInstance`` of the 
 models, pool and limits runs the same arrivals. A spy around each side's policy records every batch
 (model, phase, members, end time), preemption and finish: the records must be identical. Unlike
 ``test_core_parity`` nothing here is faked in the executor: the emulated backend prices its own steps.
+As there, a service's prompts share its system prompt, so both sides hit the prefix cache alike.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from llmfleet.sim.cost import CostBook
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import ModelSpec
-from llmfleet.workload import WorkloadRequest
+from llmfleet.workload.prompts import prompt_token_ids
 from llmfleet_engine import executor as executor_module
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.clock import Lag
 from llmfleet_engine.validation import build_request
 from test_core_parity import OFFSETS as CORE_OFFSETS
-from test_core_parity import Spy, normalise
+from test_core_parity import Spy, normalise, workload_request
 
 HW = "a100-80gb"
 MODELS = ("llama2-7b", "llama2-13b")
@@ -74,6 +75,12 @@ class SimulatedClock:
         self.t = max(self.t, due)
 
 
+def prompt_words(rid: str, t: float, model: str, prompt: int, output: int) -> str:
+    """The request's prompt as the emulated tokenizer's words (``t<k>``: one token each)."""
+    ids = prompt_token_ids(workload_request(rid, t, SERVICES[model], prompt, output))
+    return " ".join(f"t{k}" for k in ids)
+
+
 def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
     log: list = []
     spec = SimSpec(
@@ -89,9 +96,8 @@ def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
         CostBook.build(spec.cluster.hw, spec.archs()),
         fast_forward=False,
     )
-    res = sim.run(
-        [WorkloadRequest(rid, t, p, o, SERVICES[m]) for rid, t, m, p, o in arrive], strict_services=True
-    )
+    reqs = [workload_request(rid, t, SERVICES[m], p, o) for rid, t, m, p, o in arrive]
+    res = sim.run(reqs, strict_services=True)
     assert not [r for r in res.records if r.failed]
     return log, sim.instances["e0"]
 
@@ -122,7 +128,8 @@ async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, Em
     pending, streams = list(arrive[1:]), []
 
     def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
-        req = build_request(ex.models[model], " ".join(["w"] * prompt), request_id=rid, max_tokens=output)
+        text = prompt_words(rid, t, model, prompt, output)
+        req = build_request(ex.models[model], text, request_id=rid, max_tokens=output)
         assert req.prompt_tokens == prompt  # one token per word
         streams.append(ex.submit(dataclasses.replace(req, arrival_s=t, service=SERVICES[model])))
 
@@ -163,6 +170,8 @@ async def test_emulated_engine_and_simulator_make_identical_decisions(name, monk
         assert live == sim  # every batch, preemption and finish, at the same times
         assert normalise(live) == normalise(sim)
         assert ex.core.preemptions == inst.preemptions
+        hits = (ex.core.prefix_queries, ex.core.prefix_hits)
+        assert hits == (inst.core.prefix_queries, inst.core.prefix_hits) and 0 < hits[1] < hits[0]
         if name == "fcfs":
             assert ex.core.preemptions > 0, "the pool was sized to force preemption"
         assert ex.load_snapshot().kv_blocks_used == 0

@@ -74,3 +74,13 @@ def test_max_migrations_flag(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
         main.build_parser().parse_args(["--max-migrations", "0"])
     assert e.value.code == 2 and "--max-migrations: must be >= 1" in capsys.readouterr().err
+
+
+def test_prefix_caching_is_on_by_default_and_switched_per_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert executor_config([], monkeypatch).prefix_caching is True
+    entry = EngineConfig(models=["m"], prefix_caching=False)
+    assert entry.engine_args()[-2:] == ["--prefix-caching", "off"]
+    assert executor_config(entry.engine_args(), monkeypatch).limits.prefix_caching is False
+    assert executor_config(["--prefix-caching", "on"], monkeypatch).prefix_caching is True
+    with pytest.raises(SystemExit):
+        main.build_parser().parse_args(["--prefix-caching", "maybe"])

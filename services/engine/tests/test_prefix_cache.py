@@ -1,0 +1,108 @@
+"""Prefix caching in the native engine: greedy outputs are those of HF ``generate`` and of the engine
+with caching off, prompts that share a prefix compute only what follows it, and the cache's blocks
+and counters add up (metrics, load snapshot, unloading)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from llmfleet.kvblocks import prefix_block_hashes
+from llmfleet.metrics.engine import EngineMetrics
+from llmfleet.testing import eventually
+from llmfleet_engine.executor import Executor
+from llmfleet_engine.models import LoadedModel
+from llmfleet_engine.validation import build_request
+from prometheus_client import CollectorRegistry, generate_latest
+
+BLOCK = 4096  # 8 tokens of the tiny llama per block
+
+
+def shared_prefix_prompts(vocab: int) -> list[list[int]]:
+    """Prompts over a common 21-token prefix (ending mid-block), cut at and around block boundaries,
+    with suffixes of their own, and one prompt that is exactly whole blocks of the prefix."""
+    prefix = [(7 * i + 3) % (vocab - 10) + 5 for i in range(21)]
+    out = [prefix]
+    for k, cut in enumerate((21, 16, 17, 8, 21, 23, 13)):
+        tail = [(11 * j + 5 * k + 1) % (vocab - 10) + 5 for j in range(3 + 2 * k)]
+        out.append(prefix[:cut] + tail)
+    out.append(prefix[:16])  # two whole cached blocks: the last prompt token is still computed
+    out.append([(5 * i + 2) % (vocab - 10) + 5 for i in range(19)])  # shares nothing
+    return out
+
+
+async def serve(ex: Executor, model: LoadedModel, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """The prompts' greedy outputs: the first alone (it fills the cache), then the rest at once."""
+
+    async def one(i: int, ids: list[int]) -> list[int]:
+        req = build_request(model, "x", request_id=f"p{i}", max_tokens=n)
+        req = dataclasses.replace(req, prompt_token_ids=tuple(ids))
+        chunks = await ex.submit(req).collect()
+        return [t for c in chunks for t in c.token_ids]
+
+    first = await one(0, prompts[0])
+    rest = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts[1:], 1)))
+    return [first, *rest]
+
+
+async def test_greedy_outputs_match_hf_and_caching_off(make_executor, llama, hf_greedy):
+    prompts = shared_prefix_prompts(llama.vocab_size)
+    on = make_executor(block_bytes=BLOCK, max_batch_requests=8)
+    off = make_executor(block_bytes=BLOCK, max_batch_requests=8, prefix_caching=False)
+    cached = await serve(on, llama, prompts, 10)
+    plain = await serve(off, llama, prompts, 10)
+    assert cached == plain
+    for ids, out in zip(prompts, cached, strict=True):
+        assert out == hf_greedy(llama, ids, 10)
+    t = on.tokens_per_block(llama.name)
+    assert t == 8
+    # every prompt after the first found the whole blocks it shares with the prefix cached (the
+    # whole-block prompt all but its last block, so that its last token is computed)
+    sent = sum(map(len, prompts))
+    cuts = (21, 16, 17, 8, 21, 21, 13, 16)
+    expected_hits = sum(min(c // t, (len(p) - 1) // t) * t for c, p in zip(cuts, prompts[1:-1], strict=True))
+    assert (on.core.prefix_queries, on.core.prefix_hits) == (sent, expected_hits)
+    assert (off.core.prefix_queries, off.core.prefix_hits) == (0, 0)
+
+
+async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, llama):
+    ex = make_executor(block_bytes=BLOCK)
+    registry = CollectorRegistry()
+    ex.attach_metrics(EngineMetrics(registry))
+    ids = [(3 * i + 1) % 200 + 5 for i in range(50)]  # 6 full blocks and 2 tokens
+    first, second = await serve(ex, llama, [ids, ids], 4)
+    assert first == second
+    assert (ex.core.prefix_queries, ex.core.prefix_hits) == (100, 48)
+    text = generate_latest(registry).decode()
+    assert f'vllm:prefix_cache_queries_total{{model_name="{llama.name}"}} 100.0' in text
+    assert f'vllm:prefix_cache_hits_total{{model_name="{llama.name}"}} 48.0' in text
+    cache = ex.load_snapshot().prefix_cache
+    assert cache is not None and (cache.queries, cache.hits) == (100, 48)
+    # the dispatcher's hashes of the prompt are the ones the engine cached
+    hashes = prefix_block_hashes(llama.name, ids, ex.tokens_per_block(llama.name))
+    assert len(hashes) == 6 and set(hashes) <= set(cache.recent_hashes)
+    assert cache.blocks == cache.idle_blocks == 6  # the requests finished: idle, still cached
+    await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "idle cached blocks are free")
+
+
+async def test_unloading_a_model_drops_its_cached_blocks(make_executor, llama, qwen2):
+    ex = make_executor(block_bytes=BLOCK)
+    ids = [(3 * i + 1) % 200 + 5 for i in range(40)]
+    await serve(ex, qwen2, [ids], 2)
+    await serve(ex, llama, [ids], 2)
+    before = ex.load_snapshot().prefix_cache
+    assert before is not None and before.blocks > 0
+    stats = ex.allocator.stats()
+    assert stats.models[qwen2.name].cached_blocks > 0 and stats.models[llama.name].cached_blocks > 0
+    await asyncio.to_thread(ex.unload, qwen2.name)
+    stats = ex.allocator.stats()
+    assert qwen2.name not in stats.models and stats.models[llama.name].cached_blocks > 0
+    assert ex.load_snapshot().prefix_cache.blocks == stats.cached_blocks  # type: ignore[union-attr]
+
+
+async def test_caching_off_reports_no_cache(make_executor, llama):
+    ex = make_executor(block_bytes=BLOCK, prefix_caching=False)
+    ids = [(3 * i + 1) % 200 + 5 for i in range(30)]
+    await serve(ex, llama, [ids, ids], 2)
+    assert ex.load_snapshot().prefix_cache is None
+    assert ex.allocator.prefix_cache_stats().blocks == 0
