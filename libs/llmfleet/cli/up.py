@@ -79,7 +79,8 @@ HELP = "start etcd, the control plane and the engines locally; Ctrl-C stops ever
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "-c", "--config",
+        "-c",
+        "--config",
         default=os.environ.get("LLMFLEET_CONFIG", DEFAULT_CONFIG),
         help=f"cluster config (env LLMFLEET_CONFIG, default {DEFAULT_CONFIG})",
     )
