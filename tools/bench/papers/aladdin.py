@@ -104,7 +104,12 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict |
             C.poisson_workload(test, rate, dur, seed=1000 * mi + 100 + s, service="chat")
             for s in cfg["seeds"]
         ]
-        headline += _headline(model, mc, n_star, rate, wls, hw, pred, predict, log)
+        configs = [
+            (lb, mode) for lb, mode in HEADLINE if lb in cfg.get("headline", [lb for lb, _ in HEADLINE])
+        ]
+        headline += _headline(
+            model, mc, n_star, rate, wls, hw, pred, predict, log, configs, cfg.get("paper_size", True)
+        )
     result = {
         "paper": NAME,
         "title": TITLE,
@@ -122,11 +127,14 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict |
     return result
 
 
-def _headline(model, mc, n_star, rate, wls, hw, pred, predict, log: C.Log) -> list[dict]:
+def _headline(
+    model, mc, n_star, rate, wls, hw, pred, predict, log: C.Log, configs, paper_size: bool
+) -> list[dict]:
     """P100 at ``rate`` on every seed's workload: JSQ's fewest workers and each best-fit config's opened
-    workers, each answer n checked at n − 1 and n + 1; at N* and, where it differs, Table 3's size."""
+    workers, each answer n checked at n − 1 and n + 1; at N* and, where it differs (``paper_size``),
+    Table 3's size with the first two configs."""
     out = []
-    sizes = [n_star] + ([mc["paper_tp"]] if mc["paper_tp"] != n_star else [])
+    sizes = [n_star] + ([mc["paper_tp"]] if paper_size and mc["paper_tp"] != n_star else [])
     for tp in sizes:
         suffix = "" if tp == n_star else f"@{tp}gpu"
 
@@ -137,7 +145,7 @@ def _headline(model, mc, n_star, rate, wls, hw, pred, predict, log: C.Log) -> li
         jsq = Headline("jsq-opt" + suffix, searches("jsq")).jsq(max(1, round(rate / 5)))
         found = [jsq]
         pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
-        for label, mode in HEADLINE if tp == n_star else HEADLINE[:2]:
+        for label, mode in configs if tp == n_star else configs[:2]:
             found.append(Headline(label + suffix, searches("aladdin_bestfit", mode)).opened(pool))
         for h in found:
             h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})

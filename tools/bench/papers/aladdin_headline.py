@@ -28,6 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", action="append", default=[], metavar="MODEL=RATE",
                     help="a model and its top rate (repeatable; default: every model at its top rate)")  # fmt: skip
     ap.add_argument("--no-sweep", action="store_true", help="skip the one-seed sweep over the lower rates")
+    ap.add_argument(
+        "--config", action="append", default=[], help="a headline config (repeatable; default all)"
+    )
+    ap.add_argument(
+        "--duration", type=float, default=None, help="seconds of arrivals per rate (default the full run's)"
+    )
+    ap.add_argument("--no-paper-size", action="store_true", help="skip the headline at Table 3's worker size")
     ap.add_argument("--cost-source", default=None, help="the simulator's cost source (default: its own)")
     ap.add_argument("--out", type=Path, default=Path(".bench/papers-aladdin-headline"))
     a = ap.parse_args(argv)
@@ -43,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             top = float(rate) if rate else mc["rates"][-1]
             chosen[name] = {**mc, "rates": (*(r for r in mc["rates"] if r < top), top)}
         models = chosen
-    cfg = {**full, "models": models, "sweep": not a.no_sweep}
+    cfg = {**full, "models": models, "sweep": not a.no_sweep, "paper_size": not a.no_paper_size}
+    if a.duration is not None:
+        cfg.update(duration_s=a.duration, min_requests=0)
+    if a.config:
+        cfg["headline"] = a.config
     res = ALADDIN.run(cfg=cfg, log=lambda m: print(m, flush=True))
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "aladdin.json").write_text(json.dumps(res, indent=1, default=float))
