@@ -5,12 +5,15 @@ a load bound, so that cache hits never pile a burst onto one engine.
 token ids: the scheduler holds no tokenizer (the engines tokenize), and the simulator renders a
 workload request's prompt content as the text ``llmfleet load`` would send. The policy splits the
 UTF-8 text into fixed-size chunks of ``block_bytes`` bytes (default 256, about 64 tokens of English at
-~4 bytes per token, llm-d's block of 64 tokens) and hashes them as a chain: a chunk's hash covers the
-model, its parent chunk's hash and its bytes, so equal hashes mean equal prefixes. Chunks rather than
-the token estimator's pieces: chunking costs one encode and slices (no regex pass per prompt in the
-scheduler), and nothing requires chunk boundaries to be token boundaries, since the chain is only ever
-compared with chains this policy computed. A prefix that ends mid-chunk matches its full chunks only,
-as an engine's cache matches full KV blocks only. :func:`prompt_blocks` is that one way.
+~4 bytes per token, llm-d's block of 64 tokens) and hashes them with the KV pool's hash chain
+(:func:`llmfleet.kvblocks.prefix.prefix_block_hashes`, over the model, the parent block's hash and the
+block's ids), the text's 8-byte words standing for token ids: equal hashes mean equal prefixes, and
+two models never share one. Chunks rather than the token estimator's pieces: chunking costs one encode
+and a cast (no regex pass per prompt in the scheduler), and nothing requires chunk boundaries to be
+token boundaries, since the chain is only ever compared with chains this policy computed (so these
+hashes do not match the engines' own, which are over real token ids and the engine's block size). A
+prefix that ends mid-chunk matches its full chunks only, as an engine's cache matches full KV blocks
+only. :func:`prompt_blocks` is that one way.
 
 **Index.** Per engine, the blocks it is expected to hold, fed by this policy's own dispatch history:
 the chosen engine computes (or reuses) every block of the prompt, so after a dispatch it holds them.
@@ -37,11 +40,12 @@ session table is LRU-bounded (``max_sessions``) and expires with ``ttl_s`` too.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from hashlib import blake2b
 
+from llmfleet.kvblocks.prefix import prefix_block_hashes
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
 BLOCK_BYTES = 256  # default chunk size: ~64 tokens at ~4 bytes per token
@@ -51,30 +55,18 @@ MAX_BLOCKS = 256  # chunks of a prompt considered (a 64 KiB prefix)
 TTL_S = 300.0  # seconds after which an index entry unused since counts as evicted
 
 
-def _chain_hash(model: bytes, parent: int, block: bytes) -> int:
-    """The hash of one block given its parent's: the one place that defines the chain."""
-    h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
-    h.update(model)
-    h.update(block)
-    return int.from_bytes(h.digest(), "little")
-
-
 def prompt_blocks(
     model: str, prompt: str, block_bytes: int = BLOCK_BYTES, max_blocks: int = MAX_BLOCKS
 ) -> list[int]:
-    """The hash chain of ``prompt``'s full ``block_bytes`` chunks (UTF-8), at most ``max_blocks``."""
+    """The hash chain of ``prompt``'s full ``block_bytes`` chunks (UTF-8; a multiple of 8 bytes), at
+    most ``max_blocks``: the KV pool's chain over the text's 8-byte words."""
     data = prompt.encode()
-    n = min(len(data) // block_bytes, max_blocks)
-    m = model.encode() + b"\0"
-    out: list[int] = []
-    parent = 0
-    for i in range(n):
-        parent = _chain_hash(m, parent, data[i * block_bytes : (i + 1) * block_bytes])
-        out.append(parent)
-    return out
+    words = array("q")
+    words.frombytes(data[: len(data) // 8 * 8])
+    return prefix_block_hashes(model, words, block_bytes // 8, max_blocks)
 
 
-class PrefixIndex:
+class ExpectedBlocks:
     """Per engine, the prompt blocks it is expected to hold: LRU-bounded, with expiry.
 
     ``insert(engine, chain, now, capacity)`` records that ``engine`` holds ``chain`` as of ``now``;
@@ -199,6 +191,8 @@ class PrefixAffinity:
             ("max_sessions", max_sessions),
         ):
             _positive(name, value, int)
+        if block_bytes % 8:
+            raise ValueError(f"block_bytes must be a multiple of 8, got {block_bytes}")
         if capacity_blocks is not None:
             _positive("capacity_blocks", capacity_blocks, int)
         _positive("ttl_s", ttl_s, float)
@@ -214,7 +208,7 @@ class PrefixAffinity:
         self.max_load_excess = max_load_excess
         self.max_load_ratio = float(max_load_ratio)
         self.max_sessions = max_sessions
-        self.index = PrefixIndex(self.ttl_s)
+        self.index = ExpectedBlocks(self.ttl_s)
         self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session -> (engine, last use)
         self.stats = PrefixStats()
 

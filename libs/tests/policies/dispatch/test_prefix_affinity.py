@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from llmfleet.kvblocks.prefix import block_hash
 from llmfleet.load.book import LoadBook, LoadReport
 from llmfleet.policies.dispatch import (
     DispatchRequest,
@@ -15,7 +16,7 @@ from llmfleet.policies.dispatch import (
     dispatch_needs,
     make_dispatch_policy,
 )
-from llmfleet.policies.dispatch.prefix_affinity import PrefixIndex, prompt_blocks
+from llmfleet.policies.dispatch.prefix_affinity import ExpectedBlocks, prompt_blocks
 
 ENGINES = ("e0", "e1", "e2", "e3")
 SYSTEM = " ".join(f"s{i}" for i in range(400))  # ~1,900 bytes: 7 full 256-byte chunks
@@ -41,6 +42,9 @@ def test_blocks_are_a_chain_of_full_chunks_per_model():
     assert not set(a) & set(b)  # a different first chunk changes every hash after it
     assert prompt_blocks("other", "x" * 1000, 256) != a  # two models never share a block
     assert prompt_blocks("m", "x" * 100_000, 256, max_blocks=5) == prompt_blocks("m", "x" * 1280, 256)
+    # the KV pool's chain, the text's 8-byte words standing for token ids
+    words = [int.from_bytes(b"x" * 8, "little", signed=True)] * 32
+    assert a[0] == block_hash("m", None, words) and a[1] == block_hash("m", a[0], words)
 
 
 def test_affinity_to_the_engine_holding_the_prefix():
@@ -112,7 +116,7 @@ def test_expiry_forgets_what_was_not_used_for_ttl():
 
 
 def test_eviction_is_lru_per_engine_and_drops_tails_first():
-    idx = PrefixIndex(ttl_s=100.0)
+    idx = ExpectedBlocks(ttl_s=100.0)
     a, b = prompt_blocks("m", text("a")), prompt_blocks("m", text("b"))
     assert len(a) == 5 and len(b) == 5
     idx.insert("e0", a, 0.0, capacity=8)
@@ -169,6 +173,7 @@ def test_declares_what_it_reads_and_validates_its_options():
     for bad in (
         {"block_bytes": 0},
         {"block_bytes": 2.5},
+        {"block_bytes": 100},
         {"max_blocks": -1},
         {"capacity_blocks": 0},
         {"ttl_s": 0},
