@@ -48,6 +48,8 @@ from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.moves import Moves
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
+from llmfleet.workload.prompts import prompt_text
+from llmfleet.workload.request import WorkloadRequest
 
 
 class Fleet:
@@ -231,6 +233,13 @@ class Fleet:
         that read it; ``session``: its conversation)."""
         return DispatchRequest(request_id, svc.model, svc.name, prompt_tokens, predicted or 0.0,
                                self.kv_bytes_per_token[svc.model], now, prompt, session)  # fmt: skip
+
+    def prompt_of(self, wr: object) -> tuple[str, str]:
+        """(prompt text, session) of a workload request for its dispatch request: the text only when the
+        dispatch policy reads it; ("", "") for anything else (a request that says neither, or None)."""
+        if not isinstance(wr, WorkloadRequest):
+            return "", ""
+        return (prompt_text(wr) if self.reads_prompt else ""), wr.session
 
     def pick_instance(
         self,

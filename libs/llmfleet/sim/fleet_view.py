@@ -44,6 +44,8 @@ class FleetView(Protocol):
         session: str = "",
     ) -> DispatchRequest: ...
 
+    def prompt_of(self, wr: object) -> tuple[str, str]: ...
+
     def pick_instance(
         self,
         svc: SimService,

@@ -122,7 +122,9 @@ class Holds:
             assert held is not None
             rec = held.rec
             svc = fleet.service(rec.service)
-            req = fleet.dispatch_request(rec.request_id, svc, rec.prompt_tokens, held.predicted, now)
+            req = fleet.dispatch_request(
+                rec.request_id, svc, rec.prompt_tokens, held.predicted, now, *fleet.prompt_of(rec.content)
+            )
             try:
                 iid = fleet.pick_instance(svc, req, frozenset(), late=True)
             except (NoCandidate, Saturated):

@@ -90,8 +90,9 @@ class Moves:
         rec = record_of(r)
         svc = fleet.service(rec.service)
         req = fleet.dispatch_request(
-            rec.request_id, svc, rec.prompt_tokens, r.sched.predicted_output_tokens, now
-        )
+            rec.request_id, svc, rec.prompt_tokens, r.sched.predicted_output_tokens, now,
+            *fleet.prompt_of(rec.content),
+        )  # fmt: skip
         try:
             dst = fleet.instances[fleet.pick_instance(svc, req, frozenset((src.instance_id,)))]
         except NoCandidate:
@@ -112,8 +113,9 @@ class Moves:
             fleet.release(rec.request_id)
             svc = fleet.service(rec.service)
             req = fleet.dispatch_request(
-                rec.request_id, svc, rec.prompt_tokens, r.sched.predicted_output_tokens, now
-            )
+                rec.request_id, svc, rec.prompt_tokens, r.sched.predicted_output_tokens, now,
+                *fleet.prompt_of(rec.content),
+            )  # fmt: skip
             try:
                 dst = fleet.instances[fleet.pick_instance(svc, req, frozenset())]
             except NoCandidate as e:

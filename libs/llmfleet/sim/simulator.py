@@ -36,8 +36,6 @@ from llmfleet.sim.holds import COLD, SATURATED, Saturated
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
-from llmfleet.workload.prompts import prompt_text
-from llmfleet.workload.request import WorkloadRequest
 
 Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
 
@@ -173,12 +171,9 @@ class Simulator:
         fleet = self.fleet
         svc = fleet.service(wr.service)
         predicted = self.predict(svc.name, wr.prompt_tokens) if self.predict else None
-        prompt = session = ""
-        if isinstance(wr, WorkloadRequest):
-            session = wr.session
-            if fleet.reads_prompt:  # rendered only for policies that read it (prefix_affinity)
-                prompt = prompt_text(wr)
-        req = fleet.dispatch_request(wr.request_id, svc, wr.prompt_tokens, predicted, now, prompt, session)
+        req = fleet.dispatch_request(
+            wr.request_id, svc, wr.prompt_tokens, predicted, now, *fleet.prompt_of(wr)
+        )
         if fleet.held_ahead(svc.model):
             return Route(svc, predicted, None, SATURATED)  # behind the requests already waiting
         try:
