@@ -100,6 +100,17 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
         kv_fragmentation=snap.kv_fragmentation,
         max_running=snap.max_running,
     )
+    cache = snap.prefix_cache
+    if cache is not None:
+        msg.prefix_cache.CopyFrom(
+            common_pb2.PrefixCacheLoad(
+                blocks=cache.blocks,
+                idle_blocks=cache.idle_blocks,
+                queries=cache.queries,
+                hits=cache.hits,
+                recent_hashes=cache.recent_hashes,
+            )
+        )
     add = msg.requests.add  # one message per request, built in place
     for rid, model, tokens, kv_bytes, phase in snap.requests.rows():
         add(request_id=rid, model=model, tokens=tokens, kv_bytes=kv_bytes, phase=phase)

@@ -12,6 +12,7 @@ from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.testing import eventually
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.models import LoadedModel
+from llmfleet_engine.servicer import snapshot_to_proto
 from llmfleet_engine.validation import build_request
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -82,6 +83,8 @@ async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, ll
     hashes = prefix_block_hashes(llama.name, ids, ex.tokens_per_block(llama.name))
     assert len(hashes) == 6 and set(hashes) <= set(cache.recent_hashes)
     assert cache.blocks == cache.idle_blocks == 6  # the requests finished: idle, still cached
+    wire = snapshot_to_proto(ex.load_snapshot(), "e0").prefix_cache
+    assert (wire.queries, wire.hits, list(wire.recent_hashes)) == (100, 48, list(cache.recent_hashes))
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "idle cached blocks are free")
 
 
@@ -105,4 +108,5 @@ async def test_caching_off_reports_no_cache(make_executor, llama):
     ids = [(3 * i + 1) % 200 + 5 for i in range(30)]
     await serve(ex, llama, [ids, ids], 2)
     assert ex.load_snapshot().prefix_cache is None
+    assert not snapshot_to_proto(ex.load_snapshot(), "e0").HasField("prefix_cache")
     assert ex.allocator.prefix_cache_stats().blocks == 0

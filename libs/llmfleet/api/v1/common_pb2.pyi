@@ -107,7 +107,7 @@ class RequestLoad(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., phase: _Optional[str] = ...) -> None: ...
 
 class LoadSnapshot(_message.Message):
-    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests", "max_running")
+    __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests", "max_running", "prefix_cache")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class LoadSnapshot(_message.Message):
     KV_FRAGMENTATION_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     timestamp: float
     running: int
@@ -136,7 +137,22 @@ class LoadSnapshot(_message.Message):
     kv_fragmentation: float
     requests: _containers.RepeatedCompositeFieldContainer[RequestLoad]
     max_running: int
-    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ..., max_running: _Optional[int] = ...) -> None: ...
+    prefix_cache: PrefixCacheLoad
+    def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ..., max_running: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheLoad, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheLoad(_message.Message):
+    __slots__ = ("blocks", "idle_blocks", "queries", "hits", "recent_hashes")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_HASHES_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    idle_blocks: int
+    queries: int
+    hits: int
+    recent_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, blocks: _Optional[int] = ..., idle_blocks: _Optional[int] = ..., queries: _Optional[int] = ..., hits: _Optional[int] = ..., recent_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)
