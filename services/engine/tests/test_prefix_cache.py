@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import torch
 from llmfleet.kvblocks import prefix_block_hashes
 from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.testing import eventually
@@ -15,6 +16,7 @@ from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.servicer import snapshot_to_proto
 from llmfleet_engine.validation import build_request
 from prometheus_client import CollectorRegistry, generate_latest
+from test_paged_engine import _migrate_in_process
 
 BLOCK = 4096  # 8 tokens of the tiny llama per block
 
@@ -110,3 +112,35 @@ async def test_caching_off_reports_no_cache(make_executor, llama):
     assert ex.load_snapshot().prefix_cache is None
     assert not snapshot_to_proto(ex.load_snapshot(), "e0").HasField("prefix_cache")
     assert ex.allocator.prefix_cache_stats().blocks == 0
+
+
+def greedy_ids(model: LoadedModel, prompt: list[int], n: int) -> list[int]:
+    """Reference continuation ignoring EOS: full-sequence HF forwards, argmax each step."""
+    seq, out = list(prompt), []
+    with torch.inference_mode():
+        for _ in range(n):
+            token = int(torch.argmax(model.model(torch.tensor([seq])).logits[0, -1]))
+            out.append(token)
+            seq.append(token)
+    return out
+
+
+async def test_a_request_on_cached_blocks_migrates_with_its_whole_kv(make_executor, endless):
+    src = make_executor(block_bytes=BLOCK)
+    dst = make_executor(block_bytes=16 * 1024)  # another block size: the KV moves token by token
+    prefix = [(3 * i + 1) % 200 + 5 for i in range(27)]
+    await serve(src, endless, [prefix], 2)  # its blocks are now cached
+    prompt = [*prefix, 9, 8, 7, 6, 5]
+    req = build_request(endless, "x", request_id="mig", max_tokens=40)
+    stream = src.submit(dataclasses.replace(req, prompt_token_ids=tuple(prompt)))
+    head = [await stream.__anext__() for _ in range(8)]
+    assert src.core.prefix_hits == 24  # three blocks of the prefix were taken from the cache
+    moved = await _migrate_in_process(src, dst, "mig", chunk_tokens=5)
+    rest = [c async for c in stream]
+    attached = dst.attach("mig")
+    assert attached is not None
+    tail = await attached.collect()
+    out = [t for c in head + rest + tail for t in c.token_ids]
+    assert out == greedy_ids(endless, prompt, 40) and moved >= len(prompt) + 7
+    await eventually(lambda: src.load_snapshot().kv_blocks_used == 0, 5, "source blocks freed")
+    assert src.allocator.stats().cached_blocks >= 3  # the prefix stays cached at the source
