@@ -363,3 +363,16 @@ def test_seallm_setup_assignments_share_plan_and_load(bench):
     assert 40 < mean_in < 110  # Table 1's 73 tokens, log-normal, capped
     with pytest.raises(ValueError, match="lengths must be"):
         S.short_lengths("alpaca")
+
+
+def test_seallm_units_combine_to_the_in_process_run(bench, results):
+    sc = bench.scenario("seallm")
+    parts = sc.parts(tiny=True)
+    assert [k for k, _, _ in parts] == ["sharegpt/a0", "conv/a0"] and all(w > 0 for _, w, _ in parts)
+    out = {k: sc.run_part(job) for k, _, job in reversed(parts)}  # any order
+    res = sc.combine(out, tiny=True, log=lambda _m: None)
+    strip = ("sim_wall_s", "wall_s")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in res["rows"]] == [
+        {k: v for k, v in r.items() if k not in strip} for r in results["seallm"]["rows"]
+    ]
+    assert res["goal"]["ours_text"] == results["seallm"]["goal"]["ours_text"]

@@ -48,7 +48,9 @@ from . import seallm_setup as S
 from .seallm_summary import CLAIM
 from .seallm_summary import summarize as _summarize
 
-__all__ = ["CLAIM", "COLUMNS", "NAME", "POLICIES", "TITLE", "markdown", "plot", "run", "settings"]
+__all__ = [
+    "CLAIM", "COLUMNS", "NAME", "POLICIES", "TITLE", "combine", "markdown", "parts", "plot", "run", "run_part", "settings",
+]  # fmt: skip
 
 NAME = "seallm"
 TITLE = "SeaLLM — sharing 4 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
@@ -205,50 +207,88 @@ def _services(sw: _Sweep) -> list[dict]:
     ]
 
 
+def _sweeps(cfg: dict) -> list[tuple[str, int, tuple[float, ...], tuple[str, ...]]]:
+    """(lengths, assignment, rates, systems) of each independent sweep: every assignment on the
+    headline lengths, then the conv variant on the first assignment."""
+    out = [(S.LENGTHS[0], a, cfg["rates"], POLICIES) for a in cfg["assignments"]]
+    if cfg["conv_rates"]:
+        out.append(("conv", cfg["assignments"][0], cfg["conv_rates"], CONV_POLICIES))
+    return out
+
+
+def _part(cfg: dict, kind: str, a: int, log: C.Log) -> dict:
+    """One sweep's rows, adaptive rows, services, plans and (first assignment) run-length study."""
+    rates, names = next((r, n) for k, x, r, n in _sweeps(cfg) if (k, x) == (kind, a))
+    share = S.shares(S.popularity(POPULARITY))
+    conv = C.conv_trace() if kind == "conv" else None
+    sw = _sweep(cfg, kind, a, share, conv, log)
+    rows, adaptive = sw.rates(rates, names)
+    first = kind == S.LENGTHS[0] and a == cfg["assignments"][0]
+    plans = {
+        f"{sw.tag}@{rate:g}": {
+            "plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl],
+            "reason": why,
+        }
+        for rate, (pl, why) in sw.plans.items()
+    }
+    return {"rows": rows, "adaptive": adaptive, "services": _services(sw), "plans": plans,
+            "run_length": sw.run_lengths() if first else []}  # fmt: skip
+
+
+def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
+    """One unit per sweep (lengths, assignment) for run.py's pool: (key, expected seconds, job); the
+    weight grows with the rates (Algorithm 1's search and the doubling budget's runs dominate)."""
+    cfg = settings(quick, tiny)
+    return [
+        (
+            f"{kind}/a{a}",
+            sum(20.0 + 0.5 * r**2 for r in rates) * cfg["horizon_s"] / S.HORIZON_S,
+            (quick, tiny, kind, a),
+        )
+        for kind, a, rates, _ in _sweeps(cfg)
+    ]
+
+
+def run_part(job: tuple) -> dict:
+    """One sweep (see :func:`parts`)."""
+    quick, tiny, kind, a = job
+    return _part(settings(quick, tiny), kind, a, print)
+
+
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
-    """The scenario with ``settings(quick, tiny)``, or with ``cfg`` (``seallm_sweep.py``)."""
+    """Every sweep in this process with ``settings(quick, tiny)`` or ``cfg`` (``seallm_sweep.py``)."""
     t0 = time.perf_counter()
     cfg = cfg or settings(quick, tiny)
+    out = {f"{k}/a{a}": _part(cfg, k, a, log) for k, a, _, _ in _sweeps(cfg)}
+    result = _combine(cfg, out)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def combine(results: dict[str, dict], quick: bool = False, tiny: bool = False, log: C.Log = print) -> dict:
+    """The paper's result from its sweeps (``results``: key → :func:`run_part`'s dict, any order)."""
+    return _combine(settings(quick, tiny), results)
+
+
+def _combine(cfg: dict, results: dict[str, dict]) -> dict:
     pop = S.popularity(POPULARITY)
-    share = S.shares(pop)
-    conv = C.conv_trace() if cfg["conv_rates"] else None
-    rows: list[dict] = []
-    adaptive: list[dict] = []
-    services: list[dict] = []
-    plans: dict[str, Any] = {}
-    lengths: list[dict] = []
-    sweeps = [(S.LENGTHS[0], a, cfg["rates"], POLICIES) for a in cfg["assignments"]]
-    if cfg["conv_rates"]:
-        sweeps.append(("conv", cfg["assignments"][0], cfg["conv_rates"], CONV_POLICIES))
-    for kind, a, rates, names in sweeps:
-        sw = _sweep(cfg, kind, a, share, conv, log)
-        r, ad = sw.rates(rates, names)
-        rows += r
-        adaptive += ad
-        services += _services(sw)
-        if kind == S.LENGTHS[0] and a == cfg["assignments"][0]:
-            lengths = sw.run_lengths()
-        for rate, (pl, why) in sw.plans.items():
-            plans[f"{sw.tag}@{rate:g}"] = {
-                "plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl],
-                "reason": why,
-            }
+    order = [f"{k}/a{a}" for k, a, _, _ in _sweeps(cfg)]
+    got = [results[k] for k in order]
     result = {
         "paper": NAME,
         "title": TITLE,
-        "setup": _setup(cfg, services, pop),
+        "setup": _setup(cfg, [s for g in got for s in g["services"]], pop),
         "workload": f"ShareGPT-like (Table 1)∪LongBench-like k-means×4, {len(cfg['assignments'])} random model "
         f"assignments, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}; conv-trace variant",
         "cost_source": C.COST_SOURCE,
-        "services": services,
-        "rows": rows,
-        "adaptive": adaptive,
-        "plans": plans,
-        "run_length": lengths,
+        "services": [s for g in got for s in g["services"]],
+        "rows": [r for g in got for r in g["rows"]],
+        "adaptive": [r for g in got for r in g["adaptive"]],
+        "plans": {k: v for g in got for k, v in g["plans"].items()},
+        "run_length": [r for g in got for r in g["run_length"]],
         "wall_s": 0.0,
     }
     _summarize(result)
-    result["wall_s"] = time.perf_counter() - t0
     return result
 
 
