@@ -14,6 +14,7 @@ allocation needs the room. It holds no references to sequences; the allocator ke
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,17 @@ from hashlib import blake2b
 RECENT_HASHES = 256  # recently cached block hashes a load report carries (bounded)
 
 __all__ = ["RECENT_HASHES", "PrefixIndex", "block_hash", "prefix_block_hashes"]
+
+
+def _token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Token ids as little-endian int64 bytes (a numpy array's are converted in one call)."""
+    astype = getattr(token_ids, "astype", None)
+    if astype is not None:
+        return astype("<i8", copy=False).tobytes()
+    data = array("q", token_ids)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return data.tobytes()
 
 
 def _model_key(model: str) -> bytes:
@@ -38,7 +50,7 @@ def _chain(key: bytes, parent: int | None, tokens: bytes) -> int:
 def block_hash(model: str, parent: int | None, token_ids: Sequence[int]) -> int:
     """The 64-bit hash of a block of ``model`` holding ``token_ids`` after the block ``parent``
     (None: the first block of a prompt)."""
-    return _chain(_model_key(model), parent, array("q", token_ids).tobytes())
+    return _chain(_model_key(model), parent, _token_bytes(token_ids))
 
 
 def prefix_block_hashes(
@@ -48,7 +60,7 @@ def prefix_block_hashes(
     first; at most ``limit`` of them. A trailing partial block has none."""
     if tokens_per_block < 1:
         raise ValueError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
-    data = array("q", token_ids).tobytes()
+    data = _token_bytes(token_ids)
     step = 8 * tokens_per_block
     n = len(data) // step
     if limit is not None:

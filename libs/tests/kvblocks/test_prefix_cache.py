@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import numpy as np
 import pytest
 from llmfleet.kvblocks import BlockAllocator, OutOfBlocks, block_hash, prefix_block_hashes
 from llmfleet.kvblocks.freelist import FreeBlocks
@@ -26,6 +27,8 @@ def test_hash_chain_names_model_parent_and_tokens():
     other = prefix_block_hashes("a", [99, *ids(19, 1)], T)
     assert other[0] != hs[0] and other[1] != hs[1]  # the same second block after another first one
     assert prefix_block_hashes("a", ids(40), T, limit=3) == prefix_block_hashes("a", ids(24), T)
+    assert prefix_block_hashes("a", np.arange(20, dtype=np.int32), T) == hs  # as a dispatcher's numpy ids
+    assert hs[0] == 0x3C25904E3F453476  # the same in every process and version (not Python's salted hash)
 
 
 def cached_pool(n_tokens: int = 20) -> tuple[BlockAllocator, list[int]]:
