@@ -250,7 +250,8 @@ def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
     fluid_peak = max(fluid, default=0)
     fluid_mean = step_mean(ts, fluid, end)
     n = len(wl)
-    steady = steady_means(e.result.samples, *steady_window(horizon_s))
+    arrivals = [r.arrival_s for r in wl.requests]
+    steady = steady_means(e.result.samples, *steady_window(min(arrivals), max(arrivals)))
     row: dict[str, Any] = {
         "setup": setup,
         "workload": kind,

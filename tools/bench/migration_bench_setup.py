@@ -89,11 +89,12 @@ def cluster_gpus(level: str) -> int:
     return FLEET_GPUS if level == "fleet" else GPUS
 
 
-def steady_window(horizon_s: float) -> tuple[float, float]:
-    """The steady-state window of a run whose arrivals span [0, ``horizon_s``): from
-    :data:`STEADY_SKIP` × the horizon (the ramp-up left out) to the last arrival (the drain left out).
-    The same window for every policy on a workload."""
-    return STEADY_SKIP * horizon_s, horizon_s
+def steady_window(first_s: float, last_s: float) -> tuple[float, float]:
+    """The steady-state window of a run whose arrivals span [``first_s``, ``last_s``]: the arrivals'
+    span without its first :data:`STEADY_SKIP` (ramp-up), up to the last arrival (the drain left out).
+    The same window for every policy on a workload. A replayed trace can end before the horizon (the
+    whole conv trace at 30 × lasts 117 s), so the span is the workload's, not the horizon."""
+    return first_s + STEADY_SKIP * (last_s - first_s), last_s
 
 
 def weights_ceiling(setup: str) -> float:
@@ -202,7 +203,7 @@ def setup_info(cfg: dict) -> dict:
     """What every section reports about the setups (the JSON's ``setup``)."""
     return {
         "cluster": f"{GPUS} GPUs per setup ({FLEET_GPUS} at the fleet load), one model instance per GPU",
-        "steady_window": f"[{STEADY_SKIP:g} × horizon, horizon] of the arrivals (ramp-up and drain left out)",
+        "steady_window": f"the arrivals' span without its first {STEADY_SKIP:g} (ramp-up), to the last arrival",
         "weights_ceiling": {k: weights_ceiling(k) for k in SETUPS},
         "setups": {k: v[2] for k, v in SETUPS.items()},
         "kv_capacity_tokens": {k: round(capacity_tokens(k)) for k in SETUPS},

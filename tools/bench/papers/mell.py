@@ -163,8 +163,8 @@ def combine(results: dict[str, dict], quick: bool = False, tiny: bool = False, l
             f"({'/'.join(f'{MB.LEVELS[x]:g}' for x in lv)} × the conv trace's mean rate, × the setup's KV capacity "
             f"relative to A100-7B; conv-x4 at the same KV demand in 4× larger requests), {cfg['horizon_s']:g} s of "
             f"arrivals; prompts/outputs ≤ {MB.CONTEXT} tokens except conv-x4 (≤ the GPU's KV capacity)",
-            "steady window": f"[{MB.STEADY_SKIP:g} × {cfg['horizon_s']:g} s, {cfg['horizon_s']:g} s] of the "
-            "arrivals: utilization and steady-window GPUs are means over the samples there",
+            "steady window": f"each run's arrival span without its first {MB.STEADY_SKIP:g} (ramp-up), to the last "
+            "arrival (drain left out): utilization and steady-window GPUs are means over the samples there",
             "policies": "BF (best fit by free KV), WF (worst fit among active GPUs), LB (WF + Llumnix "
             "load-balancing migration), Mell (the paper's dispatch + packer, 1 s epochs, operation batching, "
             "hybrid transfer)"
