@@ -117,10 +117,18 @@ def _jobs(cfg: dict) -> list[tuple]:
     ]
 
 
+# migration_bench.job_weight per expected second: A100-7B conv-poisson at the fleet load, 300 s, took
+# 30 s (WF, weight 9,000) and 71 s (Mell, 18,000) on an otherwise quiet core
+WEIGHT_PER_SECOND = 300.0
+
+
 def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
     """One unit per simulation for run.py's pool: (key, expected seconds, job)."""
     MB = bench()
-    return [("/".join(map(str, job[:4])), MB.job_weight(job), job) for job in _jobs(settings(quick, tiny))]
+    return [
+        ("/".join(map(str, job[:4])), MB.job_weight(job) / WEIGHT_PER_SECOND, job)
+        for job in _jobs(settings(quick, tiny))
+    ]
 
 
 def run_part(job: tuple) -> dict:
