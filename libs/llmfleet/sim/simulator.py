@@ -387,4 +387,6 @@ class Simulator:
             "static_batches": inst.static_batches,
             "early_returns": inst.early_returns,
             "requeues": inst.core.requeues,
+            "prefix_queries": inst.core.prefix_queries,  # prompt tokens looked up in the prefix cache
+            "prefix_hits": inst.core.prefix_hits,  # of them, found cached (not computed)
         }
