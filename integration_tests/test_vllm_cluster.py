@@ -115,8 +115,9 @@ async def test_the_vllm_engine_reports_vllms_kv_capacity(vcluster: Cluster) -> N
     assert engine_node(vcluster, VLLM)["models"] == [MODEL]
     status = await migration_status(vcluster.addresses["migration"])
     load = next(e.load for e in status.engines if e.engine_id == VLLM)
-    # 256 MiB of vLLM KV cache, counted in vLLM's blocks (128 tokens of 1 KiB each here)
-    assert 0 <= 256 * 2**20 - load.kv_capacity_bytes < 128 * 1024, load
+    # 256 MiB of vLLM KV cache, counted in vLLM's blocks (128 tokens of 1 KiB each here) but the
+    # null block vLLM keeps
+    assert 128 * 1024 <= 256 * 2**20 - load.kv_capacity_bytes < 2 * 128 * 1024, load
     assert load.running == 0 and load.kv_used_bytes == 0, load
 
 

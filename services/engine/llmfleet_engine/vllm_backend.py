@@ -45,7 +45,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from llmfleet_engine.outputs import ExecutorClosedError, LoadSnapshot, ModelLoad, RequestLoads
+from llmfleet_engine.outputs import (
+    ExecutorClosedError,
+    LoadSnapshot,
+    ModelLoad,
+    PrefixCacheLoad,
+    RequestLoads,
+)
 from llmfleet_engine.vllm_compat import BackendUnavailable, import_vllm, total_gpu_memory_bytes
 from llmfleet_engine.vllm_config import BACKEND, VllmConfig
 from llmfleet_engine.vllm_drains import VllmDrains
@@ -122,6 +128,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
         models = tuple(_model_load(name, rt) for name, rt in sorted(runtimes.items()))
+        views = [rt.stats.view() for rt in runtimes.values()]
         return LoadSnapshot(
             timestamp=time.time(),
             running=sum(m.running for m in models),
@@ -131,6 +138,10 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             tokens_per_s=generated / self.config.throughput_window_s,
             models=models,
             requests=RequestLoads(ids, mods, toks, kvb, phases),
+            # vLLM's lookups and hits; its block hashes are its own, so none are reported
+            prefix_cache=PrefixCacheLoad(
+                queries=sum(v.prefix_queries for v in views), hits=sum(v.prefix_hits for v in views)
+            ),
         )
 
     def close(self, timeout_s: float | None = None) -> None:

@@ -109,8 +109,9 @@ class ModelRuntime:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Tokens vLLM's KV cache holds (its blocks x block size)."""
-        return self.facts.num_blocks * self.facts.block_size
+        """Tokens vLLM's KV cache holds: its blocks but the one vLLM keeps as a null block, x block
+        size (what its ``kv_cache_usage`` is a fraction of)."""
+        return max(0, self.facts.num_blocks - 1) * self.facts.block_size
 
     @property
     def kv_capacity_bytes(self) -> int:

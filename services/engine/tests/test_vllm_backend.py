@@ -115,7 +115,8 @@ def test_load_reports_vllm_facts(vexec: VllmExecutor, model: VllmLoadedModel, re
     assert model.max_context == MAX_MODEL_LEN == model.model.model_config.max_model_len
     assert (model.dtype, model.engine_dtype) == ("float32", "float32")
     assert model.kv_bytes_per_token == reference.kv_bytes_per_token > 0
-    assert vexec.kv_capacity_bytes == blocks * size * reference.kv_bytes_per_token
+    # vLLM's blocks but its null block
+    assert vexec.kv_capacity_bytes == (blocks - 1) * size * reference.kv_bytes_per_token
     # vLLM sized its cache from kv_cache_memory_bytes
     assert KV_CACHE_BYTES // 2 <= vexec.kv_capacity_bytes <= KV_CACHE_BYTES
     assert vexec.model_names() == (NAME,) and list(vexec.models) == [NAME]
@@ -318,6 +319,10 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(vexec: VllmExecutor, model
     assert hits[0] == 0  # nothing of it was cached
     # the repeat finds its full blocks cached (never the last token, which vLLM computes again)
     assert size <= hits[1] < n_prompt and hits[1] % size == 0
+    cache = vexec.load_snapshot().prefix_cache  # the load report carries vLLM's totals
+    assert cache is not None
+    view = scheduler_view(vexec)
+    assert (cache.queries, cache.hits) == (view.prefix_queries, view.prefix_hits)
 
 
 async def test_context_limit(
