@@ -376,3 +376,12 @@ def test_seallm_units_combine_to_the_in_process_run(bench, results):
         {k: v for k, v in r.items() if k not in strip} for r in results["seallm"]["rows"]
     ]
     assert res["goal"]["ours_text"] == results["seallm"]["goal"]["ours_text"]
+
+
+def test_units_split_papers_with_parts_and_run_heaviest_first(bench):
+    work = bench.units(["uellm", "mell"], quick=False, tiny=True)
+    assert [u.weight for u in work] == sorted((u.weight for u in work), reverse=True)
+    whole = [u for u in work if u.key is None]
+    assert [u.paper for u in whole] == ["uellm"] and whole[0].weight == bench.PAPER_SECONDS["uellm"]
+    mell = [u for u in work if u.paper == "mell"]
+    assert len(mell) == len(bench.scenario("mell").parts(tiny=True)) and all(u.key for u in mell)
