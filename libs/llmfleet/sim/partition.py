@@ -58,8 +58,9 @@ def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -
     return [sorted(m, key=order.__getitem__) for m in members if m]
 
 
-# RequestRecord's fields after the request's own six, in order: a record is rebuilt as
-# RequestRecord(<request fields>, *outcome) (tests/sim/test_partition.py checks the order)
+# RequestRecord's fields after the request's own six, in order (then ``content``, an input the
+# parent does not need): a record is rebuilt as RequestRecord(<request fields>, *outcome)
+# (tests/sim/test_partition.py checks the order)
 _OUTCOME = (
     "instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "requeues", "failed",
 )  # fmt: skip

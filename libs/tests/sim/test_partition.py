@@ -156,4 +156,5 @@ def test_outcome_fields_follow_the_record_fields():
 
     from llmfleet.sim.records import RequestRecord
 
-    assert tuple(f.name for f in dataclasses.fields(RequestRecord))[6:] == _OUTCOME
+    names = tuple(f.name for f in dataclasses.fields(RequestRecord))
+    assert names[6:] == (*_OUTCOME, "content")  # content: the workload request, an input, last
