@@ -5,7 +5,7 @@ A prompt with content (:attr:`WorkloadRequest.has_content`) is its service's sys
 token ids are a deterministic stream of its seed, so equal segments are equal tokens and prompts that
 share leading segments share a prefix; a system prompt of k tokens is the first k tokens of its
 service's stream, so shorter ones are prefixes of longer ones. Token ids are word indices below
-:data:`VOCAB`; the text is those words, ``w<id>``, separated by spaces: one token per word on the
+:data:`VOCAB`; the text is those words, ``t<id>``, separated by spaces: one token per word on the
 emulated engines (whose tokenizer counts whitespace-separated words), and a shared text prefix (so a
 shared token prefix at word boundaries) on a real tokenizer.
 
@@ -24,8 +24,10 @@ import numpy as np
 
 from llmfleet.workload.request import Workload, WorkloadRequest
 
-VOCAB = 100  # prompt words are w0 … w99
-WORDS = tuple(f"w{k}" for k in range(VOCAB))
+# prompt words are t0 … t99: the emulated engines' word tokenizer gives each exactly one token id
+# (llmfleet_engine.emulated.tokenizer.word), so live emulated prompts share prefixes as simulated ones do
+VOCAB = 100
+WORDS = tuple(f"t{k}" for k in range(VOCAB))
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
