@@ -110,3 +110,13 @@ def test_vllm_options_need_the_vllm_backend(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--vllm-options", "{}"])
     assert "--vllm-options applies to --backend vllm only" in capsys.readouterr().err
+
+
+def test_the_shipped_vllm_config_plans_one_vllm_engine(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[3]
+    cfg = ClusterConfig.load(root / "deploy/local/vllm.yaml")
+    argv = {
+        p.name: p.argv for p in up.plan_services(cfg, tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+    }
+    options = json.loads(argv["vllm-0"][argv["vllm-0"].index("--vllm-options") + 1])
+    assert options["kv_cache_memory_bytes"] == 2**30 and options["enforce_eager"] is True
