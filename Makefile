@@ -21,7 +21,7 @@ help:
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
 	@echo "make lint   - ruff check + stub freshness"
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
-	@echo "               bench-sim, bench-papers (SeaLLM, Aladdin, SCLS, UELLM, Mell in one process, ~1 h),"
+	@echo "               bench-sim, bench-papers (SeaLLM, Aladdin, SCLS, UELLM, Mell; their simulations in a pool of processes),"
 	@echo "               bench-hop (what the scheduler adds to TTFT), bench-placement,"
 	@echo "               bench-migration (Mell: active GPUs vs BF/WF/LB, operation batching, transfer modes)"
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"

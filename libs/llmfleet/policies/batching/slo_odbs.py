@@ -62,8 +62,9 @@ longest predicted output O_CM (with its longest prompt s) and its tightest remai
 A longer output or a larger prompt (CM grows) shrinks b; a looser SLO allows more rows. The cost model is
 declared by type: anything with ``t_serve(n, l_in, s) -> seconds`` (:class:`BatchCost`, the same form as
 SCLS's :class:`~llmfleet.policies.batching.scls_dp.SliceCost`), a profile record's ``scls`` mapping
-``{"prefill": {...}, "decode": {...}}``, or ``{"model": NAME, "hardware": NAME, "tp": 1}`` for the
-roofline of catalog entries (JSON-friendly for ``--policy-options``). ``cost=None`` (default): memory
+``{"prefill": {...}, "decode": {...}}``, or ``{"model": NAME, "hardware": NAME, "tp": 1, "source": S}``
+for catalog entries priced by cost source S (default: the default cost source,
+``llmfleet.costmodel.sources``), fitted to the SCLS form (JSON-friendly for ``--policy-options``). ``cost=None`` (default): memory
 and caps only.
 
 Presets (option ``preset``)
@@ -109,6 +110,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
+from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks, padded_tokens
 from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
@@ -171,29 +173,30 @@ _UNSET: Any = object()
 
 
 @lru_cache(maxsize=16)
-def _roofline_cost(model: str, hw: str, tp: int) -> BatchCost:
+def _catalog_cost(model: str, hw: str, tp: int, source: str) -> BatchCost:
     from llmfleet.costmodel.hardware import hardware
+    from llmfleet.costmodel.latency_model import cost_record
     from llmfleet.costmodel.models import model_arch
     from llmfleet.costmodel.scls import SclsModel
-    from llmfleet.costmodel.serialize import roofline_record
 
-    rec = roofline_record(model_arch(model), hardware(hw), tp, date="1970-01-01T00:00:00")
+    rec = cost_record(model_arch(model), hardware(hw), tp, source, date="1970-01-01T00:00:00")
     return SclsModel(rec.scls.prefill, rec.scls.decode)
 
 
 def as_batch_cost(cost: BatchCost | Mapping[str, Any] | None) -> BatchCost | None:
-    """None → None (no latency bound); ``{"model", "hardware"[, "tp"]}`` → the catalog roofline's SCLS
-    form; ``{"prefill", "decode"}`` → :class:`~llmfleet.costmodel.scls.SclsModel`; an object with
+    """None → None (no latency bound); ``{"model", "hardware"[, "tp"][, "source"]}`` → that cost
+    source's SCLS form for the catalog entries; ``{"prefill", "decode"}`` → :class:`~llmfleet.costmodel.scls.SclsModel`; an object with
     ``t_serve`` as is."""
     if cost is None:
         return None
     if isinstance(cost, Mapping):
         if "model" in cost:
-            extra = set(cost) - {"model", "hardware", "tp"}
+            extra = set(cost) - {"model", "hardware", "tp", "source"}
             if extra or "hardware" not in cost:
-                raise ValueError(f"cost needs model and hardware (and tp), got keys {sorted(cost)}")
+                raise ValueError(f"cost needs model and hardware (and tp, source), got keys {sorted(cost)}")
             tp = positive_int("cost tp", cost.get("tp", 1))
-            return _roofline_cost(str(cost["model"]), str(cost["hardware"]), tp)  # type: ignore[arg-type]
+            source = check_cost_source(str(cost.get("source", DEFAULT_COST_SOURCE)))
+            return _catalog_cost(str(cost["model"]), str(cost["hardware"]), tp, source)  # type: ignore[arg-type]
         from llmfleet.policies.batching.scls_dp import as_scls_cost
 
         return as_scls_cost(cost)
