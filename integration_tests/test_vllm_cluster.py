@@ -241,6 +241,17 @@ async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8)
     raise AssertionError("no stream reached the vLLM engine")
 
 
+async def assert_vllm_serves(client: AsyncClient, reference: list[int]) -> None:
+    """The vLLM engine serves again, and greedily as before."""
+
+    async def served() -> tuple[str, list[int]]:
+        r = await client.complete(PROMPT, service="chat", max_tokens=8)
+        return r.usage.engine_id, list(r.token_ids)
+
+    (_, tokens), _ = await until_on(VLLM, served)
+    assert tokens == reference[:8]
+
+
 def assert_whole(stream, chunks: list, reference: list[int], engine_id: str) -> None:
     assert stream.usage.engine_id == engine_id and stream.usage.finish_reason == "length"
     indices = [c.index for c in chunks]
@@ -265,12 +276,7 @@ async def test_a_dead_vllm_engine_core_moves_its_requests_and_restarts(
         what="the vLLM engine to load its model again",
     )
 
-    async def served() -> tuple[str, list[int]]:
-        r = await client.complete(PROMPT, service="chat", max_tokens=8)
-        return r.usage.engine_id, list(r.token_ids)
-
-    (_, tokens), _ = await until_on(VLLM, served)
-    assert tokens == reference[:8]
+    await assert_vllm_serves(client, reference)
 
 
 # ---- destructive: placement is taken over by the test, then the vLLM engine is killed ------------
@@ -307,12 +313,7 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
     finally:
         await etcd.close()
 
-    async def served() -> tuple[str, list[int]]:
-        r = await client.complete(PROMPT, service="chat", max_tokens=8)
-        return r.usage.engine_id, list(r.token_ids)
-
-    (_, tokens), _ = await until_on(VLLM, served)
-    assert tokens == reference[:8]
+    await assert_vllm_serves(client, reference)
 
 
 async def test_kill9_of_the_vllm_engine_mid_stream_finishes_on_the_native_one(
