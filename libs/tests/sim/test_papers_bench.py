@@ -116,7 +116,7 @@ def test_rate_sweeps_cover_every_policy_with_sane_metrics(results, bench, name):
             "seallm",
             "seallm-f",
             "seallm-literal",
-            "seallm-mixed",
+            "seallm-prefill_first",
         },
         "scls": {"scls", "scls-keep", "scls-local", "sls", "cb"},
         "uellm": {
@@ -385,3 +385,22 @@ def test_units_split_papers_with_parts_and_run_heaviest_first(bench):
     assert [u.paper for u in whole] == ["uellm"] and whole[0].weight == bench.PAPER_SECONDS["uellm"]
     mell = [u for u in work if u.paper == "mell"]
     assert len(mell) == len(bench.scenario("mell").parts(tiny=True)) and all(u.key for u in mell)
+
+
+def test_aladdin_headline_checks_each_answer_on_every_seed(results):
+    res = results["aladdin"]
+    head = res["headline"]
+    configs = [h["config"] for h in head]
+    assert configs[0] == "jsq-opt" and {"aladdin", "aladdin-strict", "aladdin hb 50 ms"} <= set(configs)
+    for h in head:
+        n = h["workers"]
+        assert len(h["per_seed"]) == len(res["seeds"]) and n == max(h["per_seed"])
+        assert len(h["p100_at"]) == len(h["p100_above"]) == len(res["seeds"]) and len(
+            h["busy_workers"]
+        ) == len(res["seeds"])
+        assert len(h["p100_below"]) == (0 if n == 1 else len(res["seeds"])) and h["gpus"] == n * h["tp"]
+        assert h["holds"] == (all(h["p100_at"]) and all(h["p100_above"]))
+        assert all(0 < b <= n + 1 for b in h["busy_workers"])
+    assert {w for w in res["workers"]["llama2-7b"]} >= {"n_eq6", "n_paper_memory", "n_roofline", "paper_n"}
+    g = res["goal"]
+    assert g["met"] is False or all(h["holds"] for h in res["summary"]["headline"])

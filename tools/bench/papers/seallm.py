@@ -23,7 +23,7 @@ as one server per model at TP = its even share, TP 8), ``seallm`` (Algorithm 1, 
 searched once per rate on a separate 60 s history of the same processes with the preset's own engines,
 then fixed: the paper's SeaLLM-A, doubling budget with its default admission, fewest requests),
 ``seallm-f`` (SeaLLM-F: the same plan and dispatch on vLLM's FCFS engines), ``seallm-literal`` and
-``seallm-mixed`` (the doubling budget's other ``admission`` options on the same plan), and on the first
+``seallm-prefill_first`` (the doubling budget's other ``admission`` options on the same plan), and on the first
 assignment only ``alpaserve`` (``alpaserve-v0.4``: all models on every instance, unified KV, FCFS — "we
 implement AlpaServe with our unified KV cache and FCFS"), ``muxserve`` (colocated, round-robin prefill)
 and ``seallm-colocated`` (DB on all-models-everywhere: the scheduling effect alone, beside AlpaServe);
@@ -54,7 +54,14 @@ __all__ = [
 
 NAME = "seallm"
 TITLE = "SeaLLM — sharing 4 LLMs on 32 A100-80GB (normalized latency, p99, SLO attainment)"
-POLICIES = ("vllm", "vllm-tp", "seallm", "seallm-f", "seallm-literal", "seallm-mixed")  # every assignment
+POLICIES = (
+    "vllm",
+    "vllm-tp",
+    "seallm",
+    "seallm-f",
+    "seallm-literal",
+    "seallm-prefill_first",
+)  # every assignment
 BASELINES = ("alpaserve", "muxserve", "seallm-colocated")  # the first assignment only
 CONV_POLICIES = ("vllm", "vllm-tp", "seallm", "seallm-f")  # the conv-trace variant
 POPULARITY: Path | None = None  # set by run.py --popularity: MAF function counts instead of the Zipf law
@@ -86,12 +93,12 @@ def _systems() -> dict:
         "seallm": (S.seallm_fixed(), None),
         "seallm-f": (S.seallm_fcfs(), None),
         "seallm-literal": (S.seallm_fixed("literal"), None),
-        "seallm-mixed": (S.seallm_fixed("mixed"), None),
+        "seallm-prefill_first": (S.seallm_fixed("prefill_first"), None),
         "seallm-adaptive": (b, factory),
     }
 
 
-FIXED_PLAN = ("seallm", "seallm-f", "seallm-literal", "seallm-mixed")  # run on Algorithm 1's plan
+FIXED_PLAN = ("seallm", "seallm-f", "seallm-literal", "seallm-prefill_first")  # run on Algorithm 1's plan
 
 
 def _run_one(sp, wl, bundle, factory, horizon: float, plan=None) -> dict:
@@ -351,7 +358,7 @@ def markdown(res: dict) -> str:
                 ("norm vLLM-TP/S", "norm_vllm-tp_over_seallm", ".2f"),
                 ("norm F/S", "norm_seallm-f_over_seallm", ".2f"),
                 ("norm literal/S", "norm_seallm-literal_over_seallm", ".2f"),
-                ("norm mixed/S", "norm_seallm-mixed_over_seallm", ".2f"),
+                ("norm prefill_first/S", "norm_seallm-prefill_first_over_seallm", ".2f"),
                 ("p99 vLLM/S", "p99_vllm_over_seallm", ".2f"),
                 ("norm Alpa/S", "norm_alpaserve_over_seallm", ".2f"),
                 ("norm Mux/S", "norm_muxserve_over_seallm", ".2f"),

@@ -14,7 +14,7 @@ CLAIM = (
     "latency < 3 and SLO attainment > 90% at every rate (2–50 req/s, 32 A800); SeaLLM-F (FCFS on the same "
     "placement) up to 4.17× worse than SeaLLM."
 )
-BASELINES = ("vllm", "vllm-tp", "seallm-f", "seallm-literal", "seallm-mixed", "alpaserve", "muxserve")
+BASELINES = ("vllm", "vllm-tp", "seallm-f", "seallm-literal", "seallm-prefill_first", "alpaserve", "muxserve")
 VLLMS = ("vllm", "vllm-tp")  # the even split as replicas, and as one server per model
 
 
@@ -177,10 +177,11 @@ def _notes(res: dict, per_rate: list[dict]) -> list[str]:
     adm = [e for e in per_rate if e.get("norm_seallm-literal") is not None]
     if adm:
         notes.append(
-            "Doubling-budget admission on the same plan (mean normalized latency, default / literal / mixed): "
+            "Doubling-budget admission on the same plan (mean normalized latency, default mixed / literal / "
+            "prefill_first): "
             + "; ".join(
                 f"{e['lengths']} a{e['assignment']} {e['rate_rps']:g} req/s {e['seallm_norm']:.2f} / "
-                f"{e['norm_seallm-literal']:.2f} / {e['norm_seallm-mixed']:.2f}"
+                f"{e['norm_seallm-literal']:.2f} / {e['norm_seallm-prefill_first']:.2f}"
                 for e in adm
             )
             + "."

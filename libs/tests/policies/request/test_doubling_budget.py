@@ -378,7 +378,7 @@ def test_starving_service_seed_leads_its_batch_in_every_mode():
         assert p.next_batch([fresh, stalled, short], [], BIG, lim, 10.0).request_ids == ("stalled",)
 
 
-def test_admission_is_validated_and_default_is_prefill_first():
-    assert DoublingBudget().admission == "prefill_first"
+def test_admission_is_validated_and_default_is_mixed():
+    assert DoublingBudget().admission == "mixed"
     with pytest.raises(ValueError, match="admission"):
         DoublingBudget(admission="fcfs")

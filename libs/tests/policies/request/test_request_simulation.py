@@ -159,9 +159,9 @@ def normalized_latency(jobs: list[Job], res: Result) -> float:
     return sum((res.finish[j.rid] - j.arrival) / ref[j.service] for j in jobs) / len(jobs)
 
 
-def seeded_db() -> DoublingBudget:
+def seeded_db(admission: str = "mixed") -> DoublingBudget:
     """DB with service statistics seeded from profiling, as the engine does via observe()."""
-    db = DoublingBudget()
+    db = DoublingBudget(admission=admission)
     for svc, mean in mean_service_exec(burst_then_short()).items():
         db.observe(svc, 0.9 * mean)
         db.observe(svc, 1.1 * mean)
@@ -171,14 +171,15 @@ def seeded_db() -> DoublingBudget:
 LIMITS = BatchLimits(max_requests=32, max_prefill_tokens=512)
 
 
-def test_db_beats_fcfs_on_a_long_burst_before_short_requests():
+@pytest.mark.parametrize("admission", ["mixed", "prefill_first", "literal"])
+def test_db_beats_fcfs_on_a_long_burst_before_short_requests(admission):
     jobs = burst_then_short()
     fcfs = simulate(Fcfs(), jobs, total_blocks=4000, limits=LIMITS)
-    db = simulate(seeded_db(), jobs, total_blocks=4000, limits=LIMITS)
+    db = simulate(seeded_db(admission), jobs, total_blocks=4000, limits=LIMITS)
     assert set(fcfs.finish) == set(db.finish) == {j.rid for j in jobs}
-    for _, phase, _, services in db.batches:
-        assert len(services) == 1 and phase in ("prefill", "decode")
-    assert any(phase == "mixed" for _, phase, _, _ in fcfs.batches)  # fcfs mixes, DB never does
+    for _, phase, _, services in db.batches:  # one service per batch; one phase unless mixed
+        assert len(services) == 1 and (admission == "mixed" or phase in ("prefill", "decode"))
+    assert any(phase == "mixed" for _, phase, _, _ in fcfs.batches)  # fcfs mixes models' phases
     nl_fcfs, nl_db = normalized_latency(jobs, fcfs), normalized_latency(jobs, db)
     assert nl_db < 0.5 * nl_fcfs, (nl_db, nl_fcfs)
 
