@@ -40,7 +40,7 @@ VLLM = "vllm-0"
 NATIVE = "native-0"
 PROMPT = "Once upon a time there was a fleet of models"
 MAX_MODEL_LEN = 2048
-LONG_TOKENS = 1500  # still running when a test acts on it mid-stream
+LONG_TOKENS = 2000  # still running when a test acts on it mid-stream (prompt + 2,000 < max_model_len)
 VLLM_SETTINGS = {
     "kv_cache_memory_bytes": "256MiB",
     "max_model_len": MAX_MODEL_LEN,

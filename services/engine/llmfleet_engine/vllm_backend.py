@@ -41,10 +41,11 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from llmfleet_engine.model_host import DrainBook
 from llmfleet_engine.outputs import (
     ExecutorClosedError,
     LoadSnapshot,
@@ -85,8 +86,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self._runtimes: dict[str, ModelRuntime] = {}
         self._requests: dict[str, ActiveRequest] = {}
-        self._draining: dict[str, str] = {}  # model -> why it refuses new requests
-        self._evictions: OrderedDict[str, str] = OrderedDict()  # request id -> why it was evicted
+        self._drains = DrainBook()  # draining models and evicted requests, as the native engine keeps them
         self._generated: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()

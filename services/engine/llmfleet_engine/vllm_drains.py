@@ -10,13 +10,11 @@ engine from the tokens it delivered (token transfer: vLLM has no KV export).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from llmfleet_engine.model_host import DrainBook
 from llmfleet_engine.outputs import FinishReason
-
-MAX_EVICTIONS = 4096  # eviction reasons kept for streams that have not read theirs yet
 
 
 class VllmDrains:
@@ -26,8 +24,7 @@ class VllmDrains:
     _lock: threading.Lock
     _runtimes: dict[str, Any]
     _requests: dict[str, Any]
-    _draining: dict[str, str]
-    _evictions: OrderedDict[str, str]
+    _drains: DrainBook  # the native engine's record of drains and evictions
     _finish_locked: Callable[[Any, FinishReason], None]
     _models_changed: Callable[[], None]
 
@@ -35,28 +32,28 @@ class VllmDrains:
         """Stop advertising ``name`` and refuse its new requests (``reason`` says why); its running
         requests go on. False if it is not loaded or already draining."""
         with self._lock:
-            if name not in self._runtimes or name in self._draining:
+            if name not in self._runtimes or name in self._drains.models:
                 return False
-            self._draining[name] = reason
+            self._drains.models[name] = reason
         self._models_changed()
         return True
 
     def end_drain(self, name: str) -> bool:
         """Serve ``name`` again; False if it was not draining."""
         with self._lock:
-            if self._draining.pop(name, None) is None:
+            if self._drains.models.pop(name, None) is None:
                 return False
         self._models_changed()
         return True
 
     def draining_reason(self, name: str) -> str | None:
         with self._lock:
-            return self._draining.get(name)
+            return self._drains.models.get(name)
 
     def serving_model_names(self) -> tuple[str, ...]:
         """Loaded models that take new requests: what the node record advertises."""
         with self._lock:
-            return tuple(sorted(n for n in self._runtimes if n not in self._draining))
+            return tuple(sorted(n for n in self._runtimes if n not in self._drains.models))
 
     def model_request_ids(self, name: str) -> list[str]:
         with self._lock:
@@ -68,9 +65,7 @@ class VllmDrains:
             state = self._requests.get(request_id)
             if state is None or state.finished:
                 return False
-            self._evictions[request_id] = reason
-            while len(self._evictions) > MAX_EVICTIONS:
-                self._evictions.popitem(last=False)
+            self._drains.evicted(request_id, reason)
             self._finish_locked(state, FinishReason.CANCELLED)
         if state.future is not None:
             state.future.cancel()  # its driver aborts the vLLM request
@@ -79,4 +74,4 @@ class VllmDrains:
     def take_eviction(self, request_id: str) -> str | None:
         """Why ``request_id`` was evicted (once; None if it was not)."""
         with self._lock:
-            return self._evictions.pop(request_id, None)
+            return self._drains.evictions.pop(request_id, None)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from llmfleet.types import ModelSpec
 
+from llmfleet_engine.model_host import DrainBook
 from llmfleet_engine.models import (
     DEFAULT_DTYPE,
     LoadedModel,
@@ -133,7 +134,7 @@ class VllmModels:
     _closed: bool
     _runtimes: dict[str, ModelRuntime]
     _requests: dict[str, Any]  # request id -> vllm_requests.ActiveRequest (owned by VllmRequests)
-    _draining: dict[str, str]  # owned by vllm_drains.VllmDrains
+    _drains: DrainBook  # owned by vllm_drains.VllmDrains
     evict: Callable[[str, str], bool]  # vllm_drains.VllmDrains
 
     @property
@@ -294,7 +295,7 @@ class VllmModels:
     def _unload(self, name: str, timeout_s: float | None = None) -> bool:
         with self._lock:
             runtime = self._runtimes.pop(name, None)
-            self._draining.pop(name, None)
+            self._drains.models.pop(name, None)
             if runtime is None:
                 return False
             states = [s for s in self._requests.values() if s.runtime is runtime]
