@@ -308,6 +308,11 @@ class BlockAllocator:
         seq = self._seq(seq_id)
         return seq.num_tokens - seq.hits * seq.model.tpb
 
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks in the prefix cache (held by sequences or idle)."""
+        return len(self._cache)
+
     def prefix_cache_stats(self) -> PrefixCacheStats:
         cache = self._cache
         return PrefixCacheStats(len(cache), len(cache.idle), tuple(cache.recent))

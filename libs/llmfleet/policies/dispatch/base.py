@@ -63,6 +63,9 @@ class EngineCandidate:
     kv_waiting_bytes: int = 0
     requests: tuple[RequestProgress, ...] | None = None
     max_running: int = 0  # the most requests the engine runs in one batch, as it reports (0: unknown)
+    # KV bytes the engine's prefix cache holds (cached blocks, held or idle), as it reports; None:
+    # not reported (no prefix caching there, or an engine that does not count its cached blocks)
+    prefix_cached_bytes: int | None = None
     # requests on the engine, running or waiting (the JSQ queue length); a plain attribute, not a
     # property, so scans over 1,000 candidates (min by queue) read it at C speed
     queued: int = field(init=False, repr=False, compare=False)
