@@ -1,18 +1,24 @@
 """prefix_affinity live: the scheduler hands the policy each request's prompt, so a prompt continuing
 one that an engine served goes back to that engine while both are idle (join-the-shortest-queue would
-take engine-0, the smaller id, every time); and a concurrent burst of one prefix spreads over both
-engines (the load book counts what was sent since the last report)."""
+take engine-0, the smaller id, every time); a conversation named by its session (the SDK's
+``session``, the OpenAI body's ``session``) goes back to its engine though its prompts share nothing;
+and a concurrent burst of one prefix spreads over both engines (the load book counts what was sent
+since the last report)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
+import urllib.request
 from collections import Counter
 
+import openai
 import pytest
 from harness import BIN, launch
 from llmfleet.client import AsyncClient
+from llmfleet.supervisor import free_port
 from llmfleet.workload.conversations import conversations
 
 ENGINES = {"engine-0": {"models": ["tiny-llama"]}, "engine-1": {"models": ["tiny-llama"]}}
@@ -33,7 +39,14 @@ B = "bravo " * 120
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = launch(tmp_path_factory.mktemp("prefix-affinity"), config=CONFIG, placement_replicas=1)
+    port = free_port()
+    c = launch(
+        tmp_path_factory.mktemp("prefix-affinity"),
+        config=CONFIG,
+        placement_replicas=1,
+        scheduler_args=("--http-port", str(port)),
+    )
+    c.http = f"http://127.0.0.1:{port}"
     yield c
     c.stop()
 
@@ -57,6 +70,48 @@ async def test_continuations_follow_their_prefix_and_a_burst_spreads(cluster):
         )
         share = Counter(r.usage.engine_id for r in burst)
         assert set(share) == {"engine-0", "engine-1"} and max(share.values()) <= 11, share
+
+
+async def test_a_session_returns_to_its_engine_over_grpc_and_http(cluster):
+    async with AsyncClient(cluster.scheduler, timeout_s=120) as client:
+        # short prompts (under one 256-byte chunk): nothing to match but the session. Conversations
+        # start two at a time until one runs on each engine (a pair splits unless a stale load
+        # report still counts an earlier test's requests)
+        where: dict[str, str] = {}
+        for k in range(6):
+            pair = (f"c{k}-a", f"c{k}-b")
+            first = await asyncio.gather(
+                *(client.complete(f"hello {s}", service="s-prefix", session=s) for s in pair)
+            )
+            where.update({s: r.usage.engine_id for s, r in zip(pair, first, strict=True)})
+            if len(set(where.values())) == 2:
+                break
+        assert set(where.values()) == {"engine-0", "engine-1"}, where
+        on = {e: s for s, e in where.items()}
+        a, b = on["engine-0"], on["engine-1"]
+        # one at a time on idle engines, join-the-shortest-queue would take engine-0 every time
+        for i, s in enumerate((b, a, b, b)):
+            done = await client.complete(f"turn {i} of {s}", service="s-prefix", session=s)
+            assert done.usage.engine_id == where[s], (s, done.usage.engine_id)
+    # the OpenAI front door carries it in the body (extra_body); the HTTP API names no engine, so
+    # the engine is read from the scheduler's per-engine dispatch counts before and after
+    http = openai.AsyncOpenAI(base_url=f"{cluster.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    async with http:
+        for s in (b, b, a):
+            before = dispatched(cluster)
+            await http.completions.create(
+                model="s-prefix", prompt=f"via http {s}", max_tokens=2, extra_body={"session": s}
+            )
+            after = dispatched(cluster)
+            assert {e for e in after if after[e] != before.get(e, 0)} == {where[s]}, (s, before, after)
+
+
+def dispatched(cluster) -> dict[str, float]:
+    """Requests the scheduler dispatched so far, per engine (its /metrics)."""
+    url = re.search(r"metrics on (http://\S+/metrics)", cluster.log("scheduler")).group(1)
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    pattern = r'llmfleet_scheduler_dispatch_total\{engine="([^"]+)",service="s-prefix"\} (\S+)'
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, body)}
 
 
 def test_llmfleet_load_replays_conversations(cluster, tmp_path):

@@ -28,7 +28,7 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
         sent = time.monotonic()
         out = _outcome(req, t0, sent)
         try:
-            stream = client.generate(prompt, req.service, max_tokens=req.max_tokens)
+            stream = client.generate(prompt, req.service, max_tokens=req.max_tokens, session=req.session)
             async with stream:
                 async for chunk in stream:
                     if out.first_token_s is None and chunk.token_ids:
@@ -51,7 +51,8 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
 
 def http_sender(client: Any, t0: float) -> Send:
     """Send through ``client`` (``openai.AsyncOpenAI``): a streamed completion (``model`` = the service)
-    with usage; the HTTP API does not say which engine served it."""
+    with usage, its conversation in the request body's ``session``; the HTTP API does not say which
+    engine served it."""
     import openai
 
     async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
@@ -64,6 +65,7 @@ def http_sender(client: Any, t0: float) -> Send:
                 max_tokens=req.max_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
+                extra_body={"session": req.session} if req.session else None,
             )
             async for chunk in stream:
                 for choice in chunk.choices or ():

@@ -61,6 +61,7 @@ def build_submit_request(
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
     request_id: str | None = None,
+    session: str = "",
 ) -> scheduler_pb2.SubmitRequest:
     """The SubmitRequest for these arguments; unset options are left unset (server defaults apply).
 
@@ -76,7 +77,11 @@ def build_submit_request(
             stop=[stop] if isinstance(stop, str) else list(stop or ()),
         )
         return scheduler_pb2.SubmitRequest(
-            request_id=request_id or new_request_id(), service=service, prompt=prompt, sampling=sampling
+            request_id=request_id or new_request_id(),
+            service=service,
+            prompt=prompt,
+            sampling=sampling,
+            session=session,
         )
     except (TypeError, ValueError) as e:
         raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {e}") from None
@@ -293,6 +298,7 @@ class AsyncClient:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
+        session: str = "",
         timeout_s: float | None = None,
     ) -> GenerateStream:
         """Start a completion; iterate the returned stream for :class:`Chunk` s (the call starts lazily)."""
@@ -305,6 +311,7 @@ class AsyncClient:
             seed=seed,
             stop=stop,
             request_id=request_id,
+            session=session,
         )
         return GenerateStream(self, request, timeout_s if timeout_s is not None else self.timeout_s)
 
@@ -319,6 +326,7 @@ class AsyncClient:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
+        session: str = "",
         timeout_s: float | None = None,
     ) -> Completion:
         """Run a completion to the end and return it whole."""
@@ -331,6 +339,7 @@ class AsyncClient:
             seed=seed,
             stop=stop,
             request_id=request_id,
+            session=session,
             timeout_s=timeout_s,
         )
         async with stream:

@@ -173,6 +173,7 @@ class Client:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
+        session: str = "",
         timeout_s: float | None = None,
     ) -> GenerateIterator:
         """Start a completion; iterate the result for :class:`Chunk` s (the call starts lazily)."""
@@ -185,6 +186,7 @@ class Client:
             seed=seed,
             stop=stop,
             request_id=request_id,
+            session=session,
             timeout_s=timeout_s,
         )
         return GenerateIterator(self._runner, stream)
@@ -200,6 +202,7 @@ class Client:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
+        session: str = "",
         timeout_s: float | None = None,
     ) -> Completion:
         """Run a completion to the end and return it whole."""
@@ -213,6 +216,7 @@ class Client:
                 seed=seed,
                 stop=stop,
                 request_id=request_id,
+                session=session,
                 timeout_s=timeout_s,
             )
         )

@@ -63,6 +63,7 @@ class LoadReport:
     kv_waiting_bytes: int = 0  # KV the queued requests' prompts will take (from per-request loads)
     max_running: int = 0  # the most requests the engine runs in one batch (0: unknown)
     request_ids: frozenset[str] = frozenset()  # the requests the report counts (running and waiting)
+    prefix_cached_bytes: int | None = None  # KV its prefix cache holds (None: not reported)
 
 
 @dataclass
@@ -193,6 +194,7 @@ class LoadBook:
             kv_waiting_bytes=r.kv_waiting_bytes,
             max_running=r.max_running,
             requests=tuple(e.progress.values()) if with_progress else None,
+            prefix_cached_bytes=r.prefix_cached_bytes,
         )
 
 

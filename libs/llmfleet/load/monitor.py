@@ -39,9 +39,14 @@ class LoadListener(Protocol):
 
 def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
     """The plain-data view of a snapshot; KV bytes per token per model from its tokens and bytes;
-    the queued requests' prompt KV from the per-request loads (at the models' bytes per token)."""
+    the queued requests' prompt KV from the per-request loads (at the models' bytes per token); the
+    prefix cache's bytes from its blocks, when the engine counts its pool in blocks (vLLM engines
+    report lookups and hits only)."""
     bpt = {m.model: m.kv_used_bytes / m.kv_tokens for m in snap.models if m.kv_tokens}
     waiting = sum(r.tokens * bpt.get(r.model, 0.0) for r in snap.requests if r.phase == "waiting")
+    cached = None
+    if snap.HasField("prefix_cache") and snap.kv_blocks_total:
+        cached = snap.prefix_cache.blocks * snap.kv_capacity_bytes // snap.kv_blocks_total
     return LoadReport(
         running=snap.running,
         waiting=snap.waiting,
@@ -51,6 +56,7 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
         kv_waiting_bytes=int(waiting),
         max_running=snap.max_running,
         request_ids=frozenset(r.request_id for r in snap.requests),
+        prefix_cached_bytes=cached,
     )
 
 

@@ -34,6 +34,11 @@ class ReplayRequest:
     index: int = 0  # position in the workload (seeds the prompt)
     source: WorkloadRequest | None = None  # the workload's request, when it has prompt content
 
+    @property
+    def session(self) -> str:
+        """The conversation the request continues ("" when none)."""
+        return self.source.session if self.source is not None else ""
+
     def prompt(self, seed: int = 0) -> str:
         if self.source is not None:
             return prompt_text(self.source)

@@ -39,6 +39,7 @@ class CandidateBook:
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
             progress_of(inst, self._clock.now) if self.reads_progress else None,
             self._batch_cap,
+            inst.alloc.cached_blocks * inst.layout.block_bytes if inst.core.prefix_caching else None,
         )  # fmt: skip
 
     def touch(self, instance_id: str) -> None:

@@ -65,6 +65,16 @@ def test_report_from_proto_derives_bytes_per_token():
     r = report_from_proto(snap)
     assert (r.running, r.waiting, r.kv_used_bytes, r.kv_capacity_bytes) == (2, 3, 10, 20)
     assert r.kv_bytes_per_token == {"a": 512.0}
+    assert r.prefix_cached_bytes is None  # no prefix cache reported
+
+
+def test_report_from_proto_sizes_the_prefix_cache_from_its_blocks():
+    cache = common_pb2.PrefixCacheLoad(blocks=3, idle_blocks=1, queries=100, hits=40)
+    snap = common_pb2.LoadSnapshot(kv_capacity_bytes=8192, kv_blocks_total=8, prefix_cache=cache)
+    assert report_from_proto(snap).prefix_cached_bytes == 3 * 1024
+    # an engine that does not count its pool in blocks (vLLM) reports lookups and hits only
+    snap = common_pb2.LoadSnapshot(kv_capacity_bytes=8192, prefix_cache=cache)
+    assert report_from_proto(snap).prefix_cached_bytes is None
 
 
 async def test_follows_engines_reconnects_and_forgets_those_that_leave():

@@ -24,9 +24,11 @@ class Seen:
         self.inner, self.name, self.needs = inner, inner.name, inner.needs
         self.seen: list[tuple[str, str, str]] = []
         self.later = 0  # dispatched after arriving (held for capacity first)
+        self.cached: set[int | None] = set()  # the prefix-cache sizes the candidates reported
 
     def choose(self, model, candidates, exclude=frozenset(), request=None):
         self.seen.append((request.request_id, request.prompt, request.session))
+        self.cached.update(c.prefix_cached_bytes for c in candidates)
         self.later += request.arrival_s > 0  # every request arrives at 0
         return self.inner.choose(model, candidates, exclude, request)
 
@@ -53,6 +55,10 @@ def test_prompt_reading_policies_see_every_prompt_held_ones_included(tiny) -> No
         assert {rid for rid, _, _ in seen.seen} == {f"r{i}" for i in range(24)}
         assert all(prompt == text and session for _, prompt, session in seen.seen)
         assert (seen.later > 0) == late  # late binding held some, dispatched when room came
+        # the instances report their prefix caches' sizes: empty at first; those dispatched after
+        # some prefills ran (held for capacity) see the prompts cached
+        assert 0 in seen.cached and None not in seen.cached
+        assert (max(seen.cached) > 0) == late
 
 
 def test_other_policies_get_sessions_but_no_rendered_prompt(tiny) -> None:

@@ -55,6 +55,7 @@ class RequestRecord:
     # tokens the client already held when it resumed here (its scheduler replica died): not streamed
     # again, numbered before the first chunk, and part of what the engine continues from
     prefix_token_ids: tuple[int, ...] = ()
+    session: str = ""  # the conversation the request continues (dispatch affinity; "" when none)
     # Followers parked until the next change (plain futures: a Condition's lock per chunk costs more).
     _waiters: list[asyncio.Future] = field(default_factory=list)
     # Followers that take each chunk as it is added (``stream_to``: no wake-up per chunk), and their

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmfleet_scheduler.validation import MAX_ID_CHARS
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -34,6 +36,9 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # llmfleet's extension: the conversation the request continues (clients send it in extra_body);
+    # a dispatch policy that keeps conversations together sends its turns where the last one ran
+    session: str = Field("", max_length=MAX_ID_CHARS)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -138,10 +138,11 @@ class Relay:
             if predicted:
                 req.predicted_output_tokens = predicted
         # the scheduler does not tokenize: the prompt length is estimated (llmfleet.token_estimate);
-        # the prompt text goes along for policies that read it (prefix_affinity)
+        # the prompt text and the conversation go along for policies that read them (prefix_affinity)
         dreq = DispatchRequest(
             rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
             int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival, prompt=req.prompt,
+            session=rec.session,
         )  # fmt: skip
         for _ in range(self.max_attempts):
             counted = policy.infeasible if counts else 0

@@ -190,6 +190,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             release=ticket.release,
             prefix_token_ids=prefix,
             n_tokens=len(prefix),
+            session=request.session,
         )
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")

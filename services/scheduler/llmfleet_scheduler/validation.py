@@ -6,6 +6,7 @@ from llmfleet.api.v1 import common_pb2, scheduler_pb2
 
 MAX_STOP_STRINGS = 16
 MAX_PROMPT_CHARS = 1_000_000
+MAX_ID_CHARS = 128  # a request id or a session (conversation) id
 
 
 class InvalidField(ValueError):
@@ -23,8 +24,10 @@ def validate_submit(req: scheduler_pb2.SubmitRequest) -> None:
         raise InvalidField("prompt", "must not be empty")
     if len(req.prompt) > MAX_PROMPT_CHARS:
         raise InvalidField("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
-    if len(req.request_id) > 128:
-        raise InvalidField("request_id", "longer than 128 characters")
+    if len(req.request_id) > MAX_ID_CHARS:
+        raise InvalidField("request_id", f"longer than {MAX_ID_CHARS} characters")
+    if len(req.session) > MAX_ID_CHARS:
+        raise InvalidField("session", f"longer than {MAX_ID_CHARS} characters")
     validate_sampling(req.sampling)
 
 

@@ -453,3 +453,16 @@ def test_unknown_routes_and_methods_are_openai_shaped():
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error", r.text
     r = c.get("/v1/completions")
     assert r.status_code == 405 and r.json()["error"]["message"], r.text
+
+
+def test_a_session_reaches_the_submit_path_and_is_bounded():
+    c, b = client()
+    r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi", "session": "conv-7"})
+    assert r.status_code == 200 and b.submitted[0].session == "conv-7"
+    msgs = [{"role": "user", "content": "hi"}]
+    r = c.post("/v1/chat/completions", json={"model": "chat", "messages": msgs, "session": "conv-8"})
+    assert r.status_code == 200 and b.submitted[1].session == "conv-8"
+    r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+    assert r.status_code == 200 and b.submitted[2].session == ""  # none named
+    r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi", "session": "c" * 129})
+    assert r.status_code == 400 and "session" in r.text and len(b.submitted) == 3

@@ -21,6 +21,8 @@ def req(**sampling):
         (req(top_p=0.0), "sampling.top_p"),
         (req(top_p=1.5), "sampling.top_p"),
         (req(stop=[""]), "sampling.stop"),
+        (scheduler_pb2.SubmitRequest(service="chat", prompt="x", request_id="r" * 129), "request_id"),
+        (scheduler_pb2.SubmitRequest(service="chat", prompt="x", session="c" * 129), "session"),
     ],
 )
 def test_bad_fields_are_named(request_, field):

@@ -15,11 +15,21 @@ hashes do not match the engines' own, which are over real token ids and the engi
 prefix that ends mid-chunk matches its full chunks only, as an engine's cache matches full KV blocks
 only. :func:`prompt_blocks` is that one way.
 
-**Index.** Per engine, the blocks it is expected to hold, fed by this policy's own dispatch history:
-the chosen engine computes (or reuses) every block of the prompt, so after a dispatch it holds them.
-Each engine's entries are LRU-ordered and bounded (``capacity_blocks``; by default what the engine's
-KV pool can hold, from its reported capacity), inserted tail first so the LRU end drops a prompt's
-tail before its head, as paged caches evict; an entry untouched for ``ttl_s`` seconds counts as gone.
+**Index.** Per engine, the blocks it is expected to hold, fed by this policy's own dispatch history
+and corrected by the engines' reports:
+
+* the chosen engine computes (or reuses) every block of the prompt, so after a dispatch it holds them;
+* each engine's entries are LRU-ordered and bounded (``capacity_blocks``; by default what the engine's
+  KV pool can hold, from its reported capacity), inserted tail first so the LRU end drops a prompt's
+  tail before its head, as paged caches evict;
+* an entry untouched for ``ttl_s`` seconds counts as gone;
+* when an engine reports a new size of its prefix cache (``EngineCandidate.prefix_cached_bytes``: its
+  cached blocks, held or idle), the engine's entries are cut from the LRU end to that size in chunks:
+  an engine that evicted under memory pressure, restarted or unloaded the model (0 bytes) is no longer
+  credited with what it dropped. The cut acts on a *change* of the reported size only, so entries
+  added since the last report (whose prefills the engine has not run yet) survive a stale report;
+  engines that do not report a size (vLLM's) are corrected by expiry alone.
+
 Time is the request's ``arrival_s`` (the caller's clock): the policy reads no clock.
 
 **Choice.** Among the eligible engines, those whose load (``queued``: running + waiting, which the
@@ -111,6 +121,15 @@ class ExpectedBlocks:
             del held[block]
             self._drop(engine_id, block)
 
+    def trim(self, engine_id: str, keep: int) -> None:
+        """Keep at most ``keep`` of ``engine_id``'s entries, dropping from the LRU end."""
+        held = self._held.get(engine_id)
+        if held is None:
+            return
+        while len(held) > keep:
+            block, _ = held.popitem(last=False)
+            self._drop(engine_id, block)
+
     def depths(self, chain: Sequence[int], now: float) -> dict[str, int]:
         """Per engine holding the chain's first block, the number of leading blocks it holds."""
         horizon = now - self.ttl_s
@@ -141,13 +160,15 @@ class ExpectedBlocks:
 @dataclass
 class PrefixStats:
     """What the policy did: requests with a prompt, their blocks, the blocks the chosen engine was
-    expected to hold, session hits, and choices where the engine holding the most was over the bound."""
+    expected to hold, session hits, choices where the engine holding the most was over the bound, and
+    index entries cut to the engines' reported prefix-cache sizes."""
 
     requests: int = 0
     blocks: int = 0
     matched_blocks: int = 0
     session_hits: int = 0
     over_bound: int = 0
+    trimmed: int = 0
 
     @property
     def expected_hit_rate(self) -> float:
@@ -211,6 +232,7 @@ class PrefixAffinity:
         self.index = ExpectedBlocks(self.ttl_s)
         self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session -> (engine, last use)
         self.stats = PrefixStats()
+        self._reported: dict[str, int] = {}  # engine -> the prefix-cache size it reported last (bytes)
 
     def capacity(self, candidate: EngineCandidate, request: DispatchRequest) -> int:
         """Entries kept for ``candidate``: the option, else its KV pool's tokens in chunks, else the default."""
@@ -220,6 +242,24 @@ class PrefixAffinity:
             tokens = candidate.kv_capacity_bytes / request.kv_bytes_per_token
             return max(1, int(tokens * BYTES_PER_TOKEN / self.block_bytes))
         return DEFAULT_CAPACITY_BLOCKS
+
+    def chunks(self, cached_bytes: int, request: DispatchRequest) -> int | None:
+        """``cached_bytes`` of KV as prompt chunks (None: the request's KV bytes per token unknown)."""
+        if request.kv_bytes_per_token <= 0:
+            return 0 if cached_bytes == 0 else None
+        return int(cached_bytes / request.kv_bytes_per_token * BYTES_PER_TOKEN / self.block_bytes)
+
+    def correct(self, pool: Sequence[EngineCandidate], request: DispatchRequest) -> None:
+        """Cut each engine's entries to the prefix-cache size it reports, when that size changed."""
+        for c in pool:
+            size = c.prefix_cached_bytes
+            if size is None or self._reported.get(c.engine_id) == size:
+                continue
+            self._reported[c.engine_id] = size
+            keep = self.chunks(size, request)
+            if keep is not None:
+                self.stats.trimmed += max(0, self.index.blocks(c.engine_id) - keep)
+                self.index.trim(c.engine_id, keep)
 
     def _session_engine(self, session: str, now: float) -> str | None:
         hit = self.sessions.get(session) if session else None
@@ -253,6 +293,8 @@ class PrefixAffinity:
         chain = (
             prompt_blocks(model, request.prompt, self.block_bytes, self.max_blocks) if request.prompt else []
         )
+        if chain:
+            self.correct(pool, request)
         depth = self.index.depths(chain, now) if chain else {}
         sticky = self._session_engine(request.session, now)
         best = None

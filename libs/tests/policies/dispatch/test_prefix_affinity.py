@@ -133,6 +133,42 @@ def test_eviction_is_lru_per_engine_and_drops_tails_first():
     assert p.index.blocks("e0") == 4
 
 
+def cached(eid: str, size: int | None, queued: int = 0) -> EngineCandidate:
+    return EngineCandidate(eid, ("m",), running=queued, prefix_cached_bytes=size)
+
+
+def test_reported_cache_sizes_cut_the_index_when_they_change():
+    # 64-byte chunks at 10 KV bytes per token: a chunk is 16 tokens' KV, 160 bytes
+    p = PrefixAffinity(block_bytes=64)
+    a, b = text("a", 80), text("b", 80)  # 4 full chunks each
+    assert p.choose("m", [cached("e0", 0), cached("e1", 0)], request=req("r0", a, 0.0, bpt=10)) == "e0"
+    # e0 still reports 0 (its prefill has not run): unchanged, so a's entries stay
+    assert p.choose("m", [cached("e0", 0, 1), cached("e1", 0)], request=req("r1", a, 1.0, bpt=10)) == "e0"
+    assert p.index.blocks("e0") == 4
+    p.choose("m", [cached("e0", 640, 9), cached("e1", 0)], request=req("r2", b, 2.0, bpt=10))  # b: e1
+    assert p.index.blocks("e0") == 4 and p.index.blocks("e1") == 4  # 640 bytes = 4 chunks: all kept
+    # e0 evicted under pressure: 2 chunks left, its LRU end (the tail of a) goes first
+    p.choose("m", [cached("e0", 320, 9), cached("e1", 640)], request=req("r3", text("c", 30), 3.0, bpt=10))
+    assert p.index.depths(prompt_blocks("m", a, 64), 3.0) == {"e0": 2} and p.stats.trimmed == 2
+    # a restart (or the model unloaded): 0 bytes, nothing held; a then goes by load
+    assert p.choose("m", [cached("e0", 0), cached("e1", 640, 1)], request=req("r4", a, 4.0, bpt=10)) == "e0"
+    assert p.stats.matched_blocks == 4  # r1's four; r4 found nothing on the restarted e0
+    # an engine that reports no size (None) keeps what its dispatch history says
+    q = PrefixAffinity(block_bytes=64)
+    q.choose("m", [cached("e0", None), cached("e1", None)], request=req("r0", a, 0.0, bpt=10))
+    assert (
+        q.choose("m", [cached("e0", None, 2), cached("e1", None)], request=req("r1", a, 1.0, bpt=10)) == "e0"
+    )
+
+
+def test_reported_sizes_reach_the_candidates_through_the_load_book():
+    book = LoadBook()
+    book.report("e0", LoadReport(prefix_cached_bytes=4096))
+    book.report("e1", LoadReport())
+    assert book.candidate("e0", ("m",)).prefix_cached_bytes == 4096
+    assert book.candidate("e1", ("m",)).prefix_cached_bytes is None
+
+
 def test_session_affinity_follows_the_conversation_within_the_bound():
     p = PrefixAffinity(max_load_excess=2)
     assert p.choose("m", [eng("e0"), eng("e1")], request=req("r0", "short", 0.0, session="c1")) == "e0"

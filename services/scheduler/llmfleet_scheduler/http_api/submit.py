@@ -58,7 +58,11 @@ async def start(
         for prompt in prompts:
             for i in range(body.n):
                 req = scheduler_pb2.SubmitRequest(
-                    request_id=uuid.uuid4().hex, service=service, prompt=prompt, sampling=_sampling(body, i)
+                    request_id=uuid.uuid4().hex,
+                    service=service,
+                    prompt=prompt,
+                    sampling=_sampling(body, i),
+                    session=body.session,
                 )
                 rid, chunks = backend.submit(req, key)
                 choices.append(Choice(len(choices), rid, chunks, count_prompt=i == 0))
