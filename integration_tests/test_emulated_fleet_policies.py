@@ -11,12 +11,15 @@
   its tokens.
 * Aladdin best-fit dispatch (``aladdin_bestfit``, priced on the emulated GPU) packs a service's requests
   onto the busiest worker that still meets the SLO while Aladdin placement adds workers.
+* prefix_affinity on 4 emulated A100-80GB: multi-turn conversations (``llmfleet load --conversations``,
+  each turn naming its session) find more of their prompts cached on the engines than round robin.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 
 import pytest
 from emulated import BIN, emulated_up, engines, status, wait_status, write_trace
@@ -139,3 +142,62 @@ def test_aladdin_best_fit_dispatch_on_emulated_gpus(tmp_path, rate):
     # costs (on the CPU's roofline none would, and requests would scatter as infeasible)
     served = live["live"]["engines"]
     assert max(served.values()) >= 0.9 * rate * 30, served
+
+
+def prefix_counts(endpoints: dict) -> tuple[float, float]:
+    """Prompt tokens looked up in the emulated engines' prefix caches and found there, summed over
+    every engine's /metrics (vLLM's names)."""
+    queries = hits = 0.0
+    for row in endpoints.values():
+        if not (row.get("name", "").startswith("emu") and row.get("metrics")):
+            continue
+        host, _, ports = row["metrics"].rpartition(":")
+        lo, _, hi = ports.partition("..")
+        for port in range(int(lo), int(hi or lo) + 1):
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("vllm:prefix_cache_queries_total{"):
+                        queries += float(line.rpartition(" ")[2])
+                    elif line.startswith("vllm:prefix_cache_hits_total{"):
+                        hits += float(line.rpartition(" ")[2])
+    return queries, hits
+
+
+def test_prefix_affinity_on_emulated_gpus_finds_the_conversations_history(tmp_path):
+    # two services on one model's four engines: the same kind of multi-turn workload through each,
+    # one after the other (other seeds, other system prompts: the second run finds nothing of the first)
+    slo = {"ttft_s": 2.0, "tpot_s": 0.1}
+    config = {
+        "services": {
+            "chat-rr": {"model": "llama2-7b", "slo": slo, "dispatch": "round_robin"},
+            "chat-pa": {"model": "llama2-7b", "slo": slo, "dispatch": "prefix_affinity"},
+        },
+        "models": {"llama2-7b": MODELS["llama2-7b"]},
+        "placement": {"policy": "dedicated_even", "interval_s": 30, "confirm_intervals": 1},
+        "emulated": {"hardware": "A100-80GB", "count": 4},
+    }
+    ratios = {}
+    with emulated_up(tmp_path, config, 4, 1) as (endpoints, _):
+        wait_status(
+            endpoints["etcd"]["address"], lambda s: s["fleet"]["gpus_in_use"] == 4, 60, "4 llama2-7b engines"
+        )
+        for seed, service in enumerate(("chat-rr", "chat-pa")):
+            before = prefix_counts(endpoints)
+            out = tmp_path / service
+            run = subprocess.run(
+                [str(BIN / "llmfleet"), "load", "--conversations", "16", "--rate", "2", "--mean-turns", "6",
+                 "--think-s", "0.5", "--system-prompt-tokens", "40", "--seed", str(seed + 1),
+                 "--services", service, "--scheduler", endpoints["scheduler"]["address"],
+                 "--etcd", endpoints["etcd"]["address"], "--out", str(out), "--no-plots"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            doc = json.loads((out / "report.json").read_text())["runs"][0]
+            assert doc["overall"]["failed"] == 0 and doc["overall"]["completed"] > 16, doc["overall"]
+            after = prefix_counts(endpoints)
+            ratios[service] = (after[1] - before[1]) / (after[0] - before[0])
+    # round robin finds the system prompt and, one time in four, the last turn's engine; affinity
+    # sends every turn back to the engine holding the history (measured: 0.39 and 0.69 of the prompt
+    # tokens found cached; neither finds a turn's new message or the last reply, which the previous
+    # prompt did not hold)
+    assert ratios["chat-pa"] > ratios["chat-rr"] + 0.15, ratios

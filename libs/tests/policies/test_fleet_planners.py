@@ -38,7 +38,7 @@ def test_worker_count_follows_eq7_per_model():
     count = {m: sum(1 for x in plan if x.models == (m,)) for m in ("llama2-7b", "llama2-13b")}
     assert count == {"llama2-7b": 3, "llama2-13b": 2}  # ⌈0.5·4 + 1⌉ = 3, ⌈0.25·4 + 1⌉ = 2
     assert p.last_counts == count and "⌈k5·4.00 + c5⌉ → 3" in p.last_reason
-    assert all(x.tp == 4 for x in plan)  # N_g* with the roofline on the catalog A100 (see test_aladdin)
+    assert all(x.tp == 1 for x in plan)  # N_g* on the default cost source's A100 (see test_aladdin)
 
 
 def test_scale_in_as_rate_falls_never_below_min_workers():
@@ -60,8 +60,8 @@ def test_capped_by_the_pool_then_infeasible():
     plan = p.place(POOL, [svc("a", "llama2-7b", 5.0), svc("b", "llama2-13b", 1.0)])
     assert sum(x.tp for x in plan) == 32 and "capped by the pool" in p.last_reason
     assert {m for x in plan for m in x.models} == {"llama2-7b", "llama2-13b"}  # each keeps a worker
-    with pytest.raises(PlacementInfeasible, match="needs 8 GPUs"):
-        p.place(GpuPool("a100-80gb", 4, 8), [svc("a", "llama2-7b", 1.0), svc("b", "llama2-13b", 1.0)])
+    with pytest.raises(PlacementInfeasible, match="needs 5 GPUs"):
+        p.place(GpuPool("a100-80gb", 4, 8), [svc("a", "llama2-7b", 1.0), svc("b", "llama2-70b", 1.0)])
     with pytest.raises(ValueError, match="min_workers"):
         AladdinPlanner(min_workers=0)
 

@@ -15,12 +15,13 @@ pool the simulator gives an instance (:func:`llmfleet.costmodel.memory.kv_pool_b
 defaults unless ``mem_fraction``/``max_prefill_tokens``/``max_batch_requests`` say otherwise), so a
 worker sized here holds exactly the KV its simulated (or live, at those settings) instance has.
 
-Resolutions: the iteration time defaults to the roofline (``costmodel.roofline.decode_time``: its
-max(compute, memory) term is t_compute, its all-reduce t_comm), at the mean context m_r/bytes-per-token
-for both terms; pass ``iteration_time(n, batch, context)`` to use fitted models (e.g. ``TpModel``).
-B is solved continuously by bisection. The roofline has no fixed per-iteration cost (the paper's c4,
-kernel launches, scheduler) and the catalog's A100 is the NVLink SXM part while the paper's testbed is
-PCIe, so the roofline favours larger N than the paper reports (see ``optimal_tp``).
+Resolutions: the iteration time t_compute + t_comm defaults to the decode iteration of the default
+cost source (``costmodel.latency_model.decode_iteration_time``: what the simulator and the emulated
+engines charge, per-iteration overhead included), at the mean context m_r/bytes-per-token; pass
+``iteration_time(n, batch, context)`` to use another (a fitted ``TpModel``, the roofline of
+:func:`roofline_iteration_time`). B is solved continuously by bisection. The roofline alone has no
+fixed per-iteration cost (the paper's c4: kernel launches, scheduler), so it favours larger N than the
+paper reports (see ``optimal_tp``).
 
 :class:`AladdinWorkers` gives every model workers of its own N* GPUs: one each first, then each
 further worker to the model with the highest demand per GPU already given (D'Hondt, ties by name),
@@ -35,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llmfleet.costmodel.hardware import Hardware, hardware
+from llmfleet.costmodel.latency_model import decode_iteration_time
 from llmfleet.costmodel.memory import (
     DEFAULT_MAX_BATCH_REQUESTS,
     DEFAULT_MAX_PREFILL_TOKENS,
@@ -148,7 +150,7 @@ def worker_throughput(
     m = paper_kv_capacity(arch, hw, n) if paper_memory else kv_capacity(arch, hw, n)
     if m <= 0:
         return 0.0
-    it = iteration_time or _roofline(arch, hw)
+    it = iteration_time or decode_iteration_time(arch, hw)
     context = mean_kv_per_request / arch.kv_bytes_per_token
     batch_kv = m / mean_kv_per_request
     kv_bound = batch_kv / (n * it(n, batch_kv, context))
@@ -169,10 +171,11 @@ def optimal_tp(
     """N* = argmax over powers of two N ≤ gpus_per_node of T_max(N) (Eq. 6); ties to the smaller N.
 
     ``slo`` is T_dec in seconds, a (T_pre, T_dec) pair or an object with ``tpot_s``;
-    ``mean_kv_per_request`` is m_r in bytes. With the roofline and catalog a100-80gb (NVLink) at
-    m_r = 512 tokens of KV and Table 2's SLOs this gives 70B→4, 13B→4, 7B→4 (paper: 2, 1, 1 on PCIe
-    A100s with fitted models; the roofline lacks the fixed iteration cost that favours N = 1, and with
-    the engine's real pool two A100s leave a 70B ~14 GiB of KV).
+    ``mean_kv_per_request`` is m_r in bytes. With the default cost source on the catalog a100-80gb at
+    m_r = 512 tokens of KV and Table 2's SLOs this gives 70B→4, 13B→1, 7B→1 (paper: 2, 1, 1 on PCIe
+    A100s with fitted models; with the engine's real pool two A100s leave a 70B ~14 GiB of KV, so its
+    KV bound moves N* to 4). On the roofline alone, which lacks the fixed iteration cost that favours
+    N = 1, all three → 4.
     Raises ValueError when no N fits the weights and meets T_dec.
     """
     a = model_arch(arch) if isinstance(arch, str) else arch
