@@ -65,7 +65,7 @@ L̂_s and σ_s (``exec_time``). Eq. 7's L̂_r is "the profiled execution time of
 mean execution time of the service's requests: ``exec_time="solo"`` (default) has ``on_finish`` observe
 the finished request's **single-request** execution time, ``cost.solo_time(model, prompt_tokens,
 generated)`` from a cost model the policy declares by type
-(:class:`~llmfleet.policies.request.solo_cost.SoloCost`; default the catalog roofline on one A100-80GB,
+(:class:`~llmfleet.policies.request.solo_cost.SoloCost`; default the default cost source on one A100-80GB,
 ``cost={"hardware": NAME}`` for another GPU). A model the cost model does not know (a KeyError, e.g. a
 tiny test model outside the catalog) falls back to the executed time below and is counted in
 ``solo_fallbacks``. A request preempted with recompute has its regenerated tokens folded into its prompt,
