@@ -14,8 +14,8 @@ from llmfleet.coord.local_etcd import LocalEtcd
 
 @pytest.fixture(autouse=True)
 def _no_tracing_after() -> Iterator[None]:
-    """A test that installs a TracerProvider uninstalls it when it ends: tracing switches the SDK and
-    the scheduler to a call per request, which would change every later test's data path."""
+    """A test that installs a TracerProvider uninstalls it when it ends, so later tests record no
+    spans."""
     yield
     from llmfleet.telemetry import reset_tracing, tracing_enabled
 

@@ -1,5 +1,5 @@
-"""One request's spans (SDK -> scheduler -> engine, and the scheduler's Observe to the profiler) share one
-trace id. The services run in this process (built by their own ``build_node``) so one in-memory
+"""One request's spans (SDK -> scheduler -> engine on the multiplexed calls' streams, and the scheduler's
+Observe to the profiler) share one trace id. The services run in this process (built by their own ``build_node``) so one in-memory
 exporter sees every span; etcd is real."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ import asyncio
 
 from llmfleet.client import AsyncClient
 from llmfleet.coord import EtcdClient, put_service
+from llmfleet.rpc.mux import GENERATE_MANY, SUBMIT_MANY
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.telemetry import setup_tracing
+from llmfleet.telemetry.streams import REQUEST_ID
 from llmfleet.testing import eventually
-from llmfleet.types import ServiceSpec
 from llmfleet_engine import main as engine_main
 from llmfleet_profiler import main as profiler_main
 from llmfleet_scheduler import main as scheduler_main
@@ -63,24 +65,33 @@ async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, node_args, tm
             "the scheduler's Observe call to finish",
         )
         spans = exporter.get_finished_spans()
-        by_name: dict[str, set[int]] = {}
-        for s in spans:
-            by_name.setdefault(s.name, set()).add(s.context.trace_id)
-        submit = by_name.get("/llmfleet.v1.Scheduler/Submit", set())
-        generate = by_name.get("/llmfleet.v1.Engine/Generate", set())
-        observe = by_name.get("/llmfleet.v1.Profiler/Observe", set())
-        assert len(submit) == 1, by_name
-        assert generate == submit and observe == submit, by_name
-        kinds = {(s.name, s.kind.name) for s in spans if s.context.trace_id in submit}
-        # client and server side of each hop
-        assert {
-            ("/llmfleet.v1.Scheduler/Submit", "CLIENT"),
-            ("/llmfleet.v1.Scheduler/Submit", "SERVER"),
-        } <= kinds
-        assert {
-            ("/llmfleet.v1.Engine/Generate", "CLIENT"),
-            ("/llmfleet.v1.Engine/Generate", "SERVER"),
-        } <= kinds
+        # each request has its own spans on the multiplexed calls, in one trace: SDK -> scheduler
+        # (SubmitMany's stream) -> engine (GenerateMany's stream), and the scheduler's Observe
+        mine = [s for s in spans if s.attributes.get(REQUEST_ID) == done.request_id]
+        assert {(s.name, s.kind.name) for s in mine} == {
+            (SUBMIT_MANY, "CLIENT"),
+            (SUBMIT_MANY, "SERVER"),
+            (GENERATE_MANY, "CLIENT"),
+            (GENERATE_MANY, "SERVER"),
+        }, [(s.name, s.kind.name, dict(s.attributes)) for s in spans]
+        trace_ids = {s.context.trace_id for s in mine}
+        assert len(trace_ids) == 1
+        observe = {s.context.trace_id for s in spans if s.name.endswith("Profiler/Observe")}
+        assert observe == trace_ids
+        by_id = {s.context.span_id: s for s in mine}
+        parents = {
+            (s.name, s.kind.name): by_id[s.parent.span_id]
+            for s in mine
+            if s.parent is not None and s.parent.span_id in by_id
+        }
+        assert parents[(SUBMIT_MANY, "SERVER")].kind.name == "CLIENT"  # the SDK's span is its parent
+        assert parents[(GENERATE_MANY, "CLIENT")].name == SUBMIT_MANY  # inside the scheduler's
+        assert parents[(GENERATE_MANY, "SERVER")].name == GENERATE_MANY
+        # the long-lived multiplexed calls belong to no request's trace
+        calls = [
+            s for s in spans if s.name in (SUBMIT_MANY, GENERATE_MANY) and REQUEST_ID not in s.attributes
+        ]
+        assert not {s.context.trace_id for s in calls} & trace_ids
     finally:
         for n in reversed(nodes):
             await n.stop()

@@ -1,32 +1,29 @@
 """``make bench-capacity``: what one scheduler process sustains, and what each request and token
-costs it, on the multiplexed data path against the per-request path it replaced (issue 23).
+costs it, on the data path (the SDK's ``SubmitMany`` call, one ``GenerateMany`` call per engine).
 
-Setup (one run, one machine, the arms side by side):
+Setup (one run, one machine):
 
 * ``llmfleet up --emulate 2xA100-80GB``: two emulated A100s (``--backend emulated``: the engine core
   with the cost model's step times, so the engines cost little CPU and what is left is the control
   plane's own cost), both hosting ``emu-7b`` (llama2-7b's costs; ``colocate_all`` placement), one
   service ``cap``.
-* Two scheduler processes on the same etcd and engines: ``up``'s own (``--engine-path mux``, the
-  default) and one this bench starts with ``--engine-path per-request`` (the path before issue 23).
-  Arm **mux**: the SDK with ``multiplex=True`` (one ``SubmitMany`` call) → the mux scheduler (one
-  ``GenerateMany`` call per engine). Arm **per-request**: the SDK with ``multiplex=False`` (a
-  ``Submit`` call per request) → the per-request scheduler (a ``Generate`` call per request).
-* Load: ``--generators`` processes, each an asyncio loop with its own SDK client, sending an open-loop
-  Poisson stream (offered rate / generators each) for ``--step-s`` seconds per step. The arms
-  alternate at every step (per-request first at odd steps), so drift hits both alike.
+* ``up``'s scheduler, and a second scheduler process on the same etcd and engines for
+  ``--two-processes``.
+* Load: ``--generators`` processes, each an asyncio loop with its own SDK client (one ``SubmitMany``
+  call), sending an open-loop Poisson stream (offered rate / generators each) for ``--step-s`` seconds
+  per step.
 * Workloads: ``1tok`` (1-token requests at ``--rate-1tok``), ``64tok`` (64-token streams at
   ``--rate-64tok``: CPU per relayed token), and the ``16tok`` sweep over ``--rates``.
 
 CPU figures are net of each process's idle CPU (measured for ``--idle-s`` before the steps: load
-reports, leases, health checks), so a low rate is not charged for the background. Per step and arm: offered and achieved req/s, errors, **hop** = client TTFT − the engine's own TTFT
+reports, leases, health checks), so a low rate is not charged for the background. Per step: offered and achieved req/s, errors, **hop** = client TTFT − the engine's own TTFT
 (``Usage.engine_ttft_s``: what the SDK, the scheduler and two network transits added) p50/p99, CPU
 seconds of every process (the scheduler under test, the engines, the generators) per request and per
 relayed token. **Sustained**: the highest offered 16-token rate with ≥ 95 % of it completed, no
 errors, hop p50 ≤ 3 ms and p99 ≤ 10 ms (the issue's bar).
 
-``--two-processes``: a last sweep of the mux arm with two mux scheduler processes (the generators
-split between them) against one.
+``--two-processes``: a last sweep with two scheduler processes (the generators split between them)
+against one.
 
 Writes ``report.json``, ``report.md`` and PNGs (hop p50/p99 and scheduler CPU per request vs offered
 load) to ``--out`` (default ``.bench/capacity``).
@@ -58,30 +55,27 @@ CONFIG = {
     "placement": {"policy": "colocate_all", "interval_s": 5},
 }
 PROMPT = "Summarize the following text about fleets of language models serving many users at once"
-ARMS = ("per-request", "mux")
 HOP_P50_MS, HOP_P99_MS = 3.0, 10.0
 
 
 # ------------------------------------------------------------------------------------- generators
-def _generate(
-    address: str, multiplex: bool, rate: float, duration_s: float, tokens: int, seed: int, q
-) -> None:
+def _generate(address: str, rate: float, duration_s: float, tokens: int, seed: int, q) -> None:
     """(a generator process) Poisson arrivals at ``rate`` for ``duration_s``; puts its results on ``q``."""
     import logging
 
     logging.getLogger("llmfleet.client").setLevel(logging.ERROR)
-    q.put(asyncio.run(_generate_async(address, multiplex, rate, duration_s, tokens, seed)))
+    q.put(asyncio.run(_generate_async(address, rate, duration_s, tokens, seed)))
 
 
 async def _generate_async(
-    address: str, multiplex: bool, rate: float, duration_s: float, tokens: int, seed: int
+    address: str, rate: float, duration_s: float, tokens: int, seed: int
 ) -> dict[str, Any]:
     from llmfleet.client import AsyncClient
 
     rng = random.Random(seed)
     rows: list[tuple[float, float, float, int]] = []  # (ttft, engine ttft, latency, tokens)
     errors: list[str] = []
-    async with AsyncClient(address, timeout_s=30, multiplex=multiplex) as client:
+    async with AsyncClient(address, timeout_s=30) as client:
         await client.complete(PROMPT, SERVICE, max_tokens=1)  # open the channel (and the mux call)
 
         async def one() -> None:
@@ -140,7 +134,7 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 
 class Cluster:
-    """``llmfleet up --emulate`` plus the extra scheduler processes the arms need."""
+    """``llmfleet up --emulate`` plus a second scheduler process (``--two-processes``)."""
 
     def __init__(self, out: Path, gpus: int, hardware: str) -> None:
         self.up = LocalUp(out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1")
@@ -159,23 +153,20 @@ class Cluster:
     def start(self) -> None:
         self.up.start()
         ep = self.up.endpoints
-        self.addresses["mux"] = ep["scheduler"]["address"]
+        self.addresses["scheduler"] = ep["scheduler"]["address"]
         self.pids = {n: e["pid"] for n, e in ep.items() if isinstance(e, dict) and e.get("pid")}
-        self.pids["mux"] = self.pids.pop("scheduler")
-        argv = psutil.Process(self.pids["mux"]).cmdline()
-        self._spawn("per-request", argv, ["--engine-path", "per-request"])
-        self._spawn("mux-2", argv, ["--engine-path", "mux"])
+        self._spawn("scheduler-2", psutil.Process(self.pids["scheduler"]).cmdline())
 
-    def _spawn(self, name: str, argv: list[str], extra: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str]) -> None:
         port = free_port()
         args = list(argv)
-        for flag, value in (("--id", f"scheduler-{name}"), ("--port", str(port)), ("--metrics-port", "0")):
+        for flag, value in (("--id", name), ("--port", str(port)), ("--metrics-port", "0")):
             if flag in args:
                 args[args.index(flag) + 1] = value
             else:
                 args += [flag, value]
-        log = open(self.up.dir / f"scheduler-{name}.log", "w")  # noqa: SIM115 - lives with the process
-        proc = subprocess.Popen([*args, *extra], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log = open(self.up.dir / f"{name}.log", "w")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.extra.append(proc)
         self.addresses[name] = f"127.0.0.1:{port}"
         self.pids[name] = proc.pid
@@ -210,7 +201,6 @@ def wait_serving(address: str, timeout_s: float = 120) -> None:
 # ---------------------------------------------------------------------------------------------- steps
 def run_step(
     cluster: Cluster,
-    arm: str,
     targets: list[str],
     rate: float,
     tokens: int,
@@ -219,11 +209,10 @@ def run_step(
 ) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    multiplex = arm != "per-request"
     procs = [
         ctx.Process(
             target=_generate,
-            args=(cluster.addresses[targets[i % len(targets)]], multiplex, rate / generators, duration_s,
+            args=(cluster.addresses[targets[i % len(targets)]], rate / generators, duration_s,
                   tokens, random.randrange(1 << 30), q),
         )
         for i in range(generators)
@@ -251,7 +240,6 @@ def run_step(
     engines = sum(v for k, v in used.items() if k.startswith("emu"))
     done = len(rows)
     return {
-        "arm": arm,
         "schedulers": len(targets),
         "tokens": tokens,
         "offered_rps": rate,
@@ -298,20 +286,17 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {report['machine']}; {report['cores']} cores. Emulated engines: {report['engines']}.",
         "",
-        "| workload | arm | sched. procs | offered req/s | achieved req/s | errors | hop p50 ms | hop p99 ms "
+        "| workload | sched. procs | offered req/s | achieved req/s | errors | hop p50 ms | hop p99 ms "
         "| sched. CPU ms/req | sched. CPU µs/token | engines CPU s | generators CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["steps"]:
         lines.append(
-            f"| {r['tokens']} tok | {r['arm']} | {r['schedulers']} | {r['offered_rps']:.0f} | "
+            f"| {r['tokens']} tok | {r['schedulers']} | {r['offered_rps']:.0f} | "
             f"{r['achieved_rps']:.0f} | {r['errors']} | {_f(r['hop_p50_ms'])} | {_f(r['hop_p99_ms'])} | "
             f"{_f(r['scheduler_cpu_ms_per_req'], '{:.3f}')} | {_f(r['scheduler_cpu_us_per_token'], '{:.0f}')} | "
             f"{r['engines_cpu_s']:.1f} | {r['generators_cpu_s']:.1f} |"
         )
-    lines += ["", "## Ratios (mux / per-request, same run)", ""]
-    for k, v in report["ratios"].items():
-        lines.append(f"- {k}: {_f(v, '{:.3f}')}")
     lines += ["", "## Sustained 16-token rate (≥ 95 % completed, 0 errors, hop p50 ≤ 3 ms, p99 ≤ 10 ms)", ""]
     for k, v in report["sustained"].items():
         lines.append(f"- {k}: {v:.0f} req/s")
@@ -326,14 +311,12 @@ def plot(report: dict, out: Path) -> None:
 
     sweep = [r for r in report["steps"] if r["tokens"] == 16]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for key, procs in (("per-request", 1), ("mux", 1), ("mux", 2)):
-        rows = sorted(
-            (r for r in sweep if r["arm"] == key and r["schedulers"] == procs), key=lambda r: r["offered_rps"]
-        )
+    for procs in (1, 2):
+        rows = sorted((r for r in sweep if r["schedulers"] == procs), key=lambda r: r["offered_rps"])
         if not rows:
             continue
         x = [r["offered_rps"] for r in rows]
-        label = f"{key} ({procs} proc)"
+        label = f"{procs} scheduler proc"
         axes[0].plot(x, [r["hop_p50_ms"] or np.nan for r in rows], "o-", label=f"{label} p50")
         axes[0].plot(x, [r["hop_p99_ms"] or np.nan for r in rows], "x--", label=f"{label} p99")
         axes[1].plot(x, [r["scheduler_cpu_ms_per_req"] or np.nan for r in rows], "o-", label=label)
@@ -349,16 +332,6 @@ def plot(report: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def ratio(steps: list[dict], tokens: int, key: str) -> float | None:
-    def mean(arm: str) -> float | None:
-        vals = [r[key] for r in steps if r["tokens"] == tokens and r["arm"] == arm and r["schedulers"] == 1]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) / len(vals) if vals else None
-
-    a, b = mean("mux"), mean("per-request")
-    return a / b if a is not None and b else None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(".bench/capacity"))
@@ -370,9 +343,7 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=10.0, help="idle CPU measured first (subtracted)")
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--hardware", default="A100-80GB")
-    ap.add_argument(
-        "--two-processes", action="store_true", help="also sweep the mux arm with 2 scheduler processes"
-    )
+    ap.add_argument("--two-processes", action="store_true", help="also sweep with 2 scheduler processes")
     ap.add_argument("--quick", action="store_true", help="CI size: 3 s steps, rates 20 and 60")
     args = ap.parse_args()
     if args.quick:
@@ -390,18 +361,9 @@ def main() -> int:
     }
 
     def write() -> None:
-        report["ratios"] = {
-            "scheduler CPU per 1-token request": ratio(steps, 1, "scheduler_cpu_ms_per_req"),
-            "scheduler CPU per relayed token (64-token streams)": ratio(
-                steps, 64, "scheduler_cpu_us_per_token"
-            ),
-            "scheduler CPU per 16-token request (sweep mean)": ratio(steps, 16, "scheduler_cpu_ms_per_req"),
-        }
         report["sustained"] = {
-            f"{arm} ({n} proc)": sustained(
-                [r for r in steps if r["tokens"] == 16 and r["arm"] == arm and r["schedulers"] == n]
-            )
-            for arm, n in (("per-request", 1), ("mux", 1), ("mux", 2))
+            f"{n} scheduler proc": sustained([r for r in steps if r["tokens"] == 16 and r["schedulers"] == n])
+            for n in (1, 2)
         }
         (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         (args.out / "report.md").write_text(markdown(report))
@@ -411,15 +373,16 @@ def main() -> int:
         time.sleep(3)
         report["idle_cpu_per_s"] = cluster.measure_idle(args.idle_s)
         plan = [(1, args.rate_1tok), (64, args.rate_64tok), *[(16, r) for r in args.rates]]
-        for i, (tokens, rate) in enumerate(plan):
-            for arm in ARMS if i % 2 == 0 else ARMS[::-1]:
-                r = run_step(cluster, arm, [arm], rate, tokens, args.step_s, args.generators)
-                steps.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
-                write()
+        for tokens, rate in plan:
+            r = run_step(cluster, ["scheduler"], rate, tokens, args.step_s, args.generators)
+            steps.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
+            write()
         if args.two_processes:
             for rate in args.rates:
-                r = run_step(cluster, "mux", ["mux", "mux-2"], rate, 16, args.step_s, max(2, args.generators))
+                r = run_step(
+                    cluster, ["scheduler", "scheduler-2"], rate, 16, args.step_s, max(2, args.generators)
+                )
                 steps.append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
                 write()

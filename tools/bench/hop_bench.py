@@ -201,7 +201,7 @@ async def run_bench(
     await wait_routed(engine, scheduler, MODEL, SERVICE)
     if http:
         await wait_http(http)
-    paths = Paths(engine, scheduler, http, args.concurrency, multiplex=not args.per_request)
+    paths = Paths(engine, scheduler, http, args.concurrency)
     names = [p for p in ALL_PATHS if p in args.paths]
     send = {p: getattr(paths, p) for p in names}
     scenarios = [(mode, t) for mode in ("sequential", "concurrent") for t in args.tokens]
@@ -285,12 +285,6 @@ def _parser() -> argparse.ArgumentParser:
         "as after 10 minutes of service (it keeps up to 10,000 finished requests for 10 min); 0: fresh",
     )
     ap.add_argument(
-        "--per-request",
-        action="store_true",
-        help="the data path before issue 23: SDK Submit and scheduler Generate calls per request, the "
-        "engine's 5 ms stream interval (default: the multiplexed calls, no interval)",
-    )
-    ap.add_argument(
         "--scheduler-args", default="", help="extra scheduler flags, one string (e.g. '--predict always')"
     )
     ap.add_argument(
@@ -344,9 +338,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     scheduler_args = args.scheduler_args.split()
     engine_args: list[str] = []
-    if args.per_request:  # the data path before issue 23: a call per request, the 5 ms stream interval
-        scheduler_args += ["--engine-path", "per-request"]
-        engine_args += ["--stream-interval-s", "0.005"]
     t0 = time.monotonic()
     load_before = load_average()
     result = _measure(ap, args, scheduler_args, engine_args)

@@ -23,16 +23,14 @@ def _ttft(what: str, t0: float, first: float | None, n: int, max_tokens: int) ->
 class Paths:
     """The ways to send one request; each returns its client-side TTFT in seconds."""
 
-    def __init__(
-        self, engine: str, scheduler: str, http: str = "", width: int = 100, multiplex: bool = True
-    ) -> None:
+    def __init__(self, engine: str, scheduler: str, http: str = "", width: int = 100) -> None:
         from llmfleet.api.v1 import engine_pb2_grpc
         from llmfleet.client import AsyncClient
         from llmfleet.rpc.channels import open_channel
 
         self._engine_channel = open_channel(engine)
         self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
-        self._client = AsyncClient(scheduler, timeout_s=60, multiplex=multiplex)
+        self._client = AsyncClient(scheduler, timeout_s=60)
         self._http = None
         self._openai = None
         if http:

@@ -28,9 +28,8 @@ from llmfleet.client.resume import StreamResumer
 from llmfleet.client.retry import Backoff, remaining, unaccepted
 from llmfleet.client.types import Chunk, Completion, ServiceInfo, Usage, usage_from_chunk
 from llmfleet.rpc.channels import open_channel
-from llmfleet.rpc.mux import MuxLink, MuxStream, rpc_error
+from llmfleet.rpc.mux import SUBMIT_MANY, MuxLink, MuxStream
 from llmfleet.security import SecuritySettings
-from llmfleet.telemetry import tracing_enabled
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SPREAD_SKIP_S = 5.0  # spread: how long a replica that failed is left out
@@ -106,7 +105,7 @@ class GenerateStream:
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self._gen: AsyncGenerator[Chunk, None] | None = None
-        self._call: grpc.aio.UnaryStreamCall | MuxStream | None = None
+        self._call: MuxStream | None = None
         self._address: str | None = None  # the replica of the current attempt
 
     @property
@@ -205,9 +204,6 @@ class GenerateStream:
                     self._token_ids.extend(chunk.token_ids)
                     yield chunk
         except grpc.aio.AioRpcError as e:
-            if type(call) is MuxStream and e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._client.multiplex = False  # a scheduler without SubmitMany: a call per request
-                raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{e.details()}; retrying with Submit") from None
             if self.usage is None:  # an error after the final chunk changes nothing for the caller
                 raise unaccepted(e, received) from None
         finally:
@@ -240,8 +236,8 @@ class AsyncClient:
     resumed on the next one with the same request id and the tokens already received, so its tokens
     arrive exactly once.
 
-    ``multiplex`` (default): every stream to a replica rides one ``SubmitMany`` call (tokens in
-    batches; docs/architecture.md, the data path); off, or while tracing is on, a ``Submit`` call each.
+    Every stream to a replica rides one ``SubmitMany`` call (tokens in batches; docs/architecture.md,
+    the data path); while tracing is on, each stream has its own span in its request's trace.
     ``spread``: requests go round-robin over all the replicas (several scheduler processes share the
     load) instead of to one; a replica that fails is left out for a few seconds.
     """
@@ -257,7 +253,6 @@ class AsyncClient:
         api_key: str | None = None,
         tls_ca: str | None = None,
         tls: bool = False,
-        multiplex: bool = True,
         spread: bool = False,
     ) -> None:
         if retries < 0:
@@ -274,9 +269,7 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: scheduler_pb2_grpc.SchedulerStub | None = None
         self._retired: list[grpc.aio.Channel] = []  # channels to replicas we failed over from
-        # streams on one SubmitMany call per replica (llmfleet.rpc.mux); off: a Submit call each
-        # (also while tracing is on, so each request keeps its own span)
-        self.multiplex = multiplex
+        # every stream to a replica rides one SubmitMany call (llmfleet.rpc.mux)
         self._links: dict[str, MuxLink] = {}
         self._retired_links: list[MuxLink] = []
         # spread: requests go round-robin over every replica (one SubmitMany call each) instead of
@@ -421,17 +414,18 @@ class AsyncClient:
 
     def _open_submit(
         self, request: scheduler_pb2.SubmitRequest, timeout: float | None
-    ) -> tuple[grpc.aio.UnaryStreamCall | MuxStream, str]:
-        """Start ``request`` on a replica (the current one, or the next with ``spread``): on its
-        SubmitMany call, or as a Submit call. Returns the call and the replica's address."""
-        if not self.multiplex or tracing_enabled():
-            return self._scheduler().Submit(request, timeout=timeout), self.address
+    ) -> tuple[MuxStream, str]:
+        """Start ``request`` on a replica (the current one, or the next with ``spread``) on its
+        SubmitMany call. Returns the stream and the replica's address."""
         address = self._next_replica() if self.spread and len(self.addresses) > 1 else self.address
         link = self._links.get(address)
         if link is None:
             stub = self._stub_at(address)
             link = self._links[address] = MuxLink(
-                lambda: stub.SubmitMany(), scheduler_pb2.SubmitCommands, name=f"scheduler {address}"
+                lambda: stub.SubmitMany(),
+                scheduler_pb2.SubmitCommands,
+                SUBMIT_MANY,
+                name=f"scheduler {address}",
             )
         return link.open(request.request_id, request, timeout), address
 

@@ -26,7 +26,7 @@ from types import TracebackType
 import grpc
 
 from llmfleet.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmfleet.rpc.mux import PUSHBACK, StreamRefused, from_iterator, serve_many
+from llmfleet.rpc.mux import SUBMIT_MANY, from_servicer, serve_many
 from llmfleet.rpc.server import GrpcServer, service_name
 
 BASE_TOKEN_ID = 1000
@@ -57,14 +57,6 @@ def fake_completion(prompt: str, n: int) -> list[tuple[int, str]]:
     """The (token id, text) pairs the fake produces for ``prompt`` (before stop strings)."""
     words = prompt.split() or ["tok"]
     return [(BASE_TOKEN_ID + i, f" {words[i % len(words)]}{i}") for i in range(n)]
-
-
-class _StreamContext:
-    """What ``Submit`` needs of a servicer context, for one stream of a multiplexed call."""
-
-    async def abort(self, code: grpc.StatusCode, details: str, trailing: tuple = ()) -> None:
-        pushback = dict(trailing).get(PUSHBACK)
-        raise StreamRefused(code, details, int(pushback) / 1000 if pushback else None)
 
 
 @dataclass
@@ -178,9 +170,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self, request_iterator: AsyncIterator[scheduler_pb2.SubmitCommands], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.ChunkBatch]:
         """Submit's answers multiplexed (``llmfleet.rpc.mux``): each stream's abort ends that stream."""
-        async for batch in serve_many(
-            request_iterator, from_iterator(lambda req, _t: self.Submit(req, _StreamContext()))
-        ):
+        async for batch in serve_many(request_iterator, from_servicer(self.Submit), method=SUBMIT_MANY):
             yield batch
 
     @staticmethod

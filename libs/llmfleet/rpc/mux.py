@@ -1,4 +1,4 @@
-"""Multiplexed token streams: many requests' streams on one gRPC call (issue 23).
+"""Multiplexed token streams: many requests' streams on one gRPC call.
 
 A per-request server-streaming call costs a call set-up and one message per token on each side; in
 grpc's asyncio stack that is about 0.1 ms of CPU per message and more per call. ``SubmitMany``
@@ -27,16 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry.trace import Span
 
-from llmfleet.api.v1 import common_pb2
+from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2
+from llmfleet.telemetry.streams import client_span, end_span, server_span
 
 log = logging.getLogger(__name__)
+
+# the multiplexed methods' full names (their streams' span names)
+GENERATE_MANY = f"/{engine_pb2.DESCRIPTOR.services_by_name['Engine'].full_name}/GenerateMany"
+SUBMIT_MANY = f"/{scheduler_pb2.DESCRIPTOR.services_by_name['Scheduler'].full_name}/SubmitMany"
 
 UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
 PUSHBACK = "grpc-retry-pushback-ms"
@@ -77,7 +84,7 @@ class MuxStream:
     """One request's chunks on a :class:`MuxLink`: iterate it like a unary-stream call's response."""
 
     __slots__ = (
-        "_error", "_finished", "_items", "_link", "_timer", "_waiter", "on_chunk", "request_id",
+        "_error", "_finished", "_items", "_link", "_span", "_timer", "_waiter", "on_chunk", "request_id",
     )  # fmt: skip
 
     def __init__(self, link: MuxLink, request_id: str) -> None:
@@ -88,6 +95,7 @@ class MuxStream:
         self._error: BaseException | None = None
         self._finished = False  # the final chunk arrived
         self._timer: asyncio.TimerHandle | None = None
+        self._span: Span | None = None  # the stream's client span while tracing is on
         # set: chunks before the final one go to this callback as they arrive (on the link's reader,
         # no wake-up of the consumer per chunk); iteration then yields only the final chunk
         self.on_chunk: Callable[[common_pb2.TokenChunk], None] | None = None
@@ -118,6 +126,9 @@ class MuxStream:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._span is not None:
+            end_span(self._span, self._error)
+            self._span = None
 
     def _wake(self) -> None:
         w = self._waiter
@@ -171,11 +182,17 @@ class _Call(Protocol):
 class MuxLink:
     """The caller's end of one multiplexed call. ``open_call()`` starts the call (e.g.
     ``stub.GenerateMany``); ``commands`` is its request message type (``GenerateCommands`` or
-    ``SubmitCommands``: ``start`` entries with ``request`` and ``timeout_s``, and ``cancel`` ids)."""
+    ``SubmitCommands``: ``start`` entries with ``request``, ``timeout_s`` and ``trace_context``, and
+    ``cancel`` ids); ``method`` is the call's full method name, each stream's span name.
 
-    def __init__(self, open_call: Callable[[], _Call], commands: type, name: str = "") -> None:
+    The call serves every request of the link, so it is opened outside any request's context: its
+    own span (tracing's gRPC interceptor) belongs to no request's trace, while each stream has its own
+    client span in the trace of the request that opened it (:mod:`llmfleet.telemetry.streams`)."""
+
+    def __init__(self, open_call: Callable[[], _Call], commands: type, method: str, name: str = "") -> None:
         self._open_call = open_call
         self._commands = commands
+        self.method = method
         self.name = name
         self.streams: dict[str, MuxStream] = {}
         self._call: _Call | None = None
@@ -202,7 +219,8 @@ class MuxLink:
         self.streams[request_id] = stream
         if timeout_s is not None:
             stream._timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), stream._expire)
-        self._pending.start.add(request=request, timeout_s=timeout_s or 0.0)
+        stream._span, carrier = client_span(self.method, request_id)
+        self._pending.start.add(request=request, timeout_s=timeout_s or 0.0, trace_context=carrier)
         self._has_pending = True
         self._ensure_call()
         self._wake_writer()
@@ -231,11 +249,12 @@ class MuxLink:
     def _ensure_call(self) -> None:
         if self._call is not None:
             return
-        call = self._call = self._open_call()
+        detached = contextvars.Context()  # no request's span is current in the call or its tasks
+        call = self._call = detached.run(self._open_call)
         self.calls_opened += 1
         self._tasks = [
-            asyncio.create_task(self._write(call), name=f"mux-write-{self.name}"),
-            asyncio.create_task(self._read(call), name=f"mux-read-{self.name}"),
+            asyncio.create_task(self._write(call), name=f"mux-write-{self.name}", context=detached),
+            asyncio.create_task(self._read(call), name=f"mux-read-{self.name}", context=detached),
         ]
 
     async def _write(self, call: _Call) -> None:
@@ -314,14 +333,30 @@ def from_iterator(chunks: Callable[[Any, float | None], AsyncIterator[common_pb2
     return run
 
 
+class _StreamContext:
+    """What a per-request servicer method needs of its context, for one stream of a multiplexed call:
+    ``abort`` ends the stream (not the call) with that status and retry pushback."""
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing: tuple = ()) -> None:
+        pushback = dict(trailing).get(PUSHBACK)
+        raise StreamRefused(code, details, int(pushback) / 1000 if pushback else None)
+
+
+def from_servicer(method: Callable[[Any, Any], AsyncIterator[common_pb2.TokenChunk]]) -> Handler:
+    """A :data:`Handler` from a unary-stream servicer method (``method(request, context)``, e.g. a
+    test double's ``Generate``): its ``context.abort`` ends the stream with that status."""
+    return from_iterator(lambda request, _timeout: method(request, _StreamContext()))
+
+
 class _ServerCall:
     """The server's state of one multiplexed call: a pump task per started stream, and the chunks
     and stream ends waiting to go out in the next batch."""
 
-    def __init__(self, handler: Handler, name: str) -> None:
+    def __init__(self, handler: Handler, name: str, method: str) -> None:
         self.loop = asyncio.get_running_loop()
         self.handler = handler
         self.name = name
+        self.method = method
         self.chunks: list[common_pb2.TokenChunk] = []
         self.errors: list[common_pb2.StreamEnd] = []
         self.pumps: dict[str, asyncio.Task] = {}
@@ -350,14 +385,16 @@ class _ServerCall:
         )
         self.wake()
 
-    async def pump(self, rid: str, request: Any, timeout_s: float) -> None:
-        """Run the handler of one stream; how it ends becomes that stream's end."""
+    async def pump(self, rid: str, request: Any, timeout_s: float, carrier: Mapping[str, str]) -> None:
+        """Run the handler of one stream (in its server span when the caller sent a trace context);
+        how it ends becomes that stream's end."""
         try:
-            if timeout_s > 0:
-                async with asyncio.timeout(timeout_s):
-                    await self.handler(request, timeout_s, self.emit)
-            else:
-                await self.handler(request, None, self.emit)
+            with server_span(self.method, rid, carrier):
+                if timeout_s > 0:
+                    async with asyncio.timeout(timeout_s):
+                        await self.handler(request, timeout_s, self.emit)
+                else:
+                    await self.handler(request, None, self.emit)
         except StreamRefused as e:
             self.refuse(rid, e.code, e.details, e.retry_after_s)
         except TimeoutError:
@@ -372,13 +409,13 @@ class _ServerCall:
                 del self.pumps[rid]
             self.wake()
 
-    def start(self, rid: str, request: Any, timeout_s: float) -> None:
+    def start(self, rid: str, request: Any, timeout_s: float, carrier: Mapping[str, str]) -> None:
         if not rid:  # its chunks could not be told from another stream's
             self.refuse(rid, grpc.StatusCode.INVALID_ARGUMENT, "start.request.request_id: must not be empty")
         elif rid in self.pumps:
             self.refuse(rid, grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is already open on this call")
         else:
-            self.pumps[rid] = self.loop.create_task(self.pump(rid, request, timeout_s))
+            self.pumps[rid] = self.loop.create_task(self.pump(rid, request, timeout_s, carrier))
 
     async def read(self, commands: AsyncIterator[Any]) -> None:
         """Start and cancel streams as the caller's commands say, until it stops sending."""
@@ -386,7 +423,7 @@ class _ServerCall:
             async for msg in commands:
                 # starts first: a stream stopped before its start was written comes in one message
                 for start in msg.start:
-                    self.start(start.request.request_id, start.request, start.timeout_s)
+                    self.start(start.request.request_id, start.request, start.timeout_s, start.trace_context)
                 for rid in msg.cancel:
                     task = self.pumps.pop(rid, None)
                     if task is not None:
@@ -397,14 +434,14 @@ class _ServerCall:
 
 
 async def serve_many(
-    commands: AsyncIterator[Any], handler: Handler, *, name: str = "mux"
+    commands: AsyncIterator[Any], handler: Handler, *, method: str, name: str = "mux"
 ) -> AsyncIterator[common_pb2.ChunkBatch]:
-    """The server's end of a multiplexed call: for every ``start`` in ``commands`` run
-    ``handler(request, timeout_s, emit)`` (what it emits goes out in batches; ``StreamRefused`` ends
-    the stream with a status; past ``timeout_s`` DEADLINE_EXCEEDED); a ``cancel`` stops the handler as
-    a cancelled call would. Ends when the caller has stopped sending and every handler is done; the
-    caller going away cancels them all."""
-    call = _ServerCall(handler, name)
+    """The server's end of a multiplexed call (``method``: its full name, each stream's span name):
+    for every ``start`` in ``commands`` run ``handler(request, timeout_s, emit)`` (what it emits goes
+    out in batches; ``StreamRefused`` ends the stream with a status; past ``timeout_s``
+    DEADLINE_EXCEEDED); a ``cancel`` stops the handler as a cancelled call would. Ends when the caller
+    has stopped sending and every handler is done; the caller going away cancels them all."""
+    call = _ServerCall(handler, name, method)
     reader = call.loop.create_task(call.read(commands), name=f"{name}-commands")
     try:
         while True:

@@ -2,7 +2,8 @@
 
 Tracing is on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (spans go to that collector over OTLP/gRPC)
 or when a caller passes its own exporter (tests use the in-memory exporter). The gRPC server and
-client interceptors propagate W3C trace context in call metadata, so SDK -> scheduler -> engine
+client interceptors propagate W3C trace context in unary calls' metadata, and each stream of a
+multiplexed call carries its own (``llmfleet.telemetry.streams``), so SDK -> scheduler -> engine
 spans share one trace id.
 """
 
@@ -51,8 +52,8 @@ def setup_tracing(service_name: str, exporter: SpanExporter | None = None) -> Tr
 
 
 def reset_tracing() -> None:
-    """Uninstall the global TracerProvider (tests: one test's tracing must not switch later tests'
-    clients to the per-request path, see ``llmfleet.rpc.mux``)."""
+    """Uninstall the global TracerProvider (tests: one test's tracing must not make later tests
+    record spans)."""
     global _configured
     from opentelemetry.util._once import Once
 

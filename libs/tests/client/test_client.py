@@ -406,6 +406,3 @@ async def test_multiplexed_streams_share_one_call_and_spread_goes_round_robin(se
         assert all(c.usage.completion_tokens == 3 for c in done)
         assert len(a.submits) == len(b.submits) == 4
         assert all(link.calls_opened == 1 for link in client._links.values()) and len(client._links) == 2
-    async with AsyncClient(await serve(FakeScheduler()), multiplex=False) as client:
-        assert (await client.complete("x", service="chat", max_tokens=2)).usage.completion_tokens == 2
-        assert client._links == {}

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
-from llmfleet.rpc.mux import PUSHBACK, MuxLink, StreamRefused, serve_many
+from llmfleet.rpc.mux import GENERATE_MANY, PUSHBACK, MuxLink, StreamRefused, serve_many
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import SecuritySettings
 
@@ -24,7 +24,7 @@ class Tokens(engine_pb2_grpc.EngineServicer):
         self.batches: list[int] = []  # chunks per batch written
 
     async def GenerateMany(self, request_iterator, context):
-        async for batch in serve_many(request_iterator, self.run, name="test"):
+        async for batch in serve_many(request_iterator, self.run, method=GENERATE_MANY, name="test"):
             self.batches.append(len(batch.chunks))
             yield batch
 
@@ -64,7 +64,7 @@ async def setup():
     server = await serve(servicer)
     channel = open_channel(server.address, SecuritySettings())
     stub = engine_pb2_grpc.EngineStub(channel)
-    link = MuxLink(lambda: stub.GenerateMany(), engine_pb2.GenerateCommands, name="test")
+    link = MuxLink(lambda: stub.GenerateMany(), engine_pb2.GenerateCommands, GENERATE_MANY, name="test")
     yield servicer, server, link
     await link.close()
     await channel.close()

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-from llmfleet.rpc.mux import Emit, StreamRefused, serve_many
+from llmfleet.rpc.mux import GENERATE_MANY, Emit, StreamRefused, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
@@ -205,7 +205,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         async def run(request: engine_pb2.GenerateRequest, _timeout: float | None, emit: Emit) -> None:
             await self.generate_into(request, emit)
 
-        async for batch in serve_many(request_iterator, run, name="GenerateMany"):
+        async for batch in serve_many(request_iterator, run, method=GENERATE_MANY, name="GenerateMany"):
             yield batch
 
     async def generate_chunks(

@@ -20,12 +20,11 @@ from llmfleet.rpc.cli_args import etcd_settings
 from llmfleet.rpc.node import ServiceNode
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
-from llmfleet.telemetry import tracing_enabled
 
 from llmfleet_scheduler.admission import Admission
 from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
-from llmfleet_scheduler.engine_links import MUX, EngineLinks
+from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.rebalance import LiveRebalance, QueuedMoves
@@ -119,14 +118,13 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     relay = Relay(
         directory,
         router,
+        EngineLinks(directory),
         predictions,
         max_attempts=args.max_attempts,
         predict_mode=args.predict,
         stats=stats,
         central=central,
         gate=gate,
-        # tracing keeps a call per request: each request's engine span stays in its own trace
-        links=EngineLinks(directory) if args.engine_path == MUX and not tracing_enabled() else None,
     )
     servicer = SchedulerServicer(
         directory,
@@ -259,8 +257,7 @@ def add_http(node: ServiceNode, args: argparse.Namespace, servicer: SchedulerSer
 def add_stops(node: ServiceNode, parts: SchedulerParts) -> None:
     """Shutdown hooks, in order: the servicer, the engine links, the last observations, the directory."""
     node.on_stop.append(parts.servicer.close)
-    if parts.relay.links is not None:
-        node.on_stop.append(parts.relay.links.close)
+    node.on_stop.append(parts.relay.links.close)
     if parts.relay.observations is not None:
         node.on_stop.append(parts.relay.observations.close)  # send the last batch before the channels close
     node.on_stop.append(parts.directory.close)

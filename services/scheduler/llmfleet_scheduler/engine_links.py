@@ -1,18 +1,15 @@
 """The scheduler's data path to engines: one multiplexed ``GenerateMany`` call per engine
-(``llmfleet.rpc.mux``) instead of a ``Generate`` call per request (``--engine-path per-request``)."""
+(``llmfleet.rpc.mux``) carries every request the scheduler sends there, each stream with its own span
+while tracing is on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-from llmfleet.rpc.mux import MuxLink, MuxStream
+from llmfleet.rpc.mux import GENERATE_MANY, MuxLink, MuxStream
 
 from llmfleet_scheduler.directory import ClusterDirectory
-
-MUX = "mux"
-PER_REQUEST = "per-request"
-PATHS = (MUX, PER_REQUEST)
 
 
 @dataclass
@@ -31,6 +28,7 @@ class EngineLinks:
                     wait_for_ready=False
                 ),
                 engine_pb2.GenerateCommands,
+                GENERATE_MANY,
                 name=f"engine {address}",
             )
         return link.open(req.request_id, req, timeout_s)

@@ -11,7 +11,6 @@ from llmfleet.rpc.cli_args import json_object
 from llmfleet.spec import defaults
 
 from llmfleet_scheduler.admission import DEFAULT_MAX_QUEUED_TOKENS, DEFAULT_MAX_WAITING
-from llmfleet_scheduler.engine_links import MUX, PATHS
 
 
 def positive(text: str) -> int:
@@ -34,13 +33,6 @@ def add_dispatch_flags(ap: argparse.ArgumentParser) -> None:
         "power_of_two); services whose config names their own dispatch get theirs without options",
     )
     g.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on failure")
-    g.add_argument(
-        "--engine-path",
-        choices=PATHS,
-        default=MUX,
-        help="mux: every request to an engine on one multiplexed GenerateMany call, tokens in batches; "
-        "per-request: a Generate call per request (the path before issue 23; always used with tracing on)",
-    )
     g.add_argument("--hardware", default="cpu", help="catalog hardware of the engines (cost-model policies)")
     g.add_argument(
         "--rebalance-interval-s",

@@ -24,12 +24,21 @@ class SubmitRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., service: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class SubmitStart(_message.Message):
-    __slots__ = ("request", "timeout_s")
+    __slots__ = ("request", "timeout_s", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request: SubmitRequest
     timeout_s: float
-    def __init__(self, request: _Optional[_Union[SubmitRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, request: _Optional[_Union[SubmitRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SubmitCommands(_message.Message):
     __slots__ = ("start", "cancel")
