@@ -1,4 +1,4 @@
-"""The fleet layer's policies on emulated fleets at CI size (issue 22's fleet runs; full sizes are
+"""The fleet layer's policies on emulated fleets at CI size (full sizes are
 ``make bench-fleet``): each fleet is ``llmfleet up --emulate`` as a user starts it, and each run is an
 ``llmfleet load --trace`` replay whose report is read back.
 

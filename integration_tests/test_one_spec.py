@@ -1,6 +1,6 @@
 """One cluster file, two sides: the flags ``llmfleet up`` gives each live service, parsed by that
 service's own parser, build the same policies with the same options as ``llmfleet sim
---cluster-config`` reads from the same file (issue 25)."""
+--cluster-config`` reads from the same file."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Requests wait for capacity (issue 26) on a real cluster: etcd, a scheduler with its defaults
+"""Requests wait for capacity on a real cluster: etcd, a scheduler with its defaults
 (late binding, cold starts held, ready = servable), the aladdin planner with a long interval (30 s,
 so only the scheduler's wake-up can place a new model quickly), three CPU engines.
 

@@ -1,4 +1,4 @@
-"""Microbenchmark: one Aladdin best-fit placement decision (goal from issue 6: p99 ≤ 1 ms, one core).
+"""Microbenchmark: one Aladdin best-fit placement decision (goal: p99 ≤ 1 ms, one core).
 
 Setup: ``--engines`` workers (default 1,000) of one model (default LLaMA2-7B, roofline on one
 A100-80GB, Table 2 SLOs 0.4 s / 15 ms), Poisson arrivals at ``--rate`` req/s (default 2,000) with

@@ -1,8 +1,8 @@
-"""Requests wait for capacity (issue 26), each scenario against today's behaviour in the same run
+"""Requests wait for capacity, each scenario against a scheduler that does not wait in the same run
 (``make bench-burst``): .bench/burst/ (report.json, report.md, PNGs).
 
-"Today" is the scheduler before issue 26, still selectable: ``scheduler: {binding: early, cold_start:
-false, ready_when: started}`` in the cluster config and ``llmfleet up --ready-timeout 0``. "New" is
+The arm "today" is a scheduler that does not wait: ``scheduler: {binding: early, cold_start: false,
+ready_when: started}`` in the cluster config and ``llmfleet up --ready-timeout 0``. The arm "new" is
 the shipped default (late binding, cold starts held, ready = servable). Both arms run the shipped
 ``deploy/local/cluster.yaml`` (aladdin placement every 5 s, three CPU engines), changing only that.
 

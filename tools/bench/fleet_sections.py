@@ -1,4 +1,4 @@
-"""The fleet-scale live runs of ``make bench-fleet`` beside the start-up and replay sections (issue 22):
+"""The fleet-scale live runs of ``make bench-fleet`` beside the start-up and replay sections:
 
 * ``scaling`` — Aladdin scaling (``aladdin-scaling``: Eq. 6–7 worker count, JSQ, FCFS, planning every
   10 s over 10 s) on 16 emulated A100-80GB serving ``chat`` (Llama-2-7B), on a 4× rate step: the conv

@@ -1,4 +1,4 @@
-"""Fleet placement benchmark (issue 12, ``make bench-placement``): JSON + markdown + PNG under --out.
+"""Fleet placement benchmark (``make bench-placement``): JSON + markdown + PNG under --out.
 
 Sections (setups mirror the papers; nothing here is tuned to reach a goal):
 

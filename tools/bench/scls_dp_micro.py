@@ -1,4 +1,4 @@
-"""Microbenchmark: the SCLS DP batcher on 1,000 queued requests (goal from issue 6: ≤ 50 ms).
+"""Microbenchmark: the SCLS DP batcher on 1,000 queued requests (goal: ≤ 50 ms).
 
 Cost model: roofline-fitted SCLS forms of LLaMA2-13B on one A100-80GB (the paper's setting), S = 128.
 Prompt lengths uniform in [1, 1024] (the paper's maximum input). Memory: KV of 819,200 B/token,

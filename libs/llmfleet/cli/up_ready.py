@@ -1,4 +1,4 @@
-"""``llmfleet up`` waits until the cluster is servable (issue 26): after every process answers gRPC
+"""``llmfleet up`` waits until the cluster is servable: after every process answers gRPC
 health, the scheduler's readiness (health of ``llmfleet.v1.Scheduler``: every service not marked
 ``scale_to_zero`` has an engine with its model loaded) must say SERVING before "llmfleet is up" is
 printed. Meanwhile the services still waiting for an engine are shown (``ListServices``). A scheduler

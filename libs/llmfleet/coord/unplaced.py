@@ -1,6 +1,6 @@
 """``placement_unplaced``: the models the placement leader will not place, and why, for the schedulers.
 
-A request for a model no engine hosts waits while placement loads it (scale from zero, issue 26). When
+A request for a model no engine hosts waits while placement loads it (scale from zero). When
 the leader knows it never will — the static policy lists the model on no engine, or a planner left the
 service out (its model is undeclared, or has no cost-model catalog name) — waiting is pointless: the
 leader writes ``{prefix}/placement_unplaced`` (model -> reason, fenced by its leader lease) whenever

@@ -94,7 +94,7 @@ class SchedulerMetrics:
             registry=registry,
         )
 
-        # requests held in the scheduler for capacity (issue 26): reason cold = no engine hosts the
+        # requests held in the scheduler for capacity: reason cold = no engine hosts the
         # model yet (scale from zero), saturated = every engine hosting it is full (late binding)
         self.held = Gauge(
             "llmfleet_scheduler_held",

@@ -1,4 +1,4 @@
-"""Arrivals waiting for capacity, as in the live scheduler (issue 26, ``llmfleet.policies.capacity``); a
+"""Arrivals waiting for capacity, as in the live scheduler (``llmfleet.policies.capacity``); a
 part of :class:`~llmfleet.sim.fleet.Fleet`.
 
 A request for a model no instance serves waits when some instance is loading it; else, with a placement

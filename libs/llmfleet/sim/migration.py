@@ -278,7 +278,7 @@ class RebalanceLoop:
 
 @dataclass
 class QueueMoveLoop:
-    """Issue 26's alternative to late binding, as the live scheduler's ``--move-queued``: every
+    """The alternative to late binding, as the live scheduler's ``--move-queued``: every
     ``epoch_s`` the requests not started on instances past their room move to instances of the same
     model with room (``llmfleet.policies.capacity.queue_moves``), at once (no KV travels)."""
 

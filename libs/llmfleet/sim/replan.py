@@ -17,7 +17,7 @@ Every interval a :class:`PlacementLoop` tick
    ValueError: an instance that would not hold its models) keeps the plan in force and logs the error,
    and ``confirm_intervals`` > 1 applies a changed plan only once proposed that many ticks in a row.
 
-Requests that wait count as demand, as in the live leader (issue 26): each service's requests not
+Requests that wait count as demand, as in the live leader: each service's requests not
 started at the tick (waiting for capacity in the simulator, or queued on an instance) are added to its
 rate by :func:`~llmfleet.policies.placement.backlog.with_backlog` (served within one interval). A
 request for a model no instance serves, or the first request held because every instance of its model

@@ -315,7 +315,7 @@ class _Loops:
                     self.migration.policy.view
                 )  # arrivals go where Allocate would put them
             self.migration.install(sim)
-        if policy.capacity.move_queued:  # issue 26's alternative to late binding, any dispatch policy
+        if policy.capacity.move_queued:  # the alternative to late binding, any dispatch policy
             self.queue_moves = QueueMoveLoop(policy.capacity.saturation(), mig.epoch_s)
             self.queue_moves.install(sim)
         if isinstance(sim.dispatch, Rebalancer):  # Aladdin Algorithm 2, each epoch

@@ -1,4 +1,4 @@
-"""The pure capacity policies (issue 26): when an engine has room (late binding), the cold-start
+"""The pure capacity policies: when an engine has room (late binding), the cold-start
 timeout, a model too large for every engine, the hold queue's order, and queues counted as demand."""
 
 from __future__ import annotations

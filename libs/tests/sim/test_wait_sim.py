@@ -1,4 +1,4 @@
-"""Requests wait for capacity in the simulator as in the live scheduler (issue 26): a request for a
+"""Requests wait for capacity in the simulator as in the live scheduler: a request for a
 model no instance serves wakes the placement loop and is served once the model loads (or fails at
 once with cold starts off, or after its cold-start timeout when nothing places it); with late binding
 a burst waits in the scheduler and capacity added later serves part of it, where early binding leaves

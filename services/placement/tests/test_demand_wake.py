@@ -1,4 +1,4 @@
-"""The placement servicer wakes the leader's loop for requests waiting for capacity (issue 26): every
+"""The placement servicer wakes the leader's loop for requests waiting for capacity: every
 report while a service has cold requests (no engine hosts its model), and once when a scheduler starts
 holding a service's requests (every engine saturated), not again while that queue lasts."""
 

@@ -7,7 +7,7 @@ request to the destination as for any migration and records the move with the po
 is skipped (Aladdin never moves a started request); one that starts while the move is under way is
 moved anyway and reported to the policy as an end at the source (the ledger cannot take it as a move).
 
-:class:`QueuedMoves` does the same for any dispatch policy (``--move-queued``, issue 26's alternative to
+:class:`QueuedMoves` does the same for any dispatch policy (``--move-queued``, the alternative to
 late binding): requests queued past an engine's room move to engines with room
 (``llmfleet.policies.capacity.queue_moves``).
 """

@@ -50,7 +50,7 @@ class StatsReporter:
     reports_refused: int = 0
     connects: int = 0
     # per service, right now: (requests not started, of them held here, of those waiting for a model
-    # no engine hosts); sent with every report so the leader counts queues as demand (issue 26)
+    # no engine hosts); sent with every report so the leader counts queues as demand
     backlog: Callable[[], dict[str, tuple[int, int, int]]] | None = None
     _seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     _backoff: float = BACKOFF_START_S

@@ -1,4 +1,4 @@
-"""Simulator fidelity (issue 5): one small workload through the live local cluster and the simulator.
+"""Simulator fidelity: one small workload through the live local cluster and the simulator.
 
     python tools/bench/sim_fidelity --out .bench      # writes sim_fidelity.json and .md
 

@@ -207,7 +207,7 @@ def _headline(report: dict[str, Any]) -> list[str]:
     extra = {f"run {i + 1}": [f"{r[k]:.4g}" for k in keys] for i, r in enumerate(runs)}
     extra["live spread"] = [f"{100 * noise[k]:.1f}%" for k in keys]
     lines = [
-        "# Simulator fidelity (issue 5)",
+        "# Simulator fidelity",
         "",
         f"One CPU engine (`{MODEL}` without EOS, FCFS, max batch {s['max_batch']}, max prefill tokens "
         f"{s['max_prefill_tokens']}, {s['threads']} torch thread) behind the control plane `llmfleet up` "

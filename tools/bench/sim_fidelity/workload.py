@@ -11,7 +11,7 @@ MODEL = "tiny-llama"  # catalog name (llmfleet.costmodel.models) of the engine's
 SERVICE = "fidelity"
 HARDWARE = "cpu"
 ENGINE_ID = "engine-0"
-GOAL = 0.10  # issue 5: live vs sim within 10 %
+GOAL = 0.10  # the goal: live vs sim within 10 %
 # Characters the tiny byte-level BPE tokenizer never merges (absent from its training corpus): a prompt
 # of k of them is exactly k tokens plus <s> (checked against the engine's count in every run).
 PROMPT_ALPHABET = "~^|@#$%&*=`"

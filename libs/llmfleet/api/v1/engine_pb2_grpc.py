@@ -115,7 +115,7 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GenerateMany(self, request_iterator, context):
-        """The same streams multiplexed on one call per scheduler (issue 23: fewer messages per token):
+        """The same streams multiplexed on one call per scheduler (fewer messages per token):
         the caller sends requests to start and streams to stop; each ChunkBatch carries the chunks of
         every request the call started, and per-request errors as the status Generate would end with.
         Stopping a stream, or the call ending, cancels its requests as a cancelled Generate does.

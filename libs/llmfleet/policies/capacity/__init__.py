@@ -1,4 +1,4 @@
-"""Requests that wait for capacity instead of failing (issue 26): when an engine has room for one more
+"""Requests that wait for capacity instead of failing: when an engine has room for one more
 request (late binding), how long a request for a model no engine hosts may wait (scale from zero), and
 the queue that holds them in order. Pure: the scheduler (``llmfleet_scheduler.capacity``) and the
 simulator (``llmfleet.sim``) run the same objects."""

@@ -1,4 +1,4 @@
-"""The alternative to late binding (issue 26): bind early, then every epoch move requests that have
+"""The alternative to late binding: bind early, then every epoch move requests that have
 not started off engines whose queue is past their room, onto engines hosting the same model that have
 room (Llumnix moves queued requests between instances; Aladdin's Algorithm 2 does it for its own
 best fit). Works with any dispatch policy. A not-started request holds no KV: its prompt travels and

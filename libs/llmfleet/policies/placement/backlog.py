@@ -1,4 +1,4 @@
-"""Queued requests count as demand (issue 26): a burst that arrived within one planning interval is
+"""Queued requests count as demand: a burst that arrived within one planning interval is
 a small rate over the monitor's 60 s window, but every one of its requests waits now. A service with
 ``queued`` requests not started is planned for ``rate_rps + queued / drain_s``: the arrival rate
 plus the rate that serves the queue within ``drain_s`` (the planner's interval), so the plan made

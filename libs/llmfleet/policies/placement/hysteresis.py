@@ -3,7 +3,7 @@
 A changed target is applied once the planner proposed the same target ``confirm`` intervals in a row;
 an *urgent* target is applied at once: one that serves a model the state in force leaves unserved (an
 engine died, a new service), or one that only adds engines to models whose requests are held for
-capacity now (:func:`grows_for`: a burst waiting in the schedulers, issue 26). ``confirm = 1`` applies
+capacity now (:func:`grows_for`: a burst waiting in the schedulers). ``confirm = 1`` applies
 every change at once.
 """
 
