@@ -5,7 +5,7 @@ service's own parser, build the same policies with the same options as ``llmflee
 from __future__ import annotations
 
 import argparse
-import warnings
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def _live(path: Path) -> dict[str, Any]:
     mig = migration_parser().parse_args(config.migration.args())
     p = config.placement  # the placement leader reads its section from the cluster file itself
     return {
-        "engine": [_config(make_engine_policy(ns.policy, **ns.policy_options)) for ns in engines],
+        "engine": [_config(make_engine_policy(ns.policy, **ns.options)) for ns in engines],
         "dispatch": _config(make_dispatch_policy(sched.dispatch, **sched.dispatch_options)),
         "capacity": (sched.binding, sched.queue_slack, sched.kv_room_fraction, sched.move_queued),
         "placement": _config(make_placement_policy(p.policy, **p.options)),
@@ -121,24 +121,21 @@ def test_a_changed_option_shows_on_both_sides(cluster_file: Path, tmp_path: Path
     assert _simulated(other)["placement"] != _simulated(cluster_file)["placement"]
 
 
-def test_old_spellings_are_read_with_a_warning(cluster_file: Path, tmp_path: Path) -> None:
-    old = tmp_path / "old.yaml"
-    new_engine = "options: {batch_size: 6, max_iterations: 40, slice_end: recompute}"
-    old_engine = "policy_options: {batch_size: 6, max_iterations: 40, keep_kv: false}"
-    assert new_engine in CLUSTER
-    old.write_text(
-        CLUSTER.replace(new_engine, old_engine).replace("max_tokens: 128", "default_max_tokens: 128")
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        config = ClusterConfig.load(old)
-        live, sim = _live(old), _simulated(old)
-    said = {str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)}
-    assert any("policy_options is deprecated: write options" in m for m in said)
-    assert any("default_max_tokens is deprecated: write max_tokens" in m for m in said)
-    assert any("keep_kv is deprecated" in m for m in said)
-    assert config.services["chat"].max_tokens == 128
-    assert live == sim == _live(cluster_file)  # the old spellings mean what the new ones say
+@pytest.mark.parametrize(
+    ("new", "old", "message"),
+    [
+        ("options: {batch_size: 6", "policy_options: {batch_size: 6", "policy_options was renamed: write options"),
+        ("max_tokens: 128", "default_max_tokens: 128", "default_max_tokens was renamed: write max_tokens"),
+        ("slice_end: recompute}", "keep_kv: false}", "keep_kv was renamed: write slice_end: keep|recompute"),
+        ("tpot_s: 0.1}", "atgt_s: 0.1}", "atgt_s was renamed: write tpot_s"),
+    ],
+)  # fmt: skip
+def test_an_old_spelling_is_an_error_naming_the_new(tmp_path: Path, new: str, old: str, message: str) -> None:
+    path = tmp_path / "old.yaml"
+    assert new in CLUSTER
+    path.write_text(CLUSTER.replace(new, old))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig.load(path)
 
 
 def test_a_cluster_of_engines_that_differ_cannot_be_simulated_as_one(tmp_path: Path) -> None:

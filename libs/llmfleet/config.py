@@ -29,9 +29,9 @@ from llmfleet.spec.live_loops import (
     placement_policy_names,
 )
 from llmfleet.spec.sections import FleetPolicies
-from llmfleet.spec.services import ModelConfig, ServiceConfig, SloConfig
+from llmfleet.spec.services import ModelConfig, ServiceMap, ServiceSpec
 from llmfleet.spec.validation import validation_message
-from llmfleet.types import DesiredPlacement, ModelSpec, ServiceSpec
+from llmfleet.types import DesiredPlacement, ModelSpec
 
 DEFAULT_ETCD = "127.0.0.1:2379"
 DEFAULT_PREFIX = "/llmfleet"
@@ -111,7 +111,7 @@ class ClusterConfig(BaseModel):
 
     model_config = _STRICT
 
-    services: dict[str, ServiceConfig]
+    services: ServiceMap
     models: dict[str, ModelConfig]
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
@@ -206,23 +206,8 @@ class ClusterConfig(BaseModel):
             raise ValueError(f"cluster config {p}: {validation_message(e)}") from None
 
     def service_specs(self) -> list[ServiceSpec]:
-        return [
-            ServiceSpec(
-                name=n,
-                model=s.model,
-                slo=s.slo.to_slo(),
-                priority=s.priority,
-                default_max_tokens=s.max_tokens,
-                dispatch=s.dispatch,
-                dispatch_options=dict(s.dispatch_options),
-                predict=s.predict,
-                max_waiting=s.max_waiting,
-                max_queued_tokens=s.max_queued_tokens,
-                cold_start_timeout_s=s.cold_start_timeout_s,
-                scale_to_zero=s.scale_to_zero,
-            )
-            for n, s in sorted(self.services.items())
-        ]
+        """The service records, by name."""
+        return [s for _, s in sorted(self.services.items())]
 
     def policies(self) -> FleetPolicies:
         """The policy sections this cluster runs, as ``llmfleet sim --cluster-config`` reads them: the
@@ -240,13 +225,11 @@ class ClusterConfig(BaseModel):
                 )
         dispatch = self.scheduler.dispatch
         for name, svc in sorted(self.services.items()):
-            if svc.dispatch and (svc.dispatch, dict(svc.dispatch_options)) != (
-                dispatch.policy,
-                dispatch.options,
-            ):
+            if svc.dispatch is not None and svc.dispatch != dispatch:
                 raise ValueError(
-                    f"the simulator runs one dispatch policy: service {name!r} dispatches by {svc.dispatch!r} "
-                    f"{dict(svc.dispatch_options)}, the schedulers by {dispatch.policy!r} {dispatch.options}"
+                    f"the simulator runs one dispatch policy: service {name!r} dispatches by "
+                    f"{svc.dispatch.policy!r} {svc.dispatch.options}, the schedulers by {dispatch.policy!r} "
+                    f"{dispatch.options}"
                 )
         capacity = self.scheduler.model_dump(exclude={"dispatch", "ready_when"})
         sections = {"placement": self.placement.model_dump(exclude={"hardware", "gpus_per_node"}),
@@ -277,8 +260,7 @@ __all__ = [
     "ModelConfig",
     "PlacementConfig",
     "SchedulerConfig",
-    "ServiceConfig",
-    "SloConfig",
+    "ServiceSpec",
     "placement_policy_names",
     "validation_message",
 ]

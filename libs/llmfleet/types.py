@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
+from llmfleet.spec.renamed import SLO as SLO_READER
+from llmfleet.spec.renamed import refuse_renamed
 
 ENGINE_ROLE = "engine"
 CONTROL_ROLES = ("scheduler", "profiler", "placement", "migration")
@@ -42,7 +43,7 @@ class Slo:
     * ``deadline_s`` — UELLM: end-to-end deadline after arrival (engines' SLO-ODBS/S3 batchers read it).
 
     ``None`` means "not an objective of this service" (the simulator then leaves that paper's
-    attainment out). A live :class:`ServiceSpec` needs ``ttft_s`` and ``tpot_s`` (the scheduler reports
+    attainment out). A live :class:`~llmfleet.spec.services.ServiceSpec` needs ``ttft_s`` and ``tpot_s`` (the scheduler reports
     them and Aladdin dispatch reads them); its default is :data:`DEFAULT_SLO`.
     """
 
@@ -62,76 +63,26 @@ class Slo:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "slo") -> Slo:
-        """From a mapping of :data:`SLO_KEYS` (``atgt_s``, Aladdin's name, is read as ``tpot_s``);
-        unknown keys are an error naming the valid ones."""
+        """From a mapping of :data:`SLO_KEYS`; an unknown key is an error naming the valid ones, an old
+        spelling (Aladdin's ``atgt_s``) one naming the current."""
         if not isinstance(d, Mapping):
-            raise ValueError(f"{where} must be a mapping of {list(SLO_KEYS)}, got {d!r}")
-        d = dict(d)
-        if "atgt_s" in d:
-            if "tpot_s" in d:
-                raise ValueError(f"{where}: give tpot_s or its alias atgt_s, not both")
-            d["tpot_s"] = d.pop("atgt_s")
-        unknown = set(d) - set(SLO_KEYS)
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {list(SLO_KEYS)}")
+            raise ValueError(_at(where, f"must be a mapping of {list(SLO_KEYS)}, got {d!r}"))
         try:
+            refuse_renamed(d, SLO_READER)
+            unknown = set(d) - set(SLO_KEYS)
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)}; valid: {list(SLO_KEYS)}")
             return cls(**d)
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            raise ValueError(_at(where, str(e))) from None
+
+
+def _at(where: str, message: str) -> str:
+    return f"{where}: {message}" if where else message
 
 
 SLO_KEYS: tuple[str, ...] = ("ttft_s", "tpot_s", "latency_scale", "deadline_s")
 DEFAULT_SLO = Slo(ttft_s=5.0, tpot_s=0.5)  # a live service's SLO where its config sets none
-
-
-@dataclass(frozen=True)
-class ServiceSpec:
-    """A service: a model plus its SLO and priority (etcd key ``services/{name}``)."""
-
-    name: str
-    model: str
-    slo: Slo = DEFAULT_SLO
-    priority: int = 0
-    default_max_tokens: int = DEFAULT_MAX_TOKENS  # the service's max_tokens (llmfleet.spec)
-    dispatch: str = ""  # the scheduler's dispatch policy for this service ("" = the scheduler default)
-    # the constructor options of the service's own dispatch policy (the default's come from the
-    # scheduler's --dispatch-options); compared, never hashed
-    dispatch_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    predict: bool = False  # ask the profiler for output lengths even if the dispatch policy does not
-    # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request
-    # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound
-    max_waiting: int = 0  # requests admitted that have no first token yet
-    max_queued_tokens: int = 0  # their estimated prompt tokens + max_tokens
-    # scale from zero: a request for a model no engine hosts waits this long for placement to load it
-    # (0: min(10 x slo.ttft_s, 120 s)); see llmfleet.policies.capacity.cold_start
-    cold_start_timeout_s: float = 0.0
-    # the service may have no engine (scaled to zero): the scheduler is ready without it
-    scale_to_zero: bool = False
-
-    def __post_init__(self) -> None:
-        if self.slo.ttft_s is None or self.slo.tpot_s is None:
-            raise ValueError(f"service {self.name!r}: a live service needs slo.ttft_s and slo.tpot_s")
-
-    @property
-    def deadline_s(self) -> float:
-        """``slo.deadline_s`` in its wire form (``GenerateRequest.deadline_s``): 0 when there is none."""
-        return self.slo.deadline_s or 0.0
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> ServiceSpec:
-        """Reads what any version wrote: older ones kept ``deadline_s`` at the top level (0 = none)
-        and only ``ttft_s``/``tpot_s`` in the SLO; keys this version does not know are ignored (a
-        newer writer during a rolling upgrade)."""
-        d = json.loads(raw)
-        slo = {k: v for k, v in (d.get("slo") or {}).items() if k in SLO_KEYS}
-        legacy_deadline = d.pop("deadline_s", None)
-        if legacy_deadline and "deadline_s" not in slo:
-            slo["deadline_s"] = legacy_deadline
-        d["slo"] = Slo(**{"ttft_s": DEFAULT_SLO.ttft_s, "tpot_s": DEFAULT_SLO.tpot_s, **slo})
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

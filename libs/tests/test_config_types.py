@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 from llmfleet.config import ClusterConfig, EtcdSettings
-from llmfleet.types import DEFAULT_SLO, DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import DEFAULT_SLO, DesiredPlacement, ModelSpec, NodeRecord, Slo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def test_etcd_settings_env(monkeypatch):
 
 
 def test_json_round_trips():
-    spec = ServiceSpec("chat", "m", Slo(1.0, 0.1), priority=2, default_max_tokens=7)
+    spec = ServiceSpec("chat", "m", Slo(1.0, 0.1), priority=2, max_tokens=7)
     assert ServiceSpec.from_json(spec.to_json()) == spec
     node = NodeRecord("e0", "engine", "127.0.0.1:1", models=("a", "b"), pid=3)
     assert NodeRecord.from_json(node.to_json()) == node
@@ -57,12 +58,12 @@ def test_slo_objectives_are_optional_and_validated():
             Slo(**bad)
 
 
-def test_slo_from_dict_names_unknown_keys_and_reads_aladdins_name():
-    assert Slo.from_dict({"atgt_s": 0.1, "ttft_s": 1}) == Slo(ttft_s=1, tpot_s=0.1)
+def test_slo_from_dict_names_unknown_keys_and_the_spelling_of_aladdins_name():
+    assert Slo.from_dict({"tpot_s": 0.1, "ttft_s": 1}) == Slo(ttft_s=1, tpot_s=0.1)
     with pytest.raises(ValueError, match=r"svc: unknown keys \['ttft'\]; valid: \['ttft_s', 'tpot_s'"):
         Slo.from_dict({"ttft": 1}, where="svc")
-    with pytest.raises(ValueError, match="not both"):
-        Slo.from_dict({"atgt_s": 0.1, "tpot_s": 0.1})
+    with pytest.raises(ValueError, match="svc: atgt_s was renamed: write tpot_s"):
+        Slo.from_dict({"atgt_s": 0.1, "ttft_s": 1}, where="svc")
     with pytest.raises(ValueError, match="svc: deadline_s must be a positive number"):
         Slo.from_dict({"deadline_s": 0}, where="svc")
 
@@ -77,15 +78,20 @@ def test_service_spec_keeps_the_deadline_in_its_slo():
         ServiceSpec("s", "m", Slo(deadline_s=3.0))
 
 
-def test_service_spec_reads_json_written_before_the_slo_held_the_deadline():
-    old = {"name": "s", "model": "m", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "priority": 1,
-           "default_max_tokens": 8, "dispatch": "", "deadline_s": 30.0, "predict": True}  # fmt: skip
-    spec = ServiceSpec.from_json(json.dumps(old))
-    assert spec.slo == Slo(2.0, 0.2, deadline_s=30.0) and spec.priority == 1 and spec.predict
-    older = {"name": "s", "model": "m", "slo": {}, "deadline_s": 0.0}  # 0 = no deadline
-    assert ServiceSpec.from_json(json.dumps(older)).slo == DEFAULT_SLO
-    newer = {**old, "slo": {"ttft_s": 2.0, "tpot_s": 0.2, "jitter_s": 1}, "tenant": "x"}  # a newer writer
-    assert ServiceSpec.from_json(json.dumps(newer)).slo == Slo(2.0, 0.2, deadline_s=30.0)
+def test_a_service_record_is_read_with_the_cluster_files_rules():
+    record = {"name": "s", "model": "m", "slo": {"tpot_s": 0.2}, "priority": 1, "predict": True}
+    spec = ServiceSpec.from_json(json.dumps(record))
+    assert spec.slo == Slo(DEFAULT_SLO.ttft_s, 0.2) and spec.priority == 1 and spec.predict
+    assert ServiceSpec.from_json(json.dumps({"name": "s", "model": "m", "slo": {}})).slo == DEFAULT_SLO
+    for old, new in [({"default_max_tokens": 8}, "write max_tokens"),
+                     ({"deadline_s": 30.0}, "write slo: {deadline_s: ...}"),
+                     ({"dispatch_options": {"seed": 7}}, "write dispatch: {policy: NAME, options: {...}}")]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(f"{next(iter(old))} was renamed: {new}")):
+            ServiceSpec.from_json(json.dumps({**record, **old}))
+    with pytest.raises(ValueError, match="tenant"):  # a key no field has
+        ServiceSpec.from_json(json.dumps({**record, "tenant": "x"}))
+    with pytest.raises(ValueError, match="max_tokens"):  # and the Python spelling
+        ServiceSpec("s", "m", default_max_tokens=8)  # type: ignore[call-arg]  # the old name, refused
 
 
 # -- the cluster config: SLOs, engine limits and policy options ----------------------------------------------
@@ -105,7 +111,7 @@ def config(**engine) -> dict:
 
 def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
     cfg = ClusterConfig.load(write(tmp_path, config(
-        policy="static_sls", options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
+        policy="static_sls", options={"batch_size": 8, "max_iterations": 64, "slice_end": "recompute"},
         max_running=16, max_batch_requests=8, max_prefill_tokens=2048, watermark=0.05, block_bytes=4096,
         block_tokens=32,
     )))  # fmt: skip
@@ -114,7 +120,7 @@ def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
                           "watermark": 0.05, "block_tokens": 32, "block_bytes": 4096}  # fmt: skip
     assert e.engine_args() == [
         "--policy", "static_sls",
-        "--policy-options", '{"batch_size": 8, "keep_kv": false, "max_iterations": 64}',
+        "--policy-options", '{"batch_size": 8, "max_iterations": 64, "slice_end": "recompute"}',
         "--max-running", "16", "--max-batch-requests", "8", "--max-prefill-tokens", "2048",
         "--watermark", "0.05", "--block-bytes", "4096",  # block_tokens: the simulator's, no live flag
     ]  # fmt: skip
@@ -134,8 +140,11 @@ def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
          "engines.e0.options: bad options for batching policy 'static_sls': "
          "StaticSls.__init__() got an unexpected keyword argument 'batch'"),
         ({"policy": "static_sls", "options": {"batch_size": 0}}, "batch_size must be an int >= 1, got 0"),
-        ({"policy": "scls", "options": {"keep_kv": "no"}}, "keep_kv must be a bool, got 'no'"),
-        ({"options": {"keep_kv": False}}, "bad options for request policy 'fcfs'"),
+        ({"policy": "scls", "options": {"keep_kv": False}},
+         "engines.e0.options: bad options for engine policy 'scls': keep_kv was renamed: write slice_end: "
+         "keep|recompute"),
+        ({"options": {"slice_end": "keep"}}, "bad options for request policy 'fcfs'"),
+        ({"policy_options": {"batch_size": 8}}, "engines.e0: policy_options was renamed: write options"),
         ({"policy": "nope", "options": {"x": 1}}, "engines.e0.policy: unknown engine policy 'nope'"),
     ],
 )  # fmt: skip
@@ -147,12 +156,15 @@ def test_bad_engine_settings_name_the_key(tmp_path, engine, message):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"deadline_s": 30}, "services.chat: deadline_s is part of the SLO now: write slo: {deadline_s: ...}"),
-        ({"slo": {"atgt_s": 0.1}}, "services.chat.slo: atgt_s (Aladdin's average token generation time) is "
-                                   "written tpot_s here"),
-        ({"slo": {"ttft_s": -1}}, "services.chat.slo.ttft_s: Input should be greater than 0, got -1"),
-        ({"slo": {"latency_scale": 0}}, "services.chat.slo.latency_scale: Input should be greater than 0"),
-        ({"slo": {"deadline": 3}}, "services.chat.slo.deadline: Extra inputs are not permitted"),
+        ({"deadline_s": 30}, "services.chat: deadline_s was renamed: write slo: {deadline_s: ...}"),
+        ({"slo": {"atgt_s": 0.1}}, "services.chat.slo: atgt_s was renamed: write tpot_s (Aladdin's average "
+                                   "token generation time)"),
+        ({"slo": {"ttft_s": -1}}, "services.chat.slo: ttft_s must be a positive number, got -1"),
+        ({"slo": {"latency_scale": 0}}, "services.chat.slo: latency_scale must be a positive number, got 0"),
+        ({"slo": {"deadline": 3}}, "services.chat.slo: unknown keys ['deadline']; valid: ['ttft_s', "),
+        ({"default_max_tokens": 8}, "services.chat: default_max_tokens was renamed: write max_tokens"),
+        ({"max_tokens": 0}, "services.chat.max_tokens: Input should be greater than 0, got 0"),
+        ({"name": "other"}, "services: chat: a service's name is its key under services:, not a field"),
     ],
 )  # fmt: skip
 def test_bad_slo_names_the_key(tmp_path, change, message):
@@ -212,28 +224,34 @@ def test_migration_section(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "dispatch",
+    ("dispatch", "options"),
     [
-        {"dispatch": "power_of_two", "dispatch_options": {"seed": 7}},
-        {"dispatch": {"policy": "power_of_two", "options": {"seed": 7}}},  # the section spelling
+        ({"policy": "power_of_two", "options": {"seed": 7}}, {"seed": 7}),
+        ("power_of_two", {}),  # a section written as its policy name alone, as every section may be
     ],
 )
-def test_a_service_names_its_dispatch_policy_with_options(tmp_path, dispatch):
+def test_a_service_names_its_dispatch_policy_with_options(tmp_path, dispatch, options):
     doc = config()
-    doc["services"]["chat"] = {"model": "m", **dispatch}
+    doc["services"]["chat"] = {"model": "m", "dispatch": dispatch}
     (spec,) = ClusterConfig.load(write(tmp_path, doc)).service_specs()
-    assert (spec.dispatch, spec.dispatch_options) == ("power_of_two", {"seed": 7})
+    assert spec.dispatch is not None and (spec.dispatch.policy, spec.dispatch.options) == (
+        "power_of_two",
+        options,
+    )
+    assert ClusterConfig.model_validate(config()).service_specs()[0].dispatch is None  # the scheduler's
 
 
 @pytest.mark.parametrize(
     ("dispatch", "message"),
     [
-        ({"dispatch_options": {"seed": 7}}, "services.chat: dispatch_options needs the service's own dispatch "
-                                            "policy (dispatch: ...); the scheduler's default policy takes "
-                                            "scheduler.dispatch.options"),
-        ({"dispatch": "power_of_two", "dispatch_options": {"bogus": 1}},
-         "services.chat: dispatch_options: bad options for dispatch policy 'power_of_two'"),
-        ({"dispatch": {"policy": "jsq", "opts": {}}}, "services.chat: dispatch: unknown keys ['opts']"),
+        ({"dispatch": {"options": {"seed": 7}}}, "services.chat.dispatch: a service's dispatch section names its "
+                                                 "policy (policy: ...); the scheduler's default policy takes "
+                                                 "scheduler.dispatch.options"),
+        ({"dispatch": {"policy": "power_of_two", "options": {"bogus": 1}}},
+         "services.chat.dispatch: bad options for dispatch policy 'power_of_two'"),
+        ({"dispatch": {"policy": "jsq", "opts": {}}}, "services.chat.dispatch.opts: Extra inputs are not permitted"),
+        ({"dispatch": "power_of_two", "dispatch_options": {"seed": 7}},
+         "services.chat: dispatch_options was renamed: write dispatch: {policy: NAME, options: {...}}"),
     ],
 )  # fmt: skip
 def test_bad_service_dispatch_options_name_the_key(tmp_path, dispatch, message):
@@ -241,6 +259,14 @@ def test_bad_service_dispatch_options_name_the_key(tmp_path, dispatch, message):
     doc["services"]["chat"] = {"model": "m", **dispatch}
     with pytest.raises(ValueError, match=re.escape(message)):
         ClusterConfig.load(write(tmp_path, doc))
+
+
+def test_a_cost_reading_dispatch_policy_gets_its_models_where_it_runs():
+    """Aladdin's latency models and SLOs come from the scheduler: its other options are checked by name."""
+    spec = ServiceSpec("s", "m", dispatch={"policy": "aladdin_bestfit", "options": {"gamma": 0.3}})
+    assert spec.dispatch is not None and spec.dispatch.options == {"gamma": 0.3}
+    with pytest.raises(ValueError, match=r"bad options for dispatch policy 'aladdin_bestfit'.*'gama'"):
+        ServiceSpec("s", "m", dispatch={"policy": "aladdin_bestfit", "options": {"gama": 0.3}})
 
 
 def test_the_simulator_refuses_a_service_whose_dispatch_options_differ(tmp_path):

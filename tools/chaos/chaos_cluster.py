@@ -69,7 +69,7 @@ class ChaosCluster:
         engine_threads: int = 1,
         scheduler_args: Sequence[str] = (),
         engine_args: Sequence[str] = (),
-        default_max_tokens: int = 16,
+        max_tokens: int = 16,  # the service's output cap for a request that sets none
     ) -> None:
         import yaml
         from llmfleet.cli.local_cluster import free_base_port
@@ -86,7 +86,7 @@ class ChaosCluster:
         endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
         self.engine_ids = [f"engine-{i}" for i in range(engines)]
         config = {
-            "services": {SERVICE: {"model": MODEL, "max_tokens": default_max_tokens}},
+            "services": {SERVICE: {"model": MODEL, "max_tokens": max_tokens}},
             "models": {MODEL: {"source": str(endless)}},
             "placement": {"policy": "static"},
             "engines": {e: {"models": [MODEL]} for e in self.engine_ids},

@@ -1,7 +1,7 @@
 """``llmfleet apply -f FILE``: add or change services (and the models they use) at runtime.
 
 FILE has the cluster file's ``services:`` mapping (name -> model, slo, priority, max_tokens, dispatch,
-dispatch_options, predict, ...) and optionally its ``models:`` mapping (name -> source, dtype,
+predict, ...) and optionally its ``models:`` mapping (name -> source, dtype,
 sim_model), checked by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
 be greater than 0``). A whole cluster file can be applied too: its ``engines:``, ``placement:``,
 ``migration:``, ``scheduler:`` and ``emulated:`` are bootstrap-only and ignored (with a note).
@@ -33,9 +33,9 @@ from llmfleet.cli.services import (
     read_state,
     run_with_etcd,
 )
-from llmfleet.config import ClusterConfig, ModelConfig, ServiceConfig, validation_message
+from llmfleet.config import ModelConfig, validation_message
 from llmfleet.coord.desired import ModelEntry
-from llmfleet.types import ServiceSpec
+from llmfleet.spec.services import ServiceMap, ServiceSpec
 
 if TYPE_CHECKING:
     from llmfleet.coord.client import EtcdClient
@@ -52,7 +52,7 @@ class ServicesFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    services: dict[str, ServiceConfig]
+    services: ServiceMap
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
 
@@ -87,11 +87,6 @@ def parse_services_file(text: str, where: str = "FILE") -> tuple[ServicesFile, l
                     "(starting with a letter or digit, at most 128)"
                 )
     return parsed, notes
-
-
-def service_spec(name: str, cfg: ServiceConfig) -> ServiceSpec:
-    """The ServiceSpec the cluster file would give this entry (the same conversion)."""
-    return ClusterConfig.model_construct(services={name: cfg}, models={}).service_specs()[0]
 
 
 def model_entry(name: str, cfg: ModelConfig) -> ModelEntry:
@@ -138,15 +133,15 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else repr(v) if isinstance(v, str) else str(v)
 
 
-def field_changes(old: Any, new: Any) -> tuple[str, ...]:
-    """``key: old -> new`` for every (nested) field of two dataclasses that differs."""
-    a, b = _flat(asdict(old)), _flat(asdict(new))
+def field_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    """``key: old -> new`` for every (nested) field of two records that differs."""
+    a, b = _flat(old), _flat(new)
     return tuple(
         f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
     )
 
 
-def _change(kind: str, name: str, old: Any, new: Any) -> Change:
+def _change(kind: str, name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> Change:
     if old is None:
         return Change(kind, name, "created")
     details = field_changes(old, new)
@@ -170,13 +165,14 @@ def plan_apply(
     write_s: list[ServiceSpec] = []
     for name, cfg in sorted(file.models.items()):
         new = model_entry(name, cfg)
-        c = _change("model", name, models.get(name), new)
+        old = models.get(name)
+        c = _change("model", name, None if old is None else asdict(old), asdict(new))
         changes.append(c)
         if c.action != "unchanged":
             write_m.append(new)
-    for name, cfg in sorted(file.services.items()):
-        spec = service_spec(name, cfg)
-        c = _change("service", name, services.get(name), spec)
+    for name, spec in sorted(file.services.items()):
+        current = services.get(name)
+        c = _change("service", name, None if current is None else current.to_dict(), spec.to_dict())
         changes.append(c)
         if c.action != "unchanged":
             write_s.append(spec)

@@ -51,7 +51,7 @@ class Plan:
 async def _live_services(client: Any) -> tuple[dict, dict[str, str | None]]:
     """etcd's ``services/`` (ServiceSpec by name) and ``models/`` (sim_model by model name)."""
     from llmfleet.coord.desired import ModelEntry
-    from llmfleet.types import ServiceSpec
+    from llmfleet.spec.services import ServiceSpec
 
     (svc, _), (models, _) = await asyncio.gather(
         client.get_prefix(client.keys.services), client.get_prefix(client.keys.models)

@@ -24,7 +24,8 @@ import yaml
 from llmfleet.config import EtcdSettings
 from llmfleet.coord.desired import ModelEntry
 from llmfleet.coord.keys import Keys
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 
 if TYPE_CHECKING:
     from llmfleet.coord.client import EtcdClient
@@ -202,7 +203,7 @@ def describe(st: ServicesState, name: str) -> dict[str, Any]:
     spec = st.services.get(name)
     if spec is None:
         raise UserError(f"no service {name!r} (known: {', '.join(sorted(st.services)) or 'none'})")
-    svc = asdict(spec)
+    svc = spec.to_dict()
     svc.pop("name")
     model = st.models.get(spec.model)
     return {

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import json_object, positive_float
+from llmfleet.spec.renamed import SIM_FLAGS, add_renamed_flags
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
@@ -59,7 +59,7 @@ def add_system_arguments(p: argparse.ArgumentParser) -> None:
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     """Overrides of the engine, dispatch and capacity sections."""
     p.add_argument("--engine-policy", help="engine.policy: the engine-local request policy or static batcher")
-    p.add_argument("--local", dest="local_deprecated", help=argparse.SUPPRESS)  # the old --engine-policy
+    add_renamed_flags(p, SIM_FLAGS)
     p.add_argument("--engine-options", type=json_object, help="engine.options (JSON object)")
     p.add_argument(
         "--dispatch", help="dispatch.policy (with --dispatch mell arrivals go where Mell's Allocate would)"
@@ -108,14 +108,6 @@ def _fields(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any] |
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The section overrides the flags give (:meth:`PolicyBundle.with_overrides`)."""
-    if args.local_deprecated is not None:
-        warnings.warn("--local is deprecated: write --engine-policy", DeprecationWarning, stacklevel=2)
-        args.engine_policy = args.engine_policy or args.local_deprecated
-        from llmfleet.policies.batching import POLICIES as BATCHING
-
-        options = args.engine_options or {}
-        if args.engine_policy in BATCHING and "slice_end" not in options:  # what --local meant
-            args.engine_options = {**options, "slice_end": "recompute"}
     return {
         "engine": _fields(args, {"engine_policy": "policy", "engine_options": "options"}),
         "dispatch": _fields(args, {"dispatch": "policy", "dispatch_options": "options"}),

@@ -35,7 +35,8 @@ from llmfleet.cli.status_migration import (
     render_migration,
 )
 from llmfleet.coord.keys import Keys
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 
 NAME = "status"
 HELP = "show nodes, services, placement, leaders, the engine pool and placement decisions"
@@ -98,7 +99,7 @@ class ServiceRow:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     priority: int = 0
-    default_max_tokens: int | None = None
+    max_tokens: int | None = None
     error: str | None = None
 
 
@@ -189,7 +190,7 @@ def _service_rows(svc_kvs: list[KV], prefix: str) -> list[ServiceRow]:
                 ttft_slo_s=spec.slo.ttft_s,
                 tpot_slo_s=spec.slo.tpot_s,
                 priority=spec.priority,
-                default_max_tokens=spec.default_max_tokens,
+                max_tokens=spec.max_tokens,
             )
         )
     return rows
@@ -308,7 +309,7 @@ def render_status(status: ClusterStatus, console: Console) -> None:
             f"{s.ttft_slo_s:g}s",
             f"{s.tpot_slo_s:g}s",
             str(s.priority),
-            str(s.default_max_tokens),
+            str(s.max_tokens),
         )
     console.print(services)
 

@@ -6,7 +6,7 @@
 
 The completion of a prompt is deterministic: token ``i`` has id ``1000 + i`` and text
 ``" <word><i>"`` where ``<word>`` cycles through the prompt's words. It honours max_tokens (default:
-the service's default_max_tokens) and stop strings, validates requests like the real scheduler
+the service's max_tokens) and stop strings, validates requests like the real scheduler
 (NOT_FOUND for an unknown service, INVALID_ARGUMENT for bad sampling parameters), replays a request
 from index 0 when its id is submitted again, and can inject faults on chosen attempts.
 """
@@ -39,7 +39,7 @@ class FakeService:
     ttft_slo_s: float = 5.0
     tpot_slo_s: float = 0.5
     priority: int = 0
-    default_max_tokens: int = 8
+    max_tokens: int = 8  # the output cap of a request that sets none
     engines: tuple[str, ...] = ("fake-engine",)
 
 
@@ -63,7 +63,7 @@ def fake_completion(prompt: str, n: int) -> list[tuple[int, str]]:
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     """A scriptable Scheduler servicer; inspect ``submits``/``attempts``/``cancelled`` in tests."""
 
-    services: Sequence[FakeService] = (FakeService("chat"), FakeService("summarize", default_max_tokens=12))
+    services: Sequence[FakeService] = (FakeService("chat"), FakeService("summarize", max_tokens=12))
     chunk_size: int = 1  # tokens per chunk on a request's first attempt
     replay_chunk_size: int | None = None  # tokens per chunk on later attempts (None: chunk_size)
     token_delay_s: float = 0.0  # sleep before each chunk
@@ -104,7 +104,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         svc = self._service(request.service)
         assert svc is not None
         sp = request.sampling
-        n = sp.max_tokens if sp.HasField("max_tokens") else svc.default_max_tokens
+        n = sp.max_tokens if sp.HasField("max_tokens") else svc.max_tokens
         tokens = fake_completion(request.prompt, n)
         for i, (_, text) in enumerate(tokens):
             if any(s and s in text for s in sp.stop):

@@ -14,7 +14,8 @@ from aetcd.utils import prefix_range_end
 
 from llmfleet.coord.client import EtcdClient
 from llmfleet.coord.view import PrefixView
-from llmfleet.types import DesiredPlacement, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import DesiredPlacement, NodeRecord
 
 
 async def put_placement(client: EtcdClient, placement: DesiredPlacement) -> None:

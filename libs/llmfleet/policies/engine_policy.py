@@ -9,14 +9,10 @@ A static batcher ends a slice in one of two ways (option ``slice_end``, default
 * ``slice_end="recompute"`` — the batcher itself, which the engine core runs with its static stepper:
   HF ``generate``-style padded rows, recompute at a slice end (the papers' setting; the simulator's
   static batching is the same code path).
-
-The old spelling ``keep_kv`` (a bool: true is ``keep``, false ``recompute``) is still read for one
-release, with a ``DeprecationWarning``; giving both is an error.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from llmfleet.policies.batching import POLICIES as BATCHING
@@ -25,32 +21,29 @@ from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import RequestPolicy, make_request_policy
 from llmfleet.policies.request.static_batches import StaticBatches
 from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES
+from llmfleet.spec.renamed import ENGINE_POLICY_OPTIONS, refuse_renamed
 
 ENGINE_POLICIES: tuple[str, ...] = tuple(sorted({*REQUEST, *BATCHING}))
-KEEP_KV_DEPRECATED = "keep_kv is deprecated: write slice_end: keep|recompute"
 
 
 def pop_slice_end(name: str, options: dict[str, Any]) -> str:
-    """Take a static batcher's slice end out of ``options`` (``slice_end``, or the deprecated
-    ``keep_kv``), checked; the default when neither is given."""
-    bad = f"bad options for batching policy {name!r}"
-    if "keep_kv" in options:
-        keep_kv = options.pop("keep_kv")
-        if not isinstance(keep_kv, bool):
-            raise ValueError(f"{bad}: keep_kv must be a bool, got {keep_kv!r}")
-        if "slice_end" in options:
-            raise ValueError(f"{bad}: give slice_end or the deprecated keep_kv, not both")
-        warnings.warn(KEEP_KV_DEPRECATED, DeprecationWarning, stacklevel=3)
-        return "keep" if keep_kv else "recompute"
+    """Take a static batcher's ``slice_end`` out of ``options``, checked; the default when unset."""
     slice_end = options.pop("slice_end", SLICE_END)
     if slice_end not in SLICE_END_MODES:
-        raise ValueError(f"{bad}: slice_end must be one of {list(SLICE_END_MODES)}, got {slice_end!r}")
+        raise ValueError(
+            f"bad options for batching policy {name!r}: slice_end must be one of {list(SLICE_END_MODES)}, "
+            f"got {slice_end!r}"
+        )
     return slice_end
 
 
 def make_engine_policy(name: str, **kwargs: Any) -> RequestPolicy | StaticBatchPolicy:
     """A new local policy object by registry name; options go to its constructor (a static batcher's
     ``slice_end`` chooses how it runs, see the module docstring)."""
+    try:
+        refuse_renamed(kwargs, ENGINE_POLICY_OPTIONS)
+    except ValueError as e:
+        raise ValueError(f"bad options for engine policy {name!r}: {e}") from None
     if name in REQUEST:
         return make_request_policy(name, **kwargs)
     if name in BATCHING:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.sim.spec import SimService
-from llmfleet.types import ServiceSpec
+from llmfleet.spec.services import ServiceSpec
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
@@ -79,7 +79,7 @@ def config_targets(config: ClusterConfig, live: Mapping[str, ServiceSpec]) -> li
     for name, svc in sorted(config.services.items()):
         m = config.models.get(svc.model)
         model = catalog_name(svc.model, m.sim_model if m is not None else None) or svc.model
-        out.append(SimService(name, model, svc.slo.to_slo()))
+        out.append(SimService(name, model, svc.slo))
     return out
 
 

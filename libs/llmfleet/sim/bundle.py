@@ -1,15 +1,11 @@
 """A policy bundle: one simulated system, named, built from the spec sections a cluster file holds.
 
 ``PolicyBundle(name, placement, dispatch, engine, migration=..., capacity=...)``; each section is a
-:mod:`llmfleet.spec` section, a mapping of its fields, or its policy name alone. The flat keywords of
-earlier releases (``local``, ``local_options``, ``placement_interval_s``, ``dispatch_options``,
-``migration_epoch_s``, ``binding_options``, ...) are still read, with a DeprecationWarning naming the
-new spelling, for one release.
+:mod:`llmfleet.spec` section, a mapping of its fields, or its policy name alone.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,24 +24,6 @@ from pydantic import BaseModel, ValidationError
 
 FIRST_PLANS = ("oracle", "cold")
 
-# earlier flat keyword -> (section, field)
-LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
-    "local": ("engine", "policy"),
-    "local_options": ("engine", "options"),
-    "dispatch_options": ("dispatch", "options"),
-    "placement_options": ("placement", "options"),
-    "placement_interval_s": ("placement", "interval_s"),
-    "placement_window_s": ("placement", "window_s"),
-    "adaptive_interval": ("placement", "adaptive_interval"),
-    "placement_confirm_intervals": ("placement", "confirm_intervals"),
-    "migration_options": ("migration", "options"),
-    "transfer": ("migration", "transfer"),
-    "migration_epoch_s": ("migration", "epoch_s"),
-    "binding": ("capacity", "binding"),
-    "cold_start": ("capacity", "cold_start"),
-    "move_queued": ("capacity", "move_queued"),
-}
-_BINDING_OPTIONS = {"queue_slack": "queue_slack", "kv_fraction": "kv_room_fraction"}
 _SECTIONS: dict[str, type[BaseModel]] = {
     "engine": EnginePolicySpec,
     "dispatch": DispatchSpec,
@@ -79,41 +57,6 @@ def section(cls: type[S], value: Any, updates: Mapping[str, Any] | None = None) 
         raise ValueError(f"{name}.{msg}" if located else f"{name}: {msg}") from None
 
 
-def _legacy_updates(legacy: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The flat keywords of earlier releases as per-section updates (each with a DeprecationWarning)."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in legacy.items():
-        if key == "binding_options":
-            unknown = set(value) - set(_BINDING_OPTIONS)
-            if unknown:
-                raise ValueError(
-                    f"binding_options: unknown {sorted(unknown)}; valid: {sorted(_BINDING_OPTIONS)}"
-                )
-            new = {_BINDING_OPTIONS[k]: v for k, v in value.items()}
-            hint = "capacity={" + ", ".join(f"{k!r}: ..." for k in new) + "}"
-            out.setdefault("capacity", {}).update(new)
-        elif key in LEGACY_KEYWORDS:
-            sect, field = LEGACY_KEYWORDS[key]
-            hint = f"{sect}={{{field!r}: ...}}"
-            out.setdefault(sect, {})[field] = value
-        else:
-            raise TypeError(f"PolicyBundle got an unexpected keyword {key!r}")
-        warnings.warn(
-            f"PolicyBundle({key}=...) is deprecated: write {hint}", DeprecationWarning, stacklevel=3
-        )
-    if _old_static(legacy):  # the old keywords ran a static batcher on the static stepper: keep meaning that
-        out["engine"]["options"] = {**(legacy.get("local_options") or {}), "slice_end": "recompute"}
-    return out
-
-
-def _old_static(legacy: Mapping[str, Any]) -> bool:
-    """``local=`` named a static batcher, and its options choose no slice end."""
-    from llmfleet.policies.batching import POLICIES as BATCHING
-
-    options = legacy.get("local_options") or {}
-    return legacy.get("local") in BATCHING and "slice_end" not in options and "keep_kv" not in options
-
-
 @dataclass(frozen=True, init=False)
 class PolicyBundle:
     """One simulated system: the spec sections (:class:`llmfleet.spec.FleetPolicies`) it runs, its name,
@@ -139,13 +82,11 @@ class PolicyBundle:
         capacity: CapacitySpec | Mapping[str, Any] | None = None,
         description: str = "",
         first_plan: str = "oracle",
-        **legacy: Any,
     ) -> None:
-        updates = _legacy_updates(legacy)
         given = {"placement": placement, "dispatch": dispatch, "engine": engine, "migration": migration}
         given["capacity"] = capacity if capacity is not None else {"binding": SIM_BINDING}
         for key, cls in _SECTIONS.items():
-            object.__setattr__(self, key, section(cls, given[key], updates.get(key)))
+            object.__setattr__(self, key, section(cls, given[key]))
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "description", description)
         object.__setattr__(self, "first_plan", first_plan)
@@ -161,12 +102,6 @@ class PolicyBundle:
         """A copy with each given section replaced (a section or a policy name) or, for a mapping,
         updated field by field; None leaves a section as it is."""
         kw: dict[str, Any] = {"description": self.description, "first_plan": self.first_plan}
-        legacy = {k: sections.pop(k) for k in [*sections] if k in LEGACY_KEYWORDS or k == "binding_options"}
-        for key, updates in _legacy_updates({k: v for k, v in legacy.items() if v is not None}).items():
-            value = sections.get(key)
-            if value is not None and not isinstance(value, Mapping):
-                value = section(_SECTIONS[key], value).model_dump()  # a policy name, then its updates
-            sections[key] = {**(value or {}), **updates}
         for key, cls in _SECTIONS.items():
             value = sections.pop(key, None)
             current = getattr(self, key)

@@ -221,7 +221,7 @@ class ClusterPlanEvaluators:
         if config.emulated is not None:
             engines.append(config.emulated.engine)
         local = {e.policy for e in engines}
-        dispatch = {s.dispatch for s in config.services.values() if s.dispatch}
+        dispatch = {s.dispatch.policy for s in config.services.values() if s.dispatch is not None}
         bundle = PolicyBundle(
             "live",
             placement=self.placement,

@@ -12,6 +12,7 @@ import yaml
 from llmfleet.costmodel import MODEL_CATALOG, Hardware, ModelArch, UnknownModel, hardware, model_arch
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.engine_core import EngineLimits
+from llmfleet.spec.renamed import SIM_SERVICE, refuse_renamed
 from llmfleet.types import SLO_KEYS, Slo
 
 if TYPE_CHECKING:
@@ -147,20 +148,20 @@ _SERVICE_KEYS = ("name", "model", "slo", "max_tokens", "weight")
 
 
 def service_from_dict(d: Mapping[str, Any], where: str = "service") -> SimService:
-    """``{name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens, weight}``; the SLO
-    keys may also sit beside ``name`` (the older flat form, ``atgt_s`` read as ``tpot_s``)."""
+    """``{name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens, weight}``."""
     if not isinstance(d, Mapping):
         raise ValueError(f"{where} must be a mapping, got {d!r}")
-    flat = {k: v for k, v in d.items() if k in (*SLO_KEYS, "atgt_s")}
-    unknown = set(d) - set(_SERVICE_KEYS) - set(flat)
+    try:
+        refuse_renamed(d, SIM_SERVICE)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    unknown = set(d) - set(_SERVICE_KEYS)
     if unknown:
         raise ValueError(
             f"{where}: unknown keys {sorted(unknown)}; valid: {[*_SERVICE_KEYS]} (SLO keys in slo: {list(SLO_KEYS)})"
         )
-    if flat and "slo" in d:
-        raise ValueError(f"{where}: put {sorted(flat)} inside its slo: mapping")
-    fields = {k: v for k, v in d.items() if k in _SERVICE_KEYS}
-    fields["slo"] = Slo.from_dict(d.get("slo", flat) or {}, where=f"{where}: slo")
+    fields = dict(d)
+    fields["slo"] = Slo.from_dict(d.get("slo") or {}, where=f"{where}: slo")
     return SimService(**fields)
 
 
@@ -190,7 +191,7 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
             ) from None
         services.append(
             SimService(
-                name, sim_model, svc.slo.to_slo(), priority=svc.priority,
+                name, sim_model, svc.slo, priority=svc.priority,
                 cold_start_timeout_s=svc.cold_start_timeout_s,
             )
         )  # fmt: skip

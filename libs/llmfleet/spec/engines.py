@@ -23,8 +23,8 @@ from pydantic import (
 )
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
+from llmfleet.spec import renamed
 from llmfleet.spec.defaults import ENGINE_POLICY
-from llmfleet.spec.legacy import renamed
 from llmfleet.spec.sections import EnginePolicySpec
 from llmfleet.spec.validation import validation_message
 from llmfleet.spec.vllm import VllmSettings
@@ -95,13 +95,14 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
+    def _spelling(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("backend") == "emulated":
             raise ValueError(
                 "backend: emulated is not an engines: entry; emulated GPUs are the emulated: section "
                 "(or llmfleet up --emulate NxHARDWARE), each priced by the simulator's cost model"
             )
-        return renamed(data, "policy_options", "options", "engines.<id>")
+        renamed.refuse_renamed(data, renamed.ENGINE)
+        return data
 
     @model_validator(mode="after")
     def _backend_settings(self) -> EngineConfig:

@@ -1,62 +1,59 @@
-"""The services and models of a cluster file (live and simulated read the same keys).
+"""The service record and the models of a cluster file (live and simulated read the same keys).
 
-A service names its model, its :class:`~llmfleet.types.Slo`, its priority and ``max_tokens`` (the
-output cap of a request that sets none, default :data:`llmfleet.spec.defaults.DEFAULT_MAX_TOKENS`).
+:class:`ServiceSpec` is the one service record: a ``services:`` entry of the cluster file (its key is
+the ``name``), an entry of ``llmfleet apply``'s file, and what etcd holds under ``services/{name}``
+(read back by the scheduler and the placement leader). It names the service's model, its
+:class:`~llmfleet.types.Slo`, its priority and ``max_tokens`` (the output cap of a request that sets
+none, default :data:`llmfleet.spec.defaults.DEFAULT_MAX_TOKENS`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
 
+from llmfleet.spec import renamed
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
-from llmfleet.spec.legacy import renamed
 from llmfleet.spec.sections import DispatchSpec
-from llmfleet.spec.validation import validation_message
 from llmfleet.types import DEFAULT_SLO, Slo
 
 _STRICT = ConfigDict(extra="forbid")  # a misspelt key is an error naming it, not silently ignored
 
 
-class SloConfig(BaseModel):
-    """A service's :class:`~llmfleet.types.Slo`; unset ``ttft_s``/``tpot_s`` take the live defaults."""
+@dataclass(frozen=True, config=_STRICT)
+class ServiceSpec:
+    """A service: a model plus its SLO, priority and request bounds (etcd key ``services/{name}``)."""
 
-    model_config = _STRICT
-
-    ttft_s: float = Field(DEFAULT_SLO.ttft_s, gt=0, allow_inf_nan=False)
-    tpot_s: float = Field(DEFAULT_SLO.tpot_s, gt=0, allow_inf_nan=False)  # = Aladdin's ATGT
-    latency_scale: float = Field(DEFAULT_SLO.latency_scale, gt=0, allow_inf_nan=False)  # SeaLLM
-    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # UELLM (None: no deadline)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _aladdin_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "atgt_s" in data:
-            raise ValueError("atgt_s (Aladdin's average token generation time) is written tpot_s here")
-        return data
-
-    def to_slo(self) -> Slo:
-        return Slo(**self.model_dump())
-
-
-class ServiceConfig(BaseModel):
-    model_config = _STRICT
-
+    name: str
     model: str
-    slo: SloConfig = Field(default_factory=SloConfig)
+    # unset ttft_s/tpot_s take DEFAULT_SLO's: a live service needs both (the scheduler reports them and
+    # Aladdin dispatch reads them)
+    slo: Slo = DEFAULT_SLO
     priority: int = 0
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, gt=0)  # the output cap of a request that sets none
-    # the service's own dispatch policy ("" = the scheduler's, with scheduler.dispatch.options), and its
-    # constructor options; also written as one section, dispatch: {policy: jsq, options: {...}}
-    dispatch: str = ""
-    dispatch_options: dict[str, Any] = Field(default_factory=dict)
+    # the service's own dispatch policy and its options (None: the scheduler's, scheduler.dispatch);
+    # compared, never hashed
+    dispatch: DispatchSpec | None = None
     # predict output lengths before dispatch (for engines whose static batcher orders by length);
     # dispatch policies that read predictions get them regardless
     predict: bool = False
-    # admission bounds; 0 = the scheduler's --max-waiting / --max-queued-tokens
-    max_waiting: int = Field(0, ge=0)
-    max_queued_tokens: int = Field(0, ge=0)
+    # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request
+    # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound
+    max_waiting: int = Field(0, ge=0)  # requests admitted that have no first token yet
+    max_queued_tokens: int = Field(0, ge=0)  # their estimated prompt tokens + max_tokens
     # scale from zero: how long a request for this service's model waits for an engine to load it
     # (0: min(10 x slo.ttft_s, 120 s)); past it UNAVAILABLE with a retry-after
     cold_start_timeout_s: float = Field(0.0, ge=0.0)
@@ -65,55 +62,72 @@ class ServiceConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "deadline_s" in data:
-            raise ValueError("deadline_s is part of the SLO now: write slo: {deadline_s: ...}")
-        if isinstance(data, dict) and isinstance(data.get("dispatch"), dict):  # the section spelling
-            section = dict(data["dispatch"])
-            unknown = set(section) - {"policy", "options"}
-            if unknown:
-                raise ValueError(f"dispatch: unknown keys {sorted(unknown)}; valid: ['options', 'policy']")
-            if "dispatch_options" in data:
-                raise ValueError("dispatch: give the options in the section or as dispatch_options, not both")
-            data = {
-                **data,
-                "dispatch": section.get("policy", ""),
-                "dispatch_options": section.get("options") or {},
-            }
-        return renamed(data, "default_max_tokens", "max_tokens", "services.<name>")
+    def _spelling(cls, data: Any) -> Any:
+        renamed.refuse_renamed(data.kwargs if isinstance(data, ArgsKwargs) else data, renamed.SERVICE)
+        return data
 
-    @property
-    def default_max_tokens(self) -> int:
-        """``max_tokens`` under the runtime :class:`~llmfleet.types.ServiceSpec`'s name."""
-        return self.max_tokens
-
-    @field_validator("dispatch")
+    @field_validator("slo", mode="before")
     @classmethod
-    def _dispatch(cls, v: str) -> str:
-        from llmfleet.policies.dispatch import POLICIES, SCHEDULER_MODES
+    def _slo(cls, v: Any) -> Any:
+        if isinstance(v, Slo):
+            return v
+        if not isinstance(v, Mapping):
+            raise ValueError(f"must be a mapping of the SLO keys, got {v!r}")
+        return Slo.from_dict({"ttft_s": DEFAULT_SLO.ttft_s, "tpot_s": DEFAULT_SLO.tpot_s, **v}, where="")
 
-        if v and v not in POLICIES and v not in SCHEDULER_MODES:
-            raise ValueError(f"unknown dispatch policy {v!r}; valid: {sorted([*POLICIES, *SCHEDULER_MODES])}")
+    @field_validator("dispatch", mode="before")
+    @classmethod
+    def _dispatch(cls, v: Any) -> Any:
+        if isinstance(v, Mapping) and "policy" not in v:
+            raise ValueError(
+                "a service's dispatch section names its policy (policy: ...); the scheduler's default "
+                "policy takes scheduler.dispatch.options"
+            )
         return v
 
     @model_validator(mode="after")
-    def _dispatch_options(self) -> ServiceConfig:
-        """Options are checked by building the policy with them (a bad one is named); the scheduler's
-        default policy takes ``scheduler.dispatch.options`` instead."""
-        if not self.dispatch_options:
-            return self
-        if not self.dispatch:
-            raise ValueError(
-                "dispatch_options needs the service's own dispatch policy (dispatch: ...); the "
-                "scheduler's default policy takes scheduler.dispatch.options"
-            )
-        try:
-            DispatchSpec(policy=self.dispatch, options=self.dispatch_options)
-        except ValidationError as e:
-            raise ValueError(f"dispatch_options: {validation_message(e)}") from None
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"dispatch_options: {e}") from None
+    def _live_slo(self) -> ServiceSpec:
+        if self.slo.ttft_s is None or self.slo.tpot_s is None:
+            raise ValueError(f"service {self.name!r}: a live service needs slo.ttft_s and slo.tpot_s")
         return self
+
+    @property
+    def deadline_s(self) -> float:
+        """``slo.deadline_s`` in its wire form (``GenerateRequest.deadline_s``): 0 when there is none."""
+        return self.slo.deadline_s or 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON data (``dispatch`` a ``{policy, options}`` mapping or None)."""
+        return _RECORD.dump_python(self, mode="json")
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ServiceSpec:
+        """The record :meth:`to_json` wrote (a key it does not know is an error naming it)."""
+        return _RECORD.validate_json(raw)
+
+
+_RECORD: TypeAdapter[ServiceSpec] = TypeAdapter(ServiceSpec)
+
+
+def _named(entries: Any) -> Any:
+    """``services:`` entries keyed by name, each given its key as its ``name``."""
+    if not isinstance(entries, Mapping):
+        return entries
+    out = {}
+    for name, entry in entries.items():
+        if isinstance(entry, Mapping):
+            if "name" in entry:
+                raise ValueError(f"{name}: a service's name is its key under services:, not a field")
+            entry = {**entry, "name": name}
+        out[name] = entry
+    return out
+
+
+# the cluster file's (and llmfleet apply's) services: mapping, name -> entry
+ServiceMap = Annotated[dict[str, ServiceSpec], BeforeValidator(_named)]
 
 
 class ModelConfig(BaseModel):

@@ -21,8 +21,9 @@ from llmfleet.cli.status import KV, ClusterStatus, collect_status, render_status
 from llmfleet.client.testing import FakeScheduler, FakeSchedulerThread, Fault, fake_completion
 from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
 from llmfleet.coord.keys import Keys
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.supervisor import free_port
-from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
+from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, Slo
 from rich.console import Console
 
 HERE = Path(__file__).parent
@@ -197,7 +198,7 @@ async def test_collect_status_from_any_source() -> None:
             "ttft_slo_s": 2.0,
             "tpot_slo_s": 0.2,
             "priority": 1,
-            "default_max_tokens": 64,
+            "max_tokens": 64,
             "error": None,
         }
     ]
@@ -291,14 +292,14 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
         "services": {"chat": {"model": "m"}},
         "models": {"m": {"source": "tiny://llama"}},
         "engines": {
-            "e0": {"models": ["m"], "policy": "scls", "policy_options": {"keep_kv": False},
+            "e0": {"models": ["m"], "policy": "scls", "options": {"slice_end": "recompute"},
                    "max_running": 8, "max_prefill_tokens": 1024, "watermark": 0.05},
             "e1": {"models": ["m"]},
         },
     })  # fmt: skip
     e0, e1 = up.plan_services(cfg, "c.yaml", etcd="e:1", state_dir=tmp_path, base_port=7000)[4:]
     assert e0.argv[e0.argv.index("--policy") :] == [
-        "--policy", "scls", "--policy-options", '{"keep_kv": false}',
+        "--policy", "scls", "--policy-options", '{"slice_end": "recompute"}',
         "--max-running", "8", "--max-prefill-tokens", "1024", "--watermark", "0.05",
         "--threads", str(up.cpu_threads_each(cfg)),
     ]  # fmt: skip

@@ -18,7 +18,8 @@ from llmfleet.replay.requests import replay_requests, synthetic_prompt
 from llmfleet.replay.targets import UnknownService, live_targets, model_names
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
-from llmfleet.types import ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import Slo
 from llmfleet.workload import load_azure_trace
 
 

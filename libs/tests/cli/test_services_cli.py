@@ -14,7 +14,8 @@ from llmfleet.cli.main import main
 from llmfleet.cli.services import decode_state, describe, render_table
 from llmfleet.coord.desired import ModelEntry
 from llmfleet.coord.keys import Keys
-from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import DesiredPlacement, ModelSpec, NodeRecord, Slo
 
 GOOD = """
 services:
@@ -40,16 +41,24 @@ def test_a_valid_file_parses_with_the_cluster_files_defaults() -> None:
     f, notes = parse(GOOD)
     assert notes == []
     assert f.services["qa"].slo.ttft_s == 1.5 and f.services["qa"].priority == 2
-    assert f.services["chat"].default_max_tokens == 64  # ServiceConfig's default
+    assert f.services["chat"].max_tokens == 64  # the cluster file's default
+    assert f.services["chat"] == ServiceSpec("chat", "tiny-llama")  # the record etcd holds, keyed by name
     assert f.models["tiny-qwen2"].source == "tiny://qwen2"
 
 
 @pytest.mark.parametrize(
     ("text", "where"),
     [
-        ("services: {qa: {model: m, slo: {ttft_s: -1}}}", "svc.yaml: services.qa.slo.ttft_s: "),
-        ("services: {qa: {model: m, slo: {ttft_s: 0}}}", "greater than 0"),
-        ("services: {qa: {model: m, sloo: {}}}", "services.qa.sloo: Extra inputs"),
+        (
+            "services: {qa: {model: m, slo: {ttft_s: -1}}}",
+            "svc.yaml: services.qa.slo: ttft_s must be a positive",
+        ),
+        ("services: {qa: {model: m, slo: {ttft_s: 0}}}", "ttft_s must be a positive number, got 0"),
+        ("services: {qa: {model: m, sloo: {}}}", "services.qa.sloo: Unexpected keyword argument"),
+        (
+            "services: {qa: {model: m, default_max_tokens: 8}}",
+            "services.qa: default_max_tokens was renamed: write max_tokens",
+        ),
         ("services: {qa: {model: m, priority: high}}", "services.qa.priority: "),
         ("services: {qa: {slo: {}}}", "services.qa.model: Field required"),
         ("services: {qa: {model: m, dispatch: nope}}", "unknown dispatch policy 'nope'"),
@@ -204,7 +213,7 @@ def test_a_bad_file_fails_before_etcd_is_asked(tmp_path: Path, capsys) -> None:
     f = tmp_path / "svc.yaml"
     f.write_text("services: {qa: {model: m, slo: {ttft_s: -2}}}")
     assert main(["apply", "-f", str(f), "--etcd", "127.0.0.1:1"]) == 1
-    assert "services.qa.slo.ttft_s: Input should be greater than 0" in capsys.readouterr().err
+    assert "services.qa.slo: ttft_s must be a positive number, got -2" in capsys.readouterr().err
     assert main(["apply", "-f", str(tmp_path / "missing.yaml"), "--etcd", "127.0.0.1:1"]) == 1
 
 

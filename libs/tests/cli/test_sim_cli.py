@@ -46,6 +46,12 @@ def test_bad_arguments_exit_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
+def test_an_old_flag_is_a_usage_error_naming_the_new(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "--synthetic", "10", "--out", str(tmp_path), "--local", "static_sls"])
+    assert e.value.code == 2 and "--local was renamed: write --engine-policy" in capsys.readouterr().err
+
+
 def test_cluster_config_services_slos_and_limits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``--cluster-config``: a live config's services with their SLOs (all three papers' attainment)."""
     cfg = tmp_path / "cluster.yaml"

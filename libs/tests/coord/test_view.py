@@ -17,8 +17,9 @@ from llmfleet.coord import (
     put_service,
     service_view,
 )
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import eventually
-from llmfleet.types import NodeRecord, ServiceSpec, Slo
+from llmfleet.types import NodeRecord, Slo
 
 
 @pytest.fixture

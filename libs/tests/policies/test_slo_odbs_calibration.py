@@ -81,7 +81,7 @@ def test_authors_preset_reproduces_the_scripts():
     assert Odbs(preset="authors").L2 == 1.2 and SloDbs(preset="paper").L1 == PRESETS["paper"].L1
     with pytest.raises(ValueError, match="preset"):
         make_batching_policy("slo_odbs", preset="nope")
-    assert make_engine_policy("slo_odbs", preset="authors", keep_kv=False).threshold == 15000.0
+    assert make_engine_policy("slo_odbs", preset="authors", slice_end="recompute").threshold == 15000.0
 
 
 # ------------------------------------------------------------------------------ both terms bind

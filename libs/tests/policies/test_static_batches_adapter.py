@@ -62,11 +62,14 @@ def test_engine_policy_registry_covers_both_kinds():
 
 
 def test_recompute_mode_is_the_batcher_itself_for_the_core_static_mode():
-    """``keep_kv=False`` hands the batcher to the engine core's static mode (padded, recompute)."""
+    """``slice_end="recompute"`` hands the batcher to the engine core's static mode (padded, recompute);
+    the old ``keep_kv`` is refused, naming ``slice_end``."""
     from llmfleet.engine_core import EngineCore
     from llmfleet.kvblocks import BlockAllocator, KvShape
 
-    p = make_engine_policy("static_sls", batch_size=2, keep_kv=False)
+    p = make_engine_policy("static_sls", batch_size=2, slice_end="recompute")
+    with pytest.raises(ValueError, match=r"keep_kv was renamed: write slice_end: keep\|recompute"):
+        make_engine_policy("static_sls", batch_size=2, keep_kv=False)
     assert isinstance(p, StaticSls)
     alloc = BlockAllocator(64, 1024, watermark=0.0)
     alloc.register_model("m", KvShape(num_layers=1, num_kv_heads=1, head_dim=8))

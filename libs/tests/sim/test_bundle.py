@@ -31,22 +31,23 @@ def test_a_bad_field_is_named_with_its_section() -> None:
         PolicyBundle("x", dispatch="nope")
     with pytest.raises(ValueError, match="engine: bad options for request policy 'fcfs'"):
         PolicyBundle("x", engine={"policy": "fcfs", "options": {"batch_size": 3}})
-    with pytest.raises(TypeError, match="unexpected keyword 'placment'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'placment'"):
         PolicyBundle("x", placment="seallm")
 
 
-def test_old_keywords_warn_and_mean_what_they_meant() -> None:
-    with pytest.warns(DeprecationWarning, match=r"local=\.\.\.\) is deprecated: write engine="):
-        old = PolicyBundle("x", local="static_sls", local_options={"batch_size": 4}, placement_interval_s=5.0,
-                           dispatch_options={"seed": 1}, dispatch="power_of_two", migration_epoch_s=2.0,
-                           binding_options={"kv_fraction": 0.5})  # fmt: skip
-    new = PolicyBundle("x", {"interval_s": 5.0}, {"policy": "power_of_two", "options": {"seed": 1}},
-                       {"policy": "static_sls", "options": {"batch_size": 4, "slice_end": "recompute"}},
-                       migration={"epoch_s": 2.0}, capacity={"binding": "early", "kv_room_fraction": 0.5})  # fmt: skip
-    assert old == new
-    # the old simulator ran a static batcher on the static stepper; the new default keeps the KV
-    assert isinstance(old.local_factory()(), StaticBatchPolicy)
-    assert isinstance(PolicyBundle("z", engine="static_sls").local_factory()(), StaticBatches)
+def test_the_flat_keywords_are_refused_and_sections_say_it() -> None:
+    old = ("local", "local_options", "placement_interval_s", "dispatch_options", "migration_epoch_s",
+           "binding_options")  # fmt: skip
+    for key in old:
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{key}'"):
+            PolicyBundle("x", **{key: 1})
+        with pytest.raises(TypeError, match=rf"unknown sections \['{key}'\]; valid: \['engine'"):
+            PRESETS["vllm"].with_overrides(**{key: 1})
+    recompute = {"policy": "static_sls", "options": {"batch_size": 4, "slice_end": "recompute"}}
+    assert isinstance(PolicyBundle("x", engine=recompute).local_factory()(), StaticBatchPolicy)
+    assert isinstance(
+        PolicyBundle("z", engine="static_sls").local_factory()(), StaticBatches
+    )  # keep: default
 
 
 def test_the_report_entry_names_every_section() -> None:

@@ -10,10 +10,10 @@ from llmfleet.sim.spec import EngineSettings, SimService, from_cluster_config, s
 from llmfleet.types import Slo
 
 
-def test_service_slo_from_its_slo_mapping_or_the_flat_keys():
+def test_service_slo_from_its_slo_mapping():
     a, b, c = services_from_dicts([
         {"name": "a", "model": "llama2-7b", "slo": {"ttft_s": 0.4, "tpot_s": 0.015}, "max_tokens": 9},
-        {"name": "b", "model": "llama2-7b", "ttft_s": 0.4, "atgt_s": 0.015, "deadline_s": 20},  # older form
+        {"name": "b", "model": "llama2-7b", "slo": {"ttft_s": 0.4, "tpot_s": 0.015, "deadline_s": 20}},
         {"name": "c", "model": "llama2-7b"},
     ])  # fmt: skip
     assert a.slo == Slo(0.4, 0.015) and a.max_tokens == 9
@@ -24,10 +24,14 @@ def test_service_slo_from_its_slo_mapping_or_the_flat_keys():
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ({"name": "a", "model": "m", "slo": {"ttft_s": 1}, "deadline_s": 3}, "put ['deadline_s'] inside its slo"),
+        ({"name": "a", "model": "m", "slo": {"ttft_s": 1}, "deadline_s": 3},
+         "service #0: deadline_s was renamed: write slo: {deadline_s: ...}"),
+        ({"name": "a", "model": "m", "ttft_s": 0.4}, "service #0: ttft_s was renamed: write slo: {ttft_s: ...}"),
+        ({"name": "a", "model": "m", "atgt_s": 0.1}, "service #0: atgt_s was renamed: write slo: {tpot_s: ...}"),
+        ({"name": "a", "model": "m", "slo": {"atgt_s": 0.1}}, "service #0: slo: atgt_s was renamed: write tpot_s"),
         ({"name": "a", "model": "m", "slo": {"ttft": 1}}, "service #0: slo: unknown keys ['ttft']"),
         ({"name": "a", "model": "m", "ttft": 1}, "service #0: unknown keys ['ttft']"),
-        ({"name": "a", "model": "m", "latency_scale": -1}, "latency_scale must be a positive number"),
+        ({"name": "a", "model": "m", "slo": {"latency_scale": -1}}, "latency_scale must be a positive number"),
         ({"name": "a", "model": "m", "max_tokens": 0}, "max_tokens and weight must be positive"),
     ],
 )  # fmt: skip

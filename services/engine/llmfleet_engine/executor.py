@@ -101,7 +101,7 @@ class Executor:
         self.allocator.register_model(RESERVED_MODEL, reserved_shape(self.plan.block_bytes))
         self.storage = self._kv_storage()
         self.pool = KvPool(self.device, self.plan, self.allocator, self.storage)
-        self.policy = make_engine_policy(self.config.policy, **self.config.policy_options)
+        self.policy = make_engine_policy(self.config.policy, **self.config.options)
         self.core = EngineCore(self.policy, self.allocator, self.config.limits, watermark_blocks=0)
         self.metrics: EngineMetrics | None = None  # vllm:* metrics (set by main / attach_metrics)
         self.table = RequestTable()

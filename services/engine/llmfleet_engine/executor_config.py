@@ -21,7 +21,7 @@ class ExecutorConfig(EngineLimits):
     cache_dir: str | Path | None = None
     memory_budget_bytes: int | None = None  # weights + activations + KV pool; None: default_budget()
     policy: str = "fcfs"  # local policy: a request policy, or a static batcher (see make_engine_policy)
-    policy_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # the local policy's constructor options
     max_waiting: int = 4096
     num_threads: int | None = None
     throughput_window_s: float = 10.0

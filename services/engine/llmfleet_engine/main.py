@@ -9,18 +9,17 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.metrics.engine import engine_metrics
-from llmfleet.policies.batching import POLICIES as BATCHING
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, SLICE_END, SLICE_END_MODES
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, SLICE_END
+from llmfleet.spec.renamed import ENGINE_FLAGS, add_renamed_flags
 from llmfleet.spec.validation import validation_message
 from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
@@ -70,7 +69,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
     common = {
         "watermark": args.watermark,
         "policy": args.policy,
-        "policy_options": args.policy_options,
+        "options": args.options,
         "stream_interval_s": args.stream_interval_s,
         **limits,
     }
@@ -233,23 +232,6 @@ def _name_arch(text: str) -> tuple[str, str]:
     return name, arch
 
 
-def policy_options(policy: str, options: dict[str, Any], slice_end: str | None) -> dict[str, Any]:
-    """``--policy-options`` with ``--slice-end`` folded in as a static batcher's ``slice_end``, checked
-    by building the policy (a bad option is a usage error, not a crash at the first request)."""
-    options = dict(options)
-    if slice_end is not None and policy in BATCHING:
-        old = options.get("keep_kv")  # the deprecated spelling (make_engine_policy warns)
-        if "keep_kv" in options and "slice_end" not in options:
-            if isinstance(old, bool) and ("keep" if old else "recompute") != slice_end:
-                raise ValueError(f"--slice-end {slice_end} contradicts keep_kv={old} in --policy-options")
-        elif options.setdefault("slice_end", slice_end) != slice_end:
-            raise ValueError(
-                f"--slice-end {slice_end} contradicts slice_end={options['slice_end']} in --policy-options"
-            )
-    make_engine_policy(policy, **options)
-    return options
-
-
 def vllm_settings(text: str) -> VllmSettings:
     """An argparse ``type``: ``--vllm-options`` JSON checked by :class:`VllmSettings`."""
     try:
@@ -265,7 +247,7 @@ class _Parser(argparse.ArgumentParser):
         ns, rest = super().parse_known_args(args, namespace)
         given = {a.split("=", 1)[0] for a in (sys.argv[1:] if args is None else args) if a.startswith("--")}
         try:
-            ns.policy_options = policy_options(ns.policy, ns.policy_options, ns.slice_end)
+            make_engine_policy(ns.policy, **ns.options)  # a bad option is a usage error, not a crash later
         except ValueError as e:
             self.error(str(e))
         if ns.tp > 1 and ns.backend == "native":
@@ -289,7 +271,6 @@ class _Parser(argparse.ArgumentParser):
 NATIVE_CORE_ONLY = (
     "--policy",
     "--policy-options",
-    "--slice-end",
     "--memory-budget",
     "--block-bytes",
     "--watermark",
@@ -424,20 +405,16 @@ def _add_policy_flags(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--policy-options",
+        dest="options",
         type=json_object,
         default={},
         metavar="JSON",
-        help='the policy\'s constructor options, e.g. \'{"batch_size": 8, "max_iterations": 64}\' '
-        "(the cluster config's policy_options)",
+        help='the policy\'s constructor options, e.g. \'{"batch_size": 8, "max_iterations": 64}\'; a static '
+        "batcher's slice_end: keep (its unfinished requests' KV across slices) or recompute (drop it and "
+        f"re-prefill prompt + output when re-batched, SCLS's mode), default {SLICE_END} (the cluster "
+        "config's options)",
     )
-    ap.add_argument(
-        "--slice-end",
-        choices=SLICE_END_MODES,
-        default=None,
-        help="static batcher, at a slice end (SCLS): keep the unfinished requests' KV or drop it and "
-        "re-prefill prompt + output when re-batched (the paper's recompute mode); the same as "
-        f"slice_end in --policy-options (default: {SLICE_END})",
-    )
+    add_renamed_flags(ap, ENGINE_FLAGS)
     ap.add_argument("--max-running", type=int, default=None, help="requests holding KV at once (256)")
     ap.add_argument(
         "--max-batch-requests", type=int, default=None, help="requests per iteration (32; emulated 256)"

@@ -231,7 +231,7 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
             allow_download=False,
             num_threads=1,
             policy=policy,
-            policy_options=options,
+            options=options,
             **LIMITS,
         )
     )
@@ -285,7 +285,7 @@ POLICIES: dict[str, tuple[dict, Callable[[], Any]]] = {
     "fcfs": ({}, Fcfs),
     "doubling_budget": ({}, DoublingBudget),
     # the core's static mode (padded rows, recompute at a slice end)
-    "static_sls": ({**STATIC_OPTIONS, "keep_kv": False}, lambda: StaticSls(**STATIC_OPTIONS)),
+    "static_sls": ({**STATIC_OPTIONS, "slice_end": "recompute"}, lambda: StaticSls(**STATIC_OPTIONS)),
 }
 
 

@@ -17,7 +17,7 @@ def test_cluster_config_engine_entry_reaches_the_executor(monkeypatch: pytest.Mo
     entry = EngineConfig(
         models=["m"],
         policy="static_sls",
-        policy_options={"batch_size": 8, "max_iterations": 64, "keep_kv": False},
+        options={"batch_size": 8, "max_iterations": 64, "slice_end": "recompute"},
         max_running=16,
         max_batch_requests=8,
         max_prefill_tokens=2048,
@@ -28,25 +28,21 @@ def test_cluster_config_engine_entry_reaches_the_executor(monkeypatch: pytest.Mo
     cfg = executor_config(entry.engine_args(), monkeypatch)
     assert cfg.stream_interval_s == 0.0
     assert cfg.policy == "static_sls"
-    assert cfg.policy_options == {"batch_size": 8, "max_iterations": 64, "keep_kv": False}
+    assert cfg.options == {"batch_size": 8, "max_iterations": 64, "slice_end": "recompute"}
     assert cfg.limits == EngineLimits(16, 8, 2048, watermark=0.05, block_bytes=4096)
 
 
-def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_defaults_and_the_slice_end_option(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = executor_config([], monkeypatch)
-    assert (cfg.policy, cfg.policy_options, cfg.max_batch_requests, cfg.block_bytes) == (
+    assert (cfg.policy, cfg.options, cfg.max_batch_requests, cfg.block_bytes) == (
         "fcfs",
         {},
         32,
         65536,
     )
-    assert cfg.stream_interval_s == 0.0  # tokens never wait for a timer (issue 23)
-    cfg = executor_config(["--policy", "scls", "--slice-end", "recompute"], monkeypatch)
-    assert cfg.policy_options == {"slice_end": "recompute"}
-    cfg = executor_config(["--slice-end", "recompute"], monkeypatch)  # a request policy: no slices
-    assert cfg.policy_options == {}
-    opts = ["--policy-options", '{"batch_size": 2}', "--slice-end", "keep", "--policy", "static_sls"]
-    assert executor_config(opts, monkeypatch).policy_options == {"batch_size": 2, "slice_end": "keep"}
+    assert cfg.stream_interval_s == 0.0  # tokens never wait for a timer
+    opts = ["--policy-options", '{"slice_end": "recompute"}', "--policy", "scls"]
+    assert executor_config(opts, monkeypatch).options == {"slice_end": "recompute"}
 
 
 @pytest.mark.parametrize(
@@ -56,8 +52,13 @@ def test_defaults_and_slice_end(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--policy-options", "[1]"], "must be a JSON object"),
         (["--policy-options", '{"x": 1}'], "bad options for request policy 'fcfs'"),
         (["--policy", "static_sls", "--policy-options", '{"batch_size": 0}'], "batch_size must be an int >= 1"),
-        (["--policy", "scls", "--slice-end", "recompute", "--policy-options", '{"keep_kv": true}'],
-         "--slice-end recompute contradicts keep_kv=True"),
+        (["--policy", "scls", "--policy-options", '{"slice_end": "drop"}'],
+         "slice_end must be one of ['keep', 'recompute'], got 'drop'"),
+        (["--policy", "scls", "--policy-options", '{"keep_kv": true}'],
+         "bad options for engine policy 'scls': keep_kv was renamed: write slice_end: keep|recompute"),
+        (["--policy", "scls", "--slice-end", "recompute"],
+         """--slice-end was renamed: write --policy-options '{"slice_end": "keep|recompute"}'"""),
+        (["--policy", "scls", "--slice-end"], "--slice-end was renamed"),
     ],
 )  # fmt: skip
 def test_bad_policy_options_are_usage_errors(

@@ -61,9 +61,7 @@ async def test_three_architectures_in_mixed_batches_match_hf(make_executor, llam
 async def test_two_models_share_one_pool(make_executor, endless, qwen2):
     # FCFS would run the older request's model to completion first; the doubling budget with a small
     # prior alternates between the two services, so both hold KV in the same pool at once.
-    ex = make_executor(
-        policy="doubling_budget", policy_options={"default_mean_s": 0.005, "default_std_s": 0.0}
-    )
+    ex = make_executor(policy="doubling_budget", options={"default_mean_s": 0.005, "default_std_s": 0.0})
     # without EOS the sampled qwen2 request runs its 1500 tokens too (an EOS after a few dozen tokens
     # made the overlap a window of a few fast iterations, shorter than the 50 ms poll)
     qwen2 = dataclasses.replace(qwen2, name="tiny-qwen2-endless", eos_token_ids=frozenset())
@@ -230,7 +228,7 @@ async def test_static_mode_slices_keep_greedy_output(make_executor, endless, sli
     (padded rows, unfinished rows re-prefilled at a slice end), keep mode never drops KV."""
     ex = make_executor(
         policy="static_sls",
-        policy_options={"batch_size": 2, "max_iterations": 3, "keep_kv": slice_end == "keep"},
+        options={"batch_size": 2, "max_iterations": 3, "slice_end": slice_end},
     )
     recompute = slice_end == "recompute"
     assert ex.core.static == recompute

@@ -32,9 +32,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from llmfleet.config import ClusterConfig, ModelConfig, ServiceConfig, SloConfig, validation_message
+from llmfleet.config import ClusterConfig, ModelConfig
 from llmfleet.coord import (
     EtcdClient,
     LeaderElection,
@@ -45,8 +45,8 @@ from llmfleet.coord import (
 from llmfleet.coord.desired import ModelEntry, SeedRecord, get_seed, seed_desired
 from llmfleet.coord.unplaced import UnplacedPublisher
 from llmfleet.policies.placement import StaticConfigPlacement
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
-from pydantic import ValidationError
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +87,13 @@ def runtime_config(
     model_cfgs: dict[str, ModelConfig] = dict(base.models)
     for name, m in models.items():
         model_cfgs[name] = ModelConfig.model_construct(source=m.source, dtype=m.dtype, sim_model=m.sim_model)
-    svc_cfgs: dict[str, ServiceConfig] = {}
+    svc_cfgs: dict[str, ServiceSpec] = {}
     for name, spec in sorted(services.items()):
         if spec.model not in model_cfgs:
             why = f"service {name!r}: model {spec.model!r} is not declared (models/ or the config)"
             problems.append(LeftOut(why, name, spec.model))
             continue
-        d = asdict(spec)
-        slo = d.pop("slo")
-        fields = {k: v for k, v in d.items() if k in ServiceConfig.model_fields}  # all but the name
-        try:
-            svc_cfgs[name] = ServiceConfig(**fields, slo=SloConfig(**slo))
-        except ValidationError as e:
-            problems.append(LeftOut(f"service {name!r}: {validation_message(e)}", name, spec.model))
+        svc_cfgs[name] = spec
     if base.placement.planned:
         from llmfleet.costmodel import UnknownModel, model_arch
 

@@ -28,7 +28,8 @@ from llmfleet.policies.placement import (
     gpus_in_use,
 )
 from llmfleet.policies.placement.backlog import with_backlog
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 
 Assignment = dict[str, tuple[str, ...]]  # engine id -> served model names (sorted; () = idle)
 

@@ -23,7 +23,8 @@ from typing import Protocol, runtime_checkable
 from llmfleet.config import ClusterConfig
 from llmfleet.policies.placement import GpuPool, PlanEvaluator, ServiceLoad
 from llmfleet.policies.placement.evaluator import PlanEvaluatorFactory, WindowRequest
-from llmfleet.types import ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import Slo
 
 
 @runtime_checkable

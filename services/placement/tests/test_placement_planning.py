@@ -14,7 +14,8 @@ from llmfleet.policies.placement import (
     make_placement_policy,
 )
 from llmfleet.policies.placement.hysteresis import Hysteresis
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
 from llmfleet_placement.planning import (
     LiveEngine,
     ModelNames,

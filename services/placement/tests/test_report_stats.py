@@ -16,8 +16,9 @@ from llmfleet.coord import EtcdClient, LeaderElection, node_view, placement_view
 from llmfleet.monitor import Completion, Decision, ServiceMonitor
 from llmfleet.monitor.wire import stats_to_proto
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView, eventually
-from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord, ServiceSpec, Slo
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord, Slo
 from llmfleet_placement.servicer import PlacementServicer
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord

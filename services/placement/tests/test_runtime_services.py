@@ -10,7 +10,8 @@ from llmfleet.config import ClusterConfig
 from llmfleet.coord import node_view, placement_view, put_service, service_view
 from llmfleet.coord.desired import ModelEntry, get_seed, write_desired
 from llmfleet.policies.placement import make_placement_policy
-from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, NodeRecord, Slo
 from llmfleet_placement.controller import (
     PlacementController,
     read_runtime_config,

@@ -39,7 +39,7 @@ from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.policies.capacity import BINDINGS, HoldQueue, Saturation, Unplaceable, unplaceable
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
-from llmfleet.types import ServiceSpec
+from llmfleet.spec.services import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
 

@@ -20,7 +20,8 @@ from llmfleet.load import LoadBook
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.policies.dispatch import EngineCandidate
 from llmfleet.rpc.channels import open_channel
-from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import ENGINE_ROLE, NodeRecord
 
 
 @dataclass

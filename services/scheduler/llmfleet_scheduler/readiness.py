@@ -18,7 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.types import NodeRecord, ServiceSpec
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import NodeRecord
 
 from llmfleet_scheduler.directory import ClusterDirectory
 

@@ -22,8 +22,8 @@ from llmfleet.policies.dispatch import (
     Rebalancer,
 )
 from llmfleet.rpc.mux import MuxStream
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.token_estimate import approx_token_count
-from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -115,7 +115,7 @@ class Relay:
         excluded: set[str] = set()
         last_error = ""
         spec = self.directory.services().get(rec.service) or ServiceSpec(rec.service, rec.model)
-        if spec.dispatch == SCLS_CENTRAL:
+        if spec.dispatch is not None and spec.dispatch.policy == SCLS_CENTRAL:
             if self.central is None:
                 await rec.fail(
                     grpc.StatusCode.FAILED_PRECONDITION,

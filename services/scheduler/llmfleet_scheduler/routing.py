@@ -36,7 +36,7 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.migration import MellView
-from llmfleet.types import ServiceSpec
+from llmfleet.spec.services import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
 
@@ -105,7 +105,7 @@ class DispatchRouter:
                 ) from None
 
     def name_for(self, spec: ServiceSpec) -> str:
-        return spec.dispatch or self.default
+        return spec.dispatch.policy if spec.dispatch is not None else self.default
 
     def wants_prediction(self, spec: ServiceSpec, mode: str) -> bool:
         """``always``/``never``; ``auto``: the service asks (``predict``) or its dispatch policy reads
@@ -121,7 +121,7 @@ class DispatchRouter:
     def for_service(self, spec: ServiceSpec) -> DispatchPolicy:
         """The service's policy object (ValueError when it cannot be built or cannot run here)."""
         name = self.name_for(spec)
-        options = spec.dispatch_options if spec.dispatch else self.default_options
+        options = spec.dispatch.options if spec.dispatch is not None else self.default_options
         key = (spec.name, name)
         built = self._policies.get(key)
         if built is not None and built[1] == options:  # a dict compare per request: an apply may change them

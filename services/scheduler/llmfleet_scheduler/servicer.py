@@ -17,8 +17,8 @@ from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
 from llmfleet.security.settings import current as current_security
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.token_estimate import approx_token_count
-from llmfleet.types import ServiceSpec
 
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -155,7 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
         if not sampling.HasField("max_tokens"):
-            sampling.max_tokens = spec.default_max_tokens
+            sampling.max_tokens = spec.max_tokens
         if len(request.resume_token_ids) > sampling.max_tokens:
             raise InvalidField(
                 "resume_token_ids",
@@ -226,7 +226,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if request.sampling.HasField("max_tokens"):
                 max_tokens = request.sampling.max_tokens
             elif (spec := self.directory.services().get(request.service)) is not None:
-                max_tokens = spec.default_max_tokens
+                max_tokens = spec.max_tokens
             tokens = estimate_tokens(request.prompt, max_tokens)
         try:
             self.key_limits.take(key.name, key.limits, tokens)

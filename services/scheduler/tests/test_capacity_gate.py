@@ -15,8 +15,9 @@ from llmfleet.load import LoadReport
 from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.policies.capacity import Saturation, Unplaceable
 from llmfleet.policies.dispatch import DispatchRequest, NoCandidate, make_dispatch_policy
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
-from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec, Slo
+from llmfleet.types import ENGINE_ROLE, NodeRecord, Slo
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
 from prometheus_client import CollectorRegistry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmfleet.types import ServiceSpec
+from llmfleet.spec.services import ServiceSpec
 from llmfleet_scheduler.main import build_node, build_parser
 from llmfleet_scheduler.routing import DispatchRouter
 
@@ -50,20 +50,23 @@ def test_bad_json_is_a_usage_error_naming_the_flag(text, capsys):
 
 def test_a_service_naming_its_own_policy_gets_its_own_options():
     router = DispatchRouter("worst_fit_kv", default_options={"active_only": True})
-    spec = ServiceSpec("b", "tiny-llama", dispatch="worst_fit_kv", dispatch_options={"active_only": False})
+    spec = ServiceSpec(
+        "b", "tiny-llama", dispatch={"policy": "worst_fit_kv", "options": {"active_only": False}}
+    )
     own = router.for_service(spec)
     assert own.active_only is False  # the service's options, not the default's
     assert router.for_service(spec) is own
     # `llmfleet apply` changed the options: the policy is built again with the new ones
     again = router.for_service(
-        ServiceSpec("b", "tiny-llama", dispatch="worst_fit_kv", dispatch_options={"active_only": True})
+        ServiceSpec("b", "tiny-llama", dispatch={"policy": "worst_fit_kv", "options": {"active_only": True}})
     )
     assert again is not own and again.active_only is True
 
 
 def test_service_dispatch_options_travel_through_etcd_json():
-    spec = ServiceSpec("b", "tiny-llama", dispatch="power_of_two", dispatch_options={"seed": 7})
+    spec = ServiceSpec("b", "tiny-llama", dispatch={"policy": "power_of_two", "options": {"seed": 7}})
     back = ServiceSpec.from_json(spec.to_json())
-    assert back == spec and back.dispatch_options == {"seed": 7}
-    # what an older writer stored (no dispatch_options) reads as no options
-    assert ServiceSpec.from_json(b'{"name": "b", "model": "m", "dispatch": "jsq"}').dispatch_options == {}
+    assert back == spec and back.dispatch is not None and back.dispatch.options == {"seed": 7}
+    # a section without options has none; the scheduler's policy is no section at all
+    assert ServiceSpec.from_json(b'{"name": "b", "model": "m", "dispatch": "jsq"}').dispatch.options == {}
+    assert ServiceSpec.from_json(b'{"name": "b", "model": "m", "dispatch": null}').dispatch is None

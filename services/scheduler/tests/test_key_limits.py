@@ -14,8 +14,8 @@ from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.metrics.server import samples
 from llmfleet.security import ApiKeyStore, KeyRateLimiter
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
-from llmfleet.types import ServiceSpec
 from llmfleet_scheduler.admission import Admission
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.http_api import ServicerBackend, create_app

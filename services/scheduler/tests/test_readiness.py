@@ -4,8 +4,9 @@ leader will not place do not hold it; once reached it stays (a start-up gate).""
 
 from __future__ import annotations
 
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
-from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
+from llmfleet.types import ENGINE_ROLE, NodeRecord
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.readiness import Readiness, unserved
 

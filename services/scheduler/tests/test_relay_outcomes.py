@@ -15,8 +15,9 @@ from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.metrics.server import samples
 from llmfleet.policies.dispatch import DispatchNeeds, FinishListener, NoCandidate
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
-from llmfleet.types import ENGINE_ROLE, NodeRecord, ServiceSpec
+from llmfleet.types import ENGINE_ROLE, NodeRecord
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.relay import Relay

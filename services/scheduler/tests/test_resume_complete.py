@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
-from llmfleet.types import ServiceSpec
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.servicer import SchedulerServicer
 from llmfleet_scheduler.validation import InvalidField

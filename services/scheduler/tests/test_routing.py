@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from llmfleet.types import ServiceSpec, Slo
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.types import Slo
 from llmfleet_scheduler.routing import DispatchRouter
 
 

@@ -202,14 +202,14 @@ def test_single_phase_batches_are_one_phase_and_prefill_first(seed):
             assert set(mixed.request_ids) <= {r.request_id for r in running}
 
 
-def test_single_phase_reaches_the_live_engine_through_policy_options():
+def test_single_phase_reaches_the_live_engine_through_its_options():
     """Live: ``llmfleet-engine --policy fcfs --policy-options '{"single_phase": true}'`` (or a cluster
-    config's ``policy_options``) builds the same policy object."""
+    config's ``options``) builds the same policy object."""
     import json
 
     from llmfleet.config import EngineConfig
     from llmfleet.policies.engine_policy import make_engine_policy
 
     assert make_engine_policy("fcfs", single_phase=True).single_phase is True
-    args = EngineConfig(models=["m"], policy="fcfs", policy_options={"single_phase": True}).engine_args()
+    args = EngineConfig(models=["m"], policy="fcfs", options={"single_phase": True}).engine_args()
     assert json.loads(args[args.index("--policy-options") + 1]) == {"single_phase": True}
