@@ -86,36 +86,6 @@ class Fleet(LocalUp):
         self.spec = spec
         self.gpus, self.processes = spec.gpus, spec.host_processes
 
-    def engines(self) -> int:
-        return sum(1 for n in self.status().get("nodes", []) if n["role"] == "engine")
-
-    def processes_by_name(self) -> dict[str, psutil.Process]:
-        """Every process of the cluster, by a short name (``etcd``, ``scheduler``, ``emu0``, ...)."""
-        assert self.proc is not None
-        root = psutil.Process(self.proc.pid)
-        out: dict[str, psutil.Process] = {"up": root}
-        for p in root.children(recursive=True):
-            try:
-                argv = p.cmdline()
-            except psutil.Error:
-                continue
-            name = p.name()
-            if "--id" in argv:
-                name = argv[argv.index("--id") + 1]
-            elif "etcd" in name:
-                name = "etcd"
-            out[name if name not in out else f"{name}-{p.pid}"] = p
-        return out
-
-    def rss_bytes(self) -> dict[str, int]:
-        out = {}
-        for name, p in self.processes_by_name().items():
-            try:
-                out[f"{p.pid} {name}"] = p.memory_info().rss
-            except psutil.Error:
-                continue
-        return out
-
     def emulated_pacing(self) -> dict[str, float]:
         """Every emulated GPU's pacing counters (``llmfleet_emulated_*`` on its /metrics), summed; and
         the host's mean time per step from a step's due time to the next step's scheduling."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,38 @@ class LocalUp:
     def log_text(self, name: str) -> str:
         path = self.dir / "state" / "logs" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def engines(self) -> int:
+        """Engine nodes registered in etcd."""
+        return sum(1 for n in self.status().get("nodes", []) if n["role"] == "engine")
+
+    def processes_by_name(self) -> dict[str, psutil.Process]:
+        """Every process of the cluster, by a short name (``etcd``, ``scheduler``, ``emu0``, ...)."""
+        assert self.proc is not None
+        root = psutil.Process(self.proc.pid)
+        out: dict[str, psutil.Process] = {"up": root}
+        for p in root.children(recursive=True):
+            try:
+                argv = p.cmdline()
+            except psutil.Error:
+                continue
+            name = p.name()
+            if "--id" in argv:
+                name = argv[argv.index("--id") + 1]
+            elif "etcd" in name:
+                name = "etcd"
+            out[name if name not in out else f"{name}-{p.pid}"] = p
+        return out
+
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident bytes of every process of the cluster, by ``"{pid} {name}"``."""
+        out = {}
+        for name, p in self.processes_by_name().items():
+            try:
+                out[f"{p.pid} {name}"] = p.memory_info().rss
+            except psutil.Error:
+                continue
+        return out
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -300,8 +300,8 @@ class BlockAllocator:
         seq = self._seq(seq_id)
         if len(hashes) * seq.model.tpb > seq.num_tokens:
             raise ValueError(f"{seq_id!r}: only full blocks are cached ({seq.num_tokens} tokens)")
-        add, name, blocks = self._cache.add, seq.model.name, seq.blocks
-        return sum([add(blocks[i], h, name) for i, h in enumerate(hashes)])
+        add, blocks = self._cache.add, seq.blocks
+        return sum([add(blocks[i], h) for i, h in enumerate(hashes)])
 
     def own_tokens(self, seq_id: str) -> int:
         """Tokens of ``seq_id`` outside the cached prefix it started on (the KV it added to the pool)."""
@@ -431,7 +431,7 @@ class BlockAllocator:
             m.blocks -= len(blocks)
             m.tokens -= seq.num_tokens
             return len(blocks)
-        t = m.tpb
+        t, name = m.tpb, m.name
         last = len(blocks) - 1
         free = self._free
         released = 0
@@ -439,7 +439,7 @@ class BlockAllocator:
             b = blocks[i]
             c = shared.get(b)
             if c is None:
-                if not cache.park(b):  # (idle cached blocks are evicted oldest first: the tail first)
+                if not cache.park(b, name):  # (idle cached blocks are evicted oldest first: the tail first)
                     free.append(b)
                 released += 1
                 m.tokens -= t if i < last else seq.num_tokens - last * t

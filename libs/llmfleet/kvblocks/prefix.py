@@ -76,14 +76,19 @@ def prefix_block_hashes(
 
 
 class PrefixIndex:
-    """Which block holds which hash; idle cached blocks in LRU order (oldest first)."""
+    """Which block holds which hash; idle cached blocks in LRU order (oldest first).
+
+    A cached block is an entry in ``by_hash`` and in ``of_block`` (two ints, shared by both dicts); an
+    idle one also an entry in ``idle``, whose value is its model (the names are shared strings). A
+    block's model is needed only while it is idle: a held block's model is its holders'.
+    """
 
     __slots__ = ("by_hash", "idle", "idle_by_model", "of_block", "recent")
 
     def __init__(self) -> None:
         self.by_hash: dict[int, int] = {}  # hash -> block
-        self.of_block: dict[int, tuple[int, str]] = {}  # block -> (hash, model)
-        self.idle: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds
+        self.of_block: dict[int, int] = {}  # block -> hash
+        self.idle: OrderedDict[int, str] = OrderedDict()  # cached blocks no sequence holds -> model
         self.idle_by_model: dict[str, int] = {}
         self.recent: deque[int] = deque(maxlen=RECENT_HASHES)
 
@@ -100,48 +105,46 @@ class PrefixIndex:
             n += 1
         return n
 
-    def add(self, block: int, h: int, model: str) -> bool:
+    def add(self, block: int, h: int) -> bool:
         """Name the held ``block`` by ``h``; False when the block or the hash is already cached."""
         if block in self.of_block or h in self.by_hash:
             return False
         self.by_hash[h] = block
-        self.of_block[block] = (h, model)
+        self.of_block[block] = h
         self.recent.append(h)
         return True
 
-    def park(self, block: int) -> bool:
-        """The last holder of ``block`` let it go: a cached block becomes idle (True), else False."""
-        entry = self.of_block.get(block)
-        if entry is None:
+    def park(self, block: int, model: str) -> bool:
+        """The last holder of ``block`` (of ``model``) let it go: a cached block becomes idle (True),
+        else False."""
+        if block not in self.of_block:
             return False
-        self.idle[block] = None
-        model = entry[1]
+        self.idle[block] = model
         self.idle_by_model[model] = self.idle_by_model.get(model, 0) + 1
         return True
 
     def claim(self, block: int) -> bool:
         """A sequence takes the cached ``block``: True when it was idle (it is no longer)."""
-        if block not in self.idle:
+        model = self.idle.pop(block, None)
+        if model is None:
             return False
-        del self.idle[block]
-        self._idle_less(self.of_block[block][1])
+        self._idle_less(model)
         return True
 
     def evict(self) -> int:
         """Forget the least recently idled block and return it (the caller reuses it)."""
-        block, _ = self.idle.popitem(last=False)
-        h, model = self.of_block.pop(block)
-        del self.by_hash[h]
+        block, model = self.idle.popitem(last=False)
+        del self.by_hash[self.of_block.pop(block)]
         self._idle_less(model)
         return block
 
     def drop_model(self, model: str) -> list[int]:
         """Forget ``model``'s cached blocks (all idle: it has no sequences); returns them."""
-        blocks = [b for b, (_, m) in self.of_block.items() if m == model]
+        idle = self.idle
+        blocks = [b for b in self.of_block if idle.get(b) == model]  # in the order they were cached
         for b in blocks:
-            h, _ = self.of_block.pop(b)
-            del self.by_hash[h]
-            self.idle.pop(b, None)
+            del self.by_hash[self.of_block.pop(b)]
+            del idle[b]
         self.idle_by_model.pop(model, None)
         return blocks
 
