@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
 
+
+@overload
+def positive_int(name: str, value: object, *, optional: Literal[False] = False) -> int: ...
+@overload
+def positive_int(name: str, value: object, *, optional: bool) -> int | None: ...
 def positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
     """``value`` if it is an int >= 1 (bools refused); None passes when ``optional``."""
     if optional and value is None:

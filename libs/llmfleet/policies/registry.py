@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-def lookup(kind: str, registry: Mapping[str, type], name: str) -> type:
+def lookup(kind: str, registry: Mapping[str, T], name: str) -> T:
     """``registry[name]``; an unknown name is a ValueError listing the valid ones."""
     try:
         return registry[name]

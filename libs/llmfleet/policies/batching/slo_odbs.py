@@ -196,7 +196,7 @@ def as_batch_cost(cost: BatchCost | Mapping[str, Any] | None) -> BatchCost | Non
                 raise ValueError(f"cost needs model and hardware (and tp, source), got keys {sorted(cost)}")
             tp = positive_int("cost tp", cost.get("tp", 1))
             source = check_cost_source(str(cost.get("source", DEFAULT_COST_SOURCE)))
-            return _catalog_cost(str(cost["model"]), str(cost["hardware"]), tp, source)  # type: ignore[arg-type]
+            return _catalog_cost(str(cost["model"]), str(cost["hardware"]), tp, source)
         from llmfleet.policies.batching.scls_dp import as_scls_cost
 
         return as_scls_cost(cost)

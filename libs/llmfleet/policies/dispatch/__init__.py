@@ -30,7 +30,7 @@ from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
 from llmfleet.policies.registry import instantiate, lookup
 
-POLICIES: dict[str, type] = {
+POLICIES: dict[str, type[DispatchPolicy]] = {
     "round_robin": RoundRobin,
     "jsq": JoinShortestQueue,
     "mell": MellDispatch,

@@ -106,7 +106,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -173,7 +173,9 @@ class AladdinBestFit(FinishListener):
     # predictions (the scheduler asks the profiler), latency models and SLOs (from the DispatchContext)
     # and its own ledger; of the candidates only ids, models and KV capacity, never their load
     # and, of the candidates, each decoding request's measured progress (constraint (d))
-    needs = DispatchNeeds(reads_predictions=True, reads_costs=True, reads_progress=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(
+        reads_predictions=True, reads_costs=True, reads_progress=True
+    )
 
     def __init__(
         self,

@@ -99,24 +99,26 @@ class RequestBook:
         """Slots of the candidates hosting ``model``, less ``exclude`` (new engines get a slot with
         their KV capacity); NoCandidate, with the reason, when none is left."""
         ids = [c.engine_id for c in candidates]
-        if ids != pool.cache_ids:
-            idx = []
-            for c in candidates:
-                if model not in c.models:
-                    continue
-                i = pool.slot_of.get(c.engine_id)
-                if i is None:
-                    i = pool.add_slot(c.engine_id, self.capacity.tokens(model, c, bpt))
-                idx.append(i)
-            pool.cache_ids, pool.cache_idx = ids, np.array(idx, dtype=np.intp)
         idx = pool.cache_idx
+        if idx is None or ids != pool.cache_ids:
+            idx = np.array(
+                [self._slot(pool, model, c, bpt) for c in candidates if model in c.models], dtype=np.intp
+            )
+            pool.cache_ids, pool.cache_idx = ids, idx
         if exclude:
             ex = [pool.slot_of[e] for e in exclude if e in pool.slot_of]
             if ex:
                 idx = idx[~np.isin(idx, ex)]
-        if idx is None or not idx.size:
+        if not idx.size:
             eligible(model, candidates, exclude)  # raises NoCandidate with the reason
         return idx
+
+    def _slot(self, pool: ModelPool, model: str, candidate: EngineCandidate, bpt: float) -> int:
+        """``candidate``'s slot in ``pool`` (a new engine gets one with its KV capacity)."""
+        i = pool.slot_of.get(candidate.engine_id)
+        if i is None:
+            i = pool.add_slot(candidate.engine_id, self.capacity.tokens(model, candidate, bpt))
+        return i
 
     def advance(self, now: float) -> float:
         """Bring the time-derived state to ``now``: requests whose prefill ended become ongoing (by

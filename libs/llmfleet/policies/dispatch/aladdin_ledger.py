@@ -23,6 +23,16 @@ import numpy as np
 B_CAP = 1 << 20  # search cap for B_max when l_d never reaches 0
 GRID = 257
 EPS = 1e-6  # tokens: rounding slack of the (e) comparison
+# the per-worker arrays of a ModelPool and its (e) profile rows with the value that pads a row
+SLOT_ARRAYS = (
+    "b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end", "M", "err_b", "err_l",
+    "rank", "dirty", "meas", "dkey", "pre_sum", "pu",
+)  # fmt: skip
+PROFILE_PADS = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
+
+
+def _no_slots(count: int) -> list[np.ndarray]:
+    return [np.zeros(0) for _ in range(count)]
 
 
 class PlacedRequest:
@@ -64,23 +74,25 @@ class ModelPool:
     protect_prefills: bool = True  # (d) also covers requests placed here whose prefill has not ended
 
     def __post_init__(self) -> None:
-        self.n = 0
-        names = ("b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end")
-        names += ("M", "err_b", "err_l", "rank", "dirty")
-        # measured (d): meas = 1 where the caller reports per-request progress; dkey = min over the
-        # requests decoding there of T_dec·l_out + t_first (slack at t = dkey − t); pre_sum = prefill
-        # seconds placed there within the prefill window (the (b) prefill load)
-        names += ("meas", "dkey", "pre_sum")
-        names += ("pu",)  # the iteration clock stands still until pu (prefills placed there run)
-        self._names = names
-        for nm in names:
-            setattr(self, nm, np.zeros(0))
+        self.n = 0  # slots in use
+        # per-worker aggregates, one entry per slot (add_slot grows every array in SLOT_ARRAYS):
+        # batch b, Σ(l_in + γ·l_pred) S, Σ l_in of prefills not ended new_in, Σ final lengths, KV tokens M
+        self.b, self.S, self.new_in, self.final, self.M = _no_slots(5)
+        # iteration clock: it_base iterations at t_base, rate per second, standing still until pu
+        # (prefills placed there run)
+        self.it_base, self.t_base, self.rate, self.pu = _no_slots(4)
+        # (d): amax = max over ongoing requests of T_dec·(s_iter − 1) − t_start; measured: meas = 1 where
+        # the caller reports per-request progress, dkey = min over the requests decoding there of
+        # T_dec·l_out + t_first (slack at t = dkey − t); pre_sum = prefill seconds placed there within
+        # the prefill window (the (b) prefill load)
+        self.amax, self.meas, self.dkey, self.pre_sum = _no_slots(4)
+        # error point (err_b, err_l), earliest predicted end, engine-id rank, (e) row needs a rebuild
+        self.err_b, self.err_l, self.min_end, self.rank, self.dirty = _no_slots(5)
         # (e) profile rows: sorted breakpoints E, suffix sums SC of c0 and counts NC, suffix max SM of
         # the profile at the breakpoints, prefix max PM of (profile + E); width = most members + 1
-        self._pads = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
         self.width = 8
-        for nm, pad in self._pads.items():
-            setattr(self, nm, np.full((0, self.width), pad))
+        rows = [np.full((0, self.width), pad) for pad in PROFILE_PADS.values()]
+        self.E, self.SC, self.NC, self.SM, self.PM = rows
         self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
         l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
         self._ld[0] = l1
@@ -148,12 +160,12 @@ class ModelPool:
         i = self.n
         if i >= len(self.b):
             cap = max(16, 2 * len(self.b))
-            for nm in self._names:
+            for nm in SLOT_ARRAYS:
                 arr = getattr(self, nm)
                 new = np.zeros(cap)
                 new[: len(arr)] = arr
                 setattr(self, nm, new)
-            for nm, pad in self._pads.items():
+            for nm, pad in PROFILE_PADS.items():
                 arr = getattr(self, nm)
                 new = np.full((cap, self.width), pad)
                 new[: len(arr)] = arr
@@ -234,7 +246,7 @@ class ModelPool:
         self.dirty[i] = 0.0
 
     def widen(self, width: int) -> None:
-        for nm, pad in self._pads.items():
+        for nm, pad in PROFILE_PADS.items():
             arr = getattr(self, nm)
             new = np.full((arr.shape[0], width), pad)
             new[:, : self.width] = arr

@@ -11,6 +11,7 @@ Stateless and deterministic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
@@ -21,7 +22,7 @@ class BestFitKv:
     name = "best_fit_kv"
     # free KV and the request's predicted need: the scheduler asks the profiler, the simulator keeps
     # kv_used_bytes exact (no fast-forward)
-    needs = DispatchNeeds(reads_kv=True, reads_predictions=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_kv=True, reads_predictions=True)
 
     def choose(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
@@ -19,7 +20,7 @@ class JoinShortestQueue:
     """Fewest queued (running + waiting) requests; ties by engine id."""
 
     name = "jsq"
-    needs = DispatchNeeds(reads_queue=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True)
 
     def choose(
         self,

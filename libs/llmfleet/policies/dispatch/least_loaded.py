@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
@@ -21,7 +22,7 @@ class LeastLoaded:
 
     name = "least_loaded"
     # KV utilization, then queue length; reading kv_used_bytes, the simulator keeps it exact (no fast-forward)
-    needs = DispatchNeeds(reads_queue=True, reads_kv=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True, reads_kv=True)
 
     def choose(
         self,

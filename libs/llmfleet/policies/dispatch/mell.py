@@ -16,6 +16,7 @@ free KV. Ties by engine id.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 from llmfleet.policies.dispatch.best_fit_kv import best_fit
@@ -29,7 +30,7 @@ class MellDispatch:
     name = "mell"
     # free KV, and running counts (whether an engine is busy); the size is the prompt's KV now, so no
     # predicted output length
-    needs = DispatchNeeds(reads_queue=True, reads_kv=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True, reads_kv=True)
 
     def __init__(self, view_source: Callable[[], MellView | None] | None = None) -> None:
         self.view_source = view_source

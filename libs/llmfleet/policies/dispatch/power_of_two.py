@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
@@ -20,7 +21,7 @@ class PowerOfTwo:
     """Two seeded random samples, the shorter queue wins; ties by engine id."""
 
     name = "power_of_two"
-    needs = DispatchNeeds(reads_queue=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True)
 
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):

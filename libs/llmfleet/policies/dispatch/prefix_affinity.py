@@ -54,6 +54,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from llmfleet.kvblocks.prefix import prefix_block_hashes
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
@@ -175,10 +176,11 @@ class PrefixStats:
         return self.matched_blocks / self.blocks if self.blocks else 0.0
 
 
-def _positive(name: str, value: object, kind: type) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind | int):
+def _positive(name: str, value: object, kind: type[int] | type[float]) -> None:
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed):
         raise ValueError(f"{name} must be {'an int' if kind is int else 'a number'}, got {value!r}")
-    if not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
 
@@ -194,7 +196,7 @@ class PrefixAffinity:
     remembered)."""
 
     name = "prefix_affinity"
-    needs = DispatchNeeds(reads_queue=True, reads_prompt=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True, reads_prompt=True)
 
     def __init__(
         self,

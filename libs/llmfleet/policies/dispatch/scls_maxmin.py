@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, as_scls_cost
 from llmfleet.policies.checks import positive_int
@@ -60,7 +60,7 @@ class SclsMaxMin(FinishListener):
     name = "scls_maxmin"
     # predicted lengths (the scheduler asks the profiler) and its own books of estimated serve time, not
     # the engines' load; it hears every end of a placement (FinishListener)
-    needs = DispatchNeeds(reads_predictions=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_predictions=True)
 
     def __init__(
         self,
@@ -134,14 +134,19 @@ class SclsMaxMin(FinishListener):
         out: list[tuple[B, str]] = []
         for i in order:
             batch, est = batches_with_estimates[i]
-            if credit is None:
-                worker = min(workers, key=self.load)
-            else:
-                worker = min(workers, key=lambda w, b=batch: self.load(w) - credit(b, w))
+            worker = self._least_loaded(workers, batch, credit)
             self._add(worker, est)
             self._batches[batch] = (worker, est)
             out.append((batch, worker))
         return out
+
+    def _least_loaded(
+        self, workers: Sequence[str], batch: B, credit: Callable[[B, str], float] | None
+    ) -> str:
+        """The worker with the least load (less ``credit(batch, worker)`` when given); ties: first."""
+        if credit is None:
+            return min(workers, key=self.load)
+        return min(workers, key=lambda w: self.load(w) - credit(batch, w))
 
     def complete_batch(self, batch: Hashable) -> None:
         """The worker finished ``batch``: its load drops by the batch's estimate (unknown batch: no-op)."""

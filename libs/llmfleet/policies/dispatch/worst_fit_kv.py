@@ -12,6 +12,7 @@ KV now; an idle engine is opened (the lowest id) only when no active one fits.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
 
@@ -20,7 +21,8 @@ class WorstFitKv:
     """Most free KV bytes; ties by engine id."""
 
     name = "worst_fit_kv"
-    needs = DispatchNeeds(reads_kv=True)  # free KV: the simulator keeps it exact (no fast-forward)
+    # free KV: the simulator keeps it exact (no fast-forward)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_kv=True)
 
     def __init__(self, active_only: bool = False) -> None:
         self.active_only = active_only

@@ -186,7 +186,7 @@ class MellPacker:
         cap = self._cap
         prev_of = {r.request_id: iid for iid, p in self._items.items() for r in p.reqs}
         ops: list[tuple] = []
-        tiny: dict[tuple[str, str], tuple[dict[str | None, list], list]] = {}
+        tiny: dict[tuple[str, str], tuple[dict[str, list], list]] = {}
         for rid, (r, gid) in seen.items():
             b, pid = w.bins[gid], prev_of.get(rid)
             if pid is not None and size_class(r.kv_bytes, cap) == TINY:

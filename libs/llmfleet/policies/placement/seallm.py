@@ -201,17 +201,17 @@ class SeaLLMPlacement(PlannerReport):
         for g in groups:
             if len(g.services) >= cand.cap:
                 continue
-            for s in order:
-                if s.name in g.services:
+            for load in order:
+                if load.name in g.services:
                     continue
-                members = [svc[x] for x in g.services] + [s]
+                members = [svc[x] for x in g.services] + [load]
                 if self._fits(members, g.tp, hw):
-                    g.services.append(s.name)
-                    cand.added.append((g.gid, s.name))
+                    g.services.append(load.name)
+                    cand.added.append((g.gid, load.name))
                     return True
                 if not g.services and self._merge(cand, g, members, gpus_per_node, hw):
-                    g.services.append(s.name)
-                    cand.added.append((g.gid, s.name))
+                    g.services.append(load.name)
+                    cand.added.append((g.gid, load.name))
                     return True
         return False
 
@@ -301,7 +301,8 @@ class SeaLLMPlacement(PlannerReport):
             return []
         hw = hardware(gpus.hardware)
         mem = hw.mem_bytes
-        cold = ctx.evaluator is None
+        evaluator = ctx.evaluator
+        cold = evaluator is None
         quick = self._new_services(gpus, services, ctx.current, mem, cold=cold)
         if quick is not None:
             self.last_score = None
@@ -309,13 +310,13 @@ class SeaLLMPlacement(PlannerReport):
                 " (no recent workload to search on)" if cold else ""
             )
             return quick
-        if cold:
+        if evaluator is None:
             raise ValueError(
                 "the seallm planner searches on recent requests (PlacementContext.evaluator) and has none"
             )
         cands = self._candidates(gpus, services, hw)
         model_of = {s.name: s.model for s in services}
-        self._search(cands, services, gpus.gpus_per_node, hw, model_of, ctx.evaluator)
+        self._search(cands, services, gpus.gpus_per_node, hw, model_of, evaluator)
         return self._best(cands, services, model_of)
 
     def _candidates(self, gpus: GpuPool, services: Sequence[ServiceLoad], hw: Hardware) -> list[_Candidate]:
@@ -386,7 +387,8 @@ class SeaLLMPlacement(PlannerReport):
     ) -> list[InstancePlan]:
         """The searched candidate that hosts the most services with traffic, then has the highest
         simulated SLO attainment, then the lowest normalized latency (Eq. 3); its plan."""
-        placed = [c for c in cands if any(g.services for g in c.groups)]
+        # every candidate is scored by the search; (candidate, its score) of those hosting a service
+        placed = [(c, c.score) for c in cands if c.score is not None and any(g.services for g in c.groups)]
         if not placed:
             raise PlacementInfeasible("no service fits any GPU group of the pool")
         self.search_log = {(c.tp if len(self.caps) == 1 else (c.tp, c.cap)): list(c.added) for c in cands}
@@ -395,14 +397,15 @@ class SeaLLMPlacement(PlannerReport):
         def unhosted(c: _Candidate) -> int:  # Eq. 3: services with traffic the plan leaves out
             return len(wanted - {s for g in c.groups for s in g.services})
 
-        best = min(
-            placed,
-            key=lambda c: (unhosted(c), -c.score.slo_attainment, c.score.normalized_latency, c.tp, c.cap),
-        )
-        self.last_score = best.score
+        def rank(entry: tuple[_Candidate, PlanScore]) -> tuple[int, float, float, int, int]:
+            c, score = entry
+            return unhosted(c), -score.slo_attainment, score.normalized_latency, c.tp, c.cap
+
+        best, score = min(placed, key=rank)
+        self.last_score = score
         self.last_reason = (
-            f"tp={best.tp}, ≤ {best.cap} services per group: simulated SLO attainment {best.score.slo_attainment:.3f}, normalized latency "
-            f"{best.score.normalized_latency:.2f} (best of {len(placed)} candidates, "
+            f"tp={best.tp}, ≤ {best.cap} services per group: simulated SLO attainment {score.slo_attainment:.3f}, normalized latency "
+            f"{score.normalized_latency:.2f} (best of {len(placed)} candidates, "
             f"{self.evaluations} simulations, {self.speculation_hits} of {self.speculated} speculative "
             "ones used)"
         )

@@ -225,7 +225,7 @@ class DoublingBudget:
         seed, phase = ranked[0]
         blocked = False  # the top request is a prefill the pool cannot take: admit no other prefill
         if phase == "prefill" and not fits_alone(pool, seed):
-            alt = next(((r, p) for r, p in ranked if p == "decode"), None)
+            alt: tuple[SchedRequest, Phase] | None = next(((r, p) for r, p in ranked if p == "decode"), None)
             blocked = alt is not None
             if alt is None:
                 alt = next(((r, p) for r, p in ranked if p == "prefill" and fits_alone(pool, r)), None)
