@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
-from llmfleet.engine_core.core import ChunkablePolicy, EngineCore, RunChargedPolicy, stepper_for
+from llmfleet.engine_core.core import EngineCore, stepper_for
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
 from llmfleet.engine_core.static_stepper import StaticStepper
-from llmfleet.engine_core.stepper import Stepper
+from llmfleet.engine_core.stepper import ChunkablePolicy, RunChargedPolicy, Stepper
 
 __all__ = [
     "ChunkablePolicy",

@@ -10,11 +10,13 @@ every member was preempted runs nothing: the policy is asked again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
-from llmfleet.engine_core.stepper import SteppedCore
+from llmfleet.engine_core.stepper import SteppedCore, request_policy, run_charged_policy
 from llmfleet.kvblocks import OutOfBlocks
 from llmfleet.policies.batching.base import StaticBatch
+from llmfleet.policies.request.base import Batch
 
 
 class ContinuousStepper:
@@ -41,7 +43,7 @@ class ContinuousStepper:
         scheds_w = [r.sched for r in ws]
         scheds_r = [r.sched for r in rs]
         pool = core.pool_view()
-        batch = core.policy.next_batch(scheds_w, scheds_r, pool, core.batch_limits, now)  # type: ignore[union-attr]
+        batch = request_policy(core).next_batch(scheds_w, scheds_r, pool, core.batch_limits, now)
         if batch is None:
             if not rs and not core.paused_count:
                 core.fail_stuck(scheds_w, pool)
@@ -124,7 +126,9 @@ class ContinuousStepper:
             except OutOfBlocks:
                 cands = [x for x in core.running.values() if x is not r and not x.paused and x not in members]
                 by_id = {id(x.sched): x for x in [*cands, r]}
-                victim = by_id[id(core.policy.preemption_victim([x.sched for x in [*cands, r]], now))]
+                victim = by_id[
+                    id(request_policy(core).preemption_victim([x.sched for x in [*cands, r]], now))
+                ]
                 self._preempt(core, victim, now)
                 preempted.append(victim)
                 if victim is r:
@@ -146,13 +150,14 @@ class ContinuousStepper:
         k = plan.iterations
         members = plan.members
         scheds = [r.sched for r in members]
-        policy = core.policy
+        policy = request_policy(core)
+        batch = cast(Batch, plan.batch)  # this stepper's plans carry the batch its policy chose
         if isinstance(durations, float | int):
-            policy.on_iteration(plan.batch, float(durations), now, scheds)  # type: ignore[arg-type]
+            policy.on_iteration(batch, float(durations), now, scheds)
         elif k > 1 and core.run_charged:
-            policy.on_iterations(plan.batch, durations, now, scheds)  # type: ignore[union-attr]
+            run_charged_policy(core).on_iterations(batch, durations, now, scheds)
         else:
-            policy.on_iteration(plan.batch, float(sum(durations)), now, scheds)  # type: ignore[arg-type]
+            policy.on_iteration(batch, float(sum(durations)), now, scheds)
         requests = core.requests
         if k > 1:
             core.alloc.grow_each([s.request_id for s in scheds if s.request_id in requests], k - 1)

@@ -39,13 +39,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from typing import Protocol, runtime_checkable
+from typing import cast
 
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
 from llmfleet.engine_core.static_stepper import StaticStepper
-from llmfleet.engine_core.stepper import Stepper
+from llmfleet.engine_core.stepper import ChunkablePolicy, RunChargedPolicy, Stepper, chunkable_policy
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
 from llmfleet.policies.request.base import (
@@ -57,23 +57,6 @@ from llmfleet.policies.request.base import (
 )
 
 
-@runtime_checkable
-class ChunkablePolicy(Protocol):
-    """A request policy that can promise its choice stays the same while only time passes (the
-    simulator's exact fast-forward) and be charged a run of iterations at once."""
-
-    def stable_until(
-        self, batch: Batch, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
-    ) -> float: ...
-
-
-@runtime_checkable
-class RunChargedPolicy(Protocol):
-    def on_iterations(
-        self, batch: Batch, durations_s: Sequence[float], now: float, requests: Sequence[SchedRequest]
-    ) -> None: ...
-
-
 def stepper_for(policy: object) -> Stepper:
     """The stepper ``policy`` runs under: static for a static batcher, else continuous."""
     static = isinstance(policy, StaticBatchPolicy) and not isinstance(policy, RequestPolicy)
@@ -82,8 +65,8 @@ def stepper_for(policy: object) -> Stepper:
 
 class EngineCore:
     """An engine's scheduling state. ``allocator`` may hold other sequences (the live engine reserves
-    model weights in it); ``watermark_blocks`` is what admissions leave free (settable). ``stepper``:
-    continuous or static stepping (default: :func:`stepper_for` the policy)."""
+    model weights in it); ``watermark_blocks`` is what admissions leave free (settable); the policy's
+    type chooses continuous or static stepping (:func:`stepper_for`)."""
 
     def __init__(
         self,
@@ -91,10 +74,9 @@ class EngineCore:
         allocator: BlockAllocator,
         limits: EngineLimits | None = None,
         watermark_blocks: int | None = None,
-        stepper: Stepper | None = None,
     ) -> None:
         self.policy = policy
-        self.stepper: Stepper = stepper_for(policy) if stepper is None else stepper
+        self.stepper = stepper_for(policy)
         self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
         self.run_charged = isinstance(policy, RunChargedPolicy)
@@ -310,12 +292,12 @@ class EngineCore:
 
     def _cache_prefills(self, plan: StepPlan, produced: Sequence[int] | None) -> None:
         """The prompts prefilled by ``plan`` (those that produced a token) name their full blocks."""
-        index = {id(r): i for i, r in enumerate(plan.members)} if produced is not None else None
+        made = None if produced is None else {id(r): n for r, n in zip(plan.members, produced, strict=True)}
         for r in plan.prefills:
             rid = r.sched.request_id
             if r.prompt_ids is None or rid not in self.alloc:
                 continue
-            if index is not None and not produced[index[id(r)]]:  # type: ignore[index]
+            if made is not None and not made[id(r)]:
                 continue  # the step failed: its K/V was not written
             self.alloc.cache_blocks(rid, r.block_hashes(self.tpb[r.sched.model]))
 
@@ -355,7 +337,8 @@ class EngineCore:
         finishes); ``now`` when it cannot be chunked (:meth:`may_chunk`)."""
         if not self.may_chunk(plan):
             return now
-        return self.policy.stable_until(plan.batch, plan.waiting_seen, plan.running_seen, now)  # type: ignore[union-attr]
+        batch = cast(Batch, plan.batch)  # may_chunk: a continuous plan, whose batch is a request policy's
+        return chunkable_policy(self).stable_until(batch, plan.waiting_seen, plan.running_seen, now)
 
     # ---------------------------------------------------------------------------------- complete
     def complete(

@@ -7,7 +7,7 @@ re-queued to be re-prefilled with prompt + output so far."""
 from __future__ import annotations
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
-from llmfleet.engine_core.stepper import SteppedCore
+from llmfleet.engine_core.stepper import SteppedCore, static_policy
 from llmfleet.kvblocks import OutOfBlocks
 from llmfleet.policies.batching.base import StaticBatch
 
@@ -32,14 +32,14 @@ class StaticStepper:
 
     def schedule(self, core: SteppedCore, now: float) -> StepPlan | None:
         if self.batch is not None:
-            plan = self._decode(core)
+            plan = self._decode(core, self.batch)
             if plan is not None:
                 return plan
             self._end(core, now)  # the pool cannot grow: an OOM slice end
         ws, _ = core.visible()
         scheds_w = [r.sched for r in ws]
         pool = core.pool_view()
-        sb = core.policy.form_batch(scheds_w, pool, core.batch_limits, now)  # type: ignore[union-attr]
+        sb = static_policy(core).form_batch(scheds_w, pool, core.batch_limits, now)
         if sb is None:
             if not core.running and not core.paused_count:
                 core.fail_stuck(scheds_w, pool)
@@ -67,7 +67,7 @@ class StaticStepper:
             scheds_w, [], static=True, rows=list(rows), padded_len=longest,
         )  # fmt: skip
 
-    def _decode(self, core: SteppedCore) -> StepPlan | None:
+    def _decode(self, core: SteppedCore, sb: StaticBatch) -> StepPlan | None:
         rows = self.rows
         try:
             core.alloc.grow_each([r.sched.request_id for r in rows], 1)
@@ -77,7 +77,7 @@ class StaticStepper:
         active = [r for r in rows if r.sched.request_id not in self.done]
         ctx = n * (self.longest + self.iterations)
         return StepPlan(
-            self.batch, self.batch.model, active, [], [], 0, 0, n, ctx, [], [],  # type: ignore[arg-type, union-attr]
+            sb, sb.model, active, [], [], 0, 0, n, ctx, [], [],
             static=True, rows=list(rows), padded_len=self.longest,
         )  # fmt: skip
 
@@ -143,6 +143,6 @@ class StaticStepper:
                 core.enqueue(r, now)
                 requeued.append(r)
                 core.requeues += 1
-        core.policy.on_batch_done(sb, self.duration_s, now, [r.sched for r in rows])  # type: ignore[union-attr]
+        static_policy(core).on_batch_done(sb, self.duration_s, now, [r.sched for r in rows])
         self.done = set()
         return requeued

@@ -10,12 +10,29 @@ counters), so one is built before its core and chosen when the core is built
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast, runtime_checkable
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
-from llmfleet.policies.request.base import BatchLimits, PoolView, RequestPolicy, SchedRequest
+from llmfleet.policies.request.base import Batch, BatchLimits, PoolView, RequestPolicy, SchedRequest
+
+
+@runtime_checkable
+class ChunkablePolicy(Protocol):
+    """A request policy that can promise its choice stays the same while only time passes (the
+    simulator's exact fast-forward) and be charged a run of iterations at once."""
+
+    def stable_until(
+        self, batch: Batch, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
+    ) -> float: ...
+
+
+@runtime_checkable
+class RunChargedPolicy(Protocol):
+    def on_iterations(
+        self, batch: Batch, durations_s: Sequence[float], now: float, requests: Sequence[SchedRequest]
+    ) -> None: ...
 
 
 class SteppedCore(Protocol):
@@ -71,3 +88,28 @@ class Stepper(Protocol):
     def dropped(self, r: CoreRequest) -> None:
         """``r`` left the core for good (cancelled, failed, migrated away)."""
         ...
+
+
+# The core pairs each policy with its stepper once (``stepper_for``, by the policy's type) and records
+# what else the policy can do (``chunkable``, ``run_charged``). The helpers below give a stepper its
+# core's policy as that type: casts, not checks, since they run every iteration.
+
+
+def request_policy(core: SteppedCore) -> RequestPolicy:
+    """``core``'s policy, for the continuous stepper (which ``stepper_for`` gives only request policies)."""
+    return cast(RequestPolicy, core.policy)
+
+
+def static_policy(core: SteppedCore) -> StaticBatchPolicy:
+    """``core``'s policy, for the static stepper (which ``stepper_for`` gives only static batchers)."""
+    return cast(StaticBatchPolicy, core.policy)
+
+
+def run_charged_policy(core: SteppedCore) -> RunChargedPolicy:
+    """``core``'s policy where ``core.run_charged`` says it is charged a run of iterations at once."""
+    return cast(RunChargedPolicy, core.policy)
+
+
+def chunkable_policy(core: SteppedCore) -> ChunkablePolicy:
+    """``core``'s policy where ``core.chunkable`` says it promises when its choice changes."""
+    return cast(ChunkablePolicy, core.policy)
