@@ -17,8 +17,8 @@ import grpc
 MAX_DETAILS = 4096  # characters; the grpc-message trailer is percent-encoded (up to 3 bytes per byte)
 
 
-def clip(details: str | None) -> str | None:
-    if details is None or len(details) <= MAX_DETAILS:
+def clip(details: str) -> str:
+    if len(details) <= MAX_DETAILS:
         return details
     return f"{details[: MAX_DETAILS - 64]}... (clipped; {len(details)} characters)"
 
@@ -33,7 +33,7 @@ class _Context:
         return getattr(self._context, name)
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
-        await self._context.abort(code, clip(details) or "", trailing_metadata)
+        await self._context.abort(code, clip(details or ""), trailing_metadata)
 
     def set_details(self, details: str) -> None:
         self._context.set_details(clip(details))
