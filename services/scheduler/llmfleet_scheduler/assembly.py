@@ -15,6 +15,7 @@ from llmfleet.coord.desired import model_view
 from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.coord.unplaced import unplaced_view
 from llmfleet.load.monitor import LoadMonitor
+from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
 from llmfleet.policies.capacity import Saturation
 from llmfleet.rpc.cli_args import etcd_settings
 from llmfleet.rpc.node import ServiceNode
@@ -26,6 +27,7 @@ from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
+from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.rebalance import LiveRebalance, QueuedMoves
 from llmfleet_scheduler.relay import Relay
@@ -71,14 +73,20 @@ def _router(args: argparse.Namespace, load_source: bool) -> DispatchRouter:
     return router
 
 
-def _gate(args: argparse.Namespace, directory: ClusterDirectory, stats: StatsReporter | None) -> CapacityGate:
+def _gate(
+    args: argparse.Namespace,
+    directory: ClusterDirectory,
+    stats: StatsReporter | None,
+    metrics: SchedulerMetrics,
+) -> CapacityGate:
     """Requests wait here for capacity: a model no engine hosts (scale from zero), and with --binding
-    late every host saturated (issue 26)."""
+    late every host saturated."""
     return CapacityGate(
         directory,
         binding=args.binding,
         saturation=Saturation(args.queue_slack, args.kv_room_fraction),
         cold_start=args.cold_start,
+        metrics=metrics,
         on_wait=stats.kick if stats is not None else None,
     )
 
@@ -112,19 +120,22 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         StatsReporter(nid, directory, interval_s=args.stats_interval_s) if args.stats_interval_s > 0 else None
     )
     central = SclsCentral.from_options(lambda model: engines_for(directory, model), args.scls_options)
-    gate = _gate(args, directory, stats)
+    metrics = scheduler_metrics()
+    gate = _gate(args, directory, stats, metrics)
     if monitor is not None:
         monitor.listeners.append(gate)  # after the load book: the pump reads the updated book
     relay = Relay(
         directory,
         router,
         EngineLinks(directory),
+        gate,
+        ObservationBatcher(directory),
+        metrics,
         predictions,
         max_attempts=args.max_attempts,
         predict_mode=args.predict,
         stats=stats,
         central=central,
-        gate=gate,
     )
     servicer = SchedulerServicer(
         directory,
@@ -258,6 +269,5 @@ def add_stops(node: ServiceNode, parts: SchedulerParts) -> None:
     """Shutdown hooks, in order: the servicer, the engine links, the last observations, the directory."""
     node.on_stop.append(parts.servicer.close)
     node.on_stop.append(parts.relay.links.close)
-    if parts.relay.observations is not None:
-        node.on_stop.append(parts.relay.observations.close)  # send the last batch before the channels close
+    node.on_stop.append(parts.relay.observations.close)  # send the last batch before the channels close
     node.on_stop.append(parts.directory.close)

@@ -1,4 +1,4 @@
-"""Requests wait for capacity in the scheduler instead of failing (issue 26).
+"""Requests wait for capacity in the scheduler instead of failing.
 
 :class:`CapacityGate` stands between a request and its dispatch policy:
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.load import LoadReport
-from llmfleet.metrics.control import SchedulerMetrics
+from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
 from llmfleet.policies.capacity import BINDINGS, HoldQueue, Saturation, Unplaceable, unplaceable
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
@@ -76,7 +76,7 @@ class CapacityGate:
     binding: str = "early"  # early | late (see BINDINGS)
     saturation: Saturation = field(default_factory=Saturation)
     cold_start: bool = True  # False: no engine hosting the model fails at once (the old behaviour)
-    metrics: SchedulerMetrics | None = None
+    metrics: SchedulerMetrics = field(default_factory=scheduler_metrics)  # the held/cold-start metrics
     # a request of the service waits (cold, or the first to find every engine saturated): wake placement
     on_wait: Callable[[str], None] | None = None
     poll_s: float = 0.25  # re-check this often even when nothing signals a change
@@ -260,15 +260,13 @@ class CapacityGate:
             )
         )
         self._outcome(w, "timeout")
-        if self.metrics is not None:
-            self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(waited)
+        self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(waited)
 
     # ------------------------------------------------------------------------------------ accounting
     def _held(self, w: _Waiter, delta: int) -> None:
         if delta > 0 and w.reason == COLD:
             self._wake(w.spec.name)
-        if self.metrics is not None:
-            self.metrics.held.labels(w.spec.name, w.reason).inc(delta)
+        self.metrics.held.labels(w.spec.name, w.reason).inc(delta)
 
     def _wake(self, service: str) -> None:
         if self.on_wait is not None:
@@ -278,12 +276,11 @@ class CapacityGate:
                 log.exception("capacity gate: waking placement failed")
 
     def _waited(self, w: _Waiter, now: float) -> None:
-        if self.metrics is not None:
-            self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(now - w.since)
+        self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(now - w.since)
         self._outcome(w, "served")
 
     def _outcome(self, w: _Waiter, outcome: str) -> None:
-        if self.metrics is not None and w.was_cold:
+        if w.was_cold:
             self.metrics.cold_starts.labels(w.spec.name, outcome).inc()
 
 

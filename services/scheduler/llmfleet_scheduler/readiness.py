@@ -1,4 +1,4 @@
-"""Ready means servable (issue 26): the scheduler's readiness — gRPC health of
+"""Ready means servable: the scheduler's readiness — gRPC health of
 ``llmfleet.v1.Scheduler`` and HTTP ``/ready`` — is SERVING only when every configured service has a
 live engine with its model loaded, except services marked ``scale_to_zero`` and services whose model
 the placement leader says it will not place (``llmfleet.coord.unplaced``). ``""`` (the overall

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, profiler_pb2
-from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
+from llmfleet.api.v1 import common_pb2, engine_pb2, profiler_pb2
+from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.policies.capacity import Unplaceable
 from llmfleet.policies.dispatch import (
     CountsInfeasible,
@@ -58,41 +58,30 @@ class RequestListener(Protocol):
 class Relay:
     directory: ClusterDirectory
     router: DispatchRouter
+    links: EngineLinks  # one multiplexed GenerateMany call per engine: every request's stream rides it
+    # where requests wait for capacity (scale from zero, late binding; with cold starts off, a model no
+    # engine hosts fails at once)
+    gate: CapacityGate
+    observations: ObservationBatcher  # completed requests -> profiler (batched)
+    metrics: SchedulerMetrics  # llmfleet_scheduler_*
     predictions: PredictionBatcher | None = None
     predict_mode: str = "auto"  # always | auto | never (see DispatchRouter.wants_prediction)
     max_attempts: int = 3
     max_migrations: int = 16
-    observations: ObservationBatcher | None = None  # completed requests -> profiler (batched)
     stats: RequestListener | None = None  # arrivals and ends -> the service monitor (stats_reporter)
-    metrics: SchedulerMetrics | None = None  # llmfleet_scheduler_* (default: the process registry's)
     central: SclsCentral | None = None  # services with dispatch scls_central (None: refused)
-    # where requests wait for capacity (scale from zero, late binding); None: early binding, and a
-    # model no engine hosts fails at once (the behaviour before issue 26)
-    gate: CapacityGate | None = None
-    # one multiplexed GenerateMany call per engine (None: a Generate call per request, the path
-    # before issue 23; also used while tracing is on, so each request keeps its own span)
-    links: EngineLinks | None = None
-    # engine id -> its open Generate calls: cut when the engine leaves etcd (lease gone), so requests
-    # fail over within one lease TTL instead of when TCP gives up on a silent host
-    _open: dict[str, set[grpc.aio.Call | MuxStream]] = field(default_factory=dict)
+    # engine id -> its open streams: cut when the engine leaves etcd (lease gone), so requests fail
+    # over within one lease TTL instead of when TCP gives up on a silent host
+    _open: dict[str, set[MuxStream]] = field(default_factory=dict)
     _cut: set[int] = field(default_factory=set)  # id() of calls cut that way
     # request id -> engine a dispatch policy's rebalance is moving it to (see rebalance.py)
     planned_moves: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.metrics is None:
-            self.metrics = scheduler_metrics()
-        if self.observations is None:
-            self.observations = ObservationBatcher(self.directory)
-        if self.gate is None:
-            self.gate = CapacityGate(self.directory, cold_start=False, metrics=self.metrics)
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
         if self.stats is not None:
             self.stats.arrived(rec)
-        if self.metrics is not None:
-            self.metrics.arrived()
+        self.metrics.arrived()
         try:
             await self._dispatch(rec, req, deadline)
         except asyncio.CancelledError:
@@ -104,8 +93,7 @@ class Relay:
         finally:
             if self.stats is not None:
                 self.stats.finished(rec)
-            if self.metrics is not None:
-                self._count(self.metrics, rec)
+            self._count(self.metrics, rec)
         if rec.final is not None and rec.final.finish_reason in COMPLETED:
             self._observe(rec)
 
@@ -146,7 +134,6 @@ class Relay:
         )  # fmt: skip
         for _ in range(self.max_attempts):
             counted = policy.infeasible if counts else 0
-            assert self.gate is not None
             try:
                 engine_id = await self.gate.place(spec, policy, dreq, frozenset(excluded))
             except NoCandidate as e:
@@ -167,8 +154,7 @@ class Relay:
                 continue
             if rec.dispatched_at is None:
                 rec.dispatched_at = time.monotonic()
-            if self.metrics is not None:
-                self.metrics.dispatched(rec.service, engine_id)
+            self.metrics.dispatched(rec.service, engine_id)
             try:
                 await self._follow(rec, req, engine_id, node.address, deadline, dreq, listener)
                 return
@@ -215,8 +201,7 @@ class Relay:
                 moved_to = await self._stream(rec, req, engine_id, address, timeout)
             finally:
                 self.directory.load.released(engine_id, rec.request_id)
-                if self.gate is not None:
-                    self.gate.notify()  # room on that engine: a held request may go
+                self.gate.notify()  # room on that engine: a held request may go
                 planned = self.planned_moves.pop(rec.request_id, None)
                 if listener is not None and not (
                     moved_to is not None and planned is not None and self._moved(listener, rec, planned)
@@ -257,12 +242,8 @@ class Relay:
         """Relay one engine stream's tokens into the journal; returns its final chunk (not applied).
         With ``engine_id`` (a dispatched placement) the load book hears the request's progress."""
         take = self._taker(rec, engine_id)
-        if self.links is not None:
-            call: grpc.aio.UnaryStreamCall | MuxStream = self.links.open(address, req, timeout)
-            call.on_chunk = take  # tokens go to the journal as they arrive, no wake-up per token
-        else:
-            stub = engine_pb2_grpc.EngineStub(self.directory.channel(address))
-            call = stub.Generate(req, timeout=timeout, wait_for_ready=False)
+        call = self.links.open(address, req, timeout)
+        call.on_chunk = take  # tokens go to the journal as they arrive, no wake-up per token
         final: common_pb2.TokenChunk | None = None
         owner = engine_id or self.directory.engine_at(address)
         if owner is not None:
@@ -378,8 +359,7 @@ class Relay:
         rec.engines.append(a.engine_id)
         if rec.dispatched_at is None:
             rec.dispatched_at = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.dispatched(rec.service, a.engine_id)
+        self.metrics.dispatched(rec.service, a.engine_id)
         timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
         try:
             return await self._relay_stream(rec, slice_req, node.address, timeout)
@@ -460,7 +440,7 @@ class Relay:
 
     def _observe(self, rec: RequestRecord) -> None:
         """Report a completed request to the profiler (batched: see ``observe.ObservationBatcher``)."""
-        if rec.final is None or self.observations is None:
+        if rec.final is None:
             return
         obs = profiler_pb2.Observation(
             request_id=rec.request_id,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmfleet.rpc.mux import Emit, StreamRefused, serve_many
+from llmfleet.rpc.mux import SUBMIT_MANY, Emit, StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
@@ -68,7 +68,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         async def submit(request: scheduler_pb2.SubmitRequest, timeout_s: float | None, emit: Emit) -> None:
             await self.submit_into(request, timeout_s, key, emit)
 
-        async for batch in serve_many(request_iterator, submit, name="SubmitMany"):
+        async for batch in serve_many(request_iterator, submit, method=SUBMIT_MANY, name="SubmitMany"):
             yield batch
 
     async def submit_into(
@@ -94,7 +94,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def __post_init__(self) -> None:
         m = self.relay.metrics
-        if m is not None and self.admission.observe is None:
+        if self.admission.observe is None:
             self.admission.observe = lambda service, n: m.waiting.labels(service).set(n)
 
     def open_request(
@@ -214,8 +214,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return rec
 
     def _rejected(self, service: str, reason: str) -> None:
-        if self.relay.metrics is not None:
-            self.relay.metrics.rejected.labels(service, reason).inc()
+        self.relay.metrics.rejected.labels(service, reason).inc()
 
     def _rate_limit(self, key: ApiKey, request: scheduler_pb2.SubmitRequest) -> int:
         """Count a submission against ``key``'s rate limits (RESOURCE_EXHAUSTED with a retry-after past
@@ -232,8 +231,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self.key_limits.take(key.name, key.limits, tokens)
         except RateLimited as e:
             self._rejected(request.service, "rate_limited")
-            if self.relay.metrics is not None:
-                self.relay.metrics.rate_limited.labels(key.name, e.limit).inc()
+            self.relay.metrics.rate_limited.labels(key.name, e.limit).inc()
             raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.retry_after_s) from None
         return max_tokens
 

@@ -1,4 +1,4 @@
-"""The scheduler's capacity gate (issue 26) over a directory of fixed views: a request for a model no
+"""The scheduler's capacity gate over a directory of fixed views: a request for a model no
 engine hosts waits and wakes placement, then goes to the engine that loads it; past its cold-start
 timeout it fails with a retry-after; a model too large for every engine fails at once; with late
 binding, requests wait while every host is saturated and go, in order, to capacity that appears; a

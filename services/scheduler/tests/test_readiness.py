@@ -1,4 +1,4 @@
-"""Ready means servable (issue 26): not before placement seeded the services, not while a service that
+"""Ready means servable: not before placement seeded the services, not while a service that
 must be served has no engine with its model; services marked scale_to_zero and services the placement
 leader will not place do not hold it; once reached it stays (a start-up gate)."""
 

@@ -14,12 +14,16 @@ from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.metrics.server import samples
 from llmfleet.policies.dispatch import DispatchNeeds, FinishListener, NoCandidate
+from llmfleet.rpc.mux import GENERATE_MANY, from_servicer, serve_many
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
 from llmfleet.types import ENGINE_ROLE, NodeRecord
+from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.journal import RequestRecord
+from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter
 from prometheus_client import CollectorRegistry, generate_latest
@@ -37,6 +41,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.peer = ""
         self.down = False
         self.seen: list[str] = []
+
+    async def GenerateMany(self, request_iterator, context):
+        async for batch in serve_many(request_iterator, from_servicer(self.Generate), method=GENERATE_MANY):
+            yield batch
 
     async def Generate(self, request, context):
         self.seen.append(request.request_id)
@@ -85,6 +93,13 @@ class Recorder(FinishListener):
         self.finished.append((request_id, engine_id, output_tokens))
 
 
+def relay_of(directory, router, metrics: SchedulerMetrics | None = None, **options) -> Relay:
+    """The relay as the scheduler assembles it (its gate with cold starts off: an unhosted model fails)."""
+    m = metrics or SchedulerMetrics(CollectorRegistry())
+    gate = CapacityGate(directory, cold_start=False, metrics=m)
+    return Relay(directory, router, EngineLinks(directory), gate, ObservationBatcher(directory), m, **options)
+
+
 class FixedRouter(DispatchRouter):
     def __init__(self, policy) -> None:
         super().__init__()
@@ -106,7 +121,7 @@ async def cluster():
     nodes = {e: NodeRecord(e, ENGINE_ROLE, s.address, models=(M,)) for e, s in servers.items()}
     directory = ClusterDirectory(StaticView({"s": ServiceSpec("s", M)}), StaticView(nodes))
     policy = Recorder()
-    relay = Relay(directory, FixedRouter(policy), predict_mode="never")
+    relay = relay_of(directory, FixedRouter(policy), predict_mode="never")
     try:
         yield fakes, directory, policy, relay
     finally:
@@ -197,7 +212,7 @@ async def test_relayed_tokens_are_the_progress_a_policy_reads(cluster):
     the one its dispatch times use) and the candidates carry them while the placement lasts."""
     _, directory, _, _ = cluster
     policy = ProgressReader()
-    relay = Relay(directory, FixedRouter(policy), predict_mode="never")
+    relay = relay_of(directory, FixedRouter(policy), predict_mode="never")
     rec, task = start(relay, "r-hang", "hang")
     for _ in range(500):
         if rec.n_tokens:
@@ -224,7 +239,7 @@ async def test_relayed_tokens_are_the_progress_a_policy_reads(cluster):
 
 async def test_a_policy_that_cannot_run_here_fails_the_request_clearly(cluster):
     _, directory, _, _ = cluster
-    relay = Relay(directory, DispatchRouter("jsq", load_source=False), predict_mode="never")
+    relay = relay_of(directory, DispatchRouter("jsq", load_source=False), predict_mode="never")
     rec, task = start(relay, "r-jsq", "ok")
     await task
     assert rec.error is not None and rec.error.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -246,7 +261,7 @@ async def test_the_dispatch_policy_sees_the_prompt_text(cluster):
             return super().choose(model, candidates, exclude, request)
 
     reader = PromptReader()
-    relay = Relay(directory, FixedRouter(reader), predict_mode="never")
+    relay = relay_of(directory, FixedRouter(reader), predict_mode="never")
     rec, task = start(relay, "r-prompt", "ok")
     await task
     assert rec.error is None and reader.prompts == ["ok"]
@@ -263,9 +278,7 @@ def _samples(registry: CollectorRegistry) -> dict[str, float]:
 def metered(cluster):
     fakes, directory, _policy, _relay = cluster
     registry = CollectorRegistry()
-    relay = Relay(
-        directory, FixedRouter(Recorder()), predict_mode="never", metrics=SchedulerMetrics(registry)
-    )
+    relay = relay_of(directory, FixedRouter(Recorder()), SchedulerMetrics(registry), predict_mode="never")
     return fakes, relay, registry
 
 
@@ -356,7 +369,7 @@ async def test_rebalance_moves_a_request_not_started_and_records_a_move():
     policy = Planner()
     router = FixedRouter(policy)
     router._policies[("s", "planner")] = (policy, {})  # what for_service would have cached
-    relay = Relay(directory, router, predict_mode="never")
+    relay = relay_of(directory, router, predict_mode="never")
     started: set[str] = set()
     rebalance = LiveRebalance(router, relay, directory, lambda rid: rid in started)
     try:
@@ -418,7 +431,7 @@ async def test_the_service_monitor_hears_each_request_dispatch_counted_infeasibl
     _, directory, _, _ = cluster
     policy, heard = Overflowing(), Heard()
     assert isinstance(policy, CountsInfeasible)
-    relay = Relay(directory, FixedRouter(policy), predict_mode="never", stats=heard)
+    relay = relay_of(directory, FixedRouter(policy), predict_mode="never", stats=heard)
     for rid in ("r-ok-1", "r-full-1", "r-ok-2", "r-full-2"):
         _, task = start(relay, rid, "ok")
         await task
