@@ -222,6 +222,8 @@ def emulated_plans(
     for name, arch in sorted(config.catalog_models().items()):
         argv += ["--sim-model", f"{name}={arch}"]
     argv += pool.engine.engine_args()
+    if pool.engine.block_tokens is not None:  # the emulated GPUs' block size (native engines: block_bytes)
+        argv += ["--block-tokens", str(pool.engine.block_tokens)]
     plans, port = [], base_port + ENGINE_PORT_OFFSET
     for p, n in enumerate(pool.per_process()):
         clash = used & set(range(port, port + n))

@@ -92,3 +92,22 @@ def test_schedulers_of_an_emulated_pool_price_requests_on_its_gpu(tmp_path) -> N
         ClusterConfig.model_validate(BASE), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
     )
     assert all("--hardware" not in p.argv for p in plans if p.name.startswith("scheduler"))
+
+
+def test_an_emulated_pools_block_tokens_reach_its_engines(tmp_path) -> None:
+    pool = {"hardware": "A100-80GB", "count": 2, "engine": {"block_tokens": 32}}
+    config = {
+        "services": {"chat": {"model": "llama2-7b"}},
+        "models": {"llama2-7b": {"source": "emulated://llama2-7b"}},
+        "emulated": pool,
+    }
+    plans = up.plan_services(
+        ClusterConfig.model_validate(config), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
+    )
+    emu = [p for p in plans if p.name.startswith("emu")]
+    assert emu and all(p.argv[p.argv.index("--block-tokens") + 1] == "32" for p in emu)
+    config["emulated"] = {"hardware": "A100-80GB", "count": 2}
+    plans = up.plan_services(
+        ClusterConfig.model_validate(config), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
+    )
+    assert all("--block-tokens" not in p.argv for p in plans)  # the engines' default
