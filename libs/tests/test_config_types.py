@@ -90,8 +90,8 @@ def test_a_service_record_is_read_with_the_cluster_files_rules():
             ServiceSpec.from_json(json.dumps({**record, **old}))
     with pytest.raises(ValueError, match="tenant"):  # a key no field has
         ServiceSpec.from_json(json.dumps({**record, "tenant": "x"}))
-    with pytest.raises(ValueError, match="max_tokens"):  # and the Python spelling
-        ServiceSpec("s", "m", default_max_tokens=8)  # type: ignore[call-arg]  # the old name, refused
+    with pytest.raises(ValueError, match="default_max_tokens was renamed: write max_tokens"):  # in Python too
+        ServiceSpec("s", "m", **{"default_max_tokens": 8})
 
 
 # -- the cluster config: SLOs, engine limits and policy options ----------------------------------------------
@@ -277,3 +277,12 @@ def test_the_simulator_refuses_a_service_whose_dispatch_options_differ(tmp_path)
     doc["scheduler"] = {"dispatch": "power_of_two"}
     with pytest.raises(ValueError, match=r"service 'chat' dispatches by 'power_of_two' \{'seed': 7\}"):
         ClusterConfig.load(write(tmp_path, doc)).policies()
+
+
+def test_a_setting_only_the_simulator_runs_is_refused_live():
+    data = yaml.safe_load((ROOT / "deploy/local/cluster.yaml").read_text())
+    data["placement"] = {**data.get("placement", {}), "interval_s": 10, "adaptive_interval": True}
+    config = ClusterConfig.model_validate(data)  # the simulator reads it
+    with pytest.raises(ValueError, match=r"placement\.adaptive_interval: the live placement leader"):
+        config.check_live()
+    ClusterConfig.load(ROOT / "deploy/local/cluster.yaml").check_live()
