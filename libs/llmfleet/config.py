@@ -138,6 +138,15 @@ class ClusterConfig(BaseModel):
             self._check_emulated_fit(self.emulated)
         return self
 
+    def check_live(self) -> None:
+        """ValueError naming a setting the file may hold for ``llmfleet sim`` that the live cluster
+        cannot run (refused by ``llmfleet up`` and the placement service, never ignored)."""
+        if self.placement.adaptive_interval:
+            raise ValueError(
+                "placement.adaptive_interval: the live placement leader plans every interval_s; SeaLLM's "
+                "adaptive interval (Eq. 8) runs in the simulator only (llmfleet sim --cluster-config)"
+            )
+
     def _check_emulated_fit(self, pool: EmulatedPool) -> None:
         """Every served model must fit one emulated engine alone (else it could never be placed)."""
         from llmfleet.costmodel import hardware, model_arch

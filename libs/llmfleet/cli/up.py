@@ -149,6 +149,7 @@ def _load_config(args: argparse.Namespace, console: Console) -> ClusterConfig | 
     try:
         config = apply_emulate(ClusterConfig.load(args.config), args.emulate, args.emulate_processes)
         require_backends(config)
+        config.check_live()
         return config
     except (ValueError, KeyError, ValidationError) as e:
         if isinstance(e, ValidationError):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.engine_core import EngineLimits
+from llmfleet.spec.defaults import ENGINE_POLICY
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,8 @@ class ExecutorConfig(EngineLimits):
     device: str = "cpu"
     cache_dir: str | Path | None = None
     memory_budget_bytes: int | None = None  # weights + activations + KV pool; None: default_budget()
-    policy: str = "fcfs"  # local policy: a request policy, or a static batcher (see make_engine_policy)
+    # local policy: a request policy, or a static batcher (see make_engine_policy)
+    policy: str = ENGINE_POLICY
     options: dict[str, Any] = field(default_factory=dict)  # the local policy's constructor options
     max_waiting: int = 4096
     num_threads: int | None = None

@@ -18,6 +18,7 @@ from llmfleet.policies.migration import POLICIES, TRANSFERS, make_migration_poli
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.spec.defaults import TRANSFER
 
 from llmfleet_migration.coordinator import MigrationCoordinator
 from llmfleet_migration.costs import CostModels
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy-options", type=json_object, default={}, metavar="JSON",
         help='the policy\'s constructor options as JSON, e.g. \'{"batching": false}\' (default {})',
     )  # fmt: skip
-    ap.add_argument("--transfer", choices=sorted(TRANSFERS), default="hybrid", help="how moves travel")
+    ap.add_argument("--transfer", choices=sorted(TRANSFERS), default=TRANSFER, help="how moves travel")
     ap.add_argument("--epoch-s", type=float, default=1.0, help="seconds between epochs (default 1)")
     ap.add_argument("--max-concurrency", type=int, default=4, help="migrations in flight at once")
     ap.add_argument(

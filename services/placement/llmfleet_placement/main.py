@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     def build(args: argparse.Namespace) -> ServiceNode:
         try:
             config = apply_flags(ClusterConfig.load(args.config), args)
+            config.check_live()
         except ValueError as e:  # pydantic ValidationError is a ValueError
             raise SystemExit(f"llmfleet-placement: invalid config {args.config}: {e}") from None
         return build_node(args, config)[0]

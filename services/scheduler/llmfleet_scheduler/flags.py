@@ -23,7 +23,9 @@ def positive(text: str) -> int:
 
 def add_dispatch_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("dispatch")
-    g.add_argument("--dispatch", default="round_robin", choices=sorted(POLICIES), help="dispatch policy")
+    g.add_argument(
+        "--dispatch", default=defaults.DISPATCH_POLICY, choices=sorted(POLICIES), help="dispatch policy"
+    )
     g.add_argument(
         "--dispatch-options",
         type=json_object,

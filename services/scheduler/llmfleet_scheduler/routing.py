@@ -36,6 +36,7 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.migration import MellView
+from llmfleet.spec.defaults import DISPATCH_POLICY
 from llmfleet.spec.services import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -75,7 +76,7 @@ class MellViewReader:
 
 @dataclass
 class DispatchRouter:
-    default: str = "round_robin"
+    default: str = DISPATCH_POLICY
     hardware: str = "cpu"
     load_source: bool = True  # engine load reports reach the candidates (the load monitor runs)
     # the migration leader's Mell view (etcd migration_state), for the mell dispatch policy
