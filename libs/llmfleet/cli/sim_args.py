@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import json_object, positive_float
+from llmfleet.spec.defaults import BINDINGS
 from llmfleet.spec.renamed import SIM_FLAGS, add_renamed_flags
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
         "--dispatch", help="dispatch.policy (with --dispatch mell arrivals go where Mell's Allocate would)"
     )
     p.add_argument("--dispatch-options", type=json_object, help="dispatch.options (JSON object)")
-    p.add_argument("--binding", choices=("early", "late"),
+    p.add_argument("--binding", choices=BINDINGS,
                    help="capacity.binding: late = arrivals wait in the scheduler while every instance of their "
                         "model is saturated (presets: early)")  # fmt: skip
     p.add_argument("--move-queued", action="store_true", default=None,

@@ -36,9 +36,11 @@ from collections.abc import Callable, Iterable, Sequence
 from llmfleet.costmodel import ModelArch
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.engine_core import CoreRequest
+from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import CountsInfeasible, DispatchPolicy, DispatchRequest, EngineCandidate
 from llmfleet.policies.placement.base import InstancePlan
+from llmfleet.policies.request import RequestPolicy
 from llmfleet.sim.candidates import CandidateBook
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.events import END, READY, EventQueue
@@ -48,6 +50,7 @@ from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.moves import Moves
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
+from llmfleet.spec.defaults import BINDINGS, Binding
 from llmfleet.workload.prompts import prompt_text
 from llmfleet.workload.request import WorkloadRequest
 
@@ -61,7 +64,7 @@ class Fleet:
         *,
         plan: Sequence[InstancePlan],
         events: EventQueue,
-        make_policy: Callable[[], object],
+        make_policy: Callable[[], RequestPolicy | StaticBatchPolicy],
         dispatch: DispatchPolicy,
         cost: CostBook,
         fast_forward: bool = True,
@@ -105,7 +108,7 @@ class Fleet:
         self.fleet_changes = 0
         # requests wait for capacity (llmfleet.sim.holds): late binding, and the placement loop's wake-up
         # for a model no instance serves or a queue starting (set by llmfleet.sim.replan.PlacementLoop)
-        self.binding = "early"
+        self.binding: Binding = "early"
         self.saturation = Saturation()
         self.cold_start = True
         self.wake: Callable[[float], None] | None = None
@@ -203,9 +206,9 @@ class Fleet:
         """Per service: arrivals waiting for capacity now (cold or saturated)."""
         return self.holds.held()
 
-    def set_binding(self, binding: str, saturation: Saturation | None = None) -> None:
+    def set_binding(self, binding: Binding, saturation: Saturation | None = None) -> None:
         """``early`` (dispatch on arrival) or ``late`` (wait while every host is saturated)."""
-        if binding not in ("early", "late"):
+        if binding not in BINDINGS:
             raise ValueError(f"binding must be 'early' or 'late', got {binding!r}")
         self.binding = binding
         if saturation is not None:

@@ -13,12 +13,13 @@ from llmfleet.sim.events import EventQueue
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService
+from llmfleet.spec.defaults import Binding
 
 
 class FleetView(Protocol):
     events: EventQueue
     instances: dict[str, SimInstance]
-    binding: str
+    binding: Binding
     saturation: Saturation
     cold_start: bool
     wake: Callable[[float], None] | None

@@ -6,6 +6,8 @@ engine's request validation and the simulator all read these names; none repeats
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 DEFAULT_MAX_TOKENS = 64  # a request's output cap when it sets none (a service may set its own)
 SLICE_END = "keep"  # a static batch's slice end: "keep" its KV, or "recompute" it (the papers' mode)
 SLICE_END_MODES = ("keep", "recompute")
@@ -19,7 +21,11 @@ LIVE_PLACEMENT_CONFIRM_INTERVALS = (
 MIGRATION_POLICY = "none"
 MIGRATION_EPOCH_S = 1.0
 TRANSFER = "hybrid"
-BINDING = "late"  # requests wait in the scheduler while every engine of their model is saturated
+# how a request waits for capacity: early = bound to an engine on arrival (the dispatch policy's choice,
+# queued there); late = held in the scheduler while every engine hosting its model is saturated
+Binding = Literal["early", "late"]
+BINDINGS: tuple[Binding, ...] = get_args(Binding)
+BINDING: Binding = "late"
 QUEUE_SLACK = 4  # requests an engine may queue past its batch under late binding (docs/benchmarks/burst.md)
 KV_ROOM_FRACTION = 0.95
 
@@ -28,5 +34,5 @@ KV_ROOM_FRACTION = 0.95
 # request always carries its own output length (the trace's), so its cap only bounds the run.
 SIM_PLACEMENT_POLICY = "dedicated_even"  # "static" copies engines: lists, which a simulated GPU pool has not
 SIM_PLACEMENT_CONFIRM_INTERVALS = 1
-SIM_BINDING = "early"
+SIM_BINDING: Binding = "early"
 SIM_MAX_TOKENS = 4096

@@ -11,7 +11,7 @@ A section may be written as its policy name alone: ``dispatch: jsq`` is ``dispat
 from __future__ import annotations
 
 import inspect
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -157,7 +157,7 @@ class CapacitySpec(BaseModel):
 
     model_config = _SECTION
 
-    binding: Literal["early", "late"] = defaults.BINDING
+    binding: defaults.Binding = defaults.BINDING
     queue_slack: int = Field(defaults.QUEUE_SLACK, ge=0)
     kv_room_fraction: float = Field(defaults.KV_ROOM_FRACTION, gt=0, le=1, allow_inf_nan=False)
     move_queued: bool = False

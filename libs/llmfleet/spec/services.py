@@ -43,7 +43,7 @@ class ServiceSpec:
     # Aladdin dispatch reads them)
     slo: Slo = DEFAULT_SLO
     priority: int = 0
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, gt=0)  # the output cap of a request that sets none
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)  # the output cap of a request that sets none
     # the service's own dispatch policy and its options (None: the scheduler's, scheduler.dispatch);
     # compared, never hashed
     dispatch: DispatchSpec | None = None
@@ -52,11 +52,11 @@ class ServiceSpec:
     predict: bool = False
     # admission bounds (0: the scheduler's --max-waiting / --max-queued-tokens): past them a request
     # is refused at once (RESOURCE_EXHAUSTED / HTTP 429 with a retry-after), never queued without bound
-    max_waiting: int = Field(0, ge=0)  # requests admitted that have no first token yet
-    max_queued_tokens: int = Field(0, ge=0)  # their estimated prompt tokens + max_tokens
+    max_waiting: int = Field(default=0, ge=0)  # requests admitted that have no first token yet
+    max_queued_tokens: int = Field(default=0, ge=0)  # their estimated prompt tokens + max_tokens
     # scale from zero: how long a request for this service's model waits for an engine to load it
     # (0: min(10 x slo.ttft_s, 120 s)); past it UNAVAILABLE with a retry-after
-    cold_start_timeout_s: float = Field(0.0, ge=0.0)
+    cold_start_timeout_s: float = Field(default=0.0, ge=0.0)
     # no engine needs to host it: the scheduler is ready (and `llmfleet up` done) without it
     scale_to_zero: bool = False
 

@@ -11,7 +11,8 @@ from llmfleet.policies.capacity.cold_start import (
 )
 from llmfleet.policies.capacity.hold_queue import HoldQueue
 from llmfleet.policies.capacity.queue_moves import plan_queue_moves
-from llmfleet.policies.capacity.saturation import BINDINGS, Saturation
+from llmfleet.policies.capacity.saturation import Saturation
+from llmfleet.spec.defaults import BINDINGS  # the binding modes, defined with the spec's defaults
 
 __all__ = [
     "BINDINGS",

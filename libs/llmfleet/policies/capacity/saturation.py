@@ -21,10 +21,6 @@ from dataclasses import dataclass
 
 from llmfleet.policies.dispatch.base import EngineCandidate
 
-# early: bind each request to an engine when it arrives (the dispatch policy's choice, queued there);
-# late: hold it in the scheduler while every engine hosting its model is saturated
-BINDINGS = ("early", "late")
-
 
 @dataclass(frozen=True)
 class Saturation:
