@@ -8,7 +8,7 @@ executor's ``ExecutorConfig``, by the cluster config's ``engines:`` entries and 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Self
 
 from llmfleet.policies.request.base import BatchLimits
 
@@ -59,7 +59,7 @@ class EngineLimits:
         return BatchLimits(self.max_batch_requests, self.max_prefill_tokens)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "engine limits") -> EngineLimits:
+    def from_dict(cls, d: dict[str, Any], where: str = "engine limits") -> Self:
         """Build from a mapping; unknown keys are an error naming the valid ones."""
         valid = {f.name for f in fields(cls)}
         unknown = set(d) - valid

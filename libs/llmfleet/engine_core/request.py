@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ class CoreRequest:
         max_tokens: int,
         produced: int = 0,
         payload: Any = None,
-        prompt_ids: Sequence[int] | None = None,
+        prompt_ids: Collection[int] | None = None,
     ) -> None:
         if prompt < 0 or max_tokens < 1 or produced < 0:
             raise ValueError(

@@ -40,7 +40,7 @@ def _model_key(model: str) -> bytes:
     return model.encode() + b"\x00"
 
 
-def _chain(key: bytes, parent: int | None, tokens: bytes) -> int:
+def _chain(key: bytes, parent: int | None, tokens: bytes | memoryview) -> int:
     h = blake2b(key, digest_size=8)
     h.update(b"\x00" * 8 if parent is None else (parent | 1 << 64).to_bytes(9, "little"))
     h.update(tokens)

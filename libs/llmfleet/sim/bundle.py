@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from llmfleet.policies.batching import StaticBatchPolicy
+from llmfleet.policies.request import RequestPolicy
 from llmfleet.spec import (
     CapacitySpec,
     DispatchSpec,
@@ -83,8 +85,10 @@ class PolicyBundle:
         description: str = "",
         first_plan: str = "oracle",
     ) -> None:
-        given = {"placement": placement, "dispatch": dispatch, "engine": engine, "migration": migration}
-        given["capacity"] = capacity if capacity is not None else {"binding": SIM_BINDING}
+        given: dict[str, object] = {
+            "placement": placement, "dispatch": dispatch, "engine": engine, "migration": migration,
+            "capacity": capacity if capacity is not None else {"binding": SIM_BINDING},
+        }  # fmt: skip
         for key, cls in _SECTIONS.items():
             object.__setattr__(self, key, section(cls, given[key]))
         object.__setattr__(self, "name", name)
@@ -140,7 +144,7 @@ class PolicyBundle:
                 f"binding late holds requests for dispatch; {self.dispatch.policy!r} batches centrally"
             )
 
-    def local_factory(self) -> Callable[[], object]:
+    def local_factory(self) -> Callable[[], RequestPolicy | StaticBatchPolicy]:
         """A fresh engine-local policy per instance, built as a live engine builds it
         (:func:`~llmfleet.policies.engine_policy.make_engine_policy`: a static batcher with
         ``slice_end: recompute`` runs on the static stepper, with ``keep`` over continuous batching)."""

@@ -77,7 +77,7 @@ def progress_of(inst: SimInstance, now: float) -> tuple[RequestProgress, ...]:
     (what a live engine would have streamed): those finished at the last step boundary plus, for
     members of a chunk in flight, its iterations that ended by ``now``."""
     w = inst.work
-    done, members = 0, ()
+    done, members = 0, set[int]()
     if w is not None and not w.plan.static:
         k = w.plan.iterations
         if w.ends is not None:

@@ -347,8 +347,9 @@ class SimInstance:
                 rec.first_token_s = first_end
             if rec.produced >= rec.output_tokens:
                 finished.append(r)
+        durations: list[float] | float
         if k > 1 and w.ends is not None and self.core.run_charged:  # the policy is charged per iteration
-            durations = np.diff(w.ends[:k], prepend=w.start)
+            durations = np.diff(w.ends[:k], prepend=w.start).tolist()
         else:
             durations = w.end - w.start
         done = self.core.complete(plan, now, durations, finished=finished).finished

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from llmfleet.sim.records import RequestRecord
@@ -185,7 +186,7 @@ def cluster_metrics(result: SimResult) -> dict:
     recs = result.records
     done = [r for r in recs if r.done]
     start = min((r.arrival_s for r in recs), default=0.0)
-    end = max((r.finish_s for r in done), default=start)
+    end = max((r.finish_s for r in recs if r.finish_s is not None), default=start)  # of those done
     span = max(end - start, 1e-12)
     kv = [s.kv_used / s.kv_capacity for s in result.samples if s.kv_capacity]
     gpu_s = sum(i["tp"] * i["busy_s"] for i in result.instances)
@@ -230,7 +231,7 @@ def summarize(result: SimResult, services: Sequence[SimService]) -> dict:
         rs = [r for r in result.records if r.service == s.name]
         if rs:
             per[s.name] = request_metrics(rs, services)
-    out = {
+    out: dict[str, Any] = {
         "overall": request_metrics(result.records, services),
         "services": per,
         "cluster": cluster_metrics(result),

@@ -24,7 +24,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Route, Sample, SimResult, Simulator
@@ -162,7 +162,7 @@ def _fork(
     ctx = mp.get_context("fork")
     done = ctx.Array("q", len(groups), lock=False)  # per worker: requests arrived, simulated time
     clock = ctx.Array("d", len(groups), lock=False)
-    procs, pending = [], {}
+    procs, pending = [], dict[int, Connection]()
     for g, ids in enumerate(groups):
         part_reqs, part_routes = parts[g]
         if not part_reqs:
@@ -179,8 +179,8 @@ def _fork(
     errors: list[str] = []
     try:
         while pending:
-            for conn in wait(list(pending.values()), timeout=0.5):
-                g = next(k for k, c in pending.items() if c is conn)
+            ready = wait(list(pending.values()), timeout=0.5)
+            for g, conn in [(g, c) for g, c in pending.items() if c in ready]:
                 try:
                     status, payload = conn.recv()
                 except EOFError:

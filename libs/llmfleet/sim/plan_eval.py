@@ -77,7 +77,10 @@ class _Scorer:
                               r.prompt_tokens, r.output_tokens, failed="no instance")
                 for r in self.requests
             ]  # fmt: skip
-        end = max([r.arrival_s for r in records] + [r.finish_s for r in records if r.done], default=0.0)
+        end = max(
+            [r.arrival_s for r in records] + [r.finish_s for r in records if r.finish_s is not None],
+            default=0.0,
+        )
         for r in records:
             if not r.done and r.solo_s <= 0:
                 r.solo_s = self.cost.solo_time(

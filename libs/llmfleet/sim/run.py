@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 from llmfleet.costmodel import ProfileRecord
-from llmfleet.policies.dispatch import Rebalancer, make_dispatch_policy
+from llmfleet.policies.batching import StaticBatchPolicy
+from llmfleet.policies.dispatch import DispatchPolicy, Rebalancer, make_dispatch_policy
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.migration import MellPacker, make_migration_policy, make_transfer_planner
 from llmfleet.policies.placement import (
@@ -32,6 +33,7 @@ from llmfleet.policies.placement import (
     ServiceLoad,
     make_placement_policy,
 )
+from llmfleet.policies.request import RequestPolicy
 from llmfleet.sim.bundle import FIRST_PLANS, PolicyBundle
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
@@ -198,6 +200,8 @@ def simulate(
         plan = _first_plan(spec, workload, policy, planner, gpus, evaluator_factory)
     cost = CostBook.build(spec.cluster.hw, spec.archs(), records, spec.cost_source)
     central = make_central(policy.dispatch.policy, policy.dispatch.options) if policy.central else None
+    dispatch: DispatchPolicy
+    make_local: Callable[[], RequestPolicy | StaticBatchPolicy]
     if central is not None:
         dispatch, make_local = central.maxmin, central.make_feed
     else:

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.dispatch import DispatchPolicy, EngineCandidate, FinishListener, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
+from llmfleet.policies.request import RequestPolicy
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.events import ARRIVAL, END, HOOK, MOVE, READY, SAMPLE, EventQueue
 from llmfleet.sim.fleet import Fleet
@@ -110,7 +112,7 @@ class Simulator:
         self,
         spec: SimSpec,
         plan: Sequence[InstancePlan],
-        make_policy: Callable[[], object],
+        make_policy: Callable[[], RequestPolicy | StaticBatchPolicy],
         dispatch: DispatchPolicy,
         cost: CostBook,
         *,
@@ -214,6 +216,10 @@ class Simulator:
         self.records.append(rec)
         return rec
 
+    def _arrival_hook(self, wr) -> Callable[[Any, float], None]:
+        """A hook (:meth:`EventQueue.at`) that lets ``wr`` arrive when it runs."""
+        return lambda _sim, now: self._arrive(wr, now)
+
     def _arrive(self, wr, now: float, route: Route | None = None) -> None:
         if self.central is not None:  # to the central pool: no dispatch at arrival
             svc = self.fleet.service(wr.service)
@@ -258,7 +264,7 @@ class Simulator:
                 self._read_next(it, a)
                 if self._heartbeat_s and self._routes is None:  # placed at the next beat, in arrival
                     beat = max(t, self._heartbeat_s * math.ceil(t / self._heartbeat_s))  # order; TTFT from t
-                    self.events.at(beat, lambda sim, now, wr=a: sim._arrive(wr, now))
+                    self.events.at(beat, self._arrival_hook(a))
                 else:
                     self._arrive(a, t, None if self._routes is None else self._routes[arrived])
                 arrived += 1
@@ -266,8 +272,9 @@ class Simulator:
                     progress(arrived, t)
             elif kind == SAMPLE:
                 samples.append(self._sample(t))
-                if self._pending or self._busy():
-                    self.events.push(t + self.sample_period_s, SAMPLE)
+                period = self.sample_period_s  # set: SAMPLE events run only with a period
+                if period is not None and (self._pending or self._busy()):
+                    self.events.push(t + period, SAMPLE)
             else:
                 self._handle(kind, t, a, b)
         if progress:
