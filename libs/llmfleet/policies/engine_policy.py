@@ -20,13 +20,13 @@ from llmfleet.policies.batching import StaticBatchPolicy, make_batching_policy
 from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import RequestPolicy, make_request_policy
 from llmfleet.policies.request.static_batches import StaticBatches
-from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES
+from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES, SliceEnd
 from llmfleet.spec.renamed import ENGINE_POLICY_OPTIONS, refuse_renamed
 
 ENGINE_POLICIES: tuple[str, ...] = tuple(sorted({*REQUEST, *BATCHING}))
 
 
-def pop_slice_end(name: str, options: dict[str, Any]) -> str:
+def pop_slice_end(name: str, options: dict[str, Any]) -> SliceEnd:
     """Take a static batcher's ``slice_end`` out of ``options``, checked; the default when unset."""
     slice_end = options.pop("slice_end", SLICE_END)
     if slice_end not in SLICE_END_MODES:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 DEFAULT_MAX_TOKENS = 64  # a request's output cap when it sets none (a service may set its own)
-SLICE_END = "keep"  # a static batch's slice end: "keep" its KV, or "recompute" it (the papers' mode)
-SLICE_END_MODES = ("keep", "recompute")
+# a static batch's slice end: "keep" its KV, or "recompute" it (the papers' mode)
+SliceEnd = Literal["keep", "recompute"]
+SLICE_END_MODES: tuple[SliceEnd, ...] = get_args(SliceEnd)
+SLICE_END: SliceEnd = "keep"
 ENGINE_POLICY = "fcfs"  # the engine-local request policy
 DISPATCH_POLICY = "round_robin"
 PLACEMENT_POLICY = "static"  # the live leader's default: copy the engines: lists (no planner)

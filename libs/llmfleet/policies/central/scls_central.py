@@ -44,7 +44,7 @@ from typing import Any
 
 from llmfleet.policies.batching.scls_dp import SliceCost, dp_batches
 from llmfleet.policies.dispatch.scls_maxmin import GAMMA_HF_S, SclsMaxMin
-from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES
+from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES, SliceEnd
 
 MODE = "scls_central"  # the dispatch value that selects central scheduling
 CENTRAL_MODES: tuple[str, ...] = (MODE,)
@@ -119,7 +119,7 @@ class Kept:
 class CentralStats:
     """What the central loop did (the simulator's ``report["scls_central"]``)."""
 
-    slice_end: str = SLICE_END
+    slice_end: SliceEnd = SLICE_END
     slice_iterations: int = 128
     ticks: int = 0
     batches: int = 0  # offloaded
@@ -159,7 +159,7 @@ class SclsCentralPolicy:
     def __init__(
         self,
         *,
-        slice_end: str = SLICE_END,
+        slice_end: SliceEnd = SLICE_END,
         cost: SliceCost | Mapping[str, Any] | None = None,
         slice_iterations: int = 128,
         lam: float = 0.5,
