@@ -39,6 +39,7 @@ from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
 from llmfleet.policies.capacity import BINDINGS, HoldQueue, Saturation, Unplaceable, unplaceable
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
+from llmfleet.spec.defaults import Binding
 from llmfleet.spec.services import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -73,7 +74,7 @@ class _Waiter:
 @dataclass
 class CapacityGate:
     directory: ClusterDirectory
-    binding: str = "early"  # early | late (see BINDINGS)
+    binding: Binding = "early"  # see spec.defaults.Binding
     saturation: Saturation = field(default_factory=Saturation)
     cold_start: bool = True  # False: no engine hosting the model fails at once (the old behaviour)
     metrics: SchedulerMetrics = field(default_factory=scheduler_metrics)  # the held/cold-start metrics
