@@ -192,7 +192,7 @@ async def test_apply_change_delete_a_service_at_runtime(cluster: Cluster, tmp_pa
     assert out.returncode == 1 and "no service 'qa' (known: chat)" in out.stderr
     f.write_text(QA.replace("ttft_s: 3.0", "ttft_s: -1"))
     out = cli(c, "apply", "-f", str(f))
-    assert out.returncode == 1 and "services.qa.slo.ttft_s: Input should be greater than 0" in out.stderr
+    assert out.returncode == 1 and "services.qa.slo: ttft_s must be a positive number, got -1" in out.stderr
     assert "qa" not in services(c)
 
 
