@@ -109,11 +109,11 @@ async def backends(
     native = Executor(
         ExecutorConfig(device=device, cache_dir=models, max_batch_requests=32, allow_download=False)
     )
-    _, native_load_s, native_rss = _loaded(lambda: native.load(spec))
+    _, native_load_s, native_rss = _loaded(lambda: native.host.load(spec))
     vllm = VllmExecutor(
         VllmConfig(settings=VLLM_SETTINGS, device=device, cache_dir=models, allow_download=False)
     )
-    _, vllm_load_s, vllm_rss = _loaded(lambda: vllm.load(spec))
+    _, vllm_load_s, vllm_rss = _loaded(lambda: vllm.host.load(spec))
     engines = {"native": native, "vllm": vllm}
     g = torch.Generator().manual_seed(0)
     rows = []

@@ -138,7 +138,7 @@ async def throughput(llama: LoadedModel, models: Path, repeats: int, threads: in
     ex = Executor(
         ExecutorConfig(cache_dir=models, max_batch_requests=32, allow_download=False, num_threads=threads)
     )
-    ex.add_loaded(llama)
+    ex.host.add_loaded(llama)
     try:
         for b in (1, 8, 32):
             batch = prompts(b, PROMPT_TOKENS, llama.vocab_size, seed=b)
@@ -179,7 +179,7 @@ async def sharing(
             ExecutorConfig(cache_dir=models, max_batch_requests=8, allow_download=False, num_threads=threads)
         )
         for m in ms:
-            ex.add_loaded(m)
+            ex.host.add_loaded(m)
         return ex
 
     work_a = [(llama, ids) for ids in prompts(8, PROMPT_TOKENS, llama.vocab_size, seed=11)]
@@ -223,7 +223,7 @@ async def kv_transfer(models: Path) -> dict:
     servers, channels, executors = [], [], []
     for name in ("src", "dst"):
         ex = Executor(ExecutorConfig(cache_dir=models, block_bytes=256 * 1024, allow_download=False))
-        ex.add_loaded(medium)
+        ex.host.add_loaded(medium)
         executors.append(ex)
         servicer = EngineServicer(ex, name)
         servers.append(
@@ -237,7 +237,7 @@ async def kv_transfer(models: Path) -> dict:
         channels += [src_ch, dst_ch]
         src, dst = engine_pb2_grpc.EngineStub(src_ch), engine_pb2_grpc.EngineStub(dst_ch)
         ids = prompts(1, 1000, medium.vocab_size, seed=5)[0]
-        bpt = executors[0]._models["medium-llama"].shape.bytes_per_token
+        bpt = executors[0].host.hosted["medium-llama"].shape.bytes_per_token
 
         async def start(rid: str) -> grpc.aio.UnaryStreamCall:
             req = engine_pb2.GenerateRequest(

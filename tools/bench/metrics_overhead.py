@@ -116,7 +116,7 @@ def worker_cpu_s(ex: Executor) -> float:
     """CPU time of the executor's worker thread (where the hooks run), from the kernel's schedstat (ns):
     unlike wall time, it does not grow while other processes hold the cores."""
     try:
-        return int(Path(f"/proc/self/task/{ex._worker.native_id}/schedstat").read_text().split()[0]) / 1e9
+        return int(Path(f"/proc/self/task/{ex.worker_thread_id}/schedstat").read_text().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         return float("nan")
 
@@ -299,7 +299,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             cache_dir=models, max_batch_requests=args.batch, allow_download=False, num_threads=args.threads
         )
     )
-    ex.add_loaded(llama)
+    ex.host.add_loaded(llama)
     batch = prompts(args.batch, args.prompt_tokens, llama.vocab_size, seed=1)
     try:
         await workload(ex, llama, batch, 8, 1)  # warm-up

@@ -55,7 +55,7 @@ def engine(model: LoadedModel, caching: bool, threads: int) -> Executor:
             allow_download=False,
         )
     )
-    ex.add_loaded(model)
+    ex.host.add_loaded(model)
     return ex
 
 

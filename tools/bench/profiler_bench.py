@@ -53,9 +53,9 @@ def fit_errors(models_dir: Path) -> list[dict]:
     rows = []
     ex = Executor(ExecutorConfig(cache_dir=models_dir, allow_download=False, memory_budget_bytes=1 << 30))
     try:
-        ex.add_loaded(medium_llama(models_dir))
+        ex.host.add_loaded(medium_llama(models_dir))
         for name, source in (("tiny-llama", "tiny://llama"), ("tiny-qwen2", "tiny://qwen2")):
-            ex.load(ModelSpec(name=name, source=source))
+            ex.host.load(ModelSpec(name=name, source=source))
         for name in ("tiny-llama", "tiny-qwen2", "medium-llama"):
             t0 = time.perf_counter()
             samples = [s for _ in range(ROUNDS) for s in profiling.profile(ex, name, **SWEEP).samples]

@@ -239,7 +239,7 @@ def measure(
                 block_bytes=block,
             )
         )
-        ex.add_loaded(model)
+        ex.host.add_loaded(model)
         arch = arch_from_hf_config(model.model.config, dtype="bfloat16" if a.dtype == "bfloat16" else a.dtype)
         try:
             usable = [n for n in lengths if n < model.max_context]

@@ -1,20 +1,26 @@
 """The engine-backend boundary: what the gRPC servicer, the placement follower and ``main`` need from an
-executor. The native paged executor (``executor.Executor``) and the vLLM adapter
-(``vllm_backend.VllmExecutor``) both implement :class:`EngineBackend`; the native one also implements
-:class:`KvMigrationBackend` (live KV export/import), which the servicer checks by type.
+executor, as the parts they use.
+
+* :class:`EngineBackend`: requests (submit, cancel, attach), device info, load snapshots, metrics and
+  shutdown, with its parts ``host`` and ``migration``. The native paged executor
+  (``executor.Executor``) and the vLLM adapter (``vllm_backend.VllmExecutor``) implement it.
+* :class:`ModelHosting` (``EngineBackend.host``): the loaded models, loads, unloads and drains. The
+  native executor's is its ``model_host.ModelHost``; the vLLM executor hosts its models itself.
+* :class:`KvMigration` (``EngineBackend.migration``): live KV export and import. The native executor's
+  is its ``migration_ops.MigrationOps``; the vLLM backend has none (None: it migrates by re-prefill).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.outputs import LoadResult, LoadSnapshot, ReconcileResult
+from llmfleet_engine.outputs import LoadResult, LoadSnapshot
 from llmfleet_engine.stream import RequestStream
+from llmfleet_engine.transfer import ImportTarget
 from llmfleet_engine.validation import GenerationRequest
 
 if TYPE_CHECKING:
@@ -24,13 +30,10 @@ if TYPE_CHECKING:
     from llmfleet_engine.transfer import ImportHandle, TransferHeader
 
 
-@runtime_checkable
-class EngineBackend(Protocol):
-    """Generate, cancel, load/unload, info and load snapshots."""
+class ModelHosting(Protocol):
+    """The models of an engine node: what is loaded, loads and unloads, and drains (a draining model
+    keeps running its requests but is not advertised, and its new requests are refused)."""
 
-    backend: str
-    device: str
-    memory_bytes: int
     on_models_changed: list[Callable[[tuple[str, ...]], None]]
 
     @property
@@ -40,6 +43,61 @@ class EngineBackend(Protocol):
     def models(self) -> dict[str, LoadedModel]: ...
 
     def model_names(self) -> tuple[str, ...]: ...
+
+    def load(self, spec: ModelSpec) -> LoadResult: ...
+
+    def unload(self, name: str) -> bool: ...
+
+    def begin_drain(self, name: str, reason: str) -> bool: ...
+
+    def end_drain(self, name: str) -> bool: ...
+
+    def draining_reason(self, name: str) -> str | None: ...
+
+    def serving_model_names(self) -> tuple[str, ...]:
+        """Loaded models that take new requests: what the node record advertises."""
+        ...
+
+    def model_request_ids(self, name: str) -> list[str]: ...
+
+    def evict(self, request_id: str, reason: str) -> bool: ...
+
+    def take_eviction(self, request_id: str) -> str | None: ...
+
+
+class KvMigration(ImportTarget, Protocol):
+    """Live migration of a request's KV (Mell's KV transfer; token transfer without KV): the source side
+    pauses, exports and finishes it, the destination imports it (``transfer.ImportHandle``)."""
+
+    def pause_request(
+        self, request_id: str, timeout_s: float = 30.0, *, moving_to: str = ""
+    ) -> TransferHeader: ...
+
+    def resume_request(self, request_id: str, *, moving: bool = False) -> bool: ...
+
+    def export_kv(self, request_id: str, start: int, end: int) -> bytes: ...
+
+    def wire_bytes_per_token(self, header: TransferHeader) -> int: ...
+
+    def finish_migrated(self, request_id: str, destination: str) -> None: ...
+
+    def begin_import(self, header: TransferHeader) -> ImportHandle: ...
+
+
+@runtime_checkable
+class EngineBackend(Protocol):
+    """Generate, cancel, device info, load snapshots; the models in ``host``, KV migration in
+    ``migration`` (None: the backend has no KV transfer)."""
+
+    backend: str
+    device: str
+    memory_bytes: int
+
+    @property
+    def host(self) -> ModelHosting: ...
+
+    @property
+    def migration(self) -> KvMigration | None: ...
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue a validated request (from a running event loop); its chunk stream."""
@@ -53,12 +111,6 @@ class EngineBackend(Protocol):
 
     def cancel_if_unattached(self, request_id: str) -> bool: ...
 
-    def load(self, spec: ModelSpec) -> LoadResult: ...
-
-    def unload(self, name: str) -> bool: ...
-
-    def reconcile(self, desired: Iterable[ModelSpec]) -> ReconcileResult: ...
-
     def load_snapshot(self) -> LoadSnapshot: ...
 
     def attach_metrics(self, metrics: EngineMetrics) -> None:
@@ -66,38 +118,6 @@ class EngineBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class KvMigrationBackend(EngineBackend, Protocol):
-    """A backend whose requests' KV can be exported and imported (live migration, Mell's KV transfer)
-    and whose unified pool is described by blocks."""
-
-    def tokens_per_block(self, model: str) -> int: ...
-
-    def reserved_bytes(self, model: str) -> int: ...
-
-    def pause_request(
-        self, request_id: str, timeout_s: float = 30.0, *, moving_to: str = ""
-    ) -> TransferHeader: ...
-
-    def resume_request(self, request_id: str, *, moving: bool = False) -> bool: ...
-
-    def export_kv(self, request_id: str, start: int, end: int) -> bytes: ...
-
-    def wire_bytes_per_token(self, header: TransferHeader) -> int: ...
-
-    def check_chunk(self, header: TransferHeader, start: int, num_tokens: int, data: bytes) -> None: ...
-
-    def finish_migrated(self, request_id: str, destination: str) -> None: ...
-
-    def begin_import(self, header: TransferHeader) -> ImportHandle: ...
-
-    def write_import(self, handle: ImportHandle, start: int, data: bytes) -> None: ...
-
-    def commit_import(self, handle: ImportHandle, loop: asyncio.AbstractEventLoop) -> None: ...
-
-    def abort_import(self, handle: ImportHandle) -> None: ...
 
 
 @runtime_checkable
@@ -109,6 +129,6 @@ class ProfilingBackend(Protocol):
 
 @runtime_checkable
 class EmulatedLink(Protocol):
-    """A backend whose KV link is emulated: a probe received here takes ``link_seconds(bytes)``."""
+    """A migration whose KV link is emulated: a probe received here takes ``link_seconds(bytes)``."""
 
     def link_seconds(self, nbytes: int) -> float: ...

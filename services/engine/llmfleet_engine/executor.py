@@ -34,7 +34,6 @@ from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.policies.engine_policy import make_engine_policy
 
 from llmfleet_engine import profiling
-from llmfleet_engine.delegate import Via
 from llmfleet_engine.delivery import Delivery, RateWindow
 from llmfleet_engine.executor_config import ExecutorConfig
 from llmfleet_engine.live_request import LiveRequest, Outcome, new_live_request, seq_steps
@@ -53,6 +52,7 @@ from llmfleet_engine.outputs import (
     DuplicateRequestError,
     EngineChunk,
     FinishReason,
+    LoadSnapshot,
     QueueFullError,
 )
 from llmfleet_engine.profiling import ProfileResult
@@ -77,13 +77,10 @@ class Executor:
     * ``migration`` (:class:`MigrationOps`): pauses, KV export and import;
     * ``load_report`` (:class:`LoadReport`): the load snapshot.
 
-    The parts' public methods are the executor's (``Via``). Thread-safe:
-    ``load``/``unload``/``reconcile``/``profile`` block (call them via ``asyncio.to_thread``);
-    ``submit`` must be called from a running event loop. ``on_models_changed`` callbacks receive the
-    sorted model names after each change.
+    Callers use the part they need (``backend.ModelHosting``: ``host``, ``backend.KvMigration``:
+    ``migration``). Thread-safe: ``host.load``/``host.unload``/``host.reconcile``/``profile`` block
+    (call them via ``asyncio.to_thread``); ``submit`` must be called from a running event loop.
     """
-
-    supports_kv_transfer = True
 
     def __init__(self, config: ExecutorConfig | None = None) -> None:
         self.config = config or ExecutorConfig()
@@ -112,7 +109,6 @@ class Executor:
         self.host = self._new_host()
         self.migration = self._new_migration()
         self.load_report = LoadReport(self.table, self.core, self.pool, self.host, self._generated)
-        self.on_models_changed = self.host.on_models_changed
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
         self._delivery.worker = self._worker
         self._worker.start()
@@ -123,51 +119,9 @@ class Executor:
     def _new_migration(self) -> MigrationOps:
         return MigrationOps(self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state)
 
-    # the parts' public API
-    models = Via("host")
-    model_names = Via("host")
-    runner = Via("host")
-    kv_capacity_bytes = Via("host")
-    watermark_blocks = Via("host")
-    tokens_per_block = Via("host")
-    reserved_bytes = Via("host")
-    load = Via("host")
-    load_async = Via("host")
-    add_loaded = Via("host")
-    unload = Via("host")
-    begin_drain = Via("host")
-    end_drain = Via("host")
-    draining_reason = Via("host")
-    serving_model_names = Via("host")
-    model_request_ids = Via("host")
-    evict = Via("host")
-    take_eviction = Via("host")
-    reconcile = Via("host")
-    pause_request = Via("migration")
-    resume_request = Via("migration")
-    export_kv = Via("migration")
-    finish_migrated = Via("migration")
-    begin_import = Via("migration")
-    wire_bytes_per_token = Via("migration")
-    check_chunk = Via("migration")
-    write_import = Via("migration")
-    commit_import = Via("migration")
-    abort_import = Via("migration")
-    abort_import_locked = Via("migration")
-    load_snapshot = Via("load_report")
-
-    @property
-    def _models(self) -> dict[str, HostedModel]:
-        """The host's models (read by tests and benchmarks that reach into the executor)."""
-        return self.host.hosted
-
-    @property
-    def _pauses(self) -> dict[str, int]:
-        return self.migration.pauses
-
-    @property
-    def _moving(self) -> dict[str, str]:
-        return self.migration.moving
+    def load_snapshot(self) -> LoadSnapshot:
+        """The node's load now (``load_report.LoadReport``)."""
+        return self.load_report.load_snapshot()
 
     def _device_memory(self) -> tuple[str, int, int]:
         """The device, its memory and the budget (weights + activations + KV pool)."""
@@ -186,6 +140,11 @@ class Executor:
     @property
     def preemptions(self) -> int:
         return self.core.preemptions
+
+    @property
+    def worker_thread_id(self) -> int | None:
+        """The OS id of the worker thread (where forwards, sampling and the metrics hooks run)."""
+        return self._worker.native_id
 
     def with_pool(self, fn: Callable[[BlockAllocator], T]) -> T:
         """Run ``fn(allocator)`` with exclusive use of the pool's block allocator (e.g. scratch sequences

@@ -27,7 +27,7 @@ from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.kvblocks import KvShape
 from llmfleet.rpc.channels import open_channel
 
-from llmfleet_engine.backend import KvMigrationBackend
+from llmfleet_engine.backend import KvMigration
 from llmfleet_engine.outputs import TransferError
 from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.transfer import ImportHandle, TransferHeader
@@ -121,20 +121,20 @@ def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
 
 
 async def export_stream(
-    ex: KvMigrationBackend, header: TransferHeader, chunk_tokens: int
+    ops: KvMigration, header: TransferHeader, chunk_tokens: int
 ) -> AsyncIterator[engine_pb2.KvChunk]:
     """Header, then K/V in ranges of ``chunk_tokens`` tokens, at most MAX_CHUNK_BYTES each (the request
     must be paused)."""
-    chunk_tokens = max(1, min(chunk_tokens, MAX_CHUNK_BYTES // max(1, ex.wire_bytes_per_token(header))))
+    chunk_tokens = max(1, min(chunk_tokens, MAX_CHUNK_BYTES // max(1, ops.wire_bytes_per_token(header))))
     yield engine_pb2.KvChunk(header=header_to_proto(header))
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)
-        data = await asyncio.to_thread(ex.export_kv, header.request_id, start, end)
+        data = await asyncio.to_thread(ops.export_kv, header.request_id, start, end)
         yield engine_pb2.KvChunk(data=engine_pb2.KvData(start_token=start, num_tokens=end - start, data=data))
 
 
 async def import_stream(
-    ex: KvMigrationBackend,
+    ops: KvMigration,
     chunks: AsyncIterator[engine_pb2.KvChunk],
     accepted: Callable[[], Awaitable[None]],
 ) -> engine_pb2.ImportKvResponse:
@@ -144,7 +144,7 @@ async def import_stream(
     if first is None or first.WhichOneof("payload") != "header":
         raise TransferError("ImportKv: the first message must be the header")
     header = header_from_proto(first.header)
-    handle: ImportHandle = await asyncio.to_thread(ex.begin_import, header)
+    handle: ImportHandle = await asyncio.to_thread(ops.begin_import, header)
     nbytes = 0
     try:
         await accepted()
@@ -222,7 +222,7 @@ async def _send(
 
 
 async def migrate(
-    ex: KvMigrationBackend,
+    ops: KvMigration,
     engine_id: str,
     request_id: str,
     destination: str,
@@ -236,7 +236,7 @@ async def migrate(
     if mode not in MIGRATE_MODES:
         raise ValueError(f"mode must be one of {MIGRATE_MODES}, got {mode!r}")
     t0 = time.perf_counter()
-    header = await asyncio.to_thread(ex.pause_request, request_id, moving_to=destination)
+    header = await asyncio.to_thread(ops.pause_request, request_id, moving_to=destination)
     header = dataclasses.replace(
         header, source_engine_id=engine_id, num_tokens=header.num_tokens if mode == "kv" else 0
     )
@@ -244,13 +244,13 @@ async def migrate(
     try:
         async with open_channel(destination, tracing=False) as channel:  # see open_channel
             await _connect(channel, destination)
-            resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ex, header, chunk_tokens))
+            resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ops, header, chunk_tokens))
     except BaseException as e:
-        ex.resume_request(request_id, moving=True)
+        ops.resume_request(request_id, moving=True)
         if isinstance(e, grpc.aio.AioRpcError):
             raise TransferError(f"transfer to {destination} failed: {e.code().name}: {e.details()}") from e
         raise
-    ex.finish_migrated(request_id, destination)
+    ops.finish_migrated(request_id, destination)
     done = time.perf_counter()
     moved: MigrateMode = "kv" if header.num_tokens else "tokens"
     log.info(

@@ -18,7 +18,7 @@ from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, SLICE_END
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, ENGINE_POLICY, SLICE_END
 from llmfleet.spec.renamed import ENGINE_FLAGS, add_renamed_flags
 from llmfleet.spec.validation import validation_message
 from llmfleet.spec.vllm import VllmSettings
@@ -32,7 +32,7 @@ from llmfleet_engine.emulated.shared import SharedEtcd
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.hardware import detect_hardware, hardware_name, tp_degree
 from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS
-from llmfleet_engine.placement_follower import DRAIN_MODES, DrainingBackend, DrainSettings, PlacementFollower
+from llmfleet_engine.placement_follower import DRAIN_MODES, DrainSettings, PlacementFollower
 from llmfleet_engine.servicer import EngineServicer
 
 ROLE = "engine"
@@ -136,7 +136,7 @@ def build_node(
     async def republish_on_model_change(n: ServiceNode) -> None:
         loop = asyncio.get_running_loop()
         # The model set changes in the executor's thread; republish nodes/{id} from the event loop.
-        executor.on_models_changed.append(
+        executor.host.on_models_changed.append(
             lambda _names: loop.call_soon_threadsafe(lambda: n.spawn(n.update_record(), "republish"))
         )
         await n.update_record()  # a preload may have finished before the callback was in place
@@ -144,7 +144,7 @@ def build_node(
     async def preload(n: ServiceNode) -> None:
         for spec in args.model:
             name, _, source = spec.partition("=")
-            await asyncio.to_thread(executor.load, ModelSpec(name=name, source=source or name))
+            await asyncio.to_thread(executor.host.load, ModelSpec(name=name, source=source or name))
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
@@ -163,13 +163,9 @@ def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[N
             tp=args.tp,
             device=executor.device,
             memory_bytes=executor.memory_bytes,
-            kv_capacity_bytes=executor.kv_capacity_bytes,
+            kv_capacity_bytes=executor.host.kv_capacity_bytes,
             # a draining model is not advertised: schedulers stop routing to it at once
-            models=(
-                executor.serving_model_names()
-                if isinstance(executor, DrainingBackend)
-                else executor.model_names()
-            ),
+            models=executor.host.serving_model_names(),
         )
 
     return describe
@@ -194,7 +190,7 @@ def _placement_following(
         drain = DrainSettings(
             mode=args.drain_mode, timeout_s=args.drain_timeout_s, handoff_timeout_s=args.handoff_timeout_s
         )
-        follower = PlacementFollower(nid, executor, drain=drain, nodes=nodes)
+        follower = PlacementFollower(nid, executor.host, executor.migration, drain=drain, nodes=nodes)
         n.spawn(follower.run(view), "placement-follower")
 
     return follow_placement
@@ -317,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_flags(ap)
     _add_pool_flags(ap)
     _add_policy_flags(ap)
-    _add_emulated_flags(ap.add_argument_group("emulated backend (--backend emulated)"))
+    _add_emulated_flags(ap)
     _add_node_flags(ap)
     return ap
 
@@ -399,7 +395,7 @@ def _add_policy_flags(ap: argparse.ArgumentParser) -> None:
     """The local policy, its options and the engine limits."""
     ap.add_argument(
         "--policy",
-        default="fcfs",
+        default=ENGINE_POLICY,
         choices=ENGINE_POLICIES,
         help="local policy: a request policy (continuous batching) or a static batcher (static mode)",
     )
@@ -427,8 +423,9 @@ def _add_policy_flags(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_emulated_flags(g: argparse._ArgumentGroup) -> None:
+def _add_emulated_flags(ap: argparse.ArgumentParser) -> None:
     """``--backend emulated``: the catalog architectures, engines per process, costs and link."""
+    g = ap.add_argument_group("emulated backend (--backend emulated)")
     g.add_argument(
         "--sim-model",
         type=_name_arch,

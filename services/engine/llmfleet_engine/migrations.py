@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import grpc
 
 from llmfleet_engine import kv_rpc
-from llmfleet_engine.backend import KvMigrationBackend
+from llmfleet_engine.backend import KvMigration
 from llmfleet_engine.kv_rpc import MigrateMode, MigrationResult
 from llmfleet_engine.outputs import MigrationConflictError, RequestNotFoundError, TransferError
 
@@ -95,7 +95,7 @@ class Migrations:
 
     def __init__(
         self,
-        executor: KvMigrationBackend,
+        ops: KvMigration,
         engine_id: str,
         *,
         max_in_flight: int = DEFAULT_MAX_MIGRATIONS,
@@ -104,7 +104,7 @@ class Migrations:
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        self.executor = executor
+        self.ops = ops
         self.engine_id = engine_id
         self.max_in_flight = max_in_flight
         self.history = history
@@ -150,9 +150,7 @@ class Migrations:
     async def _run(self, mid: str, call: MigrateCall) -> MigrateOutcome:
         rid, dest = call.request_id, call.destination
         try:
-            result = await kv_rpc.migrate(
-                self.executor, self.engine_id, rid, dest, call.chunk_tokens, call.mode
-            )
+            result = await kv_rpc.migrate(self.ops, self.engine_id, rid, dest, call.chunk_tokens, call.mode)
             outcome = MigrateOutcome(mid, call, result)
             if result.mode == "kv":
                 self.links.record(dest, result.bytes, result.transfer_s, "migration")

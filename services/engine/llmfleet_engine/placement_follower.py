@@ -16,8 +16,7 @@ off). A key means exactly those models (``()``: idle). Replacement loses no requ
 
 A model desired again while draining serves again at once. Both the native and the vLLM backend
 drain; the vLLM one has no KV export, so its moved requests are evicted and resumed by re-prefill.
-A backend without drain support would unload at once (its requests end with the model). Failed loads are retried every
-``retry_s``; a change of the desired state wakes the follower at once.
+Failed loads are retried every ``retry_s``; a change of the desired state wakes the follower at once.
 """
 
 from __future__ import annotations
@@ -27,13 +26,13 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 from llmfleet.coord import PrefixView
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
 
 from llmfleet_engine import kv_rpc
-from llmfleet_engine.backend import EngineBackend, KvMigrationBackend
+from llmfleet_engine.backend import KvMigration, ModelHosting
 from llmfleet_engine.models import ModelLoadError
 from llmfleet_engine.outputs import (
     ExecutorClosedError,
@@ -50,25 +49,6 @@ log = logging.getLogger(__name__)
 DrainMode = Literal["wait", "migrate"]
 DRAIN_MODES: tuple[str, ...] = ("wait", "migrate")
 LOAD_ERRORS = (ModelLoadError, ModelConflictError, ExecutorClosedError, ResourceExhaustedError)
-
-
-@runtime_checkable
-class DrainingBackend(Protocol):
-    """What a backend offers for draining (the native executor: ``model_host.ModelHost``)."""
-
-    def begin_drain(self, name: str, reason: str) -> bool: ...
-
-    def end_drain(self, name: str) -> bool: ...
-
-    def draining_reason(self, name: str) -> str | None: ...
-
-    def serving_model_names(self) -> tuple[str, ...]: ...
-
-    def model_request_ids(self, name: str) -> list[str]: ...
-
-    def evict(self, request_id: str, reason: str) -> bool: ...
-
-    def take_eviction(self, request_id: str) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -98,8 +78,12 @@ class _Leaving:
 
 @dataclass
 class PlacementFollower:
+    """Follows ``placement/{engine_id}`` with the engine's models (``host``); a leaving model's requests
+    move by KV migration (``migration``; None: they are evicted and resumed elsewhere by re-prefill)."""
+
     engine_id: str
-    executor: EngineBackend
+    host: ModelHosting
+    migration: KvMigration | None
     retry_s: float = 5.0
     drain: DrainSettings = field(default_factory=DrainSettings)
     nodes: PrefixView[NodeRecord] | None = None  # other engines: hand-off check, migration targets
@@ -138,10 +122,8 @@ class PlacementFollower:
             for name in list(self._leaving):
                 self._keep(name)
             return None
-        if not isinstance(self.executor, DrainingBackend):
-            return await self._apply_at_once(desired)
         want = {s.name: s for s in desired.models}
-        loaded = self.executor.models
+        loaded = self.host.models
         self._failed = {n: f for n, f in self._failed.items() if want.get(n) == f[0]}  # a new spec: at once
         if not self._leaving:
             self._needs_room.clear()
@@ -160,11 +142,11 @@ class PlacementFollower:
         if unloaded:  # room for what waited
             self._needs_room.clear()
             for name, spec in want.items():
-                if name not in self.executor.models and self._may_retry(name):
+                if name not in self.host.models and self._may_retry(name):
                     await self._load(spec)
         if self._leaving:
             return self.drain.poll_s
-        if self._failed or any(n not in self.executor.models for n in want):
+        if self._failed or any(n not in self.host.models for n in want):
             return self.retry_s
         self.applied = desired
         return None
@@ -179,7 +161,7 @@ class PlacementFollower:
         """Load ``spec``. A model that does not fit while others are still leaving waits for their
         unload (``_needs_room``) instead of failing."""
         try:
-            result = await asyncio.to_thread(self.executor.load, spec)
+            result = await asyncio.to_thread(self.host.load, spec)
         except LOAD_ERRORS as e:
             if isinstance(e, ResourceExhaustedError | ModelConflictError) and self._leaving:
                 self._needs_room.add(spec.name)
@@ -195,19 +177,6 @@ class PlacementFollower:
             log.info("%s: loaded %s", self.engine_id, spec.name)
         return True
 
-    async def _apply_at_once(self, desired: DesiredPlacement) -> float | None:
-        """Backends that cannot drain: the shared reconcile (unloading ends the model's requests)."""
-        if desired == self.applied:
-            return None
-        result = await asyncio.to_thread(self.executor.reconcile, desired.models)
-        if result.loaded or result.unloaded:
-            log.info("%s: loaded %s, unloaded %s", self.engine_id, result.loaded, result.unloaded)
-        if result.errors:
-            log.error("%s: could not load %s; retrying in %.0fs", self.engine_id, result.errors, self.retry_s)
-            return self.retry_s
-        self.applied = desired
-        return None
-
     # ------------------------------------------------------------------ leaving models
 
     def _keep(self, name: str) -> None:
@@ -217,13 +186,11 @@ class PlacementFollower:
             return
         if lv.mover is not None:
             lv.mover.cancel()
-        if isinstance(self.executor, DrainingBackend):
-            self.executor.end_drain(name)
+        self.host.end_drain(name)
 
     async def _progress(self, name: str, placements: dict[str, DesiredPlacement]) -> bool:
         """Advance ``name``'s departure; True once it is unloaded."""
-        ex = self.executor
-        assert isinstance(ex, DrainingBackend)
+        host = self.host
         lv = self._leaving[name]
         now = time.monotonic()
         if lv.draining_since is None:
@@ -236,16 +203,16 @@ class PlacementFollower:
                     "%s: %s is not advertised by %s after %.0fs; draining anyway",
                     self.engine_id, name, taker, waited,
                 )  # fmt: skip
-            ex.begin_drain(
+            host.begin_drain(
                 name, f"model {name!r} is draining from engine {self.engine_id} (placement moved it)"
             )
             lv.draining_since = now
-        ids = ex.model_request_ids(name)
+        ids = host.model_request_ids(name)
         if not ids:
             if lv.mover is not None and not lv.mover.done():
                 return False
             del self._leaving[name]
-            if await asyncio.to_thread(self.executor.unload, name):
+            if await asyncio.to_thread(host.unload, name):
                 log.info("%s: drained and unloaded %s", self.engine_id, name)
             return True
         overdue = now - lv.draining_since >= self.drain.timeout_s
@@ -286,15 +253,15 @@ class PlacementFollower:
     async def _move_all(self, name: str, request_ids: list[str]) -> None:
         """Move each request: KV migration to an engine advertising ``name`` (round robin), else evict
         it so that the scheduler resumes it elsewhere by re-prefill."""
-        ex = self.executor
-        assert isinstance(ex, DrainingBackend)
-        dests = self._destinations(name) if isinstance(ex, KvMigrationBackend) else []
+        ops = self.migration
+        dests = self._destinations(name) if ops is not None else []
         for i, rid in enumerate(request_ids):
             moved = False
             for k in range(len(dests)):
                 dest = dests[(i + k) % len(dests)]
                 try:
-                    await kv_rpc.migrate(ex, self.engine_id, rid, dest)  # type: ignore[arg-type]
+                    assert ops is not None  # dests is empty without it
+                    await kv_rpc.migrate(ops, self.engine_id, rid, dest)
                     moved = True
                     break
                 except (RequestNotFoundError, MigrationConflictError):
@@ -304,7 +271,7 @@ class PlacementFollower:
                     log.warning("%s: could not migrate %s to %s: %s", self.engine_id, rid, dest, e)
                 except Exception as e:  # a destination that went away: try the next one
                     log.warning("%s: migrating %s to %s failed: %s", self.engine_id, rid, dest, e)
-            if not moved and ex.evict(
+            if not moved and self.host.evict(
                 rid, f"model {name!r} left engine {self.engine_id}; resume on another engine"
             ):
                 log.info("%s: evicted %s (%s) to be resumed elsewhere", self.engine_id, rid, name)

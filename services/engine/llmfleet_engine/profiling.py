@@ -26,10 +26,8 @@ if TYPE_CHECKING:
     from llmfleet_engine.native.runner import PagedRunner
 
 
-class Executor(Protocol):
-    """What a sweep uses of the native executor (which calls :func:`profile`)."""
-
-    device: str
+class PagedModels(Protocol):
+    """The native executor's models (``model_host.ModelHost``) as a sweep reads them."""
 
     @property
     def models(self) -> dict[str, LoadedModel]: ...
@@ -37,6 +35,15 @@ class Executor(Protocol):
     def model_names(self) -> tuple[str, ...]: ...
 
     def runner(self, model: str) -> PagedRunner: ...
+
+
+class Executor(Protocol):
+    """What a sweep uses of the native executor (which calls :func:`profile`)."""
+
+    device: str
+
+    @property
+    def host(self) -> PagedModels: ...
 
     def with_pool(self, fn: Callable[[BlockAllocator], T]) -> T: ...
 
@@ -79,9 +86,9 @@ def profile(
 ) -> ProfileResult:
     """Run the sweeps on the worker thread (blocking; raises KeyError for an unknown model, ValueError
     for bad sizes). ``point`` times one point (default: timed forwards of the paged runner)."""
-    if model not in ex.model_names():
+    if model not in ex.host.model_names():
         raise KeyError(model)
-    max_context = ex.models[model].max_context
+    max_context = ex.host.models[model].max_context
     check_sweep(max_context, batch_sizes, input_lengths, context_lengths, repeats)
     timer = point or _forward_timer(ex, model)
     return ex.run_in_worker(
@@ -116,8 +123,8 @@ def check_sweep(
 
 
 def _forward_timer(ex: Executor, model: str) -> PointTimer:
-    runner = ex.runner(model)
-    vocab = ex.models[model].vocab_size
+    runner = ex.host.runner(model)
+    vocab = ex.host.models[model].vocab_size
     gen = torch.Generator().manual_seed(0)
 
     def timer(phase: str, b: int, n: int, repeats: int) -> list[float]:

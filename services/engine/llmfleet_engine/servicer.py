@@ -14,9 +14,10 @@ from llmfleet.rpc.mux import GENERATE_MANY, Emit, StreamRefused, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
-from llmfleet_engine.backend import EmulatedLink, EngineBackend, KvMigrationBackend, ProfilingBackend
+from llmfleet_engine.backend import EmulatedLink, EngineBackend, KvMigration, ModelHosting, ProfilingBackend
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS, LinkTable, MigrateCall, Migrations
+from llmfleet_engine.model_host import ModelHost
 from llmfleet_engine.models import LoadedModel, ModelLoadError, ModelSourceNotFound
 from llmfleet_engine.outputs import (
     DuplicateRequestError,
@@ -29,7 +30,6 @@ from llmfleet_engine.outputs import (
     ResourceExhaustedError,
     TransferError,
 )
-from llmfleet_engine.placement_follower import DrainingBackend
 from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import (
     DEFAULT_MAX_TOKENS,
@@ -117,7 +117,7 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
     return msg
 
 
-def loaded_model_to_proto(m: LoadedModel, executor: EngineBackend) -> engine_pb2.LoadedModel:
+def loaded_model_to_proto(m: LoadedModel, host: ModelHosting) -> engine_pb2.LoadedModel:
     msg = engine_pb2.LoadedModel(
         name=m.name,
         source=m.source,
@@ -126,9 +126,9 @@ def loaded_model_to_proto(m: LoadedModel, executor: EngineBackend) -> engine_pb2
         max_context=m.max_context,
         kv_bytes_per_token=m.kv_bytes_per_token,
     )
-    if isinstance(executor, KvMigrationBackend):
-        msg.tokens_per_block = executor.tokens_per_block(m.name)
-        msg.reserved_bytes = executor.reserved_bytes(m.name)
+    if isinstance(host, ModelHost):  # models in the native unified pool of blocks
+        msg.tokens_per_block = host.tokens_per_block(m.name)
+        msg.reserved_bytes = host.reserved_bytes(m.name)
     return msg
 
 
@@ -151,8 +151,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.unattached_timeout_s = unattached_timeout_s
         self.links = links if links is not None else LinkTable()
         self.migrations = (
-            Migrations(executor, engine_id, max_in_flight=max_migrations, links=self.links)
-            if isinstance(executor, KvMigrationBackend)
+            Migrations(executor.migration, engine_id, max_in_flight=max_migrations, links=self.links)
+            if executor.migration is not None
             else None
         )
         self._reapers: set[asyncio.Task] = set()
@@ -164,8 +164,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             device=ex.device,
             backend=ex.backend,
             memory_bytes=ex.memory_bytes,
-            kv_capacity_bytes=ex.kv_capacity_bytes,
-            models=[loaded_model_to_proto(m, ex) for _, m in sorted(ex.models.items())],
+            kv_capacity_bytes=ex.host.kv_capacity_bytes,
+            models=[loaded_model_to_proto(m, ex.host) for _, m in sorted(ex.host.models.items())],
             links=[
                 engine_pb2.LinkEstimate(
                     destination=e.destination,
@@ -241,7 +241,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def _to_proto(self, chunk: EngineChunk, emit: Emit) -> None:
         """``chunk`` as the stream's message; a request a drain evicted hands over its last tokens
         and ends UNAVAILABLE (its consumer resumes it elsewhere)."""
-        if chunk.finish_reason == FinishReason.CANCELLED and (why := self._evicted(chunk)):
+        # a request a drain evicted is resumed elsewhere by its consumer
+        if chunk.finish_reason == FinishReason.CANCELLED and (
+            why := self.executor.host.take_eviction(chunk.request_id)
+        ):
             if chunk.token_ids:
                 emit(chunk_to_proto(replace(chunk, finish_reason=None, usage=None), self.engine_id))
             raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)
@@ -253,9 +256,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         try:
             if attached is not None:  # a request migrated in: continue its stream
                 return attached
-            if why := self._draining(request.model):  # the relay re-routes UNAVAILABLE
+            if why := self.executor.host.draining_reason(request.model):  # the relay re-routes UNAVAILABLE
                 raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
-            req = validate_generate(request, self.executor.models, default_max_tokens=self.default_max_tokens)
+            req = validate_generate(
+                request, self.executor.host.models, default_max_tokens=self.default_max_tokens
+            )
             return self.executor.submit(req)
         except UnknownModelError as e:
             raise StreamRefused(grpc.StatusCode.NOT_FOUND, str(e)) from None
@@ -267,16 +272,6 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except ExecutorClosedError as e:
             raise StreamRefused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
-
-    def _draining(self, model: str) -> str | None:
-        """Why ``model`` takes no new request here (it is being drained), or None."""
-        ex = self.executor
-        return ex.draining_reason(model) if isinstance(ex, DrainingBackend) else None
-
-    def _evicted(self, chunk: EngineChunk) -> str | None:
-        """Why a cancelled request was evicted by a drain (its consumer resumes it elsewhere), or None."""
-        ex = self.executor
-        return ex.take_eviction(chunk.request_id) if isinstance(ex, DrainingBackend) else None
 
     async def Cancel(
         self, request: common_pb2.CancelRequest, context: grpc.aio.ServicerContext
@@ -294,7 +289,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         spec = ModelSpec(name=spec_pb.name, source=spec_pb.source, dtype=spec_pb.dtype or "float32")
         started = time.perf_counter()
         try:
-            result = await asyncio.to_thread(self.executor.load, spec)
+            result = await asyncio.to_thread(self.executor.host.load, spec)
         except ModelSourceNotFound as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model.source: {e}")
         except ModelLoadError as e:
@@ -319,10 +314,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def UnloadModel(
         self, request: engine_pb2.UnloadModelRequest, context: grpc.aio.ServicerContext
     ) -> engine_pb2.UnloadModelResponse:
-        if not await asyncio.to_thread(self.executor.unload, request.model):
+        host = self.executor.host
+        if not await asyncio.to_thread(host.unload, request.model):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"model {request.model!r} is not loaded on this engine; loaded: {list(self.executor.model_names())}",
+                f"model {request.model!r} is not loaded on this engine; loaded: {list(host.model_names())}",
             )
         return engine_pb2.UnloadModelResponse(unloaded=True)
 
@@ -342,35 +338,39 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     # ------------------------------------------------------------ KV transfer
 
-    def _require_kv_transfer(self) -> str | None:
-        if isinstance(self.executor, KvMigrationBackend):
-            return None
-        return f"the {self.executor.backend} backend has no KV transfer; it migrates by re-prefill"
+    async def _kv_migration(self, context: grpc.aio.ServicerContext) -> KvMigration:
+        """The backend's KV migration; FAILED_PRECONDITION when it has none."""
+        ops = self.executor.migration
+        if ops is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the {self.executor.backend} backend has no KV transfer; it migrates by re-prefill",
+            )
+        assert ops is not None
+        return ops
 
     async def ExportKv(
         self, request: engine_pb2.ExportKvRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.KvChunk]:
-        if why := self._require_kv_transfer():
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        ops = await self._kv_migration(context)
         chunk_tokens = request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS
         try:
-            header = await asyncio.to_thread(self.executor.pause_request, request.request_id)
+            header = await asyncio.to_thread(ops.pause_request, request.request_id)
         except TransferError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         try:  # a snapshot: the request keeps running here afterwards
-            async for msg in kv_rpc.export_stream(self.executor, header, chunk_tokens):
+            async for msg in kv_rpc.export_stream(ops, header, chunk_tokens):
                 yield msg
         finally:
-            self.executor.resume_request(request.request_id)
+            ops.resume_request(request.request_id)
 
     async def ImportKv(
         self, request_iterator: AsyncIterator[engine_pb2.KvChunk], context: grpc.aio.ServicerContext
     ) -> engine_pb2.ImportKvResponse:
-        if why := self._require_kv_transfer():
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        ops = await self._kv_migration(context)
         try:
             resp = await kv_rpc.import_stream(
-                self.executor,
+                ops,
                 request_iterator,
                 lambda: context.send_initial_metadata((kv_rpc.ACCEPTED_METADATA,)),
             )
@@ -391,9 +391,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Migrate(
         self, request: engine_pb2.MigrateRequest, context: grpc.aio.ServicerContext
     ) -> engine_pb2.MigrateResponse:
-        if why := self._require_kv_transfer():
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
-        assert self.migrations is not None  # a KvMigrationBackend has them
+        await self._kv_migration(context)
+        assert self.migrations is not None  # a backend with KV migration has them
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must not be empty")
         if not request.destination:
@@ -447,8 +446,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self, request_iterator: AsyncIterator[engine_pb2.ProbeChunk], context: grpc.aio.ServicerContext
     ) -> engine_pb2.ProbeAck:
         ack = await kv_rpc.receive_probe(request_iterator)
-        if isinstance(self.executor, EmulatedLink):  # the payload arrives at the emulated link's speed
-            await asyncio.sleep(max(0.0, self.executor.link_seconds(ack.bytes) - ack.seconds))
+        link = self.executor.migration
+        if isinstance(link, EmulatedLink):  # the payload arrives at the emulated link's speed
+            await asyncio.sleep(max(0.0, link.link_seconds(ack.bytes) - ack.seconds))
         return ack
 
     # -------------------------------------------------------------- profiling
@@ -460,10 +460,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"{self.executor.backend} cannot profile"
             )
-        if request.model not in self.executor.model_names():
+        loaded = self.executor.host.model_names()
+        if request.model not in loaded:
             await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"model {request.model!r} is not loaded; loaded: {list(self.executor.model_names())}",
+                grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not loaded; loaded: {list(loaded)}"
             )
         kwargs = {
             "batch_sizes": list(request.batch_sizes) or [1, 2, 4, 8],

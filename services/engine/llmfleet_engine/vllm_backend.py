@@ -7,7 +7,7 @@ from any thread). vLLM is imported lazily: this module imports without it, and c
 
 What differs from the native executor:
 
-* no unified KV pool and no KV export/import (``supports_kv_transfer = False``): a migrated or resumed
+* no unified KV pool and no KV export/import (``migration`` is None): a migrated or resumed
   request is re-prefilled from ``prompt_token_ids + resume_token_ids`` (token transfer), which vLLM's
   automatic prefix caching shortens where the prefix is still cached; a model leaving the node drains
   (``vllm_drains``): its requests finish, or are evicted and resumed elsewhere by the scheduler;
@@ -25,12 +25,13 @@ What the backend reads from vLLM is in ``vllm_compat``, the configuration in ``v
 scheduler numbers in ``vllm_stats``, the model lifecycle in ``vllm_models`` and the request lifecycle
 in ``vllm_requests``; ``VllmExecutor`` (here) puts them together.
 
-The executor surface, grouped as the backends line up (the native ``executor.Executor`` has the same
-names): requests ``submit``/``cancel`` (+ ``attach``/``cancel_if_unattached`` for migrated-in
-requests: never any here); models ``load``/``load_async``/``unload``/``reconcile``; info ``backend``,
-``device``, ``memory_bytes``, ``kv_capacity_bytes``, ``models``, ``model_names``,
-``on_models_changed``, ``supports_kv_transfer``; load ``load_snapshot``; lifecycle
-``close``/``aclose``. No KV export/import/migrate (``supports_kv_transfer = False``).
+The executor surface is ``backend.EngineBackend``, as the native ``executor.Executor`` has it:
+requests ``submit``/``cancel`` (+ ``attach``/``cancel_if_unattached`` for migrated-in requests: never
+any here); info ``backend``, ``device``, ``memory_bytes``; load ``load_snapshot``; lifecycle
+``close``/``aclose``; the models (``backend.ModelHosting``: ``load``/``unload``/``reconcile``,
+``kv_capacity_bytes``, ``models``, ``model_names``, ``on_models_changed``, the drains) in ``host``,
+which is the executor itself (its models, requests and drains share one lock); no KV
+export/import/migrate (``migration`` is None).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
     receives the chunks.
     """
 
-    supports_kv_transfer = False
+    migration: None = None  # no KV transfer: a request moves by re-prefill
 
     def __init__(self, config: VllmConfig | None = None) -> None:
         self._api = import_vllm()
@@ -94,6 +95,12 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
         self._sequence = itertools.count(1)
         self.metrics: EngineMetrics | None = None  # attach_metrics
         log.info("vLLM backend: vllm %s on %s", self._api.version, self.device)
+
+    @property
+    def host(self) -> VllmExecutor:
+        """The models part (``backend.ModelHosting``): this executor, whose models, requests and drains
+        share its lock."""
+        return self
 
     def attach_metrics(self, metrics: EngineMetrics) -> None:
         """Export ``vllm:*`` metrics on ``metrics`` (before any model loads): gauges from the load

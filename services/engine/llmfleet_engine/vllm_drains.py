@@ -1,5 +1,5 @@
 """Draining a model off a vLLM engine node (``VllmDrains``, mixed into ``vllm_backend.VllmExecutor``):
-the placement follower's ``DrainingBackend``.
+its ``backend.ModelHosting`` drains.
 
 A draining model stops being advertised and the servicer refuses its new requests with UNAVAILABLE;
 its running requests go on until they finish, or until the follower evicts them: an evicted request

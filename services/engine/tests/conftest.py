@@ -62,9 +62,9 @@ def make_executor(cache_dir: Path, llama: LoadedModel, qwen2: LoadedModel, endle
     def make(**overrides: object) -> Executor:
         base = ExecutorConfig(cache_dir=cache_dir, num_threads=NUM_THREADS, allow_download=False)
         executor = Executor(dataclasses.replace(base, **overrides))
-        executor.add_loaded(llama)
-        executor.add_loaded(qwen2)
-        executor.add_loaded(endless)
+        executor.host.add_loaded(llama)
+        executor.host.add_loaded(qwen2)
+        executor.host.add_loaded(endless)
         made.append(executor)
         return executor
 

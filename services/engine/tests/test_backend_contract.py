@@ -1,5 +1,5 @@
 """The engine-backend contract: one suite of cases run against every backend that implements
-``EngineBackend`` + ``KvMigrationBackend`` here — the native paged executor (a tiny random model on
+``EngineBackend`` with KV migration here — the native paged executor (a tiny random model on
 the CPU) and the emulated backend (a catalog model on an emulated A100). Whatever sits above the
 backend (servicer, placement follower, migration) relies on exactly these behaviours."""
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from llmfleet.types import ModelSpec
 from llmfleet_engine import kv_rpc
-from llmfleet_engine.backend import EngineBackend, KvMigrationBackend, ProfilingBackend
+from llmfleet_engine.backend import EngineBackend, ProfilingBackend
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import ModelLoadError
@@ -50,19 +50,21 @@ CASES = [
 async def backend(request, tmp_path) -> AsyncIterator[tuple[Case, Executor]]:
     case: Case = request.param
     ex = case.make(tmp_path)
-    await asyncio.to_thread(ex.load, case.spec)
+    await asyncio.to_thread(ex.host.load, case.spec)
     yield case, ex
     await ex.aclose()
 
 
 def request_for(ex: Executor, rid: str, max_tokens: int = 8, words: int = 12):
-    return build_request(ex.models["m"], " ".join(["hello"] * words), request_id=rid, max_tokens=max_tokens)
+    return build_request(
+        ex.host.models["m"], " ".join(["hello"] * words), request_id=rid, max_tokens=max_tokens
+    )
 
 
 async def test_implements_the_protocols(backend):
     _, ex = backend
-    assert isinstance(ex, EngineBackend) and isinstance(ex, KvMigrationBackend)
-    assert isinstance(ex, ProfilingBackend)
+    assert isinstance(ex, EngineBackend) and isinstance(ex, ProfilingBackend)
+    assert ex.migration is not None
 
 
 async def test_generate_streams_max_tokens_and_reports_usage(backend):
@@ -98,13 +100,13 @@ async def test_cancel_ends_the_stream_and_frees_kv(backend):
 
 async def test_load_unload_change_the_pool(backend):
     case, ex = backend
-    cap = ex.kv_capacity_bytes
-    assert ex.model_names() == ("m",)
-    assert ex.load(case.spec).already_loaded
-    assert await asyncio.to_thread(ex.load, ModelSpec("m2", case.spec.source)) is not None
-    assert ex.kv_capacity_bytes < cap and set(ex.model_names()) == {"m", "m2"}
-    assert ex.unload("m2") and ex.kv_capacity_bytes == cap
-    assert not ex.unload("m2")
+    cap = ex.host.kv_capacity_bytes
+    assert ex.host.model_names() == ("m",)
+    assert ex.host.load(case.spec).already_loaded
+    assert await asyncio.to_thread(ex.host.load, ModelSpec("m2", case.spec.source)) is not None
+    assert ex.host.kv_capacity_bytes < cap and set(ex.host.model_names()) == {"m", "m2"}
+    assert ex.host.unload("m2") and ex.host.kv_capacity_bytes == cap
+    assert not ex.host.unload("m2")
 
 
 async def test_snapshot_counts_running_requests(backend):
@@ -113,7 +115,7 @@ async def test_snapshot_counts_running_requests(backend):
     await asyncio.wait_for(streams[0].__anext__(), 30)
     snap = ex.load_snapshot()
     assert snap.running + snap.waiting == 3 and snap.kv_used_bytes > 0
-    assert {m.model for m in snap.models} == {"m"} and snap.kv_capacity_bytes == ex.kv_capacity_bytes
+    assert {m.model for m in snap.models} == {"m"} and snap.kv_capacity_bytes == ex.host.kv_capacity_bytes
     for i in range(3):
         ex.cancel(f"s{i}")
     for s in streams:
@@ -123,7 +125,7 @@ async def test_snapshot_counts_running_requests(backend):
 async def test_bad_input_is_refused(backend):
     case, ex = backend
     with pytest.raises(ModelLoadError):
-        await asyncio.to_thread(ex.load, case.bad_source)
+        await asyncio.to_thread(ex.host.load, case.bad_source)
     with pytest.raises(UnknownModelError):
         ex.submit(dataclasses.replace(request_for(ex, "u1"), model="nope"))
     with pytest.raises(ValidationError, match="max_tokens"):
@@ -136,18 +138,20 @@ async def test_kv_moves_between_two_engines_and_the_stream_goes_on(backend, tmp_
     case, src = backend
     dst = case.make(tmp_path)
     try:
-        await asyncio.to_thread(dst.load, case.spec)
+        await asyncio.to_thread(dst.host.load, case.spec)
         stream = src.submit(request_for(src, "mv", max_tokens=40))
         got = [await asyncio.wait_for(stream.__anext__(), 30) for _ in range(3)]
-        header = await asyncio.to_thread(src.pause_request, "mv", moving_to="dst")
+        header = await asyncio.to_thread(src.migration.pause_request, "mv", moving_to="dst")
         assert header.num_tokens > 0
 
         async def accepted() -> None:
             pass
 
-        resp = await kv_rpc.import_stream(dst, kv_rpc.export_stream(src, header, 8), accepted)
+        resp = await kv_rpc.import_stream(
+            dst.migration, kv_rpc.export_stream(src.migration, header, 8), accepted
+        )
         assert resp.num_tokens == header.num_tokens
-        src.finish_migrated("mv", "dst")
+        src.migration.finish_migrated("mv", "dst")
         tail = await asyncio.wait_for(stream.collect(), 30)
         assert tail[-1].finish_reason == FinishReason.MIGRATED
         moved = dst.attach("mv")
@@ -164,12 +168,14 @@ async def test_a_corrupt_kv_chunk_is_refused(backend):
     _, src = backend
     stream = src.submit(request_for(src, "bad-kv", max_tokens=40))
     await asyncio.wait_for(stream.__anext__(), 30)
-    header = await asyncio.to_thread(src.pause_request, "bad-kv")
-    handle = await asyncio.to_thread(src.begin_import, dataclasses.replace(header, request_id="copy"))
+    header = await asyncio.to_thread(src.migration.pause_request, "bad-kv")
+    handle = await asyncio.to_thread(
+        src.migration.begin_import, dataclasses.replace(header, request_id="copy")
+    )
     with pytest.raises(TransferError):
         handle.write(0, 1, b"\x00" * 3)
     handle.abort()
-    src.resume_request("bad-kv")
+    src.migration.resume_request("bad-kv")
     src.cancel("bad-kv")
     await asyncio.wait_for(stream.collect(), 30)
 
@@ -192,11 +198,11 @@ async def test_an_import_with_a_bad_rng_state_is_refused_up_front(backend):
     _, ex = backend
     stream = ex.submit(request_for(ex, "rng", max_tokens=40))
     await asyncio.wait_for(stream.__anext__(), 30)
-    header = await asyncio.to_thread(ex.pause_request, "rng")
+    header = await asyncio.to_thread(ex.migration.pause_request, "rng")
     bad = dataclasses.replace(header, request_id="rng-copy", rng_state=b"\x01")
     with pytest.raises(TransferError, match="rng_state"):
-        await asyncio.to_thread(ex.begin_import, bad)
-    ex.resume_request("rng")
+        await asyncio.to_thread(ex.migration.begin_import, bad)
+    ex.migration.resume_request("rng")
     ex.cancel("rng")
     await asyncio.wait_for(stream.collect(), 30)
 
@@ -206,7 +212,7 @@ async def second_engine(case: Case, tmp_path) -> AsyncIterator[Executor]:
     """Another engine of the same backend with the case's model loaded (a migration destination)."""
     dst = case.make(tmp_path)
     try:
-        await asyncio.to_thread(dst.load, case.spec)
+        await asyncio.to_thread(dst.host.load, case.spec)
         yield dst
     finally:
         await dst.aclose()
@@ -216,7 +222,7 @@ async def started_then_paused(ex: Executor, rid: str, moving_to: str = ""):
     """A request that produced its first chunk, then paused as a migration source does: (stream, header)."""
     stream = ex.submit(request_for(ex, rid, max_tokens=40))
     await asyncio.wait_for(stream.__anext__(), 30)
-    return stream, await asyncio.to_thread(ex.pause_request, rid, moving_to=moving_to)
+    return stream, await asyncio.to_thread(ex.migration.pause_request, rid, moving_to=moving_to)
 
 
 async def accepted() -> None:
@@ -232,22 +238,24 @@ async def test_one_request_imported_twice_keeps_the_first_copy(backend, tmp_path
     async with second_engine(case, tmp_path) as dst:
         stream, header = await started_then_paused(src, "twice")
         tokens_only = dataclasses.replace(header, num_tokens=0)  # a token transfer reserves no blocks
-        first = await asyncio.to_thread(dst.begin_import, tokens_only)
+        first = await asyncio.to_thread(dst.migration.begin_import, tokens_only)
         with pytest.raises(DuplicateRequestError, match="being imported"):
-            await asyncio.to_thread(dst.begin_import, tokens_only)
+            await asyncio.to_thread(dst.migration.begin_import, tokens_only)
         first.commit(asyncio.get_running_loop())
         with pytest.raises(DuplicateRequestError, match="already active"):
-            await asyncio.to_thread(dst.begin_import, tokens_only)
+            await asyncio.to_thread(dst.migration.begin_import, tokens_only)
         # begun before the request became active here: refused at the commit, the live copy stays
         dst.cancel("twice")
         await asyncio.sleep(0)
-        a = await asyncio.to_thread(dst.begin_import, dataclasses.replace(tokens_only, request_id="race"))
+        a = await asyncio.to_thread(
+            dst.migration.begin_import, dataclasses.replace(tokens_only, request_id="race")
+        )
         live = dst.submit(request_for(dst, "race", max_tokens=40))
         with pytest.raises(DuplicateRequestError, match="became active"):
             a.commit(asyncio.get_running_loop())
         dst.cancel("race")
         await asyncio.wait_for(live.collect(), 30)
-        src.resume_request("twice")
+        src.migration.resume_request("twice")
         src.cancel("twice")
         await asyncio.wait_for(stream.collect(), 30)
 
@@ -259,14 +267,16 @@ async def test_a_request_that_just_moved_in_moves_on_only_once_followed(backend,
     case, src = backend
     async with second_engine(case, tmp_path) as dst:
         stream, header = await started_then_paused(src, "hop", moving_to="dst")
-        await kv_rpc.import_stream(dst, kv_rpc.export_stream(src, header, 8), accepted)
-        src.finish_migrated("hop", "dst")
+        await kv_rpc.import_stream(dst.migration, kv_rpc.export_stream(src.migration, header, 8), accepted)
+        src.migration.finish_migrated("hop", "dst")
         await asyncio.wait_for(stream.collect(), 30)
         with pytest.raises(MigrationConflictError, match="no consumer yet"):
-            await asyncio.to_thread(dst.pause_request, "hop", moving_to="elsewhere")
+            await asyncio.to_thread(dst.migration.pause_request, "hop", moving_to="elsewhere")
         moved = dst.attach("hop")
         assert moved is not None
-        await asyncio.to_thread(dst.pause_request, "hop", moving_to="elsewhere")  # followed: it may move
-        dst.resume_request("hop", moving=True)
+        await asyncio.to_thread(
+            dst.migration.pause_request, "hop", moving_to="elsewhere"
+        )  # followed: it may move
+        dst.migration.resume_request("hop", moving=True)
         dst.cancel("hop")
         await asyncio.wait_for(moved.collect(), 30)

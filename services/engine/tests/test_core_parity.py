@@ -217,8 +217,8 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
         )
         try:
             for m in MODELS:
-                probe.load(ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
-            return probe.plan.num_blocks - probe.kv_capacity_bytes // BLOCK_BYTES
+                probe.host.load(ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
+            return probe.plan.num_blocks - probe.host.kv_capacity_bytes // BLOCK_BYTES
         finally:
             probe.close()
 
@@ -245,11 +245,11 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
 
     ex._step_inputs = record_plan
     for m in MODELS:
-        await asyncio.to_thread(ex.load, ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
-    assert ex.kv_capacity_bytes == KV_BLOCKS * BLOCK_BYTES
+        await asyncio.to_thread(ex.host.load, ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
+    assert ex.host.kv_capacity_bytes == KV_BLOCKS * BLOCK_BYTES
 
     def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
-        loaded = ex.models[model]
+        loaded = ex.host.models[model]
         req = build_request(loaded, "x", request_id=rid, max_tokens=output)
         ids = tuple(prompt_token_ids(workload_request(rid, t, SERVICES[model], prompt, output)).tolist())
         req = dataclasses.replace(req, prompt_token_ids=ids, arrival_s=t, service=SERVICES[model])
@@ -270,7 +270,9 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
             asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
 
     for m in MODELS:
-        ex._models[m].runner = FakeRunner(clock, cost.model(m, 1), ex.models[m].vocab_size, on_tick, plans)
+        ex.host.hosted[m].runner = FakeRunner(
+            clock, cost.model(m, 1), ex.host.models[m].vocab_size, on_tick, plans
+        )
     submit(*arrive[0])
     done = 0
     while done < len(streams) or pending:  # streams grow as arrivals are submitted

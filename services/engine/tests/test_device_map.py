@@ -48,7 +48,7 @@ def test_mapped_load_generates_the_same_tokens(
 async def test_executor_loads_a_mapped_spec(make_executor, llama: LoadedModel, prompts, hf_greedy) -> None:
     spec = ModelSpec("tiny-llama-mapped", "tiny://llama", device_map=helr_cpu_map(llama, "lr"))
     executor = make_executor()
-    loaded = executor.load(spec).model
+    loaded = executor.host.load(spec).model
     assert loaded.device == "cpu" and loaded.device_map == spec.device_map
     for prompt in prompts[:2]:
         req = build_request(loaded, prompt, max_tokens=12)
@@ -125,10 +125,10 @@ async def test_a_new_device_map_is_a_new_load_not_already_loaded(make_executor, 
     plain = ModelSpec("m", "tiny://llama")
     mapped = dataclasses.replace(plain, device_map=helr_cpu_map(llama))
     executor = make_executor()
-    executor.load(plain)
-    assert executor.load(plain).already_loaded
+    executor.host.load(plain)
+    assert executor.host.load(plain).already_loaded
     with pytest.raises(ModelConflictError):
-        executor.load(mapped)
-    result = executor.reconcile([mapped])
+        executor.host.load(mapped)
+    result = executor.host.reconcile([mapped])
     assert "m" in result.unloaded and result.loaded == ["m"] and not result.errors
-    assert executor.models["m"].device_map == mapped.device_map
+    assert executor.host.models["m"].device_map == mapped.device_map

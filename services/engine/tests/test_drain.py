@@ -114,15 +114,15 @@ async def test_a_draining_model_finishes_its_requests_refuses_new_ones_then_unlo
 ) -> None:
     a, b = nodes
     want = await expected(b, endless.name, reference)
-    follower = PlacementFollower("a", a.executor)  # wait mode, 30 s
+    follower = PlacementFollower("a", a.executor.host, a.executor.migration)  # wait mode, 30 s
     call = a.stub.Generate(request("r1", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 5)
 
     desired = placements(a=(llama, qwen2))  # the endless llama leaves the fleet
     assert await follower.step(desired) is not None
-    assert endless.name in a.executor.models  # still loaded, running its request ...
-    assert endless.name not in a.executor.serving_model_names()  # ... but no longer advertised
+    assert endless.name in a.executor.host.models  # still loaded, running its request ...
+    assert endless.name not in a.executor.host.serving_model_names()  # ... but no longer advertised
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await read(a.stub.Generate(request("r-new", endless.name)), [])
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in e.value.details()
@@ -131,7 +131,7 @@ async def test_a_draining_model_finishes_its_requests_refuses_new_ones_then_unlo
     assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "a"
     assert tokens == want
     await until_settled(follower, desired)
-    assert set(a.executor.models) == {llama.name, qwen2.name}
+    assert set(a.executor.host.models) == {llama.name, qwen2.name}
     assert a.executor.load_snapshot().kv_blocks_used == 0
 
 
@@ -140,7 +140,9 @@ async def test_migrate_mode_moves_requests_with_their_kv(nodes, llama, qwen2, en
     want = await expected(b, endless.name, reference)
     fake = FakeNodes()
     fake.advertise(b, llama.name, qwen2.name, endless.name)
-    follower = PlacementFollower("a", a.executor, drain=DrainSettings(mode="migrate"), nodes=fake)  # type: ignore[arg-type]
+    follower = PlacementFollower(
+        "a", a.executor.host, a.executor.migration, drain=DrainSettings(mode="migrate"), nodes=fake
+    )  # type: ignore[arg-type]
     call = a.stub.Generate(request("r2", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 5)
@@ -153,7 +155,7 @@ async def test_migrate_mode_moves_requests_with_their_kv(nodes, llama, qwen2, en
     assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "b"
     assert tokens == want
     await until_settled(follower, desired)
-    assert endless.name not in a.executor.models
+    assert endless.name not in a.executor.host.models
 
 
 async def test_past_the_timeout_without_a_destination_requests_resume_elsewhere(
@@ -161,7 +163,9 @@ async def test_past_the_timeout_without_a_destination_requests_resume_elsewhere(
 ) -> None:
     a, b = nodes
     want = await expected(b, endless.name, reference)
-    follower = PlacementFollower("a", a.executor, drain=DrainSettings(timeout_s=0.0), nodes=FakeNodes())  # type: ignore[arg-type]
+    follower = PlacementFollower(
+        "a", a.executor.host, a.executor.migration, drain=DrainSettings(timeout_s=0.0), nodes=FakeNodes()
+    )  # type: ignore[arg-type]
     call = a.stub.Generate(request("r3", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 5)
@@ -178,7 +182,7 @@ async def test_past_the_timeout_without_a_destination_requests_resume_elsewhere(
     assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert tokens == want
     await until_settled(follower, desired)
-    assert endless.name not in a.executor.models
+    assert endless.name not in a.executor.host.models
 
 
 async def test_hand_off_waits_for_the_new_host_and_a_model_desired_again_serves_again(
@@ -186,47 +190,47 @@ async def test_hand_off_waits_for_the_new_host_and_a_model_desired_again_serves_
 ) -> None:
     a, b = nodes
     fake = FakeNodes()
-    follower = PlacementFollower("a", a.executor, nodes=fake)  # type: ignore[arg-type]
+    follower = PlacementFollower("a", a.executor.host, a.executor.migration, nodes=fake)  # type: ignore[arg-type]
     moved = placements(a=(llama, qwen2), b=(endless,))
     await follower.step(moved)
-    assert endless.name in a.executor.serving_model_names()  # b does not serve it yet: keep serving
+    assert endless.name in a.executor.host.serving_model_names()  # b does not serve it yet: keep serving
     fake.advertise(b, endless.name)
     await follower.step(moved)
-    assert endless.name not in a.executor.serving_model_names()  # b serves it: drain here
+    assert endless.name not in a.executor.host.serving_model_names()  # b serves it: drain here
     await follower.step(placements(a=(llama, qwen2, endless)))  # changed its mind
-    assert endless.name in a.executor.serving_model_names()
-    assert a.executor.draining_reason(endless.name) is None
+    assert endless.name in a.executor.host.serving_model_names()
+    assert a.executor.host.draining_reason(endless.name) is None
 
 
 async def test_new_models_load_before_the_old_ones_leave(nodes, llama, qwen2, endless, mistral) -> None:
     a, _ = nodes
     changes: list[tuple[str, ...]] = []
-    a.executor.on_models_changed.append(changes.append)
-    follower = PlacementFollower("a", a.executor)
+    a.executor.host.on_models_changed.append(changes.append)
+    follower = PlacementFollower("a", a.executor.host, a.executor.migration)
     desired = placements(a=(llama, mistral))
     await until_settled(follower, desired)
-    assert set(a.executor.models) == {llama.name, mistral.name}
+    assert set(a.executor.host.models) == {llama.name, mistral.name}
     assert {mistral.name, qwen2.name, endless.name} <= set(changes[0])  # loaded while the others stayed
     idle = {"a": DesiredPlacement("a", ())}  # scale-in: everything drains, the engine stays, idle
     await until_settled(follower, idle)
-    assert a.executor.models == {} and follower.applied == idle["a"]
+    assert a.executor.host.models == {} and follower.applied == idle["a"]
 
 
 async def test_a_failed_load_is_retried_every_retry_s_not_every_pass(nodes, llama) -> None:
     a, _ = nodes
     calls: list[str] = []
-    load = a.executor.load
+    load = a.executor.host.load
 
     def counting(spec):
         calls.append(spec.name)
         return load(spec)
 
-    a.executor.load = counting  # type: ignore[method-assign]
-    follower = PlacementFollower("a", a.executor, retry_s=60.0)
+    a.executor.host.load = counting  # type: ignore[method-assign]
+    follower = PlacementFollower("a", a.executor.host, a.executor.migration, retry_s=60.0)
     bad = ModelSpec("bad", "tiny://nope")
     desired = {"a": DesiredPlacement("a", (llama.spec, bad))}
     for _ in range(5):  # the other models drain and unload meanwhile
         await follower.step(desired)
-    assert calls.count("bad") == 1 and set(a.executor.models) == {llama.name}
+    assert calls.count("bad") == 1 and set(a.executor.host.models) == {llama.name}
     assert await follower.step(desired) == 60.0  # next try after retry_s
     assert await follower.step({"a": DesiredPlacement("a", (llama.spec,))}) is None  # dropped: done

@@ -41,11 +41,13 @@ def test_the_pool_is_the_simulators(hw, models, tp):
     )
     try:
         for m in models:
-            ex.load(ModelSpec(m, f"emulated://{m}"))
+            ex.host.load(ModelSpec(m, f"emulated://{m}"))
         sim = pool_layout(hardware(hw), tp, [model_arch(m) for m in models], EngineSettings())
         assert ex.plan.block_bytes == sim.block_bytes
         # the live pool holds each reservation as whole blocks: at most one block per model fewer
-        assert sim.num_blocks - len(models) <= ex.kv_capacity_bytes // ex.plan.block_bytes <= sim.num_blocks
+        assert (
+            sim.num_blocks - len(models) <= ex.host.kv_capacity_bytes // ex.plan.block_bytes <= sim.num_blocks
+        )
     finally:
         ex.close()
 
@@ -54,14 +56,14 @@ def test_loading_waits_the_simulators_load_time_and_unloading_frees_the_pool():
     clock = SteppedClock()
     ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-13b"}), clock=clock)
     try:
-        empty = ex.kv_capacity_bytes
-        ex.load(ModelSpec("m", "emulated://llama2-13b"))
+        empty = ex.host.kv_capacity_bytes
+        ex.host.load(ModelSpec("m", "emulated://llama2-13b"))
         assert clock.waits == [
             pytest.approx(load_seconds([model_arch("llama2-13b")], hardware("a100-80gb"), 1))
         ]
-        assert ex.kv_capacity_bytes < empty
-        ex.unload("m")
-        assert ex.kv_capacity_bytes == empty
+        assert ex.host.kv_capacity_bytes < empty
+        ex.host.unload("m")
+        assert ex.host.kv_capacity_bytes == empty
     finally:
         ex.close()
 
@@ -72,7 +74,7 @@ def test_a_model_that_does_not_fit_is_refused():
     )
     try:
         with pytest.raises(Exception, match="do not fit"):
-            ex.load(ModelSpec("big", "emulated://llama2-70b"))
+            ex.host.load(ModelSpec("big", "emulated://llama2-70b"))
     finally:
         ex.close()
 
@@ -82,8 +84,8 @@ async def test_lag_is_exported_next_to_the_vllm_metrics():
     ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}))
     try:
         ex.attach_metrics(engine_metrics(registry))
-        await asyncio.to_thread(ex.load, ModelSpec("m", "emulated://llama2-7b"))
-        req = build_request(ex.models["m"], "a b c", request_id="r", max_tokens=5)
+        await asyncio.to_thread(ex.host.load, ModelSpec("m", "emulated://llama2-7b"))
+        req = build_request(ex.host.models["m"], "a b c", request_id="r", max_tokens=5)
         await asyncio.wait_for(ex.submit(req).collect(), 30)
         got = samples(registry)
         assert got["llmfleet_emulated_waits_total"] >= 6  # the load and five steps
@@ -118,11 +120,11 @@ async def test_steps_keep_the_modelled_clock_whatever_the_host_spends_between_th
     monkeypatch.setattr(executor_module, "time", clock)
     ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=clock)
     try:
-        await asyncio.to_thread(ex.load, ModelSpec("m", "emulated://llama2-7b"))
+        await asyncio.to_thread(ex.host.load, ModelSpec("m", "emulated://llama2-7b"))
         start = clock.t
-        req = build_request(ex.models["m"], "a b c", request_id="r", max_tokens=12, arrival_s=start)
+        req = build_request(ex.host.models["m"], "a b c", request_id="r", max_tokens=12, arrival_s=start)
         await asyncio.wait_for(ex.submit(req).collect(), 30)
-        cost = ex.runner("m").cost
+        cost = ex.host.runner("m").cost
         # a prefill of 3 tokens, then 11 decodes of one sequence whose context grows from 4
         modelled = cost.iteration(3, 9, 0, 0) + sum(cost.iteration(0, 0, 1, 3 + i) for i in range(1, 12))
         assert clock.dues[-1] - start == pytest.approx(modelled)  # the host's time is not added

@@ -122,14 +122,14 @@ async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, Em
     )
     ex.policy = ex.core.policy = Spy(ex.core.policy, log)
     for m in MODELS:
-        await asyncio.to_thread(ex.load, ModelSpec(m, f"emulated://{m}"))
-    assert ex.kv_capacity_bytes == KV_BLOCKS * bb and ex.plan.block_bytes == bb
+        await asyncio.to_thread(ex.host.load, ModelSpec(m, f"emulated://{m}"))
+    assert ex.host.kv_capacity_bytes == KV_BLOCKS * bb and ex.plan.block_bytes == bb
     loop = asyncio.get_running_loop()
     pending, streams = list(arrive[1:]), []
 
     def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
         text = prompt_words(rid, t, model, prompt, output)
-        req = build_request(ex.models[model], text, request_id=rid, max_tokens=output)
+        req = build_request(ex.host.models[model], text, request_id=rid, max_tokens=output)
         assert req.prompt_tokens == prompt  # one token per word
         streams.append(ex.submit(dataclasses.replace(req, arrival_s=t, service=SERVICES[model])))
 

@@ -127,7 +127,9 @@ async def test_held_output_is_released_when_the_worker_idles(make_executor, endl
     stream = executor.submit(build_request(endless, "The quick brown fox", max_tokens=1500, request_id="p"))
     first = await asyncio.wait_for(stream.__anext__(), 5)  # a first token is never held back
     assert first.index == 0
-    header = await asyncio.to_thread(executor.pause_request, "p")  # nothing left to run: the worker idles
+    header = await asyncio.to_thread(
+        executor.migration.pause_request, "p"
+    )  # nothing left to run: the worker idles
     generated = len(header.generated_token_ids)
     got = [first]
     while len(got) < generated:
@@ -245,9 +247,9 @@ async def test_eos_finishes_without_emitting_it(
     reference = hf_greedy(llama, llama.tokenizer(prompt)["input_ids"], 12)
     eos = reference[6]
     first = reference.index(eos)
-    executor.add_loaded(dataclasses.replace(llama, name="eos-llama", eos_token_ids=frozenset({eos})))
+    executor.host.add_loaded(dataclasses.replace(llama, name="eos-llama", eos_token_ids=frozenset({eos})))
     chunks = await executor.submit(
-        build_request(executor.models["eos-llama"], prompt, max_tokens=12)
+        build_request(executor.host.models["eos-llama"], prompt, max_tokens=12)
     ).collect()
     assert chunks[-1].finish_reason == FinishReason.EOS
     assert cc.ids(chunks) == reference[:first]
@@ -297,11 +299,11 @@ async def test_unload_cancels_running_requests(
     executor: Executor, llama: LoadedModel, qwen2: LoadedModel, endless: LoadedModel
 ) -> None:
     changes: list[tuple[str, ...]] = []
-    executor.on_models_changed.append(changes.append)
+    executor.host.on_models_changed.append(changes.append)
     stream = executor.submit(build_request(endless, "The quick brown fox", max_tokens=1500))
     await stream.__anext__()
-    assert executor.unload(endless.name)
-    assert not executor.unload(endless.name)
+    assert executor.host.unload(endless.name)
+    assert not executor.host.unload(endless.name)
     rest = [c async for c in stream]
     assert rest[-1].finish_reason == FinishReason.CANCELLED
     assert changes == [(llama.name, qwen2.name)]
@@ -329,20 +331,20 @@ async def test_submit_errors(make_executor, llama: LoadedModel, endless: LoadedM
 def test_load_is_idempotent_and_reconciles(cache_dir, make_executor) -> None:
     executor = make_executor()
     changes: list[tuple[str, ...]] = []
-    executor.on_models_changed.append(changes.append)
+    executor.host.on_models_changed.append(changes.append)
     spec = ModelSpec("m", "tiny://mistral")
-    first = executor.load(spec)
+    first = executor.host.load(spec)
     assert not first.already_loaded and first.model.architecture == "MistralForCausalLM"
-    assert executor.load(spec).already_loaded
+    assert executor.host.load(spec).already_loaded
     with pytest.raises(ModelConflictError):
-        executor.load(ModelSpec("m", "tiny://llama"))
+        executor.host.load(ModelSpec("m", "tiny://llama"))
     with pytest.raises(ModelSourceNotFound):
-        executor.load(ModelSpec("x", "tiny://nope"))
+        executor.host.load(ModelSpec("x", "tiny://nope"))
     assert changes == [("m", "tiny-llama", "tiny-llama-endless", "tiny-qwen2")]
-    result = executor.reconcile([ModelSpec("m", "tiny://mistral"), ModelSpec("bad", "tiny://nope")])
+    result = executor.host.reconcile([ModelSpec("m", "tiny://mistral"), ModelSpec("bad", "tiny://nope")])
     assert sorted(result.unloaded) == ["tiny-llama", "tiny-llama-endless", "tiny-qwen2"]
     assert result.loaded == [] and "bad" in result.errors
-    assert executor.model_names() == ("m",)
+    assert executor.host.model_names() == ("m",)
 
 
 async def test_snapshot_reports_throughput(executor: Executor, llama: LoadedModel) -> None:

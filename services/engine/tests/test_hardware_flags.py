@@ -64,14 +64,19 @@ def test_detect_hardware(monkeypatch):
     assert hardware.detect_hardware("cuda:0", 1 << 30) == "Some Future GPU"  # the raw name
 
 
-class FakeBackend:
-    device = "cpu"
-    memory_bytes = 8 << 30
+class FakeHost:
     kv_capacity_bytes = 1 << 30
     on_models_changed: list = []
 
-    def model_names(self) -> tuple[str, ...]:
+    def serving_model_names(self) -> tuple[str, ...]:
         return ("tiny-llama",)
+
+
+class FakeBackend:
+    device = "cpu"
+    memory_bytes = 8 << 30
+    host = FakeHost()
+    migration = None
 
     def load_snapshot(self):  # read only when /metrics is scraped
         raise NotImplementedError

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from llmfleet.config import EngineConfig
 from llmfleet.engine_core import EngineLimits
+from llmfleet.spec.engines import EngineConfig
 from llmfleet_engine import main
 
 

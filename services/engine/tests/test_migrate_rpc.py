@@ -38,7 +38,7 @@ class Node:
 
 def throttle(ex: Executor, seconds: float) -> None:
     """Every forward of ``ex`` takes ``seconds`` longer (the outputs do not change)."""
-    for hosted in ex._models.values():
+    for hosted in ex.host.hosted.values():
         forward = hosted.runner.forward
 
         def slow(steps, _forward=forward):
@@ -253,7 +253,7 @@ async def test_the_limit_and_a_second_migration_of_a_request_moving(nodes, endle
 async def test_a_destination_without_the_model_leaves_the_request_here(pair, endless, reference, mode):
     a, b = pair
     want = await expected(a, endless.name, reference)
-    assert await asyncio.to_thread(b.executor.unload, endless.name)
+    assert await asyncio.to_thread(b.executor.host.unload, endless.name)
     call = a.stub.Generate(request("r", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 10)
@@ -346,7 +346,7 @@ async def test_a_waiting_request_moves_in_token_mode(nodes, endless, reference) 
 
 
 def _import_header(ex: Executor, endless, **fields) -> engine_pb2.KvTransferHeader:
-    s = ex._models[endless.name].shape
+    s = ex.host.hosted[endless.name].shape
     h = engine_pb2.KvTransferHeader(
         request_id="imported",
         model=endless.name,

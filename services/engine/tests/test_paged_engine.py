@@ -46,7 +46,7 @@ def budget_for(models: Sequence[LoadedModel], blocks: int, block_bytes: int, pre
 
 async def test_three_architectures_in_mixed_batches_match_hf(make_executor, llama, qwen2, mistral, hf_greedy):
     ex = make_executor(max_batch_requests=8)
-    ex.add_loaded(mistral)
+    ex.host.add_loaded(mistral)
     work = [
         (m, p, n)
         for m in (llama, qwen2, mistral)
@@ -65,7 +65,7 @@ async def test_two_models_share_one_pool(make_executor, endless, qwen2):
     # without EOS the sampled qwen2 request runs its 1500 tokens too (an EOS after a few dozen tokens
     # made the overlap a window of a few fast iterations, shorter than the 50 ms poll)
     qwen2 = dataclasses.replace(qwen2, name="tiny-qwen2-endless", eos_token_ids=frozenset())
-    ex.add_loaded(qwen2)
+    ex.host.add_loaded(qwen2)
     a = ex.submit(build_request(endless, "Shared pools", max_tokens=1500))
     b = ex.submit(build_request(qwen2, "Shared pools", max_tokens=1500, temperature=1.0, seed=1))
 
@@ -90,11 +90,11 @@ async def test_unloading_one_model_leaves_the_other_undisturbed(make_executor, e
     keep = ex.submit(build_request(endless, prompt, max_tokens=120))
     drop = ex.submit(build_request(qwen2, prompt, max_tokens=500, temperature=1.0, seed=3))
     await drop.__anext__()
-    assert await asyncio.to_thread(ex.unload, qwen2.name)
+    assert await asyncio.to_thread(ex.host.unload, qwen2.name)
     dropped = [c async for c in drop]
     assert dropped[-1].finish_reason == FinishReason.CANCELLED
     assert ids(await keep.collect()) == greedy_no_eos(endless, prompt, 120)
-    assert qwen2.name not in ex.model_names()
+    assert qwen2.name not in ex.host.model_names()
 
 
 async def test_preemption_by_recompute_keeps_greedy_output(make_executor, llama, qwen2, endless):
@@ -135,8 +135,8 @@ def test_model_that_does_not_fit_the_budget_is_refused(cache_dir, llama):
     )
     try:
         with pytest.raises(ResourceExhaustedError, match="do not fit"):
-            ex.add_loaded(llama)
-        assert ex.model_names() == ()
+            ex.host.add_loaded(llama)
+        assert ex.host.model_names() == ()
     finally:
         ex.close()
 
@@ -170,13 +170,13 @@ def test_profile_sweeps_both_phases(make_executor, llama):
 
 
 async def _migrate_in_process(src: Executor, dst: Executor, request_id: str, chunk_tokens: int) -> int:
-    header = await asyncio.to_thread(src.pause_request, request_id)
-    handle = dst.begin_import(header)
+    header = await asyncio.to_thread(src.migration.pause_request, request_id)
+    handle = dst.migration.begin_import(header)
     for start in range(0, header.num_tokens, chunk_tokens):
         end = min(start + chunk_tokens, header.num_tokens)
-        handle.write(start, end - start, src.export_kv(request_id, start, end))
+        handle.write(start, end - start, src.migration.export_kv(request_id, start, end))
     handle.commit(asyncio.get_running_loop())
-    src.finish_migrated(request_id, "dst:1")
+    src.migration.finish_migrated(request_id, "dst:1")
     return header.num_tokens
 
 
@@ -203,19 +203,19 @@ async def test_import_mismatch_allocates_nothing(make_executor, endless, qwen2):
     src, dst = make_executor(), make_executor()
     stream = src.submit(build_request(endless, "mismatch", max_tokens=200, request_id="m"))
     await stream.__anext__()
-    header = await asyncio.to_thread(src.pause_request, "m")
+    header = await asyncio.to_thread(src.migration.pause_request, "m")
     before = dst.load_snapshot().kv_blocks_used
     bad_shape = dataclasses.replace(header, shape=KvShape(9, 1, 8, "float32"))
     with pytest.raises(TransferError, match="shape mismatch"):
-        dst.begin_import(bad_shape)
+        dst.migration.begin_import(bad_shape)
     with pytest.raises(TransferError, match="not loaded"):
-        dst.begin_import(dataclasses.replace(header, model="ghost"))
+        dst.migration.begin_import(dataclasses.replace(header, model="ghost"))
     assert dst.load_snapshot().kv_blocks_used == before
-    handle = dst.begin_import(header)  # a broken transfer: abort frees the reservation
+    handle = dst.migration.begin_import(header)  # a broken transfer: abort frees the reservation
     assert dst.load_snapshot().kv_blocks_used > before
     handle.abort()
     assert dst.load_snapshot().kv_blocks_used == before
-    assert src.resume_request("m")  # the source carries on
+    assert src.migration.resume_request("m")  # the source carries on
     more = await stream.__anext__()
     assert more.finish_reason is None
     stream.close()

@@ -57,7 +57,7 @@ async def test_greedy_outputs_match_hf_and_caching_off(make_executor, llama, hf_
     assert cached == plain
     for ids, out in zip(prompts, cached, strict=True):
         assert out == hf_greedy(llama, ids, 10)
-    t = on.tokens_per_block(llama.name)
+    t = on.host.tokens_per_block(llama.name)
     assert t == 8
     # every prompt after the first found the whole blocks it shares with the prefix cached (the
     # whole-block prompt all but its last block, so that its last token is computed)
@@ -82,7 +82,7 @@ async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, ll
     cache = ex.load_snapshot().prefix_cache
     assert cache is not None and (cache.queries, cache.hits) == (100, 48)
     # the dispatcher's hashes of the prompt are the ones the engine cached
-    hashes = prefix_block_hashes(llama.name, ids, ex.tokens_per_block(llama.name))
+    hashes = prefix_block_hashes(llama.name, ids, ex.host.tokens_per_block(llama.name))
     assert len(hashes) == 6 and set(hashes) <= set(cache.recent_hashes)
     assert cache.blocks == cache.idle_blocks == 6  # the requests finished: idle, still cached
     wire = snapshot_to_proto(ex.load_snapshot(), "e0").prefix_cache
@@ -99,7 +99,7 @@ async def test_unloading_a_model_drops_its_cached_blocks(make_executor, llama, q
     assert before is not None and before.blocks > 0
     stats = ex.allocator.stats()
     assert stats.models[qwen2.name].cached_blocks > 0 and stats.models[llama.name].cached_blocks > 0
-    await asyncio.to_thread(ex.unload, qwen2.name)
+    await asyncio.to_thread(ex.host.unload, qwen2.name)
     stats = ex.allocator.stats()
     assert qwen2.name not in stats.models and stats.models[llama.name].cached_blocks > 0
     assert ex.load_snapshot().prefix_cache.blocks == stats.cached_blocks  # type: ignore[union-attr]

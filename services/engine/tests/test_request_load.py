@@ -22,7 +22,7 @@ def rows(ex) -> dict[str, tuple]:
 
 async def test_phases_tokens_and_kv_bytes(make_executor, endless) -> None:
     ex = make_executor(max_running=1)
-    hosted = ex._models[endless.name]
+    hosted = ex.host.hosted[endless.name]
     forward = hosted.runner.forward
     entered, release = threading.Event(), threading.Event()
 
@@ -63,20 +63,20 @@ async def test_pauses_nest_and_one_migration_at_a_time(make_executor, endless) -
     ex = make_executor()
     stream = ex.submit(build_request(endless, "Pause me twice", max_tokens=2000, request_id="p"))
     await stream.__anext__()
-    await asyncio.to_thread(ex.pause_request, "p", moving_to="dst:1")
+    await asyncio.to_thread(ex.migration.pause_request, "p", moving_to="dst:1")
     with pytest.raises(MigrationConflictError, match="already being migrated to dst:1"):
-        await asyncio.to_thread(ex.pause_request, "p", moving_to="dst:2")
-    await asyncio.to_thread(ex.pause_request, "p")  # an ExportKv snapshot meanwhile
-    assert ex.resume_request("p")  # the snapshot ends: still paused by the migration
+        await asyncio.to_thread(ex.migration.pause_request, "p", moving_to="dst:2")
+    await asyncio.to_thread(ex.migration.pause_request, "p")  # an ExportKv snapshot meanwhile
+    assert ex.migration.resume_request("p")  # the snapshot ends: still paused by the migration
     produced = rows(ex)["p"][1]
     await asyncio.sleep(0.05)
     assert rows(ex)["p"][1] == produced
-    assert ex.resume_request("p", moving=True)  # the migration failed: runs again
+    assert ex.migration.resume_request("p", moving=True)  # the migration failed: runs again
     await eventually(lambda: rows(ex)["p"][1] > produced, 5, "the request to run again")
-    await asyncio.to_thread(ex.pause_request, "p", moving_to="dst:2")  # free for another migration
-    ex.finish_migrated("p", "dst:2")
+    await asyncio.to_thread(ex.migration.pause_request, "p", moving_to="dst:2")  # free for another migration
+    ex.migration.finish_migrated("p", "dst:2")
     rest = [c async for c in stream]
     assert rest[-1].finish_reason == FinishReason.MIGRATED
     with pytest.raises(RequestNotFoundError):
-        await asyncio.to_thread(ex.pause_request, "p")
-    assert (ex._pauses, ex._moving) == ({}, {})
+        await asyncio.to_thread(ex.migration.pause_request, "p")
+    assert (ex.migration.pauses, ex.migration.moving) == ({}, {})

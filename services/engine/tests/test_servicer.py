@@ -183,4 +183,4 @@ async def test_watch_load_streams_snapshots(engine: Engine, endless: LoadedModel
     model_load = next(m for m in snaps[-1].models if m.model == endless.name)
     assert model_load.running == 1
     assert model_load.kv_used_bytes == model_load.kv_tokens * endless.kv_bytes_per_token
-    assert snaps[-1].kv_capacity_bytes == engine.executor.kv_capacity_bytes
+    assert snaps[-1].kv_capacity_bytes == engine.executor.host.kv_capacity_bytes

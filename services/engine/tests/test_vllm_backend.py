@@ -125,7 +125,7 @@ def test_load_reports_vllm_facts(vexec: VllmExecutor, model: VllmLoadedModel, re
     assert model.architecture == reference.architecture == "MistralForCausalLM"
     assert model.weight_bytes == reference.weight_bytes > 0
     assert model.source == VLLM_TINY_SOURCE and model.device == VLLM_DEVICE and model.load_s > 0
-    assert (vexec.backend, vexec.device, vexec.supports_kv_transfer) == ("vllm", VLLM_DEVICE, False)
+    assert (vexec.backend, vexec.device, vexec.migration, vexec.host) == ("vllm", VLLM_DEVICE, None, vexec)
     assert vexec.memory_bytes > 0
     snap = vexec.load_snapshot()
     assert snap.kv_capacity_bytes == vexec.kv_capacity_bytes

@@ -96,7 +96,7 @@ def out(
 
 
 def test_module_imports_without_vllm_and_config_defaults() -> None:
-    assert vb.VllmExecutor.supports_kv_transfer is False
+    assert vb.VllmExecutor.migration is None
     config = vb.VllmConfig()
     assert config.settings == VllmSettings()
     assert (config.device, config.tensor_parallel_size, config.max_requests) == ("cuda", 1, 4096)

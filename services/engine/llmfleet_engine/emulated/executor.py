@@ -38,7 +38,6 @@ from llmfleet.engine_core import StepPlan
 from llmfleet.metrics.engine import EngineMetrics
 
 from llmfleet_engine import profiling
-from llmfleet_engine.delegate import Via
 from llmfleet_engine.emulated.clock import LagCollector, WallClock
 from llmfleet_engine.emulated.config import BACKEND, EmulatedConfig
 from llmfleet_engine.emulated.migration import EmulatedMigration
@@ -67,8 +66,6 @@ class EmulatedExecutor(Executor):
         self._due: float | None = None  # when the previous step ends on the modelled clock
         super().__init__(config or EmulatedConfig())
         self.backend = BACKEND
-
-    link_seconds = Via("migration")
 
     def _new_host(self) -> EmulatedHost:
         return EmulatedHost(self.config, self.table, self.core, self.pool, self._finish_locked, self.clock)
@@ -141,7 +138,7 @@ class EmulatedExecutor(Executor):
         return profiling.profile(self, model, point=self._priced_point(model), **sweep)
 
     def _priced_point(self, model: str) -> profiling.PointTimer:
-        lm: LinearCost = self.runner(model).cost
+        lm: LinearCost = self.host.runner(model).cost
 
         def point(phase: str, b: int, n: int, repeats: int) -> list[float]:
             seqs = [f"{profiling.PREFIX}{phase}/{b}/{n}/{i}" for i in range(b)]
