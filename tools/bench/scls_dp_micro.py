@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = PoolView(free_blocks=budget_tokens // tpb, watermark_blocks=0, tokens_per_block={"m": tpb})
     limits = BatchLimits(max_requests=10**6, max_prefill_tokens=10**9)
     waiting = [SchedRequest(f"r{i}", "svc", "m", float(i), ln, 1024) for i, ln in enumerate(lengths)]
-    batcher = SclsSliceBatcher(cost, slice_iterations=S, zeta=1.0)  # ζ already in the pool size
 
     def form() -> object:
-        batcher._plan_key = None  # force a full DP on every call
+        # a new batcher each call: a full DP, no plan kept from the call before (ζ already in the pool size)
+        batcher = SclsSliceBatcher(cost, slice_iterations=S, zeta=1.0)
         return batcher.form_batch(waiting, pool, limits, 0.0)
 
     groups = dp_batches(lengths, t_serve, fits)

@@ -138,7 +138,9 @@ class EtcdClient:
 
         return await self._call(f"delete {key}", op, timeout)
 
-    async def _txn(self, what: str, req: rpc.TxnRequest, timeout: float | None) -> bool:
+    async def txn(self, what: str, req: rpc.TxnRequest, timeout: float | None) -> bool:
+        """Run the transaction ``req`` (``what`` names it in errors); True if its comparisons held."""
+
         async def op(c: aetcd.Client, t: float) -> bool:
             return bool((await c.kvstub.Txn(req, timeout=t, metadata=c.metadata)).succeeded)
 
@@ -155,7 +157,7 @@ class EtcdClient:
             ],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=value, lease=lease or 0))],
         )
-        return await self._txn(f"put_if_absent {key}", req, timeout)
+        return await self.txn(f"put_if_absent {key}", req, timeout)
 
     async def delete_if_value(self, key: str, value: bytes, *, timeout: float | None = None) -> bool:
         """Delete ``key`` only if it currently holds ``value``; True if deleted."""
@@ -164,7 +166,7 @@ class EtcdClient:
             compare=[rpc.Compare(key=k, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)],
             success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k))],
         )
-        return await self._txn(f"delete_if_value {key}", req, timeout)
+        return await self.txn(f"delete_if_value {key}", req, timeout)
 
     async def compact(self, revision: int, *, timeout: float | None = None) -> None:
         """Compact history below ``revision`` (watches from older revisions then fail)."""

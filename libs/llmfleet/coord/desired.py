@@ -126,7 +126,7 @@ async def fenced_txn(
         compare.append(
             rpc.Compare(key=key.encode(), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL, lease=lease)
         )
-    return await client._txn(what, rpc.TxnRequest(compare=compare, success=list(ops)), timeout)
+    return await client.txn(what, rpc.TxnRequest(compare=compare, success=list(ops)), timeout)
 
 
 async def write_plan(

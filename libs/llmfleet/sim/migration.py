@@ -230,6 +230,19 @@ def epoch_stats(epoch_s: float) -> RebalanceStats:
     return RebalanceStats(epoch_s)
 
 
+def queued_at(inst: SimInstance, rid: str) -> bool:
+    """``rid`` waits on ``inst`` with nothing computed yet (no token, not in the step in flight): it
+    can move without its KV."""
+    r = inst.core.requests.get(rid)
+    return (
+        r is not None
+        and r.produced == 0
+        and r.sched.phase != "decode"
+        and rid not in inst.core.running
+        and not inst.core.in_flight(rid)
+    )
+
+
 @dataclass
 class RebalanceLoop:
     """Aladdin's Algorithm 2 every ``epoch_s``: the dispatch policy (a
@@ -255,7 +268,7 @@ class RebalanceLoop:
         moves = self.policy.rebalance(now)
         st.planned += len(moves)
         for rid, src_id, dst_id in moves:
-            if sim.fleet.instance_of(rid) != src_id or not self._queued(sim.fleet.instances[src_id], rid):
+            if sim.fleet.instance_of(rid) != src_id or not queued_at(sim.fleet.instances[src_id], rid):
                 st.skipped += 1
                 continue
             if not sim.fleet.move_request(rid, dst_id, 0.0, now):
@@ -263,17 +276,6 @@ class RebalanceLoop:
                 continue
             self.policy.apply_move(rid, dst_id, now)
             st.executed += 1
-
-    @staticmethod
-    def _queued(inst: SimInstance, rid: str) -> bool:
-        r = inst.core.requests.get(rid)
-        return (
-            r is not None
-            and r.produced == 0
-            and r.sched.phase != "decode"
-            and rid not in inst.core.running
-            and not inst.core.in_flight(rid)
-        )
 
 
 @dataclass
@@ -298,7 +300,7 @@ class QueueMoveLoop:
         queued: dict[str, list[tuple[str, str]]] = {}
         for iid, inst in sim.fleet.instances.items():
             rows = [(r.payload.arrival_s, rid, r.sched.model) for rid, r in inst.core.requests.items()
-                    if RebalanceLoop._queued(inst, rid)]  # fmt: skip
+                    if queued_at(inst, rid)]  # fmt: skip
             if rows:
                 queued[iid] = [(rid, m) for _, rid, m in sorted(rows)]
         if not queued:

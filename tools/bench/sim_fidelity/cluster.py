@@ -35,17 +35,10 @@ def engine_flags(s: Settings) -> list[str]:
 
 
 def scheduler_flags(s: Settings) -> list[str]:
-    """``--no-predict`` where the scheduler has it (unless predictions are asked for): FCFS and
+    """``--no-predict`` unless predictions are asked for: FCFS and
     round-robin ignore predictions, and the profiler round trip is a path cost the simulator has no
     notion of."""
-    if s.scheduler_predict:
-        return []
-    try:
-        from llmfleet_scheduler.main import build_parser
-    except ImportError:
-        return []
-    known = {o for a in build_parser()._actions for o in a.option_strings}
-    return ["--no-predict"] if "--no-predict" in known else []
+    return [] if s.scheduler_predict else ["--no-predict"]
 
 
 def start_cluster(root: Path, s: Settings, log: Any) -> LocalCluster:

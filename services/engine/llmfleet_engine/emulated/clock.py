@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -43,6 +43,11 @@ class Lag:
                 self.total_s += late_s
                 self.max_s = max(self.max_s, late_s)
 
+    def read(self) -> Lag:
+        """A consistent copy of the counts (taken under the lock)."""
+        with self._lock:
+            return replace(self, _lock=threading.Lock())
+
 
 class WallClock:
     """``monotonic`` and ``sleep_until`` on the real clock (tests swap in a simulated one)."""
@@ -75,10 +80,9 @@ class LagCollector(Collector):
         return []
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        lag = self.lag
-        with lag._lock:
-            waits, late, total, worst = lag.waits, lag.late, lag.total_s, lag.max_s
-            steps, host, host_max = lag.host_steps, lag.host_s, lag.host_max_s
+        lag = self.lag.read()
+        waits, late, total, worst = lag.waits, lag.late, lag.total_s, lag.max_s
+        steps, host, host_max = lag.host_steps, lag.host_s, lag.host_max_s
         yield CounterMetricFamily(
             "llmfleet_emulated_waits", "Emulated steps, loads and transfers paced.", value=waits
         )
