@@ -2,7 +2,7 @@
 
 The cluster file's sections are the one spec the live services and the simulator share
 (:mod:`llmfleet.spec`: services, models, engines, and the engine/dispatch/placement/migration/capacity
-policy sections); this module assembles them and re-exports them under their old import path.
+policy sections); this module assembles them into :class:`ClusterConfig`.
 
 Environment overrides (all optional):
   LLMFLEET_ETCD           comma-separated etcd endpoints (host:port), default 127.0.0.1:2379
@@ -20,13 +20,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llmfleet.spec.engines import ENGINE_LIMIT_FLAGS, EmulatedPool, EngineConfig
+from llmfleet.spec.engines import EmulatedPool, EngineConfig
 from llmfleet.spec.live_loops import (
-    STATIC_POLICY,
     MigrationConfig,
     PlacementConfig,
     SchedulerConfig,
-    placement_policy_names,
 )
 from llmfleet.spec.sections import FleetPolicies
 from llmfleet.spec.services import ModelConfig, ServiceMap, ServiceSpec
@@ -258,18 +256,4 @@ class ClusterConfig(BaseModel):
         ]
 
 
-__all__ = [
-    "ENGINE_LIMIT_FLAGS",
-    "STATIC_POLICY",
-    "ClusterConfig",
-    "EmulatedPool",
-    "EngineConfig",
-    "EtcdSettings",
-    "MigrationConfig",
-    "ModelConfig",
-    "PlacementConfig",
-    "SchedulerConfig",
-    "ServiceSpec",
-    "placement_policy_names",
-    "validation_message",
-]
+__all__ = ["DEFAULT_CONFIG", "DEFAULT_TTL_S", "ClusterConfig", "EtcdSettings"]

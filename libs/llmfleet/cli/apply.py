@@ -33,9 +33,9 @@ from llmfleet.cli.services import (
     read_state,
     run_with_etcd,
 )
-from llmfleet.config import ModelConfig, validation_message
 from llmfleet.coord.desired import ModelEntry
-from llmfleet.spec.services import ServiceMap, ServiceSpec
+from llmfleet.spec.services import ModelConfig, ServiceMap, ServiceSpec
+from llmfleet.spec.validation import validation_message
 
 if TYPE_CHECKING:
     from llmfleet.coord.client import EtcdClient

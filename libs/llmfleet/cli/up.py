@@ -49,7 +49,8 @@ from llmfleet.cli.up_start import (
     wait_ready,
 )
 from llmfleet.cli.up_supervise import Supervision
-from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig, validation_message
+from llmfleet.config import DEFAULT_CONFIG, DEFAULT_TTL_S, ClusterConfig
+from llmfleet.spec.validation import validation_message
 from llmfleet.supervisor import ProcessGroup, SupervisorError
 from llmfleet.supervisor_restart import RestartPolicy, Restarts
 

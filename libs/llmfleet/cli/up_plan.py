@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmfleet.config import DEFAULT_TTL_S, ClusterConfig, EmulatedPool
+from llmfleet.config import DEFAULT_TTL_S, ClusterConfig
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
+from llmfleet.spec.engines import EmulatedPool
 
 # (child name, console script, module with main(), port offset from --base-port)
 CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (

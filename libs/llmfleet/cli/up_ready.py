@@ -1,9 +1,7 @@
 """``llmfleet up`` waits until the cluster is servable: after every process answers gRPC
 health, the scheduler's readiness (health of ``llmfleet.v1.Scheduler``: every service not marked
 ``scale_to_zero`` has an engine with its model loaded) must say SERVING before "llmfleet is up" is
-printed. Meanwhile the services still waiting for an engine are shown (``ListServices``). A scheduler
-that publishes no readiness (its health does not know the service name: an older version) counts as
-ready once healthy."""
+printed. Meanwhile the services still waiting for an engine are shown (``ListServices``)."""
 
 from __future__ import annotations
 
@@ -45,8 +43,6 @@ def wait_servable(
                 services = sched.ListServices(scheduler_pb2.ListServicesRequest(), timeout=2).services
                 missing = sorted(f"{s.name} ({s.model})" for s in services if not s.engines)
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
-                    return True, []  # a scheduler that publishes no readiness (older): started = ready
                 missing = [f"(scheduler: {e.code().name})"]  # type: ignore[attr-defined]
             if tuple(missing) != shown:
                 shown = tuple(missing)

@@ -48,6 +48,8 @@ def main() -> int:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    # a scheduler's readiness (llmfleet up waits for it): every stand-in says it is servable
+    servicer.set("llmfleet.v1.Scheduler", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     server.add_insecure_port(f"{args.host}:{args.port}")
     server.start()

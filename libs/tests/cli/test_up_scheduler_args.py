@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.cli import up
-from llmfleet.config import ClusterConfig, SchedulerConfig
+from llmfleet.config import ClusterConfig
+from llmfleet.spec.live_loops import SchedulerConfig
 
 BASE = {
     "services": {"chat": {"model": "m"}},

@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.config import ClusterConfig, ModelConfig
+from llmfleet.config import ClusterConfig
 from llmfleet.coord import (
     EtcdClient,
     LeaderElection,
@@ -45,7 +45,7 @@ from llmfleet.coord import (
 from llmfleet.coord.desired import ModelEntry, SeedRecord, get_seed, seed_desired
 from llmfleet.coord.unplaced import UnplacedPublisher
 from llmfleet.policies.placement import StaticConfigPlacement
-from llmfleet.spec.services import ServiceSpec
+from llmfleet.spec.services import ModelConfig, ServiceSpec
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
 
 log = logging.getLogger(__name__)

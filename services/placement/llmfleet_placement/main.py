@@ -17,13 +17,14 @@ import logging
 import time
 
 from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
-from llmfleet.config import DEFAULT_CONFIG, STATIC_POLICY, ClusterConfig, placement_policy_names
+from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
 from llmfleet.coord import LeaderElection, PrefixView, node_view, placement_view, service_view
 from llmfleet.policies.placement import PlacementPlanner, make_placement_policy
 from llmfleet.policies.placement.evaluator import PlanEvaluatorFactory
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
+from llmfleet.spec.live_loops import STATIC_POLICY, placement_policy_names
 from llmfleet.types import DesiredPlacement, NodeRecord
 
 from llmfleet_placement.controller import PlacementController, read_runtime_config

@@ -207,8 +207,8 @@ def test_single_phase_reaches_the_live_engine_through_its_options():
     config's ``options``) builds the same policy object."""
     import json
 
-    from llmfleet.config import EngineConfig
     from llmfleet.policies.engine_policy import make_engine_policy
+    from llmfleet.spec.engines import EngineConfig
 
     assert make_engine_policy("fcfs", single_phase=True).single_phase is True
     args = EngineConfig(models=["m"], policy="fcfs", options={"single_phase": True}).engine_args()
