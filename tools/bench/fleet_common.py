@@ -94,7 +94,7 @@ class Fleet(LocalUp):
         host_max = 0.0
         for row in self.endpoints.values():
             if row.get("name", "").startswith("emu") and row.get("metrics"):
-                for port in _ports(row["metrics"]):
+                for port in metrics_ports(row["metrics"]):
                     got = scrape(port)
                     for k in keys:
                         total[k] += got.get(f"llmfleet_emulated_{k}_total", 0.0)
@@ -118,7 +118,7 @@ class Fleet(LocalUp):
         return out
 
 
-def _ports(metrics: str) -> list[str]:
+def metrics_ports(metrics: str) -> list[str]:
     """``host:a..b`` (or ``host:a``) → ``host:a`` … ``host:b``."""
     host, _, ports = metrics.rpartition(":")
     lo, _, hi = ports.partition("..")

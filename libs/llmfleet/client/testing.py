@@ -78,6 +78,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     attempts: Counter[str] = field(default_factory=Counter)
     cancelled: set[str] = field(default_factory=set)
     in_flight: set[str] = field(default_factory=set)
+    submit_many_calls: int = 0  # SubmitMany calls opened (each carries many streams)
 
     def _service(self, name: str) -> FakeService | None:
         return next((s for s in self.services if s.name == name), None)
@@ -170,6 +171,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self, request_iterator: AsyncIterator[scheduler_pb2.SubmitCommands], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.ChunkBatch]:
         """Submit's answers multiplexed (``llmfleet.rpc.mux``): each stream's abort ends that stream."""
+        self.submit_many_calls += 1
         async for batch in serve_many(request_iterator, from_servicer(self.Submit), method=SUBMIT_MANY):
             yield batch
 

@@ -49,6 +49,11 @@ class Registration:
     def interval_s(self) -> float:
         return max(self.ttl_s / 3.0, 0.2)
 
+    @property
+    def running(self) -> bool:
+        """The background task is alive: started, not stopped, never crashed."""
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         """Start the background task and return at once."""
         if self._task is None or self._task.done():

@@ -47,6 +47,11 @@ class PrefixView(Generic[T]):
         """A copy of the current map (leaf -> value)."""
         return dict(self._data)
 
+    @property
+    def running(self) -> bool:
+        """The background task is alive: started, not stopped, never crashed."""
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         """Start mirroring in the background and return at once (see ``ready``)."""
         self._stopped = False

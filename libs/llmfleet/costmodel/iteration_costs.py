@@ -240,6 +240,10 @@ class CostBook:
             self._cache[key] = lm
         return lm
 
+    def pin(self, name: str, tp: int, cost: LinearCost) -> None:
+        """Use ``cost`` for ``name`` at ``tp`` instead of compiling one (a cost given by hand)."""
+        self._cache[(name, tp)] = cost
+
     def sources(self) -> dict[str, str]:
         return {f"{m}@tp{tp}": lm.source for (m, tp), lm in sorted(self._cache.items())}
 

@@ -18,6 +18,7 @@ import pytest
 from llmfleet.cli import up, up_plan
 from llmfleet.cli.main import main
 from llmfleet.cli.status import KV, ClusterStatus, collect_status, render_status
+from llmfleet.cli.up_security import security_env
 from llmfleet.client.testing import FakeScheduler, FakeSchedulerThread, Fault, fake_completion
 from llmfleet.config import DEFAULT_CONFIG, ClusterConfig
 from llmfleet.coord.keys import Keys
@@ -338,18 +339,18 @@ def test_up_tls_env_makes_a_ca_once_and_checks_the_keys_file(tmp_path: Path) -> 
     previous = configure(None)
     try:
         args = argparse.Namespace(tls=True, api_keys=None, host="0.0.0.0")
-        env = up._security_env(args, tmp_path)
+        env = security_env(args, tmp_path)
         assert env["LLMFLEET_TLS_CLIENT_AUTH"] == "1" and env["LLMFLEET_TLS_CA"] == str(
             tmp_path / "tls" / "ca.pem"
         )
         ca = (tmp_path / "tls" / "ca.pem").read_bytes()
-        assert up._security_env(args, tmp_path) == env and (tmp_path / "tls" / "ca.pem").read_bytes() == ca
+        assert security_env(args, tmp_path) == env and (tmp_path / "tls" / "ca.pem").read_bytes() == ca
         shell = (tmp_path / "tls" / "env").read_text()
         assert "export LLMFLEET_TLS_CERT=" in shell and "CLIENT_AUTH" not in shell
         bad = tmp_path / "keys.yaml"
         bad.write_text("keys: []\n")
         with pytest.raises(ApiKeyError, match="keys"):
-            up._security_env(argparse.Namespace(tls=False, api_keys=str(bad), host="127.0.0.1"), tmp_path)
+            security_env(argparse.Namespace(tls=False, api_keys=str(bad), host="127.0.0.1"), tmp_path)
     finally:
         configure(previous)
 

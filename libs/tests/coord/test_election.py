@@ -25,21 +25,23 @@ async def two_clients(etcd_settings: EtcdSettings) -> AsyncIterator[tuple[EtcdCl
     await b.close()
 
 
-async def elect_one(ea: LeaderElection, eb: LeaderElection) -> tuple[LeaderElection, LeaderElection]:
+async def elect_one(
+    ea: LeaderElection, eb: LeaderElection
+) -> tuple[LeaderElection, LeaderElection, asyncio.Task[None]]:
+    """The winner, the loser and the loser's campaign (still waiting)."""
     ta, tb = asyncio.create_task(ea.campaign()), asyncio.create_task(eb.campaign())
     done, pending = await asyncio.wait({ta, tb}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
     assert len(done) == 1, "exactly one candidate must win"
     await asyncio.sleep(0.3)
     assert len(pending) == 1 and not next(iter(pending)).done(), "the loser must keep waiting"
     winner, loser = (ea, eb) if ta in done else (eb, ea)
-    loser._campaign_task = next(iter(pending))  # type: ignore[attr-defined]
-    return winner, loser
+    return winner, loser, next(iter(pending))
 
 
 async def test_exactly_one_leader(two_clients: tuple[EtcdClient, EtcdClient]) -> None:
     a, b = two_clients
     ea, eb = LeaderElection(a, "placement", "A", TTL), LeaderElection(b, "placement", "B", TTL)
-    winner, loser = await elect_one(ea, eb)
+    winner, loser, campaign = await elect_one(ea, eb)
     try:
         assert winner.is_leader and not loser.is_leader
         assert await ea.observe() == await eb.observe() == winner.candidate_id
@@ -50,7 +52,7 @@ async def test_exactly_one_leader(two_clients: tuple[EtcdClient, EtcdClient]) ->
             await asyncio.sleep(0.1)
         assert not winner.lost.is_set()
     finally:
-        loser._campaign_task.cancel()  # type: ignore[attr-defined]
+        campaign.cancel()
         await winner.resign()
         await loser.resign()
 
@@ -58,12 +60,12 @@ async def test_exactly_one_leader(two_clients: tuple[EtcdClient, EtcdClient]) ->
 async def test_resign_hands_over(two_clients: tuple[EtcdClient, EtcdClient]) -> None:
     a, b = two_clients
     ea, eb = LeaderElection(a, "migration", "A", TTL), LeaderElection(b, "migration", "B", TTL)
-    winner, loser = await elect_one(ea, eb)
+    winner, loser, campaign = await elect_one(ea, eb)
     lease = winner.lease_id
     assert lease is not None
     await winner.resign()
     assert winner.lost.is_set() and not winner.is_leader
-    await asyncio.wait_for(loser._campaign_task, 3)  # type: ignore[attr-defined]
+    await asyncio.wait_for(campaign, 3)
     assert loser.is_leader
     assert await ea.observe() == loser.candidate_id
     assert await a.lease_ttl(lease) == -1
@@ -76,12 +78,12 @@ async def test_revoked_leader_lease_hands_over(
 ) -> None:
     a, b = two_clients
     ea, eb = LeaderElection(a, "placement", "A", TTL), LeaderElection(b, "placement", "B", TTL)
-    winner, loser = await elect_one(ea, eb)
+    winner, loser, campaign = await elect_one(ea, eb)
     assert winner.lease_id is not None
     await asyncio.to_thread(etcd.ctl, "lease", "revoke", format(winner.lease_id, "x"))
     await asyncio.wait_for(winner.lost.wait(), TTL + 1)
     assert not winner.is_leader
-    await asyncio.wait_for(loser._campaign_task, 3)  # type: ignore[attr-defined]
+    await asyncio.wait_for(campaign, 3)
     assert loser.is_leader and await ea.observe() == loser.candidate_id
     await loser.resign()
     await winner.resign()

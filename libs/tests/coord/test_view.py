@@ -150,6 +150,6 @@ async def test_view_recovers_after_etcd_restart(etcd: LocalEtcd, etcd_client: Et
         await etcd_client.delete(p + "before")
         await view.wait_for(lambda s: s == {"after": b"2"}, 10)
         assert view.relists >= 1
-        assert view._task is not None and not view._task.done()
+        assert view.running
     finally:
         await view.stop()

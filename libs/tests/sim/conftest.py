@@ -91,7 +91,7 @@ class Tiny:
         book = CostBook(spec.cluster.hw, spec.archs())
         for m in spec.models:
             for tp in tps:
-                book._cache[(m, tp)] = cost
+                book.pin(m, tp, cost)
         return book
 
     def sim(

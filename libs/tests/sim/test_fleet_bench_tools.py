@@ -64,8 +64,12 @@ def test_the_fleet_sets_its_cost_source_once_and_reads_the_engines_pacing(bench)
     spec = fc.FleetSpec(4, {"policy": "static"})
     assert spec.cost_source == DEFAULT_COST_SOURCE
     assert fc.FleetSpec(4, {}, cost_source="roofline").config()["emulated"]["cost_source"] == "roofline"
-    assert fc._ports("127.0.0.1:51061..51063") == ["127.0.0.1:51061", "127.0.0.1:51062", "127.0.0.1:51063"]
-    assert fc._ports("h:9") == ["h:9"]
+    assert fc.metrics_ports("127.0.0.1:51061..51063") == [
+        "127.0.0.1:51061",
+        "127.0.0.1:51062",
+        "127.0.0.1:51063",
+    ]
+    assert fc.metrics_ports("h:9") == ["h:9"]
     registry = CollectorRegistry()
     Counter("llmfleet_emulated_host_steps", "steps", registry=registry).inc(4)
     Counter("llmfleet_emulated_host_seconds", "seconds", registry=registry).inc(0.01)

@@ -163,7 +163,7 @@ def test_seallm_goal_says_when_seallm_fails_requests(results, bench):
     res = copy.deepcopy(results["seallm"])
     row = next(r for r in res["rows"] if r["policy"] == "seallm")
     row["failed"] = 5
-    bench.scenario("seallm")._summarize(res)
+    importlib.import_module(bench.PACKAGE + ".seallm_summary").summarize(res)
     assert (
         f"but SeaLLM fails 5/{row['requests']} (a0) requests at {row['rate_rps']:g} req/s"
         in res["goal"]["ours_text"]

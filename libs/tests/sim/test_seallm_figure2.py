@@ -48,7 +48,8 @@ def seeded_db() -> DoublingBudget:
 def run(make_policy):
     spec = SimSpec(ClusterSpec.parse("2xA100-80GB"), (SimService("s0", S0), SimService("s1", S1)))
     cost = CostBook.build(spec.cluster.hw, spec.archs())
-    cost._cache[(S0, 2)] = cost._cache[(S1, 2)] = COST
+    cost.pin(S0, 2, COST)
+    cost.pin(S1, 2, COST)
     sim = Simulator(
         spec, [InstancePlan("g0", (S0, S1), 2)], make_policy, RoundRobin(), cost, fast_forward=False
     )

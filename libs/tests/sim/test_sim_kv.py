@@ -21,7 +21,7 @@ def make_instance(tiny, models=("llama2-7b",), engine=None, fast_forward=False):
     spec = tiny.spec(engine)
     book = tiny.book(spec)
     for m in models:
-        book._cache[(m, 1)] = tiny.linear
+        book.pin(m, 1, tiny.linear)
     return SimInstance(
         "x", tuple(models), 1, A100, archs, engine or EngineSettings(), book, Fcfs(), fast_forward
     )

@@ -59,6 +59,7 @@ from llmfleet_engine.vllm_config import BACKEND, VllmConfig
 from llmfleet_engine.vllm_drains import VllmDrains
 from llmfleet_engine.vllm_models import ModelRuntime, VllmLoadedModel, VllmModels
 from llmfleet_engine.vllm_requests import ActiveRequest, VllmRequests
+from llmfleet_engine.vllm_stats import SchedulerView
 
 __all__ = ["BACKEND", "BackendUnavailable", "VllmConfig", "VllmExecutor", "VllmLoadedModel"]
 
@@ -150,6 +151,12 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
                 queries=sum(v.prefix_queries for v in views), hits=sum(v.prefix_hits for v in views)
             ),
         )
+
+    def scheduler_view(self, model: str) -> SchedulerView:
+        """vLLM's last scheduler numbers for ``model`` and its totals (KeyError if it is not loaded)."""
+        with self._lock:
+            runtime = self._runtimes[model]
+        return runtime.stats.view()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Cancel every request and shut every engine down (each within ``timeout_s``)."""

@@ -94,7 +94,7 @@ def metric(vexec: VllmExecutor, name: str, model: str = NAME, **labels: str) -> 
 
 def scheduler_view(vexec: VllmExecutor, name: str = NAME) -> SchedulerView:
     """vLLM's last scheduler numbers for ``name``, as the stat logger received them."""
-    return vexec._runtimes[name].stats.view()
+    return vexec.scheduler_view(name)
 
 
 def block_size(model: VllmLoadedModel) -> int:

@@ -86,8 +86,8 @@ class MigrationCoordinator:
     epochs: deque[EpochSummary] = field(default_factory=lambda: deque(maxlen=32))
     gpus: list[GpuState] = field(default_factory=list)  # the last epoch's input (Status shows it)
     republish_epochs: int = 30  # write migration_state at least this often (else only when it changes)
-    _bandwidth: dict[tuple[str, str], float] = field(default_factory=dict)
-    _probed: set[tuple[str, str]] = field(default_factory=set)  # links probed once (measured or not)
+    bandwidth: dict[tuple[str, str], float] = field(default_factory=dict)  # measured links (bytes/s)
+    probed: set[tuple[str, str]] = field(default_factory=set)  # links probed once (measured or not)
     _probes: set[asyncio.Task] = field(default_factory=set)  # probes in flight
     _adopted: bool = False
     _published: tuple | None = None  # (active, view) last written
@@ -148,7 +148,7 @@ class MigrationCoordinator:
                     cost, len(g.requests), ctx, self.epoch_s, self.prefill_slack
                 )
         links = {
-            (a.gpu_id, b.gpu_id): self._bandwidth.get((a.gpu_id, b.gpu_id), self.link_bytes_per_s)
+            (a.gpu_id, b.gpu_id): self.bandwidth.get((a.gpu_id, b.gpu_id), self.link_bytes_per_s)
             * self.epoch_s
             for a in gpus
             for b in gpus
@@ -221,11 +221,11 @@ class MigrationCoordinator:
         fresh = [
             p
             for p in dict.fromkeys((m.source, m.destination) for m in moves)
-            if p not in self._bandwidth and p not in self._probed
+            if p not in self.bandwidth and p not in self.probed
         ][: self.probes_per_epoch]
         if not fresh:
             return
-        self._probed.update(fresh)
+        self.probed.update(fresh)
 
         async def probe() -> None:
             try:
@@ -234,18 +234,22 @@ class MigrationCoordinator:
                 log.info("link probes %s failed: %s: %s", fresh, type(e).__name__, e)
                 return
             for link, bps in measured.items():
-                self._bandwidth.setdefault(link, bps)  # a KV move that finished first is the better figure
+                self.bandwidth.setdefault(link, bps)  # a KV move that finished first is the better figure
 
         task = asyncio.create_task(probe())
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
+
+    async def probes_done(self) -> None:
+        """Wait for the link probes in flight (an epoch does not wait for them)."""
+        await asyncio.gather(*self._probes)
 
     def _learn_bandwidth(self, outcomes: Sequence[Outcome]) -> None:
         """A finished KV migration measures its link: bytes / transfer time (the latest wins)."""
         for o in outcomes:
             m = o.migration
             if o.ok and m.mode == "kv" and o.bytes and o.transfer_s > 0:
-                self._bandwidth[(m.source, m.destination)] = o.bytes / o.transfer_s
+                self.bandwidth[(m.source, m.destination)] = o.bytes / o.transfer_s
 
     async def _publish(self) -> None:
         view = self.policy.view().to_json() if isinstance(self.policy, MellPacker) else {}

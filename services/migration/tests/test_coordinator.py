@@ -4,7 +4,6 @@ engines are a scripted executor."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -91,7 +90,7 @@ async def test_epoch_runs_moves_with_leader_ids_and_publishes_state(etcd_client)
     assert [m.request_id for m in moves] == ["a0", "a1"]
     assert all(m.migration_id == f"{m.request_id}:a->b#1@m-1" for m in moves)
     assert (s.epoch, s.planned, s.executed, s.deactivated) == (1, 2, 2, ("a",))
-    assert c._bandwidth[("a", "b")] == (1 << 20) / 0.01  # learned from the finished KV moves
+    assert c.bandwidth[("a", "b")] == (1 << 20) / 0.01  # learned from the finished KV moves
     state = await get_migration_state(etcd_client)
     assert state is not None and state.epoch == 1 and state.policy == "mell" and state.leader == "m-1"
 
@@ -169,14 +168,14 @@ async def test_a_link_is_probed_once_before_its_first_planned_move(etcd_client) 
     c.transfer = make_transfer_planner("kv")
     c.executor.run = no_kv_measured(c.executor)
     await c.tick()
-    await asyncio.gather(*c._probes)  # probes run beside the epoch, which does not wait for them
-    assert c.executor.probed == [[("a", "b")]] and c._bandwidth == {("a", "b"): 5e8}
+    await c.probes_done()  # probes run beside the epoch, which does not wait for them
+    assert c.executor.probed == [[("a", "b")]] and c.bandwidth == {("a", "b"): 5e8}
     await c.tick()
     await c.tick()
-    await asyncio.gather(*c._probes)
+    await c.probes_done()
     # b -> a is new in epoch 2 (its probe fails, and is not retried); a -> b was probed already
     assert c.executor.probed == [[("a", "b")], [("b", "a")]]
     c.probe_bytes = 0
-    c._probed.clear()
+    c.probed.clear()
     await c.tick()
     assert len(c.executor.probed) == 2  # probes off

@@ -99,11 +99,12 @@ class LivePlacementLoop:
     names: ModelNames = field(init=False)
     hysteresis: Hysteresis = field(init=False)
     _last_error: str = ""
-    _term_start: float | None = None
+    term_start: float | None = None  # when this leadership term began (run): the monitor's grace runs from it
     _infeasible_seen: dict[str, int] = field(default_factory=dict)  # per service, the last cumulative count
     _desired_problems: tuple[str, ...] = ()
     _unplaced: UnplacedPublisher | None = None
-    _soon: bool = False  # the last tick found services/ unseeded or the engines still registering: the next after RETRY_SOON_S
+    # the last tick found services/ unseeded or the engines still registering: the next after RETRY_SOON_S
+    retry_soon: bool = False
 
     def __post_init__(self) -> None:
         self.names = ModelNames(self.config.catalog_models())
@@ -112,11 +113,11 @@ class LivePlacementLoop:
     async def run(self) -> None:
         """Adopt the plan in etcd, then tick every ``interval_s`` (first tick at once only when there
         is no plan to adopt)."""
-        self._term_start = self.clock()
+        self.term_start = self.clock()
         placement_metrics().leader_changes.inc()  # run() is one leadership term
         await asyncio.gather(self.placement_view.ready.wait(), self.nodes_view.ready.wait())
         if await self.adopt():
-            await self._sleep()
+            await self.wait_interval()
         while True:
             try:
                 await self.tick()
@@ -125,11 +126,11 @@ class LivePlacementLoop:
             except Exception as e:  # etcd hiccup, a planner bug: keep the plan, try next interval
                 log.exception("placement tick failed")
                 self._failed(f"placement tick failed: {e}")
-            await self._sleep()
+            await self.wait_interval()
 
-    async def _sleep(self) -> None:
+    async def wait_interval(self) -> None:
         """One interval, cut short by ``wake`` (requests wait for capacity: an unhosted model, a burst)."""
-        interval = min(self.interval_s, RETRY_SOON_S) if self._soon else self.interval_s
+        interval = min(self.interval_s, RETRY_SOON_S) if self.retry_soon else self.interval_s
         if self.wake is None:
             await asyncio.sleep(interval)
             return
@@ -188,7 +189,7 @@ class LivePlacementLoop:
     async def tick(self) -> PlanResult | None:
         """One planning round; the plan it applied (None: nothing written)."""
         if not await self.refresh_services():
-            self._soon = True  # the controller seeds services/ at start: look again shortly
+            self.retry_soon = True  # the controller seeds services/ at start: look again shortly
             return None
         now = self.clock()
         placements = self.placement_view.snapshot()
@@ -234,18 +235,18 @@ class LivePlacementLoop:
         """Whether to plan on ``engines`` now. At start-up, while the configured engines are still
         registering (within the grace), look again shortly rather than in one interval, and do not plan
         on part of the pool yet; no engine after the grace is a failed round."""
-        starting = now - (self._term_start if self._term_start is not None else now) < self.monitor_grace_s
+        starting = now - (self.term_start if self.term_start is not None else now) < self.monitor_grace_s
         expected = (
             self.config.emulated.count if self.config.emulated is not None else len(self.config.engines)
         )
-        self._soon = not engines or (starting and len(engines) < expected and not self.plan_id)
+        self.retry_soon = not engines or (starting and len(engines) < expected and not self.plan_id)
         if not engines:
             if starting:
                 log.info("placement: no live engine yet; waiting for engines to register")
             else:
                 self._failed("no live engines to place on")
             return False
-        if self._soon:
+        if self.retry_soon:
             log.info("placement: %d of %d engines registered; waiting for the rest", len(engines), expected)
             return False
         return True
@@ -350,7 +351,7 @@ class LivePlacementLoop:
             return False
         if not (self.plan_id or placements):
             return False  # nothing in force: plan for zero traffic now
-        start = self._term_start if self._term_start is not None else now
+        start = self.term_start if self.term_start is not None else now
         return now - start < self.monitor_grace_s
 
     def _failed(self, error: str, reason: str = "") -> None:

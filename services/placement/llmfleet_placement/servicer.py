@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 from llmfleet.api.v1 import engine_pb2, placement_pb2, placement_pb2_grpc
 from llmfleet.coord import LeaderElection, PrefixView
-from llmfleet.monitor import Decision, FleetMonitor, decision_log, engine_pool
+from llmfleet.monitor import Decision, FleetMonitor, ServiceStats, decision_log, engine_pool
 from llmfleet.monitor.wire import (
     BadReport,
     decision_to_proto,
@@ -35,6 +35,22 @@ LEADER_CACHE_S = 1.0  # how long ReportStats acks reuse the leader id read from 
 
 
 @dataclass
+class DemandWake:
+    """Which stats reports wake the leader's loop: cold requests (every report while they wait), or
+    held requests that were not held in the scheduler's previous report (a queue starting to build)."""
+
+    held: dict[tuple[str, str], int] = field(default_factory=dict)  # (scheduler, service) -> held
+
+    def wakes(self, scheduler: str, services: list[ServiceStats]) -> bool:
+        wake = False
+        for s in services:
+            before = self.held.get((scheduler, s.service), 0)
+            self.held[(scheduler, s.service)] = s.held
+            wake |= s.cold > 0 or (s.held > 0 and before == 0)
+        return wake
+
+
+@dataclass
 class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     node_id: str
     election: LeaderElection | None = None  # set once etcd is reached
@@ -47,7 +63,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     # service whose requests the scheduler began to hold (every engine saturated: a burst): the
     # leader's loop plans at once instead of at its next interval
     demand: asyncio.Event = field(default_factory=asyncio.Event)
-    _held: dict[tuple[str, str], int] = field(default_factory=dict)  # (scheduler, service) -> held
+    wake: DemandWake = field(default_factory=DemandWake)
     _leader: tuple[float, str] = (-1e18, "")  # (read at, leader id)
 
     async def shutdown(self) -> None:
@@ -101,21 +117,11 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
                 interval = report.interval_s if math.isfinite(report.interval_s) else 0.0
                 self.monitor.update(report.scheduler_id, services, now, report.seq, interval)
                 ack.accepted = True
-                if self._wakes(report.scheduler_id, services):
+                if self.wake.wakes(report.scheduler_id, services):
                     self.demand.set()
             ack.is_leader = self.election is not None and self.election.is_leader
             ack.leader_id = self.node_id if ack.is_leader else await self._leader_id(now)
             yield ack
-
-    def _wakes(self, scheduler: str, services: list) -> bool:
-        """Cold requests (every report while they wait), or held requests that were not held in this
-        scheduler's previous report (a queue starting to build)."""
-        wake = False
-        for s in services:
-            before = self._held.get((scheduler, s.service), 0)
-            self._held[(scheduler, s.service)] = s.held
-            wake |= s.cold > 0 or (s.held > 0 and before == 0)
-        return wake
 
     async def _leader_id(self, now: float) -> str:
         """The leader's id (cached ``LEADER_CACHE_S``; "" when unknown or etcd is unreachable)."""

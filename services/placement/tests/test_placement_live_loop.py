@@ -212,7 +212,7 @@ async def test_a_new_term_waits_for_the_schedulers_reports(etcd_client, views) -
     await settled(pv, {"e0": ("tiny-llama",), "e1": ("tiny-qwen2",), "e2": (), "e3": ()})
     planner = ScriptedPlanner([])
     loop = make_loop(etcd_client, views, planner, workload=Silent())
-    loop._term_start = loop.clock()
+    loop.term_start = loop.clock()
     assert await loop.tick() is None and planner.calls == 0  # an empty monitor is no reason to scale in
     loop.monitor_grace_s = 0.0
     await loop.tick()
@@ -285,7 +285,7 @@ async def test_no_engine_yet_is_a_wait_then_an_error(etcd_client) -> None:
     try:
         planner = ScriptedPlanner(one_each())
         loop = make_loop(etcd_client, (pv, nv), planner)
-        loop._term_start = loop.clock()
+        loop.term_start = loop.clock()
         assert await loop.tick() is None and not loop.decisions and planner.calls == 0
         loop.monitor_grace_s = 0.0
         assert await loop.tick() is None
@@ -306,6 +306,6 @@ async def test_unseeded_services_are_looked_at_again_shortly(etcd_client, views)
     planner = ScriptedPlanner(one_each())
     loop = make_loop(etcd_client, views, planner, desired=desired)
     loop.interval_s = 30.0
-    assert await loop.tick() is None and loop._soon and planner.calls == 0
+    assert await loop.tick() is None and loop.retry_soon and planner.calls == 0
     seeded = True
-    await asyncio.wait_for(loop._sleep(), 5)  # RETRY_SOON_S, not the interval
+    await asyncio.wait_for(loop.wait_interval(), 5)  # RETRY_SOON_S, not the interval
