@@ -237,13 +237,15 @@ async def run_live(policy: str, options: dict, arrive: list, tmp_path, monkeypat
     )
     ex.policy = ex.core.policy = Spy(ex.core.policy, log)  # record what the core asks of its policy
     plans: list = []
-    step_inputs = ex._step_inputs
+    schedule = ex.core.schedule
 
-    def record_plan(plan, now):
-        plans.append(plan)
-        return step_inputs(plan, now)
+    def record_plan(now):
+        plan = schedule(now)
+        if plan is not None:
+            plans.append(plan)
+        return plan
 
-    ex._step_inputs = record_plan
+    ex.core.schedule = record_plan
     for m in MODELS:
         await asyncio.to_thread(ex.host.load, ModelSpec(m, f"tiny://{m.removeprefix('tiny-')}"))
     assert ex.host.kv_capacity_bytes == KV_BLOCKS * BLOCK_BYTES

@@ -108,6 +108,9 @@ class FixedRouter(DispatchRouter):
     def for_service(self, spec):
         return self.policy
 
+    def policies(self):
+        return [self.policy]
+
 
 @pytest.fixture
 async def cluster():
@@ -368,7 +371,6 @@ async def test_rebalance_moves_a_request_not_started_and_records_a_move():
     directory = ClusterDirectory(StaticView({"s": ServiceSpec("s", M)}), StaticView(nodes))
     policy = Planner()
     router = FixedRouter(policy)
-    router._policies[("s", "planner")] = (policy, {})  # what for_service would have cached
     relay = relay_of(directory, router, predict_mode="never")
     started: set[str] = set()
     rebalance = LiveRebalance(router, relay, directory, lambda rid: rid in started)
