@@ -1,5 +1,5 @@
-"""The executor's live-migration primitives (Mell's KV transfer; token transfer without KV), a part of
-:class:`~llmfleet_engine.executor.Executor` whose public methods it exposes.
+"""The executor's live-migration primitives (Mell's KV transfer; token transfer without KV): the
+``migration`` part of :class:`~llmfleet_engine.executor.Executor` (``backend.KvMigration``).
 
 Source side: ``pause_request`` takes a request out of scheduling (after the step in flight) and
 describes its state, ``export_kv`` reads K/V of a token range, ``finish_migrated`` ends its stream with

@@ -1,6 +1,7 @@
-r"""The executor's model host (a part of :class:`~llmfleet_engine.executor.Executor`): load/unload
-models into the unified pool (weights + peak activation reserved as pool blocks, a KV view registered
-per model), reconcile to a desired set, and drain a model before its unload.
+r"""The executor's model host (the ``host`` part of :class:`~llmfleet_engine.executor.Executor`,
+``backend.ModelHosting``): load/unload models into the unified pool (weights + peak activation
+reserved as pool blocks, a KV view registered per model), reconcile to a desired set, and drain a model
+before its unload.
 
 Draining (placement replacement, see ``placement_follower``): a draining model stays loaded and its
 requests keep running, but it is left out of :meth:`ModelHost.serving_model_names` (the node record,
