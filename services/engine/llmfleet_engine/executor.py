@@ -77,9 +77,10 @@ class Executor:
     * ``migration`` (:class:`MigrationOps`): pauses, KV export and import;
     * ``load_report`` (:class:`LoadReport`): the load snapshot.
 
-    Callers use the part they need (``backend.ModelHosting``: ``host``, ``backend.KvMigration``:
-    ``migration``). Thread-safe: ``host.load``/``host.unload``/``host.reconcile``/``profile`` block
-    (call them via ``asyncio.to_thread``); ``submit`` must be called from a running event loop.
+    The executor is a ``backend.EngineBackend``; callers use the part they need: ``host`` (a
+    ``backend.ModelHosting``) or ``migration`` (a ``backend.KvMigration``). Thread-safe:
+    ``host.load``/``host.unload``/``host.reconcile``/``profile`` block (call them via
+    ``asyncio.to_thread``); ``submit`` must be called from a running event loop.
     """
 
     def __init__(self, config: ExecutorConfig | None = None) -> None:
@@ -120,7 +121,7 @@ class Executor:
         return MigrationOps(self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state)
 
     def load_snapshot(self) -> LoadSnapshot:
-        """The node's load now (``load_report.LoadReport``)."""
+        """The node's load now (``EngineBackend.load_snapshot``, read by the ``load_report`` part)."""
         return self.load_report.load_snapshot()
 
     def _device_memory(self) -> tuple[str, int, int]:
