@@ -163,11 +163,9 @@ class ContinuousStepper:
             core.alloc.grow_each([s.request_id for s in scheds if s.request_id in requests], k - 1)
         if produced is None:
             for r in members:
-                r.produced += k
                 r.sched.generated += k
         else:
             for r, n in zip(members, produced, strict=True):
-                r.produced += n
                 r.sched.generated += n
         done = []
         for r in end.finished:

@@ -16,8 +16,9 @@ class CoreRequest:
 
     ``sched`` is what the policy sees (``prompt_tokens`` = what the next prefill processes, i.e. the
     prompt plus everything generated before a preemption; ``generated`` = tokens since that prefill).
-    ``prompt`` is the original prompt length, ``max_tokens`` the output cap, ``produced`` every output
-    token so far (resumed ones included). While it holds KV, ``kv_tokens`` = context − 1: the newest
+    ``prompt`` is the original prompt length, ``max_tokens`` the output cap; a resumed request's
+    ``sched.prompt_tokens`` holds its earlier output after the prompt, so ``produced`` (every output
+    token so far) is read off ``sched``, the one count of the request's output. While it holds KV, ``kv_tokens`` = context − 1: the newest
     sampled token is not in the cache yet. ``payload`` is the driver's object (the live executor's
     request state, the simulator's record); the core never reads it.
 
@@ -33,7 +34,6 @@ class CoreRequest:
         "paused",
         "payload",
         "preemptions",
-        "produced",
         "prompt",
         "prompt_ids",
         "sched",
@@ -44,18 +44,17 @@ class CoreRequest:
         sched: SchedRequest,
         prompt: int,
         max_tokens: int,
-        produced: int = 0,
         payload: Any = None,
         prompt_ids: Collection[int] | None = None,
     ) -> None:
-        if prompt < 0 or max_tokens < 1 or produced < 0:
+        if prompt < 0 or max_tokens < 1 or sched.prompt_tokens < prompt:
             raise ValueError(
-                f"request {sched.request_id!r}: prompt >= 0, max_tokens >= 1, produced >= 0 required"
+                f"request {sched.request_id!r}: prompt >= 0, max_tokens >= 1, "
+                "sched.prompt_tokens >= prompt required"
             )
         self.sched = sched
         self.prompt = prompt
         self.max_tokens = max_tokens
-        self.produced = produced
         self.payload = payload
         self.paused = False
         self.preemptions = 0
@@ -85,6 +84,13 @@ class CoreRequest:
         return self.sched.model
 
     @property
+    def produced(self) -> int:
+        """Output tokens so far, resumed ones included: those a prefill folded in after the prompt
+        plus those generated since."""
+        s = self.sched
+        return s.prompt_tokens - self.prompt + s.generated
+
+    @property
     def kv_tokens(self) -> int:
         """Tokens whose K/V is in the pool (valid while running)."""
         return self.sched.prompt_tokens + self.sched.generated - 1
@@ -92,8 +98,9 @@ class CoreRequest:
     def fold(self) -> None:
         """Preemption / slice end / landing without KV: the next prefill rebuilds prompt + output."""
         s = self.sched
-        s.prompt_tokens = self.prompt + self.produced
-        s.max_new_tokens = max(1, self.max_tokens - self.produced)
+        produced = self.produced
+        s.prompt_tokens = self.prompt + produced
+        s.max_new_tokens = max(1, self.max_tokens - produced)
         s.generated = 0
 
     def __repr__(self) -> str:

@@ -104,7 +104,6 @@ class StaticStepper:
             core.alloc.grow_each(ids, k - 1 - plan.reserved)
         for i, r in enumerate(plan.members):
             n = k if produced is None else produced[i]
-            r.produced += n
             r.sched.generated += n
         done = []
         for r in end.finished:

@@ -226,7 +226,7 @@ class SimInstance:
             deadline_s=deadline,
         )
         ids = prompt_token_ids(rec.content) if rec.content is not None and rec.content.has_content else None
-        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec.produced, rec, ids), now)
+        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec, ids), now)
 
     def interrupt(self, now: float) -> float | None:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in

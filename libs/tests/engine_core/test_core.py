@@ -94,10 +94,10 @@ def test_paused_requests_are_not_scheduled():
 def test_land_with_kv_or_to_reprefill():
     core = make_core(blocks=3)
     r = req("a", prompt=5, out=8)
-    r.produced, r.sched.generated, r.sched.phase = 2, 2, "decode"
+    r.sched.generated, r.sched.phase = 2, "decode"
     assert core.land(r, 0.0, kv_tokens=r.kv_tokens) and core.alloc.num_tokens("a") == 6
     big = req("b", prompt=30, out=8)
-    big.produced, big.sched.generated, big.sched.phase = 3, 3, "decode"
+    big.sched.generated, big.sched.phase = 3, "decode"
     assert not core.land(big, 0.0, kv_tokens=big.kv_tokens)  # no room: re-prefill prompt + output
     assert big.sched.prompt_tokens == 33 and big.sched.max_new_tokens == 5 and "b" in core.waiting
 

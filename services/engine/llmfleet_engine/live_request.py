@@ -137,7 +137,7 @@ def new_live_request(
         tokens=tokens,
     )
     state.core = CoreRequest(
-        sched, request.prompt_tokens, sampling.max_tokens, len(tokens), state, request.prompt_token_ids
+        sched, request.prompt_tokens, sampling.max_tokens, state, request.prompt_token_ids
     )
     return state
 

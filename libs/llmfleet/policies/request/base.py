@@ -17,8 +17,10 @@ Calling contract (engine and simulator alike; one policy object per engine, one 
 4. A decode whose block append fails: ``victim = preemption_victim(running, now)`` (it may be a member of
    the batch in flight: drop it from that batch), free its KV, fold what it generated into
    ``prompt_tokens`` (and reset ``generated``/``max_new_tokens`` accordingly, so ``context_tokens`` stays
-   the KV length) and put it back into ``waiting``. Policy-owned fields are kept: budgets carry over.
-5. A cancelled request is simply dropped: policies keep no per-request state outside ``SchedRequest``.
+   the KV length) and put it back into ``waiting``. Policy-owned fields are kept, and so is what a
+   policy keeps of the request in its own table.
+5. A cancelled request is simply dropped: a policy that keeps per-request state in its own table lets
+   it go with the request object.
 
 If ``next_batch`` answers ``None`` while nothing is running, :func:`stuck_requests` names the waiting
 requests that can never be admitted with the pool as it is; the engine should fail them loudly.
@@ -63,8 +65,6 @@ class SchedRequest:
     batch_id: str = ""
     batch_size: int = 0
     # policy-owned bookkeeping (the engine never touches these)
-    budget_s: float = 0.0
-    renewals: int = 0
     priority: float = 0.0
     first_scheduled_s: float | None = None
     last_run_s: float | None = None  # end of the last iteration it took part in (starvation clock)

@@ -57,9 +57,10 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
     and one phase per iteration).
 * Preemption victim: the running request with the largest O_r (least urgent), ties by later arrival.
 
-Budgets live in the requests' policy-owned fields, so they survive preemption; a request the policy
-has not seen (``budget_s <= 0``, e.g. imported by migration without ``on_arrival``) is initialised on
-first sight.
+Budgets live in the policy's own table (:class:`RequestBudget` per request object), so they survive
+preemption; a request the policy has not seen (e.g. one migrated in from another engine) is
+initialised on first sight, and its entry goes with the request: at ``on_finish``, or when the
+request object is gone (cancelled, migrated away).
 
 L̂_s and σ_s (``exec_time``). Eq. 7's L̂_r is "the profiled execution time of r on one GPU", and L̂_s the
 mean execution time of the service's requests: ``exec_time="solo"`` (default) has ``on_finish`` observe
@@ -80,8 +81,11 @@ the request execution".
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -106,6 +110,16 @@ MIN_BUDGET_UNIT_S = 1e-6  # floor of L̂_s + σ_s so a degenerate service (all z
 RENEWALS = ("reset", "carry")
 EXEC_TIMES = ("solo", "executed")
 ADMISSIONS = ("mixed", "prefill_first", "literal")
+
+
+@dataclass(slots=True)
+class RequestBudget:
+    """One request's budget: ``left_s`` is Q_r, the time it may still run before its next renewal, and
+    ``renewals`` is k, how many times it was renewed. ``owner`` is the request it belongs to."""
+
+    owner: weakref.ref[SchedRequest]
+    left_s: float
+    renewals: int = 0
 
 
 class DoublingBudget:
@@ -146,6 +160,7 @@ class DoublingBudget:
             raise ValueError(f"starvation thresholds must be > 0 (inf disables): {bad}")
         self.starvation_factor = starvation_factor
         self.starvation_threshold_s = thresholds
+        self._budgets: dict[int, RequestBudget] = {}  # id(request) -> its budget
 
     # ------------------------------------------------------------------ formulas
 
@@ -159,7 +174,7 @@ class DoublingBudget:
 
     def priority_of(self, req: SchedRequest) -> float:
         """O_r = Q_r · L̂_s (smaller runs first)."""
-        return req.budget_s * self.stats.mean(req.service)
+        return self.budget(req).left_s * self.stats.mean(req.service)
 
     def starvation_threshold(self, service: str) -> float:
         """The configured threshold, else starvation_factor × L̂_s; inf when starvation is disabled."""
@@ -172,14 +187,14 @@ class DoublingBudget:
     def charge(self, req: SchedRequest, duration_s: float) -> None:
         """Q_r −= duration; if Q_r ≤ 0: k += 1 and Q_r = 2^k (L̂_s + σ_s) (``reset``, the paper), or
         while Q_r ≤ 0: k += 1, Q_r += 2^k (L̂_s + σ_s) (``carry``: the overshoot is taken off)."""
-        self._init(req)
-        req.budget_s -= duration_s
-        if req.budget_s <= 0 and self.renewal == "reset":
-            req.renewals += 1
-            req.budget_s = (2**req.renewals) * self.budget_unit(req.service)
-        while req.budget_s <= 0:
-            req.renewals += 1
-            req.budget_s += (2**req.renewals) * self.budget_unit(req.service)
+        b = self.budget(req)
+        b.left_s -= duration_s
+        if b.left_s <= 0 and self.renewal == "reset":
+            b.renewals += 1
+            b.left_s = (2**b.renewals) * self.budget_unit(req.service)
+        while b.left_s <= 0:
+            b.renewals += 1
+            b.left_s += (2**b.renewals) * self.budget_unit(req.service)
         req.priority = self.priority_of(req)
 
     def starving_services(
@@ -204,7 +219,7 @@ class DoublingBudget:
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         """InitBudget + InitPriority: Q_r = L̂_s + σ_s, O_r = Q_r · L̂_s (kept if already initialised)."""
-        self._init(req)
+        self.budget(req)
 
     def next_batch(
         self,
@@ -217,7 +232,6 @@ class DoublingBudget:
         if not waiting and not running:
             return None
         for r in (*waiting, *running):
-            self._init(r)
             r.priority = self.priority_of(r)
         prefills = sorted(waiting, key=_key)
         decodes = sorted(running, key=_key)
@@ -281,7 +295,7 @@ class DoublingBudget:
         if batch.phase != "decode" or self.starving_services(waiting, running, now):
             return now
         ids = set(batch.request_ids)
-        horizon = now + min(r.budget_s for r in running if r.request_id in ids)
+        horizon = now + min(self.budget(r).left_s for r in running if r.request_id in ids)
         for r in (*waiting, *running):
             if r.request_id not in ids:
                 ref = r.last_run_s if r.last_run_s is not None else r.arrival_s
@@ -310,14 +324,14 @@ class DoublingBudget:
             raise ValueError(f"iteration durations must be finite and >= 0, got {ds!r}")
         head, last, total = ds[:-1], float(ds[-1]), float(ds.sum())
         for r in members:
-            self._init(r)
+            b = self.budget(r)
             # sequential subtractions Q - d1 - d2 ... (bit-identical to one charge per iteration)
-            qs = np.subtract.accumulate(np.concatenate(([r.budget_s], head)))
+            qs = np.subtract.accumulate(np.concatenate(([b.left_s], head)))
             if qs.min() <= 0:  # a renewal inside the run (stable_until normally rules it out)
                 for d in head.tolist():
                     self.charge(r, d)
             else:
-                r.budget_s = float(qs[-1])
+                b.left_s = float(qs[-1])
             self.charge(r, last)
             executed = float(np.add.accumulate(np.concatenate(([r.executed_s], ds)))[-1])
             mark_ran(r, total, now)
@@ -337,25 +351,43 @@ class DoublingBudget:
         return max(0.0, now - req.arrival_s)
 
     def on_finish(self, req: SchedRequest, now: float) -> None:
-        """Observe the request's execution time (:meth:`execution_time`) for its service's L̂_s, σ_s."""
+        """Observe the request's execution time (:meth:`execution_time`) for its service's L̂_s, σ_s; its
+        budget goes."""
         self.stats.observe(req.service, self.execution_time(req, now))
+        self._budgets.pop(id(req), None)
 
     def preemption_victim(self, running: Sequence[SchedRequest], now: float) -> SchedRequest:
         """The running request with the largest O_r; ties: the later arrival, then the larger id."""
         if not running:
             raise ValueError("no running request to preempt")
         for r in running:
-            self._init(r)
             r.priority = self.priority_of(r)
         return max(running, key=_key)
 
     # ------------------------------------------------------------------ internals
 
-    def _init(self, req: SchedRequest) -> None:
-        if req.budget_s <= 0:
-            req.budget_s = self.budget_unit(req.service)
-            req.renewals = 0
-            req.priority = self.priority_of(req)
+    def budget(self, req: SchedRequest) -> RequestBudget:
+        """``req``'s budget; a request seen for the first time gets Q_r = L̂_s + σ_s (InitBudget) and
+        O_r = Q_r · L̂_s (InitPriority)."""
+        key = id(req)
+        b = self._budgets.get(key)
+        if b is None or b.owner() is not req:
+            owner = weakref.ref(req, functools.partial(self._forget, key))
+            b = RequestBudget(owner, self.budget_unit(req.service))
+            self._budgets[key] = b
+            req.priority = b.left_s * self.stats.mean(req.service)
+        return b
+
+    @property
+    def tracked(self) -> int:
+        """How many requests' budgets the table holds."""
+        return len(self._budgets)
+
+    def _forget(self, key: int, _: weakref.ref[SchedRequest]) -> None:
+        """A request object is gone: so is its budget (unless a newer request took its id)."""
+        b = self._budgets.get(key)
+        if b is not None and b.owner() is None:
+            del self._budgets[key]
 
     def _ranking(
         self, prefills: list[SchedRequest], decodes: list[SchedRequest], now: float

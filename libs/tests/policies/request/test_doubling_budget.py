@@ -1,3 +1,4 @@
+import gc
 import random
 
 import pytest
@@ -39,13 +40,27 @@ def arrive(p, *reqs, now=0.0):
 def test_budget_initialised_from_service_stats():
     p = policy()
     s, lg, unseen = arrive(p, w("s"), w("l", "long"), w("u", "new"))
-    assert s.budget_s == pytest.approx(0.12) and s.renewals == 0
+    assert p.budget(s).left_s == pytest.approx(0.12) and p.budget(s).renewals == 0
     assert s.priority == pytest.approx(0.12 * 0.1)  # O_r = Q_r · L̂_s
-    assert lg.budget_s == pytest.approx(1.2) and lg.priority == pytest.approx(1.2)
-    assert unseen.budget_s == pytest.approx(1.0 + 0.5)  # default prior: mean 1.0, std 0.5
-    s.budget_s = 0.05
+    assert p.budget(lg).left_s == pytest.approx(1.2) and lg.priority == pytest.approx(1.2)
+    assert p.budget(unseen).left_s == pytest.approx(1.0 + 0.5)  # default prior: mean 1.0, std 0.5
+    p.budget(s).left_s = 0.05
     p.on_arrival(s, 1.0)  # idempotent: an initialised budget is kept
-    assert s.budget_s == 0.05
+    assert p.budget(s).left_s == 0.05
+
+
+def test_budgets_live_in_the_policy_table_and_go_with_their_request():
+    p = policy()
+    done, dropped = arrive(p, w("done"), w("dropped"))
+    p.charge(done, 0.05)
+    assert p.tracked == 2 and p.budget(done).left_s == pytest.approx(0.07)
+    assert p.budget(w("done")).left_s == pytest.approx(0.12)  # another request object: a fresh budget
+    gc.collect()
+    p.on_finish(done, 1.0)
+    assert p.tracked == 1
+    del dropped  # cancelled: the engine lets the request go, and its budget goes with it
+    gc.collect()
+    assert p.tracked == 0
 
 
 def test_charging_and_geometric_doubling_at_exact_boundaries():
@@ -53,12 +68,12 @@ def test_charging_and_geometric_doubling_at_exact_boundaries():
     (r,) = arrive(p, w("r", "svc"))
     b = Batch("ms", "prefill", ("r",))
     p.on_iteration(b, 0.25, 1.0, [r])
-    assert (r.budget_s, r.renewals) == (0.75, 0)
+    assert (p.budget(r).left_s, p.budget(r).renewals) == (0.75, 0)
     p.on_iteration(b, 0.75, 2.0, [r])  # Q = 0 -> first renewal: 2^1 (L̂ + σ)
-    assert (r.budget_s, r.renewals, r.priority) == (2.0, 1, 2.0)
+    assert (p.budget(r).left_s, p.budget(r).renewals, r.priority) == (2.0, 1, 2.0)
     for k in (2, 3, 4):
-        p.on_iteration(b, r.budget_s, 3.0, [r])  # use the whole budget exactly
-        assert (r.budget_s, r.renewals) == (2.0**k, k)
+        p.on_iteration(b, p.budget(r).left_s, 3.0, [r])  # use the whole budget exactly
+        assert (p.budget(r).left_s, p.budget(r).renewals) == (2.0**k, k)
         assert r.priority == 2.0**k * 1.0  # priority recomputed: Q_r · L̂_s
 
 
@@ -69,26 +84,26 @@ def test_renewal_resets_to_q_prime_as_the_paper_states():
     assert p.renewal == "reset"
     one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
     p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> reset to 2^1 = 2 (carry would give 1.5)
-    assert (one.budget_s, one.renewals, one.priority) == (2.0, 1, 2.0)
+    assert (p.budget(one).left_s, p.budget(one).renewals, one.priority) == (2.0, 1, 2.0)
     for _ in range(6):  # 4 × 0.25 use the first budget up exactly, the next 2 come off Q′ = 2
         p.charge(many, 0.25)
-    assert (many.budget_s, many.renewals) == (1.5, 1)
+    assert (p.budget(many).left_s, p.budget(many).renewals) == (1.5, 1)
     p.charge(big, 10.0)  # one long iteration renews once: Q′ = 2, not the carried 1+2+4+8 − 10
-    assert (big.budget_s, big.renewals) == (2.0, 1)
+    assert (p.budget(big).left_s, p.budget(big).renewals) == (2.0, 1)
     p.charge(big, 2.5)  # the second renewal: 2^2
-    assert (big.budget_s, big.renewals) == (4.0, 2)
+    assert (p.budget(big).left_s, p.budget(big).renewals) == (4.0, 2)
 
 
 def test_carry_variant_takes_the_overshoot_off_independent_of_granularity():
     p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0, renewal="carry")
     one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
     p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> + 2 = 1.5
-    assert (one.budget_s, one.renewals) == (1.5, 1)
+    assert (p.budget(one).left_s, p.budget(one).renewals) == (1.5, 1)
     for _ in range(15):
         p.charge(many, 0.1)
-    assert many.budget_s == pytest.approx(1.5) and many.renewals == 1
+    assert p.budget(many).left_s == pytest.approx(1.5) and p.budget(many).renewals == 1
     p.charge(big, 10.0)  # one long iteration exhausts several budgets: granted 1+2+4+8 = 15
-    assert (big.budget_s, big.renewals) == (5.0, 3)
+    assert (p.budget(big).left_s, p.budget(big).renewals) == (5.0, 3)
     with pytest.raises(ValueError, match="renewal"):
         DoublingBudget(renewal="nope")
 
@@ -102,14 +117,14 @@ def test_reset_and_carry_order_requests_differently():
         ran, fresh = arrive(p, d("ran", "svc"), d("fresh", "svc", arrival=1.0))
         p.on_iteration(Batch("ms", "decode", ("ran",)), 2.9, 3.0, [ran])  # 1 − 2.9 → reset 2 / carry 0.1
         picks[renewal] = p.next_batch((), (ran, fresh), BIG, BatchLimits(max_requests=1), 3.0).request_ids
-        assert ran.renewals == 1
+        assert p.budget(ran).renewals == 1
     assert picks == {"reset": ("fresh",), "carry": ("ran",)}
 
 
 def test_shorter_service_first_when_budgets_equal_c_mu():
     p = policy(short=(0.1, 0.0), long=(1.0, 0.0))
     s, lg = arrive(p, w("s", "short", arrival=5.0), w("l", "long", arrival=1.0))
-    s.budget_s = lg.budget_s = 0.5
+    p.budget(s).left_s = p.budget(lg).left_s = 0.5
     assert p.next_batch([lg, s], [], BIG, BatchLimits(), 6.0) == Batch("ms", "prefill", ("s",))
     assert s.priority == pytest.approx(0.05) and lg.priority == pytest.approx(0.5)
 
@@ -135,10 +150,11 @@ def test_one_service_one_phase_one_model_per_batch():
     waiting = [w("sw1"), w("sw2"), w("lw", "long"), w("sx", model="m2")]
     running = [d("sd1", arrival=1.0), d("ld", "long")]
     arrive(p, *waiting, *running)
-    running[0].budget_s = 0.001  # the short decode is the top request
+    p.budget(running[0]).left_s = 0.001  # the short decode is the top request
     b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
     assert b == Batch("ms", "decode", ("sd1",))
-    running[0].budget_s = 0.2  # now fresh short prefills lead; sx is the same service on another model
+    # now fresh short prefills lead; sx is the same service on another model
+    p.budget(running[0]).left_s = 0.2
     b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
     assert b == Batch("ms", "prefill", ("sw1", "sw2"))
 
@@ -155,7 +171,7 @@ def test_fill_respects_limits_and_pool_without_over_admission():
     decodes = [d(f"d{i}", arrival=float(i)) for i in range(5)]
     arrive(p, *decodes)
     for r in decodes:
-        r.budget_s = 0.01
+        p.budget(r).left_s = 0.01
     assert p.next_batch([], decodes, pool, BatchLimits(max_requests=3), 9.0).request_ids == ("d0", "d1", "d2")
 
 
@@ -245,10 +261,11 @@ def test_inputs_untouched_lazy_init_and_finish_statistics():
     p = policy()
     waiting, running = (w("s"),), (d("x", "long"),)  # never announced via on_arrival
     b = p.next_batch(waiting, running, BIG, BatchLimits(), 1.0)
-    assert waiting[0].budget_s == pytest.approx(0.12) and running[0].budget_s == pytest.approx(1.2)
+    assert p.budget(waiting[0]).left_s == pytest.approx(0.12)
+    assert p.budget(running[0]).left_s == pytest.approx(1.2)
     assert b == Batch("ms", "prefill", ("s",)) and len(waiting) == 1 and len(running) == 1
     p.on_iteration(b, 0.5, 1.5, [*waiting, *running])  # only batch members are charged
-    assert waiting[0].first_scheduled_s == 1.0 and running[0].budget_s == pytest.approx(1.2)
+    assert waiting[0].first_scheduled_s == 1.0 and p.budget(running[0]).left_s == pytest.approx(1.2)
     stats = ServiceStats(default_mean_s=1.0, default_std_s=0.0)
     q = DoublingBudget(stats=stats)
     q.on_finish(waiting[0], 3.0)  # execution time = its iterations' durations (0.5), not now - start (2.0)
@@ -371,7 +388,7 @@ def test_starving_service_seed_leads_its_batch_in_every_mode():
         p = policy(admission=mode, starvation_threshold_s={"long": 1.0})
         fresh = w("fresh", "long", arrival=9.5)
         stalled = w("stalled", "long", arrival=0.0)
-        stalled.budget_s = 50.0  # lowest priority of its service, but stalled longest
+        p.budget(stalled).left_s = 50.0  # lowest priority of its service, but stalled longest
         short = w("s", "short", arrival=9.0)
         arrive(p, fresh, stalled, short)
         lim = BatchLimits(max_requests=1)
