@@ -164,13 +164,13 @@ def test_e_vectorised_check_equals_the_direct_profile():
         now = t + rng.uniform(0, 0.4)
         p.error_distance(M, now)  # brings starts and re-predictions up to now
         pool = p.book.pools[M]
-        it, rows = pool.iters(now), np.arange(pool.n)
+        it, rows = pool.iters(now), np.arange(pool.slots_used)
         for _ in range(8):
             l_in, l_pred = rng.randint(1, 60), rng.randint(1, 60)
             direct = np.array([pool.kv_peak(i, float(it[i]), [(l_in, l_pred)]) for i in rows])
-            pool.M[rows] = direct
+            pool.kv_tokens[rows] = direct
             assert pool.kv_fits(rows, it, l_in, l_pred).all()
-            pool.M[rows] = direct - 1e-3
+            pool.kv_tokens[rows] = direct - 1e-3
             assert not pool.kv_fits(rows, it, l_in, l_pred).any()
             checked += len(rows)
     assert checked > 500

@@ -141,9 +141,9 @@ def test_length_increment_is_clamped():
     assert p.join_cost(slo_q=9.0, len_q=5.0, l_cm=9.0, o_cm=50.0, n=3) == 0.0  # shorter: no padding added
     assert p.join_cost(slo_q=9.0, len_q=60.0, l_cm=9.0, o_cm=50.0, n=3) == pytest.approx(10 * 4 * 1.2)
     assert SloDbs(**AUTH).join_cost(2.0, 60.0, 3.0, 50.0, 1) == pytest.approx((2 + 3) * 2 * 1.0)
-    assert SloOdbs(w1=2.0, w2=0.5, L1=3.0, L2=4.0).join_cost(1.0, 7.0, 2.0, 5.0, 1) == pytest.approx(
-        2.0 * (1 + 2) * 2 * 3.0 + 0.5 * 2 * 2 * 4.0
-    )
+    assert SloOdbs(slo_weight=2.0, length_weight=0.5, slo_scale=3.0, length_scale=4.0).join_cost(
+        1.0, 7.0, 2.0, 5.0, 1
+    ) == pytest.approx(2.0 * (1 + 2) * 2 * 3.0 + 0.5 * 2 * 2 * 4.0)
 
 
 # ------------------------------------------------------------------------------ SLO and length
@@ -188,8 +188,8 @@ def test_registry_names_and_options():
         p = make_batching_policy(name)
         assert isinstance(p, StaticBatchPolicy) and p.name == name
     assert make_batching_policy("odbs", threshold=5.0).threshold == 5.0
-    assert (SloOdbs(mode="slo_dbs").w2, SloOdbs(mode="odbs").w1) == (0.0, 0.0)
-    for name, bad in [("slo_dbs", {"mode": "odbs"}), ("slo_odbs", {"mode": "x"}), ("odbs", {"L2": -1}),
+    assert (SloOdbs(mode="slo_dbs").length_weight, SloOdbs(mode="odbs").slo_weight) == (0.0, 0.0)
+    for name, bad in [("slo_dbs", {"mode": "odbs"}), ("slo_odbs", {"mode": "x"}), ("odbs", {"length_scale": -1}),
                       ("slo_odbs", {"max_batch": 0}), ("slo_odbs", {"threshold": float("inf")}),
                       ("s3", {"max_batch": 0})]:  # fmt: skip
         with pytest.raises(ValueError, match=f"bad options for batching policy '{name}'"):

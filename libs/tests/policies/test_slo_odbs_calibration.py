@@ -35,7 +35,13 @@ def test_calibration_splits_the_threshold_between_the_terms_at_the_reference():
     l1, l2 = calibrate()
     assert l1 == pytest.approx(15000 / (2 * 351 * 10)) and l2 == pytest.approx(15000 / (2 * 67 * 10))
     p = SloOdbs()  # preset "paper" is the default
-    assert (p.preset, p.L1, p.L2, p.threshold, p.max_batch) == ("paper", l1, l2, 15000.0, None)
+    assert (p.preset, p.slo_scale, p.length_scale, p.threshold, p.max_batch) == (
+        "paper",
+        l1,
+        l2,
+        15000.0,
+        None,
+    )
     assert p.sort_output_weight == 0.0  # the listing's sort: SLO ascending
     # the 10th member (n = 9): SLO_q + L_CM = 2 × the midpoint of 1..350 s and a 67-token padding jump
     # each take half of Θ, so together they sit exactly on it
@@ -60,7 +66,13 @@ def test_authors_constants_never_bind_on_the_papers_ranges():
 
 def test_authors_preset_reproduces_the_scripts():
     a = make_batching_policy("slo_odbs", preset="authors")
-    assert (a.threshold, a.max_batch, a.L2, a.sort_output_weight, a.L1) == (15000.0, 10, 1.2, 0.5, 1.0)
+    assert (a.threshold, a.max_batch, a.length_scale, a.sort_output_weight, a.slo_scale) == (
+        15000.0,
+        10,
+        1.2,
+        0.5,
+        1.0,
+    )
     # sort key SLO + 0.5·output: 50 s + 5 = 55 goes before 10 s + 50 = 60; the paper sorts by SLO only
     reqs = [q("tight_long", 100, 10.0), q("loose_short", 10, 50.0)]
     assert [
@@ -78,7 +90,10 @@ def test_authors_preset_reproduces_the_scripts():
     assert sizes(a, spread) == [10, 10, 10]
     # explicit options override the preset; the variants take presets too; unknown presets are refused
     assert SloOdbs(preset="authors", threshold=5.0, max_batch=None).max_batch is None
-    assert Odbs(preset="authors").L2 == 1.2 and SloDbs(preset="paper").L1 == PRESETS["paper"].L1
+    assert (
+        Odbs(preset="authors").length_scale == 1.2
+        and SloDbs(preset="paper").slo_scale == PRESETS["paper"].slo_scale
+    )
     with pytest.raises(ValueError, match="preset"):
         make_batching_policy("slo_odbs", preset="nope")
     assert make_engine_policy("slo_odbs", preset="authors", slice_end="recompute").threshold == 15000.0

@@ -75,8 +75,9 @@ Presets (option ``preset``)
   (L2), sort key SLO + 0.5·output (seconds + 0.5·tokens, as they wrote it); their scripts have no SLO
   term, so L1 = 1/s is ours (it never binds, see above).
 
-Any explicit option (w1, w2, L1, L2, threshold, max_batch, sort_output_weight, default_slo_s) overrides
-the preset's value.
+Any explicit option overrides the preset's value: ``slo_weight`` (w1), ``length_weight`` (w2),
+``slo_scale`` (L1), ``length_scale`` (L2), ``threshold`` (Θ), ``max_batch``, ``sort_output_weight``,
+``default_slo_s``.
 
 Resolved ambiguities:
 
@@ -154,20 +155,32 @@ def calibrate(
 
 @dataclass(frozen=True)
 class Preset:
-    L1: float
-    L2: float
+    """The constants of Eq. 1–3: ``slo_scale`` is L1 (per second of SLO), ``length_scale`` L2 (per
+    token of padding), ``slo_weight`` w1 and ``length_weight`` w2 (the weights of T_l and T_o), and
+    ``threshold`` Θ."""
+
+    slo_scale: float
+    length_scale: float
     threshold: float
     max_batch: int | None
     sort_output_weight: float  # sort key: SLO + this · predicted output
-    w1: float = 1.0
-    w2: float = 1.0
+    slo_weight: float = 1.0
+    length_weight: float = 1.0
     default_slo_s: float = PAPER_SLO_RANGE_S[1]
 
 
-_L1, _L2 = calibrate()
+_SLO_SCALE, _LENGTH_SCALE = calibrate()
 PRESETS: dict[str, Preset] = {
-    "paper": Preset(L1=_L1, L2=_L2, threshold=AUTHORS_THRESHOLD, max_batch=None, sort_output_weight=0.0),
-    "authors": Preset(L1=1.0, L2=1.2, threshold=AUTHORS_THRESHOLD, max_batch=10, sort_output_weight=0.5),
+    "paper": Preset(
+        slo_scale=_SLO_SCALE,
+        length_scale=_LENGTH_SCALE,
+        threshold=AUTHORS_THRESHOLD,
+        max_batch=None,
+        sort_output_weight=0.0,
+    ),
+    "authors": Preset(
+        slo_scale=1.0, length_scale=1.2, threshold=AUTHORS_THRESHOLD, max_batch=10, sort_output_weight=0.5
+    ),
 }
 _UNSET: Any = object()
 
@@ -227,10 +240,10 @@ class SloOdbs:
         self,
         mode: str = "slo_odbs",
         preset: str = "paper",
-        w1: float = _UNSET,
-        w2: float = _UNSET,
-        L1: float = _UNSET,  # the paper's symbols L1, L2
-        L2: float = _UNSET,
+        slo_weight: float = _UNSET,
+        length_weight: float = _UNSET,
+        slo_scale: float = _UNSET,
+        length_scale: float = _UNSET,
         threshold: float = _UNSET,
         max_batch: int | None = _UNSET,
         default_slo_s: float = _UNSET,
@@ -251,10 +264,14 @@ class SloOdbs:
         self.mode = mode
         self.name = mode
         self.preset = preset
-        self.w1 = 0.0 if mode == "odbs" else _positive("w1", pick(w1, base.w1))
-        self.w2 = 0.0 if mode == "slo_dbs" else _positive("w2", pick(w2, base.w2))
-        self.L1 = _positive("L1", pick(L1, base.L1))
-        self.L2 = _positive("L2", pick(L2, base.L2))
+        self.slo_weight = (
+            0.0 if mode == "odbs" else _positive("slo_weight", pick(slo_weight, base.slo_weight))
+        )
+        self.length_weight = (
+            0.0 if mode == "slo_dbs" else _positive("length_weight", pick(length_weight, base.length_weight))
+        )
+        self.slo_scale = _positive("slo_scale", pick(slo_scale, base.slo_scale))
+        self.length_scale = _positive("length_scale", pick(length_scale, base.length_scale))
         self.threshold = _positive("threshold", pick(threshold, base.threshold))
         self.max_batch: int | None = max_batch
         self.default_slo_s = _positive("default_slo_s", pick(default_slo_s, base.default_slo_s))
@@ -285,15 +302,17 @@ class SloOdbs:
 
     def join_cost(self, slo_q: float, len_q: float, l_cm: float, o_cm: float, n: int) -> float:
         """w1·T_l + w2·T_o for adding a request to a batch of n (Eq. 1–3, the increment clamped)."""
-        return self.w1 * self.slo_term(slo_q, l_cm, n) + self.w2 * self.length_term(len_q, o_cm, n)
+        return self.slo_weight * self.slo_term(slo_q, l_cm, n) + self.length_weight * self.length_term(
+            len_q, o_cm, n
+        )
 
     def slo_term(self, slo_q: float, l_cm: float, n: int) -> float:
         """T_l = (SLO_q + L_CM)·(n+1)·L1 (Eq. 1, listing line 9)."""
-        return (slo_q + l_cm) * (n + 1) * self.L1
+        return (slo_q + l_cm) * (n + 1) * self.slo_scale
 
     def length_term(self, len_q: float, o_cm: float, n: int) -> float:
         """T_o = max(0, len_q − O_CM)·(n+1)·L2 (Eq. 2, listing line 10, clamped)."""
-        return max(0.0, len_q - o_cm) * (n + 1) * self.L2
+        return max(0.0, len_q - o_cm) * (n + 1) * self.length_scale
 
     def cm_batch_size(
         self,

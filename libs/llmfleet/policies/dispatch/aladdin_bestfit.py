@@ -95,7 +95,7 @@ scalar exact (b)/(d) check per worker tried in load order until one passes, O(Σ
 read the candidates' measured progress,
 O(W·b) for (e) on the workers that need it — plus O(log n) per request event (placement, start,
 finish, re-prediction) and O(b log b) to rebuild the profile of a worker whose set changed. Predictor
-answers are memoised (``memo_s``). ``tools/bench/aladdin_micro.py`` measures it.
+answers are memoised (:data:`~.aladdin_book.MEMO_S`). ``tools/bench/aladdin_micro.py`` measures it.
 
 Parts: the per-worker books (numpy arrays, (e) profiles) live in :mod:`.aladdin_ledger`; the requests
 placed, their clock, the measured progress and re-prediction in :mod:`.aladdin_book`; Algorithm 2's
@@ -149,16 +149,13 @@ class AladdinBestFit(FinishListener):
         predictor: ``LengthPredictor`` or callable ``f(service, prompt_tokens, generated) -> tokens``,
             for re-prediction and for requests that arrive without a prediction.
         default_output_tokens: prediction when the request has none and there is no predictor.
-        memo_s: predictor answers are memoised per (service, input bin, generated tokens) — the bin
-            from the predictor's ``bin_of(prompt_tokens)`` when it has one (Aladdin's predictor is
-            conditioned on input-length ranges), else the exact prompt length — and the memo is
-            dropped every ``memo_s`` seconds of policy time so that new observations show through.
         prefill_window_s: window over which (b)'s prefill load ρ (the share of time a worker spends in
             the prefills placed on it) is measured.
         constraints: ``"strict"`` ((b) at T_dec·(1 − ρ), (d) with t_d(b + 1)) or ``"paper"`` (Eq. 4 as
             printed); see the module docstring.
         on_infeasible: ``"least_loaded"`` or ``"open"`` (the paper's: open a new worker).
-        protect: check (d) (default); False drops it, to measure what it costs (bench only).
+        protect: check (d) (default); False drops it, to measure what it costs (the Aladdin sweep's
+            ``no-(d)`` configuration).
         protect_prefills: (d) also protects the requests placed on a worker whose prefill has not
             ended (default): with one-phase engines a prefill placed after theirs runs before their
             second token, so the worker's slack is at most T_dec. False protects only requests that
@@ -189,7 +186,6 @@ class AladdinBestFit(FinishListener):
         theta: float = 0.9,
         predictor: Any = None,
         default_output_tokens: float = 256.0,
-        memo_s: float = 10.0,
         prefill_window_s: float = 10.0,
         constraints: str = "strict",
         on_infeasible: str = "least_loaded",
@@ -229,7 +225,6 @@ class AladdinBestFit(FinishListener):
         self.theta = float(theta)
         self.predictor = predictor
         self.default_output_tokens = float(default_output_tokens)
-        self.memo_s = float(memo_s)
         if prefill_window_s <= 0:
             raise ValueError(f"prefill_window_s must be > 0, got {prefill_window_s}")
         self.prefill_window_s = float(prefill_window_s)
@@ -242,7 +237,6 @@ class AladdinBestFit(FinishListener):
             capacity,
             self.gamma,
             predictor,
-            self.memo_s,
             bool(protect_prefills),
         )
 
@@ -289,7 +283,7 @@ class AladdinBestFit(FinishListener):
             ok &= np.isin(idx, list(opened))
         cand, nc = idx[ok], norm[ok]
         if cand.size:
-            tight = pool.final[cand] + final > pool.M[cand]  # Σ final lengths: (e) holds if not
+            tight = pool.final[cand] + final > pool.kv_tokens[cand]  # Σ final lengths: (e) holds if not
             if tight.any():
                 rows = cand[tight]
                 keep = ~tight
@@ -355,13 +349,13 @@ class AladdinBestFit(FinishListener):
             "context": float(pool.S[i]),
             "new_input": float(pool.new_in[i]),
             "final_tokens": float(pool.final[i]),
-            "kv_capacity_tokens": float(pool.M[i]),
+            "kv_capacity_tokens": float(pool.kv_tokens[i]),
         }
 
     def norms(self, model: str) -> dict[str, float]:
         """capacity_norm of every known worker of ``model``."""
         pool = self.book.pool(model)
-        v = pool.norm(np.arange(pool.n))
+        v = pool.norm(np.arange(pool.slots_used))
         return {e: float(v[i]) for i, e in enumerate(pool.ids)}
 
     def prediction(self, request_id: str) -> float | None:
@@ -385,10 +379,10 @@ class AladdinBestFit(FinishListener):
         pool = self.book.pool(model)
         it = pool.iters(now)
         self.book.repredict_overdue(pool, it, now)
-        for i in range(pool.n):
+        for i in range(pool.slots_used):
             if pool.adj[i]:
                 pool.expire_adj(i, float(it[i]))
-        d = (pool.err_l[: pool.n] + pool.beta * pool.err_b[: pool.n]) * pool.err_norm
+        d = (pool.err_l[: pool.slots_used] + pool.beta * pool.err_b[: pool.slots_used]) * pool.err_norm
         return {e: float(d[i]) for i, e in enumerate(pool.ids)}
 
     # ------------------------------------------------------------------------------ rebalance

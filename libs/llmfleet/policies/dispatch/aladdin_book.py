@@ -52,20 +52,26 @@ class KvCapacity:
         return math.inf
 
 
+# predictor answers are memoised per (service, input bin, generated tokens) — the bin from the
+# predictor's ``bin_of(prompt_tokens)`` when it has one (Aladdin's predictor is conditioned on
+# input-length ranges), else the exact prompt length — and the memo is dropped every MEMO_S seconds of
+# policy time so that new observations show through
+MEMO_S = 10.0
+
+
 @dataclass
 class RequestBook:
     """Aladdin's requests, per model and by id, on the policy's clock; see the module docstring.
 
     ``latency_models`` and ``slos`` ((T_pre, T_dec) per model) price each model's pool; ``gamma`` is
     (b)'s γ; ``predictor`` (a ``LengthPredictor`` or a callable) answers re-predictions, memoised per
-    (service, input bin, generated tokens) and dropped every ``memo_s`` seconds of policy time."""
+    (service, input bin, generated tokens) and dropped every :data:`MEMO_S` seconds of policy time."""
 
     latency_models: Mapping[str, Any]
     slos: Mapping[str, tuple[float, float]]
     capacity: KvCapacity
     gamma: float
     predictor: Any
-    memo_s: float
     protect_prefills: bool = True
     pools: dict[str, ModelPool] = field(default_factory=dict)
     reqs: dict[str, PlacedRequest] = field(default_factory=dict)
@@ -178,7 +184,7 @@ class RequestBook:
             return None
         bin_of = getattr(p, "bin_of", None)
         key = (service, bin_of(int(l_in)) if bin_of else int(l_in), int(generated))
-        if self.now - self._memo_t > self.memo_s:
+        if self.now - self._memo_t > MEMO_S:
             self._memo.clear()
             self._memo_t = self.now
         hit = self._memo.get(key)
@@ -194,7 +200,7 @@ class RequestBook:
 
     def repredict_overdue(self, pool: ModelPool, it: np.ndarray, now: float) -> None:
         """§4.3: ongoing requests past their predicted end get E[l_out | l_in, l_out > g]."""
-        late = np.flatnonzero(it > pool.min_end[: pool.n])
+        late = np.flatnonzero(it > pool.min_end[: pool.slots_used])
         for i in late.tolist():
             it_i = float(it[i])
             todo = pool.pop_overdue(i, it_i)

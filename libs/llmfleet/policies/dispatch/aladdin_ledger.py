@@ -25,8 +25,8 @@ GRID = 257
 EPS = 1e-6  # tokens: rounding slack of the (e) comparison
 # the per-worker arrays of a ModelPool and its (e) profile rows with the value that pads a row
 SLOT_ARRAYS = (
-    "b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end", "M", "err_b", "err_l",
-    "rank", "dirty", "meas", "dkey", "pre_sum", "pu",
+    "b", "S", "new_in", "final", "amax", "it_base", "t_base", "rate", "min_end", "kv_tokens", "err_b",
+    "err_l", "rank", "dirty", "meas", "dkey", "pre_sum", "pu",
 )  # fmt: skip
 PROFILE_PADS = {"E": math.inf, "SC": 0.0, "NC": 0.0, "SM": -math.inf, "PM": -math.inf}
 
@@ -74,10 +74,11 @@ class ModelPool:
     protect_prefills: bool = True  # (d) also covers requests placed here whose prefill has not ended
 
     def __post_init__(self) -> None:
-        self.n = 0  # slots in use
+        self.slots_used = 0  # slots in use
         # per-worker aggregates, one entry per slot (add_slot grows every array in SLOT_ARRAYS):
-        # batch b, Σ(l_in + γ·l_pred) S, Σ l_in of prefills not ended new_in, Σ final lengths, KV tokens M
-        self.b, self.S, self.new_in, self.final, self.M = _no_slots(5)
+        # batch b, Σ(l_in + γ·l_pred) S, Σ l_in of prefills not ended new_in, Σ final lengths, and
+        # kv_tokens, the worker's KV capacity in tokens (the paper's M)
+        self.b, self.S, self.new_in, self.final, self.kv_tokens = _no_slots(5)
         # iteration clock: it_base iterations at t_base, rate per second, standing still until pu
         # (prefills placed there run)
         self.it_base, self.t_base, self.rate, self.pu = _no_slots(4)
@@ -93,9 +94,11 @@ class ModelPool:
         self.width = 8
         rows = [np.full((0, self.width), pad) for pad in PROFILE_PADS.values()]
         self.E, self.SC, self.NC, self.SM, self.PM = rows
-        self._ld = np.array([np.inf])  # _ld[b] = l_d(b); index 0 unused (set to l_d(1))
+        # _context_limits[b] = l_d(b), the most context tokens a batch of b decodes within T_dec;
+        # index 0 unused (set to l_d(1))
+        self._context_limits = np.array([np.inf])
         l1, l2 = self.ld_scalar(1), self.ld_scalar(2)
-        self._ld[0] = l1
+        self._context_limits[0] = l1
         self.L_max = max(l1, 2 * l1 - l2) if math.isfinite(l1) and math.isfinite(l2) else math.inf
         # B_max: where l_d reaches 0 (doubling, then bisection on a continuous batch)
         if l1 <= 0:
@@ -113,11 +116,13 @@ class ModelPool:
         self.inv_L = 1.0 / self.L_max if finite else 0.0
         self.beta = self.L_max / self.B_max if finite else 0.0
         self.err_norm = 1.0 / math.sqrt(1.0 + self.beta * self.beta)
-        # prefill: x_c = most tokens with t_pre <= T_pre; grid for t_pre(x) on [0, x_c]
+        # prefill: prefill_cap_tokens = most tokens with t_pre <= T_pre (the paper's x_c); t_pre(x) on
+        # [0, x_c] as a grid: prefill_grid_s[k] = t_pre(prefill_grid_tokens[k])
         pre = self.latency.prefill
         if pre.predict(0.0) > self.t_pre:
-            self.x_c = -1.0
-            self.gx, self.gt = np.array([0.0, 1.0]), np.array([math.inf, math.inf])
+            self.prefill_cap_tokens = -1.0
+            self.prefill_grid_tokens = np.array([0.0, 1.0])
+            self.prefill_grid_s = np.array([math.inf, math.inf])
         else:
             hi = 1.0
             while hi < 1e9 and pre.predict(hi) <= self.t_pre:
@@ -126,9 +131,9 @@ class ModelPool:
             for _ in range(60):
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if pre.predict(mid) <= self.t_pre else (lo, mid)
-            self.x_c = math.floor(lo)
-            self.gx = np.linspace(0.0, max(self.x_c, 1.0), GRID)
-            self.gt = np.array([pre.predict(float(x)) for x in self.gx])
+            self.prefill_cap_tokens = math.floor(lo)
+            self.prefill_grid_tokens = np.linspace(0.0, max(self.prefill_cap_tokens, 1.0), GRID)
+            self.prefill_grid_s = np.array([pre.predict(float(x)) for x in self.prefill_grid_tokens])
 
     # ------------------------------------------------------------------------------ model helpers
     def ld_scalar(self, b: float) -> float:
@@ -137,17 +142,17 @@ class ModelPool:
     def ld(self, b: np.ndarray) -> np.ndarray:
         """l_d(b) for integer batch sizes b ≥ 1 (table extended on demand)."""
         top = int(b.max()) if b.size else 0
-        if top >= len(self._ld):
-            size = max(top + 1, 2 * len(self._ld))
-            old = len(self._ld)
+        if top >= len(self._context_limits):
+            size = max(top + 1, 2 * len(self._context_limits))
+            old = len(self._context_limits)
             ext = np.empty(size - old)
             for k in range(old, size):
                 ext[k - old] = 0.0 if k > self.B_max else self.ld_scalar(k)
-            self._ld = np.concatenate([self._ld, ext])
-        return self._ld[b.astype(np.intp)]
+            self._context_limits = np.concatenate([self._context_limits, ext])
+        return self._context_limits[b.astype(np.intp)]
 
     def tpre(self, x: np.ndarray | float) -> Any:
-        return np.interp(x, self.gx, self.gt)
+        return np.interp(x, self.prefill_grid_tokens, self.prefill_grid_s)
 
     def tpre_scalar(self, x: float) -> float:
         return float(self.latency.prefill.predict(float(x)))
@@ -157,7 +162,7 @@ class ModelPool:
 
     # ---------------------------------------------------------------------------------- slots
     def add_slot(self, engine_id: str, m_tokens: float) -> int:
-        i = self.n
+        i = self.slots_used
         if i >= len(self.b):
             cap = max(16, 2 * len(self.b))
             for nm in SLOT_ARRAYS:
@@ -170,7 +175,7 @@ class ModelPool:
                 new = np.full((cap, self.width), pad)
                 new[: len(arr)] = arr
                 setattr(self, nm, new)
-        self.n += 1
+        self.slots_used += 1
         self.ids.append(engine_id)
         self.slot_of[engine_id] = i
         self.members.append({})
@@ -180,18 +185,18 @@ class ModelPool:
         for nm, v in (
             ("amax", -math.inf),
             ("min_end", math.inf),
-            ("M", m_tokens),
+            ("kv_tokens", m_tokens),
             ("dkey", math.inf),
             ("pu", -math.inf),
         ):
             getattr(self, nm)[i] = v
-        order = sorted(range(self.n), key=lambda k: self.ids[k])
-        self.rank[order] = np.arange(self.n)
+        order = sorted(range(self.slots_used), key=lambda k: self.ids[k])
+        self.rank[order] = np.arange(self.slots_used)
         return i
 
     def iters(self, now: float) -> np.ndarray:
         """The iteration clocks at ``now``: they run at ``rate`` except while paused (until ``pu``)."""
-        n = self.n
+        n = self.slots_used
         tb = self.t_base[:n]
         run = np.where(now > tb, np.maximum(0.0, now - np.maximum(tb, self.pu[:n])), now - tb)
         return self.it_base[:n] + run * self.rate[:n]
@@ -269,7 +274,7 @@ class ModelPool:
         c = self.SC[rows, q] + self.NC[rows, q] * e_x + (l_in + l_pred)
         b = np.where(q > 0, c0_x + self.PM[rows, np.maximum(q - 1, 0)], -math.inf)
         a = self.SM[rows, q]  # breakpoints at e_x add nothing beyond c
-        return np.maximum(np.maximum(a, b), c) <= self.M[rows] + EPS
+        return np.maximum(np.maximum(a, b), c) <= self.kv_tokens[rows] + EPS
 
     def clean_ends(self, i: int) -> None:
         h = self.ends[i]
@@ -443,7 +448,7 @@ class ModelPool:
         b = self.b[idx]
         ok = self.S[idx] + ctx <= theta * self.ld(b + 1.0)  # (b)
         x = self.new_in[idx] + l_in
-        ok &= x <= self.x_c  # (c)
+        ok &= x <= self.prefill_cap_tokens  # (c)
         if protect:  # (d); no ongoing request: +inf
             ok &= self.tpre(x) <= theta * self.slack(idx, it, now)
         return ok

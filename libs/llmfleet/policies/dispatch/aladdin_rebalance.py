@@ -36,7 +36,7 @@ class MoveCheck:
         new_in = pool.new_in[y] + sum(q.l_in for q in planned) + r.l_in
         if s + r.ctx > self.theta * float(pool.ld(np.array([b + 1.0]))[0]):
             return False
-        if new_in > pool.x_c:
+        if new_in > pool.prefill_cap_tokens:
             return False
         slack = float(pool.slack(np.array([y]), it, self.now)[0])
         t_next = 0.0 if self.paper else pool.td(b + 1.0, s + r.ctx)
@@ -51,7 +51,7 @@ class MoveCheck:
             if s + r.ctx > self.theta * max(0.0, float(pool.latency.decode.context_limit(b + 1.0, t_eff))):
                 return False
         extra = [(q.l_in, q.l_pred) for q in (*planned, r)]
-        return pool.kv_peak(y, float(it[y]), extra) <= pool.M[y] + EPS
+        return pool.kv_peak(y, float(it[y]), extra) <= pool.kv_tokens[y] + EPS
 
 
 def plan_moves(

@@ -27,6 +27,7 @@ from llmfleet.policies.migration.mell_work import EpochWork
 __all__ = ["MAX_MOVES_PER_OP", "MellGpu", "MellPacker", "MellView", "allocate_target"]
 
 MAX_MOVES_PER_OP = 10  # Theorem 3: at most ten migrations per operation
+REPLAN_EPOCHS = 3  # for how many epochs a planned move not yet done is planned again
 
 
 class _Prev(NamedTuple):
@@ -43,7 +44,6 @@ class MellPacker:
     """Mell's online scheduler (Algorithm 1) as a :class:`MigrationPolicy`; keeps GPU types, activation
     order, multi-items and last epoch's plan between epochs. ``batching``: operation batching (§VI-C);
     off, operations run in request-id order and every move they make is kept (a benchmark baseline).
-    ``replan_epochs``: for how many epochs a planned move not yet done is planned again.
     ``fill_first`` (beyond the paper, off by default): before Allocate opens a GPU, the item goes to an
     active GPU with room of any type (``mell_classes.choose``); the view carries it to dispatch.
     ``compact`` (beyond the paper, off by default): after the operations, empty one GPU per epoch into
@@ -55,7 +55,6 @@ class MellPacker:
         self,
         batching: bool = True,
         max_moves_per_op: int = MAX_MOVES_PER_OP,
-        replan_epochs: int = 3,
         fill_first: bool = False,
         compact: bool = False,
         compact_headroom: float = 0.05,
@@ -67,7 +66,6 @@ class MellPacker:
         self.compact = compact
         self.compact_headroom = compact_headroom
         self.max_moves_per_op = max_moves_per_op
-        self.replan_epochs = replan_epochs
         self._epoch = 0
         self._seq = 0
         self._cap = 0
@@ -159,14 +157,14 @@ class MellPacker:
         self, w: EpochWork, seen: dict[str, tuple[RequestState, str]]
     ) -> dict[tuple[str, str, str], tuple[str, int]]:
         """Planned moves not done yet (deferred) are planned again, under their first id, for up to
-        ``replan_epochs`` epochs while their destination still serves requests and has room. Returns
+        :data:`REPLAN_EPOCHS` epochs while their destination still serves requests and has room. Returns
         reissued move -> (migration id, epoch first planned)."""
         used: dict[str, int] = defaultdict(int)
         for r, gid in seen.values():
             used[gid] += r.kv_bytes
         reissued: dict[tuple[str, str, str], tuple[str, int]] = {}
         for rid, (mig, first) in sorted(self._pending.items()):
-            if rid not in seen or self._epoch - first > self.replan_epochs:
+            if rid not in seen or self._epoch - first > REPLAN_EPOCHS:
                 continue
             r, at = seen[rid]
             dst = w.bins.get(mig.destination)
