@@ -1,4 +1,8 @@
-"""Build a policy object from a registry by name, with the same errors for every kind of policy."""
+"""Build a policy object from a registry by name, with the same errors for every kind of policy.
+
+A policy with options declares them as a frozen dataclass, its class attribute ``Options``, and takes
+that record as its first argument; :func:`instantiate` builds the record from the mapping a cluster
+file or a flag gives (its ``__post_init__`` checks the values and names a bad option)."""
 
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ def lookup(kind: str, registry: Mapping[str, T], name: str) -> T:
 
 
 def instantiate(kind: str, registry: Mapping[str, type], name: str, options: Mapping[str, Any]) -> Any:
-    """``registry[name](**options)``; an unknown name or bad options is a ValueError saying which."""
+    """``registry[name]`` with its options record built from ``options`` (``registry[name](**options)``
+    for a policy without an ``Options`` record); an unknown name or bad options is a ValueError saying
+    which."""
     cls = lookup(kind, registry, name)
+    record_type = getattr(cls, "Options", None)
     try:
-        return cls(**options)
+        return cls(record_type(**options)) if record_type is not None else cls(**options)
     except (TypeError, ValueError) as e:
         raise ValueError(f"bad options for {kind} policy {name!r}: {e}") from None

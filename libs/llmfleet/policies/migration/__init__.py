@@ -25,7 +25,7 @@ from llmfleet.policies.migration.hybrid_transfer import (
     reprefill_boundary,
 )
 from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
-from llmfleet.policies.migration.mell import MellPacker, MellView, allocate_target
+from llmfleet.policies.migration.mell import MellOptions, MellPacker, MellView, allocate_target
 from llmfleet.policies.migration.mell_classes import gpu_type
 from llmfleet.policies.migration.none import NoMigration
 from llmfleet.policies.registry import instantiate
@@ -44,7 +44,7 @@ TRANSFERS: dict[str, type] = {
 
 
 def make_migration_policy(name: str, **kwargs: Any) -> MigrationPolicy:
-    """A new migration policy by registry name; options go to its constructor."""
+    """A new migration policy by registry name with its options record built from ``kwargs``."""
     return instantiate("migration", POLICIES, name, kwargs)
 
 
@@ -61,6 +61,7 @@ __all__ = [
     "HybridTransfer",
     "KvOnly",
     "LlumnixBalance",
+    "MellOptions",
     "MellPacker",
     "MellView",
     "Migration",

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 from llmfleet.policies.migration.base import EpochPlan, GpuState, Migration, RequestState, migration_id
 from llmfleet.policies.migration.mell_classes import TINY, Item, pack_bundles, reference_capacity, size_class
 from llmfleet.policies.migration.mell_view import MellGpu, MellView, allocate_target
 from llmfleet.policies.migration.mell_work import EpochWork
 
-__all__ = ["MAX_MOVES_PER_OP", "MellGpu", "MellPacker", "MellView", "allocate_target"]
+__all__ = ["MAX_MOVES_PER_OP", "MellGpu", "MellOptions", "MellPacker", "MellView", "allocate_target"]
 
 MAX_MOVES_PER_OP = 10  # Theorem 3: at most ten migrations per operation
 REPLAN_EPOCHS = 3  # for how many epochs a planned move not yet done is planned again
@@ -40,32 +41,45 @@ class _Prev(NamedTuple):
     bundle: bool
 
 
+@dataclass(frozen=True)
+class MellOptions:
+    """The packer's options. ``batching``: operation batching (§VI-C); off, operations run in
+    request-id order and every move they make is kept (a benchmark baseline). ``max_moves_per_op``:
+    the item moves one operation may make (Theorem 3's ten). ``fill_first`` (beyond the paper, off by
+    default): before Allocate opens a GPU, the item goes to an active GPU with room of any type
+    (``mell_classes.choose``); the view carries it to dispatch. ``compact`` (beyond the paper, off by
+    default): after the operations, empty one GPU per epoch into the others' room, keeping
+    ``compact_headroom`` × C free on each (``EpochWork.compact``)."""
+
+    batching: bool = True
+    max_moves_per_op: int = MAX_MOVES_PER_OP
+    fill_first: bool = False
+    compact: bool = False
+    compact_headroom: float = 0.05
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_moves_per_op, bool) or not (
+            isinstance(self.max_moves_per_op, int) and self.max_moves_per_op >= 1
+        ):
+            raise ValueError(f"max_moves_per_op must be an int >= 1, got {self.max_moves_per_op!r}")
+        if not 0 <= self.compact_headroom < 1:
+            raise ValueError(f"compact_headroom must be in [0, 1), got {self.compact_headroom}")
+
+
 class MellPacker:
-    """Mell's online scheduler (Algorithm 1) as a :class:`MigrationPolicy`; keeps GPU types, activation
-    order, multi-items and last epoch's plan between epochs. ``batching``: operation batching (§VI-C);
-    off, operations run in request-id order and every move they make is kept (a benchmark baseline).
-    ``fill_first`` (beyond the paper, off by default): before Allocate opens a GPU, the item goes to an
-    active GPU with room of any type (``mell_classes.choose``); the view carries it to dispatch.
-    ``compact`` (beyond the paper, off by default): after the operations, empty one GPU per epoch into
-    the others' room, keeping ``compact_headroom`` × C free on each (``EpochWork.compact``)."""
+    """Mell's online scheduler (Algorithm 1) as a :class:`MigrationPolicy` with ``options``; keeps GPU
+    types, activation order, multi-items and last epoch's plan between epochs."""
 
     name = "mell"
+    Options: ClassVar[type[MellOptions]] = MellOptions
 
-    def __init__(
-        self,
-        batching: bool = True,
-        max_moves_per_op: int = MAX_MOVES_PER_OP,
-        fill_first: bool = False,
-        compact: bool = False,
-        compact_headroom: float = 0.05,
-    ) -> None:
-        if not 0 <= compact_headroom < 1:
-            raise ValueError(f"compact_headroom must be in [0, 1), got {compact_headroom}")
-        self.batching = batching
-        self.fill_first = fill_first
-        self.compact = compact
-        self.compact_headroom = compact_headroom
-        self.max_moves_per_op = max_moves_per_op
+    def __init__(self, options: MellOptions | None = None) -> None:
+        o = options if options is not None else MellOptions()
+        self.batching = o.batching
+        self.fill_first = o.fill_first
+        self.compact = o.compact
+        self.compact_headroom = o.compact_headroom
+        self.max_moves_per_op = o.max_moves_per_op
         self._epoch = 0
         self._seq = 0
         self._cap = 0
@@ -74,7 +88,7 @@ class MellPacker:
         self._items: dict[str, _Prev] = {}  # item id -> the item as last planned
         self._pending: dict[str, tuple[Migration, int]] = {}  # request -> (planned move, epoch first planned)
         self._op_moves: tuple[int, ...] = ()
-        self._view = MellView(fill_first=fill_first)
+        self._view = MellView(fill_first=o.fill_first)
         self._active_end: set[str] = set()  # GPUs holding items at the end of the last epoch's plan
         self._openings: Counter[str] = Counter()
 

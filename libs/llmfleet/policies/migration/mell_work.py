@@ -350,7 +350,7 @@ class EpochWork:
                     break
 
     def compact(self, headroom: float) -> None:
-        """Beyond the paper (``MellPacker(compact=True)``): close one GPU per epoch when it can be
+        """Beyond the paper (``MellOptions(compact=True)``): close one GPU per epoch when it can be
         emptied — the non-empty GPU with the least KV whose items (≤ the move cap) all fit, largest first
         and each on the fullest other non-empty GPU hosting its model where it fits and leaves
         ``headroom`` × C free (room for the next epoch's growth). One operation; whatever the types."""

@@ -16,7 +16,7 @@ from llmfleet.policies.request.base import (
     admission_blocks,
     stuck_requests,
 )
-from llmfleet.policies.request.doubling_budget import DoublingBudget
+from llmfleet.policies.request.doubling_budget import DoublingBudget, DoublingBudgetOptions
 from llmfleet.policies.request.fcfs import Fcfs
 from llmfleet.policies.request.muxserve_rr import MuxServeRR
 from llmfleet.policies.request.service_stats import ServiceStats
@@ -25,7 +25,7 @@ POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget, "m
 
 
 def make_request_policy(name: str, **kwargs: Any) -> RequestPolicy:
-    """A new policy object by registry name; options go to its constructor."""
+    """A new policy object by registry name with its options record built from ``kwargs``."""
     return instantiate("request", POLICIES, name, kwargs)
 
 
@@ -35,6 +35,7 @@ __all__ = [
     "BatchLimits",
     "BatchPhase",
     "DoublingBudget",
+    "DoublingBudgetOptions",
     "Fcfs",
     "MuxServeRR",
     "Phase",

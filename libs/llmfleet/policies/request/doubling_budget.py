@@ -85,8 +85,8 @@ import functools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
@@ -107,9 +107,43 @@ from llmfleet.policies.request.service_stats import ServiceStats
 from llmfleet.policies.request.solo_cost import SoloCost, as_solo_cost
 
 MIN_BUDGET_UNIT_S = 1e-6  # floor of L̂_s + σ_s so a degenerate service (all zeros) still renews finitely
-RENEWALS = ("reset", "carry")
-EXEC_TIMES = ("solo", "executed")
-ADMISSIONS = ("mixed", "prefill_first", "literal")
+Renewal = Literal["reset", "carry"]
+ExecTime = Literal["solo", "executed"]
+Admission = Literal["mixed", "prefill_first", "literal"]
+RENEWALS: tuple[Renewal, ...] = get_args(Renewal)
+EXEC_TIMES: tuple[ExecTime, ...] = get_args(ExecTime)
+ADMISSIONS: tuple[Admission, ...] = get_args(Admission)
+
+
+@dataclass(frozen=True)
+class DoublingBudgetOptions:
+    """DB's options (see the module docstring): ``default_mean_s`` and ``default_std_s`` are the prior
+    L̂_s and σ_s of a service before its first finished request; a service starves after
+    ``starvation_threshold_s[service]``, else ``starvation_factor`` × L̂_s (None: never); ``renewal``,
+    ``exec_time`` and ``admission`` choose the variants; ``cost`` prices the solo execution time."""
+
+    default_mean_s: float = 1.0
+    default_std_s: float = 0.5
+    starvation_factor: float | None = 100.0
+    starvation_threshold_s: Mapping[str, float] = field(default_factory=dict)
+    renewal: Renewal = "reset"
+    exec_time: ExecTime = "solo"
+    cost: SoloCost | Mapping[str, Any] | None = None
+    admission: Admission = "mixed"
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
+        if self.renewal not in RENEWALS:
+            raise ValueError(f"renewal must be one of {RENEWALS}, got {self.renewal!r}")
+        if self.exec_time not in EXEC_TIMES:
+            raise ValueError(f"exec_time must be one of {EXEC_TIMES}, got {self.exec_time!r}")
+        factor = self.starvation_factor
+        if factor is not None and not factor > 0:
+            raise ValueError(f"starvation_factor must be > 0 or None, got {factor!r}")
+        bad = {s: t for s, t in self.starvation_threshold_s.items() if not t > 0}
+        if bad:
+            raise ValueError(f"starvation_threshold_s must be > 0 (inf disables): {bad}")
 
 
 @dataclass(slots=True)
@@ -123,43 +157,24 @@ class RequestBudget:
 
 
 class DoublingBudget:
-    """SeaLLM DB scheduling. ``stats`` shares an existing ServiceStats (its priors then apply)."""
+    """SeaLLM DB scheduling with ``options``; ``stats`` shares an existing ServiceStats (its priors
+    then apply instead of the options' defaults)."""
 
     name = "doubling_budget"
+    Options: ClassVar[type[DoublingBudgetOptions]] = DoublingBudgetOptions
 
     def __init__(
-        self,
-        *,
-        default_mean_s: float = 1.0,
-        default_std_s: float = 0.5,
-        starvation_factor: float | None = 100.0,
-        starvation_threshold_s: Mapping[str, float] | None = None,
-        stats: ServiceStats | None = None,
-        renewal: str = "reset",
-        exec_time: str = "solo",
-        cost: SoloCost | Mapping[str, Any] | None = None,
-        admission: str = "mixed",
+        self, options: DoublingBudgetOptions | None = None, *, stats: ServiceStats | None = None
     ) -> None:
-        if admission not in ADMISSIONS:
-            raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
-        self.admission = admission
-        if renewal not in RENEWALS:
-            raise ValueError(f"renewal must be one of {RENEWALS}, got {renewal!r}")
-        if exec_time not in EXEC_TIMES:
-            raise ValueError(f"exec_time must be one of {EXEC_TIMES}, got {exec_time!r}")
-        self.renewal = renewal
-        self.exec_time = exec_time
-        self.cost: SoloCost | None = as_solo_cost(cost) if exec_time == "solo" else None
+        o = options if options is not None else DoublingBudgetOptions()
+        self.admission = o.admission
+        self.renewal = o.renewal
+        self.exec_time = o.exec_time
+        self.cost: SoloCost | None = as_solo_cost(o.cost) if o.exec_time == "solo" else None
         self.solo_fallbacks = 0  # finished requests whose model the cost model did not know
-        self.stats = stats if stats is not None else ServiceStats(default_mean_s, default_std_s)
-        if starvation_factor is not None and not starvation_factor > 0:
-            raise ValueError(f"starvation_factor must be > 0 or None, got {starvation_factor!r}")
-        thresholds = dict(starvation_threshold_s or {})
-        bad = {s: t for s, t in thresholds.items() if not t > 0}
-        if bad:
-            raise ValueError(f"starvation thresholds must be > 0 (inf disables): {bad}")
-        self.starvation_factor = starvation_factor
-        self.starvation_threshold_s = thresholds
+        self.stats = stats if stats is not None else ServiceStats(o.default_mean_s, o.default_std_s)
+        self.starvation_factor = o.starvation_factor
+        self.starvation_threshold_s = dict(o.starvation_threshold_s)
         self._budgets: dict[int, RequestBudget] = {}  # id(request) -> its budget
 
     # ------------------------------------------------------------------ formulas

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from llmfleet.policies.dispatch.base import DispatchRequest, EngineCandidate, NoCandidate
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.migration.base import EpochPlan, GpuState, MigrationPolicy, RequestState
-from llmfleet.policies.migration.mell import MAX_MOVES_PER_OP, MellPacker, MellView, allocate_target
+from llmfleet.policies.migration.mell import (
+    MAX_MOVES_PER_OP,
+    MellOptions,
+    MellPacker,
+    MellView,
+    allocate_target,
+)
 from llmfleet.policies.migration.mell_classes import TINY, L, M, S, T, pack_bundles, size_class
 
 C = 1200
@@ -39,7 +45,7 @@ def moves(plan: EpochPlan) -> list[tuple[str, str, str]]:
 
 def taught(*gpus: GpuState, **kw) -> MellPacker:
     """A packer that has seen ``gpus`` once (and moved nothing)."""
-    p = MellPacker(**kw)
+    p = MellPacker(MellOptions(**kw))
     plan = p.epoch(gpus, 0.0)
     assert plan.migrations == (), moves(plan)
     return p
@@ -417,7 +423,7 @@ def test_compact_empties_the_least_filled_gpu_into_the_others_room():
     p.compact = True
     assert p.epoch(tight, 1.0).migrations == ()
     with pytest.raises(ValueError, match="compact_headroom"):
-        MellPacker(compact=True, compact_headroom=1.0)
+        MellPacker(MellOptions(compact=True, compact_headroom=1.0))
 
 
 def test_mell_dispatch_without_a_view_is_best_fit_by_free_kv():
@@ -499,7 +505,7 @@ def simulate(
     """Random arrivals (dispatched as Allocate would: ``allocate_target`` over the packer's view),
     growth and departures; each plan is checked on the state it plans (all its migrations applied),
     and then ``executed`` of its migrations run (the rest are deferred: the packer sees that)."""
-    p = MellPacker(batching=batching, fill_first=fill_first, compact=compact)
+    p = MellPacker(MellOptions(batching=batching, fill_first=fill_first, compact=compact))
     place: dict[str, dict[str, int]] = {g: {} for g in hosts}
     model_of: dict[str, str] = {}
     active: set[str] = set()

@@ -2,7 +2,15 @@ import gc
 import random
 
 import pytest
-from llmfleet.policies.request import Batch, BatchLimits, DoublingBudget, PoolView, SchedRequest, ServiceStats
+from llmfleet.policies.request import (
+    Batch,
+    BatchLimits,
+    DoublingBudget,
+    DoublingBudgetOptions,
+    PoolView,
+    SchedRequest,
+    ServiceStats,
+)
 from llmfleet.policies.request.solo_cost import SoloCost
 
 BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16, "m2": 16})
@@ -23,7 +31,7 @@ def policy(short=(0.1, 0.02), long=(1.0, 0.2), **kw):
     """DB whose service stats have exactly these (L̂, σ): two samples m ± σ/√2 per service (Algorithm 2
     as printed unless ``admission`` is given)."""
     kw.setdefault("admission", "literal")
-    p = DoublingBudget(**kw)
+    p = DoublingBudget(DoublingBudgetOptions(**kw))
     for svc, (mean, std) in (("short", short), ("long", long)):
         # two samples m ± s/√2 have mean m and sample std s
         p.observe(svc, mean - std / 2**0.5)
@@ -64,7 +72,7 @@ def test_budgets_live_in_the_policy_table_and_go_with_their_request():
 
 
 def test_charging_and_geometric_doubling_at_exact_boundaries():
-    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)  # L̂ + σ = 1
+    p = DoublingBudget(DoublingBudgetOptions(default_mean_s=1.0, default_std_s=0.0))  # L̂ + σ = 1
     (r,) = arrive(p, w("r", "svc"))
     b = Batch("ms", "prefill", ("r",))
     p.on_iteration(b, 0.25, 1.0, [r])
@@ -80,7 +88,9 @@ def test_charging_and_geometric_doubling_at_exact_boundaries():
 def test_renewal_resets_to_q_prime_as_the_paper_states():
     """§4.2: a used-up budget is doubled, Q′ = 2(L̂_s + σ_s), and the priority reset to Q′·L̂_s: the
     overshoot past the old budget is not taken off."""
-    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0)  # the default renewal is "reset"
+    p = DoublingBudget(
+        DoublingBudgetOptions(default_mean_s=1.0, default_std_s=0.0)
+    )  # the default renewal is "reset"
     assert p.renewal == "reset"
     one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
     p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> reset to 2^1 = 2 (carry would give 1.5)
@@ -95,7 +105,7 @@ def test_renewal_resets_to_q_prime_as_the_paper_states():
 
 
 def test_carry_variant_takes_the_overshoot_off_independent_of_granularity():
-    p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0, renewal="carry")
+    p = DoublingBudget(DoublingBudgetOptions(default_mean_s=1.0, default_std_s=0.0, renewal="carry"))
     one, many, big = arrive(p, w("one", "svc"), w("many", "svc"), w("big", "svc"))
     p.charge(one, 1.5)  # 1 - 1.5 = -0.5 -> + 2 = 1.5
     assert (p.budget(one).left_s, p.budget(one).renewals) == (1.5, 1)
@@ -105,7 +115,7 @@ def test_carry_variant_takes_the_overshoot_off_independent_of_granularity():
     p.charge(big, 10.0)  # one long iteration exhausts several budgets: granted 1+2+4+8 = 15
     assert (p.budget(big).left_s, p.budget(big).renewals) == (5.0, 3)
     with pytest.raises(ValueError, match="renewal"):
-        DoublingBudget(renewal="nope")
+        DoublingBudget(DoublingBudgetOptions(renewal="nope"))
 
 
 def test_reset_and_carry_order_requests_differently():
@@ -113,7 +123,7 @@ def test_reset_and_carry_order_requests_differently():
     long-running request a full Q′ (it goes last), carry leaves it nearly out of budget (it goes first)."""
     picks = {}
     for renewal in ("reset", "carry"):
-        p = DoublingBudget(default_mean_s=1.0, default_std_s=0.0, renewal=renewal)
+        p = DoublingBudget(DoublingBudgetOptions(default_mean_s=1.0, default_std_s=0.0, renewal=renewal))
         ran, fresh = arrive(p, d("ran", "svc"), d("fresh", "svc", arrival=1.0))
         p.on_iteration(Batch("ms", "decode", ("ran",)), 2.9, 3.0, [ran])  # 1 − 2.9 → reset 2 / carry 0.1
         picks[renewal] = p.next_batch((), (ran, fresh), BIG, BatchLimits(max_requests=1), 3.0).request_ids
@@ -224,9 +234,9 @@ def test_starvation_order_config_and_disable():
     off = policy(starvation_factor=None)
     assert off.starving_services([old_l, old_s], [], 1e9) == []
     with pytest.raises(ValueError):
-        DoublingBudget(starvation_factor=0.0)
+        DoublingBudget(DoublingBudgetOptions(starvation_factor=0.0))
     with pytest.raises(ValueError):
-        DoublingBudget(starvation_threshold_s={"x": -1.0})
+        DoublingBudget(DoublingBudgetOptions(starvation_threshold_s={"x": -1.0}))
 
 
 def test_victim_is_least_urgent():
@@ -293,7 +303,7 @@ def finished(rid, service="svc", model="ms", prompt=10, generated=5, executed=3.
 
 def test_service_mean_is_learned_from_single_request_time():
     """Eq. 7's L̂ is the profiled execution time of the request alone, not its batched iterations."""
-    p = DoublingBudget(cost=Solo())
+    p = DoublingBudget(DoublingBudgetOptions(cost=Solo()))
     assert isinstance(p.cost, SoloCost) and p.exec_time == "solo"
     p.on_finish(finished("a", executed=3.0), 4.0)  # batched: 3 s; alone: 0.1 + 0.5 = 0.6 s
     p.on_finish(finished("b", prompt=20, generated=10, executed=9.0), 9.0)  # alone: 0.2 + 1.0 = 1.2 s
@@ -301,7 +311,7 @@ def test_service_mean_is_learned_from_single_request_time():
         0.9 + p.stats.std("svc")
     )
     # the earlier variant: the summed batched iteration durations
-    q = DoublingBudget(cost=Solo(), exec_time="executed")
+    q = DoublingBudget(DoublingBudgetOptions(cost=Solo(), exec_time="executed"))
     assert q.cost is None
     q.on_finish(finished("a", executed=3.0), 4.0)
     q.on_finish(finished("b", executed=9.0), 9.0)
@@ -310,9 +320,9 @@ def test_service_mean_is_learned_from_single_request_time():
     p.on_finish(finished("c", "other", model="unknown", executed=2.5), 5.0)
     assert p.stats.mean("other") == 2.5 and p.solo_fallbacks == 1
     with pytest.raises(ValueError, match="exec_time"):
-        DoublingBudget(exec_time="wall")
+        DoublingBudget(DoublingBudgetOptions(exec_time="wall"))
     with pytest.raises(ValueError, match="solo_time"):
-        DoublingBudget(cost=object())
+        DoublingBudget(DoublingBudgetOptions(cost=object()))
 
 
 def test_default_solo_cost_is_the_one_gpu_cost_the_simulator_uses():
@@ -324,11 +334,11 @@ def test_default_solo_cost_is_the_one_gpu_cost_the_simulator_uses():
     p.on_finish(r, 60.0)
     book = CostBook.build(hardware("a100-80gb"), {"llama2-7b": model_arch("llama2-7b")})
     assert p.stats.mean("svc") == pytest.approx(book.solo_time("llama2-7b", 1, 300, 200), rel=1e-12)
-    h100 = DoublingBudget(cost={"hardware": "h100"})
+    h100 = DoublingBudget(DoublingBudgetOptions(cost={"hardware": "h100"}))
     assert h100.execution_time(r, 60.0) < p.execution_time(r, 60.0)
     from llmfleet.costmodel.roofline import solo_time
 
-    roof = DoublingBudget(cost={"source": "roofline"})
+    roof = DoublingBudget(DoublingBudgetOptions(cost={"source": "roofline"}))
     want = solo_time(model_arch("llama2-7b"), hardware("a100-80gb"), 300, 200)
     assert roof.execution_time(r, 60.0) == pytest.approx(want, rel=1e-12)
     # a model outside the catalog (the tests' "ms") keeps the executed time
@@ -398,4 +408,4 @@ def test_starving_service_seed_leads_its_batch_in_every_mode():
 def test_admission_is_validated_and_default_is_mixed():
     assert DoublingBudget().admission == "mixed"
     with pytest.raises(ValueError, match="admission"):
-        DoublingBudget(admission="fcfs")
+        DoublingBudget(DoublingBudgetOptions(admission="fcfs"))

@@ -9,6 +9,7 @@ import pytest
 from llmfleet.policies.request import (
     BatchLimits,
     DoublingBudget,
+    DoublingBudgetOptions,
     Fcfs,
     PoolView,
     RequestPolicy,
@@ -161,7 +162,7 @@ def normalized_latency(jobs: list[Job], res: Result) -> float:
 
 def seeded_db(admission: str = "mixed") -> DoublingBudget:
     """DB with service statistics seeded from profiling, as the engine does via observe()."""
-    db = DoublingBudget(admission=admission)
+    db = DoublingBudget(DoublingBudgetOptions(admission=admission))
     for svc, mean in mean_service_exec(burst_then_short()).items():
         db.observe(svc, 0.9 * mean)
         db.observe(svc, 1.1 * mean)
