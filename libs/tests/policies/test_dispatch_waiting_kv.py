@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmfleet.api.v1 import common_pb2
 from llmfleet.load.monitor import report_from_proto
-from llmfleet.policies.dispatch import DispatchRequest, EngineCandidate, WorstFitKv
+from llmfleet.policies.dispatch import DispatchRequest, EngineCandidate, WorstFitKv, WorstFitKvOptions
 
 REQ = DispatchRequest("r", "m", prompt_tokens=100, kv_bytes_per_token=10)  # needs 1,000 bytes now
 
@@ -19,7 +19,7 @@ def test_worst_fit_spreads_over_every_engine_by_default() -> None:
 
 
 def test_active_only_worst_fit_opens_an_engine_only_when_no_active_one_fits() -> None:
-    wf = WorstFitKv(active_only=True)
+    wf = WorstFitKv(WorstFitKvOptions(active_only=True))
     assert wf.choose("m", [cand("a", 5000), cand("b", 2000), cand("c", 0)], request=REQ) == "b"
     # b's queue promises 7,500 more bytes: a has the larger real hole
     assert wf.choose("m", [cand("a", 5000), cand("b", 2000, 7500), cand("c", 0)], request=REQ) == "a"

@@ -225,6 +225,5 @@ def test_s3_is_fcfs_and_stops_at_the_first_misfit():
     mixed = [s3req("n0", 0.0, 20.0, model="n"), s3req("m0", 1.0, 20.0), s3req("n1", 2.0, 20.0, model="n")]
     assert S3Batching().form_batch(mixed, pool(), LIMITS, 0.0) == StaticBatch("n", ("n0", "n1"))
     many = [s3req(f"r{i:02d}", float(i), 20.0) for i in range(30)]
-    assert len(S3Batching(max_batch=8).form_batch(many, pool(), LIMITS, 0.0).request_ids) == 8
     assert len(S3Batching().form_batch(many, pool(), BatchLimits(max_requests=5), 0.0).request_ids) == 5
     assert S3Batching().form_batch([], pool(), LIMITS, 0.0) is None

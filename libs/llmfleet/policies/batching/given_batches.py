@@ -5,7 +5,7 @@ The paper's scheduler keeps the request pool, partitions it with the DP (Algorit
 for one slice. Here the scheduler tags each member with ``batch_id`` / ``batch_size`` and caps its
 ``max_tokens`` at the slice end; this policy runs exactly those batches:
 
-* a batch runs once all ``batch_size`` members have arrived, or ``wait_s`` after its first one did (a
+* a batch runs once all ``batch_size`` members have arrived, or :data:`WAIT_S` after its first one did (a
   member cancelled on the way must not hold the others); complete batches run in the order their
   first member arrived;
 * requests without a batch tag run alone, first come first served (a request sent by anything else);
@@ -26,14 +26,13 @@ from llmfleet.policies.request.base import (
     arrival_key,
 )
 
+WAIT_S = 0.5  # how long an incomplete batch waits for its missing members after its first one arrived
+
 
 class GivenBatches:
     name = "given"
 
-    def __init__(self, wait_s: float = 0.5) -> None:
-        if not (isinstance(wait_s, int | float) and wait_s >= 0):
-            raise ValueError(f"wait_s must be >= 0, got {wait_s!r}")
-        self.wait_s = float(wait_s)
+    def __init__(self) -> None:
         self._first_seen: dict[str, float] = {}  # batch id -> when its first member arrived
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
@@ -50,7 +49,7 @@ class GivenBatches:
             head = members[0]
             if head.batch_id:
                 first = self._first_seen.setdefault(head.batch_id, now)
-                if len(members) < head.batch_size and now - first < self.wait_s:
+                if len(members) < head.batch_size and now - first < WAIT_S:
                     continue  # the rest of the batch is on its way
             members = [r for r in members if r.model == head.model][: limits.max_requests]
             n = len(members)

@@ -7,7 +7,7 @@ that more requests fit in a batch. Here, FCFS (arrival order, ties by id):
 * Seed: the oldest waiting request whose padded admission ``padded_blocks(pool, [r], 1)`` fits; the
   batch's model is its model (older requests that cannot be admitted even alone are passed over).
 * Then the following requests of that model while the batch's reservation fits ``pool.available_blocks``
-  and the batch stays within ``min(max_batch, limits.max_requests)`` requests and its padded prefill
+  and the batch stays within ``limits.max_requests`` requests and its padded prefill
   ``n · longest prompt`` within ``limits.max_prefill_tokens``; it stops at the first that does not fit
   (no later request jumps ahead).
 
@@ -37,7 +37,6 @@ from llmfleet.policies.batching.base import (
     padded_blocks,
     padded_tokens,
 )
-from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
     PoolView,
@@ -59,9 +58,6 @@ class S3Batching:
 
     name = "s3"
 
-    def __init__(self, max_batch: int | None = None) -> None:
-        self.max_batch = positive_int("max_batch", max_batch, optional=True)
-
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None
 
@@ -75,7 +71,7 @@ class S3Batching:
             return None
         members = [waits[start]]
         out_max = predicted_output(waits[start])
-        cap = min(self.max_batch or limits.max_requests, limits.max_requests)
+        cap = limits.max_requests
         for r in waits[start + 1 :]:
             if len(members) >= cap:
                 break

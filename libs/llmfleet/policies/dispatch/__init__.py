@@ -27,7 +27,7 @@ from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
 from llmfleet.policies.dispatch.prefix_affinity import PrefixAffinity
 from llmfleet.policies.dispatch.round_robin import RoundRobin
 from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
-from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv
+from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv, WorstFitKvOptions
 from llmfleet.policies.registry import instantiate, lookup
 
 POLICIES: dict[str, type[DispatchPolicy]] = {
@@ -88,6 +88,7 @@ __all__ = [
     "RoundRobin",
     "SclsMaxMin",
     "WorstFitKv",
+    "WorstFitKvOptions",
     "adaptive_interval",
     "check_context",
     "dispatch_needs",

@@ -12,9 +12,22 @@ KV now; an idle engine is opened (the lowest id) only when no active one fits.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+
+
+@dataclass(frozen=True)
+class WorstFitKvOptions:
+    """``active_only``: worst fit among the active engines, an idle one opened only when none fits
+    (see the module docstring)."""
+
+    active_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.active_only, bool):
+            raise ValueError(f"active_only must be a bool, got {self.active_only!r}")
 
 
 class WorstFitKv:
@@ -23,9 +36,10 @@ class WorstFitKv:
     name = "worst_fit_kv"
     # free KV: the simulator keeps it exact (no fast-forward)
     needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_kv=True)
+    Options: ClassVar[type[WorstFitKvOptions]] = WorstFitKvOptions
 
-    def __init__(self, active_only: bool = False) -> None:
-        self.active_only = active_only
+    def __init__(self, options: WorstFitKvOptions | None = None) -> None:
+        self.active_only = (options if options is not None else WorstFitKvOptions()).active_only
 
     def choose(
         self,
