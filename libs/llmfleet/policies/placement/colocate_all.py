@@ -4,13 +4,12 @@ The opposite extreme of a dedicated split: each instance holds the weights of ev
 among the services (names sorted), so any instance can serve any request and the KV cache is shared
 (AlpaServe, Li et al., OSDI 2023, motivates colocating models to multiplex bursty load).
 
-* TP degree: ``tp`` when given, else the smallest power of two ``<= gpus_per_node`` whose group memory
-  (``hardware.mem_bytes × tp``) holds the summed weights with at least ``min_kv_fraction`` (default
-  0.1) left for KV (:func:`~llmfleet.policies.placement.dedicated_even.smallest_tp`).
+* TP degree: the smallest power of two ``<= gpus_per_node`` whose group memory
+  (``hardware.mem_bytes × tp``) holds the summed weights with at least ``MIN_KV_FRACTION`` (0.1) of
+  it left for KV (:func:`~llmfleet.policies.placement.dedicated_even.smallest_tp`).
 * Instances: ``count // tp``, ids ``"colocate-{i}"``; GPUs left over by the division stay idle.
 
-Raises :class:`PlacementInfeasible` when the summed weights fit no TP group within a node (or not the
-given ``tp``), or when the pool has fewer GPUs than ``tp``. No services -> no instances.
+Raises :class:`PlacementInfeasible` when the summed weights fit no TP group within a node, or when the pool has fewer GPUs than ``tp``. No services -> no instances.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from llmfleet.policies.placement.base import (
     PlannerReport,
     ServiceLoad,
 )
-from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
+from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, smallest_tp
 
 
 class ColocateAll(PlannerReport):
@@ -36,12 +35,6 @@ class ColocateAll(PlannerReport):
 
     name = "colocate_all"
     needs = PlacementNeeds()
-
-    def __init__(self, tp: int | None = None, min_kv_fraction: float = 0.1) -> None:
-        if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or tp & (tp - 1)):
-            raise ValueError(f"tp must be a power of two >= 1 or None, got {tp!r}")
-        self.tp = tp
-        self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
 
     def place(
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
@@ -52,22 +45,12 @@ class ColocateAll(PlannerReport):
             return []
         weights = sum(model_arch(m).weight_bytes for m in models)
         what = f"{len(models)} models ({weights / GIB:.1f} GiB of weights)"
-        if self.tp is None:
-            tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, self.min_kv_fraction)
-            if tp is None:
-                raise PlacementInfeasible(
-                    f"{what} {', '.join(models)} do not fit {gpus.gpus_per_node} {hw.name} GPUs of a node "
-                    f"with {self.min_kv_fraction:.0%} left for KV"
-                )
-        else:
-            tp = self.tp
-            if tp > gpus.gpus_per_node:
-                raise PlacementInfeasible(f"tp={tp} exceeds the {gpus.gpus_per_node} GPUs of a node")
-            if not fits_tp(weights, hw.mem_bytes, tp, self.min_kv_fraction):
-                raise PlacementInfeasible(
-                    f"{what} {', '.join(models)} do not fit tp={tp} {hw.name} GPUs "
-                    f"with {self.min_kv_fraction:.0%} left for KV"
-                )
+        tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
+        if tp is None:
+            raise PlacementInfeasible(
+                f"{what} {', '.join(models)} do not fit {gpus.gpus_per_node} {hw.name} GPUs of a node "
+                f"with {MIN_KV_FRACTION:.0%} left for KV"
+            )
         if gpus.count < tp:
             raise PlacementInfeasible(f"{what} need tp={tp} but the pool has {gpus.count} GPUs")
         return [InstancePlan(f"colocate-{i}", models, tp) for i in range(gpus.count // tp)]

@@ -6,9 +6,9 @@ The usual "one vLLM deployment per model" baseline of multi-LLM serving papers (
   ``count % n_models`` leftovers go one each to the models with the highest request rate (summed over
   their services), ties by model name.
 * TP degree: the smallest power of two ``tp <= gpus_per_node`` whose group memory
-  (``hardware.mem_bytes × tp``) holds the weights with at least ``min_kv_fraction`` of it left for the
-  KV cache (:func:`smallest_tp`). The default 0.1 keeps 10 % of the group's memory for KV — enough to
-  serve, not a tuned value; raise it to prefer larger TP groups with more KV room.
+  (``hardware.mem_bytes × tp``) holds the weights with at least ``MIN_KV_FRACTION`` of it left for the
+  KV cache (:func:`smallest_tp`). 0.1 keeps 10 % of the group's memory for KV — enough to
+  serve, not a tuned value.
 * Instances: ``gpus_for_model // tp`` instances of that model alone, ids ``"{model}-{i}"`` (i from 0);
   GPUs left over by the division stay idle. Output: models by name, then instance index.
 
@@ -35,10 +35,7 @@ from llmfleet.policies.placement.base import (
 GIB = 1 << 30
 
 
-def check_kv_fraction(min_kv_fraction: float) -> float:
-    if not 0 <= min_kv_fraction < 1:
-        raise ValueError(f"min_kv_fraction must be in [0, 1), got {min_kv_fraction!r}")
-    return float(min_kv_fraction)
+MIN_KV_FRACTION = 0.1  # the share of a TP group's memory the placements keep free of weights, for KV
 
 
 def fits_tp(weight_bytes: float, mem_bytes: float, tp: int, min_kv_fraction: float) -> bool:
@@ -64,9 +61,6 @@ class DedicatedEven(PlannerReport):
     name = "dedicated_even"
     needs = PlacementNeeds()
 
-    def __init__(self, min_kv_fraction: float = 0.1) -> None:
-        self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
-
     def place(
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
     ) -> list[InstancePlan]:
@@ -82,11 +76,11 @@ class DedicatedEven(PlannerReport):
         plans: list[InstancePlan] = []
         for m in sorted(rate):
             weights = model_arch(m).weight_bytes
-            tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, self.min_kv_fraction)
+            tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
             if tp is None:
                 raise PlacementInfeasible(
                     f"model {m!r}: {weights / GIB:.1f} GiB of weights do not fit {gpus.gpus_per_node} "
-                    f"{hw.name} GPUs of a node with {self.min_kv_fraction:.0%} left for KV"
+                    f"{hw.name} GPUs of a node with {MIN_KV_FRACTION:.0%} left for KV"
                 )
             if share[m] < tp:
                 raise PlacementInfeasible(

@@ -19,7 +19,7 @@ Resolutions (the paper leaves these open):
 * ``CanAllocate(b, s)`` ("checks if the GPU memory is enough for serving the shared LLMs with profiled
   memory usage", §4.1): s is not in b yet, b holds fewer than ``max_services`` services (the paper's
   evaluation shares at most 2 per engine), b's GPUs hold the weights of every distinct model in b ∪ {s}
-  with ``min_kv_fraction`` of the memory left, and the unified KV pool left after weights and peak
+  with ``MIN_KV_FRACTION`` of the memory left, and the unified KV pool left after weights and peak
   activations (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine's defaults, as the simulator
   sizes it) holds one request of every service of b ∪ {s} at its mean + ``kv_sigmas`` σ prompt and
   output lengths. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
@@ -66,7 +66,7 @@ from llmfleet.policies.placement.base import (
     PlanScore,
     ServiceLoad,
 )
-from llmfleet.policies.placement.dedicated_even import GIB, check_kv_fraction, fits_tp, smallest_tp
+from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, fits_tp, smallest_tp
 
 
 def _has_traffic(s: ServiceLoad) -> bool:
@@ -102,7 +102,6 @@ class SeaLLMPlacement(PlannerReport):
             plans, so sharing is chosen only where the simulator says it helps — our extension).
         alpha: α of the unserved index (paper: 1e-4).
         tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
-        min_kv_fraction: memory share kept free of weights in a group.
         kv_sigmas: a group's KV pool must hold one request of each of its services at mean + this many
             standard deviations of the prompt and output lengths (see the module doc).
         speculate: fill idle evaluator slots with guessed next plans (same result; see the module doc).
@@ -116,7 +115,6 @@ class SeaLLMPlacement(PlannerReport):
         max_services: int | Sequence[int] = 2,
         alpha: float = 1e-4,
         tp_candidates: Sequence[int] | None = None,
-        min_kv_fraction: float = 0.1,
         kv_sigmas: float = 2.0,
         speculate: bool = True,
     ) -> None:
@@ -131,7 +129,6 @@ class SeaLLMPlacement(PlannerReport):
         self.caps = tuple(sorted(set(caps)))
         self.alpha = float(alpha)
         self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
-        self.min_kv_fraction = check_kv_fraction(min_kv_fraction)
         if kv_sigmas < 0:
             raise ValueError(f"kv_sigmas must be >= 0, got {kv_sigmas}")
         self.kv_sigmas = float(kv_sigmas)
@@ -150,10 +147,10 @@ class SeaLLMPlacement(PlannerReport):
         return s.mean_prompt_tokens + k * s.std_prompt_tokens + s.mean_output_tokens + k * s.std_output_tokens
 
     def _fits(self, members: Sequence[ServiceLoad], tp: int, hw: Hardware) -> bool:
-        """CanAllocate's memory check: weights (with ``min_kv_fraction`` left) and one request of each
+        """CanAllocate's memory check: weights (with ``MIN_KV_FRACTION`` left) and one request of each
         member in the KV pool left after weights and peak activations."""
         archs = [model_arch(m) for m in sorted({s.model for s in members})]
-        if not fits_tp(sum(a.weight_bytes for a in archs), hw.mem_bytes, tp, self.min_kv_fraction):
+        if not fits_tp(sum(a.weight_bytes for a in archs), hw.mem_bytes, tp, MIN_KV_FRACTION):
             return False
         kv = kv_pool_bytes(hw, tp, archs)
         return kv > 0 and all(
@@ -283,7 +280,7 @@ class SeaLLMPlacement(PlannerReport):
         free = gpus.count - sum(p.tp for p in current)
         plan = list(current)
         for m in sorted({s.model for s in new}):
-            tp = smallest_tp(model_arch(m).weight_bytes, mem_bytes, gpus.gpus_per_node, self.min_kv_fraction)
+            tp = smallest_tp(model_arch(m).weight_bytes, mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
             if tp is None or tp > free:
                 return None
             plan.append(InstancePlan(f"new-{m}", (m,), tp))
@@ -323,7 +320,7 @@ class SeaLLMPlacement(PlannerReport):
         """One empty candidate per (TP size, sharing cap): the pool cut into groups of that TP."""
         for m in {s.model for s in services}:
             weights = model_arch(m).weight_bytes
-            if smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, self.min_kv_fraction) is None:
+            if smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION) is None:
                 raise PlacementInfeasible(
                     f"model {m!r}: {weights / GIB:.1f} GiB of weights do not fit "
                     f"{gpus.gpus_per_node} {gpus.hardware} GPUs of a node"
