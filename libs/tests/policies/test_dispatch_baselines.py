@@ -10,6 +10,7 @@ from llmfleet.policies.dispatch import (
     LeastLoaded,
     NoCandidate,
     PowerOfTwo,
+    PowerOfTwoOptions,
     WorstFitKv,
     make_dispatch_policy,
 )
@@ -63,10 +64,10 @@ def test_power_of_two_picks_the_shorter_of_its_two_samples():
 
 def test_power_of_two_is_seeded_and_never_picks_the_longest():
     cands = [eng(f"e{i}", waiting=q) for i, q in enumerate([5, 1, 3, 7, 2])]
-    p, q = PowerOfTwo(seed=7), PowerOfTwo(seed=7)
+    p, q = PowerOfTwo(PowerOfTwoOptions(seed=7)), PowerOfTwo(PowerOfTwoOptions(seed=7))
     a = [p.choose("m", cands) for _ in range(300)]
     assert a == [q.choose("m", cands) for _ in range(300)]  # same seed, same choices
-    r = PowerOfTwo(seed=8)
+    r = PowerOfTwo(PowerOfTwoOptions(seed=8))
     assert a != [r.choose("m", cands) for _ in range(300)]
     assert "e3" not in a  # the longest queue always loses its pair
     assert set(a) == {"e0", "e1", "e2", "e4"}  # everything else wins some pair
@@ -81,20 +82,20 @@ def test_power_of_two_matches_the_documented_draws():
     for _ in range(50):
         x, y = rng.sample(sorted(cands, key=lambda c: c.engine_id), 2)
         want.append(min((x, y), key=lambda c: (c.queued, c.engine_id)).engine_id)
-    p = PowerOfTwo(seed=3)
+    p = PowerOfTwo(PowerOfTwoOptions(seed=3))
     assert [p.choose("m", cands) for _ in range(50)] == want
 
 
 def test_power_of_two_single_engine_draws_nothing():
     cands = [eng("e0", 3), eng("e1", 1), eng("e2", 2)]
-    p, fresh = PowerOfTwo(seed=1), PowerOfTwo(seed=1)
+    p, fresh = PowerOfTwo(PowerOfTwoOptions(seed=1)), PowerOfTwo(PowerOfTwoOptions(seed=1))
     assert p.choose("m", cands, frozenset({"e0", "e1"})) == "e2"
     assert [p.choose("m", cands) for _ in range(20)] == [fresh.choose("m", cands) for _ in range(20)]
 
 
 def test_power_of_two_rejects_bad_seed():
     with pytest.raises(ValueError, match="seed"):
-        PowerOfTwo(seed=1.5)
+        PowerOfTwo(PowerOfTwoOptions(seed=1.5))
 
 
 # ------------------------------------------------------------------------------------ least loaded

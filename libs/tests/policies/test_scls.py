@@ -20,6 +20,7 @@ from llmfleet.policies.dispatch import (
     DispatchRequest,
     EngineCandidate,
     SclsMaxMin,
+    SclsMaxMinOptions,
     adaptive_interval,
     make_dispatch_policy,
 )
@@ -288,7 +289,7 @@ def test_registry_and_options():
 
 
 def test_max_min_longest_first_to_least_loaded():
-    mm = SclsMaxMin(FIG11)
+    mm = SclsMaxMin(SclsMaxMinOptions(FIG11))
     batches = [("e", 2.0), ("a", 5.0), ("c", 3.0), ("b", 4.0), ("d", 3.0), ("f", 2.0), ("g", 1.0)]
     got = mm.assign_batches(batches, ["w0", "w1"])
     # LPT: a→w0 (5), b→w1 (4), c→w1 (7), d→w0 (8), e→w1 (9), f→w0 (10), g→w1 (10)
@@ -312,7 +313,7 @@ def cands(*ids):
 
 
 def test_request_estimate_slice_by_slice():
-    mm = SclsMaxMin(FIG11)
+    mm = SclsMaxMin(SclsMaxMinOptions(FIG11))
     three = FIG11.t_serve(1, 100, 128) + FIG11.t_serve(1, 228, 128) + FIG11.t_serve(1, 356, 44)
     assert mm.request_estimate(dreq("r", 100, 300.0)) == pytest.approx(three)  # ⌈300/128⌉ = 3 slices
     assert mm.request_estimate(dreq("r", 100, 0.0)) == pytest.approx(FIG11.t_serve(1, 100, 128))  # unknown
@@ -320,7 +321,7 @@ def test_request_estimate_slice_by_slice():
 
 
 def test_choose_least_load_and_finish_subtracts_the_estimate():
-    mm = SclsMaxMin(FIG11)
+    mm = SclsMaxMin(SclsMaxMinOptions(FIG11))
     long_r, short_r = dreq("long", 1000, 1000.0), dreq("short", 10, 5.0)
     est_long, est_short = mm.request_estimate(long_r), mm.request_estimate(short_r)
     assert mm.choose("m", cands("e1", "e0"), request=long_r) == "e0"  # tie at 0: smaller id
@@ -343,7 +344,7 @@ def test_adaptive_interval():
     assert adaptive_interval([4.0, 30.0]) == 6.0  # Γ (HF)
     assert adaptive_interval([4.0, 30.0], gamma_s=3.0) == 3.0  # Γ (DeepSpeed)
     assert adaptive_interval([], 0.5, 6.0) == 6.0
-    mm = SclsMaxMin(FIG11, lam=0.5, gamma_s=1.0)
+    mm = SclsMaxMin(SclsMaxMinOptions(FIG11, lam=0.5, gamma_s=1.0))
     mm.assign_batches([("a", 8.0), ("b", 6.0)], ["w0", "w1"])
     assert mm.interval() == pytest.approx(3.0)
     assert mm.interval(["w0", "w1", "idle"]) == 1.0  # an idle worker: min load 0 → Γ

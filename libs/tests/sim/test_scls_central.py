@@ -304,9 +304,9 @@ def test_simulate_bundle_and_report(tiny):
 
 
 def test_assign_batches_credit_prefers_the_kv_holder():
-    from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin
+    from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, SclsMaxMinOptions
 
-    mm = SclsMaxMin(HandSlice(), slice_iterations=S)
+    mm = SclsMaxMin(SclsMaxMinOptions(HandSlice(), slice_iterations=S))
     mm.loads = {"w0": 2.0, "w1": 0.5}
     # without credit: least load (w1); a credit of 2 s on w0 makes w0 the smaller load − credit (0 < 0.5)
     assert mm.assign_batches([("b", 1.0)], ["w0", "w1"]) == [("b", "w1")]

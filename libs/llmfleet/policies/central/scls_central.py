@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmfleet.policies.batching.scls_dp import SliceCost, dp_batches
-from llmfleet.policies.dispatch.scls_maxmin import GAMMA_HF_S, SclsMaxMin
+from llmfleet.policies.dispatch.scls_maxmin import GAMMA_HF_S, SclsMaxMin, SclsMaxMinOptions
 from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES, SliceEnd
 
 MODE = "scls_central"  # the dispatch value that selects central scheduling
@@ -180,7 +180,7 @@ class SclsCentralPolicy:
             raise ValueError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
         if oversized not in OVERSIZED:
             raise ValueError(f"oversized must be one of {OVERSIZED}, got {oversized!r}")
-        self.maxmin = SclsMaxMin(cost, slice_iterations, lam, gamma_s)
+        self.maxmin = SclsMaxMin(SclsMaxMinOptions(cost, slice_iterations, lam, gamma_s))
         self.cost = self.maxmin.cost
         self.s = slice_iterations
         self.slice_end = slice_end

@@ -23,10 +23,10 @@ from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
 from llmfleet.policies.dispatch.mell import MellDispatch
-from llmfleet.policies.dispatch.power_of_two import PowerOfTwo
+from llmfleet.policies.dispatch.power_of_two import PowerOfTwo, PowerOfTwoOptions
 from llmfleet.policies.dispatch.prefix_affinity import PrefixAffinity
 from llmfleet.policies.dispatch.round_robin import RoundRobin
-from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, adaptive_interval
+from llmfleet.policies.dispatch.scls_maxmin import SclsMaxMin, SclsMaxMinOptions, adaptive_interval
 from llmfleet.policies.dispatch.worst_fit_kv import WorstFitKv, WorstFitKvOptions
 from llmfleet.policies.registry import instantiate, lookup
 
@@ -82,11 +82,13 @@ __all__ = [
     "MellDispatch",
     "NoCandidate",
     "PowerOfTwo",
+    "PowerOfTwoOptions",
     "PrefixAffinity",
     "Rebalancer",
     "RequestProgress",
     "RoundRobin",
     "SclsMaxMin",
+    "SclsMaxMinOptions",
     "WorstFitKv",
     "WorstFitKvOptions",
     "adaptive_interval",

@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+
+
+@dataclass(frozen=True)
+class PowerOfTwoOptions:
+    """``seed``: the seed of the policy's random draws (the same seed, the same choices)."""
+
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
 
 
 class PowerOfTwo:
@@ -23,11 +35,11 @@ class PowerOfTwo:
     name = "power_of_two"
     needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True)
 
-    def __init__(self, seed: int = 0) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        self.seed = seed
-        self._rng = random.Random(seed)
+    Options: ClassVar[type[PowerOfTwoOptions]] = PowerOfTwoOptions
+
+    def __init__(self, options: PowerOfTwoOptions | None = None) -> None:
+        self.seed = (options if options is not None else PowerOfTwoOptions()).seed
+        self._rng = random.Random(self.seed)
 
     def choose(
         self,

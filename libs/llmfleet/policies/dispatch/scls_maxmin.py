@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, as_scls_cost
@@ -54,6 +55,25 @@ def adaptive_interval(loads: Iterable[float], lam: float = 0.5, gamma_s: float =
     return gamma_s if lo is None else max(lam * lo, gamma_s)
 
 
+@dataclass(frozen=True)
+class SclsMaxMinOptions:
+    """``cost`` prices a slice (a :class:`~llmfleet.policies.batching.scls_dp.SliceCost` or its
+    mapping); ``slice_iterations`` is the slice length; ``lam`` (λ) and ``gamma_s`` (Γ) give the
+    adaptive interval max(λ·min load, Γ)."""
+
+    cost: SliceCost | Mapping[str, Any] | None = None
+    slice_iterations: int = 128
+    lam: float = 0.5
+    gamma_s: float = GAMMA_HF_S
+
+    def __post_init__(self) -> None:
+        positive_int("slice_iterations", self.slice_iterations)
+        if not (isinstance(self.lam, int | float) and 0 < self.lam <= 1):
+            raise ValueError(f"lam must be in (0, 1], got {self.lam!r}")
+        if not (isinstance(self.gamma_s, int | float) and self.gamma_s >= 0):
+            raise ValueError(f"gamma_s must be >= 0, got {self.gamma_s!r}")
+
+
 class SclsMaxMin(FinishListener):
     """Max-min offloading by estimated serve time (load −= the estimate on completion)."""
 
@@ -62,22 +82,14 @@ class SclsMaxMin(FinishListener):
     # the engines' load; it hears every end of a placement (FinishListener)
     needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_predictions=True)
 
-    def __init__(
-        self,
-        cost: SliceCost | Mapping[str, Any] | None = None,
-        slice_iterations: int = 128,
-        lam: float = 0.5,
-        gamma_s: float = GAMMA_HF_S,
-    ) -> None:
-        positive_int("slice_iterations", slice_iterations)
-        if not (isinstance(lam, int | float) and 0 < lam <= 1):
-            raise ValueError(f"lam must be in (0, 1], got {lam!r}")
-        if not (isinstance(gamma_s, int | float) and gamma_s >= 0):
-            raise ValueError(f"gamma_s must be >= 0, got {gamma_s!r}")
-        self.cost = as_scls_cost(cost)
-        self.slice_iterations = slice_iterations
-        self.lam = float(lam)
-        self.gamma_s = float(gamma_s)
+    Options: ClassVar[type[SclsMaxMinOptions]] = SclsMaxMinOptions
+
+    def __init__(self, options: SclsMaxMinOptions | None = None) -> None:
+        o = options if options is not None else SclsMaxMinOptions()
+        self.cost = as_scls_cost(o.cost)
+        self.slice_iterations = o.slice_iterations
+        self.lam = float(o.lam)
+        self.gamma_s = float(o.gamma_s)
         self.loads: dict[str, float] = {}
         self._requests: dict[str, tuple[str, float]] = {}  # request id → (engine, estimate)
         self._batches: dict[Hashable, tuple[str, float]] = {}  # batch → (worker, estimate)

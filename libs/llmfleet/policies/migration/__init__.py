@@ -24,7 +24,7 @@ from llmfleet.policies.migration.hybrid_transfer import (
     computation_boundary,
     reprefill_boundary,
 )
-from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
+from llmfleet.policies.migration.llumnix_lb import LlumnixBalance, LlumnixOptions
 from llmfleet.policies.migration.mell import MellOptions, MellPacker, MellView, allocate_target
 from llmfleet.policies.migration.mell_classes import gpu_type
 from llmfleet.policies.migration.none import NoMigration
@@ -61,6 +61,7 @@ __all__ = [
     "HybridTransfer",
     "KvOnly",
     "LlumnixBalance",
+    "LlumnixOptions",
     "MellOptions",
     "MellPacker",
     "MellView",

@@ -25,27 +25,41 @@ pack: it never activates or deactivates GPUs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from llmfleet.policies.migration.base import EpochPlan, GpuState, Migration, RequestState, migration_id
 
-__all__ = ["LlumnixBalance"]
+__all__ = ["LlumnixBalance", "LlumnixOptions"]
 
 
-@dataclass
-class LlumnixBalance:
-    """Mell's LB baseline: Llumnix's most-loaded → least-loaded migration by KV use fraction.
-    Implements ``MigrationPolicy``; ``migration_id`` s carry an internal epoch counter (0, 1, ...)."""
+@dataclass(frozen=True)
+class LlumnixOptions:
+    """``threshold``: the KV-use gap between a source and a destination that a move needs;
+    ``max_migrations_per_epoch``: the most moves one epoch plans."""
 
     threshold: float = 0.1
     max_migrations_per_epoch: int = 8
-    _epoch: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
             raise ValueError("threshold must be non-negative")
         if self.max_migrations_per_epoch < 0:
             raise ValueError("max_migrations_per_epoch must be non-negative")
+
+
+class LlumnixBalance:
+    """Mell's LB baseline: Llumnix's most-loaded → least-loaded migration by KV use fraction, with
+    ``options``. Implements ``MigrationPolicy``; ``migration_id`` s carry an internal epoch counter (0,
+    1, ...)."""
+
+    Options: ClassVar[type[LlumnixOptions]] = LlumnixOptions
+
+    def __init__(self, options: LlumnixOptions | None = None) -> None:
+        o = options if options is not None else LlumnixOptions()
+        self.threshold = o.threshold
+        self.max_migrations_per_epoch = o.max_migrations_per_epoch
+        self._epoch = 0
 
     def epoch(self, gpus: Sequence[GpuState], now: float) -> EpochPlan:
         epoch = self._epoch

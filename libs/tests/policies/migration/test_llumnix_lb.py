@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmfleet.policies.migration.base import GpuState, MigrationPolicy, RequestState, migration_id
-from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
+from llmfleet.policies.migration.llumnix_lb import LlumnixBalance, LlumnixOptions
 
 
 def req(rid: str, kv: int, tokens: int | None = None, model: str = "llama") -> RequestState:
@@ -40,7 +40,7 @@ def test_balances_two_gpus_shortest_first():
 def test_shorter_sequence_first_even_if_it_holds_more_kv():
     g0 = gpu("g0", req("long", 10, tokens=500), req("short", 30, tokens=20), req("x", 40, tokens=900))
     g1 = gpu("g1")
-    plan = LlumnixBalance(max_migrations_per_epoch=1).epoch([g0, g1], 0.0)
+    plan = LlumnixBalance(LlumnixOptions(max_migrations_per_epoch=1)).epoch([g0, g1], 0.0)
     assert moves(plan) == [("short", "g0", "g1")]
 
 
@@ -54,8 +54,8 @@ def test_no_move_that_widens_the_gap():
 def test_respects_threshold():
     g0 = gpu("g0", req("a", 20), req("b", 5))  # 0.25
     g1 = gpu("g1", req("c", 15))  # 0.15: gap 0.1, not above the threshold
-    assert LlumnixBalance(threshold=0.1).epoch([g0, g1], 0.0).migrations == ()
-    assert moves(LlumnixBalance(threshold=0.05).epoch([g0, g1], 0.0)) == [("b", "g0", "g1")]
+    assert LlumnixBalance(LlumnixOptions(threshold=0.1)).epoch([g0, g1], 0.0).migrations == ()
+    assert moves(LlumnixBalance(LlumnixOptions(threshold=0.05)).epoch([g0, g1], 0.0)) == [("b", "g0", "g1")]
 
 
 def test_never_overfills_a_destination():
@@ -94,7 +94,7 @@ def test_inactive_gpus_take_no_part_and_nothing_is_activated():
 def test_max_migrations_and_epoch_counter():
     g0 = gpu("g0", *(req(f"r{i}", 5) for i in range(16)))  # 0.8
     g1 = gpu("g1")
-    policy = LlumnixBalance(threshold=0.0, max_migrations_per_epoch=3)
+    policy = LlumnixBalance(LlumnixOptions(threshold=0.0, max_migrations_per_epoch=3))
     first = policy.epoch([g0, g1], 0.0)
     assert len(first.migrations) == 3
     assert [m.request_id for m in first.migrations] == ["r0", "r1", "r10"]  # ties by request_id
@@ -102,7 +102,7 @@ def test_max_migrations_and_epoch_counter():
     assert [m.migration_id for m in second.migrations] == [
         migration_id(r, "g0", "g1", 1) for r in ("r0", "r1", "r10")
     ]
-    assert LlumnixBalance(max_migrations_per_epoch=0).epoch([g0, g1], 0.0).migrations == ()
+    assert LlumnixBalance(LlumnixOptions(max_migrations_per_epoch=0)).epoch([g0, g1], 0.0).migrations == ()
 
 
 @st.composite
@@ -124,7 +124,7 @@ def clusters(draw):
 @settings(max_examples=150, deadline=None)
 @given(clusters(), st.floats(0.0, 0.5), st.integers(0, 8))
 def test_invariants(gpus, threshold, cap):
-    plan = LlumnixBalance(threshold=threshold, max_migrations_per_epoch=cap).epoch(gpus, 0.0)
+    plan = LlumnixBalance(LlumnixOptions(threshold=threshold, max_migrations_per_epoch=cap)).epoch(gpus, 0.0)
     by_id = {g.gpu_id: g for g in gpus}
     assert len(plan.migrations) <= cap
     assert plan.activate == () and plan.deactivate == () and plan.deferred == ()
