@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmfleet.policies.batching import GivenBatches
+import pytest
+from llmfleet.policies.batching import GivenBatches, GivenBatchesOptions
 from llmfleet.policies.request.base import BatchLimits, PoolView, SchedRequest
 
 LIMITS = BatchLimits(max_requests=64, max_prefill_tokens=1 << 30)
@@ -35,7 +36,7 @@ def test_a_batch_runs_once_complete_and_as_formed():
 
 
 def test_an_incomplete_batch_runs_after_wait_s():
-    p = GivenBatches()  # WAIT_S = 0.5
+    p = GivenBatches(GivenBatchesOptions(wait_s=0.5))
     waiting = arrive(p, [req("a1", 0.0, "A", 3), req("a2", 0.1, "A", 3)])  # a3 was cancelled on the way
     assert p.form_batch(waiting, pool(), LIMITS, now=0.4) is None
     b = p.form_batch(waiting, pool(), LIMITS, now=0.51)
@@ -55,3 +56,8 @@ def test_memory_trims_the_batch_to_what_fits():
     b = p.form_batch(waiting, pool(250), LIMITS, now=1.0)
     assert b is not None and b.request_ids == ("r0", "r1")
     assert p.form_batch(waiting, pool(50), LIMITS, now=1.0) is None  # not even one: wait for memory
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="wait_s"):
+        GivenBatchesOptions(wait_s=-1)

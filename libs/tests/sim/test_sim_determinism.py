@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from llmfleet.costmodel import hardware
-from llmfleet.policies.dispatch import PowerOfTwo, RoundRobin
+from llmfleet.policies.dispatch import PowerOfTwo, PowerOfTwoOptions, RoundRobin
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import DoublingBudget, Fcfs
 from llmfleet.sim.cost import CostBook
@@ -39,7 +39,7 @@ def report(work: Workload, make_policy=Fcfs, dispatch=RoundRobin, seed_dispatch=
         InstancePlan("i1", ("llama2-7b", "llama3-8b"), 2),
         InstancePlan("i2", ("llama3-8b",), 1),
     ]
-    disp = dispatch(seed=3) if seed_dispatch else dispatch()
+    disp = dispatch(PowerOfTwoOptions(seed=3)) if seed_dispatch else dispatch()
     sim = Simulator(spec, plan, make_policy, disp, book, sample_period_s=1.0)
     rep = summarize(sim.run(work, strict_services=True), spec.services)
     for k in WALL:

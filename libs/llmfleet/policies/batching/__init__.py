@@ -13,7 +13,7 @@ from llmfleet.policies.batching.base import (
     padding_tokens,
 )
 from llmfleet.policies.batching.fifo_cm import FifoCm
-from llmfleet.policies.batching.given_batches import GivenBatches
+from llmfleet.policies.batching.given_batches import GivenBatches, GivenBatchesOptions
 from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
 from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
@@ -33,7 +33,7 @@ POLICIES: dict[str, type] = {
 
 
 def make_batching_policy(name: str, **kwargs: Any) -> StaticBatchPolicy:
-    """A new static batcher by registry name; options go to its constructor."""
+    """A new static batcher by registry name with its options record built from ``kwargs``."""
     return instantiate("batching", POLICIES, name, kwargs)
 
 
@@ -41,6 +41,7 @@ __all__ = [
     "POLICIES",
     "FifoCm",
     "GivenBatches",
+    "GivenBatchesOptions",
     "Odbs",
     "S3Batching",
     "SclsSliceBatcher",

@@ -5,7 +5,7 @@ The paper's scheduler keeps the request pool, partitions it with the DP (Algorit
 for one slice. Here the scheduler tags each member with ``batch_id`` / ``batch_size`` and caps its
 ``max_tokens`` at the slice end; this policy runs exactly those batches:
 
-* a batch runs once all ``batch_size`` members have arrived, or :data:`WAIT_S` after its first one did (a
+* a batch runs once all ``batch_size`` members have arrived, or ``wait_s`` after its first one did (a
   member cancelled on the way must not hold the others); complete batches run in the order their
   first member arrived;
 * requests without a batch tag run alone, first come first served (a request sent by anything else);
@@ -17,6 +17,8 @@ for one slice. Here the scheduler tags each member with ``batch_id`` / ``batch_s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks
 from llmfleet.policies.request.base import (
@@ -26,13 +28,25 @@ from llmfleet.policies.request.base import (
     arrival_key,
 )
 
-WAIT_S = 0.5  # how long an incomplete batch waits for its missing members after its first one arrived
+
+@dataclass(frozen=True)
+class GivenBatchesOptions:
+    """``wait_s``: how long an incomplete batch waits for its missing members after its first one
+    arrived."""
+
+    wait_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.wait_s, bool) or not (isinstance(self.wait_s, int | float) and self.wait_s >= 0):
+            raise ValueError(f"wait_s must be >= 0, got {self.wait_s!r}")
 
 
 class GivenBatches:
     name = "given"
+    Options: ClassVar[type[GivenBatchesOptions]] = GivenBatchesOptions
 
-    def __init__(self) -> None:
+    def __init__(self, options: GivenBatchesOptions | None = None) -> None:
+        self.wait_s = float((options if options is not None else GivenBatchesOptions()).wait_s)
         self._first_seen: dict[str, float] = {}  # batch id -> when its first member arrived
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
@@ -49,7 +63,7 @@ class GivenBatches:
             head = members[0]
             if head.batch_id:
                 first = self._first_seen.setdefault(head.batch_id, now)
-                if len(members) < head.batch_size and now - first < WAIT_S:
+                if len(members) < head.batch_size and now - first < self.wait_s:
                     continue  # the rest of the batch is on its way
             members = [r for r in members if r.model == head.model][: limits.max_requests]
             n = len(members)
