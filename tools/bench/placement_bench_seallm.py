@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import numpy as np
-from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMPlacement
+from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMOptions, SeaLLMPlacement
 from llmfleet.sim.plan_eval import SimPlanEvaluator
 from llmfleet.sim.run import PolicyBundle, preset, service_loads, simulate
 from llmfleet.sim.spec import SimSpec
@@ -42,7 +42,7 @@ def seallm_place(
     speculate: bool = True,
 ) -> tuple[list, dict]:
     """Algorithm 1 on ``history``, candidates simulated with ``bundle`` (default: the seallm preset)."""
-    planner = SeaLLMPlacement(max_services=caps, speculate=speculate)
+    planner = SeaLLMPlacement(SeaLLMOptions(max_services=caps, speculate=speculate))
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     t0 = time.perf_counter()
     with SimPlanEvaluator(sp, history.requests, bundle or preset("seallm"), processes=processes) as ev:

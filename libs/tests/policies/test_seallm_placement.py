@@ -13,6 +13,7 @@ from llmfleet.policies.placement import (
     PlacementContext,
     PlacementInfeasible,
     PlanScore,
+    SeaLLMOptions,
     SeaLLMPlacement,
     ServiceLoad,
     make_placement_policy,
@@ -67,7 +68,7 @@ def test_algorithm1_by_hand_two_candidates():
     tp=2, 2 groups: A → tp2-0, B (hosted nowhere) → tp2-1, A → tp2-1 (rate 1 < 3), B → tp2-0.
     Both reach attainment 1; tp=2 has the lower normalized latency (1.5 < 2.0) and wins."""
     ev = HandEvaluator({"A": 30, "B": 10}, {"A": 2, "B": 1})
-    p = SeaLLMPlacement(tp_candidates=(1, 2))
+    p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1, 2)))
     plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
     assert p.search_log[1] == [
         ("tp1-0", "A"), ("tp1-1", "B"), ("tp1-2", "A"), ("tp1-3", "A"),
@@ -91,10 +92,10 @@ def test_speculation_fills_idle_slots_and_changes_nothing(parallelism):
     search's steps, plan and score are those of the plain search, in fewer evaluate() rounds."""
     args = (GpuPool("a100-80gb", 8, 4), loads(A=3.0, B=1.0))
     plain_ev = HandEvaluator({"A": 30, "B": 10}, {"A": 3, "B": 1})
-    plain = SeaLLMPlacement(tp_candidates=(1, 2))
+    plain = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1, 2)))
     want = plain.place(*args, PlacementContext(evaluator=plain_ev))
     ev = HandEvaluator({"A": 30, "B": 10}, {"A": 3, "B": 1}, parallelism=parallelism)
-    p = SeaLLMPlacement(tp_candidates=(1, 2))
+    p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1, 2)))
     assert p.place(*args, PlacementContext(evaluator=ev)) == want
     assert p.search_log == plain.search_log and p.last_score == plain.last_score
     assert plain.speculated == plain.speculation_hits == 0
@@ -106,7 +107,7 @@ def test_speculation_fills_idle_slots_and_changes_nothing(parallelism):
 
 def test_cap_of_services_per_group_and_unserved_first():
     ev = HandEvaluator({"A": 30, "B": 10}, {"A": 1, "B": 1})
-    p = SeaLLMPlacement(max_services=1, tp_candidates=(2,))
+    p = SeaLLMPlacement(SeaLLMOptions(max_services=1, tp_candidates=(2,)))
     plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
     assert p.search_log[2] == [("tp2-0", "A"), ("tp2-1", "B")]  # one service per group
     assert [x.models for x in plan] == [("llama2-7b",), ("llama2-13b",)]
@@ -114,7 +115,7 @@ def test_cap_of_services_per_group_and_unserved_first():
 
 def test_a_model_too_big_for_a_group_merges_two_empty_groups():
     ev = HandEvaluator({"X": 10}, {"X": 1})
-    p = SeaLLMPlacement(tp_candidates=(1,))
+    p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,)))
     plan = p.place(GpuPool("a100-80gb", 4, 4), loads(X=1.0), PlacementContext(evaluator=ev))
     # 70B (≈129 GiB) needs two 80 GiB GPUs: tp1-0 absorbs tp1-1, then tp1-2 absorbs tp1-3
     assert [(x.instance_id, x.tp) for x in plan] == [("tp1-0+1", 2), ("tp1-2+3", 2)]
@@ -151,7 +152,7 @@ def test_bad_input():
     with pytest.raises(PlacementInfeasible, match="llama2-70b"):
         SeaLLMPlacement().place(GpuPool("l4", 2, 2), loads(X=1.0), PlacementContext(evaluator=ev))
     with pytest.raises(ValueError, match="powers of two"):
-        SeaLLMPlacement(tp_candidates=(3,))
+        SeaLLMPlacement(SeaLLMOptions(tp_candidates=(3,)))
     assert isinstance(make_placement_policy("seallm", max_services=3), SeaLLMPlacement)
     assert SeaLLMPlacement.needs.evaluator
 
@@ -190,7 +191,7 @@ def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
     assert s[0].slo_attainment == 0 and s[0].violations == {"A": len(reqs) - nb, "B": nb}
     assert s[1].violations["B"] == nb and s[1].violations["A"] < len(reqs) - nb
     assert s[2].slo_attainment > s[1].slo_attainment
-    plan = SeaLLMPlacement(tp_candidates=(2, 4)).place(
+    plan = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(2, 4))).place(
         GpuPool("a100-80gb", 4, 4),
         loads(A=4.0, B=1.0),
         PlacementContext(evaluator=SimPlanEvaluator(spec, reqs, preset("seallm"))),
@@ -221,14 +222,14 @@ def test_sharing_cap_as_a_search_dimension():
     """With caps (1, 2) each TP size is searched twice; the hand scores tie on attainment and latency,
     so the smaller cap wins the tie (fewer models per group)."""
     ev = HandEvaluator({"A": 30, "B": 10}, {"A": 1, "B": 1})
-    p = SeaLLMPlacement(max_services=(1, 2), tp_candidates=(2,))
+    p = SeaLLMPlacement(SeaLLMOptions(max_services=(1, 2), tp_candidates=(2,)))
     plan = p.place(GpuPool("a100-80gb", 4, 4), loads(A=3.0, B=1.0), PlacementContext(evaluator=ev))
     assert set(p.search_log) == {(2, 1), (2, 2)}
     assert p.search_log[(2, 1)] == [("tp2-0", "A"), ("tp2-1", "B")]
     assert [x.models for x in plan] == [("llama2-7b",), ("llama2-13b",)]
     assert "≤ 1 services per group" in p.last_reason
     with pytest.raises(ValueError, match="max_services"):
-        SeaLLMPlacement(max_services=(0, 2))
+        SeaLLMPlacement(SeaLLMOptions(max_services=(0, 2)))
 
 
 def test_the_simulator_can_start_as_a_live_leader_does():
@@ -267,7 +268,7 @@ def test_a_service_is_not_placed_where_its_requests_do_not_fit_the_kv_pool():
     KV (3,105 tokens of the 70B), so a 70B service of 3,800-token prompts must not share its TP-2 group
     with the 7B, however high the 7B's unserved index."""
     ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
-    p = SeaLLMPlacement(tp_candidates=(1,))
+    p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,)))
     plan = p.place(
         GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 1100, 400), _svc("X", 1.0, 3800, 20)],
         PlacementContext(evaluator=ev),
@@ -277,7 +278,7 @@ def test_a_service_is_not_placed_where_its_requests_do_not_fit_the_kv_pool():
     assert any("llama2-7b" in x.models for x in plan)
     # short 70B requests do fit the shared pool: then sharing stays allowed
     ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
-    plan = SeaLLMPlacement(tp_candidates=(1,)).place(
+    plan = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,))).place(
         GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 200, 100), _svc("X", 1.0, 500, 20)],
         PlacementContext(evaluator=ev),
     )  # fmt: skip
@@ -288,14 +289,14 @@ def test_every_service_with_traffic_gets_an_instance():
     """Eq. 3 (every service placed): B's 5 requests never top A's unserved index, yet B must get one
     of the two groups; a service without traffic is not pushed ahead."""
     ev = HandEvaluator({"A": 100, "B": 5}, {"A": 8, "B": 1})
-    p = SeaLLMPlacement(max_services=1, tp_candidates=(1,))
+    p = SeaLLMPlacement(SeaLLMOptions(max_services=1, tp_candidates=(1,)))
     plan = p.place(
         GpuPool("a100-80gb", 2, 2), [_svc("A", 9.0, 200, 100), _svc("B", 0.5, 200, 100)],
         PlacementContext(evaluator=ev),
     )  # fmt: skip
     assert sorted(m for x in plan for m in x.models) == ["llama2-13b", "llama2-7b"]
     ev = HandEvaluator({"A": 100, "B": 0}, {"A": 8, "B": 1})
-    plan = SeaLLMPlacement(max_services=1, tp_candidates=(1,)).place(
+    plan = SeaLLMPlacement(SeaLLMOptions(max_services=1, tp_candidates=(1,))).place(
         GpuPool("a100-80gb", 2, 2), [_svc("A", 9.0, 200, 100), _svc("B", 0.0, 0, 0)],
         PlacementContext(evaluator=ev),
     )  # fmt: skip
@@ -319,7 +320,7 @@ class _FavourTp4:
 
 
 def test_a_candidate_that_leaves_a_service_unhosted_loses():
-    p = SeaLLMPlacement(max_services=1, tp_candidates=(1, 4))
+    p = SeaLLMPlacement(SeaLLMOptions(max_services=1, tp_candidates=(1, 4)))
     plan = p.place(
         GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 200, 100), _svc("X", 1.0, 200, 20)],
         PlacementContext(evaluator=_FavourTp4()),
@@ -345,7 +346,7 @@ def test_simulated_search_on_long_70b_prompts_fails_no_request():
     with SimPlanEvaluator(spec, wl.requests, preset("seallm")) as ev:
         shared = [InstancePlan("g0", ("llama2-70b", "llama2-7b"), 2), InstancePlan("g1", ("llama2-7b",), 2)]
         assert ev.evaluate([shared])[0].violations["X"] == 6  # what a plan sharing the 70B scores
-        p = SeaLLMPlacement(tp_candidates=(1,))
+        p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,)))
         plan = p.place(GpuPool("a100-80gb", 4, 4), service_loads(wl, spec), PlacementContext(evaluator=ev))
     assert all(x.models == ("llama2-70b",) for x in plan if "llama2-70b" in x.models)
     assert p.last_score is not None and p.last_score.violations["X"] < 6

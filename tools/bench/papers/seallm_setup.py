@@ -198,12 +198,12 @@ HISTORY_S = 60.0  # the arrivals Algorithm 1 is searched on, for the fixed-plan 
 def place(sp: SimSpec, history: Workload, processes: int = 1) -> tuple[list, str]:
     """Algorithm 1 (≤ 2 services per engine) searched once on ``history`` with the preset's own engines
     and dispatch: the plan and the planner's reason (SeaLLM without re-placement: the paper's SeaLLM-A)."""
-    from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMPlacement
+    from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMOptions, SeaLLMPlacement
     from llmfleet.sim.plan_eval import SimPlanEvaluator
     from llmfleet.sim.run import service_loads
 
     b = preset("seallm-placement")
-    planner = SeaLLMPlacement(max_services=(2,))
+    planner = SeaLLMPlacement(SeaLLMOptions(max_services=(2,)))
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     with SimPlanEvaluator(sp, history.requests, b, processes=processes) as ev:
         plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))

@@ -31,7 +31,7 @@ from llmfleet.policies.placement.helr import (
     layered_model,
     make_helr,
 )
-from llmfleet.policies.placement.seallm import SeaLLMPlacement
+from llmfleet.policies.placement.seallm import SeaLLMOptions, SeaLLMPlacement
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
 from llmfleet.policies.registry import instantiate
 
@@ -46,7 +46,7 @@ POLICIES: dict[str, type] = {
 
 
 def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
-    """A new placement planner by registry name; options go to its constructor."""
+    """A new placement planner by registry name with its options record built from ``kwargs``."""
     return instantiate("placement", POLICIES, name, kwargs)
 
 
@@ -71,6 +71,7 @@ __all__ = [
     "PlanEvaluator",
     "PlanScore",
     "PlannerReport",
+    "SeaLLMOptions",
     "SeaLLMPlacement",
     "ServiceLoad",
     "StaticConfigPlacement",

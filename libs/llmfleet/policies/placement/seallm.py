@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.memory import kv_pool_bytes
@@ -93,8 +94,9 @@ class _Candidate:
     added: list[tuple[str, str]] = field(default_factory=list)  # (group, service) in order
 
 
-class SeaLLMPlacement(PlannerReport):
-    """Algorithm 1 of SeaLLM; see the module docstring. Needs a :class:`PlanEvaluator` in the context.
+@dataclass(frozen=True)
+class SeaLLMOptions:
+    """Algorithm 1's options.
 
     Args:
         max_services: services per sharing group (paper's evaluation: 2); a sequence searches each cap
@@ -107,32 +109,46 @@ class SeaLLMPlacement(PlannerReport):
         speculate: fill idle evaluator slots with guessed next plans (same result; see the module doc).
     """
 
-    name = "seallm"
-    needs = PlacementNeeds(evaluator=True)
+    max_services: int | Sequence[int] = 2
+    alpha: float = 1e-4
+    tp_candidates: Sequence[int] | None = None
+    kv_sigmas: float = 2.0
+    speculate: bool = True
 
-    def __init__(
-        self,
-        max_services: int | Sequence[int] = 2,
-        alpha: float = 1e-4,
-        tp_candidates: Sequence[int] | None = None,
-        kv_sigmas: float = 2.0,
-        speculate: bool = True,
-    ) -> None:
-        caps = (max_services,) if isinstance(max_services, int) else tuple(max_services)
+    def __post_init__(self) -> None:
+        caps = self.caps
         if not caps or any(c < 1 for c in caps):
-            raise ValueError(f"max_services must be >= 1 (or a sequence of such), got {max_services}")
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        for tp in tp_candidates or ():
+            raise ValueError(f"max_services must be >= 1 (or a sequence of such), got {self.max_services}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        for tp in self.tp_candidates or ():
             if tp < 1 or tp & (tp - 1):
                 raise ValueError(f"tp candidates must be powers of two, got {tp}")
-        self.caps = tuple(sorted(set(caps)))
-        self.alpha = float(alpha)
-        self.tp_candidates = tuple(tp_candidates) if tp_candidates else None
-        if kv_sigmas < 0:
-            raise ValueError(f"kv_sigmas must be >= 0, got {kv_sigmas}")
-        self.kv_sigmas = float(kv_sigmas)
-        self.speculate = bool(speculate)
+        if self.kv_sigmas < 0:
+            raise ValueError(f"kv_sigmas must be >= 0, got {self.kv_sigmas}")
+
+    @property
+    def caps(self) -> tuple[int, ...]:
+        """The group-size caps searched, ascending."""
+        m = self.max_services
+        return tuple(sorted(set((m,) if isinstance(m, int) else m)))
+
+
+class SeaLLMPlacement(PlannerReport):
+    """Algorithm 1 of SeaLLM with ``options``; see the module docstring. Needs a
+    :class:`PlanEvaluator` in the context."""
+
+    name = "seallm"
+    needs = PlacementNeeds(evaluator=True)
+    Options: ClassVar[type[SeaLLMOptions]] = SeaLLMOptions
+
+    def __init__(self, options: SeaLLMOptions | None = None) -> None:
+        o = options if options is not None else SeaLLMOptions()
+        self.caps = o.caps
+        self.alpha = float(o.alpha)
+        self.tp_candidates = tuple(o.tp_candidates) if o.tp_candidates else None
+        self.kv_sigmas = float(o.kv_sigmas)
+        self.speculate = bool(o.speculate)
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
         self.evaluations = 0  # plans the last search simulated (each distinct plan once)
