@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from llmfleet.costmodel.models import model_arch
-from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, default_scls_cost, dp_batches
+from llmfleet.policies.batching.scls_dp import SclsOptions, SclsSliceBatcher, default_scls_cost, dp_batches
 from llmfleet.policies.request import BatchLimits, PoolView, SchedRequest
 
 GOAL_MS = 50.0
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def form() -> object:
         # a new batcher each call: a full DP, no plan kept from the call before (ζ already in the pool size)
-        batcher = SclsSliceBatcher(cost, slice_iterations=S, zeta=1.0)
+        batcher = SclsSliceBatcher(SclsOptions(cost=cost, slice_iterations=S, zeta=1.0))
         return batcher.form_batch(waiting, pool, limits, 0.0)
 
     groups = dp_batches(lengths, t_serve, fits)

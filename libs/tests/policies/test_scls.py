@@ -9,6 +9,7 @@ import pytest
 from llmfleet.costmodel import SclsDecode, SclsModel, SclsPrefill
 from llmfleet.policies.batching import (
     POLICIES,
+    SclsOptions,
     SclsSliceBatcher,
     StaticBatch,
     StaticBatchPolicy,
@@ -88,7 +89,7 @@ def test_figure11_through_the_batcher():
     lengths = fig11_lengths()
     waiting = [w(f"r{i:02d}", float(i), ln) for i, ln in enumerate(lengths)]
     long_id = f"r{lengths.index(1024):02d}"
-    b = SclsSliceBatcher(FIG11, zeta=1.0)
+    b = SclsSliceBatcher(SclsOptions(cost=FIG11, zeta=1.0))
     first = b.form_batch(waiting, pool(), BIG, 0.0)
     assert first.max_iterations == S and first.model == "m"
     if long_id == "r00":  # the batch holding the oldest request comes first
@@ -197,25 +198,25 @@ def test_batcher_respects_padded_memory_with_zeta():
     # 16-token blocks; prompt 100 + S = 228 tokens → 15 blocks a row; ⌊0.9·100⌋ = 90 blocks → N_max = 6.
     # Equal prompts and a cost linear in N: every split into ⌈20/N_max⌉ batches costs the same.
     waiting = [w(f"r{i:02d}", float(i), 100) for i in range(20)]
-    b = SclsSliceBatcher(OVERHEAD, zeta=0.9)
+    b = SclsSliceBatcher(SclsOptions(cost=OVERHEAD, zeta=0.9))
     got = sizes(b, waiting, pool(free=100))
     assert max(got) == 6 and len(got) == 4
     for batch, _ in b.plan(waiting, pool(free=100), BIG):
         assert padded_blocks(pool(), [r for r in waiting if r.request_id in batch.request_ids], S) <= 90
     assert len(b.form_batch(waiting, pool(free=100), BIG, 0.0).request_ids) <= 6
-    assert max(sizes(SclsSliceBatcher(OVERHEAD, zeta=1.0), waiting, pool(free=100))) == 6
-    assert max(sizes(SclsSliceBatcher(OVERHEAD, zeta=1.0), waiting, pool(free=105))) == 7
+    assert max(sizes(SclsSliceBatcher(SclsOptions(cost=OVERHEAD, zeta=1.0)), waiting, pool(free=100))) == 6
+    assert max(sizes(SclsSliceBatcher(SclsOptions(cost=OVERHEAD, zeta=1.0)), waiting, pool(free=105))) == 7
     # the engine's limits and max_batch bound runs too
     assert max(sizes(b, waiting, pool(), BatchLimits(max_requests=3, max_prefill_tokens=10**9))) == 3
     assert max(sizes(b, waiting, pool(), BatchLimits(max_requests=99, max_prefill_tokens=500))) == 5
-    assert max(sizes(SclsSliceBatcher(OVERHEAD, max_batch=2), waiting, pool())) == 2
+    assert max(sizes(SclsSliceBatcher(SclsOptions(cost=OVERHEAD, max_batch=2)), waiting, pool())) == 2
     assert sizes(b, waiting, pool()) == [20]
 
 
 def test_single_request_always_allowed_unless_it_cannot_be_admitted():
     # 1000 + S tokens = 71 blocks > ⌊0.9·72⌋ = 64: OOM within the slice, but a lone request still runs
     waiting = [w("big", 0.0, 1000), w("small", 1.0, 10)]
-    b = SclsSliceBatcher(OVERHEAD)
+    b = SclsSliceBatcher(SclsOptions(cost=OVERHEAD))
     assert b.form_batch(waiting, pool(free=72), BIG, 0.0) == StaticBatch("m", ("big",), S)
     # padded admission (prompt + 1 = 63 blocks) does not fit 62 blocks: "big" is passed over
     assert b.form_batch(waiting, pool(free=62), BIG, 0.0).request_ids == ("small",)
@@ -238,7 +239,7 @@ def test_plan_is_kept_until_the_waiting_set_changes():
     # 10 short prompts padded to 1000 would cost more than a second batch's overhead (as in Figure 11)
     waiting = [w(f"a{i}", float(i), 10) for i in range(10)] + [w(f"b{i}", 10.0 + i, 1000) for i in range(3)]
     cost = CountingCost(FIG11)
-    b = SclsSliceBatcher(cost, zeta=1.0)
+    b = SclsSliceBatcher(SclsOptions(cost=cost, zeta=1.0))
     first = b.form_batch(waiting, pool(), BIG, 0.0)
     assert first.request_ids == tuple(f"a{i}" for i in range(10))
     calls = cost.calls
@@ -255,7 +256,7 @@ def test_plan_is_kept_until_the_waiting_set_changes():
 
 def test_one_model_the_oldest_requests():
     waiting = [w("n0", 0.0, 10, model="n"), w("m0", 1.0, 10), w("n1", 2.0, 10, model="n")]
-    b = SclsSliceBatcher(OVERHEAD)
+    b = SclsSliceBatcher(SclsOptions(cost=OVERHEAD))
     assert b.form_batch(waiting, pool(), BIG, 0.0) == StaticBatch("n", ("n0", "n1"), S)
     plan = b.plan(waiting[1:], pool(), BIG)
     assert plan == [(StaticBatch("m", ("m0",), S), pytest.approx(OVERHEAD.t_serve(1, 10, S)))]
@@ -264,7 +265,7 @@ def test_one_model_the_oldest_requests():
 
 def test_on_batch_done_marks_members():
     waiting = [w("a", 0.0, 10), w("b", 1.0, 10)]
-    b = SclsSliceBatcher(OVERHEAD)
+    b = SclsSliceBatcher(SclsOptions(cost=OVERHEAD))
     batch = StaticBatch("m", ("a",), S)
     b.on_batch_done(batch, 2.0, 5.0, waiting)
     assert (waiting[0].first_scheduled_s, waiting[0].last_run_s) == (3.0, 5.0)

@@ -15,7 +15,7 @@ from llmfleet.policies.batching.base import (
 from llmfleet.policies.batching.fifo_cm import FifoCm
 from llmfleet.policies.batching.given_batches import GivenBatches, GivenBatchesOptions
 from llmfleet.policies.batching.s3_batching import S3Batching
-from llmfleet.policies.batching.scls_dp import SclsSliceBatcher, dp_batches
+from llmfleet.policies.batching.scls_dp import SclsOptions, SclsSliceBatcher, dp_batches
 from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
 from llmfleet.policies.batching.static_sls import StaticSls
 from llmfleet.policies.registry import instantiate
@@ -44,6 +44,7 @@ __all__ = [
     "GivenBatchesOptions",
     "Odbs",
     "S3Batching",
+    "SclsOptions",
     "SclsSliceBatcher",
     "SloDbs",
     "SloOdbs",

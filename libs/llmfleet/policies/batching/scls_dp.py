@@ -45,8 +45,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -178,26 +179,37 @@ def dp_batches(
     return out
 
 
+@dataclass(frozen=True)
+class SclsOptions:
+    """The slice batcher's options: ``cost`` prices a slice (a :class:`SliceCost` or its mapping),
+    ``slice_iterations`` is the slice length S, ``zeta`` (ζ) the share of the free KV a batch may
+    take, ``max_batch`` caps the batch (None: the engine's limits)."""
+
+    cost: SliceCost | Mapping[str, Any] | None = None
+    slice_iterations: int = 128
+    zeta: float = 0.9
+    max_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("slice_iterations", self.slice_iterations)
+        if not (isinstance(self.zeta, int | float) and 0 < self.zeta <= 1):
+            raise ValueError(f"zeta must be in (0, 1], got {self.zeta!r}")
+        positive_int("max_batch", self.max_batch, optional=True)
+
+
 class SclsSliceBatcher:
-    """SCLS adaptive batcher: DP batches of one slice (S iterations) each; see the module docstring."""
+    """SCLS adaptive batcher with ``options``: DP batches of one slice (S iterations) each; see the
+    module docstring."""
 
     name = "scls"
+    Options: ClassVar[type[SclsOptions]] = SclsOptions
 
-    def __init__(
-        self,
-        cost: SliceCost | Mapping[str, Any] | None = None,
-        slice_iterations: int = 128,
-        zeta: float = 0.9,
-        max_batch: int | None = None,
-    ) -> None:
-        positive_int("slice_iterations", slice_iterations)
-        if not (isinstance(zeta, int | float) and 0 < zeta <= 1):
-            raise ValueError(f"zeta must be in (0, 1], got {zeta!r}")
-        positive_int("max_batch", max_batch, optional=True)
-        self.cost = as_scls_cost(cost)
-        self.slice_iterations = slice_iterations
-        self.zeta = float(zeta)
-        self.max_batch = max_batch
+    def __init__(self, options: SclsOptions | None = None) -> None:
+        o = options if options is not None else SclsOptions()
+        self.cost = as_scls_cost(o.cost)
+        self.slice_iterations = o.slice_iterations
+        self.zeta = float(o.zeta)
+        self.max_batch = o.max_batch
         self._plan: list[tuple[str, ...]] = []
         self._plan_key: tuple[Any, ...] | None = None
 
