@@ -7,6 +7,7 @@ import math
 import pytest
 from llmfleet.costmodel import hardware
 from llmfleet.policies.placement import (
+    AladdinOptions,
     AladdinPlanner,
     EngineSlot,
     GpuPool,
@@ -30,7 +31,9 @@ def svc(name: str, model: str, rate: float) -> ServiceLoad:
 
 def test_worker_count_follows_eq7_per_model():
     p = AladdinPlanner(
-        k5={"llama2-7b": 0.5, "llama2-13b": 0.25}, c5=1.0, t_dec={"llama2-7b": 0.015, "llama2-13b": 0.03}
+        AladdinOptions(
+            k5={"llama2-7b": 0.5, "llama2-13b": 0.25}, c5=1.0, t_dec={"llama2-7b": 0.015, "llama2-13b": 0.03}
+        )
     )
     plan = p.place(
         POOL, [svc("a", "llama2-7b", 3.0), svc("a2", "llama2-7b", 1.0), svc("b", "llama2-13b", 4.0)]
@@ -42,13 +45,13 @@ def test_worker_count_follows_eq7_per_model():
 
 
 def test_scale_in_as_rate_falls_never_below_min_workers():
-    p = AladdinPlanner(k5=1.0, c5=0.0, min_workers=2, t_dec=0.015)
+    p = AladdinPlanner(AladdinOptions(k5=1.0, c5=0.0, min_workers=2, t_dec=0.015))
     assert len(p.place(POOL, [svc("a", "llama2-7b", 3.0)])) == 3
     assert len(p.place(POOL, [svc("a", "llama2-7b", 0.0)])) == 2
 
 
 def test_scale_out_when_best_fit_finds_no_feasible_worker():
-    p = AladdinPlanner(k5=0.1, t_dec=0.015)
+    p = AladdinPlanner(AladdinOptions(k5=0.1, t_dec=0.015))
     current = tuple(InstancePlan(f"llama2-7b-{i}", ("llama2-7b",), 4) for i in range(2))
     ctx = PlacementContext(current=current, infeasible={"llama2-7b": 5})
     plan = p.place(POOL, [svc("a", "llama2-7b", 1.0)], ctx)  # Eq. 7 says 1, dispatch overflowed on 2
@@ -56,14 +59,14 @@ def test_scale_out_when_best_fit_finds_no_feasible_worker():
 
 
 def test_capped_by_the_pool_then_infeasible():
-    p = AladdinPlanner(k5=10.0, t_dec={"llama2-7b": 0.015, "llama2-13b": 0.03})
+    p = AladdinPlanner(AladdinOptions(k5=10.0, t_dec={"llama2-7b": 0.015, "llama2-13b": 0.03}))
     plan = p.place(POOL, [svc("a", "llama2-7b", 5.0), svc("b", "llama2-13b", 1.0)])
     assert sum(x.tp for x in plan) == 32 and "capped by the pool" in p.last_reason
     assert {m for x in plan for m in x.models} == {"llama2-7b", "llama2-13b"}  # each keeps a worker
     with pytest.raises(PlacementInfeasible, match="needs 5 GPUs"):
         p.place(GpuPool("a100-80gb", 4, 8), [svc("a", "llama2-7b", 1.0), svc("b", "llama2-70b", 1.0)])
     with pytest.raises(ValueError, match="min_workers"):
-        AladdinPlanner(min_workers=0)
+        AladdinPlanner(AladdinOptions(min_workers=0))
 
 
 def test_default_slope_is_the_eq6_worker_capacity():
@@ -103,9 +106,12 @@ def test_t_dec_comes_from_the_services_slo_when_not_given():
     pool = GpuPool("cpu", 4, 1)
     loose = ServiceLoad("a", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.5))
     strict = ServiceLoad("b", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.05))
-    p = AladdinPlanner(k5=1.0)
+    p = AladdinPlanner(AladdinOptions(k5=1.0))
     assert p.sizing._slo("tiny-llama", hardware("cpu"), [loose, strict]) == 0.05
     assert len(p.place(pool, [loose, strict])) == 2  # ⌈1·2⌉ workers of tp 1
-    assert AladdinPlanner(k5=1.0, t_dec=0.3).sizing._slo("tiny-llama", hardware("cpu"), [strict]) == 0.3
+    assert (
+        AladdinPlanner(AladdinOptions(k5=1.0, t_dec=0.3)).sizing._slo("tiny-llama", hardware("cpu"), [strict])
+        == 0.3
+    )
     with pytest.raises(PlacementInfeasible, match=r"no service of it sets slo\.tpot_s"):
-        AladdinPlanner(k5=1.0).place(pool, [ServiceLoad("c", "tiny-llama", 1.0, 20, 20)])
+        AladdinPlanner(AladdinOptions(k5=1.0)).place(pool, [ServiceLoad("c", "tiny-llama", 1.0, 20, 20)])

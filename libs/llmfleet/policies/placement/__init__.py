@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.policies.placement.adaptive_interval import AdaptiveInterval, performance
-from llmfleet.policies.placement.aladdin import AladdinPlanner
-from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, optimal_tp
+from llmfleet.policies.placement.aladdin import AladdinOptions, AladdinPlanner
+from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, AladdinWorkersOptions, optimal_tp
 from llmfleet.policies.placement.assign import EngineSlot, assign_plan, gpus_in_use, moves
 from llmfleet.policies.placement.base import (
     GpuPool,
@@ -53,8 +53,10 @@ def make_placement_policy(name: str, **kwargs: Any) -> PlacementPlanner:
 __all__ = [
     "POLICIES",
     "AdaptiveInterval",
+    "AladdinOptions",
     "AladdinPlanner",
     "AladdinWorkers",
+    "AladdinWorkersOptions",
     "ColocateAll",
     "DedicatedEven",
     "Device",

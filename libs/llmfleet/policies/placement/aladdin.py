@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
-from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, IterationTime
+from llmfleet.policies.placement.aladdin_workers import AladdinWorkers, AladdinWorkersOptions, IterationTime
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -45,37 +47,46 @@ def _per_model(value: PerModel, model: str) -> float | None:
     return None if value is None else float(value)
 
 
-class AladdinPlanner(PlannerReport):
-    """N_g* per model and N_w = ⌈k5·r + c5⌉ workers of it; see the module docstring.
+@dataclass(frozen=True)
+class AladdinOptions:
+    """Eq. 6 and 7's options.
 
     Args:
         k5, c5: Eq. 7's slope (workers per req/s) and intercept, one for all models or per model.
         min_rate: R of Eq. 7 (below it the count at R is used).
         min_workers: workers kept per model even without traffic.
-        t_dec, default_seq_tokens, iteration_time: passed to :class:`AladdinWorkers` (Eq. 6).
+        t_dec, default_seq_tokens, iteration_time: :class:`AladdinWorkersOptions` (Eq. 6).
     """
+
+    k5: PerModel = None
+    c5: PerModel = None
+    min_rate: float = 0.0
+    min_workers: int = 1
+    t_dec: float | Mapping[str, float] | None = None
+    default_seq_tokens: float = 512.0
+    iteration_time: Mapping[str, IterationTime] | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 1:
+            raise ValueError(
+                f"min_workers must be >= 1 (a model needs a worker to be served), got {self.min_workers}"
+            )
+        AladdinWorkersOptions(self.t_dec, self.default_seq_tokens, self.iteration_time)  # checked there
+
+
+class AladdinPlanner(PlannerReport):
+    """N_g* per model and N_w = ⌈k5·r + c5⌉ workers of it, with ``options``; see the module docstring."""
 
     name = "aladdin"
     needs = PlacementNeeds()
+    Options: ClassVar[type[AladdinOptions]] = AladdinOptions
 
-    def __init__(
-        self,
-        k5: PerModel = None,
-        c5: PerModel = None,
-        min_rate: float = 0.0,
-        min_workers: int = 1,
-        t_dec: float | Mapping[str, float] | None = None,
-        default_seq_tokens: float = 512.0,
-        iteration_time: Mapping[str, IterationTime] | None = None,
-    ) -> None:
-        if min_workers < 1:
-            raise ValueError(
-                f"min_workers must be >= 1 (a model needs a worker to be served), got {min_workers}"
-            )
-        self.k5, self.c5 = k5, c5
-        self.min_rate = float(min_rate)
-        self.min_workers = int(min_workers)
-        self.sizing = AladdinWorkers(t_dec, default_seq_tokens, iteration_time)
+    def __init__(self, options: AladdinOptions | None = None) -> None:
+        o = options if options is not None else AladdinOptions()
+        self.k5, self.c5 = o.k5, o.c5
+        self.min_rate = float(o.min_rate)
+        self.min_workers = int(o.min_workers)
+        self.sizing = AladdinWorkers(AladdinWorkersOptions(o.t_dec, o.default_seq_tokens, o.iteration_time))
         self.last_reason = ""
         self.last_counts: dict[str, int] = {}
 

@@ -33,7 +33,8 @@ length counts as half of ``default_seq_tokens``). Instances are ``"{model}-{i}"`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.latency_model import decode_iteration_time
@@ -203,8 +204,9 @@ def paper_t_dec(model: str, hw: Hardware) -> float | None:
     return PAPER_T_DEC.get((model_arch(model).name, family))
 
 
-class AladdinWorkers(PlannerReport):
-    """Workers of N* GPUs per model (Eq. 6), GPUs split by demand; see the module docstring.
+@dataclass(frozen=True)
+class AladdinWorkersOptions:
+    """Eq. 6's options.
 
     Args:
         t_dec: ATGT SLO in seconds, one for all models or per model; default the strictest ``slo.tpot_s``
@@ -213,20 +215,28 @@ class AladdinWorkers(PlannerReport):
         iteration_time: model -> IterationTime override (default: roofline of the catalog entries).
     """
 
+    t_dec: float | Mapping[str, float] | None = None
+    default_seq_tokens: float = 512.0
+    iteration_time: Mapping[str, IterationTime] | None = None
+
+    def __post_init__(self) -> None:
+        if self.default_seq_tokens <= 0:
+            raise ValueError(f"default_seq_tokens must be > 0, got {self.default_seq_tokens}")
+
+
+class AladdinWorkers(PlannerReport):
+    """Workers of N* GPUs per model (Eq. 6) with ``options``, GPUs split by demand; see the module
+    docstring."""
+
     name = "aladdin_workers"
     needs = PlacementNeeds()
+    Options: ClassVar[type[AladdinWorkersOptions]] = AladdinWorkersOptions
 
-    def __init__(
-        self,
-        t_dec: float | Mapping[str, float] | None = None,
-        default_seq_tokens: float = 512.0,
-        iteration_time: Mapping[str, IterationTime] | None = None,
-    ) -> None:
-        if default_seq_tokens <= 0:
-            raise ValueError(f"default_seq_tokens must be > 0, got {default_seq_tokens}")
-        self.t_dec = t_dec
-        self.default_seq_tokens = float(default_seq_tokens)
-        self.iteration_time = dict(iteration_time or {})
+    def __init__(self, options: AladdinWorkersOptions | None = None) -> None:
+        o = options if options is not None else AladdinWorkersOptions()
+        self.t_dec = o.t_dec
+        self.default_seq_tokens = float(o.default_seq_tokens)
+        self.iteration_time = dict(o.iteration_time or {})
 
     def _slo(self, model: str, hw: Hardware, services: Sequence[ServiceLoad]) -> float:
         t = self.t_dec.get(model) if isinstance(self.t_dec, Mapping) else self.t_dec
