@@ -11,7 +11,7 @@ TEST_WORKERS  ?= 2
 VLLM_VERSION  ?= 0.32.0
 VLLM_STAMP    := $(VENV)/.llmfleet-vllm-installed
 
-.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -27,6 +27,7 @@ help:
 	@echo "               bench-migration-live (Mell live on 3 CPU engines beside its simulation; not in bench)"
 	@echo "               bench-fleet (the live control plane on 64 emulated A100s: start-up, memory; trace replay vs sim)"
 	@echo "               bench-burst (requests wait for capacity: cold start, right after up, a 1,000-request burst; vs today's)"
+	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
 	@echo "               bench-capacity (one scheduler process: multiplexed vs per-request data path on emulated GPUs)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
@@ -111,6 +112,9 @@ bench-fleet: setup
 
 bench-burst: setup
 	$(PYTHON) tools/bench/burst_bench.py --out .bench/burst $(BENCH_ARGS)
+
+bench-prefix: setup
+	$(PYTHON) tools/bench/prefix_bench.py --out .bench/prefix $(BENCH_ARGS)
 
 bench-capacity: setup
 	$(PYTHON) tools/bench/capacity_bench.py --out .bench/capacity $(BENCH_ARGS)

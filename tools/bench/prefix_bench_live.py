@@ -1,0 +1,225 @@
+"""The live sections of ``make bench-prefix``: the multi-turn workload on an emulated fleet beside
+``llmfleet sim`` (``emulated``), and on native CPU engines serving a small random llama (``native``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fleet_common import BIN, Fleet, compare, run_load, run_sim
+from local_up import LocalUp
+from prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
+from prefix_bench_metrics import Sampler, metrics_addresses
+from prefix_bench_sim import CANDIDATE, REFERENCE, fleet_spec, sweep
+
+
+def live_figures(report: Path, prefix: dict[str, float] | None = None) -> dict[str, Any]:
+    """TTFT, throughput and failures of a ``llmfleet load`` (or sim) report.json, with the engines'
+    prefix-cache counters when given."""
+    if not report.exists():
+        return {"error": f"no report at {report}"}
+    run = json.loads(report.read_text())["runs"][0]
+    o, cl = run["overall"], run["cluster"]
+    ttft = o.get("ttft_s") or {}
+    doc = {
+        "requests": o["requests"],
+        "completed": o["completed"],
+        "failed": o["failed"],
+        "completed_rps": _r(cl.get("throughput_rps")),
+        "output_tokens_per_s": _r(cl.get("throughput_tokens_per_s"), 1),
+        "ttft_mean_s": _r(ttft.get("mean"), 4),
+        "ttft_p50_s": _r(ttft.get("p50"), 4),
+        "ttft_p99_s": _r(ttft.get("p99"), 4),
+        "slo_attainment": _r((o.get("slo") or {}).get("aladdin"), 4),
+    }
+    if prefix:
+        q, h = prefix["prefix_cache_queries"], prefix["prefix_cache_hits"]
+        doc.update(prefix_queries=int(q), prefix_hits=int(h), hit_rate=_r(h / q, 4) if q else None)
+    return doc
+
+
+def _r(v: float | None, digits: int = 3) -> float | None:
+    return None if v is None else round(float(v), digits)
+
+
+def emulated_run(
+    out: Path, gpus: int, setup: Setup, conv: Conversations, rate: float, timeout_s: float
+) -> dict:
+    """One setup live on ``gpus`` emulated A100-80GB (``llmfleet load``) and in ``llmfleet sim`` on the
+    same workload and cluster file, compared by ``llmfleet compare``."""
+    spec = fleet_spec(gpus, setup)
+    fleet = Fleet(out / setup.slug, spec)
+    workload = conv.flags(rate)
+    fleet.start()
+    try:
+        with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
+            load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
+    finally:
+        fleet.stop()
+    sim_dir = fleet.dir / "sim"
+    extra = ["--dispatch", setup.dispatch, "--records"]
+    sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, extra)
+    cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
+    live = live_figures(fleet.dir / "live" / "report.json", sampler.last())
+    live["window_tokens_per_s"] = _r(sampler.window_tokens_per_s(conv.window), 1)
+    sim = live_figures(sim_dir / "report.json")
+    sim["window_tokens_per_s"], sim["window_offered_tokens_per_s"] = sim_window(sim_dir, conv.window)
+    row = {
+        "load_rc": load.returncode,
+        "sim_rc": sim_rc,
+        "live": live,
+        "sim": sim,
+        "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
+        "compare": cmp.get("text", ""),
+    }
+    print(json.dumps({"setup": setup.name, **{k: v for k, v in row.items() if k != "compare"}}), flush=True)
+    return row
+
+
+LIVE_VS_SIM = ("ttft_p50_s", "output_tokens_per_s", "window_tokens_per_s", "ttft_mean_s")
+
+
+def sim_window(sim_dir: Path, window: tuple[float, float]) -> tuple[float | None, float | None]:
+    """Output tokens/s in the window, made and offered, from ``llmfleet sim --records``' requests.jsonl."""
+    path = sim_dir / "requests.jsonl"
+    if not path.exists():
+        return None, None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    reqs = [(r["arrival_s"], r.get("first_token_s"), r.get("finish_s"), r["output_tokens"]) for r in rows]
+    made, offered = window_rates(reqs, *window)
+    return _r(made, 1), _r(offered, 1)
+
+
+def bench_emulated(
+    out: Path,
+    gpus: int,
+    conv: Conversations,
+    compared: list[Setup],
+    rates: list[float],
+    progress: Callable[[dict], None] = lambda doc: None,
+) -> dict:
+    """The loads by the sim section's rule at ``gpus`` GPUs (a simulated sweep of ``compared``), then
+    every setup live and simulated at JSQ's SLO load and at its own first saturated rate (the goals'
+    pair first, at both loads); ``progress`` gets the section so far after each live run."""
+    d = out / "emulated"
+    rows = sweep(d / "sweep", gpus, conv, compared, rates)
+    loads = pick_loads(rows, REFERENCE.name)
+    runs: dict[str, dict[str, dict]] = {"slo": {}, "saturation": {}}
+    doc = {
+        "gpus": gpus,
+        "workload": conv.__dict__,
+        "loads": loads,
+        "sweep": {f"{r:g}": v for r, v in rows.items()},
+    }
+    sat = loads["saturation"]
+    pair = [s for s in compared if s in (REFERENCE, CANDIDATE)]
+    rest = [s for s in compared if s not in pair]
+    plan = [
+        (load, s, loads["slo"] if load == "slo" else sat.get(s.name))
+        for group in (pair, rest)
+        for load in ("slo", "saturation")
+        for s in group
+    ]
+    for load, s, rate in plan:
+        if rate is None:
+            continue
+        run = emulated_run(d / f"{load}-{rate:g}", gpus, s, conv, rate, conv.span_s * 8 + 900)
+        runs[load][s.name] = {"rate": rate, **run}
+        progress({**doc, "runs": runs, "ratios": _live_ratios(runs)})
+    return {**doc, "runs": runs, "ratios": _live_ratios(runs)}
+
+
+def _live_ratios(runs: dict[str, dict[str, dict]]) -> dict[str, float | None]:
+    def fig(load: str, setup: Setup, key: str) -> float | None:
+        return ((runs.get(load) or {}).get(setup.name) or {}).get("live", {}).get(key)
+
+    return {
+        "ttft_mean_slo": ratio(fig("slo", CANDIDATE, "ttft_mean_s"), fig("slo", REFERENCE, "ttft_mean_s")),
+        "throughput_saturation": ratio(
+            fig("saturation", CANDIDATE, "window_tokens_per_s"),
+            fig("saturation", REFERENCE, "window_tokens_per_s"),
+        ),
+    }
+
+
+def native_config(model_dir: Path, engines: int, setup: Setup, threads: int) -> dict[str, Any]:
+    """A cluster file of ``engines`` native CPU engines serving one random llama as ``chat``."""
+    return {
+        "services": {
+            "chat": {"model": "llama", "slo": {"ttft_s": 2.0, "tpot_s": 0.2}, "dispatch": setup.dispatch}
+        },
+        "models": {"llama": {"source": str(model_dir.resolve()), "sim_model": "tiny-llama"}},
+        "placement": dict(PLACEMENT),
+        "engines": {
+            f"engine-{i}": {"models": ["llama"], "prefix_caching": setup.caching, "threads": threads}
+            for i in range(engines)
+        },
+    }
+
+
+def native_run(
+    d: Path, model_dir: Path, engines: int, setup: Setup, conv: Conversations, rate: float, threads: int
+) -> dict:
+    up = LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads))
+    up.start()
+    try:
+        _wait_served(up, engines)
+        t0 = time.monotonic()
+        with Sampler(metrics_addresses(up.endpoints)) as sampler:
+            run = subprocess.run(
+                [str(BIN / "llmfleet"), "load", *conv.flags(rate), "--scheduler", up.scheduler, "--etcd",
+                 up.etcd, "--cluster-config", str(up.config), "--out", str(up.dir / "live"), "--no-plots"],
+                capture_output=True, text=True, timeout=1800,
+            )  # fmt: skip
+        wall = time.monotonic() - t0
+    finally:
+        up.stop()
+    (up.dir / "live.out").write_text(run.stdout + run.stderr)
+    row = {
+        "load_rc": run.returncode,
+        "wall_s": round(wall, 1),
+        **live_figures(up.dir / "live" / "report.json", sampler.last()),
+        "window_tokens_per_s": _r(sampler.window_tokens_per_s(conv.window), 1),
+    }
+    print(json.dumps({"setup": setup.name, **row}), flush=True)
+    return row
+
+
+def _wait_served(up: LocalUp, engines: int, timeout_s: float = 300.0) -> None:
+    """Until every engine serves the model (the first plan loaded)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        status = up.status()
+        served = [n for n in status.get("nodes", []) if n.get("role") == "engine" and n.get("models")]
+        if len(served) >= engines:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"engines not serving after {timeout_s:.0f} s: {json.dumps(up.status())[:2000]}")
+
+
+def bench_native(
+    out: Path, engines: int, conv: Conversations, rate: float, compared: list[Setup], threads: int
+) -> dict:
+    from engine_bench import medium_llama
+
+    d = out / "native"
+    models = d / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    medium_llama(models)  # builds models/medium-llama once (a random llama with its tokenizer)
+    model_dir = models / "medium-llama"
+    runs = {s.name: native_run(d, model_dir, engines, s, conv, rate, threads) for s in compared}
+    (d / "cluster-example.yaml").write_text(
+        yaml.safe_dump(native_config(model_dir, engines, compared[0], threads))
+    )
+    return {
+        "engines": engines,
+        "threads_per_engine": threads,
+        "rate": rate,
+        "workload": conv.__dict__,
+        "runs": runs,
+    }

@@ -1,0 +1,212 @@
+"""``make bench-prefix``'s markdown (prefix.md) and plots (sim_sweep.png, emulated.png, native.png,
+burst.png) from its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SIM_COLUMNS = (
+    ("TTFT mean s", "ttft_mean_s"), ("TTFT p50 s", "ttft_p50_s"), ("TTFT p99 s", "ttft_p99_s"),
+    ("done req/s", "completed_rps"), ("out tok/s", "output_tokens_per_s"),
+    ("window out tok/s", "window_tokens_per_s"), ("SLO", "slo_attainment"),
+    ("prompt tok sent", "prompt_tokens_sent"), ("computed", "prompt_tokens_computed"), ("hit rate", "hit_rate"),
+)  # fmt: skip
+LIVE_COLUMNS = (
+    ("TTFT mean s", "ttft_mean_s"), ("TTFT p50 s", "ttft_p50_s"), ("TTFT p99 s", "ttft_p99_s"),
+    ("done req/s", "completed_rps"), ("out tok/s", "output_tokens_per_s"),
+    ("window out tok/s", "window_tokens_per_s"), ("failed", "failed"),
+    ("hit rate", "hit_rate"),
+)  # fmt: skip
+
+
+def _f(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def table(rows: dict[str, dict], columns: tuple[tuple[str, str], ...]) -> list[str]:
+    lines = ["| setup | " + " | ".join(c for c, _ in columns) + " |", "|---" + "|---:" * len(columns) + "|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(_f(row.get(k)) for _, k in columns) + " |")
+    return [*lines, ""]
+
+
+def _goals(goals: dict[str, Any]) -> list[str]:
+    return [*(f"- {k}: **{v}**" for k, v in goals.items()), ""]
+
+
+def sim_lines(s: dict) -> list[str]:
+    w = s["workload"]
+    lines = [
+        f"## Simulated: {s['gpus']} A100-80GB (`llmfleet sim`)", "",
+        f"Workload: conversations for {w['span_s']:g} s, {w['system_tokens']}-token system prompt, "
+        f"{w['mean_turns']} turns mean, {w['think_s']:g} s think, {w['max_context']} max context. "
+        f"Swept conversations/s: {', '.join(s['sweep'])}. JSQ's SLO load: {s['loads']['slo']} conv/s; "
+        f"each setup's first saturated rate: {s['loads']['saturation']}.", "",
+        f"Ratios (prefix_affinity/cache over jsq/cache): {s['ratios']}", "", *_goals(s["goals"]),
+    ]  # fmt: skip
+    if s["at"].get("slo"):
+        lines += [
+            f"### At JSQ's SLO load ({s['loads']['slo']} conv/s)",
+            "",
+            *table(s["at"]["slo"], SIM_COLUMNS),
+        ]
+    if s["at"].get("saturation"):
+        lines += [
+            "### At saturation (each setup where it sustains the most window tokens/s, at or past its first saturated rate)",
+            "",
+        ]
+        lines += table(s["at"]["saturation"], (("conv/s", "rate"), *SIM_COLUMNS))
+    return lines
+
+
+def emulated_lines(e: dict) -> list[str]:
+    lines = [
+        f"## Live on {e['gpus']} emulated A100-80GB vs `llmfleet sim`", "",
+        f"Loads (same rule, simulated sweep at {e['gpus']} GPUs): {e['loads']} conv/s. Live ratios "
+        f"(prefix_affinity/cache over jsq/cache): {e['ratios']}", "",
+    ]  # fmt: skip
+    for load, runs in e["runs"].items():
+        where = (
+            f"{e['loads']['slo']} conv/s"
+            if load == "slo"
+            else "each setup at its first saturated rate in the simulated sweep"
+        )
+        lines += [
+            f"### At {load} ({where}): live",
+            "",
+            *table(
+                {k: {"rate": v.get("rate"), **v["live"]} for k, v in runs.items()},
+                (("conv/s", "rate"), *LIVE_COLUMNS),
+            ),
+        ]
+        lines += ["Live over simulated (1 = equal; goal within 15% on TTFT p50 and throughput):", "",
+                  "| setup | TTFT p50 live/sim | out tok/s live/sim | window tok/s live/sim | TTFT mean live/sim | sim TTFT p50 s | sim out tok/s | sim window tok/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for name, run in runs.items():
+            r, sim = run["live_over_sim"], run["sim"]
+            lines.append(
+                f"| {name} | {_f(r['ttft_p50_s'])} | {_f(r['output_tokens_per_s'])} | {_f(r['window_tokens_per_s'])} | "
+                f"{_f(r['ttft_mean_s'])} | {_f(sim.get('ttft_p50_s'))} | {_f(sim.get('output_tokens_per_s'))} | "
+                f"{_f(sim.get('window_tokens_per_s'))} |"
+            )
+        lines.append("")
+    return lines
+
+
+def native_lines(n: dict) -> list[str]:
+    return [
+        f"## Native CPU engines: {n['engines']} engines × {n['threads_per_engine']} thread, random llama", "",
+        f"{n['rate']} conversations/s for {n['workload']['span_s']:g} s, {n['workload']['system_tokens']}-word "
+        f"system prompt, at most {n['workload']['max_context']} words of context.", "",
+        *table(n["runs"], (*LIVE_COLUMNS, ("wall s", "wall_s"))),
+    ]  # fmt: skip
+
+
+def burst_lines(b: dict) -> list[str]:
+    lines = [
+        "## Burst: 500 same-prefix requests over 4 engines (prefix_affinity)",
+        "",
+        f"`{b['workload']}`",
+        "",
+    ]
+    for side in ("sim", "live"):
+        r = b.get(side)
+        if r and "shares" in r:
+            lines.append(
+                f"- {side}: shares {r['shares']}, max {r['max_share']}: no engine > 50%: **{r['goal met (no engine > 50%)']}**"
+            )
+        elif r:
+            lines.append(f"- {side}: {r}")
+    return [*lines, ""]
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# Prefix caching and cache-aware dispatch (`make bench-prefix`)",
+        "",
+        f"Machine: {report['machine']}",
+    ]
+    lines += [f"Quick: {report.get('quick')}", ""]
+    if report.get("sim"):
+        lines += sim_lines(report["sim"])
+    if report.get("emulated"):
+        lines += emulated_lines(report["emulated"])
+    if report.get("native"):
+        lines += native_lines(report["native"])
+    if report.get("burst"):
+        lines += burst_lines(report["burst"])
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = report.get("sim")
+    if s and s.get("sweep"):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        rates = [float(r) for r in s["sweep"]]
+        names = list(next(iter(s["sweep"].values())))
+        for name in names:
+            rows = [s["sweep"][k].get(name) or {} for k in s["sweep"]]
+            style = "-" if name.endswith("/cache") else "--"
+            a1.plot(rates, [r.get("ttft_mean_s") or float("nan") for r in rows], "o" + style, label=name)
+            a2.plot(
+                rates, [r.get("window_tokens_per_s") or float("nan") for r in rows], "o" + style, label=name
+            )
+        for ax, label in ((a1, "TTFT mean (s)"), (a2, "output tokens/s in the window")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("conversations/s")
+            ax.set_ylabel(label)
+        a1.set_yscale("log")
+        a1.legend(fontsize=8)
+        fig.suptitle(f"llmfleet sim, {s['gpus']} A100-80GB: dispatch × prefix caching")
+        fig.tight_layout()
+        fig.savefig(out / "sim_sweep.png", dpi=110)
+        plt.close(fig)
+    _bars(report.get("native", {}).get("runs"), "native CPU engines", out / "native.png", plt)
+    e = report.get("emulated")
+    for load, runs in (e or {}).get("runs", {}).items():
+        _bars({k: v["live"] for k, v in runs.items()}, f"emulated, {load}", out / f"emulated_{load}.png", plt)
+    b = report.get("burst")
+    if b:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for i, side in enumerate(("sim", "live")):
+            sh = (b.get(side) or {}).get("shares") or {}
+            ax.bar([x + 0.4 * i for x in range(len(sh))], list(sh.values()), width=0.4, label=side)
+        ax.axhline(0.5, color="gray", ls="--")
+        ax.set_ylabel("share of the burst")
+        ax.set_xlabel("engine")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "burst.png", dpi=110)
+        plt.close(fig)
+
+
+def _bars(runs: dict[str, dict] | None, title: str, path: Path, plt: Any) -> None:
+    if not runs:
+        return
+    names = list(runs)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    x = range(len(names))
+    a1.bar([i - 0.2 for i in x], [runs[n].get("ttft_p50_s") or 0 for n in names], width=0.4, label="p50")
+    a1.bar([i + 0.2 for i in x], [runs[n].get("ttft_p99_s") or 0 for n in names], width=0.4, label="p99")
+    a1.set_ylabel("TTFT (s)")
+    a1.legend()
+    a2.bar(list(x), [runs[n].get("window_tokens_per_s") or 0 for n in names])
+    a2.set_ylabel("output tokens/s in the window")
+    for ax in (a1, a2):
+        ax.set_xticks(list(x), names, rotation=20, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
