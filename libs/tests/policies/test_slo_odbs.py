@@ -7,6 +7,7 @@ from llmfleet.policies.batching import (
     S3Batching,
     SloDbs,
     SloOdbs,
+    SloOdbsOptions,
     StaticBatch,
     StaticBatchPolicy,
     StaticSls,
@@ -79,11 +80,11 @@ def test_figure3_slo_odbs_pads_less_than_fifo():
     fifo = [StaticSls(batch_size=3).form_batch(FIG3, pool(), LIMITS, 0.0)]
     assert ids(fifo) == [("q1", "q2", "q3")]
     assert (input_padding(fifo), tokens(fifo), padding(fifo)) == (6, 174, 102)
-    ue = SloOdbs(**TOY).partition(FIG3, pool(), LIMITS, 0.0)
+    ue = SloOdbs(SloOdbsOptions(**TOY)).partition(FIG3, pool(), LIMITS, 0.0)
     assert ids(ue) == [("q2", "q3"), ("q1",)]
     assert (input_padding(ue), tokens(ue), padding(ue)) == (2, 74, 2)  # the paper: 2 paddings, 74 tokens
     # one batch per call: the tightest SLOs first, then the rest
-    p = SloOdbs(**TOY)
+    p = SloOdbs(SloOdbsOptions(**TOY))
     first = p.form_batch(FIG3, pool(), LIMITS, 0.0)
     assert first == StaticBatch("m", ("q2", "q3"))
     assert p.form_batch([FIG3[0]], pool(), LIMITS, 0.0) == StaticBatch("m", ("q1",))
@@ -91,18 +92,18 @@ def test_figure3_slo_odbs_pads_less_than_fifo():
 
 def test_figure3_variants():
     # SLO-DBS ignores output lengths: q1 joins (T_l = (4+3)·3 = 21 ≤ 100) → FIFO's padding
-    dbs = SloDbs(**TOY).partition(FIG3, pool(), LIMITS, 0.0)
+    dbs = SloDbs(SloOdbsOptions(**TOY)).partition(FIG3, pool(), LIMITS, 0.0)
     assert ids(dbs) == [("q2", "q3", "q1")] and padding(dbs) == 102
     # ODBS splits on the 48-token padding jump: 48·3·1.2 = 172.8 > 100
-    assert ids(Odbs(**TOY).partition(FIG3, pool(), LIMITS, 0.0)) == [("q2", "q3"), ("q1",)]
+    assert ids(Odbs(SloOdbsOptions(**TOY)).partition(FIG3, pool(), LIMITS, 0.0)) == [("q2", "q3"), ("q1",)]
 
 
 def test_slo_term_splits_only_where_it_counts():
     reqs = [q("s1", 8, 10, slo=40.0), q("s2", 8, 10, slo=45.0)]  # equal lengths; T_l = (45+40)·2 = 170
-    assert ids(SloDbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
-    assert ids(SloOdbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
-    assert ids(Odbs(**TOY).partition(reqs, pool(), LIMITS, 0.0)) == [("s1", "s2")]
-    assert ids(SloDbs(**AUTH, threshold=170.0).partition(reqs, pool(), LIMITS, 0.0)) == [
+    assert ids(SloDbs(SloOdbsOptions(**TOY)).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
+    assert ids(SloOdbs(SloOdbsOptions(**TOY)).partition(reqs, pool(), LIMITS, 0.0)) == [("s1",), ("s2",)]
+    assert ids(Odbs(SloOdbsOptions(**TOY)).partition(reqs, pool(), LIMITS, 0.0)) == [("s1", "s2")]
+    assert ids(SloDbs(SloOdbsOptions(**AUTH, threshold=170.0)).partition(reqs, pool(), LIMITS, 0.0)) == [
         ("s1", "s2")
     ]  # ≤ joins
 
@@ -116,17 +117,27 @@ def ten(last_out, slo):
 
 def test_default_threshold_on_the_length_term():
     # 10th request (n = 9): T_o = (len − 20)·10·1.2; 15000 allows a jump of 1250 tokens
-    assert ids(Odbs(**AUTH).partition(ten(1500, 1.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # 17760 > 15000
-    assert len(Odbs(**AUTH).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160
+    assert ids(Odbs(SloOdbsOptions(**AUTH)).partition(ten(1500, 1.0), pool(), LIMITS, 0.0))[-1] == (
+        "long",
+    )  # 17760 > 15000
+    assert len(Odbs(SloOdbsOptions(**AUTH)).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160
     # SLO-ODBS adds T_l = (SLO_q + L_CM)·10: small at 1 s SLOs, decisive at 60 s
-    assert len(SloOdbs(**AUTH).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1  # 14160 + ~40
-    assert ids(SloOdbs(**AUTH).partition(ten(1200, 60.0), pool(), LIMITS, 0.0))[-1] == ("long",)  # + ~1210
+    assert (
+        len(SloOdbs(SloOdbsOptions(**AUTH)).partition(ten(1200, 1.0), pool(), LIMITS, 0.0)) == 1
+    )  # 14160 + ~40
+    assert ids(SloOdbs(SloOdbsOptions(**AUTH)).partition(ten(1200, 60.0), pool(), LIMITS, 0.0))[-1] == (
+        "long",
+    )  # + ~1210
 
 
 def test_batch_cap_and_engine_limits():
     reqs = [q(f"r{i:02d}", 10, 20, slo=1.0) for i in range(25)]
-    assert [len(b.request_ids) for b in SloOdbs(**AUTH).partition(reqs, pool(), LIMITS, 0.0)] == [10, 10, 5]
-    assert [len(b.request_ids) for b in SloOdbs(max_batch=12).partition(reqs, pool(), LIMITS, 0.0)] == [
+    assert [
+        len(b.request_ids) for b in SloOdbs(SloOdbsOptions(**AUTH)).partition(reqs, pool(), LIMITS, 0.0)
+    ] == [10, 10, 5]
+    assert [
+        len(b.request_ids) for b in SloOdbs(SloOdbsOptions(max_batch=12)).partition(reqs, pool(), LIMITS, 0.0)
+    ] == [
         12,
         12,
         1,
@@ -137,13 +148,15 @@ def test_batch_cap_and_engine_limits():
 
 
 def test_length_increment_is_clamped():
-    p = Odbs(**AUTH)
+    p = Odbs(SloOdbsOptions(**AUTH))
     assert p.join_cost(slo_q=9.0, len_q=5.0, l_cm=9.0, o_cm=50.0, n=3) == 0.0  # shorter: no padding added
     assert p.join_cost(slo_q=9.0, len_q=60.0, l_cm=9.0, o_cm=50.0, n=3) == pytest.approx(10 * 4 * 1.2)
-    assert SloDbs(**AUTH).join_cost(2.0, 60.0, 3.0, 50.0, 1) == pytest.approx((2 + 3) * 2 * 1.0)
-    assert SloOdbs(slo_weight=2.0, length_weight=0.5, slo_scale=3.0, length_scale=4.0).join_cost(
-        1.0, 7.0, 2.0, 5.0, 1
-    ) == pytest.approx(2.0 * (1 + 2) * 2 * 3.0 + 0.5 * 2 * 2 * 4.0)
+    assert SloDbs(SloOdbsOptions(**AUTH)).join_cost(2.0, 60.0, 3.0, 50.0, 1) == pytest.approx(
+        (2 + 3) * 2 * 1.0
+    )
+    assert SloOdbs(
+        SloOdbsOptions(slo_weight=2.0, length_weight=0.5, slo_scale=3.0, length_scale=4.0)
+    ).join_cost(1.0, 7.0, 2.0, 5.0, 1) == pytest.approx(2.0 * (1 + 2) * 2 * 3.0 + 0.5 * 2 * 2 * 4.0)
 
 
 # ------------------------------------------------------------------------------ SLO and length
@@ -155,8 +168,13 @@ def test_slo_is_remaining_seconds_and_orders_edf():
     assert p.slo(q("b", 1, 1, arrival=10.0), now=0.0) == 360.0  # no deadline: arrival + 350 s
     assert p.slo(q("c", 1, 1, slo=1.0), now=5.0) == 0.0  # overdue
     reqs = [q("late", 8, 10, slo=400.0), q("none", 8, 10), q("soon", 8, 10, slo=5.0, model="n")]
-    assert SloOdbs(**TOY).form_batch(reqs, pool(), LIMITS, 0.0) == StaticBatch("n", ("soon",))  # its model
-    assert ids(SloOdbs(max_batch=1).partition(reqs[:2], pool(), LIMITS, 0.0)) == [("none",), ("late",)]
+    assert SloOdbs(SloOdbsOptions(**TOY)).form_batch(reqs, pool(), LIMITS, 0.0) == StaticBatch(
+        "n", ("soon",)
+    )  # its model
+    assert ids(SloOdbs(SloOdbsOptions(max_batch=1)).partition(reqs[:2], pool(), LIMITS, 0.0)) == [
+        ("none",),
+        ("late",),
+    ]
 
 
 def test_length_is_the_prediction_capped_or_the_max():

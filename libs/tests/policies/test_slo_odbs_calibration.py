@@ -5,7 +5,7 @@ import math
 import time
 
 import pytest
-from llmfleet.policies.batching import Odbs, SloDbs, SloOdbs, make_batching_policy
+from llmfleet.policies.batching import Odbs, SloDbs, SloOdbs, SloOdbsOptions, make_batching_policy
 from llmfleet.policies.batching.slo_odbs import PRESETS, BatchCost, as_batch_cost, calibrate
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import BatchLimits, PoolView, SchedRequest
@@ -57,7 +57,7 @@ def test_calibration_splits_the_threshold_between_the_terms_at_the_reference():
 
 def test_authors_constants_never_bind_on_the_papers_ranges():
     """The audit: with L1 = 1/s and L2 = 1.2 at batch 10, T_l ≤ 7,000 and T_o needs a 1,250-token jump."""
-    a = SloOdbs(preset="authors")
+    a = SloOdbs(SloOdbsOptions(preset="authors"))
     assert a.slo_term(350.0, 350.0, 9) == pytest.approx(7000.0) and a.threshold == 15000.0
     assert a.length_term(642.0, 0.0, 9) < a.threshold  # Alpaca's longest output from zero
     p = SloOdbs()  # calibrated: both exceed Θ inside the ranges (the SLO term from the 11th member)
@@ -76,12 +76,15 @@ def test_authors_preset_reproduces_the_scripts():
     # sort key SLO + 0.5·output: 50 s + 5 = 55 goes before 10 s + 50 = 60; the paper sorts by SLO only
     reqs = [q("tight_long", 100, 10.0), q("loose_short", 10, 50.0)]
     assert [
-        b.request_ids for b in SloOdbs(preset="authors", max_batch=1).partition(reqs, pool(), LIMITS, 0.0)
+        b.request_ids
+        for b in SloOdbs(SloOdbsOptions(preset="authors", max_batch=1)).partition(reqs, pool(), LIMITS, 0.0)
     ] == [
         ("loose_short",),
         ("tight_long",),
     ]
-    assert [b.request_ids for b in SloOdbs(max_batch=1).partition(reqs, pool(), LIMITS, 0.0)] == [
+    assert [
+        b.request_ids for b in SloOdbs(SloOdbsOptions(max_batch=1)).partition(reqs, pool(), LIMITS, 0.0)
+    ] == [
         ("tight_long",),
         ("loose_short",),
     ]
@@ -89,10 +92,10 @@ def test_authors_preset_reproduces_the_scripts():
     spread = [q(f"r{i:02d}", 20 + 30 * (i % 3), 1.0 + 349.0 * i / 29) for i in range(30)]
     assert sizes(a, spread) == [10, 10, 10]
     # explicit options override the preset; the variants take presets too; unknown presets are refused
-    assert SloOdbs(preset="authors", threshold=5.0, max_batch=None).max_batch is None
+    assert SloOdbs(SloOdbsOptions(preset="authors", threshold=5.0, max_batch=None)).max_batch is None
     assert (
-        Odbs(preset="authors").length_scale == 1.2
-        and SloDbs(preset="paper").slo_scale == PRESETS["paper"].slo_scale
+        Odbs(SloOdbsOptions(preset="authors")).length_scale == 1.2
+        and SloDbs(SloOdbsOptions(preset="paper")).slo_scale == PRESETS["paper"].slo_scale
     )
     with pytest.raises(ValueError, match="preset"):
         make_batching_policy("slo_odbs", preset="nope")
@@ -106,7 +109,9 @@ def test_slo_term_binds_in_the_loose_half_of_the_slo_range():
     tight = [q(f"t{i}", 20, 80.0 + i * 1e-3) for i in range(20)]  # (80+80)·20·2.14 = 6,838 ≤ 15,000
     loose = [q(f"l{i}", 20, 300.0 + i * 1e-3) for i in range(20)]  # (300+300)·k·2.14 ≤ 15,000 → k ≤ 11
     assert sizes(SloDbs(), tight) == [20] and sizes(SloDbs(), loose) == [11, 9]
-    assert sizes(SloDbs(preset="authors", max_batch=None), loose) == [20]  # the authors' L1 never binds
+    assert sizes(SloDbs(SloOdbsOptions(preset="authors", max_batch=None)), loose) == [
+        20
+    ]  # the authors' L1 never binds
     # over the whole range (SLOs 1..350 s, equal lengths): the batches shrink as the SLOs loosen
     ramp = [q(f"r{i:03d}", 20, 1.0 + 349.0 * i / 199) for i in range(200)]
     got = sizes(SloDbs(), ramp)
@@ -119,7 +124,7 @@ def test_length_term_binds_on_alpaca_scale_jumps():
     jump = q("jump", 40 + 150, 2.0)  # +150 tokens at the 10th member: 150·10·11.19 = 16,791 > 15,000
     small = q("small", 40 + 120, 2.0)  # +120 tokens: 13,433 ≤ 15,000
     assert sizes(Odbs(), [*nine, jump]) == [9, 1] and sizes(Odbs(), [*nine, small]) == [10]
-    assert sizes(Odbs(preset="authors"), [*nine, jump]) == [10]
+    assert sizes(Odbs(SloOdbsOptions(preset="authors")), [*nine, jump]) == [10]
 
 
 def test_both_terms_change_the_decision_together():
@@ -150,7 +155,7 @@ def test_cm_size_shrinks_when_memory_is_short():
     # a larger CM (longer output) shrinks it: rows of 16 + 112 = 8 blocks
     assert p.cm_batch_size("m", 16, 112.0, 100.0, pool(40), LIMITS) == 5
     # caps: max_batch and the engine's max_requests
-    assert SloOdbs(max_batch=3).cm_batch_size("m", 16, 48.0, 100.0, pool(), LIMITS) == 3
+    assert SloOdbs(SloOdbsOptions(max_batch=3)).cm_batch_size("m", 16, 48.0, 100.0, pool(), LIMITS) == 3
     assert p.cm_batch_size("m", 16, 48.0, 100.0, pool(), BatchLimits(max_requests=7)) == 7
     reqs = [q(f"r{i:02d}", 48, 10.0 + i * 1e-3) for i in range(20)]
     assert sizes(p, reqs) == [20]
@@ -167,7 +172,7 @@ class LinearServe:
 def test_cm_size_latency_bound_from_a_typed_cost_model():
     cost = LinearServe()
     assert isinstance(cost, BatchCost)
-    p = SloOdbs(cost=cost)
+    p = SloOdbs(SloOdbsOptions(cost=cost))
     # 10 iterations: 1 s per row; a 4.5 s SLO allows 4 rows, 100 s the memory/cap bound
     assert p.cm_batch_size("m", 16, 10.0, 4.5, pool(), LIMITS) == 4
     assert p.cm_batch_size("m", 16, 10.0, 100.0, pool(), LIMITS) == 100
@@ -179,9 +184,9 @@ def test_cm_size_latency_bound_from_a_typed_cost_model():
 def test_cost_options_are_json_friendly():
     assert as_batch_cost(None) is None
     with pytest.raises(ValueError, match="t_serve"):
-        SloOdbs(cost=object())
+        SloOdbs(SloOdbsOptions(cost=object()))
     with pytest.raises(ValueError, match="model and hardware"):
-        SloOdbs(cost={"model": "llama2-7b"})
+        SloOdbs(SloOdbsOptions(cost={"model": "llama2-7b"}))
     t0 = time.perf_counter()
     p = make_batching_policy("slo_odbs", cost={"model": "llama2-7b", "hardware": "rtx-4090"})
     assert time.perf_counter() - t0 < 30

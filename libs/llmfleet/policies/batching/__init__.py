@@ -16,7 +16,7 @@ from llmfleet.policies.batching.fifo_cm import FifoCm
 from llmfleet.policies.batching.given_batches import GivenBatches, GivenBatchesOptions
 from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsOptions, SclsSliceBatcher, dp_batches
-from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs
+from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs, SloOdbsOptions
 from llmfleet.policies.batching.static_sls import StaticSls
 from llmfleet.policies.registry import instantiate
 
@@ -48,6 +48,7 @@ __all__ = [
     "SclsSliceBatcher",
     "SloDbs",
     "SloOdbs",
+    "SloOdbsOptions",
     "StaticBatch",
     "StaticBatchPolicy",
     "StaticSls",

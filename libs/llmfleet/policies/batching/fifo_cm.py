@@ -8,16 +8,14 @@ exactly :meth:`SloOdbs.cm_batch_size`'s size — the same memory (and, with a co
 
 from __future__ import annotations
 
-from typing import Any
-
-from llmfleet.policies.batching.slo_odbs import SloOdbs
+from llmfleet.policies.batching.slo_odbs import SloOdbs, SloOdbsOptions
 
 
 class FifoCm(SloOdbs):
     """FIFO order, CM-based batch size (see the module docstring); options as :class:`SloOdbs`."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(mode="slo_odbs", **kwargs)
+    def __init__(self, options: SloOdbsOptions | None = None) -> None:
+        super().__init__(options, mode="slo_odbs")
         self.name = "fifo_cm"
 
     def sort_key(self, req, now: float) -> tuple[float, float, str]:

@@ -109,7 +109,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks, padded_tokens
@@ -182,7 +182,6 @@ PRESETS: dict[str, Preset] = {
         slo_scale=1.0, length_scale=1.2, threshold=AUTHORS_THRESHOLD, max_batch=10, sort_output_weight=0.5
     ),
 }
-_UNSET: Any = object()
 
 
 @lru_cache(maxsize=16)
@@ -230,55 +229,63 @@ def _positive(name: str, v: object, allow_zero: bool = True) -> float:
     return float(v)
 
 
+@dataclass(frozen=True)
+class SloOdbsOptions:
+    """SLO-ODBS's options: ``preset`` picks the constants; an option left unset (None, ``max_batch``
+    ``"preset"``) takes the preset's value (see the module docstring for each)."""
+
+    preset: str = "paper"
+    slo_weight: float | None = None
+    length_weight: float | None = None
+    slo_scale: float | None = None
+    length_scale: float | None = None
+    threshold: float | None = None
+    max_batch: int | Literal["preset"] | None = "preset"
+    default_slo_s: float | None = None
+    sort_output_weight: float | None = None
+    cost: BatchCost | Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        for name in ("slo_weight", "length_weight", "slo_scale", "length_scale", "threshold"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        for name in ("default_slo_s", "sort_output_weight"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.max_batch != "preset":
+            positive_int("max_batch", self.max_batch, optional=True)
+
+
 class SloOdbs:
     """SLO-ODBS static batcher (``mode`` picks SLO-ODBS, SLO-DBS or ODBS; ``preset`` the constants); see
     the module docstring."""
 
     name = "slo_odbs"
+    Options: ClassVar[type[SloOdbsOptions]] = SloOdbsOptions
 
-    def __init__(
-        self,
-        mode: str = "slo_odbs",
-        preset: str = "paper",
-        slo_weight: float = _UNSET,
-        length_weight: float = _UNSET,
-        slo_scale: float = _UNSET,
-        length_scale: float = _UNSET,
-        threshold: float = _UNSET,
-        max_batch: int | None = _UNSET,
-        default_slo_s: float = _UNSET,
-        sort_output_weight: float = _UNSET,
-        cost: BatchCost | Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, options: SloOdbsOptions | None = None, *, mode: str = "slo_odbs") -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-        base = PRESETS[preset]
+        o = options if options is not None else SloOdbsOptions()
+        base = PRESETS[o.preset]
 
-        def pick(v: Any, default: Any) -> Any:
-            return default if v is _UNSET else v
+        def pick(v: float | None, default: float) -> float:
+            return default if v is None else float(v)
 
-        max_batch = pick(max_batch, base.max_batch)
-        positive_int("max_batch", max_batch, optional=True)
         self.mode = mode
         self.name = mode
-        self.preset = preset
-        self.slo_weight = (
-            0.0 if mode == "odbs" else _positive("slo_weight", pick(slo_weight, base.slo_weight))
-        )
-        self.length_weight = (
-            0.0 if mode == "slo_dbs" else _positive("length_weight", pick(length_weight, base.length_weight))
-        )
-        self.slo_scale = _positive("slo_scale", pick(slo_scale, base.slo_scale))
-        self.length_scale = _positive("length_scale", pick(length_scale, base.length_scale))
-        self.threshold = _positive("threshold", pick(threshold, base.threshold))
-        self.max_batch: int | None = max_batch
-        self.default_slo_s = _positive("default_slo_s", pick(default_slo_s, base.default_slo_s))
-        self.sort_output_weight = _positive(
-            "sort_output_weight", pick(sort_output_weight, base.sort_output_weight)
-        )
-        self.cost = as_batch_cost(cost)
+        self.preset = o.preset
+        self.slo_weight = 0.0 if mode == "odbs" else pick(o.slo_weight, base.slo_weight)
+        self.length_weight = 0.0 if mode == "slo_dbs" else pick(o.length_weight, base.length_weight)
+        self.slo_scale = pick(o.slo_scale, base.slo_scale)
+        self.length_scale = pick(o.length_scale, base.length_scale)
+        self.threshold = pick(o.threshold, base.threshold)
+        self.max_batch: int | None = base.max_batch if o.max_batch == "preset" else o.max_batch
+        self.default_slo_s = pick(o.default_slo_s, base.default_slo_s)
+        self.sort_output_weight = pick(o.sort_output_weight, base.sort_output_weight)
+        self.cost = as_batch_cost(o.cost)
 
     # ------------------------------------------------------------------------------ per request
 
@@ -399,16 +406,12 @@ class SloOdbs:
 class SloDbs(SloOdbs):
     """SLO-DBS: SLO-ODBS with the SLO term only (w2 = 0)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        if kwargs.pop("mode", "slo_dbs") != "slo_dbs":
-            raise ValueError("SloDbs is mode 'slo_dbs'")
-        super().__init__(mode="slo_dbs", **kwargs)
+    def __init__(self, options: SloOdbsOptions | None = None) -> None:
+        super().__init__(options, mode="slo_dbs")
 
 
 class Odbs(SloOdbs):
     """ODBS: SLO-ODBS with the output-length term only (w1 = 0)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        if kwargs.pop("mode", "odbs") != "odbs":
-            raise ValueError("Odbs is mode 'odbs'")
-        super().__init__(mode="odbs", **kwargs)
+    def __init__(self, options: SloOdbsOptions | None = None) -> None:
+        super().__init__(options, mode="odbs")
