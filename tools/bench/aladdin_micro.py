@@ -38,7 +38,7 @@ import numpy as np
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
 from llmfleet.costmodel.roofline import RooflineModel
-from llmfleet.policies.dispatch import AladdinBestFit, DispatchRequest, EngineCandidate
+from llmfleet.policies.dispatch import AladdinBestFit, AladdinBestFitOptions, DispatchRequest, EngineCandidate
 from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery
 
 GOAL_US = 1000.0
@@ -131,12 +131,14 @@ def main(argv: list[str] | None = None) -> dict:
         predictor.observe(LengthQuery("chat", prompt_tokens=l_in), l_out)
     kv_bytes = hw.mem_bytes - arch.weight_bytes
     policy = AladdinBestFit(
-        {args.model: RooflineModel(arch, hw)},
-        {args.model: tuple(args.slo)},
-        kv_capacity_tokens=args.kv_tokens,
-        kv_capacity_bytes=kv_bytes,
-        kv_bytes_per_token=arch.kv_bytes_per_token,
-        predictor=predictor,
+        AladdinBestFitOptions(
+            {args.model: RooflineModel(arch, hw)},
+            {args.model: tuple(args.slo)},
+            kv_capacity_tokens=args.kv_tokens,
+            kv_capacity_bytes=kv_bytes,
+            kv_bytes_per_token=arch.kv_bytes_per_token,
+            predictor=predictor,
+        )
     )
     tm = _simulate(args, policy, predictor, arch.kv_bytes_per_token, rng)
     choose_us, choose_cpu_us, finish_us = tm.choose_us, tm.choose_cpu_us, tm.finish_us

@@ -6,6 +6,7 @@ file or a flag gives (its ``__post_init__`` checks the values and names a bad op
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -18,6 +19,21 @@ def lookup(kind: str, registry: Mapping[str, T], name: str) -> T:
         return registry[name]
     except KeyError:
         raise ValueError(f"unknown {kind} policy {name!r}; valid: {sorted(registry)}") from None
+
+
+def check_options(kind: str, registry: Mapping[str, type], name: str, options: Mapping[str, Any]) -> None:
+    """Check ``options`` for ``registry[name]`` without building the policy: its options record is built
+    (names and values checked), or, for a policy without one, the names are bound to its constructor;
+    a ValueError saying which is bad."""
+    cls = lookup(kind, registry, name)
+    record_type = getattr(cls, "Options", None)
+    try:
+        if record_type is not None:
+            record_type(**options)
+        else:
+            inspect.signature(cls).bind_partial(**options)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad options for {kind} policy {name!r}: {e}") from None
 
 
 def instantiate(kind: str, registry: Mapping[str, type], name: str, options: Mapping[str, Any]) -> Any:

@@ -10,7 +10,6 @@ A section may be written as its policy name alone: ``dispatch: jsq`` is ``dispat
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -62,13 +61,14 @@ class DispatchSpec(_Choice):
     """Which engine gets a request (:mod:`llmfleet.policies.dispatch`), or a central mode (``scls_central``:
     the scheduler batches slices for every engine). A policy that prices requests (``reads_costs``:
     Aladdin) gets its latency models and SLOs where it runs (the scheduler's cost model and services),
-    so unless the options give them its options are checked by name only."""
+    so unless the options give them its options record is checked without building the policy."""
 
     policy: str = defaults.DISPATCH_POLICY
 
     @model_validator(mode="after")
     def _build(self) -> DispatchSpec:
         from llmfleet.policies.dispatch import POLICIES, SCHEDULER_MODES, dispatch_needs, make_dispatch_policy
+        from llmfleet.policies.registry import check_options
 
         if self.policy in SCHEDULER_MODES:
             return self
@@ -77,10 +77,7 @@ class DispatchSpec(_Choice):
                 f"unknown dispatch policy {self.policy!r}; valid: {sorted([*POLICIES, *SCHEDULER_MODES])}"
             )
         if dispatch_needs(self.policy).reads_costs and not {"latency_models", "slos"} <= set(self.options):
-            try:
-                inspect.signature(POLICIES[self.policy]).bind_partial(**self.options)
-            except TypeError as e:
-                raise ValueError(f"bad options for dispatch policy {self.policy!r}: {e}") from None
+            check_options("dispatch", POLICIES, self.policy, self.options)
             return self
         make_dispatch_policy(self.policy, **self.options)  # a bad option is named here
         return self

@@ -14,6 +14,7 @@ from llmfleet.costmodel.models import model_arch
 from llmfleet.costmodel.roofline import RooflineModel, decode_time
 from llmfleet.policies.dispatch import (
     AladdinBestFit,
+    AladdinBestFitOptions,
     DispatchRequest,
     EngineCandidate,
     JoinShortestQueue,
@@ -39,7 +40,7 @@ def lat(k1=1e-6, c1=0.0, k2=1e-6, c2=1e-4, c3=0.01):
 
 
 def policy(latency=None, t_pre=100.0, t_dec=0.1, **kw):
-    return AladdinBestFit({M: latency or lat()}, {M: (t_pre, t_dec)}, **kw)
+    return AladdinBestFit(AladdinBestFitOptions({M: latency or lat()}, {M: (t_pre, t_dec)}, **kw))
 
 
 def cands(*ids, running=None):

@@ -8,7 +8,13 @@ from llmfleet.costmodel.aladdin import AladdinModel, DecodeModel, PrefillModel
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
 from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
-from llmfleet.policies.dispatch import AladdinBestFit, DispatchRequest, EngineCandidate, make_dispatch_policy
+from llmfleet.policies.dispatch import (
+    AladdinBestFit,
+    AladdinBestFitOptions,
+    DispatchRequest,
+    EngineCandidate,
+    make_dispatch_policy,
+)
 from llmfleet.policies.placement import optimal_tp
 from llmfleet.policies.placement.aladdin_workers import roofline_iteration_time
 
@@ -31,7 +37,11 @@ def rq(rid, l_in, l_out, t=0.0):
 
 def test_open_mode_fills_open_workers_before_opening_the_next():
     flat = lat(k2=1e-3, c2=0.0, c3=0.0)  # l_d = 1000 tokens at T_dec = 1
-    p = AladdinBestFit({M: flat}, {M: (100.0, 1.0)}, theta=1.0, on_infeasible="open", constraints="paper")
+    p = AladdinBestFit(
+        AladdinBestFitOptions(
+            {M: flat}, {M: (100.0, 1.0)}, theta=1.0, on_infeasible="open", constraints="paper"
+        )
+    )
     ids = ("w0", "w1", "w2")
     assert p.choose(M, cands(*ids), request=rq("r0", 300, 200)) == "w0"  # nothing open: open w0
     assert p.choose(M, cands(*ids), request=rq("r1", 300, 200)) == "w0"  # Σ 800 ≤ 1000
@@ -41,7 +51,7 @@ def test_open_mode_fills_open_workers_before_opening_the_next():
 
 def test_open_mode_falls_back_when_every_worker_is_open():
     flat = lat(k2=1e-3, c2=0.0, c3=0.0)
-    p = AladdinBestFit({M: flat}, {M: (100.0, 1.0)}, theta=1.0, on_infeasible="open")
+    p = AladdinBestFit(AladdinBestFitOptions({M: flat}, {M: (100.0, 1.0)}, theta=1.0, on_infeasible="open"))
     for k in range(3):
         p.choose(M, cands("a", "b"), request=rq(f"r{k}", 800, 200))
     assert p.opened == 2 and p.infeasible == 1
@@ -49,9 +59,9 @@ def test_open_mode_falls_back_when_every_worker_is_open():
 
 def test_bad_modes_are_named():
     with pytest.raises(ValueError, match="constraints must be"):
-        AladdinBestFit({M: lat()}, {M: (1.0, 0.1)}, constraints="loose")
+        AladdinBestFit(AladdinBestFitOptions({M: lat()}, {M: (1.0, 0.1)}, constraints="loose"))
     with pytest.raises(ValueError, match="on_infeasible must be"):
-        AladdinBestFit({M: lat()}, {M: (1.0, 0.1)}, on_infeasible="scale")
+        AladdinBestFit(AladdinBestFitOptions({M: lat()}, {M: (1.0, 0.1)}, on_infeasible="scale"))
     p = make_dispatch_policy("aladdin_bestfit", latency_models={M: lat()}, slos={M: (1.0, 0.1)},
                              on_infeasible="open", constraints="paper")  # fmt: skip
     assert p.on_infeasible == "open" and p.constraints == "paper"
@@ -63,7 +73,7 @@ def test_paper_d_has_no_next_iteration_term():
     T_dec·1 = 0.1 s holds 20 ms but not 20 ms + t_d(2) ≈ 95 ms."""
     model = lat(k1=1e-4, k2=0.0, c2=0.0, c3=0.095)
     for mode, want in (("strict", "b"), ("paper", "a")):
-        p = AladdinBestFit({M: model}, {M: (100.0, 0.1)}, theta=1.0, constraints=mode)
+        p = AladdinBestFit(AladdinBestFitOptions({M: model}, {M: (100.0, 0.1)}, theta=1.0, constraints=mode))
         assert p.choose(M, cands("a", "b"), request=rq("r0", 100, 1000)) == "a"
         assert p.choose(M, cands("a", "b"), request=rq("r1", 200, 10, t=0.01)) == want, mode
 
@@ -95,6 +105,6 @@ def test_optimal_tp_with_overhead_gives_table3_for_7b_and_13b():
 def test_protect_false_drops_constraint_d():
     pre = lat(k1=1e-3)  # t_pre(200) = 0.2 s > the slack T_dec·1 = 0.1 s right after r0's first token
     for protect, want in ((True, "b"), (False, "a")):
-        p = AladdinBestFit({M: pre}, {M: (100.0, 0.1)}, protect=protect)
+        p = AladdinBestFit(AladdinBestFitOptions({M: pre}, {M: (100.0, 0.1)}, protect=protect))
         assert p.choose(M, cands("a", "b"), request=rq("r0", 100, 1000)) == "a"
         assert p.choose(M, cands("a", "b"), request=rq("r1", 200, 10, t=0.1)) == want, protect

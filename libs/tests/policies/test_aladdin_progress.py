@@ -7,6 +7,7 @@ import pytest
 from llmfleet.costmodel.aladdin import AladdinModel, DecodeModel, PrefillModel
 from llmfleet.policies.dispatch import (
     AladdinBestFit,
+    AladdinBestFitOptions,
     DispatchNeeds,
     DispatchRequest,
     EngineCandidate,
@@ -22,7 +23,7 @@ LAT = AladdinModel(PrefillModel(1e-3, 0.0), DecodeModel(1e-6, 1e-4, 0.01))
 
 
 def policy(**kw) -> AladdinBestFit:
-    return AladdinBestFit({M: LAT}, {M: (100.0, T_DEC)}, theta=THETA, **kw)
+    return AladdinBestFit(AladdinBestFitOptions({M: LAT}, {M: (100.0, T_DEC)}, theta=THETA, **kw))
 
 
 def rq(rid: str, l_in: int, l_out: int, t: float) -> DispatchRequest:
@@ -110,7 +111,7 @@ def test_d_protects_requests_the_dispatcher_did_not_place():
 def test_measured_start_keeps_a_queued_prefill_pending():
     """Measured: our request starts at its first token, not at the estimate; until then its prompt is
     a pending prefill ((c) and (d) count it)."""
-    p = AladdinBestFit({M: LAT}, {M: (1.0, 10.0)}, theta=1.0)
+    p = AladdinBestFit(AladdinBestFitOptions({M: LAT}, {M: (1.0, 10.0)}, theta=1.0))
     assert p.choose(M, cands(), request=rq("r0", 800, 50, 0.0)) == "a"  # estimated start 0.8 s
     # at 0.9 s the engine has not produced r0's first token (it queued): 800 + 300 > 1000 tokens of TTFT
     assert p.choose(M, cands(), request=rq("r1", 300, 50, 0.9)) == "b"
@@ -119,7 +120,7 @@ def test_measured_start_keeps_a_queued_prefill_pending():
     assert p.choose(M, cands(a=[RequestProgress("r0", M, 2, 0.95)]), request=rq("r2", 300, 50, 1.0)) == "a"
     assert p.started("r0") is True
     # without measurement the estimate starts it at 0.8 s (the former behaviour)
-    q = AladdinBestFit({M: LAT}, {M: (1.0, 10.0)}, theta=1.0)
+    q = AladdinBestFit(AladdinBestFitOptions({M: LAT}, {M: (1.0, 10.0)}, theta=1.0))
     q.choose(M, cands(measured=False), request=rq("r0", 800, 50, 0.0))
     assert q.choose(M, cands(measured=False), request=rq("r1", 300, 50, 0.9)) == "a"
 
@@ -153,8 +154,11 @@ def test_b_counts_the_workers_prefill_load():
     flat = AladdinModel(PrefillModel(1e-3, 0.0), DecodeModel(1e-4, 0.0, 0.0))  # l_d = T_dec/k2 = 1000
 
     def pol():
-        p = AladdinBestFit(  # (b) alone: r0's pending prefill is not protected here
-            {M: flat}, {M: (100.0, T_DEC)}, theta=1.0, prefill_window_s=10.0, protect_prefills=False
+        # (b) alone: r0's pending prefill is not protected here
+        p = AladdinBestFit(
+            AladdinBestFitOptions(
+                {M: flat}, {M: (100.0, T_DEC)}, theta=1.0, prefill_window_s=10.0, protect_prefills=False
+            )
         )
         assert p.choose(M, cands(), request=rq("r0", 400, 200, 0.0)) == "a"  # ctx 500, 0.4 s prefill
         return p

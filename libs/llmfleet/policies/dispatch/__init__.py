@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
+from llmfleet.policies.dispatch.aladdin_options import AladdinBestFitOptions
 from llmfleet.policies.dispatch.base import (
     CountsInfeasible,
     DispatchContext,
@@ -50,7 +51,7 @@ def dispatch_needs(name: str) -> DispatchNeeds:
 
 
 def make_dispatch_policy(name: str, ctx: DispatchContext | None = None, **options: Any) -> DispatchPolicy:
-    """A new policy object by registry name; ``options`` go to its constructor.
+    """A new policy object by registry name with its options record built from ``options``.
 
     With a context, a policy that reads load where ``ctx`` has no load source is refused (ValueError
     naming the policy and what it reads), and a policy that ``reads_costs`` gets the context's
@@ -68,6 +69,7 @@ __all__ = [
     "POLICIES",
     "SCHEDULER_MODES",
     "AladdinBestFit",
+    "AladdinBestFitOptions",
     "BestFitKv",
     "CountsInfeasible",
     "DispatchContext",

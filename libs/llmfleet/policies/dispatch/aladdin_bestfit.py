@@ -112,6 +112,7 @@ import numpy as np
 
 from llmfleet.policies.dispatch.aladdin_book import KvCapacity, RequestBook
 from llmfleet.policies.dispatch.aladdin_ledger import PlacedRequest
+from llmfleet.policies.dispatch.aladdin_options import AladdinBestFitOptions
 from llmfleet.policies.dispatch.aladdin_rebalance import MoveCheck, plan_moves
 from llmfleet.policies.dispatch.base import (
     DispatchNeeds,
@@ -132,39 +133,8 @@ def _slo_pair(slo: Any) -> tuple[float, float]:
 
 
 class AladdinBestFit(FinishListener):
-    """Aladdin best-fit placement under constraints (b)–(e); see the module docstring.
-
-    Args:
-        latency_models: model -> object with ``.prefill.predict(tokens)`` and ``.decode.predict(b, l)``,
-            ``.decode.context_limit(b, T_dec)`` (``AladdinModel`` or ``RooflineModel``).
-        slos: model -> (T_pre, T_dec) seconds, or an object/mapping with ``ttft_s``/``tpot_s``.
-        kv_capacity_tokens: M per worker in tokens (a number or model -> number). Else
-            ``kv_capacity_bytes`` (number or per model) ÷ ``kv_bytes_per_token`` (number or per model;
-            else the request's ``kv_bytes_per_token``). Else each engine's reported
-            ``kv_capacity_bytes`` ÷ bytes per token. Else unbounded (constraint (e) off).
-        gamma: γ of (b), the "strictness knob" (paper: 0.5).
-        theta: θ of (b) and (d), margin for prediction error, 0 < θ ≤ 1 (default 0.9: the paper only
-            says 0 < θ < 1; 0.9 leaves 10 % headroom, about the decode-model error it reports, < 5 %,
-            doubled).
-        predictor: ``LengthPredictor`` or callable ``f(service, prompt_tokens, generated) -> tokens``,
-            for re-prediction and for requests that arrive without a prediction.
-        default_output_tokens: prediction when the request has none and there is no predictor.
-        prefill_window_s: window over which (b)'s prefill load ρ (the share of time a worker spends in
-            the prefills placed on it) is measured.
-        constraints: ``"strict"`` ((b) at T_dec·(1 − ρ), (d) with t_d(b + 1)) or ``"paper"`` (Eq. 4 as
-            printed); see the module docstring.
-        on_infeasible: ``"least_loaded"`` or ``"open"`` (the paper's: open a new worker).
-        protect: check (d) (default); False drops it, to measure what it costs (the Aladdin sweep's
-            ``no-(d)`` configuration).
-        protect_prefills: (d) also protects the requests placed on a worker whose prefill has not
-            ended (default): with one-phase engines a prefill placed after theirs runs before their
-            second token, so the worker's slack is at most T_dec. False protects only requests that
-            have produced a token (the earlier behaviour, kept to measure the difference).
-        heartbeat_s: the scheduling heartbeat (0: each request is placed when it arrives). The paper's
-            MIP places the requests that arrived "between the scheduling heartbeat" together: callers
-            dispatch a request at the first multiple of ``heartbeat_s`` at or after its arrival, in
-            arrival order, with that time as ``now`` (its TTFT still counts from its arrival).
-    """
+    """Aladdin best-fit placement under constraints (b)–(e) with ``options``
+    (:class:`~.aladdin_options.AladdinBestFitOptions`); see the module docstring."""
 
     name = "aladdin_bestfit"
     # predictions (the scheduler asks the profiler), latency models and SLOs (from the DispatchContext)
@@ -173,71 +143,41 @@ class AladdinBestFit(FinishListener):
     needs: ClassVar[DispatchNeeds] = DispatchNeeds(
         reads_predictions=True, reads_costs=True, reads_progress=True
     )
+    Options: ClassVar[type[AladdinBestFitOptions]] = AladdinBestFitOptions
 
-    def __init__(
-        self,
-        latency_models: Mapping[str, Any] | None = None,
-        slos: Mapping[str, Any] | None = None,
-        *,
-        kv_capacity_tokens: float | Mapping[str, float] | None = None,
-        kv_capacity_bytes: float | Mapping[str, float] | None = None,
-        kv_bytes_per_token: float | Mapping[str, float] | None = None,
-        gamma: float = 0.5,
-        theta: float = 0.9,
-        predictor: Any = None,
-        default_output_tokens: float = 256.0,
-        prefill_window_s: float = 10.0,
-        constraints: str = "strict",
-        on_infeasible: str = "least_loaded",
-        protect: bool = True,
-        protect_prefills: bool = True,
-        heartbeat_s: float = 0.0,
-    ) -> None:
-        self.protect = bool(protect)
-        if not (math.isfinite(heartbeat_s) and heartbeat_s >= 0):
-            raise ValueError(f"heartbeat_s must be finite and >= 0, got {heartbeat_s!r}")
-        self.heartbeat_s = float(heartbeat_s)
-        if constraints not in ("strict", "paper"):
-            raise ValueError(f"constraints must be 'strict' or 'paper', got {constraints!r}")
-        if on_infeasible not in ("least_loaded", "open"):
-            raise ValueError(f"on_infeasible must be 'least_loaded' or 'open', got {on_infeasible!r}")
-        self.constraints = constraints
-        self.on_infeasible = on_infeasible
-        self.opened = 0  # workers opened (on_infeasible="open")
-        self._open: dict[str, set[int]] = {}
-        if not latency_models or not slos:
+    def __init__(self, options: AladdinBestFitOptions) -> None:
+        o = options
+        if not o.latency_models or not o.slos:
             raise ValueError(
                 "aladdin_bestfit needs latency_models={model: AladdinModel | RooflineModel} and "
                 "slos={model: (T_pre_s, T_dec_s)}"
             )
-        if not 0 <= gamma <= 1:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-        if not 0 < theta <= 1:
-            raise ValueError(f"theta must be in (0, 1], got {theta}")
-        if predictor is not None and not (hasattr(predictor, "predict") or callable(predictor)):
-            raise ValueError("predictor must be a LengthPredictor or a callable")
-        self.latency_models = dict(latency_models)
-        self.slos = {m: _slo_pair(s) for m, s in slos.items()}
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.kv_capacity_bytes = kv_capacity_bytes
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.gamma = float(gamma)
-        self.theta = float(theta)
-        self.predictor = predictor
-        self.default_output_tokens = float(default_output_tokens)
-        if prefill_window_s <= 0:
-            raise ValueError(f"prefill_window_s must be > 0, got {prefill_window_s}")
-        self.prefill_window_s = float(prefill_window_s)
+        self.protect = bool(o.protect)
+        self.heartbeat_s = float(o.heartbeat_s)
+        self.constraints = o.constraints
+        self.on_infeasible = o.on_infeasible
+        self.opened = 0  # workers opened (on_infeasible="open")
+        self._open: dict[str, set[int]] = {}
+        self.latency_models = dict(o.latency_models)
+        self.slos = {m: _slo_pair(s) for m, s in o.slos.items()}
+        self.kv_capacity_tokens = o.kv_capacity_tokens
+        self.kv_capacity_bytes = o.kv_capacity_bytes
+        self.kv_bytes_per_token = o.kv_bytes_per_token
+        self.gamma = float(o.gamma)
+        self.theta = float(o.theta)
+        self.predictor = o.predictor
+        self.default_output_tokens = float(o.default_output_tokens)
+        self.prefill_window_s = float(o.prefill_window_s)
         self.infeasible = 0  # placements with no feasible worker (went to the least loaded)
         self.placed = 0
-        capacity = KvCapacity(kv_capacity_tokens, kv_capacity_bytes, kv_bytes_per_token)
+        capacity = KvCapacity(o.kv_capacity_tokens, o.kv_capacity_bytes, o.kv_bytes_per_token)
         self.book = RequestBook(
             self.latency_models,
             self.slos,
             capacity,
             self.gamma,
-            predictor,
-            bool(protect_prefills),
+            o.predictor,
+            bool(o.protect_prefills),
         )
 
     @property
