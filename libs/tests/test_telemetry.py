@@ -1,4 +1,5 @@
-"""Trace context crosses process boundaries: SDK client -> server A -> (nested call) -> server B.
+"""Trace context crosses process boundaries: SDK client -> server A -> (nested call) -> server B (for a
+request, the SDK's stream on SubmitMany -> server A's stream -> its Submit call -> server B).
 
 ``setup_tracing`` installs the global TracerProvider once per process, so this test attaches its own
 in-memory exporter to whatever provider is installed, filters spans by its own trace ids, and shuts
@@ -15,7 +16,9 @@ from llmfleet.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.client import AsyncClient
 from llmfleet.client.testing import FakeScheduler, start_fake_scheduler
 from llmfleet.rpc.channels import open_channel
+from llmfleet.rpc.mux import SUBMIT_MANY
 from llmfleet.telemetry import setup_tracing, tracing_enabled
+from llmfleet.telemetry.streams import REQUEST_ID
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -57,9 +60,15 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 def _by_trace(spans: tuple[ReadableSpan, ...], method: str) -> dict[int, list[ReadableSpan]]:
+    """The spans of ``method`` calls by trace; for ``Submit``, also the SDK's request streams on
+    ``SubmitMany`` that reach it (the stream spans name their request; the long-lived call's own
+    spans name none and belong to no request's trace)."""
     out: dict[int, list[ReadableSpan]] = {}
     for s in spans:
-        if s.name.endswith(f"/llmfleet.v1.Scheduler/{method}") and s.context is not None:
+        ours = s.name.endswith(f"/llmfleet.v1.Scheduler/{method}") or (
+            method == "Submit" and s.name == SUBMIT_MANY and REQUEST_ID in (s.attributes or {})
+        )
+        if ours and s.context is not None:
             out.setdefault(s.context.trace_id, []).append(s)
     return out
 
