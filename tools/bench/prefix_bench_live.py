@@ -165,10 +165,8 @@ def native_config(model_dir: Path, engines: int, setup: Setup, threads: int) -> 
 def native_run(
     d: Path, model_dir: Path, engines: int, setup: Setup, conv: Conversations, rate: float, threads: int
 ) -> dict:
-    up = LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads))
-    up.start()
+    up = _start_serving(LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads)), engines)
     try:
-        _wait_served(up, engines)
         t0 = time.monotonic()
         with Sampler(metrics_addresses(up.endpoints)) as sampler:
             run = subprocess.run(
@@ -190,7 +188,22 @@ def native_run(
     return row
 
 
-def _wait_served(up: LocalUp, engines: int, timeout_s: float = 300.0) -> None:
+def _start_serving(up: LocalUp, engines: int, attempts: int = 3) -> LocalUp:
+    """Start the cluster until every engine serves the model (a start that does not get there, e.g.
+    a child that lost its port to another process on this shared machine, is stopped and retried)."""
+    for attempt in range(attempts):
+        up.start()
+        try:
+            _wait_served(up, engines, timeout_s=120.0)
+            return up
+        except RuntimeError:
+            up.stop()
+            if attempt == attempts - 1:
+                raise
+    return up
+
+
+def _wait_served(up: LocalUp, engines: int, timeout_s: float) -> None:
     """Until every engine serves the model (the first plan loaded)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
