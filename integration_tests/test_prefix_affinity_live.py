@@ -76,9 +76,10 @@ async def test_a_session_returns_to_its_engine_over_grpc_and_http(cluster):
     async with AsyncClient(cluster.scheduler, timeout_s=120) as client:
         # short prompts (under one 256-byte chunk): nothing to match but the session. Conversations
         # start two at a time until one runs on each engine (a pair splits unless a stale load
-        # report still counts an earlier test's requests)
+        # report still counts an earlier test's requests: on a loaded machine the burst's reports can
+        # lag by seconds, so the pairs are a second apart)
         where: dict[str, str] = {}
-        for k in range(6):
+        for k in range(20):
             pair = (f"c{k}-a", f"c{k}-b")
             first = await asyncio.gather(
                 *(client.complete(f"hello {s}", service="s-prefix", session=s) for s in pair)
@@ -86,6 +87,7 @@ async def test_a_session_returns_to_its_engine_over_grpc_and_http(cluster):
             where.update({s: r.usage.engine_id for s, r in zip(pair, first, strict=True)})
             if len(set(where.values())) == 2:
                 break
+            await asyncio.sleep(1.0)
         assert set(where.values()) == {"engine-0", "engine-1"}, where
         on = {e: s for s, e in where.items()}
         a, b = on["engine-0"], on["engine-1"]

@@ -286,3 +286,11 @@ def test_a_setting_only_the_simulator_runs_is_refused_live():
     with pytest.raises(ValueError, match=r"placement\.adaptive_interval: the live placement leader"):
         config.check_live()
     ClusterConfig.load(ROOT / "deploy/local/cluster.yaml").check_live()
+
+
+def test_a_cluster_config_round_trips_through_its_dump():
+    """What llmfleet up writes for its children (e.g. with --emulate) reads back as the same config."""
+    cfg = ClusterConfig.load(ROOT / "deploy/local/cluster.yaml")
+    data = cfg.model_dump()
+    assert all("name" not in entry for entry in data["services"].values())  # the key is the name
+    assert ClusterConfig.model_validate(data) == cfg

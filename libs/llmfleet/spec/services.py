@@ -18,7 +18,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
+    WrapSerializer,
     field_validator,
     model_validator,
 )
@@ -127,7 +129,13 @@ def _named(entries: Any) -> Any:
 
 
 # the cluster file's (and llmfleet apply's) services: mapping, name -> entry
-ServiceMap = Annotated[dict[str, ServiceSpec], BeforeValidator(_named)]
+def _unnamed(entries: dict[str, ServiceSpec], dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    """The services as the file writes them: each entry without its name (the key)."""
+    return {name: {k: v for k, v in entry.items() if k != "name"} for name, entry in dump(entries).items()}
+
+
+# the cluster file's services: validated with their keys as names, dumped as the file writes them
+ServiceMap = Annotated[dict[str, ServiceSpec], BeforeValidator(_named), WrapSerializer(_unnamed)]
 
 
 class ModelConfig(BaseModel):
