@@ -241,15 +241,12 @@ class PrefixAffinity:
         if self.capacity_blocks is not None:
             return self.capacity_blocks
         if candidate.kv_capacity_bytes > 0 and request.kv_bytes_per_token > 0:
-            tokens = candidate.kv_capacity_bytes / request.kv_bytes_per_token
-            return max(1, int(tokens * BYTES_PER_TOKEN / self.block_bytes))
+            return max(1, self.chunks(candidate.kv_capacity_bytes, request.kv_bytes_per_token))
         return DEFAULT_CAPACITY_BLOCKS
 
-    def chunks(self, cached_bytes: int, request: DispatchRequest) -> int | None:
-        """``cached_bytes`` of KV as prompt chunks (None: the request's KV bytes per token unknown)."""
-        if request.kv_bytes_per_token <= 0:
-            return 0 if cached_bytes == 0 else None
-        return int(cached_bytes / request.kv_bytes_per_token * BYTES_PER_TOKEN / self.block_bytes)
+    def chunks(self, kv_bytes: int, bytes_per_token: int) -> int:
+        """``kv_bytes`` of KV (at ``bytes_per_token`` > 0) as prompt chunks of text."""
+        return int(kv_bytes / bytes_per_token * BYTES_PER_TOKEN / self.block_bytes)
 
     def correct(self, pool: Sequence[EngineCandidate], request: DispatchRequest) -> None:
         """Cut each engine's entries to the prefix-cache size it reports, when that size changed."""
@@ -258,10 +255,11 @@ class PrefixAffinity:
             if size is None or self._reported.get(c.engine_id) == size:
                 continue
             self._reported[c.engine_id] = size
-            keep = self.chunks(size, request)
-            if keep is not None:
-                self.stats.trimmed += max(0, self.index.blocks(c.engine_id) - keep)
-                self.index.trim(c.engine_id, keep)
+            if size and request.kv_bytes_per_token <= 0:
+                continue  # the size cannot be told in chunks: expiry alone corrects this engine
+            keep = self.chunks(size, request.kv_bytes_per_token) if size else 0
+            self.stats.trimmed += max(0, self.index.blocks(c.engine_id) - keep)
+            self.index.trim(c.engine_id, keep)
 
     def _session_engine(self, session: str, now: float) -> str | None:
         hit = self.sessions.get(session) if session else None
