@@ -51,9 +51,11 @@ async def test_one_trace_spans_sdk_scheduler_engine(etcd_settings, node_args, tm
         await put_service(etcd, ServiceSpec(name="chat", model="m"))
         await asyncio.wait_for(engine.etcd_ready.wait(), 30)
         await asyncio.wait_for(scheduler.etcd_ready.wait(), 30)
-        # wait until the scheduler sees the engine with the model loaded
+        # wait until the scheduler sees the engine with the model loaded and the profiler (an
+        # observation made while no profiler is registered is dropped, by design)
         await scheduler_main_directory(scheduler).nodes_view.wait_for(
-            lambda nodes: "m" in getattr(nodes.get("engine-t"), "models", ()), timeout=60
+            lambda nodes: "m" in getattr(nodes.get("engine-t"), "models", ()) and "prof-t" in nodes,
+            timeout=60,
         )
         exporter.clear()
         async with AsyncClient(scheduler.address, timeout_s=30) as client:
