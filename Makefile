@@ -87,58 +87,58 @@ test-vllm: setup-vllm
 bench: bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-costs bench-metrics
 
 bench-sim: setup
-	$(PYTHON) tools/bench/sim_bench.py --out .bench/sim $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.sim_bench --out .bench/sim $(BENCH_ARGS)
 
 bench-papers: setup
-	$(PYTHON) tools/bench/papers/run.py --out .bench/papers $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.papers.run --out .bench/papers $(BENCH_ARGS)
 
 bench-profiler: setup
-	$(PYTHON) tools/bench/profiler_bench.py --out .bench/profiler $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.profiler_bench --out .bench/profiler $(BENCH_ARGS)
 
 bench-engine: setup
-	$(PYTHON) tools/bench/engine_bench.py --out .bench/engine $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.engine_bench --out .bench/engine $(BENCH_ARGS)
 
 bench-placement: setup
-	$(PYTHON) tools/bench/placement_bench.py --out .bench/placement $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.placement_bench --out .bench/placement $(BENCH_ARGS)
 
 bench-migration: setup
-	$(PYTHON) tools/bench/migration_bench.py --out .bench/migration $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.migration_bench --out .bench/migration $(BENCH_ARGS)
 
 bench-migration-live: setup
-	$(PYTHON) tools/bench/migration_live.py --out .bench/migration $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.migration_live --out .bench/migration $(BENCH_ARGS)
 
 bench-fleet: setup
-	$(PYTHON) tools/bench/fleet_bench.py --out .bench/fleet $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.fleet_bench --out .bench/fleet $(BENCH_ARGS)
 
 bench-burst: setup
-	$(PYTHON) tools/bench/burst_bench.py --out .bench/burst $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.burst_bench --out .bench/burst $(BENCH_ARGS)
 
 bench-prefix: setup
-	$(PYTHON) tools/bench/prefix_bench.py --out .bench/prefix $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.prefix_bench --out .bench/prefix $(BENCH_ARGS)
 
 bench-capacity: setup
-	$(PYTHON) tools/bench/capacity_bench.py --out .bench/capacity $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.capacity_bench --out .bench/capacity $(BENCH_ARGS)
 
 bench-metrics: setup
-	$(PYTHON) tools/bench/metrics_overhead.py --out .bench/metrics $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.metrics_overhead --out .bench/metrics $(BENCH_ARGS)
 
 # With a CUDA GPU it also installs vLLM's CUDA build and checks the vLLM backend on the GPU.
 gpu-check: setup
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then $(MAKE) --no-print-directory setup-vllm; fi
-	$(PYTHON) tools/gpu_checks/gpu_check.py --out .bench/gpu $(GPU_CHECK_ARGS)
-	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then $(PYTHON) tools/gpu_checks/vllm_check.py --out .bench/gpu; fi
+	$(PYTHON) -m tools.gpu_checks.gpu_check --out .bench/gpu $(GPU_CHECK_ARGS)
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then $(PYTHON) -m tools.gpu_checks.vllm_check --out .bench/gpu; fi
 
 bench-costs: setup
-	$(PYTHON) tools/bench/cost_sources.py --out .bench/costs $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.cost_sources --out .bench/costs $(BENCH_ARGS)
 
 chaos: setup
-	$(PYTHON) tools/chaos/chaos.py --out .bench/chaos $(CHAOS_ARGS)
+	$(PYTHON) -m tools.chaos.chaos --out .bench/chaos $(CHAOS_ARGS)
 
 soak: setup
-	$(PYTHON) tools/soak/soak.py --out .bench/soak $(SOAK_ARGS)
+	$(PYTHON) -m tools.soak.soak --out .bench/soak $(SOAK_ARGS)
 
 bench-hop: setup
-	$(PYTHON) tools/bench/hop_bench.py --out .bench/hop $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.hop_bench --out .bench/hop $(BENCH_ARGS)
 
 lint: setup protos-check
 	$(BIN)/ruff check .

@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 import psutil
 import yaml
-from local_up import ROOT, LocalUp
+
+from tools.bench.local_up import ROOT, LocalUp
 
 DEFAULT_CONFIG = ROOT / "deploy" / "local" / "cluster.yaml"
 TODAY = {"binding": "early", "cold_start": False, "ready_when": "started"}

@@ -1,5 +1,5 @@
 """The emulated L4 burst of ``make bench-burst`` in the simulator, one factor at a time
-(``.venv/bin/python tools/bench/burst_sim_factors.py``): the rows of the simulator column in
+(``.venv/bin/python -m tools.bench.burst_sim_factors``): the rows of the simulator column in
 docs/benchmarks/burst.md, "Why the emulated L4 burst stays under 1.8×".
 
 The setup is ``burst_bench.simulate_burst``'s: the shipped ``deploy/local/cluster.yaml`` with the
@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 import yaml
-from burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT, burst_sim
+
+from tools.bench.burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT, burst_sim
 
 L4 = "3xL4"
 CHAT, SUMMARIZE = ("llama2-7b",), ("opt-6.7b",)

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 import psutil
-from local_up import LocalUp, free_port
+
+from tools.bench.local_up import LocalUp, free_port
 
 SERVICE = "cap"
 CONFIG = {

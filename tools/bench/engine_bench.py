@@ -36,7 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import engine_backends
 import grpc
 import torch
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
@@ -49,6 +48,8 @@ from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.servicer import EngineServicer
 from llmfleet_engine.validation import GenerationRequest
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from tools.bench import engine_backends
 
 NEW_TOKENS = 64
 PROMPT_TOKENS = 32

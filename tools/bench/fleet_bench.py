@@ -32,11 +32,12 @@ from pathlib import Path
 
 import psutil
 import yaml
-from fleet_common import Fleet, FleetSpec, compare, run_load, run_sim, wait_until
-from fleet_sections import bench_capacity, bench_mell, bench_scaling
 from llmfleet.engine_core import EngineLimits
 from llmfleet.spec.engines import EmulatedPool
-from local_up import LocalUp
+
+from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim, wait_until
+from tools.bench.fleet_sections import bench_capacity, bench_mell, bench_scaling
+from tools.bench.local_up import LocalUp
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"

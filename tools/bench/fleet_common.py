@@ -14,7 +14,8 @@ from typing import Any
 
 import psutil
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
-from local_up import LocalUp
+
+from tools.bench.local_up import LocalUp
 
 BIN = Path(sys.executable).parent
 

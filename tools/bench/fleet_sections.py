@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_common import Fleet, FleetSpec, compare, follows, gpu_series, run_load, run_sim
-from step_trace import write_step_trace
+from tools.bench.fleet_common import Fleet, FleetSpec, compare, follows, gpu_series, run_load, run_sim
+from tools.bench.step_trace import write_step_trace
 
 CHAT = {"chat": {"model": "llama2-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.1}}}
 

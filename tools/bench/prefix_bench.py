@@ -63,7 +63,7 @@ cached", ratios within one run), quoted:
 
 Nothing is asserted: every figure is measured once on this machine and printed beside its goal.
 
-    .venv/bin/python tools/bench/prefix_bench.py --quick --out .bench/prefix
+    .venv/bin/python -m tools.bench.prefix_bench --quick --out .bench/prefix
 """
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ import sys
 from pathlib import Path
 
 import psutil
-from prefix_bench_common import Conversations, setups, sweep_rates
-from prefix_bench_live import bench_emulated, bench_native
-from prefix_bench_report import markdown, plot
-from prefix_bench_sim import CANDIDATE, REFERENCE, bench_burst, bench_sim
+
+from tools.bench.prefix_bench_common import Conversations, setups, sweep_rates
+from tools.bench.prefix_bench_live import bench_emulated, bench_native
+from tools.bench.prefix_bench_report import markdown, plot
+from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, bench_burst, bench_sim
 
 SECTIONS = ("sim", "emulated", "native", "burst")
 SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT = 1000, 3.7, 10.0, 4096

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fleet_common import BIN, Fleet, compare, run_load, run_sim
-from local_up import LocalUp
-from prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
-from prefix_bench_metrics import Sampler, metrics_addresses
-from prefix_bench_sim import CANDIDATE, REFERENCE, fleet_spec, sweep
+
+from tools.bench.fleet_common import BIN, Fleet, compare, run_load, run_sim
+from tools.bench.local_up import LocalUp
+from tools.bench.prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
+from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
+from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, fleet_spec, sweep
 
 
 def live_figures(report: Path, prefix: dict[str, float] | None = None) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def _wait_served(up: LocalUp, engines: int, timeout_s: float) -> None:
 def bench_native(
     out: Path, engines: int, conv: Conversations, rate: float, compared: list[Setup], threads: int
 ) -> dict:
-    from engine_bench import medium_llama
+    from tools.bench.engine_bench import medium_llama
 
     d = out / "native"
     models = d / "models"

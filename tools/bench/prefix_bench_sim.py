@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fleet_common import BIN, Fleet, FleetSpec
-from prefix_bench_common import (
+
+from tools.bench.fleet_common import BIN, Fleet, FleetSpec
+from tools.bench.prefix_bench_common import (
     CHAT,
     PLACEMENT,
     Conversations,

@@ -19,7 +19,7 @@ The model is a random llama with 16 KiB of KV per token (4 layers × 8 KV heads 
 one ``make bench-engine`` migrates), so a prefill's cost is its compute. Ratios are medians over the
 repeats with the min..max spread. Nothing is asserted: these are measurements, printed beside the goals.
 
-    .venv/bin/python tools/bench/prefix_engine.py --repeats 5
+    .venv/bin/python -m tools.bench.prefix_engine --repeats 5
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from engine_bench import medium_llama, prompts, request
 from llmfleet.costmodel import model_arch
 from llmfleet.engine_core import CoreRequest, EngineCore, EngineLimits
 from llmfleet.kvblocks import BlockAllocator, prefix_block_hashes
@@ -40,6 +39,8 @@ from llmfleet.policies.request import Fcfs, SchedRequest
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.native.runner import kv_shape_of
+
+from tools.bench.engine_bench import medium_llama, prompts, request
 
 EMULATED_BLOCKS = 4_194_304  # one A100-80GB of the default config (0.9 × 80 GB over 18 KiB blocks)
 EMULATED_BLOCK_BYTES = 18_432
