@@ -1,4 +1,4 @@
-"""The chaos suite, CI-sized (``make chaos`` is the full run: ``tools/chaos/chaos.py``).
+"""The chaos suite, CI-sized (``make chaos`` is the full run: ``python -m tools.chaos.chaos``).
 
 Under 16 steady concurrent greedy streams (8 through the SDK given both scheduler replicas, 8 through
 the OpenAI-compatible HTTP API alternating replicas): kill -9 an engine, a scheduler replica and the
@@ -12,14 +12,9 @@ engine) after each fault.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "chaos"))
-
-from chaos import ChaosCluster, markdown, run_chaos
+from tools.chaos.chaos import ChaosCluster, markdown, run_chaos
 
 TTL_S = 3
 FAULTS = ("engine", "scheduler", "placement-leader", "etcd-freeze")

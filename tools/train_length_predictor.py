@@ -1,6 +1,6 @@
 """Train the learned output-length predictor and compare it with the empirical and service-mean ones.
 
-    .venv/bin/python tools/train_length_predictor.py --data ../shared/datasets/alpaca_4000.json \
+    .venv/bin/python -m tools.train_length_predictor --data ../shared/datasets/alpaca_4000.json \
         --out .llmfleet/predictor [--finetune-epochs 3] [--head-epochs 20] [--seed 0]
 
 Splits the data 80/20 (seeded), trains/feeds each predictor on the 80 %, evaluates on the held-out 20 %,

@@ -16,7 +16,7 @@ Times are milliseconds, as in the source. The attribution (source commit and lic
 file and the license text into ``VIDUR_LICENSE`` beside them. Only this script reads the raw files;
 the package and its tests read the derived tables.
 
-    python tools/vidur_tables.py [RAW_DIR] [--out libs/llmfleet/costmodel/data]
+    python -m tools.vidur_tables [RAW_DIR] [--out libs/llmfleet/costmodel/data]
 """
 
 from __future__ import annotations

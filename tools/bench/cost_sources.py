@@ -17,7 +17,7 @@ MIT-licensed A100-80GB / H100 profiling data by ``tools/vidur_tables.py``); noth
 5. the compiled iteration times of every source side by side for catalog models (no measurement to
    compare with: attention is not in the data; this shows what switching the source changes).
 
-    python tools/bench/cost_sources.py [--out .bench/costs]
+    python -m tools.bench.cost_sources [--out .bench/costs]
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def markdown(r: dict) -> list[str]:
         "",
     ]
     lines += _catalog(r)
-    lines += ["", f"Computed in {r['elapsed_s']:.1f} s with `python tools/bench/cost_sources.py`."]
+    lines += ["", f"Computed in {r['elapsed_s']:.1f} s with `python -m tools.bench.cost_sources`."]
     return lines
 
 

@@ -46,13 +46,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
-
-from hop_paths import MODEL, SERVICE, Paths
-from hop_report import ALL_PATHS, GOAL_HTTP_P50_MS, GOAL_P50_MS, GOAL_P99_MS, hop_key, markdown, plot
 from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
-from toolkit.host import load_average, machine
-from toolkit.stats import percentile, spread
+
+from tools.bench.hop_paths import MODEL, SERVICE, Paths
+from tools.bench.hop_report import (
+    ALL_PATHS,
+    GOAL_HTTP_P50_MS,
+    GOAL_P50_MS,
+    GOAL_P99_MS,
+    hop_key,
+    markdown,
+    plot,
+)
+from tools.toolkit.host import load_average, machine
+from tools.toolkit.stats import percentile, spread
 
 ENGINE_ID = "engine-0"
 PCTS = (50, 90, 99)

@@ -36,17 +36,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
-
 import torch
-from engine_bench import endless, prompts, request
 from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.metrics.server import start_metrics_server
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel
 from prometheus_client import CollectorRegistry, generate_latest
-from toolkit.host import load_average, machine
-from toolkit.stats import spread as median_spread
+
+from tools.bench.engine_bench import endless, prompts, request
+from tools.toolkit.host import load_average, machine
+from tools.toolkit.stats import spread as median_spread
 
 GOAL_OVERHEAD = 0.01
 MODES = ("on", "scrape 1s", "scrape 0.1s")

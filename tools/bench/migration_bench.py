@@ -74,6 +74,7 @@ from __future__ import annotations
 # The parts: migration_bench_setup (setups, loads, workloads, policy variants), migration_bench_sections
 # (the sections from the rows), migration_bench_report (markdown and PNGs); this file runs the simulations.
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -88,10 +89,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from llmfleet.sim.run import simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from migration_bench_report import NOTES, markdown, plot  # noqa: E402
-from migration_bench_sections import (  # noqa: E402
+from tools.bench.migration_bench_report import NOTES, markdown, plot
+from tools.bench.migration_bench_sections import (
     batching_section,
     headline_section,
     key,
@@ -99,7 +98,7 @@ from migration_bench_sections import (  # noqa: E402
     saving,
     transfer_section,
 )
-from migration_bench_setup import (  # noqa: E402
+from tools.bench.migration_bench_setup import (
     BASELINES,
     CONTEXT,
     CONTROLS,
@@ -227,13 +226,16 @@ def steady_means(samples: list, start_s: float, end_s: float) -> dict[str, float
     }
 
 
-def run_one(job: tuple[str, str, str, str, float, int]) -> dict:
-    """One simulation: (setup, workload kind, level, variant, horizon, samples) → its row."""
+def run_one(job: tuple[str, str, str, str, float, int], cost_source: str | None = None) -> dict:
+    """One simulation: (setup, workload kind, level, variant, horizon, samples) → its row;
+    ``cost_source``: the simulator's (default: ``SimSpec``'s)."""
     setup, kind, level, variant, horizon_s, samples = job
     hw, model, _ = SETUPS[setup]
     gpus = cluster_gpus(level)
     max_tokens = int(capacity_tokens(setup)) if kind == "conv-x4" else CONTEXT
     spec = SimSpec(ClusterSpec.parse(f"{gpus}x{hw}"), (SimService("chat", model, max_tokens=max_tokens),))
+    if cost_source is not None:
+        spec = dataclasses.replace(spec, cost_source=cost_source)
     wl = workload(setup, kind, level, horizon_s)
     t0 = time.perf_counter()
     e = simulate(spec, wl, bundle(variant), samples=samples)
@@ -394,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "migration.json"
     prev = json.loads(path.read_text()) if path.exists() and args.only else {}
     py = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
-    command = " ".join([py, "tools/bench/migration_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(
+        [py, "-m", "tools.bench.migration_bench", *(argv if argv is not None else sys.argv[1:])]
+    )
     runs = {
         **prev.get("invocations", {}),
         ", ".join(only): {"command": command, "wall_s": wall, "simulations": len(jobs)},

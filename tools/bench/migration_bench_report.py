@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from migration_bench_sections import variant_suffix
-from migration_bench_setup import BASELINES, COST, GPUS, HEADLINE, MELLS, SECTIONS, SETUPS, C
+from tools.bench.migration_bench_sections import variant_suffix
+from tools.bench.migration_bench_setup import BASELINES, COST, GPUS, HEADLINE, MELLS, SECTIONS, SETUPS, C
 
 
 def _table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:

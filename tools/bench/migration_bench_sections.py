@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migration_bench_setup import (
+from tools.bench.migration_bench_setup import (
     BASELINES,
     CONTROLS,
     HEADLINE,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
-import bench_common
 import numpy as np
 from llmfleet.costmodel import hardware, model_arch
 from llmfleet.sim.memory import pool_layout
@@ -15,7 +14,8 @@ from llmfleet.sim.spec import EngineSettings
 from llmfleet.workload import Workload
 from llmfleet.workload.datasets import alpaca_lengths
 
-C = bench_common.load()
+from tools.bench.papers import common as C
+
 COST = (
     "the simulator's roofline cost models on catalog hardware (a100-40gb, rtx-4090) × catalog models "
     "(llama2-7b, llama2-13b); not GPU-fitted"

@@ -51,10 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from migration_live_cluster import (  # noqa: E402
+from tools.bench.migration_live_cluster import (
     ENGINES,
     EPOCH_S,
     POLL_S,
@@ -67,12 +64,12 @@ from migration_live_cluster import (  # noqa: E402
     status,
     wait_ready,
 )
-from migration_live_report import failed_why, fmt, markdown, pct, step_stats, summarize  # noqa: E402
-from sim_fidelity.calibrate import calibrate, fit_overhead, with_overhead  # noqa: E402
-from sim_fidelity.cli import stderr_log  # noqa: E402
-from sim_fidelity.cluster import profile_engine  # noqa: E402
-from sim_fidelity.replay import replay_spec  # noqa: E402
-from sim_fidelity.workload import HARDWARE, MODEL, Settings  # noqa: E402
+from tools.bench.migration_live_report import failed_why, fmt, markdown, pct, step_stats, summarize
+from tools.bench.sim_fidelity.calibrate import calibrate, fit_overhead, with_overhead
+from tools.bench.sim_fidelity.cli import stderr_log
+from tools.bench.sim_fidelity.cluster import profile_engine
+from tools.bench.sim_fidelity.replay import replay_spec
+from tools.bench.sim_fidelity.workload import HARDWARE, MODEL, Settings
 
 __all__ = [
     "ENGINES",

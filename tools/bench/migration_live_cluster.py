@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sim_fidelity.cluster import engine_flags, scheduler_flags
-from sim_fidelity.replay import stream_request, timed_row
-from sim_fidelity.workload import MODEL, Settings, make_prompt
+from tools.bench.sim_fidelity.cluster import engine_flags, scheduler_flags
+from tools.bench.sim_fidelity.replay import stream_request, timed_row
+from tools.bench.sim_fidelity.workload import MODEL, Settings, make_prompt
 
 SERVICE = "chat"
 ENGINES = [f"engine-{i}" for i in range(3)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from migration_live_cluster import EPOCH_S, POLL_S
-from sim_fidelity.workload import HARDWARE
+from tools.bench.migration_live_cluster import EPOCH_S, POLL_S
+from tools.bench.sim_fidelity.workload import HARDWARE
 
 
 def step_stats(series: list[tuple[float, int]], start: float, end: float) -> tuple[int, float]:

@@ -42,13 +42,12 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from placement_bench_adaptive import CV, adaptive_section  # noqa: E402
-from placement_bench_aladdin import ALADDIN_MODEL, ALADDIN_SLO, ENGINE, THETA, aladdin_section  # noqa: E402
-from placement_bench_common import CONTEXT, COST, MODELS4, C, S  # noqa: E402
-from placement_bench_report import markdown, plot  # noqa: E402
-from placement_bench_seallm import (  # noqa: E402
+from tools.bench.papers import common as C
+from tools.bench.placement_bench_adaptive import CV, adaptive_section
+from tools.bench.placement_bench_aladdin import ALADDIN_MODEL, ALADDIN_SLO, ENGINE, THETA, aladdin_section
+from tools.bench.placement_bench_common import CONTEXT, COST, MODELS4, S
+from tools.bench.placement_bench_report import markdown, plot
+from tools.bench.placement_bench_seallm import (
     HISTORY_S,
     bursty_workload,
     clusters,

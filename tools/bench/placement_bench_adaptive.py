@@ -11,7 +11,9 @@ from llmfleet.sim.plan_eval import evaluator_factory
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.workload import Workload, WorkloadRequest
-from placement_bench_common import COST, C
+
+from tools.bench.papers import common as C
+from tools.bench.placement_bench_common import COST
 
 CV = 2.0  # burstiness of the adaptive-interval section's Gamma arrivals (SeaLLM headline: S.ARRIVAL_CV)
 

@@ -13,7 +13,9 @@ from llmfleet.sim.capacity import workers_needed
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.types import Slo
-from placement_bench_common import COST, C
+
+from tools.bench.papers import common as C
+from tools.bench.placement_bench_common import COST
 
 ALADDIN_MODEL, ALADDIN_SLO = "llama2-13b", (0.6, 0.030)
 THETA = 0.7

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placement_bench_common import COST, C
+from tools.bench.papers import common as C
+from tools.bench.placement_bench_common import COST
 
 
 def markdown(res: dict) -> str:

@@ -14,7 +14,9 @@ from llmfleet.sim.plan_eval import SimPlanEvaluator
 from llmfleet.sim.run import PolicyBundle, preset, service_loads, simulate
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
-from placement_bench_common import COST, C, S
+
+from tools.bench.papers import common as C
+from tools.bench.placement_bench_common import COST, S
 
 HISTORY_S = 60.0
 

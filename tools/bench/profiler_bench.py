@@ -47,8 +47,7 @@ def fit_errors(models_dir: Path) -> list[dict]:
     relative error any coefficients of the form can reach on those points is computed (an LP bound).
     The sweep runs ``ROUNDS`` times a few seconds apart and the repeats are pooled: on a shared machine
     interference comes in bursts, and one burst must not own every repeat of a point."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from engine_bench import medium_llama
+    from tools.bench.engine_bench import medium_llama
 
     rows = []
     ex = Executor(ExecutorConfig(cache_dir=models_dir, allow_download=False, memory_budget_bytes=1 << 30))

@@ -7,8 +7,8 @@ Scenarios (each in its own process so the peak RSS is its own):
                FCFS + round-robin (goal: ≤ 120 s wall), once in one process and once split across
                ``--workers`` processes (exact: round robin is load-blind, see llmfleet.sim.partition)
 
-    python tools/bench/sim_bench.py --out .bench            # everything
-    python tools/bench/sim_bench.py --only conv32 --out .bench
+    python -m tools.bench.sim_bench --out .bench            # everything
+    python -m tools.bench.sim_bench --only conv32 --out .bench
 Writes ``sim.json`` and ``sim.md`` (and ``sim.png``) under ``--out``.
 """
 
@@ -81,8 +81,10 @@ def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float
 
 
 def run_child(args: list[str]) -> dict:
-    """Run this script on one scenario in a child process; its row plus the child's peak RSS."""
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, text=True)
+    """Run this module on one scenario in a child process; its row plus the child's peak RSS."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.bench.sim_bench", "--child", *args], stdout=subprocess.PIPE, text=True
+    )
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:

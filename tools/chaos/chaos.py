@@ -56,14 +56,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
-
-from chaos_cluster import MODEL, SERVICE, ChaosCluster, Node
-from chaos_faults import ALL_FAULTS, FaultResult, inject
-from chaos_load import LENGTHS, PROMPTS, Load, compute_reference
-from chaos_outcomes import Outcome, Reference, counts, judge, max_stall
-from chaos_report import goals, markdown
-from chaos_run import run_chaos
+from tools.chaos.chaos_cluster import MODEL, SERVICE, ChaosCluster, Node
+from tools.chaos.chaos_faults import ALL_FAULTS, FaultResult, inject
+from tools.chaos.chaos_load import LENGTHS, PROMPTS, Load, compute_reference
+from tools.chaos.chaos_outcomes import Outcome, Reference, counts, judge, max_stall
+from tools.chaos.chaos_report import goals, markdown
+from tools.chaos.chaos_run import run_chaos
 
 __all__ = [
     "ALL_FAULTS",

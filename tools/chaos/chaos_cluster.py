@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.ports import free_port
-from toolkit.procs import tree_pids, tree_rss_kib
+
+from tools.toolkit.procs import tree_pids, tree_rss_kib
 
 log = logging.getLogger("chaos")
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos_cluster import ChaosCluster
+from tools.chaos.chaos_cluster import ChaosCluster
 
 ALL_FAULTS = (
     "engine",

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from chaos_cluster import SERVICE, ChaosCluster
-from chaos_outcomes import Outcome, Reference, judge
+from tools.chaos.chaos_cluster import SERVICE, ChaosCluster
+from tools.chaos.chaos_outcomes import Outcome, Reference, judge
 
 PROMPTS = (
     "Once upon a time there was a tiny model",

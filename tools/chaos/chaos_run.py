@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from chaos_cluster import ChaosCluster
-from chaos_faults import FaultResult, inject
-from chaos_load import LENGTHS, Load, compute_reference
-from chaos_outcomes import counts, max_stall
-from toolkit.stats import pct
+from tools.chaos.chaos_cluster import ChaosCluster
+from tools.chaos.chaos_faults import FaultResult, inject
+from tools.chaos.chaos_load import LENGTHS, Load, compute_reference
+from tools.chaos.chaos_outcomes import counts, max_stall
+from tools.toolkit.stats import pct
 
 log = logging.getLogger("chaos")
 

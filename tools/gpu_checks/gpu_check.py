@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
-
 import numpy as np
 import torch
-from toolkit.stats import spread as median_spread
+
+from tools.toolkit.stats import spread as median_spread
 
 SHAPES: dict[str, dict[str, int]] = {
     "1b": {

@@ -7,7 +7,7 @@ dispatch) and HF ``generate`` runs greedy on both. The reference is the unsplit 
 cuda:0: float32 matmuls differ slightly between the two, so matching either counts. Prints one JSON
 line; exits 0 with "skipped: no CUDA" without a GPU, 1 when a split run matches neither reference.
 
-    .venv/bin/python tools/gpu_checks/helr_device_map.py [--tokens 24] [--archs llama,qwen2]
+    .venv/bin/python -m tools.gpu_checks.helr_device_map [--tokens 24] [--archs llama,qwen2]
 """
 
 from __future__ import annotations

@@ -22,11 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "bench"))
+from tools.bench import engine_backends
+from tools.bench.engine_bench import NEW_TOKENS, PROMPT_TOKENS, hf_generate_s
 
-import engine_backends  # noqa: E402
-from engine_bench import NEW_TOKENS, PROMPT_TOKENS, hf_generate_s  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_tests(timeout_s: float) -> dict:

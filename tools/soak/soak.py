@@ -33,14 +33,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared toolkit
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
-
-from chaos_cluster import ChaosCluster
-from chaos_load import Load, compute_reference
-from chaos_outcomes import Outcome, Reference, counts
-from soak_report import markdown, stats
-from toolkit.procs import rss_kib
+from tools.chaos.chaos_cluster import ChaosCluster
+from tools.chaos.chaos_load import Load, compute_reference
+from tools.chaos.chaos_outcomes import Outcome, Reference, counts
+from tools.soak.soak_report import markdown, stats
+from tools.toolkit.procs import rss_kib
 
 log = logging.getLogger("soak")
 
@@ -217,7 +214,9 @@ async def run_soak(
     rss_start = _rss_all(cluster)
     t0 = time.monotonic()
     if load.max_requests is not None and load.max_requests < requests:
-        child = subprocess.Popen([sys.executable, __file__, "--http-worker", str(plan.spec_path)])
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tools.soak.soak", "--http-worker", str(plan.spec_path)]
+        )
     await load.start()
     t_warm, rss_warm = await _watch(cluster, plan, child, requests, t0, report_s)
     elapsed = time.monotonic() - t0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from toolkit.stats import ms, pct
+from tools.toolkit.stats import ms, pct
 
 GROWTH_GOAL = 0.10
 

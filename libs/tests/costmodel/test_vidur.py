@@ -5,11 +5,9 @@ reads the raw Vidur files)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 import json
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +17,9 @@ from llmfleet.costmodel import vidur as v
 from llmfleet.sim.cost import CostBook, roofline_cost, vidur_cost
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 
+from tools import vidur_tables
+
 A100, H100 = hardware("a100-80gb"), hardware("h100")
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "vidur_tables.py"
 DATA = Path(v.__file__).parent / "data"
 
 
@@ -184,22 +183,12 @@ def test_validation_functions_report_errors():
 
 
 # ------------------------------------------------------------------------------ the rebuild script
-def _tool():
-    spec = importlib.util.spec_from_file_location("vidur_tables", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["vidur_tables"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _write_raw(root: Path) -> None:
-    tool = _tool()
     d = root / "compute" / "h100" / "acme" / "tiny-1b"
     d.mkdir(parents=True)
     cols = [
         f"time_stats.{op}.{s}"
-        for op in ("emb", *tool.LAYER_OPS)
+        for op in ("emb", *vidur_tables.LAYER_OPS)
         for s in ("min", "max", "mean", "median", "std")
     ]
     shape = {"n_head": 16, "n_kv_head": 16, "n_embd": 2048, "n_expanded_embd": 5632, "vocab_size": 32000}
@@ -225,7 +214,7 @@ def _write_raw(root: Path) -> None:
 def test_rebuild_script_on_synthetic_csvs(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _write_raw(raw)
-    assert _tool().main([str(raw), "--out", str(out)]) == 0
+    assert vidur_tables.main([str(raw), "--out", str(out)]) == 0
     t = json.loads((out / "vidur_h100.json").read_text())
     assert t["attribution"]["commit"] == "0123456789abcdef0123456789abcdef01234567"
     assert (out / "VIDUR_LICENSE").read_text().startswith("MIT License")
@@ -242,7 +231,7 @@ def test_rebuild_script_on_synthetic_csvs(tmp_path):
 
 
 def test_rebuild_script_errors(tmp_path, capsys):
-    assert _tool().main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert vidur_tables.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "no compute/ directory" in capsys.readouterr().err
 
 

@@ -4,19 +4,14 @@ one PNG per paper. The headline numbers are not checked here (they need the full
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
-
-RUN = Path(__file__).resolve().parents[3] / "tools" / "bench" / "papers" / "run.py"
 
 
 def _synthetic_data(root: Path) -> tuple[Path, Path]:
@@ -49,18 +44,13 @@ def _synthetic_data(root: Path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("papers_bench_run", RUN)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    mod.package()  # registers the scenario package so its modules import by name
-    common = importlib.import_module(mod.PACKAGE + ".common")
-    common.TRACE, common.ALPACA = _synthetic_data(tmp_path_factory.mktemp("papers-data"))
-    yield mod
-    sys.modules.pop(spec.name, None)
-    sys.modules.pop(mod.PACKAGE, None)
-    for name in [n for n in sys.modules if n.startswith(mod.PACKAGE + ".")]:
-        sys.modules.pop(name)
+    from tools.bench.papers import common, run
+
+    trace, alpaca = _synthetic_data(tmp_path_factory.mktemp("papers-data"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "TRACE", trace)
+        mp.setattr(common, "ALPACA", alpaca)
+        yield run
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +153,9 @@ def test_seallm_goal_says_when_seallm_fails_requests(results, bench):
     res = copy.deepcopy(results["seallm"])
     row = next(r for r in res["rows"] if r["policy"] == "seallm")
     row["failed"] = 5
-    importlib.import_module(bench.PACKAGE + ".seallm_summary").summarize(res)
+    from tools.bench.papers import seallm_summary
+
+    seallm_summary.summarize(res)
     assert (
         f"but SeaLLM fails 5/{row['requests']} (a0) requests at {row['rate_rps']:g} req/s"
         in res["goal"]["ours_text"]
@@ -196,7 +188,8 @@ def test_uellm_violations_are_fractions(results):
 
 
 def test_uellm_deployments_follow_the_paper(results, bench):
-    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    from tools.bench.papers import uellm_cluster as U
+
     devs = U.gpus()
     assert [round(d.mem_bandwidth / devs[0].mem_bandwidth, 2) for d in devs] == [1.0, 0.86, 0.71, 0.43]
     assert U.helr_deployment("llama2-7b", devs).stages == ((0, 32),)  # fits the fastest GPU alone
@@ -211,7 +204,8 @@ def test_uellm_deployments_follow_the_paper(results, bench):
 
 
 def test_uellm_harness_follows_the_authors_scripts(results, bench):
-    H = importlib.import_module(bench.PACKAGE + ".uellm_harness")
+    from tools.bench.papers import uellm_harness as H
+
     qs = [H.Query(10, lab, slo) for lab, slo in [(900, 1), (100, 50), (50, 350), (300, 1), (600, 100)] * 6]
     s3 = H.s3_groups(qs)  # by label, fewer than 20 a batch, labels' sum ≤ 1024
     assert all(len(g) <= 20 and (sum(q.label for q in g) <= 1024 or len(g) == 1) for g in s3)
@@ -233,7 +227,8 @@ def test_uellm_harness_follows_the_authors_scripts(results, bench):
 
 
 def test_morphling_keeps_the_fastest_trial_and_counts_every_trial(bench):
-    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    from tools.bench.papers import uellm_cluster as U
+
     devs = U.gpus()
     lengths = np.array([[20, 100], [40, 200]])
     choice = U.morphling("llama2-7b", devs, lengths, lambda dep, burst, b: 100.0 / b + len(dep.stages))
@@ -250,9 +245,10 @@ def test_setups_that_cannot_fit_name_the_limit(bench):
     from llmfleet.sim.spec import ClusterSpec, SimSpec
     from llmfleet.workload import Workload, WorkloadRequest
 
-    S = importlib.import_module(bench.PACKAGE + ".seallm_setup")
-    C = importlib.import_module(bench.PACKAGE + ".common")
-    U = importlib.import_module(bench.PACKAGE + ".uellm_cluster")
+    from tools.bench.papers import common as C
+    from tools.bench.papers import seallm_setup as S
+    from tools.bench.papers import uellm_cluster as U
+
     small = SimSpec(ClusterSpec.parse("4xA100-80GB"), S.spec().services)
     wl = Workload(
         tuple(WorkloadRequest(f"r{i}", 0.1 * i, 100, 50, s.name) for i, s in enumerate(small.services))
@@ -280,7 +276,8 @@ def test_scls_run_length_study(bench, monkeypatch):
 
 
 def test_seallm_prefill_demand_scales_with_rate_and_prompt(bench):
-    F = importlib.import_module(bench.PACKAGE + ".seallm_factors")
+    from tools.bench.papers import seallm_factors as F
+
     short = {"a": ("llama2-7b", np.array([[100, 10]] * 4)), "b": ("llama2-70b", np.array([[100, 10]] * 4))}
     long = {k: (m, a * np.array([20, 1])) for k, (m, a) in short.items()}
     share = {"a": 0.5, "b": 0.5}
@@ -341,7 +338,8 @@ def test_driver_writes_json_markdown_and_pngs(bench, tmp_path):
 
 
 def test_seallm_setup_assignments_share_plan_and_load(bench):
-    S = importlib.import_module(bench.PACKAGE + ".seallm_setup")
+    from tools.bench.papers import seallm_setup as S
+
     perms = {S.assigned_models(a) for a in S.ASSIGNMENTS}
     assert len(perms) >= 3 and all(sorted(p) == sorted(S.MODELS) for p in perms)  # random, all four
     assert S.assigned_models(2) == S.assigned_models(2) and S.assigned_models(None) == S.MODELS  # seeded

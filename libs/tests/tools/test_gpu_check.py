@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "gpu_checks" / "gpu_check.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tools.gpu_checks import gpu_check
 
 
 def test_gpu_check_runs_on_cpu(tmp_path):
-    mod = _load()
-    rc = mod.main(["--device", "cpu", "--shape", "tiny", "--repeats", "1", "--batches", "1,2",
-                   "--lengths", "16,32", "--out", str(tmp_path)])  # fmt: skip
+    rc = gpu_check.main(["--device", "cpu", "--shape", "tiny", "--repeats", "1", "--batches", "1,2",
+                         "--lengths", "16,32", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     r = json.loads((tmp_path / "gpu_check.json").read_text())
     assert r["device"] == "cpu" and r["shape"]["dtype"] == "bfloat16"
@@ -35,6 +23,5 @@ def test_gpu_check_runs_on_cpu(tmp_path):
 
 
 def test_gpu_check_refuses_cuda_without_a_gpu(monkeypatch):
-    mod = _load()
-    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
-    assert mod.main(["--device", "cuda"]) == 2
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--device", "cuda"]) == 2

@@ -16,8 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, like run.py
-from run import common, package, scenario  # type: ignore[import-not-found]
+from tools.bench.papers.run import common, package, scenario
 
 package()
 ALADDIN = scenario("aladdin")

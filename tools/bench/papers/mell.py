@@ -32,14 +32,12 @@ openings are counted by cause (``MellPacker.counters``).
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from tools.bench import migration_bench as MB
 
 from . import common as C
 
@@ -49,22 +47,6 @@ CLAIM = (
     "Mell reduces the number of GPUs needed by 9–31 % against the baselines and keeps GPU utilization up to "
     "43 % higher (lowest average 88 %); Theorem 2: |A(I)| ≤ 4/3·OPT(I) + c."
 )
-BENCH = Path(__file__).resolve().parents[1] / "migration_bench.py"
-_MODULE = "llmfleet_papers_migration_bench"
-
-
-def bench() -> ModuleType:
-    """``tools/bench/migration_bench.py``, loaded by path once."""
-    if _MODULE in sys.modules:
-        return sys.modules[_MODULE]
-    spec = importlib.util.spec_from_file_location(_MODULE, BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[_MODULE] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 KINDS = ("conv-poisson", "conv-trace", "conv-x4")
 # the paper's baselines and Mell; Mell+ and Mell++ (beyond the paper) are make bench-migration's
 POLICIES = ("BF", "WF", "LB", "Mell")
@@ -81,32 +63,12 @@ def settings(quick: bool, tiny: bool) -> dict:
             "policies": POLICIES}  # fmt: skip
 
 
-def _simulate(MB: ModuleType):
-    """The simulator with the cost source run.py selected (``--cost-source``)."""
-
-    def simulate(spec, *args, **kwargs):
-        return MB.simulate_base(dataclasses.replace(spec, cost_source=C.COST_SOURCE), *args, **kwargs)
-
-    return simulate
-
-
 def _plain(x: Any) -> Any:
     """JSON-ready: numpy scalars to Python ones."""
     return json.loads(json.dumps(x, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def _prepare() -> ModuleType:
-    """The migration bench, on this bench's data and cost source (done once per process)."""
-    MB = bench()
-    MB.C.TRACE, MB.C.ALPACA = C.TRACE, C.ALPACA  # the same data as the other scenarios (tests swap them)
-    if not hasattr(MB, "simulate_base"):
-        MB.simulate_base = MB.simulate
-    MB.simulate = _simulate(MB)
-    return MB
-
-
 def _jobs(cfg: dict) -> list[tuple]:
-    MB = bench()
     setups = list(cfg["setups"] or MB.SETUPS)
     return [
         (setup, kind, level, v, cfg["horizon_s"], cfg["samples"])
@@ -124,7 +86,6 @@ WEIGHT_PER_SECOND = 300.0
 
 def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
     """One unit per simulation for run.py's pool: (key, expected seconds, job)."""
-    MB = bench()
     return [
         ("/".join(map(str, job[:4])), MB.job_weight(job) / WEIGHT_PER_SECOND, job)
         for job in _jobs(settings(quick, tiny))
@@ -133,7 +94,7 @@ def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tup
 
 def run_part(job: tuple) -> dict:
     """One simulation's row (JSON-ready, without its time series)."""
-    row = _prepare().run_one(job)
+    row = MB.run_one(job, cost_source=C.COST_SOURCE)
     row.pop("_series", None)
     return _plain(row)
 
@@ -152,7 +113,6 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
 
 def combine(results: dict[str, dict], quick: bool = False, tiny: bool = False, log: C.Log = print) -> dict:
     """The paper's row from the simulations' rows (``results``: key → row, any order)."""
-    MB = _prepare()
     cfg = settings(quick, tiny)
     order = {"/".join(map(str, job[:4])): i for i, job in enumerate(_jobs(cfg))}
     rows = [results[k] for k in sorted(results, key=lambda k: order[k])]
@@ -262,7 +222,7 @@ def _summarize(res: dict) -> None:
         f"{C.fmt(util['weights_ceiling'], '.3f')}); peak GPUs vs WF {_pct_range(r['peak_vs_WF'])}, vs LB "
         f"{_pct_range(r['peak_vs_LB'])}, vs BF {_pct_range(r['peak_vs_BF'])}; steady-window mean vs WF "
         f"{_pct_range(r['steady_vs_WF'])}, vs LB {_pct_range(r['steady_vs_LB'])}; peak ≤ 4/3 × fluid bound + "
-        f"{bench().THEOREM_ADDITIVE} in {theorem['met_runs']}/{theorem['runs']} runs",
+        f"{MB.THEOREM_ADDITIVE} in {theorem['met_runs']}/{theorem['runs']} runs",
         "met": bool(util["met"] and save["met"]),
         "util": util,
         "savings": save,
@@ -300,7 +260,7 @@ def _summarize(res: dict) -> None:
             if res["summary"]["plusplus"]
             else []
         ),
-        *bench().NOTES,
+        *MB.NOTES,
     ]
 
 

@@ -1,9 +1,9 @@
 """Reproduction benchmark of the papers: SeaLLM, Aladdin, SCLS, UELLM and Mell on the simulator.
 
-    python tools/bench/papers/run.py                     # every paper, on --processes workers
-    python tools/bench/papers/run.py --quick             # fewer rates, shorter horizons
-    python tools/bench/papers/run.py --only scls --out .bench/papers
-    python tools/bench/papers/run.py --cost-source roofline --alpaca ../shared/datasets/alpaca_4000.json
+    python -m tools.bench.papers.run                     # every paper, on --processes workers
+    python -m tools.bench.papers.run --quick             # fewer rates, shorter horizons
+    python -m tools.bench.papers.run --only scls --out .bench/papers
+    python -m tools.bench.papers.run --cost-source roofline --alpaca ../shared/datasets/alpaca_4000.json
 
 ``--cost-source`` picks the simulator's cost source (default: the simulator's own default,
 ``SimSpec.cost_source``); ``--alpaca PATH`` makes the Aladdin and SCLS scenarios use that Alpaca file's
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -48,35 +47,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from llmfleet.sim.cost import COST_SOURCES
 from llmfleet.sim.spec import SimSpec
 
-PACKAGE = "llmfleet_papers_bench"
-HERE = Path(__file__).resolve().parent
+from tools.bench import papers
+from tools.bench.papers import common as C
 
 
 def package() -> ModuleType:
-    """The scenario package (``tools/bench/papers``), imported under a private name whatever the cwd."""
-    if __package__:
-        return importlib.import_module(__package__)
-    if PACKAGE in sys.modules:
-        return sys.modules[PACKAGE]
-    spec = importlib.util.spec_from_file_location(
-        PACKAGE, HERE / "__init__.py", submodule_search_locations=[str(HERE)]
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[PACKAGE] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The scenario package, ``tools.bench.papers``."""
+    return papers
 
 
 def scenario(name: str) -> ModuleType:
-    pkg = package()
-    if name not in pkg.SCENARIOS:
-        raise ValueError(f"unknown scenario {name!r}; valid: {list(pkg.SCENARIOS)}")
-    return importlib.import_module(f"{pkg.__name__}.{name}")
+    if name not in papers.SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; valid: {list(papers.SCENARIOS)}")
+    return importlib.import_module(f"{papers.__name__}.{name}")
 
 
 def common() -> ModuleType:
-    return importlib.import_module(f"{package().__name__}.common")
+    """The shared helpers, ``tools.bench.papers.common`` (its cost source and lengths are set by ``main``)."""
+    return C
 
 
 def _used_sources(result: dict) -> str:
@@ -87,7 +75,6 @@ def _used_sources(result: dict) -> str:
 
 
 def summary_table(results: dict[str, dict]) -> str:
-    C = common()
     rows = [
         {
             "paper": r["title"].split(" — ")[0],
@@ -113,7 +100,6 @@ def summary_table(results: dict[str, dict]) -> str:
 
 
 def write_markdown(results: dict[str, dict], meta: dict, path: Path) -> None:
-    C = common()
     parts = [
         "# Paper reproduction benchmark (simulator)",
         "",
@@ -272,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke-test scale
     a = ap.parse_args(argv)
     names = a.only or list(package().SCENARIOS)
-    C = common()
     C.set_cost_source(a.cost_source)
     C.SHORT_ALPACA = a.alpaca
     if "seallm" in names:
@@ -298,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "unit_s": {n: r["unit_s"] for n, r in results.items()},
         "cpu_s": {n: r["cpu_s"] for n, r in results.items()},
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "command": "tools/bench/papers/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m tools.bench.papers.run " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cost_source": a.cost_source,
         "alpaca": None if a.alpaca is None else str(a.alpaca),
         "popularity": None if a.popularity is None else str(a.popularity),

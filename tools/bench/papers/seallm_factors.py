@@ -30,18 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import common, package  # type: ignore[import-not-found]
-
-    package()
-    import importlib
-
-    S = importlib.import_module(package().__name__ + ".seallm_setup")
-    C = common()
-else:
-    from . import common as C
-    from . import seallm_setup as S
+from . import common as C
+from . import seallm_setup as S
 
 
 def row(sp, wl, bundle, plan, horizon: float) -> dict:

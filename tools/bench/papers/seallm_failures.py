@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-RUN = Path(__file__).resolve().parent / "run.py"
+from tools.bench.papers import common as C
+from tools.bench.papers import seallm_setup as S
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--by-service", action="store_true", help="per-service latency, SeaLLM's plan and vLLM")
     a = ap.parse_args(argv)
-    spec = importlib.util.spec_from_file_location("llmfleet_papers_run", RUN)
-    assert spec is not None and spec.loader is not None
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    run.package()
-    C = importlib.import_module(run.PACKAGE + ".common")
-    S = importlib.import_module(run.PACKAGE + ".seallm_setup")
     from llmfleet.policies.placement import InstancePlan
 
     res = json.loads(a.papers.read_text())["papers"]["seallm"]

@@ -1,6 +1,6 @@
 """Simulator fidelity: one small workload through the live local cluster and the simulator.
 
-    python tools/bench/sim_fidelity --out .bench      # writes sim_fidelity.json and .md
+    python -m tools.bench.sim_fidelity --out .bench      # writes sim_fidelity.json and .md
 
 1. **Cluster.** A real local cluster exactly as ``llmfleet up`` plans it (``llmfleet.cli.up.
    plan_services``: etcd, scheduler, profiler, placement, migration, engines as child processes) with
