@@ -13,7 +13,7 @@ import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery
 from llmfleet.sim import run as sim_run
-from llmfleet.sim.cost import COST_SOURCES, CostBook
+from llmfleet.sim.cost import COST_SOURCES, DEFAULT_COST_SOURCE, CostBook
 from llmfleet.sim.run import Experiment
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import (
@@ -38,7 +38,7 @@ COST_NOTE = (
     "or framework overheads."
 )
 # the simulator's default cost source unless run.py --cost-source sets another
-COST_SOURCE: str = SimSpec.__dataclass_fields__["cost_source"].default
+COST_SOURCE: str = DEFAULT_COST_SOURCE
 SHORT_ALPACA: Path | None = None  # set by run.py --alpaca: Alpaca lengths instead of ShareGPT-like ones
 
 

@@ -44,8 +44,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from llmfleet.sim.cost import COST_SOURCES
-from llmfleet.sim.spec import SimSpec
+from llmfleet.sim.cost import COST_SOURCES, DEFAULT_COST_SOURCE
 
 from tools.bench import papers
 from tools.bench.papers import common as C
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cost-source",
         choices=COST_SOURCES,
-        default=SimSpec.__dataclass_fields__["cost_source"].default,
+        default=DEFAULT_COST_SOURCE,
         help="the simulator's cost source for every scenario (default: the simulator's)",
     )
     ap.add_argument(
