@@ -428,7 +428,7 @@ class LearnedLengthPredictor:
         if config.get("format") != FORMAT:
             raise ValueError(
                 f"{d}: predictor format {config.get('format')!r}, this version reads {FORMAT}; retrain with "
-                "tools/train_length_predictor.py"
+                "python -m tools.train_length_predictor"
             )
         self = cls(scheme=BucketScheme.from_dict(config["scheme"]))
         self.within_var = tuple(config["within_var"])

@@ -10,7 +10,7 @@ admits at once, vLLM's ``max_num_seqs``); without one, only the engine's waiting
 The default slack is 4. Slack 0 served the emulated L4 burst of ``make bench-burst`` (1,000 identical
 48-token requests) better: 1.66-1.72x early binding's throughput against 1.57-1.62x, since requests
 queued past an engine's batch are bound early and became a cohort of their own. But on bursts of mixed
-lengths in the simulator slack 4 finished a little sooner (``tools/bench/burst_sim_factors.py
+lengths in the simulator slack 4 finished a little sooner (``python -m tools.bench.burst_sim_factors
 --hetero``), so the default stays with the mixed workloads; set 0 for bursts of uniform requests.
 """
 
