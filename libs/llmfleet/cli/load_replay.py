@@ -1,7 +1,8 @@
 """``llmfleet load --trace FILE | --synthetic N``: replay a workload against the live cluster and write
 ``llmfleet sim``'s report (``OUT/report.json``, ``report.md``, ``gpus_in_use.png``).
 
-Each request is sent at its arrival time (× ``--rate-scale``), whether or not earlier ones finished,
+Each request is sent at its arrival time (× ``--rate-scale``), whether or not earlier ones finished
+(a closed-loop turn, as in ``--conversations``: its think time after the turn it follows finished),
 to the service ``llmfleet sim`` would give it, with a prompt of exactly its prompt-token count and
 ``max_tokens`` = its output length. etcd is read every ``--sample-s`` (GPUs in use, placement plans,
 migration state) and the migration leader every 5 s (its epochs and moves).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import time
@@ -27,6 +29,7 @@ from llmfleet.cli.load_senders import Send, http_sender, sdk_sender
 from llmfleet.replay.report import LiveOutcome
 from llmfleet.replay.requests import ReplayRequest
 from llmfleet.sim.spec import SimService
+from llmfleet.workload.followups import PREDECESSOR_FAILED, FollowUps
 
 DEFAULT_OUT = Path(".load")
 
@@ -135,11 +138,21 @@ async def send_all(
     report_s: float = 5.0,
     console: Console | None = None,
 ) -> list[LiveOutcome]:
-    """Send each request at ``t0 + arrival_s`` (one task each), with a progress bar and a line every
-    ``report_s``; returns the outcomes in arrival order."""
+    """Send each request at ``t0 + arrival_s`` (one task each; a closed-loop turn its think time after
+    the turn it follows finished), with a progress bar and a line every ``report_s``; returns the
+    outcomes in workload order."""
     outcomes: dict[int, LiveOutcome] = {}
     window: list[LiveOutcome] = []
     tasks: set[asyncio.Task[LiveOutcome]] = set()
+    position = {r.request_id: k for k, r in enumerate(requests)}
+    released: list[tuple[float, int, ReplayRequest]] = []  # (send at, position, turn): a heap
+    follow = FollowUps.of(
+        requests, lambda turn: heapq.heappush(released, (turn.arrival_s, position[turn.request_id], turn))
+    )
+    for r in requests:
+        if follow is not None and r.follows:
+            follow.read(r)
+    opening = [k for k, r in enumerate(requests) if follow is None or not r.follows]
     console = console or Console(soft_wrap=True)
     columns = (
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
@@ -150,32 +163,53 @@ async def send_all(
         task_id = bar.add_task("replay", total=len(requests), sent=0, inflight=0, failed=0)
         failed = 0
 
-        def finished(i: int, t: asyncio.Task[LiveOutcome]) -> None:
+        def finished(k: int, t: asyncio.Task[LiveOutcome]) -> None:
             nonlocal failed
             tasks.discard(t)
             o = t.result()
-            outcomes[i] = o
+            outcomes[k] = o
             window.append(o)
             failed += not o.ok
+            if follow is not None and o.ok:
+                follow.ended(o.request_id, time.monotonic() - t0)
             bar.update(task_id, advance=1, inflight=len(tasks), failed=failed)
 
+        def start(k: int, r: ReplayRequest) -> None:
+            task = asyncio.create_task(_safe(send, r, r.prompt(seed), t0))
+            task.add_done_callback(lambda t: finished(k, t))
+            tasks.add(task)
+
         next_report = report_s
-        i = 0
-        while i < len(requests) or tasks:
+        i = sent = 0
+        while i < len(opening) or tasks or released:
             now = time.monotonic() - t0
-            while i < len(requests) and requests[i].arrival_s <= now:
-                r = requests[i]
-                task = asyncio.create_task(_safe(send, r, r.prompt(seed), t0))
-                task.add_done_callback(lambda t, i=i: finished(i, t))
-                tasks.add(task)
-                i += 1
-            bar.update(task_id, sent=i, inflight=len(tasks))
+            while i < len(opening) and requests[opening[i]].arrival_s <= now:
+                start(opening[i], requests[opening[i]])
+                i, sent = i + 1, sent + 1
+            while released and released[0][0] <= now:
+                _, k, turn = heapq.heappop(released)
+                start(k, turn)
+                sent += 1
+            bar.update(task_id, sent=sent, inflight=len(tasks))
             if now >= next_report:
                 bar.console.print(escape(_interval(now, window, len(tasks))), highlight=False)
                 window.clear()
                 next_report += report_s
-            wake = min(requests[i].arrival_s if i < len(requests) else next_report, next_report)
+            wake = min(
+                requests[opening[i]].arrival_s if i < len(opening) else next_report,
+                released[0][0] if released else next_report,
+                next_report,
+            )
             await asyncio.sleep(max(0.0, min(wake - (time.monotonic() - t0), 0.25)))
+        for r in follow.stranded() if follow is not None else ():  # the turns after a failed turn
+            k = position[r.request_id]
+            outcomes[k] = LiveOutcome(
+                r.request_id, r.service, r.arrival_s, r.arrival_s, r.prompt_tokens, r.max_tokens,
+                error=PREDECESSOR_FAILED,
+            )  # fmt: skip
+            window.append(outcomes[k])
+            bar.update(task_id, advance=1, failed=failed + 1)
+            failed += 1
         if window:
             bar.console.print(escape(_interval(time.monotonic() - t0, window, 0)), highlight=False)
     return [outcomes[k] for k in sorted(outcomes)]

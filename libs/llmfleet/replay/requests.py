@@ -2,7 +2,8 @@
 exactly its prompt-token count (N seeded short words: the emulated engines' word-level tokenizer counts
 one token per whitespace-separated word, no BOS) and ``max_tokens`` = its output length. A request
 with prompt content (system prompts, conversations: :mod:`llmfleet.workload.prompts`) sends that
-content's words instead, so requests that share a prefix in the workload share it live.
+content's words instead, so requests that share a prefix in the workload share it live. A
+closed-loop turn keeps what it ``follows`` and its think time (:mod:`llmfleet.workload.followups`).
 
 Services are assigned with ``llmfleet.sim.run.assign_services`` (k-means over lengths, the i-th
 shortest cluster to the i-th service), so ``llmfleet sim`` and ``llmfleet load`` on the same trace and
@@ -33,6 +34,8 @@ class ReplayRequest:
     max_tokens: int
     index: int = 0  # position in the workload (seeds the prompt)
     source: WorkloadRequest | None = None  # the workload's request, when it has prompt content
+    follows: str = ""  # a closed-loop turn: sent think_s after this request finished
+    think_s: float = 0.0
 
     @property
     def session(self) -> str:
@@ -73,6 +76,8 @@ def replay_requests(workload: Workload, services: Sequence[SimService]) -> list[
             r.output_tokens,
             i,
             r if r.has_content else None,
+            r.follows,
+            r.think_s,
         )
         for i, r in enumerate(labelled.requests)
     ]

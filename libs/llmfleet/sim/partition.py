@@ -118,6 +118,8 @@ def run_partitioned(
     reqs = list(requests)
     if not reqs:
         raise ValueError("the workload has no requests")
+    if any(getattr(r, "follows", "") for r in reqs):
+        raise ValueError("cannot partition this simulation: closed-loop turns arrive when others finish")
     routes = _route_all(sim, reqs, strict_services)  # step 1
     counts: dict[str, int] = {}
     for r in routes:

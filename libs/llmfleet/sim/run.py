@@ -187,8 +187,8 @@ def simulate(
     a :class:`PlacementLoop` re-plans during the run; its decisions are ``report["placement"]``.
 
     ``workers`` > 1 splits the run across that many processes when the result stays exact (a
-    load-blind dispatcher and a fixed plan, see :mod:`llmfleet.sim.partition`); otherwise it runs in
-    this process and ``result.workers`` is 1."""
+    load-blind dispatcher, a fixed plan and no closed-loop turns, see :mod:`llmfleet.sim.partition`);
+    otherwise it runs in this process and ``result.workers`` is 1."""
     policy.validate()
     if not workload.requests:
         raise ValueError("the workload has no requests")
@@ -214,7 +214,7 @@ def simulate(
     )  # fmt: skip
     loops = _Loops(central=central)
     loops.install(sim, policy, planner, gpus, evaluator_factory, workload.requests[0].arrival_s)
-    if workers > 1 and partition_blocker(sim) is None:
+    if workers > 1 and not workload.closed_loop and partition_blocker(sim) is None:
         result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
     else:
         result = sim.run(

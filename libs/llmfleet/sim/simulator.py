@@ -15,7 +15,8 @@ samples. Hooks for the controllers that act later: ``every(period_s, fn)`` calls
 period (epoch ticks for placement/migration), ``at(t, fn)`` once at ``t``; the fleet's changes
 (``add_instance``, ``set_models``, ``retire_instance``, ``move_request``, ...) are reachable from the
 simulator too. A dispatch policy with ``on_finish(request_id, engine_id, output_tokens, now)`` hears of
-every completion (as in the live scheduler). A central scheduler (``llmfleet.sim.scls_central``) takes
+every completion (as in the live scheduler). A turn that follows another request arrives its think time
+after that request finished (:mod:`llmfleet.workload.followups`). A central scheduler (``llmfleet.sim.scls_central``) takes
 every arrival into its pool instead of dispatch.
 """
 
@@ -38,6 +39,7 @@ from llmfleet.sim.holds import COLD, SATURATED, Saturated
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
+from llmfleet.workload.followups import PREDECESSOR_FAILED, FollowUps
 
 Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
 
@@ -139,6 +141,7 @@ class Simulator:
         self._sample_origin: float | None = None  # set in a partition: the whole run's first arrival
         self.records: list[RequestRecord] = []
         self._pending = False  # arrivals not yet read (during run)
+        self._follow: FollowUps | None = None  # closed-loop turns (during run)
         # central scheduling (llmfleet.sim.scls_central): arrivals go to its pool, idle instances ask it
         self.central: CentralScheduler | None = None
 
@@ -238,7 +241,7 @@ class Simulator:
     # ------------------------------------------------------------------------------------------ run
     def run(
         self,
-        requests: Iterable,
+        requests: Sequence,
         *,
         total: int | None = None,
         progress: Callable[[int, float], None] | None = None,
@@ -249,6 +252,8 @@ class Simulator:
         to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``."""
         t0 = time.perf_counter()
         self.fleet.use_services(strict_services)
+        self._follow = FollowUps.of(requests, self._release)
+        finished = self._finished if self._follow is not None else self._on_finish
         it = iter(requests)
         first = next(it, None)
         if first is None:
@@ -276,7 +281,7 @@ class Simulator:
                 if period is not None and (self._pending or self._busy()):
                     self.events.push(t + period, SAMPLE)
             else:
-                self._handle(kind, t, a, b)
+                self._handle(kind, t, a, b, finished)
         if progress:
             progress(arrived, self.now)
         self._close()
@@ -304,8 +309,12 @@ class Simulator:
             self.events.push(first.arrival_s if origin is None else origin, SAMPLE)
 
     def _read_next(self, it: Iterator, current) -> None:
-        """Read the arrival after ``current`` (arrivals are read one ahead)."""
+        """Read the arrival after ``current`` (arrivals are read one ahead; turns that follow another
+        request wait for it in ``_follow``)."""
         nxt = next(it, None)
+        while nxt is not None and self._follow is not None and nxt.follows:
+            self._follow.read(nxt)
+            nxt = next(it, None)
         if nxt is None:
             self._pending = False
             return
@@ -316,10 +325,13 @@ class Simulator:
             )
         self.events.push(nxt.arrival_s, ARRIVAL, nxt)
 
-    def _handle(self, kind: int, t: float, a: Any, b: Any) -> None:
-        """A step end, a move's landing, a hook or a model load."""
+    def _handle(
+        self, kind: int, t: float, a: Any, b: Any, finished: Callable[[str, str, int, float], None] | None
+    ) -> None:
+        """A step end (``finished`` hears of each request it completes), a move's landing, a hook or a
+        model load."""
         if kind == END:
-            self.fleet.step_ended(a, b, t, self._on_finish)
+            self.fleet.step_ended(a, b, t, finished)
         elif kind == MOVE:
             self.fleet.land(a, b, t)
         elif kind == HOOK:
@@ -333,9 +345,31 @@ class Simulator:
         elif kind == READY:
             self.fleet.ready(a, b, t)
 
+    def _finished(self, request_id: str, instance_id: str, output_tokens: int, now: float) -> None:
+        """A request completed: the dispatcher hears of it, and the turns that follow it are released."""
+        if self._on_finish is not None:
+            self._on_finish(request_id, instance_id, output_tokens, now)
+        assert self._follow is not None  # the listener of closed-loop runs
+        self._follow.ended(request_id, now)
+
+    def _release(self, turn) -> None:
+        """Schedule a released turn's arrival at its ``arrival_s`` (a heartbeat dispatcher places it at
+        the next beat, as any arrival)."""
+        t = turn.arrival_s
+        if self._heartbeat_s:
+            t = max(t, self._heartbeat_s * math.ceil(t / self._heartbeat_s))
+        self.events.at(t, lambda _sim, now: self._arrive_turn(turn, now))
+
+    def _arrive_turn(self, turn, now: float) -> None:
+        assert self._follow is not None
+        self._follow.arrived()
+        self._arrive(turn, now)
+
     def _close(self) -> None:
         """Requests left at the end fail (none should be: each line says why it cannot happen)."""
         self.fleet.fail_held("the simulation ended first")  # a load under way always ends in a READY event
+        for turn in self._follow.stranded() if self._follow is not None else ():
+            self._record(turn, self.fleet.service(turn.service)).failed = PREDECESSOR_FAILED
         stranded = [r for r in self.records if not r.done and not r.failed]
         for rec in stranded:  # cannot happen unless a policy never schedules a runnable request
             rec.failed = "never scheduled (the request policy left it waiting with the instance idle)"
@@ -353,6 +387,8 @@ class Simulator:
     def _busy(self) -> bool:
         """Work that will produce events: a batch in flight, a move or a model load under way."""
         if self.central is not None and self.central.busy:
+            return True
+        if self._follow is not None and self._follow.in_think:  # a released turn is yet to arrive
             return True
         return self.fleet.busy()
 

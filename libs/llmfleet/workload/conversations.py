@@ -4,9 +4,9 @@ A conversation is a system prompt (its service's, ``system_tokens`` tokens) and 
 message and an answer. Turn k's request has the prompt system + u1 + a1 + … + u(k−1) + a(k−1) + uk
 and the output ak: each turn resends everything before it, as chat clients do, so its prompt's
 prefix is the previous turn's whole prompt and answer. The answers in the history are the workload's
-own (an open-loop replay cannot wait for the model's), so a cache can reuse the previous turns'
-prompts; whether it also reuses the previous answers depends on whether the engine produced the same
-tokens.
+own (the replay sends text fixed in advance, not what the model answered), so a cache can reuse the
+previous turns' prompts; whether it also reuses the previous answers depends on whether the engine
+produced the same tokens.
 
 **Statistics** (``LMSYS_CHAT_1M``): Zheng et al., "LMSYS-Chat-1M: A Large-Scale Real-World LLM
 Conversation Dataset", ICLR 2024, Table 1: 1,000,000 conversations, on average 2.0 turns per
@@ -19,10 +19,15 @@ model a chattier population), and message lengths are independent log-normals wi
 lengths) with the published means. A conversation ends at its last turn or before a turn whose prompt
 plus answer would pass ``max_context`` tokens.
 
-**Arrivals.** Conversations start as a Poisson process at ``rate`` conversations per second; a turn
-arrives an exponential think time (mean ``think_s``) after the one before. Conversations are dealt
-round-robin to ``services``; request ids are ``conv<c>-t<k>`` and every turn carries its conversation
-as ``session`` (``conv<c>``).
+**Arrivals, closed loop.** Conversations start as a Poisson process at ``rate`` conversations per
+second; a turn is sent an exponential think time (mean ``think_s``) after the previous turn's answer
+has finished, as a user reads the answer before typing the next message: each later turn ``follows``
+the one before (:class:`~llmfleet.workload.request.WorkloadRequest`), and the simulator and
+``llmfleet load`` both wait for it. So a slow answer delays the rest of its conversation, as it does
+for a real user, and a turn never arrives before the history it resends has been computed. A turn's
+``arrival_s`` is its earliest time (the previous turn's arrival plus the think time).
+Conversations are dealt round-robin to ``services``; request ids are ``conv<c>-t<k>`` and every turn
+carries its conversation as ``session`` (``conv<c>``).
 """
 
 from __future__ import annotations
@@ -108,14 +113,15 @@ def conversations(
             user, answer = (int(x) for x in lengths[k0 + k])
             if context + user + answer > max_context:
                 break
-            if k:
-                t += float(gaps[k0 + k])
+            think = float(gaps[k0 + k]) if k else 0.0
+            t += think
             history.append((stable_seed(seed, session, "user", k), user))
             context += user
             out.append(
                 WorkloadRequest(
                     f"{session}-t{k + 1}", t, context, answer, service,
                     system_tokens=system_tokens, parts=tuple(history), session=session,
+                    follows=f"{session}-t{k}" if k else "", think_s=think,
                 )
             )  # fmt: skip
             history.append((stable_seed(seed, session, "answer", k), answer))

@@ -41,7 +41,13 @@ class WorkloadRequest:
     tokens are its service's system prompt, and ``parts`` are the rest as seeded segments ``(seed,
     tokens)``, so prompts that share segments share a prefix. With content, ``system_tokens`` plus the
     parts' tokens is ``prompt_tokens``. ``session`` names the conversation the request continues ("":
-    none)."""
+    none).
+
+    A closed-loop turn names the request it ``follows``: a replay sends it ``think_s`` seconds after
+    that request finished, as a chat user answers what they read (a turn whose predecessor failed is
+    not sent: the conversation ends there). Its ``arrival_s`` is then the earliest it can arrive (its
+    predecessor's arrival plus ``think_s``), which orders the workload and dates it when its
+    predecessor is cut away (:meth:`Workload.window`)."""
 
     request_id: str
     arrival_s: float
@@ -52,6 +58,8 @@ class WorkloadRequest:
     system_tokens: int = 0
     parts: tuple[tuple[int, int], ...] = ()
     session: str = ""
+    follows: str = ""
+    think_s: float = 0.0
 
     @property
     def has_content(self) -> bool:
@@ -81,6 +89,20 @@ class WorkloadRequest:
             self._check_content(prompt)
         if not isinstance(self.session, str):
             raise TypeError(f"{self.request_id}: session must be a str, got {self.session!r}")
+        if self.follows or self.think_s:
+            self._check_follows()
+
+    def _check_follows(self) -> None:
+        if not isinstance(self.follows, str) or self.follows == self.request_id:
+            raise ValueError(f"{self.request_id}: follows must name another request, got {self.follows!r}")
+        if isinstance(self.think_s, bool) or not isinstance(self.think_s, numbers.Real):
+            raise TypeError(f"{self.request_id}: think_s must be a number, got {self.think_s!r}")
+        think = float(self.think_s)
+        if not math.isfinite(think) or think < 0:
+            raise ValueError(f"{self.request_id}: think_s must be finite and >= 0, got {self.think_s!r}")
+        if think and not self.follows:
+            raise ValueError(f"{self.request_id}: think_s needs follows (the request it waits for)")
+        object.__setattr__(self, "think_s", think)
 
     def _check_content(self, prompt: int) -> None:
         system = _as_int("system_tokens", self.system_tokens)
@@ -105,12 +127,21 @@ class WorkloadRequest:
         object.__setattr__(self, "parts", tuple(parts))
 
 
-_CONTENT_FIELDS = ("system_tokens", "parts", "session")
+_OPTIONAL_FIELDS = ("system_tokens", "parts", "session", "follows", "think_s")
 
 
 def _order_key(r: WorkloadRequest) -> tuple[float, tuple[str | int, ...]]:
     parts = _DIGITS.split(r.request_id)  # alternates str, digits, str, ...: same types line up
     return r.arrival_s, tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def _unlinked(reqs: Sequence[WorkloadRequest]) -> tuple[WorkloadRequest, ...]:
+    """``reqs`` with each turn whose predecessor is not among them made a request of its own (sent at
+    its ``arrival_s``)."""
+    ids = {r.request_id for r in reqs}
+    return tuple(
+        r if not r.follows or r.follows in ids else replace(r, follows="", think_s=0.0) for r in reqs
+    )
 
 
 def _stats(values: Sequence[int]) -> dict[str, float]:
@@ -136,7 +167,13 @@ class Workload:
         dups = sorted(i for i, c in Counter(r.request_id for r in reqs).items() if c > 1)
         if dups:
             raise ValueError(f"duplicate request_id(s): {dups[:5]}")
-        object.__setattr__(self, "requests", tuple(sorted(reqs, key=_order_key)))
+        ordered = tuple(sorted(reqs, key=_order_key))
+        seen: set[str] = set()
+        for r in ordered:
+            if r.follows and r.follows not in seen:
+                raise ValueError(f"{r.request_id} follows {r.follows!r}, which is not an earlier request")
+            seen.add(r.request_id)
+        object.__setattr__(self, "requests", ordered)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -148,6 +185,11 @@ class Workload:
     def duration_s(self) -> float:
         """Seconds from the workload's start (t = 0) to its last arrival; 0.0 when empty."""
         return self.requests[-1].arrival_s if self.requests else 0.0
+
+    @property
+    def closed_loop(self) -> bool:
+        """Whether some request waits for another to finish (``follows``)."""
+        return any(r.follows for r in self.requests)
 
     @property
     def rate_rps(self) -> float:
@@ -164,7 +206,7 @@ class Workload:
         groups: dict[str, list[WorkloadRequest]] = {}
         for r in self.requests:
             groups.setdefault(r.service, []).append(r)
-        return {name: Workload(tuple(groups[name])) for name in sorted(groups)}
+        return {name: Workload(_unlinked(groups[name])) for name in sorted(groups)}
 
     def lengths(self) -> list[tuple[int, int]]:
         """(prompt_tokens, output_tokens) of each request, in arrival order."""
@@ -174,7 +216,7 @@ class Workload:
         """Requests arriving in [start_s, end_s), re-based so that start_s becomes t = 0."""
         if not (math.isfinite(start_s) and math.isfinite(end_s)) or not 0 <= start_s < end_s:
             raise ValueError(f"window needs 0 <= start_s < end_s (finite), got [{start_s}, {end_s})")
-        kept = (r for r in self.requests if start_s <= r.arrival_s < end_s)
+        kept = _unlinked([r for r in self.requests if start_s <= r.arrival_s < end_s])
         return Workload(tuple(replace(r, arrival_s=r.arrival_s - start_s) for r in kept))
 
     def head(self, n: int) -> Workload:
@@ -188,7 +230,9 @@ class Workload:
         with Path(path).open("w", encoding="utf-8") as f:
             for r in self.requests:
                 obj = asdict(r)
-                for key in _CONTENT_FIELDS:  # written only when set: plain workloads' files stay as they were
+                for (
+                    key
+                ) in _OPTIONAL_FIELDS:  # written only when set: plain workloads' files stay as they were
                     if not obj[key]:
                         del obj[key]
                 f.write(json.dumps(obj) + "\n")

@@ -260,3 +260,45 @@ def test_send_all_sends_on_time_and_records_every_request() -> None:
     assert all(abs(t - r.arrival_s) < 0.05 for (_, t, _), r in zip(seen, reqs, strict=True))
     assert all(len(p.split()) == 3 for _, _, p in seen)
     assert [o.ok for o in out] == [True, True, True, False, True] and out[3].error == "RuntimeError: boom"
+
+
+def test_send_all_sends_a_turn_its_think_time_after_the_turn_before_finished() -> None:
+    """b follows a (slow: 0.2 s) by 0.1 s; d follows c, which fails, so d is never sent; e opens."""
+    import asyncio
+    import io
+    import time
+
+    from llmfleet.cli.load_replay import send_all
+    from llmfleet.replay.requests import ReplayRequest
+    from llmfleet.workload.followups import PREDECESSOR_FAILED
+    from rich.console import Console
+
+    reqs = [
+        ReplayRequest("a", 0.0, "chat", 3, 2, 0),
+        ReplayRequest("c", 0.0, "chat", 3, 2, 1),
+        ReplayRequest("b", 0.1, "chat", 3, 2, 2, follows="a", think_s=0.1),
+        ReplayRequest("d", 0.1, "chat", 3, 2, 3, follows="c", think_s=0.1),
+        ReplayRequest("e", 0.15, "chat", 3, 2, 4),
+    ]
+    sent: dict[str, float] = {}
+    ended: dict[str, float] = {}
+
+    async def main_() -> list[LiveOutcome]:
+        t0 = time.monotonic()
+
+        async def send(r: ReplayRequest, prompt: str) -> LiveOutcome:
+            now = sent[r.request_id] = time.monotonic() - t0
+            if r.request_id == "c":
+                return LiveOutcome("c", r.service, r.arrival_s, now, 3, 2, error="UNAVAILABLE: no engine")
+            await asyncio.sleep(0.2 if r.request_id == "a" else 0.01)
+            end = ended[r.request_id] = time.monotonic() - t0
+            return LiveOutcome(r.request_id, r.service, r.arrival_s, now, 3, 2, end - 0.005, end, 2, "e0")
+
+        return await send_all(reqs, send, t0, report_s=0.1, console=Console(file=io.StringIO()))
+
+    out = {o.request_id: o for o in asyncio.run(main_())}
+    assert list(out) == ["a", "c", "b", "d", "e"]  # workload order
+    assert sent["b"] >= ended["a"] + 0.1 and sent["b"] < ended["a"] + 0.15
+    assert out["b"].ok and out["b"].planned_s == pytest.approx(ended["a"] + 0.1, abs=0.01)
+    assert "d" not in sent and out["d"].error == PREDECESSOR_FAILED
+    assert sent["e"] < sent["b"]  # an opening request does not wait for anyone

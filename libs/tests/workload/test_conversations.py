@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,34 @@ def test_each_turn_resends_the_history():
             assert prompt_text(nxt).startswith(prompt_text(prev) + " ")
         assert all(r.prompt_tokens + r.output_tokens <= 4096 for r in turns)
     assert len({prompt_text(t[0]).split()[100] for t in convs.values()}) > 1  # own messages after the system
+
+
+def test_each_later_turn_follows_the_one_before_by_its_think_time():
+    w = conversations(40, rate=2.0, mean_turns=4.0, think_s=5.0, seed=1)
+    assert w.closed_loop
+    for turns in by_session(w).values():
+        assert turns[0].follows == "" and turns[0].think_s == 0.0
+        for prev, nxt in itertools.pairwise(turns):
+            assert nxt.follows == prev.request_id and nxt.think_s > 0
+            assert nxt.arrival_s == pytest.approx(prev.arrival_s + nxt.think_s)  # its earliest time
+
+
+def test_a_turn_must_follow_an_earlier_request_and_subsets_cut_the_link():
+    with pytest.raises(ValueError, match="follows must name another request"):
+        WorkloadRequest("r", 0, 3, 1, follows="r")
+    with pytest.raises(ValueError, match="think_s needs follows"):
+        WorkloadRequest("r", 0, 3, 1, think_s=1.0)
+    with pytest.raises(ValueError, match="think_s must be finite"):
+        WorkloadRequest("r", 0, 3, 1, follows="q", think_s=-1.0)
+    a, b = plain("a", 3, t=1.0), WorkloadRequest("b", 2.0, 3, 5, "z", follows="a", think_s=1.0)
+    with pytest.raises(ValueError, match="b follows 'a', which is not an earlier request"):
+        Workload((b,))
+    with pytest.raises(ValueError, match="not an earlier request"):
+        Workload((replace(a, arrival_s=3.0), b))
+    w = Workload((a, b))
+    assert w.window(1.5, 3.0).requests[0].follows == ""  # its predecessor was cut away
+    assert w.by_service()["z"].requests[0] == replace(b, follows="", think_s=0.0)
+    assert w.head(2) == w
 
 
 def test_turns_and_lengths_follow_the_published_means():
