@@ -184,69 +184,69 @@ def _positive(name: str, value: object, kind: type[int] | type[float]) -> None:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
 
+@dataclass(frozen=True)
+class PrefixAffinityOptions:
+    """``block_bytes``: chunk size, bytes of UTF-8 text (a multiple of 8); ``max_blocks``: chunks of a
+    prompt considered; ``capacity_blocks``: entries kept per engine (None: what the engine's KV pool
+    holds, from its reported capacity and the request's KV bytes per token, else
+    ``DEFAULT_CAPACITY_BLOCKS``); ``ttl_s``: seconds after which an unused entry counts as evicted;
+    ``max_load_excess`` and ``max_load_ratio``: the load bound; ``max_sessions``: conversations
+    remembered."""
+
+    block_bytes: int = BLOCK_BYTES
+    max_blocks: int = MAX_BLOCKS
+    capacity_blocks: int | None = None
+    ttl_s: float = TTL_S
+    max_load_excess: int = 4
+    max_load_ratio: float = 1.5
+    max_sessions: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("block_bytes", "max_blocks", "max_sessions"):
+            _positive(name, getattr(self, name), int)
+        if self.block_bytes % 8:
+            raise ValueError(f"block_bytes must be a multiple of 8, got {self.block_bytes}")
+        if self.capacity_blocks is not None:
+            _positive("capacity_blocks", self.capacity_blocks, int)
+        _positive("ttl_s", self.ttl_s, float)
+        excess = self.max_load_excess
+        if isinstance(excess, bool) or not isinstance(excess, int) or excess < 0:
+            raise ValueError(f"max_load_excess must be an int >= 0, got {excess!r}")
+        _positive("max_load_ratio", self.max_load_ratio, float)
+        if self.max_load_ratio < 1:
+            raise ValueError(f"max_load_ratio must be >= 1, got {self.max_load_ratio!r}")
+        object.__setattr__(self, "ttl_s", float(self.ttl_s))
+        object.__setattr__(self, "max_load_ratio", float(self.max_load_ratio))
+
+
 class PrefixAffinity:
     """The engine expected to hold the longest prefix of the prompt, among those within the load
-    bound; then the least loaded; then the smallest id (see the module docstring).
-
-    Options: ``block_bytes`` (chunk size, bytes of UTF-8 text), ``max_blocks`` (chunks of a prompt
-    considered), ``capacity_blocks`` (entries kept per engine; None: what the engine's KV pool holds,
-    from its reported capacity and the request's KV bytes per token, else
-    ``DEFAULT_CAPACITY_BLOCKS``), ``ttl_s`` (seconds after which an unused entry counts as evicted),
-    ``max_load_excess`` and ``max_load_ratio`` (the load bound), ``max_sessions`` (conversations
-    remembered)."""
+    bound; then the least loaded; then the smallest id (see the module docstring and
+    :class:`PrefixAffinityOptions`)."""
 
     name = "prefix_affinity"
     needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True, reads_prompt=True)
 
-    def __init__(
-        self,
-        block_bytes: int = BLOCK_BYTES,
-        max_blocks: int = MAX_BLOCKS,
-        capacity_blocks: int | None = None,
-        ttl_s: float = TTL_S,
-        max_load_excess: int = 4,
-        max_load_ratio: float = 1.5,
-        max_sessions: int = 100_000,
-    ) -> None:
-        for name, value in (
-            ("block_bytes", block_bytes),
-            ("max_blocks", max_blocks),
-            ("max_sessions", max_sessions),
-        ):
-            _positive(name, value, int)
-        if block_bytes % 8:
-            raise ValueError(f"block_bytes must be a multiple of 8, got {block_bytes}")
-        if capacity_blocks is not None:
-            _positive("capacity_blocks", capacity_blocks, int)
-        _positive("ttl_s", ttl_s, float)
-        if isinstance(max_load_excess, bool) or not isinstance(max_load_excess, int) or max_load_excess < 0:
-            raise ValueError(f"max_load_excess must be an int >= 0, got {max_load_excess!r}")
-        _positive("max_load_ratio", max_load_ratio, float)
-        if max_load_ratio < 1:
-            raise ValueError(f"max_load_ratio must be >= 1, got {max_load_ratio!r}")
-        self.block_bytes = block_bytes
-        self.max_blocks = max_blocks
-        self.capacity_blocks = capacity_blocks
-        self.ttl_s = float(ttl_s)
-        self.max_load_excess = max_load_excess
-        self.max_load_ratio = float(max_load_ratio)
-        self.max_sessions = max_sessions
-        self.index = ExpectedBlocks(self.ttl_s)
+    Options: ClassVar[type[PrefixAffinityOptions]] = PrefixAffinityOptions
+
+    def __init__(self, options: PrefixAffinityOptions | None = None) -> None:
+        self.options = options if options is not None else PrefixAffinityOptions()
+        self.index = ExpectedBlocks(self.options.ttl_s)
         self.sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()  # session -> (engine, last use)
         self.stats = PrefixStats()
         self._reported: dict[str, int] = {}  # engine -> the prefix-cache size it reported last (bytes)
 
     def capacity(self, candidate: EngineCandidate, request: DispatchRequest) -> int:
         """Entries kept for ``candidate``: the option, else its KV pool's tokens in chunks, else the default."""
-        if self.capacity_blocks is not None:
-            return self.capacity_blocks
+        if self.options.capacity_blocks is not None:
+            return self.options.capacity_blocks
         if candidate.kv_capacity_bytes > 0 and request.kv_bytes_per_token > 0:
             return max(1, self.chunks(candidate.kv_capacity_bytes, request.kv_bytes_per_token))
         return DEFAULT_CAPACITY_BLOCKS
 
     def chunks(self, kv_bytes: int, bytes_per_token: int) -> int:
         """``kv_bytes`` of KV (at ``bytes_per_token`` > 0) as prompt chunks of text."""
-        return int(kv_bytes / bytes_per_token * BYTES_PER_TOKEN / self.block_bytes)
+        return int(kv_bytes / bytes_per_token * BYTES_PER_TOKEN / self.options.block_bytes)
 
     def correct(self, pool: Sequence[EngineCandidate], request: DispatchRequest) -> None:
         """Cut each engine's entries to the prefix-cache size it reports, when that size changed."""
@@ -265,7 +265,7 @@ class PrefixAffinity:
         hit = self.sessions.get(session) if session else None
         if hit is None:
             return None
-        if hit[1] < now - self.ttl_s:
+        if hit[1] < now - self.options.ttl_s:
             del self.sessions[session]
             return None
         return hit[0]
@@ -273,7 +273,7 @@ class PrefixAffinity:
     def _remember(self, session: str, engine_id: str, now: float) -> None:
         self.sessions[session] = (engine_id, now)
         self.sessions.move_to_end(session)
-        while len(self.sessions) > self.max_sessions:
+        while len(self.sessions) > self.options.max_sessions:
             self.sessions.popitem(last=False)
 
     def choose(
@@ -287,11 +287,13 @@ class PrefixAffinity:
         least = min(c.queued for c in pool)
         if request is None:
             return next(c for c in pool if c.queued == least).engine_id
-        bound = max(least + self.max_load_excess, least * self.max_load_ratio)
+        bound = max(least + self.options.max_load_excess, least * self.options.max_load_ratio)
         allowed = [c for c in pool if c.queued <= bound]  # never empty: the least loaded is in it
         now = request.arrival_s
         chain = (
-            prompt_blocks(model, request.prompt, self.block_bytes, self.max_blocks) if request.prompt else []
+            prompt_blocks(model, request.prompt, self.options.block_bytes, self.options.max_blocks)
+            if request.prompt
+            else []
         )
         if chain:
             self.correct(pool, request)

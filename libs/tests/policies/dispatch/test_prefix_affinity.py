@@ -16,7 +16,7 @@ from llmfleet.policies.dispatch import (
     dispatch_needs,
     make_dispatch_policy,
 )
-from llmfleet.policies.dispatch.prefix_affinity import ExpectedBlocks, prompt_blocks
+from llmfleet.policies.dispatch.prefix_affinity import ExpectedBlocks, PrefixAffinityOptions, prompt_blocks
 
 ENGINES = ("e0", "e1", "e2", "e3")
 SYSTEM = " ".join(f"s{i}" for i in range(400))  # ~1,900 bytes: 7 full 256-byte chunks
@@ -64,14 +64,14 @@ def test_affinity_to_the_engine_holding_the_prefix():
 
 
 def test_a_hot_engine_is_not_preferred_past_the_load_bound():
-    p = PrefixAffinity(max_load_excess=2, max_load_ratio=1.5)
+    p = PrefixAffinity(PrefixAffinityOptions(max_load_excess=2, max_load_ratio=1.5))
     p.choose("m", [eng(e) for e in ENGINES], request=req("r0", SYSTEM))
     # least 0: bound max(0 + 2, 0) = 2
     assert p.choose("m", [eng("e0", 2), eng("e1"), eng("e2")], request=req("r1", SYSTEM, 1)) == "e0"
     assert p.choose("m", [eng("e0", 3), eng("e1"), eng("e2")], request=req("r2", SYSTEM, 2)) == "e1"
     assert p.stats.over_bound == 1
     # least 10: bound max(12, 15) = 15
-    q = PrefixAffinity(max_load_excess=2, max_load_ratio=1.5)
+    q = PrefixAffinity(PrefixAffinityOptions(max_load_excess=2, max_load_ratio=1.5))
     q.choose("m", [eng("e0"), eng("e1", 5)], request=req("r0", SYSTEM))
     assert q.choose("m", [eng("e0", 15), eng("e1", 10)], request=req("r1", SYSTEM, 1)) == "e0"
     assert q.choose("m", [eng("e0", 16), eng("e1", 10)], request=req("r2", SYSTEM, 2)) == "e1"
@@ -106,7 +106,7 @@ def test_a_burst_of_one_prefix_spreads_over_the_engines(report_each):
 
 
 def test_expiry_forgets_what_was_not_used_for_ttl():
-    p = PrefixAffinity(ttl_s=10.0)
+    p = PrefixAffinity(PrefixAffinityOptions(ttl_s=10.0))
     assert p.choose("m", [eng("e0"), eng("e1")], request=req("r0", SYSTEM, 0.0)) == "e0"
     loaded = [eng("e0", 2), eng("e1")]
     assert p.choose("m", loaded, request=req("r1", SYSTEM, 9.0)) == "e0"  # refreshed at t = 9
@@ -126,7 +126,7 @@ def test_eviction_is_lru_per_engine_and_drops_tails_first():
     idx.insert("e1", a, 2.0, capacity=8)  # another engine's entries are its own
     assert idx.depths(a, 3.0) == {"e0": 3, "e1": 5}
     # a bound derived from the engine's KV pool: 64 tokens' KV at 10 bytes per token
-    p = PrefixAffinity(block_bytes=64)
+    p = PrefixAffinity(PrefixAffinityOptions(block_bytes=64))
     assert p.capacity(eng("e0", cap=640), req("r", "", bpt=10)) == 4  # 64 tokens ~ 256 bytes = 4 chunks
     assert p.capacity(eng("e0"), req("r", "")) == 4096  # unknown capacity: the default
     p.choose("m", [eng("e0", cap=640)], request=req("r1", "x" * 640, bpt=10))
@@ -139,7 +139,7 @@ def cached(eid: str, size: int | None, queued: int = 0) -> EngineCandidate:
 
 def test_reported_cache_sizes_cut_the_index_when_they_change():
     # 64-byte chunks at 10 KV bytes per token: a chunk is 16 tokens' KV, 160 bytes
-    p = PrefixAffinity(block_bytes=64)
+    p = PrefixAffinity(PrefixAffinityOptions(block_bytes=64))
     a, b = text("a", 80), text("b", 80)  # 4 full chunks each
     assert p.choose("m", [cached("e0", 0), cached("e1", 0)], request=req("r0", a, 0.0, bpt=10)) == "e0"
     # e0 still reports 0 (its prefill has not run): unchanged, so a's entries stay
@@ -154,7 +154,7 @@ def test_reported_cache_sizes_cut_the_index_when_they_change():
     assert p.choose("m", [cached("e0", 0), cached("e1", 640, 1)], request=req("r4", a, 4.0, bpt=10)) == "e0"
     assert p.stats.matched_blocks == 4  # r1's four; r4 found nothing on the restarted e0
     # an engine that reports no size (None) keeps what its dispatch history says
-    q = PrefixAffinity(block_bytes=64)
+    q = PrefixAffinity(PrefixAffinityOptions(block_bytes=64))
     q.choose("m", [cached("e0", None), cached("e1", None)], request=req("r0", a, 0.0, bpt=10))
     assert (
         q.choose("m", [cached("e0", None, 2), cached("e1", None)], request=req("r1", a, 1.0, bpt=10)) == "e0"
@@ -170,7 +170,7 @@ def test_reported_sizes_reach_the_candidates_through_the_load_book():
 
 
 def test_session_affinity_follows_the_conversation_within_the_bound():
-    p = PrefixAffinity(max_load_excess=2)
+    p = PrefixAffinity(PrefixAffinityOptions(max_load_excess=2))
     assert p.choose("m", [eng("e0"), eng("e1")], request=req("r0", "short", 0.0, session="c1")) == "e0"
     # no shared prefix (prompts under one chunk), yet the conversation goes back to e0
     assert p.choose("m", [eng("e0", 2), eng("e1")], request=req("r1", "other", 1.0, session="c1")) == "e0"
@@ -182,7 +182,7 @@ def test_session_affinity_follows_the_conversation_within_the_bound():
     p.choose("m", [eng("e0"), eng("e1", 9)], request=req("r4", SYSTEM, 4.0))  # e0 holds SYSTEM
     assert p.choose("m", [eng("e0"), eng("e1")], request=req("r5", SYSTEM, 5.0, session="c1")) == "e1"
     # sessions expire with ttl_s and are LRU-bounded
-    q = PrefixAffinity(ttl_s=5.0, max_sessions=1)
+    q = PrefixAffinity(PrefixAffinityOptions(ttl_s=5.0, max_sessions=1))
     q.choose("m", [eng("e0"), eng("e1", 1)], request=req("r0", "", 0.0, session="a"))
     assert q.choose("m", [eng("e0", 1), eng("e1")], request=req("r1", "", 1.0, session="a")) == "e0"
     assert q.choose("m", [eng("e0", 1), eng("e1")], request=req("r2", "", 7.0, session="a")) == "e1"
@@ -205,7 +205,9 @@ def test_declares_what_it_reads_and_validates_its_options():
     assert needs.reads_queue and needs.reads_prompt and not needs.reads_kv
     assert "prompt text" in needs.describe()
     p = make_dispatch_policy("prefix_affinity", block_bytes=64, ttl_s=30, max_load_excess=0)
-    assert isinstance(p, PrefixAffinity) and p.block_bytes == 64 and p.ttl_s == 30.0
+    assert isinstance(p, PrefixAffinity) and p.options == PrefixAffinityOptions(
+        block_bytes=64, ttl_s=30.0, max_load_excess=0
+    )
     for bad in (
         {"block_bytes": 0},
         {"block_bytes": 2.5},
