@@ -16,6 +16,7 @@ import heapq
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,27 @@ async def send_all(
     follow = FollowUps.of(
         requests, lambda turn: heapq.heappush(released, (turn.arrival_s, position[turn.request_id], turn))
     )
+    turns_after: Counter[str] = Counter()  # followed request id -> its turns not sent yet
     for r in requests:
         if follow is not None and r.follows:
             follow.read(r)
+            turns_after[r.follows] += 1
     opening = [k for k, r in enumerate(requests) if follow is None or not r.follows]
+    sent_prompts: dict[str, str] = {}  # a followed request's prompt, until it finishes
+    histories: dict[
+        str, str
+    ] = {}  # a finished followed request's prompt and answer, until its turns are sent
+
+    def prompt_of(r: ReplayRequest) -> str:
+        """A turn resends the prompt and the answer of the turn before, as sent and received."""
+        if not r.follows:
+            return r.prompt(seed)
+        history = histories[r.follows]
+        turns_after[r.follows] -= 1
+        if not turns_after[r.follows]:
+            del histories[r.follows], turns_after[r.follows]
+        return r.next_prompt(history)
+
     console = console or Console(soft_wrap=True)
     columns = (
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
@@ -170,12 +188,19 @@ async def send_all(
             outcomes[k] = o
             window.append(o)
             failed += not o.ok
-            if follow is not None and o.ok:
+            prompt = sent_prompts.pop(o.request_id, None)
+            if prompt is not None and o.ok:
+                histories[o.request_id] = " ".join(x for x in (prompt, o.text.strip()) if x)
+                assert follow is not None  # a prompt is kept only for a followed request
                 follow.ended(o.request_id, time.monotonic() - t0)
+            o.text = ""  # the report keeps no completion text
             bar.update(task_id, advance=1, inflight=len(tasks), failed=failed)
 
         def start(k: int, r: ReplayRequest) -> None:
-            task = asyncio.create_task(_safe(send, r, r.prompt(seed), t0))
+            prompt = prompt_of(r)
+            if follow is not None and r.request_id in follow.followed:
+                sent_prompts[r.request_id] = prompt
+            task = asyncio.create_task(_safe(send, r, prompt, t0))
             task.add_done_callback(lambda t: finished(k, t))
             tasks.add(task)
 

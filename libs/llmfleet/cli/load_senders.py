@@ -1,5 +1,6 @@
 """``llmfleet load`` replay: one request through the SDK (gRPC, streaming) or the OpenAI HTTP API (the
-official ``openai`` package, streaming with usage), timed on the client from the run's start."""
+official ``openai`` package, streaming with usage), timed on the client from the run's start; the
+outcome keeps the completion's text (a conversation's next turn resends it)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
     async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
         sent = time.monotonic()
         out = _outcome(req, t0, sent)
+        texts: list[str] = []
         try:
             stream = client.generate(prompt, req.service, max_tokens=req.max_tokens, session=req.session)
             async with stream:
                 async for chunk in stream:
                     if out.first_token_s is None and chunk.token_ids:
                         out.first_token_s = time.monotonic() - t0
+                    texts.append(chunk.text)
         except LlmfleetError as e:
             out.error = f"{e.code.name}: {e.message}"
             return out
@@ -41,6 +44,7 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
             out.error = "the stream ended without usage"
             return out
         out.finish_s = time.monotonic() - t0
+        out.text = "".join(texts)
         out.completion_tokens = u.completion_tokens
         out.engine_id = u.engine_id
         out.finish_reason = u.finish_reason
@@ -58,6 +62,7 @@ def http_sender(client: Any, t0: float) -> Send:
     async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
         sent = time.monotonic()
         out = _outcome(req, t0, sent)
+        texts: list[str] = []
         try:
             stream = await client.completions.create(
                 model=req.service,
@@ -71,6 +76,7 @@ def http_sender(client: Any, t0: float) -> Send:
                 for choice in chunk.choices or ():
                     if out.first_token_s is None and choice.text:
                         out.first_token_s = time.monotonic() - t0
+                    texts.append(choice.text)
                     if choice.finish_reason:
                         out.finish_reason = choice.finish_reason
                 if chunk.usage is not None:
@@ -82,6 +88,7 @@ def http_sender(client: Any, t0: float) -> Send:
             out.error = f"{type(e).__name__}: {e.message}"
             return out
         out.finish_s = time.monotonic() - t0
+        out.text = "".join(texts)
         return out
 
     return send

@@ -174,6 +174,7 @@ class ContinuousStepper:
                 continue  # dropped while in flight
             core.running.pop(rid, None)
             if rid in core.alloc:
+                core.cache_finished(r)
                 core.alloc.free(rid)
             policy.on_finish(r.sched, now)
             done.append(r)

@@ -28,7 +28,9 @@ Prefix caching (``limits.prefix_caching``, continuous stepper): a request with p
 up its prompt's block hash chain (:func:`llmfleet.kvblocks.prefix_block_hashes`) in the pool; its
 prefill starts on the cached blocks found, at least one prompt token always computed (its logits
 give the first token), and once the step completed its full prompt blocks are cached for later
-requests. The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
+requests. A request whose output ids are known also caches its full output blocks when it finishes
+(as vLLM caches every full block of a sequence), so a conversation's next turn, which resends the
+answer, starts on them too. The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
 emulated engine's priced step and the simulator's step all compute only the uncached tokens.
 
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
@@ -283,6 +285,14 @@ class EngineCore:
             return []
         n = min(self.alloc.match(hashes), (r.sched.prompt_tokens - 1) // tpb)
         return hashes[:n]
+
+    def cache_finished(self, r: CoreRequest) -> None:
+        """``r`` finished: name its full blocks, prompt and output, before they are freed (only with
+        caching on and its prompt and output ids known)."""
+        rid = r.sched.request_id
+        if not self.prefix_caching or r.output_ids is None or rid not in self.alloc:
+            return
+        self.alloc.cache_blocks(rid, r.sequence_block_hashes(self.tpb[r.sched.model]))
 
     def note_prefix(self, prompt_tokens: int, cached: int) -> None:
         """A prefill of ``prompt_tokens`` looked up the cache and took ``cached`` tokens from it."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +23,17 @@ class CoreRequest:
     request state, the simulator's record); the core never reads it.
 
     ``prompt_ids``: the prompt's token ids when known (None: only its length is), for prefix caching;
-    ``cached`` is how many tokens its latest prefill took from the prefix cache (the prefill computes
-    the ones after them).
+    ``output_ids``: when known, a function giving its output's token ids so far (the live engine's
+    sampled tokens; the simulator's workload answer), so that a finished request's output blocks are
+    cached too; ``cached`` is how many tokens its latest prefill took from the prefix cache (the
+    prefill computes the ones after them).
     """
 
     __slots__ = (
         "_hashes",
         "cached",
         "max_tokens",
+        "output_ids",
         "paused",
         "payload",
         "preemptions",
@@ -46,6 +49,7 @@ class CoreRequest:
         max_tokens: int,
         payload: Any = None,
         prompt_ids: Collection[int] | None = None,
+        output_ids: Callable[[], Sequence[int]] | None = None,
     ) -> None:
         if prompt < 0 or max_tokens < 1 or sched.prompt_tokens < prompt:
             raise ValueError(
@@ -59,6 +63,7 @@ class CoreRequest:
         self.paused = False
         self.preemptions = 0
         self.prompt_ids = prompt_ids
+        self.output_ids = output_ids
         self.cached = 0
         self._hashes: tuple[int, list[int]] | None = None  # (tokens per block, the prompt's hashes)
 
@@ -74,6 +79,14 @@ class CoreRequest:
             )
             memo = self._hashes = (tokens_per_block, hashes)
         return memo[1]
+
+    def sequence_block_hashes(self, tokens_per_block: int) -> list[int]:
+        """The hash chain of the full blocks of prompt + output whose K/V is in the pool (none unless
+        both its prompt and output ids are known)."""
+        if self.prompt_ids is None or self.output_ids is None:
+            return []
+        ids = [*self.prompt_ids, *self.output_ids()[: self.produced]][: self.kv_tokens]
+        return prefix_block_hashes(self.sched.model, ids, tokens_per_block)
 
     @property
     def request_id(self) -> str:

@@ -58,6 +58,7 @@ class LiveOutcome:
     engine_id: str = ""
     finish_reason: str = ""
     error: str = ""
+    text: str = field(default="", repr=False)  # the completion (a closed-loop turn resends it)
 
     @property
     def ok(self) -> bool:

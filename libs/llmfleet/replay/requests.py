@@ -20,7 +20,7 @@ import numpy as np
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import SimService
 from llmfleet.workload import Workload, WorkloadRequest
-from llmfleet.workload.prompts import VOCAB, prompt_text
+from llmfleet.workload.prompts import VOCAB, prompt_text, segment_text
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,16 @@ class ReplayRequest:
         if self.source is not None:
             return prompt_text(self.source)
         return synthetic_prompt(self.prompt_tokens, seed, self.index)
+
+    def next_prompt(self, history: str) -> str:
+        """A closed-loop turn's prompt: ``history`` (the turn before's prompt and answer, as sent and
+        received) and this turn's own new message (the last segment of its content; without content,
+        its own synthetic prompt)."""
+        if self.source is not None and self.source.parts:
+            own = segment_text(*self.source.parts[-1])
+        else:
+            own = synthetic_prompt(self.prompt_tokens, 0, self.index)
+        return f"{history} {own}" if history else own
 
 
 def synthetic_prompt(n_tokens: int, seed: int, index: int) -> str:

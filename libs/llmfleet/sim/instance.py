@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
@@ -35,9 +36,15 @@ from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import EngineSettings
-from llmfleet.workload.prompts import prompt_token_ids
+from llmfleet.workload.prompts import output_token_ids, prompt_token_ids
+from llmfleet.workload.request import WorkloadRequest
 
 Fail = Callable[[CoreRequest, str], None]
+
+
+def _output_ids(r: WorkloadRequest) -> list[int]:
+    """The token ids of the output the workload assumes for ``r``."""
+    return output_token_ids(r).tolist()
 
 
 @dataclass(slots=True)
@@ -225,8 +232,12 @@ class SimInstance:
             predicted_output_tokens=predicted,
             deadline_s=deadline,
         )
-        ids = prompt_token_ids(rec.content) if rec.content is not None and rec.content.has_content else None
-        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec, ids), now)
+        content = rec.content
+        ids = prompt_token_ids(content) if content is not None and content.has_content else None
+        outputs = (
+            partial(_output_ids, content) if ids is not None and content.output_seed is not None else None
+        )
+        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec, ids, outputs), now)
 
     def interrupt(self, now: float) -> float | None:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in

@@ -4,9 +4,10 @@ A conversation is a system prompt (its service's, ``system_tokens`` tokens) and 
 message and an answer. Turn k's request has the prompt system + u1 + a1 + … + u(k−1) + a(k−1) + uk
 and the output ak: each turn resends everything before it, as chat clients do, so its prompt's
 prefix is the previous turn's whole prompt and answer. The answers in the history are the workload's
-own (the replay sends text fixed in advance, not what the model answered), so a cache can reuse the
-previous turns' prompts; whether it also reuses the previous answers depends on whether the engine
-produced the same tokens.
+own, and each request says so (``output_seed``): a simulated engine takes that answer as its
+output, so it caches the answer's blocks as a live engine caches its sampled tokens' and the next
+turn starts on them. ``llmfleet load`` resends what the engine actually answered instead (as a chat
+client does), so live the next turn finds the answer cached whatever the model said.
 
 **Statistics** (``LMSYS_CHAT_1M``): Zheng et al., "LMSYS-Chat-1M: A Large-Scale Real-World LLM
 Conversation Dataset", ICLR 2024, Table 1: 1,000,000 conversations, on average 2.0 turns per
@@ -117,14 +118,15 @@ def conversations(
             t += think
             history.append((stable_seed(seed, session, "user", k), user))
             context += user
+            answer_seed = stable_seed(seed, session, "answer", k)
             out.append(
                 WorkloadRequest(
                     f"{session}-t{k + 1}", t, context, answer, service,
                     system_tokens=system_tokens, parts=tuple(history), session=session,
-                    follows=f"{session}-t{k}" if k else "", think_s=think,
+                    follows=f"{session}-t{k}" if k else "", think_s=think, output_seed=answer_seed,
                 )
             )  # fmt: skip
-            history.append((stable_seed(seed, session, "answer", k), answer))
+            history.append((answer_seed, answer))
             context += answer
         k0 += int(turns[c])
     return Workload(tuple(out))

@@ -64,6 +64,19 @@ def prompt_token_ids(r: WorkloadRequest) -> np.ndarray:
     return np.concatenate(pieces)
 
 
+def output_token_ids(r: WorkloadRequest) -> np.ndarray:
+    """The token ids of the output the workload assumes for ``r`` (ValueError without ``output_seed``)."""
+    if r.output_seed is None:
+        raise ValueError(f"{r.request_id}: the request does not say what its output holds (no output_seed)")
+    return segment_ids(r.output_seed, r.output_tokens)
+
+
+def segment_text(seed: int, tokens: int) -> str:
+    """A seeded segment (:func:`segment_ids`) as words."""
+    words = WORDS
+    return " ".join([words[k] for k in segment_ids(seed, tokens).tolist()])
+
+
 def prompt_text(r: WorkloadRequest) -> str:
     """``r``'s prompt as words (see the module docstring); "" when it has no content."""
     if not r.has_content:

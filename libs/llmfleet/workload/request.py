@@ -40,7 +40,9 @@ class WorkloadRequest:
     (:mod:`llmfleet.workload.prompts` renders it as token ids or text): ``system_tokens`` leading
     tokens are its service's system prompt, and ``parts`` are the rest as seeded segments ``(seed,
     tokens)``, so prompts that share segments share a prefix. With content, ``system_tokens`` plus the
-    parts' tokens is ``prompt_tokens``. ``session`` names the conversation the request continues ("":
+    parts' tokens is ``prompt_tokens``. ``output_seed``, when set, seeds its output's tokens: the
+    answer the workload assumes the model gives (a conversation's next turn resends it), which lets
+    a simulated engine cache the output's blocks as a live one caches its sampled tokens'. ``session`` names the conversation the request continues ("":
     none).
 
     A closed-loop turn names the request it ``follows``: a replay sends it ``think_s`` seconds after
@@ -60,6 +62,7 @@ class WorkloadRequest:
     session: str = ""
     follows: str = ""
     think_s: float = 0.0
+    output_seed: int | None = None
 
     @property
     def has_content(self) -> bool:
@@ -91,6 +94,11 @@ class WorkloadRequest:
             raise TypeError(f"{self.request_id}: session must be a str, got {self.session!r}")
         if self.follows or self.think_s:
             self._check_follows()
+        if self.output_seed is not None:
+            seed = _as_int("output_seed", self.output_seed)
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"{self.request_id}: output_seed must be in [0, 2**64), got {seed}")
+            object.__setattr__(self, "output_seed", seed)
 
     def _check_follows(self) -> None:
         if not isinstance(self.follows, str) or self.follows == self.request_id:
@@ -127,7 +135,9 @@ class WorkloadRequest:
         object.__setattr__(self, "parts", tuple(parts))
 
 
-_OPTIONAL_FIELDS = ("system_tokens", "parts", "session", "follows", "think_s")
+_OPTIONAL_FIELDS = {  # written only when not their default: plain workloads' files stay as they were
+    "system_tokens": 0, "parts": (), "session": "", "follows": "", "think_s": 0.0, "output_seed": None,
+}  # fmt: skip
 
 
 def _order_key(r: WorkloadRequest) -> tuple[float, tuple[str | int, ...]]:
@@ -230,10 +240,8 @@ class Workload:
         with Path(path).open("w", encoding="utf-8") as f:
             for r in self.requests:
                 obj = asdict(r)
-                for (
-                    key
-                ) in _OPTIONAL_FIELDS:  # written only when set: plain workloads' files stay as they were
-                    if not obj[key]:
+                for key, default in _OPTIONAL_FIELDS.items():
+                    if obj[key] == default:
                         del obj[key]
                 f.write(json.dumps(obj) + "\n")
 

@@ -282,17 +282,21 @@ def test_send_all_sends_a_turn_its_think_time_after_the_turn_before_finished() -
     ]
     sent: dict[str, float] = {}
     ended: dict[str, float] = {}
+    prompts: dict[str, str] = {}
 
     async def main_() -> list[LiveOutcome]:
         t0 = time.monotonic()
 
         async def send(r: ReplayRequest, prompt: str) -> LiveOutcome:
             now = sent[r.request_id] = time.monotonic() - t0
+            prompts[r.request_id] = prompt
             if r.request_id == "c":
                 return LiveOutcome("c", r.service, r.arrival_s, now, 3, 2, error="UNAVAILABLE: no engine")
             await asyncio.sleep(0.2 if r.request_id == "a" else 0.01)
             end = ended[r.request_id] = time.monotonic() - t0
-            return LiveOutcome(r.request_id, r.service, r.arrival_s, now, 3, 2, end - 0.005, end, 2, "e0")
+            out = LiveOutcome(r.request_id, r.service, r.arrival_s, now, 3, 2, end - 0.005, end, 2, "e0")
+            out.text = f" answer of {r.request_id}"
+            return out
 
         return await send_all(reqs, send, t0, report_s=0.1, console=Console(file=io.StringIO()))
 
@@ -302,3 +306,6 @@ def test_send_all_sends_a_turn_its_think_time_after_the_turn_before_finished() -
     assert out["b"].ok and out["b"].planned_s == pytest.approx(ended["a"] + 0.1, abs=0.01)
     assert "d" not in sent and out["d"].error == PREDECESSOR_FAILED
     assert sent["e"] < sent["b"]  # an opening request does not wait for anyone
+    # b resends a's prompt and the answer a got, then its own message
+    assert prompts["b"] == f"{prompts['a']} answer of a {reqs[2].prompt()}"
+    assert all(o.text == "" for o in out.values())  # the report keeps no completion text

@@ -82,3 +82,25 @@ def test_idle_cached_blocks_never_make_a_request_wait():
     plans = run(core, req("b", list(range(500, 528))), 1.0)  # shares nothing, needs the whole pool
     assert plans[0].prefill_tokens == 28 and not core.requests
     assert core.alloc.prefix_cache_stats().blocks == 7  # b's blocks replaced a's
+
+
+def test_a_finished_request_caches_its_output_blocks_for_the_turn_that_resends_them():
+    """a's prompt (6 tokens) and its 7 output tokens: 12 of them have K/V when it finishes (the last
+    sampled token is never fed), three full blocks; the next turn resends prompt + answer + more."""
+    core = make_core()
+    answer = [50, 51, 52, 53, 54, 55, 56]
+    a = req("a", PREFIX[:6], out=len(answer))
+    a.output_ids = lambda: answer
+    run(core, a, 0.0)
+    assert core.alloc.prefix_cache_stats().blocks == 3  # prompt: 1 block; prompt + output: 3
+    nxt = run(core, req("b", [*PREFIX[:6], *answer, 9, 9, 9]), 1.0)[0]
+    assert nxt.cached_tokens == 12 and nxt.prefill_tokens == 4
+    # without output ids (or with caching off) only the prompt's full block is cached
+    plain = make_core()
+    run(plain, req("a", PREFIX[:6], out=len(answer)), 0.0)
+    assert run(plain, req("b", [*PREFIX[:6], *answer, 9, 9, 9]), 1.0)[0].cached_tokens == 4
+    off = make_core(prefix_caching=False)
+    b = req("a", PREFIX[:6], out=len(answer))
+    b.output_ids = lambda: answer
+    run(off, b, 0.0)
+    assert off.alloc.prefix_cache_stats().blocks == 0

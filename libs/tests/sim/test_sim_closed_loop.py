@@ -3,6 +3,8 @@ request finished, wherever the simulator reads it; a turn whose predecessor fail
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from llmfleet.sim.partition import run_partitioned
 from llmfleet.sim.run import preset, simulate
@@ -84,3 +86,18 @@ def test_a_partitioned_run_refuses_closed_loop_turns(tiny):
     sim = tiny.sim(instances=2)
     with pytest.raises(ValueError, match="closed-loop"):
         run_partitioned(sim, list(Workload((W("a", 0.0, 5, 5, "s"), W("b", 1.0, 5, 5, "s", follows="a")))), 2)
+
+
+def test_a_simulated_engine_caches_the_answer_the_next_turn_resends():
+    """One instance holds every conversation: with the answers' token ids known (output_seed), a turn
+    finds the previous answer cached too; without them only the previous prompts."""
+    spec = SimSpec(ClusterSpec.parse("1xA100-80GB"), (SimService("chat", "llama2-7b", Slo(ttft_s=1.0)),))
+    work = conversations(40, rate=2.0, mean_turns=4.0, system_tokens=200, think_s=1.0, seed=5)
+    blind = Workload(tuple(replace(r, output_seed=None) for r in work))
+
+    def hit_rate(w: Workload) -> float:
+        (inst,) = simulate(spec, w, preset("fcfs-jsq"), samples=2).result.instances
+        return inst["prefix_hits"] / inst["prefix_queries"]
+
+    with_answers, prompts_only = hit_rate(work), hit_rate(blind)
+    assert with_answers > prompts_only + 0.05 and with_answers > 0.85

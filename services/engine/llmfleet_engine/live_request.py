@@ -137,8 +137,9 @@ def new_live_request(
         tokens=tokens,
     )
     state.core = CoreRequest(
-        sched, request.prompt_tokens, sampling.max_tokens, state, request.prompt_token_ids
-    )
+        sched, request.prompt_tokens, sampling.max_tokens, state, request.prompt_token_ids,
+        output_ids=lambda: state.tokens,  # its sampled tokens: a finished request caches its output blocks
+    )  # fmt: skip
     return state
 
 

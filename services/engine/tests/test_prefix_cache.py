@@ -90,6 +90,23 @@ async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, ll
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "idle cached blocks are free")
 
 
+async def test_the_next_turn_starts_on_the_previous_answer_s_cached_blocks(make_executor, llama, hf_greedy):
+    """A conversation: turn 2 resends turn 1's prompt and greedy answer, then a new message. Turn 1's
+    output blocks were cached when it finished, so turn 2 computes only what follows them; its greedy
+    output is HF's and that of the engine with caching off."""
+    on = make_executor(block_bytes=BLOCK)
+    off = make_executor(block_bytes=BLOCK, prefix_caching=False)
+    turn1 = [(3 * i + 1) % 200 + 5 for i in range(13)]  # 1 full block and 5 tokens
+    (answer,) = await serve(on, llama, [turn1], 12)
+    assert answer == (await serve(off, llama, [turn1], 12))[0]
+    turn2 = [*turn1, *answer, 17, 18, 19]  # 28 tokens
+    queries, hits = on.core.prefix_queries, on.core.prefix_hits
+    (out,) = await serve(on, llama, [turn2], 6)
+    # turn 1 had K/V for 13 + 12 - 1 = 24 tokens when it finished: 3 full blocks, 1 of them prompt only
+    assert (on.core.prefix_queries - queries, on.core.prefix_hits - hits) == (28, 24)
+    assert out == (await serve(off, llama, [turn2], 6))[0] == hf_greedy(llama, turn2, 6)
+
+
 async def test_unloading_a_model_drops_its_cached_blocks(make_executor, llama, qwen2):
     ex = make_executor(block_bytes=BLOCK)
     ids = [(3 * i + 1) % 200 + 5 for i in range(40)]
