@@ -366,7 +366,8 @@ def test_seallm_setup_assignments_share_plan_and_load(bench):
 def test_seallm_units_combine_to_the_in_process_run(bench, results):
     sc = bench.scenario("seallm")
     parts = sc.parts(tiny=True)
-    assert [k for k, _, _ in parts] == ["sharegpt/a0", "conv/a0"] and all(w > 0 for _, w, _ in parts)
+    keys = ["sharegpt/a0/4/free", "sharegpt/a0/4/plan", "conv/a0/4/free", "conv/a0/4/plan"]
+    assert [k for k, _, _ in parts] == keys and all(w > 0 for _, w, _ in parts)
     out = {k: sc.run_part(job) for k, _, job in reversed(parts)}  # any order
     res = sc.combine(out, tiny=True, log=lambda _m: None)
     strip = ("sim_wall_s", "wall_s")
@@ -374,6 +375,37 @@ def test_seallm_units_combine_to_the_in_process_run(bench, results):
         {k: v for k, v in r.items() if k not in strip} for r in results["seallm"]["rows"]
     ]
     assert res["goal"]["ours_text"] == results["seallm"]["goal"]["ours_text"]
+
+
+def _timeless(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("sim_wall_s", "wall_s")} for r in rows]
+
+
+def test_scls_units_combine_to_the_in_process_run(bench, monkeypatch):
+    sc = bench.scenario("scls")
+    monkeypatch.setattr(
+        sc, "settings", lambda q, t: {"rates": (4.0, 6.0), "duration_s": 8.0, "lengths": (4.0,)}
+    )
+    whole = sc.run(tiny=True, log=lambda _m: None)
+    parts = sc.parts(tiny=True)
+    assert len(parts) == 2 * len(sc.SWEEP) + len(sc.LENGTH_POLICIES) and all(w > 0 for _, w, _ in parts)
+    out = {k: sc.run_part(job) for k, _, job in reversed(parts)}  # any order
+    res = sc.combine(out, tiny=True, log=lambda _m: None)
+    assert _timeless(res["rows"]) == _timeless(whole["rows"]) and res["run_length"] == whole["run_length"]
+    assert res["goal"] == whole["goal"] and res["notes"] == whole["notes"]
+
+
+def test_aladdin_units_combine_to_the_in_process_run(bench, results):
+    sc = bench.scenario("aladdin")
+    parts = sc.parts(tiny=True)
+    assert [k.split("/")[0] for k, _, _ in parts][:2] == ["sweep", "headline"] and all(
+        w > 0 for _, w, _ in parts
+    )
+    out = {k: sc.run_part(job, log=lambda _m: None) for k, _, job in reversed(parts)}  # any order
+    res = sc.combine(out, tiny=True, log=lambda _m: None)
+    whole = results["aladdin"]
+    assert _timeless(res["rows"]) == _timeless(whole["rows"]) and res["headline"] == whole["headline"]
+    assert res["goal"] == whole["goal"] and res["workers"] == whole["workers"]
 
 
 def test_units_split_papers_with_parts_and_run_heaviest_first(bench):

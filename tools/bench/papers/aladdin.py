@@ -45,8 +45,10 @@ from __future__ import annotations
 # The parts: aladdin_setup (hardware, target, Aladdin's options, the claim), aladdin_sweep (N*,
 # the worker searches, one model's sweep), aladdin_summary (ratios, goal, notes); this file runs the
 # sweep and renders the result.
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 from llmfleet.costmodel import hardware, model_arch
 
@@ -55,7 +57,10 @@ from .aladdin_setup import CLAIM, HEADLINE, HW, MAX_GPUS, SEEDS, TARGET, THETA
 from .aladdin_summary import summarize as _summarize
 from .aladdin_sweep import Headline, ModelSweep, Search, worker_sizes
 
-__all__ = ["CLAIM", "MODELS", "NAME", "TITLE", "markdown", "plot", "run", "settings", "worker_sizes"]
+__all__ = [
+    "CLAIM", "MODELS", "NAME", "TITLE", "combine", "markdown", "parts", "plot", "run", "run_part", "settings",
+    "worker_sizes",
+]  # fmt: skip
 
 NAME = "aladdin"
 TITLE = "Aladdin — GPUs for 99% SLO attainment vs arrival rate (Llama2, A100-80GB)"
@@ -81,88 +86,163 @@ def settings(quick: bool, tiny: bool) -> dict:
     return {"models": MODELS, "duration_s": 40.0, "min_requests": 600, "seeds": SEEDS, "sweep": True}
 
 
-def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
-    """The scenario with ``settings(quick, tiny)``, or with ``cfg`` (``aladdin_headline.py``)."""
-    t0 = time.perf_counter()
-    cfg = cfg or settings(quick, tiny)
-    hw = hardware(HW)
-    lengths, lengths_label = C.short_prompt_lengths(20_000, seed=11, max_prompt=2048, max_output=2048)
+@dataclasses.dataclass(frozen=True)
+class _Data:
+    """What every unit shares: the lengths, the predictor's train/test split and the predictor."""
+
+    hw: Any
+    label: str
+    tag: str
+    train: Any
+    test: Any
+    pred: Any
+    predict: Any
+    mean_seq: float
+
+
+def _data() -> _Data:
+    lengths, label = C.short_prompt_lengths(20_000, seed=11, max_prompt=2048, max_output=2048)
     tag = "Alpaca" if C.SHORT_ALPACA is not None else "ShareGPT-like"
     train, test = C.split(lengths, min(5000, len(lengths) // 2), seed=0)
     pred, predict = C.empirical_predictor(train)
-    mean_seq = float(train.sum(axis=1).mean())
-    rows, workers, headline = [], {}, []
-    for mi, (model, mc) in enumerate(cfg["models"].items()):
+    return _Data(hardware(HW), label, tag, train, test, pred, predict, float(train.sum(axis=1).mean()))
+
+
+def _workers(cfg: dict, d: _Data) -> dict[str, dict]:
+    """Per model: N* (Eq. 6, used), the other sizes beside it and Table 3's."""
+    out = {}
+    for model, mc in cfg["models"].items():
         arch = model_arch(model)
-        sizes = worker_sizes(arch, hw, mc["slo"], mean_seq * arch.kv_bytes_per_token)
-        n_star = sizes["eq6"]
-        workers[model] = {
-            "n_star": n_star,
+        sizes = worker_sizes(arch, d.hw, mc["slo"], d.mean_seq * arch.kv_bytes_per_token)
+        out[model] = {
+            "n_star": sizes["eq6"],
             "paper_n": mc["paper_tp"],
             **{f"n_{k}": v for k, v in sizes.items()},
         }
-        sweep = ModelSweep(model, mc, n_star, hw, pred, predict, tag, log)
-        for ri, rate in enumerate(mc["rates"] if cfg["sweep"] else ()):  # one seed, every rate
+    return out
+
+
+def _sizes(cfg: dict, workers: dict[str, dict], model: str) -> list[int]:
+    """The headline's worker sizes: N* and, where it differs (``paper_size``), Table 3's."""
+    n_star, paper = workers[model]["n_star"], cfg["models"][model]["paper_tp"]
+    return [n_star] + ([paper] if cfg.get("paper_size", True) and paper != n_star else [])
+
+
+def _jobs(cfg: dict) -> list[tuple[str, str, int]]:
+    """The independent pieces: each model's one-seed sweep over its rates (each search starts from the
+    previous rate's answer, so a sweep is one piece), and its headline at each worker size."""
+    workers = _workers(cfg, _data())
+    jobs = [("sweep", model, 0) for model in cfg["models"] if cfg["sweep"]]
+    return jobs + [("headline", model, tp) for model in cfg["models"] for tp in _sizes(cfg, workers, model)]
+
+
+def _key(job: tuple[str, str, int]) -> str:
+    kind, model, tp = job
+    return f"{kind}/{model}" + (f"/tp{tp}" if kind == "headline" else "")
+
+
+# expected CPU seconds per request simulated at the top rate: the headline's searches and checks on 3
+# seeds, and a sweep's searches over its rates (calibrated on a full run)
+SECONDS_PER_REQUEST = {"sweep": 0.05, "headline": 0.05}
+
+
+def parts(quick: bool = False, tiny: bool = False, cfg: dict | None = None) -> list[tuple[str, float, tuple]]:
+    """One unit per piece (see :func:`_jobs`) for run.py's pool: (key, expected seconds, job)."""
+    cfg = cfg or settings(quick, tiny)
+    out = []
+    for job in _jobs(cfg):
+        mc = cfg["models"][job[1]]
+        requests = max(cfg["duration_s"] * mc["rates"][-1], cfg["min_requests"])
+        out.append((_key(job), SECONDS_PER_REQUEST[job[0]] * requests, (quick, tiny, job)))
+    return out
+
+
+def run_part(
+    args: tuple, cfg: dict | None = None, log: C.Log = C.worker_log, data: _Data | None = None
+) -> list[dict]:
+    """One piece's rows: a model's sweep rows, or its headline rows at one worker size."""
+    quick, tiny, (kind, model, tp) = args
+    cfg = cfg or settings(quick, tiny)
+    d = data or _data()
+    mi, mc = list(cfg["models"]).index(model), cfg["models"][model]
+    n_star = _workers(cfg, d)[model]["n_star"]
+    if kind == "sweep":
+        rows: list[dict] = []
+        sweep = ModelSweep(model, mc, n_star, d.hw, d.pred, d.predict, d.tag, log)
+        for ri, rate in enumerate(mc["rates"]):  # one seed, every rate
             dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
-            wl = C.poisson_workload(test, rate, dur, seed=1000 * mi + ri, service="chat")
+            wl = C.poisson_workload(d.test, rate, dur, seed=1000 * mi + ri, service="chat")
             rows += sweep.rate(rate, wl, top=ri == len(mc["rates"]) - 1)
-        rate = mc["rates"][-1]
-        dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
-        wls = [
-            C.poisson_workload(test, rate, dur, seed=1000 * mi + 100 + s, service="chat")
-            for s in cfg["seeds"]
-        ]
-        configs = [
-            (lb, mode) for lb, mode in HEADLINE if lb in cfg.get("headline", [lb for lb, _ in HEADLINE])
-        ]
-        headline += _headline(
-            model, mc, n_star, rate, wls, hw, pred, predict, log, configs, cfg.get("paper_size", True)
-        )
-    result = {
-        "paper": NAME,
-        "title": TITLE,
-        "setup": _setup(cfg, workers, lengths_label, mean_seq, len(train)),
-        "workload": f"{tag} lengths, Poisson",
-        "cost_source": C.COST_SOURCE,
-        "workers": workers,
-        "rows": rows,
-        "headline": headline,
-        "seeds": list(cfg["seeds"]),
-        "wall_s": 0.0,
-    }
-    _summarize(result)
+        return rows
+    rate = mc["rates"][-1]
+    dur = max(cfg["duration_s"], cfg["min_requests"] / rate)
+    wls = [
+        C.poisson_workload(d.test, rate, dur, seed=1000 * mi + 100 + s, service="chat") for s in cfg["seeds"]
+    ]
+    configs = [(lb, mode) for lb, mode in HEADLINE if lb in cfg.get("headline", [lb for lb, _ in HEADLINE])]
+    return _headline(model, mc, n_star, tp, rate, wls, d, log, configs)
+
+
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
+    """The scenario with ``settings(quick, tiny)``, or with ``cfg`` (``aladdin_headline.py``): every
+    piece in this process, then :func:`combine`."""
+    t0 = time.perf_counter()
+    cfg = cfg or settings(quick, tiny)
+    d = _data()
+    out = {key: run_part(args, cfg, log, d) for key, _, args in parts(quick, tiny, cfg)}
+    result = _combine(cfg, out, d)
     result["wall_s"] = time.perf_counter() - t0
     return result
 
 
-def _headline(
-    model, mc, n_star, rate, wls, hw, pred, predict, log: C.Log, configs, paper_size: bool
-) -> list[dict]:
-    """P100 at ``rate`` on every seed's workload: JSQ's fewest workers and each best-fit config's opened
-    workers, each answer n checked at n − 1 and n + 1; at N* and, where it differs (``paper_size``),
-    Table 3's size with the first two configs."""
-    out = []
-    sizes = [n_star] + ([mc["paper_tp"]] if paper_size and mc["paper_tp"] != n_star else [])
-    for tp in sizes:
-        suffix = "" if tp == n_star else f"@{tp}gpu"
+def combine(
+    results: dict[str, list[dict]], quick: bool = False, tiny: bool = False, log: C.Log = print
+) -> dict:
+    """The paper's result from its pieces (``results``: key → :func:`run_part`'s rows, any order)."""
+    return _combine(settings(quick, tiny), results, _data())
 
-        def searches(policy, mode=None, tp=tp):
-            return [Search(model, tp, policy, wl, mc["slo"], predict, pred, hw, mode) for wl in wls]
 
-        t0 = time.perf_counter()
-        jsq = Headline("jsq-opt" + suffix, searches("jsq")).jsq(max(1, round(rate / 5)))
-        found = [jsq]
-        pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
-        for label, mode in configs if tp == n_star else configs[:2]:
-            found.append(Headline(label + suffix, searches("aladdin_bestfit", mode)).opened(pool))
-        for h in found:
-            h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})
-            log(f"  aladdin {model} {rate:g} req/s {h['config']:26s} TP{tp}: {h['workers']} workers per seed "
-                f"{h['per_seed']}, P100 at n−1/n/n+1 {h.get('p100_below')}/{h.get('p100_at')}/{h.get('p100_above')}, "
-                f"busy {h.get('busy_workers')}")  # fmt: skip
-        log(f"  aladdin {model} headline TP{tp} [{time.perf_counter() - t0:.0f}s]")
-        out += found
-    return out
+def _combine(cfg: dict, results: dict[str, list[dict]], d: _Data) -> dict:
+    jobs = _jobs(cfg)
+    workers = _workers(cfg, d)
+    result = {
+        "paper": NAME,
+        "title": TITLE,
+        "setup": _setup(cfg, workers, d.label, d.mean_seq, len(d.train)),
+        "workload": f"{d.tag} lengths, Poisson",
+        "cost_source": C.COST_SOURCE,
+        "workers": workers,
+        "rows": [r for j in jobs if j[0] == "sweep" for r in results[_key(j)]],
+        "headline": [r for j in jobs if j[0] == "headline" for r in results[_key(j)]],
+        "seeds": list(cfg["seeds"]),
+        "wall_s": 0.0,
+    }
+    _summarize(result)
+    return result
+
+
+def _headline(model, mc, n_star, tp, rate, wls, d: _Data, log: C.Log, configs) -> list[dict]:
+    """P100 at ``rate`` on every seed's workload with workers of ``tp`` GPUs: JSQ's fewest workers and
+    each best-fit config's opened workers (at a size other than N*, the first two configs), each answer
+    n checked at n − 1 and n + 1."""
+    suffix = "" if tp == n_star else f"@{tp}gpu"
+
+    def searches(policy, mode=None):
+        return [Search(model, tp, policy, wl, mc["slo"], d.predict, d.pred, d.hw, mode) for wl in wls]
+
+    t0 = time.perf_counter()
+    jsq = Headline("jsq-opt" + suffix, searches("jsq")).jsq(max(1, round(rate / 5)))
+    found = [jsq]
+    pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
+    for label, mode in configs if tp == n_star else configs[:2]:
+        found.append(Headline(label + suffix, searches("aladdin_bestfit", mode)).opened(pool))
+    for h in found:
+        h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})
+        log(f"  aladdin {model} {rate:g} req/s {h['config']:26s} TP{tp}: {h['workers']} workers per seed "
+            f"{h['per_seed']}, P100 at n−1/n/n+1 {h.get('p100_below')}/{h.get('p100_at')}/{h.get('p100_above')}, "
+            f"busy {h.get('busy_workers')}")  # fmt: skip
+    log(f"  aladdin {model} headline TP{tp} [{time.perf_counter() - t0:.0f}s]")
+    return found
 
 
 def _setup(cfg: dict, workers: dict, lengths_label: str, mean_seq: float, trained: int) -> dict[str, str]:

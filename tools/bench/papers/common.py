@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +42,14 @@ COST_NOTE = (
 # the simulator's default cost source unless run.py --cost-source sets another
 COST_SOURCE: str = DEFAULT_COST_SOURCE
 SHORT_ALPACA: Path | None = None  # set by run.py --alpaca: Alpaca lengths instead of ShareGPT-like ones
+
+
+Log = Callable[[str], None]  # a scenario's progress lines
+
+
+def worker_log(msg: str) -> None:
+    """A progress line from one of run.py's worker processes: stderr, flushed, with the worker's pid."""
+    print(f"[pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------ costs

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 from llmfleet.costmodel import SclsDecode, SclsModel, SclsPrefill, cost_record, hardware, model_arch
 from llmfleet.policies.placement import InstancePlan
 from llmfleet.sim.run import PolicyBundle
@@ -101,40 +102,84 @@ def policies() -> list[tuple[PolicyBundle, EngineSettings]]:
     ]  # fmt: skip
 
 
-def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
-    t0 = time.perf_counter()
-    cfg = settings(quick, tiny)
-    lengths, lengths_label = C.short_prompt_lengths(20_000, seed=17, max_prompt=MAX_LEN, max_output=MAX_LEN)
-    tag = "Alpaca" if C.SHORT_ALPACA is not None else "ShareGPT-like"
-    plan = [InstancePlan(f"gpu{i}", (MODEL,), 1) for i in range(GPUS)]
-    svc = (SimService("chat", MODEL, max_tokens=MAX_LEN),)
-    rows = []
-    for i, rate in enumerate(cfg["rates"]):
-        wl = C.poisson_workload(lengths, rate, cfg["duration_s"], seed=200 + i, service="chat", model=MODEL)
-        for bundle, eng in policies():
-            spec = SimSpec(ClusterSpec.parse(f"{GPUS}xA100-80GB"), svc, eng)
-            e = C.simulate(spec, wl, bundle, plan=plan, samples=40)
-            m = C.metrics(e)
-            rows.append({"rate_rps": rate, "policy": bundle.name, "workload": f"{tag}, Poisson", **m})
-            log(
-                f"  scls {rate:g} req/s ({len(wl)} req) {bundle.name:5s} tput {m['throughput_rps']:.2f} req/s "
-                f"mean {m['latency_mean_s']:.1f}s p95 {m['latency_p95_s']:.1f}s [{m['sim_wall_s']:.1f}s]"
-            )
-    lengths_rows = []
+# the sweep's policies (``policies()``'s names) and the run-length study's
+SWEEP = ("scls", "scls-keep", "scls-local", "sls", "cb")
+LENGTH_POLICIES = ("scls", "sls")
+# expected CPU seconds per request simulated, per policy (a 600 s full run at 24 req/s on a quiet core)
+SECONDS_PER_REQUEST = {"scls": 4e-4, "scls-keep": 8e-4, "scls-local": 8e-4, "sls": 2e-4, "cb": 5e-4}
+
+
+def _lengths() -> tuple[np.ndarray, str, str]:
+    """The request lengths (ShareGPT-like or ``--alpaca``), their label and the workload's tag."""
+    lengths, label = C.short_prompt_lengths(20_000, seed=17, max_prompt=MAX_LEN, max_output=MAX_LEN)
+    return lengths, label, "Alpaca" if C.SHORT_ALPACA is not None else "ShareGPT-like"
+
+
+def _jobs(cfg: dict) -> list[tuple[str, float, float, int, str]]:
+    """Every simulation: (kind, rate, seconds of arrivals, the rate's index, policy); ``sweep`` rows at
+    every rate, then the ``length`` study at the top rate (its workload cut shorter, same seed)."""
     top_i, top = len(cfg["rates"]) - 1, cfg["rates"][-1]
+    return [("sweep", r, cfg["duration_s"], i, p) for i, r in enumerate(cfg["rates"]) for p in SWEEP] + [
+        ("length", top, h, top_i, p) for h in cfg["lengths"] for p in LENGTH_POLICIES
+    ]
+
+
+def _key(job: tuple) -> str:
+    kind, rate, horizon, _, policy = job
+    return f"{kind}/{rate:g}/{horizon:g}/{policy}"
+
+
+def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
+    """One unit per simulation for run.py's pool: (key, expected seconds, job)."""
+    return [
+        (_key(job), job[1] * job[2] * SECONDS_PER_REQUEST[job[4]], job)
+        for job in _jobs(settings(quick, tiny))
+    ]
+
+
+def run_part(job: tuple) -> dict:
+    """One simulation (see :func:`_jobs`): a sweep row, or the run-length study's throughput."""
+    kind, rate, horizon, i, name = job
+    lengths, _, tag = _lengths()
+    plan = [InstancePlan(f"gpu{g}", (MODEL,), 1) for g in range(GPUS)]
+    svc = (SimService("chat", MODEL, max_tokens=MAX_LEN),)
+    wl = C.poisson_workload(lengths, rate, horizon, seed=200 + i, service="chat", model=MODEL)
+    bundle, eng = next((b, e) for b, e in policies() if b.name == name)
+    spec = SimSpec(ClusterSpec.parse(f"{GPUS}xA100-80GB"), svc, eng)
+    m = C.metrics(C.simulate(spec, wl, bundle, plan=plan, samples=40))
+    if kind == "length":
+        return {"requests": len(wl), "throughput_rps": m["throughput_rps"]}
+    return {"rate_rps": rate, "policy": name, "workload": f"{tag}, Poisson", **m}
+
+
+def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
+    """Every simulation in this process, then :func:`combine`."""
+    t0 = time.perf_counter()
+    out = {}
+    for key, _, job in parts(quick, tiny):
+        out[key] = r = run_part(job)
+        if job[0] == "sweep":
+            log(f"  scls {job[1]:g} req/s ({r['requests']} req) {job[4]:5s} tput {r['throughput_rps']:.2f} req/s "
+                f"mean {r['latency_mean_s']:.1f}s p95 {r['latency_p95_s']:.1f}s [{r['sim_wall_s']:.1f}s]")  # fmt: skip
+    result = combine(out, quick=quick, tiny=tiny, log=log)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def combine(results: dict[str, dict], quick: bool = False, tiny: bool = False, log: C.Log = print) -> dict:
+    """The paper's result from the simulations' results (``results``: key → :func:`run_part`'s dict)."""
+    cfg = settings(quick, tiny)
+    _, lengths_label, tag = _lengths()
+    jobs = _jobs(cfg)
+    rows = [results[_key(j)] for j in jobs if j[0] == "sweep"]
+    lengths_rows = []
     for h in cfg["lengths"]:
-        wl = C.poisson_workload(lengths, top, h, seed=200 + top_i, service="chat", model=MODEL)
-        entry = {"horizon_s": h, "rate_rps": top, "requests": len(wl)}
-        for bundle, eng in policies():
-            if bundle.name not in ("scls", "sls"):
-                continue
-            spec = SimSpec(ClusterSpec.parse(f"{GPUS}xA100-80GB"), svc, eng)
-            entry[f"{bundle.name}_tput"] = C.metrics(C.simulate(spec, wl, bundle, plan=plan, samples=40))[
-                "throughput_rps"
-            ]
+        got = {j[4]: results[_key(j)] for j in jobs if j[0] == "length" and j[2] == h}
+        entry = {"horizon_s": h, "rate_rps": cfg["rates"][-1], "requests": got["scls"]["requests"]}
+        entry.update({f"{p}_tput": got[p]["throughput_rps"] for p in LENGTH_POLICIES})
         entry["ratio"] = C.ratio(entry["scls_tput"], entry["sls_tput"])
         lengths_rows.append(entry)
-        log(f"  scls run length {h:g}s at {top:g} req/s: ×{C.fmt(entry['ratio'])} throughput")
+        log(f"  scls run length {h:g}s at {entry['rate_rps']:g} req/s: ×{C.fmt(entry['ratio'])} throughput")
     result = {
         "paper": NAME,
         "title": TITLE,
@@ -158,7 +203,6 @@ def run(quick: bool = False, log: C.Log = print, tiny: bool = False) -> dict:
         "wall_s": 0.0,
     }
     _summarize(result)
-    result["wall_s"] = time.perf_counter() - t0
     return result
 
 

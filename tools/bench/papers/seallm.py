@@ -147,34 +147,28 @@ class _Sweep:
             plan = S.vllm_share_plan(self.sp)
         return _run_one(self.sp, wl, bundle, factory, self.cfg["horizon_s"], plan)
 
-    def rates(self, rates: tuple[float, ...], names: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
-        """``names`` at every rate (the adaptive preset at ``adaptive_rates`` of the first assignment):
-        (rows, adaptive rows)."""
+    def at(self, rate: float, names: tuple[str, ...]) -> dict[str, dict]:
+        """``names``' rows at ``rate`` (each rate's workload and history are seeded by the rate's index)."""
         cfg, log = self.cfg, self.log
-        rows: list[dict] = []
-        adaptive: list[dict] = []
-        first = self.lengths == S.LENGTHS[0] and self.assignment == cfg["assignments"][0]
-        for rate in rates:
-            i = S.RATES.index(rate) if rate in S.RATES else len(S.RATES) + int(rate)
-            wl = S.workload(self.pools, self.share, rate, cfg["horizon_s"], seed=100 + i)
-            load = S.offered_load(self.sp, self.pools, self.share, rate, C.COST_SOURCE)
-            extra = BASELINES if first else ()
-            extra += ("seallm-adaptive",) if first and rate in cfg["adaptive_rates"] else ()
-            for name in names + extra:
-                t1 = time.perf_counter()
-                m = self.run_policy(name, rate, i, wl)
-                row = {"lengths": self.lengths, "assignment": self.assignment, "rate_rps": rate, "load": load,
-                       "policy": name, "horizon_s": cfg["horizon_s"], **m}  # fmt: skip
-                (adaptive if name == "seallm-adaptive" else rows).append(row)
-                log(
-                    f"  seallm {self.tag} {rate:g} req/s (load {load:.2f}, {len(wl)} req) {name:16s} "
-                    f"norm {m['norm_latency_mean']:.2f} p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} "
-                    f"drain {m['drain_s']:.0f}s [{time.perf_counter() - t1:.0f}s]"
-                )
-        return rows, adaptive
+        i = _index(rate)
+        wl = S.workload(self.pools, self.share, rate, cfg["horizon_s"], seed=100 + i)
+        load = S.offered_load(self.sp, self.pools, self.share, rate, C.COST_SOURCE)
+        out = {}
+        for name in names:
+            t1 = time.perf_counter()
+            m = self.run_policy(name, rate, i, wl)
+            out[name] = {"lengths": self.lengths, "assignment": self.assignment, "rate_rps": rate, "load": load,
+                         "policy": name, "horizon_s": cfg["horizon_s"], **m}  # fmt: skip
+            log(
+                f"  seallm {self.tag} {rate:g} req/s (load {load:.2f}, {len(wl)} req) {name:16s} "
+                f"norm {m['norm_latency_mean']:.2f} p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} "
+                f"drain {m['drain_s']:.0f}s [{time.perf_counter() - t1:.0f}s]"
+            )
+        return out
 
-    def run_lengths(self) -> list[dict]:
-        """vLLM and SeaLLM at ``length_rate`` for longer and longer arrivals."""
+    def run_lengths(self, plan_index: int) -> list[dict]:
+        """vLLM and SeaLLM at ``length_rate`` for longer and longer arrivals, SeaLLM on Algorithm 1's plan
+        searched on the history of ``plan_index`` (the sweep's own where it runs that rate)."""
         cfg, log = self.cfg, self.log
         lengths = []
         for h in cfg["lengths"]:
@@ -182,7 +176,7 @@ class _Sweep:
             entry = {"horizon_s": h, "rate_rps": cfg["length_rate"], "requests": len(wl)}
             for name in ("vllm", "seallm"):
                 bundle, factory = self.systems[name]
-                plan = self.plan_at(cfg["length_rate"], 99) if name == "seallm" else None
+                plan = self.plan_at(cfg["length_rate"], plan_index) if name == "seallm" else None
                 m = _run_one(self.sp, wl, bundle, factory, h, plan)
                 entry.update({f"{name}_{k}": m[k] for k in ("norm_latency_mean", "latency_p99_s", "drain_s")})
             entry["norm_ratio"] = C.ratio(entry["vllm_norm_latency_mean"], entry["seallm_norm_latency_mean"])
@@ -223,50 +217,98 @@ def _sweeps(cfg: dict) -> list[tuple[str, int, tuple[float, ...], tuple[str, ...
     return out
 
 
-def _part(cfg: dict, kind: str, a: int, log: C.Log) -> dict:
-    """One sweep's rows, adaptive rows, services, plans and (first assignment) run-length study."""
-    rates, names = next((r, n) for k, x, r, n in _sweeps(cfg) if (k, x) == (kind, a))
+def _index(rate: float) -> int:
+    """A rate's index, which seeds its workload and Algorithm 1's history."""
+    return S.RATES.index(rate) if rate in S.RATES else len(S.RATES) + int(rate)
+
+
+def _first(cfg: dict, kind: str, a: int) -> bool:
+    """The sweep that also runs the baselines, the adaptive preset and the run-length study."""
+    return kind == S.LENGTHS[0] and a == cfg["assignments"][0]
+
+
+def _jobs(cfg: dict) -> list[tuple[str, int, float, str]]:
+    """The independent pieces, (lengths, assignment, rate, group), in the in-process run's order: per
+    sweep and rate the systems on no plan of Algorithm 1 (``free``), those on its plan (``plan``: one
+    search), the adaptive preset (``adaptive``); then the sweep's run-length study (``lengths``)."""
+    out = []
+    for kind, a, rates, _ in _sweeps(cfg):
+        for rate in rates:
+            out += [(kind, a, rate, g) for g in ("free", "plan") if _names(cfg, kind, a, rate, g)]
+            if _first(cfg, kind, a) and rate in cfg["adaptive_rates"]:
+                out.append((kind, a, rate, "adaptive"))
+        if _first(cfg, kind, a) and cfg["lengths"]:
+            out.append((kind, a, cfg["length_rate"], "lengths"))
+    return out
+
+
+def _systems_at(cfg: dict, kind: str, a: int) -> tuple[str, ...]:
+    """A sweep's systems at every rate, in the order of its rows (the adaptive preset's are apart)."""
+    names = next(n for k, x, _, n in _sweeps(cfg) if (k, x) == (kind, a))
+    return names + (BASELINES if _first(cfg, kind, a) else ())
+
+
+def _names(cfg: dict, kind: str, a: int, rate: float, group: str) -> tuple[str, ...]:
+    """The systems of one piece."""
+    if group == "adaptive":
+        return ("seallm-adaptive",)
+    return tuple(n for n in _systems_at(cfg, kind, a) if (n in FIXED_PLAN) == (group == "plan"))
+
+
+def _key(job: tuple[str, int, float, str]) -> str:
+    kind, a, rate, group = job
+    return f"{kind}/a{a}/{rate:g}/{group}"
+
+
+def _part(cfg: dict, job: tuple[str, int, float, str], log: C.Log) -> dict:
+    """One piece's rows (by system), plans and services, or the run-length study."""
+    kind, a, rate, group = job
     share = S.shares(S.popularity(POPULARITY))
     conv = C.conv_trace() if kind == "conv" else None
     sw = _sweep(cfg, kind, a, share, conv, log)
-    rows, adaptive = sw.rates(rates, names)
-    first = kind == S.LENGTHS[0] and a == cfg["assignments"][0]
-    plans = {
-        f"{sw.tag}@{rate:g}": {
+    out: dict[str, Any] = {"services": _services(sw)}
+    if group == "lengths":
+        rates = next(r for k, x, r, _ in _sweeps(cfg) if (k, x) == (kind, a))
+        out["run_length"] = sw.run_lengths(_index(rate) if rate in rates else 99)
+    else:
+        out["rows"] = sw.at(rate, _names(cfg, kind, a, rate, group))
+    out["plans"] = {
+        f"{sw.tag}@{r:g}": {
             "plan": [f"{p.instance_id}: tp{p.tp} {'+'.join(p.models)}" for p in pl],
             "reason": why,
         }
-        for rate, (pl, why) in sw.plans.items()
+        for r, (pl, why) in sw.plans.items()
     }
-    return {"rows": rows, "adaptive": adaptive, "services": _services(sw), "plans": plans,
-            "run_length": sw.run_lengths() if first else []}  # fmt: skip
+    return out
+
+
+# expected CPU seconds of a piece at a rate of r req/s and 300 s of arrivals (calibrated on a full run)
+GROUP_SECONDS = {
+    "free": lambda r: 10.0 + 3.0 * r,
+    "plan": lambda r: 20.0 + 0.5 * r**2,
+    "adaptive": lambda r: 40.0 * r,
+    "lengths": lambda r: 20.0 + 0.5 * r**2 + 20.0 * r,
+}
 
 
 def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
-    """One unit per sweep (lengths, assignment) for run.py's pool: (key, expected seconds, job); the
-    weight grows with the rates (Algorithm 1's search and the doubling budget's runs dominate)."""
+    """One unit per piece (see :func:`_jobs`) for run.py's pool: (key, expected seconds, job)."""
     cfg = settings(quick, tiny)
-    return [
-        (
-            f"{kind}/a{a}",
-            sum(20.0 + 0.5 * r**2 for r in rates) * cfg["horizon_s"] / S.HORIZON_S,
-            (quick, tiny, kind, a),
-        )
-        for kind, a, rates, _ in _sweeps(cfg)
-    ]
+    scale = cfg["horizon_s"] / S.HORIZON_S
+    return [(_key(job), GROUP_SECONDS[job[3]](job[2]) * scale, (quick, tiny, job)) for job in _jobs(cfg)]
 
 
-def run_part(job: tuple) -> dict:
-    """One sweep (see :func:`parts`)."""
-    quick, tiny, kind, a = job
-    return _part(settings(quick, tiny), kind, a, print)
+def run_part(args: tuple) -> dict:
+    """One piece (see :func:`parts`)."""
+    quick, tiny, job = args
+    return _part(settings(quick, tiny), job, C.worker_log)
 
 
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
     """Every sweep in this process with ``settings(quick, tiny)`` or ``cfg`` (``seallm_sweep.py``)."""
     t0 = time.perf_counter()
     cfg = cfg or settings(quick, tiny)
-    out = {f"{k}/a{a}": _part(cfg, k, a, log) for k, a, _, _ in _sweeps(cfg)}
+    out = {_key(job): _part(cfg, job, log) for job in _jobs(cfg)}
     result = _combine(cfg, out)
     result["wall_s"] = time.perf_counter() - t0
     return result
@@ -279,20 +321,30 @@ def combine(results: dict[str, dict], quick: bool = False, tiny: bool = False, l
 
 def _combine(cfg: dict, results: dict[str, dict]) -> dict:
     pop = S.popularity(POPULARITY)
-    order = [f"{k}/a{a}" for k, a, _, _ in _sweeps(cfg)]
-    got = [results[k] for k in order]
+    services, rows, adaptive, plans, run_length = [], [], [], {}, []
+    for kind, a, rates, _ in _sweeps(cfg):
+        jobs = [j for j in _jobs(cfg) if j[:2] == (kind, a)]
+        services += results[_key(jobs[0])]["services"]
+        for rate in rates:
+            got = [results[_key(j)] for j in jobs if j[2] == rate and j[3] != "lengths"]
+            by_name = {n: r for g in got for n, r in g["rows"].items()}
+            rows += [by_name[n] for n in _systems_at(cfg, kind, a) if n in by_name]
+            adaptive += [by_name[n] for n in by_name if n == "seallm-adaptive"]
+        for j in jobs:  # the sweep's plans by rate, then the run-length study's if it searched its own
+            plans.update({k: v for k, v in results[_key(j)]["plans"].items() if k not in plans})
+            run_length += results[_key(j)].get("run_length", [])
     result = {
         "paper": NAME,
         "title": TITLE,
-        "setup": _setup(cfg, [s for g in got for s in g["services"]], pop),
+        "setup": _setup(cfg, services, pop),
         "workload": f"ShareGPT-like (Table 1)∪LongBench-like k-means×4, {len(cfg['assignments'])} random model "
         f"assignments, {pop.source} round-robin, Gamma CV {S.ARRIVAL_CV:g}; conv-trace variant",
         "cost_source": C.COST_SOURCE,
-        "services": [s for g in got for s in g["services"]],
-        "rows": [r for g in got for r in g["rows"]],
-        "adaptive": [r for g in got for r in g["adaptive"]],
-        "plans": {k: v for g in got for k, v in g["plans"].items()},
-        "run_length": [r for g in got for r in g["run_length"]],
+        "services": services,
+        "rows": rows,
+        "adaptive": adaptive,
+        "plans": plans,
+        "run_length": run_length,
         "wall_s": 0.0,
     }
     _summarize(result)
