@@ -74,7 +74,7 @@ def _live(path: Path) -> dict[str, Any]:
     mig = migration_parser().parse_args(config.migration.args())
     p = config.placement  # the placement leader reads its section from the cluster file itself
     return {
-        "engine": [_config(make_engine_policy(ns.policy, **ns.options)) for ns in engines],
+        "engine": [_config(make_engine_policy(ns.policy, **ns.policy_options)) for ns in engines],
         "dispatch": _config(make_dispatch_policy(sched.dispatch, **sched.dispatch_options)),
         "capacity": (sched.binding, sched.queue_slack, sched.kv_room_fraction, sched.move_queued),
         "placement": _config(make_placement_policy(p.policy, **p.options)),

@@ -144,6 +144,12 @@ class ClusterConfig(BaseModel):
                 "placement.adaptive_interval: the live placement leader plans every interval_s; SeaLLM's "
                 "adaptive interval (Eq. 8) runs in the simulator only (llmfleet sim --cluster-config)"
             )
+        for eid, engine in sorted(self.engines.items()):
+            if engine.block_tokens is not None:
+                raise ValueError(
+                    f"engines.{eid}.block_tokens: sizes the blocks of the simulator and of emulated engines "
+                    "(emulated.engine); a native engine's block is block_bytes"
+                )
 
     def _check_emulated_fit(self, pool: EmulatedPool) -> None:
         """Every served model must fit one emulated engine alone (else it could never be placed)."""

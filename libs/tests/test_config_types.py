@@ -122,9 +122,14 @@ def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
         "--policy", "static_sls",
         "--policy-options", '{"batch_size": 8, "max_iterations": 64, "slice_end": "recompute"}',
         "--max-running", "16", "--max-batch-requests", "8", "--max-prefill-tokens", "2048",
-        "--watermark", "0.05", "--block-bytes", "4096",  # block_tokens: the simulator's, no live flag
+        "--watermark", "0.05", "--block-tokens", "32", "--block-bytes", "4096", "--stream-interval-s", "0.0",
     ]  # fmt: skip
-    assert ClusterConfig.model_validate(config()).engines["e0"].engine_args() == ["--policy", "fcfs"]
+    assert ClusterConfig.model_validate(config()).engines["e0"].engine_args() == [
+        "--policy", "fcfs", "--stream-interval-s", "0.0"
+    ]  # fmt: skip
+    # block_tokens sizes the simulator's blocks: a live native engine cannot run it, so up refuses it
+    with pytest.raises(ValueError, match=r"engines\.e0\.block_tokens: .*block_bytes"):
+        cfg.check_live()
     (spec,) = cfg.service_specs()
     assert spec.slo == Slo(1.0, 0.1, deadline_s=30.0)
 

@@ -44,7 +44,6 @@ import sys
 from pathlib import Path
 
 from llmfleet.cli.sim_args import (
-    add_loop_arguments,
     add_policy_arguments,
     add_system_arguments,
     bundles,
@@ -65,7 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="synthetic arrival rate, req/s; with --conversations, conversations/s (default 10)")  # fmt: skip
     add_system_arguments(p)
     add_policy_arguments(p)
-    add_loop_arguments(p)
     add_run_arguments(p)
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
-from llmfleet.rpc.cli_args import json_object, positive_float
-from llmfleet.spec.defaults import BINDINGS
+from llmfleet.spec.flags import SectionFlags
 from llmfleet.spec.renamed import SIM_FLAGS, add_renamed_flags
+from llmfleet.spec.sections import FleetPolicies
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
@@ -57,71 +57,38 @@ def add_system_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+# every field of every policy section, each flag overriding one field of the preset's (or the cluster
+# file's) section: --engine-policy is engine.policy, --placement-interval-s placement.interval_s
+POLICY_FLAGS = SectionFlags(
+    FleetPolicies,
+    names={
+        "dispatch.policy": "dispatch",
+        "placement.policy": "placement",
+        "placement.adaptive_interval": "adaptive-interval",
+        "migration.policy": "migration",
+        "migration.transfer": "transfer",
+        "capacity": "",
+    },
+    overrides=True,
+    title="policy sections (each flag overrides one field)",
+)
+
+
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    """Overrides of the engine, dispatch and capacity sections."""
-    p.add_argument("--engine-policy", help="engine.policy: the engine-local request policy or static batcher")
+    """Overrides of the engine, dispatch, placement, migration and capacity sections, and how the
+    first plan is made."""
+    POLICY_FLAGS.add(p)
     add_renamed_flags(p, SIM_FLAGS)
-    p.add_argument("--engine-options", type=json_object, help="engine.options (JSON object)")
-    p.add_argument(
-        "--dispatch", help="dispatch.policy (with --dispatch mell arrivals go where Mell's Allocate would)"
-    )
-    p.add_argument("--dispatch-options", type=json_object, help="dispatch.options (JSON object)")
-    p.add_argument("--binding", choices=BINDINGS,
-                   help="capacity.binding: late = arrivals wait in the scheduler while every instance of their "
-                        "model is saturated (presets: early)")  # fmt: skip
-    p.add_argument("--move-queued", action="store_true", default=None,
-                   help="capacity.move_queued: each migration epoch, move requests not started off instances "
-                        "past their room")  # fmt: skip
-    p.add_argument("--no-cold-start", dest="cold_start", action="store_false", default=None,
-                   help="capacity.cold_start off: a request for a model no instance serves fails at once")  # fmt: skip
     p.add_argument("--first-plan", choices=("oracle", "cold"),
                    help="the plan in force at the start: oracle (presets) = planned on the workload's own demand; "
                         "cold (cluster files) = as a live leader starts, with no request seen yet")  # fmt: skip
-
-
-def add_loop_arguments(p: argparse.ArgumentParser) -> None:
-    """Overrides of the placement and migration sections."""
-    p.add_argument("--placement", help="placement.policy: the planner")
-    p.add_argument("--placement-options", type=json_object, help="placement.options (JSON object)")
-    p.add_argument("--placement-interval-s", type=float,
-                   help="placement.interval_s: re-plan every S simulated seconds (presets: place once)")  # fmt: skip
-    p.add_argument("--placement-window-s", type=float,
-                   help="placement.window_s: recent workload each plan reads (default: the interval)")  # fmt: skip
-    p.add_argument("--adaptive-interval", action="store_true", default=None,
-                   help="placement.adaptive_interval: SeaLLM Eq. 8 adapts the interval")  # fmt: skip
-    p.add_argument("--placement-confirm-intervals", type=int,
-                   help="placement.confirm_intervals: apply a changed plan once proposed this often in a row")  # fmt: skip
     p.add_argument("--placement-processes", type=int, default=1,
                    help="processes simulating candidate plans, for planners that score plans by simulation")  # fmt: skip
-    p.add_argument("--migration", help="migration.policy: mell (KV packing), llumnix_lb, none")
-    p.add_argument("--migration-options", type=json_object, help="migration.options (JSON object)")
-    p.add_argument("--transfer", help="migration.transfer: hybrid (default), kv, tokens")
-    p.add_argument("--migration-epoch-s", type=positive_float, help="migration.epoch_s (default 1)")
-
-
-def _fields(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any] | None:
-    """The section fields whose flags were given (flag dest -> field), or None when none was."""
-    out = {
-        field: getattr(args, dest) for dest, field in names.items() if getattr(args, dest, None) is not None
-    }
-    return out or None
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The section overrides the flags give (:meth:`PolicyBundle.with_overrides`)."""
-    return {
-        "engine": _fields(args, {"engine_policy": "policy", "engine_options": "options"}),
-        "dispatch": _fields(args, {"dispatch": "policy", "dispatch_options": "options"}),
-        "placement": _fields(args, {
-            "placement": "policy", "placement_options": "options", "placement_interval_s": "interval_s",
-            "placement_window_s": "window_s", "adaptive_interval": "adaptive_interval",
-            "placement_confirm_intervals": "confirm_intervals",
-        }),
-        "migration": _fields(args, {"migration": "policy", "migration_options": "options", "transfer": "transfer",
-                                    "migration_epoch_s": "epoch_s"}),
-        "capacity": _fields(args, {"binding": "binding", "move_queued": "move_queued", "cold_start": "cold_start"}),
-        "first_plan": args.first_plan,
-    }  # fmt: skip
+    return {**POLICY_FLAGS.given(args), "first_plan": args.first_plan}
 
 
 def bundles(args: argparse.Namespace, config: ClusterConfig | None) -> list[PolicyBundle]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from llmfleet.config import DEFAULT_TTL_S, ClusterConfig
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
-from llmfleet.spec.engines import EmulatedPool
+from llmfleet.spec.engines import EMULATED_FLAGS, EmulatedPool
 
 # (child name, console script, module with main(), port offset from --base-port)
 CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
@@ -217,14 +217,17 @@ def emulated_plans(
     """``pool.processes`` engine processes hosting ``pool.count`` emulated GPUs (``emu{p}-{i}``, ports
     from base + 10 on, one per GPU; /metrics 1000 above each)."""
     argv = [
-        "--backend", "emulated", "--hardware", pool.hardware, "--tp", str(pool.tp),
-        "--cost-source", pool.cost_source, "--mem-fraction", f"{pool.mem_fraction:g}",
-    ]  # fmt: skip
+        "--backend",
+        "emulated",
+        "--hardware",
+        pool.hardware,
+        "--tp",
+        str(pool.tp),
+        *EMULATED_FLAGS.argv(pool),
+    ]
     for name, arch in sorted(config.catalog_models().items()):
         argv += ["--sim-model", f"{name}={arch}"]
-    argv += pool.engine.engine_args()
-    if pool.engine.block_tokens is not None:  # the emulated GPUs' block size (native engines: block_bytes)
-        argv += ["--block-tokens", str(pool.engine.block_tokens)]
+    argv += pool.engine.engine_args()  # its block_tokens too (native engines size theirs by block_bytes)
     plans, port = [], base_port + ENGINE_PORT_OFFSET
     for p, n in enumerate(pool.per_process()):
         clash = used & set(range(port, port + n))

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import socket
-from typing import Any
 
 from llmfleet.config import EtcdSettings
 from llmfleet.metrics.server import add_metrics_arg
@@ -64,17 +62,6 @@ def setup_logging(level: str, name: str) -> None:
     )
     for noisy in ("aetcd", "grpc", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def json_object(text: str) -> dict[str, Any]:
-    """An argparse ``type``: a JSON object (``--policy-options``), else a usage error saying why."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
-    return value
 
 
 def _number(text: str, cast: type, low: float, strict: bool) -> float:

@@ -169,7 +169,8 @@ def run_service(
     argv: list[str] | None = None,
 ) -> None:
     """The body of every ``llmfleet-<role>`` console script: parse flags, set up logging and tracing
-    (before any server or channel exists, so the interceptors are installed), build, serve."""
+    (before any server or channel exists, so the interceptors are installed), build (a ValueError is a
+    usage error), serve."""
     from llmfleet.metrics.server import metrics_port
     from llmfleet.rpc.cli_args import setup_logging
     from llmfleet.security import SecurityConfigError, configure, settings_from_args
@@ -183,7 +184,10 @@ def run_service(
         parser.error(str(e))
     setup_logging(args.log_level, role)
     setup_tracing(f"llmfleet-{role}")
-    node = build(args)
+    try:
+        node = build(args)
+    except ValueError as e:  # settings that cannot run (together): a usage error naming them
+        parser.error(str(e))
     node.metrics_port = metrics_port(args)
     node.metrics_host = getattr(args, "host", node.metrics_host) or node.metrics_host
     # Everything built so far (imported modules, numpy/scipy, policies: ~76k objects in the scheduler)

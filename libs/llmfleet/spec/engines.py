@@ -9,10 +9,10 @@ spellings of one.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,10 +22,13 @@ from pydantic import (
     model_validator,
 )
 
+from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.spec import renamed
 from llmfleet.spec.defaults import ENGINE_POLICY
+from llmfleet.spec.flags import SectionFlags
 from llmfleet.spec.sections import EnginePolicySpec
+from llmfleet.spec.sizes import ByteSize
 from llmfleet.spec.validation import validation_message
 from llmfleet.spec.vllm import VllmSettings
 
@@ -39,27 +42,19 @@ def _section(policy: str, options: dict[str, Any]) -> EnginePolicySpec:
 
 _STRICT = ConfigDict(extra="forbid")  # a misspelt key is an error naming it, not silently ignored
 
-# EngineLimits field -> the engine's flag (block_tokens: the simulator's and emulated engines' size)
-ENGINE_LIMIT_FLAGS: dict[str, str | None] = {
-    "max_running": "--max-running",
-    "max_batch_requests": "--max-batch-requests",
-    "max_prefill_tokens": "--max-prefill-tokens",
-    "watermark": "--watermark",
-    "block_bytes": "--block-bytes",
-    "block_tokens": None,
-    "prefix_caching": "--prefix-caching",
-}
-
-
-def flag_value(value: object) -> str:
-    """A limit's value on the engine's command line (a switch is ``on`` or ``off``)."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
+# the EngineLimits fields (llmfleet.engine_core) an engines: entry sets
+LIMITS = (
+    "max_running",
+    "max_batch_requests",
+    "max_prefill_tokens",
+    "watermark",
+    "block_tokens",
+    "block_bytes",
+    "prefix_caching",
+)
 # what only the native engine core reads: a vLLM engine schedules, batches and pages on its own
-NATIVE_ONLY = ("policy", "options", *ENGINE_LIMIT_FLAGS, "stream_interval_s", "threads")
+NATIVE_ONLY = ("policy", "options", *LIMITS, "stream_interval_s", "threads")
+_POLICY = EnginePolicySpec.model_fields
 
 
 class EngineConfig(BaseModel):
@@ -74,24 +69,47 @@ class EngineConfig(BaseModel):
     models: list[str] = Field(default_factory=list)
     device: str = "cpu"
     port: int | None = None
-    vllm: VllmSettings | None = None  # backend: vllm (unset: VllmSettings' defaults)
-    policy: str = ENGINE_POLICY  # engine-local policy: a request policy or a static batcher (static mode)
-    # the policy's constructor options, e.g. {batch_size: 8, max_iterations: 64}; static batchers also
-    # take slice_end (keep, the default, or recompute = the papers' static mode: padded rows)
-    options: dict[str, Any] = Field(default_factory=dict)
-    # EngineLimits (llmfleet.engine_core), same names as the simulator's engine settings
-    max_running: int | None = Field(None, ge=1)
-    max_batch_requests: int | None = Field(None, ge=1)
-    max_prefill_tokens: int | None = Field(None, ge=1)
-    watermark: float | None = Field(None, ge=0, lt=1)
-    block_tokens: int | None = Field(None, ge=1)
-    block_bytes: int | None = Field(None, ge=16, multiple_of=16)
-    prefix_caching: bool | None = None  # reuse the KV of cached prompt prefixes (unset: on)
-    # deliver tokens to streams at most this often (first and final chunks at once; 0 = every iteration)
-    stream_interval_s: float | None = Field(None, ge=0)
-    # torch intra-op threads of a CPU engine (unset: `llmfleet up` shares the host's cores among the
-    # CPU engines it starts, at least one each, so that engines on one host do not oversubscribe it)
-    threads: int | None = Field(None, ge=1)
+    vllm: VllmSettings | None = Field(
+        None,
+        description='backend vllm: its settings (llmfleet.spec.vllm.VllmSettings), e.g. {"max_model_len": '
+        '512, "kv_cache_memory_bytes": "1GiB", "enforce_eager": true} (unset: their defaults)',
+    )
+    policy: str = Field(ENGINE_POLICY, description=_POLICY["policy"].description)
+    options: dict[str, Any] = Field(default_factory=dict, description=_POLICY["options"].description)
+    # EngineLimits (llmfleet.engine_core), same names as the simulator's engine settings; unset: the
+    # engine's defaults (the native executor's are CPU-sized, the emulated GPUs' the simulator's)
+    max_running: int | None = Field(None, ge=1, description="requests holding KV at once")
+    max_batch_requests: int | None = Field(None, ge=1, description="requests per iteration")
+    max_prefill_tokens: int | None = Field(None, ge=1, description="prompt tokens per prefill batch")
+    watermark: float | None = Field(
+        None, ge=0, lt=1, description="fraction of the KV pool kept free when admitting requests"
+    )
+    block_tokens: int | None = Field(
+        None, ge=1, description="emulated engines: tokens per merged KV block of the largest model"
+    )
+    block_bytes: ByteSize | None = Field(
+        None,
+        ge=16,
+        multiple_of=16,
+        description="native engines: bytes per merged KV block, e.g. 64KiB (all layers x KV heads x "
+        "the tokens of a model that fit)",
+    )
+    prefix_caching: bool | None = Field(
+        None, description="reuse the KV of cached prompt prefixes (unset: on)"
+    )
+    stream_interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="deliver tokens to streams at most this often; first and final chunks go at once (0: "
+        "after every iteration)",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads of a CPU engine (unset: llmfleet up shares the host's cores "
+        "among the CPU engines it starts, at least one each, so that engines on one host do not "
+        "oversubscribe it; a lone engine: torch's default)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -147,26 +165,14 @@ class EngineConfig(BaseModel):
 
     def limits(self) -> dict[str, Any]:
         """The :class:`~llmfleet.engine_core.EngineLimits` fields this entry sets."""
-        return {k: getattr(self, k) for k in ENGINE_LIMIT_FLAGS if getattr(self, k) is not None}
+        return {k: getattr(self, k) for k in LIMITS if getattr(self, k) is not None}
 
     def engine_args(self) -> list[str]:
-        """``llmfleet-engine`` flags for the backend and, on the native one, the policy, its options
-        and the limits set here."""
+        """``llmfleet-engine`` flags for the backend and its settings: a vLLM engine's ``vllm:``, a
+        native one's policy, its options and the limits set here."""
         if self.backend == "vllm":
-            settings = self.vllm or VllmSettings()
-            return ["--backend", "vllm", "--vllm-options", settings.model_dump_json(exclude_defaults=True)]
-        argv = ["--policy", self.policy]
-        if self.options:
-            argv += ["--policy-options", json.dumps(self.options, sort_keys=True)]
-        for key, value in self.limits().items():
-            flag = ENGINE_LIMIT_FLAGS[key]
-            if flag is not None:
-                argv += [flag, flag_value(value)]
-        if self.stream_interval_s is not None:
-            argv += ["--stream-interval-s", str(self.stream_interval_s)]
-        if self.threads is not None:
-            argv += ["--threads", str(self.threads)]
-        return argv
+            return ["--backend", "vllm", *ENGINE_FLAGS.argv(self, only={"vllm"})]
+        return ENGINE_FLAGS.argv(self)
 
 
 class EmulatedPool(BaseModel):
@@ -181,8 +187,13 @@ class EmulatedPool(BaseModel):
     count: int = Field(8, ge=1, le=4096)
     processes: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
-    cost_source: str = DEFAULT_COST_SOURCE
-    mem_fraction: float = Field(0.9, gt=0, le=1)
+    cost_source: Annotated[str, AfterValidator(check_cost_source)] = Field(
+        DEFAULT_COST_SOURCE,
+        description="step costs: calibrated, vidur or roofline (llmfleet.costmodel.sources)",
+    )
+    mem_fraction: float = Field(
+        DEFAULT_MEM_FRACTION, gt=0, le=1, description="share of GPU memory for the weights and the KV pool"
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @field_validator("hardware")
@@ -197,11 +208,6 @@ class EmulatedPool(BaseModel):
         if name == "cpu":
             raise ValueError("an emulated pool emulates a catalog GPU, not cpu")
         return name
-
-    @field_validator("cost_source")
-    @classmethod
-    def _cost_source(cls, v: str) -> str:
-        return check_cost_source(v)
 
     @model_validator(mode="after")
     def _layout(self) -> EmulatedPool:
@@ -218,3 +224,19 @@ class EmulatedPool(BaseModel):
         """Engines in each process (as even as the division allows)."""
         q, r = divmod(self.count, self.processes)
         return [q + (i < r) for i in range(self.processes)]
+
+
+# the engine's flags for its entry (backend, models, device and port are flags of the node) and for
+# an emulated pool's cost model (hardware, tp and engines per process likewise)
+ENGINE_FLAGS = SectionFlags(
+    EngineConfig,
+    names={"options": "policy-options", "vllm": "vllm-options"},
+    skip={"backend", "models", "device", "port"},
+    whole={"vllm"},
+    title="engine (the cluster file's engines.<id> entry)",
+)
+EMULATED_FLAGS = SectionFlags(
+    EmulatedPool,
+    skip={"hardware", "count", "processes", "tp", "engine"},
+    title="emulated backend (--backend emulated; the cluster file's emulated: section)",
+)

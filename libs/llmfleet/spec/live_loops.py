@@ -8,12 +8,12 @@ hysteresis; the scheduler binds late), the value is in :mod:`llmfleet.spec.defau
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 import llmfleet.spec.defaults as defaults
+from llmfleet.spec.flags import SectionFlags
 from llmfleet.spec.sections import CapacitySpec, DispatchSpec, MigrationSpec, PlacementSpec
 
 STATIC_POLICY = defaults.PLACEMENT_POLICY  # the placement policy that copies ``engines:`` into etcd
@@ -32,13 +32,23 @@ class PlacementConfig(PlacementSpec):
     monitored workload and the live engine pool (``engines:`` then only says which engines
     ``llmfleet up`` starts and with which settings; their ``models`` are ignored)."""
 
-    policy: str = STATIC_POLICY
-    interval_s: float = Field(defaults.LIVE_PLACEMENT_INTERVAL_S, gt=0, allow_inf_nan=False)
-    # hysteresis: a changed plan is applied once the planner has proposed it this many intervals in a
-    # row (1: at once); a plan that serves an unserved model, or the first plan, is applied at once
-    confirm_intervals: int = Field(defaults.LIVE_PLACEMENT_CONFIRM_INTERVALS, ge=1)
-    hardware: str = "cpu"  # catalog hardware of the pool when engines report none (or disagree)
-    gpus_per_node: int = Field(8, ge=1)
+    policy: str = Field(
+        STATIC_POLICY,
+        description=f"{STATIC_POLICY} (copy the engines: lists into etcd) or a planner of "
+        "llmfleet.policies.placement",
+    )
+    interval_s: float = Field(
+        defaults.LIVE_PLACEMENT_INTERVAL_S, gt=0, allow_inf_nan=False, description="seconds between plans"
+    )
+    confirm_intervals: int = Field(
+        defaults.LIVE_PLACEMENT_CONFIRM_INTERVALS,
+        ge=1,
+        description=PlacementSpec.model_fields["confirm_intervals"].description,
+    )
+    hardware: str = Field(
+        "cpu", description="catalog hardware of the pool when its engines report none (or disagree)"
+    )
+    gpus_per_node: int = Field(8, ge=1, description="GPUs of one node of the pool (a planner's TP bound)")
 
     @field_validator("policy")
     @classmethod
@@ -74,16 +84,14 @@ class MigrationConfig(MigrationSpec):
     """The migration leader's loop (``llmfleet-migration``; docs/migration.md): its policy
     (``none``, ``mell``, ``llumnix_lb``) and options, epoch, how moves travel, and how many run at once."""
 
-    max_concurrency: int = Field(4, ge=1)
-    load_interval_s: float = Field(1.0, gt=0, allow_inf_nan=False)  # the engines' load snapshot period
+    max_concurrency: int = Field(4, ge=1, description="migrations in flight at once")
+    load_interval_s: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="seconds between the engines' load snapshots (WatchLoad)"
+    )
 
     def args(self) -> list[str]:
         """The ``llmfleet-migration`` flags for this section."""
-        return [
-            "--policy", self.policy, "--policy-options", json.dumps(self.options),
-            "--epoch-s", f"{self.epoch_s:g}", "--transfer", self.transfer,
-            "--max-concurrency", str(self.max_concurrency), "--load-interval-s", f"{self.load_interval_s:g}",
-        ]  # fmt: skip
+        return MIGRATION_FLAGS.argv(self)
 
 
 class SchedulerConfig(CapacitySpec):
@@ -93,17 +101,32 @@ class SchedulerConfig(CapacitySpec):
     simulates the same)."""
 
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
-    ready_when: Literal["servable", "started"] = "servable"  # the scheduler's readiness
+    ready_when: Literal["servable", "started"] = Field(
+        "servable",
+        description="when the scheduler says SERVING (gRPC health, HTTP /ready): servable = every service "
+        "not marked scale_to_zero has an engine with its model loaded; started = at once",
+    )
 
     def args(self) -> list[str]:
         """The ``llmfleet-scheduler`` flags for these settings."""
-        out = ["--binding", self.binding, "--queue-slack", str(self.queue_slack)]
-        out += ["--kv-room-fraction", str(self.kv_room_fraction), "--ready-when", self.ready_when]
-        out += ["--dispatch", self.dispatch.policy]
-        out += (
-            ["--dispatch-options", json.dumps(self.dispatch.options, sort_keys=True)]
-            if self.dispatch.options
-            else []
-        )
-        out += ["--move-queued"] if self.move_queued else []
-        return out + ([] if self.cold_start else ["--no-cold-start"])
+        return SCHEDULER_FLAGS.argv(self)
+
+
+# each service's flags for its section: llmfleet up writes them (args()), the service parses them
+PLACEMENT_FLAGS = SectionFlags(
+    PlacementConfig,
+    names={"options": "policy-options"},
+    overrides=True,
+    key="placement",
+    title="placement (over the cluster file's placement: section)",
+)
+MIGRATION_FLAGS = SectionFlags(
+    MigrationConfig,
+    names={"options": "policy-options"},
+    title="migration (the cluster file's migration: section)",
+)
+SCHEDULER_FLAGS = SectionFlags(
+    SchedulerConfig,
+    names={"dispatch.policy": "dispatch"},
+    title="dispatch and capacity (the cluster file's scheduler: section)",
+)

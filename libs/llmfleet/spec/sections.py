@@ -25,7 +25,7 @@ class _Choice(BaseModel):
     model_config = _SECTION
 
     policy: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict, description="the policy's constructor options")
 
     @model_validator(mode="before")
     @classmethod
@@ -38,7 +38,17 @@ class EnginePolicySpec(_Choice):
     mode; option ``slice_end: keep|recompute``), built by
     :func:`llmfleet.policies.engine_policy.make_engine_policy`."""
 
-    policy: str = defaults.ENGINE_POLICY
+    policy: str = Field(
+        defaults.ENGINE_POLICY,
+        description="the engine-local policy: a request policy (continuous batching) or a static batcher "
+        "(static mode)",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description='the policy\'s constructor options, e.g. {"batch_size": 8, "max_iterations": 64}; a '
+        "static batcher's slice_end: keep (its unfinished requests' KV across slices) or recompute (drop "
+        f"it and re-prefill prompt + output when re-batched, SCLS's mode), default {defaults.SLICE_END}",
+    )
 
     @model_validator(mode="after")
     def _build(self) -> EnginePolicySpec:
@@ -63,7 +73,16 @@ class DispatchSpec(_Choice):
     Aladdin) gets its latency models and SLOs where it runs (the scheduler's cost model and services),
     so unless the options give them its options record is checked without building the policy."""
 
-    policy: str = defaults.DISPATCH_POLICY
+    policy: str = Field(
+        defaults.DISPATCH_POLICY,
+        description="the dispatch policy: which engine gets a request (llmfleet.policies.dispatch), or "
+        "scls_central (the scheduler batches slices for every engine)",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description='the policy\'s constructor options, e.g. {"seed": 7} for power_of_two (a service '
+        "naming its own dispatch policy takes its own options)",
+    )
 
     @model_validator(mode="after")
     def _build(self) -> DispatchSpec:
@@ -96,11 +115,28 @@ class PlacementSpec(_Choice):
     ``interval_s`` None: the simulator places once (the live leader runs every
     ``defaults.LIVE_PLACEMENT_INTERVAL_S``)."""
 
-    policy: str = defaults.SIM_PLACEMENT_POLICY
-    interval_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    window_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    confirm_intervals: int = Field(defaults.SIM_PLACEMENT_CONFIRM_INTERVALS, ge=1)
-    adaptive_interval: bool = False
+    policy: str = Field(
+        defaults.SIM_PLACEMENT_POLICY, description="the placement planner (llmfleet.policies.placement)"
+    )
+    interval_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="re-plan every this many seconds (unset: plan once)"
+    )
+    window_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds of recent traffic each plan reads (unset: the interval)",
+    )
+    confirm_intervals: int = Field(
+        defaults.SIM_PLACEMENT_CONFIRM_INTERVALS,
+        ge=1,
+        description="hysteresis: a changed plan is applied once the planner has proposed it this many "
+        "intervals in a row (1: at once); a plan that serves an unserved model, or the first plan, is "
+        "applied at once",
+    )
+    adaptive_interval: bool = Field(
+        False, description="SeaLLM's Eq. 8 adapts the interval (from interval_s on)"
+    )
 
     @model_validator(mode="after")
     def _build(self) -> PlacementSpec:
@@ -128,9 +164,22 @@ class MigrationSpec(_Choice):
     ``llumnix_lb``) run every ``epoch_s``, its moves travelling by ``transfer`` (hybrid, kv, tokens).
     ``epoch_s`` also paces the queue moves and Aladdin's rebalancing."""
 
-    policy: str = defaults.MIGRATION_POLICY
-    epoch_s: float = Field(defaults.MIGRATION_EPOCH_S, gt=0, allow_inf_nan=False)
-    transfer: str = defaults.TRANSFER
+    policy: str = Field(
+        defaults.MIGRATION_POLICY,
+        description="the request-migration policy: none, mell (KV packing), llumnix_lb",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description='the policy\'s constructor options, e.g. {"batching": false} for mell',
+    )
+    epoch_s: float = Field(
+        defaults.MIGRATION_EPOCH_S, gt=0, allow_inf_nan=False, description="seconds between migration epochs"
+    )
+    transfer: str = Field(
+        defaults.TRANSFER,
+        description="how moves travel: hybrid (Mell's: each move by KV transfer or by re-prefill, "
+        "within the link's and the destination's budgets), kv (KV transfer only), tokens (re-prefill only)",
+    )
 
     @model_validator(mode="after")
     def _build(self) -> MigrationSpec:
@@ -154,11 +203,33 @@ class CapacitySpec(BaseModel):
 
     model_config = _SECTION
 
-    binding: defaults.Binding = defaults.BINDING
-    queue_slack: int = Field(defaults.QUEUE_SLACK, ge=0)
-    kv_room_fraction: float = Field(defaults.KV_ROOM_FRACTION, gt=0, le=1, allow_inf_nan=False)
-    move_queued: bool = False
-    cold_start: bool = True
+    binding: defaults.Binding = Field(
+        defaults.BINDING,
+        description="late: hold a request in the scheduler while every engine hosting its model is "
+        "saturated (its queue past its batch + queue_slack, or its KV past kv_room_fraction) and dispatch "
+        "it when one has room; early: bind every request to an engine on arrival (the queue stays there)",
+    )
+    queue_slack: int = Field(
+        defaults.QUEUE_SLACK, ge=0, description="late binding: requests an engine may queue beyond its batch"
+    )
+    kv_room_fraction: float = Field(
+        defaults.KV_ROOM_FRACTION,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="late binding: an engine whose KV (used + queued prompts) is past this share has no room",
+    )
+    move_queued: bool = Field(
+        False,
+        description="each epoch, move requests that have not started off engines past their room (batch + "
+        "queue_slack) onto engines of the same model with room, for any dispatch policy (the alternative "
+        "to late binding)",
+    )
+    cold_start: bool = Field(
+        True,
+        description="hold a request for a model no engine hosts until placement loads it (the service's "
+        "cold_start_timeout_s); off: fail it at once (UNAVAILABLE)",
+    )
 
     def saturation(self):  # -> llmfleet.policies.capacity.Saturation
         from llmfleet.policies.capacity import Saturation

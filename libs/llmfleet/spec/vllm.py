@@ -13,14 +13,14 @@ engine instead, as vLLM's own argument does.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmfleet.spec.sizes import ByteSize
+
 VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
 VllmDtype = Literal["auto", "float16", "bfloat16", "float32"]
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 # AsyncEngineArgs fields the named settings set: engine_args may not set them a second time
 _NAMED = {
     "max_model_len": "max_model_len",
@@ -35,23 +35,13 @@ _NAMED = {
 }
 
 
-def size_bytes(value: int | str) -> int:
-    """``1073741824``, ``"64KiB"``, ``"2GiB"``, ``"1.5GB"`` -> bytes (ValueError naming the text)."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {value!r} (e.g. 1073741824, 512MiB, 2GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
 class VllmSettings(BaseModel):
     """A vLLM engine's settings (a misspelt key is an error naming it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # KV cache of each model's vLLM engine (vLLM's kv_cache_memory_bytes; "1GiB" accepted)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0)
+    kv_cache_memory_bytes: ByteSize | None = Field(None, gt=0)
     # CUDA: the GPU fraction all models of the node use together (split evenly over max_models)
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     max_model_len: int | None = Field(None, ge=1)  # unset: the checkpoint's context
@@ -62,11 +52,6 @@ class VllmSettings(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1)  # requests per step (vLLM's default when unset)
     # further AsyncEngineArgs fields, passed as they are (vLLM rejects an unknown one at load)
     engine_args: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("kv_cache_memory_bytes", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> Any:
-        return size_bytes(v) if isinstance(v, str) else v
 
     @field_validator("engine_args")
     @classmethod

@@ -272,13 +272,15 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
     assert sched[sched.index("--id") + 1] == "scheduler" and "--prefix" not in sched
     assert plans[2].argv[-2:] == ["--config", "c.yaml"]
     threads = str(up.cpu_threads_each(cfg))  # the host's cores shared among the CPU engines
-    assert plans[4].argv[-8:] == [
+    assert plans[4].argv[-10:] == [
         "--models-dir",
         str(tmp_path / "models"),
         "--device",
         "cpu",
         "--policy",
         "fcfs",
+        "--stream-interval-s",
+        "0.0",
         "--threads",
         threads,
     ]
@@ -302,9 +304,10 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
     assert e0.argv[e0.argv.index("--policy") :] == [
         "--policy", "scls", "--policy-options", '{"slice_end": "recompute"}',
         "--max-running", "8", "--max-prefill-tokens", "1024", "--watermark", "0.05",
-        "--threads", str(up.cpu_threads_each(cfg)),
+        "--stream-interval-s", "0.0", "--threads", str(up.cpu_threads_each(cfg)),
     ]  # fmt: skip
-    assert e1.argv[-4:-2] == ["--policy", "fcfs"]  # nothing set: the engine's own defaults
+    # nothing set: the spec's defaults, the engine's own limits
+    assert e1.argv[-6:-2] == ["--policy", "fcfs", "--stream-interval-s", "0.0"]
 
 
 def test_plan_services_scheduler_replicas(tmp_path: Path) -> None:

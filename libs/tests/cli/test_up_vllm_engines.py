@@ -12,7 +12,8 @@ import pytest
 from llmfleet.cli import up
 from llmfleet.cli.up_plan import require_backends
 from llmfleet.config import ClusterConfig
-from llmfleet.spec.vllm import VllmSettings, size_bytes
+from llmfleet.spec.sizes import size_bytes
+from llmfleet.spec.vllm import VllmSettings
 from llmfleet_engine.main import build_parser
 
 VLLM_ENGINE = {

@@ -12,19 +12,18 @@ from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
-from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.metrics.engine import engine_metrics
-from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id, positive_int
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS, ENGINE_POLICY, SLICE_END
-from llmfleet.spec.renamed import ENGINE_FLAGS, add_renamed_flags
-from llmfleet.spec.validation import validation_message
+from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
+from llmfleet.spec.engines import EMULATED_FLAGS, ENGINE_FLAGS, NATIVE_ONLY, EngineConfig
+from llmfleet.spec.renamed import ENGINE_FLAGS as RENAMED_ENGINE_FLAGS
+from llmfleet.spec.renamed import add_renamed_flags
+from llmfleet.spec.sizes import size_bytes
 from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
-from pydantic import ValidationError
 
 from llmfleet_engine.backend import EngineBackend
 from llmfleet_engine.emulated.host import EngineGroup, build_group
@@ -40,38 +39,26 @@ ROLE = "engine"
 
 def make_executor(args: argparse.Namespace) -> EngineBackend:
     """The backend named by ``--backend``: the native paged executor, or vLLM (imported lazily)."""
+    entry: EngineConfig = args.engine_config
     if args.backend == "vllm":
         from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
 
         # vLLM picks its GPU from CUDA_VISIBLE_DEVICES; the native knobs (pool, policy) do not apply.
         return VllmExecutor(
             VllmConfig(
-                settings=args.vllm_options,
+                settings=entry.vllm or VllmSettings(),
                 device=args.device,
                 cache_dir=args.models_dir,
                 allow_download=not args.offline,
                 tensor_parallel_size=args.tp,
             )
         )
-    limits = {
-        k: v
-        for k, v in (
-            ("memory_budget_bytes", args.memory_budget),
-            ("block_bytes", args.block_bytes),
-            ("max_running", args.max_running),
-            ("max_batch_requests", args.max_batch_requests),
-            ("max_prefill_tokens", args.max_prefill_tokens),
-            ("block_tokens", args.block_tokens),
-            ("prefix_caching", args.prefix_caching),
-        )
-        if v is not None
-    }
     common = {
-        "watermark": args.watermark,
-        "policy": args.policy,
-        "options": args.options,
-        "stream_interval_s": args.stream_interval_s,
-        **limits,
+        "policy": entry.policy,
+        "options": entry.options,
+        "stream_interval_s": entry.stream_interval_s,
+        **entry.limits(),
+        **({"memory_budget_bytes": args.memory_budget} if args.memory_budget is not None else {}),
     }
     if args.backend == "emulated":
         from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
@@ -91,7 +78,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         ExecutorConfig(
             device=args.device,
             cache_dir=args.models_dir,
-            num_threads=args.threads,
+            num_threads=entry.threads,
             allow_download=not args.offline,
             **common,
         )
@@ -196,29 +183,12 @@ def _placement_following(
     return follow_placement
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 1 << 30,
-}
-
-
 def _bytes(text: str) -> int:
-    """``65536``, ``64KiB``, ``2GiB``, ``1.5GB`` -> bytes."""
-    num = text.strip().rstrip("BbIiKkMmGg")
-    unit = text.strip()[len(num) :].lower()
+    """An argparse ``type``: ``65536``, ``64KiB``, ``2GiB``, ``1.5GB`` -> bytes."""
     try:
-        return int(float(num) * _UNITS[unit])
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64KiB, 2GiB)") from None
+        return size_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _name_arch(text: str) -> tuple[str, str]:
@@ -228,24 +198,14 @@ def _name_arch(text: str) -> tuple[str, str]:
     return name, arch
 
 
-def vllm_settings(text: str) -> VllmSettings:
-    """An argparse ``type``: ``--vllm-options`` JSON checked by :class:`VllmSettings`."""
-    try:
-        return VllmSettings(**json_object(text))
-    except ValidationError as e:
-        raise argparse.ArgumentTypeError(validation_message(e)) from None
-
-
 class _Parser(argparse.ArgumentParser):
-    """Checks the policy options once all flags are in (``--policy`` may come after them)."""
+    """Checks the flags together once all are in (``--policy`` may come after its options) and reads
+    the engine entry they give (``ns.engine_config``)."""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         ns, rest = super().parse_known_args(args, namespace)
         given = {a.split("=", 1)[0] for a in (sys.argv[1:] if args is None else args) if a.startswith("--")}
-        try:
-            make_engine_policy(ns.policy, **ns.options)  # a bad option is a usage error, not a crash later
-        except ValueError as e:
-            self.error(str(e))
+        given |= {"--" + a.removeprefix("--no-") for a in given if a.startswith("--no-")}  # a switch off
         if ns.tp > 1 and ns.backend == "native":
             self.error(
                 f"--tp {ns.tp}: the native backend runs on one device (tensor parallel: --backend vllm)"
@@ -260,32 +220,23 @@ class _Parser(argparse.ArgumentParser):
                 self.error(f"{flag} does not apply to --backend vllm (vLLM schedules and pages itself)")
         elif "--vllm-options" in given:
             self.error("--vllm-options applies to --backend vllm only")
+        try:  # a bad policy, option or limit is a usage error, not a crash later
+            ns.engine_config = ENGINE_FLAGS.read(ns, backend="vllm" if ns.backend == "vllm" else "native")
+        except ValueError as e:
+            self.error(str(e))
         return ns, rest
 
 
 # flags of the native engine core (policy, pool, limits), which a vLLM engine has no use for
-NATIVE_CORE_ONLY = (
-    "--policy",
-    "--policy-options",
-    "--memory-budget",
-    "--block-bytes",
-    "--watermark",
-    "--prefix-caching",
-    "--max-running",
-    "--max-batch-requests",
-    "--max-prefill-tokens",
-    "--stream-interval-s",
-    "--threads",
-)
+NATIVE_CORE_ONLY = ("--memory-budget", *(ENGINE_FLAGS.option(k) for k in NATIVE_ONLY))
 # flags an emulated engine has no use for (it runs no model and no device): refused, never ignored
-NATIVE_ONLY = ("--device", "--models-dir", "--threads", "--offline")
+NO_DEVICE = ("--device", "--models-dir", "--threads", "--offline")
 EMULATED_ONLY = (
     "--engines",
     "--sim-model",
-    "--cost-source",
-    "--mem-fraction",
+    *(f.option for f in EMULATED_FLAGS.flags),
     "--link-bandwidth",
-    "--block-tokens",
+    ENGINE_FLAGS.option("block_tokens"),
 )
 
 
@@ -294,7 +245,7 @@ def check_emulated(parser: argparse.ArgumentParser, ns: argparse.Namespace, give
     must be catalog names, and native-only flags are refused (they would silently do nothing)."""
     from llmfleet_engine.emulated.catalog import check_sim_models
 
-    for flag in NATIVE_ONLY:
+    for flag in NO_DEVICE:
         if flag in given:
             parser.error(f"{flag} does not apply to --backend emulated (it runs no model on a device)")
     if ns.hardware is None:
@@ -311,26 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="llmfleet-engine", description=__doc__)
     add_common_args(ap, ROLE, default_port=50061)
     _add_device_flags(ap)
-    _add_pool_flags(ap)
-    _add_policy_flags(ap)
+    ENGINE_FLAGS.add(ap)
+    add_renamed_flags(ap, RENAMED_ENGINE_FLAGS)
     _add_emulated_flags(ap)
     _add_node_flags(ap)
     return ap
 
 
 def _add_device_flags(ap: argparse.ArgumentParser) -> None:
-    """Where the engine runs: device, model cache, threads, backend, hardware and TP."""
+    """Where the engine runs: device, model cache, memory budget, backend, hardware and TP."""
     ap.add_argument(
         "--device", default=os.environ.get("LLMFLEET_DEVICE", "cpu"), help="cpu, cuda, cuda:1, ..."
     )
     ap.add_argument("--models-dir", default=os.environ.get("LLMFLEET_MODEL_CACHE", ".llmfleet/models"))
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument(
-        "--stream-interval-s",
-        type=float,
-        default=0.0,
-        help="deliver tokens to streams at most this often; first and final chunks go at once (0, the "
-        "default: after every iteration; the multiplexed path batches one iteration's tokens itself)",
+        "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
     )
     ap.add_argument(
         "--backend",
@@ -346,86 +292,12 @@ def _add_device_flags(ap: argparse.ArgumentParser) -> None:
         "from the GPU's name)",
     )
     ap.add_argument("--tp", type=tp_degree, default=1, help="GPUs of the engine (vLLM tensor parallel size)")
-    ap.add_argument(
-        "--vllm-options",
-        type=vllm_settings,
-        default=VllmSettings(),
-        metavar="JSON",
-        help="--backend vllm: the cluster file's engines.<id>.vllm settings, e.g. '{\"max_model_len\": 512, "
-        '"kv_cache_memory_bytes": "1GiB", "enforce_eager": true}\' (llmfleet.spec.vllm.VllmSettings)',
-    )
-
-
-def on_off(text: str) -> bool:
-    """``on`` / ``off`` (the cluster file's ``true`` / ``false`` as the engine flag writes them)."""
-    value = {"on": True, "off": False}.get(text.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-    return value
-
-
-def _add_pool_flags(ap: argparse.ArgumentParser) -> None:
-    """The memory budget and the KV pool's blocks."""
-    ap.add_argument(
-        "--memory-budget", type=_bytes, default=None, help="weights + activations + KV pool, e.g. 2GiB"
-    )
-    ap.add_argument(
-        "--block-bytes",
-        type=_bytes,
-        default=None,
-        help="merged KV block size (native default 64KiB; emulated: --block-tokens of the largest model)",
-    )
-    ap.add_argument(
-        "--block-tokens",
-        type=positive_int,
-        default=None,
-        help="emulated: tokens per block of the largest model (16)",
-    )
-    ap.add_argument("--watermark", type=float, default=0.01, help="pool fraction kept free at admission")
-    ap.add_argument(
-        "--prefix-caching",
-        type=on_off,
-        default=None,
-        metavar="on|off",
-        help="reuse the KV of cached prompt prefixes (default on)",
-    )
-
-
-def _add_policy_flags(ap: argparse.ArgumentParser) -> None:
-    """The local policy, its options and the engine limits."""
-    ap.add_argument(
-        "--policy",
-        default=ENGINE_POLICY,
-        choices=ENGINE_POLICIES,
-        help="local policy: a request policy (continuous batching) or a static batcher (static mode)",
-    )
-    ap.add_argument(
-        "--policy-options",
-        dest="options",
-        type=json_object,
-        default={},
-        metavar="JSON",
-        help='the policy\'s constructor options, e.g. \'{"batch_size": 8, "max_iterations": 64}\'; a static '
-        "batcher's slice_end: keep (its unfinished requests' KV across slices) or recompute (drop it and "
-        f"re-prefill prompt + output when re-batched, SCLS's mode), default {SLICE_END} (the cluster "
-        "config's options)",
-    )
-    add_renamed_flags(ap, ENGINE_FLAGS)
-    ap.add_argument("--max-running", type=int, default=None, help="requests holding KV at once (256)")
-    ap.add_argument(
-        "--max-batch-requests", type=int, default=None, help="requests per iteration (32; emulated 256)"
-    )
-    ap.add_argument(
-        "--max-prefill-tokens",
-        type=int,
-        default=None,
-        help="prompt tokens per prefill batch (4096; emulated 8192)",
-    )
 
 
 def _add_emulated_flags(ap: argparse.ArgumentParser) -> None:
     """``--backend emulated``: the catalog architectures, engines per process, costs and link."""
-    g = ap.add_argument_group("emulated backend (--backend emulated)")
+    EMULATED_FLAGS.add(ap)
+    g = ap.add_argument_group("emulated backend: the node")
     g.add_argument(
         "--sim-model",
         type=_name_arch,
@@ -440,13 +312,6 @@ def _add_emulated_flags(ap: argparse.ArgumentParser) -> None:
         default=1,
         help="emulated GPUs hosted by this process: ids ID-0..ID-(N-1), ports --port+i (0: any free)",
     )
-    g.add_argument(
-        "--cost-source",
-        choices=COST_SOURCES,
-        default=DEFAULT_COST_SOURCE,
-        help="step costs (costmodel.sources)",
-    )
-    g.add_argument("--mem-fraction", type=float, default=0.9, help="GPU memory for weights + KV (0.9)")
     g.add_argument(
         "--link-bandwidth",
         type=_bytes,

@@ -14,11 +14,11 @@ import logging
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.coord import LeaderElection, node_view
 from llmfleet.load.monitor import LoadMonitor
-from llmfleet.policies.migration import POLICIES, TRANSFERS, make_migration_policy, make_transfer_planner
-from llmfleet.rpc.cli_args import add_common_args, etcd_settings, json_object, node_id
+from llmfleet.policies.migration import make_migration_policy, make_transfer_planner
+from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.spec.defaults import TRANSFER
+from llmfleet.spec.live_loops import MIGRATION_FLAGS, MigrationConfig
 
 from llmfleet_migration.coordinator import MigrationCoordinator
 from llmfleet_migration.costs import CostModels
@@ -41,8 +41,10 @@ def probe_size(text: str) -> int:
 
 
 def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer]:
+    """The migration node (ValueError naming the flags of a section it cannot run)."""
     nid = node_id(args, ROLE)
-    monitor = LoadMonitor(interval_s=args.load_interval_s)
+    config: MigrationConfig = MIGRATION_FLAGS.read(args)  # a bad policy, option or transfer is named now
+    monitor = LoadMonitor(interval_s=config.load_interval_s)
     servicer = MigrationServicer(nid, monitor)
     server = GrpcServer(
         [
@@ -64,12 +66,13 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
         n.spawn(monitor.track(nodes), "migration-load-monitor")
         servicer.election = LeaderElection(n.etcd, ROLE, nid, n.settings.lease_ttl_s)
         executor = MigrationExecutor(
-            lambda: {k: v.address for k, v in nodes.snapshot().items()}, max_concurrency=args.max_concurrency
+            lambda: {k: v.address for k, v in nodes.snapshot().items()},
+            max_concurrency=config.max_concurrency,
         )
         coordinator = MigrationCoordinator(
-            nid, args.policy, make_migration_policy(args.policy, **args.policy_options),
-            make_transfer_planner(args.transfer),
-            monitor, nodes, n.etcd, executor, epoch_s=args.epoch_s, election=servicer.election,
+            nid, config.policy, make_migration_policy(config.policy, **config.options),
+            make_transfer_planner(config.transfer),
+            monitor, nodes, n.etcd, executor, epoch_s=config.epoch_s, election=servicer.election,
             link_bytes_per_s=args.link_bytes_per_s, prefill_tokens_per_epoch=args.prefill_tokens_per_epoch,
             probe_bytes=args.probe_bytes, costs=CostModels(n.etcd),
         )  # fmt: skip
@@ -105,17 +108,7 @@ def build_node(args: argparse.Namespace) -> tuple[ServiceNode, MigrationServicer
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet-migration", description=__doc__)
     add_common_args(ap, ROLE, default_port=50054)
-    ap.add_argument("--load-interval-s", type=float, default=1.0, help="WatchLoad snapshot interval")
-    ap.add_argument(
-        "--policy", choices=sorted(POLICIES), default="none", help="migration policy (default none)"
-    )
-    ap.add_argument(
-        "--policy-options", type=json_object, default={}, metavar="JSON",
-        help='the policy\'s constructor options as JSON, e.g. \'{"batching": false}\' (default {})',
-    )  # fmt: skip
-    ap.add_argument("--transfer", choices=sorted(TRANSFERS), default=TRANSFER, help="how moves travel")
-    ap.add_argument("--epoch-s", type=float, default=1.0, help="seconds between epochs (default 1)")
-    ap.add_argument("--max-concurrency", type=int, default=4, help="migrations in flight at once")
+    MIGRATION_FLAGS.add(ap)
     ap.add_argument(
         "--link-bytes-per-s", type=float, default=1e9,
         help="link bandwidth assumed until a probe or a KV migration over the link measures it (default 1e9)",

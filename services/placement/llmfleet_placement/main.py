@@ -24,7 +24,7 @@ from llmfleet.policies.placement.evaluator import PlanEvaluatorFactory
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
-from llmfleet.spec.live_loops import STATIC_POLICY, placement_policy_names
+from llmfleet.spec.live_loops import PLACEMENT_FLAGS
 from llmfleet.types import DesiredPlacement, NodeRecord
 
 from llmfleet_placement.controller import PlacementController, read_runtime_config
@@ -135,18 +135,16 @@ def plan_evaluators(planner: PlacementPlanner, policy: str) -> PlanEvaluatorFact
 
 
 def apply_flags(config: ClusterConfig, args: argparse.Namespace) -> ClusterConfig:
-    """``--policy``/``--interval-s`` over the config's ``placement:`` (options stay with their policy)."""
+    """The placement flags given over the config's ``placement:`` (a policy the flags change drops
+    the config's options: they belong to the config's policy); ValueError naming a flag it refuses."""
     p = config.placement
-    update: dict = {}
-    if args.policy is not None and args.policy != p.policy:
-        update |= {"policy": args.policy, "options": {}}
-    if args.interval_s is not None:
-        update["interval_s"] = args.interval_s
-    if not update:
+    given = PLACEMENT_FLAGS.given(args)
+    if not given:
         return config
-    data = config.model_dump()
-    data["placement"] = {**p.model_dump(), **update}
-    return ClusterConfig.model_validate(data)
+    if given.get("policy", p.policy) != p.policy and "options" not in given:
+        p = p.model_copy(update={"options": {}})
+    placement = PLACEMENT_FLAGS.read(args, base=p)
+    return ClusterConfig.model_validate({**config.model_dump(), "placement": placement.model_dump()})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,15 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace etcd's services/ and models/ with the config's when this process first leads "
         "(default: seed them only if etcd was never seeded; runtime changes are kept)",
     )
-    ap.add_argument(
-        "--policy",
-        default=None,
-        choices=placement_policy_names(),
-        help=f"placement policy (default: the config's placement.policy, else {STATIC_POLICY})",
-    )
-    ap.add_argument(
-        "--interval-s", type=float, default=None, help="planning interval (default: placement.interval_s)"
-    )
+    PLACEMENT_FLAGS.add(ap)
     return ap
 
 

@@ -16,11 +16,11 @@ from llmfleet.coord.migration_state import migration_state_view
 from llmfleet.coord.unplaced import unplaced_view
 from llmfleet.load.monitor import LoadMonitor
 from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
-from llmfleet.policies.capacity import Saturation
 from llmfleet.rpc.cli_args import etcd_settings
 from llmfleet.rpc.node import ServiceNode
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
+from llmfleet.spec.live_loops import SCHEDULER_FLAGS, SchedulerConfig
 
 from llmfleet_scheduler.admission import Admission
 from llmfleet_scheduler.capacity import CapacityGate
@@ -44,6 +44,7 @@ NodeHook = Callable[[ServiceNode], Awaitable[None]]
 class SchedulerParts:
     """The scheduler's objects, built from its flags before the node exists."""
 
+    config: SchedulerConfig  # the cluster file's scheduler: section, as the flags give it
     monitor: LoadMonitor | None  # engine load: one WatchLoad stream per engine (None: --no-load-monitor)
     directory: ClusterDirectory
     router: DispatchRouter
@@ -74,7 +75,7 @@ def _router(args: argparse.Namespace, load_source: bool) -> DispatchRouter:
 
 
 def _gate(
-    args: argparse.Namespace,
+    config: SchedulerConfig,
     directory: ClusterDirectory,
     stats: StatsReporter | None,
     metrics: SchedulerMetrics,
@@ -83,9 +84,9 @@ def _gate(
     late every host saturated."""
     return CapacityGate(
         directory,
-        binding=args.binding,
-        saturation=Saturation(args.queue_slack, args.kv_room_fraction),
-        cold_start=args.cold_start,
+        binding=config.binding,
+        saturation=config.saturation(),
+        cold_start=config.cold_start,
         metrics=metrics,
         on_wait=stats.kick if stats is not None else None,
     )
@@ -113,6 +114,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     if monitor is not None:
         monitor.listeners.append(directory.load)  # the directory's load book: the candidates
     router = _router(args, monitor is not None)
+    config: SchedulerConfig = SCHEDULER_FLAGS.read(args)
     predictions = (
         PredictionBatcher(directory, window_s=args.predict_window_s) if args.predict != "never" else None
     )
@@ -121,7 +123,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     )
     central = SclsCentral.from_options(lambda model: engines_for(directory, model), args.scls_options)
     metrics = scheduler_metrics()
-    gate = _gate(args, directory, stats, metrics)
+    gate = _gate(config, directory, stats, metrics)
     if monitor is not None:
         monitor.listeners.append(gate)  # after the load book: the pump reads the updated book
     relay = Relay(
@@ -145,7 +147,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     )
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)
         stats.backlog = _backlog(gate, servicer, directory)
-    return SchedulerParts(monitor, directory, router, stats, central, gate, relay, servicer)
+    return SchedulerParts(config, monitor, directory, router, stats, central, gate, relay, servicer)
 
 
 def grpc_node(
@@ -153,7 +155,7 @@ def grpc_node(
 ) -> tuple[ServiceNode, Readiness | None]:
     """The node serving the Scheduler service; with --ready-when servable, its health follows readiness."""
     scheduler_service = service_name(scheduler_pb2, "Scheduler")
-    gated = args.ready_when == "servable"
+    gated = parts.config.ready_when == "servable"
     server = GrpcServer(
         [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, parts.servicer, scheduler_service)],
         host=args.host,
@@ -235,11 +237,10 @@ def _rebalance(args: argparse.Namespace, parts: SchedulerParts) -> LiveRebalance
         rec = servicer.journal.get(rid)
         return rec is None or rec.first_token_at is not None or rec.done
 
+    config = parts.config
     queued = (
-        QueuedMoves(
-            parts.directory, servicer.journal.live, Saturation(args.queue_slack, args.kv_room_fraction)
-        )
-        if args.move_queued
+        QueuedMoves(parts.directory, servicer.journal.live, config.saturation())
+        if config.move_queued
         else None
     )
     return LiveRebalance(

@@ -51,15 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-
-    def build(args: argparse.Namespace) -> ServiceNode:
-        try:
-            return build_node(args)[0]
-        except ValueError as e:  # flags that cannot work together (e.g. a load-reading policy, no load)
-            parser.error(str(e))
-
-    run_service(ROLE, parser, build, argv)
+    # flags that cannot work together (e.g. a load-reading policy, no load) are usage errors
+    run_service(ROLE, build_parser(), lambda args: build_node(args)[0], argv)
 
 
 if __name__ == "__main__":
