@@ -4,21 +4,20 @@ Pure Python on purpose (the simulator imports it); the torch storage is ``llmfle
 and is imported explicitly by the engine.
 """
 
-from llmfleet.kvblocks.allocator import (
-    BlockAllocator,
-    BlockTable,
+from llmfleet.kvblocks.allocator import BlockAllocator
+from llmfleet.kvblocks.errors import (
     DuplicateSequence,
     KvBlocksError,
     ModelInUse,
     OutOfBlocks,
     ShapeMismatch,
-    Slot,
     UnknownModel,
     UnknownSequence,
 )
 from llmfleet.kvblocks.prefix import RECENT_HASHES, block_hash, prefix_block_hashes
 from llmfleet.kvblocks.shapes import DTYPE_BYTES, KvShape
 from llmfleet.kvblocks.stats import ModelUsage, PoolStats, PrefixCacheStats
+from llmfleet.kvblocks.table import BlockTable, Slot
 
 __all__ = [
     "DTYPE_BYTES",
