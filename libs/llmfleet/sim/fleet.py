@@ -11,21 +11,10 @@ Its public API:
   that admit requests themselves), ``move_request`` (:mod:`llmfleet.sim.moves`); ``kick`` runs an
   instance's next step;
 * **changes** — placement changes inside a simulation (by :class:`llmfleet.sim.replan.PlacementLoop`, or
-  by hand through the hooks):
+  by hand through the hooks): ``add_instance``, ``set_models``, ``retire_instance``, and ``ready`` (a
+  model's weights loaded), in :mod:`llmfleet.sim.fleet_changes`; ``gpus_used``, ``gpu_log`` and
+  ``fleet_changes`` count them.
 
-  - :meth:`Fleet.add_instance` takes ``tp`` free GPUs (or waits, first fit, for instances being retired to
-    give theirs back) and loads its models: it takes requests from ``ready_at`` on.
-  - :meth:`Fleet.set_models` changes an instance's models. A removed model takes no new request at once;
-    at the instance's next step boundary its queued and running requests move to another instance serving
-    it (chosen by the dispatch policy; a running request's KV travels at the cluster's link bandwidth,
-    :meth:`Fleet.kv_transfer_s`; a waiting one re-prefills there) or, with no such instance, drain here;
-    the model unloads once none of its requests is here or on its way. An added model loads while the
-    others keep serving (SeaLLM pulls weights asynchronously): its memory is claimed as soon as it fits
-    beside the resident models — else after the removed ones unload — and it serves
-    :meth:`Fleet.load_time_s` later. A new KV pool is sized for each resident set (:meth:`SimInstance.rehost`).
-  - :meth:`Fleet.retire_instance` removes every model; once empty the instance gives its GPUs back.
-
-An instance counts its GPUs from when it takes them until it gives them back (``gpu_log``).
 ``binding``, ``saturation``, ``cold_start``, ``wake`` say when arrivals wait (:mod:`llmfleet.sim.holds`).
 """
 
@@ -43,7 +32,8 @@ from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import RequestPolicy
 from llmfleet.sim.candidates import CandidateBook
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.events import END, READY, EventQueue
+from llmfleet.sim.events import END, EventQueue
+from llmfleet.sim.fleet_changes import FleetChanges
 from llmfleet.sim.holds import COLD, Holds
 from llmfleet.sim.instance import SimInstance, record_of
 from llmfleet.sim.memory import pool_layout
@@ -85,7 +75,7 @@ class Fleet:
         for p in plan:
             if p.instance_id in self.instances:
                 raise ValueError(f"instance id {p.instance_id!r} appears twice in the plan")
-            self.instances[p.instance_id] = self._new_instance(p)
+            self.instances[p.instance_id] = self.new_instance(p)
         limits = spec.engine.limits
         self.book = CandidateBook(dispatch.needs, min(limits.max_running, limits.max_batch_requests), events)
         self.book.rebuild(self.instances)
@@ -102,10 +92,6 @@ class Fleet:
         hw, count = spec.cluster.hw, spec.cluster.count
         # instances are not mapped to nodes: a multi-node cluster moves KV over the network
         self.kv_link_bytes_per_s = hw.intra_node_bw if count <= hw.gpus_per_node else hw.inter_node_bw
-        self.gpus_used = sum(i.tp for i in self.instances.values())
-        self.gpu_log: list[tuple[float, int]] = [(0.0, self.gpus_used)]  # (time, GPUs in use) at each change
-        self._waiting_gpus: list[SimInstance] = []  # added instances waiting for GPUs, in order
-        self.fleet_changes = 0
         # requests wait for capacity (llmfleet.sim.holds): late binding, and the placement loop's wake-up
         # for a model no instance serves or a queue starting (set by llmfleet.sim.replan.PlacementLoop)
         self.binding: Binding = "early"
@@ -116,8 +102,10 @@ class Fleet:
         self.on_idle: Callable[[SimInstance, float], None] | None = None
         self.moves = Moves(self, events)
         self.holds = Holds(self)
+        self.changes = FleetChanges(self, self.book, self.holds, self.moves)
 
-    def _new_instance(self, p: InstancePlan) -> SimInstance:
+    def new_instance(self, p: InstancePlan) -> SimInstance:
+        """An instance of ``p`` (its models' KV pool sized, holding no requests)."""
         missing = [m for m in p.models if m not in self.archs]
         if missing:
             raise ValueError(f"instance {p.instance_id} hosts {missing}, which no service uses")
@@ -173,7 +161,7 @@ class Fleet:
 
     @property
     def gpus_free(self) -> int:
-        return self.spec.cluster.count - self.gpus_used
+        return self.changes.gpus_free
 
     def hosting(self) -> dict[str, tuple[int, tuple[str, ...]]]:
         """instance id -> (tp, the models it will host once the changes under way are done), for every
@@ -357,165 +345,46 @@ class Fleet:
                 self.moves.join(r, inst, now)
             inst.landing.clear()
         if inst.pending and inst.core.static_batch is None:
-            self._settle(inst, now)
+            self.changes.settle(inst, now)
             if inst.released_s is not None:
                 return
         if self.on_idle is not None and inst.core.static_batch is None:
             self.on_idle(inst, now)
         end = inst.start(now, self.fail_request)
         if end is None and inst.pending and inst.core.static_batch is None:
-            self._settle(inst, now)  # idle now (its last requests may have failed): unload, release
+            self.changes.settle(inst, now)  # idle now (its last requests may have failed): unload, release
             return
         if end is not None:
             self.events.push(end, END, inst.instance_id, inst.version)
 
     # ------------------------------------------------------------------------------------------- changes
     def add_instance(self, plan: InstancePlan, ready_at: float) -> None:
-        """A new instance of ``plan``: it takes its GPUs now, or when retiring instances free enough, and
-        serves ``ready_at − now`` seconds after taking them (the weights' load time)."""
-        now = self.events.now
-        if plan.instance_id in self.instances:
-            raise ValueError(f"instance id {plan.instance_id!r} is already used")
-        if ready_at < now:
-            raise ValueError(f"ready_at {ready_at} is before now ({now})")
-        if plan.tp > self.spec.cluster.count:
-            raise ValueError(
-                f"instance {plan.instance_id} needs {plan.tp} GPUs, the cluster has {self.spec.cluster.count}"
-            )
-        self.check_models(plan.models, plan.tp, f"instance {plan.instance_id}")
-        self._waiting_gpus.append(self._waiting_instance(plan, ready_at - now))
-        self.fleet_changes += 1
-        self._take_gpus(now)
-
-    def _waiting_instance(self, plan: InstancePlan, load_s: float) -> SimInstance:
-        """An instance of ``plan`` holding no GPUs yet, its models to load in ``load_s`` once it has them."""
-        inst = self._new_instance(plan)
-        inst.serving, inst.started_s = (), None
-        inst.to_load = dict.fromkeys(plan.models, load_s)
-        self.instances[plan.instance_id] = inst
-        return inst
+        """A new instance of ``plan``, serving from ``ready_at`` (:meth:`FleetChanges.add_instance`)."""
+        self.changes.add_instance(plan, ready_at)
 
     def set_models(self, instance_id: str, models: Sequence[str], now: float, *, mode: str = "move") -> None:
-        """Make ``instance_id`` host ``models`` (see the module docstring). ``mode``: "move" the removed
-        models' requests to other instances serving them where possible, or "drain" them here."""
-        if mode not in ("move", "drain"):
-            raise ValueError(f"mode must be 'move' or 'drain', got {mode!r}")
-        inst = self.instances.get(instance_id)
-        if inst is None or inst.released_s is not None:
-            raise KeyError(f"no live instance {instance_id!r}; live: {sorted(self.hosting())}")
-        target = self.check_models(models, inst.tp, f"instance {instance_id}")
-        self.fleet_changes += 1
-        if inst.started_s is None:  # still waiting for GPUs: nothing is resident yet
-            k = self._waiting_gpus.index(inst)
-            if target:  # the same place in the queue, the new models (and their load time)
-                plan = InstancePlan(instance_id, target, inst.tp)
-                self._waiting_gpus[k] = self._waiting_instance(plan, self.load_time_s(target, inst.tp))
-            else:
-                del self._waiting_gpus[k]
-                inst.released_s = now
-                self.holds.check(now)
-            return
-        inst.move_out = mode == "move"
-        keep = set(target)
-        for m in inst.models:
-            if m not in keep:
-                if m in inst.loading:  # its load stops counting (the READY event is kept for a return)
-                    inst.cancelled[m] = inst.loading.pop(m)
-                inst.removing.add(m)
-            elif m in inst.removing:  # kept after all: still resident, it serves again (or loads on)
-                inst.removing.discard(m)
-                if m in inst.cancelled:
-                    inst.loading[m] = inst.cancelled.pop(m)
-        inst.to_load = {m: d for m, d in inst.to_load.items() if m in keep}
-        for m in target:
-            if m not in inst.models and m not in inst.to_load:
-                inst.to_load[m] = self.load_time_s([m], inst.tp)
-        served_before = set(inst.serving)
-        inst.serving = tuple(m for m in inst.models if m in keep and m not in inst.loading)
-        self.book.rebuild(self.instances)
-        self.holds.check(now)
-        self.kick(inst, now)
-        for m in set(inst.serving) - served_before:  # kept after all: it can take others' requests again
-            self._offer(m, now)
+        """Make ``instance_id`` host ``models`` (:meth:`FleetChanges.set_models`). ``mode``: "move" the
+        removed models' requests to other instances serving them where possible, or "drain" them here."""
+        self.changes.set_models(instance_id, models, now, mode=mode)
 
     def retire_instance(self, instance_id: str, now: float, mode: str = "move") -> None:
         """Remove every model of ``instance_id``; it gives its GPUs back once its requests have left."""
-        self.set_models(instance_id, (), now, mode=mode)
+        self.changes.set_models(instance_id, (), now, mode=mode)
 
     def ready(self, iid: str, model: str, t: float) -> None:
-        """A ``READY`` event: ``model``'s weights are on ``iid``; it serves from now (unless removed meanwhile)."""
-        inst = self.instances[iid]
-        if inst.loading.get(model) != t:
-            return  # removed while loading, or loading again since
-        del inst.loading[model]
-        inst.serving = tuple(m for m in inst.models if m not in inst.loading and m not in inst.removing)
-        self.book.rebuild(self.instances)
-        self.holds.serve(model, t)
-        self._offer(model, t)
+        """A ``READY`` event: ``model``'s weights are on ``iid`` (:meth:`FleetChanges.ready`)."""
+        self.changes.ready(iid, model, t)
 
-    # ----------------------------------------------------------------------------------------- internals
-    def _take_gpus(self, now: float) -> None:
-        """Start the instances waiting for GPUs that fit now (first fit, in order of arrival)."""
-        for inst in list(self._waiting_gpus):
-            if inst.tp > self.gpus_free:
-                continue
-            self._waiting_gpus.remove(inst)
-            inst.started_s = now
-            self.gpus_used += inst.tp
-            self._log_gpus(now)
-            self._start_loads(inst, inst.to_load, now)
-            inst.to_load = {}
+    @property
+    def gpus_used(self) -> int:
+        return self.changes.gpus_used
 
-    def _start_loads(self, inst: SimInstance, loads: dict[str, float], now: float) -> None:
-        for m, dur in loads.items():
-            inst.loading[m] = now + dur
-            self.events.push(now + dur, READY, inst.instance_id, m)
+    @property
+    def gpu_log(self) -> list[tuple[float, int]]:
+        """(time, GPUs in use) at each change."""
+        return self.changes.gpu_log
 
-    def _log_gpus(self, now: float) -> None:
-        """Note the GPUs in use from ``now`` (one point per instant, only where the count changes)."""
-        log = self.gpu_log
-        if log and log[-1][0] == now:
-            log.pop()
-        if not log or log[-1][1] != self.gpus_used:
-            log.append((now, self.gpus_used))
-
-    def _offer(self, model: str, now: float) -> None:
-        """``model`` is served somewhere new: instances removing it move its requests there at their next
-        iteration boundary (a fast-forwarded chunk is cut to the iteration in progress)."""
-        for inst in self.instances.values():
-            if model in inst.removing and inst.move_out and inst.active:
-                self.kick(inst, now)
-
-    def _settle(self, inst: SimInstance, now: float) -> None:
-        """Apply ``inst``'s pending changes at a step boundary: move out the removed models' requests,
-        unload the models left without requests, claim memory for the models to load."""
-        core = inst.core
-        if inst.removing and inst.move_out and self.book.by_model:
-            for r in [r for r in core.requests.values() if r.sched.model in inst.removing]:
-                self.moves.move_out(inst, r, now)
-        held = {r.sched.model for r in core.requests.values()}
-        gone = {m for m in inst.removing if m not in held and not inst.inbound.get(m)}
-        resident = tuple(m for m in inst.models if m not in gone)
-        want = resident + tuple(inst.to_load)
-        loads = {}
-        if inst.to_load and want:
-            try:
-                pool_layout(inst.hw, inst.tp, [inst.archs[m] for m in want], inst.engine)
-                loads, inst.to_load, resident = inst.to_load, {}, want
-            except ValueError:  # DoesNotFit: wait for the removed models to unload
-                pass
-        if resident != inst.models:
-            inst.removing -= gone
-            for m in gone:
-                inst.cancelled.pop(m, None)
-            if resident:
-                inst.rehost(resident, now)
-            else:
-                inst.models = ()
-        self._start_loads(inst, loads, now)
-        if not inst.models and not inst.to_load and not core.requests:
-            inst.released_s = now
-            self.gpus_used -= inst.tp
-            self._log_gpus(now)
-            self.book.rebuild(self.instances)
-            self._take_gpus(now)
+    @property
+    def fleet_changes(self) -> int:
+        """Placement changes asked for so far (instances added, model sets changed)."""
+        return self.changes.count

@@ -1,22 +1,25 @@
-"""What the fleet's parts (:mod:`~llmfleet.sim.holds`, :mod:`~llmfleet.sim.moves`) use of the
+"""What the fleet's parts (:mod:`~llmfleet.sim.holds`, :mod:`~llmfleet.sim.moves`,
+:mod:`~llmfleet.sim.fleet_changes`) use of the
 :class:`~llmfleet.sim.fleet.Fleet` they belong to: its public API, as a protocol, so that a part
 depends on the interface and the fleet on its parts (no import cycle)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import DispatchRequest
+from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.sim.events import EventQueue
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
-from llmfleet.sim.spec import SimService
+from llmfleet.sim.spec import SimService, SimSpec
 from llmfleet.spec.defaults import Binding
 
 
 class FleetView(Protocol):
+    spec: SimSpec
     events: EventQueue
     instances: dict[str, SimInstance]
     binding: Binding
@@ -65,3 +68,11 @@ class FleetView(Protocol):
     def release(self, request_id: str) -> None: ...
 
     def kick(self, inst: SimInstance, now: float) -> None: ...
+
+    def new_instance(self, p: InstancePlan) -> SimInstance: ...
+
+    def check_models(self, models: Sequence[str], tp: int, what: str) -> tuple[str, ...]: ...
+
+    def load_time_s(self, models: Sequence[str], tp: int) -> float: ...
+
+    def hosting(self) -> dict[str, tuple[int, tuple[str, ...]]]: ...
