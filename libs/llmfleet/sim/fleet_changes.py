@@ -54,10 +54,9 @@ class FleetChanges:
             raise ValueError(f"instance id {plan.instance_id!r} is already used")
         if ready_at < now:
             raise ValueError(f"ready_at {ready_at} is before now ({now})")
-        if plan.tp > self.fleet.spec.cluster.count:
-            raise ValueError(
-                f"instance {plan.instance_id} needs {plan.tp} GPUs, the cluster has {self.fleet.spec.cluster.count}"
-            )
+        count = self.fleet.spec.cluster.count
+        if plan.tp > count:
+            raise ValueError(f"instance {plan.instance_id} needs {plan.tp} GPUs, the cluster has {count}")
         self.fleet.check_models(plan.models, plan.tp, f"instance {plan.instance_id}")
         self.waiting.append(self._waiting_instance(plan, ready_at - now))
         self.count += 1
@@ -115,7 +114,8 @@ class FleetChanges:
             self._offer(m, now)
 
     def ready(self, iid: str, model: str, t: float) -> None:
-        """A ``READY`` event: ``model``'s weights are on ``iid``; it serves from now (unless removed meanwhile)."""
+        """A ``READY`` event: ``model``'s weights are on ``iid``; it serves from now (unless removed
+        meanwhile)."""
         inst = self.fleet.instances[iid]
         if inst.loading.get(model) != t:
             return  # removed while loading, or loading again since
