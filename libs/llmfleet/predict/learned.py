@@ -183,7 +183,10 @@ class LearnedLengthPredictor:
         self._cache.clear()
 
     # ---- training ---------------------------------------------------------------------------------
-    def _set_targets(self, lengths: Sequence[int], scheme: BucketScheme | None) -> torch.Tensor:
+    def fit_buckets(self, lengths: Sequence[int], scheme: BucketScheme | None = None) -> torch.Tensor:
+        """Fits the buckets (``scheme`` when given) to ``lengths``: their representatives, the spread
+        and quantiles of the lengths inside each bucket, and ``trained_on``; returns each length's
+        bucket index."""
         if scheme is not None:
             self.scheme = scheme
         self.scheme = self.scheme.fit_representatives(lengths)
@@ -231,7 +234,7 @@ class LearnedLengthPredictor:
         if len(texts) != len(lengths) or not texts:
             raise ValueError("texts and lengths must be non-empty and of equal length")
         texts = list(texts)
-        labels = self._set_targets(lengths, scheme)
+        labels = self.fit_buckets(lengths, scheme)
         k = len(self.scheme)
         say = log or (lambda _msg: None)
         with torch.random.fork_rng(devices=[]):
@@ -308,8 +311,10 @@ class LearnedLengthPredictor:
             logits = self.models[kind].head(torch.as_tensor(features, dtype=torch.float32))
             return torch.softmax(logits, dim=-1).double().numpy()
 
-    def _from_probs(self, p: np.ndarray, generated: int) -> Prediction:
-        return self._predictions(p[None, :], np.array([generated]))[0]
+    def prediction_from_probs(self, probs: np.ndarray, generated_tokens: int = 0) -> Prediction:
+        """The prediction one row of bucket probabilities gives, for a request that has generated
+        ``generated_tokens`` so far."""
+        return self._predictions(probs[None, :], np.array([generated_tokens]))[0]
 
     def _predictions(self, probs: np.ndarray, generated: np.ndarray) -> list[Prediction]:
         """Vectorised over the batch: rows of bucket probabilities → ``Prediction``s."""

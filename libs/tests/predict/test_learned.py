@@ -111,14 +111,14 @@ def test_reprediction_moves_past_generated(trained):
 
 def test_median_interpolates_inside_the_bucket():
     pred = LearnedLengthPredictor(scheme=BucketScheme("t", (0, 100, 200)))
-    pred._set_targets([10, 20, 30, 40, 50, 150], None)
+    pred.fit_buckets([10, 20, 30, 40, 50, 150])
     one_hot = np.array([1.0, 0.0, 0.0])
-    p = pred._from_probs(one_hot, 0)
+    p = pred.prediction_from_probs(one_hot)
     assert p.mean == pytest.approx(30.0) and p.quantiles[0] == pytest.approx(30.0)
     assert p.quantiles[1] == pytest.approx(46.0)  # the 0.9 quantile of 10..50
-    half = pred._from_probs(np.array([0.5, 0.5, 0.0]), 0)
+    half = pred.prediction_from_probs(np.array([0.5, 0.5, 0.0]))
     assert half.quantiles[0] == pytest.approx(50.0)  # top of the first bucket's training lengths
-    assert pred._from_probs(np.array([0.4, 0.6, 0.0]), 0).quantiles[0] > 100
+    assert pred.prediction_from_probs(np.array([0.4, 0.6, 0.0])).quantiles[0] > 100
 
 
 def test_save_load_round_trip(trained, tmp_path):
