@@ -107,10 +107,12 @@ def test_t_dec_comes_from_the_services_slo_when_not_given():
     loose = ServiceLoad("a", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.5))
     strict = ServiceLoad("b", "tiny-llama", 1.0, 20, 20, slo=Slo(tpot_s=0.05))
     p = AladdinPlanner(AladdinOptions(k5=1.0))
-    assert p.sizing._slo("tiny-llama", hardware("cpu"), [loose, strict]) == 0.05
+    assert p.sizing.decode_slo("tiny-llama", hardware("cpu"), [loose, strict]) == 0.05
     assert len(p.place(pool, [loose, strict])) == 2  # ⌈1·2⌉ workers of tp 1
     assert (
-        AladdinPlanner(AladdinOptions(k5=1.0, t_dec=0.3)).sizing._slo("tiny-llama", hardware("cpu"), [strict])
+        AladdinPlanner(AladdinOptions(k5=1.0, t_dec=0.3)).sizing.decode_slo(
+            "tiny-llama", hardware("cpu"), [strict]
+        )
         == 0.3
     )
     with pytest.raises(PlacementInfeasible, match=r"no service of it sets slo\.tpot_s"):

@@ -238,7 +238,9 @@ class AladdinWorkers(PlannerReport):
         self.default_seq_tokens = float(o.default_seq_tokens)
         self.iteration_time = dict(o.iteration_time or {})
 
-    def _slo(self, model: str, hw: Hardware, services: Sequence[ServiceLoad]) -> float:
+    def decode_slo(self, model: str, hw: Hardware, services: Sequence[ServiceLoad]) -> float:
+        """T_dec of ``model`` (seconds per output token): the ``t_dec`` option, else the strictest
+        ``slo.tpot_s`` of its services, else Aladdin's Table 2; PlacementInfeasible when none."""
         t = self.t_dec.get(model) if isinstance(self.t_dec, Mapping) else self.t_dec
         if t is None:
             t = min((s.slo.tpot_s for s in services if s.slo.tpot_s is not None), default=None)
@@ -269,7 +271,7 @@ class AladdinWorkers(PlannerReport):
             w = sum(x for x, _ in lens)
             seq = sum(x * ln for x, ln in lens) / w if w > 0 else self.default_seq_tokens
             m_r = seq * arch.kv_bytes_per_token
-            t_dec = self._slo(m, hw, svcs)
+            t_dec = self.decode_slo(m, hw, svcs)
             it = self.iteration_time.get(m)
             try:
                 n = optimal_tp(arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it)
