@@ -156,7 +156,7 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
     return out
 
 
-def _mean_active(samples: Sequence[Sample], end_s: float) -> float:
+def mean_active_gpus(samples: Sequence[Sample], end_s: float) -> float:
     """Time-weighted mean of the step function given by the samples up to ``end_s``."""
     if not samples:
         return 0.0
@@ -205,7 +205,7 @@ def cluster_metrics(result: SimResult) -> dict:
         "gpus_in_use": [[t, n] for t, n in log],
         "instances": len(result.instances),
         "peak_active_gpus": max((s.active_gpus for s in result.samples), default=0),
-        "mean_active_gpus": _mean_active(result.samples, end),
+        "mean_active_gpus": mean_active_gpus(result.samples, end),
         "fluid_bound_gpus": max((s.fluid_gpus for s in result.samples), default=0),
         "active_kv_utilization_mean": _active_utilization(result.samples),
         "active_memory_utilization_mean": _active_memory_utilization(result.samples),

@@ -44,7 +44,7 @@ def partition_blocker(sim: Simulator) -> str | None:
     return None
 
 
-def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -> list[list[str]]:
+def balanced_groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -> list[list[str]]:
     """Split instances into at most ``workers`` non-empty groups, heaviest first onto the lightest
     group (LPT), each group in the simulator's instance order."""
     n = min(workers, len(instance_ids))
@@ -61,7 +61,7 @@ def _groups(counts: dict[str, int], instance_ids: Sequence[str], workers: int) -
 # RequestRecord's fields after the request's own six, in order (then ``content``, an input the
 # parent does not need): a record is rebuilt as RequestRecord(<request fields>, *outcome)
 # (tests/sim/test_partition.py checks the order)
-_OUTCOME = (
+OUTCOME_FIELDS = (
     "instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "requeues", "failed",
 )  # fmt: skip
 
@@ -91,7 +91,7 @@ def _child(
 
         res = sim.run(reqs, total=len(reqs), progress=tick, strict_services=sim.fleet.strict_services)
         # the parent knows each request; only outcomes travel (plain tuples pickle ~10x faster)
-        outcomes = [tuple(getattr(r, f) for f in _OUTCOME) for r in res.records]
+        outcomes = [tuple(getattr(r, f) for f in OUTCOME_FIELDS) for r in res.records]
         res.records = []
         conn.send(("ok", (res, outcomes)))
     except BaseException:
@@ -125,7 +125,7 @@ def run_partitioned(
     for r in routes:
         if r.instance_id is not None:
             counts[r.instance_id] = counts.get(r.instance_id, 0) + 1
-    groups = _groups(counts, list(sim.fleet.instances), workers)
+    groups = balanced_groups(counts, list(sim.fleet.instances), workers)
     owner = {iid: g for g, ids in enumerate(groups) for iid in ids}
     parts: list[tuple[list, list[Route]]] = [([], []) for _ in groups]
     for wr, r in zip(reqs, routes, strict=True):

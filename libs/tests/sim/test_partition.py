@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llmfleet.costmodel import hardware
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import JoinShortestQueue, RoundRobin
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import DoublingBudget, Fcfs
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.partition import _OUTCOME, _groups, partition_blocker, run_partitioned
+from llmfleet.sim.partition import OUTCOME_FIELDS, balanced_groups, partition_blocker, run_partitioned
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
@@ -54,7 +54,7 @@ def simulator(make_policy=Fcfs, dispatch=None, services=SERVICES) -> Simulator:
     return Simulator(spec, plan, make_policy, dispatch or RoundRobin(), book, sample_period_s=0.5)
 
 
-@pytest.mark.parametrize("make_policy", [Fcfs, DoublingBudget, lambda: StaticSls(batch_size=4)])
+@pytest.mark.parametrize("make_policy", [Fcfs, DoublingBudget, lambda: StaticSls(StaticSlsOptions(batch_size=4))])
 @pytest.mark.parametrize("workers", [2, 3])
 def test_partitioned_equals_serial(make_policy, workers):
     work = workload()
@@ -126,9 +126,9 @@ def test_worker_error_is_raised_in_the_parent():
 
 
 def test_groups_balance_requests():
-    groups = _groups({"a": 10, "b": 1, "c": 9, "d": 2, "e": 0}, ["a", "b", "c", "d", "e"], 2)
+    groups = balanced_groups({"a": 10, "b": 1, "c": 9, "d": 2, "e": 0}, ["a", "b", "c", "d", "e"], 2)
     assert sorted(map(sorted, groups)) == [["a", "b", "e"], ["c", "d"]]
-    assert _groups({}, ["a"], 4) == [["a"]]
+    assert balanced_groups({}, ["a"], 4) == [["a"]]
 
 
 def test_a_group_without_requests_runs_no_process_and_still_counts():
@@ -157,4 +157,4 @@ def test_outcome_fields_follow_the_record_fields():
     from llmfleet.sim.records import RequestRecord
 
     names = tuple(f.name for f in dataclasses.fields(RequestRecord))
-    assert names[6:] == (*_OUTCOME, "content")  # content: the workload request, an input, last
+    assert names[6:] == (*OUTCOME_FIELDS, "content")  # content: the workload request, an input, last

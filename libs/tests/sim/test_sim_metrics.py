@@ -7,7 +7,7 @@ import math
 
 import pytest
 from llmfleet.policies.placement.base import InstancePlan
-from llmfleet.sim.metrics import _mean_active, cluster_metrics, dist, request_metrics, summarize
+from llmfleet.sim.metrics import cluster_metrics, dist, mean_active_gpus, request_metrics, summarize
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Sample, SimResult
 from llmfleet.sim.spec import SimService
@@ -123,8 +123,8 @@ def test_cluster_metrics_hand_built():
     assert c["mean_active_gpus"] == approx(2.0)
     assert c["kv_utilization_mean"] == approx(0.2) and c["kv_utilization_peak"] == approx(0.5)
     assert c["iterations"] == 12 and c["events"] == 40 and c["events_per_s"] == approx(20.0)
-    assert _mean_active([], 5.0) == 0.0
-    assert _mean_active([Sample(2.0, 0, 0, 4, 0)], 2.0) == 4.0  # a single instant
+    assert mean_active_gpus([], 5.0) == 0.0
+    assert mean_active_gpus([Sample(2.0, 0, 0, 4, 0)], 2.0) == 4.0  # a single instant
 
 
 def test_cluster_metrics_from_a_tp2_run(tiny):

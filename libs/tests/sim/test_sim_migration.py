@@ -129,6 +129,8 @@ def test_a_request_whose_kv_is_on_the_wire_is_seen_on_its_destination() -> None:
     plan = [InstancePlan("a", ("llama2-7b",), 1), InstancePlan("b", ("llama2-7b",), 1)]
     sim = Simulator(spec, plan, Fcfs, RoundRobin(), CostBook.build(spec.cluster.hw, spec.archs()))
     mover = MoveOnce("kv")
+    requests = workload(n=12, rate=4.0).requests
+    request_ids = [r.request_id for r in requests]
     missing: list[str] = []
     travelling: list[str] = []
 
@@ -136,7 +138,8 @@ def test_a_request_whose_kv_is_on_the_wire_is_seen_on_its_destination() -> None:
         def epoch(self, gpus, now):
             listed = [r.request_id for g in gpus for r in g.requests]
             assert len(listed) == len(set(listed))  # on one GPU at most
-            missing.extend(set(sim.fleet._where) - set(listed))  # unfinished, yet on no GPU
+            placed = {rid for rid in request_ids if sim.fleet.locate(rid) is not None}
+            missing.extend(placed - set(listed))  # unfinished, yet on no GPU
             b = next((g for g in gpus if g.gpu_id == "b"), None)
             travelling.extend(
                 r.request_id
@@ -147,7 +150,7 @@ def test_a_request_whose_kv_is_on_the_wire_is_seen_on_its_destination() -> None:
 
     loop = MigrationLoop(Spy(), None, epoch_s=0.05)
     loop.install(sim)
-    res = sim.run(workload(n=12, rate=4.0).requests)
+    res = sim.run(requests)
     assert all(r.done for r in res.records) and loop.stats.kv_moves > 0
     assert travelling and set(travelling) <= mover.moved
     assert missing == []
