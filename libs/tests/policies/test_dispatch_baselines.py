@@ -53,13 +53,9 @@ class FixedPair:
 
 def test_power_of_two_picks_the_shorter_of_its_two_samples():
     cands = [eng("e0", 9), eng("e1", 1), eng("e2", 4), eng("e3", 4)]
-    p = PowerOfTwo()
-    p._rng = FixedPair("e0", "e2")
-    assert p.choose("m", cands) == "e2"  # e1 is shorter overall but was not sampled
-    p._rng = FixedPair("e2", "e0")
-    assert p.choose("m", cands) == "e2"  # sample order does not matter
-    p._rng = FixedPair("e3", "e2")
-    assert p.choose("m", cands) == "e2"  # equal queues: smaller id
+    assert PowerOfTwo(rng=FixedPair("e0", "e2")).choose("m", cands) == "e2"  # e1 is shorter but unsampled
+    assert PowerOfTwo(rng=FixedPair("e2", "e0")).choose("m", cands) == "e2"  # sample order does not matter
+    assert PowerOfTwo(rng=FixedPair("e3", "e2")).choose("m", cands) == "e2"  # equal queues: smaller id
 
 
 def test_power_of_two_is_seeded_and_never_picks_the_longest():

@@ -37,9 +37,10 @@ class PowerOfTwo:
 
     Options: ClassVar[type[PowerOfTwoOptions]] = PowerOfTwoOptions
 
-    def __init__(self, options: PowerOfTwoOptions | None = None) -> None:
+    def __init__(self, options: PowerOfTwoOptions | None = None, *, rng: random.Random | None = None) -> None:
+        """``rng``: the source of the two samples; ``random.Random(seed)`` when None."""
         self.seed = (options if options is not None else PowerOfTwoOptions()).seed
-        self._rng = random.Random(self.seed)
+        self._rng = rng if rng is not None else random.Random(self.seed)
 
     def choose(
         self,
