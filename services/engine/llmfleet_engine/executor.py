@@ -293,6 +293,12 @@ class Executor:
                 elif step is not None:
                     self._run(*step)
 
+    def schedule(self, now: float) -> tuple[StepPlan, Any] | None:
+        """The core's next step at ``now`` and the forward inputs of its members, scheduled under the
+        lock as the worker schedules it; None when no step can run."""
+        with self._cond:
+            return self._schedule_locked(now)
+
     def _schedule_locked(self, now: float) -> tuple[StepPlan, Any] | None:
         """The core's next step and the forward inputs of its members."""
         plan = self.core.schedule(now)

@@ -135,13 +135,18 @@ async def test_steps_keep_the_modelled_clock_whatever_the_host_spends_between_th
         await ex.aclose()
 
 
-def test_the_modelled_clock_restarts_when_no_step_could_run():
+async def test_the_modelled_clock_restarts_when_no_step_could_run(monkeypatch):
+    from llmfleet_engine import executor as executor_module
+
     clock = HostClock(0.0)
+    monkeypatch.setattr(executor_module, "time", clock)
     ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=clock)
     try:
-        ex._due = 5.0
-        with ex._cond:
-            assert ex._schedule_locked(9.0) is None  # nothing to run
-        assert ex._due is None
+        await asyncio.to_thread(ex.host.load, ModelSpec("m", "emulated://llama2-7b"))
+        req = build_request(ex.host.models["m"], "a b c", request_id="r", max_tokens=2, arrival_s=clock.t)
+        await asyncio.wait_for(ex.submit(req).collect(), 30)
+        assert ex.modelled_due_s == clock.dues[-1]  # the last step's end
+        assert ex.schedule(clock.t + 1.0) is None  # nothing to run
+        assert ex.modelled_due_s is None
     finally:
-        ex.close()
+        await ex.aclose()

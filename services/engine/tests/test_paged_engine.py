@@ -169,7 +169,7 @@ def test_profile_sweeps_both_phases(make_executor, llama):
         profiling.profile(ex, llama.name, input_lengths=[llama.max_context])
 
 
-async def _migrate_in_process(src: Executor, dst: Executor, request_id: str, chunk_tokens: int) -> int:
+async def migrate_in_process(src: Executor, dst: Executor, request_id: str, chunk_tokens: int) -> int:
     header = await asyncio.to_thread(src.migration.pause_request, request_id)
     handle = dst.migration.begin_import(header)
     for start in range(0, header.num_tokens, chunk_tokens):
@@ -186,7 +186,7 @@ async def test_export_import_between_pools_with_different_block_sizes(make_execu
     prompt = "Migrate me across the fleet"
     stream = src.submit(build_request(endless, prompt, max_tokens=80, request_id="mig"))
     head = [await stream.__anext__() for _ in range(10)]
-    moved = await _migrate_in_process(src, dst, "mig", chunk_tokens=7)
+    moved = await migrate_in_process(src, dst, "mig", chunk_tokens=7)
     rest_src = [c async for c in stream]
     assert rest_src[-1].finish_reason == FinishReason.MIGRATED and rest_src[-1].migrated_to == "dst:1"
     attached = dst.attach("mig")

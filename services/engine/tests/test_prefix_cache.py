@@ -16,7 +16,7 @@ from llmfleet_engine.models import LoadedModel
 from llmfleet_engine.servicer import snapshot_to_proto
 from llmfleet_engine.validation import build_request
 from prometheus_client import CollectorRegistry, generate_latest
-from test_paged_engine import _migrate_in_process
+from test_paged_engine import migrate_in_process
 
 BLOCK = 4096  # 8 tokens of the tiny llama per block
 
@@ -152,7 +152,7 @@ async def test_a_request_on_cached_blocks_migrates_with_its_whole_kv(make_execut
     stream = src.submit(dataclasses.replace(req, prompt_token_ids=tuple(prompt)))
     head = [await stream.__anext__() for _ in range(8)]
     assert src.core.prefix_hits == 24  # three blocks of the prefix were taken from the cache
-    moved = await _migrate_in_process(src, dst, "mig", chunk_tokens=5)
+    moved = await migrate_in_process(src, dst, "mig", chunk_tokens=5)
     rest = [c async for c in stream]
     attached = dst.attach("mig")
     assert attached is not None

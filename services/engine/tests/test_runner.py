@@ -120,9 +120,15 @@ def cut_at_eos(model: LoadedModel, tokens: list[int]) -> list[int]:
     return tokens
 
 
-def new_runner(model: LoadedModel, num_blocks: int = 64, block_bytes: int = BLOCK_BYTES, name: str = "m"):
+def new_runner(
+    model: LoadedModel,
+    num_blocks: int = 64,
+    block_bytes: int = BLOCK_BYTES,
+    name: str = "m",
+    direct: bool = True,
+):
     storage = KvStorage(num_blocks, block_bytes)
-    runner = PagedRunner(model.model, storage, name)
+    runner = PagedRunner(model.model, storage, name, direct=direct)
     return runner, Blocks(storage)
 
 
@@ -249,10 +255,8 @@ def test_direct_layers_equal_the_modules_bitwise(arch_model, prompts):
     a_ids, b_ids, c_ids = ids[:6], ids[1:7], ids[2:8]  # three prompts of 6 tokens: one batched SDPA call
 
     def run(direct: bool, together: bool) -> list[torch.Tensor]:
-        runner, blocks = new_runner(arch_model)
-        assert runner._direct is not None  # CPU, plain modules
-        if not direct:
-            runner._direct, runner._final_norm = None, runner._norm
+        runner, blocks = new_runner(arch_model, direct=direct)
+        assert runner.direct == direct  # CPU, plain modules: the direct path applies
         seqs = [Seq(blocks, runner.tokens_per_block) for _ in range(3)]
         prompts_ = (a_ids, b_ids, c_ids)
         if together:
@@ -276,12 +280,12 @@ def test_rope_table_grows_with_the_positions(llama, prompts):
     short = ids_of(llama, prompts[0])
     out = runner.forward_all([Seq(blocks, t).step(short)])[0]
     torch.testing.assert_close(out, hf_logits(llama, short), atol=1e-4, rtol=1e-5)
-    small = runner._rope_table[0].shape[0]
+    small = runner.rope_positions
     long_ids = ids_of(llama, " ".join(prompts * 4))[:300]
     assert len(long_ids) == 300 > small
     out = runner.forward_all([Seq(blocks, t).step(long_ids)])[0]
     torch.testing.assert_close(out, hf_logits(llama, long_ids), atol=1e-4, rtol=1e-5)
-    assert runner._rope_table[0].shape[0] > len(long_ids)
+    assert runner.rope_positions > len(long_ids)
 
 
 # ----------------------------------------------------------------------------- shared storage

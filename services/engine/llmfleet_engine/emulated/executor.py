@@ -96,6 +96,11 @@ class EmulatedExecutor(Executor):
         super().attach_metrics(metrics)
         metrics.registry.register(LagCollector(self.clock.lag))
 
+    @property
+    def modelled_due_s(self) -> float | None:
+        """When the previous step ends on the modelled clock; None when the next step restarts it."""
+        return self._due
+
     # ---------------------------------------------------------------------------------- steps
     def _step_inputs(self, plan: StepPlan, now: float) -> float:
         for r in plan.prefills:

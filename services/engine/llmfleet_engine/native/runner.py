@@ -83,9 +83,13 @@ def _ints(x: Ints) -> list[int]:
 
 
 class PagedRunner:
-    """Runs ``model`` over KV in ``storage`` (registered there under ``name``)."""
+    """Runs ``model`` over KV in ``storage`` (registered there under ``name``). With ``direct`` the
+    layers run as direct weight calls (``F.linear``, ``F.rms_norm``) where the model allows it;
+    without, through the HF modules."""
 
-    def __init__(self, model: Any, storage: KvStorage, name: str, *, check_slots: bool = True) -> None:
+    def __init__(
+        self, model: Any, storage: KvStorage, name: str, *, check_slots: bool = True, direct: bool = True
+    ) -> None:
         if type(model) not in SUPPORTED_MODELS:  # exact classes: a subclass may change the math
             names = ", ".join(c.__name__ for c in SUPPORTED_MODELS)
             raise UnsupportedModelError(
@@ -118,7 +122,7 @@ class PagedRunner:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         self.windows = [self._window_of(layer) for layer in self._layers]
         self._window_set = sorted(set(self.windows), key=lambda w: -1 if w is None else w)
-        self._direct = direct_layers(self._layers, self.dtype, self.device)
+        self._direct = direct_layers(self._layers, self.dtype, self.device) if direct else None
         self._final_norm = norm_fn(self._norm, self.dtype, self.device) if self._direct else self._norm
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
@@ -128,6 +132,16 @@ class PagedRunner:
         view = storage.view(name)
         self._layer_slots = [storage.layer_view(name, i) for i in range(self.shape.num_layers)]
         self._layer_blocks = [view[:, i] for i in range(self.shape.num_layers)]
+
+    @property
+    def direct(self) -> bool:
+        """Whether the layers run as direct weight calls rather than through the HF modules."""
+        return self._direct is not None
+
+    @property
+    def rope_positions(self) -> int:
+        """The positions the cached RoPE table covers (0 before a static RoPE first needs it)."""
+        return 0 if self._rope_table is None else int(self._rope_table[0].shape[0])
 
     def _window_of(self, layer: Any) -> int | None:
         if isinstance(self.model, MistralForCausalLM):
