@@ -245,6 +245,11 @@ class Journal:
         r = self._records.get(request_id)
         return _unpack(r) if type(r) is tuple else r
 
+    def packed(self, request_id: str) -> _Packed | None:
+        """The packed form kept of a finished request (see ``_pack``); None while it is live or gone."""
+        r = self._records.get(request_id)
+        return r if type(r) is tuple else None
+
     def add(self, record: RequestRecord) -> None:
         self._prune()
         self._records[record.request_id] = record

@@ -96,7 +96,8 @@ async def test_a_finished_record_is_kept_packed_and_replays_identically():
     await r.finish(final)
     gc.collect()  # CPython untracks a tuple of untracked items when a collection looks at it:
     gc.collect()  # the inner tuples on the first pass, the record's own tuple by the second
-    assert not gc.is_tracked(j._records["p"])  # out of the garbage collector's walks
+    packed = j.packed("p")
+    assert packed is not None and not gc.is_tracked(packed)  # out of the garbage collector's walks
     again = j.get("p")
     assert again is not r and again.done and again.engines == ["e0"] and again.n_tokens == 3
     assert await collect(again) == await collect(r)  # same chunks, same final (usage included)
