@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aetcd
 import grpc
-from aetcd import exceptions, rpc, watcher
+from aetcd import rpc, watcher
 
 from llmfleet.config import EtcdSettings
 
@@ -45,9 +45,9 @@ class SecureEtcdClient(aetcd.Client):
                     timeout=self._timeout,
                 )
                 metadata = (("token", resp.token),)
-        except rpc.AioRpcError as e:
+        except rpc.AioRpcError:
             await channel.close()
-            exceptions._handle_exception(e)  # aetcd's own error types, as its connect() raises them
+            raise  # as is: llmfleet.coord.etcd_errors classifies an error by the gRPC error behind it
         self.channel, self.metadata = channel, metadata
         self.kvstub = rpc.KVStub(channel)
         self.clusterstub = rpc.ClusterStub(channel)
