@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llmfleet.engine_core import CoreRequest, EngineCore, EngineLimits
 from llmfleet.kvblocks import BlockAllocator, KvShape
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.request import Fcfs, SchedRequest
 
 SHAPE = KvShape(num_layers=1, num_kv_heads=1, head_dim=4)  # 32 B/token
@@ -119,7 +119,7 @@ def test_a_second_schedule_before_complete_is_an_error():
 
 
 def test_static_mode_pads_rows_and_requeues_at_the_slice_end():
-    core = make_core(StaticSls(batch_size=2, max_iterations=3))
+    core = make_core(StaticSls(StaticSlsOptions(batch_size=2, max_iterations=3)))
     assert core.static
     core.add(req("a", prompt=3, out=10), 0.0)
     core.add(req("b", prompt=9, out=2, t=0.001), 0.0)
@@ -135,7 +135,7 @@ def test_static_mode_pads_rows_and_requeues_at_the_slice_end():
 
 
 def test_static_oom_ends_the_batch_at_completion():
-    core = make_core(StaticSls(batch_size=2), blocks=6)  # 24 tokens
+    core = make_core(StaticSls(StaticSlsOptions(batch_size=2)), blocks=6)  # 24 tokens
     core.add(req("a", prompt=11, out=10), 0.0)
     core.add(req("b", prompt=11, out=10, t=0.001), 0.0)
     plan, res = step(core, 0.0)  # 2 rows x 11 tokens in 6 blocks

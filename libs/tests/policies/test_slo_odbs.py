@@ -11,6 +11,7 @@ from llmfleet.policies.batching import (
     StaticBatch,
     StaticBatchPolicy,
     StaticSls,
+    StaticSlsOptions,
     make_batching_policy,
     padding_tokens,
 )
@@ -77,7 +78,7 @@ def tokens(batches):
 
 
 def test_figure3_slo_odbs_pads_less_than_fifo():
-    fifo = [StaticSls(batch_size=3).form_batch(FIG3, pool(), LIMITS, 0.0)]
+    fifo = [StaticSls(StaticSlsOptions(batch_size=3)).form_batch(FIG3, pool(), LIMITS, 0.0)]
     assert ids(fifo) == [("q1", "q2", "q3")]
     assert (input_padding(fifo), tokens(fifo), padding(fifo)) == (6, 174, 102)
     ue = SloOdbs(SloOdbsOptions(**TOY)).partition(FIG3, pool(), LIMITS, 0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import RoundRobin
 from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
 from llmfleet.policies.placement import InstancePlan
@@ -37,7 +37,7 @@ REQS = [W("a", 0.0, 50, 40), W("b", 0.0, 60, 10), W("c", 0.05, 30, 5), W("d", 0.
 
 
 def test_no_request_joins_a_running_static_batch():
-    recs = run(lambda: StaticBatches(StaticSls(batch_size=2)), REQS)
+    recs = run(lambda: StaticBatches(StaticSls(StaticSlsOptions(batch_size=2))), REQS)
     assert all(r.done for r in recs.values())
     # a and b form the first batch; c and d arrive while it runs and start only after it ends (a's end)
     assert recs["c"].first_token_s > recs["a"].finish_s
@@ -48,7 +48,7 @@ def test_no_request_joins_a_running_static_batch():
 
 
 def test_slice_end_parks_and_rebatches_without_recompute():
-    recs = run(lambda: StaticBatches(StaticSls(batch_size=4, max_iterations=8)), REQS)
+    recs = run(lambda: StaticBatches(StaticSls(StaticSlsOptions(batch_size=4, max_iterations=8))), REQS)
     assert all(r.done for r in recs.values())
     assert all(r.preemptions == 0 for r in recs.values())  # parked requests keep their KV
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llmfleet.costmodel import hardware
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import JoinShortestQueue, RoundRobin
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import DoublingBudget, Fcfs
@@ -54,7 +54,9 @@ def simulator(make_policy=Fcfs, dispatch=None, services=SERVICES) -> Simulator:
     return Simulator(spec, plan, make_policy, dispatch or RoundRobin(), book, sample_period_s=0.5)
 
 
-@pytest.mark.parametrize("make_policy", [Fcfs, DoublingBudget, lambda: StaticSls(batch_size=4)])
+@pytest.mark.parametrize(
+    "make_policy", [Fcfs, DoublingBudget, lambda: StaticSls(StaticSlsOptions(batch_size=4))]
+)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_partitioned_equals_serial(make_policy, workers):
     work = workload()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.sim.spec import EngineSettings
 from llmfleet.workload import WorkloadRequest as W
 
@@ -35,7 +35,8 @@ def records(res):
 
 def test_padding_and_batch_end_release(tiny):
     sim = tiny.sim(
-        make_policy=lambda: StaticSls(batch_size=2), engine=EngineSettings(static_release="batch_end")
+        make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=2)),
+        engine=EngineSettings(static_release="batch_end"),
     )
     res = sim.run(WORK)
     r = records(res)
@@ -52,7 +53,10 @@ def test_padding_and_batch_end_release(tiny):
 
 
 def test_eos_release(tiny):
-    sim = tiny.sim(make_policy=lambda: StaticSls(batch_size=2), engine=EngineSettings(static_release="eos"))
+    sim = tiny.sim(
+        make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=2)),
+        engine=EngineSettings(static_release="eos"),
+    )
     r = records(sim.run(WORK))
     ends = batch_ends(tiny)
     # the padded prefill yields every row's first token; a's EOS is its 3rd token, b's its 5th
@@ -65,7 +69,10 @@ def test_eos_release(tiny):
 
 def test_batch_size_caps_the_batch(tiny):
     """Batch size 1: a runs alone (prefill of 10 tokens, not 2·30), then b alone."""
-    sim = tiny.sim(make_policy=lambda: StaticSls(batch_size=1), engine=EngineSettings(static_release="eos"))
+    sim = tiny.sim(
+        make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=1)),
+        engine=EngineSettings(static_release="eos"),
+    )
     r = records(sim.run(WORK))
     t = Z_END + 0.1 + 0.01 + 1e-4  # a's prefill
     assert r["a"].first_token_s == approx(t, abs=1e-12)
@@ -78,7 +85,7 @@ def test_batch_size_caps_the_batch(tiny):
 def test_iteration_slices_return_unfinished_rows(tiny):
     """max_iterations = 2: slices of two iterations; unfinished rows go back to waiting and recompute."""
     sim = tiny.sim(
-        make_policy=lambda: StaticSls(batch_size=2, max_iterations=2),
+        make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=2, max_iterations=2)),
         engine=EngineSettings(static_release="eos"),
     )
     seen: list[tuple[str, int]] = []
@@ -113,7 +120,7 @@ def test_iteration_slices_return_unfinished_rows(tiny):
 
 def test_static_batch_kv_is_the_padded_prompt_at_start(tiny):
     """While the padded batch runs, the pool holds n rows of ceil(longest / T) blocks at least."""
-    sim = tiny.sim(make_policy=lambda: StaticSls(batch_size=2))
+    sim = tiny.sim(make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=2)))
     seen = []
     sim.every(0.15, lambda s, now: seen.append((now, s.instances["i0"].alloc.used_blocks)))
     sim.run(WORK)
@@ -122,7 +129,7 @@ def test_static_batch_kv_is_the_padded_prompt_at_start(tiny):
 
 
 def test_static_batch_kv_grows_with_the_decoded_tokens(tiny):
-    sim = tiny.sim(make_policy=lambda: StaticSls(batch_size=1))
+    sim = tiny.sim(make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=1)))
     seen = []
     sim.every(0.5, lambda s, now: seen.append((now, s.instances["i0"].alloc.used_blocks)))
     # one row: prompt 10, 200 output tokens. After k decode steps the time is

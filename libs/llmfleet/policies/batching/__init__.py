@@ -17,7 +17,7 @@ from llmfleet.policies.batching.given_batches import GivenBatches, GivenBatchesO
 from llmfleet.policies.batching.s3_batching import S3Batching
 from llmfleet.policies.batching.scls_dp import SclsOptions, SclsSliceBatcher, dp_batches
 from llmfleet.policies.batching.slo_odbs import Odbs, SloDbs, SloOdbs, SloOdbsOptions
-from llmfleet.policies.batching.static_sls import StaticSls
+from llmfleet.policies.batching.static_sls import StaticSls, StaticSlsOptions
 from llmfleet.policies.registry import instantiate
 
 POLICIES: dict[str, type] = {
@@ -52,6 +52,7 @@ __all__ = [
     "StaticBatch",
     "StaticBatchPolicy",
     "StaticSls",
+    "StaticSlsOptions",
     "dp_batches",
     "make_batching_policy",
     "padded_blocks",

@@ -22,6 +22,8 @@ Forming a batch (the engine is idle):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from llmfleet.policies.batching.base import (
     StaticBatch,
@@ -39,14 +41,29 @@ from llmfleet.policies.request.base import (
 )
 
 
+@dataclass(frozen=True)
+class StaticSlsOptions:
+    """SLS's options: ``batch_size``, the most requests a batch holds, and ``max_iterations``, the most
+    iterations it runs (None: until its longest output ends)."""
+
+    batch_size: int = 16
+    max_iterations: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("batch_size", self.batch_size)
+        positive_int("max_iterations", self.max_iterations, optional=True)
+
+
 class StaticSls:
     """FCFS static batches of up to ``batch_size`` requests of one model (SCLS's SLS baseline)."""
 
     name = "static_sls"
+    Options: ClassVar[type[StaticSlsOptions]] = StaticSlsOptions
 
-    def __init__(self, batch_size: int = 16, max_iterations: int | None = None) -> None:
-        self.batch_size = positive_int("batch_size", batch_size)
-        self.max_iterations = positive_int("max_iterations", max_iterations, optional=True)
+    def __init__(self, options: StaticSlsOptions | None = None) -> None:
+        o = options if options is not None else StaticSlsOptions()
+        self.batch_size = o.batch_size
+        self.max_iterations = o.max_iterations
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None

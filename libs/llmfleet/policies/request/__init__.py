@@ -17,7 +17,7 @@ from llmfleet.policies.request.base import (
     stuck_requests,
 )
 from llmfleet.policies.request.doubling_budget import DoublingBudget, DoublingBudgetOptions
-from llmfleet.policies.request.fcfs import Fcfs
+from llmfleet.policies.request.fcfs import Fcfs, FcfsOptions
 from llmfleet.policies.request.muxserve_rr import MuxServeRR
 from llmfleet.policies.request.service_stats import ServiceStats
 
@@ -37,6 +37,7 @@ __all__ = [
     "DoublingBudget",
     "DoublingBudgetOptions",
     "Fcfs",
+    "FcfsOptions",
     "MuxServeRR",
     "Phase",
     "PoolView",

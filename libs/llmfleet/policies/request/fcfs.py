@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from llmfleet.policies.request.base import (
     Batch,
@@ -46,17 +48,28 @@ from llmfleet.policies.request.base import (
 )
 
 
+@dataclass(frozen=True)
+class FcfsOptions:
+    """FCFS's options: ``single_phase``, one phase per batch, prefill first (vLLM 0.2–0.4), instead of
+    prefills and decodes mixed."""
+
+    single_phase: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.single_phase, bool):
+            raise ValueError(f"single_phase must be a bool, got {self.single_phase!r}")
+
+
 class Fcfs:
     """First come, first served; one model per batch, prefills and decodes of that model mixed, or with
     ``single_phase`` one phase per batch, prefill first (vLLM 0.2–0.4)."""
 
     name = "fcfs"
+    Options: ClassVar[type[FcfsOptions]] = FcfsOptions
     single_phase: bool = False  # (a class default too: subclasses that skip __init__ stay mixed-phase)
 
-    def __init__(self, single_phase: bool = False) -> None:
-        if not isinstance(single_phase, bool):
-            raise TypeError(f"single_phase must be a bool, got {single_phase!r}")
-        self.single_phase = single_phase
+    def __init__(self, options: FcfsOptions | None = None) -> None:
+        self.single_phase = (options if options is not None else FcfsOptions()).single_phase
 
     def on_arrival(self, req: SchedRequest, now: float) -> None:
         return None

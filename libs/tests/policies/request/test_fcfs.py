@@ -1,5 +1,13 @@
 import pytest
-from llmfleet.policies.request import Batch, BatchLimits, Fcfs, PoolView, SchedRequest
+from llmfleet.policies.request import (
+    Batch,
+    BatchLimits,
+    Fcfs,
+    FcfsOptions,
+    PoolView,
+    SchedRequest,
+    make_request_policy,
+)
 
 BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"a": 16, "b": 16})
 
@@ -121,16 +129,16 @@ def test_decode_only_batches_follow_the_rule(seed):
 
 # --------------------------------------------------------------------------- single_phase (vLLM 0.2–0.4)
 def sp():
-    return Fcfs(single_phase=True)
+    return Fcfs(FcfsOptions(single_phase=True))
 
 
 def test_single_phase_option_is_validated_and_defaults_off():
     assert Fcfs().single_phase is False and sp().single_phase is True
-    with pytest.raises(TypeError):
-        Fcfs(single_phase="yes")
-    from llmfleet.policies.request import make_request_policy
-
+    with pytest.raises(ValueError, match="single_phase"):
+        FcfsOptions(single_phase="yes")  # type: ignore[arg-type]
     assert make_request_policy("fcfs", single_phase=True).single_phase is True  # policy options path
+    with pytest.raises(ValueError, match=r"bad options for request policy 'fcfs'.*single_phse"):
+        make_request_policy("fcfs", single_phse=True)
 
 
 def test_single_phase_prefill_first_never_mixed():
