@@ -24,37 +24,29 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.batching.base import StaticBatch
 from llmfleet.policies.batching.scls_dp import SclsWorkerQueue
 from llmfleet.policies.central.scls_central import (
-    CENTRAL_MODES,
+    MODE,
     CentralBatch,
-    CentralStats,
     Offload,
     PoolEntry,
+    SclsCentralOptions,
     SclsCentralPolicy,
     WorkerView,
 )
+from llmfleet.policies.registry import instantiate
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService
-from llmfleet.spec.defaults import SLICE_END_MODES
 
 if TYPE_CHECKING:
     from llmfleet.sim.instance import SimInstance
     from llmfleet.sim.simulator import Simulator
 
-__all__ = [
-    "CENTRAL_MODES",
-    "SLICE_END_MODES",
-    "CentralBatch",
-    "CentralStats",
-    "SclsCentral",
-    "kept_key",
-    "make_central",
-]
+__all__ = ["SclsCentral", "kept_key", "make_central"]
 
 
 @dataclass
@@ -72,10 +64,11 @@ class SclsCentral:
     """The simulator's driver of the central policy: the tick loop, the workers' queues and the kept KV
     in the instances' allocators."""
 
-    def __init__(self, **options: Any) -> None:
-        """``options``: the policy's (:class:`SclsCentralPolicy`: ``cost``, ``slice_iterations``, ``lam``,
-        ``gamma_s``, ``slice_end``, ``zeta``, ``max_prefill_tokens``, ``keep_affinity``)."""
-        self.policy = SclsCentralPolicy(**options)
+    Options: ClassVar[type[SclsCentralOptions]] = SclsCentralOptions
+
+    def __init__(self, options: SclsCentralOptions | None = None) -> None:
+        """``options``: the policy's (:class:`SclsCentralOptions`)."""
+        self.policy = SclsCentralPolicy(options)
         # the policy's own objects: the max-min books (also the simulator's dispatch policy object in this
         # mode), the stats, the pool and the kept KV
         self.maxmin, self.stats = self.policy.maxmin, self.policy.stats
@@ -228,6 +221,6 @@ def kept_key(request_id: str) -> str:
 
 
 def make_central(mode: str, options: Mapping[str, Any]) -> SclsCentral:
-    if mode not in CENTRAL_MODES:
-        raise ValueError(f"unknown central mode {mode!r}; valid: {list(CENTRAL_MODES)}")
-    return SclsCentral(**dict(options))
+    """The driver of central mode ``mode`` with the policy's options record built from ``options`` (a
+    ValueError naming an unknown mode or a bad option)."""
+    return instantiate("central", {MODE: SclsCentral}, mode, options)

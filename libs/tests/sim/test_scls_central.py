@@ -12,9 +12,10 @@ import random
 
 import pytest
 from llmfleet.policies.batching.scls_dp import dp_batches
+from llmfleet.policies.central import SclsCentralOptions
 from llmfleet.policies.placement import InstancePlan
 from llmfleet.sim.run import PolicyBundle, simulate
-from llmfleet.sim.scls_central import SclsCentral, kept_key
+from llmfleet.sim.scls_central import SclsCentral, kept_key, make_central
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.workload import Workload
 from llmfleet.workload import WorkloadRequest as W
@@ -32,7 +33,9 @@ class HandSlice:
 
 def central_sim(tiny, *, instances=1, slice_end="recompute", engine=None, lam=0.5, gamma_s=1.0, **kw):
     central = SclsCentral(
-        cost=HandSlice(), slice_iterations=S, lam=lam, gamma_s=gamma_s, slice_end=slice_end, **kw
+        SclsCentralOptions(
+            cost=HandSlice(), slice_iterations=S, lam=lam, gamma_s=gamma_s, slice_end=slice_end, **kw
+        )
     )
     sim = tiny.sim(
         make_policy=central.make_feed,
@@ -336,7 +339,11 @@ def test_keep_affinity_raises_the_hit_rate(tiny):
         hits[aff] = (st.keep_hits, st.keep_misses)
     assert hits[True][0] > hits[False][0] and hits[True][1] < hits[False][1]
     with pytest.raises(ValueError, match="keep_affinity"):
-        SclsCentral(cost=HandSlice(), keep_affinity=True, slice_end="recompute")
+        SclsCentralOptions(cost=HandSlice(), keep_affinity=True, slice_end="recompute")
+    with pytest.raises(ValueError, match=r"bad options for central policy 'scls_central'.*keep_afinity"):
+        make_central("scls_central", {"keep_afinity": True})
+    with pytest.raises(ValueError, match=r"unknown central policy 'scls'"):
+        make_central("scls", {})
 
 
 def test_worker_queue_serves_the_offloaded_batches_in_order():

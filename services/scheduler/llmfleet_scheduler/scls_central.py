@@ -37,6 +37,7 @@ from llmfleet.policies.central.scls_central import (
     MODE,
     CentralBatch,
     PoolEntry,
+    SclsCentralOptions,
     SclsCentralPolicy,
     WorkerView,
 )
@@ -94,10 +95,10 @@ class SclsCentral:
 
     def __post_init__(self) -> None:
         positive_int("max_batch", self.max_batch)
-        self.policy = SclsCentralPolicy(
+        self.policy = SclsCentralPolicy(SclsCentralOptions(
             cost=self.cost, slice_iterations=self.slice_iterations, lam=self.lam, gamma_s=self.gamma_s,
             slice_end="recompute", zeta=self.zeta, oversized="alone", series=False,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     @classmethod
     def from_options(

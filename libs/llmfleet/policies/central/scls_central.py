@@ -40,10 +40,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from llmfleet.policies.batching.scls_dp import SliceCost, dp_batches
+from llmfleet.policies.checks import positive_int
 from llmfleet.policies.dispatch.scls_maxmin import GAMMA_HF_S, SclsMaxMin, SclsMaxMinOptions
+from llmfleet.policies.registry import instantiate
 from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES, SliceEnd
 
 MODE = "scls_central"  # the dispatch value that selects central scheduling
@@ -153,45 +155,60 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+@dataclass(frozen=True)
+class SclsCentralOptions:
+    """The central policy's options (see the module docstring): ``slice_end`` (recompute, the paper, or
+    keep); ``cost`` prices a batch's serving time (T_serve, a :class:`SliceCost` or its mapping);
+    ``slice_iterations`` is the slice length S; ``lam`` (λ) and ``gamma_s`` (Γ) give the interval
+    T = max(λ·min load, Γ) (Eq. 12); ``zeta`` (ζ) is the share of a worker's usable KV blocks a batch may
+    reserve (Eq. 9); ``max_prefill_tokens`` bounds a batch's padded prefill n·L (None: unbounded, the
+    paper); ``keep_affinity`` (keep mode) credits a worker with the prefill its kept KV saves;
+    ``oversized`` says what becomes of a request whose padded single row fits no worker ("fail" or
+    "alone"); ``series`` keeps the per-tick series in the stats (a long-running scheduler keeps none)."""
+
+    slice_end: SliceEnd = SLICE_END
+    cost: SliceCost | Mapping[str, Any] | None = None
+    slice_iterations: int = 128
+    lam: float = 0.5
+    gamma_s: float = GAMMA_HF_S
+    zeta: float = 0.9
+    max_prefill_tokens: int | None = None
+    keep_affinity: bool = False
+    oversized: str = "fail"
+    series: bool = True
+
+    def __post_init__(self) -> None:
+        if self.slice_end not in SLICE_END_MODES:
+            raise ValueError(f"slice_end must be one of {SLICE_END_MODES}, got {self.slice_end!r}")
+        if self.keep_affinity and self.slice_end != "keep":
+            raise ValueError("keep_affinity needs slice_end='keep'")
+        if not (isinstance(self.zeta, int | float) and 0 < self.zeta <= 1):
+            raise ValueError(f"zeta must be in (0, 1], got {self.zeta!r}")
+        positive_int("max_prefill_tokens", self.max_prefill_tokens, optional=True)
+        if self.oversized not in OVERSIZED:
+            raise ValueError(f"oversized must be one of {OVERSIZED}, got {self.oversized!r}")
+        SclsMaxMinOptions(self.cost, self.slice_iterations, self.lam, self.gamma_s)  # checks these four
+
+
 class SclsCentralPolicy:
     """The pool, the DP per tick, the max-min books and (keep mode) the kept KV; see the module docstring."""
 
-    def __init__(
-        self,
-        *,
-        slice_end: SliceEnd = SLICE_END,
-        cost: SliceCost | Mapping[str, Any] | None = None,
-        slice_iterations: int = 128,
-        lam: float = 0.5,
-        gamma_s: float = GAMMA_HF_S,
-        zeta: float = 0.9,
-        max_prefill_tokens: int | None = None,
-        keep_affinity: bool = False,
-        oversized: str = "fail",
-        series: bool = True,
-    ) -> None:
-        if keep_affinity and slice_end != "keep":
-            raise ValueError("keep_affinity needs slice_end='keep'")
-        if slice_end not in SLICE_END_MODES:
-            raise ValueError(f"slice_end must be one of {SLICE_END_MODES}, got {slice_end!r}")
-        if not (isinstance(zeta, int | float) and 0 < zeta <= 1):
-            raise ValueError(f"zeta must be in (0, 1], got {zeta!r}")
-        if max_prefill_tokens is not None and max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
-        if oversized not in OVERSIZED:
-            raise ValueError(f"oversized must be one of {OVERSIZED}, got {oversized!r}")
-        self.maxmin = SclsMaxMin(SclsMaxMinOptions(cost, slice_iterations, lam, gamma_s))
+    Options: ClassVar[type[SclsCentralOptions]] = SclsCentralOptions
+
+    def __init__(self, options: SclsCentralOptions | None = None) -> None:
+        o = options if options is not None else SclsCentralOptions()
+        self.maxmin = SclsMaxMin(SclsMaxMinOptions(o.cost, o.slice_iterations, o.lam, o.gamma_s))
         self.cost = self.maxmin.cost
-        self.s = slice_iterations
-        self.slice_end = slice_end
-        self.zeta = float(zeta)
-        self.max_prefill_tokens = max_prefill_tokens
-        self.keep_affinity = keep_affinity
-        self.oversized = oversized
-        self.series = series  # per-tick series in the stats (a long-running scheduler keeps none)
+        self.s = o.slice_iterations
+        self.slice_end = o.slice_end
+        self.zeta = float(o.zeta)
+        self.max_prefill_tokens = o.max_prefill_tokens
+        self.keep_affinity = o.keep_affinity
+        self.oversized = o.oversized
+        self.series = o.series
         self.pool: dict[str, PoolEntry] = {}
         self.kept: dict[str, Kept] = {}
-        self.stats = CentralStats(slice_end, slice_iterations)
+        self.stats = CentralStats(o.slice_end, o.slice_iterations)
         self._outstanding: dict[CentralBatch, int] = {}  # members not back yet (member_back)
         self._seq = 0
 
@@ -410,7 +427,6 @@ class SclsCentralPolicy:
 
 
 def make_central_policy(mode: str, options: Mapping[str, Any]) -> SclsCentralPolicy:
-    """The policy of central mode ``mode`` with ``options`` (ValueError for an unknown mode)."""
-    if mode not in CENTRAL_MODES:
-        raise ValueError(f"unknown central mode {mode!r}; valid: {list(CENTRAL_MODES)}")
-    return SclsCentralPolicy(**options)
+    """The policy of central mode ``mode`` with its options record built from ``options`` (a ValueError
+    naming an unknown mode or a bad option)."""
+    return instantiate("central", {MODE: SclsCentralPolicy}, mode, options)
