@@ -51,6 +51,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.latency_model import cost_record
+from llmfleet.costmodel.models import model_arch
 from llmfleet.costmodel.scls import SclsDecode, SclsModel, SclsPrefill
 from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks
 from llmfleet.policies.checks import positive_int
@@ -73,10 +76,6 @@ class SliceCost(Protocol):
 def default_scls_cost() -> SclsModel:
     """The paper's setting when no profile is given: LLaMA2-13B on one A100-80GB, the SCLS forms fitted
     to the default cost source (``costmodel.cost_record``), the costs the simulator charges."""
-    from llmfleet.costmodel.hardware import hardware
-    from llmfleet.costmodel.latency_model import cost_record
-    from llmfleet.costmodel.models import model_arch
-
     rec = cost_record(model_arch("llama2-13b"), hardware("a100-80gb"), date="1970-01-01T00:00:00")
     return SclsModel(rec.scls.prefill, rec.scls.decode)
 

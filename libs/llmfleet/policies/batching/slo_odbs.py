@@ -111,8 +111,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from llmfleet.costmodel.hardware import hardware
+from llmfleet.costmodel.latency_model import cost_record
+from llmfleet.costmodel.models import model_arch
+from llmfleet.costmodel.scls import SclsModel
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.policies.batching.base import StaticBatch, mark_batch_ran, padded_blocks, padded_tokens
+from llmfleet.policies.batching.scls_dp import as_scls_cost
 from llmfleet.policies.checks import positive_int
 from llmfleet.policies.request.base import (
     BatchLimits,
@@ -186,11 +191,6 @@ PRESETS: dict[str, Preset] = {
 
 @lru_cache(maxsize=16)
 def _catalog_cost(model: str, hw: str, tp: int, source: str) -> BatchCost:
-    from llmfleet.costmodel.hardware import hardware
-    from llmfleet.costmodel.latency_model import cost_record
-    from llmfleet.costmodel.models import model_arch
-    from llmfleet.costmodel.scls import SclsModel
-
     rec = cost_record(model_arch(model), hardware(hw), tp, source, date="1970-01-01T00:00:00")
     return SclsModel(rec.scls.prefill, rec.scls.decode)
 
@@ -209,8 +209,6 @@ def as_batch_cost(cost: BatchCost | Mapping[str, Any] | None) -> BatchCost | Non
             tp = positive_int("cost tp", cost.get("tp", 1))
             source = check_cost_source(str(cost.get("source", DEFAULT_COST_SOURCE)))
             return _catalog_cost(str(cost["model"]), str(cost["hardware"]), tp, source)
-        from llmfleet.policies.batching.scls_dp import as_scls_cost
-
         return as_scls_cost(cost)
     if not callable(getattr(cost, "t_serve", None)):
         raise ValueError(f"cost must have t_serve(n, l_in, s), got {type(cost).__name__}")
