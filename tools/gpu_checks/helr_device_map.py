@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import transformers
-    from llmfleet.policies.placement.helr import Device, LayeredModel, Topology, make_helr
+    from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
     from llmfleet.types import ModelSpec
     from llmfleet_engine.models import load_model
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             {("cuda:0", "cpu"): 1e-5},
         )
-        plan = make_helr("lr", p=1e-9).device_map(topo, layered)
+        plan = HelrPlanner(HelrOptions(mode="lr", compute_scale=1e-9)).device_map(topo, layered)
         mapped = load_model(
             ModelSpec(f"{arch}-helr", source, device_map=plan.device_map_pairs()), cache_dir=cache
         )

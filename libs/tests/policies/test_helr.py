@@ -10,11 +10,11 @@ from llmfleet.policies.placement.base import PlacementInfeasible
 from llmfleet.policies.placement.helr import (
     MODES,
     Device,
+    HelrOptions,
     HelrPlanner,
     LayeredModel,
     Topology,
     layered_model,
-    make_helr,
 )
 
 GB = 2**30
@@ -49,7 +49,7 @@ def brute_force(topo, model, planner):
             if layers is None:
                 continue
             for order in itertools.permutations(subset):
-                plans.append((order, latency_of(topo, model, order, layers, planner.p)))
+                plans.append((order, latency_of(topo, model, order, layers, planner.compute_scale)))
     t_best = min(t for _, t in plans)
     k_best = min(len(o) for o, _ in plans)
     a1, a2 = planner.weights
@@ -76,7 +76,7 @@ def random_case(seed, n):
 @pytest.mark.parametrize("seed", range(25))
 def test_held_karp_matches_brute_force(mode, n, seed):
     topo, model = random_case(seed * 7 + n, n)
-    planner = make_helr(mode, p=1e-9, kv_reserve_bytes=(seed % 3) * GB // 4)
+    planner = HelrPlanner(HelrOptions(mode=mode, compute_scale=1e-9, kv_reserve_bytes=(seed % 3) * GB // 4))
     try:
         (j_best, t_at_best, _), _, _ = brute_force(topo, model, planner)
     except ValueError:  # min() of nothing: no admissible subset
@@ -92,7 +92,9 @@ def test_held_karp_matches_brute_force(mode, n, seed):
     order = [idx[name] for name in plan.order]
     layers = greedy_layers(topo.devices, model, order, planner.kv_reserve_bytes)
     assert layers is not None and plan.layers == tuple(layers[i] for i in order)
-    assert plan.latency_s == pytest.approx(latency_of(topo, model, order, layers, planner.p), rel=1e-9)
+    assert plan.latency_s == pytest.approx(
+        latency_of(topo, model, order, layers, planner.compute_scale), rel=1e-9
+    )
     assert plan.latency_s == pytest.approx(plan.compute_s + plan.link_s)
     assert sum(plan.layers) == model.num_layers and len(set(plan.order)) == len(plan.order)
 
@@ -109,29 +111,31 @@ MODEL = LayeredModel("m", 12, GB, GB // 2, GB // 2)  # 13 GB: fits on cpu alone 
 
 def test_modes_trade_latency_against_devices():
     topo = tradeoff_topology()
-    he = make_helr("he", p=1e-9).device_map(topo, MODEL)
-    lr = make_helr("lr", p=1e-9).device_map(topo, MODEL)
+    he = HelrPlanner(HelrOptions(mode="he", compute_scale=1e-9)).device_map(topo, MODEL)
+    lr = HelrPlanner(HelrOptions(mode="lr", compute_scale=1e-9)).device_map(topo, MODEL)
     assert he.order == ("cpu",) and he.layers == (12,)
     assert set(lr.order) == {"cuda:0", "cuda:1"} and sum(lr.layers) == 12
     assert lr.latency_s < he.latency_s
     # HELR (1:1) takes the GPUs only when they are at least twice as fast: T_cpu / T_gpus ≥ 2
-    assert make_helr("helr", p=1e-9).device_map(topo, MODEL).order == lr.order
+    assert HelrPlanner(HelrOptions(mode="helr", compute_scale=1e-9)).device_map(topo, MODEL).order == lr.order
     # a slow GPU-GPU link: LR pairs one GPU with the cpu (7.9 s vs 11.5 s), HELR keeps the cpu alone
     slow_link = tradeoff_topology(link_s=8.0)
-    assert make_helr("helr", p=1e-9).device_map(slow_link, MODEL).order == ("cpu",)
-    lr_slow = make_helr("lr", p=1e-9).device_map(slow_link, MODEL)
+    assert HelrPlanner(HelrOptions(mode="helr", compute_scale=1e-9)).device_map(slow_link, MODEL).order == (
+        "cpu",
+    )
+    lr_slow = HelrPlanner(HelrOptions(mode="lr", compute_scale=1e-9)).device_map(slow_link, MODEL)
     assert lr_slow.order == ("cuda:0", "cpu") and lr_slow.layers == (7, 5)
 
 
 def test_custom_weights_and_bad_modes():
-    planner = HelrPlanner(mode="lr", a1=3.0)
+    planner = HelrPlanner(HelrOptions(mode="lr", latency_weight=3.0))
     assert planner.weights == (3.0, 1.0) and planner.name == "helr"
     with pytest.raises(ValueError, match=r"valid: \['he', 'lr', 'helr'\]"):
-        make_helr("fast")
-    with pytest.raises(ValueError, match="valid"):
-        HelrPlanner(mode="x")
+        HelrOptions(mode="fast")
     with pytest.raises(ValueError, match="not both 0"):
-        HelrPlanner(a1=0, a2=0)
+        HelrOptions(latency_weight=0, device_weight=0)
+    with pytest.raises(TypeError, match="p"):
+        HelrOptions(p=1.0)  # type: ignore[call-arg]
 
 
 def test_paper_testbed_two_gpus_for_13b():
@@ -148,10 +152,14 @@ def test_paper_testbed_two_gpus_for_13b():
     topo = Topology(devices, links)
     p = 1 / 936e9  # RTX 3090 bandwidth: perf 1.0 streams 936 GB/s of weights
     for mode in MODES:
-        plan = make_helr(mode, p=p, kv_reserve_bytes=2 * GB).device_map(topo, "llama2-13b")
+        plan = HelrPlanner(HelrOptions(mode=mode, compute_scale=p, kv_reserve_bytes=2 * GB)).device_map(
+            topo, "llama2-13b"
+        )
         assert set(plan.order) == {"cuda:0", "cuda:1"}, mode
         assert plan.layers_per_device["cuda:0"] >= plan.layers_per_device["cuda:1"]
-        assert make_helr(mode, p=p).device_map(topo, "llama2-7b").order == ("cuda:0",)
+        assert HelrPlanner(HelrOptions(mode=mode, compute_scale=p)).device_map(topo, "llama2-7b").order == (
+            "cuda:0",
+        )
 
 
 def test_device_map_covers_a_real_tiny_llama_once():
@@ -172,7 +180,7 @@ def test_device_map_covers_a_real_tiny_llama_once():
         (Device("cuda:0", int(2.5 * per_layer), 2.0), Device("cpu", int(3.5 * per_layer), 1.0)),
         {("cuda:0", "cpu"): 0.0},
     )
-    plan = make_helr("lr").device_map(topo, layered)
+    plan = HelrPlanner(HelrOptions(mode="lr")).device_map(topo, layered)
     assert plan.order == ("cuda:0", "cpu") and plan.layers == (2, 3)
     keys = list(plan.device_map)
     assert keys[0] == "model.embed_tokens" and plan.device_map["lm_head"] == "cpu"
@@ -193,7 +201,7 @@ def test_catalog_models_convert():
     assert layered_model("tiny-qwen2").tied_embeddings and not layered_model("llama2-7b").tied_embeddings
     tied = LayeredModel("t", 2, GB, tied_embeddings=True)
     two = Topology((Device("cuda:0", GB, 2.0), Device("cpu", GB, 1.0)), {("cuda:0", "cpu"): 0.0})
-    plan = make_helr("he").device_map(two, tied)
+    plan = HelrPlanner(HelrOptions(mode="he")).device_map(two, tied)
     assert plan.order == ("cuda:0", "cpu") and plan.device_map["lm_head"] == "cuda:0"  # with the embedding
     assert plan.device_map["model.norm"] == "cpu"
 
@@ -201,18 +209,20 @@ def test_catalog_models_convert():
 def test_infeasible_total_memory_names_model_and_shortfall():
     topo = Topology((Device("cuda:0", 4 * GB, 1.0), Device("cuda:1", 4 * GB, 1.0)), {("cuda:0", "cuda:1"): 0})
     with pytest.raises(PlacementInfeasible, match=r"'m'.*short by \d+ layers"):
-        make_helr("helr").device_map(topo, MODEL)
+        HelrPlanner(HelrOptions(mode="helr")).device_map(topo, MODEL)
 
 
 def test_infeasible_layer_larger_than_every_device():
     topo = Topology((Device("cpu", GB, 1.0),), {})
     with pytest.raises(PlacementInfeasible, match=r"'m': one layer needs .* largest device 'cpu'.*short by"):
-        make_helr("he").device_map(topo, MODEL)
+        HelrPlanner(HelrOptions(mode="he")).device_map(topo, MODEL)
     # the KV reserve T counts against every device
     big = Topology((Device("cpu", 2 * GB, 1.0),), {})
-    make_helr("he").device_map(big, LayeredModel("small", 1, GB))
+    HelrPlanner(HelrOptions(mode="he")).device_map(big, LayeredModel("small", 1, GB))
     with pytest.raises(PlacementInfeasible, match="KV reserve"):
-        make_helr("he", kv_reserve_bytes=int(1.5 * GB)).device_map(big, LayeredModel("small", 1, GB))
+        HelrPlanner(HelrOptions(mode="he", kv_reserve_bytes=int(1.5 * GB))).device_map(
+            big, LayeredModel("small", 1, GB)
+        )
 
 
 def test_topology_validation():

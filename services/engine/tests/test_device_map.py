@@ -9,7 +9,7 @@ from pathlib import Path
 import chunk_checks as cc
 import pytest
 import torch
-from llmfleet.policies.placement.helr import Device, LayeredModel, Topology, make_helr
+from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
 from llmfleet.types import DesiredPlacement, ModelSpec
 from llmfleet_engine.models import (
     LoadedModel,
@@ -26,7 +26,7 @@ def helr_cpu_map(model: LoadedModel, mode: str = "helr") -> tuple[tuple[str, str
     """A HELR plan for ``model`` on a one-device (cpu) topology, as ModelSpec carries it."""
     layered = LayeredModel.from_hf_config(model.model.config, dtype=model.dtype, name=model.name)
     topo = Topology((Device("cpu", 4 * layered.total_bytes, 1.0),), {})
-    plan = make_helr(mode).device_map(topo, layered)
+    plan = HelrPlanner(HelrOptions(mode=mode)).device_map(topo, layered)
     assert plan.order == ("cpu",) and plan.layers == (model.model.config.num_hidden_layers,)
     return plan.device_map_pairs()
 
@@ -87,7 +87,7 @@ def test_tied_parameters_must_share_a_device() -> None:
         (Device("cuda:0", int(2.5 * layered.bytes_per_layer), 4.0), Device("cpu", 2**34, 1.0)),
         {("cuda:0", "cpu"): 0.0},
     )
-    plan = make_helr("lr").device_map(topo, layered)
+    plan = HelrPlanner(HelrOptions(mode="lr")).device_map(topo, layered)
     assert plan.order == ("cuda:0", "cpu") and plan.layers == (2, 1)
     assert plan.device_map["lm_head"] == plan.device_map["model.embed_tokens"] == "cuda:0"
     split = {**plan.device_map, "lm_head": "cpu"}

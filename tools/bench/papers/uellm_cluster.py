@@ -20,7 +20,7 @@ Ours:
 - Default deployment (S³, UB): transformers' ``device_map="auto"``, the layers balanced over all four
   GPUs in index order. The paper names no default beyond "the default deployment algorithm"; "auto" is
   what a transformers user gets (assumption).
-- HELR (UD, UA): ``policies.placement.helr.HelrPlanner(mode="helr")`` on the four devices, performance =
+- HELR (UD, UA): ``policies.placement.helr.HelrPlanner`` in mode ``helr`` on the four devices, performance =
   the capped GPU's attainable bytes/s (a decode step reads the weights), T = 0 reserved for KV (any T up
   to ~9 GB gives the same plan here: the 13.5 GB model fits one 24 GB GPU).
 - Morphling-like: stress-tests every configuration of a space of ≤ 30 (Morphling's sampling budget: "by
@@ -42,7 +42,7 @@ import numpy as np
 from llmfleet.costmodel import Hardware, model_arch
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.costmodel.pipeline import RTX_3090, RTX_3090_TDP_W, balanced_layers, pipeline, power_capped
-from llmfleet.policies.placement.helr import Device, HelrPlanner, LayeredModel, Topology
+from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
 from llmfleet.workload import Workload, WorkloadRequest
 
 CAPS_W = (350.0, 300.0, 250.0, 150.0)  # Table 2, GPU#0–#3
@@ -99,7 +99,9 @@ def default_deployment(model: str, devs: Sequence[Hardware], k: int | None = Non
 
 
 def helr_deployment(model: str, devs: Sequence[Hardware]) -> Deployment:
-    plan = HelrPlanner(mode="helr").device_map(topology(devs), LayeredModel.from_arch(model_arch(model)))
+    plan = HelrPlanner(HelrOptions(mode="helr")).device_map(
+        topology(devs), LayeredModel.from_arch(model_arch(model))
+    )
     stages = [(int(d.split(":")[1]), n) for d, n in zip(plan.order, plan.layers, strict=True)]
     return deploy("helr", devs, stages, model)
 

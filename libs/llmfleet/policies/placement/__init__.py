@@ -24,12 +24,12 @@ from llmfleet.policies.placement.colocate_all import ColocateAll
 from llmfleet.policies.placement.dedicated_even import DedicatedEven
 from llmfleet.policies.placement.helr import (
     Device,
+    HelrOptions,
     HelrPlan,
     HelrPlanner,
     LayeredModel,
     Topology,
     layered_model,
-    make_helr,
 )
 from llmfleet.policies.placement.seallm import SeaLLMOptions, SeaLLMPlacement
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
@@ -62,6 +62,7 @@ __all__ = [
     "Device",
     "EngineSlot",
     "GpuPool",
+    "HelrOptions",
     "HelrPlan",
     "HelrPlanner",
     "InstancePlan",
@@ -81,7 +82,6 @@ __all__ = [
     "assign_plan",
     "gpus_in_use",
     "layered_model",
-    "make_helr",
     "make_placement_policy",
     "moves",
     "optimal_tp",

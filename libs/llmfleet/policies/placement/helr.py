@@ -17,8 +17,9 @@ over the layers) and ``T`` the memory reserved for the KV cache on each device:
   through exactly ``mask`` ending at ``i``, one table for all subsets, O(2^n·n²). The compute term of
   Eq. 5 depends on ``S`` only (not on the order), so it is added once per subset instead of per step.
 
-Objective. The paper trades latency against the number of devices with weights ``a1`` (latency) and
-``a2`` (devices) without writing the sum; we use, for admissible ``(S, π)``::
+Objective. The paper trades latency against the number of devices with weights ``a1`` (latency, the
+option ``latency_weight``) and ``a2`` (devices, ``device_weight``) without writing the sum; we use, for
+admissible ``(S, π)``::
 
     J(S, π) = a1 · T(S, π) / T*  +  a2 · |S| / k*
 
@@ -28,7 +29,7 @@ latency), LR ``a1:a2 = 10:1``, HELR ``1:1`` (the paper's "balanced", its value n
 ``J`` go to the lower latency, then to fewer devices; among equal-latency orders of one subset the DP
 keeps the first found, reversed when its last device outranks its first (links are symmetric).
 
-``performance`` is relative (higher = faster); ``p`` converts ``layers·m / performance`` into seconds
+``performance`` is relative (higher = faster); ``p`` (the option ``compute_scale``) converts ``layers·m / performance`` into seconds
 ("adjusts processing performance-time relationship"): with ``p = 1`` give performance in bytes of
 weights processed per second. Pure: no I/O, no torch.
 """
@@ -263,46 +264,65 @@ def _capacity(device: Device, model: LayeredModel, m: float, kv_reserve_bytes: i
     return min(model.num_layers, math.floor(usable / m))
 
 
-@dataclass
-class HelrPlanner:
-    """HELR (Algorithm 2) in one of :data:`MODES`; ``a1``/``a2`` override the mode's weights.
+# transformers' module names (the Llama family in transformers >= 4.45, where ``model.rotary_emb`` is a
+# module: it goes with the embedding on the first device)
+FIRST_MODULES = ("model.embed_tokens", "model.rotary_emb")
+LAYER_PREFIX = "model.layers"
+LAST_MODULES = ("model.norm", "lm_head")
+TIED_HEAD = "lm_head"  # with tied embeddings it is the embedding tensor: it stays on the first device
 
-    ``p`` scales compute time (Eq. 5), ``kv_reserve_bytes`` is T (memory kept for the KV cache on
-    every device used). The module names default to the Llama family in transformers ≥ 4.45
-    (``model.rotary_emb`` is a module there; it goes with the embedding on the first device). With
-    tied embeddings ``tied_head`` is the embedding tensor, so it stays on the first device: the last
-    stage sends its normed hidden states back there (a hop Eq. 6 does not count).
-    """
 
-    name: ClassVar[str] = "helr"
+@dataclass(frozen=True)
+class HelrOptions:
+    """HELR's options: ``mode`` (one of :data:`MODES`) gives the objective's weights, which
+    ``latency_weight`` (a1) and ``device_weight`` (a2) override; ``compute_scale`` (p) converts
+    ``layers·m / performance`` into seconds (Eq. 5); ``kv_reserve_bytes`` (T) is the memory kept for the
+    KV cache on every device used."""
 
     mode: str = "helr"
-    a1: float | None = None
-    a2: float | None = None
-    p: float = 1.0
+    latency_weight: float | None = None
+    device_weight: float | None = None
+    compute_scale: float = 1.0
     kv_reserve_bytes: int = 0
-    first_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb")
-    layer_prefix: str = "model.layers"
-    last_modules: tuple[str, ...] = ("model.norm", "lm_head")
-    tied_head: str = "lm_head"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown HELR mode {self.mode!r}; valid: {list(MODES)}")
-        a1, a2 = MODE_WEIGHTS[self.mode]
-        self.a1 = a1 if self.a1 is None else float(self.a1)
-        self.a2 = a2 if self.a2 is None else float(self.a2)
-        if self.a1 < 0 or self.a2 < 0 or self.a1 + self.a2 == 0:
-            raise ValueError(f"HELR weights must be >= 0 and not both 0, got a1={self.a1}, a2={self.a2}")
-        if not math.isfinite(self.p) or self.p < 0:
-            raise ValueError(f"p must be finite and >= 0, got {self.p}")
+        a1, a2 = self.weights
+        if a1 < 0 or a2 < 0 or a1 + a2 == 0:
+            raise ValueError(
+                f"HELR weights must be >= 0 and not both 0, got latency_weight={a1}, device_weight={a2}"
+            )
+        if not math.isfinite(self.compute_scale) or self.compute_scale < 0:
+            raise ValueError(f"compute_scale must be finite and >= 0, got {self.compute_scale}")
         if self.kv_reserve_bytes < 0:
             raise ValueError(f"kv_reserve_bytes must be >= 0, got {self.kv_reserve_bytes}")
 
     @property
     def weights(self) -> tuple[float, float]:
-        assert self.a1 is not None and self.a2 is not None
-        return self.a1, self.a2
+        """(a1, a2): the mode's weights, each overridden when set."""
+        a1, a2 = MODE_WEIGHTS[self.mode]
+        return (
+            a1 if self.latency_weight is None else float(self.latency_weight),
+            a2 if self.device_weight is None else float(self.device_weight),
+        )
+
+
+class HelrPlanner:
+    """HELR (Algorithm 2) with ``options``. The device map's first modules go to the first device, the
+    last ones to the last; with tied embeddings the head is the embedding tensor, so it stays on the
+    first device: the last stage sends its normed hidden states back there (a hop Eq. 6 does not count).
+    """
+
+    name: ClassVar[str] = "helr"
+    Options: ClassVar[type[HelrOptions]] = HelrOptions
+
+    def __init__(self, options: HelrOptions | None = None) -> None:
+        o = options if options is not None else HelrOptions()
+        self.mode = o.mode
+        self.weights = o.weights
+        self.compute_scale = o.compute_scale
+        self.kv_reserve_bytes = o.kv_reserve_bytes
 
     def device_map(self, topology: Topology, model: LayeredModel | str) -> HelrPlan:
         """The best plan under :meth:`objective`; raises PlacementInfeasible when the model fits no
@@ -322,7 +342,7 @@ class HelrPlanner:
             if sum(layers.values()) < model.num_layers or min(layers.values()) == 0:
                 continue
             compute = sum(
-                self.p * layers[i] * m / topology.devices[i].performance for i in subset
+                self.compute_scale * layers[i] * m / topology.devices[i].performance for i in subset
             )  # order-independent part of Eq. 5/6
             row = dp[mask]
             end = min(subset, key=lambda i: row[i])
@@ -365,15 +385,15 @@ class HelrPlanner:
     ) -> dict[str, str]:
         """transformers' ``device_map``: first modules on ``order[0]``, consecutive layers per device
         in pipeline order, last modules on ``order[-1]`` (a tied head on ``order[0]``)."""
-        out = {name: order[0] for name in self.first_modules}
+        out = {name: order[0] for name in FIRST_MODULES}
         k = 0
         for dev, count in zip(order, layers, strict=True):
             for _ in range(count):
-                out[f"{self.layer_prefix}.{k}"] = dev
+                out[f"{LAYER_PREFIX}.{k}"] = dev
                 k += 1
-        out.update({name: order[-1] for name in self.last_modules})
-        if tied and self.tied_head in out:
-            out[self.tied_head] = order[0]
+        out.update({name: order[-1] for name in LAST_MODULES})
+        if tied and TIED_HEAD in out:
+            out[TIED_HEAD] = order[0]
         return out
 
     def _check_feasible(self, topology: Topology, model: LayeredModel) -> None:
@@ -438,17 +458,11 @@ def _path(parent: list[list[int]], mask: int, end: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def make_helr(mode: str = "helr", **options: Any) -> HelrPlanner:
-    """A HELR planner for ``mode`` (one of :data:`MODES`); options go to :class:`HelrPlanner`."""
-    if mode not in MODES:
-        raise ValueError(f"unknown HELR mode {mode!r}; valid: {list(MODES)}")
-    return HelrPlanner(mode=mode, **options)
-
-
 __all__ = [
     "MODES",
     "MODE_WEIGHTS",
     "Device",
+    "HelrOptions",
     "HelrPlan",
     "HelrPlanner",
     "LayeredModel",
@@ -456,5 +470,4 @@ __all__ = [
     "assign_layers",
     "held_karp",
     "layered_model",
-    "make_helr",
 ]
