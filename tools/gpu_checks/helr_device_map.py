@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import transformers
-    from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
+    from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology
+    from llmfleet.policies.placement.helr import HelrOptions, HelrPlanner
     from llmfleet.types import ModelSpec
     from llmfleet_engine.models import load_model
 

@@ -7,15 +7,8 @@ import random
 import pytest
 from llmfleet.costmodel import model_arch
 from llmfleet.policies.placement.base import PlacementInfeasible
-from llmfleet.policies.placement.helr import (
-    MODES,
-    Device,
-    HelrOptions,
-    HelrPlanner,
-    LayeredModel,
-    Topology,
-    layered_model,
-)
+from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology, layered_model
+from llmfleet.policies.placement.helr import MODES, HelrOptions, HelrPlanner
 
 GB = 2**30
 

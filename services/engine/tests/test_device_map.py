@@ -9,7 +9,8 @@ from pathlib import Path
 import chunk_checks as cc
 import pytest
 import torch
-from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
+from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology
+from llmfleet.policies.placement.helr import HelrOptions, HelrPlanner
 from llmfleet.types import DesiredPlacement, ModelSpec
 from llmfleet_engine.models import (
     LoadedModel,

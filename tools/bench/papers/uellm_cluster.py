@@ -42,7 +42,8 @@ import numpy as np
 from llmfleet.costmodel import Hardware, model_arch
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.costmodel.pipeline import RTX_3090, RTX_3090_TDP_W, balanced_layers, pipeline, power_capped
-from llmfleet.policies.placement.helr import Device, HelrOptions, HelrPlanner, LayeredModel, Topology
+from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology
+from llmfleet.policies.placement.helr import HelrOptions, HelrPlanner
 from llmfleet.workload import Workload, WorkloadRequest
 
 CAPS_W = (350.0, 300.0, 250.0, 150.0)  # Table 2, GPU#0–#3

@@ -22,15 +22,8 @@ from llmfleet.policies.placement.base import (
 )
 from llmfleet.policies.placement.colocate_all import ColocateAll
 from llmfleet.policies.placement.dedicated_even import DedicatedEven
-from llmfleet.policies.placement.helr import (
-    Device,
-    HelrOptions,
-    HelrPlan,
-    HelrPlanner,
-    LayeredModel,
-    Topology,
-    layered_model,
-)
+from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology, layered_model
+from llmfleet.policies.placement.helr import HelrOptions, HelrPlan, HelrPlanner
 from llmfleet.policies.placement.seallm import SeaLLMOptions, SeaLLMPlacement
 from llmfleet.policies.placement.static_config import StaticConfigPlacement
 from llmfleet.policies.registry import instantiate
