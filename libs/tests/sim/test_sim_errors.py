@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import RoundRobin
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import Fcfs
@@ -33,7 +33,8 @@ def test_unfit_request_fails_and_the_rest_complete(tiny, fast_forward):
 
 def test_unfit_request_in_static_mode(tiny):
     sim = tiny.sim(
-        engine=EngineSettings(kv_bytes=10 * BLOCK, watermark=0.0), make_policy=lambda: StaticSls(2)
+        engine=EngineSettings(kv_bytes=10 * BLOCK, watermark=0.0),
+        make_policy=lambda: StaticSls(StaticSlsOptions(batch_size=2)),
     )
     res = sim.run([W("a", 0.0, 20, 5, "s"), W("big", 0.01, 1000, 5, "s"), W("c", 0.02, 20, 5, "s")])
     r = records(res)

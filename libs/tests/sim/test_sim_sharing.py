@@ -10,7 +10,7 @@ from pathlib import Path
 import llmfleet.sim
 import pytest
 from llmfleet.kvblocks import BlockAllocator
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import RoundRobin
 from llmfleet.policies.request import Fcfs
 from llmfleet.workload import WorkloadRequest as W
@@ -138,7 +138,7 @@ def test_static_policy_object_forms_the_batches(tiny):
                 formed.append(b.request_ids)
             return b
 
-    sim = tiny.sim(make_policy=lambda: CountingSls(batch_size=4))
+    sim = tiny.sim(make_policy=lambda: CountingSls(StaticSlsOptions(batch_size=4)))
     res = sim.run([W(f"r{i}", 0.01 * i, 20, 3, "s") for i in range(5)])
     assert all(r.done for r in res.records)
     assert formed == [("r0",), ("r1", "r2", "r3", "r4")]

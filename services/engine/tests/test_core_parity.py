@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 from llmfleet.costmodel import hardware, model_arch
-from llmfleet.policies.batching import StaticSls
+from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import RoundRobin
 from llmfleet.policies.placement import InstancePlan
 from llmfleet.policies.request import DoublingBudget, Fcfs
@@ -289,7 +289,10 @@ POLICIES: dict[str, tuple[dict, Callable[[], Any]]] = {
     "fcfs": ({}, Fcfs),
     "doubling_budget": ({}, DoublingBudget),
     # the core's static mode (padded rows, recompute at a slice end)
-    "static_sls": ({**STATIC_OPTIONS, "slice_end": "recompute"}, lambda: StaticSls(**STATIC_OPTIONS)),
+    "static_sls": (
+        {**STATIC_OPTIONS, "slice_end": "recompute"},
+        lambda: StaticSls(StaticSlsOptions(**STATIC_OPTIONS)),
+    ),
 }
 
 
