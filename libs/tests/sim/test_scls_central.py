@@ -37,6 +37,14 @@ def central_sim(tiny, *, instances=1, slice_end="recompute", engine=None, lam=0.
             cost=HandSlice(), slice_iterations=S, lam=lam, gamma_s=gamma_s, slice_end=slice_end, **kw
         )
     )
+    finishes: list[str] = []
+    inner = central.maxmin.on_finish
+
+    def count(rid, iid, out, now):
+        finishes.append(rid)
+        inner(rid, iid, out, now)
+
+    central.maxmin.on_finish = count  # the simulator tells the dispatch policy of each finish
     sim = tiny.sim(
         make_policy=central.make_feed,
         instances=instances,
@@ -45,15 +53,6 @@ def central_sim(tiny, *, instances=1, slice_end="recompute", engine=None, lam=0.
         sample_period_s=0.05,
     )
     central.install(sim)
-    finishes: list[str] = []
-    inner = sim._on_finish
-
-    def count(rid, iid, out, now):
-        finishes.append(rid)
-        if inner is not None:
-            inner(rid, iid, out, now)
-
-    sim._on_finish = count
     return sim, central, finishes
 
 
