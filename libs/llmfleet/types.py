@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmfleet.spec.renamed import SLO as SLO_READER
-from llmfleet.spec.renamed import refuse_renamed
+from llmfleet.renamed import SLO as SLO_READER
+from llmfleet.renamed import refuse_renamed
 
 ENGINE_ROLE = "engine"
 CONTROL_ROLES = ("scheduler", "profiler", "placement", "migration")

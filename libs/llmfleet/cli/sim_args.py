@@ -17,14 +17,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE
+from llmfleet.renamed import SIM_FLAGS, add_renamed_flags
+from llmfleet.sim.bundle import PolicyBundle
+from llmfleet.sim.run import preset
+from llmfleet.sim.spec import (
+    ClusterSpec,
+    EngineSettings,
+    SimService,
+    SimSpec,
+    from_cluster_config,
+    load_services,
+)
 from llmfleet.spec.flags import SectionFlags
-from llmfleet.spec.renamed import SIM_FLAGS, add_renamed_flags
 from llmfleet.spec.sections import FleetPolicies
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
-    from llmfleet.sim.bundle import PolicyBundle
-    from llmfleet.sim.spec import SimSpec
 
 DEFAULT_COMPARE = ("vllm", "alpaserve", "muxserve", "seallm", "fcfs-jsq", "fcfs-p2c", "sls")
 DEFAULT_PRESET = "vllm"
@@ -94,8 +102,6 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 def bundles(args: argparse.Namespace, config: ClusterConfig | None) -> list[PolicyBundle]:
     """The bundles to run: the presets named (each with the flags' overrides; with a cluster file, its
     capacity section too, as its schedulers run), or the cluster file's own sections."""
-    from llmfleet.sim.bundle import PolicyBundle
-    from llmfleet.sim.run import preset
 
     given = overrides(args)
     if config is not None and args.policy is None and args.compare is None:
@@ -123,14 +129,6 @@ def _applied(b: PolicyBundle, given: dict[str, Any]) -> PolicyBundle:
 
 def sim_spec(args: argparse.Namespace, config: ClusterConfig | None) -> SimSpec:
     """The cluster and services the flags name (``--services`` YAML, a cluster file, or ``--model``)."""
-    from llmfleet.sim.spec import (
-        ClusterSpec,
-        EngineSettings,
-        SimService,
-        SimSpec,
-        from_cluster_config,
-        load_services,
-    )
 
     cluster = ClusterSpec.parse(args.cluster)
     if args.services is not None:

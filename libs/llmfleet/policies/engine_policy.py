@@ -20,8 +20,8 @@ from llmfleet.policies.batching import StaticBatchPolicy, make_batching_policy
 from llmfleet.policies.request import POLICIES as REQUEST
 from llmfleet.policies.request import RequestPolicy, make_request_policy
 from llmfleet.policies.request.static_batches import StaticBatches
+from llmfleet.renamed import ENGINE_POLICY_OPTIONS, refuse_renamed
 from llmfleet.spec.defaults import SLICE_END, SLICE_END_MODES, SliceEnd
-from llmfleet.spec.renamed import ENGINE_POLICY_OPTIONS, refuse_renamed
 
 ENGINE_POLICIES: tuple[str, ...] = tuple(sorted({*REQUEST, *BATCHING}))
 

@@ -12,7 +12,8 @@ import yaml
 from llmfleet.costmodel import MODEL_CATALOG, Hardware, ModelArch, UnknownModel, hardware, model_arch
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.engine_core import EngineLimits
-from llmfleet.spec.renamed import SIM_SERVICE, refuse_renamed
+from llmfleet.policies.placement.dedicated_even import smallest_tp
+from llmfleet.renamed import SIM_SERVICE, refuse_renamed
 from llmfleet.types import SLO_KEYS, Slo
 
 if TYPE_CHECKING:
@@ -129,7 +130,6 @@ class SimSpec:
         two whose GPUs hold the weights (1 for a model that fits one GPU, as SeaLLM profiles "on one
         GPU", §4), on the cluster's hardware. The same for every system compared on the spec, so the
         denominator does not move with a system's own tensor parallelism."""
-        from llmfleet.policies.placement.dedicated_even import smallest_tp  # policies import sim types
 
         hw = self.cluster.hw
         return {

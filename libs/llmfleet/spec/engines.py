@@ -22,9 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from llmfleet import renamed
+from llmfleet.costmodel.hardware import UnknownHardware, hardware
 from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
-from llmfleet.spec import renamed
+from llmfleet.engine_core import EngineLimits
+from llmfleet.policies import engine_policy as engine_policies
 from llmfleet.spec.defaults import ENGINE_POLICY
 from llmfleet.spec.flags import SectionFlags
 from llmfleet.spec.sections import EnginePolicySpec
@@ -139,10 +142,8 @@ class EngineConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        from llmfleet.policies.engine_policy import ENGINE_POLICIES
-
-        if v not in ENGINE_POLICIES:
-            raise ValueError(f"unknown engine policy {v!r}; valid: {list(ENGINE_POLICIES)}")
+        if v not in engine_policies.ENGINE_POLICIES:
+            raise ValueError(f"unknown engine policy {v!r}; valid: {list(engine_policies.ENGINE_POLICIES)}")
         return v
 
     @field_validator("options")
@@ -158,8 +159,6 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _limits(self) -> EngineConfig:
-        from llmfleet.engine_core import EngineLimits
-
         EngineLimits(**self.limits())  # the engine's own checks
         return self
 
@@ -199,8 +198,6 @@ class EmulatedPool(BaseModel):
     @field_validator("hardware")
     @classmethod
     def _hardware(cls, v: str) -> str:
-        from llmfleet.costmodel.hardware import UnknownHardware, hardware
-
         try:
             name = hardware(v).name
         except UnknownHardware as e:

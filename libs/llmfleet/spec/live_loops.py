@@ -13,6 +13,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 import llmfleet.spec.defaults as defaults
+from llmfleet.costmodel.hardware import UnknownHardware, hardware
+from llmfleet.monitor.window import DEFAULT_WINDOWS_S
+from llmfleet.policies import placement as placement_policies
 from llmfleet.spec.flags import SectionFlags
 from llmfleet.spec.sections import CapacitySpec, DispatchSpec, MigrationSpec, PlacementSpec
 
@@ -21,9 +24,8 @@ STATIC_POLICY = defaults.PLACEMENT_POLICY  # the placement policy that copies ``
 
 def placement_policy_names() -> list[str]:
     """Valid ``placement.policy`` values: ``static`` and every planner of the placement registry."""
-    from llmfleet.policies.placement import POLICIES
 
-    return [STATIC_POLICY, *sorted(POLICIES)]
+    return [STATIC_POLICY, *sorted(placement_policies.POLICIES)]
 
 
 class PlacementConfig(PlacementSpec):
@@ -60,8 +62,6 @@ class PlacementConfig(PlacementSpec):
     @field_validator("window_s")
     @classmethod
     def _window(cls, v: float | None) -> float | None:
-        from llmfleet.monitor.window import DEFAULT_WINDOWS_S
-
         if v is not None and v not in DEFAULT_WINDOWS_S:
             raise ValueError(
                 f"window_s must be one of the windows the schedulers report, "
@@ -72,8 +72,6 @@ class PlacementConfig(PlacementSpec):
     @field_validator("hardware")
     @classmethod
     def _hardware(cls, v: str) -> str:
-        from llmfleet.costmodel.hardware import UnknownHardware, hardware
-
         try:
             return hardware(v).name
         except UnknownHardware as e:

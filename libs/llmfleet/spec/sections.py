@@ -15,6 +15,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import llmfleet.spec.defaults as defaults
+from llmfleet.policies import batching as batching_policies
+from llmfleet.policies import capacity as capacity_policies
+from llmfleet.policies import dispatch as dispatch_policies
+from llmfleet.policies import engine_policy as engine_policies
+from llmfleet.policies import migration as migration_policies
+from llmfleet.policies import placement as placement_policies
+from llmfleet.policies import registry as policy_registry
 
 _SECTION = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,19 +59,17 @@ class EnginePolicySpec(_Choice):
 
     @model_validator(mode="after")
     def _build(self) -> EnginePolicySpec:
-        from llmfleet.policies.engine_policy import ENGINE_POLICIES, make_engine_policy
-
-        if self.policy not in ENGINE_POLICIES:
-            raise ValueError(f"unknown engine policy {self.policy!r}; valid: {list(ENGINE_POLICIES)}")
-        make_engine_policy(self.policy, **self.options)  # a bad option is named here
+        if self.policy not in engine_policies.ENGINE_POLICIES:
+            raise ValueError(
+                f"unknown engine policy {self.policy!r}; valid: {list(engine_policies.ENGINE_POLICIES)}"
+            )
+        engine_policies.make_engine_policy(self.policy, **self.options)  # a bad option is named here
         return self
 
     @property
     def static(self) -> bool:
         """A static batcher (the engine core's static mode)."""
-        from llmfleet.policies.batching import POLICIES as BATCHING
-
-        return self.policy in BATCHING
+        return self.policy in batching_policies.POLICIES
 
 
 class DispatchSpec(_Choice):
@@ -86,26 +91,24 @@ class DispatchSpec(_Choice):
 
     @model_validator(mode="after")
     def _build(self) -> DispatchSpec:
-        from llmfleet.policies.dispatch import POLICIES, SCHEDULER_MODES, dispatch_needs, make_dispatch_policy
-        from llmfleet.policies.registry import check_options
-
-        if self.policy in SCHEDULER_MODES:
+        if self.policy in dispatch_policies.SCHEDULER_MODES:
             return self
-        if self.policy not in POLICIES:
+        if self.policy not in dispatch_policies.POLICIES:
             raise ValueError(
-                f"unknown dispatch policy {self.policy!r}; valid: {sorted([*POLICIES, *SCHEDULER_MODES])}"
+                f"unknown dispatch policy {self.policy!r}; valid: {sorted([*dispatch_policies.POLICIES, *dispatch_policies.SCHEDULER_MODES])}"
             )
-        if dispatch_needs(self.policy).reads_costs and not {"latency_models", "slos"} <= set(self.options):
-            check_options("dispatch", POLICIES, self.policy, self.options)
+        if dispatch_policies.dispatch_needs(self.policy).reads_costs and not {
+            "latency_models",
+            "slos",
+        } <= set(self.options):
+            policy_registry.check_options("dispatch", dispatch_policies.POLICIES, self.policy, self.options)
             return self
-        make_dispatch_policy(self.policy, **self.options)  # a bad option is named here
+        dispatch_policies.make_dispatch_policy(self.policy, **self.options)  # a bad option is named here
         return self
 
     @property
     def central(self) -> bool:
-        from llmfleet.policies.dispatch import SCHEDULER_MODES
-
-        return self.policy in SCHEDULER_MODES
+        return self.policy in dispatch_policies.SCHEDULER_MODES
 
 
 class PlacementSpec(_Choice):
@@ -144,11 +147,12 @@ class PlacementSpec(_Choice):
             if self.options:
                 raise ValueError("the static placement policy takes no options")
             return self
-        from llmfleet.policies.placement import POLICIES, make_placement_policy
 
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown placement policy {self.policy!r}; valid: {sorted(POLICIES)}")
-        make_placement_policy(self.policy, **self.options)  # a bad option is named here
+        if self.policy not in placement_policies.POLICIES:
+            raise ValueError(
+                f"unknown placement policy {self.policy!r}; valid: {sorted(placement_policies.POLICIES)}"
+            )
+        placement_policies.make_placement_policy(self.policy, **self.options)  # a bad option is named here
         if self.adaptive_interval and self.interval_s is None:
             raise ValueError("adaptive_interval needs interval_s (its initial interval)")
         return self
@@ -183,10 +187,10 @@ class MigrationSpec(_Choice):
 
     @model_validator(mode="after")
     def _build(self) -> MigrationSpec:
-        from llmfleet.policies.migration import make_migration_policy, make_transfer_planner
-
-        make_migration_policy(self.policy, **self.options)  # a bad name or option is named here
-        make_transfer_planner(self.transfer)
+        migration_policies.make_migration_policy(
+            self.policy, **self.options
+        )  # a bad name or option is named here
+        migration_policies.make_transfer_planner(self.transfer)
         return self
 
     @property
@@ -231,10 +235,8 @@ class CapacitySpec(BaseModel):
         "cold_start_timeout_s); off: fail it at once (UNAVAILABLE)",
     )
 
-    def saturation(self):  # -> llmfleet.policies.capacity.Saturation
-        from llmfleet.policies.capacity import Saturation
-
-        return Saturation(queue_slack=self.queue_slack, kv_fraction=self.kv_room_fraction)
+    def saturation(self) -> capacity_policies.Saturation:
+        return capacity_policies.Saturation(queue_slack=self.queue_slack, kv_fraction=self.kv_room_fraction)
 
 
 class FleetPolicies(BaseModel):

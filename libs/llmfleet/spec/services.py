@@ -27,7 +27,8 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
-from llmfleet.spec import renamed
+from llmfleet import renamed
+from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
 from llmfleet.spec.sections import DispatchSpec
 from llmfleet.types import DEFAULT_SLO, Slo
@@ -151,8 +152,6 @@ class ModelConfig(BaseModel):
     @classmethod
     def _sim_model(cls, v: str | None) -> str | None:
         if v is not None:
-            from llmfleet.costmodel import UnknownModel, model_arch
-
             try:
                 return model_arch(v).name
             except UnknownModel as e:

@@ -13,19 +13,21 @@ from dataclasses import replace
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
 from llmfleet.metrics.engine import engine_metrics
+from llmfleet.renamed import ENGINE_FLAGS as RENAMED_ENGINE_FLAGS
+from llmfleet.renamed import add_renamed_flags
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, positive_int
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
 from llmfleet.spec.engines import EMULATED_FLAGS, ENGINE_FLAGS, NATIVE_ONLY, EngineConfig
-from llmfleet.spec.renamed import ENGINE_FLAGS as RENAMED_ENGINE_FLAGS
-from llmfleet.spec.renamed import add_renamed_flags
 from llmfleet.spec.sizes import size_bytes
 from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
 
 from llmfleet_engine.backend import EngineBackend
+from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+from llmfleet_engine.emulated.catalog import check_sim_models
 from llmfleet_engine.emulated.host import EngineGroup, build_group
 from llmfleet_engine.emulated.shared import SharedEtcd
 from llmfleet_engine.executor import Executor, ExecutorConfig
@@ -41,7 +43,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
     """The backend named by ``--backend``: the native paged executor, or vLLM (imported lazily)."""
     entry: EngineConfig = args.engine_config
     if args.backend == "vllm":
-        from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
+        from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor  # vLLM: only for this backend
 
         # vLLM picks its GPU from CUDA_VISIBLE_DEVICES; the native knobs (pool, policy) do not apply.
         return VllmExecutor(
@@ -61,8 +63,6 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         **({"memory_budget_bytes": args.memory_budget} if args.memory_budget is not None else {}),
     }
     if args.backend == "emulated":
-        from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
-
         return EmulatedExecutor(
             EmulatedConfig(
                 hardware=args.hardware,
@@ -243,7 +243,6 @@ EMULATED_ONLY = (
 def check_emulated(parser: argparse.ArgumentParser, ns: argparse.Namespace, given: set[str]) -> None:
     """``--backend emulated``: a catalog ``--hardware`` is required, the ``--sim-model`` architectures
     must be catalog names, and native-only flags are refused (they would silently do nothing)."""
-    from llmfleet_engine.emulated.catalog import check_sim_models
 
     for flag in NO_DEVICE:
         if flag in given:
