@@ -20,6 +20,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llmfleet.costmodel import UnknownModel, hardware, model_arch
+from llmfleet.costmodel.memory import kv_pool_bytes
 from llmfleet.spec.engines import EmulatedPool, EngineConfig
 from llmfleet.spec.live_loops import (
     MigrationConfig,
@@ -153,8 +155,6 @@ class ClusterConfig(BaseModel):
 
     def _check_emulated_fit(self, pool: EmulatedPool) -> None:
         """Every served model must fit one emulated engine alone (else it could never be placed)."""
-        from llmfleet.costmodel import hardware, model_arch
-        from llmfleet.costmodel.memory import kv_pool_bytes
 
         hw = hardware(pool.hardware)
         limits = pool.engine.limits()
@@ -179,7 +179,6 @@ class ClusterConfig(BaseModel):
         is a catalog name), for the models the services use. One-to-one: planners work with catalog
         names and the placement leader maps their plans back (two models with one catalog name would
         be indistinguishable); ValueError naming the model otherwise."""
-        from llmfleet.costmodel import UnknownModel, model_arch
 
         out: dict[str, str] = {}
         for name in sorted({s.model for s in self.services.values()}):

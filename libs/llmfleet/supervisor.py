@@ -30,6 +30,7 @@ from types import TracebackType
 
 from llmfleet.ports import free_port as free_port  # re-exported: tests and tools import it from here
 from llmfleet.procs import LOG_TAIL_LINES, check_executable, describe_returncode, tail, with_pdeathsig
+from llmfleet.rpc.channels import open_sync_channel
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +217,6 @@ class ProcessGroup:
         """
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        from llmfleet.rpc.channels import open_sync_channel
 
         c = self[child] if isinstance(child, str) else child
         deadline = time.monotonic() + timeout

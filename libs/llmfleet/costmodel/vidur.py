@@ -59,7 +59,7 @@ from itertools import combinations
 import numpy as np
 
 from llmfleet.costmodel.hardware import Hardware
-from llmfleet.costmodel.models import ModelArch
+from llmfleet.costmodel.models import MODEL_CATALOG, ModelArch
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
@@ -413,7 +413,6 @@ def heldout_errors(gpu: str) -> list[dict]:
 
 def depth_of(key: ShapeKey, default: int = 32) -> int:
     """Layers of the first catalog model (by name) with this layer shape, else ``default``."""
-    from llmfleet.costmodel.models import MODEL_CATALOG
 
     for name in sorted(MODEL_CATALOG):
         if shape_key(MODEL_CATALOG[name]) == key:

@@ -27,14 +27,13 @@ import weakref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from llmfleet.metrics.engine import ITL_BUCKETS, TTFT_BUCKETS
+from llmfleet.metrics.server import process_registry
 
 _lock = threading.Lock()
 _cache: weakref.WeakKeyDictionary[CollectorRegistry, dict[type, object]] = weakref.WeakKeyDictionary()
 
 
 def _once(cls: type, registry: CollectorRegistry | None):
-    from llmfleet.metrics.server import process_registry
-
     reg = registry or process_registry()
     with _lock:
         per = _cache.setdefault(reg, {})

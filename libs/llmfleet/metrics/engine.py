@@ -29,6 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from llmfleet.metrics.server import process_registry
+
 log = logging.getLogger(__name__)
 
 LABEL = "model_name"
@@ -292,7 +294,6 @@ _lock = threading.Lock()
 
 def engine_metrics(registry: CollectorRegistry | None = None) -> EngineMetrics:
     """The engine metrics on ``registry`` (default: the process's), created once per registry."""
-    from llmfleet.metrics.server import process_registry
 
     reg = registry or process_registry()
     with _lock:

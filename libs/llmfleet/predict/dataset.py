@@ -37,7 +37,7 @@ def minilm_token_counter() -> TokenCounter:
     """Counts tokens with MiniLM's tokenizer (no special tokens). Needs the ``predict`` extra."""
     from transformers import AutoTokenizer
 
-    from llmfleet.predict.learned import minilm_path
+    from llmfleet.predict.learned import minilm_path  # imports torch: loaded only for the tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(minilm_path()))
 

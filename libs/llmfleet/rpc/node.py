@@ -24,8 +24,12 @@ from prometheus_client import CollectorRegistry
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, Registration
 from llmfleet.metrics.control import shell_metrics
-from llmfleet.metrics.server import MetricsServer, start_metrics_server
+from llmfleet.metrics.server import MetricsServer, metrics_port, start_metrics_server
+from llmfleet.rpc.cli_args import setup_logging
 from llmfleet.rpc.server import GrpcServer
+from llmfleet.security import SecurityConfigError, configure, settings_from_args
+from llmfleet.security.api_keys import ApiKeyError
+from llmfleet.telemetry import setup_tracing
 from llmfleet.types import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -171,11 +175,6 @@ def run_service(
     """The body of every ``llmfleet-<role>`` console script: parse flags, set up logging and tracing
     (before any server or channel exists, so the interceptors are installed), build (a ValueError is a
     usage error), serve."""
-    from llmfleet.metrics.server import metrics_port
-    from llmfleet.rpc.cli_args import setup_logging
-    from llmfleet.security import SecurityConfigError, configure, settings_from_args
-    from llmfleet.security.api_keys import ApiKeyError
-    from llmfleet.telemetry import setup_tracing
 
     args = parser.parse_args(argv)
     try:  # before any server or channel exists: they read the settings when built

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from llmfleet.policies.batching import StaticBatchPolicy
+from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.request import RequestPolicy
 from llmfleet.spec import (
     CapacitySpec,
@@ -148,7 +149,6 @@ class PolicyBundle:
         """A fresh engine-local policy per instance, built as a live engine builds it
         (:func:`~llmfleet.policies.engine_policy.make_engine_policy`: a static batcher with
         ``slice_end: recompute`` runs on the static stepper, with ``keep`` over continuous batching)."""
-        from llmfleet.policies.engine_policy import make_engine_policy
 
         return lambda: make_engine_policy(self.engine.policy, **self.engine.options)
 

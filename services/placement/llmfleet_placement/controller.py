@@ -44,6 +44,7 @@ from llmfleet.coord import (
 )
 from llmfleet.coord.desired import ModelEntry, SeedRecord, get_seed, seed_desired
 from llmfleet.coord.unplaced import UnplacedPublisher
+from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.policies.placement import StaticConfigPlacement
 from llmfleet.spec.services import ModelConfig, ServiceSpec
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
@@ -95,8 +96,6 @@ def runtime_config(
             continue
         svc_cfgs[name] = spec
     if base.placement.planned:
-        from llmfleet.costmodel import UnknownModel, model_arch
-
         catalog: dict[str, str] = {}
         for model in sorted({s.model for s in svc_cfgs.values()}):
             m = model_cfgs[model]

@@ -129,7 +129,7 @@ def plan_evaluators(planner: PlacementPlanner, policy: str) -> PlanEvaluatorFact
     on demand: other planners never load it)."""
     if not planner.needs.evaluator:
         return None
-    from llmfleet.sim.plan_eval import ClusterPlanEvaluators
+    from llmfleet.sim.plan_eval import ClusterPlanEvaluators  # the simulator and scipy: only for this planner
 
     return ClusterPlanEvaluators(policy)
 

@@ -124,12 +124,6 @@ class Characterizer:
         return record_to_proto(record, samples=len(samples))
 
     async def get(self, req: profiler_pb2.GetProfileRequest) -> profiler_pb2.CostProfile:
-        from llmfleet.costmodel import (
-            ProfileRecord,
-            UnknownHardware,
-            hardware,
-        )
-
         if not req.model or not req.hardware:
             raise CharacterizeError(grpc.StatusCode.INVALID_ARGUMENT, "model and hardware are required")
         raw = await self.etcd.get(self.etcd.keys.profile(req.model, req.hardware))

@@ -26,7 +26,7 @@ def make_predictor(args: argparse.Namespace) -> LengthPredictor:
     if args.predictor == "learned":
         try:
             import torch
-            from llmfleet.predict.learned import LearnedLengthPredictor
+            from llmfleet.predict.learned import LearnedLengthPredictor  # torch: only for --predictor learned
 
             predictor = LearnedLengthPredictor.load(args.predictor_path)
             # one intra-op thread: a prediction is a few tiny matmuls, and idle OpenMP workers that

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
 from llmfleet.coord.migration_state import MigrationState
+from llmfleet.costmodel import hardware, latency_model, model_arch
 from llmfleet.policies.dispatch import (
     POLICIES,
     DispatchContext,
@@ -137,8 +138,6 @@ class DispatchRouter:
         """What the scheduler offers policy ``name`` serving ``spec``."""
         latency = {}
         if dispatch_needs(name).reads_costs:
-            from llmfleet.costmodel import hardware, latency_model, model_arch
-
             # the default cost source: what the simulator and the emulated engines charge
             latency = {spec.model: latency_model(model_arch(spec.model), hardware(self.hardware))}
         return DispatchContext(

@@ -105,7 +105,7 @@ def __getattr__(name: str) -> Any:
     scheduler pools the service's requests and schedules them in rounds: ``llmfleet.policies.central``).
     Defined with the central policies, read lazily: they import this package."""
     if name == "SCHEDULER_MODES":
-        from llmfleet.policies.central.scls_central import CENTRAL_MODES
+        from llmfleet.policies.central.scls_central import CENTRAL_MODES  # scls_central imports this package
 
         return CENTRAL_MODES
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,7 @@ from llmfleet.costmodel.memory import (
 )
 from llmfleet.costmodel.models import ModelArch, model_arch
 from llmfleet.costmodel.roofline import decode_time
+from llmfleet.costmodel.vidur import vidur_legs
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -97,7 +98,6 @@ def vidur_iteration_time(arch: ModelArch, hw: Hardware, overhead=None) -> Iterat
     """The vidur source's decode iteration (measured operators, roofline attention) without its
     constant 2 ms, plus ``overhead(batch, n)`` if given. Raises ``VidurDataError`` (a LookupError) when
     ``hw`` or a TP degree has no measurements."""
-    from llmfleet.costmodel.vidur import vidur_legs
 
     def it(n: int, batch: float, ctx: float) -> float:
         legs = vidur_legs(arch, hw, n, overhead_s=0.0).decode

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.costmodel import DEFAULT_COST_SOURCE, Hardware, check_cost_source, hardware
+from llmfleet.costmodel import DEFAULT_COST_SOURCE, MODEL_CATALOG, Hardware, check_cost_source, hardware
 from llmfleet.costmodel import memory as cost_memory
 
 from llmfleet_engine.emulated.catalog import check_sim_models
@@ -43,8 +43,6 @@ class EmulatedConfig(ExecutorConfig):
             raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
         archs = check_sim_models(self.sim_models)
         if self.block_bytes is None:
-            from llmfleet.costmodel import MODEL_CATALOG
-
             largest = max(a.kv_bytes_per_token for a in (archs or MODEL_CATALOG).values())
             object.__setattr__(self, "block_bytes", -(-self.block_tokens * largest // 16) * 16)
         object.__setattr__(self, "hardware", hw.name)
