@@ -33,15 +33,12 @@ from llmfleet.cli.services import (
     read_state,
     run_with_etcd,
 )
-from llmfleet.coord.desired import ModelEntry
+from llmfleet.coord.desired import ModelEntry, write_desired
 from llmfleet.spec.services import ModelConfig, ServiceMap, ServiceSpec
 from llmfleet.spec.validation import validation_message
 
 if TYPE_CHECKING:
     from llmfleet.coord.client import EtcdClient
-
-NAME = "apply"
-HELP = "add or change services (and their models) at runtime from a YAML file"
 
 BOOTSTRAP_ONLY = ("engines", "placement", "migration", "scheduler", "emulated")  # sections apply ignores
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # one etcd key component
@@ -180,8 +177,6 @@ def plan_apply(
 
 
 async def _apply(client: EtcdClient, args: argparse.Namespace, file: ServicesFile) -> int:
-    from llmfleet.coord.desired import write_desired
-
     for _ in range(3):
         st = await read_state(client)
         plan = plan_apply(file, st.services, st.models)

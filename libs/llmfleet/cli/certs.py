@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-NAME = "certs"
-HELP = "make a development CA and certificate for TLS"
+from llmfleet.security.certs import write_dev_certs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llmfleet.security.certs import write_dev_certs
-
     if args.days <= 0:
         print(f"error: --days must be > 0, got {args.days}")
         return 1

@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-NAME = "compare"
-HELP = "compare two reports (llmfleet sim / llmfleet load): a table, placement plans and GPUs in use"
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.replay.fleet import plan_sequence
+from llmfleet.sim.replan import plan_summary
 
 Getter = Callable[[Mapping[str, Any]], float | None]
 
@@ -126,9 +127,6 @@ def load_run(path: Path, run: str | None = None) -> tuple[str, dict]:
 
 def plans_of(run: Mapping[str, Any]) -> list[str]:
     """The distinct placement plans of a run in order: its starting ``plan``, then each applied decision."""
-    from llmfleet.policies.placement import InstancePlan
-    from llmfleet.replay.fleet import plan_sequence
-    from llmfleet.sim.replan import plan_summary
 
     start = [
         InstancePlan(p["instance_id"], tuple(p["models"]), int(p.get("tp", 1)))

@@ -36,13 +36,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmfleet.cli.load_lines import Outcome, interval_line, pct
+from llmfleet.cli.load_replay import run_replay
 from llmfleet.cli.workload_args import add_workload_arguments
 from llmfleet.client import AsyncClient, LlmfleetError
+from llmfleet.costmodel import hardware
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.rpc.cli_args import positive_float
-
-NAME = "load"
-HELP = "send Poisson load to services phase by phase and report latency and the engines used"
+from llmfleet.sim.spec import ClusterSpec
 
 DEFAULT_PROMPT = "Once upon a time there was a fleet of models"
 
@@ -204,7 +204,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--json", type=Path, default=None, help="write the summary (replay: the report) here as JSON"
     )
     add_replay_arguments(p)
-    p.set_defaults(_load_parser=p)
+    p.set_defaults(load_parser=p)
 
 
 def _services_arg(text: str) -> Path | list[str]:
@@ -224,8 +224,6 @@ def _services_arg(text: str) -> Path | list[str]:
 
 def _hardware_arg(text: str) -> str:
     """``--cluster``: ``COUNTxHARDWARE`` (as ``llmfleet sim``) or ``HARDWARE`` -> the catalog hardware name."""
-    from llmfleet.costmodel import hardware
-    from llmfleet.sim.spec import ClusterSpec
 
     try:
         return ClusterSpec.parse(text).hw.name if text[:1].isdigit() else hardware(text).name
@@ -317,11 +315,10 @@ def run(args: argparse.Namespace) -> int:
     if any(_given(args, f) for f in ("--trace", "--synthetic", "--conversations")):
         problem = replay_usage_error(args)
         if problem is not None:
-            parser = getattr(args, "_load_parser", None)
+            parser = getattr(args, "load_parser", None)
             if parser is not None:
                 parser.error(problem)  # exits 2 with the usage line
             raise SystemExit(f"llmfleet load: error: {problem}")
-        from llmfleet.cli.load_replay import run_replay
 
         return run_replay(args)
     phases = phases_of(args)

@@ -26,10 +26,28 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from llmfleet.cli.compare import plot_gpus
+from llmfleet.cli.load_lines import Outcome, interval_line
+from llmfleet.cli.load_sampler import FleetSampler
 from llmfleet.cli.load_senders import Send, http_sender, sdk_sender
-from llmfleet.replay.report import LiveOutcome
-from llmfleet.replay.requests import ReplayRequest
-from llmfleet.sim.spec import SimService
+from llmfleet.cli.workload_args import build_workload
+from llmfleet.client import AsyncClient
+from llmfleet.config import ClusterConfig, EtcdSettings
+from llmfleet.coord import EtcdClient
+from llmfleet.coord.desired import ModelEntry
+from llmfleet.replay.migration import migration_summary
+from llmfleet.replay.report import LiveOutcome, SoloTimes, live_report
+from llmfleet.replay.requests import ReplayRequest, replay_requests
+from llmfleet.replay.targets import (
+    UnknownService,
+    config_targets,
+    file_targets,
+    live_targets,
+    model_names,
+)
+from llmfleet.sim.report import markdown_table
+from llmfleet.sim.spec import SimService, load_services
+from llmfleet.spec.services import ServiceSpec
 from llmfleet.workload.followups import PREDECESSOR_FAILED, FollowUps
 
 DEFAULT_OUT = Path(".load")
@@ -54,8 +72,6 @@ class Plan:
 
 async def _live_services(client: Any) -> tuple[dict, dict[str, str | None]]:
     """etcd's ``services/`` (ServiceSpec by name) and ``models/`` (sim_model by model name)."""
-    from llmfleet.coord.desired import ModelEntry
-    from llmfleet.spec.services import ServiceSpec
 
     (svc, _), (models, _) = await asyncio.gather(
         client.get_prefix(client.keys.services), client.get_prefix(client.keys.models)
@@ -69,16 +85,6 @@ def plan_replay(
     args: argparse.Namespace, workload: Any, live: dict, sim_models: dict[str, str | None]
 ) -> Plan:
     """Targets from the flags (validated against the live services) and the requests to send."""
-    from llmfleet.config import ClusterConfig
-    from llmfleet.replay.requests import replay_requests
-    from llmfleet.replay.targets import (
-        UnknownService,
-        config_targets,
-        file_targets,
-        live_targets,
-        model_names,
-    )
-    from llmfleet.sim.spec import load_services
 
     names = model_names(live, sim_models)
     try:
@@ -96,14 +102,11 @@ def plan_replay(
 
 
 def _interval(now: float, window: Sequence[LiveOutcome], in_flight: int) -> str:
-    from llmfleet.cli.load_lines import interval_line
-
     return interval_line(now, [_outcome(o) for o in window], in_flight)
 
 
 def _outcome(o: LiveOutcome) -> Any:
     """A replay outcome as ``llmfleet.cli.load_lines.Outcome`` (its interval line)."""
-    from llmfleet.cli.load_lines import Outcome
 
     if not o.ok:
         return Outcome(o.service, False, engine_id=o.engine_id, error=o.error)
@@ -251,7 +254,6 @@ async def _open_sender(args: argparse.Namespace, t0: float) -> tuple[Send, Any]:
         )
         await client.models.list()
         return http_sender(client, t0), client
-    from llmfleet.client import AsyncClient
 
     sdk = AsyncClient(args.scheduler, retries=args.retries, timeout_s=args.timeout)
     await sdk.list_services(timeout_s=10)
@@ -260,11 +262,6 @@ async def _open_sender(args: argparse.Namespace, t0: float) -> tuple[Send, Any]:
 
 async def replay(args: argparse.Namespace, workload: Any, console: Console) -> dict:
     """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema)."""
-    from llmfleet.cli.load_sampler import FleetSampler
-    from llmfleet.config import EtcdSettings
-    from llmfleet.coord import EtcdClient
-    from llmfleet.replay.migration import migration_summary
-    from llmfleet.replay.report import SoloTimes, live_report
 
     settings = EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix)
     etcd = EtcdClient(settings)
@@ -342,8 +339,6 @@ class _Run:
 def write_live_report(report: dict, out: Path, context: str, plots: bool = True) -> dict[str, Path]:
     """``report.json`` (``{"title", "context", "runs": [report]}``, as ``llmfleet sim`` writes it),
     ``report.md`` and ``gpus_in_use.png``."""
-    from llmfleet.cli.compare import plot_gpus
-    from llmfleet.sim.report import markdown_table
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "markdown": out / "report.md"}
@@ -364,7 +359,6 @@ def write_live_report(report: dict, out: Path, context: str, plots: bool = True)
 
 def run_replay(args: argparse.Namespace) -> int:
     """The replay subcommand's body (flags already checked by ``llmfleet.cli.load``)."""
-    from llmfleet.cli.workload_args import build_workload
 
     console = Console(soft_wrap=True)
     try:

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.cli.up_plan import CONTROL_PLANE, ENGINE_PORT_OFFSET, plan_services
+from llmfleet.client import AsyncClient
 from llmfleet.config import ClusterConfig
 from llmfleet.coord import LocalEtcd
+from llmfleet.rpc.channels import open_channel
 from llmfleet.supervisor import ProcessGroup
 
 
@@ -105,9 +108,6 @@ def start_local_cluster(
 async def wait_routed(engine: str, scheduler: str, model: str, service: str, timeout_s: float = 180) -> Any:
     """Until the engine at ``engine`` has loaded ``model`` and the scheduler routes ``service`` to an
     engine; returns the engine's ``GetInfo``."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.client import AsyncClient
-    from llmfleet.rpc.channels import open_channel
 
     deadline = time.monotonic() + timeout_s
     async with open_channel(engine) as ch:

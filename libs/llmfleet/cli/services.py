@@ -15,23 +15,18 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from llmfleet.config import EtcdSettings
-from llmfleet.coord.desired import ModelEntry
+from llmfleet.coord.client import EtcdClient, EtcdError
+from llmfleet.coord.desired import ModelEntry, write_desired
 from llmfleet.coord.keys import Keys
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
-
-if TYPE_CHECKING:
-    from llmfleet.coord.client import EtcdClient
-
-NAME = "services"
-HELP = "list, describe or delete the services in etcd (add or change them with `llmfleet apply`)"
 
 EXIT_OK, EXIT_USER, EXIT_ETCD = 0, 1, 2
 
@@ -58,8 +53,6 @@ def etcd_settings(args: argparse.Namespace) -> EtcdSettings:
 def run_with_etcd(args: argparse.Namespace, body: Callable[[EtcdClient], Any]) -> int:
     """Connect, run ``await body(client)`` (its int is the exit code), close; map failures to exit
     codes with one clear line on stderr: UserError 1, etcd unreachable 2 (naming the endpoints)."""
-    from llmfleet.coord.client import EtcdClient, EtcdError
-
     settings = etcd_settings(args)
 
     async def main() -> int:
@@ -237,8 +230,6 @@ async def _describe(client: EtcdClient, args: argparse.Namespace) -> int:
 
 
 async def _delete(client: EtcdClient, args: argparse.Namespace) -> int:
-    from llmfleet.coord.desired import write_desired
-
     for _ in range(3):
         st = await read_state(client)
         spec = st.services.get(args.name)
@@ -253,22 +244,27 @@ async def _delete(client: EtcdClient, args: argparse.Namespace) -> int:
     raise UserError(f"service {args.name!r} kept changing while deleting it; try again")
 
 
+SUBCOMMANDS: dict[str, Callable[[EtcdClient, argparse.Namespace], Awaitable[int]]] = {
+    "list": _list,
+    "describe": _describe,
+    "delete": _delete,
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="services_command", metavar="SUBCOMMAND", required=True)
     ls = sub.add_parser("list", help="the services, their SLOs and the engines hosting them")
     add_etcd_arguments(ls)
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ls.set_defaults(_services=_list)
     desc = sub.add_parser("describe", help="one service's spec, model and placement (YAML)")
     desc.add_argument("name")
     add_etcd_arguments(desc)
     desc.add_argument("--json", action="store_true", help="print JSON instead of YAML")
-    desc.set_defaults(_services=_describe)
     rm = sub.add_parser("delete", help="delete a service (exit 1 if there is none by that name)")
     rm.add_argument("name")
     add_etcd_arguments(rm)
-    rm.set_defaults(_services=_delete)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_with_etcd(args, lambda client: args._services(client, args))
+    command = SUBCOMMANDS[args.services_command]
+    return run_with_etcd(args, lambda client: command(client, args))

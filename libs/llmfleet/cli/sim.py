@@ -51,11 +51,15 @@ from llmfleet.cli.sim_args import (
     sim_spec,
 )
 from llmfleet.cli.workload_args import DEFAULT_SYNTHETIC_RATE, add_workload_arguments, build_workload
+from llmfleet.config import ClusterConfig
+from llmfleet.costmodel import load_record
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
+from llmfleet.policies.placement import POLICIES as PLACEMENT
 from llmfleet.rpc.cli_args import positive_float
-
-NAME = "sim"
-HELP = "simulate a workload on a cluster with the shipped policies (and compare policies)"
+from llmfleet.sim.partition import auto_workers
+from llmfleet.sim.plan_eval import evaluator_factory
+from llmfleet.sim.report import markdown_table, write_report
+from llmfleet.sim.run import PRESETS, simulate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,8 +99,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _workers(value: str, n_requests: int) -> int:
-    from llmfleet.sim.partition import auto_workers
-
     if value == "auto":
         return auto_workers(n_requests)
     try:
@@ -109,9 +111,6 @@ def _workers(value: str, n_requests: int) -> int:
 
 
 def _list_policies() -> int:
-    from llmfleet.policies.placement import POLICIES as PLACEMENT
-    from llmfleet.sim.run import PRESETS
-
     for b in PRESETS.values():
         print(describe(b))
     print(f"placement planners (--placement): {', '.join(sorted(PLACEMENT))}")
@@ -120,8 +119,6 @@ def _list_policies() -> int:
 
 def _prepare(args: argparse.Namespace):
     """(spec, bundles, profile records, workload, workers) from the flags; ValueError naming a bad one."""
-    from llmfleet.config import ClusterConfig
-    from llmfleet.costmodel import load_record
 
     if args.trace is None and args.synthetic is None and args.conversations is None:
         raise ValueError("give the workload: --trace FILE, --synthetic N or --conversations N")
@@ -161,9 +158,6 @@ def run(args: argparse.Namespace) -> int:
 def _simulate_all(args, spec, runs, records, workload, workers, console) -> list:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from llmfleet.sim.plan_eval import evaluator_factory
-    from llmfleet.sim.run import simulate
-
     experiments = []
     with Progress(TextColumn("{task.description:18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("sim t={task.fields[now]:.0f}s"), TimeElapsedColumn(), console=console) as bar:  # fmt: skip
@@ -183,8 +177,6 @@ def _simulate_all(args, spec, runs, records, workload, workers, console) -> list
 
 
 def _write(args, spec, workload, experiments, console) -> int:
-    from llmfleet.sim.report import markdown_table, write_report
-
     source = (
         f", trace {args.trace.name} ×{args.rate_scale}" if args.trace
         else f", {args.conversations} conversations" if args.conversations

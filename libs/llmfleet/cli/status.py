@@ -34,12 +34,11 @@ from llmfleet.cli.status_migration import (
     migration_status,
     render_migration,
 )
+from llmfleet.config import EtcdSettings
+from llmfleet.coord.client import EtcdClient
 from llmfleet.coord.keys import Keys
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, NodeRecord
-
-NAME = "status"
-HELP = "show nodes, services, placement, leaders, the engine pool and placement decisions"
 
 
 class KV(NamedTuple):
@@ -349,8 +348,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 async def fetch_status(endpoints: str | None, prefix: str | None, timeout: float = 5.0) -> ClusterStatus:
     """Connect to etcd and collect the status (raises EtcdError/EtcdUnavailable on failure); the
     placement leader is asked too (its absence is noted in ``plan_error``)."""
-    from llmfleet.config import EtcdSettings
-    from llmfleet.coord.client import EtcdClient
 
     settings = EtcdSettings.from_env(endpoints=endpoints, prefix=prefix)
     settings.timeout_s = timeout

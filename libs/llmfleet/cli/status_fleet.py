@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.api.v1 import placement_pb2
+from llmfleet.api.v1 import placement_pb2, placement_pb2_grpc
 from llmfleet.monitor import engine_pool
 from llmfleet.monitor.wire import BadReport, stats_from_proto
+from llmfleet.rpc.channels import open_channel
 from llmfleet.types import DesiredPlacement, NodeRecord
 
 DECISIONS_SHOWN = 10  # in the table (--json has every decision GetPlan returns)
@@ -202,9 +203,6 @@ def grpc_plan_source(timeout: float) -> PlanSource:
     """GetPlan over gRPC with ``timeout``."""
 
     async def get_plan(address: str) -> placement_pb2.PlacementPlan:
-        from llmfleet.api.v1 import placement_pb2_grpc
-        from llmfleet.rpc.channels import open_channel
-
         async with open_channel(address) as channel:
             stub = placement_pb2_grpc.PlacementStub(channel)
             return await stub.GetPlan(placement_pb2.GetPlanRequest(), timeout=timeout)

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.api.v1 import migration_pb2
+from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
+from llmfleet.rpc.channels import open_channel
 from llmfleet.types import NodeRecord
 
 EPOCHS_SHOWN = 8
@@ -190,9 +191,6 @@ def grpc_migration_source(timeout: float) -> MigrationSource:
     """Migration.Status over gRPC with ``timeout``."""
 
     async def get_status(address: str) -> migration_pb2.StatusResponse:
-        from llmfleet.api.v1 import migration_pb2_grpc
-        from llmfleet.rpc.channels import open_channel
-
         async with open_channel(address) as channel:
             return await migration_pb2_grpc.MigrationStub(channel).Status(
                 migration_pb2.StatusRequest(), timeout=timeout

@@ -19,9 +19,6 @@ from rich.markup import escape
 
 from llmfleet.client import AsyncClient, LlmfleetError, Usage
 
-NAME = "submit"
-HELP = "submit a prompt to the scheduler and stream the completion"
-
 EXIT_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT: 2,
     grpc.StatusCode.OUT_OF_RANGE: 2,

@@ -59,8 +59,6 @@ __all__ = [  # the planning and start-up helpers are importable from here too
     "DEFAULT_HTTP_PORT",
     "ENGINE_PORT_OFFSET",
     "ENGINE_SCRIPT",
-    "HELP",
-    "NAME",
     "SCHEDULER_REPLICA_OFFSET",
     "ServicePlan",
     "add_arguments",
@@ -73,9 +71,6 @@ __all__ = [  # the planning and start-up helpers are importable from here too
     "run",
     "service_command",
 ]
-
-NAME = "up"
-HELP = "start etcd, the control plane and the engines locally; Ctrl-C stops everything"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

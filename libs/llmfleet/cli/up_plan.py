@@ -17,6 +17,7 @@ from typing import Any
 
 from llmfleet.config import DEFAULT_TTL_S, ClusterConfig
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
+from llmfleet.sim.spec import ClusterSpec
 from llmfleet.spec.engines import EMULATED_FLAGS, EmulatedPool
 
 # (child name, console script, module with main(), port offset from --base-port)
@@ -257,8 +258,6 @@ def apply_emulate(config: ClusterConfig, emulate: str | None, processes: int | N
             raise ValueError("--emulate-processes needs --emulate NxHARDWARE (or an emulated: section)")
         pool = config.emulated.model_copy(update={"processes": processes})
     else:
-        from llmfleet.sim.spec import ClusterSpec
-
         spec = ClusterSpec.parse(emulate)  # ValueError / UnknownHardware naming the valid names
         base = config.emulated or EmulatedPool()
         update: dict[str, Any] = {"count": spec.count, "hardware": spec.hw.name}

@@ -8,6 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.rpc.channels import open_sync_channel
+
 SCHEDULER_SERVICE = "llmfleet.v1.Scheduler"
 
 
@@ -22,9 +25,6 @@ def wait_servable(
     False; (ready, the services still without an engine). Each change of the missing set is shown."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from llmfleet.api.v1 import scheduler_pb2, scheduler_pb2_grpc
-    from llmfleet.rpc.channels import open_sync_channel
 
     deadline = time.monotonic() + timeout_s
     shown: tuple[str, ...] | None = None

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llmfleet.security import SecuritySettings, configure
+from llmfleet.security.certs import write_dev_certs
+
 
 def security_env(args: argparse.Namespace, state: Path) -> dict[str, str]:
     """``--tls``: a development CA + certificate under ``state/tls`` (made once), given to every child
     (mutual TLS between services; the scheduler, the users' entry point, asks no client certificate)
     and used by ``up``'s own health checks. ``--api-keys`` is checked
     here so a bad file fails before anything starts."""
-    from llmfleet.security import SecuritySettings, configure
-    from llmfleet.security.certs import write_dev_certs
 
     if args.api_keys:
         SecuritySettings(api_keys_file=str(Path(args.api_keys).resolve())).validated()

@@ -10,7 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,10 +19,9 @@ from rich.table import Table
 from llmfleet.cli.up_plan import ServicePlan
 from llmfleet.cli.up_ready import wait_servable
 from llmfleet.config import DEFAULT_PREFIX
+from llmfleet.coord.keys import Keys
+from llmfleet.coord.local_etcd import LocalEtcd
 from llmfleet.supervisor import ProcessGroup, SupervisorError
-
-if TYPE_CHECKING:
-    from llmfleet.coord.local_etcd import LocalEtcd
 
 
 @dataclass
@@ -51,7 +50,6 @@ def forget_nodes(etcd: Any, prefix: str | None) -> None:
     TTL when it restarts, so the last run's engines would look alive, with their models loaded, for a
     whole TTL: the scheduler would call the cluster servable before any engine of this run exists.
     Every process of that run is gone (``up`` stopped them), so their records are stale."""
-    from llmfleet.coord.keys import Keys
 
     key = Keys(prefix or DEFAULT_PREFIX).nodes
     subprocess.run(
@@ -66,7 +64,6 @@ def start_etcd(s: UpSession, args: argparse.Namespace) -> str | None:
     if args.etcd:
         s.rows.append({"name": "etcd", "address": args.etcd, "pid": None, "status": "external", "log": None})
         return str(args.etcd)
-    from llmfleet.coord.local_etcd import LocalEtcd  # imports etcd's client: only when needed
 
     s.etcd = etcd = LocalEtcd(s.state / "etcd", client_port=args.etcd_port)
     s.console.print(f"starting etcd on {etcd.endpoint} (data {s.state / 'etcd'}) ...")

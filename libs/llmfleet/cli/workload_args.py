@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
-from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, THINK_S
-
-if TYPE_CHECKING:
-    from llmfleet.workload import Workload
+from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, THINK_S, conversations
+from llmfleet.workload.prompts import with_system_prompts
 
 DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic (conversations/s of --conversations) without --rate
 
@@ -83,7 +81,6 @@ def _at_least_one(text: str) -> float:
 
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload the flags describe (raises ValueError/FileNotFoundError naming the file and line)."""
-    from llmfleet.workload.prompts import with_system_prompts
 
     workload = _requests(args)
     if args.system_prompt_tokens is not None:
@@ -92,8 +89,6 @@ def build_workload(args: argparse.Namespace) -> Workload:
 
 
 def _requests(args: argparse.Namespace) -> Workload:
-    from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
-
     if args.trace is not None:
         return load_azure_trace(
             args.trace, start_s=args.start, end_s=args.end, limit=args.limit, rate_scale=args.rate_scale
@@ -101,8 +96,6 @@ def _requests(args: argparse.Namespace) -> Workload:
     if args.conversations is None and args.mean_turns is not None:
         raise ValueError("--mean-turns needs --conversations")
     if args.conversations is not None:
-        from llmfleet.workload.conversations import conversations
-
         if args.lengths_from is not None:
             raise ValueError("--lengths-from: conversations draw their lengths from LMSYS-Chat-1M's means")
 
