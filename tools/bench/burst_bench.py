@@ -44,6 +44,12 @@ from typing import Any
 import numpy as np
 import psutil
 import yaml
+from llmfleet.client import AsyncClient, Client, LlmfleetError
+from llmfleet.config import ClusterConfig
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.sim.run import PolicyBundle, simulate
+from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
+from llmfleet.workload import Workload, WorkloadRequest
 
 from tools.bench.burst_bench_report import markdown, plot
 from tools.bench.local_up import ROOT, LocalUp
@@ -87,7 +93,6 @@ async def send_all(
     address: str, service: str, delays: list[float], max_tokens: int, prompt: str = PROMPT
 ) -> list[dict]:
     """One SDK request per delay (seconds from now), concurrently; each one's outcome."""
-    from llmfleet.client import AsyncClient, LlmfleetError
 
     async with AsyncClient(address, timeout_s=600) as client:
 
@@ -147,8 +152,6 @@ class HostWatch:
         return self
 
     def _run(self) -> None:
-        from llmfleet.client import Client
-
         with Client(self.address, timeout_s=5) as client:
             while not self._stop.is_set():
                 try:
@@ -167,7 +170,6 @@ class HostWatch:
 
 def wait_loaded(up: LocalUp, services: list[str], timeout_s: float = 300.0) -> float:
     """Seconds until every one of ``services`` has an engine with its model loaded."""
-    from llmfleet.client import Client
 
     t0 = time.monotonic()
     with Client(up.scheduler, timeout_s=5) as client:
@@ -295,8 +297,6 @@ def emulated_lag(up: LocalUp) -> dict[str, float] | None:
 
 
 def _hosts(up: LocalUp) -> dict[str, list[str]]:
-    from llmfleet.client import Client
-
     with Client(up.scheduler, timeout_s=5) as client:
         return {s.name: sorted(s.engines) for s in client.list_services()}
 
@@ -305,10 +305,6 @@ def burst_sim(cfg: dict, pool: str, plan: Any, rows: list[tuple[int, int]]) -> A
     """The burst ``rows`` ((prompt, output) tokens, all at t = 0, to ``chat``) in the simulator: the
     config's services and policy sections as the live fleet runs them, ``pool`` (``3xL4``) as tp-1
     engines, starting from ``plan`` (InstancePlans); the simulation's result."""
-    from llmfleet.config import ClusterConfig
-    from llmfleet.sim.run import PolicyBundle, simulate
-    from llmfleet.sim.spec import ClusterSpec, SimSpec, from_cluster_config
-    from llmfleet.workload import Workload, WorkloadRequest
 
     config = ClusterConfig.model_validate(cfg)
     services, engine = from_cluster_config(config)
@@ -324,8 +320,6 @@ def burst_sim(cfg: dict, pool: str, plan: Any, rows: list[tuple[int, int]]) -> A
 def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], n: int) -> dict:
     """The emulated burst in the simulator: the config's services and placement, the live initial
     plan (which models each engine hosted before the burst), late binding as configured."""
-    from llmfleet.config import ClusterConfig
-    from llmfleet.policies.placement import InstancePlan
 
     config = ClusterConfig.model_validate(cfg)
     catalog = {name: config.models[s.model].sim_model for name, s in config.services.items()}

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from llmfleet.policies.placement import InstancePlan
 
 from tools.bench.burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT, burst_sim
 
@@ -33,7 +34,6 @@ def run(
     scheduler: dict[str, Any], rows: list[tuple[int, int]], plan: tuple, engine: dict | None = None
 ) -> dict[str, float]:
     """Makespan, output tokens/s and p50/p99 latency of one simulated burst."""
-    from llmfleet.policies.placement import InstancePlan
 
     doc = {**yaml.safe_load(DEFAULT_CONFIG.read_text()), "models": copy.deepcopy(EMULATED_MODELS)}
     doc["scheduler"] = {**doc.get("scheduler", {}), **scheduler}

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from llmfleet.client import AsyncClient, Client
 
 from tools.bench.local_up import LocalUp, free_port
 
@@ -71,8 +72,6 @@ def _generate(address: str, rate: float, duration_s: float, tokens: int, seed: i
 async def _generate_async(
     address: str, rate: float, duration_s: float, tokens: int, seed: int
 ) -> dict[str, Any]:
-    from llmfleet.client import AsyncClient
-
     rng = random.Random(seed)
     rows: list[tuple[float, float, float, int]] = []  # (ttft, engine ttft, latency, tokens)
     errors: list[str] = []
@@ -185,8 +184,6 @@ class Cluster:
 
 
 def wait_serving(address: str, timeout_s: float = 120) -> None:
-    from llmfleet.client import Client
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -31,6 +31,7 @@ from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import LoadedModel, load_model, materialize, without_eos
 from llmfleet_engine.sampling import SamplingConfig
 from llmfleet_engine.validation import GenerationRequest
+from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
 
 BATCHES = (1, 8, 32)
 VLLM_SETTINGS = VllmSettings(
@@ -98,7 +99,6 @@ async def backends(
 ) -> dict:
     """The three side by side on ``device`` (``hf_generate_s(model, batch, new)``: engine_bench's HF
     timing)."""
-    from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor
 
     path = without_eos(materialize("tiny://mistral", models), models / "mistral-no-eos")
     spec = ModelSpec(name="tiny-mistral", source=str(path))

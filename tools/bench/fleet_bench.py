@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 import yaml
 from llmfleet.engine_core import EngineLimits
+from llmfleet.sim.run import preset
 from llmfleet.spec.engines import EmulatedPool
 
 from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim, wait_until
@@ -104,7 +105,6 @@ def startup_run(up: LocalUp, gpus: int, models: int) -> dict:
 def preset_config(name: str, placement: str | None) -> tuple[dict, dict, str]:
     """The live settings of ``llmfleet sim``'s preset ``name``: (placement section, emulated engine
     section, services' dispatch). ``placement`` overrides the preset's planner, on both sides."""
-    from llmfleet.sim.run import preset
 
     b = preset(name, placement=placement)
     section = {"policy": b.placement.policy, "interval_s": 30, "window_s": 60, "confirm_intervals": 1}

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
+from llmfleet_engine.models import materialize, without_eos
 
 from tools.bench.hop_paths import MODEL, SERVICE, Paths
 from tools.bench.hop_report import (
@@ -76,7 +77,6 @@ def start_cluster(
     """etcd + the children ``llmfleet up`` plans for a one-engine config (stopped by ``stop``);
     ``http``: the scheduler serves its OpenAI-compatible API on a free port (``cluster.http``)."""
     import yaml
-    from llmfleet_engine.models import materialize, without_eos
 
     models_dir = root / "models"
     endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")

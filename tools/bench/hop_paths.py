@@ -8,6 +8,10 @@ import json
 import time
 import uuid
 
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.client import AsyncClient
+from llmfleet.rpc.channels import open_channel
+
 SERVICE = "hop"
 MODEL = "tiny-llama"
 PROMPT = "Once upon a time there was a tiny model"
@@ -24,10 +28,6 @@ class Paths:
     """The ways to send one request; each returns its client-side TTFT in seconds."""
 
     def __init__(self, engine: str, scheduler: str, http: str = "", width: int = 100) -> None:
-        from llmfleet.api.v1 import engine_pb2_grpc
-        from llmfleet.client import AsyncClient
-        from llmfleet.rpc.channels import open_channel
-
         self._engine_channel = open_channel(engine)
         self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
         self._client = AsyncClient(scheduler, timeout_s=60)
@@ -97,8 +97,6 @@ class Paths:
         return _ttft("request through the openai client", t0, first, n, max_tokens)
 
     async def direct(self, max_tokens: int) -> float:
-        from llmfleet.api.v1 import common_pb2, engine_pb2
-
         t0 = time.perf_counter()
         req = engine_pb2.GenerateRequest(
             request_id=uuid.uuid4().hex,

@@ -16,14 +16,13 @@ from typing import Any
 
 import psutil
 import yaml
+from llmfleet.supervisor import free_port as free
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    from llmfleet.supervisor import free_port as free
-
     return free()
 
 

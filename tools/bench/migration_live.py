@@ -51,6 +51,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmfleet.costmodel import fit_engine_profile, record_from_fit
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.sim.run import PolicyBundle
+from llmfleet.sim.run import simulate as sim_run
+from llmfleet.workload import poisson
+
 from tools.bench.migration_live_cluster import (
     ENGINES,
     EPOCH_S,
@@ -105,7 +111,6 @@ VARIANTS: dict[str, tuple[str, str]] = {  # name -> (dispatch, migration policy)
 
 def plan_workload(args: argparse.Namespace) -> list[Planned]:
     import numpy as np
-    from llmfleet.workload import poisson
 
     arrivals = poisson(args.rate, n=args.requests, seed=args.seed)
     rng = np.random.default_rng(args.seed + 1)
@@ -121,10 +126,6 @@ def plan_workload(args: argparse.Namespace) -> list[Planned]:
 def simulate(
     rows: list[dict[str, Any]], record: Any, s: Settings, kv: int, tpb: int, dispatch: str, policy: str
 ) -> dict[str, Any]:
-    from llmfleet.policies.placement import InstancePlan
-    from llmfleet.sim.run import PolicyBundle
-    from llmfleet.sim.run import simulate as sim_run
-
     spec, wl = replay_spec(rows, s, kv, tpb, len(ENGINES), min(r["output_tokens"] for r in rows))
     bundle = PolicyBundle(
         f"live-{dispatch}-{policy}",
@@ -252,7 +253,6 @@ def _measure(
 
 def _records(m: LiveMeasurement) -> tuple[Any, Any, str, Any]:
     """(raw record, headline record, its name, the calibrated overhead or None) from the profile."""
-    from llmfleet.costmodel import fit_engine_profile, record_from_fit
 
     fit = fit_engine_profile(m.samples)
     raw = record_from_fit(fit, MODEL, HARDWARE, "native")

@@ -12,6 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc, migration_pb2, migration_pb2_grpc
+from llmfleet.cli.local_cluster import start_local_cluster
+from llmfleet.client import AsyncClient
+from llmfleet.rpc.channels import open_channel
+from llmfleet_engine.models import materialize, without_eos
+
 from tools.bench.sim_fidelity.cluster import engine_flags, scheduler_flags
 from tools.bench.sim_fidelity.replay import stream_request, timed_row
 from tools.bench.sim_fidelity.workload import MODEL, Settings, make_prompt
@@ -33,8 +39,6 @@ class Planned:
 
 def start(root: Path, models_dir: Path, s: Settings, dispatch: str, policy: str, log: Any) -> Any:
     import yaml
-    from llmfleet.cli.local_cluster import start_local_cluster
-    from llmfleet_engine.models import materialize, without_eos
 
     endless = models_dir / "endless-llama"
     if not endless.exists():
@@ -57,7 +61,6 @@ def start(root: Path, models_dir: Path, s: Settings, dispatch: str, policy: str,
 
 async def status(address: str) -> Any:
     import grpc
-    from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 
     async with grpc.aio.insecure_channel(address) as ch:
         return await migration_pb2_grpc.MigrationStub(ch).Status(migration_pb2.StatusRequest(), timeout=5)
@@ -66,9 +69,6 @@ async def status(address: str) -> Any:
 async def wait_ready(cluster: Any, timeout: float = 180) -> Any:
     """Every engine has loaded the model, the scheduler routes ``chat`` to all three, the migration
     leader is elected and sees all three engines reporting; the first engine's GetInfo."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.client import AsyncClient
-    from llmfleet.rpc.channels import open_channel
 
     deadline = time.monotonic() + timeout
     info = None
@@ -158,7 +158,6 @@ async def send_one(client: Any, p: Planned, prompt: str, t0: float) -> dict[str,
 
 async def run_live(cluster: Any, planned: list[Planned], seed: int) -> dict[str, Any]:
     """The planned requests through the cluster's scheduler, the leader watched meanwhile."""
-    from llmfleet.client import AsyncClient
 
     rng = random.Random(seed)
     prompts = [make_prompt(p.prompt_tokens, rng) for p in planned]

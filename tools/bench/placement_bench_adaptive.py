@@ -10,7 +10,7 @@ import numpy as np
 from llmfleet.sim.plan_eval import evaluator_factory
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
-from llmfleet.workload import Workload, WorkloadRequest
+from llmfleet.workload import Workload, WorkloadRequest, per_service_arrivals
 
 from tools.bench.papers import common as C
 from tools.bench.placement_bench_common import COST
@@ -23,7 +23,6 @@ def adaptive_section(cfg: dict, log) -> dict:
     A100-80GB, two services (Llama-2-7B, Llama-2-13B, conv-trace lengths), per-service Gamma (CV 2)
     arrivals whose rates swap every phase; SeaLLM placement (Algorithm 1, simulator in the loop) re-run
     by the simulator's placement loop with a fixed interval or the adaptive one."""
-    from llmfleet.workload import per_service_arrivals
 
     sp = SimSpec(
         ClusterSpec.parse("8xA100-80GB"), (SimService("a", "llama2-7b"), SimService("b", "llama2-13b"))

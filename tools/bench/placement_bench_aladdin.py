@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from llmfleet.costmodel import RooflineModel, hardware, model_arch
 from llmfleet.policies.placement import AladdinOptions, AladdinPlanner, GpuPool, ServiceLoad, optimal_tp
+from llmfleet.policies.scaling import AladdinLinearScaler
 from llmfleet.sim.capacity import workers_needed
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
@@ -79,8 +80,6 @@ def _fit(rows: list[dict], cfg: dict, slo: Slo) -> dict[str, Any]:
     ]
     fit: dict[str, Any] = {}
     if len({p[0] for p in pts}) >= 2:
-        from llmfleet.policies.scaling import AladdinLinearScaler
-
         sc = AladdinLinearScaler().fit([p[0] for p in pts], [p[1] for p in pts])
         planner = AladdinPlanner(AladdinOptions(k5=sc.k5, c5=sc.c5, t_dec=ALADDIN_SLO[1]))
         fit = {"k5": sc.k5, "c5": sc.c5, "planner": []}

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmfleet.cli.sim import add_arguments
+from llmfleet.cli.sim_args import bundles, sim_spec
+from llmfleet.cli.workload_args import build_workload
+from llmfleet.config import ClusterConfig
+from llmfleet.sim.report import write_report
+from llmfleet.sim.run import simulate as run
+
 POLICIES = ("round_robin", "jsq", "prefix_affinity")
 CHAT = {"chat": {"model": "llama2-7b", "slo": {"ttft_s": 2.0, "tpot_s": 0.1}}}  # the conv trace's chat
 # re-planned every 10 s: an engine that registers after the first plan (none yet) is placed on soon
@@ -160,8 +167,6 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def sim_parser() -> argparse.ArgumentParser:
-    from llmfleet.cli.sim import add_arguments
-
     p = argparse.ArgumentParser(prog="llmfleet sim")
     add_arguments(p)
     return p
@@ -170,11 +175,6 @@ def sim_parser() -> argparse.ArgumentParser:
 def simulate(argv: list[str], out: Path | None = None) -> Any:
     """``llmfleet sim ARGV`` in this process: the experiment (plan, result with per-instance stats and
     records, report); with ``out``, its ``report.json`` and ``report.md`` as the CLI writes them."""
-    from llmfleet.cli.sim_args import bundles, sim_spec
-    from llmfleet.cli.workload_args import build_workload
-    from llmfleet.config import ClusterConfig
-    from llmfleet.sim.report import write_report
-    from llmfleet.sim.run import simulate as run
 
     args = sim_parser().parse_args(argv)
     config = ClusterConfig.load(args.cluster_config) if args.cluster_config is not None else None

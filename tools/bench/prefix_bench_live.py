@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from tools.bench.engine_bench import medium_llama
 from tools.bench.fleet_common import BIN, Fleet, compare, run_load, run_sim
 from tools.bench.local_up import LocalUp
 from tools.bench.prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
@@ -219,8 +220,6 @@ def _wait_served(up: LocalUp, engines: int, timeout_s: float) -> None:
 def bench_native(
     out: Path, engines: int, conv: Conversations, rate: float, compared: list[Setup], threads: int
 ) -> dict:
-    from tools.bench.engine_bench import medium_llama
-
     d = out / "native"
     models = d / "models"
     models.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,20 @@ import time
 from pathlib import Path
 
 import torch
+from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
 from llmfleet.costmodel import fit_engine_profile
 from llmfleet.costmodel.profile_fit import min_max_bounds
+from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery, ServiceMeanPredictor
+from llmfleet.predict.dataset import load_alpaca, train_test_split
+from llmfleet.predict.evaluate import evaluate
+from llmfleet.predict.learned import LearnedLengthPredictor
+from llmfleet.rpc import open_channel
 from llmfleet.types import ModelSpec
 from llmfleet_engine import profiling
 from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_profiler import main as profiler_main
+
+from tools.bench.engine_bench import medium_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "alpaca_4000.json"
@@ -47,7 +56,6 @@ def fit_errors(models_dir: Path) -> list[dict]:
     relative error any coefficients of the form can reach on those points is computed (an LP bound).
     The sweep runs ``ROUNDS`` times a few seconds apart and the repeats are pooled: on a shared machine
     interference comes in bursts, and one burst must not own every repeat of a point."""
-    from tools.bench.engine_bench import medium_llama
 
     rows = []
     ex = Executor(ExecutorConfig(cache_dir=models_dir, allow_download=False, memory_budget_bytes=1 << 30))
@@ -91,7 +99,6 @@ def fit_errors(models_dir: Path) -> list[dict]:
 
 def load_or_train(model_dir: Path, train, epochs: int):
     """The saved learned predictor (both encoders), trained and saved first if missing or outdated."""
-    from llmfleet.predict.learned import LearnedLengthPredictor
 
     try:
         return LearnedLengthPredictor.load(model_dir, encoder="all")
@@ -105,10 +112,6 @@ def load_or_train(model_dir: Path, train, epochs: int):
 
 
 def predictor_table(data: Path, model_dir: Path, epochs: int) -> tuple[list[dict], list[str]]:
-    from llmfleet.predict import EmpiricalLengthPredictor, LengthQuery, ServiceMeanPredictor
-    from llmfleet.predict.dataset import load_alpaca, train_test_split
-    from llmfleet.predict.evaluate import evaluate
-
     train, test = train_test_split(load_alpaca(data), test_fraction=0.2, seed=0)
     learned = load_or_train(model_dir, train, epochs)
     mean, empirical = ServiceMeanPredictor(), EmpiricalLengthPredictor()
@@ -143,9 +146,6 @@ async def grpc_latency(model_dir: Path, prompts: list[str], batches: int = 200) 
     """p50/p99 of one Predict call with 32 prompts through the profiler service (learned predictor,
     its default encoder): new Alpaca prompts on every call (held-out first, then the training prompts:
     all are new to the service's cache), then one batch repeated."""
-    from llmfleet.api.v1 import profiler_pb2, profiler_pb2_grpc
-    from llmfleet.rpc import open_channel
-    from llmfleet_profiler import main as profiler_main
 
     args = profiler_main.build_parser().parse_args(
         ["--port", "0", "--etcd", "127.0.0.1:1", "--predictor", "learned", "--predictor-path", str(model_dir)]

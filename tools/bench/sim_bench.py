@@ -22,23 +22,23 @@ import sys
 import time
 from pathlib import Path
 
+from llmfleet.sim.partition import auto_workers
+from llmfleet.sim.run import preset, simulate
+from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.types import Slo
+from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
+
 TRACE = Path(__file__).resolve().parents[2].parent / "shared/traces/azure_llm_2023_conv.csv"
 CONV_POLICIES = ("vllm", "fcfs-jsq", "seallm", "sls")
 
 
 def _lengths(trace: Path) -> list[tuple[int, int]]:
-    from llmfleet.workload import load_azure_trace
-
     return [(r.prompt_tokens, r.output_tokens) for r in load_azure_trace(trace).requests]
 
 
 def scenario(name: str, trace: Path, policy: str, n: int, gpus: int, rate: float, workers: int = 1) -> dict:
     """Run one scenario in this process; the result row (without memory)."""
     import numpy as np
-    from llmfleet.sim.run import preset, simulate
-    from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
-    from llmfleet.types import Slo
-    from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
 
     t0 = time.perf_counter()
     if name == "conv32":
@@ -150,8 +150,6 @@ def main() -> int:
             rows.append(run_child(["conv32", str(a.trace), p, "0", "32", "0", "1"]))
             print(f"conv32 {p}: {rows[-1]['wall_s']:.2f} s", file=sys.stderr)
     if a.only in (None, "synth1m"):
-        from llmfleet.sim.partition import auto_workers
-
         split = a.workers or max(2, auto_workers(a.synth_requests))
         for workers in ([] if a.skip_serial else [1]) + [split]:
             args = [

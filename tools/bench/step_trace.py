@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from llmfleet.workload.azure_trace import read_azure_trace
 
 
 def _lengths(source: Path | None, n: int, rng: np.random.Generator) -> np.ndarray:
     if source is not None and source.exists():
-        from llmfleet.workload.azure_trace import read_azure_trace
-
         rows = read_azure_trace(source)
         table = np.array([(r.prompt_tokens, r.output_tokens) for r in rows], dtype=int)
         return table[rng.integers(0, len(table), n)]

@@ -56,6 +56,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmfleet.config import DEFAULT_TTL_S
+
 from tools.chaos.chaos_cluster import MODEL, SERVICE, ChaosCluster, Node
 from tools.chaos.chaos_faults import ALL_FAULTS, FaultResult, inject
 from tools.chaos.chaos_load import LENGTHS, PROMPTS, Load, compute_reference
@@ -125,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("llmfleet").setLevel(logging.ERROR)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from llmfleet.config import DEFAULT_TTL_S
 
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     for f in faults:

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmfleet.cli.local_cluster import free_base_port
+from llmfleet.cli.status import EtcdStatusSource, collect_status
+from llmfleet.cli.up import plan_services
+from llmfleet.client import AsyncClient
+from llmfleet.config import ClusterConfig, EtcdSettings
+from llmfleet.coord import LocalEtcd
+from llmfleet.coord.client import EtcdClient
 from llmfleet.ports import free_port
+from llmfleet.supervisor import ProcessGroup, describe_returncode
+from llmfleet_engine.models import materialize, without_eos
 
 from tools.toolkit.procs import tree_pids, tree_rss_kib
 
@@ -73,12 +82,6 @@ class ChaosCluster:
         max_tokens: int = 16,  # the service's output cap for a request that sets none
     ) -> None:
         import yaml
-        from llmfleet.cli.local_cluster import free_base_port
-        from llmfleet.cli.up import plan_services
-        from llmfleet.config import ClusterConfig
-        from llmfleet.coord import LocalEtcd
-        from llmfleet.supervisor import ProcessGroup
-        from llmfleet_engine.models import materialize, without_eos
 
         self.root = root
         self.ttl = ttl
@@ -180,9 +183,6 @@ class ChaosCluster:
     async def etcd_status(self, timeout_s: float = 2.0) -> Any:
         """What etcd says (nodes with their leases, leaders): ``llmfleet status`` without asking the
         placement and migration leaders, so a frozen process cannot stall the check."""
-        from llmfleet.cli.status import EtcdStatusSource, collect_status
-        from llmfleet.config import EtcdSettings
-        from llmfleet.coord.client import EtcdClient
 
         settings = EtcdSettings.from_env(endpoints=self.etcd.endpoint, prefix=self.prefix)
         settings.timeout_s = timeout_s
@@ -199,7 +199,6 @@ class ChaosCluster:
         """(True, "") when every process is registered with a live lease, placement and migration have
         a leader and both schedulers route the service to every engine; else (False, what is missing)."""
         import httpx
-        from llmfleet.client import AsyncClient
 
         try:
             status = await self.etcd_status()
@@ -244,7 +243,6 @@ class ChaosCluster:
         """What ``llmfleet up``'s supervisor does: start again every child that exited (none of ours
         is meant to); returns ``"name (pid P, exit): log tail"`` for each, and keeps them in
         ``self.unexpected_exits``."""
-        from llmfleet.supervisor import describe_returncode
 
         out = []
         for child in self.group.poll_exited():

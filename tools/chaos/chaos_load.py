@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from llmfleet.client import AsyncClient
+
 from tools.chaos.chaos_cluster import SERVICE, ChaosCluster
 from tools.chaos.chaos_outcomes import Outcome, Reference, judge
 
@@ -34,7 +36,6 @@ LENGTHS = (8, 16, 32, 64)
 
 async def compute_reference(address: str, lengths: Sequence[int], timeout_s: float = 120) -> Reference:
     """The uninterrupted greedy output of every (prompt, length), one request at a time."""
-    from llmfleet.client import AsyncClient
 
     ref = Reference()
     async with AsyncClient(address, timeout_s=timeout_s) as c:
@@ -138,7 +139,6 @@ class Load:
 
     async def start(self) -> None:
         import httpx
-        from llmfleet.client import AsyncClient
 
         n_sdk = self.concurrency - self.n_http
         self.set_phase(self.phase)

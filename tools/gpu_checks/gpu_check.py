@@ -32,6 +32,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from llmfleet.costmodel import hardware
+from llmfleet.costmodel.models import arch_from_hf_config
+from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
+from llmfleet.costmodel.roofline import decode_time, prefill_time
+from llmfleet.costmodel.vidur import vidur_legs
+from llmfleet.types import ModelSpec
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.models import load_model, materialize
+from llmfleet_engine.sampling import SamplingConfig
+from llmfleet_engine.validation import GenerationRequest
 
 from tools.toolkit.stats import spread as median_spread
 
@@ -61,7 +71,6 @@ PROMPT, NEW = 128, 32
 
 def build_model(shape: str, dtype: str, root: Path) -> Path:
     """A seeded random Llama of ``shape`` saved in ``dtype``, with the tiny tokenizer beside it."""
-    from llmfleet_engine.models import materialize
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = root / f"llama-{shape}-{dtype}"
@@ -88,8 +97,6 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 async def native_vs_hf(ex, model, device: str, repeats: int, deadline: float) -> list[dict]:
     """Tokens/s of the engine and of ``generate`` on the same batches, back to back per repeat."""
-    from llmfleet_engine.sampling import SamplingConfig
-    from llmfleet_engine.validation import GenerationRequest
 
     async def native(batch: list[list[int]]) -> float:
         _sync(device)
@@ -158,9 +165,6 @@ async def native_vs_hf(ex, model, device: str, repeats: int, deadline: float) ->
 
 def predictions(arch, hw_name: str, phase: str, b: int, n: int) -> dict[str, float | None]:
     """vidur (no constant overhead) and roofline seconds for one profiled point."""
-    from llmfleet.costmodel import hardware
-    from llmfleet.costmodel.roofline import decode_time, prefill_time
-    from llmfleet.costmodel.vidur import vidur_legs
 
     hw = hardware(hw_name)
     out: dict[str, float | None] = {}
@@ -214,10 +218,6 @@ def measure(
 ) -> tuple[list[dict], list[list], list[dict]]:
     """Build and load the model, profile it and race it against HF ``generate``: (the profiled points
     with their predictions, the skipped points, the native-vs-HF rows)."""
-    from llmfleet.costmodel.models import arch_from_hf_config
-    from llmfleet.types import ModelSpec
-    from llmfleet_engine.executor import Executor, ExecutorConfig
-    from llmfleet_engine.models import load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -280,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else platform.processor() or "cpu"
     vidur_hw = a.vidur_hw or ("h100-80gb" if "H100" in name or "H200" in name else "a100-80gb")
     t0 = time.monotonic()
-    from llmfleet.costmodel.overhead import VIDUR_A100_OVERHEAD
 
     points, skipped, hf = measure(a, batches, lengths, vidur_hw, t0 + a.budget_s)
     result = {

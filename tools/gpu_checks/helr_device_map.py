@@ -19,6 +19,10 @@ import tempfile
 from typing import Any
 
 import torch
+from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology
+from llmfleet.policies.placement.helr import HelrOptions, HelrPlanner
+from llmfleet.types import ModelSpec
+from llmfleet_engine.models import load_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +36,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import transformers
-    from llmfleet.policies.placement.device_topology import Device, LayeredModel, Topology
-    from llmfleet.policies.placement.helr import HelrOptions, HelrPlanner
-    from llmfleet.types import ModelSpec
-    from llmfleet_engine.models import load_model
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

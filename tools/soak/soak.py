@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from llmfleet.config import DEFAULT_TTL_S
+
 from tools.chaos.chaos_cluster import ChaosCluster
 from tools.chaos.chaos_load import Load, compute_reference
 from tools.chaos.chaos_outcomes import Outcome, Reference, counts
@@ -283,7 +285,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("llmfleet", "httpx", "chaos"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from llmfleet.config import DEFAULT_TTL_S
 
     root = Path(tempfile.mkdtemp(prefix="llmfleet-soak-"))
     cluster = ChaosCluster(root, engines=args.engines, ttl=DEFAULT_TTL_S)

@@ -30,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from llmfleet.costmodel import hardware, model_arch, prefill_time
+from llmfleet.workload import Workload, WorkloadRequest, sharegpt_like_lengths
+
 from . import common as C
 from . import seallm_setup as S
 
@@ -48,7 +51,6 @@ def row(sp, wl, bundle, plan, horizon: float) -> dict:
 
 def prefill_gpus(pools: dict, share: dict, rate: float, samples: int = 400) -> float:
     """GPUs kept busy by prefill alone at ``rate`` (see the module docstring)."""
-    from llmfleet.costmodel import hardware, model_arch, prefill_time
 
     hw = hardware("a100-80gb")
     total = 0.0
@@ -62,8 +64,6 @@ def prefill_gpus(pools: dict, share: dict, rate: float, samples: int = 400) -> f
 
 
 def sharegpt_conv(n: int):
-    from llmfleet.workload import Workload, WorkloadRequest, sharegpt_like_lengths
-
     a = sharegpt_like_lengths(n, seed=11, max_prompt=4096, max_output=4096)
     return Workload(
         tuple(WorkloadRequest(f"g{i}", 0.0, int(p), int(o), "") for i, (p, o) in enumerate(a.tolist()))

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from llmfleet.policies.placement import InstancePlan
+
 from tools.bench.papers import common as C
 from tools.bench.papers import seallm_setup as S
 
@@ -29,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--by-service", action="store_true", help="per-service latency, SeaLLM's plan and vLLM")
     a = ap.parse_args(argv)
-    from llmfleet.policies.placement import InstancePlan
 
     res = json.loads(a.papers.read_text())["papers"]["seallm"]
     sp = S.spec()

@@ -45,8 +45,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from llmfleet.sim.plan_eval import evaluator_factory
-from llmfleet.sim.run import PolicyBundle, assign_services, preset
+from llmfleet.policies.placement import (
+    GpuPool,
+    InstancePlan,
+    PlacementContext,
+    SeaLLMOptions,
+    SeaLLMPlacement,
+)
+from llmfleet.sim.cost import CostBook
+from llmfleet.sim.memory import pool_layout
+from llmfleet.sim.plan_eval import SimPlanEvaluator, evaluator_factory
+from llmfleet.sim.run import PolicyBundle, assign_services, preset, service_loads
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.workload import (
     LengthStats,
@@ -108,7 +117,6 @@ def short_lengths(lengths: str, conv: Workload | None = None) -> Workload:
 
 def vllm_share_plan(sp: SimSpec) -> list:
     """vLLM as one server per model at TP = its even share of the GPUs (a power of two ≤ a node)."""
-    from llmfleet.policies.placement import InstancePlan
 
     models = sorted(sp.models)
     tp = 1
@@ -123,8 +131,6 @@ def offered_load(sp: SimSpec, pools: dict[str, tuple[str, np.ndarray]], share: d
     TP × (prefill + its share of decode iterations at the largest batch the KV pool holds at the pool's
     mean length, capped by ``max_batch_requests``). Queueing, preemption and the batches a real run forms
     are left out, so 1.0 is an upper bound of the rate any system sustains."""
-    from llmfleet.sim.cost import CostBook
-    from llmfleet.sim.memory import pool_layout
 
     hw, ref = sp.cluster.hw, sp.reference_tps()
     archs = sp.archs()
@@ -198,9 +204,6 @@ HISTORY_S = 60.0  # the arrivals Algorithm 1 is searched on, for the fixed-plan 
 def place(sp: SimSpec, history: Workload, processes: int = 1) -> tuple[list, str]:
     """Algorithm 1 (≤ 2 services per engine) searched once on ``history`` with the preset's own engines
     and dispatch: the plan and the planner's reason (SeaLLM without re-placement: the paper's SeaLLM-A)."""
-    from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMOptions, SeaLLMPlacement
-    from llmfleet.sim.plan_eval import SimPlanEvaluator
-    from llmfleet.sim.run import service_loads
 
     b = preset("seallm-placement")
     planner = SeaLLMPlacement(SeaLLMOptions(max_services=(2,)))

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from llmfleet.policies.batching import POLICIES as STATIC_BATCHERS
+from llmfleet.policies.placement import InstancePlan
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
@@ -99,8 +100,6 @@ def _services() -> tuple[SimService, ...]:
 
 
 def _sim(services, dep, wl, preds: dict[str, float], name: str, batcher: tuple[str, dict]):
-    from llmfleet.policies.placement import InstancePlan
-
     local, opts = batcher
     plan = [InstancePlan("dep0", (MODEL,), 1)]
     values = [preds[r.request_id] for r in wl.requests]
@@ -133,8 +132,6 @@ def _row_metrics(e, original: Workload | None = None) -> dict:
 
 def _morphling_serve(services):
     def serve(dep: U.Deployment, burst: Workload, batch: int) -> float:
-        from llmfleet.policies.placement import InstancePlan
-
         svc = (SimService("stress", MODEL, Slo(deadline_s=1e9), max_tokens=1024),)
         e = C.simulate(
             _spec(svc, dep), burst, _bundle("trial", "static_sls", batch_size=batch),

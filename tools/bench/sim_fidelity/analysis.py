@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import numpy as np
+from llmfleet.costmodel import fit_engine_profile, record_from_fit
 
 from .calibrate import CalibrationGroup, deployed_overhead, fit_overhead, with_overhead
 from .cluster import scheduler_flags
@@ -21,7 +22,6 @@ from .workload import HARDWARE, MODEL, Settings
 
 def analyse(meas: dict[str, Any], s: Settings, log: Any) -> dict[str, Any]:
     """The report of a measurement (written by :func:`~.cli.measure`, or loaded with ``--resimulate``)."""
-    from llmfleet.costmodel import fit_engine_profile, record_from_fit
 
     load_before, load_after = meas["loadavg"]
     t_analysis = time.perf_counter()

@@ -11,6 +11,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmfleet.api.v1 import engine_pb2_grpc
+from llmfleet.client import AsyncClient
+from llmfleet.costmodel.aladdin import DecodeModel, PrefillModel
+from llmfleet.rpc.channels import open_channel
+
 from .replay import engine_generate, run_one
 from .workload import Settings, make_prompt
 
@@ -86,7 +91,6 @@ def anchored_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def with_overhead(record: Any, o: Overhead) -> Any:
     """``record`` with the measured overheads added: c1 += o1, c3 += o3, c2 += o2."""
-    from llmfleet.costmodel.aladdin import DecodeModel, PrefillModel
 
     a = record.aladdin
     pre = PrefillModel(a.prefill.k1, a.prefill.c1 + o.prefill_s)
@@ -97,8 +101,6 @@ def with_overhead(record: Any, o: Overhead) -> Any:
 async def calibrate(engine_address: str, s: Settings, rng: random.Random) -> list[CalibrationGroup]:
     """One calibration phase: per round and batch size b, b identical requests sent together straight
     to the engine, one group at a time; the engine's own Usage of each."""
-    from llmfleet.api.v1 import engine_pb2_grpc
-    from llmfleet.rpc.channels import open_channel
 
     groups = []
     async with open_channel(engine_address) as ch:
@@ -119,7 +121,6 @@ async def calibrate_cluster(
     """The same groups as :func:`calibrate`, sent through the SDK and the scheduler (the workload's
     path) and timed on the client: what an iteration costs while the control plane relays the tokens
     on the same cores, and what the client -> scheduler -> engine hops add to a first token."""
-    from llmfleet.client import AsyncClient
 
     groups = []
     async with AsyncClient(scheduler_address) as client:

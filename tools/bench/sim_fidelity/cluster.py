@@ -7,7 +7,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.cli.local_cluster import LocalCluster, start_local_cluster, wait_routed
+from llmfleet.rpc.channels import open_channel
+from llmfleet_engine.models import materialize, without_eos
 
 from .workload import ENGINE_ID, MODEL, SERVICE, Settings
 
@@ -44,7 +47,6 @@ def scheduler_flags(s: Settings) -> list[str]:
 def start_cluster(root: Path, s: Settings, log: Any) -> LocalCluster:
     """etcd + the children ``llmfleet up`` plans, with the engine's (and scheduler's) flags appended."""
     import yaml
-    from llmfleet_engine.models import materialize, without_eos
 
     models_dir = root / "models"
     endless = without_eos(materialize("tiny://llama", models_dir), models_dir / "endless-llama")
@@ -71,8 +73,6 @@ async def wait_ready(cluster: LocalCluster, timeout: float = 180) -> Any:
 
 async def profile_engine(address: str, s: Settings) -> list[tuple[str, int, int, float]]:
     """The engine's Profile sweep: raw (phase, batch, tokens, seconds) samples."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.rpc.channels import open_channel
 
     async with open_channel(address) as ch:
         resp = await engine_pb2_grpc.EngineStub(ch).Profile(

@@ -10,6 +10,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.client import AsyncClient
+from llmfleet.policies.placement import InstancePlan
+from llmfleet.rpc.channels import open_channel
+from llmfleet.sim.run import PolicyBundle
+from llmfleet.sim.run import simulate as sim_run
+from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
+from llmfleet.workload import Workload, WorkloadRequest
+
 from .metrics import summarize
 from .workload import ENGINE_ID, HARDWARE, MODEL, SERVICE, PlannedRequest, Settings, make_prompt
 
@@ -71,7 +80,6 @@ async def run_one(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 async def engine_generate(stub: Any, prompt: str, max_tokens: int) -> tuple[int, int, float, float]:
     """One request straight to the engine's Generate: its own Usage (prompt, completion, ttft, latency)."""
-    from llmfleet.api.v1 import common_pb2, engine_pb2
 
     req = engine_pb2.GenerateRequest(
         request_id=f"calib-{uuid.uuid4().hex}",
@@ -90,8 +98,6 @@ async def engine_generate(stub: Any, prompt: str, max_tokens: int) -> tuple[int,
 
 async def watch_load(engine_address: str, stop: asyncio.Event, out: list[tuple[float, int]]) -> None:
     """The engine's WatchLoad every 50 ms until ``stop``: (client monotonic time, running + waiting)."""
-    from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
-    from llmfleet.rpc.channels import open_channel
 
     async with open_channel(engine_address) as ch:
         call = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
@@ -110,7 +116,6 @@ async def replay(
     """Submit every request at its planned arrival (asyncio, one task each); per request the client-side
     times relative to the workload's start, the engine-counted lengths and the scheduler's Usage. With
     ``engine_address``, also the engine's load snapshots during the run (see :func:`little_latency`)."""
-    from llmfleet.client import AsyncClient
 
     rng = random.Random(s.seed + 2)
     prompts = [make_prompt(p.prompt_tokens, rng) for p in planned]  # identical in every run
@@ -148,8 +153,6 @@ async def replay_direct(
 ) -> tuple[list[dict[str, Any]], list[tuple[float, int]]]:
     """Diagnostic: the identical workload straight to the engine's Generate (no scheduler, no SDK);
     client-side times plus the engine's own Usage (engine arrival -> first / last token)."""
-    from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-    from llmfleet.rpc.channels import open_channel
 
     rng = random.Random(s.seed + 2)
     prompts = [make_prompt(p.prompt_tokens, rng) for p in planned]  # the same prompts as replay()
@@ -204,8 +207,6 @@ def replay_spec(
     replayed requests (``rows``: request_id, planned_arrival_s, prompt_tokens, output_tokens) in
     arrival order. ``max_tokens`` ≤ every output: each request's cap is then its own output length,
     as live."""
-    from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
-    from llmfleet.workload import Workload, WorkloadRequest
 
     spec = SimSpec(
         cluster=ClusterSpec.parse(f"{instances}x{HARDWARE}"),
@@ -245,9 +246,6 @@ def simulate(
 ) -> dict[str, Any]:
     """The identical workload on one simulated ``cpu`` instance with the live engine's knobs and pool;
     ``hop_s`` (see :func:`deployed_overhead`) is added to every first token and finish."""
-    from llmfleet.policies.placement import InstancePlan
-    from llmfleet.sim.run import PolicyBundle
-    from llmfleet.sim.run import simulate as sim_run
 
     spec, workload = replay_spec(rows, s, kv_bytes, block_tokens, instances=1, max_tokens=s.output_min)
     exp = sim_run(

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+from llmfleet.workload import poisson
 
 MODEL = "tiny-llama"  # catalog name (llmfleet.costmodel.models) of the engine's model
 SERVICE = "fidelity"
@@ -67,7 +68,6 @@ class PlannedRequest:
 
 def plan_workload(s: Settings) -> list[PlannedRequest]:
     """Seeded Poisson arrivals (``llmfleet.workload.poisson``), uniform prompt and output lengths."""
-    from llmfleet.workload import poisson
 
     arrivals = poisson(s.rate_rps, n=s.requests, seed=s.seed)
     rng = np.random.default_rng(s.seed + 1)
