@@ -143,7 +143,7 @@ def test_engine_limits_and_policy_options_become_engine_flags(tmp_path):
         ({"max_runing": 8}, "engines.e0.max_runing: Extra inputs are not permitted"),
         ({"policy": "static_sls", "options": {"batch": 8}},
          "engines.e0.options: bad options for batching policy 'static_sls': "
-         "StaticSls.__init__() got an unexpected keyword argument 'batch'"),
+         "StaticSlsOptions.__init__() got an unexpected keyword argument 'batch'"),
         ({"policy": "static_sls", "options": {"batch_size": 0}}, "batch_size must be an int >= 1, got 0"),
         ({"policy": "scls", "options": {"keep_kv": False}},
          "engines.e0.options: bad options for engine policy 'scls': keep_kv was renamed: write slice_end: "
