@@ -79,8 +79,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cost-source",
         choices=COST_SOURCES,
-        default=DEFAULT_COST_SOURCE,
-        help=f"iteration costs of models without --profile (default {DEFAULT_COST_SOURCE}): calibrated "
+        default=None,
+        help="iteration costs of models without --profile (default: a --cluster-config's emulated.cost_source, "
+        f"else {DEFAULT_COST_SOURCE}): calibrated "
         "(measured A100-80GB/H100 operator timings from Microsoft Vidur plus the fitted per-iteration CPU "
         "overhead; elsewhere the roofline scaled by fitted factors), vidur (the measured operators with a "
         "fixed 2 ms overhead; elsewhere the roofline) or roofline (datasheet peaks, no overhead)",

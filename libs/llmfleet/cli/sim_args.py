@@ -142,7 +142,20 @@ def sim_spec(args: argparse.Namespace, config: ClusterConfig | None) -> SimSpec:
         services, engine = (SimService("default", args.model),), EngineSettings()
     if getattr(args, "engine_gpus", None) is not None:
         cluster = dataclasses.replace(cluster, engine_gpus=args.engine_gpus)
-    return SimSpec(cluster, services, engine, cost_source=getattr(args, "cost_source", DEFAULT_COST_SOURCE))
+    return SimSpec(cluster, services, engine, cost_source=cost_source(args, config))
+
+
+def cost_source(args: argparse.Namespace, config: ClusterConfig | None) -> str:
+    """``--cost-source`` when given, else the cluster file's emulated pool's (the costs its emulated
+    engines run on), else the default."""
+    given = getattr(args, "cost_source", None)
+    if given is not None:
+        return given
+    return (
+        config.emulated.cost_source
+        if config is not None and config.emulated is not None
+        else DEFAULT_COST_SOURCE
+    )
 
 
 def describe(b: PolicyBundle) -> str:

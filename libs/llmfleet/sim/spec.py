@@ -176,7 +176,8 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     that is unset, the model's own name if it is a catalog name. The simulator runs one engine setting:
     each limit an engine sets applies to every instance (engines that set one differently are an error),
     limits no engine sets keep the simulator's GPU defaults, and ``block_bytes`` (sized for the live
-    engine's own models) is left to the simulator's ``block_tokens``.
+    engine's own models) is left to the simulator's ``block_tokens``. An ``emulated:`` pool's
+    ``mem_fraction`` sizes every instance's memory, as it sizes the emulated engines'.
     """
     services = []
     for name, svc in sorted(config.services.items()):
@@ -210,6 +211,8 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
                     f"({set_by[key]}: {merged[key]}, {eid}: {value})"
                 )
             set_by.setdefault(key, eid)
+    if config.emulated is not None:  # the emulated GPUs' share of memory for weights and KV
+        merged["mem_fraction"] = config.emulated.mem_fraction
     engine = EngineSettings.from_dict(merged, where="engines")
     return tuple(services), engine
 

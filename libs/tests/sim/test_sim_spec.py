@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
+from llmfleet.cli.sim import add_arguments
+from llmfleet.cli.sim_args import sim_spec
 from llmfleet.config import ClusterConfig
 from llmfleet.sim.spec import EngineSettings, SimService, from_cluster_config, services_from_dicts
 from llmfleet.types import Slo
@@ -80,3 +83,28 @@ def test_a_model_outside_the_catalog_needs_a_sim_model():
         ValueError, match=r"model 'demo' \(source tiny://llama\) is not in the cost-model catalog"
     ):
         from_cluster_config(cfg)
+
+
+def sim_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmfleet sim")
+    add_arguments(p)
+    return p
+
+
+def emulated_cluster(**pool) -> ClusterConfig:
+    return ClusterConfig.model_validate({
+        "services": {"chat": {"model": "llama2-7b"}},
+        "models": {"llama2-7b": {"source": "emulated://llama2-7b"}},
+        "emulated": {"hardware": "A100-80GB", "count": 4, **pool},
+    })  # fmt: skip
+
+
+def test_an_emulated_pool_sizes_the_simulated_instances_and_names_their_costs():
+    _, engine = from_cluster_config(emulated_cluster(mem_fraction=0.6, engine={"max_running": 64}))
+    assert engine == EngineSettings(max_running=64, mem_fraction=0.6)
+    config = emulated_cluster(cost_source="roofline")
+    flags = sim_parser().parse_args(["--cluster", "4xA100-80GB"])
+    assert sim_spec(flags, config).cost_source == "roofline"  # the emulated engines' own costs
+    flags = sim_parser().parse_args(["--cluster", "4xA100-80GB", "--cost-source", "vidur"])
+    assert sim_spec(flags, config).cost_source == "vidur"  # the flag, when given
+    assert sim_spec(sim_parser().parse_args(["--cluster", "4xA100-80GB"]), None).cost_source == "calibrated"
