@@ -234,7 +234,7 @@ def _hardware_arg(text: str) -> str:
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     """``--trace``/``--synthetic`` and what a replay needs (``llmfleet.cli.load_replay``)."""
     g = p.add_argument_group("replay a workload (instead of --phase)")
-    add_workload_arguments(g, required=False)  # type: ignore[arg-type]
+    add_workload_arguments(g, required=False)
     svc = g.add_mutually_exclusive_group()
     svc.add_argument(
         "--services",

@@ -344,7 +344,7 @@ def write_live_report(report: dict, out: Path, context: str, plots: bool = True)
     paths = {"json": out / "report.json", "markdown": out / "report.md"}
     doc = {"title": "llmfleet load", "context": context, "runs": [report]}
     paths["json"].write_text(json.dumps(doc, indent=1, default=float))
-    table = markdown_table([_Run(_Named("live"), report)])  # type: ignore[list-item]
+    table = markdown_table([_Run(_Named("live"), report)])
     lines = ["# llmfleet load", "", context, "", table, ""]
     for d in report.get("placement", []):
         lines.append(

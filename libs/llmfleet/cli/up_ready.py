@@ -43,7 +43,7 @@ def wait_servable(
                 services = sched.ListServices(scheduler_pb2.ListServicesRequest(), timeout=2).services
                 missing = sorted(f"{s.name} ({s.model})" for s in services if not s.engines)
             except grpc.RpcError as e:
-                missing = [f"(scheduler: {e.code().name})"]  # type: ignore[attr-defined]
+                missing = [f"(scheduler: {e.code().name})"]
             if tuple(missing) != shown:
                 shown = tuple(missing)
                 waited = time.monotonic() - start

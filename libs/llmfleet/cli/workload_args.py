@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Protocol
 
 from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
 from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
@@ -19,7 +20,17 @@ from llmfleet.workload.prompts import with_system_prompts
 DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic (conversations/s of --conversations) without --rate
 
 
-def add_workload_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
+class _TakesArguments(Protocol):
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
+
+
+class ArgumentContainer(_TakesArguments, Protocol):
+    """What the workload flags are added to: an ``argparse`` parser or an argument group."""
+
+    def add_mutually_exclusive_group(self, *, required: bool = ...) -> _TakesArguments: ...
+
+
+def add_workload_arguments(p: ArgumentContainer, *, required: bool) -> None:
     """``--trace`` | ``--synthetic`` (mutually exclusive) and the options that shape the workload."""
     src = p.add_mutually_exclusive_group(required=required)
     src.add_argument(

@@ -100,7 +100,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             return grpc.StatusCode.INVALID_ARGUMENT, f"top_p must be in (0, 1], got {sp.top_p}"
         return None
 
-    def completion(self, request: scheduler_pb2.SubmitRequest) -> tuple[list[tuple[int, str]], int]:
+    def completion(
+        self, request: scheduler_pb2.SubmitRequest
+    ) -> tuple[list[tuple[int, str]], common_pb2.FinishReason]:
         """(tokens, finish_reason) the fake answers ``request`` with."""
         svc = self._service(request.service)
         assert svc is not None
@@ -180,12 +182,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         chunk: common_pb2.TokenChunk,
         request: scheduler_pb2.SubmitRequest,
         n_tokens: int,
-        finish: int,
+        finish: common_pb2.FinishReason,
         arrived: float,
         first_token_at: float | None,
     ) -> None:
         now = time.monotonic()
-        chunk.finish_reason = finish  # type: ignore[assignment]
+        chunk.finish_reason = finish
         chunk.usage.CopyFrom(
             common_pb2.Usage(
                 prompt_tokens=len(request.prompt.split()),

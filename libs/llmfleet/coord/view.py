@@ -113,12 +113,13 @@ class PrefixView(Generic[T]):
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _decode(self, key: str, raw: bytes) -> tuple[bool, T | None]:
+    def _decode(self, key: str, raw: bytes) -> tuple[T] | None:
+        """``(value,)``, or None when ``raw`` does not decode (the value itself may be None)."""
         try:
-            return True, self.decode(raw)
+            return (self.decode(raw),)
         except Exception as e:
             log.warning("view %s: skipping undecodable value at %s: %s", self.prefix, key, e)
-            return False, None
+            return None
 
     def _leaf(self, key: str) -> str:
         return key[len(self.prefix) :]
@@ -131,9 +132,9 @@ class PrefixView(Generic[T]):
         if changed:
             data: dict[str, T] = {}
             for leaf, v in raw.items():
-                ok, val = self._decode(leaf, v)
-                if ok:
-                    data[leaf] = val  # type: ignore[assignment]
+                decoded = self._decode(leaf, v)
+                if decoded is not None:
+                    data[leaf] = decoded[0]
             self._raw, self._data = raw, data
         self._revision = revision
         self.ready.set()
@@ -146,9 +147,9 @@ class PrefixView(Generic[T]):
             leaf = self._leaf(ev.key)
             if ev.kind == "put":
                 raw[leaf] = ev.value
-                ok, val = self._decode(leaf, ev.value)
-                if ok:
-                    data[leaf] = val  # type: ignore[assignment]
+                decoded = self._decode(leaf, ev.value)
+                if decoded is not None:
+                    data[leaf] = decoded[0]
                 else:
                     data.pop(leaf, None)
             else:

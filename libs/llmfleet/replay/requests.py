@@ -76,7 +76,7 @@ def replay_requests(workload: Workload, services: Sequence[SimService]) -> list[
     """The workload's requests, labelled with ``services`` as ``llmfleet sim`` labels them, in arrival order."""
     if not services:
         raise ValueError("no service to send requests to")
-    labelled = assign_services(workload, _Services(tuple(services)))  # type: ignore[arg-type]
+    labelled = assign_services(workload, _Services(tuple(services)))
     return [
         ReplayRequest(
             r.request_id,

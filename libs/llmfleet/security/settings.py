@@ -105,6 +105,7 @@ class SecuritySettings:
         values["tls_client_auth"] = _truthy(env.get(ENV["tls_client_auth"]))
         values["tls"] = _truthy(env.get(ENV["tls"]))
         values.update({k: v for k, v in overrides.items() if v is not None and v is not False})
+        # values holds each field's own type (text or a flag), which one dict value type cannot say
         return cls(**values)  # type: ignore[arg-type]
 
     def to_env(self) -> dict[str, str]:

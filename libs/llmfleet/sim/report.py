@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from llmfleet.sim.run import Experiment
@@ -32,7 +33,23 @@ COLUMNS = (
 )
 
 
-def row(e: Experiment) -> dict:
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class TableRun(Protocol):
+    """What a row of :func:`markdown_table` reads of a run: its policy's name and its report (an
+    :class:`~llmfleet.sim.run.Experiment`, or a live run's report)."""
+
+    @property
+    def policy(self) -> _Named: ...
+
+    @property
+    def report(self) -> dict: ...
+
+
+def row(e: TableRun) -> dict:
     o, c = e.report["overall"], e.report["cluster"]
     slo = o["slo"]
     return {
@@ -68,7 +85,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def markdown_table(experiments: Sequence[Experiment]) -> str:
+def markdown_table(experiments: Sequence[TableRun]) -> str:
     rows = [row(e) for e in experiments]
     cols = [(h, k) for h, k in COLUMNS if any(r[k] is not None for r in rows)]
     lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]

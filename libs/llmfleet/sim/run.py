@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from llmfleet.costmodel import ProfileRecord
@@ -42,7 +42,7 @@ from llmfleet.sim.partition import partition_blocker, run_partitioned
 from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
 from llmfleet.sim.scls_central import make_central
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
-from llmfleet.sim.spec import SimSpec
+from llmfleet.sim.spec import SimService, SimSpec
 from llmfleet.workload import Workload
 from llmfleet.workload.conversations import deal_sessions
 from llmfleet.workload.synthesis import kmeans_labels, length_features
@@ -100,7 +100,14 @@ def preset(name: str, **overrides: Any) -> PolicyBundle:
     return b.with_overrides(**overrides)
 
 
-def assign_services(workload: Workload, spec: SimSpec, seed: int = 0) -> Workload:
+class ServiceList(Protocol):
+    """What :func:`assign_services` reads of a spec: its services, in order."""
+
+    @property
+    def services(self) -> Sequence[SimService]: ...
+
+
+def assign_services(workload: Workload, spec: ServiceList, seed: int = 0) -> Workload:
     """Label requests with the spec's services.
 
     Labels that already name spec services are kept. Otherwise, a workload of conversations (requests
@@ -338,6 +345,7 @@ __all__ = [
     "PRESETS",
     "Experiment",
     "PolicyBundle",
+    "ServiceList",
     "assign_services",
     "preset",
     "service_loads",

@@ -57,8 +57,8 @@ def reset_tracing() -> None:
     global _configured
     from opentelemetry.util._once import Once
 
-    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
     _configured = False
 
 

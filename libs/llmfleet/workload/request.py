@@ -16,18 +16,20 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 
 _DIGITS = re.compile(r"(\d+)")
 
 
-def _as_int(name: str, value: object) -> int:
+def _as_int(name: str, value: SupportsIndex) -> int:
+    """``value`` as an int; TypeError for a bool or a value without ``__index__`` (a field's annotation
+    does not keep a caller from passing one)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
     try:
-        return operator.index(value)  # type: ignore[arg-type]
+        return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
 
