@@ -39,7 +39,7 @@ class RelayScheduler(FakeScheduler):
         async with open_channel(self.upstream) as channel:
             return await scheduler_pb2_grpc.SchedulerStub(channel).ListServices(request)
 
-    async def Submit(  # type: ignore[override]
+    async def Submit(
         self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         async with open_channel(self.upstream) as channel:

@@ -14,16 +14,19 @@ TTL = 2
 
 
 @pytest.fixture
-async def reg(etcd_client: EtcdClient) -> AsyncIterator[Registration]:
-    record = {"models": ("m1",)}
+def record() -> dict[str, tuple[str, ...]]:
+    """What ``reg`` publishes; a test changes it, then calls ``update()``."""
+    return {"models": ("m1",)}
 
+
+@pytest.fixture
+async def reg(etcd_client: EtcdClient, record: dict[str, tuple[str, ...]]) -> AsyncIterator[Registration]:
     def value() -> bytes:
         return NodeRecord(
             node_id="n1", role="engine", address="127.0.0.1:1", models=record["models"]
         ).to_json()
 
     r = Registration(etcd_client, etcd_client.keys.node("n1"), value, TTL)
-    r.record = record  # type: ignore[attr-defined]  # lets tests change the published value
     await r.start()
     await r.wait_registered(5)
     yield r
@@ -76,8 +79,10 @@ async def test_deleted_key_is_put_back_on_same_lease(etcd_client: EtcdClient, re
     assert reg.reregistrations == 0
 
 
-async def test_update_republishes_current_value(etcd_client: EtcdClient, reg: Registration) -> None:
-    reg.record["models"] = ("m1", "m2")  # type: ignore[attr-defined]
+async def test_update_republishes_current_value(
+    etcd_client: EtcdClient, reg: Registration, record: dict[str, tuple[str, ...]]
+) -> None:
+    record["models"] = ("m1", "m2")
     await reg.update()
     raw = await etcd_client.get(reg.key)
     assert raw is not None and NodeRecord.from_json(raw).models == ("m1", "m2")

@@ -128,7 +128,7 @@ def test_custom_weights_and_bad_modes():
     with pytest.raises(ValueError, match="not both 0"):
         HelrOptions(latency_weight=0, device_weight=0)
     with pytest.raises(TypeError, match="p"):
-        HelrOptions(p=1.0)  # type: ignore[call-arg]
+        HelrOptions(p=1.0)  # type: ignore[call-arg]  # an unknown option on purpose: the check under test
 
 
 def test_paper_testbed_two_gpus_for_13b():

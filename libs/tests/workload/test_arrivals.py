@@ -80,7 +80,7 @@ def test_argument_validation(call, match):
 
 def test_seed_type_is_checked():
     with pytest.raises(TypeError, match="seed"):
-        poisson(1.0, n=3, seed=1.5)  # type: ignore[arg-type]
+        poisson(1.0, n=3, seed=1.5)  # type: ignore[arg-type]  # a wrong type on purpose: the check under test
 
 
 def test_replay_window_and_scale():

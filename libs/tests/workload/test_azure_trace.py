@@ -59,6 +59,7 @@ def test_zero_output_clamp_skip_error(tmp_path, caplog):
         load_azure_trace(path, zero_output="error")
     assert e.value.line == 4
     with pytest.raises(ValueError, match="zero_output"):
+        # a wrong value on purpose: the check under test
         load_azure_trace(path, zero_output="drop")  # type: ignore[arg-type]
 
 

@@ -70,6 +70,7 @@ def test_content_is_validated_and_round_trips_through_jsonl(tmp_path: Path):
     with pytest.raises(ValueError, match="a part needs"):
         WorkloadRequest("r", 0, 30, 1, parts=((1, 20), (2, 0), (3, 10)))
     with pytest.raises(TypeError, match="session must be a str"):
+        # a wrong type on purpose: the check under test
         WorkloadRequest("r", 0, 3, 1, session=5)  # type: ignore[arg-type]
     w = conversations(5, rate=1.0, mean_turns=3.0, system_tokens=40, seed=2)
     path = tmp_path / "w.jsonl"

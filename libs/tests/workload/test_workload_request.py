@@ -52,6 +52,7 @@ def test_workload_rejects_duplicate_ids_and_non_requests():
     with pytest.raises(ValueError, match=r"duplicate request_id.*'x'"):
         Workload((req("x", 0.0), req("x", 1.0)))
     with pytest.raises(TypeError, match="WorkloadRequest"):
+        # a wrong type on purpose: the check under test
         Workload(({"request_id": "x"},))  # type: ignore[arg-type]
 
 

@@ -105,8 +105,10 @@ def test_kv_only_and_tokens_only_use_one_bin():
 
 def test_invalid_arguments():
     with pytest.raises(ValueError):
+        # a wrong value on purpose: the check under test
         HybridTransfer(fit="worst")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
+        # a wrong value on purpose: the check under test
         HybridTransfer(prefer="disk")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         HybridTransfer().assign([mig("a", -1, 0)], ONE_LINK)

@@ -135,6 +135,7 @@ def sp():
 def test_single_phase_option_is_validated_and_defaults_off():
     assert Fcfs().single_phase is False and sp().single_phase is True
     with pytest.raises(ValueError, match="single_phase"):
+        # a wrong type on purpose: the check under test
         FcfsOptions(single_phase="yes")  # type: ignore[arg-type]
     assert make_request_policy("fcfs", single_phase=True).single_phase is True  # policy options path
     with pytest.raises(ValueError, match=r"bad options for request policy 'fcfs'.*single_phse"):
