@@ -68,12 +68,14 @@ class LiveRequest:
             text, reason = (self.text.finish() if self.worker_text else None), FinishReason.EOS
         else:
             token_ids = (token,)
+            pushed = ""
             if self.worker_text:
-                text, stopped = self.text.push(token)
+                pushed, stopped = self.text.push(token)
                 if stopped:
                     reason = FinishReason.STOP
+            text = pushed
             if reason is None and len(self.tokens) + 1 >= self.req.sampling.max_tokens:
-                text = text + self.text.finish() if self.worker_text else None  # type: ignore[operator]
+                text = pushed + self.text.finish() if self.worker_text else None
                 reason = FinishReason.LENGTH
         index = len(self.tokens)
         self.tokens.extend(token_ids)

@@ -7,7 +7,7 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
@@ -202,7 +202,10 @@ class _Parser(argparse.ArgumentParser):
     """Checks the flags together once all are in (``--policy`` may come after its options) and reads
     the engine entry they give (``ns.engine_config``)."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    # typeshed's overloads give back the namespace type the caller passes; this one an argparse.Namespace
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         ns, rest = super().parse_known_args(args, namespace)
         given = {a.split("=", 1)[0] for a in (sys.argv[1:] if args is None else args) if a.startswith("--")}
         given |= {"--" + a.removeprefix("--no-") for a in given if a.startswith("--no-")}  # a switch off

@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from llmfleet.coord import PrefixView
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
@@ -76,6 +77,14 @@ class _Leaving:
     mover: asyncio.Task[None] | None = None
 
 
+class NodesView(Protocol):
+    """What the follower reads of the nodes ``PrefixView``: the records, and a wake on each change."""
+
+    def snapshot(self) -> dict[str, NodeRecord]: ...
+
+    def subscribe(self) -> AsyncIterator[tuple[int, dict[str, NodeRecord]]]: ...
+
+
 @dataclass
 class PlacementFollower:
     """Follows ``placement/{engine_id}`` with the engine's models (``host``); a leaving model's requests
@@ -86,7 +95,7 @@ class PlacementFollower:
     migration: KvMigration | None
     retry_s: float = 5.0
     drain: DrainSettings = field(default_factory=DrainSettings)
-    nodes: PrefixView[NodeRecord] | None = None  # other engines: hand-off check, migration targets
+    nodes: NodesView | None = None  # other engines: hand-off check, migration targets
     applied: DesiredPlacement | None = None  # the last desired state reached completely
     _leaving: dict[str, _Leaving] = field(default_factory=dict)
     _failed: dict[str, tuple[ModelSpec, float]] = field(default_factory=dict)  # failed loads: spec, when
@@ -96,7 +105,7 @@ class PlacementFollower:
         """Follow ``view`` forever."""
         changed = asyncio.Event()
 
-        async def pump(v: PrefixView) -> None:
+        async def pump(v: PrefixView[DesiredPlacement] | NodesView) -> None:
             async for _ in v.subscribe():
                 changed.set()
 

@@ -40,7 +40,10 @@ from llmfleet_engine.validation import (
 
 log = logging.getLogger(__name__)
 
-MODE_TO_PROTO = {"kv": engine_pb2.MIGRATE_MODE_KV, "tokens": engine_pb2.MIGRATE_MODE_TOKENS}
+MODE_TO_PROTO: dict[kv_rpc.MigrateMode, engine_pb2.MigrateMode] = {
+    "kv": engine_pb2.MIGRATE_MODE_KV,
+    "tokens": engine_pb2.MIGRATE_MODE_TOKENS,
+}
 MODE_FROM_PROTO = {v: k for k, v in MODE_TO_PROTO.items()}
 
 DEFAULT_WATCH_INTERVAL_S = 1.0
@@ -403,7 +406,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         call = MigrateCall(
             request.request_id,
             request.destination,
-            mode,  # type: ignore[arg-type]
+            mode,
             request.chunk_tokens or kv_rpc.DEFAULT_CHUNK_TOKENS,
         )
         outcome = await self.migrations.migrate(call, request.migration_id)

@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Protocol, final
 
 from llmfleet_engine.outputs import EngineChunk
 from llmfleet_engine.text import TextStream
@@ -86,6 +86,7 @@ class LoopWaker:
                     waiter.set_result(None)
 
 
+@final
 class ChunkSink:
     """One request's output between the worker thread and its consumer.
 
@@ -108,16 +109,19 @@ class ChunkSink:
 
     def to_chunk(self, item: SinkItem) -> EngineChunk:
         """(consumer side) the chunk of one item."""
+        if isinstance(item, EngineChunk):
+            return item
+        stream = self.text
+        assert stream is not None, "token ids and FinalText come only when the consumer detokenizes"
         if type(item) is int:
             index = self.index
             self.index = index + 1
-            return EngineChunk(self.request_id, index, (item,), self.text.push(item)[0])  # type: ignore[union-attr]
-        if type(item) is FinalText:
-            text = "".join([self.text.push(t)[0] for t in item.chunk.token_ids])  # type: ignore[union-attr]
-            if item.flush:
-                text += self.text.finish()  # type: ignore[union-attr]
-            return dataclasses.replace(item.chunk, text=text)
-        return item  # type: ignore[return-value]
+            return EngineChunk(self.request_id, index, (item,), stream.push(item)[0])
+        assert isinstance(item, FinalText)
+        text = "".join([stream.push(t)[0] for t in item.chunk.token_ids])
+        if item.flush:
+            text += stream.finish()
+        return dataclasses.replace(item.chunk, text=text)
 
 
 class RequestStream:
@@ -150,7 +154,7 @@ class RequestStream:
                         source.waiter = None
                 chunk = source.to_chunk(items.popleft())
             else:
-                chunk = await source.get()  # type: ignore[union-attr]
+                chunk = await source.get()
         except asyncio.CancelledError:
             self.close()
             raise

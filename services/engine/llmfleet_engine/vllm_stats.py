@@ -74,7 +74,7 @@ def stat_logger_factory(base: type, stats: ModelStats) -> Callable[..., Any]:
     """A vLLM stat logger class (``base`` is vLLM's ``StatLoggerBase``) that feeds ``stats``; vLLM
     builds one per engine core with ``(vllm_config, engine_index)``."""
 
-    class ModelStatLogger(base):  # type: ignore[misc, valid-type]
+    class ModelStatLogger(base):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 

@@ -36,12 +36,15 @@ class Node:
 
 @dataclass
 class FakeNodes:
-    """Stands in for the nodes ``PrefixView`` (the follower only reads ``snapshot()``)."""
+    """Stands in for the nodes ``PrefixView`` (``step`` reads ``snapshot()``; ``run`` subscribes)."""
 
     records: dict[str, NodeRecord] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, NodeRecord]:
         return dict(self.records)
+
+    async def subscribe(self) -> AsyncIterator[tuple[int, dict[str, NodeRecord]]]:
+        yield 0, self.snapshot()  # never changes by itself
 
     def advertise(self, node: Node, *models: str) -> None:
         self.records[node.engine_id] = NodeRecord(node.engine_id, ENGINE_ROLE, node.address, models=models)
@@ -142,7 +145,7 @@ async def test_migrate_mode_moves_requests_with_their_kv(nodes, llama, qwen2, en
     fake.advertise(b, llama.name, qwen2.name, endless.name)
     follower = PlacementFollower(
         "a", a.executor.host, a.executor.migration, drain=DrainSettings(mode="migrate"), nodes=fake
-    )  # type: ignore[arg-type]
+    )
     call = a.stub.Generate(request("r2", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 5)
@@ -165,7 +168,7 @@ async def test_past_the_timeout_without_a_destination_requests_resume_elsewhere(
     want = await expected(b, endless.name, reference)
     follower = PlacementFollower(
         "a", a.executor.host, a.executor.migration, drain=DrainSettings(timeout_s=0.0), nodes=FakeNodes()
-    )  # type: ignore[arg-type]
+    )
     call = a.stub.Generate(request("r3", endless.name))
     tokens: list[int] = []
     await read(call, tokens, 5)
@@ -190,7 +193,7 @@ async def test_hand_off_waits_for_the_new_host_and_a_model_desired_again_serves_
 ) -> None:
     a, b = nodes
     fake = FakeNodes()
-    follower = PlacementFollower("a", a.executor.host, a.executor.migration, nodes=fake)  # type: ignore[arg-type]
+    follower = PlacementFollower("a", a.executor.host, a.executor.migration, nodes=fake)
     moved = placements(a=(llama, qwen2), b=(endless,))
     await follower.step(moved)
     assert endless.name in a.executor.host.serving_model_names()  # b does not serve it yet: keep serving
@@ -225,7 +228,7 @@ async def test_a_failed_load_is_retried_every_retry_s_not_every_pass(nodes, llam
         calls.append(spec.name)
         return load(spec)
 
-    a.executor.host.load = counting  # type: ignore[method-assign]
+    a.executor.host.load = counting
     follower = PlacementFollower("a", a.executor.host, a.executor.migration, retry_s=60.0)
     bad = ModelSpec("bad", "tiny://nope")
     desired = {"a": DesiredPlacement("a", (llama.spec, bad))}

@@ -7,9 +7,11 @@ import re
 import urllib.request
 
 import pytest
+from llmfleet.config import EtcdSettings
 from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.metrics.server import metrics_port, samples, start_metrics_server
 from llmfleet.rpc.node import ServiceNode
+from llmfleet.rpc.server import GrpcServer
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.main import build_parser
 from llmfleet_engine.models import LoadedModel
@@ -124,12 +126,7 @@ def test_metrics_server_serves_the_registry() -> None:
 
 
 async def test_shell_metrics_port_minus_one_disables() -> None:
-    class _Server:
-        address = "127.0.0.1:1"
-
-        async def start(self) -> None: ...
-
-    node = ServiceNode("engine", "e1", None, _Server(), metrics_port=-1)  # type: ignore[arg-type]
+    node = ServiceNode("engine", "e1", EtcdSettings(), GrpcServer(()), metrics_port=-1)
     assert node.start_metrics() is None and node.metrics is None
     node.metrics_port = 0
     server = node.start_metrics()

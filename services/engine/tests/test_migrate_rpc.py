@@ -45,7 +45,7 @@ def throttle(ex: Executor, seconds: float) -> None:
             time.sleep(seconds)
             return _forward(steps)
 
-        hosted.runner.forward = slow  # type: ignore[method-assign]
+        hosted.runner.forward = slow
 
 
 async def serve(servicer: engine_pb2_grpc.EngineServicer) -> GrpcServer:

@@ -119,7 +119,8 @@ async def test_unloading_a_model_drops_its_cached_blocks(make_executor, llama, q
     await asyncio.to_thread(ex.host.unload, qwen2.name)
     stats = ex.allocator.stats()
     assert qwen2.name not in stats.models and stats.models[llama.name].cached_blocks > 0
-    assert ex.load_snapshot().prefix_cache.blocks == stats.cached_blocks  # type: ignore[union-attr]
+    after = ex.load_snapshot().prefix_cache
+    assert after is not None and after.blocks == stats.cached_blocks
 
 
 async def test_caching_off_reports_no_cache(make_executor, llama):

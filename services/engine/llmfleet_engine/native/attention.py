@@ -268,8 +268,9 @@ def paged_attention(
     outs: list[torch.Tensor] = []
     if plan.num_decode:
         nd, nb = plan.num_decode, plan.decode_blocks
-        two, h, _, t_m, d = x.shape  # type: ignore[union-attr]
-        xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)  # type: ignore[index]
+        assert x is not None  # decode rows read cached blocks: the plan gathers them
+        two, h, _, t_m, d = x.shape
+        xd = x[:, :, : nd * nb].view(two, h, nd, nb, t_m, d)
         if plan.decode_tail is not None:  # unwritten slots may hold any bytes (NaN): zero them
             xd[:, :, :, -1, : plan.decode_tail.shape[1]].masked_fill_(plan.decode_tail, 0)
         k_lo, k_hi = plan.decode_keys
@@ -287,8 +288,9 @@ def paged_attention(
         if seg.fresh:
             ks, vs = k[seg.a : seg.b].transpose(0, 1), v[seg.a : seg.b].transpose(0, 1)
         else:
-            two, h, _, t_m, d = x.shape  # type: ignore[union-attr]
-            kv = x[:, :, seg.g0 : seg.g1].reshape(two, h, -1, d)[:, :, seg.lo : seg.hi]  # type: ignore[index]
+            assert x is not None  # a segment with cached keys: the plan gathers its blocks
+            two, h, _, t_m, d = x.shape
+            kv = x[:, :, seg.g0 : seg.g1].reshape(two, h, -1, d)[:, :, seg.lo : seg.hi]
             ks, vs = kv[0], kv[1]
         # 4-D inputs: on CPU a 3-D call misses the fused kernel (and rounds differently in bf16)
         o = sdpa(
