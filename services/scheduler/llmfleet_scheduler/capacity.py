@@ -105,7 +105,8 @@ class CapacityGate:
                 return got
             reason = got.reason
         else:
-            reason = queue.peek().reason if queue.peek() is not None else SATURATED  # type: ignore[union-attr]
+            head = queue.peek()
+            reason = head.reason if head is not None else SATURATED
         now = self.clock()
         waiter = _Waiter(
             request.request_id, spec, policy, request, excluded,

@@ -11,10 +11,12 @@ requests."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import grpc
-from llmfleet.coord import PrefixView
 from llmfleet.coord.desired import ModelEntry
 from llmfleet.load import LoadBook
 from llmfleet.load.monitor import LoadMonitor
@@ -23,14 +25,30 @@ from llmfleet.rpc.channels import open_channel
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.types import ENGINE_ROLE, NodeRecord
 
+T = TypeVar("T")
+
+
+class DirectoryView(Protocol[T]):
+    """What the scheduler reads of a ``llmfleet.coord.PrefixView``: whether it is ready, its map (key
+    leaf -> value), its changes, and stop (``llmfleet.testing.StaticView`` fits too)."""
+
+    @property
+    def ready(self) -> asyncio.Event: ...
+
+    def snapshot(self) -> dict[str, T]: ...
+
+    def subscribe(self) -> AsyncIterator[tuple[int, dict[str, T]]]: ...
+
+    async def stop(self) -> None: ...
+
 
 @dataclass
 class ClusterDirectory:
-    services_view: PrefixView[ServiceSpec] | None = None
-    nodes_view: PrefixView[NodeRecord] | None = None
-    models_view: PrefixView[ModelEntry] | None = None  # model sources (chat templates)
+    services_view: DirectoryView[ServiceSpec] | None = None
+    nodes_view: DirectoryView[NodeRecord] | None = None
+    models_view: DirectoryView[ModelEntry] | None = None  # model sources (chat templates)
     # the models the placement leader will not place, and why (llmfleet.coord.unplaced)
-    unplaced_view: PrefixView[dict[str, str]] | None = None
+    unplaced_view: DirectoryView[dict[str, str]] | None = None
     load: LoadBook = field(default_factory=LoadBook)
     monitor: LoadMonitor | None = None  # None: no load source (the book sees only what we dispatch)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)

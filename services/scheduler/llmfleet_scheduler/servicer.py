@@ -9,9 +9,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.rpc.mux import SUBMIT_MANY, Emit, StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
@@ -24,16 +26,27 @@ from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
 from llmfleet_scheduler.readiness import Readiness
-from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.validation import InvalidField, validate_submit
 
 log = logging.getLogger(__name__)
 
 
+class Dispatcher(Protocol):
+    """What the servicer uses of the ``llmfleet_scheduler.relay.Relay``: its metrics, and a request's
+    run (dispatch, relay, failover) until it ends."""
+
+    @property
+    def metrics(self) -> SchedulerMetrics: ...
+
+    async def run(
+        self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None, /
+    ) -> None: ...
+
+
 @dataclass
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     directory: ClusterDirectory
-    relay: Relay
+    relay: Dispatcher
     journal: Journal = field(default_factory=Journal)
     orphan_grace_s: float = 2.0  # a request nobody listens to for this long is cancelled
     admission: Admission = field(default_factory=Admission)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from llmfleet.spec.services import ServiceSpec
 from llmfleet_scheduler.main import build_node, build_parser
+from llmfleet_scheduler.relay import Relay
 from llmfleet_scheduler.routing import DispatchRouter
 
 
@@ -16,6 +17,7 @@ async def test_options_reach_the_default_policy_only():
     args = _args("--dispatch", "worst_fit_kv", "--dispatch-options", '{"active_only": true}')
     assert args.dispatch_options == {"active_only": True}
     node, servicer = build_node(args)
+    assert isinstance(servicer.relay, Relay)
     router = servicer.relay.router
     default = router.for_service(ServiceSpec("a", "tiny-llama"))
     assert default.name == "worst_fit_kv" and default.active_only is True

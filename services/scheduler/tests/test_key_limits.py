@@ -72,7 +72,7 @@ def scheduler(clock: Clock, max_waiting: int = 1024) -> tuple[SchedulerServicer,
     directory = ClusterDirectory(StaticView({"chat": ServiceSpec("chat", "m")}), StaticView({}))
     servicer = SchedulerServicer(
         directory,
-        FakeRelay(SchedulerMetrics(registry)),  # type: ignore[arg-type]
+        FakeRelay(SchedulerMetrics(registry)),
         admission=Admission(max_waiting=max_waiting),
         key_limits=KeyRateLimiter(clock),
     )

@@ -27,9 +27,9 @@ def test_unserved_skips_scale_to_zero_services() -> None:
 
 async def test_readiness_waits_for_seeding_and_engines_then_latches() -> None:
     services = StaticView({"chat": ServiceSpec("chat", "a"), "static": ServiceSpec("static", "z")})
-    nodes = StaticView({})
+    nodes: StaticView[NodeRecord] = StaticView({})
     unplaced = StaticView({"": {"z": "the static placement lists model 'z' on no engine"}})
-    d = ClusterDirectory(services_view=services, nodes_view=nodes, unplaced_view=unplaced)  # type: ignore[arg-type]
+    d = ClusterDirectory(services_view=services, nodes_view=nodes, unplaced_view=unplaced)
     published: list[bool] = []
     seeded = [False]
 

@@ -5,26 +5,31 @@ completes the stream. One token more than the request allows is still a bad requ
 from __future__ import annotations
 
 import pytest
-from llmfleet.api.v1 import common_pb2, scheduler_pb2
+from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2
+from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import RequestRecord
 from llmfleet_scheduler.servicer import SchedulerServicer
 from llmfleet_scheduler.validation import InvalidField
+from prometheus_client import CollectorRegistry
 
 
 class NoRelay:
     """Nothing may be dispatched: a request run here fails the test."""
 
-    metrics = None
+    metrics = SchedulerMetrics(CollectorRegistry())
 
-    async def run(self, rec, _req, _deadline) -> None:
+    async def run(
+        self, rec: RequestRecord, _req: engine_pb2.GenerateRequest, _deadline: float | None
+    ) -> None:
         raise AssertionError(f"{rec.request_id} was dispatched")
 
 
 def scheduler() -> SchedulerServicer:
     directory = ClusterDirectory(StaticView({"chat": ServiceSpec("chat", "m")}), StaticView({}))
-    return SchedulerServicer(directory, NoRelay())  # type: ignore[arg-type]
+    return SchedulerServicer(directory, NoRelay())
 
 
 def resume(n_tokens: int, max_tokens: int = 4) -> scheduler_pb2.SubmitRequest:

@@ -110,6 +110,7 @@ async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    # Starlette types a handler as taking any Exception; each of these takes the class it is added for
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
