@@ -16,6 +16,7 @@ from llmfleet.cli.sim_args import bundles, sim_spec
 from llmfleet.cli.workload_args import build_workload
 from llmfleet.config import ClusterConfig
 from llmfleet.sim.report import write_report
+from llmfleet.sim.run import Experiment
 from llmfleet.sim.run import simulate as run
 
 POLICIES = ("round_robin", "jsq", "prefix_affinity")
@@ -172,9 +173,18 @@ def sim_parser() -> argparse.ArgumentParser:
     return p
 
 
-def simulate(argv: list[str], out: Path | None = None) -> Any:
-    """``llmfleet sim ARGV`` in this process: the experiment (plan, result with per-instance stats and
-    records, report); with ``out``, its ``report.json`` and ``report.md`` as the CLI writes them."""
+@dataclass(frozen=True)
+class SimRun:
+    """One simulated run: the experiment (plan, result with per-instance stats and records, report)
+    and the request rate its workload offered."""
+
+    experiment: Experiment
+    offered_rps: float
+
+
+def simulate(argv: list[str], out: Path | None = None) -> SimRun:
+    """``llmfleet sim ARGV`` in this process; with ``out``, its ``report.json`` and ``report.md`` as the
+    CLI writes them."""
 
     args = sim_parser().parse_args(argv)
     config = ClusterConfig.load(args.cluster_config) if args.cluster_config is not None else None
@@ -182,15 +192,15 @@ def simulate(argv: list[str], out: Path | None = None) -> Any:
     (bundle,) = bundles(args, config)
     workload = build_workload(args)
     e = run(spec, workload, bundle, workers=1)
-    e.offered_rps = workload.rate_rps  # type: ignore[attr-defined]
     if out is not None:
         context = f"{len(workload)} requests, {spec.cluster}, bench-prefix: {' '.join(argv)}"
         write_report([e], out, title="llmfleet sim", context=context, plots=False)
-    return e
+    return SimRun(e, workload.rate_rps)
 
 
-def summary(e: Any, window: tuple[float, float]) -> dict[str, Any]:
+def summary(sim: SimRun, window: tuple[float, float]) -> dict[str, Any]:
     """The figures the bench reports of one simulated run."""
+    e = sim.experiment
     o, cl = e.report["overall"], e.report["cluster"]
     reqs = [(r.arrival_s, r.first_token_s, r.finish_s, r.output_tokens) for r in e.result.records]
     made, offered = window_rates(reqs, *window)
@@ -200,7 +210,7 @@ def summary(e: Any, window: tuple[float, float]) -> dict[str, Any]:
     return {
         "requests": o["requests"],
         "completed": o["completed"],
-        "offered_rps": round(e.offered_rps, 3),
+        "offered_rps": round(sim.offered_rps, 3),
         "completed_rps": _r(cl.get("throughput_rps")),
         "output_tokens_per_s": _r(cl.get("throughput_tokens_per_s"), 1),
         "window_tokens_per_s": _r(made, 1),

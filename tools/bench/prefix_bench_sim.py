@@ -138,7 +138,7 @@ def bench_burst(out: Path, live: bool) -> dict[str, Any]:
     arriving within 1 s, over 4 engines with ``prefix_affinity`` and caching on."""
     d = out / "burst"
     config = cluster_file(d / "cluster.yaml", 4, CANDIDATE)
-    e = simulate(sim_argv(config, 4, CANDIDATE, BURST_FLAGS))
+    e = simulate(sim_argv(config, 4, CANDIDATE, BURST_FLAGS)).experiment
     doc: dict[str, Any] = {
         "workload": " ".join(BURST_FLAGS),
         "sim": burst_result(dict(Counter(r.instance for r in e.result.records if r.instance)), 4),

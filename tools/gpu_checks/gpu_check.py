@@ -163,11 +163,11 @@ async def native_vs_hf(ex, model, device: str, repeats: int, deadline: float) ->
     return rows
 
 
-def predictions(arch, hw_name: str, phase: str, b: int, n: int) -> dict[str, float | None]:
+def predictions(arch, hw_name: str, phase: str, b: int, n: int) -> dict[str, float | str | None]:
     """vidur (no constant overhead) and roofline seconds for one profiled point."""
 
     hw = hardware(hw_name)
-    out: dict[str, float | None] = {}
+    out: dict[str, float | str | None] = {}
     try:
         legs = vidur_legs(arch, hw, 1, overhead_s=0.0)
         if phase == "prefill":
@@ -176,7 +176,7 @@ def predictions(arch, hw_name: str, phase: str, b: int, n: int) -> dict[str, flo
         else:
             out["vidur_s"] = max(a + be * b + g * b * n for a, be, g in legs.decode)
     except LookupError as e:
-        out["vidur_s"], out["vidur_error"] = None, str(e)  # type: ignore[assignment]
+        out["vidur_s"], out["vidur_error"] = None, str(e)
     if phase == "prefill":
         out["roofline_s"] = prefill_time(arch, hw, b * n, 1, [n] * b)
     else:
