@@ -85,8 +85,12 @@ class CoreRequest:
         both its prompt and output ids are known)."""
         if self.prompt_ids is None or self.output_ids is None:
             return []
-        ids = [*self.prompt_ids, *self.output_ids()[: self.produced]][: self.kv_tokens]
-        return prefix_block_hashes(self.sched.model, ids, tokens_per_block)
+        head = self.block_hashes(tokens_per_block)  # the prompt's, hashed once at its prefill
+        ids = [*self.prompt_ids, *self.output_ids()[: self.produced]][
+            len(head) * tokens_per_block : self.kv_tokens
+        ]
+        parent = head[-1] if head else None
+        return head + prefix_block_hashes(self.sched.model, ids, tokens_per_block, parent=parent)
 
     @property
     def request_id(self) -> str:

@@ -54,10 +54,15 @@ def block_hash(model: str, parent: int | None, token_ids: Sequence[int]) -> int:
 
 
 def prefix_block_hashes(
-    model: str, token_ids: Iterable[int], tokens_per_block: int, limit: int | None = None
+    model: str,
+    token_ids: Iterable[int],
+    tokens_per_block: int,
+    limit: int | None = None,
+    parent: int | None = None,
 ) -> list[int]:
     """The hashes of the full blocks of ``token_ids`` (blocks of ``tokens_per_block``), first block
-    first; at most ``limit`` of them. A trailing partial block has none."""
+    first; at most ``limit`` of them. A trailing partial block has none. ``parent``: the hash of the
+    block before ``token_ids`` (the chain continues from it; None: they start the sequence)."""
     if tokens_per_block < 1:
         raise ValueError(f"tokens_per_block must be >= 1, got {tokens_per_block}")
     data = _token_bytes(token_ids)
@@ -68,7 +73,6 @@ def prefix_block_hashes(
     key = _model_key(model)
     view = memoryview(data)
     out: list[int] = []
-    parent: int | None = None
     for i in range(n):
         parent = _chain(key, parent, view[i * step : (i + 1) * step])
         out.append(parent)
