@@ -2,9 +2,9 @@
 
 Each outcome becomes a :class:`~llmfleet.sim.records.RequestRecord` (client-side times from the run's
 start; output tokens = the completion tokens the engine actually produced; ``solo_s`` = the request's
-execution time alone from the same cost model the simulator uses, on the serving engine's hardware and
-tp), the etcd samples become the ``gpu_log`` and the cluster samples, and
-:func:`llmfleet.sim.metrics.summarize` does the rest. Figures a live run cannot observe (busy
+execution time alone from the same cost model the simulator uses, on the serving engine's hardware at
+the model's reference TP, ``sim.spec.reference_tp``), the etcd samples become the ``gpu_log`` and the
+cluster samples, and :func:`llmfleet.sim.metrics.summarize` does the rest. Figures a live run cannot observe (busy
 GPU-seconds, iterations, KV utilisation, events) are ``None``; normalized latency and SeaLLM
 attainment are absent (``n`` 0, ``None``) when no model has a cost-model catalog name.
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.costmodel import UnknownModel, hardware, model_arch
-from llmfleet.costmodel.hardware import UnknownHardware
+from llmfleet.costmodel.hardware import Hardware, UnknownHardware
 from llmfleet.replay.fleet import FleetSample, gpu_log, placement_decisions
 from llmfleet.sim.cost import DEFAULT_COST_SOURCE, CostBook
 from llmfleet.sim.metrics import dist, summarize
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Sample, SimResult
-from llmfleet.sim.spec import SimService
+from llmfleet.sim.spec import SimService, reference_tp
 
 # cluster figures only a simulation observes
 UNOBSERVED = (
@@ -68,39 +68,55 @@ class LiveOutcome:
 @dataclass
 class SoloTimes:
     """A request's execution time alone (the simulator's ``CostBook.solo_time``) on ``hw_name``
-    hardware (else ``default_hardware``); 0.0 when the model or the hardware is not in the catalog."""
+    hardware (else ``default_hardware``) at the model's reference TP there (``sim.spec.reference_tp``,
+    as the simulator's, whatever the TP of the engine that served it); 0.0 when the model or the
+    hardware is not in the catalog."""
 
     default_hardware: str | None = None
     cost_source: str = DEFAULT_COST_SOURCE
-    _books: dict[tuple[str, str], CostBook | None] = field(default_factory=dict, repr=False)
+    _books: dict[tuple[str, str], tuple[CostBook, Hardware] | None] = field(default_factory=dict, repr=False)
 
-    def book(self, model: str, hw_name: str) -> CostBook | None:
+    def book(self, model: str, hw_name: str) -> tuple[CostBook, Hardware] | None:
+        """The cost book of ``model`` on ``hw_name`` (else the default hardware) and that hardware."""
         key = (model, hw_name)
         if key not in self._books:
-            book = None
+            found = None
             for name in (hw_name, self.default_hardware):
                 if not name:
                     continue
                 try:
-                    book = CostBook.build(hardware(name), {model: model_arch(model)}, source=self.cost_source)
+                    hw = hardware(name)
+                    book = CostBook.build(hw, {model: model_arch(model)}, source=self.cost_source)
+                    found = (book, hw)
                     break
                 except (UnknownHardware, UnknownModel):
                     continue
-            self._books[key] = book
+            self._books[key] = found
         return self._books[key]
 
-    def __call__(self, model: str, hw_name: str, tp: int, prompt_tokens: int, output_tokens: int) -> float:
-        book = self.book(model, hw_name)
-        if book is None:
+    def __call__(self, model: str, hw_name: str, prompt_tokens: int, output_tokens: int) -> float:
+        found = self.book(model, hw_name)
+        if found is None:
             return 0.0
-        return book.solo_time(model, max(tp, 1), max(prompt_tokens, 1), max(output_tokens, 1))
+        book, hw = found
+        tp = reference_tp(model_arch(model), hw)
+        return book.solo_time(model, tp, max(prompt_tokens, 1), max(output_tokens, 1))
 
     def sources(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for book in self._books.values():
-            if book is not None:
-                out.update(book.sources())
+        for found in self._books.values():
+            if found is not None:
+                out.update(found[0].sources())
         return out
+
+    def references(self) -> list[dict[str, Any]]:
+        """What normalized latency divided by (``SimSpec.normalized_reference``'s form): each model's
+        hardware and reference TP, for the models priced."""
+        seen = {(m, found[1].name): found[1] for (m, _), found in self._books.items() if found is not None}
+        return [
+            {"model": m, "hardware": name, "tp": reference_tp(model_arch(m), hw)}
+            for (m, name), hw in sorted(seen.items())
+        ]
 
 
 def _engines(samples: Sequence[FleetSample]) -> dict[str, tuple[int, str]]:
@@ -122,7 +138,7 @@ def records_of(
     model = {s.name: s.model for s in services}
     out = []
     for o in outcomes:
-        tp, hw = engines.get(o.engine_id, (1, ""))
+        _, hw = engines.get(o.engine_id, (1, ""))
         produced = o.completion_tokens if o.ok else 0
         rec = RequestRecord(
             o.request_id, o.service, model.get(o.service, ""), o.arrival_s, o.prompt_tokens,
@@ -133,7 +149,7 @@ def records_of(
             rec.finish_s = o.finish_s
             rec.first_token_s = o.first_token_s if o.first_token_s is not None else o.finish_s
         if solo is not None and rec.model:
-            rec.solo_s = solo(rec.model, hw, tp, o.prompt_tokens, rec.output_tokens)
+            rec.solo_s = solo(rec.model, hw, o.prompt_tokens, rec.output_tokens)
         out.append(rec)
     return out
 
@@ -196,6 +212,7 @@ def live_report(
     report = summarize(result, services)
     if solo is not None:
         report["cost_source"] = solo.cost_source
+        report["normalized_reference"] = solo.references()
     cluster = report["cluster"]
     for key in UNOBSERVED:
         cluster[key] = None

@@ -233,6 +233,7 @@ def simulate(
     report.update(loops.stats())
     report["policy"] = policy.to_dict()
     report["cost_source"] = spec.cost_source
+    report["normalized_reference"] = spec.normalized_reference()
     report["plan"] = [dataclasses.asdict(p) for p in plan]
     report["cluster"]["spec"] = str(spec.cluster)
     return Experiment(policy, list(plan), result, report)

@@ -126,16 +126,13 @@ class SimSpec:
         return {m: model_arch(m) for m in self.models}
 
     def reference_tps(self) -> dict[str, int]:
-        """Per model, the TP of the execution time normalized latency divides by: the smallest power of
-        two whose GPUs hold the weights (1 for a model that fits one GPU, as SeaLLM profiles "on one
-        GPU", §4), on the cluster's hardware. The same for every system compared on the spec, so the
-        denominator does not move with a system's own tensor parallelism."""
+        """Per model, :func:`reference_tp` on the cluster's hardware."""
+        return {m: reference_tp(a, self.cluster.hw) for m, a in self.archs().items()}
 
-        hw = self.cluster.hw
-        return {
-            m: smallest_tp(a.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node
-            for m, a in self.archs().items()
-        }
+    def normalized_reference(self) -> list[dict[str, Any]]:
+        """What normalized latency divides by, for reports: each model's hardware and reference TP."""
+        hw = self.cluster.hw.name
+        return [{"model": m, "hardware": hw, "tp": tp} for m, tp in self.reference_tps().items()]
 
     def service(self, name: str) -> SimService:
         for s in self.services:
@@ -145,6 +142,14 @@ class SimSpec:
 
 
 _SERVICE_KEYS = ("name", "model", "slo", "max_tokens", "weight")
+
+
+def reference_tp(arch: ModelArch, hw: Hardware) -> int:
+    """The TP of the execution time normalized latency divides by (the simulator's and the live
+    report's): the smallest power of two whose GPUs hold the weights (1 for a model that fits one GPU,
+    as SeaLLM profiles "on one GPU", §4), else a node. Fixed per model and hardware, so every system
+    compared on the same requests has the same denominator, whatever its own tensor parallelism."""
+    return smallest_tp(arch.weight_bytes, hw.mem_bytes, hw.gpus_per_node, 0.0) or hw.gpus_per_node
 
 
 def service_from_dict(d: Mapping[str, Any], where: str = "service") -> SimService:

@@ -373,6 +373,9 @@ def _setup(cfg: dict[str, Any], services: list[dict], pop: Any) -> dict[str, str
         "workload": f"per-service shares from {pop.source} dealt round-robin (MAF's functions → services); "
         f"each service its own Gamma process (CV {S.ARRIVAL_CV:g}); {cfg['horizon_s']:g} s of arrivals per rate",
         "SLO": "5 × the request's solo execution time at its model's reference TP",
+        "normalized latency": "latency ÷ the service's mean solo time at the reference, the same for every "
+        "system: "
+        + ", ".join(f"{r['model']} TP {r['tp']} on {r['hardware']}" for r in S.spec().normalized_reference()),
         "engines": "vllm/vllm-tp/alpaserve/seallm-f: FCFS one phase per iteration (vLLM 0.2–0.4); seallm: "
         "Algorithm 1 (≤ 2 services per engine) searched once, doubling budget (default admission)",
         "cost model": C.cost_label(),
