@@ -61,6 +61,7 @@ def build_submit_request(
     stop: str | Sequence[str] | None = None,
     request_id: str | None = None,
     session: str = "",
+    priority: int | None = None,
 ) -> scheduler_pb2.SubmitRequest:
     """The SubmitRequest for these arguments; unset options are left unset (server defaults apply).
 
@@ -81,6 +82,7 @@ def build_submit_request(
             prompt=prompt,
             sampling=sampling,
             session=session,
+            priority=priority,
         )
     except (TypeError, ValueError) as e:
         raise InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {e}") from None
@@ -292,6 +294,7 @@ class AsyncClient:
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
         session: str = "",
+        priority: int | None = None,
         timeout_s: float | None = None,
     ) -> GenerateStream:
         """Start a completion; iterate the returned stream for :class:`Chunk` s (the call starts lazily)."""
@@ -305,6 +308,7 @@ class AsyncClient:
             stop=stop,
             request_id=request_id,
             session=session,
+            priority=priority,
         )
         return GenerateStream(self, request, timeout_s if timeout_s is not None else self.timeout_s)
 
@@ -320,6 +324,7 @@ class AsyncClient:
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
         session: str = "",
+        priority: int | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """Run a completion to the end and return it whole."""
@@ -333,6 +338,7 @@ class AsyncClient:
             stop=stop,
             request_id=request_id,
             session=session,
+            priority=priority,
             timeout_s=timeout_s,
         )
         async with stream:

@@ -174,6 +174,7 @@ class Client:
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
         session: str = "",
+        priority: int | None = None,
         timeout_s: float | None = None,
     ) -> GenerateIterator:
         """Start a completion; iterate the result for :class:`Chunk` s (the call starts lazily)."""
@@ -187,6 +188,7 @@ class Client:
             stop=stop,
             request_id=request_id,
             session=session,
+            priority=priority,
             timeout_s=timeout_s,
         )
         return GenerateIterator(self._runner, stream)
@@ -203,6 +205,7 @@ class Client:
         stop: str | Sequence[str] | None = None,
         request_id: str | None = None,
         session: str = "",
+        priority: int | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """Run a completion to the end and return it whole."""
@@ -217,6 +220,7 @@ class Client:
                 stop=stop,
                 request_id=request_id,
                 session=session,
+                priority=priority,
                 timeout_s=timeout_s,
             )
         )

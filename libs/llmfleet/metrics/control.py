@@ -12,6 +12,12 @@ Scheduler (hooked in ``llmfleet_scheduler.relay``):
   ``llmfleet_scheduler_rate_limited_total{key,limit}``: refused by an API key's rate limits, by key name
   and limit (``requests``: requests/s, ``tokens``: tokens/min). ``llmfleet_scheduler_waiting{service}``:
   requests admitted without a first token yet.
+  ``llmfleet_scheduler_key_requests_total{key,priority,outcome}``: requests by API key name ("" with
+  keys off) and priority: ``admitted``, ``refused`` (overloaded, or displaced by a higher priority) and
+  ``shed`` (sheddable, dropped from the hold queue before its TTFT SLO);
+  ``llmfleet_scheduler_key_wait_seconds{key,priority}``: time a request waited in the hold queue
+  before dispatch (its count: the requests that waited). Labels stay few: keys come from the keys file
+  and a request's priority is bounded (``llmfleet.policies.capacity.priority``).
 Placement (``llmfleet_placement.live``): ``llmfleet_placement_changes_total`` (plans written),
   ``llmfleet_placement_leader_changes_total`` (this replica became leader), ``llmfleet_placement_plan_id``.
 Migration (``llmfleet_migration``): ``llmfleet_migrations_total{outcome}`` (done, gone, failed),
@@ -84,6 +90,20 @@ class SchedulerMetrics:
             "llmfleet_scheduler_waiting",
             "Requests admitted that have no first token yet, by service (admission control).",
             ["service"],
+            registry=registry,
+        )
+        self.key_requests = Counter(
+            "llmfleet_scheduler_key_requests",
+            "Requests by API key and priority: admitted, refused (overloaded or displaced by a higher "
+            "priority) or shed (sheddable, dropped from the hold queue before its TTFT SLO).",
+            ["key", "priority", "outcome"],
+            registry=registry,
+        )
+        self.key_wait_seconds = Histogram(
+            "llmfleet_scheduler_key_wait_seconds",
+            "Time a request waited in the scheduler's hold queue before dispatch, by API key and priority.",
+            ["key", "priority"],
+            buckets=TTFT_BUCKETS,
             registry=registry,
         )
         self.dispatch = Counter(

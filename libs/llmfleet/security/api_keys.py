@@ -11,6 +11,8 @@ A keys file (YAML)::
           requests_per_s: 20       #   requests a second, with bursts of
           burst: 40                #   up to this many at once (default: one second's worth)
           tokens_per_min: 100000   #   estimated tokens a minute (the scheduler: prompt + max_tokens)
+        max_priority: 2            # optional: the highest request priority it may ask for (default 0;
+                                   #   a request may always ask for its service's own priority)
 
 Keys are compared as SHA-256 digests with :func:`hmac.compare_digest` against every entry (no early
 exit), so the time taken does not depend on how much of a key matched.
@@ -27,6 +29,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmfleet.policies.capacity.priority import DEFAULT_KEY_MAX_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from llmfleet.security.rate_limits import KeyLimits
 
 
@@ -60,6 +63,7 @@ class _KeyEntry(BaseModel):
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     services: list[str] | None = None
     limits: _Limits | None = None
+    max_priority: int = Field(DEFAULT_KEY_MAX_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
 
     @model_validator(mode="after")
     def _one_secret(self) -> _KeyEntry:
@@ -79,6 +83,7 @@ class ApiKey:
     digest: bytes
     services: frozenset[str] | None = None  # None: every service
     limits: KeyLimits | None = None  # None: no rate limits
+    max_priority: int = DEFAULT_KEY_MAX_PRIORITY  # the highest request priority it may ask for
 
     def allows(self, service: str) -> bool:
         return self.services is None or service in self.services
@@ -134,6 +139,7 @@ class ApiKeyStore:
                     digest(e.key) if e.key is not None else bytes.fromhex(e.sha256 or ""),
                     frozenset(e.services) if e.services is not None else None,
                     KeyLimits(**e.limits.model_dump()) if e.limits is not None else None,
+                    e.max_priority,
                 )
                 for e in parsed.keys
             )

@@ -28,6 +28,11 @@ TRANSFER = "hybrid"
 Binding = Literal["early", "late"]
 BINDINGS: tuple[Binding, ...] = get_args(Binding)
 BINDING: Binding = "late"
+# the order of requests held for capacity within a priority: vtc = fair among API keys by tokens served
+# (llmfleet.policies.capacity.vtc_fair), none = arrival order
+Fairness = Literal["vtc", "none"]
+FAIRNESS_MODES: tuple[Fairness, ...] = get_args(Fairness)
+FAIRNESS: Fairness = "vtc"
 QUEUE_SLACK = 4  # requests an engine may queue past its batch under late binding (docs/benchmarks/burst.md)
 KV_ROOM_FRACTION = 0.95
 

@@ -203,7 +203,7 @@ class CapacitySpec(BaseModel):
     engine hosting its model is saturated (its queue past its batch + ``queue_slack``, or its KV past
     ``kv_room_fraction``), early = bound on arrival; ``move_queued``: move not-started requests off
     engines past their room each epoch; ``cold_start``: hold requests for a model no engine hosts
-    while placement loads it."""
+    while placement loads it; ``fairness``: the order of held requests within a priority."""
 
     model_config = _SECTION
 
@@ -233,6 +233,11 @@ class CapacitySpec(BaseModel):
         True,
         description="hold a request for a model no engine hosts until placement loads it (the service's "
         "cold_start_timeout_s); off: fail it at once (UNAVAILABLE)",
+    )
+    fairness: defaults.Fairness = Field(
+        defaults.FAIRNESS,
+        description="the order of held requests within a priority: vtc = fair among API keys by tokens "
+        "served (virtual token counter), none = arrival order",
     )
 
     def saturation(self) -> capacity_policies.Saturation:

@@ -28,6 +28,7 @@ from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
 from llmfleet_scheduler.observe import ObservationBatcher
+from llmfleet_scheduler.priorities import RequestClasses
 from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.rebalance import LiveRebalance, QueuedMoves
 from llmfleet_scheduler.relay import Relay
@@ -79,9 +80,10 @@ def _gate(
     directory: ClusterDirectory,
     stats: StatsReporter | None,
     metrics: SchedulerMetrics,
+    classes: RequestClasses,
 ) -> CapacityGate:
     """Requests wait here for capacity: a model no engine hosts (scale from zero), and with --binding
-    late every host saturated."""
+    late every host saturated; in the order of their priorities and --fairness."""
     return CapacityGate(
         directory,
         binding=config.binding,
@@ -89,6 +91,8 @@ def _gate(
         cold_start=config.cold_start,
         metrics=metrics,
         on_wait=stats.kick if stats is not None else None,
+        fairness=config.fairness,
+        classes=classes,
     )
 
 
@@ -123,7 +127,8 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     )
     central = SclsCentral.from_options(lambda model: engines_for(directory, model), args.scls_options)
     metrics = scheduler_metrics()
-    gate = _gate(config, directory, stats, metrics)
+    classes = RequestClasses(metrics)
+    gate = _gate(config, directory, stats, metrics, classes)
     if monitor is not None:
         monitor.listeners.append(gate)  # after the load book: the pump reads the updated book
     relay = Relay(
@@ -143,8 +148,10 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         directory,
         relay,
         orphan_grace_s=args.orphan_grace_s,
-        admission=Admission(args.max_waiting, args.max_queued_tokens),
+        admission=Admission(args.max_waiting, args.max_queued_tokens, displace=gate.displace),
+        classes=classes,
     )
+    gate.refuse = servicer.refuse  # a displaced or shed request's record fails RESOURCE_EXHAUSTED
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)
         stats.backlog = _backlog(gate, servicer, directory)
     return SchedulerParts(config, monitor, directory, router, stats, central, gate, relay, servicer)

@@ -16,11 +16,20 @@
   the first engine with room. Capacity that scaling adds then serves the queue at once. The first
   request held this way (the model's queue was empty) wakes placement too: a burst scales out now.
 
-Waiting requests are kept per model in a :class:`~llmfleet.policies.capacity.HoldQueue` (service
-priority, then arrival). A pump dispatches them in that order whenever capacity may have changed: a
-load report came in, a request ended, the engine set changed, or ``poll_s`` passed. The pump takes the
-dispatch policy's choice for the head of the queue and records it in the load book at once, so the
-next head sees it. A cancelled request leaves the queue at once and is never dispatched.
+Waiting requests are kept per model in a hold queue (``llmfleet.policies.capacity.hold_queue``):
+the request's priority (its own, or its service's), then, with ``fairness="vtc"``, the API key with
+the fewest weighted tokens served (``llmfleet.policies.capacity.vtc_fair``; every dispatch of the model
+is charged, held or not, and settled with the tokens generated when the request ends), then arrival. A
+pump dispatches them in that order whenever capacity may have changed: a load report came in, a
+request ended, the engine set changed, or ``poll_s`` passed. The pump takes the dispatch policy's
+choice for the head of the queue and records it in the load book at once, so the next head sees it. A
+cancelled request leaves the queue at once and is never dispatched.
+
+**Priorities under overload.** Admission control asks :meth:`CapacityGate.displace` for room before it
+refuses a request: the held request of the same service with a lower priority that would leave last is
+refused instead. A sheddable request (negative priority) is dropped when it has waited its service's
+TTFT SLO less ``poll_s`` (so it never waits past it). Both end RESOURCE_EXHAUSTED with a retry-after
+through ``refuse`` (the servicer fails the request's record), then their wait ends with :class:`Shed`.
 """
 
 from __future__ import annotations
@@ -36,13 +45,23 @@ from dataclasses import dataclass, field
 from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.load import LoadReport
 from llmfleet.metrics.control import SchedulerMetrics, scheduler_metrics
-from llmfleet.policies.capacity import BINDINGS, HoldQueue, Saturation, Unplaceable, unplaceable
+from llmfleet.policies.capacity import (
+    BINDINGS,
+    HeldQueue,
+    Saturation,
+    Unplaceable,
+    hold_queue,
+    unplaceable,
+    weighted_tokens,
+)
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
+from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
-from llmfleet.spec.defaults import Binding
+from llmfleet.spec.defaults import FAIRNESS, Binding, Fairness
 from llmfleet.spec.services import ServiceSpec
 
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.priorities import RequestClass, RequestClasses
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +76,12 @@ class ColdStartTimeout(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Shed(ColdStartTimeout):
+    """The request left the hold queue refused: displaced by a higher priority, or sheddable and at its
+    TTFT SLO. Its record already failed RESOURCE_EXHAUSTED (``CapacityGate.refuse``); as a
+    ColdStartTimeout, the relay's own failure of it changes nothing."""
+
+
 @dataclass
 class _Waiter:
     request_id: str
@@ -69,6 +94,11 @@ class _Waiter:
     reason: str  # COLD or SATURATED (what it waits for now)
     cold_since: float | None = None  # since when it waits for its model to be loaded
     was_cold: bool = False  # it waited for a load at some point (a cold start)
+    cls: RequestClass | None = None  # its priority and API key (None: the service's priority, no key)
+
+    @property
+    def priority(self) -> int:
+        return self.cls.priority if self.cls is not None else self.spec.priority
 
 
 @dataclass
@@ -82,7 +112,13 @@ class CapacityGate:
     on_wait: Callable[[str], None] | None = None
     poll_s: float = 0.25  # re-check this often even when nothing signals a change
     clock: Callable[[], float] = time.monotonic
-    _queues: dict[str, HoldQueue[_Waiter]] = field(default_factory=dict)  # per model
+    fairness: Fairness = FAIRNESS  # the order within a priority (see llmfleet.policies.capacity.queues)
+    # each request's priority and API key, by id, and their metrics (None: every request at its
+    # service's priority, no key)
+    classes: RequestClasses | None = None
+    # fail a request's record (request id, message, retry-after s) RESOURCE_EXHAUSTED: displaced or shed
+    refuse: Callable[[str, str, int], None] | None = None
+    _queues: dict[str, HeldQueue[_Waiter]] = field(default_factory=dict)  # per model (kept: its counters)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _weights: dict[str, int] = field(default_factory=dict)  # model -> weight bytes (0: unknown)
 
@@ -98,10 +134,14 @@ class CapacityGate:
         (every host excluded; or no host and cold starts off), :class:`Unplaceable` or
         :class:`ColdStartTimeout`."""
         model = request.model
+        cls = self.classes.get(request.request_id) if self.classes is not None else None
         queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = hold_queue(self.fairness)
         if not queue:  # nobody waits ahead of it: decide now
             got = self._decide(model, policy, request, excluded)
             if not isinstance(got, _Hold):
+                self._charge(queue, cls, request)
                 return got
             reason = got.reason
         else:
@@ -110,11 +150,13 @@ class CapacityGate:
         now = self.clock()
         waiter = _Waiter(
             request.request_id, spec, policy, request, excluded,
-            asyncio.get_running_loop().create_future(), now, reason,
+            asyncio.get_running_loop().create_future(), now, reason, cls=cls,
         )  # fmt: skip
-        queue = self._queues.setdefault(model, HoldQueue())
         first = not queue
-        queue.push(request.request_id, waiter, request.arrival_s, spec.priority, self._deadline(waiter, now))
+        queue.push(
+            request.request_id, waiter, request.arrival_s, waiter.priority, self._deadline(waiter, now),
+            cls.key if cls is not None else "", _cost(cls, request),
+        )  # fmt: skip
         self._held(waiter, +1)
         if first and reason == SATURATED:
             self._wake(spec.name)
@@ -140,6 +182,25 @@ class CapacityGate:
 
     def forget(self, engine_id: str) -> None:
         self.notify()
+
+    def displace(self, service: str, priority: int, retry_after_s: int) -> bool:
+        """Refuse the held request of ``service`` below ``priority`` that would leave last, to make
+        room for one of ``priority`` (admission control's overload); False when there is none."""
+        for queue in self._queues.values():
+            rid = queue.last_below(priority, lambda w: w.spec.name == service)
+            if rid is None:
+                continue
+            w = queue.remove(rid)
+            assert w is not None
+            self._refuse(
+                w,
+                f"service {service!r} is overloaded: a request of priority {priority} took the place of "
+                f"this one (priority {w.priority}); retry after {retry_after_s}s",
+                retry_after_s,
+                "refused",
+            )
+            return True
+        return False
 
     def held(self) -> dict[str, tuple[int, int]]:
         """Per service: (requests held here, of them cold)."""
@@ -184,14 +245,13 @@ class CapacityGate:
                 if isinstance(got, _Hold):
                     self._set_reason(queue, w, got.reason, now)
                     break
-                queue.remove(w.request_id)
+                queue.pop()  # the head: charged to its key
+                self._settle(queue, w.cls)
                 kv = w.request.prompt_tokens * w.request.kv_bytes_per_token
                 self.directory.load.dispatched(got, w.request_id, kv)  # the next head sees it
                 w.future.set_result(got)
                 self._waited(w, now)
                 sent += 1
-            if not queue:
-                del self._queues[model]
         return sent
 
     # ------------------------------------------------------------------------------------ decisions
@@ -232,14 +292,19 @@ class CapacityGate:
         sizes = [EngineSize(n.node_id, n.memory_bytes) for n in self.directory.engines().values()]
         return unplaceable(model, weight, sizes)
 
+    def _shed_at(self, w: _Waiter) -> float:
+        """When a sheddable ``w`` is dropped: its TTFT SLO less a poll, after it arrived here."""
+        return w.since + max(0.0, w.spec.slo.ttft_s - self.poll_s) if sheddable(w.priority) else math.inf
+
     def _deadline(self, w: _Waiter, now: float) -> float:
         if w.reason != COLD:
-            return math.inf
+            return self._shed_at(w)
         w.cold_since = w.cold_since if w.cold_since is not None else now
         w.was_cold = True
-        return w.cold_since + cold_start_timeout_s(w.spec.cold_start_timeout_s, w.spec.slo.ttft_s)
+        cold = w.cold_since + cold_start_timeout_s(w.spec.cold_start_timeout_s, w.spec.slo.ttft_s)
+        return min(cold, self._shed_at(w))
 
-    def _set_reason(self, queue: HoldQueue[_Waiter], w: _Waiter, reason: str, now: float) -> None:
+    def _set_reason(self, queue: HeldQueue[_Waiter], w: _Waiter, reason: str, now: float) -> None:
         if reason == w.reason:
             return
         self._held(w, -1)
@@ -251,6 +316,18 @@ class CapacityGate:
 
     def _expire(self, w: _Waiter, now: float) -> None:
         if w.future.done():
+            return
+        if now >= self._shed_at(w):
+            retry = max(1, math.ceil(w.spec.slo.ttft_s))
+            self._refuse(
+                w,
+                f"service {w.spec.name!r}: shed after waiting {now - w.since:.1f}s for capacity (priority "
+                f"{w.priority} is sheddable; the service's TTFT SLO is {w.spec.slo.ttft_s:g}s); retry after "
+                f"{retry}s",
+                retry,
+                "shed",
+            )
+            self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(now - w.since)
             return
         waited = now - (w.cold_since if w.cold_since is not None else w.since)
         retry = max(1, math.ceil(cold_start_timeout_s(w.spec.cold_start_timeout_s, w.spec.slo.ttft_s) / 2))
@@ -264,7 +341,28 @@ class CapacityGate:
         self._outcome(w, "timeout")
         self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(waited)
 
+    def _refuse(self, w: _Waiter, message: str, retry_after_s: int, outcome: str) -> None:
+        """End held ``w`` RESOURCE_EXHAUSTED (displaced or shed): its record fails through ``refuse``."""
+        if self.refuse is not None:
+            self.refuse(w.request_id, message, retry_after_s)
+        w.future.set_exception(Shed(message, retry_after_s))
+        if w.cls is not None and self.classes is not None:
+            self.classes.count(w.cls, outcome)
+        self._outcome(w, outcome)
+
     # ------------------------------------------------------------------------------------ accounting
+    def _charge(self, queue: HeldQueue[_Waiter], cls: RequestClass | None, request: DispatchRequest) -> None:
+        """A request dispatched without waiting is served too: its key is charged."""
+        if cls is not None:
+            queue.charge(cls.key, _cost(cls, request))
+            self._settle(queue, cls)
+
+    def _settle(self, queue: HeldQueue[_Waiter], cls: RequestClass | None) -> None:
+        """At its end, the request's charge is corrected with the output tokens it generated."""
+        if cls is not None:
+            charged = cls.output_tokens
+            cls.settle = lambda generated: queue.charge(cls.key, weighted_tokens(0, generated - charged))
+
     def _held(self, w: _Waiter, delta: int) -> None:
         if delta > 0 and w.reason == COLD:
             self._wake(w.spec.name)
@@ -279,6 +377,8 @@ class CapacityGate:
 
     def _waited(self, w: _Waiter, now: float) -> None:
         self.metrics.held_seconds.labels(w.spec.name, w.reason).observe(now - w.since)
+        if w.cls is not None and self.classes is not None:
+            self.classes.waited(w.cls, now - w.since)
         self._outcome(w, "served")
 
     def _outcome(self, w: _Waiter, outcome: str) -> None:
@@ -289,3 +389,9 @@ class CapacityGate:
 @dataclass(frozen=True)
 class _Hold:
     reason: str
+
+
+def _cost(cls: RequestClass | None, request: DispatchRequest) -> float:
+    """The weighted tokens a request is charged when it leaves: its prompt and its output cap."""
+    out = cls.output_tokens if cls is not None else request.predicted_output_tokens
+    return weighted_tokens(request.prompt_tokens, out)

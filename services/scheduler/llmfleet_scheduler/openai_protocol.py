@@ -39,6 +39,9 @@ class _Sampling(BaseModel):
     # llmfleet's extension: the conversation the request continues (clients send it in extra_body);
     # a dispatch policy that keeps conversations together sends its turns where the last one ran
     session: str = Field("", max_length=MAX_ID_CHARS)
+    # the request's priority, as vLLM accepts it (an integer; llmfleet: higher first, negative
+    # sheddable); its range and the API key's allowance are checked with the gRPC path's messages
+    priority: int | None = Field(None, strict=True, ge=-(2**31), le=2**31 - 1)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -14,6 +14,7 @@ from typing import Protocol
 import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmfleet.metrics.control import SchedulerMetrics
+from llmfleet.policies.capacity.priority import request_priority
 from llmfleet.rpc.mux import SUBMIT_MANY, Emit, StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
@@ -25,6 +26,7 @@ from llmfleet.token_estimate import approx_token_count
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
+from llmfleet_scheduler.priorities import RequestClass, RequestClasses
 from llmfleet_scheduler.readiness import Readiness
 from llmfleet_scheduler.validation import InvalidField, validate_submit
 
@@ -52,6 +54,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     admission: Admission = field(default_factory=Admission)
     readiness: Readiness | None = None  # ready = servable (None: ready once connected to etcd)
     key_limits: KeyRateLimiter = field(default_factory=KeyRateLimiter)  # API keys' rate limits
+    # live requests' priorities and keys, which the capacity gate reads (None: one on the relay's metrics)
+    classes: RequestClasses | None = None
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
@@ -109,6 +113,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         m = self.relay.metrics
         if self.admission.observe is None:
             self.admission.observe = lambda service, n: m.waiting.labels(service).set(n)
+        if self.classes is None:
+            self.classes = RequestClasses(m)
 
     def open_request(
         self, request: scheduler_pb2.SubmitRequest, deadline: float | None, key: ApiKey | None = None
@@ -131,7 +137,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if rec is None and counted:
             rec = self._start_counted(rid, request, deadline, key, counted)
         elif rec is None:
-            rec = self._start(rid, request, deadline)
+            rec = self._start(rid, request, deadline, key)
         elif rec.fingerprint != _fingerprint(request):
             raise RequestFailed(
                 grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
@@ -156,7 +162,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if rec.subscribers == 0 and not rec.done:
             self._reapers[rec.request_id] = asyncio.create_task(self._reap(rec))
 
-    def _start(self, rid: str, request: scheduler_pb2.SubmitRequest, deadline: float | None) -> RequestRecord:
+    def _start(
+        self,
+        rid: str,
+        request: scheduler_pb2.SubmitRequest,
+        deadline: float | None,
+        key: ApiKey | None = None,
+    ) -> RequestRecord:
         if not self.directory.ready:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "scheduler is not connected to etcd yet; retry")
         spec = self.directory.services().get(request.service)
@@ -176,16 +188,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             )
         if len(request.resume_token_ids) == sampling.max_tokens:  # every token arrived, only the end was lost
             return self._complete(rid, spec, request)
+        cls = self._class(request, spec, key, sampling.max_tokens)
+        assert self.classes is not None
         try:
             ticket = self.admission.admit(
                 spec.name,
                 estimate_tokens(request.prompt, sampling.max_tokens),
                 spec.max_waiting,
                 spec.max_queued_tokens,
+                cls.priority,
             )
         except Overloaded as e:
             self._rejected(spec.name, "overloaded")
+            self.classes.count(cls, "refused")
             raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.retry_after_s) from None
+        self.classes.add(rid, cls)
         gen = engine_pb2.GenerateRequest(
             request_id=rid,
             model=spec.model,
@@ -208,10 +225,33 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.journal.add(rec)
         rec.driver = asyncio.create_task(self.relay.run(rec, gen, deadline), name=f"relay-{rid}")
         rec.driver.add_done_callback(lambda _t: ticket.release())  # however the driver ended
+        classes = self.classes
+        rec.driver.add_done_callback(lambda _t: classes.end(rid, rec.n_tokens - len(prefix)))
         # A failed request was not served: forget it so a retry with the same id runs afresh
         # (followers already attached still see the error).
         rec.driver.add_done_callback(lambda _t: rec.error is not None and self.journal.discard(rid))
         return rec
+
+    def _class(
+        self, request: scheduler_pb2.SubmitRequest, spec: ServiceSpec, key: ApiKey | None, max_tokens: int
+    ) -> RequestClass:
+        """The request's priority (InvalidField ``priority`` when it is out of range or above what
+        ``key`` allows) and key, as the capacity gate orders it."""
+        asked = request.priority if request.HasField("priority") else None
+        try:
+            priority = request_priority(asked, spec.priority, key.max_priority if key is not None else None)
+        except ValueError as e:
+            who = f" (API key {key.name!r})" if key is not None else ""
+            raise InvalidField("priority", f"{e}{who}") from None
+        return RequestClass(priority, key.name if key is not None else "", max_tokens)
+
+    def refuse(self, request_id: str, details: str, retry_after_s: int) -> None:
+        """End a request held for capacity RESOURCE_EXHAUSTED (the capacity gate displaced or shed it)."""
+        rec = self.journal.get(request_id)
+        if rec is not None and not rec.done:
+            asyncio.get_running_loop().create_task(
+                rec.fail(grpc.StatusCode.RESOURCE_EXHAUSTED, details, retry_after_s)
+            )
 
     def _complete(self, rid: str, spec: ServiceSpec, request: scheduler_pb2.SubmitRequest) -> RequestRecord:
         """A resume that holds every token of the request (its final chunk was lost in a failover): the
@@ -260,7 +300,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ``max_tokens`` it did not generate when it ends (all of it when it is refused)."""
         assert key is not None
         try:
-            rec = self._start(rid, request, deadline)
+            rec = self._start(rid, request, deadline, key)
         except (InvalidField, RequestFailed):
             self.key_limits.give_back(key.name, max_tokens)
             raise

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from llmfleet.api.v1 import common_pb2 as llmfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/scheduler.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\x9e\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\x05\x12\x0f\n\x07session\x18\x06 \x01(\t\"\xc5\x01\n\x0bSubmitStart\x12+\n\x07request\x18\x01 \x01(\x0b\x32\x1a.llmfleet.v1.SubmitRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x41\n\rtrace_context\x18\x03 \x03(\x0b\x32*.llmfleet.v1.SubmitStart.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0eSubmitCommands\x12\'\n\x05start\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.SubmitStart\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\t\"u\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nttft_slo_s\x18\x03 \x01(\x01\x12\x12\n\ntpot_slo_s\x18\x04 \x01(\x01\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x65ngines\x18\x06 \x03(\t\"\x15\n\x13ListServicesRequest\"B\n\x14ListServicesResponse\x12*\n\x08services\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.ServiceInfo2\xac\x02\n\tScheduler\x12?\n\x06Submit\x12\x1a.llmfleet.v1.SubmitRequest\x1a\x17.llmfleet.v1.TokenChunk0\x01\x12\x46\n\nSubmitMany\x12\x1b.llmfleet.v1.SubmitCommands\x1a\x17.llmfleet.v1.ChunkBatch(\x01\x30\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.llmfleet.v1.CancelRequest\x1a\x1b.llmfleet.v1.CancelResponse\x12S\n\x0cListServices\x12 .llmfleet.v1.ListServicesRequest\x1a!.llmfleet.v1.ListServicesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmfleet/v1/scheduler.proto\x12\x0bllmfleet.v1\x1a\x18llmfleet/v1/common.proto\"\xc2\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.llmfleet.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x05 \x03(\x05\x12\x0f\n\x07session\x18\x06 \x01(\t\x12\x15\n\x08priority\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_priority\"\xc5\x01\n\x0bSubmitStart\x12+\n\x07request\x18\x01 \x01(\x0b\x32\x1a.llmfleet.v1.SubmitRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x41\n\rtrace_context\x18\x03 \x03(\x0b\x32*.llmfleet.v1.SubmitStart.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0eSubmitCommands\x12\'\n\x05start\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.SubmitStart\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\t\"u\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nttft_slo_s\x18\x03 \x01(\x01\x12\x12\n\ntpot_slo_s\x18\x04 \x01(\x01\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x65ngines\x18\x06 \x03(\t\"\x15\n\x13ListServicesRequest\"B\n\x14ListServicesResponse\x12*\n\x08services\x18\x01 \x03(\x0b\x32\x18.llmfleet.v1.ServiceInfo2\xac\x02\n\tScheduler\x12?\n\x06Submit\x12\x1a.llmfleet.v1.SubmitRequest\x1a\x17.llmfleet.v1.TokenChunk0\x01\x12\x46\n\nSubmitMany\x12\x1b.llmfleet.v1.SubmitCommands\x1a\x17.llmfleet.v1.ChunkBatch(\x01\x30\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.llmfleet.v1.CancelRequest\x1a\x1b.llmfleet.v1.CancelResponse\x12S\n\x0cListServices\x12 .llmfleet.v1.ListServicesRequest\x1a!.llmfleet.v1.ListServicesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITSTART_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_SUBMITSTART_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITREQUEST']._serialized_start=71
-  _globals['_SUBMITREQUEST']._serialized_end=229
-  _globals['_SUBMITSTART']._serialized_start=232
-  _globals['_SUBMITSTART']._serialized_end=429
-  _globals['_SUBMITSTART_TRACECONTEXTENTRY']._serialized_start=378
-  _globals['_SUBMITSTART_TRACECONTEXTENTRY']._serialized_end=429
-  _globals['_SUBMITCOMMANDS']._serialized_start=431
-  _globals['_SUBMITCOMMANDS']._serialized_end=504
-  _globals['_SERVICEINFO']._serialized_start=506
-  _globals['_SERVICEINFO']._serialized_end=623
-  _globals['_LISTSERVICESREQUEST']._serialized_start=625
-  _globals['_LISTSERVICESREQUEST']._serialized_end=646
-  _globals['_LISTSERVICESRESPONSE']._serialized_start=648
-  _globals['_LISTSERVICESRESPONSE']._serialized_end=714
-  _globals['_SCHEDULER']._serialized_start=717
-  _globals['_SCHEDULER']._serialized_end=1017
+  _globals['_SUBMITREQUEST']._serialized_end=265
+  _globals['_SUBMITSTART']._serialized_start=268
+  _globals['_SUBMITSTART']._serialized_end=465
+  _globals['_SUBMITSTART_TRACECONTEXTENTRY']._serialized_start=414
+  _globals['_SUBMITSTART_TRACECONTEXTENTRY']._serialized_end=465
+  _globals['_SUBMITCOMMANDS']._serialized_start=467
+  _globals['_SUBMITCOMMANDS']._serialized_end=540
+  _globals['_SERVICEINFO']._serialized_start=542
+  _globals['_SERVICEINFO']._serialized_end=659
+  _globals['_LISTSERVICESREQUEST']._serialized_start=661
+  _globals['_LISTSERVICESREQUEST']._serialized_end=682
+  _globals['_LISTSERVICESRESPONSE']._serialized_start=684
+  _globals['_LISTSERVICESRESPONSE']._serialized_end=750
+  _globals['_SCHEDULER']._serialized_start=753
+  _globals['_SCHEDULER']._serialized_end=1053
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -37,8 +38,16 @@ class HoldQueue(Generic[T]):
         return key in self._by_key
 
     def push(
-        self, key: str, item: T, arrival: float, priority: int = 0, deadline: float = float("inf")
+        self,
+        key: str,
+        item: T,
+        arrival: float,
+        priority: int = 0,
+        deadline: float = float("inf"),
+        tenant: str = "",
+        cost: float = 0.0,
     ) -> None:
+        """Hold ``item``; ``tenant`` and ``cost`` are what a fair queue orders by (unused here)."""
         if key in self._by_key:
             raise KeyError(f"{key!r} is held already")
         e = _Entry((-priority, arrival, next(self._seq)), key, item, deadline)
@@ -64,6 +73,9 @@ class HoldQueue(Generic[T]):
         self._timed.discard(e.key)
         return e.item
 
+    def charge(self, tenant: str, tokens: float) -> None:
+        """A fair queue's correction of a tenant's tokens served: arrival order counts none."""
+
     def remove(self, key: str) -> T | None:
         """Take ``key`` out (None: not held)."""
         e = self._by_key.pop(key, None)
@@ -87,6 +99,13 @@ class HoldQueue(Generic[T]):
         for e in gone:
             self.remove(e.key)
         return [e.item for e in gone]
+
+    def last_below(self, priority: int, match: Callable[[T], bool]) -> str | None:
+        """The key of the matching item below ``priority`` that would be served last (None: none)."""
+        worst = max(
+            (e for e in self._by_key.values() if e.rank[0] > -priority and match(e.item)), default=None
+        )
+        return worst.key if worst is not None else None
 
     def items(self) -> list[T]:
         """Held items in queue order."""
