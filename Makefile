@@ -11,7 +11,7 @@ TEST_WORKERS  ?= 2
 VLLM_VERSION  ?= 0.32.0
 VLLM_STAMP    := $(VENV)/.llmfleet-vllm-installed
 
-.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-fairness bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -29,6 +29,7 @@ help:
 	@echo "               bench-burst (requests wait for capacity: cold start, right after up, a 1,000-request burst; vs today's)"
 	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
 	@echo "               bench-capacity (one scheduler process: multiplexed vs per-request data path on emulated GPUs)"
+	@echo "               bench-fairness (the hold queue's order: a light key under a 10x flood, priorities)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
@@ -118,6 +119,9 @@ bench-prefix: setup
 
 bench-capacity: setup
 	$(PYTHON) -m tools.bench.capacity_bench --out .bench/capacity $(BENCH_ARGS)
+
+bench-fairness: setup
+	$(PYTHON) -m tools.bench.fairness_bench --out .bench/fairness $(BENCH_ARGS)
 
 bench-metrics: setup
 	$(PYTHON) -m tools.bench.metrics_overhead --out .bench/metrics $(BENCH_ARGS)

@@ -79,16 +79,19 @@ def test_charge_corrects_the_counter_and_removal_is_uncharged():
     assert len(q) == 0 and q.pop() is None
 
 
-def test_expired_and_last_below():
+def test_expired_and_last_behind():
     q: FairQueue[str] = FairQueue()
     q.push("x", "x", arrival=0, priority=-1, deadline=5, tenant="a")
-    q.push("y", "y", arrival=1, priority=-1, tenant="b")
-    q.push("z", "z", arrival=2, priority=0, tenant="b")
+    q.push("y", "y", arrival=1, priority=-1, tenant="b", cost=50)
+    q.push("z", "z", arrival=2, priority=0, tenant="b", cost=30)
     q.charge("b", 100)
     assert q.expired(4) == [] and q.expired(5) == ["x"]
-    assert q.last_below(0, lambda _: True) == "y"
-    assert q.last_below(-1, lambda _: True) is None
-    assert q.last_below(1, lambda item: item != "y") == "z"
+    assert q.last_behind(0, "a", lambda _: True) == "y"  # the lower band
+    # same band: c is lifted to b's 100, and y goes only once b's z (30) is served: at 130
+    assert q.last_behind(-1, "c", lambda _: True) == "y"
+    assert q.last_behind(-1, "b", lambda _: True) is None  # b's own: it goes behind them
+    assert q.last_behind(-2, "a", lambda _: True) is None
+    assert q.last_behind(1, "a", lambda item: item != "y") == "z"
     assert q.items() == ["z", "y"]
 
 
@@ -101,12 +104,12 @@ def test_both_queues_order_one_tenant_by_priority_then_arrival(fairness):
     assert drain(q) == ["r1", "r4", "r0", "r2", "r3"]
 
 
-def test_hold_queue_last_below_is_the_lowest_latest():
+def test_hold_queue_last_behind_is_the_lowest_latest():
     q: HoldQueue[str] = HoldQueue()
     for i, p in enumerate([0, -2, -2, 1]):
         q.push(f"r{i}", f"r{i}", arrival=i, priority=p)
-    assert q.last_below(0, lambda _: True) == "r2"
-    assert q.last_below(-2, lambda _: True) is None
+    assert q.last_behind(0, "", lambda _: True) == "r2"
+    assert q.last_behind(-2, "", lambda _: True) is None
 
 
 def test_unknown_fairness_is_refused():

@@ -12,7 +12,8 @@ requests that must leave it, over the requests per second that left it in the la
 (clamped to [1, 60] s; 5 s when none left in the window).
 
 **Lowest priority first.** Before it refuses a request, admission asks ``displace`` (the capacity
-gate's) to refuse a held request of the same service with a lower priority in its place; when one is,
+gate's) to refuse in its place the held request of the same service that would leave after it (a
+lower priority; with fair queueing, the same priority from an API key served more tokens); when one is,
 the request is admitted (the displaced one leaves the counts when its record fails, on the event
 loop's next turn)."""
 
@@ -79,16 +80,22 @@ class Admission:
     window_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
     observe: Callable[[str, int], None] | None = None  # (service, waiting) on every change
-    # (service, priority, retry-after s): refuse a held request of the service below the priority in
-    # place of a new one; True when one was
-    displace: Callable[[str, int, int], bool] | None = None
+    # (service, priority, API key, retry-after s): refuse a held request of the service that would
+    # leave after a new one of that priority and key, in its place; True when one was
+    displace: Callable[[str, int, str, int], bool] | None = None
     _queues: dict[str, _Queue] = field(default_factory=dict)
 
     def admit(
-        self, service: str, tokens: int, max_waiting: int = 0, max_queued_tokens: int = 0, priority: int = 0
+        self,
+        service: str,
+        tokens: int,
+        max_waiting: int = 0,
+        max_queued_tokens: int = 0,
+        priority: int = 0,
+        key: str = "",
     ) -> Ticket:
-        """Admit a request of ``tokens`` queued tokens and ``priority``, or raise :class:`Overloaded`.
-        ``max_*`` are the service's own bounds (0: this scheduler's)."""
+        """Admit a request of ``tokens`` queued tokens, ``priority`` and API key ``key``, or raise
+        :class:`Overloaded`. ``max_*`` are the service's own bounds (0: this scheduler's)."""
         q = self._queues.get(service)
         if q is None:
             q = self._queues[service] = _Queue(service, self.observe)
@@ -100,7 +107,9 @@ class Admission:
                     self._retry_after(q, q.waiting - waiting_cap + 1))  # fmt: skip
         elif q.waiting and q.tokens + tokens > token_cap:
             over = (f"{q.tokens} + {tokens} queued tokens, limit {token_cap}", self._retry_after(q, 1))
-        if over is not None and not (self.displace is not None and self.displace(service, priority, over[1])):
+        if over is not None and not (
+            self.displace is not None and self.displace(service, priority, key, over[1])
+        ):
             raise Overloaded(service, *over)
         q.waiting += 1
         q.tokens += tokens

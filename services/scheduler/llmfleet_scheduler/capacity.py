@@ -183,11 +183,13 @@ class CapacityGate:
     def forget(self, engine_id: str) -> None:
         self.notify()
 
-    def displace(self, service: str, priority: int, retry_after_s: int) -> bool:
-        """Refuse the held request of ``service`` below ``priority`` that would leave last, to make
-        room for one of ``priority`` (admission control's overload); False when there is none."""
+    def displace(self, service: str, priority: int, key: str, retry_after_s: int) -> bool:
+        """Refuse the held request of ``service`` that would leave last, when it would leave after one
+        of ``priority`` from API key ``key`` (a lower priority; with fairness, the same priority of a
+        key served more tokens), to make room for that one (admission control's overload); False when
+        there is none."""
         for queue in self._queues.values():
-            rid = queue.last_below(priority, lambda w: w.spec.name == service)
+            rid = queue.last_behind(priority, key, lambda w: w.spec.name == service)
             if rid is None:
                 continue
             w = queue.remove(rid)
@@ -195,7 +197,7 @@ class CapacityGate:
             self._refuse(
                 w,
                 f"service {service!r} is overloaded: a request of priority {priority} took the place of "
-                f"this one (priority {w.priority}); retry after {retry_after_s}s",
+                f"this one (priority {w.priority}, which would have left later); retry after {retry_after_s}s",
                 retry_after_s,
                 "refused",
             )

@@ -197,6 +197,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 spec.max_waiting,
                 spec.max_queued_tokens,
                 cls.priority,
+                cls.key,
             )
         except Overloaded as e:
             self._rejected(spec.name, "overloaded")

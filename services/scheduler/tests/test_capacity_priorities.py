@@ -131,12 +131,12 @@ async def test_displace_refuses_the_lowest_held_request(classes: RequestClasses)
         a = asyncio.create_task(gate.place(SPEC, POLICY, req("a", 0), frozenset()))
         b = asyncio.create_task(gate.place(SPEC, POLICY, req("b", 1), frozenset()))
         await asyncio.sleep(0.02)
-        assert not gate.displace("s", -2, 3)  # nothing below -2
-        assert not gate.displace("other", 5, 3)  # nothing of that service
-        assert gate.displace("s", 1, 3)
+        assert not gate.displace("s", -2, "k", 3)  # nothing below -2
+        assert not gate.displace("other", 5, "k", 3)  # nothing of that service
+        assert gate.displace("s", 1, "k", 3)
         with pytest.raises(Shed, match="a request of priority 1 took the place of this one"):
             await b
-        assert gate.displace("s", 1, 3)
+        assert gate.displace("s", 1, "k", 3)
         with pytest.raises(Shed):
             await a
     assert [(r[0], r[2]) for r in refused] == [("b", 3), ("a", 3)]
@@ -144,16 +144,16 @@ async def test_displace_refuses_the_lowest_held_request(classes: RequestClasses)
 
 
 def test_admission_displaces_before_it_refuses() -> None:
-    asked: list[tuple[str, int, int]] = []
+    asked: list[tuple[str, int, str, int]] = []
     room = [True]
 
-    def displace(service: str, priority: int, retry: int) -> bool:
-        asked.append((service, priority, retry))
+    def displace(service: str, priority: int, key: str, retry: int) -> bool:
+        asked.append((service, priority, key, retry))
         return room.pop() if room else False
 
     a = Admission(max_waiting=1, displace=displace)
     a.admit("s", 10, priority=0)
-    a.admit("s", 10, priority=5)  # displaced a held one
+    a.admit("s", 10, priority=5, key="k")  # displaced a held one
     with pytest.raises(Overloaded):
-        a.admit("s", 10, priority=5)
-    assert [x[:2] for x in asked] == [("s", 5), ("s", 5)]
+        a.admit("s", 10, priority=5, key="k")
+    assert [x[:3] for x in asked] == [("s", 5, "k"), ("s", 5, "k")]

@@ -100,8 +100,9 @@ class HoldQueue(Generic[T]):
             self.remove(e.key)
         return [e.item for e in gone]
 
-    def last_below(self, priority: int, match: Callable[[T], bool]) -> str | None:
-        """The key of the matching item below ``priority`` that would be served last (None: none)."""
+    def last_behind(self, priority: int, tenant: str, match: Callable[[T], bool]) -> str | None:
+        """The key of the matching item that would be served last, when it would be served after a new
+        one of ``priority`` (``tenant`` counts nothing here: one below ``priority``); None: none."""
         worst = max(
             (e for e in self._by_key.values() if e.rank[0] > -priority and match(e.item)), default=None
         )

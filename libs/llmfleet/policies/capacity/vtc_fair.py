@@ -51,6 +51,7 @@ class FairQueue(Generic[T]):
         self._band_live: dict[int, int] = {}  # priority -> live entries
         self._by_key: dict[str, _Entry[T]] = {}
         self._backlog: dict[str, int] = {}  # tenant -> live entries held (any band)
+        self._held_cost: dict[str, float] = {}  # tenant -> the costs of its live entries
         self._counters: dict[str, float] = {}  # tenant -> virtual tokens served
         self._seq = itertools.count()
         self._timed: set[str] = set()  # keys with a finite deadline: expiry scans only when some exist
@@ -77,17 +78,24 @@ class FairQueue(Generic[T]):
     ) -> None:
         if key in self._by_key:
             raise KeyError(f"{key!r} is held already")
-        if not self._backlog.get(tenant):  # becomes backlogged: lifted to the least backlogged counter
-            backlogged = [self._counters.get(t, 0.0) for t, n in self._backlog.items() if n]
-            if backlogged:
-                self._counters[tenant] = max(self._counters.get(tenant, 0.0), min(backlogged))
+        self._counters[tenant] = self._lifted(tenant)
         self._backlog[tenant] = self._backlog.get(tenant, 0) + 1
+        self._held_cost[tenant] = self._held_cost.get(tenant, 0.0) + cost
         e = _Entry((arrival, next(self._seq)), key, item, priority, tenant, cost, deadline)
         self._by_key[key] = e
         heapq.heappush(self._bands.setdefault(priority, {}).setdefault(tenant, []), e)
         self._band_live[priority] = self._band_live.get(priority, 0) + 1
         if deadline != float("inf"):
             self._timed.add(key)
+
+    def _lifted(self, tenant: str) -> float:
+        """``tenant``'s counter once it holds a request: one that becomes backlogged is lifted to the
+        smallest counter of the tenants backlogged now."""
+        mine = self._counters.get(tenant, 0.0)
+        if self._backlog.get(tenant):
+            return mine
+        backlogged = [self._counters.get(t, 0.0) for t, n in self._backlog.items() if n]
+        return max(mine, min(backlogged)) if backlogged else mine
 
     def _head(self) -> _Entry[T] | None:
         if not self._band_live:
@@ -131,6 +139,7 @@ class FairQueue(Generic[T]):
         self._timed.discard(e.key)
         e.live = False
         self._backlog[e.tenant] -= 1
+        self._held_cost[e.tenant] = self._held_cost[e.tenant] - e.cost if self._backlog[e.tenant] else 0.0
         self._band_live[e.priority] -= 1
         if not self._band_live[e.priority]:
             del self._band_live[e.priority]
@@ -159,14 +168,29 @@ class FairQueue(Generic[T]):
             self._take(e)
         return [e.item for e in gone]
 
-    def last_below(self, priority: int, match: Callable[[T], bool]) -> str | None:
-        """The key of the matching item below ``priority`` that would be served last (None: none): the
-        lowest band, the tenant with the largest counter, its latest arrival."""
-        if not any(p < priority for p in self._band_live):
+    def last_behind(self, priority: int, tenant: str, match: Callable[[T], bool]) -> str | None:
+        """The key of the matching item that would be served last, when it would be served after a new
+        one of ``priority`` from ``tenant``: in a lower band, or in the same band from a tenant whose
+        counter, once its requests ahead are served, passes where ``tenant``'s new one would start.
+        The last is in the lowest band, of the tenant with the largest counter plus held tokens, its
+        latest arrival. None: none."""
+        if not self._band_live or min(self._band_live) > priority:
             return None
-        below = (e for e in self._by_key.values() if e.priority < priority and match(e.item))
-        worst = max(below, key=lambda e: _last(e, self._counters), default=None)
-        return worst.key if worst is not None else None
+        worst = max((e for e in self._by_key.values() if match(e.item)), key=self._last, default=None)
+        if worst is None:
+            return None
+        starts = self._finish(worst.tenant) - worst.cost  # its counter when the last one would go
+        mine = self._lifted(tenant) + self._held_cost.get(tenant, 0.0)
+        behind = worst.priority < priority or (
+            worst.priority == priority and worst.tenant != tenant and starts > mine
+        )
+        return worst.key if behind else None
+
+    def _finish(self, tenant: str) -> float:
+        return self._counters.get(tenant, 0.0) + self._held_cost.get(tenant, 0.0)
+
+    def _last(self, e: _Entry[T]) -> tuple[int, float, tuple[float, int]]:
+        return (-e.priority, self._finish(e.tenant), e.rank)
 
     def items(self) -> list[T]:
         """Held items by priority, then arrival."""
@@ -175,7 +199,3 @@ class FairQueue(Generic[T]):
 
 def _order(e: _Entry[T]) -> tuple[int, tuple[float, int]]:
     return (-e.priority, e.rank)
-
-
-def _last(e: _Entry[T], counters: dict[str, float]) -> tuple[int, float, tuple[float, int]]:
-    return (-e.priority, counters.get(e.tenant, 0.0), e.rank)
