@@ -40,7 +40,7 @@ from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.moves import Moves
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
-from llmfleet.spec.defaults import BINDINGS, Binding
+from llmfleet.spec.defaults import BINDINGS, FAIRNESS, Binding, Fairness
 from llmfleet.workload.prompts import prompt_text
 from llmfleet.workload.request import WorkloadRequest
 
@@ -97,6 +97,7 @@ class Fleet:
         self.binding: Binding = "early"
         self.saturation = Saturation()
         self.cold_start = True
+        self.fairness: Fairness = FAIRNESS  # the order of held arrivals within a priority
         self.wake: Callable[[float], None] | None = None
         # a central scheduler (llmfleet.sim.scls_central) hands an idle instance its next batch
         self.on_idle: Callable[[SimInstance, float], None] | None = None
@@ -266,6 +267,7 @@ class Fleet:
         deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
         inst.admit(rec, svc.max_tokens, now, predicted, deadline)
         self._where[rec.request_id] = inst
+        self.holds.served(rec)
         self.kick(inst, now)
 
     def hold(self, rec: RequestRecord, predicted: float | None, reason: str = COLD) -> bool:

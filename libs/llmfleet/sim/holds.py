@@ -7,14 +7,18 @@ timeout and wakes the loop at once (scale from zero); else it fails with the rea
 request whose model's every instance is saturated (``Saturation``) waits too, and goes to the first
 instance with room (at a step end, or when an instance is ready); the first of them (the model's queue
 was empty) wakes the placement loop too, as the live scheduler's report does. Waiting requests are
-dispatched in the :class:`~llmfleet.policies.capacity.HoldQueue` order; no request is lost.
+dispatched in the order of the live scheduler's hold queue (``llmfleet.policies.capacity.queues``,
+the fleet's ``fairness``): their priority (their own, or their service's), then fair among tenants by
+weighted tokens served (every admission of the model charges its tenant, held or not), then arrival;
+a sheddable one (negative priority) is dropped at its service's TTFT SLO. No other request is lost.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmfleet.policies.capacity import HoldQueue, cold_start_timeout_s
+from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, hold_queue, weighted_tokens
+from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
@@ -43,13 +47,24 @@ class Holds:
 
     def __init__(self, fleet: FleetView) -> None:
         self.fleet = fleet
-        self.queues: dict[str, HoldQueue[Held]] = {}  # model -> arrivals waiting for capacity
+        # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
+        self.queues: dict[str, HeldQueue[Held]] = {}
 
     def __contains__(self, model: str) -> bool:
-        return model in self.queues
+        return bool(self.queues.get(model))
 
     def __bool__(self) -> bool:
-        return bool(self.queues)
+        return any(self.queues.values())
+
+    def _queue(self, model: str) -> HeldQueue[Held]:
+        q = self.queues.get(model)
+        if q is None:
+            q = self.queues[model] = hold_queue(self.fleet.fairness)
+        return q
+
+    def served(self, rec: RequestRecord) -> None:
+        """``rec`` is admitted to an instance: its tenant is charged its weighted tokens."""
+        self._queue(rec.model).charge(rec.tenant, weighted_tokens(rec.prompt_tokens, rec.output_tokens))
 
     def ahead(self, model: str) -> bool:
         """Requests of ``model`` already wait (a new arrival goes behind them)."""
@@ -77,16 +92,19 @@ class Holds:
         """Keep an arrival that no instance can take now; False (it fails) when nothing will ever bring
         capacity for it."""
         fleet = self.fleet
-        q = self.queues.setdefault(rec.model, HoldQueue())
+        q = self._queue(rec.model)
         if reason == SATURATED and not q and fleet.wake is not None:
             fleet.wake(fleet.events.now)  # a queue starts to build: the placement loop plans now
         held = Held(rec, predicted, reason)
         if reason == COLD and not fleet.coming(rec.model) and not self._cold_wait(held):
-            if not q:
-                del self.queues[rec.model]
             return False
         svc = fleet.service(rec.service)
-        q.push(rec.request_id, held, rec.arrival_s, svc.priority, held.deadline)
+        priority = rec.priority if rec.priority is not None else svc.priority
+        if sheddable(priority):  # dropped at its TTFT SLO, unless a cold wait ends first
+            shed_at = rec.arrival_s + svc.slo.ttft_s
+            model, rid = rec.model, rec.request_id
+            fleet.events.at(shed_at, lambda sim, t: self._expire(model, rid, t, shed=True))
+        q.push(rec.request_id, held, rec.arrival_s, priority, held.deadline, rec.tenant)
         return True
 
     def _cold_wait(self, held: Held) -> bool:
@@ -103,15 +121,17 @@ class Holds:
         fleet.wake(now)
         return True
 
-    def _expire(self, model: str, request_id: str, now: float) -> None:
+    def _expire(self, model: str, request_id: str, now: float, shed: bool = False) -> None:
         q = self.queues.get(model)
         held = q.remove(request_id) if q is not None else None
         if held is None:
             return
         waited = now - held.rec.arrival_s
-        held.rec.failed = f"no instance loaded model {model!r} within {waited:.1f}s (the cold-start timeout)"
-        if not q:
-            del self.queues[model]
+        held.rec.failed = (
+            f"shed after waiting {waited:.1f}s (sheddable, at its TTFT SLO)"
+            if shed
+            else f"no instance loaded model {model!r} within {waited:.1f}s (the cold-start timeout)"
+        )
 
     def serve(self, model: str, now: float) -> None:
         """Dispatch ``model``'s waiting arrivals, in order, while an instance can take them."""
@@ -129,9 +149,8 @@ class Holds:
                 iid = fleet.pick_instance(svc, req, frozenset(), late=True)
             except (NoCandidate, Saturated):
                 return
-            q.pop()
+            q.remove(rec.request_id)  # the head; admit charges its tenant
             fleet.admit(rec, svc, iid, held.predicted, now)
-        self.queues.pop(model, None)
 
     def check(self, now: float) -> None:
         """Serve the waiting arrivals of models an instance serves; those of models no instance serves or
@@ -151,12 +170,10 @@ class Holds:
                     else:
                         held.reason = COLD
                         q.set_deadline(held.rec.request_id, held.deadline)
-                if not q:
-                    del self.queues[model]
 
     def fail_all(self, why: str) -> None:
         """Every waiting arrival fails with ``why``."""
-        for model in list(self.queues):
-            q = self.queues.pop(model)
+        for model, q in self.queues.items():
             for held in q.items():
+                q.remove(held.rec.request_id)
                 held.rec.failed = f"no instance serves model {model!r}: {why}"

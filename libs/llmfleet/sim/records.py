@@ -23,6 +23,8 @@ class RequestRecord:
     moves: int = 0
     requeues: int = 0  # static batching: times it went back to the queue/pool unfinished (slice or OOM end)
     failed: str = ""  # why the request could not be served ("" = served)
+    tenant: str = ""  # the API key it comes from (fair queueing while it is held)
+    priority: int | None = None  # its own priority (None: its service's)
     # the workload request, when it says what its prompt holds (prefix caching hashes its token ids)
     content: Any = field(default=None, repr=False, compare=False)
 

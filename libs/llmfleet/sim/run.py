@@ -304,6 +304,7 @@ class _Loops:
             self.central.install(sim)
         sim.fleet.set_binding(policy.capacity.binding, policy.capacity.saturation())
         sim.fleet.cold_start = policy.capacity.cold_start
+        sim.fleet.fairness = policy.capacity.fairness
         p, mig = policy.placement, policy.migration
         if p.interval_s is not None:
             assert planner is not None

@@ -212,8 +212,9 @@ class Simulator:
 
     def _record(self, wr, svc: SimService) -> RequestRecord:
         rec = RequestRecord(
-            wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens
-        )
+            wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens,
+            tenant=getattr(wr, "tenant", ""), priority=getattr(wr, "priority", None),
+        )  # fmt: skip
         if getattr(wr, "has_content", False):  # its prompt's token ids: the engines' prefix caching
             rec.content = wr
         self.records.append(rec)

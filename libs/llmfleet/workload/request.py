@@ -65,6 +65,8 @@ class WorkloadRequest:
     follows: str = ""
     think_s: float = 0.0
     output_seed: int | None = None
+    tenant: str = ""  # the API key it comes from: fair queueing counts tokens per tenant
+    priority: int | None = None  # its own priority (None: its service's)
 
     @property
     def has_content(self) -> bool:
@@ -96,6 +98,10 @@ class WorkloadRequest:
             raise TypeError(f"{self.request_id}: session must be a str, got {self.session!r}")
         if self.follows or self.think_s:
             self._check_follows()
+        if not isinstance(self.tenant, str):
+            raise TypeError(f"{self.request_id}: tenant must be a str, got {self.tenant!r}")
+        if self.priority is not None:
+            object.__setattr__(self, "priority", _as_int("priority", self.priority))
         if self.output_seed is not None:
             seed = _as_int("output_seed", self.output_seed)
             if not 0 <= seed < 2**64:
@@ -139,6 +145,7 @@ class WorkloadRequest:
 
 _OPTIONAL_FIELDS = {  # written only when not their default: plain workloads' files stay as they were
     "system_tokens": 0, "parts": (), "session": "", "follows": "", "think_s": 0.0, "output_seed": None,
+    "tenant": "", "priority": None,
 }  # fmt: skip
 
 
