@@ -74,6 +74,12 @@ keys:
             "keys.0.limits: Value error, give requests_per_s",
         ),
         ("keys:\n  - {name: a, key: sk-long-enough, limits: {burst: 3}}", "burst needs requests_per_s"),
+        ("keys:\n  - {name: a, key: sk-long-enough, max_priority: high}", "keys.0.max_priority"),
+        ("keys:\n  - {name: a, key: sk-long-enough, max_priority: 1.5}", "keys.0.max_priority"),
+        (
+            "keys:\n  - {name: a, key: sk-long-enough}\n  - {name: b, key: sk-other-key, max_priority: 11}",
+            "keys.1.max_priority: Input should be less than or equal to 10",
+        ),
     ],
 )
 def test_bad_keys_files_name_the_entry(tmp_path, text, names):
@@ -98,6 +104,17 @@ keys:
     assert a.limits == KeyLimits(requests_per_s=20, burst=40, tokens_per_min=100_000)
     assert b.limits == KeyLimits(tokens_per_min=5000) and b.limits.requests_per_s is None
     assert ops.limits is None
+
+
+def test_a_key_may_ask_up_to_its_max_priority(tmp_path):
+    store = ApiKeyStore.load(
+        write(
+            tmp_path,
+            "keys:\n  - {name: gold, key: sk-gold-00001, max_priority: 3}\n  - {name: b, key: sk-b-000001}",
+        )
+    )
+    assert store.authenticate("sk-gold-00001").max_priority == 3
+    assert store.authenticate("sk-b-000001").max_priority == 0  # the default
 
 
 def test_missing_file_and_inline_keys(tmp_path):
