@@ -15,7 +15,7 @@ from llmfleet.sim.events import EventQueue
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import SimService, SimSpec
-from llmfleet.spec.defaults import Binding
+from llmfleet.spec.defaults import Binding, Fairness
 
 
 class FleetView(Protocol):
@@ -25,6 +25,7 @@ class FleetView(Protocol):
     binding: Binding
     saturation: Saturation
     cold_start: bool
+    fairness: Fairness
     wake: Callable[[float], None] | None
 
     def serves(self, model: str) -> bool: ...

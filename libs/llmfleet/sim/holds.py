@@ -100,7 +100,7 @@ class Holds:
             return False
         svc = fleet.service(rec.service)
         priority = rec.priority if rec.priority is not None else svc.priority
-        if sheddable(priority):  # dropped at its TTFT SLO, unless a cold wait ends first
+        if sheddable(priority) and svc.slo.ttft_s is not None:  # dropped at its TTFT SLO
             shed_at = rec.arrival_s + svc.slo.ttft_s
             model, rid = rec.model, rec.request_id
             fleet.events.at(shed_at, lambda sim, t: self._expire(model, rid, t, shed=True))

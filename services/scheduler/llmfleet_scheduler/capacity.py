@@ -295,8 +295,12 @@ class CapacityGate:
         return unplaceable(model, weight, sizes)
 
     def _shed_at(self, w: _Waiter) -> float:
-        """When a sheddable ``w`` is dropped: its TTFT SLO less a poll, after it arrived here."""
-        return w.since + max(0.0, w.spec.slo.ttft_s - self.poll_s) if sheddable(w.priority) else math.inf
+        """When a sheddable ``w`` is dropped: its TTFT SLO less a poll, after it arrived here (never
+        when its service has no TTFT SLO)."""
+        ttft = w.spec.slo.ttft_s
+        if not sheddable(w.priority) or ttft is None:
+            return math.inf
+        return w.since + max(0.0, ttft - self.poll_s)
 
     def _deadline(self, w: _Waiter, now: float) -> float:
         if w.reason != COLD:
@@ -320,7 +324,7 @@ class CapacityGate:
         if w.future.done():
             return
         if now >= self._shed_at(w):
-            retry = max(1, math.ceil(w.spec.slo.ttft_s))
+            retry = max(1, math.ceil(w.spec.slo.ttft_s or 0))
             self._refuse(
                 w,
                 f"service {w.spec.name!r}: shed after waiting {now - w.since:.1f}s for capacity (priority "

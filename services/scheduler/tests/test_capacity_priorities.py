@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 
+import grpc
 import pytest
+from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.load import LoadReport
 from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.policies.capacity import Saturation
@@ -16,9 +19,11 @@ from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
 from llmfleet.types import ENGINE_ROLE, NodeRecord, Slo
 from llmfleet_scheduler.admission import Admission, Overloaded
-from llmfleet_scheduler.capacity import CapacityGate, Shed
+from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout, Shed
 from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.journal import RequestFailed, RequestRecord
 from llmfleet_scheduler.priorities import RequestClass, RequestClasses
+from llmfleet_scheduler.servicer import SchedulerServicer
 from prometheus_client import CollectorRegistry
 
 SPEC = ServiceSpec("s", "m", Slo(ttft_s=0.3, tpot_s=0.1))
@@ -157,3 +162,39 @@ def test_admission_displaces_before_it_refuses() -> None:
     with pytest.raises(Overloaded):
         a.admit("s", 10, priority=5, key="k")
     assert [x[:3] for x in asked] == [("s", 5, "k"), ("s", 5, "k")]
+
+
+@dataclass
+class GateRelay:
+    """The relay's part that matters here: a request waits in the gate; a ColdStartTimeout from it
+    fails the request UNAVAILABLE, as ``Relay._dispatch`` does."""
+
+    metrics: SchedulerMetrics
+    gate: CapacityGate
+
+    async def run(self, rec: RequestRecord, _req, _deadline) -> None:
+        try:
+            await self.gate.place(SPEC, POLICY, req(rec.request_id, 0), frozenset())
+        except ColdStartTimeout as e:
+            await rec.fail(grpc.StatusCode.UNAVAILABLE, str(e), e.retry_after_s)
+            return
+        await rec.finish(rec.final_chunk(common_pb2.FINISH_REASON_LENGTH))
+
+
+async def test_a_shed_request_ends_resource_exhausted_for_its_client(metrics: SchedulerMetrics) -> None:
+    classes = RequestClasses(metrics)
+    gate = saturated(classes, [])
+    services = StaticView({"s": SPEC})
+    servicer = SchedulerServicer(
+        ClusterDirectory(services, StaticView({})), GateRelay(metrics, gate), classes=classes
+    )
+    gate.refuse = servicer.refuse
+    async with running(gate):
+        rec = servicer.open_request(scheduler_pb2.SubmitRequest(service="s", prompt="hi", priority=-3), None)
+        with pytest.raises(RequestFailed) as e:
+            async for _ in servicer.follow(rec):
+                pass
+    assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.retry_after_s == 1
+    assert "priority -3 is sheddable" in e.value.details
+    assert servicer.admission.waiting("s") == (0, 0)  # its place in admission is given back
+    await servicer.close()
