@@ -48,6 +48,7 @@ import numpy as np
 import psutil
 from llmfleet.client import AsyncClient, Client
 
+from tools.bench import capacity_paths
 from tools.bench.local_up import LocalUp, free_port
 
 SERVICE = "cap"
@@ -137,9 +138,13 @@ class Cluster:
     """``llmfleet up --emulate`` plus a second scheduler process (``--two-processes``)."""
 
     def __init__(self, out: Path, gpus: int, hardware: str) -> None:
-        self.up = LocalUp(out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1")
+        self.up = LocalUp(
+            out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1",
+            "--http-port", str(free_port()),
+        )  # fmt: skip
         self.extra: list[subprocess.Popen] = []
         self.addresses: dict[str, str] = {}
+        self.http = ""  # the first scheduler's OpenAI HTTP API, host:port
         self.pids: dict[str, int] = {}
         self.idle: dict[str, float] = {}  # CPU seconds per second of each process with no load
 
@@ -154,13 +159,20 @@ class Cluster:
         self.up.start()
         ep = self.up.endpoints
         self.addresses["scheduler"] = ep["scheduler"]["address"]
+        self.http = ep["scheduler"]["http"]
         self.pids = {n: e["pid"] for n, e in ep.items() if isinstance(e, dict) and e.get("pid")}
         self._spawn("scheduler-2", psutil.Process(self.pids["scheduler"]).cmdline())
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         port = free_port()
         args = list(argv)
-        for flag, value in (("--id", name), ("--port", str(port)), ("--metrics-port", "0")):
+        flags = (
+            ("--id", name),
+            ("--port", str(port)),
+            ("--metrics-port", "0"),
+            ("--http-port", str(free_port())),
+        )
+        for flag, value in flags:
             if flag in args:
                 args[args.index(flag) + 1] = value
             else:
@@ -298,6 +310,8 @@ def markdown(report: dict) -> str:
     lines += ["", "## Sustained 16-token rate (≥ 95 % completed, 0 errors, hop p50 ≤ 3 ms, p99 ≤ 10 ms)", ""]
     for k, v in report["sustained"].items():
         lines.append(f"- {k}: {v:.0f} req/s")
+    if "paths" in report:
+        lines += capacity_paths.markdown(report["paths"])
     return "\n".join(lines) + "\n"
 
 
@@ -330,6 +344,29 @@ def plot(report: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def paths_section(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
+    """The SDK and the HTTP path alternating, ``--paths-rounds`` times (``capacity_paths``)."""
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.paths_rounds):
+        for path, target in (("sdk", cluster.addresses["scheduler"]), ("http", cluster.http)):
+            r = capacity_paths.run_round(
+                path, target, SERVICE, PROMPT, 16, args.paths_concurrency, args.paths_requests,
+                args.generators, lambda: cpu_seconds({"s": cluster.pids["scheduler"]}).get("s", 0.0),
+                cluster.idle.get("scheduler", 0.0),
+            )  # fmt: skip
+            rounds.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "error_examples"}), flush=True)
+    section = {
+        "concurrency": args.paths_concurrency,
+        "tokens": 16,
+        "generators": args.generators,
+        "rounds": rounds,
+        "ratios": capacity_paths.compare(rounds),
+    }
+    print(json.dumps(section["ratios"]), flush=True)
+    return section
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(".bench/capacity"))
@@ -342,11 +379,16 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--hardware", default="A100-80GB")
     ap.add_argument("--two-processes", action="store_true", help="also sweep with 2 scheduler processes")
+    ap.add_argument("--paths-rounds", type=int, default=3, help="SDK vs HTTP rounds (0: not measured)")
+    ap.add_argument("--paths-requests", type=int, default=2000, help="requests per path per round")
+    ap.add_argument("--paths-concurrency", type=int, default=100)
+    ap.add_argument("--only-paths", action="store_true", help="only the SDK vs HTTP comparison")
     ap.add_argument("--quick", action="store_true", help="CI size: 3 s steps, rates 20 and 60")
     args = ap.parse_args()
     if args.quick:
         args.rates, args.step_s, args.rate_1tok, args.rate_64tok = [20, 60], 3.0, 20.0, 10.0
         args.idle_s = 3.0
+        args.paths_rounds, args.paths_requests = 1, 300
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(args.out, args.gpus, args.hardware)
     steps: list[dict] = []
@@ -370,13 +412,20 @@ def main() -> int:
         cluster.start()
         time.sleep(3)
         report["idle_cpu_per_s"] = cluster.measure_idle(args.idle_s)
-        plan = [(1, args.rate_1tok), (64, args.rate_64tok), *[(16, r) for r in args.rates]]
+        if args.paths_rounds:
+            report["paths"] = paths_section(cluster, args)
+            write()
+        plan = (
+            []
+            if args.only_paths
+            else [(1, args.rate_1tok), (64, args.rate_64tok), *[(16, r) for r in args.rates]]
+        )
         for tokens, rate in plan:
             r = run_step(cluster, ["scheduler"], rate, tokens, args.step_s, args.generators)
             steps.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "cpu_by_process"}), flush=True)
             write()
-        if args.two_processes:
+        if args.two_processes and not args.only_paths:
             for rate in args.rates:
                 r = run_step(
                     cluster, ["scheduler", "scheduler-2"], rate, 16, args.step_s, max(2, args.generators)

@@ -100,12 +100,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         except RequestFailed as e:
             raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+        try:
+            await self.stream_into(rec, emit)
+        except RequestFailed as e:
+            raise StreamRefused(e.code, e.details, e.retry_after_s) from None
+
+    async def stream_into(self, rec: RequestRecord, emit: Emit) -> None:
+        """The request's chunks (then its final chunk; or RequestFailed) into ``emit`` as the journal
+        gets them, as one listener like ``follow``'s: no task wake per chunk."""
         rec.subscribers += 1
         self._cancel_reaper(rec.request_id)
         try:
             await rec.stream_to(emit)
-        except RequestFailed as e:
-            raise StreamRefused(e.code, e.details, e.retry_after_s) from None
         finally:
             self._unsubscribe(rec)
 

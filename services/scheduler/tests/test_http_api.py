@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import grpc
@@ -41,7 +42,11 @@ class FakeBackend:
         if request.service not in self.services():
             raise RequestFailed(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         self.submitted.append(request)
-        return request.request_id, self._chunks(request)
+        return request.request_id, functools.partial(self._follow, request)
+
+    async def _follow(self, request, emit):
+        async for chunk in self._chunks(request):
+            emit(chunk)
 
     async def _chunks(self, request):
         if self.fail is not None:
@@ -86,6 +91,7 @@ def client(backend: FakeBackend | None = None) -> tuple[TestClient, FakeBackend]
 
 def sse(resp) -> list:
     assert resp.headers["content-type"].startswith("text/event-stream")
+    assert "content-length" not in resp.headers  # streamed in chunks as the tokens come
     raw = resp.text
     assert raw.endswith("data: [DONE]\n\n")
     events = raw.split("\n\n")

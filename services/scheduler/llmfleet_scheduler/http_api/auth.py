@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Header
 from llmfleet.security import ApiKey, ApiKeyStore, bearer
 
 from llmfleet_scheduler.http_api.errors import ApiError
 
-Caller = Callable[..., "ApiKey | None"]
+Caller = Callable[..., Awaitable["ApiKey | None"]]
 
 
 def caller_dependency(key_store: ApiKeyStore | None) -> Caller:
     """The dependency: None without a ``key_store``; else the caller's key, or a 401 without a valid one."""
 
-    def caller(authorization: str | None = Header(None)) -> ApiKey | None:
+    async def caller(authorization: str | None = Header(None)) -> ApiKey | None:  # async: no thread hop
         if key_store is None:
             return None
         token = bearer(authorization)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmfleet.api.v1 import common_pb2, scheduler_pb2
+from llmfleet.api.v1 import scheduler_pb2
+from llmfleet.rpc.mux import Emit
 from llmfleet.security import ApiKey
 
 from llmfleet_scheduler.chat_template import ChatTemplates
+
+# Streams a started request's chunks into the callback it is given (the last chunk final) and returns
+# when the request ended; raises RequestFailed if it failed.
+Follow = Callable[[Emit], Awaitable[None]]
 
 
 class Backend(Protocol):
@@ -25,11 +31,9 @@ class Backend(Protocol):
         """service name -> model name"""
         ...
 
-    def submit(
-        self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None
-    ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
-        """Start (or attach to) a request for the caller's ``key``: its id and its chunks, the last one
-        final. Raises InvalidField or RequestFailed before streaming; the iterator raises RequestFailed."""
+    def submit(self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None) -> tuple[str, Follow]:
+        """Start (or attach to) a request for the caller's ``key``: its id and how to follow its chunks.
+        Raises InvalidField or RequestFailed before streaming."""
         ...
 
     async def cancel(self, request_id: str) -> bool: ...
@@ -66,11 +70,9 @@ class ServicerBackend:
     def services(self) -> dict[str, str]:
         return {name: spec.model for name, spec in self.servicer.directory.services().items()}
 
-    def submit(
-        self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None
-    ) -> tuple[str, AsyncIterator[common_pb2.TokenChunk]]:
+    def submit(self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None) -> tuple[str, Follow]:
         rec = self.servicer.open_request(request, None, key)
-        return rec.request_id, self.servicer.follow(rec)
+        return rec.request_id, functools.partial(self.servicer.stream_into, rec)
 
     async def cancel(self, request_id: str) -> bool:
         return await self.servicer.cancel(request_id)

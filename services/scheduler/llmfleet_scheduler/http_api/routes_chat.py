@@ -59,6 +59,8 @@ def add_chat_routes(app: FastAPI, backend: Backend, catalog: ModelCatalog, calle
     ) -> Response:
         model = backend.services()[catalog.resolve(body.model, key)]
         prompt = await _render(backend, model, body)
-        run = await start(backend, catalog, body, [prompt], "messages", key)
+        choices = await start(backend, catalog, body, [prompt], "messages", key)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, run, body.stream, "messages", ChatShape(body.model, include_usage))
+        return await respond(
+            request, backend, choices, body.stream, "messages", ChatShape(body.model, include_usage)
+        )

@@ -41,6 +41,8 @@ def add_completion_routes(app: FastAPI, backend: Backend, catalog: ModelCatalog,
             raise ApiError(
                 400, "prompt: must not be empty", "invalid_request_error", "prompt", "invalid_value"
             )
-        run = await start(backend, catalog, body, body.prompts(), "prompt", key)
+        choices = await start(backend, catalog, body, body.prompts(), "prompt", key)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, run, body.stream, "prompt", CompletionShape(body.model, include_usage))
+        return await respond(
+            request, backend, choices, body.stream, "prompt", CompletionShape(body.model, include_usage)
+        )

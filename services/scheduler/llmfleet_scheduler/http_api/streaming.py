@@ -1,25 +1,28 @@
-"""The streaming helper every completion route shares.
+"""The response path every completion route shares.
 
-``Run``: the requests of one HTTP call (``n`` choices, or several prompts) merged into one stream of
-(choice, chunk) events; ``respond``: the whole JSON result, or server-sent events, in the shape of
-the route's ``ResponseShape``. A client that leaves cancels the requests still running."""
+``Run``: the requests of one HTTP call (``n`` choices, or several prompts). Each choice's chunks reach
+it through a callback as the journal gets them (no task wake per token); streamed, they become
+server-sent events at once, and one writer sends whatever is pending in one write. ``respond``: the
+whole JSON result, or the event stream, in the shape of the route's ``ResponseShape``. A client that
+leaves cancels the requests still running."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import grpc
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from llmfleet.api.v1 import common_pb2
+from starlette.types import Receive, Scope, Send
 
-from llmfleet_scheduler.http_api.backend import Backend
+from llmfleet_scheduler.http_api.backend import Backend, Follow
 from llmfleet_scheduler.http_api.errors import from_exc
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.openai_protocol import error_body, now, usage_dict
@@ -32,60 +35,99 @@ _FINISH = {
     common_pb2.FINISH_REASON_EOS: "stop",
 }
 _BACKGROUND: set[asyncio.Future] = set()
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps with options is not
+DONE = b"data: [DONE]\n\n"
 
 
 @dataclass
 class Choice:
     index: int
     request_id: str
-    chunks: AsyncIterator[common_pb2.TokenChunk]
+    follow: Follow
     text: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
     count_prompt: bool = True  # n>1 copies of a prompt count its tokens once
+    started: bool = False  # its first piece is out
 
 
 class Run:
-    """The requests of one HTTP call, merged into one stream of (choice, chunk) events."""
+    """The requests of one HTTP call. ``shape`` and ``stream``: their chunks become ``shape``'s events
+    as they arrive; else only the whole result is kept."""
 
-    def __init__(self, backend: Backend, choices: list[Choice]) -> None:
+    def __init__(self, backend: Backend, choices: list[Choice], shape: ResponseShape, stream: bool) -> None:
         self.backend = backend
         self.choices = choices
-        self.queue: asyncio.Queue[tuple[Choice, common_pb2.TokenChunk | BaseException | None]] = (
-            asyncio.Queue()
-        )
-        self.tasks = [asyncio.create_task(self._pump(c)) for c in choices]
+        self.shape = shape
+        self.stream = stream
+        self.frames: list[bytes] = []  # events not yet written
+        self.error: BaseException | None = None  # the first choice that failed
         self.open = len(choices)
+        self.gone = False  # the client left
+        self._wake: asyncio.Future[None] | None = None
+        self.tasks = [asyncio.create_task(self._follow(c)) for c in choices]
 
-    async def _pump(self, c: Choice) -> None:
+    @property
+    def ended(self) -> bool:
+        return self.open == 0 or self.error is not None or self.gone
+
+    async def _follow(self, c: Choice) -> None:
         try:
-            async for chunk in c.chunks:
-                await self.queue.put((c, chunk))
-            await self.queue.put((c, None))
+            await c.follow(functools.partial(self._take, c))
         except Exception as e:  # RequestFailed
-            await self.queue.put((c, e))
+            self._failed(e)
+        finally:
+            self.open -= 1
+            self._signal()
 
-    async def events(self) -> AsyncIterator[tuple[Choice, common_pb2.TokenChunk]]:
-        """(choice, chunk) until every choice finished; a failed choice raises."""
-        while self.open:
-            c, item = await self.queue.get()
-            if item is None:
-                self.open -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            if item.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                c.prompt_tokens = item.usage.prompt_tokens
-                c.completion_tokens = item.usage.completion_tokens
-                c.finish_reason = _FINISH.get(item.finish_reason, "stop")
-                if item.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
-                    raise RequestFailed(grpc.StatusCode.CANCELLED, "request cancelled")
-                if item.finish_reason == common_pb2.FINISH_REASON_ERROR:
-                    raise RequestFailed(grpc.StatusCode.INTERNAL, "the engine failed the request")
-            if item.text:
-                c.text.append(item.text)
-            yield c, item
+    def _take(self, c: Choice, chunk: common_pb2.TokenChunk) -> None:
+        if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+            c.prompt_tokens = chunk.usage.prompt_tokens
+            c.completion_tokens = chunk.usage.completion_tokens
+            c.finish_reason = _FINISH.get(chunk.finish_reason, "stop")
+            if chunk.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
+                self._failed(RequestFailed(grpc.StatusCode.CANCELLED, "request cancelled"))
+                return
+            if chunk.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                self._failed(RequestFailed(grpc.StatusCode.INTERNAL, "the engine failed the request"))
+                return
+        if chunk.text:
+            c.text.append(chunk.text)
+        if self.stream and self.error is None:
+            new = not c.started
+            c.started = True
+            if chunk.text or new:
+                self.frames.append(_sse(_piece(self.shape, c, chunk.text, new, False)))
+            if c.finish_reason is not None:
+                self.frames.append(_sse(_piece(self.shape, c, "", False, True)))
+            self._signal()
+
+    def _failed(self, e: BaseException) -> None:
+        if self.error is None:
+            self.error = e
+        self._signal()
+
+    def leave(self) -> None:
+        """The client left."""
+        self.gone = True
+        self._signal()
+
+    def _signal(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def wait(self, for_frames: bool) -> None:
+        """Until the run ended, or (``for_frames``) events are pending."""
+        while not self.ended and not (for_frames and self.frames):
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+
+    def take(self) -> bytes:
+        """The pending events, as one write."""
+        data = b"".join(self.frames)
+        self.frames.clear()
+        return data
 
     def usage(self) -> dict[str, int]:
         p = sum(c.prompt_tokens for c in self.choices if c.count_prompt)
@@ -160,86 +202,92 @@ def _final(shape: ResponseShape, run: Run) -> dict[str, Any]:
 
 
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _ENCODE(obj).encode() + b"\n\n"
 
 
-async def _until_disconnected(request: Request) -> None:
+async def _until_disconnected(receive: Receive, run: Run) -> None:
     while True:
-        msg = await request.receive()
+        msg = await receive()
         if msg["type"] == "http.disconnect":
+            run.leave()
             return
 
 
-async def _drain(events: AsyncIterator[Any]) -> None:
-    async for _ in events:
-        pass
+class EventStream(Response):
+    """A run's server-sent events: each write carries every event pending when the writer wakes; the
+    last one ends the stream (after the usage event, or an error event for a failure after the 200)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, run: Run, watcher: asyncio.Task, param: str) -> None:
+        # no Content-Length: the body is sent in chunks as it comes
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+        self.run = run
+        self.watcher = watcher  # the client leaving ends the run
+        self.param = param
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        run = self.run
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            while True:
+                await run.wait(for_frames=True)
+                if run.gone:
+                    log.info("http client gone: cancelling %d request(s)", len(run.choices))
+                    return
+                if not run.ended:
+                    await send({"type": "http.response.body", "body": run.take(), "more_body": True})
+                    continue
+                await send(
+                    {"type": "http.response.body", "body": run.take() + self._tail(), "more_body": False}
+                )
+                return
+        finally:  # also when the response task is cancelled
+            self.watcher.cancel()
+            await run.close()
+
+    def _tail(self) -> bytes:
+        run = self.run
+        if run.error is not None:  # a failure after the 200 went out: an error event, then the end
+            return _sse(from_exc(run.error, self.param).body()) + DONE
+        if not run.shape.include_usage:
+            return DONE
+        out = run.shape.head(False)
+        out["choices"] = []
+        out["usage"] = run.usage()
+        return _sse(out) + DONE
 
 
-async def _replay(
-    first: tuple[Choice, common_pb2.TokenChunk] | None,
-    events: AsyncIterator[tuple[Choice, common_pb2.TokenChunk]],
-) -> AsyncIterator[tuple[Choice, common_pb2.TokenChunk]]:
-    """``first`` (None: the events had ended), then the rest of ``events``."""
-    if first is None:
-        return
-    yield first
-    async for event in events:
-        yield event
-
-
-async def _stream(
-    run: Run,
-    first: tuple[Choice, common_pb2.TokenChunk] | None,
-    events: AsyncIterator[tuple[Choice, common_pb2.TokenChunk]],
-    shape: ResponseShape,
-    param: str,
-) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed response, from its ``first`` event on."""
-    started: set[int] = set()
-    try:
-        async for c, chunk in _replay(first, events):
-            new = c.index not in started
-            started.add(c.index)
-            if chunk.text or new:
-                yield _sse(_piece(shape, c, chunk.text, new, False))
-            if c.finish_reason is not None:
-                yield _sse(_piece(shape, c, "", False, True))
-        if shape.include_usage:
-            out = shape.head(False)
-            out["choices"] = []
-            out["usage"] = run.usage()
-            yield _sse(out)
-        yield b"data: [DONE]\n\n"
-    except Exception as e:  # a failure after the 200 went out: an error event, then the end
-        yield _sse(from_exc(e, param).body())
-        yield b"data: [DONE]\n\n"
-    finally:  # also on client disconnect (the response task is cancelled)
-        await run.close()
-
-
-async def respond(request: Request, run: Run, stream: bool, param: str, shape: ResponseShape) -> Response:
-    """The response to ``run``: the whole result, or (``stream``) server-sent events in ``shape``.
+async def respond(
+    request: Request, backend: Backend, choices: list[Choice], stream: bool, param: str, shape: ResponseShape
+) -> Response:
+    """The response to ``choices``: the whole result, or (``stream``) server-sent events in ``shape``.
     ``param``: what the request calls its prompt (for error messages)."""
-    events = run.events()
-    # Wait for the whole result (or, streaming, the first event: an early failure such as no
-    # engine or overload then gets its own status) while watching for the client leaving.
-    watcher = asyncio.create_task(_until_disconnected(request))
-    work = asyncio.ensure_future(_drain(events) if not stream else anext(events, None))
+    run = Run(backend, choices, shape, stream)
+    # Wait for the whole result (or, streaming, the first event: an early failure such as no engine or
+    # overload then gets its own status) while watching for the client leaving.
+    watcher = asyncio.create_task(_until_disconnected(request.receive, run))
     try:
-        await asyncio.wait({watcher, work}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+        await run.wait(for_frames=stream)
+    except BaseException:
         watcher.cancel()
-    if not work.done():
+        await run.close()
+        raise
+    if run.gone:
         log.info("http client gone: cancelling %d request(s)", len(run.choices))
-        work.cancel()
         await run.close()
         return JSONResponse(error_body("client disconnected", "cancelled"), status_code=499)
-    exc = work.exception()
-    if exc is not None or not stream:
+    if run.error is not None and not (stream and run.frames):
+        watcher.cancel()
         await run.close()
-        return from_exc(exc, param).response() if exc is not None else JSONResponse(_final(shape, run))
-    return StreamingResponse(
-        _stream(run, work.result(), events, shape, param),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )
+        return from_exc(run.error, param).response()
+    if not stream:
+        watcher.cancel()
+        await run.close()
+        return JSONResponse(_final(shape, run))
+    return EventStream(run, watcher, param)

@@ -12,7 +12,7 @@ from llmfleet.security import ApiKey
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError, from_exc
 from llmfleet_scheduler.http_api.routes_models import ModelCatalog
-from llmfleet_scheduler.http_api.streaming import Choice, Run
+from llmfleet_scheduler.http_api.streaming import Choice
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.openai_protocol import MAX_SEED, ChatCompletionRequest, CompletionRequest
 from llmfleet_scheduler.validation import InvalidField
@@ -48,8 +48,8 @@ def _sampling(body: Body, i: int) -> common_pb2.SamplingParams:
 
 async def start(
     backend: Backend, catalog: ModelCatalog, body: Body, prompts: list[str], param: str, key: ApiKey | None
-) -> Run:
-    """The run of ``prompts`` x ``body.n`` requests to the service ``body.model`` names; ``param``:
+) -> list[Choice]:
+    """The choices of ``prompts`` x ``body.n`` requests to the service ``body.model`` names; ``param``:
     what the request calls its prompt (for error messages)."""
     service = catalog.resolve(body.model, key)
     _check_seed(body)
@@ -64,11 +64,11 @@ async def start(
                     sampling=_sampling(body, i),
                     session=body.session,
                 )
-                rid, chunks = backend.submit(req, key)
-                choices.append(Choice(len(choices), rid, chunks, count_prompt=i == 0))
+                rid, follow = backend.submit(req, key)
+                choices.append(Choice(len(choices), rid, follow, count_prompt=i == 0))
     except (InvalidField, RequestFailed) as e:
         for c in choices:
             with contextlib.suppress(Exception):
                 await backend.cancel(c.request_id)
         raise from_exc(e, param) from e
-    return Run(backend, choices)
+    return choices
