@@ -4,7 +4,7 @@ a saturated service, and to high-priority waits under a low-priority flood.
 A discrete-event model of one saturated model: ``--slots`` engine batch slots (a request holds one
 from its dispatch to its last token: prefill at ``--prefill-s-per-token`` a prompt token, then
 ``--tpot-s`` an output token); requests that find no slot wait in the shipped hold queue
-(``llmfleet.policies.capacity.hold_queue``: ``vtc`` or ``none``) behind an admission bound of
+(``llmfleet.policies.capacity.make_hold_queue``: ``vtc`` or ``none``) behind an admission bound of
 ``--max-held`` (past it a request is refused, or the held one that would leave after it is displaced, as
 ``llmfleet_scheduler.admission`` does). Each dispatch charges its key ``weighted_tokens(prompt,
 output)``. Open-loop Poisson arrivals for ``--duration-s``; TTFT = wait + prefill.
@@ -15,6 +15,8 @@ Arms (each the same seeds):
   TTFT under the flood within 1.5x of alone with ``vtc``.
 * ``high alone`` / ``high + low flood``: a priority-1 stream alone and with a priority-0 flood (``vtc``):
   the goal is the high-priority p99 TTFT unchanged.
+
+``--live`` runs the same arms on ``llmfleet up --emulate`` too (``tools/bench/fairness_live.py``).
 
 Writes ``report.json`` and ``report.md`` to ``--out`` (default ``.bench/fairness``)."""
 
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmfleet.policies.capacity import hold_queue, weighted_tokens
+from llmfleet.policies.capacity import make_hold_queue, weighted_tokens
 from llmfleet.spec.defaults import Fairness
 
 
@@ -85,7 +87,7 @@ def arrivals(streams: list[Stream], setup: Setup) -> list[_Req]:
 
 
 def simulate(streams: list[Stream], fairness: Fairness, setup: Setup) -> Outcome:
-    queue = hold_queue(fairness)
+    queue = make_hold_queue(fairness)
     free_at: list[float] = [0.0] * setup.slots  # heap of when each slot frees
     heapq.heapify(free_at)
     out = Outcome()
@@ -182,6 +184,23 @@ def markdown(report: dict[str, Any]) -> str:
         f"{g['high_unchanged_within_1_5x']}.",
         "",
     ]
+    if "live" in report:
+        lv = report["live"]
+        lines += [
+            f"## Live: llmfleet up --emulate 1xA100-80GB, {lv['slots']} requests at once, {lv['tokens']}-token "
+            f"streams, {lv['step_s']:.0f} s per arm, light/high {lv['light_rate']} req/s, heavy/low 10x",
+            "",
+            "| arm | key | served | TTFT p50 s | TTFT p99 s | errors | the other key |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in lv["arms"]:
+            other = "; ".join(f"{k}: {v['served']} served, p99 {v['p99_ttft_s']:.2f} s, {v['errors']} errors"
+                              for k, v in r["others"].items())  # fmt: skip
+            lines.append(
+                f"| {r['arm']} | {r['key']} | {r['served']} | {r['p50_ttft_s']:.3f} | {r['p99_ttft_s']:.3f} "
+                f"| {r['errors']} | {other} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -197,10 +216,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--duration-s", type=float, default=d.duration_s)
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--out", type=Path, default=Path(".bench/fairness"))
+    ap.add_argument("--live", action="store_true", help="also run the arms on llmfleet up --emulate")
+    ap.add_argument(
+        "--live-slots", type=int, default=4, help="live: requests the emulated engine runs at once"
+    )
+    ap.add_argument("--live-step-s", type=float, default=30.0, help="live: seconds of load per arm")
+    ap.add_argument(
+        "--live-light-rate", type=float, default=1.5, help="live: the light key's req/s (heavy: 10x)"
+    )
+    ap.add_argument("--live-tokens", type=int, default=32, help="live: output tokens per request")
     a = ap.parse_args(argv)
     setup = Setup(a.slots, a.prompt_tokens, a.output_tokens, a.prefill_s_per_token, a.tpot_s, a.max_held,
                   a.duration_s, a.seed)  # fmt: skip
     report = run(setup)
+    if a.live:
+        from tools.bench.fairness_live import run_live  # starts clusters: only when asked
+
+        report["live"] = {
+            "slots": a.live_slots, "step_s": a.live_step_s, "light_rate": a.live_light_rate, "tokens": a.live_tokens,
+            "arms": run_live(a.out / "live", a.live_slots, a.live_step_s, a.live_light_rate, a.live_tokens),
+        }  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))
     md = markdown(report)

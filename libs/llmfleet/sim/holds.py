@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, hold_queue, weighted_tokens
+from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.sim.fleet_view import FleetView
@@ -59,7 +59,7 @@ class Holds:
     def _queue(self, model: str) -> HeldQueue[Held]:
         q = self.queues.get(model)
         if q is None:
-            q = self.queues[model] = hold_queue(self.fleet.fairness)
+            q = self.queues[model] = make_hold_queue(self.fleet.fairness)
         return q
 
     def served(self, rec: RequestRecord) -> None:

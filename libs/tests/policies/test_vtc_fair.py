@@ -4,7 +4,7 @@ order both hold queues agree on."""
 from __future__ import annotations
 
 import pytest
-from llmfleet.policies.capacity import FairQueue, HoldQueue, hold_queue, weighted_tokens
+from llmfleet.policies.capacity import FairQueue, HoldQueue, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.priority import MAX_PRIORITY, request_priority, sheddable
 
 
@@ -97,7 +97,7 @@ def test_expired_and_last_behind():
 
 @pytest.mark.parametrize("fairness", ["vtc", "none"])
 def test_both_queues_order_one_tenant_by_priority_then_arrival(fairness):
-    q = hold_queue(fairness)
+    q = make_hold_queue(fairness)
     for i, p in enumerate([0, 2, 0, -1, 2]):
         q.push(f"r{i}", f"r{i}", arrival=i, priority=p)
     assert q.peek() == "r1"
@@ -114,7 +114,7 @@ def test_hold_queue_last_behind_is_the_lowest_latest():
 
 def test_unknown_fairness_is_refused():
     with pytest.raises(ValueError, match="fairness must be one of"):
-        hold_queue("round_robin")  # type: ignore[arg-type]
+        make_hold_queue("round_robin")  # type: ignore[arg-type]
 
 
 def test_request_priority():

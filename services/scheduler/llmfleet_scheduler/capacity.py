@@ -16,7 +16,7 @@
   the first engine with room. Capacity that scaling adds then serves the queue at once. The first
   request held this way (the model's queue was empty) wakes placement too: a burst scales out now.
 
-Waiting requests are kept per model in a hold queue (``llmfleet.policies.capacity.hold_queue``):
+Waiting requests are kept per model in a hold queue (``llmfleet.policies.capacity.queues``):
 the request's priority (its own, or its service's), then, with ``fairness="vtc"``, the API key with
 the fewest weighted tokens served (``llmfleet.policies.capacity.vtc_fair``; every dispatch of the model
 is charged, held or not, and settled with the tokens generated when the request ends), then arrival. A
@@ -50,7 +50,7 @@ from llmfleet.policies.capacity import (
     HeldQueue,
     Saturation,
     Unplaceable,
-    hold_queue,
+    make_hold_queue,
     unplaceable,
     weighted_tokens,
 )
@@ -137,7 +137,7 @@ class CapacityGate:
         cls = self.classes.get(request.request_id) if self.classes is not None else None
         queue = self._queues.get(model)
         if queue is None:
-            queue = self._queues[model] = hold_queue(self.fairness)
+            queue = self._queues[model] = make_hold_queue(self.fairness)
         if not queue:  # nobody waits ahead of it: decide now
             got = self._decide(model, policy, request, excluded)
             if not isinstance(got, _Hold):

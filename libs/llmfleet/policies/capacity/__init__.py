@@ -11,7 +11,7 @@ from llmfleet.policies.capacity.cold_start import (
 )
 from llmfleet.policies.capacity.hold_queue import HoldQueue
 from llmfleet.policies.capacity.queue_moves import plan_queue_moves
-from llmfleet.policies.capacity.queues import HeldQueue, hold_queue
+from llmfleet.policies.capacity.queues import HeldQueue, make_hold_queue
 from llmfleet.policies.capacity.saturation import Saturation
 from llmfleet.policies.capacity.vtc_fair import FairQueue, weighted_tokens
 from llmfleet.spec.defaults import BINDINGS  # the binding modes, defined with the spec's defaults
@@ -25,7 +25,7 @@ __all__ = [
     "Saturation",
     "Unplaceable",
     "cold_start_timeout_s",
-    "hold_queue",
+    "make_hold_queue",
     "plan_queue_moves",
     "unplaceable",
     "weighted_tokens",

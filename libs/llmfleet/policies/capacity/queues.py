@@ -51,7 +51,7 @@ class HeldQueue(Protocol[T]):
     def items(self) -> list[T]: ...
 
 
-def hold_queue(fairness: Fairness) -> HeldQueue[T]:
+def make_hold_queue(fairness: Fairness) -> HeldQueue[T]:
     """An empty hold queue ordered as ``fairness`` says."""
     if fairness == "vtc":
         return FairQueue()

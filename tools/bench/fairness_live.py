@@ -1,0 +1,133 @@
+"""``make bench-fairness BENCH_ARGS=--live``: the fairness bench's arms on a live cluster.
+
+``llmfleet up --emulate 1xA100-80GB`` (one emulated GPU whose engine runs at most ``--live-slots``
+requests at once, late binding with no queue slack: every request beyond them waits in the
+scheduler's hold queue), API keys ``light``, ``heavy``, ``high`` (max_priority 1) and ``low``, one
+service of 32-token streams. Each key is an SDK client sending an open-loop Poisson stream for
+``--live-step-s``; TTFT is the client's, to its first token. One cluster per ``fairness`` setting
+(``vtc``, then ``none``, the cluster file's ``scheduler:`` section)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from llmfleet.client import AsyncClient
+
+from tools.bench.local_up import LocalUp
+
+SERVICE = "fair"
+PROMPT = "Summarize the following text about fleets of language models serving many users at once"
+KEYS = {
+    "light": "sk-light-00001",
+    "heavy": "sk-heavy-00001",
+    "high": "sk-high-000001",
+    "low": "sk-low-0000001",
+}
+
+
+def config(fairness: str, slots: int, tokens: int) -> dict[str, Any]:
+    return {
+        "services": {
+            SERVICE: {"model": "emu-7b", "slo": {"ttft_s": 5.0, "tpot_s": 0.2}, "max_tokens": tokens}
+        },
+        "models": {
+            "emu-7b": {"source": "emulated://llama2-7b", "dtype": "float16", "sim_model": "llama2-7b"}
+        },
+        "placement": {"policy": "colocate_all", "interval_s": 5},
+        "scheduler": {"fairness": fairness, "binding": "late", "queue_slack": 0},
+        "emulated": {"engine": {"max_running": slots}},
+    }
+
+
+async def stream(
+    address: str, key: str, rate: float, duration_s: float, tokens: int, priority: int | None, seed: int
+) -> dict[str, Any]:
+    """One key's open-loop Poisson stream; its TTFTs and errors."""
+    rng = random.Random(seed)
+    ttfts: list[float] = []
+    errors: list[str] = []
+    async with AsyncClient(address, timeout_s=120, api_key=KEYS[key], retries=0) as client:
+        await client.complete(PROMPT, SERVICE, max_tokens=1)  # open the channel
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            try:
+                first = None
+                async with client.generate(PROMPT, SERVICE, max_tokens=tokens, priority=priority) as s:
+                    async for chunk in s:
+                        if first is None and chunk.token_ids:
+                            first = time.perf_counter() - t0
+                if first is not None:
+                    ttfts.append(first)
+            except Exception as e:  # counted, never fatal
+                errors.append(f"{type(e).__name__}: {e}"[:160])
+
+        tasks: set[asyncio.Task] = set()
+        start = t = time.perf_counter()
+        while (t := t + rng.expovariate(rate)) - start < duration_s:
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=120)
+    return {"ttfts": ttfts, "errors": errors}
+
+
+def _p(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def arm(address: str, streams: list[tuple[str, float, int | None]], step_s: float, tokens: int) -> dict:
+    results = await asyncio.gather(
+        *(stream(address, k, r, step_s, tokens, p, seed) for seed, (k, r, p) in enumerate(streams))
+    )
+    return {
+        k: {"served": len(res["ttfts"]), "p50_ttft_s": _p(res["ttfts"], 0.5), "p99_ttft_s": _p(res["ttfts"], 0.99),
+            "errors": len(res["errors"]), "error_sample": res["errors"][:2]}
+        for (k, _, _), res in zip(streams, results, strict=True)
+    }  # fmt: skip
+
+
+def run_live(out: Path, slots: int, step_s: float, light_rate: float, tokens: int) -> list[dict[str, Any]]:
+    """Rows as the model's arms: (arm, key, fairness, served, p50, p99, errors)."""
+    logging.getLogger("llmfleet.client").setLevel(logging.ERROR)
+    keys = out / "keys.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    keys.write_text(
+        "keys:\n"
+        + "".join(
+            f"  - {{name: {k}, key: {v}{', max_priority: 1' if k == 'high' else ''}}}\n"
+            for k, v in KEYS.items()
+        )
+    )
+    heavy = 10 * light_rate
+    plan = {
+        "vtc": [
+            ("light alone", [("light", light_rate, None)], "light"),
+            ("light + 10x heavy", [("light", light_rate, None), ("heavy", heavy, None)], "light"),
+            ("high alone", [("high", light_rate, 1)], "high"),
+            ("high + low flood", [("high", light_rate, 1), ("low", heavy, 0)], "high"),
+        ],
+        "none": [("light + 10x heavy", [("light", light_rate, None), ("heavy", heavy, None)], "light")],
+    }
+    rows = []
+    for fairness, arms in plan.items():
+        up = LocalUp(out / fairness, config(fairness, slots, tokens), "--emulate", "1xA100-80GB",
+                     "--schedulers", "1", "--api-keys", str(keys))  # fmt: skip
+        up.start()
+        try:
+            for name, streams, key in arms:
+                got = asyncio.run(arm(up.scheduler, streams, step_s, tokens))
+                rows.append({"arm": f"live: {name}, {fairness}", "key": key, "fairness": fairness, **got[key],
+                             "others": {k: v for k, v in got.items() if k != key}})  # fmt: skip
+                time.sleep(2)  # the queue drains between arms
+        finally:
+            up.stop()
+    return rows
