@@ -229,6 +229,24 @@ def test_chat_stream_n2_role_then_content_then_finish():
         assert all(ch["finish_reason"] is None for ch in mine[:-1])
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_streamed_text_survives_json_escaping(route):
+    """Every piece after a choice's first is built from a template around its JSON-encoded text:
+    quotes, backslashes, control characters and non-ASCII text come back as sent."""
+    words = ["say", '"hi"', "back\\slash", "tab\tnew\nline", "ü", "😀", "</x>", "\x00nul", "{}"]
+    c, _ = client(FakeBackend(reply=" ".join(words)))
+    body = {"model": "chat", "stream": True, "max_tokens": 50}
+    body |= (
+        {"prompt": "x"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    )
+    events = sse(c.post(route, json=body))
+    pieces = [
+        e["choices"][0].get("text", e["choices"][0].get("delta", {}).get("content", "")) for e in events
+    ]
+    assert "".join(p or "" for p in pieces) == " ".join(words)
+    assert len({(e["id"], e["created"]) for e in events}) == 1
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -37,6 +37,7 @@ _FINISH = {
 _BACKGROUND: set[asyncio.Future] = set()
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps with options is not
 DONE = b"data: [DONE]\n\n"
+_MARK = "\x00llmfleet-text\x00"  # stands for a piece's text in its template
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Choice:
     finish_reason: str | None = None
     count_prompt: bool = True  # n>1 copies of a prompt count its tokens once
     started: bool = False  # its first piece is out
+    # its text pieces' event around the JSON string of the text (built at its second piece)
+    template: tuple[bytes, bytes] | None = None
 
 
 class Run:
@@ -97,11 +100,23 @@ class Run:
         if self.stream and self.error is None:
             new = not c.started
             c.started = True
-            if chunk.text or new:
-                self.frames.append(_sse(_piece(self.shape, c, chunk.text, new, False)))
+            if new:
+                self.frames.append(_sse(_piece(self.shape, c, chunk.text, True, False)))
+            elif chunk.text:
+                self.frames.append(self._text_event(c, chunk.text))
             if c.finish_reason is not None:
                 self.frames.append(_sse(_piece(self.shape, c, "", False, True)))
             self._signal()
+
+    def _text_event(self, c: Choice, text: str) -> bytes:
+        """``_sse(_piece(shape, c, text, False, False))`` without encoding the whole event per token:
+        only ``text`` changes from one piece of a choice to the next."""
+        if c.template is None:
+            whole = _ENCODE(_piece(self.shape, c, _MARK, False, False))
+            head, _, tail = whole.partition(_ENCODE(_MARK))
+            c.template = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        head_b, tail_b = c.template
+        return head_b + _ENCODE(text).encode() + tail_b
 
     def _failed(self, e: BaseException) -> None:
         if self.error is None:
