@@ -24,7 +24,9 @@ Accounting (per engine; pure, single-threaded, no clock):
   towards "busier", never towards the burst problem.
 - ``released(engine, request)`` ends a placement (the request finished, failed, was cancelled or
   migrated away): a pending request is dropped at once. A covered one stays in the last report until
-  the next one (reports are snapshots; the book never subtracts from them).
+  the next one (reports are snapshots; the candidate never subtracts from them), but the engine's
+  occupancy (what late binding compares with its room) leaves it out at once: a held request goes
+  as soon as one ends, not at the next report.
 - Without any report from an engine (monitor off, engine not reporting yet) nothing is ever covered:
   its load is exactly the requests this dispatcher has outstanding there — a local join-the-shortest-
   queue that needs no load source.
@@ -72,6 +74,7 @@ class _Engine:
     last: LoadReport | None = None
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # request -> (reports, kv bytes)
     pending_kv: int = 0
+    ended: set[str] = field(default_factory=set)  # requests the last report names that ended since
     # request -> its measured progress (tokens relayed so far, first-token time), while placed here
     progress: dict[str, RequestProgress] = field(default_factory=dict)
 
@@ -95,6 +98,7 @@ class LoadBook:
         e = self._engine(engine_id)
         e.reports += 1
         e.last = report
+        e.ended.clear()
         self._bpt.update(report.kv_bytes_per_token)
         horizon = e.reports - COVERED_AFTER
         pending = e.pending
@@ -108,6 +112,7 @@ class LoadBook:
     def dispatched(self, engine_id: str, request_id: str, kv_bytes: int = 0) -> None:
         """``request_id`` was sent to ``engine_id`` (again: it is re-stamped)."""
         e = self._engine(engine_id)
+        e.ended.discard(request_id)
         old = e.pending.pop(request_id, None)
         if old is not None:
             e.pending_kv -= old[1]
@@ -124,6 +129,8 @@ class LoadBook:
         old = e.pending.pop(request_id, None)
         if old is not None:
             e.pending_kv -= old[1]
+        if e.last is not None and request_id in e.last.request_ids:
+            e.ended.add(request_id)
 
     def progress(
         self, engine_id: str, request_id: str, model: str, generated_tokens: int, first_token_s: float
@@ -156,8 +163,9 @@ class LoadBook:
         return len(e.pending) if e is not None else 0
 
     def occupancy(self, engine_id: str) -> int:
-        """Requests on ``engine_id`` counted once: its last report's running + waiting, plus the pending
-        requests that report does not name (engines name every request they hold). The candidate's
+        """Requests on ``engine_id`` counted once: its last report's running + waiting less those that
+        ended since, plus the pending requests that report does not name (engines name every request
+        they hold). The candidate's
         ``queued`` may count a pending request twice for up to two report intervals, which is harmless
         for choosing among engines but would hold back late binding (what it compares with the
         engine's room) for as long."""
@@ -166,7 +174,7 @@ class LoadBook:
             return 0
         r = e.last or _EMPTY
         named = r.request_ids
-        return r.running + r.waiting + sum(1 for rid in e.pending if rid not in named)
+        return r.running + r.waiting - len(e.ended) + sum(1 for rid in e.pending if rid not in named)
 
     def last_report(self, engine_id: str) -> LoadReport | None:
         e = self._engines.get(engine_id)

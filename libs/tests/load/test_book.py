@@ -154,3 +154,19 @@ def test_occupancy_counts_a_pending_request_once_when_the_report_names_it() -> N
     assert book.occupancy("e") == 5  # "a" is in the report; "b" is not yet
     book.released("e", "b")
     assert book.occupancy("e") == 4 and book.occupancy("unknown") == 0
+
+
+def test_occupancy_leaves_out_a_request_that_ended_since_the_report_named_it() -> None:
+    from llmfleet.load.book import LoadBook, LoadReport
+
+    book = LoadBook()
+    book.report("e", LoadReport(running=2, waiting=1, request_ids=frozenset({"x", "y", "z"})))
+    book.released("e", "x")  # ended: its slot is free now, not at the next report
+    book.released("e", "other")  # not named: nothing to leave out
+    assert book.occupancy("e") == 2
+    assert book.candidate("e", ("m",)).running == 2  # the candidate is still the report
+    book.dispatched("e", "x")  # sent again (a resumed stream): counted again
+    assert book.occupancy("e") == 3
+    book.report("e", LoadReport(running=1, waiting=0, request_ids=frozenset({"y"})))
+    book.released("e", "y")
+    assert book.occupancy("e") == 0 + 1  # y ended; x is pending, not in this report
