@@ -26,8 +26,8 @@ choice for the head of the queue and records it in the load book at once, so the
 cancelled request leaves the queue at once and is never dispatched.
 
 **Priorities under overload.** Admission control asks :meth:`CapacityGate.displace` for room before it
-refuses a request: the held request of the same service with a lower priority that would leave last is
-refused instead. A sheddable request (negative priority) is dropped when it has waited its service's
+refuses a request: the held request of the same service that would leave last is refused instead,
+when it would leave after the new one (a lower priority, or the same from a key served more tokens). A sheddable request (negative priority) is dropped when it has waited its service's
 TTFT SLO less ``poll_s`` (so it never waits past it). Both end RESOURCE_EXHAUSTED with a retry-after
 through ``refuse`` (the servicer fails the request's record), then their wait ends with :class:`Shed`.
 """
