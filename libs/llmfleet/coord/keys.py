@@ -62,6 +62,15 @@ class Keys:
     def leader(self, role: str) -> str:
         return self._k("leaders", role)
 
+    @property
+    def limit_demands(self) -> str:
+        """``limit_demands/``: each scheduler replica's demand per rate-limited API key, under its lease
+        (llmfleet.security.limit_shares: the replicas split a key's limits by it)."""
+        return self._k("limit_demands", "")
+
+    def limit_demand(self, replica: str) -> str:
+        return self._k("limit_demands", replica)
+
     @staticmethod
     def leaf(key: str) -> str:
         """Last path component (the id) of a key."""

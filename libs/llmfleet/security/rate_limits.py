@@ -11,7 +11,10 @@ A key with ``limits`` (see :mod:`llmfleet.security.api_keys`) gets up to two buc
 
 A request passes only when every bucket of its key has room, and then takes from all of them: a
 refused request costs nothing. Buckets refill lazily from the clock at each call (no timers, no
-locks: one event loop). The state is per process: N scheduler processes allow N times the limits.
+locks: one event loop). Each process enforces the ``share`` of a key's limits it is given (the
+fractions of its rate and burst, :mod:`llmfleet.security.limit_shares`: scheduler replicas split a
+key's limits by demand); a change of limits or share rescales the buckets and keeps their level
+(clipped to the new capacity), so it never hands out a fresh burst.
 """
 
 from __future__ import annotations
@@ -71,28 +74,39 @@ class TokenBucket:
     def give(self, n: float) -> None:
         self.level = min(self.capacity, self.level + n)
 
+    def rescale(self, rate: float, capacity: float, now: float) -> None:
+        self.refill(now)
+        self.rate, self.capacity = rate, capacity
+        self.level = min(self.level, capacity)
+
 
 @dataclass(slots=True)
 class _KeyState:
     limits: KeyLimits
+    share: tuple[float, float]
     requests: TokenBucket | None
     tokens: TokenBucket | None
 
 
 @dataclass
 class KeyRateLimiter:
-    """Buckets per key name, made on first use and remade when the key's limits change."""
+    """Buckets per key name, made on first use and rescaled when the key's limits or share change."""
 
     clock: Callable[[], float] = time.monotonic
     _keys: dict[str, _KeyState] = field(default_factory=dict)
 
-    def take(self, key: str, limits: KeyLimits, tokens: int = 0) -> None:
+    def take(
+        self, key: str, limits: KeyLimits, tokens: int = 0, share: tuple[float, float] = (1.0, 1.0)
+    ) -> None:
         """Count one request of ``tokens`` tokens for ``key``, or raise :class:`RateLimited` (then
-        nothing is counted) naming the limit that needs the longer wait."""
+        nothing is counted) naming the limit that needs the longer wait. ``share``: the fractions of
+        the key's (requests, tokens) limits this process enforces."""
         now = self.clock()
         s = self._keys.get(key)
-        if s is None or (s.limits is not limits and s.limits != limits):
-            s = self._keys[key] = _new_state(limits, now)
+        if s is None:
+            s = self._keys[key] = _new_state(limits, share, now)
+        elif (s.limits is not limits and s.limits != limits) or s.share != share:
+            s = self._keys[key] = _rescaled(s, limits, share, now)
         r, t = s.requests, s.tokens
         wait_r = wait_t = 0.0
         if r is not None:
@@ -119,11 +133,36 @@ class KeyRateLimiter:
             s.tokens.give(tokens)
 
 
-def _new_state(limits: KeyLimits, now: float) -> _KeyState:
+def _sizes(
+    limits: KeyLimits, share: tuple[float, float]
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """(rate, capacity) of the requests and the tokens bucket under ``share`` (None: limit off)."""
     requests = tokens = None
     if limits.requests_per_s is not None:
-        burst = limits.request_burst
-        requests = TokenBucket(limits.requests_per_s, burst, burst, now)
+        requests = (limits.requests_per_s * share[0], limits.request_burst * share[0])
     if limits.tokens_per_min is not None:
-        tokens = TokenBucket(limits.tokens_per_min / 60.0, limits.tokens_per_min, limits.tokens_per_min, now)
-    return _KeyState(limits, requests, tokens)
+        tokens = (limits.tokens_per_min / 60.0 * share[1], limits.tokens_per_min * share[1])
+    return requests, tokens
+
+
+def _bucket(size: tuple[float, float] | None, now: float) -> TokenBucket | None:
+    return None if size is None else TokenBucket(size[0], size[1], size[1], now)
+
+
+def _new_state(limits: KeyLimits, share: tuple[float, float], now: float) -> _KeyState:
+    requests, tokens = _sizes(limits, share)
+    return _KeyState(limits, share, _bucket(requests, now), _bucket(tokens, now))
+
+
+def _rescaled(s: _KeyState, limits: KeyLimits, share: tuple[float, float], now: float) -> _KeyState:
+    """``s`` under new limits or share: buckets keep their level (clipped); a limit turned on starts full."""
+    fresh = _new_state(limits, share, now)
+    for old, new in ((s.requests, fresh.requests), (s.tokens, fresh.tokens)):
+        if old is not None and new is not None:
+            old.rescale(new.rate, new.capacity, now)
+    return _KeyState(
+        limits,
+        share,
+        s.requests if s.requests is not None and fresh.requests is not None else fresh.requests,
+        s.tokens if s.tokens is not None and fresh.tokens is not None else fresh.tokens,
+    )

@@ -98,14 +98,49 @@ def test_a_refused_request_counts_nothing_and_the_longer_wait_is_named():
     assert e.limit == "tokens" and e.retry_after_s == 30
 
 
-def test_keys_have_their_own_buckets_and_new_limits_start_afresh():
+def test_keys_have_their_own_buckets_and_new_limits_keep_the_level():
     clock = Clock()
     lim = KeyRateLimiter(clock)
     one = KeyLimits(requests_per_s=1)
     lim.take("noisy", one)
     refused(lim, "noisy", one)
     lim.take("quiet", one)  # untouched by the noisy key
-    more = KeyLimits(requests_per_s=1, burst=3)  # the keys file changed: a fresh bucket
+    more = KeyLimits(requests_per_s=1, burst=3)  # the keys file changed: a larger bucket, still empty
+    refused(lim, "noisy", more)
+    clock.t += 3  # refills at the rate up to the new burst
     for _ in range(3):
         lim.take("noisy", more)
     refused(lim, "noisy", more)
+
+
+def test_a_share_scales_rate_and_burst():
+    clock = Clock()
+    lim = KeyRateLimiter(clock)
+    limits = KeyLimits(requests_per_s=10, burst=10, tokens_per_min=600)
+    half = (0.5, 0.5)
+    for _ in range(5):
+        lim.take("k", limits, 0, half)
+    with pytest.raises(RateLimited):
+        lim.take("k", limits, 0, half)
+    clock.t += 0.2  # 5 requests/s: one more
+    lim.take("k", limits, 0, half)
+    with pytest.raises(RateLimited) as e:
+        lim.take("k", limits, 400, half)  # 300 tokens a half share's whole minute: needs a full bucket
+    assert e.value.limit in ("requests", "tokens")
+
+
+def test_a_larger_share_gives_no_fresh_burst():
+    clock = Clock()
+    lim = KeyRateLimiter(clock)
+    limits = KeyLimits(requests_per_s=10, burst=10)
+    for _ in range(5):
+        lim.take("k", limits, 0, (0.5, 1.0))
+    with pytest.raises(RateLimited):
+        lim.take("k", limits, 0, (1.0, 1.0))  # the bucket grew, its level did not
+    clock.t += 0.1  # refills at the full rate now
+    lim.take("k", limits, 0, (1.0, 1.0))
+    clock.t += 5  # full again (10)
+    for _ in range(2):  # a smaller share clips the level to its burst (2)
+        lim.take("k", limits, 0, (0.2, 1.0))
+    with pytest.raises(RateLimited):
+        lim.take("k", limits, 0, (0.2, 1.0))

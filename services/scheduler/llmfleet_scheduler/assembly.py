@@ -20,6 +20,7 @@ from llmfleet.rpc.cli_args import etcd_settings
 from llmfleet.rpc.node import ServiceNode
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
+from llmfleet.security.limit_shares import KeyShares
 from llmfleet.spec.live_loops import SCHEDULER_FLAGS, SchedulerConfig
 
 from llmfleet_scheduler.admission import Admission
@@ -27,6 +28,7 @@ from llmfleet_scheduler.capacity import CapacityGate
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.engine_links import EngineLinks
 from llmfleet_scheduler.http_api import HttpServer, ServicerBackend, create_app
+from llmfleet_scheduler.key_shares import LiveKeyShares
 from llmfleet_scheduler.observe import ObservationBatcher
 from llmfleet_scheduler.priorities import RequestClasses
 from llmfleet_scheduler.readiness import Readiness
@@ -150,6 +152,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         orphan_grace_s=args.orphan_grace_s,
         admission=Admission(args.max_waiting, args.max_queued_tokens, displace=gate.displace),
         classes=classes,
+        key_shares=KeyShares(nid),
     )
     gate.refuse = servicer.refuse  # a displaced or shed request's record fails RESOURCE_EXHAUSTED
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)
@@ -210,6 +213,12 @@ def attach_views_hook(parts: SchedulerParts, readiness: Readiness | None) -> Nod
             n.spawn(stats.run(), "scheduler-stats-reporter")
         if readiness is not None:
             _follow_readiness(n, readiness)
+        if parts.servicer.key_shares is not None:  # API keys' limits split among the replicas
+            shares = LiveKeyShares(n.etcd, parts.servicer.key_shares)
+            await shares.start()
+            n.spawn(shares.publish(), "scheduler-key-shares-publish")
+            n.spawn(shares.follow(), "scheduler-key-shares-follow")
+            n.on_stop.append(shares.stop)
         migration = migration_state_view(n.etcd)  # the migration leader's Mell view (mell dispatch)
         await migration.start()
         parts.router.mell_view = MellViewReader(lambda: migration.snapshot().get(""))

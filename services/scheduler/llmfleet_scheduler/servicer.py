@@ -18,6 +18,7 @@ from llmfleet.policies.capacity.priority import request_priority
 from llmfleet.rpc.mux import SUBMIT_MANY, Emit, StreamRefused, serve_many
 from llmfleet.security import ApiKey
 from llmfleet.security.grpc_auth import caller_key
+from llmfleet.security.limit_shares import KeyShares
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
 from llmfleet.security.settings import current as current_security
 from llmfleet.spec.services import ServiceSpec
@@ -54,6 +55,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     admission: Admission = field(default_factory=Admission)
     readiness: Readiness | None = None  # ready = servable (None: ready once connected to etcd)
     key_limits: KeyRateLimiter = field(default_factory=KeyRateLimiter)  # API keys' rate limits
+    # this replica's shares of the keys' limits (None: it enforces them whole, as if alone)
+    key_shares: KeyShares | None = None
     # live requests' priorities and keys, which the capacity gate reads (None: one on the relay's metrics)
     classes: RequestClasses | None = None
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
@@ -287,8 +290,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             elif (spec := self.directory.services().get(request.service)) is not None:
                 max_tokens = spec.max_tokens
             tokens = estimate_tokens(request.prompt, max_tokens)
+        share = self.key_shares.share(key.name, tokens) if self.key_shares is not None else (1.0, 1.0)
         try:
-            self.key_limits.take(key.name, key.limits, tokens)
+            self.key_limits.take(key.name, key.limits, tokens, share)
         except RateLimited as e:
             self._rejected(request.service, "rate_limited")
             self.relay.metrics.rate_limited.labels(key.name, e.limit).inc()
