@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--request-id", default=None, help="idempotency key (default: a random uuid)")
+    p.add_argument(
+        "--priority", type=int, default=None,
+        help="the request's priority (default: the service's; higher first, negative: sheddable)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=None, help="deadline in seconds for the whole request")
     p.add_argument("--retries", type=int, default=3, help="retries when the scheduler is unavailable")
 
@@ -65,6 +69,7 @@ async def _submit(args: argparse.Namespace, prompt: str, err: Console) -> int:
             seed=args.seed,
             stop=args.stop,
             request_id=args.request_id,
+            priority=args.priority,
             timeout_s=args.timeout,
         )
         interrupted = _cancel_on_ctrl_c(client, stream.request_id)
