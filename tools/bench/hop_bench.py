@@ -8,10 +8,12 @@ first chunk with tokens) of the same requests sent
 - **direct**: straight to the engine's ``Generate`` (a plain ``grpc.aio`` stub),
 - **through**: through the scheduler's ``Submit`` with the SDK users use (``llmfleet.client.AsyncClient``),
 - **http**: through the scheduler's OpenAI-compatible API, ``POST /v1/completions`` with
-  ``"stream": true`` over one persistent ``httpx.AsyncClient`` (keep-alive connections, enough for a
-  whole burst), reading the server-sent events line by line; TTFT = the first ``data:`` event of the
+  ``"stream": true`` over one persistent ``aiohttp.ClientSession`` (keep-alive connections, enough for
+  a whole burst), reading the server-sent events line by line; TTFT = the first ``data:`` event of the
   choice (the API sends one as soon as the first token's chunk arrives, even when that token's text is
-  still empty). httpx streaming is the thinnest common async client, so this row is the API's cost,
+  still empty). aiohttp is the thinnest common async client (the load generator of vLLM's serving
+  benchmark; httpx's connection pool costs a burst of 100 streams more than the server does), so this
+  row is the API's cost,
 - **openai** (``--paths ... openai``, off by default): the same through the official ``openai``
   ``AsyncOpenAI`` client (its own parsing of every chunk added),
 
@@ -299,7 +301,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["direct", "through", "http"],
         choices=ALL_PATHS,
-        help="paths measured (direct always): through = SDK Submit, http = OpenAI API with httpx, "
+        help="paths measured (direct always): through = SDK Submit, http = OpenAI API with aiohttp, "
         "openai = the same with the official openai client",
     )
     ap.add_argument("--scheduler", default=None, help="use a running cluster: scheduler address")

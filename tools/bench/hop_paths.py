@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.client import AsyncClient
@@ -31,20 +32,29 @@ class Paths:
         self._engine_channel = open_channel(engine)
         self._engine = engine_pb2_grpc.EngineStub(self._engine_channel)
         self._client = AsyncClient(scheduler, timeout_s=60)
-        self._http = None
+        self._base = f"http://{http}" if http else ""
+        self._width = width
+        self._http: Any = None  # aiohttp.ClientSession, made in the running loop on first use
         self._openai = None
+        self._http_openai = None
         if http:
             import httpx
 
             # one connection per request in flight, all kept alive from one request (burst) to the next
             limits = httpx.Limits(max_connections=width + 8, max_keepalive_connections=width + 8)
-            self._http = httpx.AsyncClient(base_url=f"http://{http}", limits=limits, timeout=60)
             self._http_openai = httpx.AsyncClient(limits=limits, timeout=60)
 
     async def http(self, max_tokens: int) -> float:
         """``POST /v1/completions`` streamed; TTFT: the first ``data:`` event (the first chunk of tokens,
         whose text may still be empty); the final usage chunk checks the token count."""
-        assert self._http is not None
+        assert self._base, "no HTTP API address"
+        if self._http is None:
+            import aiohttp
+
+            # one connection per request in flight, all kept alive from one request (burst) to the next
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._width + 8), timeout=aiohttp.ClientTimeout(total=60)
+            )
         body = {
             "model": SERVICE,
             "prompt": PROMPT,
@@ -55,16 +65,16 @@ class Paths:
         t0 = time.perf_counter()
         first = None
         n = -1
-        async with self._http.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
+        async with self._http.post(f"{self._base}/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.read())[:300]!r}")
+            async for raw in resp.content:
+                if not raw.startswith(b"data: "):
                     continue
                 if first is None:
                     first = time.perf_counter()
-                if '"usage":{' in line:
-                    n = json.loads(line[6:])["usage"]["completion_tokens"]
+                if b'"usage":{' in raw:
+                    n = json.loads(raw[6:])["usage"]["completion_tokens"]
         return _ttft("request through the HTTP API", t0, first, n, max_tokens)
 
     async def openai(self, max_tokens: int) -> float:
@@ -72,9 +82,9 @@ class Paths:
         if self._openai is None:
             import openai
 
-            assert self._http is not None
+            assert self._base, "no HTTP API address"
             self._openai = openai.AsyncOpenAI(
-                base_url=str(self._http.base_url).rstrip("/") + "/v1",
+                base_url=f"{self._base}/v1",
                 api_key="unused",
                 max_retries=0,
                 http_client=self._http_openai,
@@ -127,5 +137,6 @@ class Paths:
         await self._client.close()
         await self._engine_channel.close()
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
+        if self._http_openai is not None:
             await self._http_openai.aclose()

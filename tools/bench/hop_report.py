@@ -9,7 +9,7 @@ GOAL_P99_MS = 3.0
 GOAL_HTTP_P50_MS = 2.0  # added TTFT through the OpenAI API over a direct engine call
 PATHS = ("direct", "through")  # the paths of every result (older results have only these)
 ALL_PATHS = ("direct", "through", "http", "openai")
-API_PATHS = {"http": "HTTP API (httpx)", "openai": "HTTP API (openai client)"}
+API_PATHS = {"http": "HTTP API (aiohttp)", "openai": "HTTP API (openai client)"}
 
 
 def _paths(result: dict) -> list[str]:
@@ -81,14 +81,14 @@ def _sdk_tables(result: dict) -> list[str]:
 
 
 def _api_table(result: dict) -> list[str]:
-    """The HTTP API paths (httpx, openai) against direct, when measured."""
+    """The HTTP API paths (aiohttp, openai) against direct, when measured."""
     api = [p for p in _paths(result) if p in API_PATHS]
     if not api:
         return []
     lines = [
         "",
         "Through the scheduler's OpenAI-compatible API (`POST /v1/completions`, `stream: true`): TTFT = "
-        "request sent -> first `data:` event, over one persistent `httpx.AsyncClient` (keep-alive "
+        "request sent -> first `data:` event, over one persistent `aiohttp.ClientSession` (keep-alive "
         "connections, enough for a whole burst), interleaved with the paths above; `openai` is the "
         "same through the official `AsyncOpenAI` client. Hop = that path − direct per percentile. "
         f"Goal: HTTP hop ≤ {GOAL_HTTP_P50_MS:g} ms p50.",
