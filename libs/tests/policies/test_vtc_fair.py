@@ -15,14 +15,14 @@ def drain(q: FairQueue[str] | HoldQueue[str]) -> list[str]:
     return out
 
 
-def test_the_smallest_counter_is_served_first_then_arrival_within_a_tenant():
+def test_the_smallest_counter_is_served_first_then_the_lighter_backlog_then_arrival():
     q: FairQueue[str] = FairQueue()
     for i in range(3):
         q.push(f"a{i}", f"a{i}", arrival=i, tenant="a", cost=100)
     for i in range(3):
         q.push(f"b{i}", f"b{i}", arrival=10 + i, tenant="b", cost=10)
-    # a's first request costs 100: b (0, then 10, 20) goes before a's second
-    assert drain(q) == ["a0", "b0", "b1", "b2", "a1", "a2"]
+    # a tie at 0: b holds fewer tokens; then a0 (a at 0 < b at 10); a's 100 puts b's others first
+    assert drain(q) == ["b0", "a0", "b1", "b2", "a1", "a2"]
     assert q.counter("a") == 300 and q.counter("b") == 30
 
 
@@ -46,7 +46,7 @@ def test_a_tenant_that_becomes_backlogged_is_lifted_to_the_least_backlogged_coun
     assert q.counter("a") == 20
     q.push("b1", "b1", arrival=9, tenant="b", cost=10)  # b was idle: it banks no credit
     assert q.counter("b") == 20
-    assert drain(q) == ["a2", "b1", "a3"]  # ties go by arrival: a2 (3) before b1 (9)
+    assert drain(q) == ["b1", "a2", "a3"]  # a tie: b holds fewer tokens (10 against a's 20)
 
 
 def test_an_idle_tenant_keeps_a_larger_counter():

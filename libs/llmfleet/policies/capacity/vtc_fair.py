@@ -5,10 +5,12 @@ Each tenant (an API key) has a counter that grows by the weighted tokens it is s
 prompt tokens plus twice its output tokens (:func:`weighted_tokens`) (charged when it
 leaves the queue, from the caller's estimate; :meth:`FairQueue.charge` corrects it with the tokens it
 really generated). The queue serves the highest priority band first; within a band, the backlogged
-tenant with the smallest counter, and that tenant's requests in arrival order. A tenant that becomes
-backlogged (it had nothing held) is lifted to the smallest counter of the tenants backlogged then, so
-time spent idle banks no credit. Removal (a cancelled or shed request) is O(1) and lazy; choosing the
-next request is O(tenants in the top band). Pure: the scheduler and the simulator hold requests in it.
+tenant with the smallest counter (of equal ones, the tenant holding fewer tokens, then the earlier
+arrival), and that tenant's requests in arrival order. A tenant that becomes backlogged (it had nothing
+held) is lifted to the smallest counter of the tenants backlogged then, so time spent idle banks no
+credit (at that counter, a light tenant goes before the backlog it ties with). Removal (a cancelled or
+shed request) is O(1) and lazy; choosing the next request is O(tenants in the top band). Pure: the
+scheduler and the simulator hold requests in it.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class FairQueue(Generic[T]):
         band = max(self._band_live)
         tenants = self._bands[band]
         best: _Entry[T] | None = None
-        best_rank: tuple[float, tuple[float, int]] | None = None
+        best_rank: tuple[float, float, tuple[float, int]] | None = None
         for tenant in list(tenants):
             heap = tenants[tenant]
             while heap and not heap[0].live:
@@ -111,7 +113,7 @@ class FairQueue(Generic[T]):
             if not heap:
                 del tenants[tenant]
                 continue
-            rank = (self._counters.get(tenant, 0.0), heap[0].rank)
+            rank = (self._counters.get(tenant, 0.0), self._held_cost.get(tenant, 0.0), heap[0].rank)
             if best_rank is None or rank < best_rank:
                 best, best_rank = heap[0], rank
         return best
