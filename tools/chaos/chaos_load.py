@@ -138,7 +138,7 @@ class Load:
         return True
 
     async def start(self) -> None:
-        import httpx
+        import aiohttp
 
         n_sdk = self.concurrency - self.n_http
         self.set_phase(self.phase)
@@ -156,10 +156,14 @@ class Load:
                 + self.sdk_addresses[: i % len(self.sdk_addresses)]
             )
             self._sdk.append(AsyncClient(order, **kw))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        # aiohttp, not httpx: httpx's connection pool, not the server, is what thousands of concurrent
+        # streams wait for (docs/benchmarks/capacity.md)
         n_http_clients = max(1, min(self.clients, max(self.n_http, 1)))
         self._http = [
-            httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=5), limits=limits)
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, connect=5),
+            )
             for _ in range(n_http_clients)
         ]
         for w in range(n_sdk):
@@ -181,7 +185,7 @@ class Load:
         for c in self._sdk:
             await c.close()
         for h in self._http:
-            await h.aclose()
+            await h.close()
 
     async def _worker(self, path: str, w: int) -> None:
         rng = random.Random(self.rng.random())
@@ -246,16 +250,17 @@ class Load:
             problem = ""
             retry_after = 0.0
             try:
-                async with h.stream("POST", f"http://{base}/v1/completions", json=body) as r:
-                    if r.status_code != 200:
-                        text = (await r.aread()).decode(errors="replace")[:200]
-                        problem = f"HTTP {r.status_code}: {text}"
-                        if r.status_code not in (429, 502, 503, 504):
+                async with h.post(f"http://{base}/v1/completions", json=body) as r:
+                    if r.status != 200:
+                        text = (await r.read()).decode(errors="replace")[:200]
+                        problem = f"HTTP {r.status}: {text}"
+                        if r.status not in (429, 502, 503, 504):
                             raise RuntimeError(problem)  # final: a 4xx is not a fault to retry
                         with contextlib.suppress(ValueError, TypeError):
                             retry_after = float(r.headers.get("retry-after", 0))
                     else:
-                        async for line in r.aiter_lines():
+                        async for raw in r.content:
+                            line = raw.decode().rstrip("\r\n")
                             if not line.startswith("data: "):
                                 continue
                             data = line[6:]
