@@ -63,6 +63,7 @@ async def start(
                     prompt=prompt,
                     sampling=_sampling(body, i),
                     session=body.session,
+                    priority=body.priority,
                 )
                 rid, follow = backend.submit(req, key)
                 choices.append(Choice(len(choices), rid, follow, count_prompt=i == 0))
