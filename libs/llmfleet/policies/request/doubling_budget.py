@@ -44,11 +44,12 @@ L_N = Σ_r L_r / L̂_s (Theorems 1 and 2). T'_r is unknown, so DB uses a budget 
     of its service (its O_r has only fallen), so new requests wait until the running batch renews.
   - ``"mixed"`` (default): one service, both phases: the service's running decodes (priority order, up
     to ``max_requests``) plus its waiting prefills that fit the remaining slots, the limits and the
-    pool. On the SeaLLM benchmark (docs/benchmarks/papers.md) its mean normalized latency was 0–9 %
-    below ``prefill_first``'s at every point (four model assignments × 5/10/20 req/s), and
-    ``literal``'s was 1.2–3.2× ``prefill_first``'s. The paper's token-level results (TTFT up to 51.98× lower than vLLM, TPOT
-    similar, §6.2) describe an engine that admits new requests promptly, which the literal reading
-    does not.
+    pool. It is the default because it measured lowest: on the SeaLLM benchmark
+    (docs/benchmarks/papers.md) its mean normalized latency was 0–9 % below ``prefill_first``'s at
+    every point of four model assignments × 5/10/20 req/s and 21 % below at 30 req/s (assignment 0,
+    offered load 0.66), and ``literal``'s was 1.2–3.2× ``prefill_first``'s. The paper's token-level
+    results (TTFT up to 51.98× lower than vLLM, TPOT similar, §6.2) describe an engine that admits new
+    requests promptly, which the literal reading does not.
   - ``"prefill_first"``: one service, one phase, and that service's waiting prefills join
     first: if any of them can be admitted (priority order, the same limits and pool check, no more
     than ``max_requests`` running + admitted requests of the service), the iteration is those prefills;
