@@ -211,7 +211,9 @@ def _services(sw: _Sweep) -> list[dict]:
 def _sweeps(cfg: dict) -> list[tuple[str, int, tuple[float, ...], tuple[str, ...]]]:
     """(lengths, assignment, rates, systems) of each independent sweep: every assignment on the
     headline lengths, then the conv variant on the first assignment."""
-    out = [(S.LENGTHS[0], a, cfg["rates"], POLICIES) for a in cfg["assignments"]]
+    out: list[tuple[str, int, tuple[float, ...], tuple[str, ...]]] = [
+        (S.LENGTHS[0], a, cfg["rates"], POLICIES) for a in cfg["assignments"]
+    ]
     if cfg["conv_rates"]:
         out.append(("conv", cfg["assignments"][0], cfg["conv_rates"], CONV_POLICIES))
     return out
