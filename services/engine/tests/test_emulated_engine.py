@@ -150,3 +150,27 @@ async def test_the_modelled_clock_restarts_when_no_step_could_run(monkeypatch):
         assert ex.modelled_due_s is None
     finally:
         await ex.aclose()
+
+
+async def test_after_idling_a_step_starts_now_whatever_arrival_its_request_brings(monkeypatch):
+    """A request migrated in carries its age as an older arrival: on an idle engine its first step
+    starts at the wall clock's now, not at the stale due time of the last step before the idle."""
+    from llmfleet_engine import executor as executor_module
+
+    clock = HostClock(0.0)
+    monkeypatch.setattr(executor_module, "time", clock)
+    ex = EmulatedExecutor(EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=clock)
+    try:
+        await asyncio.to_thread(ex.host.load, ModelSpec("m", "emulated://llama2-7b"))
+        first = build_request(ex.host.models["m"], "a b c", request_id="a", max_tokens=2, arrival_s=clock.t)
+        await asyncio.wait_for(ex.submit(first).collect(), 30)
+        await asyncio.to_thread(ex.run_in_worker, lambda: None, 30)  # the worker saw itself idle
+        clock.t += 100.0  # the engine idles
+        now = clock.t
+        old = build_request(ex.host.models["m"], "a b c", request_id="b", max_tokens=2, arrival_s=now - 50.0)
+        await asyncio.wait_for(ex.submit(old).collect(), 30)
+        prefill = ex.host.runner("m").cost.iteration(3, 9, 0, 0)
+        assert clock.dues[-2] == pytest.approx(now + prefill)  # its prefill started at now
+        assert ex.clock.lag.slips == 0
+    finally:
+        await ex.aclose()

@@ -1,8 +1,9 @@
 """Wall-clock pacing of emulated work: a step, a transfer or a weight load ends when the cost model
 says it would on the GPU, measured from its start on the modelled clock (a step's start is chosen by
-the executor: the previous step's due time when work was waiting), so the host's own Python time
-overlaps the modelled work instead of adding to it. ``Lag`` counts what the host could not hide: waits
-already past due, and per step the host's time between a due time and the next step's scheduling."""
+:class:`~llmfleet_engine.emulated.pacing.StepPacer`: the previous step's due time when work was
+waiting), so the host's own Python time overlaps the modelled work instead of adding to it. ``Lag``
+counts what the host could not hide: waits already past due, per step the host's time between a due
+time and the next step's scheduling, and the modelled time dropped when catch-up hit its bound."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class Lag:
     host_steps: int = 0  # steps that started at the previous step's due time
     host_s: float = 0.0  # summed host time from those due times to the steps' scheduling
     host_max_s: float = 0.0
+    slips: int = 0  # steps whose start was moved forward to the catch-up bound
+    slip_s: float = 0.0  # summed modelled time dropped by those moves
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_host(self, seconds: float) -> None:
@@ -34,6 +37,12 @@ class Lag:
             self.host_steps += 1
             self.host_s += seconds
             self.host_max_s = max(self.host_max_s, seconds)
+
+    def record_slip(self, seconds: float) -> None:
+        """A step's start moved ``seconds`` forward: the host was further behind than catch-up covers."""
+        with self._lock:
+            self.slips += 1
+            self.slip_s += seconds
 
     def record(self, late_s: float) -> None:
         with self._lock:
@@ -83,6 +92,7 @@ class LagCollector(Collector):
         lag = self.lag.read()
         waits, late, total, worst = lag.waits, lag.late, lag.total_s, lag.max_s
         steps, host, host_max = lag.host_steps, lag.host_s, lag.host_max_s
+        slips, slip = lag.slips, lag.slip_s
         yield CounterMetricFamily(
             "llmfleet_emulated_waits", "Emulated steps, loads and transfers paced.", value=waits
         )
@@ -108,4 +118,14 @@ class LagCollector(Collector):
         )
         yield GaugeMetricFamily(
             "llmfleet_emulated_host_max_seconds", "The largest host time between two steps.", value=host_max
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_slips",
+            "Steps whose start moved forward to the catch-up bound (the host fell that far behind).",
+            value=slips,
+        )
+        yield CounterMetricFamily(
+            "llmfleet_emulated_slip_seconds",
+            "Summed modelled time those moves dropped (the modelled clock slipped by this much).",
+            value=slip,
         )

@@ -12,15 +12,16 @@ Everything but the forward pass is the native :class:`~llmfleet_engine.executor.
   model. No tensors are allocated.
 * **A step** is priced by the simulator's cost model (``CostBook``, ``--cost-source``, default
   ``costmodel.sources.DEFAULT_COST_SOURCE``) as ``iteration(prefill tokens, Σ prefill², decodes,
-  context)`` and ends that long after its start on the modelled clock, as in the simulator: a step
-  whose work was waiting when the previous step ended starts at the previous step's due time, not when
-  the host got round to scheduling it; a step of work that arrived later starts at its earliest
-  member's arrival (never later than it was scheduled); when work was there but none could run (paused
-  KV holders, a full pool), the clock restarts at the next step. So the host's Python time between steps
-  (completing one step, scheduling the next, other engines' threads) overlaps the modelled step
-  instead of adding to it, and it is reported per step (``llmfleet_emulated_host_*``). Token ids are
-  deterministic per (request, position) and never EOS: a request ends at its ``max_tokens`` (a trace's
-  output length).
+  context)`` and ends that long after its start on the modelled clock, as in the simulator
+  (:class:`~llmfleet_engine.emulated.pacing.StepPacer`): a step whose work was waiting when the
+  previous step ended starts at the previous step's due time, not when the host got round to
+  scheduling it; a step of work that arrived at an idle engine starts at its arrival, or now; when
+  work was there but none could run (paused KV holders, a full pool), the clock restarts at the next
+  step; a start is never more than ``max_catchup_s`` in the past (beyond it the clock slips). So the
+  host's Python time between steps (completing one step, scheduling the next, other engines' threads)
+  overlaps the modelled step instead of adding to it, and it is reported per step
+  (``llmfleet_emulated_host_*``, ``llmfleet_emulated_slip*``). Token ids are deterministic per
+  (request, position) and never EOS: a request ends at its ``max_tokens`` (a trace's output length).
 * **Loading** a model takes ``weights / (tp × host-to-device bandwidth)``, as the simulator charges;
   its memory is claimed first.
 * **KV export/import** sends the block table and token range, not K/V bytes, and takes
@@ -42,6 +43,7 @@ from llmfleet_engine.emulated.clock import LagCollector, WallClock
 from llmfleet_engine.emulated.config import BACKEND, EmulatedConfig
 from llmfleet_engine.emulated.migration import EmulatedMigration
 from llmfleet_engine.emulated.model_host import EmulatedHost, StepPricer
+from llmfleet_engine.emulated.pacing import StepPacer
 from llmfleet_engine.emulated.storage import NoKvStorage
 from llmfleet_engine.emulated.tokenizer import WORD_BASE
 from llmfleet_engine.executor import Executor
@@ -62,9 +64,10 @@ class EmulatedExecutor(Executor):
     config: EmulatedConfig
 
     def __init__(self, config: EmulatedConfig | None = None, clock: WallClock | None = None) -> None:
+        config = config or EmulatedConfig()
         self.clock = clock or WallClock()  # before the parts are built (they pace on it)
-        self._due: float | None = None  # when the previous step ends on the modelled clock
-        super().__init__(config or EmulatedConfig())
+        self._pacer = StepPacer(self.clock.lag, config.max_catchup_s)
+        super().__init__(config)
         self.backend = BACKEND
 
     def _new_host(self) -> EmulatedHost:
@@ -99,7 +102,7 @@ class EmulatedExecutor(Executor):
     @property
     def modelled_due_s(self) -> float | None:
         """When the previous step ends on the modelled clock; None when the next step restarts it."""
-        return self._due
+        return self._pacer.due
 
     # ---------------------------------------------------------------------------------- steps
     def _step_inputs(self, plan: StepPlan, now: float) -> float:
@@ -112,29 +115,24 @@ class EmulatedExecutor(Executor):
     def _schedule_locked(self, now: float) -> tuple[StepPlan, Any] | None:
         step = super()._schedule_locked(now)
         if step is None:
-            self._due = None  # work was there but none could run: the modelled clock restarts
+            self._pacer.restart()  # work was there but none could run: the modelled clock restarts
         return step
 
     def _start(self, plan: StepPlan, now: float) -> float:
-        """The step's start on the modelled clock (module docstring): the previous step's due time, or
-        the earliest member's arrival if that is later, but never after ``now``; the host's time past
-        the due time is recorded when the step starts there."""
-        due = self._due
-        if due is None or due > now:
-            return now
-        ready = min(r.sched.arrival_s for r in plan.members)
-        if ready <= due:
-            self.clock.lag.record_host(now - due)
-            return due
-        return min(ready, now)
+        """The step's start on the modelled clock (``StepPacer.start``)."""
+        return self._pacer.start(now, min(r.sched.arrival_s for r in plan.members))
 
     def _forward(self, plan: StepPlan, members: list[LiveRequest], start: float) -> tuple[list[int], float]:
         duration = members[0].model.runner.step_s(plan)
-        self._due = start + duration
-        self.clock.sleep_until(self._due)
+        self.clock.sleep_until(self._pacer.begin(start, duration))
         vocab = members[0].model.loaded.vocab_size
         picked = [token_id(zlib.crc32(r.request_id.encode()), len(r.tokens), vocab) for r in members]
         return picked, duration
+
+    def _run(self, plan: StepPlan, steps: Any) -> None:
+        super()._run(plan, steps)
+        with self._cond:  # whether the next step's work was already waiting when this one ended
+            self._pacer.ended(self.clock.monotonic(), busy=self.core.has_work())
 
     # ------------------------------------------------------------------------------ profiling
     def profile(self, model: str, **sweep: Any) -> ProfileResult:
