@@ -126,11 +126,25 @@ class ClusterConfig(BaseModel):
                 raise ValueError(
                     f"service {name!r} uses unknown model {svc.model!r}; known: {sorted(self.models)}"
                 )
+        for name, m in sorted(self.models.items()):
+            if m.base is None:
+                continue
+            base = self.models.get(m.base)
+            if base is None or base.is_adapter:
+                raise ValueError(
+                    f"model {name!r}: base {m.base!r} must be a checkpoint entry of models:; checkpoints: "
+                    f"{sorted(k for k, v in self.models.items() if not v.is_adapter)}"
+                )
         for eid, eng in self.engines.items():
             for m in eng.models:
                 if m not in self.models:
                     raise ValueError(
                         f"engine {eid!r} lists unknown model {m!r}; known: {sorted(self.models)}"
+                    )
+                if self.models[m].is_adapter:
+                    raise ValueError(
+                        f"engine {eid!r} lists adapter {m!r}: engines host base models "
+                        f"(list {self.models[m].base!r}); its adapters follow their traffic"
                     )
         if self.placement.planned or self.emulated is not None:
             self.catalog_models()  # a planner / an emulated GPU needs every model in the catalog
@@ -251,7 +265,10 @@ class ClusterConfig(BaseModel):
         )
 
     def model_spec(self, name: str) -> ModelSpec:
+        """The checkpoint ``name`` loads (ValueError for an adapter entry: it loads onto its base)."""
         m = self.models[name]
+        if m.source is None:
+            raise ValueError(f"model {name!r} is an adapter of {m.base!r}, not a checkpoint")
         return ModelSpec(name=name, source=m.source, dtype=m.dtype)
 
     def placements(self) -> list[DesiredPlacement]:

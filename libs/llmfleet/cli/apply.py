@@ -87,6 +87,11 @@ def parse_services_file(text: str, where: str = "FILE") -> tuple[ServicesFile, l
 
 
 def model_entry(name: str, cfg: ModelConfig) -> ModelEntry:
+    if cfg.source is None:
+        raise ApplyError(
+            f"models.{name}: adapter of {cfg.base!r}: llmfleet apply does not add adapters yet; "
+            "declare it in the cluster file"
+        )
     return ModelEntry(name=name, source=cfg.source, dtype=cfg.dtype, sim_model=cfg.sim_model)
 
 

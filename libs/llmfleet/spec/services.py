@@ -140,13 +140,30 @@ ServiceMap = Annotated[dict[str, ServiceSpec], BeforeValidator(_named), WrapSeri
 
 
 class ModelConfig(BaseModel):
+    """A ``models:`` entry: a checkpoint (``source``), or a LoRA adapter of another entry (``base`` and
+    ``adapter``, a directory in PEFT's saved format: adapter_config.json + adapter_model.safetensors)."""
+
     model_config = _STRICT
 
-    source: str
+    source: str | None = None
+    base: str | None = None
+    adapter: str | None = None
     dtype: str = "float32"
     # the cost-model catalog name `llmfleet sim --cluster-config` simulates this model as
     # (default: the model's own name, when it is a catalog name)
     sim_model: str | None = None
+
+    @model_validator(mode="after")
+    def _source_or_adapter(self) -> ModelConfig:
+        if self.source is not None and (self.base is not None or self.adapter is not None):
+            raise ValueError("a model is a checkpoint (source) or an adapter (base and adapter), not both")
+        if self.source is None and (self.base is None or self.adapter is None):
+            raise ValueError("give source (a checkpoint), or base and adapter (a LoRA adapter of base)")
+        return self
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.adapter is not None
 
     @field_validator("sim_model")
     @classmethod

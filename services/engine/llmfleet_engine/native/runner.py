@@ -20,13 +20,17 @@ the cos/sin of static RoPE types come from a table grown on demand.
 
 Block bookkeeping is the caller's: each ``SeqStep`` names the sequence's block table after allocation
 and the slots of its new tokens; the runner checks that they agree with each other and with the pool.
+
+LoRA: with an ``AdapterPool`` attached to the model (``lora=``), each ``SeqStep.adapter`` names its
+adapter's slot (-1: the base) and the forward sets the pool's per-token mask first, so sequences of
+different adapters share the batch (``llmfleet_engine/lora``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +40,9 @@ from transformers import LlamaForCausalLM, MistralForCausalLM, PretrainedConfig,
 
 from llmfleet_engine.native.attention import BatchLayout, Packer, build_plan, paged_attention
 from llmfleet_engine.native.direct import direct_layers, norm_fn
+
+if TYPE_CHECKING:
+    from llmfleet_engine.lora import AdapterPool
 
 SUPPORTED_MODELS: tuple[type, ...] = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
 _STATIC_ROPE = ("default", "linear", "llama3")  # cos/sin depend on the position only
@@ -56,6 +63,7 @@ class SeqStep:
     ``slots_offset``: where the new tokens' K/V go (one per new token; they must equal
     ``blocks[p // T_m], p % T_m`` for ``p = start_pos + i``). Sequences of ints or CPU LongTensors
     (everything is packed into one host buffer and copied to the device once per forward).
+    ``adapter``: the slot of the sequence's LoRA adapter in the runner's adapter pool (-1: the base).
     The K/V of positions ``[0, start_pos)`` must already be in ``blocks`` (earlier steps or an import).
     """
 
@@ -64,6 +72,7 @@ class SeqStep:
     blocks: Ints
     slots_block: Ints
     slots_offset: Ints
+    adapter: int = -1
 
 
 def kv_shape_of(config: PretrainedConfig, dtype: torch.dtype | str) -> KvShape:
@@ -88,7 +97,14 @@ class PagedRunner:
     without, through the HF modules."""
 
     def __init__(
-        self, model: Any, storage: KvStorage, name: str, *, check_slots: bool = True, direct: bool = True
+        self,
+        model: Any,
+        storage: KvStorage,
+        name: str,
+        *,
+        check_slots: bool = True,
+        direct: bool = True,
+        lora: AdapterPool | None = None,
     ) -> None:
         if type(model) not in SUPPORTED_MODELS:  # exact classes: a subclass may change the math
             names = ", ".join(c.__name__ for c in SUPPORTED_MODELS)
@@ -127,6 +143,7 @@ class PagedRunner:
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_static = getattr(self._rotary, "rope_type", None) in _STATIC_ROPE
         self.check_slots = check_slots
+        self.lora = lora
         storage.register(name, self.shape)
         self.tokens_per_block = storage.tokens_per_block(name)
         view = storage.view(name)
@@ -183,6 +200,21 @@ class PagedRunner:
         return self._run(seqs, all_positions=True)
 
     # ------------------------------------------------------------ internals
+    def _token_adapters(self, seqs: Sequence[SeqStep], order: list[int]) -> list[int] | None:
+        """Each token's adapter slot in the layout's order, or None when no sequence has an adapter."""
+        if all(s.adapter < 0 for s in seqs):
+            return None
+        if self.lora is None:
+            raise ValueError("a sequence names an adapter but the runner has no adapter pool")
+        top = self.lora.max_adapters
+        out: list[int] = []
+        for i in order:
+            s = seqs[i]
+            if s.adapter >= top:
+                raise ValueError(f"sequence {i}: adapter slot {s.adapter} outside the pool's {top} slots")
+            out += [s.adapter] * len(_ints(s.token_ids))
+        return out
+
     def _layout(self, seqs: Sequence[SeqStep]) -> tuple[BatchLayout, list[int], list[int]]:
         """Checks the steps; the decode-first layout, the order (internal -> caller's index) and the
         flat host indices ``ids + positions + slot blocks + slot offsets``."""
@@ -250,11 +282,20 @@ class PagedRunner:
         layout = BatchLayout(q_len, start, tok_off, tbl_off, nd, table, t_m)
         return layout, order, ids + pos + sb + so
 
-    @torch.inference_mode()
     def _run(self, seqs: Sequence[SeqStep], all_positions: bool) -> Any:
         if not seqs:
             raise ValueError("forward needs at least one sequence")
         layout, order, flat = self._layout(seqs)
+        if self.lora is None:
+            return self._forward(layout, order, flat, all_positions)
+        self.lora.step_mask(self._token_adapters(seqs, order))
+        try:
+            return self._forward(layout, order, flat, all_positions)
+        finally:
+            self.lora.step_mask(None)
+
+    @torch.inference_mode()
+    def _forward(self, layout: BatchLayout, order: list[int], flat: list[int], all_positions: bool) -> Any:
         total = len(flat) // 4
         internal = [0] * len(order)  # caller's index -> row in the decode-first layout
         for j, i in enumerate(order):

@@ -1,0 +1,62 @@
+"""Adapter entries of the cluster file's models: (base, adapter) instead of source, base a checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from llmfleet.cli.apply import ApplyError, model_entry
+from llmfleet.config import ClusterConfig
+
+
+def config(models: dict, engines: dict | None = None) -> ClusterConfig:
+    return ClusterConfig.model_validate(
+        {"services": {"chat": {"model": "chat-lora"}}, "models": models, "engines": engines or {}}
+    )
+
+
+BASE = {"base-llama": {"source": "tiny://llama"}}
+
+
+def test_an_adapter_entry_names_its_base_and_directory() -> None:
+    cfg = config({**BASE, "chat-lora": {"base": "base-llama", "adapter": "/adapters/chat"}})
+    m = cfg.models["chat-lora"]
+    assert (m.is_adapter, m.base, m.adapter, m.source) == (True, "base-llama", "/adapters/chat", None)
+    assert not cfg.models["base-llama"].is_adapter
+    with pytest.raises(ValueError, match="'chat-lora' is an adapter of 'base-llama'"):
+        cfg.model_spec("chat-lora")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"base": "ghost", "adapter": "/a"}, r"base 'ghost' must be a checkpoint entry.*\['base-llama'\]"),
+        ({"base": "base-llama"}, "give source .* or base and adapter"),
+        ({"adapter": "/a"}, "give source .* or base and adapter"),
+        ({"source": "tiny://llama", "base": "base-llama", "adapter": "/a"}, "not both"),
+    ],
+)
+def test_bad_adapter_entries_name_the_problem(entry: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config({**BASE, "chat-lora": entry})
+
+
+def test_an_adapter_cannot_be_the_base_of_another() -> None:
+    models = {
+        **BASE,
+        "a": {"base": "base-llama", "adapter": "/a"},
+        "chat-lora": {"base": "a", "adapter": "/b"},
+    }
+    with pytest.raises(ValueError, match="base 'a' must be a checkpoint entry"):
+        config(models)
+
+
+def test_engines_host_base_models_not_adapters() -> None:
+    models = {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}}
+    with pytest.raises(ValueError, match=r"engine 'e0' lists adapter 'chat-lora'.*list 'base-llama'"):
+        config(models, {"e0": {"models": ["chat-lora"]}})
+    assert config(models, {"e0": {"models": ["base-llama"]}}).engines["e0"].models == ["base-llama"]
+
+
+def test_apply_refuses_an_adapter_entry_by_name() -> None:
+    cfg = config({**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}})
+    with pytest.raises(ApplyError, match=r"models\.chat-lora: adapter of 'base-llama'"):
+        model_entry("chat-lora", cfg.models["chat-lora"])
