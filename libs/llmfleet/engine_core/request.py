@@ -27,6 +27,10 @@ class CoreRequest:
     sampled tokens; the simulator's workload answer), so that a finished request's output blocks are
     cached too; ``cached`` is how many tokens its latest prefill took from the prefix cache (the
     prefill computes the ones after them).
+
+    ``prefix_key``: the name the prefix cache's hash chain is keyed by (None: ``sched.model``). A LoRA
+    adapter's request runs on its base model (``sched.model``) and is keyed by the adapter's name, so
+    two adapters of one base, or an adapter and its base, never share a cached block.
     """
 
     __slots__ = (
@@ -37,6 +41,7 @@ class CoreRequest:
         "paused",
         "payload",
         "preemptions",
+        "prefix_key",
         "prompt",
         "prompt_ids",
         "sched",
@@ -50,6 +55,7 @@ class CoreRequest:
         payload: Any = None,
         prompt_ids: Collection[int] | None = None,
         output_ids: Callable[[], Sequence[int]] | None = None,
+        prefix_key: str | None = None,
     ) -> None:
         if prompt < 0 or max_tokens < 1 or sched.prompt_tokens < prompt:
             raise ValueError(
@@ -64,6 +70,7 @@ class CoreRequest:
         self.preemptions = 0
         self.prompt_ids = prompt_ids
         self.output_ids = output_ids
+        self.prefix_key = sched.model if prefix_key is None else prefix_key
         self.cached = 0
         self._hashes: tuple[int, list[int]] | None = None  # (tokens per block, the prompt's hashes)
 
@@ -75,7 +82,7 @@ class CoreRequest:
         if memo is None or memo[0] != tokens_per_block:
             ids = self.prompt_ids
             hashes = prefix_block_hashes(
-                self.sched.model, ids, tokens_per_block, self.prompt // tokens_per_block
+                self.prefix_key, ids, tokens_per_block, self.prompt // tokens_per_block
             )
             memo = self._hashes = (tokens_per_block, hashes)
         return memo[1]
@@ -90,7 +97,7 @@ class CoreRequest:
             len(head) * tokens_per_block : self.kv_tokens
         ]
         parent = head[-1] if head else None
-        return head + prefix_block_hashes(self.sched.model, ids, tokens_per_block, parent=parent)
+        return head + prefix_block_hashes(self.prefix_key, ids, tokens_per_block, parent=parent)
 
     @property
     def request_id(self) -> str:
