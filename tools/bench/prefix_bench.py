@@ -76,6 +76,7 @@ import sys
 from pathlib import Path
 
 import psutil
+from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
 
 from tools.bench.prefix_bench_common import Conversations, setups, sweep_rates
 from tools.bench.prefix_bench_live import bench_emulated, bench_native
@@ -101,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--native-engines", type=int, default=2)
     ap.add_argument("--native-rate", type=float, default=0.2, help="native: conversations/s (0.2)")
     ap.add_argument("--no-live-burst", action="store_true", help="burst: the simulator only")
+    ap.add_argument(
+        "--engine-policy",
+        choices=sorted(REQUEST_POLICIES),
+        default="fcfs",
+        help="sim: every engine's local request policy, with its default options (fcfs)",
+    )
     return ap
 
 
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only or SECTIONS)
     if "sim" in only:
         rates = sweep_rates(args.start_rate * args.gpus / 32, 2.0, args.steps)
-        report["sim"] = bench_sim(out, args.gpus, conv, setups(), rates)
+        report["sim"] = bench_sim(out, args.gpus, conv, setups(engine=args.engine_policy), rates)
         save(out, report)
     if "burst" in only:
         report["burst"] = bench_burst(out, live=not args.no_live_burst)

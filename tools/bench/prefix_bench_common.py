@@ -30,10 +30,12 @@ PLATEAU = 1.25  # "saturated": the window's output tokens/s rose less than this 
 
 @dataclass(frozen=True)
 class Setup:
-    """One compared setup: a dispatch policy and whether the engines cache prefixes."""
+    """One compared setup: a dispatch policy, whether the engines cache prefixes, and the engines' local
+    request policy (with its default options; the same for every setup of a run, so not in the name)."""
 
     dispatch: str
     caching: bool
+    engine: str = "fcfs"
 
     @property
     def name(self) -> str:
@@ -44,8 +46,10 @@ class Setup:
         return self.name.replace("/", "-")
 
 
-def setups(dispatch: tuple[str, ...] = POLICIES, caching: tuple[bool, ...] = (True, False)) -> list[Setup]:
-    return [Setup(d, c) for d in dispatch for c in caching]
+def setups(
+    dispatch: tuple[str, ...] = POLICIES, caching: tuple[bool, ...] = (True, False), engine: str = "fcfs"
+) -> list[Setup]:
+    return [Setup(d, c, engine) for d in dispatch for c in caching]
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,18 @@ def cluster_file(path: Path, gpus: int, setup: Setup) -> Path:
 
 
 def fleet_spec(gpus: int, setup: Setup) -> FleetSpec:
-    engine = {"policy": "fcfs", "prefix_caching": setup.caching}
+    engine = {"policy": setup.engine, "prefix_caching": setup.caching}
     return FleetSpec(gpus, dict(PLACEMENT), services=dict(CHAT), engine=engine, dispatch=setup.dispatch)
 
 
 def sim_argv(config: Path, gpus: int, setup: Setup, workload: list[str]) -> list[str]:
-    """``llmfleet sim`` flags of one setup: FCFS engines of one GPU each, the setup's dispatch, the
-    cluster file's engine limits (prefix caching on or off)."""
+    """``llmfleet sim`` flags of one setup: engines of one GPU each running the setup's local policy
+    (the preset's would win over the cluster file's), the setup's dispatch, the cluster file's engine
+    limits (prefix caching on or off)."""
     return [
         *workload, "--cluster", f"{gpus}xA100-80GB", "--cluster-config", str(config),
-        "--policy", "fcfs-jsq", "--dispatch", setup.dispatch, "--engine-gpus", "1", "--no-plots",
+        "--policy", "fcfs-jsq", "--engine-policy", setup.engine, "--dispatch", setup.dispatch,
+        "--engine-gpus", "1", "--no-plots",
     ]  # fmt: skip
 
 
@@ -101,6 +103,7 @@ def bench_sim(out: Path, gpus: int, conv: Conversations, compared: list[Setup], 
     }
     return {
         "gpus": gpus,
+        "engine_policy": sorted({s.engine for s in compared}),
         "workload": conv.__dict__,
         "rates": rates,
         "sweep": {f"{r:g}": v for r, v in rows.items()},

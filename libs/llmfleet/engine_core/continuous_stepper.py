@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from typing import cast
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
-from llmfleet.engine_core.stepper import SteppedCore, request_policy, run_charged_policy
+from llmfleet.engine_core.stepper import (
+    SteppedCore,
+    prefix_aware_policy,
+    request_policy,
+    run_charged_policy,
+)
 from llmfleet.kvblocks import OutOfBlocks
 from llmfleet.policies.batching.base import StaticBatch
 from llmfleet.policies.request.base import Batch
@@ -43,6 +48,12 @@ class ContinuousStepper:
         scheds_w = [r.sched for r in ws]
         scheds_r = [r.sched for r in rs]
         pool = core.pool_view()
+        if core.prefix_aware and ws:
+            aware = prefix_aware_policy(core)
+            refresh = aware.prefix_refresh
+            aware.on_cached(
+                {r.sched.request_id: core.cached_tokens(r, refresh) for r in ws[: aware.prefix_lookahead]}
+            )
         batch = request_policy(core).next_batch(scheds_w, scheds_r, pool, core.batch_limits, now)
         if batch is None:
             if not rs and not core.paused_count:

@@ -47,7 +47,13 @@ from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
 from llmfleet.engine_core.static_stepper import StaticStepper
-from llmfleet.engine_core.stepper import ChunkablePolicy, RunChargedPolicy, Stepper, chunkable_policy
+from llmfleet.engine_core.stepper import (
+    ChunkablePolicy,
+    PrefixAwarePolicy,
+    RunChargedPolicy,
+    Stepper,
+    chunkable_policy,
+)
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
 from llmfleet.policies.request.base import (
@@ -82,6 +88,7 @@ class EngineCore:
         self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
         self.run_charged = isinstance(policy, RunChargedPolicy)
+        self.prefix_aware = isinstance(policy, PrefixAwarePolicy)
         self.alloc = allocator
         self.limits = limits or EngineLimits()
         self.batch_limits = self.limits.batch
@@ -285,6 +292,16 @@ class EngineCore:
             return []
         n = min(self.alloc.match(hashes), (r.sched.prompt_tokens - 1) // tpb)
         return hashes[:n]
+
+    def cached_tokens(self, r: CoreRequest, refresh: bool = False) -> int:
+        """Prompt tokens ``r``'s next prefill would take from the prefix cache now; with ``refresh``,
+        the idle blocks found become the most recently used (``r`` is about to need them)."""
+        hit = self.cached_prefix(r)
+        if not hit:
+            return 0
+        if refresh:
+            self.alloc.touch(hit)
+        return len(hit) * self.tpb[r.sched.model]
 
     def cache_finished(self, r: CoreRequest) -> None:
         """``r`` finished: name its full blocks, prompt and output, before they are freed (only with

@@ -9,7 +9,7 @@ counters), so one is built before its core and chosen when the core is built
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, cast, runtime_checkable
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
@@ -35,6 +35,20 @@ class RunChargedPolicy(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class PrefixAwarePolicy(Protocol):
+    """A request policy that orders admissions by what the prefix cache holds: before each
+    ``next_batch`` the core looks up, for up to ``prefix_lookahead`` of the waiting requests it shows
+    (the first ones), how many prompt tokens each would take from the prefix cache now, and hands
+    them over by request id; with ``prefix_refresh`` the blocks found become the most recently used
+    in the pool's LRU, so that a waiting request's prefix outlives idle ones no request waits for."""
+
+    prefix_lookahead: int
+    prefix_refresh: bool
+
+    def on_cached(self, cached: Mapping[str, int]) -> None: ...
+
+
 class SteppedCore(Protocol):
     """What a stepper may use of the :class:`~llmfleet.engine_core.core.EngineCore` it steps: its
     request table and queues, the allocator, the policy, the counters and a few helpers."""
@@ -48,6 +62,7 @@ class SteppedCore(Protocol):
     preemptions: int
     requeues: int
     run_charged: bool
+    prefix_aware: bool
 
     @property
     def paused_count(self) -> int: ...
@@ -65,6 +80,8 @@ class SteppedCore(Protocol):
     def cached_prefix(self, r: CoreRequest) -> list[int]: ...
 
     def cache_finished(self, r: CoreRequest) -> None: ...
+
+    def cached_tokens(self, r: CoreRequest, refresh: bool = False) -> int: ...
 
     def note_prefix(self, prompt_tokens: int, cached: int) -> None: ...
 
@@ -93,7 +110,7 @@ class Stepper(Protocol):
 
 
 # The core pairs each policy with its stepper once (``stepper_for``, by the policy's type) and records
-# what else the policy can do (``chunkable``, ``run_charged``). The helpers below give a stepper its
+# what else the policy can do (``chunkable``, ``run_charged``, ``prefix_aware``). The helpers below give a stepper its
 # core's policy as that type: casts, not checks, since they run every iteration.
 
 
@@ -110,6 +127,11 @@ def static_policy(core: SteppedCore) -> StaticBatchPolicy:
 def run_charged_policy(core: SteppedCore) -> RunChargedPolicy:
     """``core``'s policy where ``core.run_charged`` says it is charged a run of iterations at once."""
     return cast(RunChargedPolicy, core.policy)
+
+
+def prefix_aware_policy(core: SteppedCore) -> PrefixAwarePolicy:
+    """``core``'s policy where ``core.prefix_aware`` says it orders admissions by cached prefixes."""
+    return cast(PrefixAwarePolicy, core.policy)
 
 
 def chunkable_policy(core: SteppedCore) -> ChunkablePolicy:

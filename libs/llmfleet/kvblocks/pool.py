@@ -162,6 +162,11 @@ class BlockPool:
         """How many of ``hashes`` (a prompt's block hash chain), from the first, are cached here."""
         return self._cache.match(hashes)
 
+    def touch(self, hashes: Sequence[int]) -> int:
+        """A waiting request will start on the cached prefix ``hashes`` names: its idle blocks move to
+        the recent end of the LRU (:meth:`~llmfleet.kvblocks.prefix.PrefixIndex.touch`); returns how many did."""
+        return self._cache.touch(hashes)
+
     @property
     def cached_blocks(self) -> int:
         """Blocks in the prefix cache (held by sequences or idle)."""

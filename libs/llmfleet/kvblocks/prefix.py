@@ -109,6 +109,19 @@ class PrefixIndex:
             n += 1
         return n
 
+    def touch(self, hashes: Sequence[int]) -> int:
+        """The idle cached blocks of the prefix ``hashes`` names (as far as :meth:`match` finds it) become
+        the most recently idled, its first block last, so that its tail is evicted before its head;
+        returns how many of them were idle."""
+        by_hash, idle = self.by_hash, self.idle
+        moved = 0
+        for h in reversed(hashes[: self.match(hashes)]):
+            block = by_hash[h]
+            if block in idle:
+                idle.move_to_end(block)
+                moved += 1
+        return moved
+
     def add(self, block: int, h: int) -> bool:
         """Name the held ``block`` by ``h``; False when the block or the hash is already cached."""
         if block in self.of_block or h in self.by_hash:

@@ -86,6 +86,23 @@ def test_an_allocation_reclaims_idle_blocks_least_recently_idled_first():
     assert a.match(second) == 1 and "none" not in a
 
 
+def test_touching_a_prefix_makes_its_idle_blocks_the_last_evicted_tail_first():
+    a = pool(6)
+    first = prefix_block_hashes("a", ids(16), T)
+    second = prefix_block_hashes("a", ids(16, 100), T)
+    for seq, hs in (("x", first), ("y", second)):
+        a.reserve(seq, "a", 16)
+        a.cache_blocks(seq, hs)
+    a.free("x")
+    a.free("y")
+    assert a.touch([*first, 12345]) == 2  # x's blocks, the oldest idle, become the most recent
+    assert a.touch([12345, *second]) == 0  # nothing of a prefix that is not cached
+    a.reserve("big", "a", 3 * T)  # 2 never-cached blocks, then y's tail (now the oldest idle)
+    assert a.match(first) == 2 and a.match(second) == 1
+    a.reserve("more", "a", 2 * T)  # y's head, then x's tail: its head outlives it
+    assert a.match(first) == 1 and a.match(second) == 0
+
+
 def test_a_hit_is_not_evicted_to_make_room_for_its_own_new_blocks():
     a = pool(3)
     hs = prefix_block_hashes("a", ids(16), T)

@@ -28,7 +28,7 @@ from llmfleet.costmodel import hardware, model_arch
 from llmfleet.policies.batching import StaticSls, StaticSlsOptions
 from llmfleet.policies.dispatch import RoundRobin
 from llmfleet.policies.placement import InstancePlan
-from llmfleet.policies.request import DoublingBudget, Fcfs
+from llmfleet.policies.request import DoublingBudget, Fcfs, LongestPrefix
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
@@ -288,6 +288,7 @@ STATIC_OPTIONS = {"batch_size": 3, "max_iterations": 8}
 POLICIES: dict[str, tuple[dict, Callable[[], Any]]] = {
     "fcfs": ({}, Fcfs),
     "doubling_budget": ({}, DoublingBudget),
+    "longest_prefix": ({}, LongestPrefix),
     # the core's static mode (padded rows, recompute at a slice end)
     "static_sls": (
         {**STATIC_OPTIONS, "slice_end": "recompute"},

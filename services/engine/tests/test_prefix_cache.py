@@ -68,6 +68,16 @@ async def test_greedy_outputs_match_hf_and_caching_off(make_executor, llama, hf_
     assert (off.core.prefix_queries, off.core.prefix_hits) == (0, 0)
 
 
+async def test_longest_prefix_admission_keeps_greedy_outputs(make_executor, llama):
+    """Admitting the most cached prompts first changes the order, not what any request generates."""
+    prompts = shared_prefix_prompts(llama.vocab_size)
+    fcfs = make_executor(block_bytes=BLOCK, max_batch_requests=2)
+    lpm = make_executor(block_bytes=BLOCK, max_batch_requests=2, policy="longest_prefix")
+    assert lpm.core.prefix_aware
+    assert await serve(lpm, llama, prompts, 10) == await serve(fcfs, llama, prompts, 10)
+    assert lpm.core.prefix_hits >= fcfs.core.prefix_hits > 0
+
+
 async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, llama):
     ex = make_executor(block_bytes=BLOCK)
     registry = CollectorRegistry()

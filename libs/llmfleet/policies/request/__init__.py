@@ -18,10 +18,16 @@ from llmfleet.policies.request.base import (
 )
 from llmfleet.policies.request.doubling_budget import DoublingBudget, DoublingBudgetOptions
 from llmfleet.policies.request.fcfs import Fcfs, FcfsOptions
+from llmfleet.policies.request.longest_prefix import LongestPrefix, LongestPrefixOptions
 from llmfleet.policies.request.muxserve_rr import MuxServeRR
 from llmfleet.policies.request.service_stats import ServiceStats
 
-POLICIES: dict[str, type] = {"fcfs": Fcfs, "doubling_budget": DoublingBudget, "muxserve_rr": MuxServeRR}
+POLICIES: dict[str, type] = {
+    "fcfs": Fcfs,
+    "doubling_budget": DoublingBudget,
+    "muxserve_rr": MuxServeRR,
+    "longest_prefix": LongestPrefix,
+}
 
 
 def make_request_policy(name: str, **kwargs: Any) -> RequestPolicy:
@@ -38,6 +44,8 @@ __all__ = [
     "DoublingBudgetOptions",
     "Fcfs",
     "FcfsOptions",
+    "LongestPrefix",
+    "LongestPrefixOptions",
     "MuxServeRR",
     "Phase",
     "PoolView",

@@ -90,6 +90,7 @@ class Fcfs:
             decodes = [r for r in runs if r.model == model][: limits.max_requests]
             return Batch(model, "decode", tuple([r.request_id for r in decodes]))
         waits = sorted(waiting, key=arrival_key)
+        order, head = self.admission_order(waits, now)
         oldest: dict[str, tuple[float, str]] = {}
         for queue in (waits, runs):  # sorted: a model's first request in each queue is its oldest there
             seen: set[str] = set()
@@ -100,7 +101,7 @@ class Fcfs:
                 k = arrival_key(r)
                 if r.model not in oldest or k < oldest[r.model]:
                     oldest[r.model] = k
-        head_blocked = bool(waits) and bool(runs) and not fits_alone(pool, waits[0])
+        head_blocked = head is not None and bool(runs) and not fits_alone(pool, head)
         models = sorted(oldest, key=lambda m: (oldest[m], m)) if len(oldest) > 1 else list(oldest)
         for model in models:
             decodes = [r for r in runs if r.model == model][: limits.max_requests]
@@ -110,13 +111,21 @@ class Fcfs:
                     slots = limits.max_requests - sum(1 for r in runs if r.model == model)
                 else:
                     slots = limits.max_requests - len(decodes)
-                prefills = admit_prefills((r for r in waits if r.model == model), pool, limits, slots)
+                prefills = admit_prefills((r for r in order if r.model == model), pool, limits, slots)
             if self.single_phase and prefills:
                 return Batch(model, "prefill", tuple([r.request_id for r in prefills]))
             if decodes or prefills:
                 phase: BatchPhase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
                 return Batch(model, phase, tuple([r.request_id for r in (*decodes, *prefills)]))
         return None
+
+    def admission_order(
+        self, waits: list[SchedRequest], now: float
+    ) -> tuple[list[SchedRequest], SchedRequest | None]:
+        """The order in which waiting requests (``waits``, in arrival order) are admitted, and the head:
+        the request that, not fitting the pool while something runs, holds back every later prefill
+        (None: no such request). FCFS: arrival order, the oldest as the head."""
+        return waits, waits[0]
 
     def stable_until(
         self, batch: Batch, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
