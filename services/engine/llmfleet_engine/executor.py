@@ -38,6 +38,7 @@ from llmfleet_engine.delivery import Delivery, RateWindow
 from llmfleet_engine.executor_config import ExecutorConfig
 from llmfleet_engine.live_request import LiveRequest, Outcome, new_live_request, seq_steps
 from llmfleet_engine.load_report import LoadReport
+from llmfleet_engine.lora.hosting import AdapterHost
 from llmfleet_engine.memory import (
     RESERVED_MODEL,
     KvPool,
@@ -108,6 +109,7 @@ class Executor:
         self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
         self._generated = RateWindow(self.config.throughput_window_s)
         self.host = self._new_host()
+        self.adapters = AdapterHost(self.table, self.host)
         self.migration = self._new_migration()
         self.load_report = LoadReport(self.table, self.core, self.pool, self.host, self._generated)
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
@@ -164,19 +166,22 @@ class Executor:
         loop = asyncio.get_running_loop()
         host = self.host
         with self._cond:
-            model = host.hosted.get(request.model)
+            base = self.adapters.base_of(request.model) or request.model  # an adapter runs on its base
+            model = host.hosted.get(base)
         if model is None:
             raise UnknownModelError(request.model, host.model_names())
         host.check_fits(model, request.prompt_tokens + request.sampling.max_tokens)
         state = self._new_state(request, model, loop, list(request.resume_token_ids))
         with self._cond:
             self.table.check_open()
-            if host.hosted.get(request.model) is not model:
+            if host.hosted.get(base) is not model:
                 raise UnknownModelError(request.model, list(host.hosted))
             if request.request_id in self._requests:
                 raise DuplicateRequestError(f"request {request.request_id!r} is already active")
             if len(self.core.waiting) >= self.config.max_waiting:
                 raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+            if base != request.model:
+                state.adapter_slot = self.adapters.acquire(request.model)
             self._requests[request.request_id] = state
             stopped = state.text.stopped_on_replay
             if stopped or len(state.tokens) >= request.sampling.max_tokens:
@@ -442,7 +447,8 @@ class Executor:
         and the final chunk emitted (``flush``: the consumer's detokenizer adds what it holds)."""
         now = time.monotonic() if now is None else now
         state.finished = True
-        self._requests.pop(state.request_id, None)
+        if self._requests.pop(state.request_id, None) is state and state.adapter_slot >= 0:
+            self.adapters.release(state.req.model, state.model.loaded.name)
         self.migration.forget(state.request_id)
         if self.core.requests.get(state.request_id) is state.core:
             self.core.drop(state.request_id)

@@ -29,6 +29,8 @@ class ExecutorConfig(EngineLimits):
     throughput_window_s: float = 10.0
     allow_download: bool = True
     stream_interval_s: float = 0.005  # wake consumers at most this often (first/final chunks at once)
+    max_loras: int = 0  # LoRA adapter slots per base model (0: LoRA off, the layers run as loaded)
+    max_lora_rank: int = 16  # the largest adapter rank a slot holds
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,5 +42,9 @@ class ExecutorConfig(EngineLimits):
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.throughput_window_s <= 0:
             raise ValueError(f"throughput_window_s must be > 0, got {self.throughput_window_s}")
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(
+                f"max_loras >= 0 and max_lora_rank >= 1; got {self.max_loras}, {self.max_lora_rank}"
+            )
         if self.stream_interval_s < 0:
             raise ValueError(f"stream_interval_s must be >= 0, got {self.stream_interval_s}")

@@ -30,6 +30,7 @@ from llmfleet.types import ModelSpec
 
 from llmfleet_engine.executor_config import ExecutorConfig
 from llmfleet_engine.hosted_model import HostedModel
+from llmfleet_engine.lora import AdapterPool, pool_bytes
 from llmfleet_engine.memory import RESERVED_MODEL, KvPool, peak_activation_bytes
 from llmfleet_engine.models import LoadedModel, ModelLoadError, load_model
 from llmfleet_engine.native.runner import PagedRunner, kv_shape_of
@@ -173,7 +174,8 @@ class ModelHost:
         )
 
     def _footprint(self, loaded: LoadedModel) -> tuple[KvShape, int]:
-        """The model's KV geometry and the bytes it reserves in the pool (weights + peak activation)."""
+        """The model's KV geometry and the bytes it reserves in the pool (weights + peak activation, and
+        its adapter pool's weights when LoRA is on)."""
         config = loaded.model.config
         shape = kv_shape_of(config, loaded.dtype)
         cfg = self.config
@@ -183,11 +185,17 @@ class ModelHost:
             cfg.max_prefill_tokens,
             cfg.max_batch_requests,
         )
-        return shape, loaded.weight_bytes + activation
+        adapters = pool_bytes(loaded.model, cfg.max_loras, cfg.max_lora_rank) if cfg.max_loras else 0
+        return shape, loaded.weight_bytes + activation + adapters
 
     def _new_runner(self, loaded: LoadedModel) -> PagedRunner:
-        """The model's forward over the pool (registered in the storage first)."""
-        return PagedRunner(loaded.model, self.pool.storage, loaded.name)
+        """The model's forward over the pool (registered in the storage first), with an adapter pool
+        attached to its layers when LoRA is on (``max_loras``)."""
+        cfg = self.config
+        lora = None
+        if cfg.max_loras:
+            lora = AdapterPool.attach(loaded.model, max_adapters=cfg.max_loras, max_rank=cfg.max_lora_rank)
+        return PagedRunner(loaded.model, self.pool.storage, loaded.name, lora=lora)
 
     def _weights_arrive(self, loaded: LoadedModel) -> None:
         """Called once the model's memory is claimed, before it is announced (native: nothing left)."""

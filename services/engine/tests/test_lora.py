@@ -10,62 +10,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import torch
 from llmfleet.kvblocks.storage import KvStorage
 from llmfleet_engine.lora import AdapterError, AdapterPool, AdapterPoolFull, load_adapter
 from llmfleet_engine.models import tiny_config
 from llmfleet_engine.native import PagedRunner, SeqStep
-from peft import LoraConfig, PeftModel, get_peft_model
+from lora_checkpoints import ADAPTERS, cut_at_eos, fresh_base, hf_greedy, merged, save_checkpoints
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 N_NEW = 12
 MAX_RANK = 8
-# name -> (rank, alpha, targets, rsLoRA)
-ADAPTERS = {
-    "qv": (4, 8, ["q_proj", "v_proj"], False),
-    "all": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], False),
-    "mlp": (2, 4, ["up_proj", "down_proj", "o_proj"], True),
-}
-PROMPTS = [[1, 17, 42, 99, 5, 23], [1, 8, 8, 300, 12], [1, 250, 3, 77, 61, 9, 140], [1, 33, 34, 35]]
-
-
-def fresh_base(path: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+PROMPTS = [[0, 17, 42, 99, 5, 23], [0, 8, 8, 300, 12], [0, 250, 3, 77, 61, 9, 140], [0, 33, 34, 35]]
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
-    """The base checkpoint and one saved PEFT adapter directory per ``ADAPTERS`` entry."""
-    root = tmp_path_factory.mktemp("lora")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(11)
-        base = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.float32)
-        base.save_pretrained(root / "base")
-        dirs = {}
-        for i, (name, (r, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-            torch.manual_seed(100 + i)
-            cfg = LoraConfig(
-                r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, init_lora_weights=False
-            )
-            get_peft_model(fresh_base(root / "base"), cfg).save_pretrained(root / name)
-            dirs[name] = root / name
-    return root / "base", dirs
-
-
-def hf_greedy(model: torch.nn.Module, prompt: Sequence[int]) -> list[int]:
-    """Exactly N_NEW greedy tokens from HF ``generate`` (EOS does not stop it)."""
-    out = model.generate(
-        torch.tensor([list(prompt)]),
-        max_new_tokens=N_NEW,
-        min_new_tokens=N_NEW,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-def merged(base_dir: Path, adapter_dir: Path) -> torch.nn.Module:
-    return PeftModel.from_pretrained(fresh_base(base_dir), adapter_dir).merge_and_unload().eval()
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[Path, dict[str, Path]]:
+    return save_checkpoints(tmp_path_factory.mktemp("lora"), cache_dir)
 
 
 class Seq:
@@ -90,7 +50,8 @@ class Seq:
 def batch_greedy(
     runner: PagedRunner, prompts: Sequence[Sequence[int]], adapters: Sequence[int]
 ) -> list[list[int]]:
-    """All prompts prefilled in one forward, then N_NEW - 1 decode forwards of the whole batch."""
+    """All prompts prefilled in one forward, then N_NEW - 1 decode forwards of the whole batch; each
+    row's tokens cut before its first EOS."""
     free = list(range(runner.storage.num_blocks))
     seqs = [Seq(free, runner.tokens_per_block, a) for a in adapters]
     logits = runner.forward([s.step(p) for s, p in zip(seqs, prompts, strict=True)])
@@ -99,7 +60,8 @@ def batch_greedy(
         logits = runner.forward([s.step(o[-1:]) for s, o in zip(seqs, outs, strict=True)])
         for o, t in zip(outs, logits.argmax(-1), strict=True):
             o.append(int(t))
-    return outs
+    eos = frozenset({runner.model.generation_config.eos_token_id})
+    return [cut_at_eos(o, eos) for o in outs]
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +80,9 @@ def engine(checkpoints) -> tuple[PagedRunner, AdapterPool, dict[str, int]]:
 def test_adapter_equals_merged_generate(checkpoints, engine, name: str) -> None:
     base_dir, dirs = checkpoints
     runner, _, slots = engine
-    want = hf_greedy(merged(base_dir, dirs[name]), PROMPTS[0])
+    want = hf_greedy(merged(base_dir, dirs[name]), PROMPTS[0], N_NEW)
     assert batch_greedy(runner, [PROMPTS[0]], [slots[name]]) == [want]
-    assert want != hf_greedy(fresh_base(base_dir), PROMPTS[0])  # the adapter changes the output
+    assert want != hf_greedy(fresh_base(base_dir), PROMPTS[0], N_NEW)  # the adapter changes the output
 
 
 def test_mixed_batch_gives_each_row_its_own_output(checkpoints, engine) -> None:
@@ -128,7 +90,7 @@ def test_mixed_batch_gives_each_row_its_own_output(checkpoints, engine) -> None:
     runner, _, slots = engine
     names = ["qv", None, "all", "mlp"]
     want = [
-        hf_greedy(fresh_base(base_dir) if n is None else merged(base_dir, dirs[n]), p)
+        hf_greedy(fresh_base(base_dir) if n is None else merged(base_dir, dirs[n]), p, N_NEW)
         for n, p in zip(names, PROMPTS, strict=True)
     ]
     got = batch_greedy(runner, PROMPTS, [-1 if n is None else slots[n] for n in names])

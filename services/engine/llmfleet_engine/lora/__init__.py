@@ -3,7 +3,7 @@ and the Linear modules that add each token's adapter delta in one batched comput
 
 from llmfleet_engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from llmfleet_engine.lora.linear import LoraLinear, StepMask
-from llmfleet_engine.lora.pool import DEFAULT_TARGETS, AdapterPool, AdapterPoolFull
+from llmfleet_engine.lora.pool import DEFAULT_TARGETS, AdapterPool, AdapterPoolFull, pool_bytes
 
 __all__ = [
     "DEFAULT_TARGETS",
@@ -14,4 +14,5 @@ __all__ = [
     "LoraLinear",
     "StepMask",
     "load_adapter",
+    "pool_bytes",
 ]

@@ -24,6 +24,19 @@ from llmfleet_engine.lora.linear import LoraLinear, StepMask
 DEFAULT_TARGETS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 
 
+def pool_bytes(
+    model: Any, max_adapters: int, max_rank: int, targets: frozenset[str] = DEFAULT_TARGETS
+) -> int:
+    """The bytes ``AdapterPool.attach`` allocates on ``model``: ``max_adapters · max_rank · (in + out)``
+    elements per target Linear."""
+    elem = next(model.parameters()).element_size()
+    total = 0
+    for path, m in model.named_modules():
+        if path.rsplit(".", 1)[-1] in targets and isinstance(m, torch.nn.Linear | LoraLinear):
+            total += (m.in_features + m.out_features) * max_adapters * max_rank * elem
+    return total
+
+
 class AdapterPoolFull(RuntimeError):
     """Every slot holds an adapter a running request pins."""
 
@@ -64,6 +77,8 @@ class AdapterPool:
         modules: dict[str, LoraLinear] = {}
         for path, parent in list(model.named_modules()):
             for leaf, child in list(parent.named_children()):
+                if isinstance(child, LoraLinear):  # attached before (the model was loaded again)
+                    child = child.base
                 if leaf not in targets or type(child) is not torch.nn.Linear:
                     continue
                 a = torch.zeros(child.in_features, width, dtype=param.dtype, device=param.device)

@@ -1,0 +1,118 @@
+"""``AdapterHost``: the LoRA adapters a native engine serves, each on a base model it hosts.
+
+``add(name, base, path)`` reads and checks the adapter from disk (blocking: call it off the event loop)
+without holding the executor's lock, so the running requests never wait for it, and registers it; its
+weights stay in host memory. A request naming the adapter runs on the base: ``acquire`` (at submit,
+under the lock) puts the adapter in the base's ``AdapterPool`` if it is not resident, evicting the
+least recently used adapter no request holds, and pins it until ``release`` (when the request ends).
+
+An insert may overlap the forward in flight (the worker runs it outside the lock). It only writes the
+columns of a free slot or of an adapter no request holds, and the forward's mask is zero there for
+every row it keeps, so no kept row reads the columns being written (a request cancelled during its
+last forward may; its token is dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmfleet_engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
+from llmfleet_engine.lora.pool import AdapterPool, AdapterPoolFull
+from llmfleet_engine.outputs import ResourceExhaustedError
+
+if TYPE_CHECKING:
+    from llmfleet_engine.hosted_model import HostedModel
+    from llmfleet_engine.model_host import ModelHost
+    from llmfleet_engine.request_table import RequestTable
+
+
+def pool_of(hosted: HostedModel | None) -> AdapterPool | None:
+    """The adapter pool of a hosted model (None: not hosted, LoRA off, or an emulated model)."""
+    return None if hosted is None else getattr(hosted.runner, "lora", None)
+
+
+@dataclass(frozen=True)
+class RegisteredAdapter:
+    base: str
+    adapter: LoraAdapter
+
+
+class AdapterHost:
+    """The registered adapters (name -> base and weights) of the models ``host`` hosts."""
+
+    def __init__(self, table: RequestTable, host: ModelHost) -> None:
+        self.table = table
+        self.host = host
+        self.registered: dict[str, RegisteredAdapter] = {}
+
+    def _pool(self, base: str, name: str) -> AdapterPool:
+        hosted = self.host.hosted.get(base)
+        if hosted is None:
+            raise AdapterError(f"adapter {name!r}: base model {base!r} is not loaded here")
+        pool = pool_of(hosted)
+        if pool is None:
+            raise AdapterError(f"adapter {name!r}: LoRA is off on this engine (max_loras 0)")
+        return pool
+
+    def add(self, name: str, base: str, path: str | Path) -> LoraAdapter:
+        """Reads the adapter at ``path`` for ``base`` and registers it as ``name`` (again: replaced once
+        no request holds it). AdapterError naming the problem; the engine keeps serving."""
+        with self.table.cond:
+            if name in self.host.hosted:
+                raise AdapterError(f"adapter {name!r}: a model of that name is loaded here")
+            pool = self._pool(base, name)
+            model = self.host.hosted[base].loaded.model
+        adapter = load_adapter(name, path, model, max_rank=pool.max_rank, targets=pool.targets)
+        with self.table.cond:
+            if self._pool(base, name) is not pool:
+                raise AdapterError(f"adapter {name!r}: base model {base!r} was reloaded meanwhile")
+            old = self.registered.get(name)
+            if old is not None:
+                self.remove(name)
+            self.registered[name] = RegisteredAdapter(base, adapter)
+        return adapter
+
+    def remove(self, name: str) -> bool:
+        """Unregisters ``name`` and frees its slot (AdapterError while a request holds it)."""
+        with self.table.cond:
+            entry = self.registered.get(name)
+            if entry is None:
+                return False
+            pool = pool_of(self.host.hosted.get(entry.base))
+            if pool is not None:
+                if pool.pinned(name):
+                    raise AdapterError(f"adapter {name!r} is in use by running requests")
+                pool.remove(name)
+            del self.registered[name]
+            return True
+
+    def base_of(self, name: str) -> str | None:
+        """The base model of adapter ``name``, or None when ``name`` is not an adapter here."""
+        entry = self.registered.get(name)
+        return None if entry is None else entry.base
+
+    def acquire(self, name: str) -> int:
+        """Under the table's lock: the slot of ``name`` in its base's pool, loaded if need be, pinned
+        until :meth:`release`. ResourceExhaustedError when every slot is held by running requests."""
+        entry = self.registered[name]
+        pool = self._pool(entry.base, name)
+        try:
+            slot = pool.insert(entry.adapter)
+        except AdapterPoolFull as e:
+            raise ResourceExhaustedError(str(e)) from None
+        pool.pin(name)
+        return slot
+
+    def release(self, name: str, base: str) -> None:
+        """Under the table's lock: a request of ``name`` on ``base`` ended (its pin goes)."""
+        pool = pool_of(self.host.hosted.get(base))
+        if pool is not None and pool.pinned(name):
+            pool.unpin(name)
+
+    def resident(self, base: str) -> list[str]:
+        """The adapters of ``base`` in its pool now, least recently used first."""
+        with self.table.cond:
+            pool = pool_of(self.host.hosted.get(base))
+            return [] if pool is None else pool.resident

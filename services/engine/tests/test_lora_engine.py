@@ -1,0 +1,120 @@
+"""LoRA adapters through the native executor: a request names an adapter like a model, runs on its base
+in the same batches as the base's and other adapters' requests, and its greedy output equals HF
+``generate`` on the base with the adapter merged; the adapter pool loads, pins and evicts on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import chunk_checks as cc
+import pytest
+from llmfleet.types import ModelSpec
+from llmfleet_engine.executor import Executor, ExecutorConfig
+from llmfleet_engine.lora import AdapterError, pool_bytes
+from llmfleet_engine.models import LoadedModel, load_model
+from llmfleet_engine.outputs import ResourceExhaustedError
+from llmfleet_engine.validation import GenerationRequest, build_request
+from lora_checkpoints import fresh_base, hf_greedy, merged, save_checkpoints
+
+BASE = "lora-base"
+N = 16
+PROMPT = "Once upon a time there was a little town by the river."
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[Path, dict[str, Path]]:
+    return save_checkpoints(tmp_path_factory.mktemp("lora-engine"), cache_dir)
+
+
+@pytest.fixture
+def make(checkpoints, cache_dir: Path) -> Iterator:
+    """``make(max_loras)``: an executor hosting the base checkpoint with every test adapter added (none
+    with LoRA off)."""
+    base_dir, dirs = checkpoints
+    made: list[Executor] = []
+
+    def build(max_loras: int) -> tuple[Executor, LoadedModel]:
+        ex = Executor(
+            ExecutorConfig(cache_dir=cache_dir, allow_download=False, max_loras=max_loras, max_lora_rank=8)
+        )
+        made.append(ex)
+        base = load_model(
+            ModelSpec(name=BASE, source=str(base_dir)), cache_dir=cache_dir, allow_download=False
+        )
+        ex.host.add_loaded(base)
+        for name, d in dirs.items() if max_loras else ():
+            ex.adapters.add(name, BASE, d)
+        return ex, base
+
+    yield build
+    for ex in made:
+        ex.close()
+
+
+def request(base: LoadedModel, model: str, rid: str, max_tokens: int = N) -> GenerationRequest:
+    return dataclasses.replace(
+        build_request(base, PROMPT, request_id=rid, max_tokens=max_tokens), model=model
+    )
+
+
+async def test_adapters_and_base_share_batches_each_with_its_own_output(make, checkpoints) -> None:
+    base_dir, dirs = checkpoints
+    ex, base = make(max_loras=3)
+    names = ["qv", BASE, "all", "mlp"]
+    reqs = [request(base, n, f"r{i}") for i, n in enumerate(names)]
+    streams = [ex.submit(r) for r in reqs]  # submitted together: they run in the same batches
+    outs = [cc.ids(await s.collect()) for s in streams]
+    want = [
+        hf_greedy(fresh_base(base_dir) if n == BASE else merged(base_dir, dirs[n]), r.prompt_token_ids, N)
+        for n, r in zip(names, reqs, strict=True)
+    ]
+    assert outs == want
+    assert len({tuple(o) for o in outs}) == 4  # one prompt, four models: the same prefix never shared
+    assert sorted(ex.adapters.resident(BASE)) == ["all", "mlp", "qv"]
+
+
+async def test_the_pool_loads_on_demand_and_evicts_the_least_recently_used(make, checkpoints) -> None:
+    base_dir, dirs = checkpoints
+    ex, base = make(max_loras=1)
+    for i, name in enumerate(["qv", "all", "qv"]):
+        got = cc.ids(await ex.submit(request(base, name, f"s{i}")).collect())
+        assert got == hf_greedy(merged(base_dir, dirs[name]), request(base, name, "x").prompt_token_ids, N)
+        assert ex.adapters.resident(BASE) == [name]
+
+
+async def test_a_pool_held_by_running_requests_refuses_another_adapter(make) -> None:
+    ex, base = make(max_loras=1)
+    held = ex.submit(request(base, "qv", "long", max_tokens=200))
+    with pytest.raises(ResourceExhaustedError, match="all 1 adapter slots are in use"):
+        ex.submit(request(base, "all", "other"))
+    other = await ex.submit(request(base, BASE, "base")).collect()  # the base still serves
+    assert cc.ids(other)
+    await held.collect()
+    await asyncio.wait_for(ex.submit(request(base, "all", "after")).collect(), 30)
+
+
+def test_bad_adapters_are_refused_and_the_engine_keeps_serving(make, checkpoints, tmp_path: Path) -> None:
+    _, dirs = checkpoints
+    ex, _ = make(max_loras=2)
+    with pytest.raises(AdapterError, match=r"adapter_config\.json is missing"):
+        ex.adapters.add("ghost", BASE, tmp_path)
+    with pytest.raises(AdapterError, match="base model 'nope' is not loaded here"):
+        ex.adapters.add("x", "nope", dirs["qv"])
+    with pytest.raises(AdapterError, match="a model of that name is loaded here"):
+        ex.adapters.add(BASE, BASE, dirs["qv"])
+    off, _ = make(max_loras=0)
+    with pytest.raises(AdapterError, match="LoRA is off on this engine"):
+        off.adapters.add("y", BASE, dirs["qv"])
+    assert ex.adapters.base_of("qv") == BASE and ex.adapters.base_of("ghost") is None
+
+
+def test_the_adapter_pool_is_reserved_with_the_base(make) -> None:
+    on, base = make(max_loras=2)
+    off, _ = make(max_loras=0)
+    # 2 layers x 2 slots x rank 8 x fp32 x (in + out) of q, k, v, o (64+64, 64+32 x 2, 64+64) and the MLP
+    per_layer = (128 + 96 + 96 + 128 + 3 * (64 + 256)) * 2 * 8 * 4
+    extra = on.host.reserved_bytes(BASE) - off.host.reserved_bytes(BASE)
+    assert extra == pool_bytes(base.model, 2, 8) == 2 * per_layer
