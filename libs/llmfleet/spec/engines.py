@@ -56,7 +56,7 @@ LIMITS = (
     "prefix_caching",
 )
 # what only the native engine core reads: a vLLM engine schedules, batches and pages on its own
-NATIVE_ONLY = ("policy", "options", *LIMITS, "stream_interval_s", "threads")
+NATIVE_ONLY = ("policy", "options", *LIMITS, "stream_interval_s", "threads", "max_loras", "max_lora_rank")
 _POLICY = EnginePolicySpec.model_fields
 
 
@@ -112,6 +112,16 @@ class EngineConfig(BaseModel):
         description="torch intra-op threads of a CPU engine (unset: llmfleet up shares the host's cores "
         "among the CPU engines it starts, at least one each, so that engines on one host do not "
         "oversubscribe it; a lone engine: torch's default)",
+    )
+
+    max_loras: int | None = Field(
+        None,
+        ge=0,
+        description="LoRA adapter slots per base model, all adapters of a base in one batch (unset or 0: "
+        "LoRA off)",
+    )
+    max_lora_rank: int | None = Field(
+        None, ge=1, description="the largest LoRA adapter rank the engine serves (unset: 16)"
     )
 
     @model_validator(mode="before")
@@ -214,6 +224,10 @@ class EmulatedPool(BaseModel):
         if engine.models or engine.device != "cpu" or engine.port is not None or engine.backend != "native":
             raise ValueError(
                 "emulated.engine takes the local policy and limits only (no backend, models, device or port)"
+            )
+        if engine.max_loras or engine.max_lora_rank is not None:
+            raise ValueError(
+                "emulated.engine: LoRA adapters run on native engines only (max_loras, max_lora_rank)"
             )
         return self
 

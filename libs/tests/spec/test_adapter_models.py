@@ -60,3 +60,15 @@ def test_apply_refuses_an_adapter_entry_by_name() -> None:
     cfg = config({**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}})
     with pytest.raises(ApplyError, match=r"models\.chat-lora: adapter of 'base-llama'"):
         model_entry("chat-lora", cfg.models["chat-lora"])
+
+
+def test_lora_settings_are_a_native_engines() -> None:
+    models = {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}}
+    native = config(models, {"e0": {"models": ["base-llama"], "max_loras": 4, "max_lora_rank": 8}})
+    assert native.engines["e0"].engine_args()[-4:] == ["--max-loras", "4", "--max-lora-rank", "8"]
+    with pytest.raises(ValueError, match="apply to the native backend only"):
+        config(models, {"e0": {"backend": "vllm", "models": ["base-llama"], "max_loras": 4}})
+    with pytest.raises(ValueError, match="LoRA adapters run on native engines only"):
+        ClusterConfig.model_validate(
+            {"services": {}, "models": BASE, "emulated": {"engine": {"max_loras": 2}}}
+        )

@@ -80,6 +80,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
             cache_dir=args.models_dir,
             num_threads=entry.threads,
             allow_download=not args.offline,
+            **{k: v for k in ("max_loras", "max_lora_rank") if (v := getattr(entry, k)) is not None},
             **common,
         )
     )
@@ -132,6 +133,10 @@ def build_node(
         for spec in args.model:
             name, _, source = spec.partition("=")
             await asyncio.to_thread(executor.host.load, ModelSpec(name=name, source=source or name))
+        for name, base, path in args.adapter:
+            if not isinstance(executor, Executor):
+                raise SystemExit(f"--adapter {name}: LoRA adapters are served by the native backend only")
+            await asyncio.to_thread(executor.adapters.add, name, base, path)
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
@@ -151,8 +156,11 @@ def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[N
             device=executor.device,
             memory_bytes=executor.memory_bytes,
             kv_capacity_bytes=executor.host.kv_capacity_bytes,
-            # a draining model is not advertised: schedulers stop routing to it at once
-            models=executor.host.serving_model_names(),
+            # a draining model is not advertised: schedulers stop routing to it at once; a native
+            # engine's LoRA adapters are advertised with their base
+            models=executor.adapters.serving(executor.host.serving_model_names())
+            if isinstance(executor, Executor)
+            else executor.host.serving_model_names(),
         )
 
     return describe
@@ -356,6 +364,24 @@ def _add_node_flags(ap: argparse.ArgumentParser) -> None:
         metavar="NAME=SOURCE",
         help="load at start (in addition to the placement in etcd); repeatable",
     )
+    ap.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        type=adapter_flag,
+        metavar="NAME=BASE:DIR",
+        help="serve the LoRA adapter in DIR (PEFT's saved format) as model NAME on the loaded model BASE, "
+        "registered at start after the --model loads (needs --max-loras); repeatable",
+    )
+
+
+def adapter_flag(text: str) -> tuple[str, str, str]:
+    """``--adapter NAME=BASE:DIR`` as (name, base, directory)."""
+    name, _, rest = text.partition("=")
+    base, _, path = rest.partition(":")
+    if not (name and base and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=BASE:DIR, got {text!r}")
+    return name, base, path
 
 
 def build(args: argparse.Namespace) -> ServiceNode | EngineGroup:

@@ -143,7 +143,9 @@ class MigrationOps:
         """K/V of tokens [start, end) of a paused request in the canonical layout."""
         with self.table.cond:
             r, table = self._kv_range_locked(request_id, start, end)
-        return self.pool.storage.export_tokens(r.req.model, table.blocks, start, end)
+        return self.pool.storage.export_tokens(
+            r.model.loaded.name, table.blocks, start, end
+        )  # an adapter's KV is its base's
 
     def _kv_range_locked(self, request_id: str, start: int, end: int) -> tuple[LiveRequest, BlockTable]:
         """The paused request whose K/V tokens [start, end) are read, and its block table."""

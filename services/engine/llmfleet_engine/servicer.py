@@ -259,11 +259,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         try:
             if attached is not None:  # a request migrated in: continue its stream
                 return attached
-            if why := self.executor.host.draining_reason(request.model):  # the relay re-routes UNAVAILABLE
+            models = self.executor.host.models
+            base = request.model
+            if isinstance(self.executor, Executor):  # a native engine's LoRA adapters run on their base
+                models = self.executor.adapters.with_adapters(models)
+                base = self.executor.adapters.base_of(request.model) or base
+            if why := self.executor.host.draining_reason(base):  # the relay re-routes UNAVAILABLE
                 raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
-            req = validate_generate(
-                request, self.executor.host.models, default_max_tokens=self.default_max_tokens
-            )
+            req = validate_generate(request, models, default_max_tokens=self.default_max_tokens)
             return self.executor.submit(req)
         except UnknownModelError as e:
             raise StreamRefused(grpc.StatusCode.NOT_FOUND, str(e)) from None

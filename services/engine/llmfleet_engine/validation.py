@@ -11,7 +11,7 @@ import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmfleet.api.v1 import engine_pb2
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
@@ -198,14 +198,15 @@ def validate_generate(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     arrival_s: float | None = None,
 ) -> GenerationRequest:
-    """Validate a protobuf ``GenerateRequest`` against the loaded ``models``."""
+    """Validate a protobuf ``GenerateRequest`` against the loaded ``models``. The request keeps the
+    name it was sent with where ``models`` maps it to another model (a LoRA adapter to its base)."""
     if not request.model:
         raise ValidationError("model", "must name a loaded model")
     model = models.get(request.model)
     if model is None:
         raise UnknownModelError(request.model, list(models))
     s = request.sampling
-    return build_request(
+    built = build_request(
         model,
         request.prompt,
         request_id=request.request_id,
@@ -223,3 +224,4 @@ def validate_generate(
         batch_id=request.batch_id,
         batch_size=request.batch_size,
     )
+    return built if model.name == request.model else replace(built, model=request.model)

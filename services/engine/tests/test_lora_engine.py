@@ -4,6 +4,7 @@ in the same batches as the base's and other adapters' requests, and its greedy o
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 from collections.abc import Iterator
@@ -11,11 +12,16 @@ from pathlib import Path
 
 import chunk_checks as cc
 import pytest
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.rpc.channels import open_channel
+from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.types import ModelSpec
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.lora import AdapterError, pool_bytes
+from llmfleet_engine.main import adapter_flag
 from llmfleet_engine.models import LoadedModel, load_model
 from llmfleet_engine.outputs import ResourceExhaustedError
+from llmfleet_engine.servicer import EngineServicer
 from llmfleet_engine.validation import GenerationRequest, build_request
 from lora_checkpoints import fresh_base, hf_greedy, merged, save_checkpoints
 
@@ -118,3 +124,36 @@ def test_the_adapter_pool_is_reserved_with_the_base(make) -> None:
     per_layer = (128 + 96 + 96 + 128 + 3 * (64 + 256)) * 2 * 8 * 4
     extra = on.host.reserved_bytes(BASE) - off.host.reserved_bytes(BASE)
     assert extra == pool_bytes(base.model, 2, 8) == 2 * per_layer
+
+
+async def test_a_generate_rpc_names_the_adapter_like_a_model(make, checkpoints) -> None:
+    base_dir, dirs = checkpoints
+    ex, base = make(max_loras=2)
+    server = await GrpcServer(
+        [
+            (
+                engine_pb2_grpc.add_EngineServicer_to_server,
+                EngineServicer(ex, "e0"),
+                service_name(engine_pb2, "Engine"),
+            )
+        ]
+    ).start()
+    channel = open_channel(server.address)
+    try:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        call = engine_pb2.GenerateRequest(
+            model="mlp", prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=N)
+        )
+        got = [t for c in [c async for c in stub.Generate(call)] for t in c.token_ids]
+    finally:
+        await channel.close()
+        await server.stop(0)
+    assert got == hf_greedy(merged(base_dir, dirs["mlp"]), request(base, "mlp", "x").prompt_token_ids, N)
+    # the node record advertises the adapters with their base
+    assert ex.adapters.serving(ex.host.serving_model_names()) == ("all", BASE, "mlp", "qv")
+
+
+def test_the_adapter_flag_reads_name_base_and_directory() -> None:
+    assert adapter_flag("chat=base-llama:/adapters/chat") == ("chat", "base-llama", "/adapters/chat")
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=BASE:DIR"):
+        adapter_flag("chat=/adapters/chat")

@@ -25,6 +25,7 @@ from llmfleet_engine.outputs import ResourceExhaustedError
 if TYPE_CHECKING:
     from llmfleet_engine.hosted_model import HostedModel
     from llmfleet_engine.model_host import ModelHost
+    from llmfleet_engine.models import LoadedModel
     from llmfleet_engine.request_table import RequestTable
 
 
@@ -72,6 +73,8 @@ class AdapterHost:
             if old is not None:
                 self.remove(name)
             self.registered[name] = RegisteredAdapter(base, adapter)
+        for changed in self.host.on_models_changed:  # the node record advertises the adapter
+            changed(self.serving(self.host.serving_model_names()))
         return adapter
 
     def remove(self, name: str) -> bool:
@@ -110,6 +113,20 @@ class AdapterHost:
         pool = pool_of(self.host.hosted.get(base))
         if pool is not None and pool.pinned(name):
             pool.unpin(name)
+
+    def serving(self, bases: tuple[str, ...]) -> tuple[str, ...]:
+        """``bases`` (the models taking requests) and the registered adapters of those bases, sorted:
+        what the node record advertises."""
+        with self.table.cond:
+            adapters = [n for n, e in self.registered.items() if e.base in bases]
+        return tuple(sorted([*bases, *adapters]))
+
+    def with_adapters(self, models: dict[str, LoadedModel]) -> dict[str, LoadedModel]:
+        """``models`` (the loaded models by name) plus each registered adapter of one of them, mapped
+        to its base's loaded model (its tokenizer and limits validate the adapter's requests)."""
+        with self.table.cond:
+            extra = {n: models[e.base] for n, e in self.registered.items() if e.base in models}
+        return {**models, **extra}
 
     def resident(self, base: str) -> list[str]:
         """The adapters of ``base`` in its pool now, least recently used first."""
