@@ -52,7 +52,7 @@ def test_dataclass_validation():
 
 
 def test_registry_and_protocol():
-    assert set(POLICIES) == {"fcfs", "doubling_budget", "muxserve_rr"}
+    assert set(POLICIES) == {"fcfs", "longest_prefix", "doubling_budget", "muxserve_rr"}
     assert isinstance(make_request_policy("fcfs"), Fcfs)
     db = make_request_policy("doubling_budget", default_mean_s=2.0, default_std_s=0.0)
     assert isinstance(db, DoublingBudget) and db.budget_unit("x") == 2.0
