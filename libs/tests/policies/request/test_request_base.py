@@ -59,7 +59,8 @@ def test_registry_and_protocol():
     for p in (Fcfs(), DoublingBudget(), make_request_policy("muxserve_rr")):
         assert isinstance(p, RequestPolicy)
     with pytest.raises(
-        ValueError, match=r"unknown request policy 'sjf'; valid: \['doubling_budget', 'fcfs', 'muxserve_rr'\]"
+        ValueError,
+        match=r"unknown request policy 'sjf'; valid: \['doubling_budget', 'fcfs', 'longest_prefix', 'muxserve_rr'\]",
     ):
         make_request_policy("sjf")
     with pytest.raises(ValueError, match="bad options for request policy 'fcfs'"):
