@@ -146,6 +146,12 @@ class ClusterConfig(BaseModel):
                         f"engine {eid!r} lists adapter {m!r}: engines host base models "
                         f"(list {self.models[m].base!r}); its adapters follow their traffic"
                     )
+        adapters = sorted({s.model for s in self.services.values() if self.models[s.model].is_adapter})
+        if adapters and (self.placement.planned or self.emulated is not None):
+            raise ValueError(
+                f"services use LoRA adapters {adapters}: a planned placement and emulated engines do not "
+                "place or price adapters yet; list their bases under engines: (native, max_loras)"
+            )
         if self.placement.planned or self.emulated is not None:
             self.catalog_models()  # a planner / an emulated GPU needs every model in the catalog
         if self.emulated is not None:

@@ -172,6 +172,7 @@ def _engine_plans(
                     "--device",
                     engine.device,
                     *engine.engine_args(),  # the local policy, its options and the engine limits set
+                    *(adapter_args(config) if engine.max_loras else []),
                     *(
                         ["--threads", str(threads)]
                         if engine.backend == "native" and engine.threads is None and engine.device == "cpu"
@@ -184,6 +185,16 @@ def _engine_plans(
             )
         )
     return plans
+
+
+def adapter_args(config: ClusterConfig) -> list[str]:
+    """``--adapter NAME=BASE:DIR`` for every adapter entry of ``models:``: a LoRA engine registers the
+    ones whose base it hosts, whenever placement loads that base there (adapters follow their base)."""
+    out = []
+    for name, m in sorted(config.models.items()):
+        if m.is_adapter:
+            out += ["--adapter", f"{name}={m.base}:{m.adapter}"]
+    return out
 
 
 def require_backends(config: ClusterConfig) -> None:

@@ -37,12 +37,15 @@ async def delete_service(client: EtcdClient, name: str) -> bool:
 @dataclass(frozen=True)
 class ModelEntry:
     """A model services can refer to (etcd key ``models/{name}``): the cluster file's ``models:``
-    entry. ``sim_model`` is the cost-model catalog name the placement planners use for it."""
+    entry. ``sim_model`` is the cost-model catalog name the placement planners use for it; a LoRA
+    adapter has ``base`` and ``adapter`` (its directory) and an empty ``source``."""
 
     name: str
     source: str
     dtype: str = "float32"
     sim_model: str | None = None
+    base: str | None = None
+    adapter: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

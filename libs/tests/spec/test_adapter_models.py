@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from llmfleet.cli import up
 from llmfleet.cli.apply import ApplyError, model_entry
 from llmfleet.config import ClusterConfig
 
@@ -71,4 +74,29 @@ def test_lora_settings_are_a_native_engines() -> None:
     with pytest.raises(ValueError, match="LoRA adapters run on native engines only"):
         ClusterConfig.model_validate(
             {"services": {}, "models": BASE, "emulated": {"engine": {"max_loras": 2}}}
+        )
+
+
+def test_llmfleet_up_hands_the_adapters_to_its_lora_engines(tmp_path: Path) -> None:
+    models = {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/adapters/chat"}}
+    engines = {"lora": {"models": ["base-llama"], "max_loras": 4}, "plain": {"models": ["base-llama"]}}
+    plans = {
+        p.name: p.argv
+        for p in up.plan_services(
+            config(models, engines), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
+        )
+    }
+    lora = plans["lora"]
+    assert lora[lora.index("--adapter") + 1] == "chat-lora=base-llama:/adapters/chat"
+    assert "--adapter" not in plans["plain"]
+
+
+def test_a_planned_placement_refuses_adapter_services() -> None:
+    with pytest.raises(ValueError, match=r"services use LoRA adapters \['chat-lora'\]: a planned placement"):
+        ClusterConfig.model_validate(
+            {
+                "services": {"chat": {"model": "chat-lora"}},
+                "models": {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}},
+                "placement": {"policy": "aladdin"},
+            }
         )

@@ -97,6 +97,10 @@ def build_node(
     a process hosting several engines (``--engines N``), whose metrics then go to a registry of their own."""
     nid = nid or node_id(args, ROLE)
     executor = make_executor(args)
+    for name, base, path in args.adapter:  # registered when their base is loaded (adapters follow it)
+        if not isinstance(executor, Executor):
+            raise SystemExit(f"--adapter {name}: LoRA adapters are served by the native backend only")
+        executor.adapters.add(name, base, path)
     # vllm:* metrics on the process registry (served by the shell's /metrics): counters and histograms
     # hooked where each backend sees tokens and ends, gauges from its load snapshot
     registry = CollectorRegistry(auto_describe=True) if shared is not None else None
@@ -133,10 +137,6 @@ def build_node(
         for spec in args.model:
             name, _, source = spec.partition("=")
             await asyncio.to_thread(executor.host.load, ModelSpec(name=name, source=source or name))
-        for name, base, path in args.adapter:
-            if not isinstance(executor, Executor):
-                raise SystemExit(f"--adapter {name}: LoRA adapters are served by the native backend only")
-            await asyncio.to_thread(executor.adapters.add, name, base, path)
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
@@ -370,8 +370,8 @@ def _add_node_flags(ap: argparse.ArgumentParser) -> None:
         default=[],
         type=adapter_flag,
         metavar="NAME=BASE:DIR",
-        help="serve the LoRA adapter in DIR (PEFT's saved format) as model NAME on the loaded model BASE, "
-        "registered at start after the --model loads (needs --max-loras); repeatable",
+        help="serve the LoRA adapter in DIR (PEFT's saved format) as model NAME on model BASE, registered "
+        "whenever BASE is loaded here (needs --max-loras); repeatable",
     )
 
 

@@ -107,14 +107,38 @@ def test_bad_adapters_are_refused_and_the_engine_keeps_serving(make, checkpoints
     ex, _ = make(max_loras=2)
     with pytest.raises(AdapterError, match=r"adapter_config\.json is missing"):
         ex.adapters.add("ghost", BASE, tmp_path)
-    with pytest.raises(AdapterError, match="base model 'nope' is not loaded here"):
-        ex.adapters.add("x", "nope", dirs["qv"])
+    assert ex.adapters.add("x", "nope", dirs["qv"]) is None  # declared: registered once "nope" loads
     with pytest.raises(AdapterError, match="a model of that name is loaded here"):
         ex.adapters.add(BASE, BASE, dirs["qv"])
     off, _ = make(max_loras=0)
     with pytest.raises(AdapterError, match="LoRA is off on this engine"):
         off.adapters.add("y", BASE, dirs["qv"])
     assert ex.adapters.base_of("qv") == BASE and ex.adapters.base_of("ghost") is None
+    assert ex.adapters.base_of("x") is None
+
+
+async def test_declared_adapters_follow_their_base(checkpoints, cache_dir: Path) -> None:
+    base_dir, dirs = checkpoints
+    ex = Executor(ExecutorConfig(cache_dir=cache_dir, allow_download=False, max_loras=2, max_lora_rank=8))
+    try:
+        advertised: list[tuple[str, ...]] = []
+        ex.host.on_models_changed.append(
+            lambda _: advertised.append(ex.adapters.serving(ex.host.serving_model_names()))
+        )
+        assert ex.adapters.add("qv", BASE, dirs["qv"]) is None and ex.adapters.base_of("qv") is None
+        spec = ModelSpec(name=BASE, source=str(base_dir))
+        await ex.host.load_async(spec)
+        assert ex.adapters.base_of("qv") == BASE and advertised[-1] == (BASE, "qv")
+        base = ex.host.models[BASE]
+        want = hf_greedy(merged(base_dir, dirs["qv"]), request(base, "qv", "x").prompt_token_ids, N)
+        assert cc.ids(await ex.submit(request(base, "qv", "a")).collect()) == want
+        await asyncio.to_thread(ex.host.unload, BASE)
+        assert ex.adapters.base_of("qv") is None and advertised[-1] == ()
+        await ex.host.load_async(spec)  # loaded again: its adapters are registered again
+        assert cc.ids(await ex.submit(request(ex.host.models[BASE], "qv", "b")).collect()) == want
+        assert ex.adapters.remove("qv") and ex.adapters.base_of("qv") is None
+    finally:
+        ex.close()
 
 
 def test_the_adapter_pool_is_reserved_with_the_base(make) -> None:

@@ -72,7 +72,14 @@ def unplaced_models(problems: list[str]) -> dict[str, str]:
 def config_models(config: ClusterConfig) -> list[ModelEntry]:
     """The cluster file's ``models:`` as ``models/`` entries."""
     return [
-        ModelEntry(name=n, source=m.source, dtype=m.dtype, sim_model=m.sim_model)
+        ModelEntry(
+            name=n,
+            source=m.source or "",
+            dtype=m.dtype,
+            sim_model=m.sim_model,
+            base=m.base,
+            adapter=m.adapter,
+        )
         for n, m in sorted(config.models.items())
     ]
 
@@ -87,7 +94,9 @@ def runtime_config(
     problems: list[str] = []
     model_cfgs: dict[str, ModelConfig] = dict(base.models)
     for name, m in models.items():
-        model_cfgs[name] = ModelConfig.model_construct(source=m.source, dtype=m.dtype, sim_model=m.sim_model)
+        model_cfgs[name] = ModelConfig.model_construct(
+            source=m.source or None, base=m.base, adapter=m.adapter, dtype=m.dtype, sim_model=m.sim_model
+        )
     svc_cfgs: dict[str, ServiceSpec] = {}
     for name, spec in sorted(services.items()):
         if spec.model not in model_cfgs:

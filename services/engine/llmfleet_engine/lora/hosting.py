@@ -1,8 +1,10 @@
 """``AdapterHost``: the LoRA adapters a native engine serves, each on a base model it hosts.
 
-``add(name, base, path)`` reads and checks the adapter from disk (blocking: call it off the event loop)
-without holding the executor's lock, so the running requests never wait for it, and registers it; its
-weights stay in host memory. A request naming the adapter runs on the base: ``acquire`` (at submit,
+``add(name, base, path)`` declares the adapter and, once ``base`` is hosted (now, or when it is loaded
+later: the model host's change hook), reads and checks it from disk (blocking: call it off the event
+loop) without holding the executor's lock, so the running requests never wait for it, and registers
+it; its weights stay in host memory. A base unloaded takes its adapters' registrations with it; a base
+loaded again registers its declared adapters again. A request naming the adapter runs on the base: ``acquire`` (at submit,
 under the lock) puts the adapter in the base's ``AdapterPool`` if it is not resident, evicting the
 least recently used adapter no request holds, and pins it until ``release`` (when the request ends).
 
@@ -14,6 +16,7 @@ last forward may; its token is dropped).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +37,9 @@ def pool_of(hosted: HostedModel | None) -> AdapterPool | None:
     return None if hosted is None else getattr(hosted.runner, "lora", None)
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class RegisteredAdapter:
     base: str
@@ -47,6 +53,8 @@ class AdapterHost:
         self.table = table
         self.host = host
         self.registered: dict[str, RegisteredAdapter] = {}
+        self.declared: dict[str, tuple[str, str | Path]] = {}  # name -> (base, directory)
+        host.on_models_changed.append(self._bases_changed)
 
     def _pool(self, base: str, name: str) -> AdapterPool:
         hosted = self.host.hosted.get(base)
@@ -57,9 +65,37 @@ class AdapterHost:
             raise AdapterError(f"adapter {name!r}: LoRA is off on this engine (max_loras 0)")
         return pool
 
-    def add(self, name: str, base: str, path: str | Path) -> LoraAdapter:
-        """Reads the adapter at ``path`` for ``base`` and registers it as ``name`` (again: replaced once
-        no request holds it). AdapterError naming the problem; the engine keeps serving."""
+    def add(self, name: str, base: str, path: str | Path) -> LoraAdapter | None:
+        """Declares adapter ``name`` of ``base`` at ``path``; when ``base`` is hosted, reads it and
+        registers it now (again: replaced), else returns None (registered when ``base`` is loaded).
+        AdapterError naming the problem; the engine keeps serving."""
+        with self.table.cond:
+            self.declared[name] = (base, path)
+            if base not in self.host.hosted:
+                return None
+        adapter = self._register(name, base, path)
+        for changed in self.host.on_models_changed:  # the node record advertises the adapter
+            if changed != self._bases_changed:
+                changed(self.serving(self.host.serving_model_names()))
+        return adapter
+
+    def _bases_changed(self, _names: tuple[str, ...]) -> None:
+        """The hosted models changed (called off the event loop): registrations of a base that left
+        go; declared adapters of a hosted base are registered (a bad one is logged)."""
+        with self.table.cond:
+            hosted = self.host.hosted
+            for name in [n for n, e in self.registered.items() if e.base not in hosted]:
+                del self.registered[name]
+            due = [
+                (n, b, p) for n, (b, p) in self.declared.items() if b in hosted and n not in self.registered
+            ]
+        for name, base, path in due:
+            try:
+                self._register(name, base, path)
+            except AdapterError as e:
+                log.error("%s", e)
+
+    def _register(self, name: str, base: str, path: str | Path) -> LoraAdapter:
         with self.table.cond:
             if name in self.host.hosted:
                 raise AdapterError(f"adapter {name!r}: a model of that name is loaded here")
@@ -69,27 +105,26 @@ class AdapterHost:
         with self.table.cond:
             if self._pool(base, name) is not pool:
                 raise AdapterError(f"adapter {name!r}: base model {base!r} was reloaded meanwhile")
-            old = self.registered.get(name)
-            if old is not None:
-                self.remove(name)
+            self._unregister(name)  # registered again: the new weights replace the old
             self.registered[name] = RegisteredAdapter(base, adapter)
-        for changed in self.host.on_models_changed:  # the node record advertises the adapter
-            changed(self.serving(self.host.serving_model_names()))
         return adapter
 
     def remove(self, name: str) -> bool:
-        """Unregisters ``name`` and frees its slot (AdapterError while a request holds it)."""
+        """Forgets adapter ``name`` and frees its slot (AdapterError while a request holds it)."""
         with self.table.cond:
-            entry = self.registered.get(name)
-            if entry is None:
-                return False
-            pool = pool_of(self.host.hosted.get(entry.base))
-            if pool is not None:
-                if pool.pinned(name):
-                    raise AdapterError(f"adapter {name!r} is in use by running requests")
-                pool.remove(name)
-            del self.registered[name]
-            return True
+            self._unregister(name)
+            return self.declared.pop(name, None) is not None
+
+    def _unregister(self, name: str) -> None:
+        entry = self.registered.get(name)
+        if entry is None:
+            return
+        pool = pool_of(self.host.hosted.get(entry.base))
+        if pool is not None:
+            if pool.pinned(name):
+                raise AdapterError(f"adapter {name!r} is in use by running requests")
+            pool.remove(name)
+        del self.registered[name]
 
     def base_of(self, name: str) -> str | None:
         """The base model of adapter ``name``, or None when ``name`` is not an adapter here."""
