@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from llmfleet.engine_core import EngineCore
 
 from llmfleet_engine.delivery import RateWindow
+from llmfleet_engine.lora.hosting import pool_of
 from llmfleet_engine.outputs import LoadSnapshot, ModelLoad, PrefixCacheLoad, RequestLoads
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class LoadReport:
                         kv_used_bytes=tokens * m.shape.bytes_per_token,
                         kv_blocks=st.blocks if st is not None else 0,
                         tokens_per_block=m.tokens_per_block,
+                        adapters=tuple(pool.resident) if (pool := pool_of(m)) is not None else (),
+                        adapter_loads=pool.loads if pool is not None else 0,
                     )
                 )
             reserved = self.host.reserved_blocks

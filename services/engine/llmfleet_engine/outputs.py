@@ -92,6 +92,8 @@ class ModelLoad:
     kv_used_bytes: int
     kv_blocks: int = 0
     tokens_per_block: int = 0
+    adapters: tuple[str, ...] = ()  # LoRA adapters resident in its adapter pool, least recently used first
+    adapter_loads: int = 0  # adapters copied into its pool so far
 
 
 @dataclass(frozen=True)

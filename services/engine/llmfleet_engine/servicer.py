@@ -94,6 +94,8 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
                 kv_tokens=m.kv_tokens,
                 kv_blocks=m.kv_blocks,
                 tokens_per_block=m.tokens_per_block,
+                adapters=m.adapters,
+                adapter_loads=m.adapter_loads,
             )
             for m in snap.models
         ],

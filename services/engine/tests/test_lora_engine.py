@@ -21,7 +21,7 @@ from llmfleet_engine.lora import AdapterError, pool_bytes
 from llmfleet_engine.main import adapter_flag
 from llmfleet_engine.models import LoadedModel, load_model
 from llmfleet_engine.outputs import ResourceExhaustedError
-from llmfleet_engine.servicer import EngineServicer
+from llmfleet_engine.servicer import EngineServicer, snapshot_to_proto
 from llmfleet_engine.validation import GenerationRequest, build_request
 from lora_checkpoints import fresh_base, hf_greedy, merged, save_checkpoints
 
@@ -89,6 +89,11 @@ async def test_the_pool_loads_on_demand_and_evicts_the_least_recently_used(make,
         got = cc.ids(await ex.submit(request(base, name, f"s{i}")).collect())
         assert got == hf_greedy(merged(base_dir, dirs[name]), request(base, name, "x").prompt_token_ids, N)
         assert ex.adapters.resident(BASE) == [name]
+    # the load report says which adapters the base holds and how many were loaded
+    (load,) = ex.load_snapshot().models
+    assert (load.model, load.adapters, load.adapter_loads) == (BASE, ("qv",), 3)
+    (msg,) = snapshot_to_proto(ex.load_snapshot(), "e0").models
+    assert (list(msg.adapters), msg.adapter_loads) == (["qv"], 3)
 
 
 async def test_a_pool_held_by_running_requests_refuses_another_adapter(make) -> None:
