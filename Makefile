@@ -28,7 +28,7 @@ help:
 	@echo "               bench-fleet (the live control plane on 64 emulated A100s: start-up, memory; trace replay vs sim)"
 	@echo "               bench-burst (requests wait for capacity: cold start, right after up, a 1,000-request burst; vs today's)"
 	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
-	@echo "               bench-capacity (one scheduler process: multiplexed vs per-request data path on emulated GPUs)"
+	@echo "               bench-capacity (one scheduler process on emulated GPUs: its sustained rate and CPU per request; the SDK vs the OpenAI HTTP path side by side)"
 	@echo "               bench-fairness (the hold queue's order: a light key under a 10x flood, priorities)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"

@@ -25,6 +25,11 @@ errors, hop p50 ≤ 3 ms and p99 ≤ 10 ms (the issue's bar).
 ``--two-processes``: a last sweep with two scheduler processes (the generators split between them)
 against one.
 
+First, the ``paths`` arm (``tools/bench/capacity_paths.py``; ``--paths-rounds 0`` leaves it out,
+``--only-paths`` runs only it): the SDK and the OpenAI HTTP API (``POST /v1/completions``, streamed)
+alternating, ``--paths-concurrency`` closed-loop 16-token streams each, scheduler CPU per request and
+requests/s of both, and their ratios against the issue's goals (≤ 1.5× CPU, ≥ 0.7× requests/s).
+
 Writes ``report.json``, ``report.md`` and PNGs (hop p50/p99 and scheduler CPU per request vs offered
 load) to ``--out`` (default ``.bench/capacity``).
 """
