@@ -209,3 +209,18 @@ def launch(
         c.stop()
         raise
     return c
+
+
+def wait_http(base: str, timeout_s: float = 10.0) -> None:
+    """Until the scheduler's HTTP API at ``base`` answers ``/health`` (it starts with the service; the
+    etcd views a moment later); returns after ``timeout_s`` either way, the test then says what fails."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from harness import Cluster, launch
+from harness import Cluster, launch, wait_http
 from llmfleet import __version__
 from llmfleet.client import AsyncClient
 from llmfleet.supervisor import free_port
@@ -30,13 +30,7 @@ def api(tmp_path_factory) -> tuple[Cluster, str]:
     cfg_path.write_text(json.dumps(cfg))
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(100):  # the HTTP server starts with the service; etcd views a moment later
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            asyncio.run(asyncio.sleep(0.1))
+        wait_http(base)
         yield c, base
     finally:
         c.stop()

@@ -11,7 +11,7 @@ import re
 import httpx
 import openai
 import pytest
-from harness import Cluster, launch
+from harness import Cluster, launch, wait_http
 from llmfleet.client import AsyncClient, InvalidArgument
 from llmfleet.supervisor import free_port
 
@@ -30,13 +30,7 @@ def api(tmp_path_factory) -> tuple[Cluster, str]:
     c = launch(root, engines=1, scheduler_args=("--api-keys", str(keys), "--http-port", str(port)))
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(100):  # the HTTP server starts with the service; etcd views a moment later
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            asyncio.run(asyncio.sleep(0.1))
+        wait_http(base)
         yield c, base
     finally:
         c.stop()
