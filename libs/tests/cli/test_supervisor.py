@@ -92,7 +92,9 @@ def test_stop_all_together_signals_every_child_without_waiting_for_a_slow_one(
     # one by one, "a" would get its SIGTERM only once "b" had ignored its own for the whole grace; the
     # children log their SIGTERM within the 10 s wait even on a loaded machine
     deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline and not (term_log.exists() and "a" in term_log.read_text().split()):
+    while time.monotonic() < deadline and not (
+        term_log.exists() and sorted(term_log.read_text().split()) == ["a", "b", "c"]
+    ):
         time.sleep(0.05)
     assert sorted(term_log.read_text().split()) == ["a", "b", "c"]
     assert stopper.is_alive()  # still waiting out b's grace
