@@ -38,7 +38,7 @@ Accounting (per engine; pure, single-threaded, no clock):
 
 A candidate (:meth:`LoadBook.candidate`) is the report's ``running``, ``waiting + pending count``,
 ``kv_used + Σ pending KV`` and the report's KV capacity (else the caller's fallback, e.g. the capacity
-the engine registered in etcd). Each operation is O(1) amortised (pending requests are kept in send
+the engine registered in etcd), with the report's adapter pools (what LoRA-affinity dispatch reads). Each operation is O(1) amortised (pending requests are kept in send
 order, so covering pops from the front).
 """
 
@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmfleet.policies.dispatch.base import EngineCandidate, RequestProgress
+from llmfleet.policies.dispatch.base import AdapterPoolView, EngineCandidate, RequestProgress
 
 COVERED_AFTER = 2  # reports received after sending a request before the reports count it
 
@@ -66,6 +66,8 @@ class LoadReport:
     max_running: int = 0  # the most requests the engine runs in one batch (0: unknown)
     request_ids: frozenset[str] = frozenset()  # the requests the report counts (running and waiting)
     prefix_cached_bytes: int | None = None  # KV its prefix cache holds (None: not reported)
+    # per base model with LoRA on: its resident adapters (least recently used first) and slots
+    adapter_pools: tuple[AdapterPoolView, ...] = ()
 
 
 @dataclass
@@ -203,6 +205,7 @@ class LoadBook:
             max_running=r.max_running,
             requests=tuple(e.progress.values()) if with_progress else None,
             prefix_cached_bytes=r.prefix_cached_bytes,
+            adapter_pools=r.adapter_pools,
         )
 
 

@@ -22,6 +22,7 @@ import grpc
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.coord import PrefixView
 from llmfleet.load.book import LoadReport
+from llmfleet.policies.dispatch.base import AdapterPoolView
 from llmfleet.rpc.channels import open_channel
 from llmfleet.types import ENGINE_ROLE, NodeRecord
 
@@ -41,7 +42,7 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
     """The plain-data view of a snapshot; KV bytes per token per model from its tokens and bytes;
     the queued requests' prompt KV from the per-request loads (at the models' bytes per token); the
     prefix cache's bytes from its blocks, when the engine counts its pool in blocks (vLLM engines
-    report lookups and hits only)."""
+    report lookups and hits only); an adapter pool per model with LoRA on (slots, resident adapters)."""
     bpt = {m.model: m.kv_used_bytes / m.kv_tokens for m in snap.models if m.kv_tokens}
     waiting = sum(r.tokens * bpt.get(r.model, 0.0) for r in snap.requests if r.phase == "waiting")
     cached = None
@@ -57,6 +58,11 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
         max_running=snap.max_running,
         request_ids=frozenset(r.request_id for r in snap.requests),
         prefix_cached_bytes=cached,
+        adapter_pools=tuple(
+            AdapterPoolView(m.model, tuple(m.adapters), m.adapter_slots)
+            for m in snap.models
+            if m.adapter_slots or m.adapters
+        ),
     )
 
 

@@ -38,6 +38,8 @@ def test_every_policy_declares_what_it_reads():
         "least_loaded",
         "mell",
         "prefix_affinity",
+        "lora_affinity",
+        "lora_llmd",
     }
     assert {n for n, d in table.items() if d.reads_prompt} == {"prefix_affinity"}
     assert {n for n, d in table.items() if d.reads_predictions} == {

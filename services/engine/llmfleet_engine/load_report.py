@@ -73,6 +73,7 @@ class LoadReport:
                         tokens_per_block=m.tokens_per_block,
                         adapters=tuple(pool.resident) if (pool := pool_of(m)) is not None else (),
                         adapter_loads=pool.loads if pool is not None else 0,
+                        adapter_slots=pool.max_adapters if pool is not None else 0,
                     )
                 )
             reserved = self.host.reserved_blocks

@@ -94,6 +94,7 @@ class ModelLoad:
     tokens_per_block: int = 0
     adapters: tuple[str, ...] = ()  # LoRA adapters resident in its adapter pool, least recently used first
     adapter_loads: int = 0  # adapters copied into its pool so far
+    adapter_slots: int = 0  # its adapter pool's slots (max_loras; 0: LoRA off)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
                 tokens_per_block=m.tokens_per_block,
                 adapters=m.adapters,
                 adapter_loads=m.adapter_loads,
+                adapter_slots=m.adapter_slots,
             )
             for m in snap.models
         ],

@@ -69,6 +69,11 @@ class ClusterDirectory:
         entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
         return entry.sim_model if entry is not None else None
 
+    def base_of(self, model: str) -> str:
+        """The base model of ``model`` when the catalog (``models/``) says it is a LoRA adapter, else ""."""
+        entry = self.models_view.snapshot().get(model) if self.models_view is not None else None
+        return (entry.base or "") if entry is not None else ""
+
     def unplaced(self, model: str) -> str | None:
         """Why the placement leader will not place ``model`` (None: it may)."""
         if self.unplaced_view is None:

@@ -130,7 +130,7 @@ class Relay:
         dreq = DispatchRequest(
             rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
             int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival, prompt=req.prompt,
-            session=rec.session,
+            session=rec.session, base=self.directory.base_of(rec.model),
         )  # fmt: skip
         for _ in range(self.max_attempts):
             counted = policy.infeasible if counts else 0

@@ -75,7 +75,7 @@ class TokenChunk(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., engine_id: _Optional[str] = ..., migrated_to: _Optional[str] = ...) -> None: ...
 
 class ModelLoad(_message.Message):
-    __slots__ = ("model", "running", "waiting", "kv_used_bytes", "kv_tokens", "kv_blocks", "tokens_per_block", "adapters", "adapter_loads")
+    __slots__ = ("model", "running", "waiting", "kv_used_bytes", "kv_tokens", "kv_blocks", "tokens_per_block", "adapters", "adapter_loads", "adapter_slots")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class ModelLoad(_message.Message):
     TOKENS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LOADS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_SLOTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     running: int
     waiting: int
@@ -94,7 +95,8 @@ class ModelLoad(_message.Message):
     tokens_per_block: int
     adapters: _containers.RepeatedScalarFieldContainer[str]
     adapter_loads: int
-    def __init__(self, model: _Optional[str] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., tokens_per_block: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., adapter_loads: _Optional[int] = ...) -> None: ...
+    adapter_slots: int
+    def __init__(self, model: _Optional[str] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., tokens_per_block: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., adapter_loads: _Optional[int] = ..., adapter_slots: _Optional[int] = ...) -> None: ...
 
 class RequestLoad(_message.Message):
     __slots__ = ("request_id", "model", "tokens", "kv_bytes", "phase")

@@ -7,6 +7,7 @@ from typing import Any
 from llmfleet.policies.dispatch.aladdin_bestfit import AladdinBestFit
 from llmfleet.policies.dispatch.aladdin_options import AladdinBestFitOptions
 from llmfleet.policies.dispatch.base import (
+    AdapterPoolView,
     CountsInfeasible,
     DispatchContext,
     DispatchNeeds,
@@ -23,6 +24,8 @@ from llmfleet.policies.dispatch.base import (
 from llmfleet.policies.dispatch.best_fit_kv import BestFitKv
 from llmfleet.policies.dispatch.jsq import JoinShortestQueue
 from llmfleet.policies.dispatch.least_loaded import LeastLoaded
+from llmfleet.policies.dispatch.lora_affinity import LoraAffinity
+from llmfleet.policies.dispatch.lora_llmd import LlmdLoraAffinity
 from llmfleet.policies.dispatch.mell import MellDispatch
 from llmfleet.policies.dispatch.power_of_two import PowerOfTwo, PowerOfTwoOptions
 from llmfleet.policies.dispatch.prefix_affinity import PrefixAffinity
@@ -42,6 +45,8 @@ POLICIES: dict[str, type[DispatchPolicy]] = {
     "scls_maxmin": SclsMaxMin,
     "aladdin_bestfit": AladdinBestFit,
     "prefix_affinity": PrefixAffinity,
+    "lora_affinity": LoraAffinity,
+    "lora_llmd": LlmdLoraAffinity,
 }
 
 
@@ -68,6 +73,7 @@ def make_dispatch_policy(name: str, ctx: DispatchContext | None = None, **option
 __all__ = [
     "POLICIES",
     "SCHEDULER_MODES",
+    "AdapterPoolView",
     "AladdinBestFit",
     "AladdinBestFitOptions",
     "BestFitKv",
@@ -81,6 +87,8 @@ __all__ = [
     "HostList",
     "JoinShortestQueue",
     "LeastLoaded",
+    "LlmdLoraAffinity",
+    "LoraAffinity",
     "MellDispatch",
     "NoCandidate",
     "PowerOfTwo",

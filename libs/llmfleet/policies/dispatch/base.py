@@ -45,13 +45,29 @@ class RequestProgress:
     first_token_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterPoolView:
+    """One base model's LoRA adapter pool on an engine, as reported: the adapters resident in it (least
+    recently used first) and its slots (``max_loras``; an adapter not resident takes a free slot, or
+    evicts the least recently used adapter no request holds)."""
+
+    base: str
+    resident: tuple[str, ...] = ()
+    slots: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(0, self.slots - len(self.resident))
+
+
 @dataclass(frozen=True)
 class EngineCandidate:
     """An engine as the dispatcher sees it: id, hosted models, and its latest load (if known).
 
     ``running``/``waiting`` count requests; ``kv_used_bytes``/``kv_capacity_bytes`` describe its KV pool
     (capacity 0 means unknown); ``kv_waiting_bytes`` is the KV its queued requests' prompts will take
-    once admitted (0 when unknown).
+    once admitted (0 when unknown). ``adapter_pools``: one :class:`AdapterPoolView` per base model with
+    LoRA on (empty: none, or not reported); its ``models`` name the adapters it serves beside their bases.
     """
 
     engine_id: str
@@ -66,6 +82,7 @@ class EngineCandidate:
     # KV bytes the engine's prefix cache holds (cached blocks, held or idle), as it reports; None:
     # not reported (no prefix caching there, or an engine that does not count its cached blocks)
     prefix_cached_bytes: int | None = None
+    adapter_pools: tuple[AdapterPoolView, ...] = ()
     # requests on the engine, running or waiting (the JSQ queue length); a plain attribute, not a
     # property, so scans over 1,000 candidates (min by queue) read it at C speed
     queued: int = field(init=False, repr=False, compare=False)
@@ -76,6 +93,17 @@ class EngineCandidate:
     @property
     def kv_free_bytes(self) -> int:
         return max(0, self.kv_capacity_bytes - self.kv_used_bytes)
+
+    def adapter_pool(self, base: str = "") -> AdapterPoolView | None:
+        """The adapter pool of ``base`` ("": the only pool, when there is one); None when unknown."""
+        pools = self.adapter_pools
+        if not base:
+            return pools[0] if len(pools) == 1 else None
+        return next((p for p in pools if p.base == base), None)
+
+    def holds_adapter(self, adapter: str) -> bool:
+        """``adapter`` is resident in one of its adapter pools (as last reported)."""
+        return any(adapter in p.resident for p in self.adapter_pools)
 
 
 @dataclass(frozen=True)
@@ -93,6 +121,8 @@ class DispatchRequest:
     prompt: str = ""
     # the conversation the request continues ("" when none is named)
     session: str = ""
+    # the base model when ``model`` is a LoRA adapter ("" when it is not, or the caller does not know)
+    base: str = ""
 
     @property
     def kv_need_bytes(self) -> int:
