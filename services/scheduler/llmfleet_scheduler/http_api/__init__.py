@@ -14,8 +14,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from llmfleet.security import ApiKeyStore
 
-from llmfleet_scheduler.http_api.auth import caller_dependency
-from llmfleet_scheduler.http_api.backend import Backend, ServicerBackend
+from llmfleet_scheduler.http_api.auth import Credentials, caller_dependency
+from llmfleet_scheduler.http_api.backend import Backend, Follow, ServicerBackend
 from llmfleet_scheduler.http_api.errors import ApiError, install_error_handlers
 from llmfleet_scheduler.http_api.routes_chat import add_chat_routes
 from llmfleet_scheduler.http_api.routes_completions import add_completion_routes
@@ -38,4 +38,4 @@ def create_app(backend: Backend, version: str = "", key_store: ApiKeyStore | Non
     return app
 
 
-__all__ = ["ApiError", "Backend", "HttpServer", "ServicerBackend", "create_app"]
+__all__ = ["ApiError", "Backend", "Credentials", "Follow", "HttpServer", "ServicerBackend", "create_app"]

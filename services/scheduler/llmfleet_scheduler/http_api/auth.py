@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi import Header
 from llmfleet.security import ApiKey, ApiKeyStore, bearer
 
 from llmfleet_scheduler.http_api.errors import ApiError
 
-Caller = Callable[..., Awaitable["ApiKey | None"]]
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who calls: ``key``, the caller's entry in this process's key store (None: keys are off here),
+    and ``token``, the bearer token as sent (the OpenAI front forwards it to the scheduler)."""
+
+    key: ApiKey | None = None
+    token: str | None = None
+
+
+Caller = Callable[..., Awaitable[Credentials]]
+NO_CREDENTIALS = Credentials()
 
 
 def caller_dependency(key_store: ApiKeyStore | None) -> Caller:
-    """The dependency: None without a ``key_store``; else the caller's key, or a 401 without a valid one."""
+    """The dependency: the caller's credentials; with a ``key_store``, a 401 without a valid key."""
 
-    async def caller(authorization: str | None = Header(None)) -> ApiKey | None:  # async: no thread hop
-        if key_store is None:
-            return None
+    async def caller(authorization: str | None = Header(None)) -> Credentials:  # async: no thread hop
+        if authorization is None and key_store is None:
+            return NO_CREDENTIALS
         token = bearer(authorization)
+        if key_store is None:
+            return Credentials(None, token)
         key = key_store.authenticate(token)
         if key is None:
             msg = (
@@ -28,6 +42,6 @@ def caller_dependency(key_store: ApiKeyStore | None) -> Caller:
             )
             raise ApiError(401, msg, "invalid_request_error", None, "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})  # fmt: skip
-        return key
+        return Credentials(key, token)
 
     return caller

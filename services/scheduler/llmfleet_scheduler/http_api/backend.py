@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 from llmfleet.api.v1 import scheduler_pb2
 from llmfleet.rpc.mux import Emit
-from llmfleet.security import ApiKey
 
 from llmfleet_scheduler.chat_template import ChatTemplates
+from llmfleet_scheduler.http_api.auth import Credentials
 
 # Streams a started request's chunks into the callback it is given (the last chunk final) and returns
 # when the request ended; raises RequestFailed if it failed.
@@ -31,9 +31,10 @@ class Backend(Protocol):
         """service name -> model name"""
         ...
 
-    def submit(self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None) -> tuple[str, Follow]:
-        """Start (or attach to) a request for the caller's ``key``: its id and how to follow its chunks.
-        Raises InvalidField or RequestFailed before streaming."""
+    def submit(self, request: scheduler_pb2.SubmitRequest, who: Credentials) -> tuple[str, Follow]:
+        """Start (or attach to) a request for the caller ``who``: its id and how to follow its chunks.
+        Raises InvalidField or RequestFailed before streaming (or, where the refusal comes back later,
+        from following)."""
         ...
 
     async def cancel(self, request_id: str) -> bool: ...
@@ -70,8 +71,8 @@ class ServicerBackend:
     def services(self) -> dict[str, str]:
         return {name: spec.model for name, spec in self.servicer.directory.services().items()}
 
-    def submit(self, request: scheduler_pb2.SubmitRequest, key: ApiKey | None = None) -> tuple[str, Follow]:
-        rec = self.servicer.open_request(request, None, key)
+    def submit(self, request: scheduler_pb2.SubmitRequest, who: Credentials) -> tuple[str, Follow]:
+        rec = self.servicer.open_request(request, None, who.key)
         return rec.request_id, functools.partial(self.servicer.stream_into, rec)
 
     async def cancel(self, request_id: str) -> bool:

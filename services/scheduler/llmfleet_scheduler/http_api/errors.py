@@ -30,6 +30,7 @@ _STATUS = {
     grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
     grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error", "conflict"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "overloaded"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
     grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error", "model_not_allowed"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable", "no_engine"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout", "deadline_exceeded"),

@@ -6,9 +6,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
-from llmfleet.security import ApiKey
-
-from llmfleet_scheduler.http_api.auth import Caller
+from llmfleet_scheduler.http_api.auth import Caller, Credentials
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError
 from llmfleet_scheduler.http_api.routes_models import ModelCatalog
@@ -55,11 +53,11 @@ async def _render(backend: Backend, model: str, body: ChatCompletionRequest) -> 
 def add_chat_routes(app: FastAPI, backend: Backend, catalog: ModelCatalog, caller: Caller) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(
-        request: Request, body: ChatCompletionRequest, key: ApiKey | None = Depends(caller)
+        request: Request, body: ChatCompletionRequest, who: Credentials = Depends(caller)
     ) -> Response:
-        model = backend.services()[catalog.resolve(body.model, key)]
+        model = backend.services()[catalog.resolve(body.model, who.key)]
         prompt = await _render(backend, model, body)
-        choices = await start(backend, catalog, body, [prompt], "messages", key)
+        choices = await start(backend, catalog, body, [prompt], "messages", who)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(
             request, backend, choices, body.stream, "messages", ChatShape(body.model, include_usage)

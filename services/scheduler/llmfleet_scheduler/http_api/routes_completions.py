@@ -6,9 +6,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
-from llmfleet.security import ApiKey
-
-from llmfleet_scheduler.http_api.auth import Caller
+from llmfleet_scheduler.http_api.auth import Caller, Credentials
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError
 from llmfleet_scheduler.http_api.routes_models import ModelCatalog
@@ -35,13 +33,13 @@ class CompletionShape(ResponseShape):
 def add_completion_routes(app: FastAPI, backend: Backend, catalog: ModelCatalog, caller: Caller) -> None:
     @app.post("/v1/completions")
     async def completions(
-        request: Request, body: CompletionRequest, key: ApiKey | None = Depends(caller)
+        request: Request, body: CompletionRequest, who: Credentials = Depends(caller)
     ) -> Response:
         if not body.prompts() or any(not p for p in body.prompts()):
             raise ApiError(
                 400, "prompt: must not be empty", "invalid_request_error", "prompt", "invalid_value"
             )
-        choices = await start(backend, catalog, body, body.prompts(), "prompt", key)
+        choices = await start(backend, catalog, body, body.prompts(), "prompt", who)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(
             request, backend, choices, body.stream, "prompt", CompletionShape(body.model, include_usage)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from llmfleet.security import ApiKey
 
-from llmfleet_scheduler.http_api.auth import Caller
+from llmfleet_scheduler.http_api.auth import Caller, Credentials
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError
 from llmfleet_scheduler.openai_protocol import now
@@ -57,9 +57,9 @@ class ModelCatalog:
 
 def add_model_routes(app: FastAPI, catalog: ModelCatalog, caller: Caller) -> None:
     @app.get("/v1/models")
-    async def list_models(key: ApiKey | None = Depends(caller)) -> dict[str, Any]:
+    async def list_models(who: Credentials = Depends(caller)) -> dict[str, Any]:
         created = now()
         data = [
-            {"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in catalog.ids(key)
+            {"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in catalog.ids(who.key)
         ]
         return {"object": "list", "data": data}

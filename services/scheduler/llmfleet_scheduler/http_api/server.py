@@ -23,6 +23,8 @@ class HttpServer:
     host: str
     port: int
     security: SecuritySettings | None = None  # TLS: HTTPS with the gRPC server's certificate
+    # SO_REUSEPORT: several processes serve one port, the kernel spreading connections over them
+    reuse_port: bool = False
     _server: Any = None
     _task: asyncio.Task | None = None
 
@@ -38,6 +40,8 @@ class HttpServer:
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.host, self.port))
         except OSError as e:
             sock.close()

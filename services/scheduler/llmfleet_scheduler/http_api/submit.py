@@ -7,8 +7,8 @@ import contextlib
 import uuid
 
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
-from llmfleet.security import ApiKey
 
+from llmfleet_scheduler.http_api.auth import Credentials
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError, from_exc
 from llmfleet_scheduler.http_api.routes_models import ModelCatalog
@@ -47,11 +47,11 @@ def _sampling(body: Body, i: int) -> common_pb2.SamplingParams:
 
 
 async def start(
-    backend: Backend, catalog: ModelCatalog, body: Body, prompts: list[str], param: str, key: ApiKey | None
+    backend: Backend, catalog: ModelCatalog, body: Body, prompts: list[str], param: str, who: Credentials
 ) -> list[Choice]:
     """The choices of ``prompts`` x ``body.n`` requests to the service ``body.model`` names; ``param``:
-    what the request calls its prompt (for error messages)."""
-    service = catalog.resolve(body.model, key)
+    what the request calls its prompt (for error messages); ``who``: the caller."""
+    service = catalog.resolve(body.model, who.key)
     _check_seed(body)
     choices: list[Choice] = []
     try:
@@ -65,7 +65,7 @@ async def start(
                     session=body.session,
                     priority=body.priority,
                 )
-                rid, follow = backend.submit(req, key)
+                rid, follow = backend.submit(req, who)
                 choices.append(Choice(len(choices), rid, follow, count_prompt=i == 0))
     except (InvalidField, RequestFailed) as e:
         for c in choices:
