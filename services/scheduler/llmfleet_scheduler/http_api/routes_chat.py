@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
+
 from llmfleet_scheduler.http_api.auth import Caller, Credentials
 from llmfleet_scheduler.http_api.backend import Backend
 from llmfleet_scheduler.http_api.errors import ApiError

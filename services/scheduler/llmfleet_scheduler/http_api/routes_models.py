@@ -60,6 +60,7 @@ def add_model_routes(app: FastAPI, catalog: ModelCatalog, caller: Caller) -> Non
     async def list_models(who: Credentials = Depends(caller)) -> dict[str, Any]:
         created = now()
         data = [
-            {"id": i, "object": "model", "created": created, "owned_by": "llmfleet"} for i in catalog.ids(who.key)
+            {"id": i, "object": "model", "created": created, "owned_by": "llmfleet"}
+            for i in catalog.ids(who.key)
         ]
         return {"object": "list", "data": data}
