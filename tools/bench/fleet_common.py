@@ -23,6 +23,7 @@ MODELS = {
     "llama2-7b": {"source": "emulated://llama2-7b", "dtype": "float16"},
     "llama2-13b": {"source": "emulated://llama2-13b", "dtype": "float16"},
     "opt-6.7b": {"source": "emulated://opt-6.7b", "dtype": "float16"},
+    "qwen3-32b": {"source": "emulated://qwen3-32b", "dtype": "bfloat16"},
 }
 # the conv trace's three services (k-means length clusters in this order, as ``llmfleet sim`` maps them)
 CONV_SERVICES = {

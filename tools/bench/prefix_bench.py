@@ -50,6 +50,10 @@ Sections (``--only``):
   multi-turn load (``--native-rate`` 0.2 conversations/s for 60 s, quick 20 s; a 200-token system
   prompt and at most 1,200 tokens of context in workload words, which the tiny tokenizer splits into
   about 3 tokens each, within the model's 4,096 positions); TTFT mean/p50/p99, throughput, hit rate.
+* ``groups`` — llm-d's prefix-cache benchmark workload (inference-perf's ``shared_prefix``: 150 groups
+  of 5 prompts, a 6,000-token system prompt, a 1,200-token question, 1,000 output tokens) on 16
+  simulated H200 serving Qwen3-32B: ``round_robin``, ``jsq`` and ``prefix_affinity`` with caching,
+  the same sweep and saturation rule (``prefix_bench_groups``).
 * ``burst`` — 500 requests starting with one 1,000-token system prompt, arriving within 1 s, over 4
   engines with ``prefix_affinity``: each engine's share, in the simulator and live on 4 emulated GPUs.
 
@@ -79,11 +83,12 @@ import psutil
 from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
 
 from tools.bench.prefix_bench_common import Conversations, setups, sweep_rates
+from tools.bench.prefix_bench_groups import REQUESTS, bench_groups
 from tools.bench.prefix_bench_live import bench_emulated, bench_native
 from tools.bench.prefix_bench_report import markdown, plot
 from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, bench_burst, bench_sim
 
-SECTIONS = ("sim", "emulated", "native", "burst")
+SECTIONS = ("sim", "groups", "emulated", "native", "burst")
 SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT = 1000, 3.7, 10.0, 4096
 
 
@@ -98,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--span", type=float, default=None, help="seconds of conversation starts (30; quick 20)")
     ap.add_argument("--start-rate", type=float, default=16.0, help="sweep: first conversations/s at 32 GPUs")
     ap.add_argument("--steps", type=int, default=8, help="sweep: at most this many doublings")
+    ap.add_argument("--groups-start-rate", type=float, default=2.5, help="groups: first req/s of the sweep")
+    ap.add_argument(
+        "--groups-requests", type=int, default=REQUESTS, help=f"groups: requests per run ({REQUESTS})"
+    )
     ap.add_argument("--emulated-gpus", type=int, default=None, help="emulated: GPUs (8; quick 4)")
     ap.add_argument("--native-engines", type=int, default=2)
     ap.add_argument("--native-rate", type=float, default=0.2, help="native: conversations/s (0.2)")
@@ -127,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     if "sim" in only:
         rates = sweep_rates(args.start_rate * args.gpus / 32, 2.0, args.steps)
         report["sim"] = bench_sim(out, args.gpus, conv, setups(engine=args.engine_policy), rates)
+        save(out, report)
+    if "groups" in only:
+        rates = sweep_rates(args.groups_start_rate, 2.0, args.steps)
+        report["groups"] = bench_groups(out, rates, args.groups_requests)
         save(out, report)
     if "burst" in only:
         report["burst"] = bench_burst(out, live=not args.no_live_burst)

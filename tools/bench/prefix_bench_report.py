@@ -66,6 +66,25 @@ def sim_lines(s: dict) -> list[str]:
     return lines
 
 
+def groups_lines(g: dict) -> list[str]:
+    lines = [
+        "## Simulated: llm-d's shared-prefix workload", "",
+        f"Deployment: {g['deployment']}. Workload: {g['workload']['flags']}, {g['workload']['requests']} "
+        f"requests a run. Swept req/s: {', '.join(g['sweep'])}. JSQ's SLO load: {g['loads']['slo']} req/s; "
+        f"each setup's first saturated rate: {g['loads']['saturation']}.", "",
+        *(f"- {k}: **{_f(v)}**" for k, v in g["ratios"].items()), "",
+    ]  # fmt: skip
+    if g["at"].get("slo"):
+        lines += [
+            f"### At JSQ's SLO load ({g['loads']['slo']} req/s)",
+            "",
+            *table(g["at"]["slo"], SIM_COLUMNS),
+        ]
+    if g["at"].get("saturation"):
+        lines += ["### At saturation", "", *table(g["at"]["saturation"], (("req/s", "rate"), *SIM_COLUMNS))]
+    return lines
+
+
 def emulated_lines(e: dict) -> list[str]:
     lines = [
         f"## Live on {e['gpus']} emulated A100-80GB vs `llmfleet sim`", "",
@@ -136,6 +155,8 @@ def markdown(report: dict) -> str:
     lines += [f"Quick: {report.get('quick')}", ""]
     if report.get("sim"):
         lines += sim_lines(report["sim"])
+    if report.get("groups"):
+        lines += groups_lines(report["groups"])
     if report.get("emulated"):
         lines += emulated_lines(report["emulated"])
     if report.get("native"):

@@ -7,7 +7,7 @@ traffic does. Every ``--report-s`` a line gives what completed in that interval 
 percentiles, errors, and which engines served it: a scale-out shows as a new engine id); the end
 prints the totals (``--json`` writes them). Exit 0 when every request completed, 1 otherwise.
 
-Replay (``--trace FILE``, ``--synthetic N`` or ``--conversations N``, with ``llmfleet sim``'s workload
+Replay (``--trace FILE``, ``--synthetic N``, ``--conversations N`` or ``--shared-prefix N``, with ``llmfleet sim``'s workload
 flags: ``--rate``, ``--rate-scale``, ``--lengths-from``, ``--start``, ``--end``, ``--limit``,
 ``--system-prompt-tokens``, ``--mean-turns``, ``--think-s``, ``--seed``): each request is
 sent at its arrival time to the service ``llmfleet sim`` assigns it (``--cluster-config``, ``--services``
@@ -37,7 +37,7 @@ from rich.markup import escape
 
 from llmfleet.cli.load_lines import Outcome, interval_line, pct
 from llmfleet.cli.load_replay import run_replay
-from llmfleet.cli.workload_args import add_workload_arguments
+from llmfleet.cli.workload_args import WORKLOAD_SOURCES, add_workload_arguments
 from llmfleet.client import AsyncClient, LlmfleetError
 from llmfleet.costmodel import hardware
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
@@ -291,7 +291,7 @@ def _given(args: argparse.Namespace, flag: str) -> bool:
 
 def replay_usage_error(args: argparse.Namespace) -> str | None:
     """What is wrong with a replay's flags, argparse style (``argument --flag: ...``), or None."""
-    source = next(f for f in ("--trace", "--synthetic", "--conversations") if _given(args, f))
+    source = next(f for f in WORKLOAD_SOURCES if _given(args, f))
     if args.phase:
         return f"argument --phase: not allowed with argument {source}"
     if args.service:
@@ -312,7 +312,7 @@ def replay_usage_error(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if any(_given(args, f) for f in ("--trace", "--synthetic", "--conversations")):
+    if any(_given(args, f) for f in WORKLOAD_SOURCES):
         problem = replay_usage_error(args)
         if problem is not None:
             parser = getattr(args, "load_parser", None)

@@ -380,6 +380,7 @@ def run_replay(args: argparse.Namespace) -> int:
     source = (
         f"trace {args.trace.name} ×{args.rate_scale}" if args.trace
         else f"{args.conversations} conversations" if args.conversations
+        else f"{args.shared_prefix} shared-prefix requests" if args.shared_prefix
         else f"synthetic {len(workload)} requests"
     )  # fmt: skip
     context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"

@@ -121,8 +121,15 @@ def _list_policies() -> int:
 def _prepare(args: argparse.Namespace):
     """(spec, bundles, profile records, workload, workers) from the flags; ValueError naming a bad one."""
 
-    if args.trace is None and args.synthetic is None and args.conversations is None:
-        raise ValueError("give the workload: --trace FILE, --synthetic N or --conversations N")
+    if (
+        args.trace is None
+        and args.synthetic is None
+        and args.conversations is None
+        and args.shared_prefix is None
+    ):
+        raise ValueError(
+            "give the workload: --trace FILE, --synthetic N, --conversations N or --shared-prefix N"
+        )
     if args.placement_processes < 1:
         raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
     config = ClusterConfig.load(args.cluster_config) if args.cluster_config is not None else None
@@ -181,6 +188,7 @@ def _write(args, spec, workload, experiments, console) -> int:
     source = (
         f", trace {args.trace.name} ×{args.rate_scale}" if args.trace
         else f", {args.conversations} conversations" if args.conversations
+        else f", {args.shared_prefix} shared-prefix requests at {args.rate} req/s" if args.shared_prefix
         else f", synthetic {args.rate} req/s"
     )  # fmt: skip
     context = (

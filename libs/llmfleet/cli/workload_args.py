@@ -1,6 +1,7 @@
 """The workload flags ``llmfleet sim`` and ``llmfleet load`` share: ``--trace FILE``, ``--synthetic N`` or
 ``--conversations N``, with ``--rate-scale``, ``--lengths-from``, ``--start``/``--end``/``--limit``,
-``--system-prompt-tokens``, ``--mean-turns``/``--think-s``, and the workload they build.
+``--system-prompt-tokens``, ``--mean-turns``/``--think-s``, ``--shared-prefix N`` with its group shape, and the
+workload they build.
 
 ``--rate`` (synthetic arrivals per second) and ``--seed`` are each command's own flags (``load`` also
 uses them for its Poisson phases); :func:`build_workload` reads them from the namespace.
@@ -16,7 +17,16 @@ from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_in
 from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
 from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, THINK_S, conversations
 from llmfleet.workload.prompts import with_system_prompts
+from llmfleet.workload.shared_prefix import (
+    GROUPS,
+    OUTPUT_TOKENS,
+    PROMPTS_PER_GROUP,
+    QUESTION_TOKENS,
+    SYSTEM_TOKENS,
+    shared_prefix,
+)
 
+WORKLOAD_SOURCES = ("--trace", "--synthetic", "--conversations", "--shared-prefix")  # one of them, exclusive
 DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic (conversations/s of --conversations) without --rate
 
 
@@ -45,6 +55,43 @@ def add_workload_arguments(p: ArgumentContainer, *, required: bool) -> None:
         metavar="N",
         help="N multi-turn conversations starting at --rate per second, each turn resending the history "
         "(LMSYS-Chat-1M's turn and length means; llmfleet.workload.conversations)",
+    )
+    src.add_argument(
+        "--shared-prefix",
+        type=positive_int,
+        metavar="N",
+        help="N Poisson requests at --rate over groups of prompts sharing a system prompt (inference-perf's "
+        "shared_prefix, llm-d's prefix-cache benchmark; llmfleet.workload.shared_prefix)",
+    )
+    p.add_argument(
+        "--prefix-groups",
+        type=positive_int,
+        default=GROUPS,
+        help=f"--shared-prefix: groups (default {GROUPS})",
+    )
+    p.add_argument(
+        "--prompts-per-group",
+        type=positive_int,
+        default=PROMPTS_PER_GROUP,
+        help=f"--shared-prefix: questions per group (default {PROMPTS_PER_GROUP})",
+    )
+    p.add_argument(
+        "--prefix-tokens",
+        type=positive_int,
+        default=SYSTEM_TOKENS,
+        help=f"--shared-prefix: tokens of a group's system prompt (default {SYSTEM_TOKENS})",
+    )
+    p.add_argument(
+        "--question-tokens",
+        type=positive_int,
+        default=QUESTION_TOKENS,
+        help=f"--shared-prefix: tokens of a question (default {QUESTION_TOKENS})",
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=positive_int,
+        default=OUTPUT_TOKENS,
+        help=f"--shared-prefix: output tokens of every request (default {OUTPUT_TOKENS})",
     )
     p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
     p.add_argument(
@@ -115,6 +162,16 @@ def _requests(args: argparse.Namespace) -> Workload:
             args.conversations, rate=rate * args.rate_scale, stats=LMSYS_CHAT_1M, mean_turns=args.mean_turns,
             system_tokens=args.system_prompt_tokens or 0, think_s=args.think_s, max_context=args.max_context,
             seed=args.seed,
+        )  # fmt: skip
+        return workload.head(args.limit) if args.limit is not None else workload
+    if args.shared_prefix is not None:
+        if args.lengths_from is not None:
+            raise ValueError("--lengths-from: --shared-prefix requests have the group shape's lengths")
+        rate = args.rate if args.rate is not None else DEFAULT_SYNTHETIC_RATE
+        workload = shared_prefix(
+            args.shared_prefix, rate=rate * args.rate_scale, groups=args.prefix_groups,
+            prompts_per_group=args.prompts_per_group, system_tokens=args.prefix_tokens,
+            question_tokens=args.question_tokens, output_tokens=args.output_tokens, seed=args.seed,
         )  # fmt: skip
         return workload.head(args.limit) if args.limit is not None else workload
     if args.synthetic < 1:

@@ -160,6 +160,9 @@ _CATALOG = [
     _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, dtype="bfloat16"),
     # huggingface.co/Qwen/Qwen2-7B/blob/main/config.json (qkv bias, untied lm_head)
     _llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, dtype="bfloat16", qkv_bias=True),
+    # huggingface.co/Qwen/Qwen3-32B/blob/main/config.json: head_dim 128 (not hidden / heads), no attention
+    # bias, untied lm_head (its per-head q/k RMSNorms, 256 parameters a layer, are left out)
+    _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, dtype="bfloat16", head_dim=128),
     # huggingface.co/THUDM/chatglm2-6b/blob/main/config.json: num_layers 28, hidden_size 4096, 32 heads of
     # kv_channels 128, multi-query attention with multi_query_group_num 2 (2 KV heads), SwiGLU
     # ffn_hidden_size 13696, padded_vocab_size 65024, add_qkv_bias, no other bias, untied output layer
