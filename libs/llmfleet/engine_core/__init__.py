@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmfleet.engine_core.adapter_slots import AdapterSlots
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.core import EngineCore, stepper_for
 from llmfleet.engine_core.limits import EngineLimits
@@ -10,6 +11,7 @@ from llmfleet.engine_core.static_stepper import StaticStepper
 from llmfleet.engine_core.stepper import ChunkablePolicy, RunChargedPolicy, Stepper
 
 __all__ = [
+    "AdapterSlots",
     "ChunkablePolicy",
     "ContinuousStepper",
     "CoreRequest",

@@ -1,13 +1,23 @@
 """What a dispatch policy sees of the simulated instances: one
 :class:`~llmfleet.policies.dispatch.EngineCandidate` per serving instance, listed per model and kept
-current per instance (an instance whose state changed is refreshed before the next dispatch)."""
+current per instance (an instance whose state changed is refreshed before the next dispatch).
+
+An instance with LoRA on serves the adapters of its bases too (as a live engine's node record
+advertises them): its candidate lists them among its models, is listed under each, and carries its
+adapter pools (resident adapters, slots); requests waiting for an adapter slot count as waiting."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
-from llmfleet.policies.dispatch import DispatchNeeds, EngineCandidate, HostList, RequestProgress
+from llmfleet.policies.dispatch import (
+    AdapterPoolView,
+    DispatchNeeds,
+    EngineCandidate,
+    HostList,
+    RequestProgress,
+)
 from llmfleet.sim.events import EventQueue
 from llmfleet.sim.instance import SimInstance
 
@@ -15,7 +25,14 @@ from llmfleet.sim.instance import SimInstance
 class CandidateBook:
     """Per model, the candidates of the instances serving it (by id), and which instances changed."""
 
-    def __init__(self, needs: DispatchNeeds, batch_cap: int, clock: EventQueue) -> None:
+    def __init__(
+        self,
+        needs: DispatchNeeds,
+        batch_cap: int,
+        clock: EventQueue,
+        adapters: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self._adapters = dict(adapters or {})  # base model -> its adapters (served where LoRA is on)
         self._reads_kv = needs.reads_kv
         # a dispatcher reading per-request progress (Aladdin's constraint (d)) sees every busy instance
         # as of the dispatch time: tokens of the chunk in flight count up to ``now``
@@ -34,12 +51,21 @@ class CandidateBook:
             queued = (
                 sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
             )
+        models, pools = inst.serving, tuple[AdapterPoolView, ...]()
+        if inst.adapter_slots:
+            models = (*models, *(a for m in inst.serving for a in self._adapters.get(m, ())))
+            pools = tuple(
+                AdapterPoolView(m, slots.resident, slots.slots)
+                for m, slots in inst.adapter_slots.items()
+                if m in inst.serving
+            )
         return EngineCandidate(
-            inst.instance_id, inst.serving, len(inst.running), len(inst.waiting),
+            inst.instance_id, models, len(inst.running), len(inst.waiting) + len(inst.lora_waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
             progress_of(inst, self._clock.now) if self.reads_progress else None,
             self._batch_cap,
             inst.alloc.cached_blocks * inst.layout.block_bytes if inst.core.prefix_caching else None,
+            pools,
         )  # fmt: skip
 
     def touch(self, instance_id: str) -> None:
@@ -66,7 +92,7 @@ class CandidateBook:
             if not inst.serving or not inst.active:
                 continue
             c = self.candidate(inst)
-            for m in inst.serving:
+            for m in c.models:
                 lst = self.by_model.setdefault(m, HostList(m))
                 self._slot.setdefault(iid, []).append((m, len(lst)))
                 lst.append(c)

@@ -77,7 +77,15 @@ class Fleet:
                 raise ValueError(f"instance id {p.instance_id!r} appears twice in the plan")
             self.instances[p.instance_id] = self.new_instance(p)
         limits = spec.engine.limits
-        self.book = CandidateBook(dispatch.needs, min(limits.max_running, limits.max_batch_requests), events)
+        adapters = spec.adapters
+        if adapters and not spec.engine.max_loras:
+            raise ValueError(
+                f"services name LoRA adapters of {sorted(adapters)}, but the engines have no adapter slots "
+                "(set the engine's max_loras)"
+            )
+        self.book = CandidateBook(
+            dispatch.needs, min(limits.max_running, limits.max_batch_requests), events, adapters
+        )
         self.book.rebuild(self.instances)
         # a dispatcher that never reads load (round robin) needs no candidate refresh, and its choices do
         # not depend on the instances' state: a run can then be partitioned across processes
@@ -222,9 +230,11 @@ class Fleet:
         session: str = "",
     ) -> DispatchRequest:
         """What the dispatch policy is told of a request of ``svc`` (``prompt``: its text, for policies
-        that read it; ``session``: its conversation)."""
-        return DispatchRequest(request_id, svc.model, svc.name, prompt_tokens, predicted or 0.0,
-                               self.kv_bytes_per_token[svc.model], now, prompt, session)  # fmt: skip
+        that read it; ``session``: its conversation); a service of a LoRA adapter names the adapter,
+        with its base."""
+        return DispatchRequest(request_id, svc.routed_model, svc.name, prompt_tokens, predicted or 0.0,
+                               self.kv_bytes_per_token[svc.model], now, prompt, session,
+                               svc.model if svc.adapter else "")  # fmt: skip
 
     def prompt_of(self, wr: object) -> tuple[str, str]:
         """(prompt text, session) of a workload request for its dispatch request: the text only when the
@@ -249,10 +259,11 @@ class Fleet:
             self.book.refresh(self.instances)
         counting = self._counting
         before = counting.infeasible if counting is not None else 0
-        cands = self.book.by_model.get(svc.model, ())
+        routed = svc.routed_model  # an adapter's hosts are its base's with LoRA on
+        cands = self.book.by_model.get(routed, ())
         if late:
-            cands = self.holds.room(svc.model, self.book.by_model.get(svc.model)) or cands
-        iid = self.dispatch.choose(svc.model, cands, exclude, request=req)
+            cands = self.holds.room(svc.model, self.book.by_model.get(routed)) or cands
+        iid = self.dispatch.choose(routed, cands, exclude, request=req)
         if counting is not None and counting.infeasible != before:
             self.infeasible[svc.model] = self.infeasible.get(svc.model, 0) + 1
         return iid
@@ -265,7 +276,7 @@ class Fleet:
         rec.instance, ref = iid, self.reference_tp[svc.model]
         rec.solo_s = self.cost.solo_time(svc.model, ref, rec.prompt_tokens, rec.output_tokens)
         deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
-        inst.admit(rec, svc.max_tokens, now, predicted, deadline)
+        inst.admit(rec, svc.max_tokens, now, predicted, deadline, svc.lora_rank)
         self._where[rec.request_id] = inst
         self.holds.served(rec)
         self.kick(inst, now)

@@ -14,6 +14,18 @@ instance only prices the step with the cost model and fast-forwards:
   KV bound — is one event. ``static_release="batch_end"`` (HF ``generate``) delivers outputs when the
   batch ends, ``"eos"`` when each row finishes.
 
+**LoRA adapters** (``engine.max_loras`` > 0): a request of a service that names an adapter runs on its
+base model with the native engine's rules: each base has a pool of ``max_loras`` slots
+(:class:`~llmfleet.engine_core.AdapterSlots`: LRU, a request pins its adapter until it ends); an
+adapter not resident is loaded at admission, which delays the instance's next step by its load time
+(:meth:`LoraCost.load_seconds <llmfleet.costmodel.lora.LoraCost.load_seconds>`); a request whose adapter
+finds every slot pinned waits outside the core (``lora_waiting``, counted as waiting) until a request
+of that base ends. Adapters share the base's KV pool and block geometry; the prefix cache is keyed by
+the adapter (``CoreRequest.prefix_key``), so two adapters never share a block. Each continuous step
+is charged the rank-r matmuls of its adapter rows (:meth:`LoraCost.batch_seconds
+<llmfleet.costmodel.lora.LoraCost.batch_seconds>`, at ``max_lora_rank``: the pool pads every adapter
+to it). Static batches are not charged for LoRA.
+
 Its models can change between steps (:mod:`llmfleet.sim.fleet`): ``serving`` models take new requests,
 ``loading`` ones have their memory claimed while their weights arrive, ``removing`` ones take none and
 unload once their requests have left, ``to_load`` ones wait for memory; :meth:`rehost` resizes the KV
@@ -28,7 +40,8 @@ from functools import partial
 
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
-from llmfleet.engine_core import CoreRequest, EngineCore, StepPlan
+from llmfleet.costmodel.lora import LoraCost
+from llmfleet.engine_core import AdapterSlots, CoreRequest, EngineCore, StepPlan
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
@@ -131,6 +144,26 @@ class SimInstance:
         self.move_out = True  # move the removed models' requests to other hosts (False: drain them here)
         self.started_s: float | None = 0.0  # when it took its GPUs (None: waiting for GPUs)
         self.released_s: float | None = None  # when it gave them back
+        # LoRA: per base model its adapter slots and costs; admissions waiting for a slot; loads so far
+        self.adapter_slots: dict[str, AdapterSlots] = {}
+        self._lora: dict[str, LoraCost] = {}
+        self.lora_waiting: list[tuple[RequestRecord, int, float, float | None, float | None, int]] = []
+        self.adapter_loads = 0
+        self._load_debt = 0.0  # adapter load seconds the next step waits for
+        self._lora_models(models)
+
+    def _lora_models(self, models: tuple[str, ...]) -> None:
+        """Adapter pools for ``models`` (kept for those that stay, dropped for those that left)."""
+        n = self.engine.max_loras
+        if not n:
+            return
+        self.adapter_slots = {m: self.adapter_slots.get(m) or AdapterSlots(n) for m in models}
+        rank = self.engine.max_lora_rank
+        self._lora = {m: self._lora.get(m) or LoraCost(self.archs[m], self.hw, self.tp, rank) for m in models}
+
+    @property
+    def adapter_evictions(self) -> int:
+        return sum(s.evictions for s in self.adapter_slots.values())
 
     # ------------------------------------------------------------------------------------ lifecycle
     @property
@@ -183,6 +216,7 @@ class SimInstance:
             if m not in self._lm:
                 self._lm[m] = self.cost.model(m, self.tp)
         self.models = models
+        self._lora_models(models)
         for r in bumped:
             core.land(r, now)  # back to waiting: re-prefills prompt + output so far
             core.preemptions += 1
@@ -196,7 +230,7 @@ class SimInstance:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.lora_waiting)
 
     @property
     def kv_capacity_bytes(self) -> int:
@@ -217,16 +251,45 @@ class SimInstance:
         now: float,
         predicted: float | None = None,
         deadline: float | None = None,
+        lora_rank: int = 16,
     ) -> None:
-        """A request dispatched here at ``now`` (call :meth:`interrupt` afterwards if busy)."""
+        """A request dispatched here at ``now`` (call :meth:`interrupt` afterwards if busy); one naming
+        a LoRA adapter (``rec.adapter``, of rank ``lora_rank``) pins it in its base's pool, loading it if
+        it is not resident, or waits for a slot."""
         if rec.model not in self.tpb:
             raise ValueError(f"instance {self.instance_id} does not host model {rec.model!r}")
         cap = max(cap, rec.output_tokens)
+        if rec.adapter:
+            slots = self.adapter_slots.get(rec.model)
+            if slots is None:
+                raise ValueError(
+                    f"instance {self.instance_id} serves no LoRA adapters (max_loras 0); "
+                    f"request {rec.request_id} names {rec.adapter!r}"
+                )
+            got = slots.acquire(rec.adapter)
+            if got is None:  # every slot pinned by other adapters' requests
+                self.lora_waiting.append((rec, cap, now, predicted, deadline, lora_rank))
+                return
+            if got:
+                self.adapter_loads += 1
+                self._load_debt += self._lora[rec.model].load_seconds(lora_rank)
+        self._enter(rec, cap, now, now, predicted, deadline)
+
+    def _enter(
+        self,
+        rec: RequestRecord,
+        cap: int,
+        arrived: float,
+        now: float,
+        predicted: float | None,
+        deadline: float | None,
+    ) -> None:
+        """``rec`` joins the core at ``now`` (dispatched here at ``arrived``)."""
         sched = SchedRequest(
             rec.request_id,
             rec.service,
             rec.model,
-            now,
+            arrived,
             rec.prompt_tokens,
             cap,
             predicted_output_tokens=predicted,
@@ -237,7 +300,44 @@ class SimInstance:
         outputs = (
             partial(_output_ids, content) if ids is not None and content.output_seed is not None else None
         )
-        self.core.add(CoreRequest(sched, rec.prompt_tokens, cap, rec, ids, outputs), now)
+        core_req = CoreRequest(
+            sched, rec.prompt_tokens, cap, rec, ids, outputs, prefix_key=rec.adapter or None
+        )
+        self.core.add(core_req, now)
+
+    def _release_adapters(self, done: list[CoreRequest], now: float) -> None:
+        """``done`` left the core: their adapters' pins go, and requests waiting for a slot get one."""
+        for r in done:
+            rec = record_of(r)
+            if rec.adapter:
+                self.adapter_slots[rec.model].release(rec.adapter)
+        if not self.lora_waiting:
+            return
+        still = []
+        for entry in self.lora_waiting:
+            rec, cap, arrived, predicted, deadline, rank = entry
+            slots = self.adapter_slots[rec.model]
+            got = slots.acquire(rec.adapter)
+            if got is None:
+                still.append(entry)
+                continue
+            if got:
+                self.adapter_loads += 1
+                self._load_debt += self._lora[rec.model].load_seconds(rank)
+            self._enter(rec, cap, arrived, now, predicted, deadline)
+        self.lora_waiting = still
+
+    def _lora_seconds(self, plan: StepPlan) -> float:
+        """The step's LoRA matmuls (its adapter rows) plus the adapter loads it waited for."""
+        debt, self._load_debt = self._load_debt, 0.0
+        tokens, names = 0, set()
+        prefills = {id(r) for r in plan.prefills}
+        for r in plan.members:
+            adapter = record_of(r).adapter
+            if adapter:
+                names.add(adapter)
+                tokens += r.sched.prompt_tokens - r.cached if id(r) in prefills else 1
+        return debt + (self._lora[plan.model].batch_seconds(tokens, len(names)) if names else 0.0)
 
     def interrupt(self, now: float) -> float | None:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in
@@ -259,8 +359,11 @@ class SimInstance:
         assert self.work is None, "an iteration is already in flight"
         core = self.core
         plan = core.schedule(now)
-        for r, why in core.drain_failed():
+        failed = core.drain_failed()
+        for r, why in failed:
             fail(r, f"{why} (instance {self.instance_id})")
+        if failed and self.adapter_slots:
+            self._release_adapters([r for r, _ in failed], now)
         for r in plan.preempted if plan is not None else ():
             record_of(r).preemptions += 1
         if plan is None:
@@ -271,13 +374,16 @@ class SimInstance:
         else:
             lm = self._lm[plan.model]
             dur = lm.iteration(plan.prefill_tokens, plan.prefill_sq, plan.decodes, plan.context_tokens)
-            work = self._chunk(plan, dur, now) if self.fast_forward and not plan.prefills else None
+            lora = self._lora_seconds(plan) if self.adapter_slots else 0.0
+            dur += lora
+            work = self._chunk(plan, dur, now, lora) if self.fast_forward and not plan.prefills else None
             self.work = work or _Work(plan, now, now + dur)
         self.version += 1
         return self.work.end
 
-    def _chunk(self, plan: StepPlan, dur: float, now: float) -> _Work | None:
-        """Grow a pure-decode iteration of ``dur`` into a chunk, or None when it stays one iteration.
+    def _chunk(self, plan: StepPlan, dur: float, now: float, lora: float = 0.0) -> _Work | None:
+        """Grow a pure-decode iteration of ``dur`` into a chunk, or None when it stays one iteration;
+        ``lora``: the LoRA seconds of each iteration after the first (the same members every time).
 
         Bounds are one ``cumsum`` over [now, dur, d_2, …], the same additions as a running ``t += d``,
         so every iteration ends exactly where iterating one by one would put it."""
@@ -298,6 +404,8 @@ class SimInstance:
         steps[0] = now
         steps[1] = dur
         self._lm[plan.model].decode_steps_into(steps[2:], n, ctx + n, n)
+        if lora:
+            steps[2:] += self._lora_seconds(plan)  # the members' matmuls (no loads: they were paid)
         bounds = np.cumsum(steps)
         k = k_max
         if horizon != np.inf:  # iterations starting before the horizon
@@ -366,6 +474,8 @@ class SimInstance:
         done = self.core.complete(plan, now, durations, finished=finished).finished
         for r in done:
             record_of(r).finish_s = now
+        if self.adapter_slots:
+            self._release_adapters(done, now)
         return done
 
     def _finish_static(self, w: _Work, now: float) -> list[CoreRequest]:
@@ -387,6 +497,8 @@ class SimInstance:
         sb = self.core.static_batch
         self._batch_iters += k
         res = self.core.complete(plan, now, w.end - w.start, produced=produced, finished=finished)
+        if self.adapter_slots:
+            self._release_adapters(res.finished, now)
         for r in res.requeued:
             record_of(r).requeues += 1
         if res.batch_rows:

@@ -5,7 +5,8 @@ pool = tp · mem_bytes · mem_fraction − Σ_m (weights_m + activation_m), with
 activation_m = max_prefill_tokens · (4·h + 2·f) · dtype_bytes + max_batch_requests · vocab · 4 (hidden states,
 attention/MLP intermediates of one prefill chunk, fp32 logits of a decode batch). Merged blocks
 (SeaLLM §5): ``block_bytes = block_tokens · max_m kv_bytes_per_token_m`` so the largest model gets
-``block_tokens`` tokens per block and the others more.
+``block_tokens`` tokens per block and the others more. With LoRA on (``max_loras``), each model's
+adapter pool (:func:`llmfleet.costmodel.lora.adapter_pool_bytes`) is reserved too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.costmodel import memory as _mem
+from llmfleet.costmodel.lora import adapter_pool_bytes
 from llmfleet.sim.spec import EngineSettings
 
 
@@ -43,7 +45,7 @@ def pool_layout(hw: Hardware, tp: int, archs: Sequence[ModelArch], eng: EngineSe
     else:
         kv = _mem.kv_pool_bytes(
             hw, tp, archs, eng.mem_fraction, eng.max_prefill_tokens, eng.max_batch_requests
-        )
+        ) - sum(adapter_pool_bytes(a, eng.max_loras, eng.max_lora_rank) for a in archs)
     if kv < block_bytes:
         names = ", ".join(a.name for a in archs)
         raise DoesNotFit(

@@ -60,10 +60,10 @@ def balanced_groups(counts: dict[str, int], instance_ids: Sequence[str], workers
 
 # RequestRecord's fields after the request's own six, in order (then ``content``, an input the
 # parent does not need): a record is rebuilt as RequestRecord(<request fields>, *outcome); the
-# tenant and priority, inputs too, ride along (tests/sim/test_partition.py checks the order)
+# tenant, priority and adapter, inputs too, ride along (tests/sim/test_partition.py checks the order)
 OUTCOME_FIELDS = (
     "instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "requeues", "failed",
-    "tenant", "priority",
+    "tenant", "priority", "adapter",
 )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ class RequestRecord:
     failed: str = ""  # why the request could not be served ("" = served)
     tenant: str = ""  # the API key it comes from (fair queueing while it is held)
     priority: int | None = None  # its own priority (None: its service's)
+    adapter: str = ""  # the LoRA adapter it names ("" : its model itself); it runs on ``model``, the base
     # the workload request, when it says what its prompt holds (prefix caching hashes its token ids)
     content: Any = field(default=None, repr=False, compare=False)
 

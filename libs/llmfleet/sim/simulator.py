@@ -213,7 +213,7 @@ class Simulator:
     def _record(self, wr, svc: SimService) -> RequestRecord:
         rec = RequestRecord(
             wr.request_id, svc.name, svc.model, wr.arrival_s, wr.prompt_tokens, wr.output_tokens,
-            tenant=getattr(wr, "tenant", ""), priority=getattr(wr, "priority", None),
+            tenant=getattr(wr, "tenant", ""), priority=getattr(wr, "priority", None), adapter=svc.adapter,
         )  # fmt: skip
         if getattr(wr, "has_content", False):  # its prompt's token ids: the engines' prefix caching
             rec.content = wr
@@ -433,4 +433,6 @@ class Simulator:
             "requeues": inst.core.requeues,
             "prefix_queries": inst.core.prefix_queries,  # prompt tokens looked up in the prefix cache
             "prefix_hits": inst.core.prefix_hits,  # of them, found cached (not computed)
+            "adapter_loads": inst.adapter_loads,  # LoRA adapters put in a slot (misses)
+            "adapter_evictions": inst.adapter_evictions,
         }

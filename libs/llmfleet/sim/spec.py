@@ -69,10 +69,15 @@ class SimService:
     weight: float = 1.0  # rate share when a workload is split into services
     priority: int = 0  # waiting for capacity: higher first (the live ServiceSpec's priority)
     cold_start_timeout_s: float = 0.0  # scale from zero: the wait bound (0: min(10 x TTFT SLO, 120 s))
+    # a LoRA adapter of ``model`` the service's requests name ("": the model itself), and its rank
+    adapter: str = ""
+    lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a service needs a name")
+        if self.lora_rank < 1:
+            raise ValueError(f"service {self.name!r}: lora_rank must be >= 1, got {self.lora_rank}")
         if not isinstance(self.slo, Slo):
             raise ValueError(f"service {self.name!r}: slo must be an llmfleet.types.Slo, got {self.slo!r}")
         if self.max_tokens < 1 or self.weight <= 0:
@@ -83,6 +88,11 @@ class SimService:
         """``slo.deadline_s`` (UELLM), read when a request arrives."""
         return self.slo.deadline_s
 
+    @property
+    def routed_model(self) -> str:
+        """The model its requests name to the dispatcher: the adapter, else the model."""
+        return self.adapter or self.model
+
 
 @dataclass(frozen=True)
 class EngineSettings(EngineLimits):
@@ -92,6 +102,8 @@ class EngineSettings(EngineLimits):
     mem_fraction: float = 0.9  # gpu_memory_utilization
     kv_bytes: int | None = None  # override the KV pool size (e.g. to match a live engine)
     static_release: str = "batch_end"  # static batching: "batch_end" (HF generate) or "eos"
+    max_loras: int = 0  # LoRA adapter slots per base model (0: LoRA off; the native engine's max_loras)
+    max_lora_rank: int = 16  # the largest adapter rank served: sizes the adapter pool's memory
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,6 +111,10 @@ class EngineSettings(EngineLimits):
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         if self.static_release not in ("batch_end", "eos"):
             raise ValueError(f"static_release must be 'batch_end' or 'eos', got {self.static_release!r}")
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(
+                f"max_loras >= 0 and max_lora_rank >= 1 required, got {self.max_loras}, {self.max_lora_rank}"
+            )
 
 
 @dataclass(frozen=True)
@@ -117,10 +133,28 @@ class SimSpec:
             raise ValueError(f"duplicate service names: {names}")
         for s in self.services:
             model_arch(s.model)  # UnknownModel lists the valid names
+        clash = sorted({s.adapter for s in self.services} & set(self.models))
+        if clash:
+            raise ValueError(f"adapters {clash} have the name of a served model")
+        for s in self.services:
+            if s.adapter and s.lora_rank > self.engine.max_lora_rank:
+                raise ValueError(
+                    f"service {s.name!r}: adapter {s.adapter!r} of rank {s.lora_rank} exceeds the engines' "
+                    f"max_lora_rank {self.engine.max_lora_rank}"
+                )
 
     @property
     def models(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.model for s in self.services))
+
+    @property
+    def adapters(self) -> dict[str, tuple[str, ...]]:
+        """Base model -> the LoRA adapters its services name (none for a model without adapters)."""
+        out: dict[str, dict[str, None]] = {}
+        for s in self.services:
+            if s.adapter:
+                out.setdefault(s.model, {})[s.adapter] = None
+        return {m: tuple(a) for m, a in out.items()}
 
     def archs(self) -> dict[str, ModelArch]:
         return {m: model_arch(m) for m in self.models}
@@ -141,7 +175,7 @@ class SimSpec:
         raise KeyError(f"unknown service {name!r}; known: {[s.name for s in self.services]}")
 
 
-_SERVICE_KEYS = ("name", "model", "slo", "max_tokens", "weight")
+_SERVICE_KEYS = ("name", "model", "slo", "max_tokens", "weight", "adapter", "lora_rank")
 
 
 def reference_tp(arch: ModelArch, hw: Hardware) -> int:
@@ -153,7 +187,8 @@ def reference_tp(arch: ModelArch, hw: Hardware) -> int:
 
 
 def service_from_dict(d: Mapping[str, Any], where: str = "service") -> SimService:
-    """``{name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens, weight}``."""
+    """``{name, model, slo: {ttft_s, tpot_s, latency_scale, deadline_s}, max_tokens, weight, adapter,
+    lora_rank}``."""
     if not isinstance(d, Mapping):
         raise ValueError(f"{where} must be a mapping, got {d!r}")
     try:
@@ -182,23 +217,29 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     each limit an engine sets applies to every instance (engines that set one differently are an error),
     limits no engine sets keep the simulator's GPU defaults, and ``block_bytes`` (sized for the live
     engine's own models) is left to the simulator's ``block_tokens``. An ``emulated:`` pool's
-    ``mem_fraction`` sizes every instance's memory, as it sizes the emulated engines'.
+    ``mem_fraction`` sizes every instance's memory, as it sizes the emulated engines'. A service of a
+    LoRA adapter runs on its base's catalog model and names the adapter (``SimService.adapter``);
+    the engines' ``max_loras`` / ``max_lora_rank`` are merged like the limits.
     """
     services = []
     for name, svc in sorted(config.services.items()):
         model = config.models[svc.model]
-        sim_model = model.sim_model or svc.model
+        adapter, model_name = "", svc.model
+        if model.is_adapter and model.base is not None:  # an adapter runs on its base
+            adapter, model_name = svc.model, model.base
+            model = config.models[model.base]
+        sim_model = model.sim_model or model_name
         try:
             sim_model = model_arch(sim_model).name
         except UnknownModel:
             raise ValueError(
-                f"service {name!r}: model {svc.model!r} (source {model.source}) is not in the cost-model "
+                f"service {name!r}: model {model_name!r} (source {model.source}) is not in the cost-model "
                 f"catalog; give it a sim_model: one of {sorted(MODEL_CATALOG)}"
             ) from None
         services.append(
             SimService(
                 name, sim_model, svc.slo, priority=svc.priority,
-                cold_start_timeout_s=svc.cold_start_timeout_s,
+                cold_start_timeout_s=svc.cold_start_timeout_s, adapter=adapter,
             )
         )  # fmt: skip
     merged: dict[str, Any] = {}
@@ -207,7 +248,8 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     if config.emulated is not None:  # every emulated GPU runs the pool's engine settings
         engines.append(("emulated", config.emulated.engine))
     for eid, e in engines:
-        for key, value in e.limits().items():
+        lora = {k: v for k in ("max_loras", "max_lora_rank") if (v := getattr(e, k)) is not None}
+        for key, value in [*e.limits().items(), *lora.items()]:
             if key == "block_bytes":
                 continue
             if merged.setdefault(key, value) != value:
