@@ -1,0 +1,125 @@
+"""The OpenAI front (``llmfleet-front``, two workers on one port) in front of a scheduler with API keys,
+driven by the official ``openai`` package: completions, streamed chat, a wrong key (401), a bad field
+(400 naming it), a key's rate limit and ``max_priority`` enforced by the scheduler through the front,
+and a scheduler restart the front survives."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from harness import Cluster, launch, wait_http
+from llmfleet.supervisor import free_port
+
+KEY = "sk-front-0001"
+LIMITED = "sk-front-limited"
+RATE = 1.0  # requests/s of the limited key (burst 2)
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory) -> tuple[Cluster, str]:
+    root = tmp_path_factory.mktemp("front")
+    keys = root / "keys.yaml"
+    keys.write_text(
+        f"keys:\n  - {{name: team, key: {KEY}}}\n"
+        f"  - {{name: limited, key: {LIMITED}, limits: {{requests_per_s: {RATE}, burst: 2}}}}\n"
+    )
+    c = launch(root, engines=1, placement_replicas=1, scheduler_args=("--api-keys", str(keys)))
+    try:
+        port = free_port()
+        c.start(
+            "front", "llmfleet-front", "--http-port", str(port), "--workers", "2", "--api-keys", str(keys)
+        )
+        c.wait_healthy(["front"])
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base, timeout_s=30)
+        yield c, base
+    finally:
+        c.stop()
+
+
+def client(base: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_completion_and_streamed_chat(front):
+    _, base = front
+    oa = client(base)
+    assert "chat" in [m.id for m in oa.models.list()]
+    r = oa.completions.create(model="chat", prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage is not None
+    assert r.usage.completion_tokens == 5 and r.choices[0].text
+    pieces, finish = [], None
+    for chunk in oa.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True
+    ):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert "".join(pieces) and finish == "length"
+
+
+def test_wrong_key_is_401_and_bad_field_is_400_naming_it(front):
+    _, base = front
+    with pytest.raises(openai.AuthenticationError) as e:
+        client(base, "sk-wrong").completions.create(model="chat", prompt="hi", max_tokens=2)
+    assert e.value.status_code == 401
+    with pytest.raises(openai.BadRequestError) as bad:  # checked by the scheduler, mapped by the front
+        client(base).completions.create(model="chat", prompt="hi", max_tokens=2, top_p=1.5)
+    assert bad.value.status_code == 400 and "top_p" in str(bad.value)
+    assert bad.value.body["param"] == "top_p"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as prio:  # the key's max_priority, at the scheduler
+        client(base).completions.create(model="chat", prompt="hi", max_tokens=2, extra_body={"priority": 3})
+    assert prio.value.body["param"] == "priority" and "API key" in str(prio.value)  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client(base).completions.create(model="nope", prompt="hi", max_tokens=2)
+
+
+def test_the_keys_rate_limit_holds_through_the_front(front):
+    _, base = front
+    oa, other = client(base, LIMITED), client(base)
+    admitted = refused = 0
+    retry_after = None
+    for _ in range(8):
+        try:
+            oa.completions.create(model="chat", prompt="hi", max_tokens=1)
+            admitted += 1
+        except openai.RateLimitError as e:
+            refused += 1
+            retry_after = e.response.headers.get("retry-after")
+    assert refused >= 4 and admitted <= 2 + 8 * RATE, (admitted, refused)
+    assert retry_after is not None and int(retry_after) >= 1
+    other.completions.create(model="chat", prompt="hi", max_tokens=1)  # another key is not limited
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_front_serving(front):
+    _, base = front
+    with httpx.stream(
+        "POST", f"{base}/v1/completions", headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "chat", "prompt": "hi", "max_tokens": 2000, "stream": True}, timeout=30,
+    ) as r:  # fmt: skip
+        assert r.status_code == 200
+        next(r.iter_lines())
+    r2 = client(base).completions.create(model="chat", prompt="hi", max_tokens=2)
+    assert r2.usage is not None and r2.usage.completion_tokens == 2
+
+
+def test_the_front_survives_a_scheduler_restart(front):
+    c, base = front
+    c.procs.kill("scheduler")
+    c.procs.respawn("scheduler")
+    c.wait_healthy(["scheduler"])
+    deadline, last = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        try:
+            r = client(base).completions.create(model="chat", prompt="hi", max_tokens=2)
+            assert r.usage is not None and r.usage.completion_tokens == 2
+            break
+        except (openai.APIStatusError, openai.APIConnectionError) as e:
+            last = e
+            time.sleep(0.5)
+    else:
+        raise AssertionError(f"no completion through the front after the restart: {last!r}")
+    assert c.procs["front"].alive
