@@ -26,9 +26,11 @@ errors, hop p50 ≤ 3 ms and p99 ≤ 10 ms (the issue's bar).
 against one.
 
 First, the ``paths`` arm (``tools/bench/capacity_paths.py``; ``--paths-rounds 0`` leaves it out,
-``--only-paths`` runs only it): the SDK and the OpenAI HTTP API (``POST /v1/completions``, streamed)
-alternating, ``--paths-concurrency`` closed-loop 16-token streams each, scheduler CPU per request and
-requests/s of both, and their ratios against the issue's goals (≤ 1.5× CPU, ≥ 0.7× requests/s).
+``--only-paths`` runs only it): the SDK, the scheduler's own OpenAI HTTP API (``POST /v1/completions``,
+streamed) and the same requests through the OpenAI front (``llmfleet-front --workers
+--front-workers``, on the scheduler's multiplexed path), alternating, ``--paths-concurrency``
+closed-loop 16-token streams each: scheduler CPU per request, the front's own CPU per request and
+requests/s, and the ratios against the goals (≤ 1.5× the SDK's scheduler CPU, ≥ 0.7× its requests/s).
 
 Writes ``report.json``, ``report.md`` and PNGs (hop p50/p99 and scheduler CPU per request vs offered
 load) to ``--out`` (default ``.bench/capacity``).
@@ -46,6 +48,7 @@ import random
 import resource
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +131,23 @@ async def _generate_async(
 
 
 # -------------------------------------------------------------------------------------------- cluster
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live children (the front's workers)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     out = {}
     for name, pid in pids.items():
@@ -140,9 +160,10 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 
 class Cluster:
-    """``llmfleet up --emulate`` plus a second scheduler process (``--two-processes``)."""
+    """``llmfleet up --emulate`` plus a second scheduler process (``--two-processes``) and the OpenAI
+    front (``front_workers`` processes; 0: none)."""
 
-    def __init__(self, out: Path, gpus: int, hardware: str) -> None:
+    def __init__(self, out: Path, gpus: int, hardware: str, front_workers: int = 1) -> None:
         self.up = LocalUp(
             out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1",
             "--http-port", str(free_port()),
@@ -150,15 +171,23 @@ class Cluster:
         self.extra: list[subprocess.Popen] = []
         self.addresses: dict[str, str] = {}
         self.http = ""  # the first scheduler's OpenAI HTTP API, host:port
+        self.front = ""  # the OpenAI front's HTTP API, host:port
+        self.front_workers = front_workers
         self.pids: dict[str, int] = {}
         self.idle: dict[str, float] = {}  # CPU seconds per second of each process with no load
 
     def measure_idle(self, seconds: float) -> dict[str, float]:
-        before, t0 = cpu_seconds(self.pids), time.monotonic()
+        before, front0, t0 = cpu_seconds(self.pids), self.front_cpu(), time.monotonic()
         time.sleep(seconds)
-        after, span = cpu_seconds(self.pids), time.monotonic() - t0
-        self.idle = {k: (after[k] - before.get(k, after[k])) / span for k in after}
+        after, front1, span = cpu_seconds(self.pids), self.front_cpu(), time.monotonic() - t0
+        self.idle = {k: (after[k] - before.get(k, after[k])) / span for k in after if k != "front"}
+        if "front" in self.pids:
+            self.idle["front"] = (front1 - front0) / span
         return self.idle
+
+    def front_cpu(self) -> float:
+        """CPU seconds of the front's processes (the parent and its workers)."""
+        return tree_cpu_seconds(self.pids["front"]) if "front" in self.pids else 0.0
 
     def start(self) -> None:
         self.up.start()
@@ -167,6 +196,34 @@ class Cluster:
         self.http = ep["scheduler"]["http"]
         self.pids = {n: e["pid"] for n, e in ep.items() if isinstance(e, dict) and e.get("pid")}
         self._spawn("scheduler-2", psutil.Process(self.pids["scheduler"]).cmdline())
+        if self.front_workers:
+            self._spawn_front()
+
+    def _spawn_front(self) -> None:
+        """``llmfleet-front`` on the cluster's etcd, sending to ``up``'s scheduler."""
+        http = free_port()
+        script = Path(psutil.Process(self.pids["scheduler"]).cmdline()[0]).parent / "llmfleet-front"
+        argv = [
+            str(script) if script.exists() else "llmfleet-front",
+            "--id", "front", "--port", str(free_port()), "--metrics-port", "-1", "--http-port", str(http),
+            "--etcd", self.up.etcd, "--scheduler", self.addresses["scheduler"],
+            "--workers", str(self.front_workers), "--log-level", "WARNING",
+        ]  # fmt: skip
+        log = open(self.up.dir / "front.log", "w")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.extra.append(proc)
+        self.pids["front"] = proc.pid
+        self.front = f"127.0.0.1:{http}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.front}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the front at {self.front} is not ready after 60 s (see {self.up.dir}/front.log)")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         port = free_port()
@@ -350,14 +407,19 @@ def plot(report: dict, out: Path) -> None:
 
 
 def paths_section(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
-    """The SDK and the HTTP path alternating, ``--paths-rounds`` times (``capacity_paths``)."""
+    """The SDK, the HTTP and the front path alternating, ``--paths-rounds`` times (``capacity_paths``)."""
     rounds: list[dict[str, Any]] = []
+    paths = [("sdk", cluster.addresses["scheduler"]), ("http", cluster.http)]
+    if cluster.front:
+        paths.append(("front", cluster.front))
     for _ in range(args.paths_rounds):
-        for path, target in (("sdk", cluster.addresses["scheduler"]), ("http", cluster.http)):
+        for path, target in paths:
+            front = path == "front"
             r = capacity_paths.run_round(
                 path, target, SERVICE, PROMPT, 16, args.paths_concurrency, args.paths_requests,
                 args.generators, lambda: cpu_seconds({"s": cluster.pids["scheduler"]}).get("s", 0.0),
-                cluster.idle.get("scheduler", 0.0),
+                cluster.idle.get("scheduler", 0.0), cluster.front_cpu if front else None,
+                cluster.idle.get("front", 0.0),
             )  # fmt: skip
             rounds.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "error_examples"}), flush=True)
@@ -388,6 +450,7 @@ def main() -> int:
     ap.add_argument("--paths-requests", type=int, default=2000, help="requests per path per round")
     ap.add_argument("--paths-concurrency", type=int, default=100)
     ap.add_argument("--only-paths", action="store_true", help="only the SDK vs HTTP comparison")
+    ap.add_argument("--front-workers", type=int, default=1, help="the OpenAI front's processes (0: no front)")
     ap.add_argument("--quick", action="store_true", help="CI size: 3 s steps, rates 20 and 60")
     args = ap.parse_args()
     if args.quick:
@@ -395,7 +458,7 @@ def main() -> int:
         args.idle_s = 3.0
         args.paths_rounds, args.paths_requests = 1, 300
     args.out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(args.out, args.gpus, args.hardware)
+    cluster = Cluster(args.out, args.gpus, args.hardware, args.front_workers)
     steps: list[dict] = []
     report: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}",

@@ -1,4 +1,4 @@
-"""The SDK path against the OpenAI HTTP path, side by side in one run (``make bench-capacity``'s
+"""The SDK path against the OpenAI HTTP paths, side by side in one run (``make bench-capacity``'s
 ``paths`` arm).
 
 Each round runs ``total`` streamed ``tokens``-token requests, ``concurrency`` in flight (closed loop:
@@ -7,10 +7,14 @@ path, the paths alternating round by round so that the machine's drift falls on 
 
 * ``sdk``: ``llmfleet.client.AsyncClient.generate`` (one multiplexed ``SubmitMany`` call per process);
 * ``http``: ``POST /v1/completions`` with ``"stream": true`` over aiohttp (keep-alive connections; the
-  load generator of vLLM's serving benchmark), the server-sent events read to ``[DONE]``.
+  load generator of vLLM's serving benchmark), the server-sent events read to ``[DONE]``, served by
+  the scheduler's own HTTP API;
+* ``front``: the same requests to the OpenAI front (``llmfleet-front``), which sends them to the
+  scheduler on the SDK's multiplexed path.
 
-Per round: requests/s completed, errors, client TTFT p50/p99, and the CPU of the scheduler processes
-per request, net of their idle CPU (``idle``: CPU seconds per second with no load)."""
+Per round: requests/s completed, errors, client TTFT p50/p99, the CPU of the scheduler processes per
+request, net of their idle CPU (``idle``: CPU seconds per second with no load), and on the ``front``
+path the front's own CPU per request (its processes, net of their idle CPU) too."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-PATHS = ("sdk", "http")
+PATHS = ("sdk", "http", "front")
 
 
 def _client(
@@ -147,9 +151,12 @@ def run_round(
     generators: int,
     cpu: Callable[[], float],
     idle_per_s: float,
+    front_cpu: Callable[[], float] | None = None,
+    front_idle_per_s: float = 0.0,
 ) -> dict[str, Any]:
     """One round of ``total`` requests on ``path``; ``cpu()``: the scheduler processes' CPU seconds so far,
-    ``idle_per_s``: theirs with no load."""
+    ``idle_per_s``: theirs with no load; ``front_cpu``, ``front_idle_per_s``: the same of the front's
+    processes (the ``front`` path)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [
@@ -162,10 +169,10 @@ def run_round(
     for p in procs:
         p.start()
     time.sleep(1.5)  # the generators import and connect before the clock starts
-    c0, t0 = cpu(), time.monotonic()
+    c0, f0, t0 = cpu(), front_cpu() if front_cpu else 0.0, time.monotonic()
     results = [q.get(timeout=600) for _ in procs]
     span = time.monotonic() - t0
-    c1 = cpu()
+    c1, f1 = cpu(), front_cpu() if front_cpu else 0.0
     for p in procs:
         p.join(30)
     done = sum(r["completed"] for r in results)
@@ -173,6 +180,7 @@ def run_round(
     ttft = np.array([t * 1000 for r in results for t in r["ttfts"]])
     errors = [e for r in results for e in r["errors"]]
     sched = max(0.0, c1 - c0 - idle_per_s * span)
+    front = max(0.0, f1 - f0 - front_idle_per_s * span)
     return {
         "path": path,
         "requests": total,
@@ -183,24 +191,33 @@ def run_round(
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft.size else None,
         "ttft_p99_ms": float(np.percentile(ttft, 99)) if ttft.size else None,
         "scheduler_cpu_ms_per_req": 1000 * sched / done if done else None,
+        "front_cpu_ms_per_req": 1000 * front / done if done and front_cpu else None,
         "clients_cpu_s": sum(r["cpu_s"] for r in results),
     }
 
 
-def compare(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """HTTP ÷ SDK per pair of rounds (CPU per request and requests/s), with their spread."""
+def _ratios(rounds: list[dict[str, Any]], path: str) -> tuple[list[float], list[float]]:
+    """``path`` ÷ SDK per round (scheduler CPU per request, requests/s)."""
     sdk = [r for r in rounds if r["path"] == "sdk"]
-    http = [r for r in rounds if r["path"] == "http"]
-    cpu = [h["scheduler_cpu_ms_per_req"] / s["scheduler_cpu_ms_per_req"] for s, h in zip(sdk, http, strict=False)
+    other = [r for r in rounds if r["path"] == path]
+    cpu = [h["scheduler_cpu_ms_per_req"] / s["scheduler_cpu_ms_per_req"] for s, h in zip(sdk, other, strict=False)
            if s["scheduler_cpu_ms_per_req"] and h["scheduler_cpu_ms_per_req"]]  # fmt: skip
-    rps = [h["rps"] / s["rps"] for s, h in zip(sdk, http, strict=False) if s["rps"]]
-    return {
-        "cpu_per_req_http_over_sdk": [round(x, 2) for x in cpu],
-        "rps_http_over_sdk": [round(x, 2) for x in rps],
-        "goal_cpu_ratio": 1.5,
-        "goal_rps_ratio": 0.7,
-        "met": bool(cpu and rps and max(cpu) <= 1.5 and min(rps) >= 0.7),
-    }
+    rps = [h["rps"] / s["rps"] for s, h in zip(sdk, other, strict=False) if s["rps"]]
+    return [round(x, 2) for x in cpu], [round(x, 2) for x in rps]
+
+
+def compare(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """HTTP ÷ SDK and front ÷ SDK per round (scheduler CPU per request and requests/s), with their
+    spread; ``met``: per path, every round within the goals."""
+    out: dict[str, Any] = {"goal_cpu_ratio": 1.5, "goal_rps_ratio": 0.7, "met": {}}
+    for path in PATHS[1:]:
+        cpu, rps = _ratios(rounds, path)
+        if not cpu and not rps:
+            continue
+        out[f"cpu_per_req_{path}_over_sdk"] = cpu
+        out[f"rps_{path}_over_sdk"] = rps
+        out["met"][path] = bool(cpu and rps and max(cpu) <= 1.5 and min(rps) >= 0.7)
+    return out
 
 
 def markdown(section: dict[str, Any]) -> list[str]:
@@ -209,19 +226,24 @@ def markdown(section: dict[str, Any]) -> list[str]:
         f"## SDK vs OpenAI HTTP ({section['concurrency']} concurrent, {section['tokens']}-token streams, "
         f"{section['generators']} client processes, paths alternating)",
         "",
-        "| round | path | req/s | errors | TTFT p50 ms | TTFT p99 ms | sched. CPU ms/req | clients CPU s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| round | path | req/s | errors | TTFT p50 ms | TTFT p99 ms | sched. CPU ms/req | front CPU ms/req "
+        "| clients CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    paths = len({r["path"] for r in section["rounds"]}) or 1
     for i, r in enumerate(section["rounds"]):
+        front = f"{r['front_cpu_ms_per_req']:.2f}" if r.get("front_cpu_ms_per_req") is not None else "-"
         lines.append(
-            f"| {i // 2} | {r['path']} | {r['rps']:.0f} | {r['errors']} | {r['ttft_p50_ms'] or 0:.0f} | "
-            f"{r['ttft_p99_ms'] or 0:.0f} | {r['scheduler_cpu_ms_per_req'] or 0:.2f} | {r['clients_cpu_s']:.1f} |"
+            f"| {i // paths} | {r['path']} | {r['rps']:.0f} | {r['errors']} | {r['ttft_p50_ms'] or 0:.0f} | "
+            f"{r['ttft_p99_ms'] or 0:.0f} | {r['scheduler_cpu_ms_per_req'] or 0:.2f} | {front} | "
+            f"{r['clients_cpu_s']:.1f} |"
         )
     c = section["ratios"]
-    lines += [
-        "",
-        f"HTTP ÷ SDK scheduler CPU per request: {c['cpu_per_req_http_over_sdk']} (goal ≤ {c['goal_cpu_ratio']}); "
-        f"requests/s: {c['rps_http_over_sdk']} (goal ≥ {c['goal_rps_ratio']}): "
-        f"{'met' if c['met'] else 'not met'}.",
-    ]
+    lines.append("")
+    for path, met in c["met"].items():
+        lines.append(
+            f"{path} ÷ SDK scheduler CPU per request: {c[f'cpu_per_req_{path}_over_sdk']} "
+            f"(goal ≤ {c['goal_cpu_ratio']}); requests/s: {c[f'rps_{path}_over_sdk']} "
+            f"(goal ≥ {c['goal_rps_ratio']}): {'met' if met else 'not met'}."
+        )
     return lines
