@@ -11,7 +11,7 @@ TEST_WORKERS  ?= 2
 VLLM_VERSION  ?= 0.32.0
 VLLM_STAMP    := $(VENV)/.llmfleet-vllm-installed
 
-.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-fairness bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-fairness bench-lora bench-costs bench-metrics compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -30,6 +30,7 @@ help:
 	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
 	@echo "               bench-capacity (one scheduler process on emulated GPUs: its sustained rate and CPU per request; the SDK vs the OpenAI HTTP path side by side)"
 	@echo "               bench-fairness (the hold queue's order: a light key under a 10x flood, priorities)"
+	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
@@ -122,6 +123,9 @@ bench-capacity: setup
 
 bench-fairness: setup
 	$(PYTHON) -m tools.bench.fairness_bench --out .bench/fairness $(BENCH_ARGS)
+
+bench-lora: setup
+	$(PYTHON) -m tools.bench.lora_bench --out .bench/lora $(BENCH_ARGS)
 
 bench-metrics: setup
 	$(PYTHON) -m tools.bench.metrics_overhead --out .bench/metrics $(BENCH_ARGS)
