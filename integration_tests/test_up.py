@@ -83,10 +83,10 @@ def _metrics(endpoints: dict) -> None:
 
 
 def _openai(endpoints: dict, http_port: int) -> None:
-    """The scheduler's OpenAI-compatible API, with the official client, as docs/getting-started.md shows it."""
+    """The OpenAI-compatible API (the front's), with the official client, as docs/getting-started.md shows it."""
     import openai
 
-    assert endpoints["scheduler"]["http"] == f"127.0.0.1:{http_port}"
+    assert endpoints["front"]["http"] == f"127.0.0.1:{http_port}" and "http" not in endpoints["scheduler"]
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused")
     assert "chat" in {m.id for m in client.models.list()}
     out = client.completions.create(model="chat", prompt="Once upon a time", max_tokens=8)

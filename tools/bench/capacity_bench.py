@@ -166,7 +166,7 @@ class Cluster:
     def __init__(self, out: Path, gpus: int, hardware: str, front_workers: int = 1) -> None:
         self.up = LocalUp(
             out / "cluster", CONFIG, "--emulate", f"{gpus}x{hardware}", "--schedulers", "1",
-            "--http-port", str(free_port()),
+            "--http-port", str(free_port()), "--front-workers", "0",
         )  # fmt: skip
         self.extra: list[subprocess.Popen] = []
         self.addresses: dict[str, str] = {}

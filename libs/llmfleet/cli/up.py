@@ -87,7 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-port", type=int, default=50051, help="scheduler port; others follow it")
     p.add_argument(
         "--http-port", type=int, default=DEFAULT_HTTP_PORT,
-        help=f"the scheduler's OpenAI-compatible API port (default {DEFAULT_HTTP_PORT}; -1: none)",
+        help=f"the OpenAI-compatible API port (default {DEFAULT_HTTP_PORT}; -1: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--front-workers", type=int, default=1,
+        help="processes of the OpenAI front serving --http-port (default 1; 0: no front, each scheduler "
+        "serves the API itself, replica i on --http-port + i)",
     )  # fmt: skip
     p.add_argument("--prefix", default=None, help="etcd key prefix (default /llmfleet)")
     p.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="node lease TTL in seconds")
@@ -177,6 +182,7 @@ def _start(args: argparse.Namespace, config: ClusterConfig, s: UpSession, env: d
             api_keys=str(Path(args.api_keys).resolve()) if args.api_keys else None,
             reseed=not args.etcd,
             schedulers=args.schedulers,
+            front_workers=args.front_workers,
         )
         for plan in plans:
             s.group.spawn(plan.name, plan.argv, env=child_env(env, plan.name), log_path=plan.log_path)
@@ -187,7 +193,7 @@ def _start(args: argparse.Namespace, config: ClusterConfig, s: UpSession, env: d
     wait_healthy(s, plans, args.health_timeout)
     schedulers = [p for p in plans if p.name.startswith("scheduler")]
     wait_ready(s, schedulers[0], args.ready_timeout)
-    announce(s, endpoint, schedulers, args.tls)
+    announce(s, endpoint, schedulers, args.tls, next((p.http for p in plans if p.http), ""))
     return 0
 
 
@@ -208,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.schedulers < 1:
         console.print(f"[red]error:[/] --schedulers must be >= 1, got {args.schedulers}")
+        return 2
+    if args.front_workers < 0:
+        console.print(f"[red]error:[/] --front-workers must be >= 0, got {args.front_workers}")
         return 2
     state = Path(args.state_dir).resolve()
     (state / "logs").mkdir(parents=True, exist_ok=True)

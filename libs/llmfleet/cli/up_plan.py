@@ -1,7 +1,7 @@
 """What ``llmfleet up`` starts for a cluster config (pure: nothing is started): the control plane
-(scheduler replicas, profiler, placement, migration) on ports from the base port, then one engine per
-``engines`` entry, or the engine processes of an emulated pool (``--emulate``), each with its command
-line, gRPC address and log file.
+(scheduler replicas, profiler, placement, migration, the OpenAI front) on ports from the base port,
+then one engine per ``engines`` entry, or the engine processes of an emulated pool (``--emulate``),
+each with its command line, gRPC address and log file.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
     ("migration", "llmfleet-migration", "llmfleet_migration.main", 3),
 )
 ENGINE_SCRIPT = ("llmfleet-engine", "llmfleet_engine.main")
+# the OpenAI front: its gRPC health on base port + 4, the OpenAI-compatible API on --http-port
+FRONT = ("front", "llmfleet-front", "llmfleet_front.main", 4)
 ENGINE_PORT_OFFSET = 10
 SCHEDULER_REPLICA_OFFSET = 5  # scheduler-1 on base port + 5 (HTTP API on --http-port + 1), ...
-DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API of the scheduler
+DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API (the front's; without a front, the scheduler's)
 
 # the flags every service gets, from its name and port
 CommonArgs = Callable[[str, int], list[str]]
@@ -45,7 +47,7 @@ class ServicePlan:
     address: str
     log_path: Path
     metrics: str = ""  # host:port of its Prometheus /metrics
-    http: str = ""  # host:port of the OpenAI-compatible HTTP API (the scheduler)
+    http: str = ""  # host:port of the OpenAI-compatible HTTP API (the front, or the scheduler)
 
 
 def service_command(script: str, module: str) -> list[str]:
@@ -119,20 +121,24 @@ def plan_services(
     api_keys: str | None = None,
     reseed: bool = False,
     schedulers: int = 1,
+    front_workers: int = 0,
 ) -> list[ServicePlan]:
     """The children ``up`` starts, in start order (pure: nothing is started). ``http_port``: the
     scheduler's OpenAI-compatible API (-1: none); ``api_keys``: the keys file the scheduler enforces;
     ``reseed``: the placement leader replaces etcd's services/ and models/ with the config's (``up`` with
     its own etcd: the local file stays the truth from one run to the next); ``schedulers``: scheduler
-    replicas (``scheduler``, ``scheduler-1``, ...; clients fail over between them)."""
+    replicas (``scheduler``, ``scheduler-1``, ...; clients fail over between them); ``front_workers``:
+    the OpenAI front's processes, serving ``http_port`` in place of the schedulers (0: no front, the
+    schedulers serve the API themselves)."""
     state = Path(state_dir)
     logs = state / "logs"
     common = _Common(host, etcd, ttl, prefix, log_level)
     plans = []
     control = _control_plane(schedulers)
+    front = front_workers > 0 and http_port != -1
     for name, script, module, offset, replica in control:
         port = base_port + offset
-        http = http_port + replica if http_port > 0 else http_port
+        http = -1 if front else http_port + replica if http_port > 0 else http_port
         extra = _extra_args(name, config, config_path, http, api_keys, reseed)
         plans.append(
             ServicePlan(
@@ -145,9 +151,36 @@ def plan_services(
             )
         )
     used = {base_port + c[3] for c in control}
+    if front:
+        plans.append(_front_plan(common, host, base_port, http_port, front_workers, api_keys, logs))
+        used.add(base_port + FRONT[3])
     if config.emulated is not None:
         return plans + emulated_plans(config, config.emulated, common, host, base_port, state, used)
     return plans + _engine_plans(config, common, host, base_port, state, used)
+
+
+def _front_plan(
+    common: CommonArgs,
+    host: str,
+    base_port: int,
+    http_port: int,
+    workers: int,
+    api_keys: str | None,
+    logs: Path,
+) -> ServicePlan:
+    """The OpenAI front: ``workers`` processes on ``http_port``, finding the schedulers in etcd."""
+    name, script, module, offset = FRONT
+    port = base_port + offset
+    extra = ["--http-port", str(http_port), "--workers", str(workers)]
+    extra += ["--api-keys", api_keys] if api_keys else []
+    return ServicePlan(
+        name=name,
+        argv=[*service_command(script, module), *common(name, port), *extra],
+        address=f"{host}:{port}",
+        log_path=logs / f"{name}.log",
+        metrics=f"{host}:{port + METRICS_PORT_OFFSET}",
+        http=f"{host}:{http_port}" if http_port > 0 else "",
+    )
 
 
 def _engine_plans(

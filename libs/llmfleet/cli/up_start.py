@@ -149,11 +149,12 @@ def endpoints_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def announce(s: UpSession, etcd: str, schedulers: list[ServicePlan], tls: bool) -> None:
-    """Show the endpoints (table and ``endpoints.json``) and where users connect."""
+def announce(s: UpSession, etcd: str, schedulers: list[ServicePlan], tls: bool, http_api: str = "") -> None:
+    """Show the endpoints (table and ``endpoints.json``) and where users connect (``http_api``: the
+    OpenAI-compatible API's host:port, "" when none)."""
     s.console.print(endpoints_table(s.rows))
     s.write_endpoints()
     scheme = "https" if tls else "http"
-    http = f"   openai: {scheme}://{schedulers[0].http}/v1" if schedulers[0].http else ""
+    http = f"   openai: {scheme}://{http_api}/v1" if http_api else ""
     addresses = ",".join(p.address for p in schedulers)
     s.console.print(f"etcd: {etcd}   scheduler: {addresses}{http}   Ctrl-C to stop")

@@ -367,7 +367,7 @@ def test_up_starts_supervises_and_stops_everything(
     )
     state = tmp_path / "state"
     base = free_port()
-    while any(not _port_free(base + off) for off in (0, 1, 2, 3, 5, 10, 11)):
+    while any(not _port_free(base + off) for off in (0, 1, 2, 3, 4, 5, 10, 11)):
         base = free_port()
     result: dict[str, object] = {}
 
@@ -419,12 +419,14 @@ def test_up_starts_supervises_and_stops_everything(
             "profiler",
             "placement",
             "migration",
+            "front",
             "engine-0",
             "engine-1",
             "engine-2",
         ]
     )
     assert all(r["status"] == "healthy" for r in info.values()), info
+    assert info["front"]["address"] == f"127.0.0.1:{base + 4}"  # the OpenAI front
     assert info["scheduler"]["address"] == f"127.0.0.1:{base}" and info["engine-0"]["address"].endswith(
         str(base + 10)
     )
