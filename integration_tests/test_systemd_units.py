@@ -8,8 +8,9 @@
    a clean environment from ``Environment=`` and ``EnvironmentFile=`` (``-`` = optional, files
    override), ``%`` specifiers, ``$VAR`` split into words, ``${VAR}`` as one word, the
    ``StateDirectory=`` and ``WorkingDirectory=``. etcd comes from ``llmfleet-etcd.service``, then
-   every control-plane service and one engine from their templates; each must answer gRPC health,
-   register under its id, serve a request end to end, and exit 0 on ``KillSignal``.
+   every control-plane service, the OpenAI front and one engine from their templates; each must answer
+   gRPC health, register under its id, serve a request end to end (the front: over HTTP), and exit 0
+   on ``KillSignal``.
 
 The shipped ``*.env.example`` files are checked too: their variables are ones the code (or etcd)
 reads, and each instance's command line, built from them, parses with the service's own flags.
@@ -42,7 +43,7 @@ UNIT_DIR = REPO / "deploy" / "systemd"
 BIN = Path(sys.executable).parent
 INSTALL_BIN = "/opt/llmfleet/.venv/bin"
 ETC = "/etc/llmfleet"
-CONTROL = ("scheduler", "profiler", "placement", "migration")
+CONTROL = ("scheduler", "profiler", "placement", "migration", "front")
 # (unit file, instance) for every unit instance the deployment uses
 INSTANCES = [
     *[("llmfleet@.service", s) for s in CONTROL],
@@ -276,13 +277,14 @@ def test_env_examples_name_real_variables():
 @pytest.mark.parametrize(("unit", "instance"), INSTANCES[:-1], ids=[unit_name(*x) for x in INSTANCES[:-1]])
 def test_env_examples_parse(tmp_path, unit, instance):
     from llmfleet_engine.main import build_parser as engine
+    from llmfleet_front.main import build_parser as front
     from llmfleet_migration.main import build_parser as migration
     from llmfleet_placement.main import build_parser as placement
     from llmfleet_profiler.main import build_parser as profiler
     from llmfleet_scheduler.main import build_parser as scheduler
 
     parsers = {"scheduler": scheduler, "profiler": profiler, "placement": placement}
-    parsers |= {"migration": migration, "engine": engine}
+    parsers |= {"migration": migration, "engine": engine, "front": front}
     inst = Installed(tmp_path)
     inst.install_examples()
     assert (inst.etc / f"{instance}.env").exists(), f"no {instance}.env.example"
@@ -309,6 +311,25 @@ def _status(etcd: str, prefix: str) -> dict:
         check=True,
     )
     return json.loads(out.stdout)
+
+
+def _complete_over_http(base: str, timeout_s: float = 30) -> None:
+    """One completion through the front (once it has read the services from etcd)."""
+    import httpx
+
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(f"{base}/v1/completions", json={"model": "chat", "prompt": "Hi", "max_tokens": 3},
+                           timeout=10)  # fmt: skip
+            if r.status_code == 200:
+                assert r.json()["usage"]["completion_tokens"] == 3
+                return
+            last = r.text
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(0.25)
+    raise AssertionError(f"no completion through the front at {base}: {last}")
 
 
 def test_units_start_and_serve(tmp_path):
@@ -348,9 +369,11 @@ def test_units_start_and_serve(tmp_path):
         )
     )
     ports = {name: free_port() for name in (*CONTROL, "engine-0")}
+    http_port = free_port()
     common = "--metrics-port 0"
     extra = {
         "scheduler": "--http-port -1",
+        "front": f"--http-port {http_port} --workers 2",
         "placement": f"--config {config} --resync-s 1",
         "engine-0": f"--threads 1 --offline --model tiny-llama={endless}",
     }
@@ -389,7 +412,7 @@ def test_units_start_and_serve(tmp_path):
         def registered(s: dict) -> bool:
             roles = {n["role"] for n in s["nodes"]}
             engine = [n for n in s["nodes"] if n["node_id"] == "engine-0"]
-            return roles >= {"scheduler", "profiler", "placement", "migration", "engine"} and bool(
+            return roles >= {"scheduler", "profiler", "placement", "migration", "front", "engine"} and bool(
                 engine and "tiny-llama" in engine[0]["models"]
             )
 
@@ -403,6 +426,7 @@ def test_units_start_and_serve(tmp_path):
         with Client(f"127.0.0.1:{ports['scheduler']}") as c:
             done = c.complete("Hello", service="chat", max_tokens=4)
         assert len(done.token_ids) == 4
+        _complete_over_http(f"http://127.0.0.1:{http_port}")
 
         # the unit's KillSignal stops each cleanly, so Restart=on-failure does not restart it: systemd
         # takes exit 0 and death by SIGHUP, SIGINT, SIGTERM or SIGPIPE as clean (etcd re-raises SIGTERM)

@@ -18,18 +18,19 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.client.resume import StreamResumer
 from llmfleet.client.retry import pushback_s
 from llmfleet.rpc.mux import Emit
+from llmfleet.spec.services import ServiceSpec
 from llmfleet_scheduler.chat_template import ChatTemplates
 from llmfleet_scheduler.http_api import Credentials, Follow
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.validation import InvalidField
 
-from llmfleet_front.cluster_view import ClusterView
 from llmfleet_front.scheduler_links import SchedulerLinks
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,18 @@ UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
 _FIELDS = ("service", "prompt", "priority", "session", "request_id")
 
 
+class Catalog(Protocol):
+    """What the front knows of the cluster (``ClusterView``: etcd's services/, models/, nodes/)."""
+
+    def ready(self) -> bool: ...
+
+    def servable(self) -> tuple[bool, list[str]]: ...
+
+    def services(self) -> dict[str, ServiceSpec]: ...
+
+    def model_source(self, model: str) -> str | None: ...
+
+
 @dataclass
 class FrontBackend:
     """``links``: the calls to the schedulers; ``view``: the services and models (etcd).
@@ -46,7 +59,7 @@ class FrontBackend:
     is moved to another replica after UNAVAILABLE (backoff ``backoff_s`` doubling to ``max_backoff_s``)."""
 
     links: SchedulerLinks
-    view: ClusterView
+    view: Catalog
     own_key: str | None = None
     retries: int = 3
     backoff_s: float = 0.1
@@ -96,7 +109,7 @@ class FrontBackend:
     # -- the request's attempts
     async def _follow(self, request: scheduler_pb2.SubmitRequest, token: str | None, emit: Emit) -> None:
         rid = request.request_id
-        relay = _Relay(StreamResumer(request_id=rid), emit)
+        relay = _Relay(rid, emit)
         failures = 0
         try:
             while True:
@@ -111,8 +124,9 @@ class FrontBackend:
                 except grpc.aio.AioRpcError as e:
                     failures += 1
                     if e.code() != grpc.StatusCode.UNAVAILABLE or failures > self.retries:
-                        raise _failure(e) from None
+                        raise as_request_error(e) from None
                     self.links.failed(address)
+                    relay.retrying()
                     wait = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
                     log.warning("request %s: scheduler %s unavailable (%s); retry %d/%d in %.2fs",
                                 rid, address, e.details(), failures, self.retries, wait)  # fmt: skip
@@ -124,7 +138,6 @@ class FrontBackend:
     async def _attempt(
         self, address: str, token: str | None, request: scheduler_pb2.SubmitRequest, relay: _Relay
     ) -> None:
-        relay.resumer.begin_attempt()
         stream = self.links.open(address, token, request, None)
         stream.on_chunk = relay.take
         try:
@@ -136,14 +149,30 @@ class FrontBackend:
 
 @dataclass
 class _Relay:
-    """Hands a request's chunks on, each token once across attempts (``StreamResumer``); the tokens so
-    far are what a retry resumes from."""
+    """Hands a request's chunks on, each token once across attempts; the tokens so far are what a retry
+    resumes from. The first attempt passes chunks through as they come; from the first retry on, a
+    ``StreamResumer`` (fed what was relayed) drops what the next replica replays."""
 
-    resumer: StreamResumer
+    request_id: str
     emit: Callable[[common_pb2.TokenChunk], None]
     token_ids: list[int] = field(default_factory=list)
+    text_len: int = 0  # characters relayed
+    resumer: StreamResumer | None = None
+
+    def retrying(self) -> None:
+        """Before the next attempt: what it replays is checked against what was relayed."""
+        if self.resumer is None:
+            self.resumer = StreamResumer(request_id=self.request_id)
+            if self.token_ids or self.text_len:  # only the positions count, not the text itself
+                self.resumer.accept(common_pb2.TokenChunk(token_ids=self.token_ids, text=" " * self.text_len))
+        self.resumer.begin_attempt()
 
     def take(self, msg: common_pb2.TokenChunk) -> None:
+        if self.resumer is None:
+            self.token_ids.extend(msg.token_ids)
+            self.text_len += len(msg.text)
+            self.emit(msg)
+            return
         final = msg.finish_reason != UNSPECIFIED
         fresh = self.resumer.accept(msg)
         if fresh is None:
@@ -155,6 +184,7 @@ class _Relay:
                 self.emit(out)
             return
         self.token_ids.extend(fresh.token_ids)
+        self.text_len += len(fresh.text)
         if fresh.index != msg.index or fresh.text != msg.text:  # part of it was relayed before
             out = common_pb2.TokenChunk()
             out.CopyFrom(msg)
@@ -177,7 +207,7 @@ def _resumed(request: scheduler_pb2.SubmitRequest, token_ids: list[int]) -> sche
     return out
 
 
-def _failure(e: grpc.aio.AioRpcError) -> Exception:
+def as_request_error(e: grpc.aio.AioRpcError) -> Exception:
     """The scheduler's status as the in-scheduler API's exception: ``InvalidField`` when it names a
     request field (``field: message``), else ``RequestFailed`` with its retry pushback."""
     code, details = e.code(), e.details() or ""
