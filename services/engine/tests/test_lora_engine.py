@@ -91,9 +91,9 @@ async def test_the_pool_loads_on_demand_and_evicts_the_least_recently_used(make,
         assert ex.adapters.resident(BASE) == [name]
     # the load report says which adapters the base holds and how many were loaded
     (load,) = ex.load_snapshot().models
-    assert (load.model, load.adapters, load.adapter_loads) == (BASE, ("qv",), 3)
+    assert (load.model, load.adapters, load.adapter_loads, load.adapter_slots) == (BASE, ("qv",), 3, 1)
     (msg,) = snapshot_to_proto(ex.load_snapshot(), "e0").models
-    assert (list(msg.adapters), msg.adapter_loads) == (["qv"], 3)
+    assert (list(msg.adapters), msg.adapter_loads, msg.adapter_slots) == (["qv"], 3, 1)
 
 
 async def test_a_pool_held_by_running_requests_refuses_another_adapter(make) -> None:
