@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -219,7 +220,8 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     engine's own models) is left to the simulator's ``block_tokens``. An ``emulated:`` pool's
     ``mem_fraction`` sizes every instance's memory, as it sizes the emulated engines'. A service of a
     LoRA adapter runs on its base's catalog model and names the adapter (``SimService.adapter``);
-    the engines' ``max_loras`` / ``max_lora_rank`` are merged like the limits.
+    the engines' ``max_loras`` / ``max_lora_rank`` are merged like the limits (an adapter's rank is
+    taken as ``max_lora_rank``: the file does not say it, and the pool pads every adapter to it).
     """
     services = []
     for name, svc in sorted(config.services.items()):
@@ -261,6 +263,8 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     if config.emulated is not None:  # the emulated GPUs' share of memory for weights and KV
         merged["mem_fraction"] = config.emulated.mem_fraction
     engine = EngineSettings.from_dict(merged, where="engines")
+    # an adapter's rank is in its directory, not the file: priced at the pool's, which pads to it
+    services = [dataclasses.replace(s, lora_rank=engine.max_lora_rank) if s.adapter else s for s in services]
     return tuple(services), engine
 
 

@@ -148,3 +148,27 @@ def test_services_of_adapters_need_adapter_slots():
         Simulator(spec, [InstancePlan("e0", (BASE,), 1)], Fcfs, make_dispatch_policy("jsq"), book)
     with pytest.raises(ValueError, match="max_lora_rank"):
         SimSpec(ClusterSpec.parse("1xA100-80GB"), (SimService("s", BASE, adapter="a", lora_rank=64),))
+
+
+def test_a_cluster_file_with_adapters_simulates_them_on_their_base():
+    from llmfleet.config import ClusterConfig
+    from llmfleet.sim.spec import from_cluster_config
+
+    config = ClusterConfig.model_validate(
+        {
+            "services": {"chat": {"model": "chat-lora"}, "plain": {"model": "base"}},
+            "models": {
+                "base": {"source": "tiny://llama", "sim_model": BASE},
+                "chat-lora": {"base": "base", "adapter": "/adapters/chat"},
+            },
+            "placement": {"policy": "static"},
+            "engines": {"e0": {"models": ["base"], "max_loras": 2, "max_lora_rank": 8}},
+        }
+    )
+    services, engine = from_cluster_config(config)
+    by_name = {s.name: s for s in services}
+    assert (by_name["chat"].model, by_name["chat"].adapter) == (BASE, "chat-lora")
+    assert (by_name["plain"].model, by_name["plain"].adapter) == (BASE, "")
+    assert (engine.max_loras, engine.max_lora_rank) == (2, 8)
+    assert by_name["chat"].lora_rank == 8
+    SimSpec(ClusterSpec.parse("1xA100-80GB"), services, engine)  # a valid simulation
