@@ -41,9 +41,9 @@ def security_env(args: argparse.Namespace, state: Path) -> dict[str, str]:
 
 
 def child_env(base: dict[str, str], name: str) -> dict[str, str]:
-    """The security environment of child ``name``: a scheduler (the users' entry point) serves TLS
-    and API keys but asks no client certificate."""
+    """The security environment of child ``name``: a scheduler and the OpenAI front (the users' entry
+    points) serve TLS and API keys but ask no client certificate."""
     env = dict(base)
-    if env and name.startswith("scheduler"):
+    if env and (name.startswith("scheduler") or name == "front"):
         env["LLMFLEET_TLS_CLIENT_AUTH"] = "0"
     return env

@@ -56,3 +56,11 @@ def test_up_starts_one_front_worker_by_default() -> None:
     up.add_arguments(ap)
     args = ap.parse_args([])
     assert args.front_workers == 1 and args.http_port == up.DEFAULT_HTTP_PORT
+
+
+def test_the_front_asks_its_users_no_client_certificate() -> None:
+    from llmfleet.cli.up_security import child_env
+
+    base = {"LLMFLEET_TLS_CERT": "c.pem", "LLMFLEET_TLS_CLIENT_AUTH": "1"}
+    assert child_env(base, "front")["LLMFLEET_TLS_CLIENT_AUTH"] == "0"
+    assert child_env(base, "placement")["LLMFLEET_TLS_CLIENT_AUTH"] == "1"
