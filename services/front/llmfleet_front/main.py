@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     configure(settings_from_args(args))  # a worker: its parent checked the flags
     setup_logging(args.log_level, f"{ROLE} {args.id or ''}".strip())
     setup_tracing(f"llmfleet-{ROLE}")
+    gc.collect()  # as run_service does: what is built by now lives as long as the process
+    gc.freeze()
     asyncio.run(run_worker(args))
 
 
