@@ -30,7 +30,8 @@ Arms:
   LoRA cost), as few engines per adapter as meet the SLO on the adapter's own traffic (JSQ among
   them); its GPUs are the sum over adapters.
 
-Reported per arm: throughput (output tokens/s and completed requests/s over the arrival window), TTFT
+Reported per arm: throughput (output tokens/s and completed requests/s over the makespan: first
+arrival to last finish), goodput (requests meeting the SLO per second of the arrival window), TTFT
 p50/p99, SLO attainment, adapter loads (and evictions), and GPUs. Writes ``report.json``,
 ``report.md`` and ``lora.png`` to ``--out`` (default ``.bench/lora``).
 
@@ -79,6 +80,7 @@ class Setup:
     tpot_slo: float = 0.1
     target: float = 0.95
     seed: int = 0
+    affinity_options: tuple[tuple[str, Any], ...] = ()  # lora_affinity's options (default: its own)
 
 
 def adapter_name(i: int) -> str:
@@ -125,6 +127,7 @@ def run_sim(
     dispatch: str,
     requests: list[WorkloadRequest],
     max_loras: int,
+    options: dict[str, Any] | None = None,
 ) -> tuple[list[RequestRecord], list[dict], float]:
     spec = SimSpec(
         ClusterSpec(engines, hardware(HARDWARE)),
@@ -133,20 +136,26 @@ def run_sim(
     )
     plan = [InstancePlan(f"e{i}", (BASE,), 1) for i in range(engines)]
     cost = CostBook.build(spec.cluster.hw, spec.archs(), (), spec.cost_source)
-    sim = Simulator(spec, plan, Fcfs, make_dispatch_policy(dispatch), cost)
+    sim = Simulator(spec, plan, Fcfs, make_dispatch_policy(dispatch, **(options or {})), cost)
     res = sim.run(requests, strict_services=True)
     return res.records, res.instances, res.wall_s
 
 
 def metrics(setup: Setup, records: list[RequestRecord], window_s: float) -> dict[str, Any]:
+    """Throughput over the makespan (first arrival to last finish: a backlog stretches it), goodput
+    (requests meeting the SLO per second of the arrival window), TTFT and SLO attainment."""
     done = [r for r in records if r.done and not r.failed]
     ttft = np.array([r.ttft_s for r in done]) if done else np.array([np.nan])
     ok = sum(1 for r in done if r.ttft_s <= setup.ttft_slo and r.tpot_s <= setup.tpot_slo)
+    start = min((r.arrival_s for r in records), default=0.0)
+    makespan = max((r.finish_s or 0.0 for r in done), default=start) - start
     return {
         "requests": len(records),
         "completed": len(done),
-        "throughput_tok_s": sum(r.output_tokens for r in done) / window_s,
-        "throughput_req_s": len(done) / window_s,
+        "makespan_s": makespan,
+        "throughput_tok_s": sum(r.output_tokens for r in done) / makespan if makespan > 0 else 0.0,
+        "throughput_req_s": len(done) / makespan if makespan > 0 else 0.0,
+        "goodput_req_s": ok / window_s,
         "ttft_p50_s": float(np.percentile(ttft, 50)),
         "ttft_p99_s": float(np.percentile(ttft, 99)),
         "tpot_mean_s": float(np.mean([r.tpot_s for r in done])) if done else float("nan"),
@@ -161,7 +170,10 @@ def shared_arm(setup: Setup, dispatch: str, requests: list[WorkloadRequest]) -> 
         for i in range(setup.adapters)
     )
     t0 = time.perf_counter()
-    records, instances, _ = run_sim(setup, services, setup.engines, dispatch, requests, setup.max_loras)
+    options = dict(setup.affinity_options) if dispatch == "lora_affinity" else None
+    records, instances, _ = run_sim(
+        setup, services, setup.engines, dispatch, requests, setup.max_loras, options
+    )
     out = metrics(setup, records, setup.duration_s)
     out.update(
         arm=dispatch,
@@ -253,13 +265,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"max_loras {s['max_loras']}, rank {s['rank']}; SLO TTFT ≤ {s['ttft_slo']:g} s and TPOT ≤ "
         f"{s['tpot_slo']:g} s, target {s['target']:.0%}.",
         "",
-        "| arm | GPUs | throughput (tok/s) | req/s | TTFT p50 (s) | TTFT p99 (s) | SLO attainment | adapter loads |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| arm | GPUs | throughput (tok/s) | req/s | goodput (req/s) | TTFT p50 (s) | TTFT p99 (s) "
+        "| SLO attainment | adapter loads |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["main"]:
         lines.append(
             f"| {r['arm']} | {r['gpus']} | {r['throughput_tok_s']:.0f} | {r['throughput_req_s']:.2f} | "
-            f"{r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['slo_attainment']:.3f} | {r['adapter_loads']} |"
+            f"{r['goodput_req_s']:.2f} | {r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['slo_attainment']:.3f} | {r['adapter_loads']} |"
         )
     g = report["goal"]
     lines += [
@@ -273,12 +286,14 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "Rate sweep (shared arms):",
             "",
-            "| rate (req/s) | arm | SLO attainment | TTFT p99 (s) | throughput (tok/s) | adapter loads |",
-            "|---:|---|---:|---:|---:|---:|",
+            "| rate (req/s) | arm | SLO attainment | goodput (req/s) | TTFT p99 (s) | throughput (tok/s) "
+            "| adapter loads |",
+            "|---:|---|---:|---:|---:|---:|---:|",
         ]
         for r in report["sweep"]:
             lines.append(
-                f"| {r['rate']:g} | {r['arm']} | {r['slo_attainment']:.3f} | {r['ttft_p99_s']:.3f} | "
+                f"| {r['rate']:g} | {r['arm']} | {r['slo_attainment']:.3f} | {r['goodput_req_s']:.2f} | "
+                f"{r['ttft_p99_s']:.3f} | "
                 f"{r['throughput_tok_s']:.0f} | {r['adapter_loads']} |"
             )
         lines.append("")
@@ -323,10 +338,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tpot-slo", type=float, default=d.tpot_slo)
     p.add_argument("--target", type=float, default=d.target)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--affinity-options",
+        type=json.loads,
+        default={},
+        help='lora_affinity\'s options as JSON, e.g. \'{"max_load_ratio": 1.1, "max_load_excess": 8}\'',
+    )
     a = p.parse_args(argv)
     setup = Setup(
         adapters=a.adapters, engines=a.engines, max_loras=a.max_loras, rate=a.rate, duration_s=a.duration_s,
         zipf=a.zipf, ttft_slo=a.ttft_slo, tpot_slo=a.tpot_slo, target=a.target, seed=a.seed,
+        affinity_options=tuple(sorted(a.affinity_options.items())),
     )  # fmt: skip
     rates = a.rates if a.rates else [a.rate]
     report = run(setup, sorted(set(rates) | {a.rate}))
