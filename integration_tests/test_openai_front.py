@@ -1,10 +1,11 @@
 """The OpenAI front (``llmfleet-front``, two workers on one port) in front of a scheduler with API keys,
 driven by the official ``openai`` package: completions, streamed chat, a wrong key (401), a bad field
 (400 naming it), a key's rate limit and ``max_priority`` enforced by the scheduler through the front,
-and a scheduler restart the front survives."""
+a client leaving mid-stream (its request is cancelled) and a scheduler restart the front survives."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -94,14 +95,31 @@ def test_the_keys_rate_limit_holds_through_the_front(front):
     other.completions.create(model="chat", prompt="hi", max_tokens=1)  # another key is not limited
 
 
-def test_a_client_that_leaves_mid_stream_leaves_the_front_serving(front):
-    _, base = front
+def _cancelled(c: Cluster) -> float:
+    """The scheduler's count of requests ended cancelled (its /metrics, at the address it logged)."""
+    url = re.search(r"metrics on (http://\S+/metrics)", c.log("scheduler"))
+    assert url is not None, "the scheduler logged no /metrics address"
+    text = httpx.get(url.group(1), timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llmfleet_scheduler_requests_total{") and 'outcome="cancelled"' in line
+    )
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(front):
+    c, base = front
+    before = _cancelled(c)
     with httpx.stream(
         "POST", f"{base}/v1/completions", headers={"authorization": f"Bearer {KEY}"},
         json={"model": "chat", "prompt": "hi", "max_tokens": 2000, "stream": True}, timeout=30,
     ) as r:  # fmt: skip
         assert r.status_code == 200
         next(r.iter_lines())
+    deadline = time.monotonic() + 10
+    while _cancelled(c) <= before:
+        assert time.monotonic() < deadline, "the request ran on after its client left"
+        time.sleep(0.1)
     r2 = client(base).completions.create(model="chat", prompt="hi", max_tokens=2)
     assert r2.usage is not None and r2.usage.completion_tokens == 2
 
