@@ -150,7 +150,7 @@ class ClusterConfig(BaseModel):
         if adapters and (self.placement.planned or self.emulated is not None):
             raise ValueError(
                 f"services use LoRA adapters {adapters}: a planned placement and emulated engines do not "
-                "place or price adapters yet; list their bases under engines: (native, max_loras)"
+                "place or price adapters yet; list their bases under engines: (max_loras)"
             )
         if self.placement.planned or self.emulated is not None:
             self.catalog_models()  # a planner / an emulated GPU needs every model in the catalog

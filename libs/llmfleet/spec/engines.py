@@ -56,7 +56,9 @@ LIMITS = (
     "prefix_caching",
 )
 # what only the native engine core reads: a vLLM engine schedules, batches and pages on its own
-NATIVE_ONLY = ("policy", "options", *LIMITS, "stream_interval_s", "threads", "max_loras", "max_lora_rank")
+NATIVE_ONLY = ("policy", "options", *LIMITS, "stream_interval_s", "threads")
+# LoRA settings both backends read (a vLLM engine starts with enable_lora, max_loras, max_lora_rank)
+LORA = ("max_loras", "max_lora_rank")
 _POLICY = EnginePolicySpec.model_fields
 
 
@@ -118,7 +120,7 @@ class EngineConfig(BaseModel):
         None,
         ge=0,
         description="LoRA adapter slots per base model, all adapters of a base in one batch (unset or 0: "
-        "LoRA off)",
+        "LoRA off; a vLLM engine: its max_loras, with enable_lora)",
     )
     max_lora_rank: int | None = Field(
         None, ge=1, description="the largest LoRA adapter rank the engine serves (unset: 16)"
@@ -180,7 +182,7 @@ class EngineConfig(BaseModel):
         """``llmfleet-engine`` flags for the backend and its settings: a vLLM engine's ``vllm:``, a
         native one's policy, its options and the limits set here."""
         if self.backend == "vllm":
-            return ["--backend", "vllm", *ENGINE_FLAGS.argv(self, only={"vllm"})]
+            return ["--backend", "vllm", *ENGINE_FLAGS.argv(self, only={"vllm", *LORA})]
         return ENGINE_FLAGS.argv(self)
 
 
@@ -227,7 +229,7 @@ class EmulatedPool(BaseModel):
             )
         if engine.max_loras or engine.max_lora_rank is not None:
             raise ValueError(
-                "emulated.engine: LoRA adapters run on native engines only (max_loras, max_lora_rank)"
+                "emulated.engine: LoRA adapters run on native and vLLM engines only (max_loras, max_lora_rank)"
             )
         return self
 

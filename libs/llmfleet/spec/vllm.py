@@ -32,6 +32,9 @@ _NAMED = {
     "max_num_seqs": "max_num_seqs",
     "model": "the model's source (models:)",
     "tensor_parallel_size": "the engine's tp",
+    "enable_lora": "the engine's max_loras",
+    "max_loras": "the engine's max_loras",
+    "max_lora_rank": "the engine's max_lora_rank",
 }
 
 

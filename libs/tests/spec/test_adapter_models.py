@@ -65,13 +65,16 @@ def test_apply_refuses_an_adapter_entry_by_name() -> None:
         model_entry("chat-lora", cfg.models["chat-lora"])
 
 
-def test_lora_settings_are_a_native_engines() -> None:
+def test_lora_settings_are_read_by_native_and_vllm_engines() -> None:
     models = {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}}
     native = config(models, {"e0": {"models": ["base-llama"], "max_loras": 4, "max_lora_rank": 8}})
     assert native.engines["e0"].engine_args()[-4:] == ["--max-loras", "4", "--max-lora-rank", "8"]
-    with pytest.raises(ValueError, match="apply to the native backend only"):
-        config(models, {"e0": {"backend": "vllm", "models": ["base-llama"], "max_loras": 4}})
-    with pytest.raises(ValueError, match="LoRA adapters run on native engines only"):
+    vllm = config(models, {"e0": {"backend": "vllm", "models": ["base-llama"], "max_loras": 4}})
+    assert vllm.engines["e0"].engine_args() == ["--backend", "vllm", "--max-loras", "4"]
+    # one setting, written once: vLLM's own LoRA arguments are the engine's max_loras / max_lora_rank
+    with pytest.raises(ValueError, match=r"engine_args may not set .*max_loras \(the engine's max_loras\)"):
+        config(models, {"e0": {"backend": "vllm", "vllm": {"engine_args": {"max_loras": 2}}}})
+    with pytest.raises(ValueError, match="LoRA adapters run on native and vLLM engines only"):
         ClusterConfig.model_validate(
             {"services": {}, "models": BASE, "emulated": {"engine": {"max_loras": 2}}}
         )
@@ -79,7 +82,11 @@ def test_lora_settings_are_a_native_engines() -> None:
 
 def test_llmfleet_up_hands_the_adapters_to_its_lora_engines(tmp_path: Path) -> None:
     models = {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/adapters/chat"}}
-    engines = {"lora": {"models": ["base-llama"], "max_loras": 4}, "plain": {"models": ["base-llama"]}}
+    engines = {
+        "lora": {"models": ["base-llama"], "max_loras": 4},
+        "plain": {"models": ["base-llama"]},
+        "vllm-lora": {"backend": "vllm", "models": ["base-llama"], "max_loras": 2},
+    }
     plans = {
         p.name: p.argv
         for p in up.plan_services(
@@ -89,6 +96,9 @@ def test_llmfleet_up_hands_the_adapters_to_its_lora_engines(tmp_path: Path) -> N
     lora = plans["lora"]
     assert lora[lora.index("--adapter") + 1] == "chat-lora=base-llama:/adapters/chat"
     assert "--adapter" not in plans["plain"]
+    v = plans["vllm-lora"]  # a vLLM engine with max_loras registers the same adapters
+    assert v[v.index("--adapter") + 1] == "chat-lora=base-llama:/adapters/chat"
+    assert v[v.index("--max-loras") + 1] == "2"
 
 
 def test_a_planned_placement_refuses_adapter_services() -> None:

@@ -8,11 +8,15 @@ executor, as the parts they use.
   native executor's is its ``model_host.ModelHost``; the vLLM executor hosts its models itself.
 * :class:`KvMigration` (``EngineBackend.migration``): live KV export and import. The native executor's
   is its ``migration_ops.MigrationOps``; the vLLM backend has none (None: it migrates by re-prefill).
+* :class:`LoraBackend`: a backend serving LoRA adapters on its base models, with their registry in
+  ``adapters`` (:class:`AdapterHosting`): the native executor's ``lora.hosting.AdapterHost``, the vLLM
+  executor's ``vllm_adapters.VllmAdapters``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from llmfleet.types import ModelSpec
@@ -118,6 +122,32 @@ class EngineBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class AdapterHosting(Protocol):
+    """The LoRA adapters of an engine: declared with their base, registered while it is loaded."""
+
+    def add(self, name: str, base: str, path: str | Path) -> object:
+        """Declares adapter ``name`` of ``base`` in directory ``path`` (``lora.AdapterError``: refused)."""
+        ...
+
+    def base_of(self, name: str) -> str | None: ...
+
+    def serving(self, bases: tuple[str, ...]) -> tuple[str, ...]:
+        """``bases`` and their registered adapters: what the node record advertises."""
+        ...
+
+    def with_adapters(self, models: dict[str, LoadedModel]) -> dict[str, LoadedModel]:
+        """``models`` plus each registered adapter mapped to its base's loaded model."""
+        ...
+
+
+@runtime_checkable
+class LoraBackend(Protocol):
+    """A backend whose requests may name a LoRA adapter, run on its base."""
+
+    @property
+    def adapters(self) -> AdapterHosting: ...
 
 
 @runtime_checkable

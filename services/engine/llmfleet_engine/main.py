@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
@@ -25,7 +26,7 @@ from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
 
-from llmfleet_engine.backend import EngineBackend
+from llmfleet_engine.backend import EngineBackend, LoraBackend
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.catalog import check_sim_models
 from llmfleet_engine.emulated.host import EngineGroup, build_group
@@ -53,6 +54,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
                 cache_dir=args.models_dir,
                 allow_download=not args.offline,
                 tensor_parallel_size=args.tp,
+                **lora_settings(entry),
             )
         )
     common = {
@@ -80,10 +82,15 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
             cache_dir=args.models_dir,
             num_threads=entry.threads,
             allow_download=not args.offline,
-            **{k: v for k in ("max_loras", "max_lora_rank") if (v := getattr(entry, k)) is not None},
+            **lora_settings(entry),
             **common,
         )
     )
+
+
+def lora_settings(entry: EngineConfig) -> dict[str, Any]:
+    """``max_loras`` and ``max_lora_rank`` where the engine entry sets them: both backends read them."""
+    return {k: v for k in ("max_loras", "max_lora_rank") if (v := getattr(entry, k)) is not None}
 
 
 def build_node(
@@ -98,8 +105,8 @@ def build_node(
     nid = nid or node_id(args, ROLE)
     executor = make_executor(args)
     for name, base, path in args.adapter:  # registered when their base is loaded (adapters follow it)
-        if not isinstance(executor, Executor):
-            raise SystemExit(f"--adapter {name}: LoRA adapters are served by the native backend only")
+        if not isinstance(executor, LoraBackend):
+            raise SystemExit(f"--adapter {name}: this backend serves no LoRA adapters")
         executor.adapters.add(name, base, path)
     # vllm:* metrics on the process registry (served by the shell's /metrics): counters and histograms
     # hooked where each backend sees tokens and ends, gauges from its load snapshot
@@ -156,10 +163,10 @@ def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[N
             device=executor.device,
             memory_bytes=executor.memory_bytes,
             kv_capacity_bytes=executor.host.kv_capacity_bytes,
-            # a draining model is not advertised: schedulers stop routing to it at once; a native
+            # a draining model is not advertised: schedulers stop routing to it at once; an
             # engine's LoRA adapters are advertised with their base
             models=executor.adapters.serving(executor.host.serving_model_names())
-            if isinstance(executor, Executor)
+            if isinstance(executor, LoraBackend)
             else executor.host.serving_model_names(),
         )
 

@@ -14,7 +14,14 @@ from llmfleet.rpc.mux import GENERATE_MANY, Emit, StreamRefused, serve_many
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine import kv_rpc
-from llmfleet_engine.backend import EmulatedLink, EngineBackend, KvMigration, ModelHosting, ProfilingBackend
+from llmfleet_engine.backend import (
+    EmulatedLink,
+    EngineBackend,
+    KvMigration,
+    LoraBackend,
+    ModelHosting,
+    ProfilingBackend,
+)
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.migrations import DEFAULT_MAX_MIGRATIONS, LinkTable, MigrateCall, Migrations
 from llmfleet_engine.model_host import ModelHost
@@ -264,7 +271,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 return attached
             models = self.executor.host.models
             base = request.model
-            if isinstance(self.executor, Executor):  # a native engine's LoRA adapters run on their base
+            if isinstance(self.executor, LoraBackend):  # an engine's LoRA adapters run on their base
                 models = self.executor.adapters.with_adapters(models)
                 base = self.executor.adapters.base_of(request.model) or base
             if why := self.executor.host.draining_reason(base):  # the relay re-routes UNAVAILABLE

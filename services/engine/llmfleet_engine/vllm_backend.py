@@ -40,10 +40,12 @@ import asyncio
 import itertools
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmfleet_engine.model_host import DrainBook
@@ -54,6 +56,7 @@ from llmfleet_engine.outputs import (
     PrefixCacheLoad,
     RequestLoads,
 )
+from llmfleet_engine.vllm_adapters import VllmAdapters
 from llmfleet_engine.vllm_compat import BackendUnavailable, import_vllm, total_gpu_memory_bytes
 from llmfleet_engine.vllm_config import BACKEND, VllmConfig
 from llmfleet_engine.vllm_drains import VllmDrains
@@ -95,6 +98,15 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
         self._closed = False
         self._sequence = itertools.count(1)
         self.metrics: EngineMetrics | None = None  # attach_metrics
+        self.adapters = VllmAdapters(
+            self,
+            max_loras=self.config.max_loras,
+            max_rank=self.config.max_lora_rank,
+            lora_request_cls=self._api.lora_request_cls,
+            zero_dir=Path(tempfile.mkdtemp(prefix="llmfleet-lora-zero-"))
+            if self.config.zero_adapter
+            else None,
+        )
         log.info("vLLM backend: vllm %s on %s", self._api.version, self.device)
 
     @property
@@ -123,19 +135,19 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             phases: list[str] = []
             for state in self._requests.values():
                 req = state.req
-                runtime = runtimes.get(req.model)
-                if runtime is None:
+                runtime = state.runtime  # an adapter's request runs on its base
+                if runtimes.get(runtime.model.name) is not runtime:
                     continue
                 tokens = req.prompt_tokens + len(state.assembler.tokens)
                 started = state.first_token_s is not None
                 ids.append(req.request_id)
-                mods.append(req.model)
+                mods.append(runtime.model.name)
                 toks.append(tokens)
                 kvb.append(tokens * runtime.model.kv_bytes_per_token if started else 0)
                 phases.append("decode" if started else "waiting")
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
-        models = tuple(_model_load(name, rt) for name, rt in sorted(runtimes.items()))
+        models = tuple(_model_load(name, rt, self.adapters.name_of) for name, rt in sorted(runtimes.items()))
         views = [rt.stats.view() for rt in runtimes.values()]
         return LoadSnapshot(
             timestamp=time.time(),
@@ -167,6 +179,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             names = list(self._runtimes)
         for name in names:
             self._unload(name, timeout_s)
+        self.adapters.close()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -176,16 +189,21 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             raise ExecutorClosedError("executor is closed")
 
 
-def _model_load(name: str, runtime: ModelRuntime) -> ModelLoad:
-    """One model's load as vLLM's scheduler last reported it."""
+def _model_load(name: str, runtime: ModelRuntime, adapter_name: Callable[[int], str | None]) -> ModelLoad:
+    """One model's load as vLLM's scheduler last reported it, with the LoRA adapters its engine holds
+    (vLLM's ``list_loras``, least recently used first)."""
     view = runtime.stats.view()
     tokens = round(view.kv_usage * runtime.kv_capacity_tokens)
+    loras = runtime.loras
+    adapters = [] if loras is None else [adapter_name(i) for i in loras.resident()]
     return ModelLoad(
         model=name,
         running=view.running,
         waiting=view.waiting,
         kv_tokens=tokens,
         kv_used_bytes=tokens * runtime.model.kv_bytes_per_token,
+        adapters=tuple(a for a in adapters if a is not None),
+        adapter_loads=0 if loras is None else loras.loads,
     )
 
 

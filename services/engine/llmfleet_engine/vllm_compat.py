@@ -36,6 +36,7 @@ class VllmApi:
     engine_args_cls: Any
     sampling_params_cls: Any
     stat_logger_cls: Any
+    lora_request_cls: Any
 
 
 def import_vllm() -> VllmApi:
@@ -43,6 +44,7 @@ def import_vllm() -> VllmApi:
     try:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -54,6 +56,7 @@ def import_vllm() -> VllmApi:
         engine_args_cls=AsyncEngineArgs,
         sampling_params_cls=SamplingParams,
         stat_logger_cls=StatLoggerBase,
+        lora_request_cls=LoRARequest,
     )
 
 

@@ -57,7 +57,10 @@ class VllmDrains:
 
     def model_request_ids(self, name: str) -> list[str]:
         with self._lock:
-            return [rid for rid, s in self._requests.items() if s.req.model == name and not s.finished]
+            # an adapter's requests run on its base, whose engine they leave with
+            return [
+                rid for rid, s in self._requests.items() if s.runtime.model.name == name and not s.finished
+            ]
 
     def evict(self, request_id: str, reason: str) -> bool:
         """End ``request_id`` here so that its consumer resumes it elsewhere; False if not active."""

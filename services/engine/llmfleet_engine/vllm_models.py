@@ -39,7 +39,9 @@ from llmfleet_engine.outputs import (
 from llmfleet_engine.reconcile import reconcile as reconcile_models
 from llmfleet_engine.vllm_compat import EngineFacts, VllmApi, engine_facts
 from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs
+from llmfleet_engine.vllm_lora_residency import LoraResidency
 from llmfleet_engine.vllm_stats import ModelStats, stat_logger_factory
+from llmfleet_engine.vllm_zero_adapter import ZERO_LORA_ID
 
 if TYPE_CHECKING:
     from llmfleet.metrics.engine import EngineMetrics
@@ -90,6 +92,7 @@ class VllmLoadedModel(LoadedModel):
     ``engine_dtype`` the one vLLM runs."""
 
     engine_dtype: str = "auto"
+    hf_config: Any = None  # the checkpoint's transformers config (the adapters' shapes are checked on it)
 
 
 @dataclass(eq=False)
@@ -102,6 +105,7 @@ class ModelRuntime:
     facts: EngineFacts
     stats: ModelStats
     dead: bool = False  # its engine core died; it is being unloaded
+    loras: LoraResidency | None = None  # the LoRA adapters its engine holds (None: LoRA off)
     drivers: set[asyncio.Task] = field(default_factory=set)  # touched only in the host loop
 
     @property
@@ -267,8 +271,14 @@ class VllmModels:
             vocab_size=int(hf_config.vocab_size),
             path=path,
             engine_dtype=facts.dtype,
+            hf_config=hf_config,
         )
-        return ModelRuntime(model=model, host=host, facts=facts, stats=stats)
+        loras = (
+            LoraResidency(engine.list_loras, hidden=frozenset({ZERO_LORA_ID}))
+            if self.config.max_loras
+            else None
+        )
+        return ModelRuntime(model=model, host=host, facts=facts, stats=stats, loras=loras)
 
     def _resolve_source(self, source: str) -> tuple[str, bool]:
         """A checkpoint dir or hub id for vLLM (``tiny://`` built first) and whether it is local-only."""
@@ -330,6 +340,8 @@ class VllmModels:
             tasks = [t for t in runtime.drivers if not t.done()]
             for task in tasks:  # request drivers: run their abort handlers before the engine goes
                 task.cancel()
+            if runtime.loras is not None:
+                runtime.loras.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=min(5.0, timeout))
             runtime.engine.shutdown()  # stops the engine core's process and the output handler

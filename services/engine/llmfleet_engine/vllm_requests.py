@@ -42,6 +42,7 @@ from llmfleet_engine.vllm_compat import (
 if TYPE_CHECKING:
     from llmfleet.metrics.engine import EngineMetrics
 
+    from llmfleet_engine.vllm_adapters import VllmAdapters
     from llmfleet_engine.vllm_config import VllmConfig
     from llmfleet_engine.vllm_models import ModelRuntime
 
@@ -226,6 +227,7 @@ class ActiveRequest:
     queue: asyncio.Queue[EngineChunk]
     assembler: CompletionAssembler
     engine_request_id: str = ""
+    lora: Any = None  # its adapter's vLLM LoRARequest (None: the model itself)
     future: concurrent.futures.Future | None = None
     handed_s: float | None = None
     engine_queue_s: float | None = None
@@ -249,6 +251,7 @@ class VllmRequests:
     _generated: deque[tuple[float, int]]
     _sequence: itertools.count
     metrics: EngineMetrics | None  # vllm:* counters and histograms (None: not exported)
+    adapters: VllmAdapters  # a request naming a LoRA adapter runs on its base with a LoRARequest
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Start a validated request on its model's engine; returns its chunk stream.
@@ -257,9 +260,10 @@ class VllmRequests:
         ``QueueFullError`` or ``ExecutorClosedError``.
         """
         loop = asyncio.get_running_loop()
+        base, lora = self.adapters.route(request.model)  # an adapter runs on its base
         with self._lock:
             self._check_open()
-            runtime = self._runtimes.get(request.model)
+            runtime = self._runtimes.get(base)
         if runtime is None:
             raise UnknownModelError(request.model, self.model_names())
         model = runtime.model
@@ -272,10 +276,13 @@ class VllmRequests:
             assembler=assembler,
             # unique inside vLLM, so a resubmitted id never meets its predecessor's abort in flight
             engine_request_id=f"{request.request_id}.{next(self._sequence)}",
+            lora=lora,
         )
+        if lora is not None and runtime.loras is not None:
+            runtime.loras.used(lora.lora_int_id)
         with self._lock:
             self._check_open()
-            if self._runtimes.get(request.model) is not runtime:
+            if self._runtimes.get(base) is not runtime:
                 raise UnknownModelError(request.model, list(self._runtimes))
             if request.request_id in self._requests:
                 raise DuplicateRequestError(f"request {request.request_id!r} is already active")
@@ -324,7 +331,7 @@ class VllmRequests:
                 if state.finished:
                     return
                 state.handed_s = time.monotonic()
-            outputs = engine.generate(engine_prompt(state.req), params, rid)
+            outputs = engine.generate(engine_prompt(state.req), params, rid, lora_request=state.lora)
             try:
                 async for output in outputs:
                     engine_done = bool(getattr(output, "finished", False))
@@ -366,6 +373,13 @@ class VllmRequests:
             metrics, model = self.metrics, state.req.model
             if state.first_token_s is None:
                 state.first_token_s = now
+                loras = state.runtime.loras
+                if (
+                    state.lora is not None
+                    and loras is not None
+                    and state.lora.lora_int_id not in loras.hidden
+                ):
+                    loras.refresh()  # vLLM holds the adapter now, maybe evicting another
                 if metrics is not None:
                     metrics.first_token(model, state.req.prompt_tokens, now - state.req.arrival_s)
             elif metrics is not None and step.token_ids and state.last_token_s is not None:
