@@ -18,13 +18,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import chunk_checks as cc
+import grpc
 import pytest
 import torch
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.rpc.channels import open_channel
+from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec
 from llmfleet_engine.backend import LoraBackend
 from llmfleet_engine.lora import AdapterError
 from llmfleet_engine.models import materialize, tiny_config
+from llmfleet_engine.servicer import EngineServicer
 from llmfleet_engine.validation import GenerationRequest, UnknownModelError, build_request
 from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor, VllmLoadedModel
 from lora_checkpoints import ALL_LINEAR, fresh_base, hf_greedy, merged
@@ -218,3 +223,47 @@ async def test_an_adapter_added_while_its_base_runs_is_served_at_once(
     chunks = await vexec.submit(req).collect()
     assert cc.ids(chunks) == hf_greedy(merged(base_dir, dirs["qv"]), req.prompt_token_ids, N)
     assert vexec.adapters.remove("qv-too") and vexec.adapters.base_of("qv-too") is None
+
+
+async def test_generate_over_grpc_names_the_adapter_and_watchload_lists_it(
+    vexec: VllmExecutor, model: VllmLoadedModel, checkpoints
+) -> None:
+    """The Engine service validates an adapter's request with its base and streams the adapter's
+    tokens; WatchLoad carries the adapters vLLM holds; an unknown adapter is NOT_FOUND."""
+    base_dir, dirs = checkpoints
+    servicer = EngineServicer(vexec, "vllm-lora-engine")
+    server = await GrpcServer(
+        [(engine_pb2_grpc.add_EngineServicer_to_server, servicer, service_name(engine_pb2, "Engine"))]
+    ).start()
+    channel = open_channel(server.address)
+    try:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        sampling = common_pb2.SamplingParams(max_tokens=N)
+        chunks = [
+            c
+            async for c in stub.Generate(
+                engine_pb2.GenerateRequest(model="mlp", prompt=PROMPT, sampling=sampling)
+            )
+        ]
+        want = hf_greedy(merged(base_dir, dirs["mlp"]), request(model, "mlp", "x").prompt_token_ids, N)
+        assert [t for c in chunks for t in c.token_ids] == want
+
+        async def watched() -> list[str]:
+            snapshots = stub.WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
+            snapshot = await snapshots.read()
+            snapshots.cancel()
+            (m,) = snapshot.models
+            return list(m.adapters)
+
+        for _ in range(100):
+            if (await watched())[-1:] == ["mlp"]:
+                break
+            await asyncio.sleep(0.05)
+        assert (await watched())[-1:] == ["mlp"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in stub.Generate(engine_pb2.GenerateRequest(model="rank16", prompt=PROMPT)):
+                pass
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await channel.close()
+        await server.stop(0)
