@@ -209,6 +209,9 @@ def summary(sim: SimRun, window: tuple[float, float]) -> dict[str, Any]:
     reqs = [(r.arrival_s, r.first_token_s, r.finish_s, r.output_tokens) for r in e.result.records]
     made, offered = window_rates(reqs, *window)
     sent = sum(r.prompt_tokens for r in e.result.records if r.done)
+    # a preempted request's prompt is looked up again when it is admitted again: hit rate and computed
+    # tokens count the engines' lookups, as the live engines' vllm:prefix_cache_* counters do
+    queried = sum(i.get("prefix_queries", 0) for i in e.result.instances)
     hits = sum(i.get("prefix_hits", 0) for i in e.result.instances)
     ttft = o.get("ttft_s") or {}
     return {
@@ -224,8 +227,8 @@ def summary(sim: SimRun, window: tuple[float, float]) -> dict[str, Any]:
         "ttft_p99_s": _r(ttft.get("p99"), 4),
         "slo_attainment": _r((o.get("slo") or {}).get("aladdin"), 4),
         "prompt_tokens_sent": sent,
-        "prompt_tokens_computed": sent - hits,
-        "hit_rate": _r(hits / sent, 4) if sent else None,
+        "prompt_tokens_computed": queried - hits,
+        "hit_rate": _r(hits / queried, 4) if queried else None,
         "sim_wall_s": _r(cl.get("wall_s"), 1),
     }
 
