@@ -27,7 +27,15 @@ from llmfleet.workload.shared_prefix import (
 )
 
 WORKLOAD_SOURCES = ("--trace", "--synthetic", "--conversations", "--shared-prefix")  # one of them, exclusive
-DEFAULT_SYNTHETIC_RATE = 10.0  # req/s of --synthetic (conversations/s of --conversations) without --rate
+DEFAULT_SYNTHETIC_RATE = 10.0
+# the group shape of --shared-prefix: (flag, default, what it sets)
+_SHARED_PREFIX_FLAGS = (
+    ("--prefix-groups", GROUPS, "groups"),
+    ("--prompts-per-group", PROMPTS_PER_GROUP, "questions per group"),
+    ("--prefix-tokens", SYSTEM_TOKENS, "tokens of a group's system prompt"),
+    ("--question-tokens", QUESTION_TOKENS, "tokens of a question"),
+    ("--output-tokens", OUTPUT_TOKENS, "output tokens of every request"),
+)  # req/s of --synthetic (conversations/s of --conversations) without --rate
 
 
 class _TakesArguments(Protocol):
@@ -63,36 +71,10 @@ def add_workload_arguments(p: ArgumentContainer, *, required: bool) -> None:
         help="N Poisson requests at --rate over groups of prompts sharing a system prompt (inference-perf's "
         "shared_prefix, llm-d's prefix-cache benchmark; llmfleet.workload.shared_prefix)",
     )
-    p.add_argument(
-        "--prefix-groups",
-        type=positive_int,
-        default=GROUPS,
-        help=f"--shared-prefix: groups (default {GROUPS})",
-    )
-    p.add_argument(
-        "--prompts-per-group",
-        type=positive_int,
-        default=PROMPTS_PER_GROUP,
-        help=f"--shared-prefix: questions per group (default {PROMPTS_PER_GROUP})",
-    )
-    p.add_argument(
-        "--prefix-tokens",
-        type=positive_int,
-        default=SYSTEM_TOKENS,
-        help=f"--shared-prefix: tokens of a group's system prompt (default {SYSTEM_TOKENS})",
-    )
-    p.add_argument(
-        "--question-tokens",
-        type=positive_int,
-        default=QUESTION_TOKENS,
-        help=f"--shared-prefix: tokens of a question (default {QUESTION_TOKENS})",
-    )
-    p.add_argument(
-        "--output-tokens",
-        type=positive_int,
-        default=OUTPUT_TOKENS,
-        help=f"--shared-prefix: output tokens of every request (default {OUTPUT_TOKENS})",
-    )
+    for flag, default, what in _SHARED_PREFIX_FLAGS:
+        p.add_argument(
+            flag, type=positive_int, default=default, help=f"--shared-prefix: {what} (default {default})"
+        )
     p.add_argument("--lengths-from", type=Path, help="trace CSV to sample synthetic lengths from")
     p.add_argument(
         "--rate-scale",
