@@ -2,7 +2,7 @@
 
 FILE has the cluster file's ``services:`` mapping (name -> model, slo, priority, max_tokens, dispatch,
 predict, ...) and optionally its ``models:`` mapping (name -> source, dtype,
-sim_model), checked by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
+sim_model; or a LoRA adapter: base and adapter, its base a checkpoint of FILE or of etcd), checked by the same models as the cluster file (a bad key is named: ``services.qa.slo.ttft_s: Input should
 be greater than 0``). A whole cluster file can be applied too: its ``engines:``, ``placement:``,
 ``migration:``, ``scheduler:`` and ``emulated:`` are bootstrap-only and ignored (with a note).
 
@@ -11,7 +11,7 @@ it fails rather than overwrite a concurrent change, and is retried on fresh data
 FILE are left alone (delete with ``llmfleet services delete NAME``). ``--dry-run`` prints the changes
 without writing. The scheduler routes to a new service at once; the placement leader places its
 model on its next tick (planner policies; the static policy serves it only on engines that list the
-model). Exit codes: 0 ok, 1 invalid file or unknown model, 2 etcd unreachable.
+model); the LoRA engines hosting an adapter's base register the adapter as its entry appears. Exit codes: 0 ok, 1 invalid file or unknown model, 2 etcd unreachable.
 """
 
 from __future__ import annotations
@@ -87,12 +87,30 @@ def parse_services_file(text: str, where: str = "FILE") -> tuple[ServicesFile, l
 
 
 def model_entry(name: str, cfg: ModelConfig) -> ModelEntry:
-    if cfg.source is None:
-        raise ApplyError(
-            f"models.{name}: adapter of {cfg.base!r}: llmfleet apply does not add adapters yet; "
-            "declare it in the cluster file"
-        )
-    return ModelEntry(name=name, source=cfg.source, dtype=cfg.dtype, sim_model=cfg.sim_model)
+    """The ``models/`` entry of a ``models:`` entry: a checkpoint, or a LoRA adapter (``base`` and its
+    directory, an empty source), which the LoRA engines hosting its base register as it appears."""
+    return ModelEntry(
+        name=name,
+        source=cfg.source or "",
+        dtype=cfg.dtype,
+        sim_model=cfg.sim_model,
+        base=cfg.base,
+        adapter=cfg.adapter,
+    )
+
+
+def check_adapter_bases(file: ServicesFile, models: dict[str, ModelEntry]) -> None:
+    """An adapter entry's base must be a checkpoint entry, of the file or of etcd's catalog."""
+    checkpoints = {n for n, m in models.items() if not m.base} | {
+        n for n, m in file.models.items() if not m.is_adapter
+    }
+    checkpoints -= {n for n, m in file.models.items() if m.is_adapter}  # the file replaces etcd's
+    for name, cfg in sorted(file.models.items()):
+        if cfg.is_adapter and cfg.base not in checkpoints:
+            raise ApplyError(
+                f"models.{name}: base {cfg.base!r} must be a checkpoint entry (of the file or models/); "
+                f"checkpoints: {', '.join(sorted(checkpoints)) or 'none'}"
+            )
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,7 @@ def plan_apply(
                 f"services.{name}.model: unknown model {cfg.model!r}; declare it under models: "
                 f"(known: {', '.join(sorted(known)) or 'none'})"
             )
+    check_adapter_bases(file, models)
     changes: list[Change] = []
     write_m: list[ModelEntry] = []
     write_s: list[ServiceSpec] = []

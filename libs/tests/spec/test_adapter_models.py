@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from llmfleet.cli import up
-from llmfleet.cli.apply import ApplyError, model_entry
+from llmfleet.cli.apply import ApplyError, model_entry, parse_services_file, plan_apply
 from llmfleet.config import ClusterConfig
+from llmfleet.coord.desired import ModelEntry
 
 
 def config(models: dict, engines: dict | None = None) -> ClusterConfig:
@@ -59,10 +60,21 @@ def test_engines_host_base_models_not_adapters() -> None:
     assert config(models, {"e0": {"models": ["base-llama"]}}).engines["e0"].models == ["base-llama"]
 
 
-def test_apply_refuses_an_adapter_entry_by_name() -> None:
+def test_apply_writes_an_adapter_entry_whose_base_is_a_checkpoint() -> None:
     cfg = config({**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}})
-    with pytest.raises(ApplyError, match=r"models\.chat-lora: adapter of 'base-llama'"):
-        model_entry("chat-lora", cfg.models["chat-lora"])
+    entry = model_entry("chat-lora", cfg.models["chat-lora"])
+    assert (entry.source, entry.base, entry.adapter) == ("", "base-llama", "/a")
+    text = "services: {chat: {model: chat-lora}}\nmodels: {chat-lora: {base: base-llama, adapter: /a}}\n"
+    file, _ = parse_services_file(text)
+    catalog = {"base-llama": ModelEntry("base-llama", "tiny://llama")}
+    plan = plan_apply(file, {}, catalog)  # the base from etcd's catalog
+    assert [(m.name, m.base, m.adapter) for m in plan.models] == [("chat-lora", "base-llama", "/a")]
+    with pytest.raises(ApplyError, match=r"models\.chat-lora: base 'base-llama' must be a checkpoint entry"):
+        plan_apply(file, {}, {})
+    other = {**catalog, "x": ModelEntry("x", "", base="base-llama", adapter="/x")}
+    bad, _ = parse_services_file("services: {}\nmodels: {y: {base: x, adapter: /y}}\n")
+    with pytest.raises(ApplyError, match=r"models\.y: base 'x' must be a checkpoint entry"):
+        plan_apply(bad, {}, other)
 
 
 def test_lora_settings_are_read_by_native_and_vllm_engines() -> None:

@@ -131,6 +131,10 @@ class AdapterHosting(Protocol):
         """Declares adapter ``name`` of ``base`` in directory ``path`` (``lora.AdapterError``: refused)."""
         ...
 
+    def remove(self, name: str) -> bool:
+        """Forgets adapter ``name`` (``lora.AdapterError`` while requests hold it on the native engine)."""
+        ...
+
     def base_of(self, name: str) -> str | None: ...
 
     def serving(self, bases: tuple[str, ...]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.coord import node_view, placement_view
+from llmfleet.coord.desired import model_view
 from llmfleet.metrics.engine import engine_metrics
 from llmfleet.renamed import ENGINE_FLAGS as RENAMED_ENGINE_FLAGS
 from llmfleet.renamed import add_renamed_flags
@@ -27,6 +28,7 @@ from llmfleet.types import ModelSpec, NodeRecord
 from prometheus_client import CollectorRegistry
 
 from llmfleet_engine.backend import EngineBackend, LoraBackend
+from llmfleet_engine.catalog_adapters import CatalogAdapters
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.catalog import check_sim_models
 from llmfleet_engine.emulated.host import EngineGroup, build_group
@@ -147,6 +149,8 @@ def build_node(
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
+    if isinstance(executor, LoraBackend) and args.engine_config.max_loras and shared is None:
+        node.on_etcd.append(_catalog_following(args, executor))
     node.on_stop.append(executor.aclose)
     return node, servicer
 
@@ -171,6 +175,22 @@ def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[N
         )
 
     return describe
+
+
+def _catalog_following(
+    args: argparse.Namespace, executor: LoraBackend
+) -> Callable[[ServiceNode], Awaitable[None]]:
+    """The node's etcd hook that declares the model catalog's adapter entries (``llmfleet apply``
+    adds them at runtime) on a LoRA engine, beside the ones its ``--adapter`` flags declared."""
+
+    async def follow_catalog(n: ServiceNode) -> None:
+        view = model_view(n.etcd)
+        await view.start()
+        n.on_stop.append(view.stop)
+        flags = {name: (base, path) for name, base, path in args.adapter}
+        n.spawn(CatalogAdapters(executor.adapters, flags).run(view), "adapter-catalog")
+
+    return follow_catalog
 
 
 def _placement_following(
