@@ -107,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--groups-requests", type=int, default=REQUESTS, help=f"groups: requests per run ({REQUESTS})"
     )
+    ap.add_argument(
+        "--groups-live-requests",
+        type=int,
+        default=None,
+        help="groups: also run JSQ and prefix_affinity live at JSQ's SLO load, N requests each (default: not)",
+    )
     ap.add_argument("--emulated-gpus", type=int, default=None, help="emulated: GPUs (8; quick 4)")
     ap.add_argument("--native-engines", type=int, default=2)
     ap.add_argument("--native-rate", type=float, default=0.2, help="native: conversations/s (0.2)")
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         save(out, report)
     if "groups" in only:
         rates = sweep_rates(args.groups_start_rate, 2.0, args.steps)
-        report["groups"] = bench_groups(out, rates, args.groups_requests)
+        report["groups"] = bench_groups(out, rates, args.groups_requests, args.groups_live_requests)
         save(out, report)
     if "burst" in only:
         report["burst"] = bench_burst(out, live=not args.no_live_burst)

@@ -8,6 +8,12 @@ output tokens), Poisson arrivals. A run sends ``requests`` requests (default 3,0
 the 750 distinct prompts, so a group's prefix is reused many times in every run), so the span is
 ``requests / rate``; throughput is measured in the window from a quarter of the span to its end.
 
+**Live** (``--groups-live-requests N``): JSQ and ``prefix_affinity`` at JSQ's SLO load on 16 emulated
+H200 (``llmfleet up --emulate``, ``llmfleet load --shared-prefix``), each beside ``llmfleet sim`` of the
+same cluster file and workload, N requests a run. Saturation is not run live: affinity saturates
+past 20,000 output tokens/s, more than this machine's two cores can stream through a scheduler and a
+load generator.
+
 **Deployment.** llm-d ran Qwen3-32B on 16 H100 as 8 TP-2 replicas. Here: Qwen3-32B (its shape in
 the cost-model catalog) on 16 H200, one GPU per engine. The simulator's placement makes the smallest
 instance that fits (``dedicated_even``), and Qwen3-32B fits one H100 with only 11 GB of KV (about
@@ -42,6 +48,7 @@ from tools.bench.prefix_bench_common import (
     still_needed,
     summary,
 )
+from tools.bench.prefix_bench_live import emulated_run
 from tools.bench.prefix_bench_sim import at_saturation
 
 GPUS, HARDWARE, MODEL = 16, "H200", "qwen3-32b"
@@ -51,9 +58,9 @@ COMPARED = [Setup("round_robin", True), Setup("jsq", True), Setup("prefix_affini
 REFERENCE, BASELINE, CANDIDATE = COMPARED[1], COMPARED[0], COMPARED[2]
 
 
-def cluster_file(path: Path, setup: Setup) -> Path:
+def fleet_spec(setup: Setup) -> FleetSpec:
     engine = {"policy": setup.engine, "prefix_caching": setup.caching}
-    spec = FleetSpec(
+    return FleetSpec(
         GPUS,
         dict(PLACEMENT),
         hardware=HARDWARE,
@@ -61,15 +68,21 @@ def cluster_file(path: Path, setup: Setup) -> Path:
         engine=engine,
         dispatch=setup.dispatch,
     )
+
+
+def cluster_file(path: Path, setup: Setup) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(spec.config(), sort_keys=False))
+    path.write_text(yaml.safe_dump(fleet_spec(setup).config(), sort_keys=False))
     return path
+
+
+def workload_flags(rate: float, requests: int) -> list[str]:
+    return ["--shared-prefix", str(requests), "--rate", f"{rate:g}", "--seed", "0"]
 
 
 def sim_argv(config: Path, setup: Setup, rate: float, requests: int) -> list[str]:
     return [
-        "--shared-prefix", str(requests), "--rate", f"{rate:g}", "--seed", "0",
-        "--cluster", f"{GPUS}x{HARDWARE}", "--cluster-config", str(config), "--policy", "fcfs-jsq",
+        *workload_flags(rate, requests), "--cluster", f"{GPUS}x{HARDWARE}", "--cluster-config", str(config), "--policy", "fcfs-jsq",
         "--engine-policy", setup.engine, "--dispatch", setup.dispatch, "--engine-gpus", "1", "--no-plots",
     ]  # fmt: skip
 
@@ -82,7 +95,32 @@ def run_one(out: Path, setup: Setup, rate: float, requests: int) -> dict[str, An
     return row
 
 
-def bench_groups(out: Path, rates: list[float], requests: int = REQUESTS) -> dict[str, Any]:
+def bench_groups_live(out: Path, rate: float, requests: int) -> dict[str, Any]:
+    """JSQ and ``prefix_affinity`` live on the 16 emulated GPUs at ``rate`` (JSQ's SLO load), each beside
+    ``llmfleet sim`` of the same cluster file and workload."""
+    span = requests / rate
+    runs = {
+        s.name: emulated_run(
+            out / "groups" / f"live-{rate:g}", fleet_spec(s), s, workload_flags(rate, requests),
+            (0.25 * span, span), span * 4 + 900,
+        )
+        for s in (REFERENCE, CANDIDATE)
+    }  # fmt: skip
+
+    def live(name: str) -> float | None:
+        return runs[name]["live"].get("ttft_mean_s")
+
+    return {
+        "rate": rate,
+        "requests": requests,
+        "runs": runs,
+        "ttft_mean_ratio": ratio(live(CANDIDATE.name), live(REFERENCE.name)),
+    }
+
+
+def bench_groups(
+    out: Path, rates: list[float], requests: int = REQUESTS, live_requests: int | None = None
+) -> dict[str, Any]:
     rows: dict[float, dict[str, dict]] = {}
     for rate in rates:
         todo = [s for s in COMPARED if still_needed(rows, REFERENCE.name, s.name)]
@@ -106,7 +144,13 @@ def bench_groups(out: Path, rates: list[float], requests: int = REQUESTS) -> dic
             ("window tokens/s at saturation", sat, "window_tokens_per_s"),
         )
     }
+    live = (
+        bench_groups_live(out, loads["slo"], live_requests)
+        if live_requests is not None and loads["slo"] is not None
+        else None
+    )
     return {
+        "live": live,
         "deployment": f"{MODEL} on {GPUS} {HARDWARE}, one GPU per engine (llm-d: 8 TP-2 replicas on 16 H100)",
         "workload": {
             "requests": requests,

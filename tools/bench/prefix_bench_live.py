@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from tools.bench.engine_bench import medium_llama
-from tools.bench.fleet_common import BIN, Fleet, compare, run_load, run_sim
+from tools.bench.fleet_common import BIN, Fleet, FleetSpec, compare, run_load, run_sim
 from tools.bench.local_up import LocalUp
 from tools.bench.prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
 from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
@@ -50,13 +50,17 @@ def _r(v: float | None, digits: int = 3) -> float | None:
 
 
 def emulated_run(
-    out: Path, gpus: int, setup: Setup, conv: Conversations, rate: float, timeout_s: float
+    out: Path,
+    spec: FleetSpec,
+    setup: Setup,
+    workload: list[str],
+    window: tuple[float, float],
+    timeout_s: float,
 ) -> dict:
-    """One setup live on ``gpus`` emulated A100-80GB (``llmfleet load``) and in ``llmfleet sim`` on the
-    same workload and cluster file, compared by ``llmfleet compare``."""
-    spec = fleet_spec(gpus, setup)
+    """One setup live on the emulated fleet ``spec`` (``llmfleet load`` of the ``workload`` flags) and in
+    ``llmfleet sim`` on the same workload and cluster file, compared by ``llmfleet compare``; throughput
+    in ``window``."""
     fleet = Fleet(out / setup.slug, spec)
-    workload = conv.flags(rate)
     fleet.start()
     try:
         with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
@@ -68,9 +72,9 @@ def emulated_run(
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, extra)
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live = live_figures(fleet.dir / "live" / "report.json", sampler.last())
-    live["window_tokens_per_s"] = _r(sampler.window_tokens_per_s(conv.window), 1)
+    live["window_tokens_per_s"] = _r(sampler.window_tokens_per_s(window), 1)
     sim = live_figures(sim_dir / "report.json")
-    sim["window_tokens_per_s"], sim["window_offered_tokens_per_s"] = sim_window(sim_dir, conv.window)
+    sim["window_tokens_per_s"], sim["window_offered_tokens_per_s"] = sim_window(sim_dir, window)
     row = {
         "load_rc": load.returncode,
         "sim_rc": sim_rc,
@@ -130,7 +134,8 @@ def bench_emulated(
     for load, s, rate in plan:
         if rate is None:
             continue
-        run = emulated_run(d / f"{load}-{rate:g}", gpus, s, conv, rate, conv.span_s * 8 + 900)
+        flags, timeout_s = conv.flags(rate), conv.span_s * 8 + 900
+        run = emulated_run(d / f"{load}-{rate:g}", fleet_spec(gpus, s), s, flags, conv.window, timeout_s)
         runs[load][s.name] = {"rate": rate, **run}
         progress({**doc, "runs": runs, "ratios": _live_ratios(runs)})
     return {**doc, "runs": runs, "ratios": _live_ratios(runs)}

@@ -82,6 +82,17 @@ def groups_lines(g: dict) -> list[str]:
         ]
     if g["at"].get("saturation"):
         lines += ["### At saturation", "", *table(g["at"]["saturation"], (("req/s", "rate"), *SIM_COLUMNS))]
+    live = g.get("live")
+    if live:
+        rows = {f"{name} {side}": run[side] for name, run in live["runs"].items() for side in ("live", "sim")}
+        lines += [
+            f"### Live on {g['deployment'].split(',')[0]} (emulated) at JSQ's SLO load ({live['rate']:g} req/s, "
+            f"{live['requests']} requests)",
+            "",
+            f"prefix_affinity / JSQ mean TTFT, live: **{_f(live['ttft_mean_ratio'])}**",
+            "",
+            *table(rows, LIVE_COLUMNS),
+        ]
     return lines
 
 
