@@ -172,3 +172,18 @@ def test_a_cluster_file_with_adapters_simulates_them_on_their_base():
     assert (engine.max_loras, engine.max_lora_rank) == (2, 8)
     assert by_name["chat"].lora_rank == 8
     SimSpec(ClusterSpec.parse("1xA100-80GB"), services, engine)  # a valid simulation
+
+
+def test_the_prefix_cache_is_keyed_by_adapter():
+    # one prompt (the same seeded segment) sent twice by one adapter, then by another, one at a time
+    reqs = tuple(
+        WorkloadRequest(f"r{i}", 10.0 * i, 512, 4, f"s{k}", parts=((7, 512),))
+        for i, k in enumerate((0, 0, 1))
+    )
+    sim = simulator("round_robin", n_adapters=2, max_loras=2, instances=1)
+    res = sim.run(reqs, strict_services=True)
+    hits = res.instances[0]["prefix_hits"]
+    assert hits > 0  # the second request of a0 found the first one's blocks
+    sim2 = simulator("round_robin", n_adapters=2, max_loras=2, instances=1)
+    res2 = sim2.run(reqs[:2], strict_services=True)
+    assert res2.instances[0]["prefix_hits"] == hits  # a1's request found none of a0's
