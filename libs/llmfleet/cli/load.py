@@ -286,7 +286,7 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
 
 def _given(args: argparse.Namespace, flag: str) -> bool:
     """Whether the workload source ``flag`` was given."""
-    return getattr(args, flag.removeprefix("--"), None) is not None
+    return getattr(args, flag.removeprefix("--").replace("-", "_"), None) is not None
 
 
 def replay_usage_error(args: argparse.Namespace) -> str | None:

@@ -187,6 +187,14 @@ def test_report_files_are_written(tmp_path: Path) -> None:
         (["--trace", "T", "--rate-scale", "-1"], "argument --rate-scale: must be > 0"),
         (["--synthetic", "0"], "argument --synthetic: must be >= 1"),
         (["--trace", "T", "--phase", "chat:1:1"], "argument --phase: not allowed with argument --trace"),
+        (
+            ["--shared-prefix", "5", "--phase", "chat:1:1"],
+            "argument --phase: not allowed with argument --shared-prefix",
+        ),
+        (
+            ["--conversations", "5", "--service", "chat"],
+            "argument --service/-s: not allowed with argument --conversations",
+        ),
         (["--trace", "T", "--rate", "3"], "argument --rate: not allowed with argument --trace"),
         (["--trace", "missing.csv"], "argument --trace: no such file"),
         (["--trace", "T", "--services", "chat,,x"], "argument --services: expected a services YAML"),
