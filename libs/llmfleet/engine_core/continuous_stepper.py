@@ -5,6 +5,11 @@ A prefill takes ``sched.prompt_tokens`` tokens of KV, the first ones cached bloc
 prefix when the pool holds them (:meth:`EngineCore.cached_prefix`), and computes the rest; a decode appends one slot (all members at once
 when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
 every member was preempted runs nothing: the policy is asked again.
+
+Before the policy is asked, the core's preemption rule may name running requests to preempt for the
+first waiting request in its order (:meth:`EngineCore.preemption_victims`: a higher priority, or a
+tenant below its fair share); they are preempted by the same recompute as a KV shortage and reported
+in the next plan's ``preempted``.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ class ContinuousStepper:
 
     static = False
 
+    def __init__(self) -> None:
+        self._preempted: list[CoreRequest] = []  # preempted for a waiting request, not in a plan yet
+
     @property
     def batch(self) -> StaticBatch | None:
         return None
 
     def dropped(self, r: CoreRequest) -> None:
-        pass  # no state of its own
+        if r in self._preempted:
+            self._preempted.remove(r)
 
     def schedule(self, core: SteppedCore, now: float) -> StepPlan | None:
         while True:
@@ -44,6 +53,9 @@ class ContinuousStepper:
                 return plan
 
     def _schedule_once(self, core: SteppedCore, now: float) -> StepPlan | None:
+        for victim in core.preemption_victims():
+            self._preempt(core, victim, now)
+            self._preempted.append(victim)
         ws, rs = core.visible()
         scheds_w = [r.sched for r in ws]
         scheds_r = [r.sched for r in rs]
@@ -73,12 +85,13 @@ class ContinuousStepper:
                 pass  # some decode needs a block that is not there: the per-request path preempts
             else:
                 ctx = sum([r.sched.prompt_tokens + r.sched.generated for r in reqs])
-                return StepPlan(batch, batch.model, reqs, [], [], 0, 0, len(reqs), ctx, scheds_w, scheds_r)
+                ahead = self._take_preempted()
+                return StepPlan(batch, batch.model, reqs, [], ahead, 0, 0, len(reqs), ctx, scheds_w, scheds_r)
         else:
             reqs = self._resolve(core, ids)
         members: list[CoreRequest] = []
         prefills: list[CoreRequest] = []
-        preempted: list[CoreRequest] = []
+        preempted: list[CoreRequest] = self._preempted
         prefill = prefill_sq = decodes = ctx = cached_total = 0
         for r in reqs:
             s = r.sched
@@ -107,10 +120,15 @@ class ContinuousStepper:
             members.append(r)
         if not members:
             return None
+        self._preempted = []
         return StepPlan(
             batch, batch.model, members, prefills, preempted, prefill, prefill_sq, decodes, ctx,
             scheds_w, scheds_r, cached_tokens=cached_total,
         )  # fmt: skip
+
+    def _take_preempted(self) -> list[CoreRequest]:
+        out, self._preempted = self._preempted, []
+        return out
 
     @staticmethod
     def _resolve(core: SteppedCore, ids: Sequence[str]) -> list[CoreRequest]:

@@ -33,12 +33,23 @@ requests. A request whose output ids are known also caches its full output block
 answer, starts on them too. The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
 emulated engine's priced step and the simulator's step all compute only the uncached tokens.
 
+Preemption for priority and fairness (``preemption``, a
+:class:`~llmfleet.policies.request.preemption.PreemptionRule`; continuous stepper): once a request with
+a priority or a tenant entered, waiting requests are shown to the policy highest priority first, then
+the tenant holding the fewest running requests, then arrival; and before each step the first of them,
+when it cannot be admitted (no room under ``max_running``, or not enough free blocks), may preempt
+running requests the rule names (a lower priority; or, in its band, the tenant furthest above its fair
+share) through the same preemption by recompute as a KV shortage (the victims are in the next plan's
+``preempted``). Requests that all carry priority 0 and no tenant never preempt, and their order is
+untouched.
+
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
 ``llmfleet.policies.batching.base``; this module and its two steppers are its only implementation.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import cast
@@ -61,8 +72,12 @@ from llmfleet.policies.request.base import (
     PoolView,
     RequestPolicy,
     SchedRequest,
+    admission_blocks,
     stuck_requests,
 )
+from llmfleet.policies.request.preemption import Claim, PreemptionRule
+
+DEFAULT_PREEMPTION = PreemptionRule()
 
 
 def stepper_for(policy: object) -> Stepper:
@@ -82,8 +97,10 @@ class EngineCore:
         allocator: BlockAllocator,
         limits: EngineLimits | None = None,
         watermark_blocks: int | None = None,
+        preemption: PreemptionRule | None = DEFAULT_PREEMPTION,
     ) -> None:
         self.policy = policy
+        self.preemption = preemption  # None: preempt only on a KV shortage
         self.stepper = stepper_for(policy)
         self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
@@ -107,6 +124,7 @@ class EngineCore:
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
         self._pool: PoolView | None = None
         self._paused = 0
+        self._ranked = False  # a request with a priority or a tenant entered: rank waiting requests
 
     # ------------------------------------------------------------------------------------ models
     def add_model(self, model: str) -> None:
@@ -148,6 +166,8 @@ class EngineCore:
         """``r`` (registered) joins waiting as a prefill; the policy's ``on_arrival``."""
         r.sched.phase = "prefill"
         self.waiting[r.sched.request_id] = r
+        if not self._ranked and (r.sched.request_priority or r.sched.tenant):
+            self._ranked = self.preemption is not None and not self.static
         self.policy.on_arrival(r.sched, now)
 
     def land(self, r: CoreRequest, now: float, kv_tokens: int = 0, reserved: bool = False) -> bool:
@@ -254,12 +274,58 @@ class EngineCore:
         ``max_running``, and the unpaused running ones."""
         waiting, running = self.waiting, self.running
         room = max(0, self.limits.max_running - len(running))
+        if self._ranked:
+            return self._ranked_waiting()[:room], [r for r in running.values() if not r.paused]
         if self._paused:
             w = [r for r in waiting.values() if not r.paused][:room]
             return w, [r for r in running.values() if not r.paused]
         if len(waiting) <= room:
             return list(waiting.values()), list(running.values())
         return list(islice(waiting.values(), room)), list(running.values())
+
+    # ---------------------------------------------------------------------------- preemption
+    @staticmethod
+    def claim(r: CoreRequest) -> Claim:
+        """``r`` as the preemption rule sees it."""
+        s = r.sched
+        return Claim(s.request_id, s.request_priority, s.tenant, s.arrival_s, r.preemptions)
+
+    def _ranked_waiting(self) -> list[CoreRequest]:
+        """Unpaused waiting requests in the preemption rule's order (priority, fewest held, arrival)."""
+        rule = self.preemption
+        assert rule is not None
+        held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+        return sorted(
+            (r for r in self.waiting.values() if not r.paused), key=lambda r: rule.rank(self.claim(r), held)
+        )
+
+    def preemption_victims(self) -> list[CoreRequest]:
+        """Running requests to preempt so that the first waiting request in rank order, which cannot be
+        admitted now (no room under ``max_running``, or its blocks above the watermark are not free),
+        can be; empty when it can be admitted already, or when the rule names too few victims."""
+        rule = self.preemption
+        if rule is None or not self._ranked or not self.waiting or not self.running:
+            return []
+        ranked = self._ranked_waiting()
+        if not ranked:
+            return []
+        pool = self.pool_view()
+        need = admission_blocks(pool, ranked[0].sched)
+        room = self.limits.max_running - len(self.running)
+        free = pool.available_blocks
+        holders = {id(r): (r, self.claim(r)) for r in self.running.values() if not r.paused}
+        waiting = [self.claim(r) for r in ranked]
+        out: list[CoreRequest] = []
+        while room <= 0 or need > free:
+            got = rule.victim(waiting[0], [c for _, c in holders.values()], self.limits.max_running, waiting)
+            if got is None:
+                return []
+            victim = next(r for r, c in holders.values() if c is got)
+            del holders[id(victim)]
+            out.append(victim)
+            room += 1
+            free += pool.blocks_for(victim.sched.model, self.alloc.own_tokens(victim.sched.request_id))
+        return out
 
     def fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None:
         """Nothing runs and the policy chose nothing: waiting requests that can never fit the pool

@@ -294,6 +294,8 @@ class SimInstance:
             cap,
             predicted_output_tokens=predicted,
             deadline_s=deadline,
+            request_priority=rec.priority or 0,
+            tenant=rec.tenant,
         )
         content = rec.content
         ids = prompt_token_ids(content) if content is not None and content.has_content else None

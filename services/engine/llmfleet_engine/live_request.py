@@ -128,6 +128,8 @@ def new_live_request(
         deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
         batch_id=request.batch_id,
         batch_size=request.batch_size,
+        request_priority=request.priority,
+        tenant=request.tenant,
     )
     # without stop strings the consumer detokenizes (on its event loop, off the worker's path)
     sink = delivery.sink(request.request_id, loop, None if sampling.stop else text, len(tokens))

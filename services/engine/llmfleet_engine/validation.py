@@ -63,6 +63,8 @@ class GenerationRequest:
     deadline_s: float | None = None  # relative SLO deadline (seconds after arrival), if any
     batch_id: str = ""  # a static batch the scheduler formed (the `given` batching policy), if any
     batch_size: int = 0
+    priority: int = 0  # higher runs first, preempting lower ones (the scheduler's resolved priority)
+    tenant: str = ""  # the API key's name ("" none): preemption shares the engine's slots among tenants
 
     @property
     def group(self) -> str:
@@ -95,6 +97,8 @@ def build_request(
     deadline_s: float | None = None,
     batch_id: str = "",
     batch_size: int = 0,
+    priority: int = 0,
+    tenant: str = "",
 ) -> GenerationRequest:
     """Validate plain request values against ``model`` and tokenize the prompt.
 
@@ -126,6 +130,8 @@ def build_request(
         deadline_s=_positive("deadline_s", deadline_s),
         batch_id=batch_id,
         batch_size=batch_size,
+        priority=int(priority),
+        tenant=tenant,
     )
 
 
@@ -223,5 +229,7 @@ def validate_generate(
         deadline_s=request.deadline_s,
         batch_id=request.batch_id,
         batch_size=request.batch_size,
+        priority=request.priority,
+        tenant=request.tenant,
     )
     return built if model.name == request.model else replace(built, model=request.model)

@@ -220,6 +220,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             sampling=sampling,
             service=spec.name,
             deadline_s=spec.deadline_s,
+            priority=cls.priority,
+            tenant=cls.key,
         )
         prefix = tuple(request.resume_token_ids)
         rec = RequestRecord(

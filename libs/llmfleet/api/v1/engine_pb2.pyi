@@ -16,7 +16,7 @@ MIGRATE_MODE_KV: MigrateMode
 MIGRATE_MODE_TOKENS: MigrateMode
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s", "batch_id", "batch_size")
+    __slots__ = ("request_id", "model", "prompt", "sampling", "resume_token_ids", "service", "predicted_output_tokens", "deadline_s", "batch_id", "batch_size", "priority", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class GenerateRequest(_message.Message):
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -37,7 +39,9 @@ class GenerateRequest(_message.Message):
     deadline_s: float
     batch_id: str
     batch_size: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ..., batch_id: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    priority: int
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., service: _Optional[str] = ..., predicted_output_tokens: _Optional[float] = ..., deadline_s: _Optional[float] = ..., batch_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class GenerateStart(_message.Message):
     __slots__ = ("request", "timeout_s", "trace_context")

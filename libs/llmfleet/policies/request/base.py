@@ -64,6 +64,10 @@ class SchedRequest:
     # `given` batching policy; "" / 0 when the request is not part of one
     batch_id: str = ""
     batch_size: int = 0
+    # set by whoever submits: the request's priority (higher runs first) and its tenant (the API key's
+    # name, "" when none), what preemption for priority and fairness reads (``preemption``)
+    request_priority: int = 0
+    tenant: str = ""
     # policy-owned bookkeeping (the engine never touches these)
     priority: float = 0.0
     first_scheduled_s: float | None = None

@@ -1,0 +1,136 @@
+"""Preemption for priority and fairness: which running request a waiting one that cannot be admitted
+(no batch slot, or no KV blocks) may preempt by recompute (its KV freed, its output so far folded into
+its prompt, back to waiting; the engine core's KV-shortage path).
+
+* **Priority** (vLLM's ``--scheduling-policy priority``): a waiting request of a higher priority than
+  some running request preempts the running request of the lowest priority, the latest arrival among
+  equals.
+* **Fairness** (per tenant, an API key, within the claimant's priority band): the band's slots (the
+  engine's batch room less what higher priorities hold) are shared max-min fairly among the tenants
+  with requests in the band, running or waiting (:func:`fair_shares`); a waiting request of a tenant
+  that holds fewer slots than its share preempts the latest-arriving running request of the tenant
+  furthest above its share. Requests without a tenant ("") never preempt for fairness.
+
+Preemption only when it gains, and a bounded waste:
+
+* priority: a strictly higher priority only (equal priorities never preempt one another);
+* fairness: only when the move narrows the gap: the claimant's tenant, one slot more, still holds no
+  more than the victim's tenant, one slot less (``mine + 1 <= theirs − 1``), so two tenants never take
+  a slot back and forth;
+* a request preempted ``max_preemptions`` times (any preemption, KV shortage included) is no longer a
+  victim: it runs to its end, so one request's recomputation is bounded by that many re-prefills.
+
+Pure: the engine core asks it before each step (:class:`~llmfleet.engine_core.core.EngineCore`), the
+scheduler's late binding asks it whether a saturated engine may still take a request
+(:mod:`llmfleet.policies.capacity.preempt_room`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_MAX_PREEMPTIONS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A request as preemption sees it: its id, priority, tenant ("" none), arrival and how often it
+    was preempted already."""
+
+    key: str
+    priority: int = 0
+    tenant: str = ""
+    arrival_s: float = 0.0
+    preemptions: int = 0
+
+
+def fair_shares(slots: float, demand: Mapping[str, int]) -> dict[str, float]:
+    """Max-min fair shares of ``slots`` among tenants asking ``demand`` slots each (water-filling: a
+    tenant asking less than an equal split gets what it asks, the rest is split among the others)."""
+    shares: dict[str, float] = {}
+    left = float(max(0.0, slots))
+    asking = sorted((n, t) for t, n in demand.items() if n > 0)
+    for i, (n, t) in enumerate(asking):
+        even = left / (len(asking) - i)
+        shares[t] = min(float(n), even)
+        left -= shares[t]
+    return shares
+
+
+def _latest(claims: Iterable[Claim]) -> Claim | None:
+    return max(claims, key=lambda c: (c.arrival_s, c.key), default=None)
+
+
+@dataclass(frozen=True)
+class PreemptionRule:
+    """``priority`` / ``fairness``: which of the two preempts; ``max_preemptions``: how often one
+    request may be preempted before it is no longer a victim."""
+
+    priority: bool = True
+    fairness: bool = True
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
+
+    def __post_init__(self) -> None:
+        if self.max_preemptions < 0:
+            raise ValueError(f"max_preemptions must be >= 0, got {self.max_preemptions}")
+
+    def preemptible(self, c: Claim) -> bool:
+        return c.preemptions < self.max_preemptions
+
+    def victim(
+        self, claimant: Claim, holders: Sequence[Claim], slots: int, waiting: Sequence[Claim] = ()
+    ) -> Claim | None:
+        """The holder (a request holding a slot) that ``claimant`` may preempt; None: none. ``slots``:
+        the engine's batch room; ``waiting``: the requests that wait with ``claimant`` (their tenants'
+        demand; ``claimant`` counts whether or not it is among them)."""
+        if self.priority:
+            got = self.priority_victim(claimant, holders, slots)
+            if got is not None:
+                return got
+        if self.fairness:
+            return self.fair_victim(claimant, holders, slots, waiting)
+        return None
+
+    def priority_victim(self, claimant: Claim, holders: Sequence[Claim], slots: int) -> Claim | None:
+        """The lowest-priority holder below ``claimant``'s priority, the latest arrival among equals;
+        None when there is none or when the holders at or above its priority fill ``slots`` already."""
+        lower = [h for h in holders if h.priority < claimant.priority and self.preemptible(h)]
+        if not lower or sum(1 for h in holders if h.priority >= claimant.priority) >= slots:
+            return None
+        bottom = min(h.priority for h in lower)
+        return _latest(h for h in lower if h.priority == bottom)
+
+    def fair_victim(
+        self, claimant: Claim, holders: Sequence[Claim], slots: int, waiting: Sequence[Claim] = ()
+    ) -> Claim | None:
+        """Within ``claimant``'s priority band: the latest holder of the tenant furthest above its fair
+        share, when ``claimant``'s tenant is below its own and the move narrows the gap (module doc)."""
+        me = claimant.tenant
+        if not me:
+            return None
+        band = [h for h in holders if h.priority == claimant.priority]
+        above = sum(1 for h in holders if h.priority > claimant.priority)
+        held = Counter(h.tenant for h in band)
+        demand = held.copy()
+        demand.update(w.tenant for w in waiting if w.priority == claimant.priority)
+        if not any(w.key == claimant.key for w in waiting):
+            demand[me] += 1
+        shares = fair_shares(slots - above, demand)
+        mine = held.get(me, 0)
+        if mine >= shares.get(me, 0.0):
+            return None
+        over = [t for t in held if t and t != me and held[t] > shares.get(t, 0.0) and mine + 1 <= held[t] - 1]
+        for t in sorted(over, key=lambda t: (shares.get(t, 0.0) - held[t], t)):  # furthest above first
+            got = _latest(h for h in band if h.tenant == t and self.preemptible(h))
+            if got is not None:
+                return got
+        return None
+
+    def rank(self, c: Claim, held: Mapping[tuple[int, str], int]) -> tuple[int, int, float, str]:
+        """The order in which waiting requests claim slots: higher priority first, then the tenant
+        holding fewer slots in that band (``held``: (priority, tenant) -> running requests; none when
+        fairness is off), then arrival."""
+        mine = held.get((c.priority, c.tenant), 0) if self.fairness and c.tenant else 0
+        return (-c.priority, mine, c.arrival_s, c.key)
