@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.engine_core.adapter_slots import AdapterSlots
+from llmfleet.engine_core.adapter_slots import AdapterSlots, adapter_rows
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.core import EngineCore, stepper_for
 from llmfleet.engine_core.limits import EngineLimits
@@ -23,5 +23,6 @@ __all__ = [
     "StepPlan",
     "StepResult",
     "Stepper",
+    "adapter_rows",
     "stepper_for",
 ]

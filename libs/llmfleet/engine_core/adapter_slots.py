@@ -15,6 +15,9 @@ emulated engines keep one per base model, with the native engine's rules (``llmf
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+
+from llmfleet.engine_core.request import CoreRequest, StepPlan
 
 
 class AdapterSlots:
@@ -64,6 +67,12 @@ class AdapterSlots:
         if pins:
             self._resident[adapter] = pins - 1
 
+    def remove(self, adapter: str) -> bool:
+        """Drops ``adapter`` from its slot (ValueError while a request holds it); True when it was resident."""
+        if self._resident.get(adapter):
+            raise ValueError(f"adapter {adapter!r} is in use by running requests")
+        return self._resident.pop(adapter, None) is not None
+
     def room(self, adapter: str) -> bool:
         """Whether :meth:`acquire` of ``adapter`` would succeed now."""
         return (
@@ -71,3 +80,16 @@ class AdapterSlots:
             or len(self._resident) < self.slots
             or any(n == 0 for n in self._resident.values())
         )
+
+
+def adapter_rows(plan: StepPlan, adapter_of: Callable[[CoreRequest], str | None]) -> tuple[int, int]:
+    """The rows of ``plan`` that name an adapter (a prefill's computed prompt tokens, a decode's one
+    token) and the distinct adapters among them: what ``LoraCost.batch_seconds`` prices."""
+    tokens, names = 0, set()
+    prefills = {id(r) for r in plan.prefills}
+    for r in plan.members:
+        adapter = adapter_of(r)
+        if adapter:
+            names.add(adapter)
+            tokens += r.sched.prompt_tokens - r.cached if id(r) in prefills else 1
+    return tokens, len(names)

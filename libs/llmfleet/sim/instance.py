@@ -41,7 +41,7 @@ from functools import partial
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.costmodel.lora import LoraCost
-from llmfleet.engine_core import AdapterSlots, CoreRequest, EngineCore, StepPlan
+from llmfleet.engine_core import AdapterSlots, CoreRequest, EngineCore, StepPlan, adapter_rows
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
@@ -332,14 +332,8 @@ class SimInstance:
     def _lora_seconds(self, plan: StepPlan) -> float:
         """The step's LoRA matmuls (its adapter rows) plus the adapter loads it waited for."""
         debt, self._load_debt = self._load_debt, 0.0
-        tokens, names = 0, set()
-        prefills = {id(r) for r in plan.prefills}
-        for r in plan.members:
-            adapter = record_of(r).adapter
-            if adapter:
-                names.add(adapter)
-                tokens += r.sched.prompt_tokens - r.cached if id(r) in prefills else 1
-        return debt + (self._lora[plan.model].batch_seconds(tokens, len(names)) if names else 0.0)
+        tokens, adapters = adapter_rows(plan, lambda r: record_of(r).adapter)
+        return debt + (self._lora[plan.model].batch_seconds(tokens, adapters) if adapters else 0.0)
 
     def interrupt(self, now: float) -> float | None:
         """Something changed at ``now`` while a chunk is in flight: cut the chunk to the iteration in

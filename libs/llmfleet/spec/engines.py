@@ -189,7 +189,7 @@ class EngineConfig(BaseModel):
 class EmulatedPool(BaseModel):
     """``emulated:``: the engines are emulated GPUs (``llmfleet-engine --backend emulated``): ``count``
     GPUs of catalog ``hardware``, hosted ``count / processes`` per process, each an engine with the
-    ``engine`` settings (local policy, options, limits) and every model served as its catalog
+    ``engine`` settings (local policy, options, limits, LoRA slots) and every model served as its catalog
     ``sim_model``. ``llmfleet up --emulate 32xA100-80GB`` sets count and hardware from the command line."""
 
     model_config = _STRICT
@@ -226,10 +226,6 @@ class EmulatedPool(BaseModel):
         if engine.models or engine.device != "cpu" or engine.port is not None or engine.backend != "native":
             raise ValueError(
                 "emulated.engine takes the local policy and limits only (no backend, models, device or port)"
-            )
-        if engine.max_loras or engine.max_lora_rank is not None:
-            raise ValueError(
-                "emulated.engine: LoRA adapters run on native and vLLM engines only (max_loras, max_lora_rank)"
             )
         return self
 

@@ -109,7 +109,7 @@ class Executor:
         self._delivery = Delivery(self._cancel_unread, self.config.stream_interval_s)
         self._generated = RateWindow(self.config.throughput_window_s)
         self.host = self._new_host()
-        self.adapters = AdapterHost(self.table, self.host)
+        self.adapters = self._new_adapters()
         self.migration = self._new_migration()
         self.load_report = LoadReport(self.table, self.core, self.pool, self.host, self._generated)
         self._worker = threading.Thread(target=self._work, name="llmfleet-executor", daemon=True)
@@ -118,6 +118,9 @@ class Executor:
 
     def _new_host(self) -> ModelHost:
         return ModelHost(self.config, self.table, self.core, self.pool, self._finish_locked)
+
+    def _new_adapters(self) -> AdapterHost:
+        return AdapterHost(self.table, self.host)
 
     def _new_migration(self) -> MigrationOps:
         return MigrationOps(self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state)

@@ -75,6 +75,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
                 cost_source=args.cost_source,
                 sim_models=dict(args.sim_model),
                 link_bytes_per_s=args.link_bandwidth,
+                **lora_settings(entry),
                 **common,
             )
         )

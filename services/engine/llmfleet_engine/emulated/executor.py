@@ -24,6 +24,10 @@ Everything but the forward pass is the native :class:`~llmfleet_engine.executor.
   (request, position) and never EOS: a request ends at its ``max_tokens`` (a trace's output length).
 * **Loading** a model takes ``weights / (tp × host-to-device bandwidth)``, as the simulator charges;
   its memory is claimed first.
+* **LoRA adapters** (``max_loras``): the native adapter registry over a pool of slots without weights
+  (the simulator's ``AdapterSlots`` rule), adapter loads and each step's adapter rows priced by
+  ``costmodel.lora`` as in the simulator, the pool's memory reserved with the base
+  (:mod:`.adapters`).
 * **KV export/import** sends the block table and token range, not K/V bytes, and takes
   ``kv_bytes / link bandwidth``; a link probe received here takes ``bytes / link bandwidth``.
 * **Profile sweeps** return the cost model's own times.
@@ -39,6 +43,7 @@ from llmfleet.engine_core import StepPlan
 from llmfleet.metrics.engine import EngineMetrics
 
 from llmfleet_engine import profiling
+from llmfleet_engine.emulated.adapters import emulated_adapter
 from llmfleet_engine.emulated.clock import LagCollector, WallClock
 from llmfleet_engine.emulated.config import BACKEND, EmulatedConfig
 from llmfleet_engine.emulated.migration import EmulatedMigration
@@ -48,6 +53,7 @@ from llmfleet_engine.emulated.storage import NoKvStorage
 from llmfleet_engine.emulated.tokenizer import WORD_BASE
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.live_request import LiveRequest
+from llmfleet_engine.lora.hosting import AdapterHost
 from llmfleet_engine.profiling import ProfileResult
 
 __all__ = ["EmulatedConfig", "EmulatedExecutor", "StepPricer", "token_id"]
@@ -72,6 +78,10 @@ class EmulatedExecutor(Executor):
 
     def _new_host(self) -> EmulatedHost:
         return EmulatedHost(self.config, self.table, self.core, self.pool, self._finish_locked, self.clock)
+
+    def _new_adapters(self) -> AdapterHost:
+        """The native adapter registry, reading no files (``emulated.adapters``)."""
+        return AdapterHost(self.table, self.host, emulated_adapter)
 
     def _new_migration(self) -> EmulatedMigration:
         return EmulatedMigration(

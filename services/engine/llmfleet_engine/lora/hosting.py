@@ -17,6 +17,7 @@ last forward may; its token is dropped).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,8 +34,13 @@ if TYPE_CHECKING:
 
 
 def pool_of(hosted: HostedModel | None) -> AdapterPool | None:
-    """The adapter pool of a hosted model (None: not hosted, LoRA off, or an emulated model)."""
+    """The adapter pool of a hosted model (None: not hosted or LoRA off); an emulated model's is an
+    ``EmulatedAdapterPool`` (the same interface over slots without weights)."""
     return None if hosted is None else getattr(hosted.runner, "lora", None)
+
+
+# reads and checks adapter ``name`` at ``path`` for a base's loaded model (``load_adapter``'s signature)
+AdapterLoader = Callable[..., LoraAdapter]
 
 
 log = logging.getLogger(__name__)
@@ -49,9 +55,10 @@ class RegisteredAdapter:
 class AdapterHost:
     """The registered adapters (name -> base and weights) of the models ``host`` hosts."""
 
-    def __init__(self, table: RequestTable, host: ModelHost) -> None:
+    def __init__(self, table: RequestTable, host: ModelHost, loader: AdapterLoader = load_adapter) -> None:
         self.table = table
         self.host = host
+        self.loader = loader
         self.registered: dict[str, RegisteredAdapter] = {}
         self.declared: dict[str, tuple[str, str | Path]] = {}  # name -> (base, directory)
         host.on_models_changed.append(self._bases_changed)
@@ -101,7 +108,7 @@ class AdapterHost:
                 raise AdapterError(f"adapter {name!r}: a model of that name is loaded here")
             pool = self._pool(base, name)
             model = self.host.hosted[base].loaded.model
-        adapter = load_adapter(name, path, model, max_rank=pool.max_rank, targets=pool.targets)
+        adapter = self.loader(name, path, model, max_rank=pool.max_rank, targets=pool.targets)
         with self.table.cond:
             if self._pool(base, name) is not pool:
                 raise AdapterError(f"adapter {name!r}: base model {base!r} was reloaded meanwhile")
@@ -137,11 +144,9 @@ class AdapterHost:
         entry = self.registered[name]
         pool = self._pool(entry.base, name)
         try:
-            slot = pool.insert(entry.adapter)
+            return pool.acquire(entry.adapter)
         except AdapterPoolFull as e:
             raise ResourceExhaustedError(str(e)) from None
-        pool.pin(name)
-        return slot
 
     def release(self, name: str, base: str) -> None:
         """Under the table's lock: a request of ``name`` on ``base`` ended (its pin goes)."""

@@ -148,6 +148,11 @@ class AdapterPool:
         self.loads += 1
         return slot
 
+    def acquire(self, adapter: LoraAdapter) -> int:
+        """:meth:`insert` then :meth:`pin`: the slot of a request's adapter, held until :meth:`unpin`."""
+        self.insert(adapter)
+        return self.pin(adapter.name)
+
     def _take_slot(self, name: str) -> int:
         if self._free:
             return self._free.pop()

@@ -1,0 +1,106 @@
+"""LoRA adapters on an emulated engine: a pool of slots without weights and a "loader" that reads no
+files, priced as the simulator prices them.
+
+* **The pool** (:class:`EmulatedAdapterPool`) is the native ``AdapterPool``'s interface over
+  :class:`~llmfleet.engine_core.AdapterSlots`, the bookkeeping the simulator's instances keep: the
+  same LRU and pins (a request holds its adapter from admission to its end), so a live emulated engine
+  and a simulated instance load and evict the same adapters for the same requests. A request whose
+  adapter finds every slot pinned is refused ``RESOURCE_EXHAUSTED`` as on the native engine.
+* **Loading** an adapter into a slot costs :meth:`LoraCost.load_seconds
+  <llmfleet.costmodel.lora.LoraCost.load_seconds>` at the adapter's rank; as in the simulator, the
+  engine's next step waits for it (the load time is added to that step).
+* **A step** adds :meth:`LoraCost.batch_seconds <llmfleet.costmodel.lora.LoraCost.batch_seconds>` of
+  its adapter rows (:func:`~llmfleet.engine_core.adapter_rows`, the simulator's count) at the pool's
+  ``max_lora_rank`` (the pool pads every adapter to it).
+* **An adapter's rank** comes from its directory entry: ``emulated://rN`` (the scheme of an emulated
+  model's source) is rank N; any other entry is the pool's ``max_lora_rank``. Nothing is read.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from llmfleet.costmodel.lora import LoraCost
+from llmfleet.engine_core import AdapterSlots
+
+from llmfleet_engine.lora import DEFAULT_TARGETS, AdapterError, AdapterPoolFull, LoraAdapter
+
+RANK_SOURCE = re.compile(r"emulated://r(\d+)/?")
+
+
+def adapter_rank(path: str | Path, default: int) -> int:
+    """The rank an adapter entry declares (``emulated://rN``), else ``default``."""
+    m = RANK_SOURCE.fullmatch(str(path))
+    return int(m.group(1)) if m else default
+
+
+def emulated_adapter(
+    name: str, path: str | Path, base: Any, *, max_rank: int, targets: frozenset[str]
+) -> LoraAdapter:
+    """``load_adapter``'s place on an emulated engine: no files, no weights, the entry's rank (AdapterError
+    when it exceeds ``max_rank``, as natively)."""
+    rank = adapter_rank(path, max_rank)
+    if not 1 <= rank <= max_rank:
+        raise AdapterError(f"adapter {name!r}: rank {rank} is outside 1..{max_rank} (max_lora_rank)")
+    return LoraAdapter(name=name, path=str(path), rank=rank, weights={})
+
+
+class EmulatedAdapterPool:
+    """``max_adapters`` slots of one emulated base model (see the module docstring)."""
+
+    def __init__(self, max_adapters: int, max_rank: int, cost: LoraCost) -> None:
+        self.slots = AdapterSlots(max_adapters)
+        self.max_adapters = max_adapters
+        self.max_rank = max_rank
+        self.targets = DEFAULT_TARGETS
+        self.cost = cost
+        self._load_debt = 0.0  # adapter load seconds the next step waits for
+        self._debt_lock = threading.Lock()  # acquire runs at submit, the step's pricing on the worker
+
+    @property
+    def resident(self) -> list[str]:
+        """The resident adapters, least recently used first."""
+        return list(self.slots.resident)
+
+    @property
+    def loads(self) -> int:
+        return self.slots.loads
+
+    @property
+    def evictions(self) -> int:
+        return self.slots.evictions
+
+    def slot(self, name: str) -> int | None:
+        resident = self.slots.resident
+        return resident.index(name) if name in resident else None
+
+    def pinned(self, name: str) -> bool:
+        return self.slots.pins(name) > 0
+
+    def acquire(self, adapter: LoraAdapter) -> int:
+        """Pins ``adapter``, loading it if it is not resident (its load time goes to the next step);
+        AdapterPoolFull when every slot is held by other adapters' requests."""
+        got = self.slots.acquire(adapter.name)
+        if got is None:
+            raise AdapterPoolFull(
+                f"adapter {adapter.name!r}: all {self.max_adapters} adapter slots are in use by running requests"
+            )
+        if got:
+            with self._debt_lock:
+                self._load_debt += self.cost.load_seconds(adapter.rank)
+        return self.slots.resident.index(adapter.name)
+
+    def unpin(self, name: str) -> None:
+        self.slots.release(name)
+
+    def remove(self, name: str) -> None:
+        self.slots.remove(name)
+
+    def take_load_debt(self) -> float:
+        """The load seconds owed since the last step (reset: the step that takes them pays them)."""
+        with self._debt_lock:
+            debt, self._load_debt = self._load_debt, 0.0
+        return debt
