@@ -178,6 +178,17 @@ class LoadBook:
         named = r.request_ids
         return r.running + r.waiting - len(e.ended) + sum(1 for rid in e.pending if rid not in named)
 
+    def placed(self, engine_id: str) -> list[str]:
+        """The ids of the requests on ``engine_id`` that :meth:`occupancy` counts: those its last report
+        names less those that ended since, then the pending ones it does not name."""
+        e = self._engines.get(engine_id)
+        if e is None:
+            return []
+        named = (e.last or _EMPTY).request_ids
+        out = [rid for rid in named if rid not in e.ended]
+        out += [rid for rid in e.pending if rid not in named]
+        return out
+
     def last_report(self, engine_id: str) -> LoadReport | None:
         e = self._engines.get(engine_id)
         return e.last if e is not None else None

@@ -11,6 +11,9 @@ dispatched in the order of the live scheduler's hold queue (``llmfleet.policies.
 the fleet's ``fairness``): their priority (their own, or their service's), then fair among tenants by
 weighted tokens served (every admission of the model charges its tenant, held or not), then arrival;
 a sheddable one (negative priority) is dropped at its service's TTFT SLO. No other request is lost.
+With every instance saturated, the head goes to an instance whose core would preempt one of its
+requests for it (``llmfleet.policies.capacity.preempt_room``, the live gate's rule: a higher priority;
+with ``fairness`` vtc, a tenant below its fair share of the instance's slots).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
+from llmfleet.policies.capacity.preempt_room import may_preempt
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
+from llmfleet.policies.request.preemption import Claim, PreemptionRule
 from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
 
@@ -47,6 +52,8 @@ class Holds:
 
     def __init__(self, fleet: FleetView) -> None:
         self.fleet = fleet
+        # late binding's preemption rule, as the live gate's: priorities, and tenants under vtc
+        self.preemption = PreemptionRule(fairness=fleet.fairness == "vtc")
         # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
         self.queues: dict[str, HeldQueue[Held]] = {}
 
@@ -104,7 +111,10 @@ class Holds:
             shed_at = rec.arrival_s + svc.slo.ttft_s
             model, rid = rec.model, rec.request_id
             fleet.events.at(shed_at, lambda sim, t: self._expire(model, rid, t, shed=True))
-        q.push(rec.request_id, held, rec.arrival_s, priority, held.deadline, rec.tenant)
+        cost = weighted_tokens(rec.prompt_tokens, rec.output_tokens)  # what ``served`` charges it
+        q.push(rec.request_id, held, rec.arrival_s, priority, held.deadline, rec.tenant, cost)
+        if reason == SATURATED and q.peek() is held:  # it may preempt now, not at the next step end
+            self.serve(rec.model, fleet.events.now)
         return True
 
     def _cold_wait(self, held: Held) -> bool:
@@ -147,10 +157,29 @@ class Holds:
             )
             try:
                 iid = fleet.pick_instance(svc, req, frozenset(), late=True)
-            except (NoCandidate, Saturated):
+            except NoCandidate:
                 return
+            except Saturated:
+                got = self.preemptible(rec, svc.routed_model)
+                if got is None:
+                    return
+                iid = got
             q.remove(rec.request_id)  # the head; admit charges its tenant
             fleet.admit(rec, svc, iid, held.predicted, now)
+
+    def preemptible(self, rec: RequestRecord, model: str) -> str | None:
+        """A saturated instance serving ``model`` whose core would preempt one of its requests for
+        ``rec`` (the first by id); None: none."""
+        me = Claim(rec.request_id, rec.priority or 0, rec.tenant, rec.arrival_s)
+        for iid in sorted(self.fleet.instances):
+            inst = self.fleet.instances[iid]
+            if model not in inst.models:
+                continue
+            core = inst.core
+            present = [core.claim(r) for r in core.requests.values()]
+            if may_preempt(me, present, core.limits.max_running, self.preemption):
+                return iid
+        return None
 
     def check(self, now: float) -> None:
         """Serve the waiting arrivals of models an instance serves; those of models no instance serves or

@@ -54,3 +54,29 @@ def test_sheddable_arrivals_are_dropped_at_their_ttft_slo_and_priorities_go_firs
     assert "shed" in records["low"].failed and not records["low"].done
     top, held = records["top"].first_token_s, sorted(records[f"n{i}"].first_token_s or 0 for i in range(12))
     assert top is not None and top < held[4]  # before every n that was held (4 run at once)
+
+
+def test_a_light_tenant_preempts_the_heavy_backlog_on_a_saturated_instance(tiny) -> None:
+    # with vtc the held light request goes to the saturated instance (preempt_room) and preempts a
+    # heavy one there (three light keys: each preempts one of the heavy key's four): its first token
+    # comes at once, not after a heavy request's 400 tokens
+    heavy = [W(f"h{i}", 0.0, 200, 400, "s", tenant="heavy") for i in range(12)]
+    light = [W(f"l{i}", 0.5 + i * 0.5, 200, 20, "s", tenant=f"light{i}") for i in range(3)]
+    records = run(tiny, heavy + light, "vtc")
+    assert all(r.done for r in records)
+    lights = [r for r in records if r.tenant != "heavy"]
+    heavies = [r for r in records if r.tenant == "heavy"]
+    slot_s = min(r.latency_s for r in heavies)  # the wait for a slot to free, without preemption
+    assert max(r.ttft_s for r in lights) < 0.2 * slot_s
+    assert sum(r.preemptions for r in heavies) == len(lights)  # each light key preempts one
+    assert max(r.preemptions for r in heavies) <= 2  # the cap
+
+
+def test_a_higher_priority_preempts_a_running_lower_one(tiny) -> None:
+    work = [W(f"n{i}", 0.0, 200, 100, "s") for i in range(4)] + [W("top", 0.5, 200, 100, "s", priority=3)]
+    records = {r.request_id: r for r in run(tiny, work, "vtc")}
+    assert all(r.done for r in records.values())
+    top = records["top"]
+    slot_s = min(records[f"n{i}"].latency_s for i in range(4))  # the wait for a slot, without preemption
+    assert top.ttft_s is not None and top.ttft_s < 0.2 * slot_s  # the next step, not a slot freeing
+    assert sum(records[f"n{i}"].preemptions for i in range(4)) == 1

@@ -15,6 +15,10 @@
   nearly full): the request waits here (``saturated``) instead of in one engine's queue, and goes to
   the first engine with room. Capacity that scaling adds then serves the queue at once. The first
   request held this way (the model's queue was empty) wakes placement too: a burst scales out now.
+  A request that the engine's core would let preempt one it holds (a higher priority than one there;
+  with ``fairness="vtc"``, an API key below its fair share of the engine's slots) goes to that
+  saturated engine instead of waiting (``llmfleet.policies.capacity.preempt_room``, over the requests
+  the load book places there and their classes).
 
 Waiting requests are kept per model in a hold queue (``llmfleet.policies.capacity.queues``):
 the request's priority (its own, or its service's), then, with ``fairness="vtc"``, the API key with
@@ -55,8 +59,10 @@ from llmfleet.policies.capacity import (
     weighted_tokens,
 )
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
+from llmfleet.policies.capacity.preempt_room import may_preempt
 from llmfleet.policies.capacity.priority import sheddable
-from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, NoCandidate
+from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
+from llmfleet.policies.request.preemption import Claim, PreemptionRule
 from llmfleet.spec.defaults import FAIRNESS, Binding, Fairness
 from llmfleet.spec.services import ServiceSpec
 
@@ -118,6 +124,9 @@ class CapacityGate:
     classes: RequestClasses | None = None
     # fail a request's record (request id, message, retry-after s) RESOURCE_EXHAUSTED: displaced or shed
     refuse: Callable[[str, str, int], None] | None = None
+    # late binding sends a request to a saturated engine whose core would preempt for it (None: never);
+    # its fairness half follows ``fairness`` ("none": priorities only)
+    preemption: PreemptionRule | None = field(default_factory=PreemptionRule)
     _queues: dict[str, HeldQueue[_Waiter]] = field(default_factory=dict)  # per model (kept: its counters)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _weights: dict[str, int] = field(default_factory=dict)  # model -> weight bytes (0: unknown)
@@ -125,6 +134,8 @@ class CapacityGate:
     def __post_init__(self) -> None:
         if self.binding not in BINDINGS:
             raise ValueError(f"binding must be one of {BINDINGS}, got {self.binding!r}")
+        if self.preemption is not None and self.fairness != "vtc" and self.preemption.fairness:
+            self.preemption = PreemptionRule(True, False, self.preemption.max_preemptions)
 
     # ------------------------------------------------------------------------------------ requests
     async def place(
@@ -139,7 +150,7 @@ class CapacityGate:
         if queue is None:
             queue = self._queues[model] = make_hold_queue(self.fairness)
         if not queue:  # nobody waits ahead of it: decide now
-            got = self._decide(model, policy, request, excluded)
+            got = self._decide(model, policy, request, excluded, cls)
             if not isinstance(got, _Hold):
                 self._charge(queue, cls, request)
                 return got
@@ -238,7 +249,7 @@ class CapacityGate:
                     queue.remove(w.request_id)
                     continue
                 try:
-                    got = self._decide(model, w.policy, w.request, w.excluded)
+                    got = self._decide(model, w.policy, w.request, w.excluded, w.cls)
                 except (NoCandidate, Unplaceable) as e:
                     queue.remove(w.request_id)
                     w.future.set_exception(e)
@@ -258,7 +269,12 @@ class CapacityGate:
 
     # ------------------------------------------------------------------------------------ decisions
     def _decide(
-        self, model: str, policy: DispatchPolicy, request: DispatchRequest, excluded: frozenset[str]
+        self,
+        model: str,
+        policy: DispatchPolicy,
+        request: DispatchRequest,
+        excluded: frozenset[str],
+        cls: RequestClass | None = None,
     ) -> str | _Hold:
         cands = self.directory.candidates(progress=policy.needs.reads_progress)
         hosts = [c for c in cands if model in c.models]
@@ -278,9 +294,30 @@ class CapacityGate:
                 book = self.directory.load
                 room = [c for c in usable if self.saturation.has_room(c, book.occupancy(c.engine_id))]
                 if not room:
+                    room = self._preemptible(usable, request, cls)
+                if not room:
                     return _Hold(SATURATED)
                 return policy.choose(model, room, excluded, request=request)
         return policy.choose(model, cands, excluded, request=request)
+
+    def _preemptible(
+        self, hosts: list[EngineCandidate], request: DispatchRequest, cls: RequestClass | None
+    ) -> list[EngineCandidate]:
+        """The saturated ``hosts`` whose core would preempt one of the requests placed there for
+        ``request`` (``preempt_room``)."""
+        rule, classes = self.preemption, self.classes
+        if rule is None or cls is None or classes is None:
+            return []
+        me = Claim(request.request_id, cls.priority, cls.key, request.arrival_s)
+        out = []
+        for c in hosts:
+            present = []
+            for rid in self.directory.load.placed(c.engine_id):
+                other = classes.get(rid)
+                present.append(Claim(rid, other.priority, other.key) if other is not None else Claim(rid))
+            if may_preempt(me, present, c.max_running, rule):
+                out.append(c)
+        return out
 
     def _unplaceable(self, model: str) -> str | None:
         weight = self._weights.get(model)

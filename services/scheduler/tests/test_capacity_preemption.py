@@ -1,0 +1,77 @@
+"""Late binding with preemption: a saturated engine still takes a request its core would preempt for
+(a higher priority than one placed there; under vtc, an API key below its fair share of the engine's
+slots), and only as long as that holds (``preempt_room``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llmfleet.load import LoadReport
+from llmfleet.metrics.control import SchedulerMetrics
+from llmfleet.policies.capacity import Saturation
+from llmfleet.policies.dispatch import DispatchRequest, make_dispatch_policy
+from llmfleet.spec.services import ServiceSpec
+from llmfleet.testing import StaticView
+from llmfleet.types import ENGINE_ROLE, NodeRecord, Slo
+from llmfleet_scheduler.capacity import CapacityGate
+from llmfleet_scheduler.directory import ClusterDirectory
+from llmfleet_scheduler.priorities import RequestClass, RequestClasses
+from prometheus_client import CollectorRegistry
+
+SPEC = ServiceSpec("s", "m", Slo(ttft_s=5.0, tpot_s=0.1))
+POLICY = make_dispatch_policy("round_robin")
+METRICS = SchedulerMetrics(CollectorRegistry())
+
+
+def gate_over(
+    held: dict[str, RequestClass], slots: int, fairness: str = "vtc"
+) -> tuple[CapacityGate, RequestClasses]:
+    """A late-binding gate (no slack) over one engine running ``held`` (its report names them)."""
+    d = ClusterDirectory(
+        services_view=StaticView({"s": SPEC}),
+        nodes_view=StaticView({"e0": NodeRecord("e0", ENGINE_ROLE, "127.0.0.1:20001", models=("m",))}),
+        models_view=StaticView({}),
+    )
+    d.load.report("e0", LoadReport(running=len(held), max_running=slots, request_ids=frozenset(held)))
+    classes = RequestClasses(METRICS)
+    for rid, cls in held.items():
+        classes.add(rid, cls)
+    gate = CapacityGate(
+        d, binding="late", saturation=Saturation(queue_slack=0), poll_s=0.05, classes=classes,
+        metrics=METRICS, fairness=fairness,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return gate, classes
+
+
+async def place(gate: CapacityGate, classes: RequestClasses, rid: str, cls: RequestClass) -> str | None:
+    """Where ``rid`` goes at once (None: it is held, and given up)."""
+    classes.add(rid, cls)
+    task = asyncio.create_task(
+        gate.place(SPEC, POLICY, DispatchRequest(rid, "m", "s", 10, arrival_s=1.0), frozenset())
+    )
+    done, _ = await asyncio.wait({task}, timeout=0.05)
+    if not done:
+        task.cancel()
+        return None
+    gate.directory.load.dispatched(task.result(), rid)  # as the relay records it
+    return task.result()
+
+
+async def test_a_higher_priority_goes_to_a_saturated_engine_until_its_band_fills_it() -> None:
+    gate, classes = gate_over({"l1": RequestClass(0), "l2": RequestClass(0)}, slots=2)
+    assert await place(gate, classes, "x0", RequestClass(0)) is None  # an equal priority waits
+    assert await place(gate, classes, "h1", RequestClass(1)) == "e0"
+    assert await place(gate, classes, "h2", RequestClass(1)) == "e0"
+    assert await place(gate, classes, "h3", RequestClass(1)) is None  # priority 1 holds both slots
+
+
+@pytest.mark.parametrize("fairness", ["vtc", "none"])
+async def test_a_light_key_goes_to_an_engine_the_heavy_key_fills(fairness: str) -> None:
+    heavy = {f"h{i}": RequestClass(0, "heavy") for i in range(4)}
+    gate, classes = gate_over(heavy, slots=4, fairness=fairness)
+    got = [await place(gate, classes, f"l{i}", RequestClass(0, "light")) for i in range(3)]
+    if fairness == "vtc":
+        assert got == ["e0", "e0", None]  # up to its fair share (2 of 4), counting those it sent
+    else:
+        assert got == [None, None, None]  # no fairness: priorities only
