@@ -147,10 +147,10 @@ class ClusterConfig(BaseModel):
                         f"(list {self.models[m].base!r}); its adapters follow their traffic"
                     )
         adapters = sorted({s.model for s in self.services.values() if self.models[s.model].is_adapter})
-        if adapters and (self.placement.planned or self.emulated is not None):
+        if adapters and self.emulated is not None and not self.emulated.engine.max_loras:
             raise ValueError(
-                f"services use LoRA adapters {adapters}: a planned placement and emulated engines do not "
-                "place or price adapters yet; list their bases under engines: (max_loras)"
+                f"services use LoRA adapters {adapters}: the emulated engines need adapter slots "
+                "(emulated.engine.max_loras)"
             )
         if self.placement.planned or self.emulated is not None:
             self.catalog_models()  # a planner / an emulated GPU needs every model in the catalog
@@ -194,14 +194,28 @@ class ClusterConfig(BaseModel):
                     "GiB; raise emulated.tp"
                 )
 
+    def host_model(self, name: str) -> str:
+        """The checkpoint entry whose engines serve model ``name``: its base for an adapter, else itself."""
+        m = self.models.get(name)
+        return m.base if m is not None and m.base is not None else name
+
+    def adapter_bases(self) -> dict[str, str]:
+        """Adapter entry -> its base, for the adapters the services use."""
+        return {
+            s.model: self.host_model(s.model)
+            for s in self.services.values()
+            if s.model != self.host_model(s.model)
+        }
+
     def catalog_models(self) -> dict[str, str]:
-        """Served model -> its cost-model catalog name (``sim_model``, else the model's own name when it
-        is a catalog name), for the models the services use. One-to-one: planners work with catalog
+        """Served checkpoint -> its cost-model catalog name (``sim_model``, else the model's own name when
+        it is a catalog name), for the checkpoints the services run on (an adapter service's is its
+        base: engines load bases, adapters follow their traffic). One-to-one: planners work with catalog
         names and the placement leader maps their plans back (two models with one catalog name would
         be indistinguishable); ValueError naming the model otherwise."""
 
         out: dict[str, str] = {}
-        for name in sorted({s.model for s in self.services.values()}):
+        for name in sorted({self.host_model(s.model) for s in self.services.values()}):
             m = self.models[name]
             if m.sim_model is not None:
                 out[name] = m.sim_model

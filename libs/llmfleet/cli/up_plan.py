@@ -273,6 +273,7 @@ def emulated_plans(
     for name, arch in sorted(config.catalog_models().items()):
         argv += ["--sim-model", f"{name}={arch}"]
     argv += pool.engine.engine_args()  # its block_tokens too (native engines size theirs by block_bytes)
+    argv += adapter_args(config) if pool.engine.max_loras else []  # registered when their base loads
     plans, port = [], base_port + ENGINE_PORT_OFFSET
     for p, n in enumerate(pool.per_process()):
         clash = used & set(range(port, port + n))

@@ -86,10 +86,13 @@ def test_lora_settings_are_read_by_native_and_vllm_engines() -> None:
     # one setting, written once: vLLM's own LoRA arguments are the engine's max_loras / max_lora_rank
     with pytest.raises(ValueError, match=r"engine_args may not set .*max_loras \(the engine's max_loras\)"):
         config(models, {"e0": {"backend": "vllm", "vllm": {"engine_args": {"max_loras": 2}}}})
-    with pytest.raises(ValueError, match="LoRA adapters run on native and vLLM engines only"):
-        ClusterConfig.model_validate(
-            {"services": {}, "models": BASE, "emulated": {"engine": {"max_loras": 2}}}
-        )
+    emulated = ClusterConfig.model_validate(
+        {"services": {}, "models": BASE, "emulated": {"engine": {"max_loras": 2}}}
+    )
+    assert emulated.emulated is not None and emulated.emulated.engine.engine_args()[-2:] == [
+        "--max-loras",
+        "2",
+    ]
 
 
 def test_llmfleet_up_hands_the_adapters_to_its_lora_engines(tmp_path: Path) -> None:
@@ -113,12 +116,39 @@ def test_llmfleet_up_hands_the_adapters_to_its_lora_engines(tmp_path: Path) -> N
     assert v[v.index("--max-loras") + 1] == "2"
 
 
-def test_a_planned_placement_refuses_adapter_services() -> None:
-    with pytest.raises(ValueError, match=r"services use LoRA adapters \['chat-lora'\]: a planned placement"):
-        ClusterConfig.model_validate(
-            {
-                "services": {"chat": {"model": "chat-lora"}},
-                "models": {**BASE, "chat-lora": {"base": "base-llama", "adapter": "/a"}},
-                "placement": {"policy": "aladdin"},
-            }
-        )
+LLAMA = {"llama2-7b": {"source": "emulated://llama2-7b"}}
+ADAPTERS = {f"a{i}": {"base": "llama2-7b", "adapter": f"emulated://r{8 * (i + 1)}"} for i in range(2)}
+
+
+def emulated_config(engine: dict) -> ClusterConfig:
+    return ClusterConfig.model_validate(
+        {
+            "services": {"s0": {"model": "a0"}, "s1": {"model": "a1"}, "base": {"model": "llama2-7b"}},
+            "models": {**LLAMA, **ADAPTERS},
+            "placement": {"policy": "aladdin"},
+            "emulated": {"hardware": "A100-80GB", "count": 4, "engine": engine},
+        }
+    )
+
+
+def test_a_planned_placement_places_the_bases_of_adapter_services() -> None:
+    cfg = emulated_config({"max_loras": 2})
+    # the planner sees checkpoints only: an adapter service's demand counts on its base's catalog model
+    assert cfg.catalog_models() == {"llama2-7b": "llama2-7b"}
+    assert cfg.adapter_bases() == {"a0": "llama2-7b", "a1": "llama2-7b"}
+    assert (cfg.host_model("a1"), cfg.host_model("llama2-7b")) == ("llama2-7b", "llama2-7b")
+
+
+def test_an_emulated_pool_accepts_adapter_services_and_hands_its_engines_the_adapters(tmp_path: Path) -> None:
+    cfg = emulated_config({"max_loras": 2, "max_lora_rank": 16})
+    (plan,) = [p for p in up.plan_services(cfg, tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+               if p.name.startswith("emu")]  # fmt: skip
+    argv = plan.argv
+    assert argv[argv.index("--max-loras") + 1] == "2"
+    adapters = [argv[i + 1] for i, a in enumerate(argv) if a == "--adapter"]
+    assert adapters == ["a0=llama2-7b:emulated://r8", "a1=llama2-7b:emulated://r16"]
+    assert "llama2-7b=llama2-7b" in argv  # --sim-model of the base only
+    with pytest.raises(
+        ValueError, match=r"LoRA adapters \['a0', 'a1'\]: the emulated engines need adapter slots"
+    ):
+        emulated_config({})

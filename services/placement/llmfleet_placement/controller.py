@@ -106,10 +106,20 @@ def runtime_config(
         svc_cfgs[name] = spec
     if base.placement.planned:
         catalog: dict[str, str] = {}
-        for model in sorted({s.model for s in svc_cfgs.values()}):
-            m = model_cfgs[model]
+
+        def host(model: str) -> str:  # an adapter is placed as its base (it follows its traffic there)
+            return model_cfgs[model].base or model
+
+        for model in sorted({host(s.model) for s in svc_cfgs.values()}):
+            entry = model_cfgs.get(model)
+            if entry is None:
+                for name in [n for n, s in svc_cfgs.items() if host(s.model) == model]:
+                    why = f"service {name!r}: base model {model!r} is not declared (models/ or the config)"
+                    problems.append(LeftOut(why, name, svc_cfgs[name].model))
+                    del svc_cfgs[name]
+                continue
             try:
-                cat = m.sim_model if m.sim_model is not None else model_arch(model).name
+                cat = entry.sim_model if entry.sim_model is not None else model_arch(model).name
             except UnknownModel:
                 cat = None
                 why = f"model {model!r} is not a cost-model catalog name; declare it with a sim_model"
@@ -119,7 +129,7 @@ def runtime_config(
                     why = f"models {other!r} and {model!r} both map to catalog model {cat!r}"
                     cat = None
             if cat is None:
-                for name in [n for n, s in svc_cfgs.items() if s.model == model]:
+                for name in [n for n, s in svc_cfgs.items() if host(s.model) == model]:
                     problems.append(LeftOut(f"service {name!r}: {why}", name, model))
                     del svc_cfgs[name]
             else:

@@ -107,7 +107,7 @@ class LivePlacementLoop:
     retry_soon: bool = False
 
     def __post_init__(self) -> None:
-        self.names = ModelNames(self.config.catalog_models())
+        self.names = ModelNames(self.config.catalog_models(), self.config.adapter_bases())
         self.hysteresis = Hysteresis(self.config.placement.confirm_intervals)
 
     async def run(self) -> None:
@@ -168,7 +168,7 @@ class LivePlacementLoop:
             return False
         config, problems = got
         if config.services != self.config.services or config.models != self.config.models:
-            self.names = ModelNames(config.catalog_models())
+            self.names = ModelNames(config.catalog_models(), config.adapter_bases())
             if isinstance(self.workload, MonitorWorkload):  # the monitor's view follows the services
                 self.workload.services = config.service_specs
                 if self.workload.config is not None:
@@ -209,9 +209,11 @@ class LivePlacementLoop:
             self._last_error = ""
             log.debug("placement: plan unchanged (%s)", reason)
             return None
-        needed = {s.model for s in self.config.service_specs()}
+        needed = {self.names.host(s.model) for s in self.config.service_specs()}  # adapters: their bases
         held = {
-            self.config.services[s.name].model for s in loads if s.held and s.name in self.config.services
+            self.names.host(self.config.services[s.name].model)
+            for s in loads
+            if s.held and s.name in self.config.services
         }
         urgent = bool(newly_served(current, result.target, needed) or grows_for(current, result.target, held))
         change = describe_change(current, result.target)

@@ -36,9 +36,12 @@ Assignment = dict[str, tuple[str, ...]]  # engine id -> served model names (sort
 
 @dataclass(frozen=True)
 class ModelNames:
-    """Served model name <-> cost-model catalog name, one to one."""
+    """Served checkpoint name <-> cost-model catalog name, one to one; a LoRA adapter (``bases``: adapter
+    -> its base) maps to its base's catalog name, so its service's demand counts on the base (engines
+    load bases; an adapter follows its traffic onto the engines hosting its base)."""
 
     to_catalog: Mapping[str, str]
+    bases: Mapping[str, str] = field(default_factory=dict)
     to_served: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,9 +50,13 @@ class ModelNames:
             raise ValueError(f"two served models share a catalog name: {dict(self.to_catalog)}")
         object.__setattr__(self, "to_served", inverse)
 
+    def host(self, served: str) -> str:
+        """The checkpoint ``served`` runs on: its base for an adapter, else itself."""
+        return self.bases.get(served, served)
+
     def catalog(self, served: str) -> str:
         try:
-            return self.to_catalog[served]
+            return self.to_catalog[self.host(served)]
         except KeyError:
             raise ValueError(
                 f"model {served!r} has no catalog name (known: {sorted(self.to_catalog)})"

@@ -176,3 +176,22 @@ def test_infeasible_since_turns_cumulative_service_counts_into_per_model_deltas(
     # a scheduler restarted (its count fell): new baseline, nothing added
     assert infeasible_since({"chat": 2, "chat2": 4, "sum": 9}, seen, specs, NAMES) == {}
     assert infeasible_since({"chat": 3, "unknown": 7}, seen, specs, NAMES) == {"tiny-llama": 1}
+
+
+def test_an_adapter_services_demand_counts_on_its_base_and_the_plan_places_the_base() -> None:
+    names = ModelNames({"base-llama": "tiny-llama"}, {"lora-a": "base-llama", "lora-b": "base-llama"})
+    assert (names.catalog("lora-a"), names.host("lora-b"), names.host("base-llama")) == (
+        "tiny-llama",
+        "base-llama",
+        "base-llama",
+    )
+    specs = [ServiceSpec("a", "lora-a"), ServiceSpec("b", "lora-b")]
+    loads = planner_loads([ServiceLoad("a", "lora-a", rate_rps=3.0)], specs, names)
+    assert [(s.name, s.model, s.rate_rps) for s in loads] == [
+        ("a", "tiny-llama", 3.0),
+        ("b", "tiny-llama", 0.0),
+    ]
+    engines = [LiveEngine(f"e{i}", hardware="cpu") for i in range(2)]
+    plan = [InstancePlan("x", ("tiny-llama",)), InstancePlan("y", ("tiny-llama",))]
+    r = plan_target(FixedPlanner(plan), GpuPool("cpu", 2), loads, engines, names, PlacementContext())
+    assert r.target == {"e0": ("base-llama",), "e1": ("base-llama",)}  # adapters follow their traffic
