@@ -1,5 +1,6 @@
 """A LoRA adapter added at runtime on a real cluster (etcd, a scheduler, a placement service with the
-static policy, one native CPU engine with ``--max-loras``): ``llmfleet apply`` writes the adapter's
+static policy, one CPU engine with ``--max-loras``: native with the tiny llama, or vLLM's CPU build
+with the tiny Mistral, whose head size vLLM's CPU attention takes): ``llmfleet apply`` writes the adapter's
 entry and a service of it; the engine learns the entry from etcd's model catalog, reads and registers
 the adapter off its event loop and advertises it; the scheduler routes the new service to it.
 
@@ -20,28 +21,39 @@ import pytest
 import torch
 import yaml
 from harness import BIN, Cluster
-from llmfleet.client import AsyncClient, NotFound, Unavailable
+from llmfleet.client import AsyncClient, DeadlineExceeded, NotFound, Unavailable
 from llmfleet.coord import LocalEtcd
+from llmfleet.spec.vllm import VllmSettings
 from llmfleet.supervisor import ProcessGroup
+from vllm_marks import VLLM_INSTALLED, VLLM_TINY_SOURCE
 
-BASE = "tiny-llama"
-CONFIG = {
-    "services": {"plain": {"model": BASE, "max_tokens": 8}},
-    "models": {BASE: {"source": "tiny://llama"}},
-    "engines": {"e0": {"models": [BASE], "max_loras": 2, "max_lora_rank": 8}},
-    "placement": {"policy": "static"},
+pytestmark = pytest.mark.timeout(900)  # a vLLM start on a busy 2-core machine
+
+BASE = "tiny-base"
+LORA = {"max_loras": 2, "max_lora_rank": 8}
+VLLM_SETTINGS = VllmSettings(
+    kv_cache_memory_bytes=128 * 2**20, max_model_len=512, enforce_eager=True, dtype="float32"
+)
+# backend -> (the base's source, its engine entry, its engine's flags)
+BACKENDS = {
+    "native": ("tiny://llama", {}, ("--threads", "1", "--memory-budget", "256MiB")),
+    "vllm": (
+        VLLM_TINY_SOURCE,
+        {"backend": "vllm", "vllm": VLLM_SETTINGS.model_dump(exclude_defaults=True)},
+        ("--backend", "vllm", "--vllm-options", VLLM_SETTINGS.model_dump_json(exclude_defaults=True)),
+    ),
 }
 PROMPT = "Once upon a time"
 FIRST_REQUEST_S = 2.0
 
 
-def make_adapter(models_dir: Path, target: Path) -> Path:
-    """A random rank-8 PEFT adapter of the tiny llama (B not zero), in PEFT's saved format."""
+def make_adapter(source: str, models_dir: Path, target: Path) -> Path:
+    """A random rank-8 PEFT adapter of the base (B not zero), in PEFT's saved format."""
     from llmfleet_engine.models import materialize
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(materialize("tiny://llama", models_dir), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(materialize(source, models_dir), dtype=torch.float32)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)
         cfg = LoraConfig(
@@ -51,11 +63,24 @@ def make_adapter(models_dir: Path, target: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
-    root = tmp_path_factory.mktemp("apply-adapter")
+@pytest.fixture(
+    scope="module",
+    params=[
+        "native",
+        pytest.param("vllm", marks=pytest.mark.skipif(not VLLM_INSTALLED, reason="make setup-vllm")),
+    ],
+)
+def cluster(request: pytest.FixtureRequest, tmp_path_factory) -> Cluster:
+    source, entry, flags = BACKENDS[request.param]
+    config = {
+        "services": {"plain": {"model": BASE, "max_tokens": 8}},
+        "models": {BASE: {"source": source}},
+        "engines": {"e0": {"models": [BASE], **entry, **LORA}},
+        "placement": {"policy": "static"},
+    }
+    root = tmp_path_factory.mktemp(f"apply-adapter-{request.param}")
     config_path = root / "cluster.yaml"
-    config_path.write_text(yaml.safe_dump(CONFIG))
+    config_path.write_text(yaml.safe_dump(config))
     etcd = LocalEtcd(root / "etcd").start()
     c = Cluster(
         root, etcd, ProcessGroup(root / "logs"), f"/it-{uuid.uuid4().hex[:8]}", config_path, root / "models"
@@ -66,10 +91,11 @@ def cluster(tmp_path_factory) -> Cluster:
         c.start(
             "e0",
             "llmfleet-engine",
-            "--models-dir", str(c.models_dir), "--threads", "1", "--offline",
-            "--memory-budget", "256MiB", "--max-loras", "2", "--max-lora-rank", "8",
+            "--models-dir", str(c.models_dir), "--offline", *flags,
+            "--max-loras", "2", "--max-lora-rank", "8",
         )  # fmt: skip
         c.wait_healthy()
+        c.source = source  # type: ignore[attr-defined]
         yield c
     finally:
         c.stop()
@@ -88,14 +114,14 @@ async def test_an_applied_adapter_serves_within_2s_and_the_base_never_fails(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     c = cluster
-    adapter_dir = make_adapter(c.models_dir, tmp_path / "chat-adapter")
+    adapter_dir = make_adapter(c.source, c.models_dir, tmp_path / "chat-adapter")  # type: ignore[attr-defined]
     async with AsyncClient(c.scheduler, timeout_s=30, retries=0) as client:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a vLLM start on a busy 2-core machine
         while True:  # the base is placed and loaded
             try:
                 base_out = await client.complete(PROMPT, service="plain", max_tokens=8)
                 break
-            except Unavailable:
+            except (Unavailable, DeadlineExceeded):  # held by the scheduler while the base loads
                 assert time.monotonic() < deadline, "the base was never served"
                 await asyncio.sleep(0.5)
 
@@ -147,4 +173,4 @@ async def test_an_applied_adapter_serves_within_2s_and_the_base_never_fails(
     assert plain_failed == [] and plain_done > 0
     assert chat_out.usage.engine_id == "e0"
     assert chat_out.token_ids != base_out.token_ids  # the adapter's tokens, not the base's
-    assert "adapter chat-lora of tiny-llama declared" in c.log("e0")
+    assert f"adapter chat-lora of {BASE} declared" in c.log("e0")

@@ -147,7 +147,10 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
                 phases.append("decode" if started else "waiting")
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
-        models = tuple(_model_load(name, rt, self.adapters.name_of) for name, rt in sorted(runtimes.items()))
+        models = tuple(
+            _model_load(name, rt, self.adapters.name_of, self.config.max_loras)
+            for name, rt in sorted(runtimes.items())
+        )
         views = [rt.stats.view() for rt in runtimes.values()]
         return LoadSnapshot(
             timestamp=time.time(),
@@ -189,7 +192,9 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             raise ExecutorClosedError("executor is closed")
 
 
-def _model_load(name: str, runtime: ModelRuntime, adapter_name: Callable[[int], str | None]) -> ModelLoad:
+def _model_load(
+    name: str, runtime: ModelRuntime, adapter_name: Callable[[int], str | None], max_loras: int
+) -> ModelLoad:
     """One model's load as vLLM's scheduler last reported it, with the LoRA adapters its engine holds
     (vLLM's ``list_loras``, least recently used first)."""
     view = runtime.stats.view()
@@ -204,6 +209,7 @@ def _model_load(name: str, runtime: ModelRuntime, adapter_name: Callable[[int], 
         kv_used_bytes=tokens * runtime.model.kv_bytes_per_token,
         adapters=tuple(a for a in adapters if a is not None),
         adapter_loads=0 if loras is None else loras.loads,
+        adapter_slots=max_loras if loras is not None else 0,
     )
 
 

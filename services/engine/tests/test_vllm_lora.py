@@ -188,7 +188,7 @@ async def test_the_load_report_lists_the_adapters_vllm_holds(
     await cc.wait_for(lambda: held()[-2:] == ("qv", "all"), WAIT_S)
     (m,) = vexec.load_snapshot().models
     assert set(m.adapters) <= set(ADAPTERS) and len(m.adapters) <= 2 + (VLLM_DEVICE == "cpu")
-    assert m.model == BASE and m.adapter_loads >= 3
+    assert m.model == BASE and m.adapter_loads >= 3 and m.adapter_slots == 2
 
 
 async def test_bad_adapters_are_refused_by_name_and_the_engine_keeps_serving(
