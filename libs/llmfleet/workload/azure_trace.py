@@ -10,6 +10,9 @@ Rows with ``GeneratedTokens == 0`` occur in the published traces. By default the
 output token (``zero_output="clamp"``): the request still arrived and was prefilled, and the engine
 emits at least one token, so dropping it would thin the arrival process. ``"skip"`` drops them and
 ``"error"`` rejects them; the count clamped or skipped is logged at INFO level.
+
+An optional ``Service`` column names each row's service (a replay keeps a label that names one of its
+services, e.g. a mix of many services written by a benchmark); rows without it get ``service``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from llmfleet.workload.request import Workload, WorkloadRequest
 log = logging.getLogger(__name__)
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+SERVICE_COLUMN = "Service"  # optional: the row's service
 ZeroOutput = Literal["clamp", "skip", "error"]
 
 _DATETIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?Z?")
@@ -52,6 +56,7 @@ class TraceRecord:
     offset_s: float
     prompt_tokens: int
     output_tokens: int
+    service: str = ""  # the Service column ("": none)
 
 
 def _datetime_ns(text: str) -> int | None:
@@ -103,8 +108,9 @@ def read_azure_trace(path: str | Path) -> tuple[TraceRecord, ...]:
                 f"{p}: missing column(s) {missing}; expected {list(AZURE_COLUMNS)}, found {header}"
             )
         i_ts, i_in, i_out = (header.index(c) for c in AZURE_COLUMNS)
+        i_svc = header.index(SERVICE_COLUMN) if SERVICE_COLUMN in header else None
         kind: str | None = None  # "datetime" or "numeric", fixed by the first row
-        raw: list[tuple[int, float | int, int, int]] = []
+        raw: list[tuple[int, float | int, int, int, str]] = []
         for row in reader:
             line = reader.line_num
             if not row or (len(row) == 1 and not row[0].strip()):
@@ -127,13 +133,14 @@ def read_azure_trace(path: str | Path) -> tuple[TraceRecord, ...]:
                     t,
                     _tokens(p, line, "ContextTokens", row[i_in]),
                     _tokens(p, line, "GeneratedTokens", row[i_out]),
+                    row[i_svc].strip() if i_svc is not None else "",
                 )
             )
     raw.sort(key=lambda r: r[1])  # stable: equal times keep file order
     if not raw:
         return ()
     t0, per_s = raw[0][1], (1e9 if kind == "datetime" else 1.0)
-    return tuple(TraceRecord(line, (t - t0) / per_s, pin, pout) for line, t, pin, pout in raw)
+    return tuple(TraceRecord(line, (t - t0) / per_s, pin, pout, svc) for line, t, pin, pout, svc in raw)
 
 
 def load_azure_trace(
@@ -176,7 +183,11 @@ def load_azure_trace(
             if zero_output == "skip":
                 continue
             out = 1
-        reqs.append(WorkloadRequest(f"{id_prefix}{rec.line}", t, rec.prompt_tokens, out, service, model))
+        reqs.append(
+            WorkloadRequest(
+                f"{id_prefix}{rec.line}", t, rec.prompt_tokens, out, rec.service or service, model
+            )
+        )
     if zeros:
         verb = "skipped" if zero_output == "skip" else "clamped to 1"
         log.info("%s: %d row(s) with GeneratedTokens=0 %s", path, zeros, verb)

@@ -134,3 +134,10 @@ def test_line_numbers_count_blank_lines(tmp_path):
     path = write(tmp_path, HEADER + "1.0,1,1\n\n2.0,x,1\n")
     with pytest.raises(TraceFormatError, match=r":4: ContextTokens must be an integer, got 'x'"):
         read_azure_trace(path)
+
+
+def test_a_service_column_labels_each_request(tmp_path):
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens,Service\n1.5,10,2,s01\n0.5,20,3,s00\n2.0,30,4,\n"
+    w = load_azure_trace(write(tmp_path, text), service="default")
+    assert [(r.prompt_tokens, r.service) for r in w.requests] == [(20, "s00"), (10, "s01"), (30, "default")]
+    assert [r.service for r in read_azure_trace(write(tmp_path, text, "b.csv"))] == ["s00", "s01", ""]
