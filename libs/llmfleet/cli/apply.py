@@ -174,10 +174,10 @@ def plan_apply(
     """What applying ``file`` over etcd's ``services`` and ``models`` changes (pure). Raises
     :class:`ApplyError` naming a service whose model is declared neither in the file nor in etcd."""
     known = set(models) | set(file.models)
-    for name, cfg in file.services.items():
-        if cfg.model not in known:
+    for name, svc in file.services.items():
+        if svc.model not in known:
             raise ApplyError(
-                f"services.{name}.model: unknown model {cfg.model!r}; declare it under models: "
+                f"services.{name}.model: unknown model {svc.model!r}; declare it under models: "
                 f"(known: {', '.join(sorted(known)) or 'none'})"
             )
     check_adapter_bases(file, models)
