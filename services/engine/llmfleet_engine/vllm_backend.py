@@ -23,7 +23,10 @@ given to vLLM so it stops in-engine; whichever side sees a stop first ends the s
 
 What the backend reads from vLLM is in ``vllm_compat``, the configuration in ``vllm_config``, the
 scheduler numbers in ``vllm_stats``, the model lifecycle in ``vllm_models`` and the request lifecycle
-in ``vllm_requests``; ``VllmExecutor`` (here) puts them together.
+in ``vllm_requests``, the LoRA adapters in ``vllm_adapters`` (``adapters``: declared with their base,
+checked as the native engine checks them, handed to vLLM as LoRA requests), ``vllm_lora_residency``
+(what vLLM holds) and ``vllm_zero_adapter`` (the base rows' zero adapter on vLLM's CPU build);
+``VllmExecutor`` (here) puts them together.
 
 The executor surface is ``backend.EngineBackend``, as the native ``executor.Executor`` has it:
 requests ``submit``/``cancel`` (+ ``attach``/``cancel_if_unattached`` for migrated-in requests: never
