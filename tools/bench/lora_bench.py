@@ -30,6 +30,13 @@ Arms:
   LoRA cost), as few engines per adapter as meet the SLO on the adapter's own traffic (JSQ among
   them); its GPUs are the sum over adapters.
 
+**Live** (``--live-arms``, default ``lora_affinity`` and ``jsq``; none: simulated only): the same
+workload's requests at ``--live-rate`` (4 req/s) for ``--live-duration-s`` (60 s), small enough for a
+2-core host, replayed with ``llmfleet load`` on ``llmfleet up --emulate 4xA100-80GB`` (emulated
+engines with the same ``max_loras`` slots, pool rule and LoRA costs) beside ``llmfleet sim`` on the
+same cluster file and trace (:mod:`tools.bench.lora_bench_live`); reported: live/sim ratios of
+throughput and TTFT (goal: within 15 %). ``--live-only`` skips the simulated arms.
+
 Reported per arm: throughput (output tokens/s and completed requests/s over the makespan: first
 arrival to last finish), goodput (requests meeting the SLO per second of the arrival window), TTFT
 p50/p99, SLO attainment, adapter loads (and evictions), and GPUs. Writes ``report.json``,
@@ -43,7 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +66,15 @@ from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
 from llmfleet.workload import WorkloadRequest
 
+from tools.bench.lora_bench_live import cluster_file, live_arm, write_trace
+
 BASE = "llama2-7b"
 HARDWARE = "A100-80GB"
 SHARED_ARMS = ("lora_affinity", "lora_llmd", "jsq")
 SWEEP_RATES = (16.0, 24.0, 32.0, 40.0, 48.0, 56.0, 64.0)  # requests/s of the shared arms' sweep
+LIVE_ARMS = ("lora_affinity", "jsq")
+LIVE_RATE, LIVE_DURATION_S = 4.0, 60.0  # the live load: what a 2-core host paces without falling behind
+LIVE_TOLERANCE = 0.15  # live within 15 % of the simulator
 
 
 @dataclass(frozen=True)
@@ -256,8 +268,53 @@ def run(setup: Setup, rates: list[float]) -> dict[str, Any]:
     }
 
 
+def live(setup: Setup, out: Path, arms: list[str], rate: float, duration_s: float) -> dict[str, Any]:
+    """The live arms: the workload at ``rate`` for ``duration_s`` on the emulated fleet and in the
+    simulator (same cluster file and trace), with the live/sim ratios."""
+    small = replace(setup, duration_s=duration_s)
+    out.mkdir(parents=True, exist_ok=True)
+    trace = write_trace(out / "trace.csv", make_requests(small, rate))
+    services = {service_name(i): adapter_name(i) for i in range(setup.adapters)}
+    slo_doc = {"ttft_s": setup.ttft_slo, "tpot_s": setup.tpot_slo}
+    rows = []
+    for arm in arms:
+        options = dict(setup.affinity_options) if arm == "lora_affinity" else {}
+        cluster = cluster_file(services, setup.engines, HARDWARE, setup.max_loras, setup.rank, arm, slo_doc)
+        if options:
+            cluster["scheduler"]["dispatch"]["options"] = options
+        rows.append(live_arm(out, cluster, trace, arm, timeout_s=duration_s * 4 + 300))
+    within = all(
+        r["live_over_sim"].get(k) is not None and abs(r["live_over_sim"][k] - 1) <= LIVE_TOLERANCE
+        for r in rows
+        for k in ("output_tokens_per_s", "ttft_p50_s")
+    )
+    return {"rate": rate, "duration_s": duration_s, "arms": rows, "within_15pct": within}
+
+
+def live_markdown(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Live (emulated, `llmfleet up --emulate`) vs simulated at {doc['rate']:g} req/s for "
+        f"{doc['duration_s']:g} s:",
+        "",
+        "| dispatch | completed (live/sim) | tok/s live | tok/s sim | ratio | TTFT p50 live (s) | TTFT p50 sim (s) "
+        "| ratio | TTFT p99 ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["arms"]:
+        lv, sm, q = r["live"], r["sim"], r["live_over_sim"]
+        lines.append(
+            f"| {r['dispatch']} | {lv.get('completed')}/{sm.get('completed')} | {lv.get('output_tokens_per_s')} | "
+            f"{sm.get('output_tokens_per_s')} | {q.get('output_tokens_per_s')} | {lv.get('ttft_p50_s')} | "
+            f"{sm.get('ttft_p50_s')} | {q.get('ttft_p50_s')} | {q.get('ttft_p99_s')} |"
+        )
+    verdict = "within" if doc["within_15pct"] else "not within"
+    return [*lines, "", f"Throughput and TTFT p50 {verdict} 15 % of the simulator.", ""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["setup"]
+    if "main" not in report:  # --live-only
+        return "\n".join(["# LoRA adapters: live arm", "", *live_markdown(report["live"])])
     lines = [
         f"# LoRA adapters: {s['adapters']} adapters of Llama-2-7B, {s['engines']} shared A100s vs dedicated",
         "",
@@ -297,6 +354,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{r['throughput_tok_s']:.0f} | {r['adapter_loads']} |"
             )
         lines.append("")
+    if report.get("live"):
+        lines += live_markdown(report["live"])
     return "\n".join(lines)
 
 
@@ -344,6 +403,16 @@ def main(argv: list[str] | None = None) -> None:
         default={},
         help='lora_affinity\'s options as JSON, e.g. \'{"max_load_ratio": 1.1, "max_load_excess": 8}\'',
     )
+    p.add_argument(
+        "--live-arms",
+        nargs="*",
+        default=list(LIVE_ARMS),
+        choices=list(SHARED_ARMS),
+        help="dispatch policies run live on the emulated fleet beside the simulator (none: sim only)",
+    )
+    p.add_argument("--live-rate", type=float, default=LIVE_RATE, help="requests/s of the live arms")
+    p.add_argument("--live-duration-s", type=float, default=LIVE_DURATION_S)
+    p.add_argument("--live-only", action="store_true", help="the live arms only (no simulated sweep)")
     a = p.parse_args(argv)
     setup = Setup(
         adapters=a.adapters, engines=a.engines, max_loras=a.max_loras, rate=a.rate, duration_s=a.duration_s,
@@ -351,11 +420,16 @@ def main(argv: list[str] | None = None) -> None:
         affinity_options=tuple(sorted(a.affinity_options.items())),
     )  # fmt: skip
     rates = a.rates if a.rates else [a.rate]
-    report = run(setup, sorted(set(rates) | {a.rate}))
+    report: dict[str, Any] = {"setup": asdict(setup)}
+    if not a.live_only:
+        report = run(setup, sorted(set(rates) | {a.rate}))
+    if a.live_arms:
+        report["live"] = live(setup, a.out / "live", a.live_arms, a.live_rate, a.live_duration_s)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))
     (a.out / "report.md").write_text(markdown(report))
-    plot(report, a.out)
+    if not a.live_only:
+        plot(report, a.out)
     print(markdown(report))
 
 
