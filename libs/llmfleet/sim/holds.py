@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
-from llmfleet.policies.capacity.preempt_room import may_preempt
+from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
@@ -42,6 +42,15 @@ class Held:
     deadline: float = float("inf")
 
 
+_FAIR = PreemptionRule()
+_PRIORITY_ONLY = PreemptionRule(fairness=False)
+
+
+def _kind(h: Held) -> tuple[int | None, str, str]:
+    """What the preemption rule reads of a held request (``first_preempting`` asks once per kind)."""
+    return (h.rec.priority, h.rec.tenant, h.rec.service)
+
+
 class Saturated(LookupError):
     """Late binding: every instance serving the model is saturated (the request waits)."""
 
@@ -52,10 +61,13 @@ class Holds:
 
     def __init__(self, fleet: FleetView) -> None:
         self.fleet = fleet
-        # late binding's preemption rule, as the live gate's: priorities, and tenants under vtc
-        self.preemption = PreemptionRule(fairness=fleet.fairness == "vtc")
         # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
         self.queues: dict[str, HeldQueue[Held]] = {}
+
+    @property
+    def preemption(self) -> PreemptionRule:
+        """Late binding's preemption rule, as the live gate's: priorities, and tenants under vtc."""
+        return _FAIR if self.fleet.fairness == "vtc" else _PRIORITY_ONLY
 
     def __contains__(self, model: str) -> bool:
         return bool(self.queues.get(model))
@@ -113,8 +125,11 @@ class Holds:
             fleet.events.at(shed_at, lambda sim, t: self._expire(model, rid, t, shed=True))
         cost = weighted_tokens(rec.prompt_tokens, rec.output_tokens)  # what ``served`` charges it
         q.push(rec.request_id, held, rec.arrival_s, priority, held.deadline, rec.tenant, cost)
-        if reason == SATURATED and q.peek() is held:  # it may preempt now, not at the next step end
-            self.serve(rec.model, fleet.events.now)
+        if reason == SATURATED:  # it may preempt now, not at the next step end
+            iid = self.preemptible(rec, svc.routed_model)
+            if iid is not None:
+                q.remove(rec.request_id)  # admit charges its tenant
+                fleet.admit(rec, svc, iid, predicted, fleet.events.now)
         return True
 
     def _cold_wait(self, held: Held) -> bool:
@@ -160,12 +175,26 @@ class Holds:
             except NoCandidate:
                 return
             except Saturated:
-                got = self.preemptible(rec, svc.routed_model)
-                if got is None:
-                    return
-                iid = got
+                self._serve_preempting(q, now)
+                return
             q.remove(rec.request_id)  # the head; admit charges its tenant
             fleet.admit(rec, svc, iid, held.predicted, now)
+
+    def _serve_preempting(self, q: HeldQueue[Held], now: float) -> None:
+        """Every instance is saturated for the head: admit the held requests that may preempt on one
+        (``first_preempting``), out of turn, while there are such."""
+        fleet = self.fleet
+        where: dict[str, str] = {}
+
+        def may(h: Held) -> bool:
+            iid = self.preemptible(h.rec, fleet.service(h.rec.service).routed_model)
+            if iid is not None:
+                where[h.rec.request_id] = iid
+            return iid is not None
+
+        while (h := first_preempting(q.items(), may, _kind)) is not None:
+            q.remove(h.rec.request_id)  # admit charges its tenant
+            fleet.admit(h.rec, fleet.service(h.rec.service), where[h.rec.request_id], h.predicted, now)
 
     def preemptible(self, rec: RequestRecord, model: str) -> str | None:
         """A saturated instance serving ``model`` whose core would preempt one of its requests for

@@ -59,7 +59,7 @@ from llmfleet.policies.capacity import (
     weighted_tokens,
 )
 from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout_s
-from llmfleet.policies.capacity.preempt_room import may_preempt
+from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
@@ -257,6 +257,9 @@ class CapacityGate:
                     continue
                 if isinstance(got, _Hold):
                     self._set_reason(queue, w, got.reason, now)
+                    if got.reason == SATURATED and self._send_preempting(model, queue, now):
+                        sent += 1
+                        continue  # the head may find room or a claimant again
                     break
                 queue.pop()  # the head: charged to its key
                 self._settle(queue, w.cls)
@@ -299,6 +302,32 @@ class CapacityGate:
                     return _Hold(SATURATED)
                 return policy.choose(model, room, excluded, request=request)
         return policy.choose(model, cands, excluded, request=request)
+
+    def _send_preempting(self, model: str, queue: HeldQueue[_Waiter], now: float) -> bool:
+        """Every host is saturated for the head: dispatch the first held request that may preempt on
+        one (``first_preempting``), out of turn and charged; False when none may."""
+        hosts = [c for c in self.directory.candidates() if model in c.models]
+        found: dict[str, list[EngineCandidate]] = {}
+
+        def may(w: _Waiter) -> bool:
+            if w.future.done() or w.reason != SATURATED:
+                return False
+            usable = [c for c in hosts if c.engine_id not in w.excluded]
+            found[w.request_id] = self._preemptible(usable, w.request, w.cls)
+            return bool(found[w.request_id])
+
+        w = first_preempting(queue.items(), may, _kind)
+        if w is None:
+            return False
+        got = w.policy.choose(model, found[w.request_id], w.excluded, request=w.request)
+        queue.remove(w.request_id)
+        self._charge(queue, w.cls, w.request)
+        self.directory.load.dispatched(
+            got, w.request_id, w.request.prompt_tokens * w.request.kv_bytes_per_token
+        )
+        w.future.set_result(got)
+        self._waited(w, now)
+        return True
 
     def _preemptible(
         self, hosts: list[EngineCandidate], request: DispatchRequest, cls: RequestClass | None
@@ -427,6 +456,11 @@ class CapacityGate:
     def _outcome(self, w: _Waiter, outcome: str) -> None:
         if w.was_cold:
             self.metrics.cold_starts.labels(w.spec.name, outcome).inc()
+
+
+def _kind(w: _Waiter) -> tuple[object, ...]:
+    """What decides whether a held request may preempt (``first_preempting`` asks once per kind)."""
+    return (w.priority, w.cls.key if w.cls is not None else None, w.excluded, w.reason, w.future.done())
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,20 @@ async def test_a_light_key_goes_to_an_engine_the_heavy_key_fills(fairness: str) 
         assert got == ["e0", "e0", None]  # up to its fair share (2 of 4), counting those it sent
     else:
         assert got == [None, None, None]  # no fairness: priorities only
+
+
+async def test_a_light_key_behind_a_held_heavy_backlog_leaves_out_of_turn() -> None:
+    heavy = {f"h{i}": RequestClass(0, "heavy") for i in range(4)}
+    gate, classes = gate_over(heavy, slots=4)
+    held = [asyncio.create_task(place(gate, classes, f"q{i}", RequestClass(0, "heavy"))) for i in range(3)]
+    await asyncio.sleep(0)  # the heavy key's backlog is held first
+    task = asyncio.create_task(gate.run())
+    try:
+        classes.add("light", RequestClass(0, "light"))
+        got = await asyncio.wait_for(
+            gate.place(SPEC, POLICY, DispatchRequest("light", "m", "s", 10, arrival_s=2.0), frozenset()), 1.0
+        )
+        assert got == "e0"  # sent to the saturated engine past the held heavy requests
+        assert [await t for t in held] == [None, None, None]
+    finally:
+        task.cancel()

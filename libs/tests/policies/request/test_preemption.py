@@ -85,3 +85,23 @@ def test_may_preempt_is_self_limiting() -> None:
     highs = [c(f"h{i}", 1) for i in range(4)]
     assert may_preempt(c("h", 1), lows, 4, RULE)
     assert not may_preempt(c("h", 1), [*lows, *highs], 4, RULE)  # priority 1 fills the batch already
+
+
+def test_first_preempting_asks_once_per_kind_in_queue_order() -> None:
+    from llmfleet.policies.capacity.preempt_room import first_preempting
+
+    held = [
+        c("h1", tenant="heavy"),
+        c("h2", tenant="heavy"),
+        c("l1", tenant="light"),
+        c("l2", tenant="light"),
+    ]
+    asked: list[str] = []
+
+    def may(x: Claim) -> bool:
+        asked.append(x.key)
+        return x.tenant == "light"
+
+    assert first_preempting(held, may, lambda x: (x.priority, x.tenant)) == held[2]
+    assert asked == ["h1", "l1"]  # the oldest of each kind
+    assert first_preempting(held[:2], may, lambda x: (x.priority, x.tenant)) is None
