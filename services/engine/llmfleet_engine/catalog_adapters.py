@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from llmfleet.coord.desired import ModelEntry
@@ -31,10 +31,18 @@ class CatalogView(Protocol):
 
 class CatalogAdapters:
     """Declares the catalog's adapter entries on ``adapters``. ``declared``: the adapters the engine's
-    flags declared (name -> (base, directory)), which the catalog repeats and are not declared again."""
+    flags declared (name -> (base, directory)), which the catalog repeats and are not declared again;
+    ``forgotten``: called (in the event loop) after adapters were forgotten, so that the node record
+    stops advertising them (a declared adapter is advertised by the registry's own change hook)."""
 
-    def __init__(self, adapters: AdapterHosting, declared: Mapping[str, tuple[str, str]] = {}) -> None:
+    def __init__(
+        self,
+        adapters: AdapterHosting,
+        declared: Mapping[str, tuple[str, str]] = {},
+        forgotten: Callable[[], None] = lambda: None,
+    ) -> None:
         self.adapters = adapters
+        self.forgotten = forgotten
         self.declared: dict[str, tuple[str, str]] = dict(declared)
         self.learnt: set[str] = set()  # names declared from the catalog (forgotten when it drops them)
 
@@ -56,10 +64,13 @@ class CatalogAdapters:
                 log.error("model catalog: %s", e)
                 continue
             log.info("model catalog: adapter %s of %s declared (%s)", name, where[0], added and "registered")
-        for name in sorted(self.learnt - set(wanted)):
+        gone = sorted(self.learnt - set(wanted))
+        for name in gone:
             self.learnt.discard(name)
             self.declared.pop(name, None)
             try:
                 await asyncio.to_thread(self.adapters.remove, name)
             except AdapterError as e:
                 log.error("model catalog: %s", e)
+        if gone:
+            self.forgotten()

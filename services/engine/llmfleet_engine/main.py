@@ -189,7 +189,10 @@ def _catalog_following(
         await view.start()
         n.on_stop.append(view.stop)
         flags = {name: (base, path) for name, base, path in args.adapter}
-        n.spawn(CatalogAdapters(executor.adapters, flags).run(view), "adapter-catalog")
+        follower = CatalogAdapters(
+            executor.adapters, flags, forgotten=lambda: n.spawn(n.update_record(), "republish")
+        )
+        n.spawn(follower.run(view), "adapter-catalog")
 
     return follow_catalog
 

@@ -50,7 +50,8 @@ def adapter(name: str, base: str, path: str) -> ModelEntry:
 
 async def test_catalog_entries_are_declared_changed_and_forgotten(caplog: pytest.LogCaptureFixture) -> None:
     reg = Registry(refuse={"bad"})
-    follower = CatalogAdapters(reg, {"flagged": ("b", "/f")})
+    forgotten: list[bool] = []
+    follower = CatalogAdapters(reg, {"flagged": ("b", "/f")}, forgotten=lambda: forgotten.append(True))
     base = ModelEntry("b", "tiny://llama")
     await follower.sync(
         {"b": base, "flagged": adapter("flagged", "b", "/f"), "new": adapter("new", "b", "/n")}
@@ -64,5 +65,7 @@ async def test_catalog_entries_are_declared_changed_and_forgotten(caplog: pytest
     await follower.sync({"b": base, "new": adapter("new", "b", "/n2"), "bad": adapter("bad", "b", "/x")})
     assert reg.calls[1:] == [("add", "bad", "b", "/x"), ("add", "new", "b", "/n2")]
     assert "adapter 'bad': refused" in caplog.text
+    assert forgotten == []
     await follower.sync({"b": base})
     assert sorted(reg.calls[3:]) == [("remove", "bad"), ("remove", "new")]  # the flags' one stays
+    assert forgotten == [True]  # the node record is published again, once
