@@ -30,7 +30,7 @@ help:
 	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
 	@echo "               bench-capacity (one scheduler process on emulated GPUs: its sustained rate and CPU per request; the SDK vs the OpenAI HTTP path side by side)"
 	@echo "               bench-fairness (the hold queue's order: a light key under a 10x flood, priorities)"
-	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim)"
+	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim, and live on 4 emulated A100s)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"

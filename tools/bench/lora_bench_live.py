@@ -5,7 +5,10 @@ compared by ``llmfleet compare``.
 
 The cluster file: the base ``llama2-7b`` (``emulated://llama2-7b``), one adapter entry per service
 (``emulated://r16``: rank 16, no files), ``colocate_all`` placement (the base on every engine; the
-adapters follow their traffic), the arm's dispatch on the schedulers. The trace is the simulated arms'
+adapters follow their traffic), the arm's dispatch on the schedulers, and prefix caching off: a
+length-only trace's requests have no content, so the simulator never finds a cached prefix, while
+``llmfleet load`` fills their prompts with words the emulated tokenizer reads as one unknown token,
+which would make every prompt of an adapter a prefix of the next on the live engines. The trace is the simulated arms'
 request list (same seed, Zipf over the adapters, log-normal lengths) at a rate and duration small
 enough for the host (a CSV with a ``Service`` column, which ``llmfleet load`` and ``llmfleet sim``
 keep as each request's service).
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,24 @@ from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
 
 BASE_SOURCE = {"source": "emulated://llama2-7b", "dtype": "float16"}
 LIVE_VS_SIM = ("output_tokens_per_s", "completed_rps", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s")
+_TTFT = re.compile(r"^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$")
+
+
+def engine_ttft_mean(addresses: list[str]) -> float | None:
+    """The engines' own TTFT mean (``vllm:time_to_first_token_seconds``: engine arrival to first token,
+    without the client's and the scheduler's hops), summed over every engine's /metrics."""
+    total = {"sum": 0.0, "count": 0.0}
+    for address in addresses:
+        try:
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = _TTFT.match(line)
+            if m:
+                total[m.group(1)] += float(m.group(2))
+    return total["sum"] / total["count"] if total["count"] else None
 
 
 def write_trace(path: Path, requests: list[Any]) -> Path:
@@ -64,7 +87,7 @@ def cluster_file(
         "emulated": {
             "hardware": hardware,
             "count": gpus,
-            "engine": {"max_loras": max_loras, "max_lora_rank": rank},
+            "engine": {"max_loras": max_loras, "max_lora_rank": rank, "prefix_caching": False},
         },
     }
 
@@ -82,12 +105,14 @@ def live_arm(
         with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
         pacing = fleet.emulated_pacing()
+        engines_ttft = engine_ttft_mean(metrics_addresses(fleet.endpoints))
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, ["--dispatch", dispatch, "--records"])
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live = live_figures(fleet.dir / "live" / "report.json")
+    live["engine_ttft_mean_s"] = None if engines_ttft is None else round(engines_ttft, 4)
     sim = live_figures(sim_dir / "report.json")
     counters = sampler.last()
     row = {
@@ -96,8 +121,14 @@ def live_arm(
         "sim_rc": sim_rc,
         "live": live,
         "sim": sim,
-        "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
-        "engine_counters": {k: counters.get(k) for k in ("generation_tokens", "prompt_tokens")},
+        "live_over_sim": {
+            **{k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
+            "engine_ttft_mean_s": ratio(live["engine_ttft_mean_s"], sim.get("ttft_mean_s")),
+        },
+        "engine_counters": {
+            k: counters.get(k)
+            for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")
+        },
         "pacing": pacing,
         "compare": cmp.get("text", ""),
     }
