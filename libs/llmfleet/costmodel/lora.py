@@ -38,6 +38,7 @@ on one A100-80GB: an adapter is 76 MiB, loads in 4.5 ms, and a decode step of 64
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from llmfleet.costmodel.hardware import Hardware
@@ -46,6 +47,14 @@ from llmfleet.costmodel.models import ModelArch
 KERNEL_S = 10e-6  # per layer with adapter rows in the step: one shrink + one expand launch
 LOAD_OVERHEAD_S = 2e-3  # per adapter load, on top of the copy
 DEFAULT_RANK = 16
+_DECLARED_RANK = re.compile(r"emulated://r(\d+)/?")
+
+
+def declared_rank(adapter: str | None) -> int | None:
+    """The rank an adapter entry declares without files (``adapter: emulated://rN``, what emulated
+    engines and the simulator serve), else None (a directory: its files say)."""
+    m = _DECLARED_RANK.fullmatch(adapter or "")
+    return int(m.group(1)) if m else None
 
 
 def lora_params_per_rank(arch: ModelArch) -> int:

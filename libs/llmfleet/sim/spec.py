@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from llmfleet.costmodel import MODEL_CATALOG, Hardware, ModelArch, UnknownModel, hardware, model_arch
+from llmfleet.costmodel.lora import declared_rank
 from llmfleet.costmodel.sources import DEFAULT_COST_SOURCE, check_cost_source
 from llmfleet.engine_core import EngineLimits
 from llmfleet.policies.placement.dedicated_even import smallest_tp
@@ -220,15 +221,19 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     engine's own models) is left to the simulator's ``block_tokens``. An ``emulated:`` pool's
     ``mem_fraction`` sizes every instance's memory, as it sizes the emulated engines'. A service of a
     LoRA adapter runs on its base's catalog model and names the adapter (``SimService.adapter``);
-    the engines' ``max_loras`` / ``max_lora_rank`` are merged like the limits (an adapter's rank is
-    taken as ``max_lora_rank``: the file does not say it, and the pool pads every adapter to it).
+    the engines' ``max_loras`` / ``max_lora_rank`` are merged like the limits (an adapter's rank is the
+    one its entry declares, ``adapter: emulated://rN``, as the emulated engines read it, else
+    ``max_lora_rank``: a directory's rank is in its files, and the pool pads every adapter to it).
     """
     services = []
+    declared: dict[str, int] = {}  # service -> the rank its adapter entry declares
     for name, svc in sorted(config.services.items()):
         model = config.models[svc.model]
         adapter, model_name = "", svc.model
         if model.is_adapter and model.base is not None:  # an adapter runs on its base
             adapter, model_name = svc.model, model.base
+            if (rank := declared_rank(model.adapter)) is not None:
+                declared[name] = rank
             model = config.models[model.base]
         sim_model = model.sim_model or model_name
         try:
@@ -263,8 +268,12 @@ def from_cluster_config(config: ClusterConfig) -> tuple[tuple[SimService, ...], 
     if config.emulated is not None:  # the emulated GPUs' share of memory for weights and KV
         merged["mem_fraction"] = config.emulated.mem_fraction
     engine = EngineSettings.from_dict(merged, where="engines")
-    # an adapter's rank is in its directory, not the file: priced at the pool's, which pads to it
-    services = [dataclasses.replace(s, lora_rank=engine.max_lora_rank) if s.adapter else s for s in services]
+    # an adapter's rank is in its directory, not the file: priced at the pool's, which pads to it (an
+    # entry emulated://rN declares N, as the emulated engines read it)
+    services = [
+        dataclasses.replace(s, lora_rank=declared.get(s.name, engine.max_lora_rank)) if s.adapter else s
+        for s in services
+    ]
     return tuple(services), engine
 
 

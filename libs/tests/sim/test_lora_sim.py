@@ -174,6 +174,26 @@ def test_a_cluster_file_with_adapters_simulates_them_on_their_base():
     SimSpec(ClusterSpec.parse("1xA100-80GB"), services, engine)  # a valid simulation
 
 
+def test_an_adapter_entry_of_the_emulated_pool_declares_its_rank():
+    from llmfleet.config import ClusterConfig
+    from llmfleet.sim.spec import from_cluster_config
+
+    config = ClusterConfig.model_validate(
+        {
+            "services": {"a": {"model": "a4"}, "b": {"model": "b"}},
+            "models": {
+                BASE: {"source": f"emulated://{BASE}"},
+                "a4": {"base": BASE, "adapter": "emulated://r4"},  # as the emulated engines read it
+                "b": {"base": BASE, "adapter": "/adapters/b"},
+            },
+            "placement": {"policy": "colocate_all"},
+            "emulated": {"count": 2, "engine": {"max_loras": 2, "max_lora_rank": 16}},
+        }
+    )
+    services, _ = from_cluster_config(config)
+    assert {s.name: s.lora_rank for s in services} == {"a": 4, "b": 16}
+
+
 def test_the_prefix_cache_is_keyed_by_adapter():
     # one prompt (the same seeded segment) sent twice by one adapter, then by another, one at a time
     reqs = tuple(

@@ -18,23 +18,21 @@ files, priced as the simulator prices them.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from llmfleet.costmodel.lora import LoraCost
+from llmfleet.costmodel.lora import LoraCost, declared_rank
 from llmfleet.engine_core import AdapterSlots
 
 from llmfleet_engine.lora import DEFAULT_TARGETS, AdapterError, AdapterPoolFull, LoraAdapter
 
-RANK_SOURCE = re.compile(r"emulated://r(\d+)/?")
-
 
 def adapter_rank(path: str | Path, default: int) -> int:
-    """The rank an adapter entry declares (``emulated://rN``), else ``default``."""
-    m = RANK_SOURCE.fullmatch(str(path))
-    return int(m.group(1)) if m else default
+    """The rank an adapter entry declares (``emulated://rN``, ``costmodel.lora.declared_rank``), else
+    ``default``."""
+    rank = declared_rank(str(path))
+    return default if rank is None else rank
 
 
 def emulated_adapter(
@@ -81,8 +79,9 @@ class EmulatedAdapterPool:
         return self.slots.pins(name) > 0
 
     def acquire(self, adapter: LoraAdapter) -> int:
-        """Pins ``adapter``, loading it if it is not resident (its load time goes to the next step);
-        AdapterPoolFull when every slot is held by other adapters' requests."""
+        """Pins ``adapter``, loading it if it is not resident (its load time goes to the next step), and
+        returns its LRU position (>= 0: the pool has no slot layout); AdapterPoolFull when every slot is
+        held by other adapters' requests."""
         got = self.slots.acquire(adapter.name)
         if got is None:
             raise AdapterPoolFull(
