@@ -75,9 +75,11 @@ def start_cluster(
     scheduler_args: Sequence[str],
     http: bool = False,
     engine_args: Sequence[str] = (),
+    front_workers: int = 0,
 ) -> LocalCluster:
     """etcd + the children ``llmfleet up`` plans for a one-engine config (stopped by ``stop``);
-    ``http``: the scheduler serves its OpenAI-compatible API on a free port (``cluster.http``)."""
+    ``http``: the OpenAI-compatible API on a free port (``cluster.http``), served by the scheduler, or by
+    the OpenAI front's ``front_workers`` processes when > 0."""
     import yaml
 
     models_dir = root / "models"
@@ -101,8 +103,9 @@ def start_cluster(
         "scheduler": list(scheduler_args),
     }
     return start_local_cluster(
-        config_path, root, extra=extra, prefix=f"/hop-{uuid.uuid4().hex[:8]}", http_port=0 if http else -1
-    )
+        config_path, root, extra=extra, prefix=f"/hop-{uuid.uuid4().hex[:8]}", http_port=0 if http else -1,
+        front_workers=front_workers if http else 0,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -306,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--scheduler", default=None, help="use a running cluster: scheduler address")
     ap.add_argument("--engine", default=None, help="use a running cluster: engine address")
+    ap.add_argument(
+        "--front-workers",
+        type=int,
+        default=0,
+        help="http/openai paths through the OpenAI front with N worker processes (0: the scheduler's own API)",
+    )
     ap.add_argument("--http", default=None, help="use a running cluster: the scheduler's HTTP API host:port")
     return ap
 
@@ -325,11 +334,14 @@ def _measure(
         root = Path(tempfile.mkdtemp(prefix="llmfleet-hop-"))
         print(f"starting a local cluster under {root} ...", flush=True)
         cluster = start_cluster(
-            root, args.engine_threads, scheduler_args, http=wants_http, engine_args=engine_args
-        )
+            root, args.engine_threads, scheduler_args, http=wants_http, engine_args=engine_args,
+            front_workers=args.front_workers,
+        )  # fmt: skip
         engine, scheduler, http = cluster.addresses[ENGINE_ID], cluster.addresses["scheduler"], cluster.http
         pids = {
-            c.name: c.pid for c in cluster.group.children if c.name in ("scheduler", "profiler", ENGINE_ID)
+            c.name: c.pid
+            for c in cluster.group.children
+            if c.name in ("scheduler", "profiler", "front", ENGINE_ID)
         }
     try:
         return asyncio.run(run_bench(args, engine, scheduler, pids, http))

@@ -67,8 +67,9 @@ class Node:
 
 
 class ChaosCluster:
-    """etcd + the children ``up`` plans (two scheduler replicas with HTTP), standby placement and
-    migration replicas, ``engines`` engines hosting the endless tiny llama (static placement)."""
+    """etcd + the children ``up`` plans (two scheduler replicas with HTTP, or the OpenAI front with
+    ``front_workers``), standby placement and migration replicas, ``engines`` engines hosting the
+    endless tiny llama (static placement)."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class ChaosCluster:
         scheduler_args: Sequence[str] = (),
         engine_args: Sequence[str] = (),
         max_tokens: int = 16,  # the service's output cap for a request that sets none
+        front_workers: int = 0,  # > 0: the OpenAI front serves HTTP (that many workers), not the schedulers
     ) -> None:
         import yaml
 
@@ -110,6 +112,7 @@ class ChaosCluster:
             log_level="WARNING",
             http_port=_free_port_pair(),
             schedulers=2,
+            front_workers=front_workers,
         )
         self.nodes: dict[str, Node] = {}
         for p in plans:
@@ -138,7 +141,9 @@ class ChaosCluster:
 
     @property
     def http_addresses(self) -> list[str]:
-        return [self.nodes[s].http for s in self.schedulers]
+        """Where the OpenAI API is served: the front's one address, else each scheduler's."""
+        front = self.nodes.get("front")
+        return [front.http] if front is not None else [self.nodes[s].http for s in self.schedulers]
 
     def start(self, timeout_s: float = 240) -> None:
         self.etcd.start()

@@ -275,6 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="run the HTTP and SDK load in one event loop (default: the HTTP half in a child process)",
     )
+    p.add_argument(
+        "--front-workers",
+        type=int,
+        default=0,
+        help="the HTTP half through the OpenAI front with N workers (0: the schedulers' own API)",
+    )
     p.add_argument("--http-worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", default=".bench/soak")
     args = p.parse_args(argv)
@@ -287,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     root = Path(tempfile.mkdtemp(prefix="llmfleet-soak-"))
-    cluster = ChaosCluster(root, engines=args.engines, ttl=DEFAULT_TTL_S)
+    cluster = ChaosCluster(root, engines=args.engines, ttl=DEFAULT_TTL_S, front_workers=args.front_workers)
     try:
         cluster.start()
         report = asyncio.run(

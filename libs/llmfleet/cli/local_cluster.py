@@ -72,12 +72,14 @@ def start_local_cluster(
     prefix: str = "/bench",
     timeout_s: float = 180,
     http_port: int = -1,
+    front_workers: int = 0,
 ) -> LocalCluster:
     """Start etcd under ``root`` and every child ``llmfleet up`` plans for ``config_path`` (with
     ``extra[name]`` appended to that child's flags); returns once every child is healthy.
     ``http_port``: the scheduler's OpenAI-compatible API, -1 off (the default: benchmarks speak gRPC,
     and several clusters must not race for one HTTP port), 0 a free port (``cluster.http`` has it; the
-    API may start listening just after the scheduler reports healthy)."""
+    API may start listening just after the scheduler reports healthy); ``front_workers`` > 0: the
+    OpenAI front serves it instead, in that many worker processes."""
     if http_port == 0:
         http_port = free_port()
     etcd = LocalEtcd(root / "etcd").start()
@@ -92,6 +94,7 @@ def start_local_cluster(
             prefix=prefix,
             log_level="WARNING",
             http_port=http_port,
+            front_workers=front_workers,
         )
         for p in plans:
             cluster.group.spawn(p.name, [*p.argv, *(extra or {}).get(p.name, [])], log_path=p.log_path)
