@@ -235,13 +235,14 @@ class ChaosCluster:
             if SERVICE not in services or set(services[SERVICE].engines) != set(self.engine_ids):
                 got = services[SERVICE].engines if SERVICE in services else None
                 return False, f"{name} routes {SERVICE} to {got}"
+        for http in self.http_addresses:  # the schedulers' own APIs, or the front's
             try:
                 async with httpx.AsyncClient(timeout=2) as h:
-                    r = await h.get(f"http://{self.nodes[name].http}/health")
+                    r = await h.get(f"http://{http}/health")
                 if r.status_code != 200:
-                    return False, f"{name} http /health {r.status_code}"
+                    return False, f"http {http} /health {r.status_code}"
             except Exception as e:
-                return False, f"{name} http: {type(e).__name__}"
+                return False, f"http {http}: {type(e).__name__}"
         return True, ""
 
     def restart_exited(self) -> list[str]:
