@@ -30,7 +30,7 @@ help:
 	@echo "               bench-prefix (round robin, JSQ, prefix_affinity x prefix caching on/off, multi-turn: sim, emulated, native)"
 	@echo "               bench-capacity (one scheduler process on emulated GPUs: its sustained rate and CPU per request; the SDK vs the OpenAI HTTP path side by side)"
 	@echo "               bench-fairness (the hold queue's order: a light key under a 10x flood, priorities)"
-	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim, and live on 4 emulated A100s)"
+	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim, live on 4 emulated A100s, and live on 4 native CPU engines)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
@@ -126,6 +126,7 @@ bench-fairness: setup
 
 bench-lora: setup
 	$(PYTHON) -m tools.bench.lora_bench --out .bench/lora $(BENCH_ARGS)
+	$(PYTHON) -m tools.bench.lora_bench_native --out .bench/lora/native
 
 bench-metrics: setup
 	$(PYTHON) -m tools.bench.metrics_overhead --out .bench/metrics $(BENCH_ARGS)

@@ -172,7 +172,7 @@ def native_config(model_dir: Path, engines: int, setup: Setup, threads: int) -> 
 def native_run(
     d: Path, model_dir: Path, engines: int, setup: Setup, conv: Conversations, rate: float, threads: int
 ) -> dict:
-    up = _start_serving(LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads)), engines)
+    up = start_serving(LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads)), engines)
     try:
         t0 = time.monotonic()
         with Sampler(metrics_addresses(up.endpoints)) as sampler:
@@ -195,7 +195,7 @@ def native_run(
     return row
 
 
-def _start_serving(up: LocalUp, engines: int, attempts: int = 3) -> LocalUp:
+def start_serving(up: LocalUp, engines: int, attempts: int = 3) -> LocalUp:
     """Start the cluster until every engine serves the model (a start that does not get there, e.g.
     a child that lost its port to another process on this shared machine, is stopped and retried)."""
     for attempt in range(attempts):
