@@ -19,14 +19,13 @@ from __future__ import annotations
 import csv
 import json
 import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
-from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
+from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses, scrape_sums
 
 BASE_SOURCE = {"source": "emulated://llama2-7b", "dtype": "float16"}
 LIVE_VS_SIM = ("output_tokens_per_s", "completed_rps", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s")
@@ -36,17 +35,7 @@ _TTFT = re.compile(r"^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})?
 def engine_ttft_mean(addresses: list[str]) -> float | None:
     """The engines' own TTFT mean (``vllm:time_to_first_token_seconds``: engine arrival to first token,
     without the client's and the scheduler's hops), summed over every engine's /metrics."""
-    total = {"sum": 0.0, "count": 0.0}
-    for address in addresses:
-        try:
-            with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            m = _TTFT.match(line)
-            if m:
-                total[m.group(1)] += float(m.group(2))
+    total = scrape_sums(addresses, _TTFT, {"sum": 0.0, "count": 0.0})
     return total["sum"] / total["count"] if total["count"] else None
 
 

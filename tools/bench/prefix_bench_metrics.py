@@ -14,12 +14,9 @@ COUNTER = re.compile(
 )
 
 
-def counters(addresses: list[str]) -> dict[str, float]:
-    """The engines' vLLM counters (prefix-cache queries and hits, prompt and generation tokens),
-    summed over their /metrics pages."""
-    total = dict.fromkeys(
-        ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens", "prompt_tokens"), 0.0
-    )
+def scrape_sums(addresses: list[str], pattern: re.Pattern[str], total: dict[str, float]) -> dict[str, float]:
+    """``total`` plus, summed over the /metrics pages at ``addresses`` (an unreachable one left out),
+    the value (group 2) of every line ``pattern`` matches, by its group 1."""
     for address in addresses:
         try:
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
@@ -27,10 +24,17 @@ def counters(addresses: list[str]) -> dict[str, float]:
         except OSError:
             continue
         for line in text.splitlines():
-            m = COUNTER.match(line)
+            m = pattern.match(line)
             if m:
                 total[m.group(1)] += float(m.group(2))
     return total
+
+
+def counters(addresses: list[str]) -> dict[str, float]:
+    """The engines' vLLM counters (prefix-cache queries and hits, prompt and generation tokens),
+    summed over their /metrics pages."""
+    names = ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens", "prompt_tokens")
+    return scrape_sums(addresses, COUNTER, dict.fromkeys(names, 0.0))
 
 
 class Sampler:
