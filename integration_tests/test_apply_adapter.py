@@ -103,7 +103,19 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory) -> Cluster:
 
 def apply(c: Cluster, path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / "llmfleet"), "apply", "-f", str(path), "--etcd", c.etcd.endpoint, "--prefix", c.prefix],
+        # --timeout: the CLI's wait for etcd while vLLM's engine core holds this machine's cores
+        [
+            str(BIN / "llmfleet"),
+            "apply",
+            "-f",
+            str(path),
+            "--etcd",
+            c.etcd.endpoint,
+            "--prefix",
+            c.prefix,
+            "--timeout",
+            "30",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

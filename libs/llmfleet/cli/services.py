@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import yaml
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from llmfleet.config import EtcdSettings
-from llmfleet.coord.client import EtcdClient, EtcdError
+from llmfleet.coord.client import EtcdClient, EtcdError, EtcdUnavailable
 from llmfleet.coord.desired import ModelEntry, write_desired
 from llmfleet.coord.keys import Keys
 from llmfleet.spec.services import ServiceSpec
@@ -58,7 +59,15 @@ def run_with_etcd(args: argparse.Namespace, body: Callable[[EtcdClient], Any]) -
     async def main() -> int:
         client = EtcdClient(settings)
         try:
-            await asyncio.wait_for(client.connect(wait=False), settings.timeout_s)
+            # try again until --timeout: a loaded machine can miss one probe's 2 s handshake
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(EtcdUnavailable),
+                stop=stop_after_delay(settings.timeout_s),
+                wait=wait_fixed(0.2),
+                reraise=True,
+            ):
+                with attempt:
+                    await asyncio.wait_for(client.connect(wait=False), settings.timeout_s)
             return int(await body(client))
         finally:
             await client.close()
