@@ -252,6 +252,17 @@ class HostList(list):
         self.model = model
 
 
+def load_bounded(
+    pool: Sequence[EngineCandidate], max_excess: float, max_ratio: float
+) -> tuple[list[EngineCandidate], float]:
+    """The engines of ``pool`` (non-empty) whose queue is within ``max(least + max_excess, least ·
+    max_ratio)`` of the least loaded one's, and that bound: the load limit within which an affinity
+    policy may prefer an engine for what it holds (never empty: the least loaded is in it)."""
+    least = min(c.queued for c in pool)
+    bound = max(least + max_excess, least * max_ratio)
+    return [c for c in pool if c.queued <= bound], bound
+
+
 def eligible(
     model: str, candidates: Sequence[EngineCandidate], exclude: frozenset[str]
 ) -> Sequence[EngineCandidate]:

@@ -41,7 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import (
+    DispatchNeeds,
+    DispatchRequest,
+    EngineCandidate,
+    eligible,
+    load_bounded,
+)
 
 RESIDENT, ROOM, EVICT = 2, 1, 0
 RECENT_S = 2.0  # seconds a dispatch counts as the adapter loading there (about two report intervals)
@@ -152,13 +158,11 @@ class LoraAffinity:
         request: DispatchRequest | None = None,
     ) -> str:
         pool = eligible(model, candidates, exclude)
-        least = min(c.queued for c in pool)
         if request is None:
-            return next(c for c in pool if c.queued == least).engine_id
-        bound = max(least + self.options.max_load_excess, least * self.options.max_load_ratio)
+            return min(pool, key=lambda c: c.queued).engine_id  # ties: the smallest id
+        allowed, bound = load_bounded(pool, self.options.max_load_excess, self.options.max_load_ratio)
         now, base = request.arrival_s, request.base
         tier = {c.engine_id: adapter_tier(c, model, base, self.recent, now) for c in pool}
-        allowed = [c for c in pool if c.queued <= bound]  # never empty: the least loaded is in it
         best = min(allowed, key=lambda c: (-tier[c.engine_id], c.queued))  # ties: smallest id
         got = tier[best.engine_id]
         if base or any(c.adapter_pools for c in pool):

@@ -57,7 +57,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from llmfleet.kvblocks.prefix import prefix_block_hashes
-from llmfleet.policies.dispatch.base import DispatchNeeds, DispatchRequest, EngineCandidate, eligible
+from llmfleet.policies.dispatch.base import (
+    DispatchNeeds,
+    DispatchRequest,
+    EngineCandidate,
+    eligible,
+    load_bounded,
+)
 
 BLOCK_BYTES = 256  # default chunk size: ~64 tokens at ~4 bytes per token
 BYTES_PER_TOKEN = 4  # to convert an engine's KV capacity in tokens into chunks (English text, BPE)
@@ -284,11 +290,9 @@ class PrefixAffinity:
         request: DispatchRequest | None = None,
     ) -> str:
         pool = eligible(model, candidates, exclude)
-        least = min(c.queued for c in pool)
         if request is None:
-            return next(c for c in pool if c.queued == least).engine_id
-        bound = max(least + self.options.max_load_excess, least * self.options.max_load_ratio)
-        allowed = [c for c in pool if c.queued <= bound]  # never empty: the least loaded is in it
+            return min(pool, key=lambda c: c.queued).engine_id  # ties: the smallest id
+        allowed, bound = load_bounded(pool, self.options.max_load_excess, self.options.max_load_ratio)
         now = request.arrival_s
         chain = (
             prompt_blocks(model, request.prompt, self.options.block_bytes, self.options.max_blocks)
