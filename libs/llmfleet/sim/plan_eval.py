@@ -20,6 +20,17 @@ into a :class:`SimPlanEvaluator`, as ``llmfleet sim --cluster-config`` reads tha
 ``processes`` > 1 simulates the plans of one :meth:`evaluate` call side by side in that many worker
 processes (spawned once, each holding the workload and the cost tables; "spawn" so that a process with
 gRPC threads can use it safely).
+
+**Plans by component.** With a dispatch policy whose choices for a model depend only on the instances
+hosting that model and on its own state for that model (:data:`PER_MODEL_DISPATCH`), and no LoRA
+adapters, the instances of a plan fall into components that share nothing: instances are linked when
+they host a common model, and a request only ever reaches the instances of its model. Each component's
+evolution depends only on its own requests (events at one instant are ordered by kind, then by their
+order of insertion, which the component's own events keep), so a plan is simulated component by
+component, each on its requests, and the records are put back in arrival order: every record, and so
+the score, equals the whole plan's simulation (``tests/sim/test_plan_eval.py`` checks it).
+A component's records are kept for the evaluator's life: a search that changes one group of a plan
+(Algorithm 1 adds one service per step) simulates only the component that group belongs to again.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 from llmfleet.costmodel import ProfileRecord
 from llmfleet.costmodel.hardware import hardware
 from llmfleet.policies.dispatch import make_dispatch_policy
@@ -47,8 +59,39 @@ if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
 
 
+# dispatch policies whose choice for a model reads only the instances hosting it and the policy's own
+# state for that model (jsq: stateless; round_robin: a cursor per model): a plan's components then run
+# apart (see the module docstring)
+PER_MODEL_DISPATCH = frozenset({"jsq", "round_robin"})
+
+
+def components(plan: Sequence[InstancePlan]) -> list[tuple[InstancePlan, ...]]:
+    """The plan's instances grouped by the models they share (linked when they host a common model),
+    each group in plan order, the groups in the order of their first instance."""
+    parent = list(range(len(plan)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, p in enumerate(plan):
+        for m in p.models:
+            j = first.setdefault(m, i)
+            a, b = root(i), root(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[InstancePlan]] = {}
+    for i, p in enumerate(plan):
+        groups.setdefault(root(i), []).append(p)
+    return [tuple(g) for g in groups.values()]
+
+
 class _Scorer:
-    """Everything one process needs to simulate a plan (built once per process)."""
+    """Everything one process needs to simulate a plan (built once per process), and the records of
+    the plan components it simulated (see the module docstring)."""
 
     def __init__(
         self,
@@ -62,21 +105,56 @@ class _Scorer:
         self.bundle = bundle
         self.cost = CostBook.build(spec.cluster.hw, spec.archs(), records, spec.cost_source)
         self.min_tp = spec.reference_tps()
+        model = {s.name: s.model for s in spec.services}
+        self.model_of = [model[r.service] for r in self.requests]
+        self.by_model = {
+            m: np.array([i for i, x in enumerate(self.model_of) if x == m], dtype=np.int64)
+            for m in sorted(set(self.model_of))
+        }
+        self.split = bundle.dispatch.policy in PER_MODEL_DISPATCH and not spec.adapters
+        self.known = frozenset(spec.archs())
+        self.parts: dict[tuple[InstancePlan, ...], list[RequestRecord]] = {}  # a component's records
+
+    def _simulate(
+        self, plan: Sequence[InstancePlan], requests: Sequence[WorkloadRequest]
+    ) -> list[RequestRecord]:
+        sim = Simulator(
+            self.spec, list(plan), self.bundle.local_factory(),
+            make_dispatch_policy(self.bundle.dispatch.policy, **self.bundle.dispatch.options), self.cost,
+        )  # fmt: skip
+        return sim.run(requests, strict_services=True).records
+
+    def _unserved(self, i: int) -> RequestRecord:
+        r = self.requests[i]
+        return RequestRecord(r.request_id, r.service, self.model_of[i], r.arrival_s, r.prompt_tokens,
+                             r.output_tokens, failed="no instance")  # fmt: skip
+
+    def records(self, plan: Sequence[InstancePlan]) -> list[RequestRecord]:
+        """Every request's record under ``plan``, in arrival order (component by component when the
+        dispatch allows it; see the module docstring)."""
+        if not plan:
+            return [self._unserved(i) for i in range(len(self.requests))]
+        if not self.split:
+            return self._simulate(plan, self.requests)
+        unknown = sorted({m for p in plan for m in p.models} - self.known)
+        if unknown:  # what the whole plan's simulation says (an instance idle in a component is not run)
+            raise ValueError(f"the plan hosts {unknown}, which no service uses")
+        out: list[RequestRecord | None] = [None] * len(self.requests)
+        for comp in components(plan):
+            models = {m for p in comp for m in p.models}
+            idx = np.sort(np.concatenate([self.by_model.get(m, np.empty(0, np.int64)) for m in models]))
+            if not len(idx):
+                continue  # no request reaches these instances
+            recs = self.parts.get(comp)
+            if recs is None:
+                recs = self.parts[comp] = self._simulate(comp, [self.requests[i] for i in idx.tolist()])
+            for i, rec in zip(idx.tolist(), recs, strict=True):
+                out[i] = rec
+        return [rec if rec is not None else self._unserved(i) for i, rec in enumerate(out)]
 
     def score(self, plan: Sequence[InstancePlan]) -> PlanScore:
         spec, svc = self.spec, {s.name: s for s in self.spec.services}
-        if plan:
-            sim = Simulator(
-                spec, list(plan), self.bundle.local_factory(),
-                make_dispatch_policy(self.bundle.dispatch.policy, **self.bundle.dispatch.options), self.cost,
-            )  # fmt: skip
-            records = sim.run(self.requests, strict_services=True).records
-        else:
-            records = [
-                RequestRecord(r.request_id, r.service, svc[r.service].model, r.arrival_s,
-                              r.prompt_tokens, r.output_tokens, failed="no instance")
-                for r in self.requests
-            ]  # fmt: skip
+        records = self.records(plan)
         end = max(
             [r.arrival_s for r in records] + [r.finish_s for r in records if r.finish_s is not None],
             default=0.0,
@@ -153,6 +231,13 @@ class SimPlanEvaluator:
         self._local: _Scorer | None = None
         self._pool: ProcessPoolExecutor | None = None
         self.simulated = 0
+
+    def records(self, plan: Sequence[InstancePlan]) -> list[RequestRecord]:
+        """Every request's record under ``plan`` in arrival order, as :meth:`evaluate` scores it (in
+        this process; a request no instance hosts fails with "no instance")."""
+        if self._local is None:
+            self._local = _Scorer(*self._args)
+        return self._local.records(plan)
 
     @property
     def parallelism(self) -> int:
