@@ -1,12 +1,14 @@
 """The OpenAI front (``llmfleet-front``, two workers on one port) in front of a scheduler with API keys,
 driven by the official ``openai`` package: completions, streamed chat, a wrong key (401), a bad field
 (400 naming it), a key's rate limit and ``max_priority`` enforced by the scheduler through the front,
-a client leaving mid-stream (its request is cancelled) and a scheduler restart the front survives."""
+a client leaving mid-stream (its request is cancelled), the front's own ``/metrics`` summed over its
+two workers, and a scheduler restart the front survives."""
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -95,11 +97,15 @@ def test_the_keys_rate_limit_holds_through_the_front(front):
     other.completions.create(model="chat", prompt="hi", max_tokens=1)  # another key is not limited
 
 
+def _metrics_url(c: Cluster, role: str) -> str:
+    url = re.search(r"metrics on (http://\S+/metrics)", c.log(role))
+    assert url is not None, f"the {role} logged no /metrics address"
+    return url.group(1)
+
+
 def _cancelled(c: Cluster) -> float:
     """The scheduler's count of requests ended cancelled (its /metrics, at the address it logged)."""
-    url = re.search(r"metrics on (http://\S+/metrics)", c.log("scheduler"))
-    assert url is not None, "the scheduler logged no /metrics address"
-    text = httpx.get(url.group(1), timeout=10).text
+    text = httpx.get(_metrics_url(c, "scheduler"), timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -122,6 +128,58 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request(front):
         time.sleep(0.1)
     r2 = client(base).completions.create(model="chat", prompt="hi", max_tokens=2)
     assert r2.usage is not None and r2.usage.completion_tokens == 2
+
+
+def _front_metrics(c: Cluster) -> dict[str, float]:
+    """The front's ``llmfleet_front_*`` samples (its parent's /metrics: the workers' sum)."""
+    text = httpx.get(_metrics_url(c, "front"), timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llmfleet_front_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_the_fronts_metrics_count_every_request_over_both_workers(front):
+    c, base = front
+    files = re.search(r"the workers' metrics files in (\S+)", c.log("front"))
+    assert files is not None
+    before = _front_metrics(c)
+    n = 20  # a client, so a connection, each: the kernel spreads them over the two workers
+    tokens = 0
+    for _ in range(n):
+        with client(base) as oa:
+            r = oa.completions.create(model="chat", prompt="Once upon a time", max_tokens=2)
+            assert r.usage is not None
+            tokens += r.usage.completion_tokens
+    with client(base) as oa:
+        for chunk in oa.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True,
+            stream_options={"include_usage": True},
+        ):  # fmt: skip
+            if chunk.usage is not None:
+                tokens += chunk.usage.completion_tokens
+        with pytest.raises(openai.NotFoundError):
+            oa.completions.create(model="nope", prompt="hi", max_tokens=2)
+    after = _front_metrics(c)
+
+    def grew(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    completions, chat = 'route="/v1/completions"', 'route="/v1/chat/completions"'
+    assert grew(f'llmfleet_front_requests_total{{{completions},status="200"}}') == n
+    assert grew(f'llmfleet_front_requests_total{{{completions},status="404"}}') == 1
+    assert grew(f'llmfleet_front_requests_total{{{chat},status="200"}}') == 1
+    assert grew(f"llmfleet_front_ttfb_seconds_count{{{completions}}}") == n + 1
+    assert grew(f"llmfleet_front_ttfb_seconds_count{{{chat}}}") == 1
+    assert grew("llmfleet_front_tokens_streamed_total") == tokens
+    assert after[f"llmfleet_front_streams_open{{{chat}}}"] == 0
+    assert after["llmfleet_front_submit_many_calls"] >= 1  # the key's call on the scheduler, per worker
+    # both workers counted: each wrote counters of its own (2^-19: the chance that the 20 connections
+    # all went to one worker)
+    writers = {p.name for p in Path(files.group(1)).glob("counter_*.db")}
+    assert len(writers) == 2, writers
 
 
 def test_the_front_survives_a_scheduler_restart(front):

@@ -18,6 +18,17 @@ Scheduler (hooked in ``llmfleet_scheduler.relay``):
   ``llmfleet_scheduler_key_wait_seconds{key,priority}``: time a request waited in the hold queue
   before dispatch (its count: the requests that waited). Labels stay few: keys come from the keys file
   and a request's priority is bounded (``llmfleet.policies.capacity.priority``).
+Front (``llmfleet-front``, hooked in ``llmfleet_front.http_metrics`` and ``llmfleet_front.backend``):
+  ``llmfleet_front_requests_total{route,status}``: HTTP requests answered, by route (the app's path
+  template, ``other`` for an unknown path) and HTTP status; ``llmfleet_front_ttfb_seconds{route}``: time
+  from a request's arrival to the first byte of its response body; ``llmfleet_front_streams_open{route}``:
+  server-sent event streams being written; ``llmfleet_front_tokens_streamed_total``: tokens relayed from
+  the schedulers to clients (each once across resumes); ``llmfleet_front_upstream_errors_total{code}``:
+  a request's attempt on a scheduler that ended with a gRPC status (``UNAVAILABLE`` also when no
+  scheduler is known); ``llmfleet_front_resumes_total``: attempts continued on the next replica after
+  ``UNAVAILABLE``; ``llmfleet_front_submit_many_calls``: ``SubmitMany`` calls open to the schedulers
+  (one per API key and replica in use). With ``--workers N`` the workers write them to files the parent
+  sums for each scrape (prometheus-client's multiprocess mode; the gauges are live sums).
 Placement (``llmfleet_placement.live``): ``llmfleet_placement_changes_total`` (plans written),
   ``llmfleet_placement_leader_changes_total`` (this replica became leader), ``llmfleet_placement_plan_id``.
 Migration (``llmfleet_migration``): ``llmfleet_migrations_total{outcome}`` (done, gone, failed),
@@ -160,6 +171,62 @@ class SchedulerMetrics:
                 self.tpot.labels(service).observe(max(0.0, (finished_at - first_token_at) / (n_tokens - 1)))
 
 
+class FrontMetrics:
+    """The OpenAI front's metrics; its gauges sum over live worker processes in multiprocess mode."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmfleet_front_requests",
+            "HTTP requests the front answered, by route (path template; other: an unknown path) and status.",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "llmfleet_front_ttfb_seconds",
+            "Time from a request's arrival to the first byte of its response body, by route.",
+            ["route"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.streams_open = Gauge(
+            "llmfleet_front_streams_open",
+            "Server-sent event streams being written, by route.",
+            ["route"],
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+        self.tokens_streamed = Counter(
+            "llmfleet_front_tokens_streamed",
+            "Tokens relayed from the schedulers to clients (each once across resumes).",
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "llmfleet_front_upstream_errors",
+            "Request attempts on a scheduler that ended with a gRPC status, by code (UNAVAILABLE also "
+            "when no scheduler is known).",
+            ["code"],
+            registry=registry,
+        )
+        self.resumes = Counter(
+            "llmfleet_front_resumes",
+            "Request attempts continued on the next scheduler replica after UNAVAILABLE.",
+            registry=registry,
+        )
+        self.submit_many_calls = Gauge(
+            "llmfleet_front_submit_many_calls",
+            "SubmitMany calls open to the schedulers (one per API key and replica in use).",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+
+    def call_opened(self, opened: bool) -> None:
+        """A ``SubmitMany`` call opened (True) or ended (False)."""
+        if opened:
+            self.submit_many_calls.inc()
+        else:
+            self.submit_many_calls.dec()
+
+
 class PlacementMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.changes = Counter(
@@ -204,6 +271,10 @@ class ShellMetrics:
 
 def scheduler_metrics(registry: CollectorRegistry | None = None) -> SchedulerMetrics:
     return _once(SchedulerMetrics, registry)
+
+
+def front_metrics(registry: CollectorRegistry | None = None) -> FrontMetrics:
+    return _once(FrontMetrics, registry)
 
 
 def placement_metrics(registry: CollectorRegistry | None = None) -> PlacementMetrics:

@@ -187,10 +187,20 @@ class MuxLink:
 
     The call serves every request of the link, so it is opened outside any request's context: its
     own span (tracing's gRPC interceptor) belongs to no request's trace, while each stream has its own
-    client span in the trace of the request that opened it (:mod:`llmfleet.telemetry.streams`)."""
+    client span in the trace of the request that opened it (:mod:`llmfleet.telemetry.streams`).
 
-    def __init__(self, open_call: Callable[[], _Call], commands: type, method: str, name: str = "") -> None:
+    ``on_call`` (optional) hears of the call: True when one opens, False when it ends."""
+
+    def __init__(
+        self,
+        open_call: Callable[[], _Call],
+        commands: type,
+        method: str,
+        name: str = "",
+        on_call: Callable[[bool], None] | None = None,
+    ) -> None:
         self._open_call = open_call
+        self._on_call = on_call
         self._commands = commands
         self.method = method
         self.name = name
@@ -252,6 +262,8 @@ class MuxLink:
         detached = contextvars.Context()  # no request's span is current in the call or its tasks
         call = self._call = detached.run(self._open_call)
         self.calls_opened += 1
+        if self._on_call is not None:
+            self._on_call(True)
         self._tasks = [
             asyncio.create_task(self._write(call), name=f"mux-write-{self.name}", context=detached),
             asyncio.create_task(self._read(call), name=f"mux-read-{self.name}", context=detached),
@@ -306,6 +318,8 @@ class MuxLink:
         call, self._call = self._call, None
         if call is not None:
             call.cancel()
+            if self._on_call is not None:
+                self._on_call(False)
         for t in self._tasks:
             if t is not own:
                 t.cancel()

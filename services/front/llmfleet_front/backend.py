@@ -24,6 +24,7 @@ import grpc
 from llmfleet.api.v1 import common_pb2, scheduler_pb2
 from llmfleet.client.resume import StreamResumer
 from llmfleet.client.retry import pushback_s
+from llmfleet.metrics.control import FrontMetrics
 from llmfleet.rpc.mux import Emit
 from llmfleet.spec.services import ServiceSpec
 from llmfleet_scheduler.chat_template import ChatTemplates
@@ -54,12 +55,14 @@ class Catalog(Protocol):
 
 @dataclass
 class FrontBackend:
-    """``links``: the calls to the schedulers; ``view``: the services and models (etcd).
+    """``links``: the calls to the schedulers; ``view``: the services and models (etcd); ``metrics``:
+    where tokens relayed, upstream errors and resumes are counted.
     ``own_key``: the key sent for callers that send none (None: none). ``retries``: how often a request
     is moved to another replica after UNAVAILABLE (backoff ``backoff_s`` doubling to ``max_backoff_s``)."""
 
     links: SchedulerLinks
     view: Catalog
+    metrics: FrontMetrics
     own_key: str | None = None
     retries: int = 3
     backoff_s: float = 0.1
@@ -109,12 +112,13 @@ class FrontBackend:
     # -- the request's attempts
     async def _follow(self, request: scheduler_pb2.SubmitRequest, token: str | None, emit: Emit) -> None:
         rid = request.request_id
-        relay = _Relay(rid, emit)
+        relay = _Relay(rid, emit, self.metrics.tokens_streamed.inc)
         failures = 0
         try:
             while True:
                 address = self.links.pick()
                 if address is None:
+                    self.metrics.upstream_errors.labels(grpc.StatusCode.UNAVAILABLE.name).inc()
                     raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "no scheduler is registered yet; retry")
                 self._where[rid] = (address, token)
                 try:
@@ -123,10 +127,12 @@ class FrontBackend:
                     return
                 except grpc.aio.AioRpcError as e:
                     failures += 1
+                    self.metrics.upstream_errors.labels(e.code().name).inc()
                     if e.code() != grpc.StatusCode.UNAVAILABLE or failures > self.retries:
                         raise as_request_error(e) from None
                     self.links.failed(address)
                     relay.retrying()
+                    self.metrics.resumes.inc()
                     wait = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
                     log.warning("request %s: scheduler %s unavailable (%s); retry %d/%d in %.2fs",
                                 rid, address, e.details(), failures, self.retries, wait)  # fmt: skip
@@ -155,6 +161,7 @@ class _Relay:
 
     request_id: str
     emit: Callable[[common_pb2.TokenChunk], None]
+    count: Callable[[int], None]  # hears how many tokens each relayed chunk carries (the front's metrics)
     token_ids: list[int] = field(default_factory=list)
     text_len: int = 0  # characters relayed
     resumer: StreamResumer | None = None
@@ -171,6 +178,8 @@ class _Relay:
         if self.resumer is None:
             self.token_ids.extend(msg.token_ids)
             self.text_len += len(msg.text)
+            if msg.token_ids:
+                self.count(len(msg.token_ids))
             self.emit(msg)
             return
         final = msg.finish_reason != UNSPECIFIED
@@ -185,6 +194,8 @@ class _Relay:
             return
         self.token_ids.extend(fresh.token_ids)
         self.text_len += len(fresh.text)
+        if fresh.token_ids:
+            self.count(len(fresh.token_ids))
         if fresh.index != msg.index or fresh.text != msg.text:  # part of it was relayed before
             out = common_pb2.TokenChunk()
             out.CopyFrom(msg)

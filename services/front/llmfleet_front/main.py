@@ -4,7 +4,8 @@ The app is the scheduler's own (``llmfleet_scheduler.http_api.create_app``: the 
 and streaming); its backend sends each request to a scheduler on the SDK's multiplexed path
 (``FrontBackend``). ``--workers N`` runs N processes on one port (SO_REUSEPORT); the parent answers
 gRPC health on ``--port``, registers in etcd (role ``front``) and restarts a worker that exits.
-``--workers 1`` serves in the process itself."""
+``--workers 1`` serves in the process itself. Its ``/metrics`` (the parent's ``--metrics-port``) has
+the front's ``llmfleet_front_*``, summed over the workers (``workers.WorkerMetrics``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 from llmfleet import __version__
 from llmfleet.coord import EtcdClient
+from llmfleet.metrics.control import front_metrics
+from llmfleet.metrics.server import process_registry
 from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, positive_int, setup_logging
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer
@@ -29,8 +32,9 @@ from llmfleet_scheduler.http_api import HttpServer, create_app
 
 from llmfleet_front.backend import FrontBackend
 from llmfleet_front.cluster_view import ClusterView
+from llmfleet_front.http_metrics import HttpMetrics
 from llmfleet_front.scheduler_links import SchedulerLinks
-from llmfleet_front.workers import Workers, reserve_port
+from llmfleet_front.workers import WorkerMetrics, Workers, reserve_port
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +57,16 @@ class Front:
 
 
 def build_front(args: argparse.Namespace) -> Front:
+    """The serving process's parts; its ``llmfleet_front_*`` metrics go on the process registry (in a
+    worker, to the files its parent sums)."""
     schedulers = [a.strip() for a in args.scheduler.split(",") if a.strip()]
     view = ClusterView(schedulers=schedulers)
     security = current()
-    links = SchedulerLinks(view.scheduler_addresses, security)
-    backend = FrontBackend(links, view, own_key=security.api_key)
+    metrics = front_metrics()
+    links = SchedulerLinks(view.scheduler_addresses, security, on_call=metrics.call_opened)
+    backend = FrontBackend(links, view, metrics, own_key=security.api_key)
     app = create_app(backend, version=__version__, key_store=security.key_store)
+    app.add_middleware(HttpMetrics, metrics=metrics)
     http = HttpServer(app, host=args.http_host or args.host, port=args.http_port, security=security,
                       reuse_port=True)  # fmt: skip
     return Front(view, links, http)
@@ -88,7 +96,9 @@ def build_node(args: argparse.Namespace, argv: list[str]) -> ServiceNode:
         held = reserve_port(args.http_host or args.host, args.http_port)
     except OSError as e:
         raise ValueError(f"--http-port {args.http_port}: {e}") from None
-    workers = Workers(argv, nid, held.getsockname()[1], args.workers)
+    files = WorkerMetrics(node.metrics_registry or process_registry())  # the workers' metrics, summed
+    log.info("front %s: the workers' metrics files in %s", nid, files.path)
+    workers = Workers(argv, nid, held.getsockname()[1], args.workers, env=files.env(), on_exit=files.exited)
 
     async def start_workers(n: ServiceNode) -> None:
         workers.start()
@@ -97,6 +107,7 @@ def build_node(args: argparse.Namespace, argv: list[str]) -> ServiceNode:
     async def stop_workers() -> None:
         await workers.stop()
         held.close()
+        files.close()
 
     node.on_start.append(start_workers)
     node.on_stop.append(stop_workers)

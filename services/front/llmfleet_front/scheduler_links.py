@@ -37,10 +37,12 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 class SchedulerLinks:
     """Requests go round-robin over the replicas ``addresses()`` names now (a fixed list, or the
     schedulers registered in etcd), skipping one that failed in the last :data:`SKIP_S` seconds.
-    ``security``: TLS of the channels (the key travels per call, never on the channel)."""
+    ``security``: TLS of the channels (the key travels per call, never on the channel). ``on_call``
+    hears of each ``SubmitMany`` call: True when it opens, False when it ends (the front's metrics)."""
 
     addresses: Callable[[], Sequence[str]]
     security: SecuritySettings
+    on_call: Callable[[bool], None] | None = None
     max_idle_links: int = MAX_IDLE_LINKS
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     _links: OrderedDict[tuple[str, str], MuxLink] = field(default_factory=OrderedDict)
@@ -81,6 +83,7 @@ class SchedulerLinks:
                 scheduler_pb2.SubmitCommands,
                 SUBMIT_MANY,
                 name=f"scheduler {address}",
+                on_call=self.on_call,
             )
             self._links[key] = link
             self._trim()

@@ -3,23 +3,35 @@ connections over them), started and restarted by the parent, which itself serves
 
 Each worker is the same program with ``--workers 1``, no gRPC port, no /metrics and its own node id
 (``<id>-w<i>``). The parent keeps the port bound (not listening) while it runs, so a port picked by
-the kernel (``--http-port 0``) stays this front's while workers restart."""
+the kernel (``--http-port 0``) stays this front's while workers restart.
+
+Metrics (``WorkerMetrics``): a scrape of the shared HTTP port would land on one worker, so the workers
+serve none; each writes its ``llmfleet_front_*`` values to files of its own in a directory the parent
+made (prometheus-client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR`` in the workers' environment),
+and the parent's ``/metrics`` sums the files at each scrape. A worker's counters stay in the sum after it
+exits (the totals never go back); its gauges leave it (``mark_process_dead``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmfleet.procs import with_pdeathsig
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 log = logging.getLogger(__name__)
 
 RESTART_S = 1.0  # a worker that exits is started again after this long
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode reads it at import
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -62,13 +74,39 @@ def worker_argv(argv: Sequence[str], node_id: str, index: int, http_port: int) -
 
 
 @dataclass
+class WorkerMetrics:
+    """The workers' metrics files (a fresh directory) and the collector that sums them on ``registry``
+    (the parent's /metrics). :meth:`env`: what a worker's environment adds; :meth:`exited`: a worker's
+    gauges leave the sum; :meth:`close`: the collector is removed and the directory deleted."""
+
+    registry: CollectorRegistry
+    path: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="llmfleet-front-metrics-"))
+
+    def __post_init__(self) -> None:
+        self._collector = MultiProcessCollector(self.registry, path=self.path)  # registers itself
+
+    def env(self) -> dict[str, str]:
+        return {MULTIPROC_ENV: self.path}
+
+    def exited(self, pid: int) -> None:
+        mark_process_dead(pid, self.path)
+
+    def close(self) -> None:
+        self.registry.unregister(self._collector)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass
 class Workers:
-    """Runs ``count`` workers from ``argv`` (the parent's flags) until :meth:`stop`."""
+    """Runs ``count`` workers from ``argv`` (the parent's flags) until :meth:`stop`; ``env``: added to
+    each worker's environment; ``on_exit``: hears the pid of each worker that exited."""
 
     argv: Sequence[str]
     node_id: str
     http_port: int
     count: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    on_exit: Callable[[int], None] | None = None
     procs: list[subprocess.Popen] = field(default_factory=list)
     restarts: int = 0
     _stopping: bool = False
@@ -80,7 +118,8 @@ class Workers:
 
     def _spawn(self, index: int) -> subprocess.Popen:
         argv = worker_argv(self.argv, self.node_id, index, self.http_port)
-        return subprocess.Popen(with_pdeathsig(argv))  # its output goes where the parent's goes
+        env = {**os.environ, **self.env}
+        return subprocess.Popen(with_pdeathsig(argv), env=env)  # its output goes where the parent's goes
 
     async def supervise(self) -> None:
         """Start a worker again when it exits (until stopped)."""
@@ -91,6 +130,7 @@ class Workers:
                     log.warning("front worker %d (pid %d) exited with %s; starting it again", i, p.pid,
                                 p.returncode)  # fmt: skip
                     self.restarts += 1
+                    self._exited(p)
                     self.procs[i] = self._spawn(i)
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -103,3 +143,9 @@ class Workers:
                 await asyncio.to_thread(p.wait, grace_s)
             except subprocess.TimeoutExpired:
                 p.kill()
+                await asyncio.to_thread(p.wait)
+            self._exited(p)
+
+    def _exited(self, p: subprocess.Popen) -> None:
+        if self.on_exit is not None:
+            self.on_exit(p.pid)

@@ -12,15 +12,20 @@ from dataclasses import dataclass, field
 import grpc
 import httpx
 import pytest
+from fastapi import FastAPI
 from llmfleet.client.testing import FakeScheduler, Fault, fake_completion, start_fake_scheduler
+from llmfleet.metrics.control import FrontMetrics
+from llmfleet.metrics.server import samples
 from llmfleet.security import SecuritySettings
 from llmfleet.spec.services import ServiceSpec
 from llmfleet_front.backend import FrontBackend, as_request_error
+from llmfleet_front.http_metrics import OTHER, HttpMetrics
 from llmfleet_front.scheduler_links import SchedulerLinks
-from llmfleet_scheduler.http_api import Credentials, create_app
+from llmfleet_scheduler.http_api import Credentials, HttpServer, create_app
 from llmfleet_scheduler.http_api.errors import from_exc
 from llmfleet_scheduler.journal import RequestFailed
 from llmfleet_scheduler.validation import InvalidField
+from prometheus_client import CollectorRegistry
 
 
 @dataclass
@@ -64,10 +69,23 @@ async def fakes() -> AsyncIterator[list[tuple[KeyedFake, str]]]:
         await server.stop(0)
 
 
-def front(addresses: list[str], own_key: str | None = None) -> tuple[FrontBackend, httpx.AsyncClient]:
-    links = SchedulerLinks(lambda: addresses, SecuritySettings())
-    backend = FrontBackend(links, StaticCatalog(), own_key=own_key, backoff_s=0.01)
+def front_app(
+    addresses: list[str], own_key: str | None = None, registry: CollectorRegistry | None = None
+) -> tuple[FrontBackend, FastAPI]:
+    """The front's backend and app as ``llmfleet_front.main.build_front`` assembles them; its metrics on
+    ``registry`` (default: one of its own)."""
+    metrics = FrontMetrics(registry or CollectorRegistry())
+    links = SchedulerLinks(lambda: addresses, SecuritySettings(), on_call=metrics.call_opened)
+    backend = FrontBackend(links, StaticCatalog(), metrics, own_key=own_key, backoff_s=0.01)
     app = create_app(backend)
+    app.add_middleware(HttpMetrics, metrics=metrics)
+    return backend, app
+
+
+def front(
+    addresses: list[str], own_key: str | None = None, registry: CollectorRegistry | None = None
+) -> tuple[FrontBackend, httpx.AsyncClient]:
+    backend, app = front_app(addresses, own_key, registry)
     return backend, httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://front")
 
 
@@ -152,7 +170,8 @@ def test_an_invalid_field_is_named_as_the_openai_field():
 async def test_a_stream_cut_by_a_replica_resumes_on_the_next_with_each_token_once(fakes):
     (first, a), (second, b) = fakes
     first.faults = [Fault(attempt=1, after_chunks=3)]
-    backend, _http = front([a, b])
+    registry = CollectorRegistry()
+    backend, _http = front([a, b], registry=registry)
     chunks = []
     _rid, follow = backend.submit(_request("one two three", 6), Credentials())
     await follow(chunks.append)
@@ -161,7 +180,13 @@ async def test_a_stream_cut_by_a_replica_resumes_on_the_next_with_each_token_onc
     assert [i for c in chunks for i in c.token_ids] == [t for t, _ in fake_completion("one two three", 6)]
     assert chunks[-1].usage.completion_tokens == 6
     assert list(second.submits[0].resume_token_ids) == [t for t, _ in fake_completion("one two three", 3)]
+    m = samples(registry)
+    assert m["llmfleet_front_resumes_total"] == 1
+    assert m['llmfleet_front_upstream_errors_total{code="UNAVAILABLE"}'] == 1
+    assert m["llmfleet_front_tokens_streamed_total"] == 6  # the 3 replayed by the next replica once
+    assert m["llmfleet_front_submit_many_calls"] == 2  # one on each replica (the fault ends a stream)
     await backend.links.close()
+    assert samples(registry)["llmfleet_front_submit_many_calls"] == 0
 
 
 async def test_cancel_stops_the_request_on_its_replica(fakes):
@@ -183,3 +208,62 @@ def _request(prompt: str, max_tokens: int):
     from llmfleet.client.aio import build_submit_request
 
     return build_submit_request(prompt, "chat", max_tokens=max_tokens)
+
+
+# ------------------------------------------------------------------ llmfleet_front_* metrics
+
+
+async def test_requests_are_counted_by_route_and_status_with_their_time_to_first_byte(fakes):
+    (fake, address), _ = fakes
+    registry = CollectorRegistry()
+    backend, http = front([address], registry=registry)
+    n = 3
+    async with http:
+        for _ in range(n):
+            r = await http.post(
+                "/v1/completions", json={"model": "chat", "prompt": "one two", "max_tokens": 2}
+            )
+            assert r.status_code == 200
+        assert (await http.post("/v1/completions", json={"model": "nope", "prompt": "x"})).status_code == 404
+        fake.fail_services["summarize"] = (grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded (fake)")
+        r = await http.post("/v1/completions", json={"model": "summarize", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 429
+        assert (await http.get("/v2/nothing")).status_code == 404
+    m = samples(registry)
+    assert m['llmfleet_front_requests_total{route="/v1/completions",status="200"}'] == n
+    assert m['llmfleet_front_requests_total{route="/v1/completions",status="404"}'] == 1
+    assert m['llmfleet_front_requests_total{route="/v1/completions",status="429"}'] == 1
+    assert m[f'llmfleet_front_requests_total{{route="{OTHER}",status="404"}}'] == 1
+    assert m['llmfleet_front_ttfb_seconds_count{route="/v1/completions"}'] == n + 2
+    assert m["llmfleet_front_tokens_streamed_total"] == 2 * n
+    assert m['llmfleet_front_upstream_errors_total{code="RESOURCE_EXHAUSTED"}'] == 1
+    assert "llmfleet_front_resumes_total" in m and m["llmfleet_front_resumes_total"] == 0
+    await backend.links.close()
+
+
+async def test_a_stream_is_open_while_it_is_written(fakes):
+    (fake, address), _ = fakes
+    fake.token_delay_s = 0.05
+    registry = CollectorRegistry()
+    backend, app = front_app([address], registry=registry)
+    server = HttpServer(app, "127.0.0.1", 0)  # a real HTTP server: the stream is read as it is written
+    await server.start()
+    route = "/v1/chat/completions"
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as http:
+            body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
+                    "stream": True}  # fmt: skip
+            async with http.stream("POST", route, json=body) as r:
+                lines = r.aiter_lines()
+                assert (await anext(lines)).startswith("data: ")
+                assert samples(registry)[f'llmfleet_front_streams_open{{route="{route}"}}'] == 1
+                rest = [line async for line in lines]
+            assert "data: [DONE]" in rest
+    finally:
+        await server.stop()
+        await backend.links.close()
+    m = samples(registry)
+    assert m[f'llmfleet_front_streams_open{{route="{route}"}}'] == 0
+    assert m[f'llmfleet_front_requests_total{{route="{route}",status="200"}}'] == 1
+    assert m[f'llmfleet_front_ttfb_seconds_count{{route="{route}"}}'] == 1
+    assert m["llmfleet_front_tokens_streamed_total"] == 20

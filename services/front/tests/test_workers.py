@@ -1,12 +1,18 @@
-"""``--workers N``: each worker's command line, and the port the parent holds for them."""
+"""``--workers N``: each worker's command line, the port the parent holds for them, and their metrics
+summed from the files each writes."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from llmfleet_front.workers import reserve_port, worker_argv
+from llmfleet.metrics.server import samples
+from llmfleet_front.workers import WorkerMetrics, reserve_port, worker_argv
+from prometheus_client import CollectorRegistry
 
 
 def test_a_workers_flags_are_the_parents_with_its_own_id_port_and_no_grpc_or_metrics() -> None:
@@ -42,3 +48,33 @@ def test_the_held_port_is_shared_with_the_workers_and_refused_to_others() -> Non
         other.close()
     finally:
         held.close()
+
+
+# what a worker does with its metrics: a request answered, a SubmitMany call open
+_WORKER = """
+from llmfleet.metrics.control import front_metrics
+m = front_metrics()
+m.requests.labels("/v1/completions", "200").inc()
+m.call_opened(True)
+"""
+
+
+def test_the_parent_sums_its_workers_metrics_and_drops_an_exited_workers_gauges() -> None:
+    registry = CollectorRegistry()
+    files = WorkerMetrics(registry)
+    key = 'llmfleet_front_requests_total{route="/v1/completions",status="200"}'
+    try:
+        pids = []
+        for _ in range(2):  # two worker processes, each with the environment Workers gives it
+            p = subprocess.Popen([sys.executable, "-c", _WORKER], env={**os.environ, **files.env()})
+            assert p.wait(timeout=60) == 0
+            pids.append(p.pid)
+        m = samples(registry)
+        assert m[key] == 2 and m["llmfleet_front_submit_many_calls"] == 2
+        files.exited(pids[0])  # its counters stay in the totals, its gauges leave the sum
+        m = samples(registry)
+        assert m[key] == 2 and m["llmfleet_front_submit_many_calls"] == 1
+    finally:
+        files.close()
+    assert not Path(files.path).exists()
+    assert not any(k.startswith("llmfleet_front_") for k in samples(registry))
