@@ -21,6 +21,8 @@ from llmfleet.spec.sizes import ByteSize
 
 VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
 VllmDtype = Literal["auto", "float16", "bfloat16", "float32"]
+# vLLM's scheduling policies: fcfs (arrival order) or priority (each request's priority, then arrival)
+SchedulingPolicy = Literal["fcfs", "priority"]
 # AsyncEngineArgs fields the named settings set: engine_args may not set them a second time
 _NAMED = {
     "max_model_len": "max_model_len",
@@ -30,6 +32,7 @@ _NAMED = {
     "kv_cache_memory_bytes": "kv_cache_memory_bytes",
     "enable_prefix_caching": "enable_prefix_caching",
     "max_num_seqs": "max_num_seqs",
+    "scheduling_policy": "scheduling_policy",
     "model": "the model's source (models:)",
     "tensor_parallel_size": "the engine's tp",
     "enable_lora": "the engine's max_loras",
@@ -53,6 +56,9 @@ class VllmSettings(BaseModel):
     max_models: int = Field(1, ge=1)  # vLLM engines (models) one node runs at once
     enable_prefix_caching: bool = True  # vLLM's automatic prefix caching (its V1 default)
     max_num_seqs: int | None = Field(None, ge=1)  # requests per step (vLLM's default when unset)
+    # priority: vLLM runs (and preempts for) each request's priority, the one the scheduler resolved
+    # (llmfleet's higher-first, passed to vLLM negated: vLLM runs the lower value first); fcfs: arrival order
+    scheduling_policy: SchedulingPolicy = "fcfs"
     # further AsyncEngineArgs fields, passed as they are (vLLM rejects an unknown one at load)
     engine_args: dict[str, Any] = Field(default_factory=dict)
 

@@ -84,6 +84,7 @@ def engine_kwargs(config: VllmConfig, model: str, dtype: str) -> dict[str, Any]:
         "gpu_memory_utilization": round(s.gpu_memory_utilization / s.max_models, 4),
         "enforce_eager": s.enforce_eager,
         "enable_prefix_caching": s.enable_prefix_caching,
+        "scheduling_policy": s.scheduling_policy,
         "tensor_parallel_size": config.tensor_parallel_size,
         "disable_log_stats": True,  # the backend's own stat logger reads vLLM's scheduler stats
         "enable_log_requests": False,

@@ -2,6 +2,8 @@
 chunks with the native executor's text semantics, and the submit / drive / cancel / finish machinery
 (``VllmRequests``, mixed into ``vllm_backend.VllmExecutor``).
 
+With ``scheduling_policy: priority`` each request carries its priority to vLLM (:func:`vllm_priority`).
+
 Migration is by re-prefill (token transfer): there is no KV export/import; a migrated or resumed request
 arrives with ``resume_token_ids`` and is re-prefilled from ``prompt_token_ids + resume_token_ids``
 (:func:`engine_prompt`), its completion indices continuing after the resumed tokens
@@ -17,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +91,13 @@ def sampling_kwargs(
     else:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
     return kwargs
+
+
+def vllm_priority(priority: int, scheduling_policy: str) -> int:
+    """vLLM's ``priority`` argument for a request of llmfleet ``priority`` on an engine with
+    ``scheduling_policy``: llmfleet runs a higher priority first, vLLM a lower value first, so the value
+    is negated; 0 under ``fcfs``, where vLLM schedules in arrival order and a priority means nothing."""
+    return -priority if scheduling_policy == "priority" else 0
 
 
 _FINISH_REASONS = {
@@ -251,6 +260,10 @@ class VllmRequests:
     _generated: deque[tuple[float, int]]
     _sequence: itertools.count
     metrics: EngineMetrics | None  # vllm:* counters and histograms (None: not exported)
+    # the other parts of VllmExecutor it calls (annotations only: the mixin defines none of them)
+    _check_open: Callable[[], None]
+    model_names: Callable[[], tuple[str, ...]]
+    _engine_died: Callable[[ModelRuntime, BaseException], None]
     adapters: VllmAdapters  # a request naming a LoRA adapter runs on its base with a LoRARequest
 
     def submit(self, request: GenerationRequest) -> RequestStream:
@@ -331,7 +344,10 @@ class VllmRequests:
                 if state.finished:
                     return
                 state.handed_s = time.monotonic()
-            outputs = engine.generate(engine_prompt(state.req), params, rid, lora_request=state.lora)
+            priority = vllm_priority(state.req.priority, self.config.settings.scheduling_policy)
+            outputs = engine.generate(
+                engine_prompt(state.req), params, rid, lora_request=state.lora, priority=priority
+            )
             try:
                 async for output in outputs:
                     engine_done = bool(getattr(output, "finished", False))

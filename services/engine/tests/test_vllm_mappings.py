@@ -165,6 +165,7 @@ def test_settings_sizes(text: str | int, expected: int) -> None:
         ({"max_model_len": 0}, "max_model_len"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"dtype": "float8"}, "dtype"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy"),
         ({"max_model_length": 512}, "max_model_length"),  # a misspelt key names itself
     ],
 )
@@ -184,6 +185,8 @@ def test_engine_args_may_not_set_named_settings() -> None:
     )
     with pytest.raises(ValidationError, match="tensor_parallel_size"):
         VllmSettings(engine_args={"tensor_parallel_size": 2})
+    with pytest.raises(ValidationError, match="scheduling_policy"):  # written once: the named setting
+        VllmSettings(engine_args={"scheduling_policy": "priority"})
     assert VllmSettings(engine_args={"block_size": 16}).engine_args == {"block_size": 16}
 
 
@@ -199,6 +202,7 @@ def test_engine_kwargs_from_settings() -> None:
         enforce_eager=True,
         enable_prefix_caching=False,
         max_num_seqs=8,
+        scheduling_policy="priority",
         engine_args={"block_size": 32, "seed": 7},
     )
     config = vb.VllmConfig(settings=settings, device="cpu", tensor_parallel_size=2)
@@ -210,6 +214,7 @@ def test_engine_kwargs_from_settings() -> None:
         "gpu_memory_utilization": 0.2,  # the node's fraction split over max_models
         "enforce_eager": True,
         "enable_prefix_caching": False,
+        "scheduling_policy": "priority",
         "tensor_parallel_size": 2,
         "disable_log_stats": True,
         "enable_log_requests": False,
@@ -228,6 +233,15 @@ def test_engine_kwargs_leave_unset_settings_to_vllm() -> None:
     assert not {"kv_cache_memory_bytes", "max_model_len", "max_num_seqs"} & kwargs.keys()
     assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["enable_prefix_caching"] is True
     assert kwargs["enforce_eager"] is False and kwargs["tensor_parallel_size"] == 1
+    assert kwargs["scheduling_policy"] == "fcfs"  # as today: arrival order
+
+
+def test_vllm_priority_is_llmfleets_negated_under_priority_scheduling_only() -> None:
+    # llmfleet runs the higher priority first, vLLM the lower value: the order is kept, reversed in sign
+    high, low = vreq.vllm_priority(5, "priority"), vreq.vllm_priority(-2, "priority")
+    assert (high, low) == (-5, 2) and high < low
+    assert vreq.vllm_priority(0, "priority") == 0
+    assert vreq.vllm_priority(5, "fcfs") == vreq.vllm_priority(-2, "fcfs") == 0  # arrival order: none passed
 
 
 def test_engine_dtype() -> None:
