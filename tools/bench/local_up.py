@@ -1,15 +1,21 @@
 """``llmfleet up`` as a user starts it, for benchmarks: a cluster config written to a fresh directory,
 a free port range and a local etcd on a free port; "up" is when ``endpoints.json`` appears (``up``
-writes it right after printing "llmfleet is up"); stopped with Ctrl-C (SIGINT) to the process group."""
+writes it right after printing "llmfleet is up"); stopped with Ctrl-C (SIGINT) to the process group.
+
+The cluster runs in its own session, so a signal to the benchmark does not reach it: a benchmark process
+that starts one turns SIGTERM and SIGHUP into ``SystemExit`` (its ``finally`` blocks stop what they
+started) and stops every cluster still running when it exits."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,30 @@ BIN = Path(sys.executable).parent
 
 def free_port() -> int:
     return free()
+
+
+_RUNNING: set[LocalUp] = set()  # clusters started by this process and not stopped yet
+
+
+def _stop_running() -> None:
+    for up in list(_RUNNING):
+        up.stop()
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_clusters_on_exit() -> None:
+    """Once per process: SIGTERM/SIGHUP (left at their defaults) exit through ``finally`` blocks, and
+    every cluster still running is stopped at exit."""
+    atexit.unregister(_stop_running)  # registered once however many clusters start
+    atexit.register(_stop_running)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _exit_on_signal)
 
 
 class LocalUp:
@@ -46,6 +76,7 @@ class LocalUp:
         shutil.rmtree(state, ignore_errors=True)  # each run starts from nothing (no etcd data, no logs)
         self.log = open(self.dir / "up.out", "w")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
+        _stop_clusters_on_exit()
         self.proc = subprocess.Popen(
             [
                 str(BIN / "llmfleet"), "up", "--config", str(self.config), "--state-dir", str(state),
@@ -53,6 +84,7 @@ class LocalUp:
             ],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
+        _RUNNING.add(self)
         endpoints = state / "endpoints.json"
         while not endpoints.exists():
             if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
@@ -112,6 +144,7 @@ class LocalUp:
         return out
 
     def stop(self) -> None:
+        _RUNNING.discard(self)
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
