@@ -86,10 +86,9 @@ def main() -> None:
         dirs = make_adapters(Path(base.path), root, args.adapters, args.rank, args.targets.split(","))
         wrapped = AutoModelForCausalLM.from_pretrained(base.path, dtype=torch.float32).eval()
         pool = AdapterPool.attach(wrapped, max_adapters=args.adapters, max_rank=args.rank)
-        slots = [
-            pool.insert(load_adapter(d.name, d, wrapped, max_rank=args.rank, targets=pool.targets))
-            for d in dirs
-        ]
+        slots = list(range(len(dirs)))  # one slot each (the pool has one per adapter)
+        for slot, d in zip(slots, dirs, strict=True):
+            pool.load(load_adapter(d.name, d, wrapped, max_rank=args.rank, targets=pool.targets), slot)
         blocks = args.batch * (-(-(args.context + args.steps + 1) // 8) + 1)
         plain = PagedRunner(base.model, KvStorage(blocks, 8 * 16384), "base")
         lora = PagedRunner(wrapped, KvStorage(blocks, 8 * 16384), "base", lora=pool)

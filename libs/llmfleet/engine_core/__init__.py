@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.engine_core.adapter_slots import AdapterSlots, adapter_rows
+from llmfleet.engine_core.adapter_slots import AdapterGate, AdapterSlots, AdapterUnavailable, adapter_rows
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.core import EngineCore, stepper_for
 from llmfleet.engine_core.limits import EngineLimits
@@ -11,7 +11,9 @@ from llmfleet.engine_core.static_stepper import StaticStepper
 from llmfleet.engine_core.stepper import ChunkablePolicy, RunChargedPolicy, Stepper
 
 __all__ = [
+    "AdapterGate",
     "AdapterSlots",
+    "AdapterUnavailable",
     "ChunkablePolicy",
     "ContinuousStepper",
     "CoreRequest",

@@ -6,6 +6,10 @@ prefix when the pool holds them (:meth:`EngineCore.cached_prefix`), and computes
 when they fit, else one by one, preempting by recompute the victim the policy names). A plan whose
 every member was preempted runs nothing: the policy is asked again.
 
+A request naming a LoRA adapter takes its adapter slot as its prefill is admitted
+(:meth:`EngineCore.take_adapter`) and stays waiting when none is free; it releases it when it finishes
+or is preempted.
+
 Before the policy is asked, the core's preemption rule may name running requests to preempt for the
 first waiting request in its order (:meth:`EngineCore.preemption_victims`: a higher priority, or a
 tenant below its fair share); they are preempted by the same recompute as a KV shortage and reported
@@ -97,10 +101,13 @@ class ContinuousStepper:
             s = r.sched
             rid = s.request_id
             if s.phase == "prefill":
+                if not core.take_adapter(r):
+                    continue  # every slot is held by other adapters' requests (or it failed): it waits
                 hit = core.cached_prefix(r)
                 try:
                     core.alloc.reserve(rid, s.model, s.prompt_tokens, hit)
                 except OutOfBlocks:
+                    core.release_adapter(r)
                     continue  # the policy over-admitted; it retries next iteration
                 del core.waiting[rid]
                 core.running[rid] = r
@@ -169,6 +176,7 @@ class ContinuousStepper:
         rid = r.sched.request_id
         core.alloc.free(rid)
         del core.running[rid]
+        core.release_adapter(r)  # acquired again when it is admitted again
         r.fold()
         r.preemptions += 1
         core.preemptions += 1
@@ -205,6 +213,7 @@ class ContinuousStepper:
             if rid in core.alloc:
                 core.cache_finished(r)
                 core.alloc.free(rid)
+            core.release_adapter(r)
             policy.on_finish(r.sched, now)
             done.append(r)
         return StepResult(done, [], [])

@@ -43,6 +43,15 @@ share) through the same preemption by recompute as a KV shortage (the victims ar
 ``preempted``). Requests that all carry priority 0 and no tenant never preempt, and their order is
 untouched.
 
+LoRA adapters (``adapters``, an :class:`~llmfleet.engine_core.adapter_slots.AdapterGate`): a request
+naming an adapter (``CoreRequest.adapter``) acquires a slot of its base's adapter pool when it is
+admitted (its prefill, a static batch, a landing with its KV) and releases it when it leaves the running
+set (finished, dropped, preempted, re-queued at a static batch's end). A waiting request whose adapter
+finds every slot held by other adapters' running requests stays waiting and is not shown to the policy
+until a slot frees, so later requests go ahead; one whose adapter cannot be served here any more
+leaves as failed (:meth:`drain_failed`). The simulator, the emulated engines and the native engine
+all pass their adapter pools through this one rule.
+
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
 ``llmfleet.policies.batching.base``; this module and its two steppers are its only implementation.
 """
@@ -54,6 +63,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import cast
 
+from llmfleet.engine_core.adapter_slots import AdapterGate, AdapterUnavailable
 from llmfleet.engine_core.continuous_stepper import ContinuousStepper
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
@@ -89,7 +99,8 @@ def stepper_for(policy: object) -> Stepper:
 class EngineCore:
     """An engine's scheduling state. ``allocator`` may hold other sequences (the live engine reserves
     model weights in it); ``watermark_blocks`` is what admissions leave free (settable); the policy's
-    type chooses continuous or static stepping (:func:`stepper_for`)."""
+    type chooses continuous or static stepping (:func:`stepper_for`); ``adapters``: the LoRA adapter
+    rule (None: no request names an adapter)."""
 
     def __init__(
         self,
@@ -98,8 +109,10 @@ class EngineCore:
         limits: EngineLimits | None = None,
         watermark_blocks: int | None = None,
         preemption: PreemptionRule | None = DEFAULT_PREEMPTION,
+        adapters: AdapterGate | None = None,
     ) -> None:
         self.policy = policy
+        self.adapters = adapters
         self.preemption = preemption  # None: preempt only on a KV shortage
         self.stepper = stepper_for(policy)
         self.static = self.stepper.static
@@ -175,7 +188,11 @@ class EngineCore:
         running if the blocks are (``reserved``: the caller already reserved them) or can be allocated
         here; otherwise it re-prefills prompt + output so far. True when it landed with its KV."""
         rid = self._register(r)
-        if kv_tokens and (reserved or self.alloc.can_allocate(r.sched.model, kv_tokens)):
+        if (
+            kv_tokens
+            and (reserved or self.alloc.can_allocate(r.sched.model, kv_tokens))
+            and self._land_adapter(r)
+        ):
             if not reserved:
                 self.alloc.reserve(rid, r.sched.model, kv_tokens)
             r.sched.phase = "decode"
@@ -187,6 +204,56 @@ class EngineCore:
         r.fold()
         self.enqueue(r, now)
         return False
+
+    def _land_adapter(self, r: CoreRequest) -> bool:
+        """A request landing with its KV takes its adapter now (False: it re-prefills instead)."""
+        if r.adapter is None:
+            return True
+        assert self.adapters is not None, f"request {r.sched.request_id!r} names an adapter; LoRA is off"
+        try:
+            slot = self.adapters.acquire(r)
+        except AdapterUnavailable:
+            return False  # its admission fails it
+        if slot is None:
+            return False
+        r.adapter_slot = slot
+        return True
+
+    # ---------------------------------------------------------------------------------- adapters
+    def take_adapter(self, r: CoreRequest) -> bool:
+        """``r`` (waiting) is being admitted: pin its adapter (True at once for a request of a base
+        model). False: it stays waiting (every slot is held by other adapters' requests), or its
+        adapter cannot be served here and it left the core as failed (:meth:`drain_failed`)."""
+        if r.adapter is None or r.adapter_slot >= 0:
+            return True
+        gate = self.adapters
+        if gate is None:
+            raise ValueError(f"request {r.sched.request_id!r} names adapter {r.adapter!r}; LoRA is off here")
+        try:
+            slot = gate.acquire(r)
+        except AdapterUnavailable as e:
+            rid = r.sched.request_id
+            self.requests.pop(rid, None)
+            self.waiting.pop(rid, None)
+            self.failed.append((r, str(e)))
+            return False
+        if slot is None:
+            return False
+        r.adapter_slot = slot
+        return True
+
+    def release_adapter(self, r: CoreRequest) -> None:
+        """``r`` left the running set: the adapter slot it holds (if any) is released."""
+        if r.adapter_slot >= 0:
+            r.adapter_slot = -1
+            assert self.adapters is not None
+            self.adapters.release(r)
+
+    def _admissible(self, r: CoreRequest) -> bool:
+        """A waiting request the policy may see: unpaused, and its adapter (if any) has room now."""
+        if r.paused:
+            return False
+        return r.adapter is None or self.adapters is None or self.adapters.room(r)
 
     def drop(self, request_id: str) -> CoreRequest | None:
         """Remove a request for good (cancelled, failed, migrated away): its KV is freed — after the
@@ -203,6 +270,7 @@ class EngineCore:
             self._deferred.append(request_id)
         elif request_id in self.alloc:
             self.alloc.free(request_id)
+        self.release_adapter(r)
         self.stepper.dropped(r)
         return r
 
@@ -270,12 +338,15 @@ class EngineCore:
         return plan
 
     def visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
-        """What the policy may see: unpaused waiting requests up to the room left under
-        ``max_running``, and the unpaused running ones."""
+        """What the policy may see: unpaused waiting requests (but those whose adapter finds no slot)
+        up to the room left under ``max_running``, and the unpaused running ones."""
         waiting, running = self.waiting, self.running
         room = max(0, self.limits.max_running - len(running))
         if self._ranked:
             return self._ranked_waiting()[:room], [r for r in running.values() if not r.paused]
+        if self.adapters is not None:  # a request waiting for an adapter slot is passed over
+            w = list(islice(filter(self._admissible, waiting.values()), room))
+            return w, [r for r in running.values() if not r.paused]
         if self._paused:
             w = [r for r in waiting.values() if not r.paused][:room]
             return w, [r for r in running.values() if not r.paused]
@@ -296,7 +367,7 @@ class EngineCore:
         assert rule is not None
         held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
         return sorted(
-            (r for r in self.waiting.values() if not r.paused), key=lambda r: rule.rank(self.claim(r), held)
+            filter(self._admissible, self.waiting.values()), key=lambda r: rule.rank(self.claim(r), held)
         )
 
     def preemption_victims(self) -> list[CoreRequest]:

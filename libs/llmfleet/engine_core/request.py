@@ -28,13 +28,18 @@ class CoreRequest:
     cached too; ``cached`` is how many tokens its latest prefill took from the prefix cache (the
     prefill computes the ones after them).
 
-    ``prefix_key``: the name the prefix cache's hash chain is keyed by (None: ``sched.model``). A LoRA
-    adapter's request runs on its base model (``sched.model``) and is keyed by the adapter's name, so
-    two adapters of one base, or an adapter and its base, never share a cached block.
+    ``adapter``: the LoRA adapter it runs (None: its model itself). Its request runs on its base model
+    (``sched.model``) and holds a slot of the base's adapter pool while it runs: ``adapter_slot`` (-1
+    while it holds none), acquired when the core admits it (:mod:`llmfleet.engine_core.adapter_slots`).
+
+    ``prefix_key``: the name the prefix cache's hash chain is keyed by (None: the adapter, else
+    ``sched.model``), so two adapters of one base, or an adapter and its base, never share a cached block.
     """
 
     __slots__ = (
         "_hashes",
+        "adapter",
+        "adapter_slot",
         "cached",
         "max_tokens",
         "output_ids",
@@ -56,6 +61,7 @@ class CoreRequest:
         prompt_ids: Collection[int] | None = None,
         output_ids: Callable[[], Sequence[int]] | None = None,
         prefix_key: str | None = None,
+        adapter: str | None = None,
     ) -> None:
         if prompt < 0 or max_tokens < 1 or sched.prompt_tokens < prompt:
             raise ValueError(
@@ -70,7 +76,9 @@ class CoreRequest:
         self.preemptions = 0
         self.prompt_ids = prompt_ids
         self.output_ids = output_ids
-        self.prefix_key = sched.model if prefix_key is None else prefix_key
+        self.adapter = adapter or None
+        self.adapter_slot = -1
+        self.prefix_key = (adapter or sched.model) if prefix_key is None else prefix_key
         self.cached = 0
         self._hashes: tuple[int, list[int]] | None = None  # (tokens per block, the prompt's hashes)
 

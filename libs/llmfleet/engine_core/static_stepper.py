@@ -2,9 +2,12 @@
 ``generate`` runs it (see :mod:`llmfleet.engine_core.core`): ``form_batch`` when idle, rows padded to
 the longest prompt, every row (finished ones as padding) one slot per iteration until all rows finished,
 the slice's ``max_iterations`` ran or the pool cannot grow; at the batch end the unfinished rows are
-re-queued to be re-prefilled with prompt + output so far."""
+re-queued to be re-prefilled with prompt + output so far. A row naming a LoRA adapter holds its adapter
+slot from the batch's start to its end; one whose adapter finds no slot waits for a later batch."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
 from llmfleet.engine_core.stepper import SteppedCore, static_policy
@@ -44,7 +47,11 @@ class StaticStepper:
             if not core.running and not core.paused_count:
                 core.fail_stuck(scheds_w, pool)
             return None
-        rows = [core.waiting[rid] for rid in sb.request_ids]
+        rows = [r for r in (core.waiting[rid] for rid in sb.request_ids) if core.take_adapter(r)]
+        if len(rows) < len(sb.request_ids):  # rows whose adapter finds no slot wait for a later batch
+            if not rows:
+                return None
+            sb = replace(sb, request_ids=tuple(r.sched.request_id for r in rows))
         longest = max(r.sched.prompt_tokens for r in rows)
         for i, r in enumerate(rows):
             try:
@@ -52,6 +59,8 @@ class StaticStepper:
             except OutOfBlocks:
                 for x in rows[:i]:
                     core.alloc.free(x.sched.request_id)
+                for x in rows:
+                    core.release_adapter(x)
                 raise RuntimeError(
                     f"static policy {core.policy.name} formed a batch that does not fit the pool"
                 ) from None
@@ -135,6 +144,7 @@ class StaticStepper:
             if rid in core.alloc:
                 core.alloc.free(rid)
             core.running.pop(rid, None)
+            core.release_adapter(r)
             if rid in self.done:
                 core.requests.pop(rid, None)
             else:

@@ -86,6 +86,10 @@ class SteppedCore(Protocol):
 
     def note_prefix(self, prompt_tokens: int, cached: int) -> None: ...
 
+    def take_adapter(self, r: CoreRequest) -> bool: ...
+
+    def release_adapter(self, r: CoreRequest) -> None: ...
+
 
 class Stepper(Protocol):
     """One iteration's choice and effects, for an engine core (:class:`SteppedCore`)."""

@@ -60,7 +60,7 @@ class CandidateBook:
                 if m in inst.serving
             )
         return EngineCandidate(
-            inst.instance_id, models, len(inst.running), len(inst.waiting) + len(inst.lora_waiting),
+            inst.instance_id, models, len(inst.running), len(inst.waiting),
             inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
             progress_of(inst, self._clock.now) if self.reads_progress else None,
             self._batch_cap,

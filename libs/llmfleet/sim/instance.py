@@ -16,11 +16,12 @@ instance only prices the step with the cost model and fast-forwards:
 
 **LoRA adapters** (``engine.max_loras`` > 0): a request of a service that names an adapter runs on its
 base model with the native engine's rules: each base has a pool of ``max_loras`` slots
-(:class:`~llmfleet.engine_core.AdapterSlots`: LRU, a request pins its adapter until it ends); an
-adapter not resident is loaded at admission, which delays the instance's next step by its load time
-(:meth:`LoraCost.load_seconds <llmfleet.costmodel.lora.LoraCost.load_seconds>`); a request whose adapter
-finds every slot pinned waits outside the core (``lora_waiting``, counted as waiting) until a request
-of that base ends. Adapters share the base's KV pool and block geometry; the prefix cache is keyed by
+(:class:`~llmfleet.engine_core.AdapterSlots`: LRU, a running request pins its adapter), held through the
+engine core's adapter rule (:class:`~llmfleet.engine_core.AdapterGate`, as the live engines): a
+request takes its adapter when the core admits it into a step, and an adapter not resident is loaded
+then, which adds its load time to that step (:meth:`LoraCost.load_seconds
+<llmfleet.costmodel.lora.LoraCost.load_seconds>`); a request whose adapter finds every slot held by
+other adapters' running requests stays waiting in the core until one frees. Adapters share the base's KV pool and block geometry; the prefix cache is keyed by
 the adapter (``CoreRequest.prefix_key``), so two adapters never share a block. Each continuous step
 is charged the rank-r matmuls of its adapter rows (:meth:`LoraCost.batch_seconds
 <llmfleet.costmodel.lora.LoraCost.batch_seconds>`, at ``max_lora_rank``: the pool pads every adapter
@@ -41,7 +42,7 @@ from functools import partial
 import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.costmodel.lora import LoraCost
-from llmfleet.engine_core import AdapterSlots, CoreRequest, EngineCore, StepPlan, adapter_rows
+from llmfleet.engine_core import AdapterGate, AdapterSlots, CoreRequest, EngineCore, StepPlan, adapter_rows
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
@@ -110,7 +111,8 @@ class SimInstance:
         self.alloc = BlockAllocator(self.layout.num_blocks, self.layout.block_bytes, engine.watermark)
         for m in models:
             self.alloc.register_model(m, archs[m].kv_shape)
-        self.core = EngineCore(policy, self.alloc, engine.limits)
+        gate = AdapterGate(self._slots_of, self._adapter_loaded) if engine.max_loras else None
+        self.core = EngineCore(policy, self.alloc, engine.limits, adapters=gate)
         for m in models:
             self.core.add_model(m)
         self.static = self.core.static
@@ -144,10 +146,10 @@ class SimInstance:
         self.move_out = True  # move the removed models' requests to other hosts (False: drain them here)
         self.started_s: float | None = 0.0  # when it took its GPUs (None: waiting for GPUs)
         self.released_s: float | None = None  # when it gave them back
-        # LoRA: per base model its adapter slots and costs; admissions waiting for a slot; loads so far
+        # LoRA: per base model its adapter slots and costs; each adapter's rank; loads so far
         self.adapter_slots: dict[str, AdapterSlots] = {}
         self._lora: dict[str, LoraCost] = {}
-        self.lora_waiting: list[tuple[RequestRecord, int, float, float | None, float | None, int]] = []
+        self._ranks: dict[str, int] = {}
         self.adapter_loads = 0
         self._load_debt = 0.0  # adapter load seconds the next step waits for
         self._lora_models(models)
@@ -160,6 +162,14 @@ class SimInstance:
         self.adapter_slots = {m: self.adapter_slots.get(m) or AdapterSlots(n) for m in models}
         rank = self.engine.max_lora_rank
         self._lora = {m: self._lora.get(m) or LoraCost(self.archs[m], self.hw, self.tp, rank) for m in models}
+
+    def _slots_of(self, r: CoreRequest) -> AdapterSlots | None:
+        return self.adapter_slots.get(r.sched.model)
+
+    def _adapter_loaded(self, r: CoreRequest, slot: int) -> None:
+        """The core admitted ``r`` and put its adapter in a slot: the step waits for the copy."""
+        self.adapter_loads += 1
+        self._load_debt += self._lora[r.sched.model].load_seconds(self._ranks[r.adapter or ""])
 
     @property
     def adapter_evictions(self) -> int:
@@ -230,7 +240,7 @@ class SimInstance:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.lora_waiting)
+        return len(self.waiting) + len(self.running)
 
     @property
     def kv_capacity_bytes(self) -> int:
@@ -253,43 +263,24 @@ class SimInstance:
         deadline: float | None = None,
         lora_rank: int = 16,
     ) -> None:
-        """A request dispatched here at ``now`` (call :meth:`interrupt` afterwards if busy); one naming
-        a LoRA adapter (``rec.adapter``, of rank ``lora_rank``) pins it in its base's pool, loading it if
-        it is not resident, or waits for a slot."""
+        """A request dispatched here at ``now`` joins the core (call :meth:`interrupt` afterwards if
+        busy); one naming a LoRA adapter (``rec.adapter``, of rank ``lora_rank``) takes it when the core
+        admits it."""
         if rec.model not in self.tpb:
             raise ValueError(f"instance {self.instance_id} does not host model {rec.model!r}")
         cap = max(cap, rec.output_tokens)
         if rec.adapter:
-            slots = self.adapter_slots.get(rec.model)
-            if slots is None:
+            if rec.model not in self.adapter_slots:
                 raise ValueError(
                     f"instance {self.instance_id} serves no LoRA adapters (max_loras 0); "
                     f"request {rec.request_id} names {rec.adapter!r}"
                 )
-            got = slots.acquire(rec.adapter)
-            if got is None:  # every slot pinned by other adapters' requests
-                self.lora_waiting.append((rec, cap, now, predicted, deadline, lora_rank))
-                return
-            if got:
-                self.adapter_loads += 1
-                self._load_debt += self._lora[rec.model].load_seconds(lora_rank)
-        self._enter(rec, cap, now, now, predicted, deadline)
-
-    def _enter(
-        self,
-        rec: RequestRecord,
-        cap: int,
-        arrived: float,
-        now: float,
-        predicted: float | None,
-        deadline: float | None,
-    ) -> None:
-        """``rec`` joins the core at ``now`` (dispatched here at ``arrived``)."""
+            self._ranks[rec.adapter] = lora_rank
         sched = SchedRequest(
             rec.request_id,
             rec.service,
             rec.model,
-            arrived,
+            now,
             rec.prompt_tokens,
             cap,
             predicted_output_tokens=predicted,
@@ -302,37 +293,13 @@ class SimInstance:
         outputs = (
             partial(_output_ids, content) if ids is not None and content.output_seed is not None else None
         )
-        core_req = CoreRequest(
-            sched, rec.prompt_tokens, cap, rec, ids, outputs, prefix_key=rec.adapter or None
-        )
+        core_req = CoreRequest(sched, rec.prompt_tokens, cap, rec, ids, outputs, adapter=rec.adapter or None)
         self.core.add(core_req, now)
-
-    def _release_adapters(self, done: list[CoreRequest], now: float) -> None:
-        """``done`` left the core: their adapters' pins go, and requests waiting for a slot get one."""
-        for r in done:
-            rec = record_of(r)
-            if rec.adapter:
-                self.adapter_slots[rec.model].release(rec.adapter)
-        if not self.lora_waiting:
-            return
-        still = []
-        for entry in self.lora_waiting:
-            rec, cap, arrived, predicted, deadline, rank = entry
-            slots = self.adapter_slots[rec.model]
-            got = slots.acquire(rec.adapter)
-            if got is None:
-                still.append(entry)
-                continue
-            if got:
-                self.adapter_loads += 1
-                self._load_debt += self._lora[rec.model].load_seconds(rank)
-            self._enter(rec, cap, arrived, now, predicted, deadline)
-        self.lora_waiting = still
 
     def _lora_seconds(self, plan: StepPlan) -> float:
         """The step's LoRA matmuls (its adapter rows) plus the adapter loads it waited for."""
         debt, self._load_debt = self._load_debt, 0.0
-        tokens, adapters = adapter_rows(plan, lambda r: record_of(r).adapter)
+        tokens, adapters = adapter_rows(plan)
         return debt + (self._lora[plan.model].batch_seconds(tokens, adapters) if adapters else 0.0)
 
     def interrupt(self, now: float) -> float | None:
@@ -358,8 +325,6 @@ class SimInstance:
         failed = core.drain_failed()
         for r, why in failed:
             fail(r, f"{why} (instance {self.instance_id})")
-        if failed and self.adapter_slots:
-            self._release_adapters([r for r, _ in failed], now)
         for r in plan.preempted if plan is not None else ():
             record_of(r).preemptions += 1
         if plan is None:
@@ -470,8 +435,6 @@ class SimInstance:
         done = self.core.complete(plan, now, durations, finished=finished).finished
         for r in done:
             record_of(r).finish_s = now
-        if self.adapter_slots:
-            self._release_adapters(done, now)
         return done
 
     def _finish_static(self, w: _Work, now: float) -> list[CoreRequest]:
@@ -493,8 +456,6 @@ class SimInstance:
         sb = self.core.static_batch
         self._batch_iters += k
         res = self.core.complete(plan, now, w.end - w.start, produced=produced, finished=finished)
-        if self.adapter_slots:
-            self._release_adapters(res.finished, now)
         for r in res.requeued:
             record_of(r).requeues += 1
         if res.batch_rows:

@@ -54,11 +54,13 @@ def simulator(dispatch: str, n_adapters: int = 8, max_loras: int = 2, instances:
 def test_adapter_slots_are_lru_with_pins():
     s = AdapterSlots(2)
     assert s.acquire("a") is True and s.acquire("b") is True
+    assert (s.slot("a"), s.slot("b")) == (0, 1)
     assert s.acquire("a") is False  # resident: a hit, and now the most recently used
-    assert s.acquire("c") is None  # both pinned
+    assert s.acquire("c") is None and not s.room("c")  # both pinned
     s.release("b")
-    assert s.room("c") and s.acquire("c") is True  # evicts b, the unpinned one
+    assert s.room("c") and s.acquire("c") is True  # evicts b, the unpinned one, into its slot
     assert s.resident == ("a", "c") and s.loads == 3 and s.evictions == 1
+    assert (s.slot("c"), s.slot("b")) == (1, None)
     s.release("a")
     s.release("a")
     assert s.pins("a") == 0 and s.holds("a")
@@ -90,7 +92,7 @@ def test_every_request_of_an_adapter_is_served_on_its_base(dispatch):
     for inst in sim.instances.values():
         for slots in inst.adapter_slots.values():
             assert len(slots.resident) <= 2 and all(slots.pins(a) == 0 for a in slots.resident)
-        assert not inst.lora_waiting
+        assert not inst.core.requests
 
 
 def test_affinity_loads_adapters_less_often_than_round_robin():

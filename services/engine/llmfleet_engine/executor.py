@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import torch
-from llmfleet.engine_core import EngineCore, StepPlan
+from llmfleet.engine_core import AdapterGate, EngineCore, StepPlan
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.kvblocks.storage import KvStorage
 from llmfleet.metrics.engine import EngineMetrics
@@ -101,7 +101,15 @@ class Executor:
         self.storage = self._kv_storage()
         self.pool = KvPool(self.device, self.plan, self.allocator, self.storage)
         self.policy = make_engine_policy(self.config.policy, **self.config.options)
-        self.core = EngineCore(self.policy, self.allocator, self.config.limits, watermark_blocks=0)
+        # LoRA: the core admits a request into a step once its adapter holds a slot of its base's pool
+        gate = AdapterGate(lambda r: self.adapters.slots_of(r), lambda r, s: self.adapters.load(r, s))
+        self.core = EngineCore(
+            self.policy,
+            self.allocator,
+            self.config.limits,
+            watermark_blocks=0,
+            adapters=gate if self.config.max_loras else None,
+        )
         self.metrics: EngineMetrics | None = None  # vllm:* metrics (set by main / attach_metrics)
         self.table = RequestTable()
         self._cond, self._requests = self.table.cond, self.table.requests  # shared, never rebound
@@ -163,8 +171,10 @@ class Executor:
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue a validated request; returns its chunk stream. Call from a running event loop.
 
-        Raises ``UnknownModelError``, ``DuplicateRequestError``, ``QueueFullError``,
-        ``ResourceExhaustedError`` (can never fit the pool) or ``ExecutorClosedError``.
+        Raises ``UnknownModelError`` (a model or LoRA adapter not served here), ``DuplicateRequestError``,
+        ``QueueFullError``, ``ResourceExhaustedError`` (can never fit the pool) or ``ExecutorClosedError``.
+        A request naming an adapter waits in the core while every slot of its base's adapter pool is
+        held by other adapters' running requests.
         """
         loop = asyncio.get_running_loop()
         host = self.host
@@ -183,8 +193,6 @@ class Executor:
                 raise DuplicateRequestError(f"request {request.request_id!r} is already active")
             if len(self.core.waiting) >= self.config.max_waiting:
                 raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
-            if base != request.model:
-                state.adapter_slot = self.adapters.acquire(request.model)
             self._requests[request.request_id] = state
             stopped = state.text.stopped_on_replay
             if stopped or len(state.tokens) >= request.sampling.max_tokens:
@@ -450,8 +458,7 @@ class Executor:
         and the final chunk emitted (``flush``: the consumer's detokenizer adds what it holds)."""
         now = time.monotonic() if now is None else now
         state.finished = True
-        if self._requests.pop(state.request_id, None) is state and state.adapter_slot >= 0:
-            self.adapters.release(state.req.model, state.model.loaded.name)
+        self._requests.pop(state.request_id, None)
         self.migration.forget(state.request_id)
         if self.core.requests.get(state.request_id) is state.core:
             self.core.drop(state.request_id)

@@ -45,7 +45,6 @@ class LiveRequest:
     first_token_s: float | None = None
     last_token_s: float | None = None  # when its latest token was produced (inter-token latency)
     finished: bool = False
-    adapter_slot: int = -1  # the slot of its LoRA adapter in the model's adapter pool (-1: the base)
     worker_text: bool = field(init=False)  # stop strings: the worker needs the text
 
     def __post_init__(self) -> None:
@@ -144,7 +143,7 @@ def new_live_request(
     state.core = CoreRequest(
         sched, request.prompt_tokens, sampling.max_tokens, state, request.prompt_token_ids,
         output_ids=lambda: state.tokens,  # its sampled tokens: a finished request caches its output blocks
-        prefix_key=request.model,  # an adapter's blocks are its own, never its base's or another's
+        adapter=None if request.model == model.loaded.name else request.model,  # keys its prefix blocks too
     )  # fmt: skip
     return state
 
@@ -170,10 +169,10 @@ def seq_steps(plan: StepPlan, alloc: BlockAllocator, now: float) -> list[SeqStep
             c = r.cached
             new = full[c:] if c else full
             slots_block, slots_offset = [blocks[p // t] for p in range(c, n)], [p % t for p in range(c, n)]
-            steps.append(SeqStep(new, c, blocks, slots_block, slots_offset, state.adapter_slot))
+            steps.append(SeqStep(new, c, blocks, slots_block, slots_offset, r.adapter_slot))
         else:
             pos = r.kv_tokens  # the newest token's slot (the core appended it)
             steps.append(
-                SeqStep([state.tokens[-1]], pos, blocks, [blocks[pos // t]], [pos % t], state.adapter_slot)
+                SeqStep([state.tokens[-1]], pos, blocks, [blocks[pos // t]], [pos % t], r.adapter_slot)
             )
     return steps

@@ -71,9 +71,9 @@ class LoadReport:
                         kv_used_bytes=tokens * m.shape.bytes_per_token,
                         kv_blocks=st.blocks if st is not None else 0,
                         tokens_per_block=m.tokens_per_block,
-                        adapters=tuple(pool.resident) if (pool := pool_of(m)) is not None else (),
-                        adapter_loads=pool.loads if pool is not None else 0,
-                        adapter_slots=pool.max_adapters if pool is not None else 0,
+                        adapters=pool.slots.resident if (pool := pool_of(m)) is not None else (),
+                        adapter_loads=pool.slots.loads if pool is not None else 0,
+                        adapter_slots=pool.slots.slots if pool is not None else 0,
                     )
                 )
             reserved = self.host.reserved_blocks

@@ -15,7 +15,6 @@ from llmfleet.types import ModelSpec
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.adapters import adapter_rank, emulated_adapter
 from llmfleet_engine.lora import AdapterError
-from llmfleet_engine.outputs import ResourceExhaustedError
 from llmfleet_engine.servicer import snapshot_to_proto
 from llmfleet_engine.validation import GenerationRequest, build_request
 
@@ -69,20 +68,21 @@ async def test_an_adapter_service_is_served_with_the_simulators_lru_and_listed_i
         await ex.aclose()
 
 
-async def test_a_pool_held_by_running_requests_refuses_another_adapter():
+async def test_a_request_waits_while_other_adapters_hold_every_slot():
     ex = make(max_loras=1)
     try:
         held = ex.submit(request(ex, "a0", "long", max_tokens=50))
-        with pytest.raises(ResourceExhaustedError, match="all 1 adapter slots are in use"):
-            ex.submit(request(ex, "a1", "other"))
-        await asyncio.wait_for(held.collect(), 30)
-        await asyncio.wait_for(ex.submit(request(ex, "a1", "after")).collect(), 30)
+        other = ex.submit(request(ex, "a1", "other"))  # waits for a0's slot instead of being refused
+        base = ex.submit(request(ex, BASE, "base"))  # the base goes ahead of it
+        done = [await asyncio.wait_for(s.collect(), 30) for s in (held, other, base)]
+        assert [sum(len(c.token_ids) for c in d) for d in done] == [50, 3, 3]
+        assert done[2][-1].usage.ttft_s < done[0][-1].usage.latency_s <= done[1][-1].usage.ttft_s
         assert ex.adapters.resident(BASE) == ["a1"]
     finally:
         await ex.aclose()
 
 
-def test_loads_and_adapter_rows_are_priced_as_the_simulator_prices_them():
+async def test_loads_and_adapter_rows_are_priced_as_the_simulator_prices_them():
     ex = make(max_loras=4)
     try:
         pricer = ex.host.runner(BASE)
@@ -90,13 +90,21 @@ def test_loads_and_adapter_rows_are_priced_as_the_simulator_prices_them():
         assert pool is not None
         cost = LoraCost(model_arch(BASE), hardware("a100-80gb"), 1, 16)
         assert pool.cost == cost
-        ex.adapters.acquire("a0")  # rank 8 (emulated://r8), not resident: one load
-        ex.adapters.acquire("a0")  # resident: no load
-        ex.adapters.acquire("a1")  # no rank in its entry: the pool's 16
-        assert pool.take_load_debt() == pytest.approx(cost.load_seconds(8) + cost.load_seconds(16))
-        assert pool.take_load_debt() == 0.0  # the step that takes the debt pays it
+        taken: list[float] = []
+        take = pool.take_load_debt
+
+        def taking() -> float:  # the load seconds each step pays
+            taken.append(take())
+            return taken[-1]
+
+        pool.take_load_debt = taking  # type: ignore[method-assign]
+        # a0 rank 8 (emulated://r8), loaded; a0 again resident; a1 has no rank in its entry: the pool's 16
+        for rid, name in [("p0", "a0"), ("p1", "a0"), ("p2", "a1")]:
+            await asyncio.wait_for(ex.submit(request(ex, name, rid)).collect(), 30)
+        assert sum(taken) == pytest.approx(cost.load_seconds(8) + cost.load_seconds(16))
+        assert pool.take_load_debt() == 0.0  # the steps that admitted them paid it
     finally:
-        ex.close()
+        await ex.aclose()
 
 
 def test_the_adapter_pool_is_reserved_with_its_base():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from llmfleet.kvblocks.storage import KvStorage
-from llmfleet_engine.lora import AdapterError, AdapterPool, AdapterPoolFull, load_adapter
+from llmfleet_engine.lora import AdapterError, AdapterPool, load_adapter
 from llmfleet_engine.models import tiny_config
 from llmfleet_engine.native import PagedRunner, SeqStep
 from lora_checkpoints import ADAPTERS, cut_at_eos, fresh_base, hf_greedy, merged, save_checkpoints
@@ -69,10 +69,10 @@ def engine(checkpoints) -> tuple[PagedRunner, AdapterPool, dict[str, int]]:
     base_dir, dirs = checkpoints
     model = fresh_base(base_dir)
     pool = AdapterPool.attach(model, max_adapters=4, max_rank=MAX_RANK)
-    slots = {
-        name: pool.insert(load_adapter(name, d, model, max_rank=MAX_RANK, targets=pool.targets))
-        for name, d in dirs.items()
-    }
+    slots = {}
+    for slot, (name, d) in enumerate(dirs.items()):
+        pool.load(load_adapter(name, d, model, max_rank=MAX_RANK, targets=pool.targets), slot)
+        slots[name] = slot
     return PagedRunner(model, KvStorage(64, 2048), "tiny-llama-base", lora=pool), pool, slots
 
 
@@ -100,19 +100,17 @@ def test_mixed_batch_gives_each_row_its_own_output(checkpoints, engine) -> None:
     assert len({tuple(o) for o in same}) == 4
 
 
-def test_pool_evicts_least_recently_used_unpinned(checkpoints) -> None:
+def test_a_load_replaces_what_its_slot_held(checkpoints) -> None:
     base_dir, dirs = checkpoints
     model = fresh_base(base_dir)
-    pool = AdapterPool.attach(model, max_adapters=2, max_rank=MAX_RANK)
+    pool = AdapterPool.attach(model, max_adapters=1, max_rank=MAX_RANK)
+    runner = PagedRunner(model, KvStorage(64, 2048), "tiny-llama-base", lora=pool)
     read = {n: load_adapter(n, d, model, max_rank=MAX_RANK, targets=pool.targets) for n, d in dirs.items()}
-    assert (pool.insert(read["qv"]), pool.insert(read["all"])) == (0, 1)
-    pool.pin("qv")  # qv is the least recently inserted but a request holds it: "all" goes
-    assert pool.insert(read["mlp"]) == 1 and pool.resident == ["qv", "mlp"] and pool.evictions == 1
-    pool.pin("mlp")
-    with pytest.raises(AdapterPoolFull, match="all 2 adapter slots"):
-        pool.insert(read["all"])
-    pool.unpin("qv")
-    assert pool.insert(read["all"]) == 0 and pool.slot("qv") is None
+    for name in ["all", "mlp"]:  # rank 8 on every Linear, then rank 2 on three: nothing of "all" stays
+        pool.load(read[name], 0)
+        assert batch_greedy(runner, [PROMPTS[0]], [0]) == [
+            hf_greedy(merged(base_dir, dirs[name]), PROMPTS[0], N_NEW)
+        ]
 
 
 def test_bad_adapters_are_refused_naming_the_problem(checkpoints, tmp_path: Path) -> None:

@@ -20,9 +20,8 @@ from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.lora import AdapterError, pool_bytes
 from llmfleet_engine.main import adapter_flag
 from llmfleet_engine.models import LoadedModel, load_model
-from llmfleet_engine.outputs import ResourceExhaustedError
 from llmfleet_engine.servicer import EngineServicer, snapshot_to_proto
-from llmfleet_engine.validation import GenerationRequest, build_request
+from llmfleet_engine.validation import GenerationRequest, UnknownModelError, build_request
 from lora_checkpoints import fresh_base, hf_greedy, merged, save_checkpoints
 
 BASE = "lora-base"
@@ -96,15 +95,31 @@ async def test_the_pool_loads_on_demand_and_evicts_the_least_recently_used(make,
     assert (list(msg.adapters), msg.adapter_loads, msg.adapter_slots) == (["qv"], 3, 1)
 
 
-async def test_a_pool_held_by_running_requests_refuses_another_adapter(make) -> None:
+async def test_more_adapters_than_slots_in_flight_wait_for_a_slot_and_all_complete(make, checkpoints) -> None:
+    base_dir, dirs = checkpoints
     ex, base = make(max_loras=1)
-    held = ex.submit(request(base, "qv", "long", max_tokens=200))
-    with pytest.raises(ResourceExhaustedError, match="all 1 adapter slots are in use"):
-        ex.submit(request(base, "all", "other"))
-    other = await ex.submit(request(base, BASE, "base")).collect()  # the base still serves
-    assert cc.ids(other)
-    await held.collect()
-    await asyncio.wait_for(ex.submit(request(base, "all", "after")).collect(), 30)
+    names = ["qv", "all", "mlp", "qv", BASE, "all", "mlp"]
+    reqs = [request(base, n, f"w{i}", max_tokens=N) for i, n in enumerate(names)]
+    streams = [ex.submit(r) for r in reqs]  # three adapters in flight at once, one slot: none refused
+    outs = [await asyncio.wait_for(s.collect(), 60) for s in streams]
+    assert all(o[-1].finish_reason.name in ("LENGTH", "EOS", "STOP") for o in outs)
+    want = {
+        n: hf_greedy(
+            fresh_base(base_dir) if n == BASE else merged(base_dir, dirs[n]), reqs[0].prompt_token_ids, N
+        )
+        for n in set(names)
+    }
+    # each row read its own adapter's weights: no slot was rewritten under a running request
+    assert [cc.ids(o) for o in outs] == [want[n] for n in names]
+    (load,) = ex.load_snapshot().models
+    assert load.adapter_loads >= 3 and len(load.adapters) == 1
+    assert not ex.core.requests and not ex.table.requests
+
+
+async def test_a_request_of_an_adapter_not_served_here_is_refused_naming_it(make) -> None:
+    ex, base = make(max_loras=1)
+    with pytest.raises(UnknownModelError, match="ghost"):
+        ex.submit(request(base, "ghost", "g"))
 
 
 def test_bad_adapters_are_refused_and_the_engine_keeps_serving(make, checkpoints, tmp_path: Path) -> None:

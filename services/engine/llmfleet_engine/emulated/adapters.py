@@ -1,14 +1,14 @@
 """LoRA adapters on an emulated engine: a pool of slots without weights and a "loader" that reads no
 files, priced as the simulator prices them.
 
-* **The pool** (:class:`EmulatedAdapterPool`) is the native ``AdapterPool``'s interface over
-  :class:`~llmfleet.engine_core.AdapterSlots`, the bookkeeping the simulator's instances keep: the
-  same LRU and pins (a request holds its adapter from admission to its end), so a live emulated engine
-  and a simulated instance load and evict the same adapters for the same requests. A request whose
-  adapter finds every slot pinned is refused ``RESOURCE_EXHAUSTED`` as on the native engine.
+* **The pool** (:class:`EmulatedAdapterPool`) is the native ``AdapterPool``'s interface without
+  weights: its :class:`~llmfleet.engine_core.AdapterSlots`, held through the engine core's adapter
+  rule as the simulator's instances hold theirs (a request takes its adapter when the core admits it
+  into a step and waits while every slot is held by other adapters' running requests), so a live
+  emulated engine and a simulated instance load and evict the same adapters for the same requests.
 * **Loading** an adapter into a slot costs :meth:`LoraCost.load_seconds
   <llmfleet.costmodel.lora.LoraCost.load_seconds>` at the adapter's rank; as in the simulator, the
-  engine's next step waits for it (the load time is added to that step).
+  step that admitted its request waits for it (the load time is added to that step).
 * **A step** adds :meth:`LoraCost.batch_seconds <llmfleet.costmodel.lora.LoraCost.batch_seconds>` of
   its adapter rows (:func:`~llmfleet.engine_core.adapter_rows`, the simulator's count) at the pool's
   ``max_lora_rank`` (the pool pads every adapter to it).
@@ -18,14 +18,13 @@ files, priced as the simulator prices them.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 from llmfleet.costmodel.lora import LoraCost, declared_rank
 from llmfleet.engine_core import AdapterSlots
 
-from llmfleet_engine.lora import DEFAULT_TARGETS, AdapterError, AdapterPoolFull, LoraAdapter
+from llmfleet_engine.lora import DEFAULT_TARGETS, AdapterError, LoraAdapter
 
 
 def adapter_rank(path: str | Path, default: int) -> int:
@@ -56,50 +55,12 @@ class EmulatedAdapterPool:
         self.targets = DEFAULT_TARGETS
         self.cost = cost
         self._load_debt = 0.0  # adapter load seconds the next step waits for
-        self._debt_lock = threading.Lock()  # acquire runs at submit, the step's pricing on the worker
 
-    @property
-    def resident(self) -> list[str]:
-        """The resident adapters, least recently used first."""
-        return list(self.slots.resident)
-
-    @property
-    def loads(self) -> int:
-        return self.slots.loads
-
-    @property
-    def evictions(self) -> int:
-        return self.slots.evictions
-
-    def slot(self, name: str) -> int | None:
-        resident = self.slots.resident
-        return resident.index(name) if name in resident else None
-
-    def pinned(self, name: str) -> bool:
-        return self.slots.pins(name) > 0
-
-    def acquire(self, adapter: LoraAdapter) -> int:
-        """Pins ``adapter``, loading it if it is not resident (its load time goes to the next step), and
-        returns its LRU position (>= 0: the pool has no slot layout); AdapterPoolFull when every slot is
-        held by other adapters' requests."""
-        got = self.slots.acquire(adapter.name)
-        if got is None:
-            raise AdapterPoolFull(
-                f"adapter {adapter.name!r}: all {self.max_adapters} adapter slots are in use by running requests"
-            )
-        if got:
-            with self._debt_lock:
-                self._load_debt += self.cost.load_seconds(adapter.rank)
-        return self.slots.resident.index(adapter.name)
-
-    def unpin(self, name: str) -> None:
-        self.slots.release(name)
-
-    def remove(self, name: str) -> None:
-        self.slots.remove(name)
+    def load(self, adapter: LoraAdapter, slot: int) -> None:
+        """``adapter`` was put in ``slot`` as a step was scheduled: that step waits for its copy."""
+        self._load_debt += self.cost.load_seconds(adapter.rank)
 
     def take_load_debt(self) -> float:
         """The load seconds owed since the last step (reset: the step that takes them pays them)."""
-        with self._debt_lock:
-            debt, self._load_debt = self._load_debt, 0.0
+        debt, self._load_debt = self._load_debt, 0.0
         return debt

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from llmfleet.costmodel import CostBook, LinearCost, ModelArch
 from llmfleet.costmodel import memory as cost_memory
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
-from llmfleet.engine_core import CoreRequest, StepPlan, adapter_rows
+from llmfleet.engine_core import StepPlan, adapter_rows
 from llmfleet.kvblocks import KvShape
 from llmfleet.types import ModelSpec
 
@@ -21,12 +21,6 @@ from llmfleet_engine.models import LoadedModel
 
 if TYPE_CHECKING:
     from llmfleet_engine.emulated.config import EmulatedConfig
-
-
-def adapter_of(r: CoreRequest) -> str | None:
-    """The LoRA adapter a live request runs (None: its base)."""
-    state = r.payload
-    return state.req.model if state.adapter_slot >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -42,9 +36,9 @@ class StepPricer:
         base = self.cost.iteration(plan.prefill_tokens, plan.prefill_sq, plan.decodes, plan.context_tokens)
         if self.lora is None:
             return base
-        tokens, adapters = adapter_rows(plan, adapter_of)
+        tokens, adapters = adapter_rows(plan)
         extra = self.lora.cost.batch_seconds(tokens, adapters) if adapters else 0.0
-        return base + self.lora.take_load_debt() + extra
+        return base + (self.lora.take_load_debt() + extra)  # summed as the simulator sums them
 
 
 @dataclass(eq=False)

@@ -3,13 +3,12 @@ and the Linear modules that add each token's adapter delta in one batched comput
 
 from llmfleet_engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from llmfleet_engine.lora.linear import LoraLinear, StepMask
-from llmfleet_engine.lora.pool import DEFAULT_TARGETS, AdapterPool, AdapterPoolFull, pool_bytes
+from llmfleet_engine.lora.pool import DEFAULT_TARGETS, AdapterPool, pool_bytes
 
 __all__ = [
     "DEFAULT_TARGETS",
     "AdapterError",
     "AdapterPool",
-    "AdapterPoolFull",
     "LoraAdapter",
     "LoraLinear",
     "StepMask",

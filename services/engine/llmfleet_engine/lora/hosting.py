@@ -4,14 +4,14 @@
 later: the model host's change hook), reads and checks it from disk (blocking: call it off the event
 loop) without holding the executor's lock, so the running requests never wait for it, and registers
 it; its weights stay in host memory. A base unloaded takes its adapters' registrations with it; a base
-loaded again registers its declared adapters again. A request naming the adapter runs on the base: ``acquire`` (at submit,
-under the lock) puts the adapter in the base's ``AdapterPool`` if it is not resident, evicting the
-least recently used adapter no request holds, and pins it until ``release`` (when the request ends).
-
-An insert may overlap the forward in flight (the worker runs it outside the lock). It only writes the
-columns of a free slot or of an adapter no request holds, and the forward's mask is zero there for
-every row it keeps, so no kept row reads the columns being written (a request cancelled during its
-last forward may; its token is dropped).
+loaded again registers its declared adapters again. A request naming the adapter runs on the base.
+The engine core's adapter rule (:class:`~llmfleet.engine_core.AdapterGate`, over each base pool's
+``slots``, found by ``slots_of``) gives it a slot of the base's ``AdapterPool`` when the core admits
+it into a step, putting the adapter in a free slot or evicting the least recently used adapter no
+running request holds, and ``load`` copies the weights into that slot; the request holds it until it
+leaves the running set. A request whose adapter finds every slot held by other adapters' running
+requests waits in the core. Loads run on the worker thread as a step is scheduled, between forwards,
+so no forward reads the columns being written.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmfleet.engine_core import AdapterSlots, AdapterUnavailable, CoreRequest
+
 from llmfleet_engine.lora.adapter import AdapterError, LoraAdapter, load_adapter
-from llmfleet_engine.lora.pool import AdapterPool, AdapterPoolFull
-from llmfleet_engine.outputs import ResourceExhaustedError
+from llmfleet_engine.lora.pool import AdapterPool
 
 if TYPE_CHECKING:
     from llmfleet_engine.hosted_model import HostedModel
@@ -128,9 +129,9 @@ class AdapterHost:
             return
         pool = pool_of(self.host.hosted.get(entry.base))
         if pool is not None:
-            if pool.pinned(name):
+            if pool.slots.pins(name):
                 raise AdapterError(f"adapter {name!r} is in use by running requests")
-            pool.remove(name)
+            pool.slots.remove(name)
         del self.registered[name]
 
     def base_of(self, name: str) -> str | None:
@@ -138,21 +139,25 @@ class AdapterHost:
         entry = self.registered.get(name)
         return None if entry is None else entry.base
 
-    def acquire(self, name: str) -> int:
-        """Under the table's lock: the slot of ``name`` in its base's pool, loaded if need be, pinned
-        until :meth:`release`. ResourceExhaustedError when every slot is held by running requests."""
-        entry = self.registered[name]
-        pool = self._pool(entry.base, name)
-        try:
-            return pool.acquire(entry.adapter)
-        except AdapterPoolFull as e:
-            raise ResourceExhaustedError(str(e)) from None
+    def slots_of(self, r: CoreRequest) -> AdapterSlots | None:
+        """Under the table's lock (the engine core's adapter rule asks it): the adapter slots of the
+        base ``r`` runs on (None: not hosted, or LoRA off)."""
+        pool = pool_of(self.host.hosted.get(r.sched.model))
+        return None if pool is None else pool.slots
 
-    def release(self, name: str, base: str) -> None:
-        """Under the table's lock: a request of ``name`` on ``base`` ended (its pin goes)."""
+    def load(self, r: CoreRequest, slot: int) -> None:
+        """Under the table's lock, as the core admits ``r`` into a step (between forwards): its
+        adapter was given ``slot``; the base's pool copies its weights in. AdapterUnavailable when
+        the adapter is no longer registered on that base (removed while ``r`` waited)."""
+        name, base = r.adapter or "", r.sched.model
+        entry = self.registered.get(name)
         pool = pool_of(self.host.hosted.get(base))
-        if pool is not None and pool.pinned(name):
-            pool.unpin(name)
+        if entry is None or entry.base != base or pool is None:
+            raise AdapterUnavailable(f"adapter {name!r} of {base!r} is no longer registered here")
+        try:
+            pool.load(entry.adapter, slot)
+        except ValueError as e:
+            raise AdapterUnavailable(str(e)) from None
 
     def serving(self, bases: tuple[str, ...]) -> tuple[str, ...]:
         """``bases`` (the models taking requests) and the registered adapters of those bases, sorted:
@@ -172,4 +177,4 @@ class AdapterHost:
         """The adapters of ``base`` in its pool now, least recently used first."""
         with self.table.cond:
             pool = pool_of(self.host.hosted.get(base))
-            return [] if pool is None else pool.resident
+            return [] if pool is None else list(pool.slots.resident)

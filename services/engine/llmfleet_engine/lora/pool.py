@@ -2,21 +2,24 @@
 
 ``AdapterPool.attach(model, ...)`` replaces the base's target Linear modules (``q_proj``, ``v_proj``
 ...) of every decoder layer with ``LoraLinear`` modules that read the pool's stacked weights, so all
-adapters of the base (and the base itself) run in one batch. Slots are reused in LRU order: ``insert``
-takes a free slot, else evicts the least recently used adapter that no running request pins, and
-copies the adapter's weights in (the adapter was read from disk beforehand, ``load_adapter``, off the
-step loop: inserting is a copy of a few small tensors). ``step_mask`` turns each token's slot (-1 for
-the base) into the ``StepMask`` the modules use for one forward.
+adapters of the base (and the base itself) run in one batch. Which adapter is in which slot is decided
+by ``slots`` (:class:`~llmfleet.engine_core.AdapterSlots`, LRU with pins), through the engine core's
+adapter rule: when the core admits a request whose adapter is not resident, it takes a free slot or
+evicts the least recently used adapter no running request holds, and ``load`` copies the adapter's
+weights in (the adapter was read from disk beforehand, ``load_adapter``, off the step loop: loading is
+a copy of a few small tensors). ``step_mask`` turns each token's slot (-1 for the base) into the
+``StepMask`` the modules use for one forward.
 
-Not thread-safe: the engine's step loop owns the pool (inserts happen between forwards).
+Not thread-safe: the engine's step loop owns the pool (loads happen as a step is scheduled, between
+forwards).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
+from llmfleet.engine_core import AdapterSlots
 
 from llmfleet_engine.lora.adapter import LoraAdapter
 from llmfleet_engine.lora.linear import LoraLinear, StepMask
@@ -37,10 +40,6 @@ def pool_bytes(
     return total
 
 
-class AdapterPoolFull(RuntimeError):
-    """Every slot holds an adapter a running request pins."""
-
-
 class AdapterPool:
     """``max_adapters`` slots of rank up to ``max_rank`` over ``modules`` (path -> ``LoraLinear``)."""
 
@@ -59,11 +58,7 @@ class AdapterPool:
         first = next(iter(modules.values()))
         self._slot_of_col = torch.arange(max_adapters, device=first.lora_a.device).repeat_interleave(max_rank)
         self._dtype = first.lora_a.dtype
-        self._slots: OrderedDict[str, int] = OrderedDict()  # resident adapter -> slot, least recent first
-        self._pins: dict[str, int] = {}
-        self._free = list(range(max_adapters - 1, -1, -1))  # pop() hands out the lowest slot first
-        self.loads = 0
-        self.evictions = 0
+        self.slots = AdapterSlots(max_adapters)  # which adapter is in which slot (the engine core's rule)
 
     @classmethod
     def attach(
@@ -91,40 +86,10 @@ class AdapterPool:
         return cls(modules, step, max_adapters, max_rank)
 
     # ------------------------------------------------------------------ slots
-    def slot(self, name: str) -> int | None:
-        """The slot ``name`` occupies, or None when it is not resident."""
-        return self._slots.get(name)
-
-    @property
-    def resident(self) -> list[str]:
-        """The resident adapters, least recently used first."""
-        return list(self._slots)
-
-    def pinned(self, name: str) -> bool:
-        return self._pins.get(name, 0) > 0
-
-    def pin(self, name: str) -> int:
-        """Marks ``name`` in use by a request (it is not evicted until unpinned) and returns its slot."""
-        slot = self._slots[name]
-        self._slots.move_to_end(name)
-        self._pins[name] = self._pins.get(name, 0) + 1
-        return slot
-
-    def unpin(self, name: str) -> None:
-        n = self._pins[name] - 1
-        if n:
-            self._pins[name] = n
-        else:
-            del self._pins[name]
-
-    def insert(self, adapter: LoraAdapter) -> int:
-        """The slot of ``adapter``, copying its weights into a free or evicted slot when it is not
-        resident. AdapterPoolFull when every slot is pinned; ValueError for a rank above the pool's or
-        a module the pool does not hold (``load_adapter`` checks both first)."""
-        slot = self._slots.get(adapter.name)
-        if slot is not None:
-            self._slots.move_to_end(adapter.name)
-            return slot
+    def load(self, adapter: LoraAdapter, slot: int) -> None:
+        """Copies ``adapter``'s weights into ``slot`` (the one ``slots`` gave it), replacing what was
+        there. ValueError for a rank above the pool's or a module the pool does not hold
+        (``load_adapter`` checks both first)."""
         if adapter.rank > self.max_rank:
             raise ValueError(
                 f"adapter {adapter.name!r}: rank {adapter.rank} exceeds the pool's {self.max_rank}"
@@ -132,7 +97,6 @@ class AdapterPool:
         missing = sorted(set(adapter.weights) - set(self.modules))
         if missing:
             raise ValueError(f"adapter {adapter.name!r}: modules {missing} are not LoRA targets of this pool")
-        slot = self._take_slot(adapter.name)
         lo, hi = slot * self.max_rank, (slot + 1) * self.max_rank
         with torch.no_grad():
             for path, m in self.modules.items():
@@ -144,33 +108,6 @@ class AdapterPool:
                     r = a.shape[0]
                     m.lora_a[:, lo : lo + r].copy_(a.T)
                     m.lora_b[lo : lo + r].copy_(b.T)
-        self._slots[adapter.name] = slot
-        self.loads += 1
-        return slot
-
-    def acquire(self, adapter: LoraAdapter) -> int:
-        """:meth:`insert` then :meth:`pin`: the slot of a request's adapter, held until :meth:`unpin`."""
-        self.insert(adapter)
-        return self.pin(adapter.name)
-
-    def _take_slot(self, name: str) -> int:
-        if self._free:
-            return self._free.pop()
-        for victim in self._slots:  # least recently used first
-            if not self.pinned(victim):
-                self.evictions += 1
-                return self._slots.pop(victim)
-        raise AdapterPoolFull(
-            f"adapter {name!r}: all {self.max_adapters} adapter slots are in use by running requests"
-        )
-
-    def remove(self, name: str) -> None:
-        """Drops ``name`` (not pinned) from the pool; its slot is free again."""
-        if self.pinned(name):
-            raise ValueError(f"adapter {name!r} is in use by running requests")
-        slot = self._slots.pop(name, None)
-        if slot is not None:
-            self._free.append(slot)
 
     # ------------------------------------------------------------------ steps
     def step_mask(self, token_slots: list[int] | None) -> None:
