@@ -364,11 +364,19 @@ def test_seallm_setup_assignments_share_plan_and_load(bench):
 
 
 def test_seallm_units_combine_to_the_in_process_run(bench, results):
+    """Algorithm 1's search is a unit; each system on its plan takes the search's result."""
     sc = bench.scenario("seallm")
     parts = sc.parts(tiny=True)
-    keys = ["sharegpt/a0/4/free", "sharegpt/a0/4/plan", "conv/a0/4/free", "conv/a0/4/plan"]
-    assert [k for k, _, _ in parts] == keys and all(w > 0 for _, w, _ in parts)
-    out = {k: sc.run_part(job) for k, _, job in reversed(parts)}  # any order
+    on_plan = ["seallm", "seallm-f", "seallm-literal", "seallm-prefill_first"]
+    keys = [
+        "sharegpt/a0/4/free", "sharegpt/a0/4/search", *(f"sharegpt/a0/4/{n}" for n in on_plan),
+        "conv/a0/4/free", "conv/a0/4/search", "conv/a0/4/seallm", "conv/a0/4/seallm-f",
+    ]  # fmt: skip
+    assert [p[0] for p in parts] == keys and all(p[1] > 0 for p in parts)
+    after = {k: a for k, _, _, a in parts}
+    assert after["sharegpt/a0/4/seallm-f"] == ("sharegpt/a0/4/search",) and after["conv/a0/4/free"] == ()
+    out = {k: sc.run_part(job) for k, _, job, a in reversed(parts) if not a}  # any order
+    out |= {k: sc.run_part(job, {x: out[x] for x in a}) for k, _, job, a in reversed(parts) if a}
     res = sc.combine(out, tiny=True, log=lambda _m: None)
     strip = ("sim_wall_s", "wall_s")
     assert [{k: v for k, v in r.items() if k not in strip} for r in res["rows"]] == [
@@ -415,6 +423,24 @@ def test_units_split_papers_with_parts_and_run_heaviest_first(bench):
     assert [u.paper for u in whole] == ["uellm"] and whole[0].weight == bench.PAPER_SECONDS["uellm"]
     mell = [u for u in work if u.paper == "mell"]
     assert len(mell) == len(bench.scenario("mell").parts(tiny=True)) and all(u.key for u in mell)
+
+
+def test_a_unit_waits_for_the_parts_it_takes_and_the_longest_chain_goes_first(bench):
+    U = bench.Unit
+    search, on_plan, big = U("p", "search", 5.0), U("p", "sys", 4.0, after=("search",)), U("p", "big", 8.0)
+    rank = bench.chains([big, on_plan, search])
+    assert rank == {search: 9.0, on_plan: 4.0, big: 8.0}  # the search first: 9 s of work hang on it
+    with pytest.raises(ValueError, match="not run"):
+        bench.chains([on_plan])
+    work = [u for u in bench.units(["seallm"], quick=False, tiny=True) if u.key.startswith("sharegpt")]
+    done = bench.run_units(work, 2, quick=False, tiny=True, log=lambda _m: None)
+    assert set(done) == set(work)
+    plan = done[next(u for u in work if u.key.endswith("/search"))][0]["searched"]
+    assert all(
+        done[u][0]["plans"]["sharegpt/a0@4"]["plan"] == [f"{i}: tp{tp} {'+'.join(m)}" for i, m, tp in plan[1]]
+        for u in work
+        if u.after
+    )
 
 
 def test_aladdin_headline_checks_each_answer_on_every_seed(results):

@@ -12,11 +12,15 @@ per-function invocation counts instead of the Zipf law.
 
 Work units. A scenario module that defines ``parts(quick, tiny) -> [(key, weight, args)]``,
 ``run_part(args) -> dict`` and ``combine(parts: {key: dict}, quick, tiny, log) -> dict`` is split into
-its independent simulations; any other scenario is one unit (its ``run``). Every unit of every selected
-paper goes to one pool of ``--processes`` worker processes (default: the machine's cores, at most 4),
-heaviest first (``weight``: the unit's expected seconds; a whole paper's is :data:`PAPER_SECONDS`), so
-the papers overlap. The simulations are deterministic given their seeds, so the numbers do not depend
-on the number of processes; ``--processes 1`` runs everything in this process.
+its independent simulations; any other scenario is one unit (its ``run``). A part may also name the parts
+of its paper whose results it takes, ``(key, weight, args, after)`` with ``after`` a tuple of keys: it
+starts once they have finished, as ``run_part(args, {key: result})`` (SeaLLM: the systems on Algorithm
+1's plan after the plan's search). Every unit of every selected paper goes to one pool of
+``--processes`` worker processes (default: the machine's cores, at most 4), the ready unit with the
+longest chain of expected seconds ahead of it first (``weight``: the unit's expected seconds; a whole
+paper's is :data:`PAPER_SECONDS`), so the papers overlap. The simulations are deterministic given their
+seeds, so the numbers do not depend on the number of processes; ``--processes 1`` runs everything in
+this process.
 
 Writes ``units.jsonl`` (each unit's result as it finishes), ``papers.json`` (every number, with per paper the wall time of its units and, in ``meta``, the
 whole run's), ``papers.md`` (per paper: setup, rate × policy table, the paper's claim beside ours, the
@@ -37,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -126,12 +130,14 @@ PAPER_SECONDS = {"uellm": 20.0}
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of work for the pool: a whole paper (``key`` None) or one part of a split paper."""
+    """One piece of work for the pool: a whole paper (``key`` None) or one part of a split paper, which
+    starts after the parts of its paper named in ``after``."""
 
     paper: str
     key: str | None
     weight: float
     args: Any = None
+    after: tuple[str, ...] = ()
 
 
 def units(names: list[str], quick: bool, tiny: bool) -> list[Unit]:
@@ -140,22 +146,52 @@ def units(names: list[str], quick: bool, tiny: bool) -> list[Unit]:
     for name in names:
         mod = scenario(name)
         if hasattr(mod, "parts"):
-            out += [Unit(name, key, w, args) for key, w, args in mod.parts(quick=quick, tiny=tiny)]
+            for key, w, args, *after in mod.parts(quick=quick, tiny=tiny):
+                out.append(Unit(name, key, w, args, tuple(after[0]) if after else ()))
         else:
             out.append(Unit(name, None, PAPER_SECONDS.get(name, 1.0)))
     return sorted(out, key=lambda u: -u.weight)
+
+
+def chains(work: list[Unit]) -> dict[Unit, float]:
+    """Per unit, its weight plus the longest chain of weights of the units that wait for it: the
+    pool's priority (a search that systems wait for goes before a heavier unit that nothing waits for)."""
+    by_key = {(u.paper, u.key): u for u in work}
+    for u in work:
+        missing = [k for k in u.after if (u.paper, k) not in by_key]
+        if missing:
+            raise ValueError(f"{u.paper} {u.key} waits for parts that are not run: {missing}")
+    waiting: dict[Unit, list[Unit]] = {u: [] for u in work}
+    for u in work:
+        for k in u.after:
+            waiting[by_key[(u.paper, k)]].append(u)
+    out: dict[Unit, float] = {}
+
+    def chain(u: Unit) -> float:
+        if u not in out:
+            out[u] = u.weight + max((chain(v) for v in waiting[u]), default=0.0)
+        return out[u]
+
+    for u in work:
+        chain(u)
+    return out
 
 
 def _worker_log(msg: str) -> None:
     print(f"[pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
-def execute(unit: Unit, quick: bool, tiny: bool) -> tuple[Any, float, float]:
-    """Run one unit (in a worker process or here): its result, its wall and its CPU seconds (the CPU
-    seconds do not depend on what else the machine runs)."""
+def execute(unit: Unit, quick: bool, tiny: bool, before: dict[str, Any]) -> tuple[Any, float, float]:
+    """Run one unit (in a worker process or here; ``before``: the results of the parts it waits for): its
+    result, its wall and its CPU seconds (the CPU seconds do not depend on what else the machine runs)."""
     t0, c0 = time.perf_counter(), time.process_time()
     mod = scenario(unit.paper)
-    out = mod.run(quick=quick, log=_worker_log, tiny=tiny) if unit.key is None else mod.run_part(unit.args)
+    if unit.key is None:
+        out = mod.run(quick=quick, log=_worker_log, tiny=tiny)
+    elif unit.after:
+        out = mod.run_part(unit.args, before)
+    else:
+        out = mod.run_part(unit.args)
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -167,13 +203,28 @@ def run_units(
     log: Callable[[str], None],
     journal: Path | None = None,
 ) -> dict[Unit, tuple[Any, float, float]]:
-    """Every unit once, on ``processes`` forked workers (they inherit the parent's settings). Each
-    finished unit is appended to ``journal`` (JSON lines: paper, key, wall and CPU seconds, result) as it
-    ends, so a long run's finished units survive it."""
+    """Every unit once, on ``processes`` forked workers (they inherit the parent's settings), each as
+    soon as the parts it waits for have finished; of the ready units, the one with the longest chain
+    (:func:`chains`) first. Each finished unit is appended to ``journal`` (JSON lines: paper, key, wall
+    and CPU seconds, result) as it ends, so a long run's finished units survive it."""
     done: dict[Unit, tuple[Any, float, float]] = {}
+    rank = chains(work)
+    results: dict[tuple[str, str | None], Any] = {}
+    waiting = sorted(work, key=lambda u: -rank[u])
+
+    def next_ready() -> Unit | None:
+        for u in waiting:
+            if all((u.paper, k) in results for k in u.after):
+                waiting.remove(u)
+                return u
+        return None
+
+    def before(u: Unit) -> dict[str, Any]:
+        return {k: results[(u.paper, k)] for k in u.after}
 
     def finished(u: Unit, res: tuple[Any, float, float]) -> None:
         done[u] = res
+        results[(u.paper, u.key)] = res[0]
         log(
             f"{u.paper} {u.key or ''} done in {res[1]:.0f} s ({res[2]:.0f} s CPU; {len(done)}/{len(work)} units)"
         )
@@ -183,13 +234,19 @@ def run_units(
                 f.write(json.dumps(line, default=float) + "\n")
 
     if processes <= 1:
-        for u in work:
-            finished(u, execute(u, quick, tiny))
+        while (u := next_ready()) is not None:
+            finished(u, execute(u, quick, tiny, before(u)))
         return done
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as pool:
-        futs = {pool.submit(execute, u, quick, tiny): u for u in work}
-        for f in as_completed(futs):
-            finished(futs[f], f.result())
+        running: dict[Future, Unit] = {}
+        while waiting or running:
+            while len(running) < processes and (u := next_ready()) is not None:
+                running[pool.submit(execute, u, quick, tiny, before(u))] = u
+            if not running:
+                raise RuntimeError(f"units wait for parts that never finish: {[u.key for u in waiting]}")
+            ended, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in ended:
+                finished(running.pop(f), f.result())
     return done
 
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmfleet.policies.placement import InstancePlan
 from llmfleet.sim.run import preset
 
 from . import common as C
@@ -127,6 +128,7 @@ class _Sweep:
     plans: dict[float, Any] = dataclasses.field(default_factory=dict)
 
     def plan_at(self, rate: float, i: int):
+        """Algorithm 1's plan at ``rate`` (searched here unless a search part's result was given)."""
         cfg, plans, log = self.cfg, self.plans, self.log
         if rate not in plans:
             history = S.workload(self.pools, self.share, rate, cfg["history_s"], seed=500 + i)
@@ -230,18 +232,40 @@ def _first(cfg: dict, kind: str, a: int) -> bool:
 
 
 def _jobs(cfg: dict) -> list[tuple[str, int, float, str]]:
-    """The independent pieces, (lengths, assignment, rate, group), in the in-process run's order: per
-    sweep and rate the systems on no plan of Algorithm 1 (``free``), those on its plan (``plan``: one
-    search), the adaptive preset (``adaptive``); then the sweep's run-length study (``lengths``)."""
+    """The pieces, (lengths, assignment, rate, group), in the in-process run's order: per sweep and rate
+    the systems on no plan of Algorithm 1 (``free``), Algorithm 1's search (``search``), then each system
+    on its plan (the group is the system's name: it takes the search's result, see :func:`_after`), the
+    adaptive preset (``adaptive``); then the sweep's run-length study (``lengths``)."""
     out = []
     for kind, a, rates, _ in _sweeps(cfg):
         for rate in rates:
-            out += [(kind, a, rate, g) for g in ("free", "plan") if _names(cfg, kind, a, rate, g)]
+            if _names(cfg, kind, a, rate, "free"):
+                out.append((kind, a, rate, "free"))
+            on_plan = _names(cfg, kind, a, rate, "plan")
+            if on_plan:
+                out += [(kind, a, rate, "search"), *((kind, a, rate, n) for n in on_plan)]
             if _first(cfg, kind, a) and rate in cfg["adaptive_rates"]:
                 out.append((kind, a, rate, "adaptive"))
         if _first(cfg, kind, a) and cfg["lengths"]:
             out.append((kind, a, cfg["length_rate"], "lengths"))
     return out
+
+
+def _after(cfg: dict, job: tuple[str, int, float, str]) -> tuple[str, ...]:
+    """The search whose plan a piece takes: a system on Algorithm 1's plan, and the run-length study
+    where its sweep searched that rate (else the study searches its own history, seeded apart)."""
+    kind, a, rate, group = job
+    search = (kind, a, rate, "search")
+    if group in FIXED_PLAN or (group == "lengths" and search in _jobs_searched(cfg)):
+        return (_key(search),)
+    return ()
+
+
+def _jobs_searched(cfg: dict) -> set[tuple[str, int, float, str]]:
+    return {
+        (kind, a, rate, "search") for kind, a, rates, _ in _sweeps(cfg) for rate in rates
+        if _names(cfg, kind, a, rate, "plan")
+    }  # fmt: skip
 
 
 def _systems_at(cfg: dict, kind: str, a: int) -> tuple[str, ...]:
@@ -251,9 +275,11 @@ def _systems_at(cfg: dict, kind: str, a: int) -> tuple[str, ...]:
 
 
 def _names(cfg: dict, kind: str, a: int, rate: float, group: str) -> tuple[str, ...]:
-    """The systems of one piece."""
+    """The systems of one piece (``plan``: every system on Algorithm 1's plan)."""
     if group == "adaptive":
         return ("seallm-adaptive",)
+    if group in FIXED_PLAN:
+        return (group,)
     return tuple(n for n in _systems_at(cfg, kind, a) if (n in FIXED_PLAN) == (group == "plan"))
 
 
@@ -262,16 +288,27 @@ def _key(job: tuple[str, int, float, str]) -> str:
     return f"{kind}/a{a}/{rate:g}/{group}"
 
 
-def _part(cfg: dict, job: tuple[str, int, float, str], log: C.Log) -> dict:
-    """One piece's rows (by system), plans and services, or the run-length study."""
+def _part(
+    cfg: dict, job: tuple[str, int, float, str], log: C.Log, before: dict[str, dict] | None = None
+) -> dict:
+    """One piece's rows (by system), plans and services, or the run-length study, or Algorithm 1's plan
+    (``search``: ``searched`` holds it as (rate, [[instance, models, tp], ...], reason)). ``before``: the
+    results of the pieces :func:`_after` names (their searched plans are used, not searched again)."""
     kind, a, rate, group = job
     share = S.shares(S.popularity(POPULARITY))
     conv = C.conv_trace() if kind == "conv" else None
     sw = _sweep(cfg, kind, a, share, conv, log)
+    for got in (before or {}).values():
+        r, plan, why = got["searched"]
+        sw.plans[r] = ([InstancePlan(i, tuple(m), tp) for i, m, tp in plan], why)
     out: dict[str, Any] = {"services": _services(sw)}
     if group == "lengths":
         rates = next(r for k, x, r, _ in _sweeps(cfg) if (k, x) == (kind, a))
         out["run_length"] = sw.run_lengths(_index(rate) if rate in rates else 99)
+    elif group == "search":
+        sw.plan_at(rate, _index(rate))
+        plan, why = sw.plans[rate]
+        out["searched"] = (rate, [[p.instance_id, list(p.models), p.tp] for p in plan], why)
     else:
         out["rows"] = sw.at(rate, _names(cfg, kind, a, rate, group))
     out["plans"] = {
@@ -284,33 +321,42 @@ def _part(cfg: dict, job: tuple[str, int, float, str], log: C.Log) -> dict:
     return out
 
 
-# expected CPU seconds of a piece at a rate of r req/s and 300 s of arrivals (calibrated on a full run)
+# expected CPU seconds of a piece at a rate of r req/s and 300 s of arrivals (calibrated on a full run;
+# a system on Algorithm 1's plan: any of FIXED_PLAN)
 GROUP_SECONDS = {
     "free": lambda r: 10.0 + 3.0 * r,
-    "plan": lambda r: 20.0 + 0.5 * r**2,
+    "search": lambda r: 10.0 + 0.1 * r**2,
+    "on plan": lambda r: 2.0 + 0.1 * r**2,
     "adaptive": lambda r: 40.0 * r,
-    "lengths": lambda r: 20.0 + 0.5 * r**2 + 20.0 * r,
+    "lengths": lambda r: 20.0 + 20.0 * r,
 }
 
 
-def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple]]:
-    """One unit per piece (see :func:`_jobs`) for run.py's pool: (key, expected seconds, job)."""
+def parts(quick: bool = False, tiny: bool = False) -> list[tuple[str, float, tuple, tuple[str, ...]]]:
+    """One unit per piece (see :func:`_jobs`) for run.py's pool: (key, expected seconds, job, the keys of
+    the pieces it takes results from)."""
     cfg = settings(quick, tiny)
     scale = cfg["horizon_s"] / S.HORIZON_S
-    return [(_key(job), GROUP_SECONDS[job[3]](job[2]) * scale, (quick, tiny, job)) for job in _jobs(cfg)]
+    return [
+        (_key(job), GROUP_SECONDS["on plan" if job[3] in FIXED_PLAN else job[3]](job[2]) * scale,
+         (quick, tiny, job), _after(cfg, job))
+        for job in _jobs(cfg)
+    ]  # fmt: skip
 
 
-def run_part(args: tuple) -> dict:
-    """One piece (see :func:`parts`)."""
+def run_part(args: tuple, before: dict[str, dict] | None = None) -> dict:
+    """One piece (see :func:`parts`); ``before``: the results of the pieces it names."""
     quick, tiny, job = args
-    return _part(settings(quick, tiny), job, C.worker_log)
+    return _part(settings(quick, tiny), job, C.worker_log, before)
 
 
 def run(quick: bool = False, log: C.Log = print, tiny: bool = False, cfg: dict | None = None) -> dict:
     """Every sweep in this process with ``settings(quick, tiny)`` or ``cfg`` (``seallm_sweep.py``)."""
     t0 = time.perf_counter()
     cfg = cfg or settings(quick, tiny)
-    out = {_key(job): _part(cfg, job, log) for job in _jobs(cfg)}
+    out: dict[str, dict] = {}
+    for job in _jobs(cfg):  # a search comes before the pieces that take its plan
+        out[_key(job)] = _part(cfg, job, log, {k: out[k] for k in _after(cfg, job)})
     result = _combine(cfg, out)
     result["wall_s"] = time.perf_counter() - t0
     return result
@@ -328,7 +374,7 @@ def _combine(cfg: dict, results: dict[str, dict]) -> dict:
         jobs = [j for j in _jobs(cfg) if j[:2] == (kind, a)]
         services += results[_key(jobs[0])]["services"]
         for rate in rates:
-            got = [results[_key(j)] for j in jobs if j[2] == rate and j[3] != "lengths"]
+            got = [results[_key(j)] for j in jobs if j[2] == rate and j[3] not in ("lengths", "search")]
             by_name = {n: r for g in got for n, r in g["rows"].items()}
             rows += [by_name[n] for n in _systems_at(cfg, kind, a) if n in by_name]
             adaptive += [by_name[n] for n in by_name if n == "seallm-adaptive"]
