@@ -150,8 +150,8 @@ def build_node(
 
     node.on_start.append(preload)  # --model preloads do not wait for etcd
     node.on_etcd.extend([republish_on_model_change, _placement_following(args, nid, executor, shared)])
-    if isinstance(executor, LoraBackend) and args.engine_config.max_loras and shared is None:
-        node.on_etcd.append(_catalog_following(args, executor))
+    if isinstance(executor, LoraBackend) and args.engine_config.max_loras:
+        node.on_etcd.append(_catalog_following(args, executor, shared))
     node.on_stop.append(executor.aclose)
     return node, servicer
 
@@ -179,15 +179,19 @@ def _describer(args: argparse.Namespace, executor: EngineBackend) -> Callable[[N
 
 
 def _catalog_following(
-    args: argparse.Namespace, executor: LoraBackend
+    args: argparse.Namespace, executor: LoraBackend, shared: SharedEtcd | None
 ) -> Callable[[ServiceNode], Awaitable[None]]:
     """The node's etcd hook that declares the model catalog's adapter entries (``llmfleet apply``
-    adds them at runtime) on a LoRA engine, beside the ones its ``--adapter`` flags declared."""
+    adds them at runtime) on a LoRA engine, beside the ones its ``--adapter`` flags declared (over the
+    process's shared catalog view when it hosts several engines)."""
 
     async def follow_catalog(n: ServiceNode) -> None:
-        view = model_view(n.etcd)
-        await view.start()
-        n.on_stop.append(view.stop)
+        if shared is not None:
+            view = await shared.catalog()
+        else:
+            view = model_view(n.etcd)
+            await view.start()
+            n.on_stop.append(view.stop)
         flags = {name: (base, path) for name, base, path in args.adapter}
         follower = CatalogAdapters(
             executor.adapters, flags, forgotten=lambda: n.spawn(n.update_record(), "republish")

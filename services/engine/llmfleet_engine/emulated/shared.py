@@ -1,5 +1,5 @@
 """What the engines of one process share: one etcd client (each engine keeps its own lease and node
-record) and one watch per prefix (placement, nodes) instead of one per engine."""
+record) and one watch per prefix (placement, nodes, the model catalog) instead of one per engine."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient, node_view, placement_view
+from llmfleet.coord.desired import ModelEntry, model_view
 from llmfleet.coord.view import PrefixView
 from llmfleet.types import DesiredPlacement, NodeRecord
 
@@ -19,6 +20,7 @@ class SharedEtcd:
     client: EtcdClient = field(init=False)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _views: tuple[PrefixView[DesiredPlacement], PrefixView[NodeRecord]] | None = None
+    _catalog: PrefixView[ModelEntry] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _connect: asyncio.Task | None = None
 
@@ -44,14 +46,24 @@ class SharedEtcd:
                 self._views = (placements, nodes)
             return self._views
 
+    async def catalog(self) -> PrefixView[ModelEntry]:
+        """The model catalog's view (its adapter entries are what LoRA engines follow), started by the
+        first engine that asks."""
+        async with self._lock:
+            if self._catalog is None:
+                catalog = model_view(self.client)
+                await catalog.start()
+                self._catalog = catalog
+            return self._catalog
+
     async def stop(self) -> None:
         if self._connect is not None:
             self._connect.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connect
-        if self._views is not None:
-            for v in self._views:
-                with contextlib.suppress(Exception):
-                    await v.stop()
+        views: list[PrefixView] = [*(self._views or ()), *([self._catalog] if self._catalog else [])]
+        for v in views:
+            with contextlib.suppress(Exception):
+                await v.stop()
         with contextlib.suppress(Exception):
             await self.client.close()
