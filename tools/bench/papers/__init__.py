@@ -10,7 +10,9 @@ Every scenario module exposes ``NAME``, ``TITLE``, ``run(quick=False, log=print)
 ``setup``, ``rows``, ``summary``, ``goal``, ``claim``, ``notes``), ``markdown(result) -> str`` and
 ``plot(result, out_dir) -> list[Path]``; ``run(..., tiny=True)`` is the smoke-test scale. A module may
 also expose ``parts(quick, tiny) -> [(key, expected seconds, args)]``, ``run_part(args)`` and
-``combine(parts, quick, tiny, log)``: run.py then runs each part as its own unit.
+``combine(parts, quick, tiny, log)``: run.py then runs each part as its own unit. A part given as
+``(key, expected seconds, args, after)`` waits for the parts keyed in ``after`` and runs as
+``run_part(args, {key: their result})``.
 """
 
 SCENARIOS = ("seallm", "aladdin", "scls", "uellm", "mell")

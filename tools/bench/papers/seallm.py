@@ -37,6 +37,7 @@ from __future__ import annotations
 
 # The summary (ratios, goal, notes) is seallm_summary; the setup is seallm_setup.
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -189,10 +190,18 @@ class _Sweep:
         return lengths
 
 
-def _sweep(cfg: dict, lengths: str, assignment: int, share: dict, conv: Any, log: C.Log) -> _Sweep:
-    sp = S.spec(assignment)
-    pools = S.length_pools(S.short_lengths(lengths, conv), sp)
-    return _Sweep(cfg, lengths, assignment, sp, pools, share, _systems(), log)
+def _sweep(cfg: dict, lengths: str, assignment: int, share: dict, log: C.Log) -> _Sweep:
+    trace = str(C.TRACE) if lengths == "conv" else ""
+    return _Sweep(cfg, lengths, assignment, S.spec(assignment), _pools(lengths, assignment, trace), share,
+                  _systems(), log)  # fmt: skip
+
+
+@functools.cache
+def _pools(lengths: str, assignment: int, trace: str) -> dict[str, Any]:
+    """A sweep's per-service length pools (the k-means of ``seallm_setup.length_pools``), built once per
+    process for the pieces of a sweep that run there (``trace``: the conv trace's path, for ``conv``)."""
+    conv = C.conv_trace(trace) if lengths == "conv" else None
+    return S.length_pools(S.short_lengths(lengths, conv), S.spec(assignment))
 
 
 def _services(sw: _Sweep) -> list[dict]:
@@ -296,8 +305,7 @@ def _part(
     results of the pieces :func:`_after` names (their searched plans are used, not searched again)."""
     kind, a, rate, group = job
     share = S.shares(S.popularity(POPULARITY))
-    conv = C.conv_trace() if kind == "conv" else None
-    sw = _sweep(cfg, kind, a, share, conv, log)
+    sw = _sweep(cfg, kind, a, share, log)
     for got in (before or {}).values():
         r, plan, why = got["searched"]
         sw.plans[r] = ([InstancePlan(i, tuple(m), tp) for i, m, tp in plan], why)
