@@ -329,8 +329,9 @@ def _part(
     return out
 
 
-# expected CPU seconds of a piece at a rate of r req/s and 300 s of arrivals (calibrated on a full run;
-# a system on Algorithm 1's plan: any of FIXED_PLAN)
+# expected CPU seconds of a piece at a rate of r req/s, 300 s of arrivals and 60 s of history (the search:
+# about 280 CPU-s at 50 req/s; the other groups from the previous round's full run; a system on
+# Algorithm 1's plan: any of FIXED_PLAN). They only order the pool's queue.
 GROUP_SECONDS = {
     "free": lambda r: 10.0 + 3.0 * r,
     "search": lambda r: 10.0 + 0.1 * r**2,
