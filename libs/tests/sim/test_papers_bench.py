@@ -447,10 +447,26 @@ def test_aladdin_headline_checks_each_answer_on_every_seed(results):
     res = results["aladdin"]
     head = res["headline"]
     configs = [h["config"] for h in head]
-    assert configs[0] == "jsq-opt" and {"aladdin", "aladdin-strict", "aladdin hb 50 ms"} <= set(configs)
+    assert configs[0] == "jsq-opt" and {
+        "aladdin",
+        "aladdin-strict",
+        "aladdin-fewest",
+        "aladdin-strict-fewest",
+        "aladdin hb 50 ms",
+    } <= set(configs)
     for h in head:
         n = h["workers"]
-        assert len(h["per_seed"]) == len(res["seeds"]) and n == max(h["per_seed"])
+        assert len(h["per_seed"]) == len(res["seeds"])
+        if n is None:  # a search that found no count on some seed
+            assert None in h["per_seed"] and "p100_at" not in h
+            continue
+        assert n >= max(h["per_seed"]) and (n == max(h["per_seed"]) or "p100_by_n" in h)
+        if "p100_by_n" in h:  # a searched count: the first at which every seed holds P100 at n and n + 1
+            assert h["holds"] and all(
+                not (all(h["p100_by_n"][str(m)]) and all(h["p100_by_n"].get(str(m + 1), [False])))
+                for m in range(min(h["per_seed"]), n)
+                if str(m) in h["p100_by_n"]
+            )
         assert len(h["p100_at"]) == len(h["p100_above"]) == len(res["seeds"]) and len(
             h["busy_workers"]
         ) == len(res["seeds"])

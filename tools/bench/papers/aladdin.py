@@ -29,13 +29,29 @@ Setup (paper §6.3–6.4 → ours):
   prefill first (``fcfs`` with ``single_phase``): Aladdin runs on vLLM (§5) and states that "in default
   settings like vLLM … one batch can only contain prefill or decode" (§3).
 - Metric (headline P100, as the paper): GPUs at P100 attainment (every request meets TTFT and ATGT) at
-  each model's top rate, Aladdin's opened workers against JSQ's fewest workers, on every seed of
-  ``SEEDS`` (the answer is the most workers any seed needed) and checked at n − 1 and n + 1 workers, with
-  the time-averaged busy workers beside; the top rates are ones where JSQ needs at least 8 workers, so a
-  one-worker difference cannot make the ratio. Best fit runs with the paper's and the strict
-  constraints, at placement on arrival and with a 50 ms scheduling heartbeat, and with (d) protecting
-  only requests that produced a token (``aladdin_setup.HEADLINE``). The one-seed sweep over the lower
-  rates (P99 beside) stays.
+  each model's top rate on every seed of ``SEEDS``, checked at n − 1 and n + 1 workers, with the
+  time-averaged busy workers beside; the top rates are ones where JSQ needs at least 8 workers, so a
+  one-worker difference cannot make the ratio. JSQ's count is searched: the fewest n at which every seed
+  meets P100 at n and at n + 1 (P100 is not monotone in the count, so the counts are scanned in order
+  from half the smallest per-seed bisection, ``Headline.fewest``). Best fit is counted two ways
+  (``aladdin_setup.HEADLINE``):
+  *opened*, one run on a pool larger than needed, the most workers Algorithm 1 opened on any seed ("Open
+  a new bin (I+1) and add job j"); and *fewest* (``aladdin-fewest``, ``aladdin-strict-fewest``), the same search
+  as JSQ's over pools of exactly n workers, Algorithm 1 opening within the pool and sending a request
+  none of them can take to the least loaded one. The second is how the paper sizes the pool: Algorithm 1
+  takes the "Worker number W" as an input; "according to our experiment using Algorithm 1, when the
+  arrival rate r_a is larger than a lower bound R, the total number of required workers N_w is linear
+  with the request arrival rate" (§5.2, Eq. 7, fitted offline); "Given the request arrival rate, we
+  predict the total worker number N_w using Eq. 7 ... each scheduler packs requests to their
+  corresponding workers using Algorithm 1" (Appendix A); and §6.4 simulates "the GPU number required
+  for P100 SLO-guaranteed inference serving at the different request arrival rates". A fallback that
+  holds a request at the dispatcher instead is not the paper's: "Aladdin is a non-blocking system; once
+  a request is scheduled to a worker, it will start inference in the next iteration" (§5.3), and the
+  MIP's (a) places every request. ``aladdin-search`` (the paper's constraints with the least-loaded
+  fallback from the start) is run beside. Best fit also runs with a 50 ms scheduling heartbeat and with
+  (d) protecting only requests that produced a token. At Table 3's worker size (where it differs from
+  N*), JSQ and the goal's configs run beside. The one-seed sweep over the lower rates (P99 beside)
+  stays.
 - Latency model: Aladdin's policy prices work on the bench's cost source (``costmodel.latency_model``),
   as the simulated engines are charged.
 """
@@ -53,7 +69,7 @@ from typing import Any
 from llmfleet.costmodel import hardware, model_arch
 
 from . import common as C
-from .aladdin_setup import CLAIM, HEADLINE, HW, MAX_GPUS, SEEDS, TARGET, THETA
+from .aladdin_setup import CLAIM, FEWEST, GOAL_CONFIGS, HEADLINE, HW, MAX_GPUS, SEEDS, TARGET, THETA
 from .aladdin_summary import summarize as _summarize
 from .aladdin_sweep import Headline, ModelSweep, Search, worker_sizes
 
@@ -179,7 +195,8 @@ def run_part(
     wls = [
         C.poisson_workload(d.test, rate, dur, seed=1000 * mi + 100 + s, service="chat") for s in cfg["seeds"]
     ]
-    configs = [(lb, mode) for lb, mode in HEADLINE if lb in cfg.get("headline", [lb for lb, _ in HEADLINE])]
+    chosen = cfg.get("headline", [c[0] for c in HEADLINE])
+    configs = [c for c in HEADLINE if c[0] in chosen]
     return _headline(model, mc, n_star, tp, rate, wls, d, log, configs)
 
 
@@ -223,19 +240,24 @@ def _combine(cfg: dict, results: dict[str, list[dict]], d: _Data) -> dict:
 
 def _headline(model, mc, n_star, tp, rate, wls, d: _Data, log: C.Log, configs) -> list[dict]:
     """P100 at ``rate`` on every seed's workload with workers of ``tp`` GPUs: JSQ's fewest workers and
-    each best-fit config's opened workers (at a size other than N*, the first two configs), each answer
-    n checked at n − 1 and n + 1."""
+    each best-fit config's workers, opened or fewest (``aladdin_setup.HEADLINE``; at a size other than
+    N*, the goal's configs), each answer n checked at n − 1 and n + 1."""
     suffix = "" if tp == n_star else f"@{tp}gpu"
 
     def searches(policy, mode=None):
         return [Search(model, tp, policy, wl, mc["slo"], d.predict, d.pred, d.hw, mode) for wl in wls]
 
     t0 = time.perf_counter()
-    jsq = Headline("jsq-opt" + suffix, searches("jsq")).jsq(max(1, round(rate / 5)))
+    jsq = Headline("jsq-opt" + suffix, searches("jsq")).fewest(max(1, round(rate / 5)))
     found = [jsq]
     pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
-    for label, mode in configs if tp == n_star else configs[:2]:
-        found.append(Headline(label + suffix, searches("aladdin_bestfit", mode)).opened(pool))
+    for label, mode, count in configs if tp == n_star else [c for c in configs if c[0] in GOAL_CONFIGS]:
+        head = Headline(label + suffix, searches("aladdin_bestfit", mode))
+        if count == FEWEST:  # from the count it opens on the large pool up, every pool runs as that one
+            cap = max(s.eval(pool)["gpus_used"] // tp for s in head.searches) + 2
+            found.append(head.fewest(jsq["workers"] or 8, cap))
+        else:
+            found.append(head.opened(pool))
     for h in found:
         h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})
         log(f"  aladdin {model} {rate:g} req/s {h['config']:26s} TP{tp}: {h['workers']} workers per seed "

@@ -116,8 +116,9 @@ class Search:
             return self.eval(n)["attainment"] >= TARGET
         return bool(self.eval(n)[key])
 
-    def run(self, guess: int, key: str = "p99") -> int | None:
-        return fewest_passing(lambda n: self.ok(n, key), guess, max(1, MAX_GPUS // self.tp))
+    def run(self, guess: int, key: str = "p99", cap: int | None = None) -> int | None:
+        """Gallop and bisection (``fewest_passing``) up to ``cap`` workers (default the search's bound)."""
+        return fewest_passing(lambda n: self.ok(n, key), guess, cap or max(1, MAX_GPUS // self.tp))
 
 
 def searched_row(model, rate, label, policy, tp, n, n100, at, s: Search, requests, tag) -> dict:
@@ -244,11 +245,31 @@ class Headline:
     label: str
     searches: list[Search]
 
-    def jsq(self, guess: int) -> dict:
-        """JSQ: the fewest workers with P100 on every seed (the largest of the per-seed fewest)."""
-        per_seed = [s.run(guess, "p100") for s in self.searches]
-        n = None if None in per_seed else max(per_seed)
-        return self._checked(n, per_seed)
+    def fewest(self, guess: int, cap: int | None = None) -> dict:
+        """The fewest workers n (≤ ``cap``, default the search's bound) at which P100 holds on every seed
+        at n and at n + 1: JSQ's count, and best fit's when its pool is sized to the workload, as the
+        paper's N_w is. P100 is not monotone in the count (a different count changes which requests
+        collide), so a bisection alone can land on a lucky or an unlucky count: each seed's bisection
+        from ``guess`` gives a start, half the smallest of them, and the counts from there are scanned
+        in order. ``per_seed``: each seed's own fewest such count; ``p100_by_n``: every count scanned."""
+        top = cap or max(1, MAX_GPUS // self.searches[0].tp)
+        found = [n for n in (s.run(guess, "p100", top) for s in self.searches) if n is not None]
+        start = max(1, min(found, default=top) // 2)
+
+        def holds(s: Search, m: int) -> bool:
+            return s.ok(m, "p100") and s.ok(m + 1, "p100")
+
+        per_seed = [next((m for m in range(start, top) if holds(s, m)), None) for s in self.searches]
+        each = [m for m in per_seed if m is not None]
+        n = max(each) if len(each) == len(per_seed) else None
+        while n is not None and not all(holds(s, n) for s in self.searches):
+            n = n + 1 if n + 1 < top else None
+        out = self._checked(n, per_seed)
+        seen = sorted(set().union(*(s.seen for s in self.searches)))
+        out["p100_by_n"] = {
+            str(m): [s.seen[m]["p100"] if m in s.seen else None for s in self.searches] for m in seen
+        }
+        return out
 
     def opened(self, pool: int) -> dict:
         """Best fit that opens workers, on a pool of ``pool``: the most it opened over the seeds."""
