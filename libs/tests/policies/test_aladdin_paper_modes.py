@@ -72,7 +72,7 @@ def test_paper_d_has_no_next_iteration_term():
     (100 tokens, t_pre = 10 ms) has just started when r1 (200 tokens, t_pre = 20 ms) comes: slack
     T_dec·1 = 0.1 s holds 20 ms but not 20 ms + t_d(2) ≈ 95 ms."""
     model = lat(k1=1e-4, k2=0.0, c2=0.0, c3=0.095)
-    for mode, want in (("strict", "b"), ("paper", "a")):
+    for mode, want in (("strict", "b"), ("paper", "a"), ("strict_d", "b")):
         p = AladdinBestFit(AladdinBestFitOptions({M: model}, {M: (100.0, 0.1)}, theta=1.0, constraints=mode))
         assert p.choose(M, cands("a", "b"), request=rq("r0", 100, 1000)) == "a"
         assert p.choose(M, cands("a", "b"), request=rq("r1", 200, 10, t=0.01)) == want, mode
@@ -108,3 +108,18 @@ def test_protect_false_drops_constraint_d():
         p = AladdinBestFit(AladdinBestFitOptions({M: pre}, {M: (100.0, 0.1)}, protect=protect))
         assert p.choose(M, cands("a", "b"), request=rq("r0", 100, 1000)) == "a"
         assert p.choose(M, cands("a", "b"), request=rq("r1", 200, 10, t=0.1)) == want, protect
+
+
+def test_strict_d_keeps_the_papers_b():
+    """``strict_d`` is strict's (d) with the paper's (b): (b) at the full T_dec, without the prefill load
+    ρ. r0's 400 prompt tokens (t_pre = 4 s) and r1's 300 (3 s more) fill 0.7 of the 10 s window, so
+    strict's l_d at T_dec·(1 − 0.7) is 300 tokens and refuses Σ ctx = 900 on a; at the full T_dec l_d is
+    1000 and a takes it. (d) is off, to isolate (b)."""
+    model = lat(k1=1e-2, k2=1e-3, c2=0.0, c3=0.0)
+    for mode, want in (("strict", "b"), ("paper", "a"), ("strict_d", "a")):
+        opts = AladdinBestFitOptions(
+            {M: model}, {M: (100.0, 1.0)}, theta=1.0, constraints=mode, protect=False
+        )
+        p = AladdinBestFit(opts)
+        assert p.choose(M, cands("a", "b"), request=rq("r0", 400, 200)) == "a"
+        assert p.choose(M, cands("a", "b"), request=rq("r1", 300, 200)) == want, mode

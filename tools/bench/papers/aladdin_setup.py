@@ -31,6 +31,8 @@ HEADLINE = (  # (label, Aladdin options, count) of the best-fit configs at each 
     ("aladdin-fewest", OPEN_PAPER, FEWEST),
     ("aladdin-strict-fewest", OPEN_STRICT, FEWEST),
     ("aladdin-search", SEARCH_PAPER, FEWEST),
+    # strict's two changes one at a time: the paper's (b), (d) with the next decode iteration
+    ("aladdin-strict-d-fewest", {**OPEN_PAPER, "constraints": "strict_d"}, FEWEST),
     ("aladdin hb 50 ms", {**OPEN_PAPER, "heartbeat_s": HEARTBEAT_S}, OPENED),
     ("aladdin-strict hb 50 ms", {**OPEN_STRICT, "heartbeat_s": HEARTBEAT_S}, OPENED),
     ("aladdin (d) ongoing only", {**OPEN_PAPER, "protect_prefills": False}, OPENED),

@@ -13,6 +13,7 @@ constraints for that worker with the request added (letters as in the paper):
 ``constraints="paper"`` checks (b) and (d) as the paper writes them: (b) Σ_j (l_in_j + γ·l_pred_j) ≤
 θ·l_d(b + 1) at the full T_dec (Eq. 4), (d) t_pre(Σ_new l_in) ≤ θ·min_j (T_dec·l_out_j − t_dec_j) (no
 next-iteration term). ``"strict"`` (default, the forms above) is kept as a named option.
+``"strict_d"`` takes strict's (d) and the paper's (b), to measure the two changes one at a time.
 
 If no worker is feasible: ``on_infeasible="least_loaded"`` (default) sends the request to the LEAST
 loaded worker by the same norm and increments ``infeasible``; ``"open"`` is the paper's best fit
@@ -233,16 +234,16 @@ class AladdinBestFit(FinishListener):
         if cand.size:  # the most loaded worker that passes the exact (b) and (d), ties by engine id
             slack = pool.slack(cand, it, now)
             win = self.prefill_window_s
-            paper = self.constraints == "paper"
+            paper_b, paper_d = self.constraints != "strict", self.constraints == "paper"
             for k in np.lexsort((pool.rank[cand], -nc)).tolist():
                 i = int(cand[k])
                 rho = 0.0
-                if not paper:  # ρ with this request's prefill added (the time it adds to the pending batch)
+                if not paper_b:  # ρ with this request's prefill added (the time it adds to the pending batch)
                     pend = float(pool.new_in[i])
                     added = float(pool.tpre(pend + l_in)) - (float(pool.tpre(pend)) if pend > 0 else 0.0)
                     rho = min(pool.prefill_seconds(i, now, win) / win + added / win, 0.99)
                 sk = float(slack[k]) if self.protect else math.inf
-                if pool.exact_bd(i, sk, l_in, ctx, self.theta, rho, paper):
+                if pool.exact_bd(i, sk, l_in, ctx, self.theta, rho, paper_d):
                     chosen = i
                     break
         if chosen < 0 and self.on_infeasible == "open":
@@ -336,14 +337,14 @@ class AladdinBestFit(FinishListener):
         (:mod:`.aladdin_rebalance`).
         """
         moves: list[tuple[str, str, str]] = []
-        paper = self.constraints == "paper"
+        paper_b, paper_d = self.constraints != "strict", self.constraints == "paper"
         for model in sorted(self.book.pools):
             pool = self.book.pools[model]
             dist = self.error_distance(model, now)
             d = np.array([dist[e] for e in pool.ids])
             it = pool.iters(self.book.now)
             opened = frozenset(self._open.get(model, set())) if self.on_infeasible == "open" else None
-            check = MoveCheck(self.theta, paper, self.prefill_window_s, self.book.now, opened)
+            check = MoveCheck(self.theta, paper_b, paper_d, self.prefill_window_s, self.book.now, opened)
             moves += plan_moves(pool, d, it, check)
         return moves
 

@@ -479,7 +479,8 @@ class ModelPool:
         t_dec_j, with θ as the paper's margin on the right.
 
         ``paper``: the constraints as the paper prints them (Eq. 4 at the full T_dec; (d) with t_pre
-        only), which :meth:`mask_bcd` already checked, so True.
+        only), which :meth:`mask_bcd` already checked, so True. ``rho`` = 0 leaves (b) as printed (what
+        :meth:`mask_bcd` checked) and checks (d) with the next iteration (``constraints="strict_d"``).
         """
         if paper:
             return True

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Constraints = Literal["strict", "paper"]
+Constraints = Literal["strict", "paper", "strict_d"]
 OnInfeasible = Literal["least_loaded", "open"]
 
 
@@ -33,8 +33,9 @@ class AladdinBestFitOptions:
         default_output_tokens: prediction when the request has none and there is no predictor.
         prefill_window_s: window over which (b)'s prefill load ρ (the share of time a worker spends in
             the prefills placed on it) is measured.
-        constraints: ``"strict"`` ((b) at T_dec·(1 − ρ), (d) with t_d(b + 1)) or ``"paper"`` (Eq. 4 as
-            printed); see the policy's module docstring.
+        constraints: ``"strict"`` ((b) at T_dec·(1 − ρ), (d) with t_d(b + 1)), ``"paper"`` (Eq. 4 as
+            printed) or ``"strict_d"`` ((b) as printed, (d) with t_d(b + 1): strict's two changes one at
+            a time); see the policy's module docstring.
         on_infeasible: ``"least_loaded"`` or ``"open"`` (the paper's: open a new worker).
         protect: check (d) (default); False drops it, to measure what it costs (the Aladdin sweep's
             ``no-(d)`` configuration).
@@ -67,8 +68,8 @@ class AladdinBestFitOptions:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.heartbeat_s) and self.heartbeat_s >= 0):
             raise ValueError(f"heartbeat_s must be finite and >= 0, got {self.heartbeat_s!r}")
-        if self.constraints not in ("strict", "paper"):
-            raise ValueError(f"constraints must be 'strict' or 'paper', got {self.constraints!r}")
+        if self.constraints not in ("strict", "paper", "strict_d"):
+            raise ValueError(f"constraints must be 'strict', 'paper' or 'strict_d', got {self.constraints!r}")
         if self.on_infeasible not in ("least_loaded", "open"):
             raise ValueError(f"on_infeasible must be 'least_loaded' or 'open', got {self.on_infeasible!r}")
         if not 0 <= self.gamma <= 1:

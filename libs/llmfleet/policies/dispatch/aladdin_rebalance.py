@@ -17,12 +17,13 @@ from llmfleet.policies.dispatch.aladdin_ledger import EPS, ModelPool, PlacedRequ
 
 @dataclass(frozen=True)
 class MoveCheck:
-    """(b)–(e) for a request moved onto a worker at ``now``: ``theta`` is θ, ``paper`` the printed forms
-    of (b) and (d), ``window_s`` the prefill-load window of (b)'s ρ, ``open_slots`` the workers moves may
+    """(b)–(e) for a request moved onto a worker at ``now``: ``theta`` is θ, ``paper_b`` / ``paper_d`` the
+    printed forms of (b) / (d), ``window_s`` the prefill-load window of (b)'s ρ, ``open_slots`` the workers moves may
     go to (``on_infeasible="open"``: the open ones; None: any)."""
 
     theta: float
-    paper: bool
+    paper_b: bool
+    paper_d: bool
     window_s: float
     now: float
     open_slots: frozenset[int] | None = None
@@ -39,13 +40,13 @@ class MoveCheck:
         if new_in > pool.prefill_cap_tokens:
             return False
         slack = float(pool.slack(np.array([y]), it, self.now)[0])
-        t_next = 0.0 if self.paper else pool.td(b + 1.0, s + r.ctx)
+        t_next = 0.0 if self.paper_d else pool.td(b + 1.0, s + r.ctx)
         if float(pool.tpre(new_in)) + t_next > self.theta * slack:
             return False
         if self.open_slots is not None and y not in self.open_slots:
             return False  # moves go to open workers only
         win = self.window_s
-        rho = 0.0 if self.paper else min(pool.prefill_seconds(y, self.now, win) / win, 0.99)
+        rho = 0.0 if self.paper_b else min(pool.prefill_seconds(y, self.now, win) / win, 0.99)
         if rho > 0:
             t_eff = pool.t_dec * (1.0 - rho)
             if s + r.ctx > self.theta * max(0.0, float(pool.latency.decode.context_limit(b + 1.0, t_eff))):
