@@ -10,7 +10,8 @@ Setup (every arm the same requests):
   adapter. Shared engines have ``--max-loras`` slots per engine (default 8: all 32 adapters fit once
   over the 4 engines, not on one). LoRA's costs are :mod:`llmfleet.costmodel.lora`'s: the rank-16
   matmuls of each step's adapter rows (padded to ``max_lora_rank`` 16) and a load of 4.5 ms per
-  adapter put in a slot; a request whose adapter finds every slot pinned waits for one.
+  adapter put in a slot; a request takes its adapter's slot when its engine admits it into a step,
+  and waits while every slot is held by other adapters' running requests.
 * **Traffic**: Poisson arrivals at ``--rate`` requests/s (default 40; the shared arms also at each of
   ``--rates``, 16 to 64) for ``--duration-s`` seconds (300), each request's
   adapter drawn from a Zipf law over the 32 adapters (exponent ``--zipf``, default 1.0: the hottest
