@@ -48,8 +48,9 @@ Setup (paper §6.3–6.4 → ours):
   holds a request at the dispatcher instead is not the paper's: "Aladdin is a non-blocking system; once
   a request is scheduled to a worker, it will start inference in the next iteration" (§5.3), and the
   MIP's (a) places every request. ``aladdin-search`` (the paper's constraints with the least-loaded
-  fallback from the start) is run beside. Best fit also runs with a 50 ms scheduling heartbeat and with
-  (d) protecting only requests that produced a token. At Table 3's worker size (where it differs from
+  fallback from the start) is run beside, and ``aladdin-strict-d-fewest`` (the paper's (b), strict's (d):
+  ``constraints="strict_d"``). Best fit also runs with a 50 ms scheduling heartbeat and with (d)
+  protecting only requests that produced a token. At Table 3's worker size (where it differs from
   N*), JSQ and the goal's configs run beside. The one-seed sweep over the lower rates (P99 beside)
   stays.
 - Latency model: Aladdin's policy prices work on the bench's cost source (``costmodel.latency_model``),

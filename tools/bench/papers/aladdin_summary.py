@@ -154,6 +154,10 @@ def _headline_goal(head: list[dict]) -> dict[str, Any]:
     parts, met = [], True
     for model in dict.fromkeys(h["model"] for h in head):
         rows = [h for h in head if h["model"] == model and h["config"] in GOAL_CONFIGS]
+        if not rows:  # a run of other configs only (``aladdin_headline.py --config``)
+            met = False
+            parts.append(f"{model}: no goal config run")
+            continue
         ok = [
             h for h in rows if h["holds"] and h["jsq_holds"] and h["ratio"] is not None and h["ratio"] <= 0.6
         ]
