@@ -338,20 +338,30 @@ class DoublingBudget:
             return
         if not (np.isfinite(ds).all() and ds.min() >= 0):
             raise ValueError(f"iteration durations must be finite and >= 0, got {ds!r}")
+        if not members:
+            return
         head, last, total = ds[:-1], float(ds[-1]), float(ds.sum())
-        for r in members:
-            b = self.budget(r)
-            # sequential subtractions Q - d1 - d2 ... (bit-identical to one charge per iteration)
-            qs = np.subtract.accumulate(np.concatenate(([b.left_s], head)))
-            if qs.min() <= 0:  # a renewal inside the run (stable_until normally rules it out)
+        budgets = [self.budget(r) for r in members]
+        # one row per member, each accumulated left to right: the sequential subtractions Q - d1 - d2 ...
+        # and additions executed + d1 + d2 ... (bit-identical to one charge / mark_ran per iteration)
+        qs = np.empty((len(members), ds.size), dtype=np.float64)
+        qs[:, 0] = [b.left_s for b in budgets]
+        qs[:, 1:] = head
+        qs = np.subtract.accumulate(qs, axis=1)
+        renewed = qs.min(axis=1) <= 0  # a renewal inside the run (stable_until normally rules it out)
+        executed = np.empty((len(members), ds.size + 1), dtype=np.float64)
+        executed[:, 0] = [r.executed_s for r in members]
+        executed[:, 1:] = ds
+        executed = np.add.accumulate(executed, axis=1)
+        for i, (r, b) in enumerate(zip(members, budgets, strict=True)):
+            if renewed[i]:
                 for d in head.tolist():
                     self.charge(r, d)
             else:
-                b.left_s = float(qs[-1])
+                b.left_s = float(qs[i, -1])
             self.charge(r, last)
-            executed = float(np.add.accumulate(np.concatenate(([r.executed_s], ds)))[-1])
             mark_ran(r, total, now)
-            r.executed_s = executed  # the same additions as one mark_ran per iteration
+            r.executed_s = float(executed[i, -1])
 
     def execution_time(self, req: SchedRequest, now: float) -> float:
         """What ``on_finish`` observes for L̂_s: the single-request time (``solo``), else (``executed``, or a
