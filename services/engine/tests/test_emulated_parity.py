@@ -30,6 +30,7 @@ from llmfleet.workload.prompts import prompt_token_ids
 from llmfleet_engine import executor as executor_module
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.clock import Lag
+from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import build_request
 from test_core_parity import OFFSETS as CORE_OFFSETS
 from test_core_parity import Spy, normalise, workload_request
@@ -102,6 +103,39 @@ def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
     return log, sim.instances["e0"]
 
 
+async def replay_on_clock(
+    clock: SimulatedClock, arrive: list, submit: Callable[[str, float, str, int, int], RequestStream]
+) -> None:
+    """Submits each arrival ``(rid, t, model, prompt, output)`` when the engine's clock passes ``t`` (the
+    first at once, the clock at 0), as the simulator's arrivals come between its steps, and waits for
+    every stream to end at its output length."""
+    loop = asyncio.get_running_loop()
+    pending, streams = list(arrive[1:]), []
+
+    def on_tick(start: float, end: float) -> None:
+        due = [a for a in pending if a[1] <= end]
+        del pending[: len(due)]
+
+        async def submit_due() -> None:
+            for a in due:
+                clock.t = a[1]
+                streams.append(submit(*a))
+            clock.t = start
+
+        if due:
+            asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
+
+    clock.t = 0.0  # loading the models moved the clock on
+    clock.on_tick = on_tick
+    streams.append(submit(*arrive[0]))
+    done = 0
+    while done < len(streams) or pending:
+        chunks = await asyncio.wait_for(streams[done].collect(), 60)
+        assert chunks[-1].finish_reason.name == "LENGTH"
+        assert chunks[-1].usage.completion_tokens == arrive[done][4]
+        done += 1
+
+
 async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, EmulatedExecutor]:
     log: list = []
     clock = SimulatedClock()
@@ -124,39 +158,14 @@ async def run_emulated(policy: str, arrive: list, monkeypatch) -> tuple[list, Em
     for m in MODELS:
         await asyncio.to_thread(ex.host.load, ModelSpec(m, f"emulated://{m}"))
     assert ex.host.kv_capacity_bytes == KV_BLOCKS * bb and ex.plan.block_bytes == bb
-    loop = asyncio.get_running_loop()
-    pending, streams = list(arrive[1:]), []
 
-    def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
+    def submit(rid: str, t: float, model: str, prompt: int, output: int) -> RequestStream:
         text = prompt_words(rid, t, model, prompt, output)
         req = build_request(ex.host.models[model], text, request_id=rid, max_tokens=output)
         assert req.prompt_tokens == prompt  # one token per word
-        streams.append(ex.submit(dataclasses.replace(req, arrival_s=t, service=SERVICES[model])))
+        return ex.submit(dataclasses.replace(req, arrival_s=t, service=SERVICES[model]))
 
-    def on_tick(start: float, end: float) -> None:
-        due = [a for a in pending if a[1] <= end]
-        del pending[: len(due)]
-
-        async def submit_due() -> None:
-            for a in due:
-                clock.t = a[1]
-                submit(*a)
-            clock.t = start
-
-        if due:
-            asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
-
-    clock.t = 0.0
-    clock.on_tick = on_tick
-    submit(*arrive[0])
-    done = 0
-    while done < len(streams) or pending:
-        chunks = await asyncio.wait_for(streams[done].collect(), 60)
-        assert (
-            chunks[-1].finish_reason.name == "LENGTH"
-            and chunks[-1].usage.completion_tokens == arrive[done][4]
-        )
-        done += 1
+    await replay_on_clock(clock, arrive, submit)
     return log, ex
 
 

@@ -23,9 +23,10 @@ from llmfleet.types import ModelSpec
 from llmfleet.workload.prompts import prompt_token_ids
 from llmfleet_engine import executor as executor_module
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
+from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import build_request
 from test_core_parity import Spy, workload_request
-from test_emulated_parity import SimulatedClock
+from test_emulated_parity import SimulatedClock, replay_on_clock
 
 HW = "a100-80gb"
 BASE = "llama2-7b"
@@ -107,40 +108,17 @@ async def run_emulated(arrive: list, monkeypatch) -> tuple[list, EmulatedExecuto
     for name, rank in RANKS.items():
         ex.adapters.add(name, BASE, f"emulated://r{rank}")
     assert ex.host.kv_capacity_bytes == KV_BLOCKS * bb and ex.plan.block_bytes == bb
-    loop = asyncio.get_running_loop()
-    pending, streams = list(arrive[1:]), []
 
-    def submit(rid: str, t: float, model: str, prompt: int, output: int) -> None:
+    def submit(rid: str, t: float, model: str, prompt: int, output: int) -> RequestStream:
         ids = prompt_token_ids(workload_request(rid, t, SERVICES[model], prompt, output))
         req = build_request(ex.host.models[BASE], " ".join(f"t{k}" for k in ids), request_id=rid)
         req = dataclasses.replace(
             req, model=model, arrival_s=t, service=SERVICES[model],
             sampling=dataclasses.replace(req.sampling, max_tokens=output),
         )  # fmt: skip
-        streams.append(ex.submit(req))  # never refused for want of a slot
+        return ex.submit(req)  # never refused for want of a slot
 
-    def on_tick(start: float, end: float) -> None:
-        due = [a for a in pending if a[1] <= end]
-        del pending[: len(due)]
-
-        async def submit_due() -> None:
-            for a in due:
-                clock.t = a[1]
-                submit(*a)
-            clock.t = start
-
-        if due:
-            asyncio.run_coroutine_threadsafe(submit_due(), loop).result(10)
-
-    clock.t = 0.0  # loading the base moved the clock on
-    clock.on_tick = on_tick
-    submit(*arrive[0])
-    done = 0
-    while done < len(streams) or pending:
-        chunks = await asyncio.wait_for(streams[done].collect(), 60)
-        assert chunks[-1].finish_reason.name == "LENGTH"
-        assert chunks[-1].usage.completion_tokens == arrive[done][4]
-        done += 1
+    await replay_on_clock(clock, arrive, submit)
     return log, ex
 
 
