@@ -89,18 +89,27 @@ def run_sim(make_policy: Callable[[], Any], arrive: list) -> tuple[list, Any]:
         tuple(SimService(SERVICES[m], m, max_tokens=1) for m in MODELS),
         EngineSettings(block_tokens=BLOCK_TOKENS, kv_bytes=KV_BLOCKS * block_bytes(), **LIMITS),
     )
+    return log, simulate_one(spec, MODELS, lambda: Spy(make_policy(), log), arrive, SERVICES)
+
+
+def simulate_one(
+    spec: SimSpec, models: tuple[str, ...], make_policy: Callable[[], Any], arrive: list, services: dict
+) -> Any:
+    """``arrive`` (``(rid, t, model, prompt, output)``, a model's requests to its service in ``services``)
+    on one simulated instance ``e0`` hosting ``models``, step by step (no fast-forward); every request
+    done, and the instance returned."""
     sim = Simulator(
         spec,
-        [InstancePlan("e0", MODELS, 1)],
-        lambda: Spy(make_policy(), log),
+        [InstancePlan("e0", models, 1)],
+        make_policy,
         RoundRobin(),
         CostBook.build(spec.cluster.hw, spec.archs()),
         fast_forward=False,
     )
-    reqs = [workload_request(rid, t, SERVICES[m], p, o) for rid, t, m, p, o in arrive]
+    reqs = [workload_request(rid, t, services[m], p, o) for rid, t, m, p, o in arrive]
     res = sim.run(reqs, strict_services=True)
-    assert not [r for r in res.records if r.failed]
-    return log, sim.instances["e0"]
+    assert all(r.done and not r.failed for r in res.records)
+    return sim.instances["e0"]
 
 
 async def replay_on_clock(

@@ -13,11 +13,8 @@ import dataclasses
 from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.lora import adapter_pool_bytes
 from llmfleet.costmodel.memory import activation_bytes
-from llmfleet.policies.dispatch import RoundRobin
-from llmfleet.policies.placement import InstancePlan
 from llmfleet.policies.request import Fcfs
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import ModelSpec
 from llmfleet.workload.prompts import prompt_token_ids
@@ -26,7 +23,7 @@ from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.stream import RequestStream
 from llmfleet_engine.validation import build_request
 from test_core_parity import Spy, workload_request
-from test_emulated_parity import SimulatedClock, replay_on_clock
+from test_emulated_parity import SimulatedClock, replay_on_clock, simulate_one
 
 HW = "a100-80gb"
 BASE = "llama2-7b"
@@ -71,18 +68,7 @@ def run_sim(arrive: list) -> tuple[list, object]:
             block_tokens=BLOCK_TOKENS, kv_bytes=KV_BLOCKS * block_bytes(), max_loras=MAX_LORAS, **LIMITS
         ),
     )
-    sim = Simulator(
-        spec,
-        [InstancePlan("e0", (BASE,), 1)],
-        lambda: Spy(Fcfs(), log),
-        RoundRobin(),
-        CostBook.build(spec.cluster.hw, spec.archs()),
-        fast_forward=False,
-    )
-    reqs = [workload_request(rid, t, SERVICES[m], p, o) for rid, t, m, p, o in arrive]
-    res = sim.run(reqs, strict_services=True)
-    assert all(r.done and not r.failed for r in res.records)
-    return log, sim.instances["e0"]
+    return log, simulate_one(spec, (BASE,), lambda: Spy(Fcfs(), log), arrive, SERVICES)
 
 
 async def run_emulated(arrive: list, monkeypatch) -> tuple[list, EmulatedExecutor]:
