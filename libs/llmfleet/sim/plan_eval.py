@@ -22,7 +22,7 @@ processes (spawned once, each holding the workload and the cost tables; "spawn" 
 gRPC threads can use it safely).
 
 **Plans by component.** With a dispatch policy whose choices for a model depend only on the instances
-hosting that model and on its own state for that model (:data:`PER_MODEL_DISPATCH`), and no LoRA
+hosting that model and on its own state for that model (``needs.per_model``: JSQ, round robin), and no LoRA
 adapters, the instances of a plan fall into components that share nothing: instances are linked when
 they host a common model, and a request only ever reaches the instances of its model. Each component's
 evolution depends only on its own requests (events at one instant are ordered by kind, then by their
@@ -57,12 +57,6 @@ from llmfleet.workload import WorkloadRequest
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
-
-
-# dispatch policies whose choice for a model reads only the instances hosting it and the policy's own
-# state for that model (jsq: stateless; round_robin: a cursor per model): a plan's components then run
-# apart (see the module docstring)
-PER_MODEL_DISPATCH = frozenset({"jsq", "round_robin"})
 
 
 def components(plan: Sequence[InstancePlan]) -> list[tuple[InstancePlan, ...]]:
@@ -111,7 +105,8 @@ class _Scorer:
             m: np.array([i for i, x in enumerate(self.model_of) if x == m], dtype=np.int64)
             for m in sorted(set(self.model_of))
         }
-        self.split = bundle.dispatch.policy in PER_MODEL_DISPATCH and not spec.adapters
+        dispatch = make_dispatch_policy(bundle.dispatch.policy, **bundle.dispatch.options)
+        self.split = dispatch.needs.per_model and not spec.adapters
         self.known = frozenset(spec.archs())
         self.parts: dict[tuple[InstancePlan, ...], list[RequestRecord]] = {}  # a component's records
 

@@ -142,7 +142,10 @@ class DispatchNeeds:
     ``requests`` (per-request tokens so far and first-token time); the live scheduler measures them
     from the tokens it relays, so they need no load source, but the choices then depend on the
     engines' state (see ``state_blind``). ``reads_prompt``: ``request.prompt`` (the prompt's text; the
-    simulator renders it from the workload's prompt content only for such policies).
+    simulator renders it from the workload's prompt content only for such policies). ``per_model``: its
+    choice for a model reads only the candidates hosting that model and its own state for that model,
+    so instances that share no model never affect each other's routing (a plan's simulation may then
+    run its components apart: ``llmfleet.sim.plan_eval``).
     """
 
     reads_queue: bool = False
@@ -151,6 +154,7 @@ class DispatchNeeds:
     reads_costs: bool = False
     reads_progress: bool = False
     reads_prompt: bool = False
+    per_model: bool = False
 
     @property
     def load_blind(self) -> bool:

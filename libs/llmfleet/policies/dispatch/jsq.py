@@ -20,7 +20,7 @@ class JoinShortestQueue:
     """Fewest queued (running + waiting) requests; ties by engine id."""
 
     name = "jsq"
-    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True)
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(reads_queue=True, per_model=True)
 
     def choose(
         self,

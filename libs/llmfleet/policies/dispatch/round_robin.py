@@ -17,7 +17,7 @@ class RoundRobin:
     _next: dict[str, int] = field(default_factory=dict)
     # never reads the candidates' load: callers may skip refreshing it, and the simulator may split a
     # run across processes (llmfleet.sim.partition) since routing does not depend on instance state
-    needs: ClassVar[DispatchNeeds] = DispatchNeeds()
+    needs: ClassVar[DispatchNeeds] = DispatchNeeds(per_model=True)  # a cursor per model
 
     def choose(
         self,
