@@ -18,7 +18,9 @@ failed, cancelled, migrated away, preempted (it acquires it again when it is adm
 re-queued at a static batch's end. A waiting request whose adapter finds every slot held by other
 adapters' running requests stays waiting, never refused; the policy does not see it meanwhile, so
 later requests whose adapter is resident or has a free slot go ahead (vLLM's scheduler skips such a
-request the same way). The engine says where a base's slots are and what a load does (the simulator
+request the same way). A request of a higher priority that waits so may preempt the running requests
+of one other adapter instead, and then takes the freed slot before its prefill
+(:meth:`~llmfleet.engine_core.core.EngineCore.preemption_victims`). The engine says where a base's slots are and what a load does (the simulator
 and the emulated engine charge its time, the native engine copies the weights in).
 """
 

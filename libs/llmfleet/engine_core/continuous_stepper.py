@@ -57,9 +57,12 @@ class ContinuousStepper:
                 return plan
 
     def _schedule_once(self, core: SteppedCore, now: float) -> StepPlan | None:
-        for victim in core.preemption_victims():
-            self._preempt(core, victim, now)
-            self._preempted.append(victim)
+        victims = core.preemption_victims()
+        if victims:
+            for victim in victims:
+                self._preempt(core, victim, now)
+                self._preempted.append(victim)
+            core.take_claimed_slot()
         ws, rs = core.visible()
         scheds_w = [r.sched for r in ws]
         scheds_r = [r.sched for r in rs]

@@ -49,8 +49,11 @@ admitted (its prefill, a static batch, a landing with its KV) and releases it wh
 set (finished, dropped, preempted, re-queued at a static batch's end). A waiting request whose adapter
 finds every slot held by other adapters' running requests stays waiting and is not shown to the policy
 until a slot frees, so later requests go ahead; one whose adapter cannot be served here any more
-leaves as failed (:meth:`drain_failed`). The simulator, the emulated engines and the native engine
-all pass their adapter pools through this one rule.
+leaves as failed (:meth:`drain_failed`). Under the preemption rule's priority, such a request that is
+first in rank order preempts the running requests of one other adapter when they all have a lower
+priority (the fewest of them; the least recently used adapter among equals) and takes the freed slot
+at once, keeping it while it waits for its prefill (fairness among tenants does not preempt for a
+slot). The simulator, the emulated engines and the native engine all pass their adapter pools through this one rule.
 
 The policy calling contract is the one in ``llmfleet.policies.request.base`` and
 ``llmfleet.policies.batching.base``; this module and its two steppers are its only implementation.
@@ -138,6 +141,7 @@ class EngineCore:
         self._pool: PoolView | None = None
         self._paused = 0
         self._ranked = False  # a request with a priority or a tenant entered: rank waiting requests
+        self.slot_claimant: CoreRequest | None = None  # preempted for: takes its adapter slot at once
 
     # ------------------------------------------------------------------------------------ models
     def add_model(self, model: str) -> None:
@@ -377,6 +381,10 @@ class EngineCore:
         rule = self.preemption
         if rule is None or not self._ranked or not self.waiting or not self.running:
             return []
+        if self.adapters is not None:
+            held = self._adapter_victims()
+            if held:
+                return held
         ranked = self._ranked_waiting()
         if not ranked:
             return []
@@ -397,6 +405,50 @@ class EngineCore:
             room += 1
             free += pool.blocks_for(victim.sched.model, self.alloc.own_tokens(victim.sched.request_id))
         return out
+
+    def _adapter_victims(self) -> list[CoreRequest]:
+        """When the first unpaused waiting request in rank order names an adapter that finds every slot
+        of its base held by other adapters' running requests: the holders of one such adapter, all of
+        a lower priority than it and still preemptible (the fewest, the least recently used adapter
+        among equals), whose preemption frees a slot for it (:attr:`slot_claimant` names it until it
+        takes the slot); empty otherwise."""
+        rule, gate = self.preemption, self.adapters
+        assert rule is not None and gate is not None
+        if not rule.priority:
+            return []
+        held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+        waiting = (r for r in self.waiting.values() if not r.paused)
+        first = min(waiting, key=lambda r: rule.rank(self.claim(r), held), default=None)
+        if first is None or first.adapter is None or gate.room(first):
+            return []
+        slots = gate.slots_of(first)
+        assert slots is not None  # room() is True for a request whose base has no pool
+        holders: dict[str, list[CoreRequest]] = {}
+        for r in self.running.values():
+            if r.adapter_slot >= 0 and r.adapter is not None and gate.slots_of(r) is slots:
+                holders.setdefault(r.adapter, []).append(r)
+        priority = first.sched.request_priority
+        best: list[CoreRequest] = []
+        for adapter in slots.resident:  # least recently used first
+            rs = holders.get(adapter, [])
+            if not rs or (best and len(rs) >= len(best)):
+                continue
+            if all(
+                not r.paused and r.sched.request_priority < priority and rule.preemptible(self.claim(r))
+                for r in rs
+            ):
+                best = rs
+        if best:
+            self.slot_claimant = first
+        return best
+
+    def take_claimed_slot(self) -> None:
+        """The holders :meth:`preemption_victims` named for :attr:`slot_claimant` were preempted: it
+        takes the freed slot now, before they could take it back, and keeps it while it waits for
+        its prefill."""
+        r, self.slot_claimant = self.slot_claimant, None
+        if r is not None and r.sched.request_id in self.waiting:
+            self.take_adapter(r)
 
     def fail_stuck(self, scheds_w: list[SchedRequest], pool: PoolView) -> None:
         """Nothing runs and the policy chose nothing: waiting requests that can never fit the pool

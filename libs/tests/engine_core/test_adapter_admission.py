@@ -96,3 +96,33 @@ def test_a_request_whose_adapter_is_gone_fails_at_admission() -> None:
     ((r, why),) = core.drain_failed()
     assert r.request_id == "a" and "no longer registered" in why
     assert slots.resident == () and not loads
+
+
+def test_a_higher_priority_request_preempts_the_holders_of_another_adapter_for_a_slot() -> None:
+    slots, loads = AdapterSlots(2), []
+    core = make_core(slots, loads)
+    for r in [req("x1", "x", 0.0, out=9), req("x2", "x", 0.1, out=9), req("y1", "y", 0.2, out=9)]:
+        core.add(r, 0.2)
+    step(core, 0.2)
+    assert (slots.pins("x"), slots.pins("y")) == (2, 1)  # every slot held
+    core.add(req("h", "z", 1.0, out=2, priority=1), 1.0)
+    plan = step(core, 1.0)
+    # y's one holder is preempted (fewer than x's two); h takes y's slot
+    assert [r.request_id for r in plan.preempted] == ["y1"] and [r.request_id for r in plan.prefills] == ["h"]
+    assert slots.slot("z") == 1 and slots.pins("x") == 2 and loads == ["x@0", "y@1", "z@1"]
+    while core.has_work():
+        step(core, 2.0)
+    assert not core.failed and core.preemptions == 1
+
+
+def test_equal_priority_waits_for_a_slot_without_preempting() -> None:
+    slots, loads = AdapterSlots(1), []
+    core = make_core(slots, loads)
+    core.add(req("x1", "x", 0.0, out=4, priority=1), 0.0)
+    step(core, 0.0)
+    core.add(req("h", "z", 1.0, out=2, priority=1), 1.0)  # the same priority: no preemption
+    plan = step(core, 1.0)
+    assert not plan.preempted and "h" in core.waiting
+    while core.has_work():
+        step(core, 2.0)
+    assert core.preemptions == 0 and loads == ["x@0", "z@0"]

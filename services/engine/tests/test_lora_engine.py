@@ -116,6 +116,24 @@ async def test_more_adapters_than_slots_in_flight_wait_for_a_slot_and_all_comple
     assert not ex.core.requests and not ex.table.requests
 
 
+async def test_a_higher_priority_adapter_request_preempts_another_adapters_holder_for_the_slot(
+    make, checkpoints
+) -> None:
+    base_dir, dirs = checkpoints
+    ex, base = make(max_loras=1)
+    low = ex.submit(request(base, "qv", "low", max_tokens=4 * N))
+    first = await low.__anext__()  # running: "qv" holds the only slot
+    high = dataclasses.replace(request(base, "all", "high"), priority=1)
+    got_high = cc.ids(await asyncio.wait_for(ex.submit(high).collect(), 60))
+    rest = await asyncio.wait_for(low.collect(), 60)
+    assert ex.preemptions == 1  # the low one, for the slot; it resumed by recompute
+    assert got_high == hf_greedy(merged(base_dir, dirs["all"]), high.prompt_token_ids, N)
+    want_low = hf_greedy(merged(base_dir, dirs["qv"]), high.prompt_token_ids, 4 * N)
+    assert cc.ids([first, *rest]) == want_low
+    (load,) = ex.load_snapshot().models
+    assert load.adapter_loads == 3  # qv, all for the high one, qv again
+
+
 async def test_a_request_of_an_adapter_not_served_here_is_refused_naming_it(make) -> None:
     ex, base = make(max_loras=1)
     with pytest.raises(UnknownModelError, match="ghost"):
