@@ -207,6 +207,15 @@ class ClusterConfig(BaseModel):
             if s.model != self.host_model(s.model)
         }
 
+    def adapter_pool(self) -> tuple[int, int]:
+        """The engines' LoRA adapter pool as a planner prices it: (slots per base, largest rank). An
+        ``emulated:`` pool's engine settings, else the largest ``max_loras`` and ``max_lora_rank`` any
+        engine sets (the planner plans one pool, so it reserves the largest; (0, 16): LoRA off)."""
+        engines = [self.emulated.engine] if self.emulated is not None else list(self.engines.values())
+        slots = max((e.max_loras or 0 for e in engines), default=0)
+        rank = max((e.max_lora_rank or 16 for e in engines if e.max_loras), default=16)
+        return slots, rank
+
     def catalog_models(self) -> dict[str, str]:
         """Served checkpoint -> its cost-model catalog name (``sim_model``, else the model's own name when
         it is a catalog name), for the checkpoints the services run on (an adapter service's is its

@@ -85,9 +85,10 @@ class LoraCost:
     tp: int = 1
     rank: int = DEFAULT_RANK
 
-    def batch_seconds(self, tokens: int, adapters: int) -> float:
+    def batch_seconds(self, tokens: float, adapters: int) -> float:
         """Extra seconds of a step whose ``tokens`` rows (prefill tokens and decodes) name one of
-        ``adapters`` distinct adapters; 0 without adapter rows."""
+        ``adapters`` distinct adapters; 0 without adapter rows (a planner passes a mean, fractional
+        row count)."""
         if tokens <= 0 or adapters <= 0:
             return 0.0
         a = self.arch

@@ -173,6 +173,7 @@ def window_loads(
                 s.name, s.model, len(arr) / span, p_mean, o_mean, p_std, o_std, s.slo,
                 attainment=q[0] if q else None,
                 normalized_latency=q[1] if q and math.isfinite(q[1]) else None,
+                adapter=s.adapter,
             )
         )  # fmt: skip
     return out

@@ -152,6 +152,7 @@ def service_loads(workload: Workload, spec: SimSpec) -> list[ServiceLoad]:
                 s.name, s.model, len(rs) / dur,
                 float(prompt.mean()) if rs else 0.0, float(output.mean()) if rs else 0.0,
                 float(prompt.std()) if rs else 0.0, float(output.std()) if rs else 0.0, s.slo,
+                adapter=s.adapter,
             )
         )  # fmt: skip
     return out
@@ -159,7 +160,7 @@ def service_loads(workload: Workload, spec: SimSpec) -> list[ServiceLoad]:
 
 def cold_loads(spec: SimSpec) -> list[ServiceLoad]:
     """What a live leader's first plan sees: every service, no request yet."""
-    return [ServiceLoad(s.name, s.model, slo=s.slo) for s in spec.services]
+    return [ServiceLoad(s.name, s.model, slo=s.slo, adapter=s.adapter) for s in spec.services]
 
 
 @dataclass
@@ -200,7 +201,10 @@ def simulate(
     if not workload.requests:
         raise ValueError("the workload has no requests")
     workload = assign_services(workload, spec)
-    gpus = GpuPool(spec.cluster.hw.name, spec.cluster.count, spec.cluster.max_tp)
+    gpus = GpuPool(
+        spec.cluster.hw.name, spec.cluster.count, spec.cluster.max_tp,
+        spec.engine.max_loras, spec.engine.max_lora_rank,
+    )  # fmt: skip
     planner = _planner(policy, plan, evaluator_factory)
     if plan is None:
         assert planner is not None

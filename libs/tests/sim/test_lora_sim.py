@@ -12,8 +12,10 @@ from llmfleet.engine_core import AdapterSlots
 from llmfleet.policies.dispatch import make_dispatch_policy
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import Fcfs
+from llmfleet.sim.bundle import PolicyBundle
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
+from llmfleet.sim.run import simulate
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
@@ -209,3 +211,15 @@ def test_the_prefix_cache_is_keyed_by_adapter():
     sim2 = simulator("round_robin", n_adapters=2, max_loras=2, instances=1)
     res2 = sim2.run(reqs[:2], strict_services=True)
     assert res2.instances[0]["prefix_hits"] == hits  # a1's request found none of a0's
+
+
+def test_the_simulators_planner_reserves_the_engines_adapter_pool():
+    """The first plan of a simulation prices the adapter pool its engines reserve: Llama-2-7B fits one L4
+    bare, not beside 32 slots of rank 64 (9.5 GiB), so the same planner gives it two GPUs."""
+
+    def first_plan(engine: EngineSettings) -> list[InstancePlan]:
+        spec = SimSpec(ClusterSpec.parse("4xL4"), adapter_services(2), engine)
+        return simulate(spec, workload(2, n=20, rate=2.0), PolicyBundle("x", "dedicated_even")).plan
+
+    assert {p.tp for p in first_plan(EngineSettings(max_loras=2, max_lora_rank=16))} == {1}
+    assert {p.tp for p in first_plan(EngineSettings(max_loras=32, max_lora_rank=64))} == {2}

@@ -105,11 +105,17 @@ def live_engines(nodes: Iterable[NodeRecord], placements: Mapping[str, DesiredPl
     return out
 
 
-def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node: int) -> tuple[GpuPool, str]:
+def gpu_pool(
+    engines: Sequence[LiveEngine],
+    default_hardware: str,
+    gpus_per_node: int,
+    adapter_pool: tuple[int, int] = (0, 16),
+) -> tuple[GpuPool, str]:
     """One pool of Σ tp GPUs: the engines' common hardware, else ``default_hardware`` (with a note
     when they disagree or report none). A planner's instance must match an engine's size, so groups
     are at most the largest engine (``gpus_per_node`` is capped by it: tp-1 engines plan tp-1
-    instances)."""
+    instances). ``adapter_pool``: the engines' LoRA slots per base and largest rank
+    (``ClusterConfig.adapter_pool``), which the planners price."""
     kinds = Counter(e.hardware for e in engines if e.hardware)
     note = ""
     if len(kinds) == 1 and sum(kinds.values()) == len(engines):
@@ -124,20 +130,23 @@ def gpu_pool(engines: Sequence[LiveEngine], default_hardware: str, gpus_per_node
         note = f"engine hardware {hw!r} is not in the catalog; planning as {default_hardware}"
         hw = default_hardware
     per_node = max(1, min(gpus_per_node, max(e.tp for e in engines)))
-    return GpuPool(hw, sum(e.tp for e in engines), per_node), note
+    slots, rank = adapter_pool
+    return GpuPool(hw, sum(e.tp for e in engines), per_node, slots, rank), note
 
 
 def planner_loads(
     loads: Iterable[ServiceLoad], services: Sequence[ServiceSpec], names: ModelNames, drain_s: float = 0.0
 ) -> list[ServiceLoad]:
     """The configured services as a planner sees them: monitored demand (a service the monitor does not
-    report has none), SLO from the config, model as its catalog name; with ``drain_s`` > 0 the requests
-    queued now count as demand too (``policies.placement.backlog``: served within ``drain_s``)."""
+    report has none), SLO from the config, model as its catalog name (an adapter's base, the adapter
+    named in ``adapter``); with ``drain_s`` > 0 the requests queued now count as demand too
+    (``policies.placement.backlog``: served within ``drain_s``)."""
     seen = {s.name: s for s in loads}
     out = []
     for spec in sorted(services, key=lambda s: s.name):
         load = seen.get(spec.name) or ServiceLoad(spec.name, spec.model)
-        out.append(replace(load, model=names.catalog(spec.model), slo=spec.slo))
+        adapter = spec.model if names.host(spec.model) != spec.model else ""
+        out.append(replace(load, model=names.catalog(spec.model), slo=spec.slo, adapter=adapter))
     return with_backlog(out, drain_s) if drain_s > 0 else out
 
 

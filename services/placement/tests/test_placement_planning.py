@@ -187,11 +187,37 @@ def test_an_adapter_services_demand_counts_on_its_base_and_the_plan_places_the_b
     )
     specs = [ServiceSpec("a", "lora-a"), ServiceSpec("b", "lora-b")]
     loads = planner_loads([ServiceLoad("a", "lora-a", rate_rps=3.0)], specs, names)
-    assert [(s.name, s.model, s.rate_rps) for s in loads] == [
-        ("a", "tiny-llama", 3.0),
-        ("b", "tiny-llama", 0.0),
+    assert [(s.name, s.model, s.rate_rps, s.adapter) for s in loads] == [
+        ("a", "tiny-llama", 3.0, "lora-a"),  # the planner prices its adapter on the base
+        ("b", "tiny-llama", 0.0, "lora-b"),
     ]
     engines = [LiveEngine(f"e{i}", hardware="cpu") for i in range(2)]
     plan = [InstancePlan("x", ("tiny-llama",)), InstancePlan("y", ("tiny-llama",))]
     r = plan_target(FixedPlanner(plan), GpuPool("cpu", 2), loads, engines, names, PlacementContext())
     assert r.target == {"e0": ("base-llama",), "e1": ("base-llama",)}  # adapters follow their traffic
+
+
+def test_the_pool_carries_the_engines_adapter_slots_from_the_cluster_file() -> None:
+    """The leader's pool holds the engines' LoRA pool (``ClusterConfig.adapter_pool``), so its planner
+    reserves the adapter pool beside each base; the largest any engine sets, LoRA off without one."""
+    cfg = ClusterConfig.model_validate(
+        {
+            "services": {"chat": {"model": "chat-lora"}},
+            "models": {
+                "tiny-llama": {"source": "tiny://llama"},
+                "chat-lora": {"base": "tiny-llama", "adapter": "/a"},
+            },
+            "engines": {
+                "e0": {"models": ["tiny-llama"], "max_loras": 2, "max_lora_rank": 8},
+                "e1": {"models": ["tiny-llama"], "max_loras": 4},
+                "e2": {"models": ["tiny-llama"]},
+            },
+        }
+    )
+    assert cfg.adapter_pool() == (4, 16)
+    engines = [LiveEngine(f"e{i}", hardware="cpu") for i in range(3)]
+    pool, _ = gpu_pool(engines, "cpu", 8, cfg.adapter_pool())
+    assert (pool.adapter_slots, pool.max_lora_rank) == (4, 16)
+    assert gpu_pool(engines, "cpu", 8)[0].adapter_slots == 0
+    cfg.engines = {"e0": cfg.engines["e2"]}
+    assert cfg.adapter_pool() == (0, 16)

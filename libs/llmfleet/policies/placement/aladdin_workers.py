@@ -28,6 +28,11 @@ further worker to the model with the highest demand per GPU already given (D'Hon
 while a whole worker still fits. Demand of a model = Σ over its services of rate × mean work, with mean
 work = mean output tokens / T_max(N*) GPU-seconds per request (decode dominates; an unknown output
 length counts as half of ``default_seq_tokens``). Instances are ``"{model}-{i}"``, models by name.
+
+LoRA adapters (``GpuPool.adapter_slots`` > 0; :mod:`~llmfleet.policies.placement.adapter_costs`): M loses
+the adapter pool the engine reserves beside the base, and a base whose services name adapters pays the
+batched LoRA computation of its adapter rows in every decode iteration, so T_max(N) — and with it
+Aladdin's worker count — is that of the base serving its adapters, not of the bare base.
 """
 
 from __future__ import annotations
@@ -47,6 +52,12 @@ from llmfleet.costmodel.memory import (
 from llmfleet.costmodel.models import ModelArch, model_arch
 from llmfleet.costmodel.roofline import decode_time
 from llmfleet.costmodel.vidur import vidur_legs
+from llmfleet.policies.placement.adapter_costs import (
+    InstanceMemory,
+    IterationTime,
+    adapter_traffic,
+    with_lora,
+)
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -56,9 +67,7 @@ from llmfleet.policies.placement.base import (
     PlannerReport,
     ServiceLoad,
 )
-
-IterationTime = Callable[[int, float, float], float]
-"""(n_gpus, batch, mean_context_tokens) -> seconds per decode iteration."""
+from llmfleet.policies.placement.dedicated_even import pool_note
 
 # Aladdin Table 2: ATGT SLO (s) by model and GPU family; used when the planner is given none.
 PAPER_T_DEC: dict[tuple[str, str], float] = {
@@ -145,10 +154,12 @@ def worker_throughput(
     iteration_time: IterationTime | None = None,
     *,
     paper_memory: bool = False,
+    reserved_bytes: float = 0.0,
 ) -> float:
     """T_max(N) of Eq. 6 in tokens/s per GPU (0 when the weights do not fit or no batch meets T_dec).
-    ``paper_memory``: M = N·m_gpu − m_model as printed, instead of the engine's pool."""
-    m = paper_kv_capacity(arch, hw, n) if paper_memory else kv_capacity(arch, hw, n)
+    ``paper_memory``: M = N·m_gpu − m_model as printed, instead of the engine's pool;
+    ``reserved_bytes``: memory the instance keeps out of M besides the weights (an adapter pool)."""
+    m = (paper_kv_capacity(arch, hw, n) if paper_memory else kv_capacity(arch, hw, n)) - reserved_bytes
     if m <= 0:
         return 0.0
     it = iteration_time or decode_iteration_time(arch, hw)
@@ -168,6 +179,7 @@ def optimal_tp(
     gpus_per_node: int | None = None,
     iteration_time: IterationTime | None = None,
     paper_memory: bool = False,
+    reserved_bytes: float = 0.0,
 ) -> int:
     """N* = argmax over powers of two N ≤ gpus_per_node of T_max(N) (Eq. 6); ties to the smaller N.
 
@@ -188,7 +200,10 @@ def optimal_tp(
     best_n, best = 0, 0.0
     n = 1
     while n <= top:
-        t = worker_throughput(a, h, n, t_dec, mean_kv_per_request, iteration_time, paper_memory=paper_memory)
+        t = worker_throughput(
+            a, h, n, t_dec, mean_kv_per_request, iteration_time,
+            paper_memory=paper_memory, reserved_bytes=reserved_bytes,
+        )  # fmt: skip
         if t > best:
             best_n, best = n, t
         n *= 2
@@ -253,8 +268,11 @@ class AladdinWorkers(PlannerReport):
         return float(t)
 
     def worker_config(self, gpus: GpuPool, services: Sequence[ServiceLoad]) -> dict[str, dict[str, float]]:
-        """Per model: tp (N*), throughput T_max(N*) per GPU, m_r (bytes) and demand (GPUs, relative)."""
+        """Per model: tp (N*), throughput T_max(N*) per GPU, m_r (bytes) and demand (GPUs, relative);
+        with LoRA on, priced with the adapter pool and its adapters' computation (module docstring)."""
         hw = hardware(gpus.hardware)
+        memory = InstanceMemory.of(gpus)
+        traffic = adapter_traffic(services)
         by_model: dict[str, list[ServiceLoad]] = {}
         for s in services:
             by_model.setdefault(s.model, []).append(s)
@@ -273,11 +291,17 @@ class AladdinWorkers(PlannerReport):
             m_r = seq * arch.kv_bytes_per_token
             t_dec = self.decode_slo(m, hw, svcs)
             it = self.iteration_time.get(m)
+            if m in traffic and memory.adapter_slots:
+                it = with_lora(it or decode_iteration_time(arch, hw), arch, memory, traffic[m])
+            pool = memory.pool_bytes(arch)
             try:
-                n = optimal_tp(arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it)
+                n = optimal_tp(
+                    arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it,
+                    reserved_bytes=pool,
+                )  # fmt: skip
             except ValueError as e:
-                raise PlacementInfeasible(f"model {m!r}: {e}") from None
-            tput = worker_throughput(arch, hw, n, t_dec, m_r, it)
+                raise PlacementInfeasible(f"model {m!r}: {e}{pool_note(pool)}") from None
+            tput = worker_throughput(arch, hw, n, t_dec, m_r, it, reserved_bytes=pool)
             work = sum(
                 s.rate_rps * (s.mean_output_tokens or self.default_seq_tokens / 2) for s in svcs
             )  # output tokens/s

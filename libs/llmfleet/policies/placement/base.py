@@ -21,20 +21,29 @@ from llmfleet.types import Slo
 
 @dataclass(frozen=True)
 class GpuPool:
-    """``count`` GPUs of one catalog ``hardware`` type, ``gpus_per_node`` per node."""
+    """``count`` GPUs of one catalog ``hardware`` type, ``gpus_per_node`` per node, and the engines'
+    LoRA adapter pool: ``adapter_slots`` slots per base model (0: LoRA off) of rank up to
+    ``max_lora_rank`` (an engine with LoRA on reserves that pool beside each base it hosts)."""
 
     hardware: str
     count: int
     gpus_per_node: int = 8
+    adapter_slots: int = 0
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.gpus_per_node < 1:
             raise ValueError(f"GpuPool needs count >= 1 and gpus_per_node >= 1, got {self}")
+        if self.adapter_slots < 0:
+            raise ValueError(f"GpuPool.adapter_slots must be >= 0, got {self.adapter_slots}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"GpuPool.max_lora_rank must be >= 1, got {self.max_lora_rank}")
 
 
 @dataclass(frozen=True)
 class ServiceLoad:
-    """A service as a planner sees it: its model (a catalog name) and its demand."""
+    """A service as a planner sees it: its model (a catalog name; a LoRA adapter's base) and its demand.
+    ``adapter`` names the LoRA adapter its requests run on ``model`` ("": the model itself)."""
 
     name: str
     model: str
@@ -49,6 +58,7 @@ class ServiceLoad:
     queued: int = 0  # requests not started now (held in schedulers or queued on engines)
     cold: int = 0  # of them, waiting because no engine hosts the model (scale from zero)
     held: int = 0  # of them, held in the schedulers (cold, or every engine saturated)
+    adapter: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ among the services (names sorted), so any instance can serve any request and the
 
 * TP degree: the smallest power of two ``<= gpus_per_node`` whose group memory
   (``hardware.mem_bytes × tp``) holds the summed weights with at least ``MIN_KV_FRACTION`` (0.1) of
-  it left for KV (:func:`~llmfleet.policies.placement.dedicated_even.smallest_tp`).
+  it left for KV (:func:`~llmfleet.policies.placement.dedicated_even.smallest_tp`); with LoRA on
+  (``GpuPool.adapter_slots``) each model's adapter pool counts with its weights
+  (:class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`).
 * Instances: ``count // tp``, ids ``"colocate-{i}"``; GPUs left over by the division stay idle.
 
 Raises :class:`PlacementInfeasible` when the summed weights fit no TP group within a node, or when the pool has fewer GPUs than ``tp``. No services -> no instances.
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
+from llmfleet.policies.placement.adapter_costs import InstanceMemory
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -27,7 +29,7 @@ from llmfleet.policies.placement.base import (
     PlannerReport,
     ServiceLoad,
 )
-from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, smallest_tp
+from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, pool_note, smallest_tp
 
 
 class ColocateAll(PlannerReport):
@@ -39,12 +41,15 @@ class ColocateAll(PlannerReport):
     def place(
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
     ) -> list[InstancePlan]:
-        hw = hardware(gpus.hardware)
+        memory = InstanceMemory.of(gpus)
+        hw = memory.hw
         models = tuple(sorted({s.model for s in services}))
         if not models:
             return []
-        weights = sum(model_arch(m).weight_bytes for m in models)
-        what = f"{len(models)} models ({weights / GIB:.1f} GiB of weights)"
+        archs = [model_arch(m) for m in models]
+        weights = memory.fixed_bytes(archs)
+        pools = sum(memory.pool_bytes(a) for a in archs)
+        what = f"{len(models)} models ({weights / GIB:.1f} GiB of weights{pool_note(pools)})"
         tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
         if tp is None:
             raise PlacementInfeasible(

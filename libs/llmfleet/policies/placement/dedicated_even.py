@@ -8,7 +8,9 @@ The usual "one vLLM deployment per model" baseline of multi-LLM serving papers (
 * TP degree: the smallest power of two ``tp <= gpus_per_node`` whose group memory
   (``hardware.mem_bytes × tp``) holds the weights with at least ``MIN_KV_FRACTION`` of it left for the
   KV cache (:func:`smallest_tp`). 0.1 keeps 10 % of the group's memory for KV — enough to
-  serve, not a tuned value.
+  serve, not a tuned value. With LoRA on (``GpuPool.adapter_slots``) the adapter pool the engine
+  reserves beside the base counts with its weights
+  (:class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`).
 * Instances: ``gpus_for_model // tp`` instances of that model alone, ids ``"{model}-{i}"`` (i from 0);
   GPUs left over by the division stay idle. Output: models by name, then instance index.
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmfleet.costmodel.hardware import hardware
 from llmfleet.costmodel.models import model_arch
+from llmfleet.policies.placement.adapter_costs import InstanceMemory
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -36,6 +38,11 @@ GIB = 1 << 30
 
 
 MIN_KV_FRACTION = 0.1  # the share of a TP group's memory the placements keep free of weights, for KV
+
+
+def pool_note(pool_bytes: int) -> str:
+    """`` (a 0.59 GiB LoRA adapter pool included)`` for an error naming memory; "" without a pool."""
+    return f" (a {pool_bytes / GIB:.2f} GiB LoRA adapter pool included)" if pool_bytes else ""
 
 
 def fits_tp(weight_bytes: float, mem_bytes: float, tp: int, min_kv_fraction: float) -> bool:
@@ -64,7 +71,8 @@ class DedicatedEven(PlannerReport):
     def place(
         self, gpus: GpuPool, services: Sequence[ServiceLoad], context: PlacementContext | None = None
     ) -> list[InstancePlan]:
-        hw = hardware(gpus.hardware)
+        memory = InstanceMemory.of(gpus)
+        hw = memory.hw
         rate: dict[str, float] = {}
         for s in services:
             rate[s.model] = rate.get(s.model, 0.0) + s.rate_rps
@@ -75,12 +83,13 @@ class DedicatedEven(PlannerReport):
         share = {m: base + (1 if i < extra else 0) for i, m in enumerate(by_rate)}
         plans: list[InstancePlan] = []
         for m in sorted(rate):
-            weights = model_arch(m).weight_bytes
-            tp = smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
+            arch = model_arch(m)
+            fixed = memory.fixed_bytes([arch])
+            tp = smallest_tp(fixed, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
             if tp is None:
                 raise PlacementInfeasible(
-                    f"model {m!r}: {weights / GIB:.1f} GiB of weights do not fit {gpus.gpus_per_node} "
-                    f"{hw.name} GPUs of a node with {MIN_KV_FRACTION:.0%} left for KV"
+                    f"model {m!r}: {fixed / GIB:.1f} GiB of weights{pool_note(memory.pool_bytes(arch))} do "
+                    f"not fit {gpus.gpus_per_node} {hw.name} GPUs of a node with {MIN_KV_FRACTION:.0%} left for KV"
                 )
             if share[m] < tp:
                 raise PlacementInfeasible(

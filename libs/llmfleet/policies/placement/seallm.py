@@ -22,7 +22,10 @@ Resolutions (the paper leaves these open):
   with ``MIN_KV_FRACTION`` of the memory left, and the unified KV pool left after weights and peak
   activations (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine's defaults, as the simulator
   sizes it) holds one request of every service of b ∪ {s} at its mean + ``kv_sigmas`` σ prompt and
-  output lengths. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
+  output lengths. With LoRA on (``GpuPool.adapter_slots``) each model's adapter pool counts with its
+  weights and comes out of the KV pool, as the engines reserve it
+  (:class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`); the LoRA computation is in the
+  simulated score. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
   of the 70B) while the 70B's prompts averaged 3,836 tokens: the engine fails such requests. A model
   (or its requests) too big for an empty group merges it with another empty group (p → 2p, within a
   node), as the paper says.
@@ -53,9 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from llmfleet.costmodel.hardware import Hardware, hardware
-from llmfleet.costmodel.memory import kv_pool_bytes
 from llmfleet.costmodel.models import model_arch
+from llmfleet.policies.placement.adapter_costs import InstanceMemory
 from llmfleet.policies.placement.base import (
     GpuPool,
     InstancePlan,
@@ -67,7 +69,7 @@ from llmfleet.policies.placement.base import (
     PlanScore,
     ServiceLoad,
 )
-from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, fits_tp, smallest_tp
+from llmfleet.policies.placement.dedicated_even import GIB, MIN_KV_FRACTION, fits_tp, pool_note, smallest_tp
 
 
 def _has_traffic(s: ServiceLoad) -> bool:
@@ -162,13 +164,13 @@ class SeaLLMPlacement(PlannerReport):
         k = self.kv_sigmas
         return s.mean_prompt_tokens + k * s.std_prompt_tokens + s.mean_output_tokens + k * s.std_output_tokens
 
-    def _fits(self, members: Sequence[ServiceLoad], tp: int, hw: Hardware) -> bool:
-        """CanAllocate's memory check: weights (with ``MIN_KV_FRACTION`` left) and one request of each
-        member in the KV pool left after weights and peak activations."""
+    def _fits(self, members: Sequence[ServiceLoad], tp: int, memory: InstanceMemory) -> bool:
+        """CanAllocate's memory check: weights and adapter pools (with ``MIN_KV_FRACTION`` left) and one
+        request of each member in the KV pool left after weights, adapter pools and peak activations."""
         archs = [model_arch(m) for m in sorted({s.model for s in members})]
-        if not fits_tp(sum(a.weight_bytes for a in archs), hw.mem_bytes, tp, MIN_KV_FRACTION):
+        if not fits_tp(memory.fixed_bytes(archs), memory.hw.mem_bytes, tp, MIN_KV_FRACTION):
             return False
-        kv = kv_pool_bytes(hw, tp, archs)
+        kv = memory.kv_bytes(tp, archs)
         return kv > 0 and all(
             self.request_tokens(s) * model_arch(s.model).kv_bytes_per_token <= kv for s in members
         )
@@ -194,7 +196,7 @@ class SeaLLMPlacement(PlannerReport):
         ui: dict[str, float],
         services: Sequence[ServiceLoad],
         gpus_per_node: int,
-        hw: Hardware,
+        memory: InstanceMemory,
     ) -> bool:
         """One pass of the loop body: add the first (group, service) that fits; False when none does."""
         svc = {s.name: s for s in services}
@@ -218,11 +220,11 @@ class SeaLLMPlacement(PlannerReport):
                 if load.name in g.services:
                     continue
                 members = [svc[x] for x in g.services] + [load]
-                if self._fits(members, g.tp, hw):
+                if self._fits(members, g.tp, memory):
                     g.services.append(load.name)
                     cand.added.append((g.gid, load.name))
                     return True
-                if not g.services and self._merge(cand, g, members, gpus_per_node, hw):
+                if not g.services and self._merge(cand, g, members, gpus_per_node, memory):
                     g.services.append(load.name)
                     cand.added.append((g.gid, load.name))
                     return True
@@ -234,7 +236,7 @@ class SeaLLMPlacement(PlannerReport):
         last_ui: dict[int, dict[str, float]],
         services: Sequence[ServiceLoad],
         gpus_per_node: int,
-        hw: Hardware,
+        memory: InstanceMemory,
         model_of: dict[str, str],
         slots: int,
         known: dict,
@@ -253,7 +255,7 @@ class SeaLLMPlacement(PlannerReport):
         while slots > 0 and chains:
             alive = []
             for sim, ui in chains:
-                if slots == 0 or not self._step(sim, ui, services, gpus_per_node, hw):
+                if slots == 0 or not self._step(sim, ui, services, gpus_per_node, memory):
                     continue
                 alive.append((sim, ui))
                 plan = self._plan(sim, model_of)
@@ -264,10 +266,15 @@ class SeaLLMPlacement(PlannerReport):
         return out
 
     def _merge(
-        self, cand: _Candidate, g: _Group, members: list[ServiceLoad], gpus_per_node: int, hw: Hardware
+        self,
+        cand: _Candidate,
+        g: _Group,
+        members: list[ServiceLoad],
+        gpus_per_node: int,
+        memory: InstanceMemory,
     ) -> bool:
         """Grow the empty group ``g`` by absorbing other empty groups of its size until ``members`` fit."""
-        while not self._fits(members, g.tp, hw):
+        while not self._fits(members, g.tp, memory):
             if g.tp * 2 > gpus_per_node:
                 return False
             other = next((o for o in cand.groups if o is not g and not o.services and o.tp == g.tp), None)
@@ -283,7 +290,7 @@ class SeaLLMPlacement(PlannerReport):
         gpus: GpuPool,
         services: Sequence[ServiceLoad],
         current: Sequence[InstancePlan],
-        mem_bytes: float,
+        memory: InstanceMemory,
         cold: bool = False,
     ) -> list[InstancePlan] | None:
         """The current plan plus minimal dedicated groups for services it does not host, or None when
@@ -296,7 +303,8 @@ class SeaLLMPlacement(PlannerReport):
         free = gpus.count - sum(p.tp for p in current)
         plan = list(current)
         for m in sorted({s.model for s in new}):
-            tp = smallest_tp(model_arch(m).weight_bytes, mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
+            fixed = memory.fixed_bytes([model_arch(m)])
+            tp = smallest_tp(fixed, memory.hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION)
             if tp is None or tp > free:
                 return None
             plan.append(InstancePlan(f"new-{m}", (m,), tp))
@@ -312,11 +320,10 @@ class SeaLLMPlacement(PlannerReport):
         if not services:
             self.last_score, self.last_reason = None, "no services"
             return []
-        hw = hardware(gpus.hardware)
-        mem = hw.mem_bytes
+        memory = InstanceMemory.of(gpus)
         evaluator = ctx.evaluator
         cold = evaluator is None
-        quick = self._new_services(gpus, services, ctx.current, mem, cold=cold)
+        quick = self._new_services(gpus, services, ctx.current, memory, cold=cold)
         if quick is not None:
             self.last_score = None
             self.last_reason = "new services get minimal dedicated GPUs before the next search" + (
@@ -327,18 +334,20 @@ class SeaLLMPlacement(PlannerReport):
             raise ValueError(
                 "the seallm planner searches on recent requests (PlacementContext.evaluator) and has none"
             )
-        cands = self._candidates(gpus, services, hw)
+        cands = self._candidates(gpus, services, memory)
         model_of = {s.name: s.model for s in services}
-        self._search(cands, services, gpus.gpus_per_node, hw, model_of, evaluator)
+        self._search(cands, services, gpus.gpus_per_node, memory, model_of, evaluator)
         return self._best(cands, services, model_of)
 
-    def _candidates(self, gpus: GpuPool, services: Sequence[ServiceLoad], hw: Hardware) -> list[_Candidate]:
+    def _candidates(
+        self, gpus: GpuPool, services: Sequence[ServiceLoad], memory: InstanceMemory
+    ) -> list[_Candidate]:
         """One empty candidate per (TP size, sharing cap): the pool cut into groups of that TP."""
         for m in {s.model for s in services}:
-            weights = model_arch(m).weight_bytes
-            if smallest_tp(weights, hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION) is None:
+            fixed = memory.fixed_bytes([model_arch(m)])
+            if smallest_tp(fixed, memory.hw.mem_bytes, gpus.gpus_per_node, MIN_KV_FRACTION) is None:
                 raise PlacementInfeasible(
-                    f"model {m!r}: {weights / GIB:.1f} GiB of weights do not fit "
+                    f"model {m!r}: {fixed / GIB:.1f} GiB of weights{pool_note(memory.pool_bytes(model_arch(m)))} do not fit "
                     f"{gpus.gpus_per_node} {gpus.hardware} GPUs of a node"
                 )
         tps = self.tp_candidates or tuple(1 << i for i in range(gpus.gpus_per_node.bit_length()))
@@ -357,7 +366,7 @@ class SeaLLMPlacement(PlannerReport):
         cands: list[_Candidate],
         services: Sequence[ServiceLoad],
         gpus_per_node: int,
-        hw: Hardware,
+        memory: InstanceMemory,
         model_of: dict[str, str],
         evaluator: PlanEvaluator,
     ) -> None:
@@ -378,7 +387,7 @@ class SeaLLMPlacement(PlannerReport):
                 if tuple(plan) not in scored:
                     need.setdefault(tuple(plan), plan)
             if need:
-                guesses = self._guesses(active, last_ui, services, gpus_per_node, hw, model_of,
+                guesses = self._guesses(active, last_ui, services, gpus_per_node, memory, model_of,
                                         (-len(need)) % width, {**scored, **need})  # fmt: skip
                 scores = evaluator.evaluate([*need.values(), *guesses.values()])
                 scored.update(zip([*need, *guesses], scores, strict=True))
@@ -392,7 +401,7 @@ class SeaLLMPlacement(PlannerReport):
                     self.speculation_hits += 1
                 c.score = scored[key]
                 last_ui[id(c)] = ui = self.unserved_index(c.score, services)
-                if not self._step(c, ui, services, gpus_per_node, hw):
+                if not self._step(c, ui, services, gpus_per_node, memory):
                     c.done = True
 
     def _best(
