@@ -47,6 +47,7 @@ from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
 from llmfleet.sim.cost import CostBook
+from llmfleet.sim.decode_only import admit_prefilled
 from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import EngineSettings
@@ -294,7 +295,10 @@ class SimInstance:
             partial(_output_ids, content) if ids is not None and content.output_seed is not None else None
         )
         core_req = CoreRequest(sched, rec.prompt_tokens, cap, rec, ids, outputs, adapter=rec.adapter or None)
-        self.core.add(core_req, now)
+        if self.engine.decode_only:  # prefilled on a prefill worker: lands with its KV, decodes first
+            admit_prefilled(self, core_req, rec, now)
+        else:
+            self.core.add(core_req, now)
 
     def _lora_seconds(self, plan: StepPlan) -> float:
         """The step's LoRA matmuls (its adapter rows) plus the adapter loads it waited for."""

@@ -99,13 +99,17 @@ class SimService:
 @dataclass(frozen=True)
 class EngineSettings(EngineLimits):
     """Per-instance engine knobs: the shared :class:`EngineLimits` (vLLM-like GPU defaults) plus what
-    only a simulated instance needs (memory fraction, a KV size override, static-batch release)."""
+    only a simulated instance needs (memory fraction, a KV size override, static-batch release, decode
+    only)."""
 
     mem_fraction: float = 0.9  # gpu_memory_utilization
     kv_bytes: int | None = None  # override the KV pool size (e.g. to match a live engine)
     static_release: str = "batch_end"  # static batching: "batch_end" (HF generate) or "eos"
     max_loras: int = 0  # LoRA adapter slots per base model (0: LoRA off; the native engine's max_loras)
     max_lora_rank: int = 16  # the largest adapter rank served: sizes the adapter pool's memory
+    # split-phase decode instances: a request arrives prefilled elsewhere, its KV with it
+    # (llmfleet.sim.decode_only); TTFT is the prefill worker's, its first step here a decode
+    decode_only: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -476,3 +476,28 @@ def test_aladdin_headline_checks_each_answer_on_every_seed(results):
     assert {w for w in res["workers"]["llama2-7b"]} >= {"n_eq6", "n_paper_memory", "n_roofline", "paper_n"}
     g = res["goal"]
     assert g["met"] is False or all(h["holds"] for h in res["summary"]["headline"])
+
+
+def test_aladdin_split_units_combine_to_the_in_process_run(bench, monkeypatch):
+    """The split-phase decode arm is one unit per model; its rows, run apart, combine to the in-process
+    run's (and the default arm's pieces are left out when it runs alone)."""
+    from tools.bench.papers.aladdin_split import SPLIT
+
+    sc = bench.scenario("aladdin")
+    tiny = sc.settings(False, True)
+    model = {"llama2-7b": {**tiny["models"]["llama2-7b"], "rates": (20.0,)}}
+    cfg = {**tiny, "models": model, "sweep": False, "default_arm": False}
+    monkeypatch.setattr(sc, "settings", lambda q, t: cfg)
+    whole = sc.run(tiny=True, log=lambda _m: None)
+    parts = sc.parts(tiny=True)
+    assert [k for k, _, _ in parts] == ["split/llama2-7b/tp1"] and all(w > 0 for _, w, _ in parts)
+    out = {k: sc.run_part(job, log=lambda _m: None) for k, _, job in parts}
+    res = sc.combine(out, tiny=True, log=lambda _m: None)
+    assert [h["config"] for h in whole["split"]] == [c[0] for c in SPLIT] and not whole["headline"]
+    assert res["split"] == whole["split"] and res["summary"]["split"] == whole["summary"]["split"]
+    assert res["split_text"] == whole["split_text"] and whole["split_text"].startswith("split-phase decode")
+    for h in whole["split"]:
+        assert h["arm"] == "split-phase decode" and len(h["per_seed"]) == len(cfg["seeds"])
+        assert all(0 < d <= n for d, n in zip(h["decode_requests"], h["requests"], strict=True))
+        if h["workers"] is not None:
+            assert h["holds"] == (all(h["p100_at"]) and all(h["p100_above"]))

@@ -55,6 +55,9 @@ Setup (paper §6.3–6.4 → ours):
   stays.
 - Latency model: Aladdin's policy prices work on the bench's cost source (``costmodel.latency_model``),
   as the simulated engines are charged.
+- Split-phase arm (§6.4, Fig. 12; ``aladdin_split.py``, whose docstring quotes the paper's setup): the
+  GPUs at P100 for the decode phase only, on decode-only workers at N* (requests arrive with their prompt
+  prefilled elsewhere), best fit against JSQ and power of two, counted as the headline's fewest configs.
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ from llmfleet.costmodel import hardware, model_arch
 
 from . import common as C
 from .aladdin_setup import CLAIM, FEWEST, GOAL_CONFIGS, HEADLINE, HW, MAX_GPUS, SEEDS, TARGET, THETA
+from .aladdin_split import headline as split_headline
+from .aladdin_split import summary as split_summary
+from .aladdin_split import summary_text as split_text
 from .aladdin_summary import summarize as _summarize
 from .aladdin_sweep import Headline, ModelSweep, Search, worker_sizes
 
@@ -147,20 +153,25 @@ def _sizes(cfg: dict, workers: dict[str, dict], model: str) -> list[int]:
 
 def _jobs(cfg: dict) -> list[tuple[str, str, int]]:
     """The independent pieces: each model's one-seed sweep over its rates (each search starts from the
-    previous rate's answer, so a sweep is one piece), and its headline at each worker size."""
+    previous rate's answer, so a sweep is one piece), its headline at each worker size, and its
+    split-phase decode arm at N* (``aladdin_split``)."""
     workers = _workers(cfg, _data())
     jobs = [("sweep", model, 0) for model in cfg["models"] if cfg["sweep"]]
-    return jobs + [("headline", model, tp) for model in cfg["models"] for tp in _sizes(cfg, workers, model)]
+    if cfg.get("default_arm", True):
+        jobs += [("headline", model, tp) for model in cfg["models"] for tp in _sizes(cfg, workers, model)]
+    if cfg.get("split", True):
+        jobs += [("split", model, workers[model]["n_star"]) for model in cfg["models"]]
+    return jobs
 
 
 def _key(job: tuple[str, str, int]) -> str:
     kind, model, tp = job
-    return f"{kind}/{model}" + (f"/tp{tp}" if kind == "headline" else "")
+    return f"{kind}/{model}" + (f"/tp{tp}" if kind in ("headline", "split") else "")
 
 
 # expected CPU seconds per request simulated at the top rate: the headline's searches and checks on 3
 # seeds, and a sweep's searches over its rates (calibrated on a full run)
-SECONDS_PER_REQUEST = {"sweep": 0.05, "headline": 0.05}
+SECONDS_PER_REQUEST = {"sweep": 0.05, "headline": 0.05, "split": 0.05}
 
 
 def parts(quick: bool = False, tiny: bool = False, cfg: dict | None = None) -> list[tuple[str, float, tuple]]:
@@ -196,6 +207,8 @@ def run_part(
     wls = [
         C.poisson_workload(d.test, rate, dur, seed=1000 * mi + 100 + s, service="chat") for s in cfg["seeds"]
     ]
+    if kind == "split":
+        return split_headline(model, mc, tp, rate, wls, d, log)
     chosen = cfg.get("headline", [c[0] for c in HEADLINE])
     configs = [c for c in HEADLINE if c[0] in chosen]
     return _headline(model, mc, n_star, tp, rate, wls, d, log, configs)
@@ -223,7 +236,7 @@ def combine(
 def _combine(cfg: dict, results: dict[str, list[dict]], d: _Data) -> dict:
     jobs = _jobs(cfg)
     workers = _workers(cfg, d)
-    result = {
+    result: dict[str, Any] = {
         "paper": NAME,
         "title": TITLE,
         "setup": _setup(cfg, workers, d.label, d.mean_seq, len(d.train)),
@@ -232,10 +245,13 @@ def _combine(cfg: dict, results: dict[str, list[dict]], d: _Data) -> dict:
         "workers": workers,
         "rows": [r for j in jobs if j[0] == "sweep" for r in results[_key(j)]],
         "headline": [r for j in jobs if j[0] == "headline" for r in results[_key(j)]],
+        "split": [r for j in jobs if j[0] == "split" for r in results[_key(j)]],
         "seeds": list(cfg["seeds"]),
         "wall_s": 0.0,
     }
     _summarize(result)
+    result["summary"]["split"] = split_summary(result["split"])
+    result["split_text"] = split_text(result["summary"]["split"])
     return result
 
 
@@ -292,6 +308,9 @@ def _setup(cfg: dict, workers: dict, lengths_label: str, mean_seq: float, traine
         "paper constraints, least-loaded fallback, fewest workers by search",
         "search": f"JSQ: fewest workers with P100 (headline) and ≥ {TARGET:.0%} attainment (gallop + bisection, ≤ {MAX_GPUS} GPUs)",
         "cost model": f"{C.cost_label()}; engines FCFS continuous batching, one phase per iteration (vLLM 0.2–0.4)",
+        "split-phase arm": "§6.4 / Fig. 12: decode-only workers at N* (requests arrive prefilled, their KV "
+        "with them; requests of one output token left out), P100 of ATGT, JSQ, power of two and best fit "
+        "(paper and strict constraints, priced with no prefill) counted as the headline's fewest configs",
     }
 
 
@@ -351,6 +370,32 @@ def markdown(res: dict) -> str:
             ],
         )
     )
+    if res.get("split"):
+        extra += [
+            "",
+            "Split-phase decode arm (§6.4, Fig. 12): decode-only workers at N*, requests arriving prefilled, "
+            f"P100 of ATGT on seeds {res['seeds']}, each answer checked at n − 1 and n + 1 workers "
+            f"({res['split_text']}):",
+            "",
+        ]
+        extra.append(
+            C.md_table(
+                res["split"],
+                [
+                    ("model", "model", ""),
+                    ("req/s", "rate_rps", ".0f"),
+                    ("config", "config", ""),
+                    ("TP", "tp", ""),
+                    ("workers", "workers", ""),
+                    ("GPUs", "gpus", ""),
+                    ("per seed", "per_seed", ""),
+                    ("P100 n−1", "p100_below", ""),
+                    ("P100 n", "p100_at", ""),
+                    ("P100 n+1", "p100_above", ""),
+                    ("busy workers", "busy_workers", ""),
+                ],
+            )
+        )
     extra += ["", "GPU ratios per rate (seed 0):", ""]
     extra.append(
         C.md_table(

@@ -5,6 +5,7 @@ run its time.
     python tools/bench/papers/aladdin_headline.py --rate llama2-7b=50 --rate llama2-70b=40 \\
         --no-sweep --out .bench/papers-aladdin-headline
 
+``--split-only`` runs the split-phase decode arm alone (``aladdin_split.py``), ``--no-split`` skips it.
 Everything else is the full run's setup (seeds, durations, configs). Writes ``aladdin.json`` and
 ``aladdin.md`` under ``--out``.
 """
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         "--duration", type=float, default=None, help="seconds of arrivals per rate (default the full run's)"
     )
     ap.add_argument("--no-paper-size", action="store_true", help="skip the headline at Table 3's worker size")
+    ap.add_argument("--no-split", action="store_true", help="skip the split-phase decode arm (Fig. 12)")
+    ap.add_argument(
+        "--split-only", action="store_true", help="only the split-phase decode arm (no sweep, no headline)"
+    )
     ap.add_argument("--cost-source", default=None, help="the simulator's cost source (default: its own)")
     ap.add_argument("--out", type=Path, default=Path(".bench/papers-aladdin-headline"))
     a = ap.parse_args(argv)
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             chosen[name] = {**mc, "rates": (*(r for r in mc["rates"] if r < top), top)}
         models = chosen
     cfg = {**full, "models": models, "sweep": not a.no_sweep, "paper_size": not a.no_paper_size}
+    cfg.update(split=not a.no_split)
+    if a.split_only:
+        cfg.update(sweep=False, default_arm=False, split=True)
     if a.duration is not None:
         cfg.update(duration_s=a.duration, min_requests=0)
     if a.config:
@@ -59,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "aladdin.json").write_text(json.dumps(res, indent=1, default=float))
     (a.out / "aladdin.md").write_text(ALADDIN.markdown(res))
     print(res["goal"]["ours_text"], flush=True)
+    if res["split_text"]:
+        print(res["split_text"], flush=True)
     return 0
 
 

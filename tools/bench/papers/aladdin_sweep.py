@@ -8,11 +8,12 @@ import math
 from typing import Any
 
 from llmfleet.costmodel import model_arch
+from llmfleet.costmodel.decode_worker import decode_worker
 from llmfleet.costmodel.latency_model import decode_iteration_time, latency_model
 from llmfleet.policies.placement import InstancePlan, optimal_tp
 from llmfleet.sim.capacity import fewest_passing
 from llmfleet.sim.run import PolicyBundle
-from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
+from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
 
 from . import common as C
@@ -56,16 +57,20 @@ def open_row(model, rate, label, policy, tp, n, cap, at, requests, tag) -> dict:
 
 
 class Search:
-    """Fewest workers of ``tp`` GPUs reaching the target attainment; evaluations are memoised."""
+    """Fewest workers of ``tp`` GPUs reaching the target attainment; evaluations are memoised.
+    ``decode_only``: the workers are split-phase decode instances (requests arrive prefilled,
+    ``llmfleet.sim.decode_only``) and Aladdin prices them with no prefill (``costmodel.decode_worker``)."""
 
-    def __init__(self, model, tp, policy, wl, slo, predict, pred, hw, mode=None) -> None:
+    def __init__(self, model, tp, policy, wl, slo, predict, pred, hw, mode=None, decode_only=False) -> None:
         self.model, self.tp, self.policy, self.wl, self.mode = model, tp, policy, wl, mode or {}
         self.slo, self.predict, self.pred, self.hw = slo, predict, pred, hw
+        self.decode_only = decode_only
         self.seen: dict[int, dict] = {}
 
     def bundle(self) -> PolicyBundle:
         if self.policy == "aladdin_bestfit":  # priced as the simulator charges the engines
-            lat = {self.model: latency_model(model_arch(self.model), self.hw, self.tp, C.COST_SOURCE)}
+            lm = latency_model(model_arch(self.model), self.hw, self.tp, C.COST_SOURCE)
+            lat = {self.model: decode_worker(lm) if self.decode_only else lm}
             opts = {
                 "latency_models": lat,
                 "slos": {self.model: self.slo},
@@ -82,7 +87,8 @@ class Search:
     def eval(self, n: int) -> dict:
         if n not in self.seen:
             svc = SimService("chat", self.model, Slo(ttft_s=self.slo[0], tpot_s=self.slo[1]), max_tokens=2048)
-            spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,))
+            engine = EngineSettings(decode_only=self.decode_only)
+            spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,), engine)
             plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
             e = C.simulate(spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10)
             o = e.report["overall"]
