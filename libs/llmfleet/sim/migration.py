@@ -134,7 +134,10 @@ class MigrationLoop:
             tokens = r.kv_tokens if holding else r.sched.prompt_tokens
             if holding:
                 self._holding.add(rid)
-            reqs.append(RequestState(rid, r.sched.model, -(-max(tokens, 1) // tpb) * block, max(tokens, 0)))
+            kv = -(-max(tokens, 1) // tpb) * block
+            # a LoRA adapter's request names its adapter, which no instance lists among its models:
+            # the policies leave it where it runs (the simulator does not move an adapter's request)
+            reqs.append(RequestState(rid, r.sched.model, kv, max(tokens, 0), r.adapter or ""))
         return GpuState(
             inst.instance_id,
             tuple(inst.models),

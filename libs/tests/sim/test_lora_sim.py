@@ -223,3 +223,34 @@ def test_the_simulators_planner_reserves_the_engines_adapter_pool():
 
     assert {p.tp for p in first_plan(EngineSettings(max_loras=2, max_lora_rank=16))} == {1}
     assert {p.tp for p in first_plan(EngineSettings(max_loras=32, max_lora_rank=64))} == {2}
+
+
+def test_migration_leaves_an_adapters_request_where_it_runs():
+    """The simulator does not move a LoRA adapter's request (an instance lists its bases, and the policy
+    input names the adapter: ``RequestState.served_as``), so the policy plans none, where it balances
+    the same traffic on the bare base; every request completes."""
+
+    def run(adapters: bool) -> dict:
+        services = tuple(
+            SimService(f"s{i}", BASE, SLO, adapter=f"a{i}" if adapters else "") for i in range(2)
+        )
+        spec = SimSpec(ClusterSpec.parse("2xA100-80GB"), services, EngineSettings(max_loras=2))
+        rng = np.random.default_rng(0)
+        wl = Workload(
+            tuple(
+                WorkloadRequest(
+                    f"r{i}", float(t), int(rng.integers(50, 400)), int(rng.integers(200, 800)), f"s{i % 2}"
+                )
+                for i, t in enumerate(poisson(20.0, n=300, seed=0).tolist())
+            )
+        )
+        plan = [InstancePlan(f"e{i}", (BASE,), 1) for i in range(2)]
+        migration = {"policy": "llumnix_lb", "options": {"threshold": 0.0}}
+        return simulate(
+            spec, wl, PolicyBundle("x", None, "power_of_two", migration=migration), plan=plan
+        ).report
+
+    bare, lora = run(False), run(True)
+    assert bare["migration"]["executed"] > 0
+    assert (lora["migration"]["planned"], lora["migration"]["skipped"]) == (0, 0)
+    assert (lora["overall"]["completed"], lora["overall"]["failed"]) == (300, 0)

@@ -131,7 +131,10 @@ class Executor:
         return AdapterHost(self.table, self.host)
 
     def _new_migration(self) -> MigrationOps:
-        return MigrationOps(self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state)
+        return MigrationOps(
+            self.table, self.core, self.pool, self.host, self._finish_locked, self._new_state,
+            adapters=self.adapters,
+        )  # fmt: skip
 
     def load_snapshot(self) -> LoadSnapshot:
         """The node's load now (``EngineBackend.load_snapshot``, read by the ``load_report`` part)."""

@@ -73,6 +73,7 @@ def header_to_proto(h: TransferHeader) -> engine_pb2.KvTransferHeader:
         age_s=h.age_s,
         source_engine_id=h.source_engine_id,
         prompt=h.prompt,
+        adapter=h.adapter,
     )
 
 
@@ -117,6 +118,7 @@ def header_from_proto(m: engine_pb2.KvTransferHeader) -> TransferHeader:
         rng_state=m.rng_state,
         age_s=m.age_s,
         source_engine_id=m.source_engine_id,
+        adapter=m.adapter,
     )
 
 

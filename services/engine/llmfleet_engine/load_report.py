@@ -46,6 +46,7 @@ class LoadReport:
             toks: list[int] = []
             kvb: list[int] = []
             phases: list[str] = []
+            adapters: list[str] = []
             for i, queue in enumerate((self.core.running, self.core.waiting)):
                 for rid, r in queue.items():
                     model = r.sched.model
@@ -56,6 +57,7 @@ class LoadReport:
                     toks.append(r.prompt + r.produced)
                     kvb.append(seqs.own_tokens(rid) * bpt.get(model, 0) if rid in seqs else 0)
                     phases.append("waiting" if i else "prefill" if rid in prefilling else "decode")
+                    adapters.append(r.adapter or "")
             tokens_per_s = self.generated.per_second(now)
             running, waiting = len(self.core.running), len(self.core.waiting)
             models = []
@@ -94,7 +96,7 @@ class LoadReport:
             kv_blocks_total=self.pool.plan.num_blocks - reserved,
             preemptions=self.core.preemptions,
             kv_fragmentation=stats.fragmentation,
-            requests=RequestLoads(ids, mods, toks, kvb, phases),
+            requests=RequestLoads(ids, mods, toks, kvb, phases, adapters),
             # what runs at once: admitted (max_running) and stepped together (max_batch_requests)
             max_running=min(self.core.limits.max_running, self.core.limits.max_batch_requests),
             prefix_cache=cache,

@@ -8,6 +8,11 @@ checks model and shape and reserves blocks, ``write_import`` fills them, ``commi
 request in the engine core (``EngineCore.land``, with its KV or to re-prefill), ``abort_import`` frees
 everything. ``llmfleet_engine.transfer`` is the protocol layer on top of these.
 
+A request of a LoRA adapter travels as its base's KV (``TransferHeader.model``) with the adapter named
+(``TransferHeader.adapter``): the destination refuses it, before any K/V is sent, unless the adapter is
+registered here on that base; once landed, the engine core's adapter rule gives it the adapter's slot
+(``EngineCore.land``: with its KV when a slot is free or evictable, else it re-prefills when one is).
+
 Pauses nest (an ExportKv snapshot during a migration): the request runs again when its last holder
 resumes it. A pause with ``moving_to`` claims the request for one migration; another migration of it
 meanwhile is refused (``MigrationConflictError``).
@@ -45,6 +50,14 @@ if TYPE_CHECKING:
 _RNG_STATE_BYTES = torch.Generator().get_state().numel()  # what pause_request sends (CPU generator)
 
 
+class AdapterLookup(Protocol):
+    """The LoRA adapters registered here (``AdapterHost``)."""
+
+    def base_of(self, name: str) -> str | None:
+        """The base model of adapter ``name``, or None when it is not registered here."""
+        ...
+
+
 class Admit(Protocol):
     """Make the executor's state of a request (its stream, detokenizer, sampler) from ``tokens``."""
 
@@ -61,7 +74,8 @@ class Admit(Protocol):
 class MigrationOps:
     """Pauses, exports and imports of requests, under the request table's lock. ``retire`` ends a
     migrated request; ``admit`` builds the state of an imported one. Also the
-    :class:`~llmfleet_engine.transfer.ImportTarget` of its import handles."""
+    :class:`~llmfleet_engine.transfer.ImportTarget` of its import handles. ``adapters``: the LoRA
+    adapters registered here, which an incoming adapter's request needs."""
 
     table: RequestTable
     core: EngineCore
@@ -69,6 +83,7 @@ class MigrationOps:
     host: ModelHost
     retire: Retire
     admit: Admit
+    adapters: AdapterLookup = field(kw_only=True)
     pauses: dict[str, int] = field(default_factory=dict, init=False)  # request -> pause holders
     moving: dict[str, str] = field(default_factory=dict, init=False)  # request -> its destination
     # requests with an import begun, not yet committed or aborted
@@ -105,7 +120,8 @@ class MigrationOps:
             rng = r.generator.get_state().numpy().tobytes() if r.generator is not None else b""
             return TransferHeader(
                 request_id=r.request_id,
-                model=r.req.model,
+                model=r.model.loaded.name,  # an adapter's request holds its base's KV
+                adapter=r.core.adapter or "",
                 shape=r.model.shape,
                 num_tokens=kv,
                 prompt=r.req.prompt,
@@ -174,6 +190,7 @@ class MigrationOps:
                 raise TransferError(
                     f"model {header.model!r} is not loaded here (loaded: {sorted(self.host.hosted)})"
                 )
+            self._check_adapter_locked(header)
             if header.shape != model.shape:
                 raise TransferError(
                     f"KV shape mismatch for {header.model!r}: incoming {header.shape}, here {model.shape}"
@@ -214,6 +231,15 @@ class MigrationOps:
             self.importing.add(header.request_id)
             return ImportHandle(self, header, blocks)
 
+    def _check_adapter_locked(self, header: TransferHeader) -> None:
+        """TransferError unless the request's LoRA adapter (if any) is registered here on its base."""
+        if header.adapter and self.adapters.base_of(header.adapter) != header.model:
+            raise TransferError(
+                f"LoRA adapter {header.adapter!r} of {header.model!r} is not registered here (an engine "
+                f"serves an adapter declared for a base it hosts); request {header.request_id!r} stays on "
+                "its source"
+            )
+
     def wire_bytes_per_token(self, header: TransferHeader) -> int:
         """Bytes one token of ``header``'s K/V takes on the wire (chunks are sized by it)."""
         return header.shape.bytes_per_token
@@ -239,10 +265,15 @@ class MigrationOps:
                 # never replace a live copy: its consumer would continue from this one's position
                 self.abort_import_locked(handle)
                 raise DuplicateRequestError(f"request {h.request_id!r} became active here during the import")
+            try:
+                self._check_adapter_locked(h)  # removed during the import
+            except TransferError:
+                self.abort_import_locked(handle)
+                raise
             self.importing.discard(h.request_id)
             req = GenerationRequest(
                 request_id=h.request_id,
-                model=h.model,
+                model=h.adapter or h.model,  # an adapter's request names its adapter, runs on its base
                 prompt=h.prompt,
                 prompt_token_ids=h.prompt_token_ids,
                 sampling=h.sampling,

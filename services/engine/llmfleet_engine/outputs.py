@@ -101,13 +101,20 @@ class ModelLoad:
 class RequestLoads:
     """Per-request load, one column per field and one row per request the engine holds (no object per
     request: a snapshot is taken often). ``tokens``: context (prompt + generated); ``kv_bytes``: the KV
-    it holds now; ``phases``: "waiting", "prefill" (its prompt is being computed) or "decode"."""
+    it holds now; ``phases``: "waiting", "prefill" (its prompt is being computed) or "decode";
+    ``models``: the model whose KV it holds, its base for a request of a LoRA adapter, named in
+    ``adapters`` ("" : none; an empty column: no request names one)."""
 
     request_ids: Sequence[str] = ()
     models: Sequence[str] = ()
     tokens: Sequence[int] = ()
     kv_bytes: Sequence[int] = ()
     phases: Sequence[str] = ()
+    adapters: Sequence[str] = ()
+
+    def adapter_column(self) -> Sequence[str]:
+        """The adapter of each request, in ``rows()``'s order ("" : its model itself)."""
+        return self.adapters or [""] * len(self.request_ids)
 
     def __len__(self) -> int:
         return len(self.request_ids)

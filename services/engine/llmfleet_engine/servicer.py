@@ -125,8 +125,9 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
             )
         )
     add = msg.requests.add  # one message per request, built in place
-    for rid, model, tokens, kv_bytes, phase in snap.requests.rows():
-        add(request_id=rid, model=model, tokens=tokens, kv_bytes=kv_bytes, phase=phase)
+    rows = zip(snap.requests.rows(), snap.requests.adapter_column(), strict=True)
+    for (rid, model, tokens, kv_bytes, phase), adapter in rows:
+        add(request_id=rid, model=model, tokens=tokens, kv_bytes=kv_bytes, phase=phase, adapter=adapter)
     return msg
 
 

@@ -21,7 +21,9 @@ from llmfleet_engine.sampling import SamplingConfig
 
 @dataclass(frozen=True)
 class TransferHeader:
-    """Token state of a request in transit; its K/V for ``num_tokens`` tokens follows as chunks."""
+    """Token state of a request in transit; its K/V for ``num_tokens`` tokens follows as chunks.
+    ``model``: the model whose KV it holds; ``adapter``: the LoRA adapter it runs with on that model
+    ("": none), which the destination must have registered on it."""
 
     request_id: str
     model: str
@@ -35,6 +37,7 @@ class TransferHeader:
     rng_state: bytes = b""
     age_s: float = 0.0
     source_engine_id: str = ""
+    adapter: str = ""
 
 
 class ImportTarget(Protocol):

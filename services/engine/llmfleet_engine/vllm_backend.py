@@ -136,6 +136,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             toks: list[int] = []
             kvb: list[int] = []
             phases: list[str] = []
+            adapters: list[str] = []
             for state in self._requests.values():
                 req = state.req
                 runtime = state.runtime  # an adapter's request runs on its base
@@ -148,6 +149,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
                 toks.append(tokens)
                 kvb.append(tokens * runtime.model.kv_bytes_per_token if started else 0)
                 phases.append("decode" if started else "waiting")
+                adapters.append(req.model if req.model != runtime.model.name else "")
             self._trim_window(now)
             generated = sum(n for _, n in self._generated)
         models = tuple(
@@ -163,7 +165,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             kv_capacity_bytes=sum(rt.kv_capacity_bytes for rt in runtimes.values()),
             tokens_per_s=generated / self.config.throughput_window_s,
             models=models,
-            requests=RequestLoads(ids, mods, toks, kvb, phases),
+            requests=RequestLoads(ids, mods, toks, kvb, phases, adapters),
             # vLLM's lookups and hits; its block hashes are its own, so none are reported
             prefix_cache=PrefixCacheLoad(
                 queries=sum(v.prefix_queries for v in views), hits=sum(v.prefix_hits for v in views)

@@ -1,7 +1,9 @@
 """The policy's input from the live cluster: one :class:`GpuState` per reporting engine (pure).
 
 Each engine's latest load snapshot lists the requests it holds (``LoadSnapshot.requests``: id, model,
-context tokens, KV bytes, phase); its node record gives its models and address (the machine is the
+context tokens, KV bytes, phase, LoRA adapter); its node record gives its models (with the adapters
+registered on them, so a policy moves an adapter's request only to an engine serving that adapter) and
+address (the machine is the
 address's host, for Mell's same-machine priority). A request still waiting for admission holds no KV
 yet; it counts with the KV its prompt will take (``tokens`` × the model's bytes per token seen on
 that engine), so the packer reserves room for it. Engines whose snapshot is older than ``stale_s``
@@ -52,7 +54,7 @@ def gpu_states(
         reqs = []
         for r in snap.requests:
             kv = r.kv_bytes if r.kv_bytes else int(r.tokens * bpt.get(r.model, 0.0))
-            reqs.append(RequestState(r.request_id, r.model, kv, r.tokens))
+            reqs.append(RequestState(r.request_id, r.model, kv, r.tokens, r.adapter))
         is_active = bool(reqs) if active is None else (eid in active or bool(reqs))
         out.append(
             GpuState(

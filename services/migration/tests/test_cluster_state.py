@@ -44,3 +44,15 @@ def test_machine_of_addresses() -> None:
     assert machine_of("10.1.2.3:50061") == "10.1.2.3"
     assert machine_of("[::1]:50061") == "::1"
     assert machine_of("engine-1:50062") == "engine-1"
+
+
+def test_a_request_of_an_adapter_carries_it_and_engines_list_the_adapters_they_serve() -> None:
+    s = common_pb2.LoadSnapshot(kv_capacity_bytes=1000)
+    s.requests.add(request_id="r", model="m", tokens=10, kv_bytes=100, phase="decode", adapter="lora-a")
+    s.requests.add(request_id="x", model="m", tokens=10, kv_bytes=100, phase="decode")
+    nodes = {"a": NodeRecord("a", ENGINE_ROLE, "10.0.0.1:1", models=("lora-a", "m"))}
+    (a,) = gpu_states({"a": (s, 9.0)}, nodes, now=10.0)
+    r, x = a.requests
+    assert (r.model, r.adapter, r.served_as) == ("m", "lora-a", "lora-a")  # its KV is its base's
+    assert (x.adapter, x.served_as) == ("", "m")
+    assert a.models == ("lora-a", "m")  # the node record's: the base and the adapters registered on it

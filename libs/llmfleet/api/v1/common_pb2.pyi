@@ -99,18 +99,20 @@ class ModelLoad(_message.Message):
     def __init__(self, model: _Optional[str] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., tokens_per_block: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., adapter_loads: _Optional[int] = ..., adapter_slots: _Optional[int] = ...) -> None: ...
 
 class RequestLoad(_message.Message):
-    __slots__ = ("request_id", "model", "tokens", "kv_bytes", "phase")
+    __slots__ = ("request_id", "model", "tokens", "kv_bytes", "phase", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     tokens: int
     kv_bytes: int
     phase: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., phase: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., phase: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class LoadSnapshot(_message.Message):
     __slots__ = ("engine_id", "timestamp", "running", "waiting", "kv_used_bytes", "kv_capacity_bytes", "tokens_per_s", "models", "kv_blocks_used", "kv_blocks_total", "preemptions", "kv_fragmentation", "requests", "max_running", "prefix_cache")

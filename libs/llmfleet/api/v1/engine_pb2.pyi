@@ -195,7 +195,7 @@ class KvShape(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class KvTransferHeader(_message.Message):
-    __slots__ = ("request_id", "model", "shape", "num_tokens", "prompt_token_ids", "generated_token_ids", "sampling", "service", "rng_state", "age_s", "source_engine_id", "prompt")
+    __slots__ = ("request_id", "model", "shape", "num_tokens", "prompt_token_ids", "generated_token_ids", "sampling", "service", "rng_state", "age_s", "source_engine_id", "prompt", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class KvTransferHeader(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     shape: KvShape
@@ -220,7 +221,8 @@ class KvTransferHeader(_message.Message):
     age_s: float
     source_engine_id: str
     prompt: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., shape: _Optional[_Union[KvShape, _Mapping]] = ..., num_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., service: _Optional[str] = ..., rng_state: _Optional[bytes] = ..., age_s: _Optional[float] = ..., source_engine_id: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., shape: _Optional[_Union[KvShape, _Mapping]] = ..., num_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., service: _Optional[str] = ..., rng_state: _Optional[bytes] = ..., age_s: _Optional[float] = ..., source_engine_id: _Optional[str] = ..., prompt: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class KvData(_message.Message):
     __slots__ = ("start_token", "num_tokens", "data")

@@ -23,19 +23,28 @@ TransferMode = Literal["kv", "tokens"]
 @dataclass(frozen=True)
 class RequestState:
     """A running request as its engine reports it: KV bytes held now and context tokens (prompt +
-    generated; what a re-prefill would recompute)."""
+    generated; what a re-prefill would recompute). ``model`` is the model whose KV it holds; a request
+    of a LoRA adapter names it in ``adapter`` and runs on ``model``, its base."""
 
     request_id: str
     model: str
     kv_bytes: int
     tokens: int = 0
+    adapter: str = ""
+
+    @property
+    def served_as(self) -> str:
+        """What a destination must serve to take it: its LoRA adapter, else its model. Policies place it
+        only on a GPU listing that name in ``GpuState.models``."""
+        return self.adapter or self.model
 
 
 @dataclass(frozen=True)
 class GpuState:
-    """One engine (a Mell "GPU"): the models it hosts, its KV capacity C in bytes, its running requests,
-    whether it is active (not in the idle pool), and its machine (host) for Mell's same-machine
-    priority."""
+    """One engine (a Mell "GPU"): the models it serves (the models it hosts and the LoRA adapters
+    registered on them, as its node record advertises them), its KV capacity C in bytes, its running
+    requests, whether it is active (not in the idle pool), and its machine (host) for Mell's
+    same-machine priority."""
 
     gpu_id: str
     models: tuple[str, ...]

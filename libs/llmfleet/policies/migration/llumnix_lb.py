@@ -88,7 +88,7 @@ class LlumnixBalance:
                 gap = load(src) - load(dst)
                 if gap <= self.threshold:
                     return None  # every later candidate is at least as loaded
-                if dst == src or dst in sources or req.model not in models[dst]:
+                if dst == src or dst in sources or req.served_as not in models[dst]:
                     continue
                 if req.kv_bytes > capacity[dst] - used[dst]:
                     continue  # never overfill a destination

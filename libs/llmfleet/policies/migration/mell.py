@@ -182,7 +182,7 @@ class MellPacker:
                 continue
             r, at = seen[rid]
             dst = w.bins.get(mig.destination)
-            if at != mig.source or dst is None or r.model not in dst.models or not used[dst.gpu_id]:
+            if at != mig.source or dst is None or r.served_as not in dst.models or not used[dst.gpu_id]:
                 continue
             if dst.capacity - used[dst.gpu_id] >= r.kv_bytes:
                 used[at] -= r.kv_bytes
@@ -202,11 +202,11 @@ class MellPacker:
         for rid, (r, gid) in seen.items():
             b, pid = w.bins[gid], prev_of.get(rid)
             if pid is not None and size_class(r.kv_bytes, cap) == TINY:
-                groups, loose = tiny.setdefault((gid, r.model), ({}, []))
+                groups, loose = tiny.setdefault((gid, r.served_as), ({}, []))
                 prev = self._items[pid]
                 (groups.setdefault(pid, []) if prev.bundle else loose).append((rid, r.kv_bytes))
                 continue
-            w.attach(Item(rid, r.model, {rid: r}, False, cap), b)
+            w.attach(Item(rid, r.served_as, {rid: r}, False, cap), b)  # an adapter's: where it is served
             if pid is None:
                 ops.append((2, (-r.kv_bytes, rid), "allocate", w.allocate_op, (rid,)))
             elif (old := self._items[pid].cls) != w.at[rid].items[rid].cls:

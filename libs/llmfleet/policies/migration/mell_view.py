@@ -93,7 +93,7 @@ def allocate_target(
             continue
         b = Bin(g)
         for r in g.requests:
-            b.add(Item(r.request_id, r.model, {r.request_id: r}, False, cap))
+            b.add(Item(r.request_id, r.served_as, {r.request_id: r}, False, cap))
         mg, kind, mine = known.get(g.gpu_id), b.content_kind(), memo.get(g.gpu_id)
         if mine is not None and kind is not None and RANK[kind] >= RANK[mine[0]]:
             b.kind, b.seq = mine[0], fresh + len(gpus) + mine[1]  # opened here since the view

@@ -93,6 +93,7 @@ class EmulatedExecutor(Executor):
             self._new_state,
             self.clock,
             self.config.link_bw,
+            adapters=self.adapters,
         )
 
     # ------------------------------------------------------------------------ device and memory
