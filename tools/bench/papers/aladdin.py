@@ -393,6 +393,9 @@ def markdown(res: dict) -> str:
                     ("P100 n", "p100_at", ""),
                     ("P100 n+1", "p100_above", ""),
                     ("busy workers", "busy_workers", ""),
+                    ("large pool", "pool_workers", ""),
+                    ("opened there", "pool_opened", ""),
+                    ("ATGT misses there", "pool_atgt_misses", ""),
                 ],
             )
         )

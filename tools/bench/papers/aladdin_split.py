@@ -80,6 +80,12 @@ def headline(model: str, mc: dict, tp: int, rate: float, wls: list, d: Any, log:
             pool = min(MAX_GPUS // tp, 2 * (jsq_n or 8) + 2)
             cap = max(s.eval(pool)["gpus_used"] // tp for s in head.searches) + 2
             h = head.fewest(jsq_n or 8, cap)
+            # on the large pool: the workers it opened and the requests past T_dec, per seed
+            h["pool_workers"] = pool
+            h["pool_opened"] = [s.eval(pool)["gpus_used"] // tp for s in head.searches]
+            h["pool_atgt_misses"] = [
+                round(s.eval(pool)["viol_atgt"] * len(s.wl.requests)) for s in head.searches
+            ]
         h.update(
             {
                 "model": model,
@@ -123,10 +129,19 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def summary_text(split: list[dict]) -> str:
-    """One line: each model's best held best-fit config over JSQ and power of two, decode phase only."""
+    """One line: each model's GPUs at P100 for best fit (its best held config), JSQ and power of two, and
+    best fit's ratios, decode phase only ("none": no count held P100 on every seed at n and n + 1)."""
     parts = []
     for s in split:
-        jsq = f"{s['over_jsq']:.2f}× JSQ" if s["over_jsq"] is not None else "JSQ: none held"
-        p2 = f"{s['over_p2']:.2f}× power-of-two" if s["over_p2"] is not None else "power-of-two: none held"
-        parts.append(f"{s['model']} {s['aladdin_gpus']} GPUs ({s['best']}), {jsq}, {p2}")
+        gpus = ", ".join(
+            f"{name} {s[key] if s[key] is not None else 'none'}"
+            for name, key in (("best fit", "aladdin_gpus"), ("JSQ", "jsq_gpus"), ("power-of-two", "p2_gpus"))
+        )
+        best = f" ({s['best']})" if s["best"] else ""
+        ratios = ", ".join(
+            f"{s[key]:.2f}× {name}"
+            for name, key in (("JSQ", "over_jsq"), ("power-of-two", "over_p2"))
+            if s[key]
+        )
+        parts.append(f"{s['model']} GPUs: {gpus}{best}" + (f"; {ratios}" if ratios else ""))
     return "split-phase decode at P100: " + "; ".join(parts) if parts else ""
