@@ -300,9 +300,11 @@ class ModelHost:
             return tuple(sorted(n for n in self.hosted if n not in draining))
 
     def model_request_ids(self, name: str) -> list[str]:
-        """Ids of the active requests of model ``name`` (running, waiting or paused)."""
+        """Ids of the active requests of model ``name`` (running, waiting or paused), its LoRA adapters'
+        requests among them (they run on it and leave with it)."""
         with self.table.cond:
-            return [rid for rid, r in self.table.requests.items() if r.req.model == name and not r.finished]
+            model = self.hosted.get(name)
+            return [rid for rid, r in self.table.requests.items() if r.model is model and not r.finished]
 
     def evict(self, request_id: str, reason: str) -> bool:
         """End ``request_id`` here so that its consumer resumes it elsewhere (the servicer answers

@@ -260,8 +260,9 @@ class PlacementFollower:
         ]
 
     async def _move_all(self, name: str, request_ids: list[str]) -> None:
-        """Move each request: KV migration to an engine advertising ``name`` (round robin), else evict
-        it so that the scheduler resumes it elsewhere by re-prefill."""
+        """Move each request: KV migration to an engine advertising ``name`` (round robin; one without a
+        LoRA adapter's request's adapter refuses it, and the next is tried), else evict it so that the
+        scheduler resumes it elsewhere by re-prefill."""
         ops = self.migration
         dests = self._destinations(name) if ops is not None else []
         for i, rid in enumerate(request_ids):

@@ -2,7 +2,7 @@
 real gRPC servicers, as the migration coordinator drives them): it travels as its base's KV with the
 adapter named, takes the adapter's slot on the destination and finishes with the tokens of HF
 ``generate`` on the merged adapter; a destination without the adapter refuses it before any K/V is
-sent, and the source keeps and finishes it."""
+sent, and the source keeps and finishes it; a base leaving an engine takes its adapters' requests with it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from chunk_checks import read
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
 from llmfleet.testing import eventually
-from llmfleet.types import ModelSpec
+from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import load_model
+from llmfleet_engine.placement_follower import DrainSettings, PlacementFollower
 from llmfleet_engine.servicer import EngineServicer, snapshot_to_proto
 from llmfleet_engine.validation import build_request
 from lora_checkpoints import hf_greedy, merged, save_checkpoints
+from test_drain import FakeNodes
 from test_migrate_rpc import KV, TOKENS, Node, migrate, serve, throttle
 
 BASE = "lora-base"
@@ -127,3 +129,28 @@ async def test_a_destination_without_the_adapter_refuses_and_the_source_keeps_it
     assert tokens == want  # nothing lost
     snap = b.executor.load_snapshot()
     assert (snap.kv_blocks_used, len(snap.requests), b.executor.adapters.resident(BASE)) == (0, 0, [])
+
+
+async def test_a_draining_base_moves_its_adapters_requests_to_an_engine_serving_the_adapter(
+    nodes, want
+) -> None:
+    """Placement moves the base off engine a (drain mode migrate): its adapter's running request is one
+    of the base's requests and moves with its KV to b, which serves the adapter."""
+    a = await nodes("a", (ADAPTER,), slow=True)
+    b = await nodes("b", (ADAPTER,))
+    fake = FakeNodes()
+    fake.records["b"] = NodeRecord("b", ENGINE_ROLE, b.address, models=(ADAPTER, BASE))
+    follower = PlacementFollower(
+        "a", a.executor.host, a.executor.migration, drain=DrainSettings(mode="migrate"), nodes=fake
+    )
+    call = a.stub.Generate(request("r", ADAPTER))
+    tokens: list[int] = []
+    await read(call, tokens, 4)
+    assert a.executor.host.model_request_ids(BASE) == ["r"]
+    spec = b.executor.host.hosted[BASE].loaded.spec
+    await follower.step({"a": DesiredPlacement("a", ()), "b": DesiredPlacement("b", (spec,))})
+    final = await read(call, tokens)
+    assert final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to == b.address
+    final = await read(b.stub.Generate(request("r", ADAPTER, resume=tokens)), tokens)
+    assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "b"
+    assert tokens == want
