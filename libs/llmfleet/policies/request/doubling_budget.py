@@ -84,8 +84,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
@@ -203,30 +204,35 @@ class DoublingBudget:
     def charge(self, req: SchedRequest, duration_s: float) -> None:
         """Q_r −= duration; if Q_r ≤ 0: k += 1 and Q_r = 2^k (L̂_s + σ_s) (``reset``, the paper), or
         while Q_r ≤ 0: k += 1, Q_r += 2^k (L̂_s + σ_s) (``carry``: the overshoot is taken off)."""
+        self._charge(req, duration_s, self.stats.mean(req.service))
+
+    def _charge(self, req: SchedRequest, duration_s: float, mean_s: float) -> None:
+        """:meth:`charge` with the service's L̂_s (``mean_s``) looked up once for a whole batch."""
         b = self.budget(req)
         b.left_s -= duration_s
-        if b.left_s <= 0 and self.renewal == "reset":
-            b.renewals += 1
-            b.left_s = (2**b.renewals) * self.budget_unit(req.service)
-        while b.left_s <= 0:
-            b.renewals += 1
-            b.left_s += (2**b.renewals) * self.budget_unit(req.service)
-        req.priority = self.priority_of(req)
+        if b.left_s <= 0:
+            if self.renewal == "reset":
+                b.renewals += 1
+                b.left_s = (2**b.renewals) * self.budget_unit(req.service)
+            while b.left_s <= 0:
+                b.renewals += 1
+                b.left_s += (2**b.renewals) * self.budget_unit(req.service)
+        req.priority = b.left_s * mean_s
 
     def starving_services(
         self, waiting: Sequence[SchedRequest], running: Sequence[SchedRequest], now: float
     ) -> list[tuple[str, SchedRequest]]:
         """(service, its longest-stalled request) for every starving service, longest stall first."""
         worst: dict[str, tuple[float, SchedRequest]] = {}
-        for r in (*waiting, *running):
-            s = _stall(r, now)
-            cur = worst.get(r.service)
-            if cur is None or (-s, r.arrival_s, r.request_id) < (
-                -cur[0],
-                cur[1].arrival_s,
-                cur[1].request_id,
-            ):
-                worst[r.service] = (s, r)
+        for queue in (waiting, running):
+            for r in queue:
+                last = r.last_run_s
+                _note_stall(worst, r, now - (last if last is not None else r.arrival_s))
+        return self._starving(worst)
+
+    def _starving(self, worst: Mapping[str, tuple[float, SchedRequest]]) -> list[tuple[str, SchedRequest]]:
+        """The services whose longest stall (``worst``: service -> stall, request) passes their
+        threshold, longest stall first."""
         starving = [(s, svc, r) for svc, (s, r) in worst.items() if s > self.starvation_threshold(svc)]
         starving.sort(key=lambda t: (-t[0], t[1]))
         return [(svc, r) for _, svc, r in starving]
@@ -247,21 +253,17 @@ class DoublingBudget:
     ) -> Batch | None:
         if not waiting and not running:
             return None
-        for r in (*waiting, *running):
-            r.priority = self.priority_of(r)
-        prefills = sorted(waiting, key=_key)
-        decodes = sorted(running, key=_key)
-        ranked = self._ranking(prefills, decodes, now)
-        seed, phase = ranked[0]
-        blocked = False  # the top request is a prefill the pool cannot take: admit no other prefill
-        if phase == "prefill" and not fits_alone(pool, seed):
-            alt: tuple[SchedRequest, Phase] | None = next(((r, p) for r, p in ranked if p == "decode"), None)
-            blocked = alt is not None
-            if alt is None:
-                alt = next(((r, p) for r, p in ranked if p == "prefill" and fits_alone(pool, r)), None)
-            if alt is None:
-                return None
-            seed, phase = alt
+        worst: dict[str, tuple[float, SchedRequest]] = {}
+        best_w = self._scan(waiting, now, worst)
+        best_r = self._scan(running, now, worst)
+        chosen = self._seed(waiting, running, best_w, best_r, self._starving(worst), pool, now)
+        if chosen is None:
+            return None
+        seed, phase, blocked = chosen
+        # the seed's service and model in priority order (a stable sort of the queue, filtered)
+        svc, model = seed.service, seed.model
+        prefills = sorted([r for r in waiting if r.service == svc and r.model == model], key=_key)
+        decodes = sorted([r for r in running if r.service == svc and r.model == model], key=_key)
         if self.admission == "literal":
             queue = prefills if phase == "prefill" else decodes
             peers = [r for r in queue if r.request_id != seed.request_id and _same(r, seed)]
@@ -312,10 +314,18 @@ class DoublingBudget:
             return now
         ids = set(batch.request_ids)
         horizon = now + min(self.budget(r).left_s for r in running if r.request_id in ids)
-        for r in (*waiting, *running):
-            if r.request_id not in ids:
-                ref = r.last_run_s if r.last_run_s is not None else r.arrival_s
-                horizon = min(horizon, ref + self.starvation_threshold(r.service))
+        thresholds: dict[str, float] = {}
+        for queue in (waiting, running):
+            for r in queue:
+                if r.request_id not in ids:
+                    svc = r.service
+                    threshold = thresholds.get(svc)
+                    if threshold is None:
+                        threshold = thresholds[svc] = self.starvation_threshold(svc)
+                    last = r.last_run_s
+                    until = (last if last is not None else r.arrival_s) + threshold
+                    if until < horizon:
+                        horizon = until
         return horizon
 
     def on_iteration(
@@ -323,9 +333,10 @@ class DoublingBudget:
     ) -> None:
         """UpdateBudget + UpdatePriority for the members of ``batch``."""
         check_duration(duration_s)
+        means = self._means()
         for r in batch_members(batch, requests):
             mark_ran(r, duration_s, now)
-            self.charge(r, duration_s)
+            self._charge(r, duration_s, means(r.service))
 
     def on_iterations(
         self, batch: Batch, durations_s: Sequence[float], now: float, requests: Sequence[SchedRequest]
@@ -353,13 +364,15 @@ class DoublingBudget:
         executed[:, 0] = [r.executed_s for r in members]
         executed[:, 1:] = ds
         executed = np.add.accumulate(executed, axis=1)
+        means = self._means()
         for i, (r, b) in enumerate(zip(members, budgets, strict=True)):
+            mean_s = means(r.service)
             if renewed[i]:
                 for d in head.tolist():
-                    self.charge(r, d)
+                    self._charge(r, d, mean_s)
             else:
                 b.left_s = float(qs[i, -1])
-            self.charge(r, last)
+            self._charge(r, last, mean_s)
             mark_ran(r, total, now)
             r.executed_s = float(executed[i, -1])
 
@@ -391,6 +404,88 @@ class DoublingBudget:
         return max(running, key=_key)
 
     # ------------------------------------------------------------------ internals
+
+    def _means(self) -> Callable[[str], float]:
+        """L̂_s by service, each looked up once (the statistics change only when a request finishes)."""
+        means: dict[str, float] = {}
+        mean = self.stats.mean
+
+        def get(service: str) -> float:
+            m = means.get(service)
+            if m is None:
+                m = means[service] = mean(service)
+            return m
+
+        return get
+
+    def _scan(
+        self, queue: Sequence[SchedRequest], now: float, worst: dict[str, tuple[float, SchedRequest]]
+    ) -> SchedRequest | None:
+        """One pass over ``queue``: sets every request's O_r = Q_r · L̂_s (:meth:`priority_of`), notes
+        each service's longest stall in ``worst`` (:meth:`starving_services`) and returns the queue's
+        first request by (O_r, arrival, id), None when it is empty."""
+        budgets = self._budgets
+        means: dict[str, float] = {}
+        best: SchedRequest | None = None
+        best_p = best_a = 0.0
+        for r in queue:
+            b = budgets.get(id(r))
+            if b is None or b.owner() is not r:
+                b = self.budget(r)
+            svc = r.service
+            m = means.get(svc)
+            if m is None:
+                m = means[svc] = self.stats.mean(svc)
+            p = r.priority = b.left_s * m
+            arrival = r.arrival_s
+            if (
+                best is None
+                or p < best_p
+                or (
+                    p == best_p
+                    and (arrival < best_a or (arrival == best_a and r.request_id < best.request_id))
+                )
+            ):
+                best, best_p, best_a = r, p, arrival
+            last = r.last_run_s
+            _note_stall(worst, r, now - (last if last is not None else arrival))
+        return best
+
+    def _seed(
+        self,
+        waiting: Sequence[SchedRequest],
+        running: Sequence[SchedRequest],
+        best_w: SchedRequest | None,
+        best_r: SchedRequest | None,
+        starving: list[tuple[str, SchedRequest]],
+        pool: PoolView,
+        now: float,
+    ) -> tuple[SchedRequest, Phase, bool] | None:
+        """The first request of the ranking (:meth:`_ranking`) and its phase, or, when that is a prefill
+        the pool cannot take, the best decode (then ``blocked``: no prefill is admitted) or else the best
+        prefill that fits; None when nothing can run. With no starving service the ranking is every
+        request by O_r (prefills first on a tie), so its head is the smaller of the queues' first
+        requests (``best_w``, ``best_r``) and only the fallback to a fitting prefill needs a queue in
+        order."""
+        if starving:
+            ranked = self._ranking(sorted(waiting, key=_key), sorted(running, key=_key), now)
+            seed, phase = ranked[0]
+            if phase == "decode" or fits_alone(pool, seed):
+                return seed, phase, False
+            alt = next((r for r, p in ranked if p == "decode"), None)
+            if alt is not None:
+                return alt, "decode", True
+            fit = next((r for r, p in ranked if p == "prefill" and fits_alone(pool, r)), None)
+            return (fit, "prefill", False) if fit is not None else None
+        if best_w is None or (best_r is not None and _key(best_r) < _key(best_w)):
+            assert best_r is not None
+            return best_r, "decode", False
+        if fits_alone(pool, best_w):
+            return best_w, "prefill", False
+        if best_r is not None:
+            return best_r, "decode", True
+        fit = next((r for r in sorted(waiting, key=_key) if fits_alone(pool, r)), None)
+        return (fit, "prefill", False) if fit is not None else None
 
     def budget(self, req: SchedRequest) -> RequestBudget:
         """``req``'s budget; a request seen for the first time gets Q_r = L̂_s + σ_s (InitBudget) and
@@ -439,15 +534,23 @@ def _lead(head: list[SchedRequest], queue: list[SchedRequest], seed: SchedReques
     return [*head, *(r for r in queue if _same(r, seed) and r.request_id not in ids)]
 
 
+def _note_stall(worst: dict[str, tuple[float, SchedRequest]], r: SchedRequest, stall: float) -> None:
+    """Keep ``r`` as its service's worst if its ``stall`` is longer (ties: earlier arrival, smaller id)."""
+    cur = worst.get(r.service)
+    if (
+        cur is None
+        or stall > cur[0]
+        or (stall == cur[0] and (r.arrival_s, r.request_id) < (cur[1].arrival_s, cur[1].request_id))
+    ):
+        worst[r.service] = (stall, r)
+
+
 def _same(a: SchedRequest, b: SchedRequest) -> bool:
     """Same service and model: what one batch may hold."""
     return a.service == b.service and a.model == b.model
 
 
-def _key(req: SchedRequest) -> tuple[float, float, str]:
-    return (req.priority, req.arrival_s, req.request_id)
-
-
-def _stall(req: SchedRequest, now: float) -> float:
-    """Time since ``req`` last made progress (since arrival if it never ran)."""
-    return now - (req.last_run_s if req.last_run_s is not None else req.arrival_s)
+# (O_r, arrival, id): the ranking's order
+_key: Callable[[SchedRequest], tuple[float, float, str]] = operator.attrgetter(
+    "priority", "arrival_s", "request_id"
+)

@@ -11,6 +11,7 @@ from llmfleet.policies.request import (
     SchedRequest,
     ServiceStats,
 )
+from llmfleet.policies.request.base import admit_prefills, fits_alone
 from llmfleet.policies.request.solo_cost import SoloCost
 
 BIG = PoolView(free_blocks=10_000, watermark_blocks=0, tokens_per_block={"ms": 16, "ml": 16, "m2": 16})
@@ -409,3 +410,63 @@ def test_admission_is_validated_and_default_is_mixed():
     assert DoublingBudget().admission == "mixed"
     with pytest.raises(ValueError, match="admission"):
         DoublingBudget(DoublingBudgetOptions(admission="fcfs"))
+
+
+def _ranked_batch(p, waiting, running, pool, limits):
+    """DB's ``mixed`` batch with no starving service, from the whole ranking: every request by
+    (O_r, arrival, id), prefills first on a tie; the seed is its head, else (a prefill that does not fit)
+    the best decode with no prefill admitted, else the best prefill that fits."""
+    key = lambda r: (p.priority_of(r), r.arrival_s, r.request_id)  # noqa: E731
+    ranked = sorted(
+        [(r, "prefill") for r in waiting] + [(r, "decode") for r in running], key=lambda t: key(t[0])
+    )
+    seed, phase = ranked[0]
+    blocked = False
+    if phase == "prefill" and not fits_alone(pool, seed):
+        alt = next((t for t in ranked if t[1] == "decode"), None)
+        blocked = alt is not None
+        alt = alt or next((t for t in ranked if t[1] == "prefill" and fits_alone(pool, t[0])), None)
+        if alt is None:
+            return None
+        seed, phase = alt
+    same = [t for t in ranked if t[0].service == seed.service and t[0].model == seed.model]
+    runs = [r for r, ph in same if ph == "decode" and r is not seed]
+    runs = ([seed] if phase == "decode" else []) + runs
+    waits = (
+        []
+        if blocked
+        else ([seed] if phase == "prefill" else [])
+        + [r for r, ph in same if ph == "prefill" and r is not seed]
+    )
+    runs = runs[: limits.max_requests]
+    admitted = admit_prefills(waits, pool, limits, limits.max_requests - len(runs))
+    kind = "mixed" if runs and admitted else ("decode" if runs else "prefill")
+    return Batch(seed.model, kind, tuple(r.request_id for r in (*runs, *admitted)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_mixed_batch_is_built_from_the_whole_ranking(seed):
+    rng = random.Random(seed)
+    p = policy(admission="mixed", starvation_factor=None)
+    services = [("short", "ms"), ("long", "ml"), ("short", "m2")]
+    waiting, running = [], []
+    for i in range(rng.randint(0, 30)):
+        svc, model = rng.choice(services)
+        make = w if rng.random() < 0.6 else d
+        # few distinct arrivals and prompt sizes: ties in O_r and arrival are common
+        r = make(f"r{i:02d}", svc, float(rng.randint(0, 3)), rng.choice((15, 200, 900)), model)
+        (waiting if make is w else running).append(r)
+    arrive(p, *waiting, *running)
+    for r in running:  # some budgets used, some renewed
+        for _ in range(rng.randint(0, 3)):
+            p.charge(r, rng.choice((0.01, 0.05, 0.2)))
+    rng.shuffle(waiting)
+    rng.shuffle(running)
+    pool = PoolView(
+        free_blocks=rng.choice((5, 20, 60, 10_000)),
+        watermark_blocks=0,
+        tokens_per_block={"ms": 16, "ml": 16, "m2": 16},
+    )
+    limits = BatchLimits(max_requests=rng.choice((2, 4, 256)), max_prefill_tokens=rng.choice((300, 4096)))
+    expected = _ranked_batch(p, waiting, running, pool, limits) if waiting or running else None
+    assert p.next_batch(waiting, running, pool, limits, 5.0) == expected
