@@ -16,6 +16,7 @@ from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmfleet.rpc.channels import open_channel
 from llmfleet.testing import eventually
 from llmfleet.types import ENGINE_ROLE, DesiredPlacement, ModelSpec, NodeRecord
+from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.executor import Executor, ExecutorConfig
 from llmfleet_engine.models import load_model
 from llmfleet_engine.placement_follower import DrainSettings, PlacementFollower
@@ -154,3 +155,49 @@ async def test_a_draining_base_moves_its_adapters_requests_to_an_engine_serving_
     final = await read(b.stub.Generate(request("r", ADAPTER, resume=tokens)), tokens)
     assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "b"
     assert tokens == want
+
+
+async def test_an_emulated_engines_adapter_request_migrates_with_the_same_tokens() -> None:
+    """The emulated engines share the migration path (``EmulatedMigration``): an adapter's request of
+    Llama-2-7B on emulated A100s moves to an engine serving the adapter, takes its slot there and ends
+    with the tokens it produces unmoved."""
+    model, n = "llama2-7b", 200
+
+    def make() -> EmulatedExecutor:
+        ex = EmulatedExecutor(
+            EmulatedConfig(hardware="a100-80gb", sim_models={model: model}, max_loras=1, max_lora_rank=16)
+        )
+        ex.host.load(ModelSpec(model, f"emulated://{model}"))
+        ex.adapters.add("a0", model, "emulated://r8")
+        return ex
+
+    def gen(rid: str, resume=()) -> engine_pb2.GenerateRequest:
+        return engine_pb2.GenerateRequest(
+            request_id=rid, model="a0", prompt="t1 t2 t3 t4",
+            sampling=common_pb2.SamplingParams(max_tokens=n), resume_token_ids=list(resume),
+        )  # fmt: skip
+
+    engines = [make(), make()]
+    servers = [await serve(EngineServicer(ex, eid)) for ex, eid in zip(engines, "ab", strict=True)]
+    channels = [open_channel(s.address) for s in servers]
+    a, b = (engine_pb2_grpc.EngineStub(c) for c in channels)
+    try:
+        want = [t async for c in b.Generate(gen("r")) for t in c.token_ids]  # unmoved (ids pick tokens)
+        assert len(want) == n
+        call = a.Generate(gen("r"))
+        tokens: list[int] = []
+        await read(call, tokens, 4)
+        await a.Migrate(migrate("r", servers[1].address, KV, "mig-emu"), timeout=30)
+        final = await read(call, tokens)
+        assert final.finish_reason == common_pb2.FINISH_REASON_MIGRATED
+        assert engines[1].adapters.resident(model) == ["a0"]
+        final = await read(b.Generate(gen("r", resume=tokens)), tokens)
+        assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "b"
+        assert tokens == want
+    finally:
+        for c in channels:
+            await c.close()
+        for s in servers:
+            await s.stop(0)
+        for ex in engines:
+            await ex.aclose()
