@@ -293,7 +293,8 @@ def markdown(report: dict[str, Any]) -> str:
         lv = report["live"]
         lines += [
             f"## Live: llmfleet up --emulate 1xA100-80GB, {lv['slots']} requests at once, {lv['tokens']}-token "
-            f"streams, {lv['step_s']:.0f} s per arm, light/high {lv['light_rate']} req/s, heavy/low 10x",
+            f"streams, {lv['step_s']:.0f} s per arm × {lv.get('repeats', 1)} runs in turn, light/high "
+            f"{lv['light_rate']} req/s, heavy/low 10x",
             "",
             "| arm | key | served | TTFT p50 s | TTFT p99 s | errors | the other key |",
             "|---|---|---|---|---|---|---|",
@@ -330,6 +331,9 @@ def main(argv: list[str] | None = None) -> None:
         "--live-light-rate", type=float, default=1.5, help="live: the light key's req/s (heavy: 10x)"
     )
     ap.add_argument("--live-tokens", type=int, default=32, help="live: output tokens per request")
+    ap.add_argument(
+        "--live-repeats", type=int, default=1, help="live: runs of every arm, in turn, their TTFTs pooled"
+    )
     a = ap.parse_args(argv)
     setup = Setup(a.slots, a.prompt_tokens, a.output_tokens, a.prefill_s_per_token, a.tpot_s, a.max_held,
                   a.duration_s, a.seed)  # fmt: skip
@@ -339,7 +343,9 @@ def main(argv: list[str] | None = None) -> None:
 
         report["live"] = {
             "slots": a.live_slots, "step_s": a.live_step_s, "light_rate": a.live_light_rate, "tokens": a.live_tokens,
-            "arms": run_live(a.out / "live", a.live_slots, a.live_step_s, a.live_light_rate, a.live_tokens),
+            "repeats": a.live_repeats,
+            "arms": run_live(a.out / "live", a.live_slots, a.live_step_s, a.live_light_rate, a.live_tokens,
+                             a.live_repeats),
         }  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))

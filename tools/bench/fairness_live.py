@@ -5,7 +5,9 @@ requests at once, late binding with no queue slack: every request beyond them wa
 scheduler's hold queue), API keys ``light``, ``heavy``, ``high`` (max_priority 1) and ``low``, one
 service of 32-token streams. Each key is an SDK client sending an open-loop Poisson stream for
 ``--live-step-s``; TTFT is the client's, to its first token. One cluster per ``fairness`` setting
-(``vtc``, then ``none``, the cluster file's ``scheduler:`` section)."""
+(``vtc``, then ``none``, the cluster file's ``scheduler:`` section). With ``--live-repeats N`` the
+cluster runs its arms N times over, in turn (arm 1, 2, …, 1, 2, …), and each arm's TTFTs are pooled,
+so a p99 rests on N times the requests while a slow spell of the shared machine falls on every arm."""
 
 from __future__ import annotations
 
@@ -84,18 +86,29 @@ def _p(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def arm(address: str, streams: list[tuple[str, float, int | None]], step_s: float, tokens: int) -> dict:
+async def arm(
+    address: str, streams: list[tuple[str, float, int | None]], step_s: float, tokens: int, repeat: int
+) -> dict[str, dict[str, Any]]:
+    """Each key's raw TTFTs and errors in one run of an arm (``repeat`` varies the streams' seeds)."""
     results = await asyncio.gather(
-        *(stream(address, k, r, step_s, tokens, p, seed) for seed, (k, r, p) in enumerate(streams))
+        *(
+            stream(address, k, r, step_s, tokens, p, 100 * repeat + seed)
+            for seed, (k, r, p) in enumerate(streams)
+        )
     )
-    return {
-        k: {"served": len(res["ttfts"]), "p50_ttft_s": _p(res["ttfts"], 0.5), "p99_ttft_s": _p(res["ttfts"], 0.99),
-            "errors": len(res["errors"]), "error_sample": res["errors"][:2]}
-        for (k, _, _), res in zip(streams, results, strict=True)
-    }  # fmt: skip
+    return {k: res for (k, _, _), res in zip(streams, results, strict=True)}
 
 
-def run_live(out: Path, slots: int, step_s: float, light_rate: float, tokens: int) -> list[dict[str, Any]]:
+def summary(res: dict[str, list]) -> dict[str, Any]:
+    """A key's pooled TTFTs and errors as the report's columns."""
+    ttfts, errors = res["ttfts"], res["errors"]
+    return {"served": len(ttfts), "p50_ttft_s": _p(ttfts, 0.5), "p99_ttft_s": _p(ttfts, 0.99),
+            "errors": len(errors), "error_sample": errors[:2]}  # fmt: skip
+
+
+def run_live(
+    out: Path, slots: int, step_s: float, light_rate: float, tokens: int, repeats: int = 1
+) -> list[dict[str, Any]]:
     """Rows as the model's arms: (arm, key, fairness, served, p50, p99, errors)."""
     logging.getLogger("llmfleet.client").setLevel(logging.ERROR)
     keys = out / "keys.yaml"
@@ -122,12 +135,19 @@ def run_live(out: Path, slots: int, step_s: float, light_rate: float, tokens: in
         up = LocalUp(out / fairness, config(fairness, slots, tokens), "--emulate", "1xA100-80GB",
                      "--schedulers", "1", "--api-keys", str(keys))  # fmt: skip
         up.start()
+        pooled: list[dict[str, dict[str, list]]] = [{} for _ in arms]
         try:
-            for name, streams, key in arms:
-                got = asyncio.run(arm(up.scheduler, streams, step_s, tokens))
-                rows.append({"arm": f"live: {name}, {fairness}", "key": key, "fairness": fairness, **got[key],
-                             "others": {k: v for k, v in got.items() if k != key}})  # fmt: skip
-                time.sleep(2)  # the queue drains between arms
+            for repeat in range(repeats):
+                for i, (_, streams, _) in enumerate(arms):
+                    got = asyncio.run(arm(up.scheduler, streams, step_s, tokens, repeat))
+                    for k, res in got.items():
+                        acc = pooled[i].setdefault(k, {"ttfts": [], "errors": []})
+                        acc["ttfts"] += res["ttfts"]
+                        acc["errors"] += res["errors"]
+                    time.sleep(2)  # the queue drains between arms
         finally:
             up.stop()
+        for (name, _, key), got in zip(arms, pooled, strict=True):
+            rows.append({"arm": f"live: {name}, {fairness}", "key": key, "fairness": fairness, **summary(got[key]),
+                         "others": {k: summary(v) for k, v in got.items() if k != key}})  # fmt: skip
     return rows
