@@ -39,7 +39,7 @@ class Moves:
         if r is None or r.sched.model not in dst.tpb:
             return False  # not here, or the destination cannot host it
         if r.payload.adapter:
-            return False  # a LoRA adapter's request stays (as live: the destination refuses its model)
+            return False  # a LoRA adapter's request stays: the simulator does not move one (live engines do)
         if src.core.in_flight(request_id):
             src.outbound[request_id] = (instance_id, transfer_s, reprefill)
             fleet.kick(src, now)  # cut a fast-forwarded chunk to the iteration in progress
