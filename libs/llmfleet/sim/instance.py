@@ -172,6 +172,11 @@ class SimInstance:
         self.adapter_loads += 1
         self._load_debt += self._lora[r.sched.model].load_seconds(self._ranks[r.adapter or ""])
 
+    def serve_adapter(self, adapter: str, rank: int) -> None:
+        """A request of ``adapter`` (of ``rank``) moves in: it takes the adapter's slot as it lands or is
+        admitted, which loads the adapter at ``rank``'s cost."""
+        self._ranks[adapter] = rank
+
     @property
     def adapter_evictions(self) -> int:
         return sum(s.evictions for s in self.adapter_slots.values())

@@ -86,6 +86,7 @@ class MigrationLoop:
     transfer_name: str = ""
     stats: MigrationStats = field(init=False)
     _node: dict[str, int] = field(init=False, default_factory=dict)
+    _adapters: dict[str, tuple[str, ...]] = field(init=False, default_factory=dict)  # base -> adapters
     _holding: set[str] = field(init=False, default_factory=set)  # requests holding KV (last states)
     _transit: dict[str, tuple[str, RequestState]] = field(
         init=False, default_factory=dict
@@ -98,6 +99,7 @@ class MigrationLoop:
 
     def install(self, sim: Simulator) -> None:
         """Nodes by GPU order (instances fill nodes of ``gpus_per_node`` in plan order); epochs from now."""
+        self._adapters = sim.spec.adapters
         per_node = sim.spec.cluster.hw.gpus_per_node
         gpu = 0
         for iid, inst in sim.fleet.instances.items():
@@ -135,12 +137,13 @@ class MigrationLoop:
             if holding:
                 self._holding.add(rid)
             kv = -(-max(tokens, 1) // tpb) * block
-            # a LoRA adapter's request names its adapter, which no instance lists among its models:
-            # the policies leave it where it runs (the simulator does not move an adapter's request)
             reqs.append(RequestState(rid, r.sched.model, kv, max(tokens, 0), r.adapter or ""))
+        # an instance with LoRA on serves its bases' adapters (listed beside them, as an engine's node
+        # record lists them): a policy moves an adapter's request only where it is served
+        served = [a for m in inst.adapter_slots for a in self._adapters.get(m, ())]
         return GpuState(
             inst.instance_id,
-            tuple(inst.models),
+            (*inst.models, *served),
             inst.kv_capacity_bytes,
             tuple(reqs),
             active=bool(reqs),
@@ -168,6 +171,7 @@ class MigrationLoop:
     def tick(self, sim: Simulator, now: float) -> None:
         gpus = self.gpu_states(sim)
         plan = self.policy.epoch(gpus, now)
+        adapter_of = {r.request_id: r.adapter for g in gpus for r in g.requests if r.adapter}
         st = self.stats
         counters = getattr(self.policy, "counters", None)
         if callable(counters):
@@ -199,7 +203,7 @@ class MigrationLoop:
                 continue
             self._transit[m.request_id] = (
                 m.destination,
-                RequestState(m.request_id, m.model, m.kv_bytes, m.tokens),
+                RequestState(m.request_id, m.model, m.kv_bytes, m.tokens, adapter_of.get(m.request_id, "")),
             )
             if token:
                 st.token_moves += 1

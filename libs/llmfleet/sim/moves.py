@@ -4,8 +4,10 @@ A request leaves its instance between two steps (a member of the step in flight 
 ends, the step cut to its current iteration, as a live engine pauses a request between steps to export
 it), travels for its transfer time (a ``MOVE`` event) and joins the destination at its next step
 boundary, with its KV (``EngineCore.land``: it re-prefills prompt + output when the KV does not fit
-there) or, for a token transfer, without it. A request whose model left the destination meanwhile is
-dispatched again among the instances serving it."""
+there) or, for a token transfer, without it. A request of a LoRA adapter moves to an instance with
+its base's adapter pool and takes the adapter's slot there as it lands (the engine core's adapter rule:
+with its KV when a slot is free or evictable, else it re-prefills once it gets one). A request whose
+model left the destination meanwhile is dispatched again among the instances serving it."""
 
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ class Moves:
         r = src.core.requests.get(request_id)
         if r is None or r.sched.model not in dst.tpb:
             return False  # not here, or the destination cannot host it
-        if r.payload.adapter:
-            return False  # a LoRA adapter's request stays: the simulator does not move one (live engines do)
+        if r.adapter and r.sched.model not in dst.adapter_slots:
+            return False  # a LoRA adapter's request needs the destination's adapter pool of its base
         if src.core.in_flight(request_id):
             src.outbound[request_id] = (instance_id, transfer_s, reprefill)
             fleet.kick(src, now)  # cut a fast-forwarded chunk to the iteration in progress
@@ -61,6 +63,7 @@ class Moves:
         request_id = r.request_id
         if src.core.remove(request_id) is None:
             return False  # in the step in flight
+        self._carry_adapter(r, dst)
         record_of(r).moves += 1
         if reprefill:
             self._reprefill.add(request_id)
@@ -124,6 +127,7 @@ class Moves:
                 rec.failed = f"moved off an instance that unloaded its model, and {e}"
                 return
             fleet.track(rec.request_id, dst)
+            self._carry_adapter(r, dst)
             dst.core.land(r, now)
             rec.instance = dst.instance_id
             fleet.kick(dst, now)
@@ -142,6 +146,12 @@ class Moves:
         kv = r.kv_tokens if r.sched.phase == "decode" and not reprefill else 0
         dst.core.land(r, now, kv_tokens=kv)
         record_of(r).instance = dst.instance_id
+
+    def _carry_adapter(self, r: CoreRequest, dst: SimInstance) -> None:
+        """A LoRA adapter's request takes its adapter's slot on ``dst`` as it lands (its KV along) or is
+        admitted there (re-prefill), priced at its service's rank."""
+        if r.adapter:
+            dst.serve_adapter(r.adapter, self.fleet.service(record_of(r).service).lora_rank)
 
     @staticmethod
     def _land_guard(r: CoreRequest, dst: SimInstance) -> bool:

@@ -10,11 +10,13 @@ from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.lora import LoraCost, adapter_bytes, adapter_pool_bytes
 from llmfleet.engine_core import AdapterSlots
 from llmfleet.policies.dispatch import make_dispatch_policy
+from llmfleet.policies.migration.llumnix_lb import LlumnixBalance
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import Fcfs
 from llmfleet.sim.bundle import PolicyBundle
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
+from llmfleet.sim.migration import MigrationLoop
 from llmfleet.sim.run import simulate
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
@@ -225,10 +227,14 @@ def test_the_simulators_planner_reserves_the_engines_adapter_pool():
     assert {p.tp for p in first_plan(EngineSettings(max_loras=32, max_lora_rank=64))} == {2}
 
 
-def test_migration_leaves_an_adapters_request_where_it_runs():
-    """The simulator does not move a LoRA adapter's request (an instance lists its bases, and the policy
-    input names the adapter: ``RequestState.served_as``), so the policy plans none, where it balances
-    the same traffic on the bare base; every request completes."""
+def test_migration_moves_an_adapters_request_to_an_instance_serving_the_adapter():
+    """An instance with LoRA on lists its bases' adapters beside them in the policy's input (as an
+    engine's node record does), so the policy moves adapter requests as it balances the bare base's;
+    each takes its adapter's slot where it lands, and every request completes."""
+    sim = simulator("round_robin", n_adapters=3, max_loras=2)
+    loop = MigrationLoop(LlumnixBalance())
+    loop.install(sim)
+    assert [g.models for g in loop.gpu_states(sim)] == [(BASE, "a0", "a1", "a2")] * 2
 
     def run(adapters: bool) -> dict:
         services = tuple(
@@ -250,7 +256,7 @@ def test_migration_leaves_an_adapters_request_where_it_runs():
             spec, wl, PolicyBundle("x", None, "power_of_two", migration=migration), plan=plan
         ).report
 
-    bare, lora = run(False), run(True)
-    assert bare["migration"]["executed"] > 0
-    assert (lora["migration"]["planned"], lora["migration"]["skipped"]) == (0, 0)
-    assert (lora["overall"]["completed"], lora["overall"]["failed"]) == (300, 0)
+    for adapters in (False, True):
+        report = run(adapters)
+        assert report["migration"]["executed"] > 0 and report["migration"]["skipped"] == 0
+        assert (report["overall"]["completed"], report["overall"]["failed"]) == (300, 0)
