@@ -13,7 +13,8 @@
    engine core alone (scheduling, KV bookkeeping, hashing; no forward) on the same work: its CPU
    time per step with caching on and off, which is all caching adds where nothing is shared.
 3. **Bookkeeping.** The block allocator's memory for one emulated A100-80GB of the default config
-   (tiny-llama + tiny-qwen2: 4,194,304 blocks), idle, and per idle cached block (tracemalloc).
+   (tiny-llama + tiny-qwen2: 4,194,304 blocks), idle, and per idle cached block (tracemalloc), after
+   2,000 distinct prompts of 64 blocks (``--fill-pool``: as many as fill the pool, 65,536).
 
 The model is a random llama with 16 KiB of KV per token (4 layers × 8 KV heads × 64 dims, fp32; the
 one ``make bench-engine`` migrates), so a prefill's cost is its compute. Ratios are medians over the
@@ -142,13 +143,15 @@ def core_step_us(model: LoadedModel, caching: bool, args: argparse.Namespace, ro
     return (time.process_time() - t0) / steps * 1e6
 
 
-def bookkeeping() -> None:
+def bookkeeping(fill: bool) -> None:
+    """Section 3; ``fill``: distinct prompts fill the whole pool (every block cached and idle)."""
     tracemalloc.start()
     pool = BlockAllocator(EMULATED_BLOCKS, EMULATED_BLOCK_BYTES)
     idle, _ = tracemalloc.get_traced_memory()
     shape = model_arch("tiny-llama").kv_shape
     t = pool.register_model("tiny-llama", shape)
-    seqs, blocks = 2000, 64
+    blocks = 64
+    seqs = EMULATED_BLOCKS // blocks if fill else 2000
     before, _ = tracemalloc.get_traced_memory()
     for i in range(seqs):  # distinct prompts of 64 full blocks each, computed, cached, finished
         ids = list(range(i * blocks * t, (i + 1) * blocks * t))
@@ -161,7 +164,7 @@ def bookkeeping() -> None:
     print(
         f"3. allocator of one emulated A100-80GB ({EMULATED_BLOCKS:,} blocks): {idle / 2**20:.2f} MiB idle "
         f"({idle / EMULATED_BLOCKS:.2f} B/block); {(after - before) / cached:.0f} B per idle cached block "
-        f"({cached:,} cached)"
+        f"({cached:,} cached, {(after - before) / 2**20:.1f} MiB)"
     )
 
 
@@ -174,11 +177,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of both engines")
     ap.add_argument("--models", type=Path, default=None, help="model cache (default: a temporary one)")
+    ap.add_argument("--only-bookkeeping", action="store_true", help="section 3 alone")
+    ap.add_argument("--fill-pool", action="store_true", help="section 3: fill the whole pool (minutes)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        model = medium_llama(args.models or Path(tmp))
-        asyncio.run(measure(args, model))
-    bookkeeping()
+    if not args.only_bookkeeping:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = medium_llama(args.models or Path(tmp))
+            asyncio.run(measure(args, model))
+    bookkeeping(args.fill_pool)
 
 
 if __name__ == "__main__":

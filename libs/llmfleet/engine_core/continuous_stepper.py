@@ -207,6 +207,7 @@ class ContinuousStepper:
         else:
             for r, n in zip(members, produced, strict=True):
                 r.sched.generated += n
+        core.cache_filled(members, produced)
         done = []
         for r in end.finished:
             rid = r.sched.request_id
@@ -214,7 +215,6 @@ class ContinuousStepper:
                 continue  # dropped while in flight
             core.running.pop(rid, None)
             if rid in core.alloc:
-                core.cache_finished(r)
                 core.alloc.free(rid)
             core.release_adapter(r)
             policy.on_finish(r.sched, now)

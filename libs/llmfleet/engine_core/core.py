@@ -27,10 +27,11 @@ stepper chooses each step and applies its effects:
 Prefix caching (``limits.prefix_caching``, continuous stepper): a request with prompt token ids looks
 up its prompt's block hash chain (:func:`llmfleet.kvblocks.prefix_block_hashes`) in the pool; its
 prefill starts on the cached blocks found, at least one prompt token always computed (its logits
-give the first token), and once the step completed its full prompt blocks are cached for later
-requests. A request whose output ids are known also caches its full output blocks when it finishes
-(as vLLM caches every full block of a sequence), so a conversation's next turn, which resends the
-answer, starts on them too. The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
+give the first token). Each block is named as soon as it is full (as vLLM does): its prompt's full
+blocks once its prefill's step completed, and, when its output ids are known, each output block as
+decoding fills it (:meth:`EngineCore.cache_filled`), so a request arriving while another with the
+same prefix still decodes, or a conversation's next turn, which resends the answer, starts on them.
+The same hit or miss sets ``StepPlan.prefill_tokens``, so the live engine's forward, the
 emulated engine's priced step and the simulator's step all compute only the uncached tokens.
 
 Preemption for priority and fairness (``preemption``, a
@@ -199,6 +200,7 @@ class EngineCore:
         ):
             if not reserved:
                 self.alloc.reserve(rid, r.sched.model, kv_tokens)
+            r.filled = 0  # its blocks here are named as its next step ends
             r.sched.phase = "decode"
             self.running[rid] = r
             self.policy.on_arrival(r.sched, now)
@@ -492,30 +494,33 @@ class EngineCore:
             self.alloc.touch(hit)
         return len(hit) * self.tpb[r.sched.model]
 
-    def cache_finished(self, r: CoreRequest) -> None:
-        """``r`` finished: name its full blocks, prompt and output, before they are freed (only with
-        caching on and its prompt and output ids known)."""
-        rid = r.sched.request_id
-        if not self.prefix_caching or r.output_ids is None or rid not in self.alloc:
+    def cache_filled(self, members: Sequence[CoreRequest], produced: Sequence[int] | None) -> None:
+        """The step that ended filled blocks of ``members``: name each block that became full (as vLLM
+        does): prompt blocks after their prefill, output blocks as decoding fills them (when the
+        request's output ids are known), before a finished member's KV is freed. Members that produced
+        nothing (a failed step: no K/V written) name none."""
+        if not self.prefix_caching:
             return
-        self.alloc.cache_blocks(rid, r.sequence_block_hashes(self.tpb[r.sched.model]))
+        tpbs = self.tpb
+        for i, r in enumerate(members):
+            if r.prompt_ids is None:
+                continue
+            s = r.sched
+            tpb = tpbs[s.model]
+            full = (s.prompt_tokens + s.generated - 1) // tpb  # blocks whose every token has K/V
+            if full > r.filled and (produced is None or produced[i]):
+                named = r.filled
+                r.filled = full
+                hashes = r.filled_block_hashes(tpb, full)
+                n = min(full, len(hashes))
+                if n > named and s.request_id in self.alloc:
+                    self.alloc.cache_blocks(s.request_id, hashes[named:n], named)
 
     def note_prefix(self, prompt_tokens: int, cached: int) -> None:
         """A prefill of ``prompt_tokens`` looked up the cache and took ``cached`` tokens from it."""
         if self.prefix_caching:
             self.prefix_queries += prompt_tokens
             self.prefix_hits += cached
-
-    def _cache_prefills(self, plan: StepPlan, produced: Sequence[int] | None) -> None:
-        """The prompts prefilled by ``plan`` (those that produced a token) name their full blocks."""
-        made = None if produced is None else {id(r): n for r, n in zip(plan.members, produced, strict=True)}
-        for r in plan.prefills:
-            rid = r.sched.request_id
-            if r.prompt_ids is None or rid not in self.alloc:
-                continue
-            if made is not None and not made[id(r)]:
-                continue  # the step failed: its K/V was not written
-            self.alloc.cache_blocks(rid, r.block_hashes(self.tpb[r.sched.model]))
 
     # ---------------------------------------------------------------------------- fast-forward
     def kv_bound(self, members: Sequence[CoreRequest], k_max: int) -> int:
@@ -575,8 +580,6 @@ class EngineCore:
             if rid in self.alloc:
                 self.alloc.free(rid)
         self._deferred.clear()
-        if self.prefix_caching and plan.prefills and not plan.static:
-            self._cache_prefills(plan, produced)
         return self.stepper.complete(self, plan, StepEnd(now, durations, produced, finished))
 
     # ---------------------------------------------------------------------------- static stepper

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from llmfleet.kvblocks.prefix import prefix_block_hashes
@@ -24,9 +25,10 @@ class CoreRequest:
 
     ``prompt_ids``: the prompt's token ids when known (None: only its length is), for prefix caching;
     ``output_ids``: when known, a function giving its output's token ids so far (the live engine's
-    sampled tokens; the simulator's workload answer), so that a finished request's output blocks are
-    cached too; ``cached`` is how many tokens its latest prefill took from the prefix cache (the
-    prefill computes the ones after them).
+    sampled tokens; the simulator's workload answer), so that its output blocks are cached too as
+    decoding fills them; ``cached`` is how many tokens its latest prefill took from the prefix cache
+    (the prefill computes the ones after them); ``filled``: how many of its leading blocks in the pool
+    the core has named since its KV was allocated (0 again when the KV goes).
 
     ``adapter``: the LoRA adapter it runs (None: its model itself). Its request runs on its base model
     (``sched.model``) and holds a slot of the base's adapter pool while it runs: ``adapter_slot`` (-1
@@ -37,10 +39,13 @@ class CoreRequest:
     """
 
     __slots__ = (
+        "_chain",
         "_hashes",
+        "_outputs",
         "adapter",
         "adapter_slot",
         "cached",
+        "filled",
         "max_tokens",
         "output_ids",
         "paused",
@@ -80,7 +85,10 @@ class CoreRequest:
         self.adapter_slot = -1
         self.prefix_key = (adapter or sched.model) if prefix_key is None else prefix_key
         self.cached = 0
+        self.filled = 0
         self._hashes: tuple[int, list[int]] | None = None  # (tokens per block, the prompt's hashes)
+        self._chain: tuple[int, list[int]] | None = None  # (tokens per block, prompt + output hashes)
+        self._outputs: Sequence[int] | None = None  # output_ids() as last read
 
     def block_hashes(self, tokens_per_block: int) -> list[int]:
         """The hash chain of the prompt's full blocks of ``tokens_per_block`` (none without ids)."""
@@ -95,17 +103,28 @@ class CoreRequest:
             memo = self._hashes = (tokens_per_block, hashes)
         return memo[1]
 
-    def sequence_block_hashes(self, tokens_per_block: int) -> list[int]:
-        """The hash chain of the full blocks of prompt + output whose K/V is in the pool (none unless
-        both its prompt and output ids are known)."""
-        if self.prompt_ids is None or self.output_ids is None:
-            return []
-        head = self.block_hashes(tokens_per_block)  # the prompt's, hashed once at its prefill
-        ids = [*self.prompt_ids, *self.output_ids()[: self.produced]][
-            len(head) * tokens_per_block : self.kv_tokens
-        ]
-        parent = head[-1] if head else None
-        return head + prefix_block_hashes(self.prefix_key, ids, tokens_per_block, parent=parent)
+    def filled_block_hashes(self, tokens_per_block: int, full: int) -> list[int]:
+        """The hash chain of prompt + output, at least its first ``full`` blocks (the list may run
+        longer; callers slice it), or only the prompt's full blocks when the output's ids are unknown.
+        Each block is hashed once: the chain grows as the sequence does."""
+        head = self.block_hashes(tokens_per_block)
+        if full <= len(head) or self.output_ids is None:
+            return head
+        assert self.prompt_ids is not None  # (head is empty without prompt ids: returned above)
+        memo = self._chain
+        if memo is None or memo[0] != tokens_per_block:
+            memo = self._chain = (tokens_per_block, list(head))
+        chain = memo[1]
+        if len(chain) < full:
+            t, p = tokens_per_block, self.prompt
+            start, end = len(chain) * t, full * t
+            ids = list(islice(self.prompt_ids, start, min(end, p))) if start < p else []
+            out = self._outputs
+            if out is None or len(out) < end - p:  # (a live engine's list grows in place: one call)
+                out = self._outputs = self.output_ids()
+            ids.extend(out[max(0, start - p) : end - p])
+            chain += prefix_block_hashes(self.prefix_key, ids, t, parent=chain[-1] if chain else None)
+        return chain
 
     @property
     def request_id(self) -> str:
@@ -134,6 +153,7 @@ class CoreRequest:
         s.prompt_tokens = self.prompt + produced
         s.max_new_tokens = max(1, self.max_tokens - produced)
         s.generated = 0
+        self.filled = 0
 
     def __repr__(self) -> str:
         s = self.sched

@@ -19,8 +19,9 @@ Conventions:
   full, so appending never writes into a shared block and no copy-on-write happens later.
 - Every failing operation leaves the allocator unchanged.
 
-Prefix caching (``prefix.py``): ``cache_blocks`` names a sequence's full prompt blocks by their hash
-chain once their K/V is written; ``reserve(..., prefix=hashes)`` starts a sequence on the cached blocks
+Prefix caching (``prefix.py``): ``cache_blocks`` names a sequence's blocks by their hash chain as
+they become full (their K/V written: prompt blocks after their prefill, output blocks as decoding
+fills them); ``reserve(..., prefix=hashes)`` starts a sequence on the cached blocks
 ``match`` found, read-only and reference counted, so only the tokens after them are computed. When the
 last holder lets a cached block go it stays cached, idle, in LRU order (see ``pool.py``).
 """
@@ -85,8 +86,8 @@ class BlockAllocator(BlockPool):
         if len(hits) * t > num_tokens:
             raise ValueError(f"{seq_id!r}: {len(hits)} cached blocks exceed its {num_tokens} tokens")
         fresh = needed - len(hits)
-        idle = cache.idle
-        room = self.free_blocks - sum(1 for b in hits if b in idle)
+        is_idle = cache.is_idle
+        room = self.free_blocks - sum(1 for b in hits if is_idle(b))
         if fresh > room:
             raise OutOfBlocks(
                 fresh,
@@ -106,15 +107,16 @@ class BlockAllocator(BlockPool):
         m.sequences += 1
         return fresh
 
-    def cache_blocks(self, seq_id: str, hashes: Sequence[int]) -> int:
-        """Name the first ``len(hashes)`` blocks of ``seq_id`` (full, their K/V written) by ``hashes``
-        so later sequences can start on them; blocks or hashes already cached are left as they are.
-        Returns how many blocks became cached."""
+    def cache_blocks(self, seq_id: str, hashes: Sequence[int], start: int = 0) -> int:
+        """Name the blocks ``start, start + 1, ...`` of ``seq_id`` (full, their K/V written) by
+        ``hashes`` so later sequences can start on them; blocks or hashes already cached are left as
+        they are. Returns how many blocks became cached."""
         seq = self._seq(seq_id)
-        if len(hashes) * seq.model.tpb > seq.num_tokens:
+        start = non_negative("start", start)
+        if (start + len(hashes)) * seq.model.tpb > seq.num_tokens:
             raise ValueError(f"{seq_id!r}: only full blocks are cached ({seq.num_tokens} tokens)")
         add, blocks = self._cache.add, seq.blocks
-        return sum([add(blocks[i], h) for i, h in enumerate(hashes)])
+        return sum([add(blocks[i], h) for i, h in enumerate(hashes, start)])
 
     def own_tokens(self, seq_id: str) -> int:
         """Tokens of ``seq_id`` outside the cached prefix it started on (the KV it added to the pool)."""
@@ -152,7 +154,7 @@ class BlockAllocator(BlockPool):
             free = self._free
             if free:
                 block = free.pop()
-            elif self._cache.idle:
+            elif self._cache.idle_count:
                 block = self._cache.evict()
             else:
                 raise OutOfBlocks(

@@ -89,7 +89,7 @@ class BlockPool:
         # shared by forks and cache hits (its count, ≥ 2, here). With nothing shared, taking and freeing
         # blocks touch no counts.
         self._shared: dict[int, int] = {}
-        self._cache = PrefixIndex()
+        self._cache = PrefixIndex(num_blocks)
         self._models: dict[str, ModelEntry] = {}
         self._seqs: dict[str, SeqEntry] = {}
 
@@ -115,7 +115,7 @@ class BlockPool:
     @property
     def free_blocks(self) -> int:
         """Blocks an allocation may take: the free ones and the idle cached ones."""
-        return len(self._free) + len(self._cache.idle)
+        return len(self._free) + self._cache.idle_count
 
     @property
     def used_blocks(self) -> int:
@@ -174,7 +174,7 @@ class BlockPool:
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         cache = self._cache
-        return PrefixCacheStats(len(cache), len(cache.idle), tuple(cache.recent))
+        return PrefixCacheStats(len(cache), cache.idle_count, tuple(cache.recent))
 
     # ----------------------------------------------------------------------------- queries
 
@@ -185,7 +185,7 @@ class BlockPool:
         count = self._shared.get(block)
         if count is not None:
             return count
-        return 0 if block in self._free or block in self._cache.idle else 1
+        return 0 if block in self._free or self._cache.is_idle(block) else 1
 
     def stats(self) -> PoolStats:
         bb = self._block_bytes
@@ -207,7 +207,7 @@ class BlockPool:
             internal_fragmentation_bytes=frag,
             fragmentation=frag / (used * bb) if used else 0.0,
             utilization=used / self._num_blocks,
-            cached_blocks=len(self._cache.idle),
+            cached_blocks=self._cache.idle_count,
         )
 
     # --------------------------------------------------------------------------- internals

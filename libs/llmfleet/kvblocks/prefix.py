@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
 RECENT_HASHES = 256  # recently cached block hashes a load report carries (bounded)
+_UNCACHED, _HELD, _IDLE = 0, 1, 2  # a block's state in the index
 
 __all__ = ["RECENT_HASHES", "PrefixIndex", "block_hash", "prefix_block_hashes"]
 
@@ -82,22 +83,52 @@ def prefix_block_hashes(
 class PrefixIndex:
     """Which block holds which hash; idle cached blocks in LRU order (oldest first).
 
-    A cached block is an entry in ``by_hash`` and in ``of_block`` (two ints, shared by both dicts); an
-    idle one also an entry in ``idle``, whose value is its model (the names are shared strings). A
-    block's model is needed only while it is idle: a held block's model is its holders'.
+    Compact, so that a pool full of idle cached blocks costs little: one dict (hash -> block) and, per
+    block id, a few fixed-width array entries (``array.array``, grown to the highest block id cached,
+    at most ``num_blocks``): its hash, its state (not cached, cached and held, cached and idle), its
+    model while idle (an index into the model names) and its links in the intrusive LRU list of idle
+    blocks. A block's model is needed only while it is idle: a held block's model is its holders'.
     """
 
-    __slots__ = ("by_hash", "idle", "idle_by_model", "of_block", "recent")
+    __slots__ = (
+        "_hash",
+        "_head",
+        "_limit",
+        "_model",
+        "_model_ids",
+        "_models",
+        "_next",
+        "_prev",
+        "_state",
+        "_tail",
+        "by_hash",
+        "idle_by_model",
+        "idle_count",
+        "recent",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, num_blocks: int) -> None:
         self.by_hash: dict[int, int] = {}  # hash -> block
-        self.of_block: dict[int, int] = {}  # block -> hash
-        self.idle: OrderedDict[int, str] = OrderedDict()  # cached blocks no sequence holds -> model
+        self._limit = num_blocks
+        self._hash = array("Q")  # block -> its hash (while cached)
+        self._state = array("b")  # block -> _UNCACHED, _HELD or _IDLE
+        self._model = array("h")  # block -> its model's index in _models (while idle)
+        self._prev = array("i")  # block -> the idle block idled before it (-1: none)
+        self._next = array("i")  # block -> the idle block idled after it (-1: none)
+        self._head = self._tail = -1  # the least and the most recently idled block
+        self._models: list[str] = []
+        self._model_ids: dict[str, int] = {}
+        self.idle_count = 0
         self.idle_by_model: dict[str, int] = {}
         self.recent: deque[int] = deque(maxlen=RECENT_HASHES)
 
     def __len__(self) -> int:
-        return len(self.of_block)
+        return len(self.by_hash)
+
+    def is_idle(self, block: int) -> bool:
+        """Whether ``block`` is cached and no sequence holds it."""
+        state = self._state
+        return block < len(state) and state[block] == _IDLE
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, name cached blocks."""
@@ -113,59 +144,135 @@ class PrefixIndex:
         """The idle cached blocks of the prefix ``hashes`` names (as far as :meth:`match` finds it) become
         the most recently idled, its first block last, so that its tail is evicted before its head;
         returns how many of them were idle."""
-        by_hash, idle = self.by_hash, self.idle
+        by_hash, state = self.by_hash, self._state
         moved = 0
         for h in reversed(hashes[: self.match(hashes)]):
             block = by_hash[h]
-            if block in idle:
-                idle.move_to_end(block)
+            if state[block] == _IDLE:
+                self._unlink(block)
+                self._append(block)
                 moved += 1
         return moved
 
     def add(self, block: int, h: int) -> bool:
         """Name the held ``block`` by ``h``; False when the block or the hash is already cached."""
-        if block in self.of_block or h in self.by_hash:
+        state = self._state
+        if block >= len(state):
+            self._grow(block)
+        elif state[block]:
+            return False
+        if h in self.by_hash:
             return False
         self.by_hash[h] = block
-        self.of_block[block] = h
+        self._hash[block] = h
+        self._state[block] = _HELD
         self.recent.append(h)
         return True
 
     def park(self, block: int, model: str) -> bool:
         """The last holder of ``block`` (of ``model``) let it go: a cached block becomes idle (True),
         else False."""
-        if block not in self.of_block:
+        state = self._state
+        if block >= len(state) or not state[block]:
             return False
-        self.idle[block] = model
+        state[block] = _IDLE
+        mid = self._model_ids.get(model)
+        if mid is None:
+            mid = self._model_ids[model] = len(self._models)
+            self._models.append(model)
+        self._model[block] = mid
+        tail = self._tail  # (the block becomes the most recently idled: _append, inlined)
+        self._prev[block] = tail
+        self._next[block] = -1
+        if tail < 0:
+            self._head = block
+        else:
+            self._next[tail] = block
+        self._tail = block
+        self.idle_count += 1
         self.idle_by_model[model] = self.idle_by_model.get(model, 0) + 1
         return True
 
     def claim(self, block: int) -> bool:
         """A sequence takes the cached ``block``: True when it was idle (it is no longer)."""
-        model = self.idle.pop(block, None)
-        if model is None:
+        state = self._state
+        if block >= len(state) or state[block] != _IDLE:
             return False
-        self._idle_less(model)
+        state[block] = _HELD
+        self._unlink(block)
+        self._idle_less(block)
         return True
 
     def evict(self) -> int:
         """Forget the least recently idled block and return it (the caller reuses it)."""
-        block, model = self.idle.popitem(last=False)
-        del self.by_hash[self.of_block.pop(block)]
-        self._idle_less(model)
+        block = self._head
+        if block < 0:
+            raise KeyError("no idle cached block to evict")
+        self._unlink(block)
+        self._forget(block)
         return block
 
     def drop_model(self, model: str) -> list[int]:
-        """Forget ``model``'s cached blocks (all idle: it has no sequences); returns them."""
-        idle = self.idle
-        blocks = [b for b in self.of_block if idle.get(b) == model]  # in the order they were cached
-        for b in blocks:
-            del self.by_hash[self.of_block.pop(b)]
-            del idle[b]
-        self.idle_by_model.pop(model, None)
+        """Forget ``model``'s cached blocks (all idle: it has no sequences); returns them, least
+        recently idled first."""
+        mid = self._model_ids.get(model)
+        if mid is None or not self.idle_by_model.get(model):
+            return []
+        blocks = []
+        nxt, models = self._next, self._model
+        b = self._head
+        while b >= 0:
+            after = nxt[b]
+            if models[b] == mid:
+                self._unlink(b)
+                self._forget(b)
+                blocks.append(b)
+            b = after
         return blocks
 
-    def _idle_less(self, model: str) -> None:
+    def _grow(self, block: int) -> None:
+        """Room for ``block`` in the per-block arrays (doubling, at most the pool's blocks)."""
+        have = len(self._state)
+        size = min(self._limit, max(block + 1, 2 * have, 1024))
+        if block >= size:
+            raise IndexError(f"block {block} outside [0, {self._limit})")
+        extra = size - have
+        for arr in (self._hash, self._state, self._model):
+            arr.frombytes(bytes(extra * arr.itemsize))
+        for arr in (self._prev, self._next):
+            arr.frombytes(b"\xff" * (extra * arr.itemsize))  # -1
+
+    def _append(self, block: int) -> None:
+        """``block`` becomes the most recently idled."""
+        tail = self._tail
+        self._prev[block] = tail
+        self._next[block] = -1
+        if tail < 0:
+            self._head = block
+        else:
+            self._next[tail] = block
+        self._tail = block
+
+    def _unlink(self, block: int) -> None:
+        prev, nxt = self._prev[block], self._next[block]
+        if prev < 0:
+            self._head = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt < 0:
+            self._tail = prev
+        else:
+            self._prev[nxt] = prev
+
+    def _forget(self, block: int) -> None:
+        """The idle ``block`` (unlinked) is no longer cached."""
+        del self.by_hash[self._hash[block]]
+        self._state[block] = _UNCACHED
+        self._idle_less(block)
+
+    def _idle_less(self, block: int) -> None:
+        self.idle_count -= 1
+        model = self._models[self._model[block]]
         left = self.idle_by_model[model] - 1
         if left:
             self.idle_by_model[model] = left

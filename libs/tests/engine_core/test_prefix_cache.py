@@ -104,3 +104,52 @@ def test_a_finished_request_caches_its_output_blocks_for_the_turn_that_resends_t
     b.output_ids = lambda: answer
     run(off, b, 0.0)
     assert off.alloc.prefix_cache_stats().blocks == 0
+
+
+def step(core: EngineCore, now: float) -> list[CoreRequest]:
+    """Run one step; the members that reached their ``max_tokens`` finish. Returns the plan's prefills."""
+    plan = core.schedule(now)
+    assert plan is not None
+    done = [x for x in plan.members if x.produced + 1 >= x.max_tokens]
+    core.complete(plan, now, 0.01, finished=done)
+    return plan.prefills
+
+
+def test_output_blocks_are_cached_as_decoding_fills_them():
+    """a decodes; each block is named as soon as its last token's K/V is written, so b, which arrives
+    while a still decodes and resends a's prompt and the answer so far, starts on a's output blocks."""
+    core = make_core()
+    answer = list(range(50, 62))
+    a = req("a", PREFIX[:6], out=len(answer))
+    a.output_ids = lambda: answer
+    core.add(a, 0.0)
+    for i in range(7):  # the prefill and six decodes
+        step(core, 0.1 * i)
+        assert core.alloc.prefix_cache_stats().blocks == a.kv_tokens // T
+    assert a.kv_tokens == 12 and "a" in core.running  # prompt 6 + 7 sampled, the newest not fed yet
+    b = req("b", [*PREFIX[:6], *answer[:6], 9, 9, 9])
+    core.add(b, 1.0)
+    (prefill,) = step(core, 1.0)
+    assert prefill is b and b.cached == 12  # a's prompt block and its two filled output blocks
+    # the three blocks are shared: they count once in the model's KV
+    assert core.alloc.stats().models["m"].blocks == len(core.alloc.table("a").blocks) + 1
+    assert core.alloc.table("b").blocks[:3] == core.alloc.table("a").blocks[:3]
+    while core.has_work():
+        step(core, 2.0)
+    assert core.alloc.free_blocks == core.alloc.num_blocks
+
+
+def test_naming_blocks_as_they_fill_survives_preemption():
+    """A pool too small for both requests: the younger one is preempted (its KV freed, its named blocks
+    left idle in the cache) and re-prefilled later; both finish and every block comes back."""
+    core = make_core(blocks=7)
+    outs = {"a": list(range(50, 66)), "b": list(range(70, 86))}
+    for rid, prompt in (("a", PREFIX[:6]), ("b", PREFIX[:5])):
+        r = req(rid, prompt, out=16)
+        r.output_ids = lambda rid=rid: outs[rid]
+        core.add(r, 0.0)
+    while core.has_work():
+        step(core, 0.0)
+    assert core.preemptions > 0
+    assert core.alloc.free_blocks == core.alloc.num_blocks
+    assert core.alloc.stats().used_blocks == 0

@@ -170,5 +170,32 @@ async def test_a_request_on_cached_blocks_migrates_with_its_whole_kv(make_execut
     tail = await attached.collect()
     out = [t for c in head + rest + tail for t in c.token_ids]
     assert out == greedy_ids(endless, prompt, 40) and moved >= len(prompt) + 7
+    # the migrated-in KV is named at the destination too: 32 + 40 - 1 tokens, two full blocks of 32
+    assert dst.allocator.prefix_cache_stats().blocks == 2
     await eventually(lambda: src.load_snapshot().kv_blocks_used == 0, 5, "source blocks freed")
     assert src.allocator.stats().cached_blocks >= 3  # the prefix stays cached at the source
+
+
+async def test_a_request_arriving_mid_decode_starts_on_its_output_blocks(make_executor, endless):
+    """a's blocks are named as decoding fills them: b, sent while a still decodes, resends a's prompt
+    and its first 19 output tokens (4 full blocks of 8) and takes all four from the cache, a's output
+    blocks included; both greedy outputs are those of the engine with caching off (and HF's)."""
+    on = make_executor(block_bytes=BLOCK)
+    off = make_executor(block_bytes=BLOCK, prefix_caching=False)
+    prompt = [(3 * i + 1) % 200 + 5 for i in range(13)]  # 1 full block and 5 tokens
+    req = build_request(endless, "x", request_id="a", max_tokens=40)
+    stream = on.submit(dataclasses.replace(req, prompt_token_ids=tuple(prompt)))
+    head: list[int] = []
+    while len(head) < 20:  # a's K/V then holds at least 13 + 20 - 1 = 32 tokens: 4 full blocks
+        head += (await stream.__anext__()).token_ids
+    # a stays running, its KV held, until resumed
+    held = await asyncio.to_thread(on.migration.pause_request, "a")
+    assert held.num_tokens >= 32 and "a" in on.core.running
+    hits = on.core.prefix_hits
+    follow = [*prompt, *held.generated_token_ids[:19], 17, 18, 19]  # 35 tokens
+    (out,) = await serve(on, endless, [follow], 6)
+    assert on.core.prefix_hits - hits == 32
+    assert on.migration.resume_request("a")
+    rest = [t async for c in stream for t in c.token_ids]
+    assert [*head, *rest] == (await serve(off, endless, [prompt], 40))[0] == greedy_ids(endless, prompt, 40)
+    assert out == (await serve(off, endless, [follow], 6))[0] == greedy_ids(endless, follow, 6)
