@@ -13,17 +13,15 @@ When its KV does not fit, ``land`` sends it back to waiting to re-prefill prompt
 (as a migrated request whose KV does not fit; a decode engine recomputes a preempted request the same
 way). A request of one output token has no decode phase (the prefill worker finished it): callers
 leave it out; landed here it would take one decode step.
+
+``SimInstance`` lands such a request at once between steps, else at the next step boundary, where the
+free KV is exact (its ``landing`` list, joined by the fleet's kick as a moved request is).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from llmfleet.engine_core import CoreRequest
 from llmfleet.sim.records import RequestRecord
-
-if TYPE_CHECKING:
-    from llmfleet.sim.instance import SimInstance
 
 
 def prefilled(r: CoreRequest, rec: RequestRecord, now: float) -> None:
@@ -34,14 +32,3 @@ def prefilled(r: CoreRequest, rec: RequestRecord, now: float) -> None:
     rec.produced = max(rec.produced, 1)
     if rec.first_token_s is None:
         rec.first_token_s = now
-
-
-def admit_prefilled(inst: SimInstance, r: CoreRequest, rec: RequestRecord, now: float) -> None:
-    """``r`` arrives at the decode instance ``inst`` at ``now`` (:func:`prefilled`) and joins its core
-    with its prompt's KV (``EngineCore.land``): at once between steps, else at the next step boundary,
-    where the free KV is exact (``inst.landing``, joined by the fleet's kick as a moved request is)."""
-    prefilled(r, rec, now)
-    if inst.work is not None or inst.core.static_batch is not None:
-        inst.landing.append(r)
-    else:
-        inst.core.land(r, now, kv_tokens=r.kv_tokens)

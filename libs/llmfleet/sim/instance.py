@@ -47,7 +47,7 @@ from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
 from llmfleet.sim.cost import CostBook
-from llmfleet.sim.decode_only import admit_prefilled
+from llmfleet.sim.decode_only import prefilled
 from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.spec import EngineSettings
@@ -301,7 +301,11 @@ class SimInstance:
         )
         core_req = CoreRequest(sched, rec.prompt_tokens, cap, rec, ids, outputs, adapter=rec.adapter or None)
         if self.engine.decode_only:  # prefilled on a prefill worker: lands with its KV, decodes first
-            admit_prefilled(self, core_req, rec, now)
+            prefilled(core_req, rec, now)
+            if self.work is not None or self.core.static_batch is not None:
+                self.landing.append(core_req)  # at the step's end, where the free KV is exact
+            else:
+                self.core.land(core_req, now, kv_tokens=core_req.kv_tokens)
         else:
             self.core.add(core_req, now)
 
