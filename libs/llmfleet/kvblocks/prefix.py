@@ -181,14 +181,7 @@ class PrefixIndex:
             mid = self._model_ids[model] = len(self._models)
             self._models.append(model)
         self._model[block] = mid
-        tail = self._tail  # (the block becomes the most recently idled: _append, inlined)
-        self._prev[block] = tail
-        self._next[block] = -1
-        if tail < 0:
-            self._head = block
-        else:
-            self._next[tail] = block
-        self._tail = block
+        self._append(block)
         self.idle_count += 1
         self.idle_by_model[model] = self.idle_by_model.get(model, 0) + 1
         return True

@@ -331,6 +331,19 @@ COLUMNS = (
     ("ATGT p99 ms", "tpot_p99_ms", ".1f"),
     ("sims", "sims", ""),
 )
+P100_COLUMNS = [  # a count checked at n - 1 and n + 1 workers (the headline and the split-phase arm)
+    ("model", "model", ""),
+    ("req/s", "rate_rps", ".0f"),
+    ("config", "config", ""),
+    ("TP", "tp", ""),
+    ("workers", "workers", ""),
+    ("GPUs", "gpus", ""),
+    ("per seed", "per_seed", ""),
+    ("P100 n−1", "p100_below", ""),
+    ("P100 n", "p100_at", ""),
+    ("P100 n+1", "p100_above", ""),
+    ("busy workers", "busy_workers", ""),
+]
 
 
 def markdown(res: dict) -> str:
@@ -353,24 +366,7 @@ def markdown(res: dict) -> str:
         f"Headline: P100 on seeds {res['seeds']}, each answer checked at n − 1 and n + 1 workers:",
         "",
     ]
-    extra.append(
-        C.md_table(
-            res["headline"],
-            [
-                ("model", "model", ""),
-                ("req/s", "rate_rps", ".0f"),
-                ("config", "config", ""),
-                ("TP", "tp", ""),
-                ("workers", "workers", ""),
-                ("GPUs", "gpus", ""),
-                ("per seed", "per_seed", ""),
-                ("P100 n−1", "p100_below", ""),
-                ("P100 n", "p100_at", ""),
-                ("P100 n+1", "p100_above", ""),
-                ("busy workers", "busy_workers", ""),
-            ],
-        )
-    )
+    extra.append(C.md_table(res["headline"], P100_COLUMNS))
     if res.get("split"):
         extra += [
             "",
@@ -383,17 +379,7 @@ def markdown(res: dict) -> str:
             C.md_table(
                 res["split"],
                 [
-                    ("model", "model", ""),
-                    ("req/s", "rate_rps", ".0f"),
-                    ("config", "config", ""),
-                    ("TP", "tp", ""),
-                    ("workers", "workers", ""),
-                    ("GPUs", "gpus", ""),
-                    ("per seed", "per_seed", ""),
-                    ("P100 n−1", "p100_below", ""),
-                    ("P100 n", "p100_at", ""),
-                    ("P100 n+1", "p100_above", ""),
-                    ("busy workers", "busy_workers", ""),
+                    *P100_COLUMNS,
                     ("large pool", "pool_workers", ""),
                     ("opened there", "pool_opened", ""),
                     ("ATGT misses there", "pool_atgt_misses", ""),
