@@ -50,6 +50,9 @@ class EmpiricalLengthPredictor:
     name: str = "empirical"
     _bins: dict[tuple[str, int], _Bin] = field(default_factory=dict, repr=False)
     _rngs: dict[tuple[str, int], random.Random] = field(default_factory=dict, repr=False)
+    # (service, first bin, last bin) -> the samples of those bins pooled, in bin order (read-only);
+    # dropped by every observation
+    _pooled: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.bin_edges or self.bin_edges[0] != 0:
@@ -71,6 +74,7 @@ class EmpiricalLengthPredictor:
         if output_tokens < 0:
             raise ValueError(f"output_tokens must be >= 0, got {output_tokens}")
         key = (query.service, self.bin_of(query.prompt_tokens))
+        self._pooled.clear()
         b = self._bins.setdefault(key, _Bin())
         b.seen += 1
         if len(b.samples) < self.max_samples:
@@ -87,19 +91,29 @@ class EmpiricalLengthPredictor:
         """Samples for bin k (> ``above``), widened to neighbours, then global; empty if none at all."""
         n_bins = len(self.bin_edges)
 
-        def collect(ks) -> np.ndarray:
-            parts = [self._bins[(service, j)].samples for j in ks if (service, j) in self._bins]
-            arr = np.fromiter((x for p in parts for x in p), dtype=np.float64)
+        def collect(lo: int, hi: int) -> np.ndarray:
+            arr = self._pooled.get((service, lo, hi))
+            if arr is None:
+                ks = range(lo, hi + 1)
+                parts = [self._bins[(service, j)].samples for j in ks if (service, j) in self._bins]
+                arr = np.fromiter((x for p in parts for x in p), dtype=np.float64)
+                arr.flags.writeable = False
+                self._pooled[(service, lo, hi)] = arr
             return arr[arr > above] if above >= 0 else arr
 
         for radius in range(self.max_radius + 1):
-            arr = collect(range(max(k - radius, 0), min(k + radius, n_bins - 1) + 1))
+            arr = collect(max(k - radius, 0), min(k + radius, n_bins - 1))
             if len(arr) >= self.min_samples:
                 return arr
-        return collect(range(n_bins))
+        return collect(0, n_bins - 1)
+
+    def _point(self, arr: np.ndarray) -> float:
+        return (
+            float(arr.mean()) if self.statistic == "mean" else float(np.quantile(arr, float(self.statistic)))
+        )
 
     def _summarise(self, arr: np.ndarray) -> Prediction:
-        point = float(arr.mean()) if self.statistic == "mean" else float(np.quantile(arr, self.statistic))
+        point = self._point(arr)
         qs = tuple(float(q) for q in np.quantile(arr, QUANTILE_LEVELS))
         return Prediction(point, float(arr.std()), len(arr), self.name, quantiles=qs)
 
@@ -115,6 +129,20 @@ class EmpiricalLengthPredictor:
         if len(above):
             return self._summarise(above)
         return Prediction(2.0 * g, float(g), 0, self.name)
+
+    def predict_mean(self, query: LengthQuery) -> float:
+        """``predict(query).mean``, the same float, without the spread and quantiles (for callers that
+        read only the point, such as Aladdin's re-prediction)."""
+        k = self.bin_of(query.prompt_tokens)
+        arr = self._pool(query.service, k, -1)
+        point = self._point(arr) if len(arr) else self.prior_mean
+        g = query.generated_tokens
+        if g <= 0 or g < point:
+            return point
+        above = self._pool(query.service, k, g)
+        if len(above):
+            return self._point(above)
+        return 2.0 * g
 
     def predict_many(self, queries: list[LengthQuery]) -> list[Prediction]:
         return [self.predict(q) for q in queries]

@@ -112,12 +112,24 @@ def progress_of(inst: SimInstance, now: float) -> tuple[RequestProgress, ...]:
             done = 1
         if done:
             members = {id(r) for r in w.plan.members}
+    make = RequestProgress
+    reqs = inst.core.requests.values()
+    if not done:  # no chunk tokens to add: every request at its count of the last step boundary
+        recs = [r.payload for r in reqs]
+        return tuple(
+            [
+                make(c.request_id, c.model, c.produced, c.first_token_s)
+                for c in recs
+                if c.first_token_s is not None
+            ]
+        )
     out = []
-    for r in inst.core.requests.values():
+    for r in reqs:
         rec = r.payload
         f = rec.first_token_s
         if f is None:
             continue  # no token yet: a pending prefill, not an ongoing request
-        n = rec.produced + (done if id(r) in members else 0)
-        out.append(RequestProgress(rec.request_id, rec.model, n, f))
+        out.append(
+            make(rec.request_id, rec.model, rec.produced + done if id(r) in members else rec.produced, f)
+        )
     return tuple(out)

@@ -151,6 +151,8 @@ class RequestBook:
         requests that produced a token are started at their first token, and their place on the
         worker's iteration clock follows their real token count."""
         t_dec = pool.t_dec
+        tds: dict[str, float | None] = {model: t_dec}  # T_dec per model seen (None: no SLO known)
+        slos, placed = self.slos, self.reqs.get
         for c in candidates:
             reqs = c.requests
             if reqs is None or model not in c.models:
@@ -161,20 +163,26 @@ class RequestBook:
             pool.meas[i] = 1.0
             key = math.inf
             it_i = None
-            for q in reqs:
-                if q.generated_tokens < 1:
+            for rid, m, g, first in reqs:
+                if g < 1:
                     continue
-                td = t_dec if q.model == model else self.slos.get(q.model, (0.0, None))[1]
+                if m in tds:
+                    td = tds[m]
+                else:
+                    td = tds[m] = slos.get(m, (0.0, None))[1]
                 if td is not None:
-                    key = min(key, td * q.generated_tokens + q.first_token_s)
-                r = self.reqs.get(q.request_id)
+                    v = td * g + first
+                    if v < key:  # min(key, v): the same float
+                        key = v
+                r = placed(rid)
                 if r is None or r.slot != i or r.model != model:
                     continue
                 if not r.started:
-                    pool.start(r, min(q.first_token_s, now))
+                    pool.start(r, min(first, now))
                 if it_i is None:
                     it_i = pool.iter_at(i, now)
-                pool.sync(r, it_i, float(q.generated_tokens))
+                if not abs(it_i - (g - 1.0) - r.s_iter) < 0.5:  # else sync leaves r where it is
+                    pool.sync(r, it_i, float(g))
             pool.dkey[i] = key
 
     def predict(self, service: str, l_in: float, generated: float) -> float | None:
@@ -192,7 +200,8 @@ class RequestBook:
             return hit
         if hasattr(p, "predict"):
             q = LengthQuery(service, prompt_tokens=int(l_in), generated_tokens=int(generated))
-            out = float(p.predict(q).mean)
+            mean = getattr(p, "predict_mean", None)  # predict(q).mean without the spread, where offered
+            out = float(mean(q)) if mean is not None else float(p.predict(q).mean)
         else:
             out = float(p(service, int(l_in), int(generated)))
         self._memo[key] = out

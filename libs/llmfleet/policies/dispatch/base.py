@@ -25,19 +25,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 
 class NoCandidate(LookupError):
     """No engine can take the request (none hosts the model, or all were excluded)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestProgress:
+class RequestProgress(NamedTuple):
     """One request decoding on an engine, as measured: ``generated_tokens`` output tokens so far (the
     first one, from its prefill, included) and ``first_token_s``, when that first token came (on the
     caller's clock, the ``now`` it gives the policy). Its decode time so far is ``now − first_token_s``
-    and its ATGT so far ``(now − first_token_s) / (generated_tokens − 1)`` (Aladdin §3)."""
+    and its ATGT so far ``(now − first_token_s) / (generated_tokens − 1)`` (Aladdin §3).
+
+    A named tuple (immutable, compared by value): the simulator builds one per decoding request of
+    every busy instance for each dispatch, which a frozen dataclass makes several times dearer."""
 
     request_id: str
     model: str
