@@ -17,9 +17,11 @@ Arms (each the same seeds):
   the goal is the high-priority p99 TTFT unchanged.
 * ``..., vtc + preemption``: the same two floods where a held request that the engine core's
   preemption rule would let preempt (``llmfleet.policies.request.preemption.PreemptionRule``, asked
-  through late binding's ``preempt_room.may_preempt``) takes a running request's slot at once: the
-  victim's output so far is folded into its prompt and it goes back to the hold queue (uncharged),
-  re-prefilling prompt + output when it leaves again; a request is preempted at most twice.
+  through late binding's ``preempt_room.may_preempt``, with the engine's tenants' fairness credit,
+  ``llmfleet.policies.request.slot_credit``, kept as the live gate keeps it) takes a running request's
+  slot at once: the victim's output so far is folded into its prompt and it goes back to the hold queue
+  (uncharged), re-prefilling prompt + output when it leaves again; a request is preempted at most
+  twice. ``... without credit`` is the light key's arm with instantaneous fair shares only.
 
 ``--live`` runs the same arms on ``llmfleet up --emulate`` too (``tools/bench/fairness_live.py``).
 
@@ -38,6 +40,7 @@ from typing import Any
 from llmfleet.policies.capacity import HeldQueue, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.slot_credit import credit_for
 from llmfleet.spec.defaults import Fairness
 
 
@@ -98,6 +101,7 @@ def simulate_preemptive(
     ends: list[tuple[float, str]] = []  # (end, rid), lazily deleted
     out = Outcome()
     preempted = 0
+    credit = credit_for(rule)  # the engine's tenants' credit, as the live gate keeps it
 
     def claim(r: _Req) -> Claim:
         return Claim(r.rid, r.priority, r.key, r.arrival, r.preemptions)
@@ -139,12 +143,13 @@ def simulate_preemptive(
             holders = [claim(x.req) for x in running.values()]
 
             def may(x: _Req, hs: list[Claim] = holders) -> bool:
-                return may_preempt(claim(x), hs, setup.slots, rule)
+                return may_preempt(claim(x), hs, setup.slots, rule, credit, now)
 
             got = first_preempting(queue.items(), may, lambda x: (x.priority, x.key))
             if got is None:
                 return
-            victim = rule.victim(claim(got), holders, setup.slots, [claim(got)])
+            band = credit.of(got.priority) if credit is not None else None
+            victim = rule.victim(claim(got), holders, setup.slots, [claim(got)], band)
             assert victim is not None
             preempt(victim.key, now)  # held again, uncharged
             queue.remove(got.rid)  # out of turn: charged as a pop would
@@ -221,20 +226,22 @@ def run(setup: Setup) -> dict[str, Any]:
     capacity = setup.slots / (
         setup.prompt_tokens * setup.prefill_s_per_token + setup.output_tokens * setup.tpot_s
     )
-    arms: dict[str, tuple[list[Stream], Fairness, str, bool]] = {
-        "light alone": ([light], "vtc", "light", False),
-        "light + 10x heavy, none": ([light, heavy], "none", "light", False),
-        "light + 10x heavy, vtc": ([light, heavy], "vtc", "light", False),
-        "light + 10x heavy, vtc + preemption": ([light, heavy], "vtc", "light", True),
-        "high alone": ([high], "vtc", "high", False),
-        "high + low flood, vtc": ([high, low], "vtc", "high", False),
-        "high + low flood, vtc + preemption": ([high, low], "vtc", "high", True),
+    rule, no_credit = PreemptionRule(), PreemptionRule(credit_window_s=0)
+    arms: dict[str, tuple[list[Stream], Fairness, str, PreemptionRule | None]] = {
+        "light alone": ([light], "vtc", "light", None),
+        "light + 10x heavy, none": ([light, heavy], "none", "light", None),
+        "light + 10x heavy, vtc": ([light, heavy], "vtc", "light", None),
+        "light + 10x heavy, vtc + preemption without credit": ([light, heavy], "vtc", "light", no_credit),
+        "light + 10x heavy, vtc + preemption": ([light, heavy], "vtc", "light", rule),
+        "high alone": ([high], "vtc", "high", None),
+        "high + low flood, vtc": ([high, low], "vtc", "high", None),
+        "high + low flood, vtc + preemption": ([high, low], "vtc", "high", rule),
     }
     rows = []
     for name, (streams, fairness, key, preempting) in arms.items():
         o = (
-            simulate_preemptive(streams, fairness, setup, PreemptionRule())
-            if preempting
+            simulate_preemptive(streams, fairness, setup, preempting)
+            if preempting is not None
             else simulate(streams, fairness, setup)
         )
         rows.append({

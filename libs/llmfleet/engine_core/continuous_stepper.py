@@ -57,7 +57,7 @@ class ContinuousStepper:
                 return plan
 
     def _schedule_once(self, core: SteppedCore, now: float) -> StepPlan | None:
-        victims = core.preemption_victims()
+        victims = core.preemption_victims(now)
         if victims:
             for victim in victims:
                 self._preempt(core, victim, now)

@@ -37,12 +37,13 @@ emulated engine's priced step and the simulator's step all compute only the unca
 Preemption for priority and fairness (``preemption``, a
 :class:`~llmfleet.policies.request.preemption.PreemptionRule`; continuous stepper): once a request with
 a priority or a tenant entered, waiting requests are shown to the policy highest priority first, then
-the tenant holding the fewest running requests, then arrival; and before each step the first of them,
-when it cannot be admitted (no room under ``max_running``, or not enough free blocks), may preempt
-running requests the rule names (a lower priority; or, in its band, the tenant furthest above its fair
-share) through the same preemption by recompute as a KV shortage (the victims are in the next plan's
-``preempted``). Requests that all carry priority 0 and no tenant never preempt, and their order is
-untouched.
+the tenant holding the fewest running requests less its credit (:attr:`EngineCore.credit`, a
+:class:`~llmfleet.policies.request.slot_credit.SlotCredit` fed the running and waiting requests before
+each step), then arrival; and before each step the first of them, when it cannot be admitted (no room
+under ``max_running``, or not enough free blocks), may preempt running requests the rule names (a lower
+priority; or, in its band, the tenant furthest above its fair share plus credit) through the same
+preemption by recompute as a KV shortage (the victims are in the next plan's ``preempted``). Requests
+that all carry priority 0 and no tenant never preempt, and their order is untouched.
 
 LoRA adapters (``adapters``, an :class:`~llmfleet.engine_core.adapter_slots.AdapterGate`): a request
 naming an adapter (``CoreRequest.adapter``) acquires a slot of its base's adapter pool when it is
@@ -90,6 +91,7 @@ from llmfleet.policies.request.base import (
     stuck_requests,
 )
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.slot_credit import credit_for
 
 DEFAULT_PREEMPTION = PreemptionRule()
 
@@ -118,6 +120,7 @@ class EngineCore:
         self.policy = policy
         self.adapters = adapters
         self.preemption = preemption  # None: preempt only on a KV shortage
+        self.credit = credit_for(preemption)  # the tenants' fairness credit (None: none)
         self.stepper = stepper_for(policy)
         self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
@@ -368,20 +371,33 @@ class EngineCore:
         return Claim(s.request_id, s.request_priority, s.tenant, s.arrival_s, r.preemptions)
 
     def _ranked_waiting(self) -> list[CoreRequest]:
-        """Unpaused waiting requests in the preemption rule's order (priority, fewest held, arrival)."""
+        """Unpaused waiting requests in the preemption rule's order (priority, fewest held less credit,
+        arrival)."""
         rule = self.preemption
         assert rule is not None
         held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+        credit = self.credit.table if self.credit is not None else None
         return sorted(
-            filter(self._admissible, self.waiting.values()), key=lambda r: rule.rank(self.claim(r), held)
+            filter(self._admissible, self.waiting.values()),
+            key=lambda r: rule.rank(self.claim(r), held, credit),
         )
 
-    def preemption_victims(self) -> list[CoreRequest]:
+    def preemption_victims(self, now: float) -> list[CoreRequest]:
         """Running requests to preempt so that the first waiting request in rank order, which cannot be
         admitted now (no room under ``max_running``, or its blocks above the watermark are not free),
-        can be; empty when it can be admitted already, or when the rule names too few victims."""
+        can be; empty when it can be admitted already, or when the rule names too few victims. The
+        tenants' credit observes the running and waiting requests at ``now`` first."""
         rule = self.preemption
-        if rule is None or not self._ranked or not self.waiting or not self.running:
+        if rule is None or not self._ranked:
+            return []
+        if self.credit is not None:
+            self.credit.observe(
+                now,
+                [self.claim(r) for r in self.running.values()],
+                [self.claim(r) for r in self.waiting.values()],
+                self.limits.max_running,
+            )
+        if not self.waiting or not self.running:
             return []
         if self.adapters is not None:
             held = self._adapter_victims()
@@ -396,9 +412,12 @@ class EngineCore:
         free = pool.available_blocks
         holders = {id(r): (r, self.claim(r)) for r in self.running.values() if not r.paused}
         waiting = [self.claim(r) for r in ranked]
+        credit = self.credit.of(waiting[0].priority) if self.credit is not None else None
         out: list[CoreRequest] = []
         while room <= 0 or need > free:
-            got = rule.victim(waiting[0], [c for _, c in holders.values()], self.limits.max_running, waiting)
+            got = rule.victim(
+                waiting[0], [c for _, c in holders.values()], self.limits.max_running, waiting, credit
+            )
             if got is None:
                 return []
             victim = next(r for r, c in holders.values() if c is got)
@@ -420,7 +439,8 @@ class EngineCore:
             return []
         held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
         waiting = (r for r in self.waiting.values() if not r.paused)
-        first = min(waiting, key=lambda r: rule.rank(self.claim(r), held), default=None)
+        credit = self.credit.table if self.credit is not None else None
+        first = min(waiting, key=lambda r: rule.rank(self.claim(r), held, credit), default=None)
         if first is None or first.adapter is None or gate.room(first):
             return []
         slots = gate.slots_of(first)

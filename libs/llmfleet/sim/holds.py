@@ -13,7 +13,8 @@ weighted tokens served (every admission of the model charges its tenant, held or
 a sheddable one (negative priority) is dropped at its service's TTFT SLO. No other request is lost.
 With every instance saturated, the head goes to an instance whose core would preempt one of its
 requests for it (``llmfleet.policies.capacity.preempt_room``, the live gate's rule: a higher priority;
-with ``fairness`` vtc, a tenant below its fair share of the instance's slots).
+with ``fairness`` vtc, a tenant below its fair share of the instance's slots plus its credit, kept per
+instance as the live gate keeps it per engine).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from llmfleet.policies.capacity.preempt_room import first_preempting, may_preemp
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.slot_credit import SlotCredit, credit_for
 from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
 
@@ -63,6 +65,7 @@ class Holds:
         self.fleet = fleet
         # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
         self.queues: dict[str, HeldQueue[Held]] = {}
+        self._credit: dict[str, SlotCredit | None] = {}  # instance -> its tenants' fairness credit
 
     @property
     def preemption(self) -> PreemptionRule:
@@ -206,7 +209,12 @@ class Holds:
                 continue
             core = inst.core
             present = [core.claim(r) for r in core.requests.values()]
-            if may_preempt(me, present, core.limits.max_running, self.preemption):
+            if iid not in self._credit:
+                self._credit[iid] = credit_for(self.preemption)
+            credit = self._credit[iid]
+            if may_preempt(
+                me, present, core.limits.max_running, self.preemption, credit, self.fleet.events.now
+            ):
                 return iid
         return None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from llmfleet.engine_core import CoreRequest, EngineCore, EngineLimits
 from llmfleet.kvblocks import BlockAllocator, KvShape
 from llmfleet.policies.request import Fcfs, SchedRequest
+from llmfleet.policies.request.preemption import PreemptionRule
 
 SHAPE = KvShape(num_layers=1, num_kv_heads=1, head_dim=4)
 BLOCK = 32 * 4  # 4 tokens per block
@@ -113,6 +114,38 @@ def test_a_tenant_under_its_share_preempts_the_heaviest_tenant() -> None:
     # the light key now holds its share (1 of 4): the heavy backlog waits, nothing more is preempted
     plan = core.schedule(now + 0.01)
     assert plan is not None and not plan.preempted and "h4" in core.waiting
+
+
+def test_a_light_key_with_credit_bursts_past_its_share() -> None:
+    """The light key held one slot of its entitled two for 2 s (credit window 1 s): its third request
+    preempts a heavy one, which a core without credit leaves waiting."""
+
+    def burst(window_s: float) -> tuple[list[str], EngineCore]:
+        alloc = BlockAllocator(4096, BLOCK, watermark=0.0)
+        alloc.register_model("m", SHAPE)
+        core = EngineCore(
+            Fcfs(), alloc, EngineLimits(max_running=4), preemption=PreemptionRule(credit_window_s=window_s)
+        )
+        core.add_model("m")
+        core.add(req("l0", 0.0, tenant="light", out=400), 0.0)
+        for i in range(5):  # three run beside l0, two wait: the heavy key's backlog
+            core.add(req(f"h{i}", 0.001 * (i + 1), tenant="heavy", out=400), 0.001 * (i + 1))
+        now = 0.01
+        while now < 2.0:
+            now = run(core, now, {}, [])
+        core.add(req("l1", now, tenant="light", out=400), now)  # below its share: the plain rule
+        now = run(core, now, {}, preempted := [])
+        assert preempted == ["h2"]
+        core.add(req("l2", now, tenant="light", out=400), now)  # at its share of 2: credit decides
+        for _ in range(20):
+            now = run(core, now, {}, preempted)
+        return preempted, core
+
+    preempted, core = burst(1.0)
+    assert preempted == ["h2", "h1"]  # never taken back: heavy stays above its share plus credit
+    assert sorted(core.running) == ["h0", "l0", "l1", "l2"] and len(core.credit or []) == 2
+    preempted, core = burst(0.0)  # no credit: instantaneous shares
+    assert preempted == ["h2"] and "l2" in core.waiting and core.credit is None
 
 
 def test_the_cap_bounds_preemptions_per_request() -> None:

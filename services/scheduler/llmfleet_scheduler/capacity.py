@@ -16,9 +16,10 @@
   the first engine with room. Capacity that scaling adds then serves the queue at once. The first
   request held this way (the model's queue was empty) wakes placement too: a burst scales out now.
   A request that the engine's core would let preempt one it holds (a higher priority than one there;
-  with ``fairness="vtc"``, an API key below its fair share of the engine's slots) goes to that
-  saturated engine instead of waiting (``llmfleet.policies.capacity.preempt_room``, over the requests
-  the load book places there and their classes).
+  with ``fairness="vtc"``, an API key below its fair share of the engine's slots plus its credit,
+  ``llmfleet.policies.request.slot_credit``, kept per engine) goes to that saturated engine instead of
+  waiting (``llmfleet.policies.capacity.preempt_room``, over the requests the load book places there
+  and their classes).
 
 Waiting requests are kept per model in a hold queue (``llmfleet.policies.capacity.queues``):
 the request's priority (its own, or its service's), then, with ``fairness="vtc"``, the API key with
@@ -44,7 +45,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.load import LoadReport
@@ -63,6 +64,7 @@ from llmfleet.policies.capacity.preempt_room import first_preempting, may_preemp
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.slot_credit import SlotCredit, credit_for
 from llmfleet.spec.defaults import FAIRNESS, Binding, Fairness
 from llmfleet.spec.services import ServiceSpec
 
@@ -130,12 +132,13 @@ class CapacityGate:
     _queues: dict[str, HeldQueue[_Waiter]] = field(default_factory=dict)  # per model (kept: its counters)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _weights: dict[str, int] = field(default_factory=dict)  # model -> weight bytes (0: unknown)
+    _credit: dict[str, SlotCredit | None] = field(default_factory=dict)  # engine -> its tenants' credit
 
     def __post_init__(self) -> None:
         if self.binding not in BINDINGS:
             raise ValueError(f"binding must be one of {BINDINGS}, got {self.binding!r}")
         if self.preemption is not None and self.fairness != "vtc" and self.preemption.fairness:
-            self.preemption = PreemptionRule(True, False, self.preemption.max_preemptions)
+            self.preemption = replace(self.preemption, fairness=False)
 
     # ------------------------------------------------------------------------------------ requests
     async def place(
@@ -192,6 +195,7 @@ class CapacityGate:
         self.notify()
 
     def forget(self, engine_id: str) -> None:
+        self._credit.pop(engine_id, None)
         self.notify()
 
     def displace(self, service: str, priority: int, key: str, retry_after_s: int) -> bool:
@@ -338,13 +342,16 @@ class CapacityGate:
         if rule is None or cls is None or classes is None:
             return []
         me = Claim(request.request_id, cls.priority, cls.key, request.arrival_s)
+        now = self.clock()
         out = []
         for c in hosts:
             present = []
             for rid in self.directory.load.placed(c.engine_id):
                 other = classes.get(rid)
                 present.append(Claim(rid, other.priority, other.key) if other is not None else Claim(rid))
-            if may_preempt(me, present, c.max_running, rule):
+            if c.engine_id not in self._credit:
+                self._credit[c.engine_id] = credit_for(rule)
+            if may_preempt(me, present, c.max_running, rule, self._credit[c.engine_id], now):
                 out.append(c)
         return out
 

@@ -5,12 +5,14 @@ slots), and only as long as that holds (``preempt_room``)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from llmfleet.load import LoadReport
 from llmfleet.metrics.control import SchedulerMetrics
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import DispatchRequest, make_dispatch_policy
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.testing import StaticView
 from llmfleet.types import ENGINE_ROLE, NodeRecord, Slo
@@ -25,7 +27,7 @@ METRICS = SchedulerMetrics(CollectorRegistry())
 
 
 def gate_over(
-    held: dict[str, RequestClass], slots: int, fairness: str = "vtc"
+    held: dict[str, RequestClass], slots: int, fairness: str = "vtc", **gate: Any
 ) -> tuple[CapacityGate, RequestClasses]:
     """A late-binding gate (no slack) over one engine running ``held`` (its report names them)."""
     d = ClusterDirectory(
@@ -39,7 +41,7 @@ def gate_over(
         classes.add(rid, cls)
     gate = CapacityGate(
         d, binding="late", saturation=Saturation(queue_slack=0), poll_s=0.05, classes=classes,
-        metrics=METRICS, fairness=fairness,  # type: ignore[arg-type]
+        metrics=METRICS, fairness=fairness, **gate,  # type: ignore[arg-type]
     )  # fmt: skip
     return gate, classes
 
@@ -92,3 +94,20 @@ async def test_a_light_key_behind_a_held_heavy_backlog_leaves_out_of_turn() -> N
         assert [await t for t in held] == [None, None, None]
     finally:
         task.cancel()
+
+
+@pytest.mark.parametrize("window_s", [10.0, 0.0])
+async def test_a_light_key_that_held_less_than_its_share_bursts_past_it(window_s: float) -> None:
+    """The gate keeps each engine's tenants' credit (fed what it placed there whenever it weighs the
+    engine): the light key held 1 slot of its entitled 2 for 10 s, so a third request goes through."""
+    now = [0.0]
+    placed = {"l0": RequestClass(0, "light"), **{f"h{i}": RequestClass(0, "heavy") for i in range(3)}}
+    gate, classes = gate_over(
+        placed, slots=4, preemption=PreemptionRule(credit_window_s=window_s), clock=lambda: now[0]
+    )
+    assert await place(gate, classes, "l1", RequestClass(0, "light")) == "e0"  # below its share
+    now[0] = 10.0
+    got = await place(gate, classes, "l2", RequestClass(0, "light"))  # at its share: credit decides
+    assert got == ("e0" if window_s else None)
+    gate.forget("e0")
+    assert await place(gate, classes, "l3", RequestClass(0, "light")) is None  # the engine's credit went

@@ -9,7 +9,8 @@ it knows on the engine (``present``: what it sent and the engine's last report n
 that ended) counts as holding a slot. That keeps the rule self-limiting: a request sent this way counts
 from then on, so a claimant is sent only while the requests of its priority and above fill fewer
 than the engine's batch (``slots``), or while its tenant, counting the ones it sent already, is below
-its fair share; past that it waits here as before. The head of the hold queue goes first when it may;
+its fair share plus credit (``slot_credit``: the scheduler and the simulator keep one tracker per
+engine, fed the requests present there whenever they weigh it); past that it waits here as before. The head of the hold queue goes first when it may;
 else the first held request that may (:func:`first_preempting`: a light key's request behind the
 head of a heavy key's backlog, since VTC charges a request when it leaves). Pure: the scheduler's capacity gate
 (``llmfleet_scheduler.capacity``) and the simulator's holds (``llmfleet.sim.holds``) both ask
@@ -22,16 +23,28 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.slot_credit import SlotCredit
 
 T = TypeVar("T")
 
 
-def may_preempt(claimant: Claim, present: Sequence[Claim], slots: int, rule: PreemptionRule | None) -> bool:
+def may_preempt(
+    claimant: Claim,
+    present: Sequence[Claim],
+    slots: int,
+    rule: PreemptionRule | None,
+    credit: SlotCredit | None = None,
+    now: float = 0.0,
+) -> bool:
     """Whether a saturated engine running at most ``slots`` requests, holding ``present``, may take
-    ``claimant`` because its core would preempt one of them for it (``rule`` None: preemption is off)."""
+    ``claimant`` because its core would preempt one of them for it (``rule`` None: preemption is off).
+    ``credit``: the engine's tenants' fairness credit, which observes ``present`` at ``now`` first."""
     if rule is None or slots <= 0 or not present:
         return False
-    return rule.victim(claimant, present, slots) is not None
+    if credit is not None:
+        credit.observe(now, present, (), slots)
+    band = credit.of(claimant.priority) if credit is not None else None
+    return rule.victim(claimant, present, slots, credit=band) is not None
 
 
 def first_preempting(held: Iterable[T], may: Callable[[T], bool], kind: Callable[[T], Hashable]) -> T | None:

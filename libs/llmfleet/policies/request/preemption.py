@@ -9,14 +9,19 @@ its prompt, back to waiting; the engine core's KV-shortage path).
   engine's batch room less what higher priorities hold) are shared max-min fairly among the tenants
   with requests in the band, running or waiting (:func:`fair_shares`); a waiting request of a tenant
   that holds fewer slots than its share preempts the latest-arriving running request of the tenant
-  furthest above its share. Requests without a tenant ("") never preempt for fairness.
+  furthest above its share. Requests without a tenant ("") never preempt for fairness. With credit
+  (``credit_window_s`` > 0, :mod:`~llmfleet.policies.request.slot_credit`), a tenant's standing is its
+  share plus its credit: the slots it held below its entitled share lately (negative: above), so a
+  key whose use stays below its share bursts past its instantaneous share, from a key whose use stays
+  above its own.
 
 Preemption only when it gains, and a bounded waste:
 
 * priority: a strictly higher priority only (equal priorities never preempt one another);
-* fairness: only when the move narrows the gap: the claimant's tenant, one slot more, still holds no
-  more than the victim's tenant, one slot less (``mine + 1 <= theirs − 1``), so two tenants never take
-  a slot back and forth;
+* fairness: only when the move narrows the gap between the two tenants' excesses (slots held less
+  share and credit): ``|g − 2| < g`` for the gap ``g`` = victim's excess − claimant's excess, a move
+  shifting it by 2; without credit that is ``mine + 1 <= theirs − 1``. The reverse move would widen
+  it, so two tenants never take a slot back and forth;
 * a request preempted ``max_preemptions`` times (any preemption, KV shortage included) is no longer a
   victim: it runs to its end, so one request's recomputation is bounded by that many re-prefills.
 
@@ -32,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_PREEMPTIONS = 2
+DEFAULT_CREDIT_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,31 +72,41 @@ def _latest(claims: Iterable[Claim]) -> Claim | None:
 @dataclass(frozen=True)
 class PreemptionRule:
     """``priority`` / ``fairness``: which of the two preempts; ``max_preemptions``: how often one
-    request may be preempted before it is no longer a victim."""
+    request may be preempted before it is no longer a victim; ``credit_window_s``: the time constant of
+    the tenants' fairness credit (0: none, instantaneous shares only)."""
 
     priority: bool = True
     fairness: bool = True
     max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
+    credit_window_s: float = DEFAULT_CREDIT_WINDOW_S
 
     def __post_init__(self) -> None:
         if self.max_preemptions < 0:
             raise ValueError(f"max_preemptions must be >= 0, got {self.max_preemptions}")
+        if self.credit_window_s < 0:
+            raise ValueError(f"credit_window_s must be >= 0, got {self.credit_window_s}")
 
     def preemptible(self, c: Claim) -> bool:
         return c.preemptions < self.max_preemptions
 
     def victim(
-        self, claimant: Claim, holders: Sequence[Claim], slots: int, waiting: Sequence[Claim] = ()
+        self,
+        claimant: Claim,
+        holders: Sequence[Claim],
+        slots: int,
+        waiting: Sequence[Claim] = (),
+        credit: Mapping[str, float] | None = None,
     ) -> Claim | None:
         """The holder (a request holding a slot) that ``claimant`` may preempt; None: none. ``slots``:
         the engine's batch room; ``waiting``: the requests that wait with ``claimant`` (their tenants'
-        demand; ``claimant`` counts whether or not it is among them)."""
+        demand; ``claimant`` counts whether or not it is among them); ``credit``: tenant -> credit in
+        slots in ``claimant``'s band (None or absent: 0)."""
         if self.priority:
             got = self.priority_victim(claimant, holders, slots)
             if got is not None:
                 return got
         if self.fairness:
-            return self.fair_victim(claimant, holders, slots, waiting)
+            return self.fair_victim(claimant, holders, slots, waiting, credit)
         return None
 
     def priority_victim(self, claimant: Claim, holders: Sequence[Claim], slots: int) -> Claim | None:
@@ -103,10 +119,16 @@ class PreemptionRule:
         return _latest(h for h in lower if h.priority == bottom)
 
     def fair_victim(
-        self, claimant: Claim, holders: Sequence[Claim], slots: int, waiting: Sequence[Claim] = ()
+        self,
+        claimant: Claim,
+        holders: Sequence[Claim],
+        slots: int,
+        waiting: Sequence[Claim] = (),
+        credit: Mapping[str, float] | None = None,
     ) -> Claim | None:
         """Within ``claimant``'s priority band: the latest holder of the tenant furthest above its fair
-        share, when ``claimant``'s tenant is below its own and the move narrows the gap (module doc)."""
+        share plus credit, when ``claimant``'s tenant is below its own and the move narrows the gap
+        (module doc)."""
         me = claimant.tenant
         if not me:
             return None
@@ -118,19 +140,32 @@ class PreemptionRule:
         if not any(w.key == claimant.key for w in waiting):
             demand[me] += 1
         shares = fair_shares(slots - above, demand)
-        mine = held.get(me, 0)
-        if mine >= shares.get(me, 0.0):
+        credit = credit or {}
+
+        def excess(t: str) -> float:
+            return held.get(t, 0) - shares.get(t, 0.0) - credit.get(t, 0.0)
+
+        mine = excess(me)
+        if mine >= 0:
             return None
-        over = [t for t in held if t and t != me and held[t] > shares.get(t, 0.0) and mine + 1 <= held[t] - 1]
-        for t in sorted(over, key=lambda t: (shares.get(t, 0.0) - held[t], t)):  # furthest above first
+        over = {t: x for t in held if t and t != me and (x := excess(t)) > 0 and abs(x - mine - 2) < x - mine}
+        for t in sorted(over, key=lambda t: (-over[t], t)):  # furthest above first
             got = _latest(h for h in band if h.tenant == t and self.preemptible(h))
             if got is not None:
                 return got
         return None
 
-    def rank(self, c: Claim, held: Mapping[tuple[int, str], int]) -> tuple[int, int, float, str]:
+    def rank(
+        self,
+        c: Claim,
+        held: Mapping[tuple[int, str], int],
+        credit: Mapping[tuple[int, str], float] | None = None,
+    ) -> tuple[int, float, float, str]:
         """The order in which waiting requests claim slots: higher priority first, then the tenant
-        holding fewer slots in that band (``held``: (priority, tenant) -> running requests; none when
-        fairness is off), then arrival."""
-        mine = held.get((c.priority, c.tenant), 0) if self.fairness and c.tenant else 0
+        holding fewer slots in that band less its credit (``held``: (priority, tenant) -> running
+        requests, ``credit`` likewise; neither when fairness is off), then arrival."""
+        mine = 0.0
+        if self.fairness and c.tenant:
+            k = (c.priority, c.tenant)
+            mine = held.get(k, 0) - (credit.get(k, 0.0) if credit is not None else 0.0)
         return (-c.priority, mine, c.arrival_s, c.key)

@@ -105,3 +105,40 @@ def test_first_preempting_asks_once_per_kind_in_queue_order() -> None:
     assert first_preempting(held, may, lambda x: (x.priority, x.tenant)) == held[2]
     assert asked == ["h1", "l1"]  # the oldest of each kind
     assert first_preempting(held[:2], may, lambda x: (x.priority, x.tenant)) is None
+
+
+def test_credit_lets_a_light_key_burst_past_its_share() -> None:
+    heavy = [c(f"h{i}", tenant="heavy", arrival=i) for i in range(2)]
+    holders = [*heavy, c("l1", tenant="light"), c("l2", tenant="light")]
+    burst = c("l3", tenant="light", arrival=9)
+    assert RULE.victim(burst, holders, 4) is None  # light holds its share, 2 of 4
+    credit = {"light": 0.8, "heavy": -0.5}  # light held less than its share lately, heavy more
+    assert RULE.victim(burst, holders, 4, credit=credit) == heavy[-1]
+    after = [heavy[0], *holders[2:], burst]  # light 3, heavy 1: heavy may not take it back
+    assert RULE.victim(c("h9", tenant="heavy", arrival=10), after, 4, credit=credit) is None
+    # with heavy asking for more, a fourth light request finds light above its share plus credit
+    more = [c("l4", tenant="light", arrival=11), c("h9", tenant="heavy", arrival=10)]
+    assert RULE.victim(more[0], after, 4, more, credit=credit) is None
+
+
+def test_credit_needs_a_gap_wider_than_a_swap() -> None:
+    holders = [
+        c("h1", tenant="heavy"),
+        c("h2", tenant="heavy"),
+        c("l1", tenant="light"),
+        c("l2", tenant="light"),
+    ]
+    # credits one slot apart: the move would only swap the two keys' excesses
+    assert RULE.victim(c("l3", tenant="light"), holders, 4, credit={"light": 0.5, "heavy": -0.5}) is None
+    assert RULE.victim(c("l3", tenant="light"), holders, 4, credit={"light": 0.6, "heavy": -0.5}) is not None
+
+
+def test_zero_credit_is_the_instantaneous_rule() -> None:
+    holders = [c("a1", tenant="a"), c("a2", tenant="a"), c("b1", tenant="b"), c("a3", tenant="a", arrival=5)]
+    for slots in (3, 4, 5):
+        for credit in (None, {}, {"a": 0.0, "b": 0.0}):
+            assert RULE.victim(c("b2", tenant="b"), holders, slots, credit=credit) == RULE.victim(
+                c("b2", tenant="b"), holders, slots
+            )
+    with pytest.raises(ValueError):
+        PreemptionRule(credit_window_s=-1)
