@@ -59,9 +59,11 @@ class SlotCredit:
     """One engine's tenants' credit, in slots (positive: held less than entitled lately)."""
 
     window_s: float
-    _credit: dict[tuple[int, str], float] = field(default_factory=dict)
-    _gaps: dict[tuple[int, str], float] = field(default_factory=dict)  # since the last observation
-    _at: float | None = None
+    _credit: dict[tuple[int, str], float] = field(default_factory=dict, init=False)
+    _gaps: dict[tuple[int, str], float] = field(
+        default_factory=dict, init=False
+    )  # since the last observation
+    _at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
