@@ -1,15 +1,21 @@
 """Fairness credit: how far below (or above) its entitled share of an engine's slots each tenant has held
 lately, so that a tenant whose use stays below its share may burst past its instantaneous share (a
-per-tenant bucket of slot-seconds, refilled at its share while it asks for slots).
+per-tenant bucket of slot-seconds, refilled at its share).
 
-A tenant's entitled share in a priority band is an equal split of the band's slots (the engine's batch
-room less what higher priorities hold) among the tenants that ask for slots there (running or waiting);
-its credit is the time average of (entitled share − slots held) over the moments it asks, with time
-constant ``window_s`` (an exponentially weighted average; a tenant that asks for nothing keeps its
-credit, so an idle tenant banks nothing). A light key holding one slot of an entitled two earns one
-slot of credit; a heavy key holding three owes one; two keys that saturate an engine together stay
-level at zero. :class:`~llmfleet.policies.request.preemption.PreemptionRule` adds the credit to the
-max-min fair share when it names a victim.
+A tenant is *active* on an engine while it asked for slots there (a request running or waiting) within
+the last ``window_s`` seconds. A tenant's entitled share in a priority band is an equal split of the
+band's slots (the engine's batch room less what higher priorities hold) among the band's active
+tenants, whether or not they hold anything now. Its credit is the time average of (entitled share −
+slots held) while it is active, with time constant ``window_s`` (an exponentially weighted average).
+
+- A light key that sends a request now and then, holding one slot or none of an entitled two, earns
+  credit up to two slots; the heavy key filling the rest owes as much.
+- A tenant idle for longer than the window leaves the table: it banks nothing, and a newcomer starts
+  at zero.
+- Two keys that saturate an engine together stay level at zero.
+
+:class:`~llmfleet.policies.request.preemption.PreemptionRule` adds the credit to the max-min fair share
+when it names a victim.
 
 Stateful, but pure of I/O and clocks: the engine core observes its running and waiting requests before
 each step, the scheduler's late binding the requests it placed on each engine (``llmfleet_scheduler.
@@ -30,27 +36,19 @@ _NEUTRAL = 1e-3  # a credit this close to 0 is dropped (a tenant absent from the
 
 
 def entitled_gaps(
-    holders: Iterable[Claim], waiting: Iterable[Claim], slots: int
+    holders: Iterable[Claim], active: Iterable[tuple[int, str]], slots: int
 ) -> dict[tuple[int, str], float]:
-    """Per (priority, tenant) asking for slots: its entitled share less the slots it holds (module doc)."""
-    held: Counter[tuple[int, str]] = Counter()
-    asking: set[tuple[int, str]] = set()
-    for h in holders:
-        held[(h.priority, h.tenant)] += 1
-        asking.add((h.priority, h.tenant))
-    asking.update((w.priority, w.tenant) for w in waiting)
+    """Per active (priority, tenant): its entitled share less the slots it holds (module doc)."""
+    held: Counter[tuple[int, str]] = Counter((h.priority, h.tenant) for h in holders)
     by_band: dict[int, list[str]] = {}
-    for priority, tenant in asking:
-        by_band.setdefault(priority, []).append(tenant)
+    for priority, tenant in active:
+        if tenant:
+            by_band.setdefault(priority, []).append(tenant)
     gaps: dict[tuple[int, str], float] = {}
-    above = 0
-    for priority in sorted(by_band, reverse=True):
-        tenants = by_band[priority]
-        room = max(0, slots - above)
-        named = [t for t in tenants if t]
-        for t in named:
-            gaps[(priority, t)] = room / len(named) - held[(priority, t)]
-        above += sum(held[(priority, t)] for t in tenants)
+    for priority, tenants in by_band.items():
+        room = max(0, slots - sum(n for (p, _), n in held.items() if p > priority))
+        for t in tenants:
+            gaps[(priority, t)] = room / len(tenants) - held[(priority, t)]
     return gaps
 
 
@@ -62,7 +60,8 @@ class SlotCredit:
     _credit: dict[tuple[int, str], float] = field(default_factory=dict, init=False)
     _gaps: dict[tuple[int, str], float] = field(
         default_factory=dict, init=False
-    )  # since the last observation
+    )  # until the next observation
+    _asked: dict[tuple[int, str], float] = field(default_factory=dict, init=False)  # when it last asked
     _at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -71,8 +70,10 @@ class SlotCredit:
 
     def observe(self, now: float, holders: Iterable[Claim], waiting: Iterable[Claim], slots: int) -> None:
         """The engine at ``now`` holds ``holders`` (running) with ``waiting`` asking for slots; the
-        previous observation's gaps held until ``now``."""
-        if self._at is not None and now > self._at:
+        previous observation's gaps held until ``now``. An observation older than the last is ignored."""
+        if self._at is not None:
+            if now < self._at:
+                return
             w = 1.0 - math.exp(-(now - self._at) / self.window_s)
             for k, gap in self._gaps.items():
                 c = self._credit.get(k, 0.0)
@@ -81,9 +82,15 @@ class SlotCredit:
                     self._credit.pop(k, None)
                 else:
                     self._credit[k] = c
-        if self._at is None or now >= self._at:
-            self._at = now
-            self._gaps = entitled_gaps(holders, waiting, slots)
+        self._at = now
+        holders = list(holders)
+        for c in (*holders, *waiting):
+            if c.tenant:
+                self._asked[(c.priority, c.tenant)] = now
+        for k in [k for k, t in self._asked.items() if now - t > self.window_s]:
+            del self._asked[k]
+            self._credit.pop(k, None)
+        self._gaps = entitled_gaps(holders, self._asked, slots)
 
     @property
     def table(self) -> Mapping[tuple[int, str], float]:

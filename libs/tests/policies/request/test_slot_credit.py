@@ -1,5 +1,5 @@
-"""The fairness credit (pure): entitled shares by band, the time average, frozen while a tenant asks
-for nothing, and the rule's tracker."""
+"""The fairness credit (pure): entitled shares by band among the active tenants, the time average, a
+tenant's window of activity, and the rule's tracker."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ def c(key: str, priority: int = 0, tenant: str = "") -> Claim:
     return Claim(key, priority, tenant)
 
 
-def test_entitled_gaps_split_each_band_evenly_among_the_tenants_asking() -> None:
+def test_entitled_gaps_split_each_band_evenly_among_the_active_tenants() -> None:
     holders = [c("h1", 1, "vip"), c("a1", 0, "a"), c("a2", 0, "a"), c("a3", 0, "a"), c("n", 0, "")]
-    waiting = [c("b1", 0, "b")]
-    gaps = entitled_gaps(holders, waiting, 5)
-    assert gaps == {(1, "vip"): 4.0, (0, "a"): 0.0 - 1.0, (0, "b"): 2.0}  # band 0 has 5 - 1 = 4 slots
-    assert entitled_gaps([], [], 4) == {}
+    active = [(1, "vip"), (0, "a"), (0, "b"), (0, "")]  # b holds nothing now; "" is no tenant
+    gaps = entitled_gaps(holders, active, 5)
+    assert gaps == {(1, "vip"): 4.0, (0, "a"): 2.0 - 3.0, (0, "b"): 2.0}  # band 0 has 5 - 1 = 4 slots
+    assert entitled_gaps(holders, [], 4) == {}
 
 
 def test_credit_is_a_time_average_of_the_gap() -> None:
@@ -33,16 +33,20 @@ def test_credit_is_a_time_average_of_the_gap() -> None:
     assert credit.of(1) == {}
 
 
-def test_a_tenant_asking_for_nothing_keeps_its_credit() -> None:
+def test_an_idle_tenant_stays_entitled_for_a_window_then_leaves() -> None:
     credit = SlotCredit(5.0)
     heavy = [c(f"h{i}", 0, "heavy") for i in range(4)]
     credit.observe(0.0, [c("l", 0, "light"), *heavy[:3]], [], 4)
-    credit.observe(5.0, heavy, [], 4)  # light leaves; heavy alone is entitled to all 4 slots
-    banked = credit.of(0)["light"]
-    credit.observe(100.0, heavy, [], 4)
-    assert credit.of(0)["light"] == banked  # frozen while light asks for nothing
-    assert "heavy" not in credit.of(0)  # heavy's debt decays while it holds its whole entitlement
-    assert len(credit) == 1
+    credit.observe(1.0, heavy, [], 4)  # light's request ended: it is still active, entitled 2, holds 0
+    earned = credit.of(0)["light"]
+    credit.observe(5.0, heavy, [], 4)
+    assert credit.of(0)["light"] > earned > 0  # it earns while idle within the window
+    assert credit.of(0)["heavy"] < -earned  # heavy holds light's entitled slots meanwhile
+    credit.observe(6.5, heavy, [], 4)  # light last asked 6.5 s ago: gone, and heavy alone is entitled 4
+    assert "light" not in credit.of(0)
+    owed = credit.of(0)["heavy"]
+    credit.observe(60.0, heavy, [], 4)
+    assert owed < 0 and "heavy" not in credit.of(0) and len(credit) == 0  # its debt decays to nothing
 
 
 def test_observations_out_of_order_change_nothing() -> None:
