@@ -84,9 +84,9 @@ class SlotCredit:
                     self._credit[k] = c
         self._at = now
         holders = list(holders)
-        for c in (*holders, *waiting):
-            if c.tenant:
-                self._asked[(c.priority, c.tenant)] = now
+        for claim in (*holders, *waiting):
+            if claim.tenant:
+                self._asked[(claim.priority, claim.tenant)] = now
         for k in [k for k, t in self._asked.items() if now - t > self.window_s]:
             del self._asked[k]
             self._credit.pop(k, None)
