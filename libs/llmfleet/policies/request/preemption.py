@@ -19,9 +19,10 @@ Preemption only when it gains, and a bounded waste:
 
 * priority: a strictly higher priority only (equal priorities never preempt one another);
 * fairness: only when the move narrows the gap between the two tenants' excesses (slots held less
-  share and credit): ``|g − 2| < g`` for the gap ``g`` = victim's excess − claimant's excess, a move
-  shifting it by 2; without credit that is ``mine + 1 <= theirs − 1``. The reverse move would widen
-  it, so two tenants never take a slot back and forth;
+  share and credit): the gap ``g`` = victim's excess − claimant's excess becomes ``g − 2``, narrower
+  when ``|g − 2| < g``, i.e. ``g > 1`` (compared with a margin for rounding); without credit that is
+  ``mine + 1 <= theirs − 1``. The reverse move would widen it, so two tenants never take a slot back
+  and forth;
 * a request preempted ``max_preemptions`` times (any preemption, KV shortage included) is no longer a
   victim: it runs to its end, so one request's recomputation is bounded by that many re-prefills.
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_PREEMPTIONS = 2
 DEFAULT_CREDIT_WINDOW_S = 10.0
+_EPS = 1e-9  # fractional shares (4/3) must not tip a gap of exactly 1 over
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,7 @@ class PreemptionRule:
         mine = excess(me)
         if mine >= 0:
             return None
-        over = {t: x for t in held if t and t != me and (x := excess(t)) > 0 and abs(x - mine - 2) < x - mine}
+        over = {t: x for t in held if t and t != me and (x := excess(t)) > 0 and x - mine > 1 + _EPS}
         for t in sorted(over, key=lambda t: (-over[t], t)):  # furthest above first
             got = _latest(h for h in band if h.tenant == t and self.preemptible(h))
             if got is not None:

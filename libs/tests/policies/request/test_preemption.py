@@ -142,3 +142,10 @@ def test_zero_credit_is_the_instantaneous_rule() -> None:
             )
     with pytest.raises(ValueError):
         PreemptionRule(credit_window_s=-1)
+
+
+def test_a_gap_of_one_slot_under_fractional_shares_is_a_swap() -> None:
+    # three tenants on 4 slots (shares 4/3): b holds 1, a 2: the gap is exactly one slot, a swap
+    holders = [c("a1", tenant="a"), c("a2", tenant="a"), c("b1", tenant="b"), c("d1", tenant="d")]
+    waiting = [c("b2", tenant="b"), c("a3", tenant="a"), c("d2", tenant="d")]
+    assert RULE.victim(waiting[0], holders, 4, waiting) is None
