@@ -40,7 +40,7 @@ from typing import Any
 from llmfleet.policies.capacity import HeldQueue, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
-from llmfleet.policies.request.slot_credit import credit_for
+from llmfleet.policies.request.slot_credit import EngineCredits
 from llmfleet.spec.defaults import Fairness
 
 
@@ -101,7 +101,7 @@ def simulate_preemptive(
     ends: list[tuple[float, str]] = []  # (end, rid), lazily deleted
     out = Outcome()
     preempted = 0
-    credit = credit_for(rule)  # the engine's tenants' credit, as the live gate keeps it
+    credits = EngineCredits()  # the engine's tenants' credit, as the live gate keeps it
 
     def claim(r: _Req) -> Claim:
         return Claim(r.rid, r.priority, r.key, r.arrival, r.preemptions)
@@ -142,14 +142,16 @@ def simulate_preemptive(
                 continue
             holders = [claim(x.req) for x in running.values()]
 
+            def band(x: _Req, hs: list[Claim] = holders) -> dict[str, float] | None:
+                return credits.band("engine", rule, now, hs, setup.slots, x.priority)
+
             def may(x: _Req, hs: list[Claim] = holders) -> bool:
-                return may_preempt(claim(x), hs, setup.slots, rule, credit, now)
+                return may_preempt(claim(x), hs, setup.slots, rule, band(x))
 
             got = first_preempting(queue.items(), may, lambda x: (x.priority, x.key))
             if got is None:
                 return
-            band = credit.of(got.priority) if credit is not None else None
-            victim = rule.victim(claim(got), holders, setup.slots, [claim(got)], band)
+            victim = rule.victim(claim(got), holders, setup.slots, [claim(got)], band(got))
             assert victim is not None
             preempt(victim.key, now)  # held again, uncharged
             queue.remove(got.rid)  # out of turn: charged as a pop would

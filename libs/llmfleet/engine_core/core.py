@@ -370,12 +370,16 @@ class EngineCore:
         s = r.sched
         return Claim(s.request_id, s.request_priority, s.tenant, s.arrival_s, r.preemptions)
 
+    def _held(self) -> Counter[tuple[int, str]]:
+        """Running requests per (priority, tenant)."""
+        return Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+
     def _ranked_waiting(self) -> list[CoreRequest]:
         """Unpaused waiting requests in the preemption rule's order (priority, fewest held less credit,
         arrival)."""
         rule = self.preemption
         assert rule is not None
-        held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+        held = self._held()
         credit = self.credit.table if self.credit is not None else None
         return sorted(
             filter(self._admissible, self.waiting.values()),
@@ -393,8 +397,8 @@ class EngineCore:
         if self.credit is not None:
             self.credit.observe(
                 now,
-                [self.claim(r) for r in self.running.values()],
-                [self.claim(r) for r in self.waiting.values()],
+                self._held(),
+                [(r.sched.request_priority, r.sched.tenant) for r in self.waiting.values()],
                 self.limits.max_running,
             )
         if not self.waiting or not self.running:
@@ -437,7 +441,7 @@ class EngineCore:
         assert rule is not None and gate is not None
         if not rule.priority:
             return []
-        held = Counter((r.sched.request_priority, r.sched.tenant) for r in self.running.values())
+        held = self._held()
         waiting = (r for r in self.waiting.values() if not r.paused)
         credit = self.credit.table if self.credit is not None else None
         first = min(waiting, key=lambda r: rule.rank(self.claim(r), held, credit), default=None)

@@ -26,7 +26,7 @@ from llmfleet.policies.capacity.preempt_room import first_preempting, may_preemp
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
-from llmfleet.policies.request.slot_credit import SlotCredit, credit_for
+from llmfleet.policies.request.slot_credit import EngineCredits
 from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
 
@@ -65,7 +65,7 @@ class Holds:
         self.fleet = fleet
         # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
         self.queues: dict[str, HeldQueue[Held]] = {}
-        self._credit: dict[str, SlotCredit | None] = {}  # instance -> its tenants' fairness credit
+        self._credit = EngineCredits()  # each instance's tenants' fairness credit
 
     @property
     def preemption(self) -> PreemptionRule:
@@ -209,12 +209,11 @@ class Holds:
                 continue
             core = inst.core
             present = [core.claim(r) for r in core.requests.values()]
-            if iid not in self._credit:
-                self._credit[iid] = credit_for(self.preemption)
-            credit = self._credit[iid]
-            if may_preempt(
-                me, present, core.limits.max_running, self.preemption, credit, self.fleet.events.now
-            ):
+            slots = core.limits.max_running
+            credit = self._credit.band(
+                iid, self.preemption, self.fleet.events.now, present, slots, me.priority
+            )
+            if may_preempt(me, present, slots, self.preemption, credit):
                 return iid
         return None
 

@@ -64,7 +64,7 @@ from llmfleet.policies.capacity.preempt_room import first_preempting, may_preemp
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
-from llmfleet.policies.request.slot_credit import SlotCredit, credit_for
+from llmfleet.policies.request.slot_credit import EngineCredits
 from llmfleet.spec.defaults import FAIRNESS, Binding, Fairness
 from llmfleet.spec.services import ServiceSpec
 
@@ -132,7 +132,7 @@ class CapacityGate:
     _queues: dict[str, HeldQueue[_Waiter]] = field(default_factory=dict)  # per model (kept: its counters)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _weights: dict[str, int] = field(default_factory=dict)  # model -> weight bytes (0: unknown)
-    _credit: dict[str, SlotCredit | None] = field(default_factory=dict)  # engine -> its tenants' credit
+    _credit: EngineCredits = field(default_factory=EngineCredits)  # each engine's tenants' fairness credit
 
     def __post_init__(self) -> None:
         if self.binding not in BINDINGS:
@@ -195,7 +195,7 @@ class CapacityGate:
         self.notify()
 
     def forget(self, engine_id: str) -> None:
-        self._credit.pop(engine_id, None)
+        self._credit.forget(engine_id)
         self.notify()
 
     def displace(self, service: str, priority: int, key: str, retry_after_s: int) -> bool:
@@ -349,9 +349,8 @@ class CapacityGate:
             for rid in self.directory.load.placed(c.engine_id):
                 other = classes.get(rid)
                 present.append(Claim(rid, other.priority, other.key) if other is not None else Claim(rid))
-            if c.engine_id not in self._credit:
-                self._credit[c.engine_id] = credit_for(rule)
-            if may_preempt(me, present, c.max_running, rule, self._credit[c.engine_id], now):
+            credit = self._credit.band(c.engine_id, rule, now, present, c.max_running, me.priority)
+            if may_preempt(me, present, c.max_running, rule, credit):
                 out.append(c)
         return out
 

@@ -19,11 +19,10 @@ head of a heavy key's backlog, since VTC charges a request when it leaves). Pure
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from llmfleet.policies.request.preemption import Claim, PreemptionRule
-from llmfleet.policies.request.slot_credit import SlotCredit
 
 T = TypeVar("T")
 
@@ -33,18 +32,15 @@ def may_preempt(
     present: Sequence[Claim],
     slots: int,
     rule: PreemptionRule | None,
-    credit: SlotCredit | None = None,
-    now: float = 0.0,
+    credit: Mapping[str, float] | None = None,
 ) -> bool:
     """Whether a saturated engine running at most ``slots`` requests, holding ``present``, may take
     ``claimant`` because its core would preempt one of them for it (``rule`` None: preemption is off).
-    ``credit``: the engine's tenants' fairness credit, which observes ``present`` at ``now`` first."""
+    ``credit``: the engine's tenants' fairness credit in ``claimant``'s band
+    (:class:`~llmfleet.policies.request.slot_credit.EngineCredits`)."""
     if rule is None or slots <= 0 or not present:
         return False
-    if credit is not None:
-        credit.observe(now, present, (), slots)
-    band = credit.of(claimant.priority) if credit is not None else None
-    return rule.victim(claimant, present, slots, credit=band) is not None
+    return rule.victim(claimant, present, slots, credit=credit) is not None
 
 
 def first_preempting(held: Iterable[T], may: Callable[[T], bool], kind: Callable[[T], Hashable]) -> T | None:

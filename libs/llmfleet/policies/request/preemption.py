@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_PREEMPTIONS = 2
 DEFAULT_CREDIT_WINDOW_S = 10.0
-_EPS = 1e-9  # fractional shares (4/3) must not tip a gap of exactly 1 over
+_EPS = 1e-9  # fractional shares and credits must not tip a gap of exactly 1 over by rounding
 
 
 @dataclass(frozen=True, slots=True)

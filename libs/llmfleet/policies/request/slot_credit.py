@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -35,20 +35,25 @@ from llmfleet.policies.request.preemption import Claim, PreemptionRule
 _NEUTRAL = 1e-3  # a credit this close to 0 is dropped (a tenant absent from the table has none)
 
 
-def entitled_gaps(
-    holders: Iterable[Claim], active: Iterable[tuple[int, str]], slots: int
-) -> dict[tuple[int, str], float]:
+Pair = tuple[int, str]  # (priority, tenant)
+
+
+def held_pairs(claims: Iterable[Claim]) -> Counter[Pair]:
+    """Slots held per (priority, tenant) by ``claims``."""
+    return Counter((c.priority, c.tenant) for c in claims)
+
+
+def entitled_gaps(held: Mapping[Pair, int], active: Iterable[Pair], slots: int) -> dict[Pair, float]:
     """Per active (priority, tenant): its entitled share less the slots it holds (module doc)."""
-    held: Counter[tuple[int, str]] = Counter((h.priority, h.tenant) for h in holders)
     by_band: dict[int, list[str]] = {}
     for priority, tenant in active:
         if tenant:
             by_band.setdefault(priority, []).append(tenant)
-    gaps: dict[tuple[int, str], float] = {}
+    gaps: dict[Pair, float] = {}
     for priority, tenants in by_band.items():
         room = max(0, slots - sum(n for (p, _), n in held.items() if p > priority))
         for t in tenants:
-            gaps[(priority, t)] = room / len(tenants) - held[(priority, t)]
+            gaps[(priority, t)] = room / len(tenants) - held.get((priority, t), 0)
     return gaps
 
 
@@ -57,20 +62,19 @@ class SlotCredit:
     """One engine's tenants' credit, in slots (positive: held less than entitled lately)."""
 
     window_s: float
-    _credit: dict[tuple[int, str], float] = field(default_factory=dict, init=False)
-    _gaps: dict[tuple[int, str], float] = field(
-        default_factory=dict, init=False
-    )  # until the next observation
-    _asked: dict[tuple[int, str], float] = field(default_factory=dict, init=False)  # when it last asked
+    _credit: dict[Pair, float] = field(default_factory=dict, init=False)
+    _gaps: dict[Pair, float] = field(default_factory=dict, init=False)  # until the next observation
+    _asked: dict[Pair, float] = field(default_factory=dict, init=False)  # when it last asked
     _at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {self.window_s}")
 
-    def observe(self, now: float, holders: Iterable[Claim], waiting: Iterable[Claim], slots: int) -> None:
-        """The engine at ``now`` holds ``holders`` (running) with ``waiting`` asking for slots; the
-        previous observation's gaps held until ``now``. An observation older than the last is ignored."""
+    def observe(self, now: float, held: Mapping[Pair, int], waiting: Iterable[Pair], slots: int) -> None:
+        """The engine at ``now`` holds ``held`` slots per (priority, tenant), with ``waiting`` asking
+        for more; the previous observation's gaps held until ``now``. An observation older than the
+        last is ignored."""
         if self._at is not None:
             if now < self._at:
                 return
@@ -83,17 +87,16 @@ class SlotCredit:
                 else:
                     self._credit[k] = c
         self._at = now
-        holders = list(holders)
-        for claim in (*holders, *waiting):
-            if claim.tenant:
-                self._asked[(claim.priority, claim.tenant)] = now
+        for k in (*held, *waiting):
+            if k[1]:
+                self._asked[k] = now
         for k in [k for k, t in self._asked.items() if now - t > self.window_s]:
             del self._asked[k]
             self._credit.pop(k, None)
-        self._gaps = entitled_gaps(holders, self._asked, slots)
+        self._gaps = entitled_gaps(held, self._asked, slots)
 
     @property
-    def table(self) -> Mapping[tuple[int, str], float]:
+    def table(self) -> Mapping[Pair, float]:
         """(priority, tenant) -> credit in slots (a pair not named: 0)."""
         return MappingProxyType(self._credit)
 
@@ -111,3 +114,35 @@ def credit_for(rule: PreemptionRule | None) -> SlotCredit | None:
     if rule is None or not rule.fairness or rule.credit_window_s <= 0:
         return None
     return SlotCredit(rule.credit_window_s)
+
+
+class EngineCredits:
+    """The scheduler's (and the simulator's) view of each engine's credit: one tracker per engine, fed
+    the claims placed there whenever the engine is weighed (:meth:`band`); ``forget`` drops an engine
+    that left."""
+
+    def __init__(self) -> None:
+        self._by_engine: dict[str, SlotCredit] = {}
+
+    def band(
+        self,
+        engine: str,
+        rule: PreemptionRule | None,
+        now: float,
+        present: Sequence[Claim],
+        slots: int,
+        priority: int,
+    ) -> dict[str, float] | None:
+        """``engine``'s credit in ``priority``'s band after observing ``present`` at ``now`` (every
+        claim counts as holding a slot, as late binding counts them); None: ``rule`` has no credit."""
+        credit = self._by_engine.get(engine)
+        if credit is None:
+            credit = credit_for(rule)
+            if credit is None:
+                return None
+            self._by_engine[engine] = credit
+        credit.observe(now, held_pairs(present), (), slots)
+        return credit.of(priority)
+
+    def forget(self, engine: str) -> None:
+        self._by_engine.pop(engine, None)
