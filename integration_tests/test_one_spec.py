@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 from llmfleet.cli.sim import add_arguments
 from llmfleet.cli.sim_args import bundles
+from llmfleet.cli.up_plan import preemption_args
 from llmfleet.config import ClusterConfig
 from llmfleet.policies.dispatch import make_dispatch_policy
 from llmfleet.policies.engine_policy import make_engine_policy
 from llmfleet.policies.migration import make_migration_policy, make_transfer_planner
 from llmfleet.policies.placement import make_placement_policy
+from llmfleet.policies.request.preemption import PreemptionRule
+from llmfleet.spec.live_loops import SCHEDULER_FLAGS
 
 CLUSTER = """
 services:
@@ -40,6 +43,8 @@ scheduler:
   queue_slack: 2
   kv_room_fraction: 0.9
   dispatch: {policy: power_of_two, options: {seed: 7}}
+  fairness: none
+  preemption: {max_preemptions: 3, credit_window_s: 4}
 """
 
 
@@ -69,7 +74,10 @@ def _live(path: Path) -> dict[str, Any]:
     from llmfleet_scheduler.main import build_parser as scheduler_parser
 
     config = ClusterConfig.load(path)
-    engines = [engine_parser().parse_args(e.engine_args()) for _, e in sorted(config.engines.items())]
+    engines = [
+        engine_parser().parse_args([*e.engine_args(), *preemption_args(config)])
+        for _, e in sorted(config.engines.items())
+    ]
     sched = scheduler_parser().parse_args(config.scheduler.args())
     mig = migration_parser().parse_args(config.migration.args())
     p = config.placement  # the placement leader reads its section from the cluster file itself
@@ -77,6 +85,10 @@ def _live(path: Path) -> dict[str, Any]:
         "engine": [_config(make_engine_policy(ns.policy, **ns.policy_options)) for ns in engines],
         "dispatch": _config(make_dispatch_policy(sched.dispatch, **sched.dispatch_options)),
         "capacity": (sched.binding, sched.queue_slack, sched.kv_room_fraction, sched.move_queued),
+        "preemption": (
+            [ns.preemption.rule("vtc") for ns in engines],
+            SCHEDULER_FLAGS.read(sched).preemption_rule(),
+        ),
         "placement": _config(make_placement_policy(p.policy, **p.options)),
         "placement_loop": (p.interval_s, p.window_s, p.confirm_intervals),
         "migration": _config(make_migration_policy(mig.policy, **mig.policy_options)),
@@ -95,6 +107,7 @@ def _simulated(path: Path) -> dict[str, Any]:
         "engine": [_config(b.local_factory()()) for _ in range(2)],
         "dispatch": _config(make_dispatch_policy(b.dispatch.policy, **b.dispatch.options)),
         "capacity": (c.binding, c.queue_slack, c.kv_room_fraction, c.move_queued),
+        "preemption": ([c.preemption_rule() for _ in range(2)], c.preemption_rule()),
         "placement": _config(make_placement_policy(b.placement.policy, **b.placement.options)),
         "placement_loop": (b.placement.interval_s, b.placement.window_s, b.placement.confirm_intervals),
         "migration": _config(make_migration_policy(b.migration.policy, **b.migration.options)),
@@ -109,6 +122,7 @@ def test_live_and_simulated_build_the_same_policies(cluster_file: Path) -> None:
     assert sim["engine"][0] == ("StaticSls", sim["engine"][0][1]) and sim["engine"][0][1]["batch_size"] == 6
     assert sim["dispatch"] == ("PowerOfTwo", {"seed": 7})
     assert sim["capacity"] == ("late", 2, 0.9, False)
+    assert sim["preemption"][1] == PreemptionRule(fairness=False, max_preemptions=3, credit_window_s=4.0)
     assert sim["placement"][1]["k5"] == 0.25 and sim["placement_loop"] == (5.0, 10.0, 3)
     assert sim["migration"][1]["batching"] is False and sim["migration_loop"][0] == 2.0
 

@@ -225,6 +225,7 @@ def simulate(streams: list[Stream], fairness: Fairness, setup: Setup) -> Outcome
 def run(setup: Setup) -> dict[str, Any]:
     light, heavy = Stream("light", 0.4), Stream("heavy", 4.0)
     high, low = Stream("high", 0.4, priority=1), Stream("low", 4.0, priority=0)
+    twin_a, twin_b = Stream("a", 4.4), Stream("b", 4.4)
     capacity = setup.slots / (
         setup.prompt_tokens * setup.prefill_s_per_token + setup.output_tokens * setup.tpot_s
     )
@@ -238,6 +239,9 @@ def run(setup: Setup) -> dict[str, Any]:
         "high alone": ([high], "vtc", "high", None),
         "high + low flood, vtc": ([high, low], "vtc", "high", None),
         "high + low flood, vtc + preemption": ([high, low], "vtc", "high", rule),
+        # the cost of credit: preemptions between two equal keys that each offer the light + heavy load
+        "two equal keys, vtc + preemption without credit": ([twin_a, twin_b], "vtc", "a", no_credit),
+        "two equal keys, vtc + preemption": ([twin_a, twin_b], "vtc", "a", rule),
     }
     rows = []
     for name, (streams, fairness, key, preempting) in arms.items():

@@ -18,7 +18,7 @@ from typing import Any
 from llmfleet.config import DEFAULT_TTL_S, ClusterConfig
 from llmfleet.metrics.server import METRICS_PORT_OFFSET
 from llmfleet.sim.spec import ClusterSpec
-from llmfleet.spec.engines import EMULATED_FLAGS, EmulatedPool
+from llmfleet.spec.engines import EMULATED_FLAGS, PREEMPTION_FLAGS, EmulatedPool, EnginePreemption
 
 # (child name, console script, module with main(), port offset from --base-port)
 CONTROL_PLANE: tuple[tuple[str, str, str, int], ...] = (
@@ -205,6 +205,7 @@ def _engine_plans(
                     "--device",
                     engine.device,
                     *engine.engine_args(),  # the local policy, its options and the engine limits set
+                    *(preemption_args(config) if engine.backend == "native" else []),
                     *(adapter_args(config) if engine.max_loras else []),
                     *(
                         ["--threads", str(threads)]
@@ -218,6 +219,13 @@ def _engine_plans(
             )
         )
     return plans
+
+
+def preemption_args(config: ClusterConfig) -> list[str]:
+    """The scheduler section's preemption rule for a native or emulated engine's core, its fairness
+    resolved by the section's (the engine has no hold queue to read it from)."""
+    sched = config.scheduler
+    return PREEMPTION_FLAGS.argv(EnginePreemption(preemption=sched.preemption.resolved(sched.fairness)))
 
 
 def adapter_args(config: ClusterConfig) -> list[str]:
@@ -273,6 +281,7 @@ def emulated_plans(
     for name, arch in sorted(config.catalog_models().items()):
         argv += ["--sim-model", f"{name}={arch}"]
     argv += pool.engine.engine_args()  # its block_tokens too (native engines size theirs by block_bytes)
+    argv += preemption_args(config)
     argv += adapter_args(config) if pool.engine.max_loras else []  # registered when their base loads
     plans, port = [], base_port + ENGINE_PORT_OFFSET
     for p, n in enumerate(pool.per_process()):

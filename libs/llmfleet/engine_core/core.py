@@ -121,6 +121,7 @@ class EngineCore:
         self.adapters = adapters
         self.preemption = preemption  # None: preempt only on a KV shortage
         self.credit = credit_for(preemption)  # the tenants' fairness credit (None: none)
+        self._started = 0  # requests that took a slot since the credit's last observation
         self.stepper = stepper_for(policy)
         self.static = self.stepper.static
         self.chunkable = isinstance(policy, ChunkablePolicy)
@@ -206,6 +207,7 @@ class EngineCore:
             r.filled = 0  # its blocks here are named as its next step ends
             r.sched.phase = "decode"
             self.running[rid] = r
+            self._started += 1
             self.policy.on_arrival(r.sched, now)
             return True
         if reserved and rid in self.alloc:
@@ -344,6 +346,7 @@ class EngineCore:
         plan = self.stepper.schedule(self, now)
         if plan is not None:
             self._plan = plan
+            self._started += len(plan.prefills)
         return plan
 
     def visible(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
@@ -400,7 +403,9 @@ class EngineCore:
                 self._held(),
                 [(r.sched.request_priority, r.sched.tenant) for r in self.waiting.values()],
                 self.limits.max_running,
+                self._started,
             )
+            self._started = 0
         if not self.waiting or not self.running:
             return []
         if self.adapters is not None:

@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterable, Sequence
 from llmfleet.costmodel import ModelArch
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.engine_core import CoreRequest
+from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import CountsInfeasible, DispatchPolicy, DispatchRequest, EngineCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import RequestPolicy
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.sim.candidates import CandidateBook
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.events import END, EventQueue
@@ -58,6 +60,7 @@ class Fleet:
         dispatch: DispatchPolicy,
         cost: CostBook,
         fast_forward: bool = True,
+        preemption: PreemptionRule | None = DEFAULT_PREEMPTION,
     ) -> None:
         if not plan:
             raise ValueError("the placement plan has no instances")
@@ -69,6 +72,7 @@ class Fleet:
         self.kv_bytes_per_token = {m: a.kv_bytes_per_token for m, a in self.archs.items()}
         self.reference_tp = spec.reference_tps()  # solo times (normalized latency) at this TP per model
         self._make_policy = make_policy
+        self.preemption = preemption  # every instance's core's rule, and late binding's (llmfleet.sim.holds)
         # KV-aware dispatchers read kv_used, which a chunk only updates at its end: no chunks then.
         self._fast_forward = fast_forward and not dispatch.needs.reads_kv
         self.instances: dict[str, SimInstance] = {}
@@ -120,7 +124,7 @@ class Fleet:
             raise ValueError(f"instance {p.instance_id} hosts {missing}, which no service uses")
         return SimInstance(
             p.instance_id, p.models, p.tp, self.spec.cluster.hw, self.archs, self.spec.engine, self.cost,
-            self._make_policy(), fast_forward=self._fast_forward,
+            self._make_policy(), fast_forward=self._fast_forward, preemption=self.preemption,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------- where things are

@@ -11,6 +11,7 @@ from typing import Protocol
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import DispatchRequest
 from llmfleet.policies.placement.base import InstancePlan
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.sim.events import EventQueue
 from llmfleet.sim.instance import SimInstance
 from llmfleet.sim.records import RequestRecord
@@ -26,6 +27,7 @@ class FleetView(Protocol):
     saturation: Saturation
     cold_start: bool
     fairness: Fairness
+    preemption: PreemptionRule | None
     wake: Callable[[float], None] | None
 
     def serves(self, model: str) -> bool: ...

@@ -19,7 +19,8 @@ instance as the live gate keeps it per engine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
@@ -44,8 +45,9 @@ class Held:
     deadline: float = float("inf")
 
 
-_FAIR = PreemptionRule()
-_PRIORITY_ONLY = PreemptionRule(fairness=False)
+@lru_cache(maxsize=8)
+def _without_fairness(rule: PreemptionRule) -> PreemptionRule:
+    return replace(rule, fairness=False)
 
 
 def _kind(h: Held) -> tuple[int | None, str, str]:
@@ -68,9 +70,13 @@ class Holds:
         self._credit = EngineCredits()  # each instance's tenants' fairness credit
 
     @property
-    def preemption(self) -> PreemptionRule:
-        """Late binding's preemption rule, as the live gate's: priorities, and tenants under vtc."""
-        return _FAIR if self.fleet.fairness == "vtc" else _PRIORITY_ONLY
+    def preemption(self) -> PreemptionRule | None:
+        """Late binding's preemption rule, as the live gate's: the instances' cores' rule, with fairness
+        among tenants only under vtc (None: no preemption)."""
+        rule = self.fleet.preemption
+        if rule is not None and rule.fairness and self.fleet.fairness != "vtc":
+            return _without_fairness(rule)
+        return rule
 
     def __contains__(self, model: str) -> bool:
         return bool(self.queues.get(model))

@@ -43,9 +43,11 @@ import numpy as np
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.costmodel.lora import LoraCost
 from llmfleet.engine_core import AdapterGate, AdapterSlots, CoreRequest, EngineCore, StepPlan, adapter_rows
+from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.request import PoolView, RequestPolicy, SchedRequest
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.decode_only import prefilled
 from llmfleet.sim.memory import pool_layout
@@ -99,6 +101,7 @@ class SimInstance:
         cost: CostBook,
         policy: RequestPolicy | StaticBatchPolicy,
         fast_forward: bool = True,
+        preemption: PreemptionRule | None = DEFAULT_PREEMPTION,
     ) -> None:
         self.instance_id = instance_id
         self.models = models
@@ -113,7 +116,7 @@ class SimInstance:
         for m in models:
             self.alloc.register_model(m, archs[m].kv_shape)
         gate = AdapterGate(self._slots_of, self._adapter_loaded) if engine.max_loras else None
-        self.core = EngineCore(policy, self.alloc, engine.limits, adapters=gate)
+        self.core = EngineCore(policy, self.alloc, engine.limits, preemption=preemption, adapters=gate)
         for m in models:
             self.core.add_model(m)
         self.static = self.core.static

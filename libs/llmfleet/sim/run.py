@@ -222,6 +222,7 @@ def simulate(
     sim = Simulator(
         spec, list(plan), make_local, dispatch, cost,
         fast_forward=fast_forward, sample_period_s=period, predict=predict,
+        preemption=policy.capacity.preemption_rule(),
     )  # fmt: skip
     loops = _Loops(central=central)
     loops.install(sim, policy, planner, gpus, evaluator_factory, workload.requests[0].arrival_s)

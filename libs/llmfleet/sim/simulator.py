@@ -28,10 +28,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.dispatch import DispatchPolicy, EngineCandidate, FinishListener, NoCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import RequestPolicy
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.events import ARRIVAL, END, HOOK, MOVE, READY, SAMPLE, EventQueue
 from llmfleet.sim.fleet import Fleet
@@ -121,6 +123,7 @@ class Simulator:
         fast_forward: bool = True,
         sample_period_s: float | None = None,
         predict: Predict | None = None,
+        preemption: PreemptionRule | None = DEFAULT_PREEMPTION,
     ) -> None:
         self.spec = spec
         self.cost = cost
@@ -128,7 +131,7 @@ class Simulator:
         self.events = EventQueue()
         self.fleet = Fleet(
             spec, plan=plan, make_policy=make_policy, dispatch=dispatch, cost=cost, events=self.events,
-            fast_forward=fast_forward,
+            fast_forward=fast_forward, preemption=preemption,
         )  # fmt: skip
         self.predict = predict
         self.sample_period_s = sample_period_s

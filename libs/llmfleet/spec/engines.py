@@ -30,7 +30,7 @@ from llmfleet.engine_core import EngineLimits
 from llmfleet.policies import engine_policy as engine_policies
 from llmfleet.spec.defaults import ENGINE_POLICY
 from llmfleet.spec.flags import SectionFlags
-from llmfleet.spec.sections import EnginePolicySpec
+from llmfleet.spec.sections import EnginePolicySpec, PreemptionSpec
 from llmfleet.spec.sizes import ByteSize
 from llmfleet.spec.validation import validation_message
 from llmfleet.spec.vllm import VllmSettings
@@ -235,6 +235,17 @@ class EmulatedPool(BaseModel):
         return [q + (i < r) for i in range(self.processes)]
 
 
+class EnginePreemption(BaseModel):
+    """The scheduler section's ``preemption``, with its ``fairness`` resolved by the section's hold-queue
+    fairness (:meth:`~llmfleet.spec.sections.PreemptionSpec.resolved`): what ``llmfleet up`` passes
+    every native and emulated engine, so that their cores preempt by the rule the schedulers' late
+    binding assumes."""
+
+    model_config = _STRICT
+
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+
+
 # the engine's flags for its entry (backend, models, device and port are flags of the node) and for
 # an emulated pool's cost model (hardware, tp and engines per process likewise)
 ENGINE_FLAGS = SectionFlags(
@@ -248,4 +259,8 @@ EMULATED_FLAGS = SectionFlags(
     EmulatedPool,
     skip={"hardware", "count", "processes", "tp", "engine"},
     title="emulated backend (--backend emulated; the cluster file's emulated: section)",
+)
+PREEMPTION_FLAGS = SectionFlags(
+    EnginePreemption,
+    title="preemption (the cluster file's scheduler.preemption, as llmfleet up passes it)",
 )

@@ -22,6 +22,7 @@ from llmfleet.policies import engine_policy as engine_policies
 from llmfleet.policies import migration as migration_policies
 from llmfleet.policies import placement as placement_policies
 from llmfleet.policies import registry as policy_registry
+from llmfleet.policies.request import preemption as preemption_rule
 
 _SECTION = ConfigDict(extra="forbid", frozen=True)
 
@@ -198,6 +199,50 @@ class MigrationSpec(_Choice):
         return self.policy != defaults.MIGRATION_POLICY
 
 
+class PreemptionSpec(BaseModel):
+    """Which running request a waiting one may preempt by recompute, in every engine core and in the
+    schedulers' late binding alike (:class:`~llmfleet.policies.request.preemption.PreemptionRule`):
+    ``priority`` (a higher priority preempts a lower one), ``fairness`` (an API key below its fair
+    share of an engine's slots plus its credit preempts the key furthest above its own; only with the
+    section's ``fairness: vtc``), how often one request may be preempted, and the credit's window."""
+
+    model_config = _SECTION
+
+    priority: bool = Field(True, description="a waiting request preempts a running one of a lower priority")
+    fairness: bool = Field(
+        True,
+        description="with fairness: vtc, a key below its fair share of an engine's slots plus its credit "
+        "preempts the key furthest above its own",
+    )
+    max_preemptions: int = Field(
+        preemption_rule.DEFAULT_MAX_PREEMPTIONS,
+        ge=0,
+        description="a request preempted this often (any preemption, KV shortage included) is no longer a "
+        "victim: it runs to its end",
+    )
+    credit_window_s: float = Field(
+        preemption_rule.DEFAULT_CREDIT_WINDOW_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="fairness credit: a key is active on an engine while it asked for a slot there within "
+        "this window, and its bank of unused slot-seconds leaks with it as time constant (0: no credit, "
+        "instantaneous shares)",
+    )
+
+    def rule(self, fairness: defaults.Fairness) -> preemption_rule.PreemptionRule | None:
+        """The rule under the hold queue's ``fairness`` (fairness among keys only with vtc); None: no
+        preemption but for a KV shortage."""
+        fair = self.fairness and fairness == "vtc"
+        if not (self.priority or fair):
+            return None
+        return preemption_rule.PreemptionRule(self.priority, fair, self.max_preemptions, self.credit_window_s)
+
+    def resolved(self, fairness: defaults.Fairness) -> PreemptionSpec:
+        """This section with ``fairness`` on only where the hold queue's ``fairness`` keeps it: what
+        ``llmfleet up`` passes the engines, which have no hold queue."""
+        return self.model_copy(update={"fairness": self.fairness and fairness == "vtc"})
+
+
 class CapacitySpec(BaseModel):
     """How requests wait for capacity. ``binding``: late = a request waits in the scheduler while every
     engine hosting its model is saturated (its queue past its batch + ``queue_slack``, or its KV past
@@ -240,8 +285,17 @@ class CapacitySpec(BaseModel):
         "served (virtual token counter), none = arrival order",
     )
 
+    preemption: PreemptionSpec = Field(
+        default_factory=PreemptionSpec,
+        description="which running request a waiting one may preempt, in the engines and in late binding",
+    )
+
     def saturation(self) -> capacity_policies.Saturation:
         return capacity_policies.Saturation(queue_slack=self.queue_slack, kv_fraction=self.kv_room_fraction)
+
+    def preemption_rule(self) -> preemption_rule.PreemptionRule | None:
+        """The engines' and late binding's preemption rule under this section's ``fairness``."""
+        return self.preemption.rule(self.fairness)
 
 
 class FleetPolicies(BaseModel):

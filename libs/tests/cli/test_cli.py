@@ -272,7 +272,9 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
     assert sched[sched.index("--id") + 1] == "scheduler" and "--prefix" not in sched
     assert plans[2].argv[-2:] == ["--config", "c.yaml"]
     threads = str(up.cpu_threads_each(cfg))  # the host's cores shared among the CPU engines
-    assert plans[4].argv[-10:] == [
+    preemption = up_plan.preemption_args(cfg)  # the scheduler section's rule, for the engine's core
+    assert preemption[:2] == ["--preemption-priority", "--preemption-fairness"]
+    assert plans[4].argv[-10 - len(preemption) :] == [
         "--models-dir",
         str(tmp_path / "models"),
         "--device",
@@ -281,6 +283,7 @@ def test_plan_services_from_default_config(tmp_path: Path) -> None:
         "fcfs",
         "--stream-interval-s",
         "0.0",
+        *preemption,
         "--threads",
         threads,
     ]
@@ -304,10 +307,11 @@ def test_plan_services_passes_engine_policy_options_and_limits(tmp_path: Path) -
     assert e0.argv[e0.argv.index("--policy") :] == [
         "--policy", "scls", "--policy-options", '{"slice_end": "recompute"}',
         "--max-running", "8", "--max-prefill-tokens", "1024", "--watermark", "0.05",
-        "--stream-interval-s", "0.0", "--threads", str(up.cpu_threads_each(cfg)),
+        "--stream-interval-s", "0.0", *up_plan.preemption_args(cfg), "--threads", str(up.cpu_threads_each(cfg)),
     ]  # fmt: skip
     # nothing set: the spec's defaults, the engine's own limits
-    assert e1.argv[-6:-2] == ["--policy", "fcfs", "--stream-interval-s", "0.0"]
+    n = len(up_plan.preemption_args(cfg))
+    assert e1.argv[-6 - n : -2 - n] == ["--policy", "fcfs", "--stream-interval-s", "0.0"]
 
 
 def test_plan_services_scheduler_replicas(tmp_path: Path) -> None:

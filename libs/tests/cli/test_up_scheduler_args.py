@@ -112,3 +112,46 @@ def test_an_emulated_pools_block_tokens_reach_its_engines(tmp_path) -> None:
         ClusterConfig.model_validate(config), tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path
     )
     assert all("--block-tokens" not in p.argv for p in plans)  # the engines' default
+
+
+def test_the_preemption_rule_reaches_the_schedulers_and_every_engine_core(tmp_path) -> None:
+    """One setting, ``scheduler.preemption``: the schedulers' late binding and the engines' cores read the
+    same rule (fairness among keys only where the hold queue is fair: vtc)."""
+    preemption = {"max_preemptions": 5, "credit_window_s": 3}
+    emulated = {
+        "services": {"chat": {"model": "llama2-7b"}},
+        "models": {"llama2-7b": {"source": "emulated://llama2-7b"}},
+        "emulated": {"hardware": "A100-80GB", "count": 2},
+    }
+    for config, fairness in [({**BASE, "engines": {"e0": {}}}, "vtc"), (emulated, "none")]:
+        cfg = ClusterConfig.model_validate(
+            {**config, "scheduler": {"fairness": fairness, "preemption": preemption}}
+        )
+        plans = up.plan_services(cfg, tmp_path / "c.yaml", etcd="x:1", state_dir=tmp_path)
+        sched = next(p.argv for p in plans if p.name.startswith("scheduler"))
+        assert sched[sched.index("--preemption-max-preemptions") + 1] == "5"
+        assert sched[sched.index("--preemption-credit-window-s") + 1] == "3.0"
+        (engine,) = [p.argv for p in plans if p.name in ("e0", "emu0")]
+        assert engine[engine.index("--preemption-max-preemptions") + 1] == "5"
+        assert engine[engine.index("--preemption-credit-window-s") + 1] == "3.0"
+        # the engine has no hold queue: its fairness comes resolved
+        assert ("--preemption-fairness" in engine, "--no-preemption-fairness" in engine) == (
+            (True, False) if fairness == "vtc" else (False, True)
+        )
+    rule = ClusterConfig.model_validate(
+        {**BASE, "scheduler": {"fairness": "none"}}
+    ).scheduler.preemption_rule()
+    assert rule is not None and rule.priority and not rule.fairness
+
+
+def test_bad_preemption_settings_name_the_key() -> None:
+    with pytest.raises(ValueError, match="credit_window_s"):
+        ClusterConfig.model_validate({**BASE, "scheduler": {"preemption": {"credit_window_s": -1}}})
+    with pytest.raises(ValueError, match="max_preemptions"):
+        ClusterConfig.model_validate({**BASE, "scheduler": {"preemption": {"max_preemptions": "many"}}})
+    with pytest.raises(ValueError, match=r"preemption\.every"):
+        ClusterConfig.model_validate({**BASE, "scheduler": {"preemption": {"every": True}}})
+    off = ClusterConfig.model_validate(
+        {**BASE, "scheduler": {"preemption": {"priority": False, "fairness": False}}}
+    )
+    assert off.scheduler.preemption_rule() is None

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import statistics
 
+from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import JoinShortestQueue
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import Fcfs
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.simulator import Simulator
 from llmfleet.sim.spec import EngineSettings, SimService
@@ -28,9 +30,11 @@ def flood() -> list[W]:
     return sorted(heavy + light, key=lambda w: w.arrival_s)
 
 
-def run(tiny, work: list[W], fairness: Fairness) -> list[RequestRecord]:
+def run(
+    tiny, work: list[W], fairness: Fairness, preemption: PreemptionRule | None = DEFAULT_PREEMPTION
+) -> list[RequestRecord]:
     spec = tiny.spec(services=(S7,), cluster="1xA100-80GB", engine=EngineSettings(max_running=4))
-    sim = Simulator(spec, PLAN, Fcfs, JoinShortestQueue(), tiny.book(spec))
+    sim = Simulator(spec, PLAN, Fcfs, JoinShortestQueue(), tiny.book(spec), preemption=preemption)
     sim.fleet.set_binding("late", Saturation(queue_slack=0))
     sim.fleet.fairness = fairness
     return sim.run(work, strict_services=True).records
@@ -72,18 +76,32 @@ def test_a_light_tenant_preempts_the_heavy_backlog_on_a_saturated_instance(tiny)
     assert max(r.preemptions for r in heavies) <= 2  # the cap
 
 
+def burst(tiny, preemption: PreemptionRule | None = DEFAULT_PREEMPTION) -> dict[str, RequestRecord]:
+    light = [W("l0", 0.0, 200, 3000, "s", tenant="light")]
+    light += [W(f"l{i}", 15.0 + 0.01 * i, 200, 20, "s", tenant="light") for i in (1, 2)]
+    heavy = [W(f"h{i}", 0.001 * (i + 1), 200, 1000, "s", tenant="heavy") for i in range(12)]
+    work = sorted(light + heavy, key=lambda w: w.arrival_s)
+    records = {r.request_id: r for r in run(tiny, work, "vtc", preemption)}
+    assert all(r.done for r in records.values())
+    slot_s = min(r.latency_s for r in records.values() if r.tenant == "heavy")
+    assert slot_s > 10.0  # a heavy request holds its slot this long
+    return records
+
+
 def test_a_light_tenant_with_credit_bursts_past_its_share(tiny) -> None:
     # the light tenant holds one slot of its entitled two for 15 s (one long request) while the heavy
     # tenant holds three: at its burst the second light request preempts by the plain rule, the third
     # by credit (the holds' tracker and the instance's core agree), not after a heavy request's end
-    light = [W("l0", 0.0, 200, 3000, "s", tenant="light")]
-    light += [W(f"l{i}", 15.0 + 0.01 * i, 200, 20, "s", tenant="light") for i in (1, 2)]
-    heavy = [W(f"h{i}", 0.001 * (i + 1), 200, 1000, "s", tenant="heavy") for i in range(12)]
-    records = {r.request_id: r for r in run(tiny, sorted(light + heavy, key=lambda w: w.arrival_s), "vtc")}
-    assert all(r.done for r in records.values())
-    slot_s = min(r.latency_s for r in records.values() if r.tenant == "heavy")
-    assert slot_s > 10.0  # a heavy request holds its slot this long
+    records = burst(tiny)
     assert records["l1"].ttft_s < 1.0 and records["l2"].ttft_s < 1.0
+
+
+def test_the_instances_and_the_holds_follow_the_rule_the_simulator_is_given(tiny) -> None:
+    no_credit = burst(tiny, PreemptionRule(credit_window_s=0))  # instantaneous shares: l2 is past its share
+    assert no_credit["l1"].ttft_s < 1.0 and no_credit["l2"].ttft_s > 1.0
+    priority_only = burst(tiny, PreemptionRule(fairness=False))  # no fairness among tenants: both wait
+    assert priority_only["l1"].ttft_s > 1.0 and priority_only["l2"].ttft_s > 1.0
+    assert sum(r.preemptions for r in priority_only.values()) == 0
 
 
 def test_a_higher_priority_preempts_a_running_lower_one(tiny) -> None:

@@ -108,6 +108,7 @@ class Executor:
             self.allocator,
             self.config.limits,
             watermark_blocks=0,
+            preemption=self.config.preemption,
             adapters=gate if self.config.max_loras else None,
         )
         self.metrics: EngineMetrics | None = None  # vllm:* metrics (set by main / attach_metrics)

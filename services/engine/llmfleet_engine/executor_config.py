@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.engine_core import EngineLimits
+from llmfleet.engine_core.core import DEFAULT_PREEMPTION
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.spec.defaults import ENGINE_POLICY
 
 
@@ -31,6 +33,7 @@ class ExecutorConfig(EngineLimits):
     stream_interval_s: float = 0.005  # wake consumers at most this often (first/final chunks at once)
     max_loras: int = 0  # LoRA adapter slots per base model (0: LoRA off, the layers run as loaded)
     max_lora_rank: int = 16  # the largest adapter rank a slot holds
+    preemption: PreemptionRule | None = DEFAULT_PREEMPTION  # the core's rule (None: KV shortage only)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -21,7 +21,7 @@ from llmfleet.rpc.cli_args import add_common_args, etcd_settings, node_id, posit
 from llmfleet.rpc.node import ServiceNode, run_service
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.defaults import DEFAULT_MAX_TOKENS
-from llmfleet.spec.engines import EMULATED_FLAGS, ENGINE_FLAGS, NATIVE_ONLY, EngineConfig
+from llmfleet.spec.engines import EMULATED_FLAGS, ENGINE_FLAGS, NATIVE_ONLY, PREEMPTION_FLAGS, EngineConfig
 from llmfleet.spec.sizes import size_bytes
 from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec, NodeRecord
@@ -63,6 +63,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         "policy": entry.policy,
         "options": entry.options,
         "stream_interval_s": entry.stream_interval_s,
+        "preemption": args.preemption.rule("vtc"),  # resolved by llmfleet up: fairness on means vtc
         **entry.limits(),
         **({"memory_budget_bytes": args.memory_budget} if args.memory_budget is not None else {}),
     }
@@ -268,13 +269,18 @@ class _Parser(argparse.ArgumentParser):
             self.error("--vllm-options applies to --backend vllm only")
         try:  # a bad policy, option or limit is a usage error, not a crash later
             ns.engine_config = ENGINE_FLAGS.read(ns, backend="vllm" if ns.backend == "vllm" else "native")
+            ns.preemption = PREEMPTION_FLAGS.read(ns).preemption
         except ValueError as e:
             self.error(str(e))
         return ns, rest
 
 
 # flags of the native engine core (policy, pool, limits), which a vLLM engine has no use for
-NATIVE_CORE_ONLY = ("--memory-budget", *(ENGINE_FLAGS.option(k) for k in NATIVE_ONLY))
+NATIVE_CORE_ONLY = (
+    "--memory-budget",
+    *(ENGINE_FLAGS.option(k) for k in NATIVE_ONLY),
+    *(f.option for f in PREEMPTION_FLAGS.flags),
+)
 # flags an emulated engine has no use for (it runs no model and no device): refused, never ignored
 NO_DEVICE = ("--device", "--models-dir", "--threads", "--offline")
 EMULATED_ONLY = (
@@ -308,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(ap, ROLE, default_port=50061)
     _add_device_flags(ap)
     ENGINE_FLAGS.add(ap)
+    PREEMPTION_FLAGS.add(ap)
     add_renamed_flags(ap, RENAMED_ENGINE_FLAGS)
     _add_emulated_flags(ap)
     _add_node_flags(ap)

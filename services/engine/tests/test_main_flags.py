@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.engine_core import EngineLimits
+from llmfleet.policies.request.preemption import PreemptionRule
 from llmfleet.spec.engines import EngineConfig
 from llmfleet_engine import main
 
@@ -85,3 +86,26 @@ def test_prefix_caching_is_on_by_default_and_switched_per_engine(monkeypatch: py
     assert executor_config(["--prefix-caching"], monkeypatch).prefix_caching is True
     with pytest.raises(SystemExit):
         main.build_parser().parse_args(["--prefix-caching", "maybe"])
+
+
+def test_the_preemption_flags_reach_the_core_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``llmfleet up`` passes the scheduler section's preemption, resolved, as these flags."""
+    cfg = executor_config([], monkeypatch)
+    assert cfg.preemption == PreemptionRule()  # the defaults: priority, fairness, 2, 10 s
+    argv = [
+        "--no-preemption-fairness",
+        "--preemption-max-preemptions",
+        "4",
+        "--preemption-credit-window-s",
+        "0",
+    ]
+    cfg = executor_config(argv, monkeypatch)
+    assert cfg.preemption == PreemptionRule(fairness=False, max_preemptions=4, credit_window_s=0.0)
+    cfg = executor_config(["--no-preemption-priority", "--no-preemption-fairness"], monkeypatch)
+    assert cfg.preemption is None  # neither: the core preempts on a KV shortage only
+
+
+def test_a_vllm_engine_refuses_the_native_cores_preemption_flags(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main.build_parser().parse_args(["--backend", "vllm", "--preemption-max-preemptions", "3"])
+    assert "--preemption-max-preemptions" in capsys.readouterr().err

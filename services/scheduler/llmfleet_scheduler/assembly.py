@@ -94,6 +94,7 @@ def _gate(
         metrics=metrics,
         on_wait=stats.kick if stats is not None else None,
         fairness=config.fairness,
+        preemption=config.preemption_rule(),
         classes=classes,
     )
 

@@ -11,9 +11,9 @@ its prompt, back to waiting; the engine core's KV-shortage path).
   that holds fewer slots than its share preempts the latest-arriving running request of the tenant
   furthest above its share. Requests without a tenant ("") never preempt for fairness. With credit
   (``credit_window_s`` > 0, :mod:`~llmfleet.policies.request.slot_credit`), a tenant's standing is its
-  share plus its credit: the slots it held below its entitled share lately (negative: above), so a
-  key whose use stays below its share bursts past its instantaneous share, from a key whose use stays
-  above its own.
+  share plus its credit: the requests' worth of slots it left unused below its entitled share lately
+  (negative: held above it), so a key whose use stays below its share bursts past its instantaneous
+  share, from a key whose use stays above its own.
 
 Preemption only when it gains, and a bounded waste:
 
@@ -75,7 +75,8 @@ def _latest(claims: Iterable[Claim]) -> Claim | None:
 class PreemptionRule:
     """``priority`` / ``fairness``: which of the two preempts; ``max_preemptions``: how often one
     request may be preempted before it is no longer a victim; ``credit_window_s``: the time constant of
-    the tenants' fairness credit (0: none, instantaneous shares only)."""
+    the tenants' fairness credit, their activity window and the leak of their banks (0: none,
+    instantaneous shares only)."""
 
     priority: bool = True
     fairness: bool = True
