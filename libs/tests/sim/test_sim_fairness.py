@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import JoinShortestQueue
@@ -112,3 +114,26 @@ def test_a_higher_priority_preempts_a_running_lower_one(tiny) -> None:
     slot_s = min(records[f"n{i}"].latency_s for i in range(4))  # the wait for a slot, without preemption
     assert top.ttft_s is not None and top.ttft_s < 0.2 * slot_s  # the next step, not a slot freeing
     assert sum(records[f"n{i}"].preemptions for i in range(4)) == 1
+
+
+@pytest.mark.parametrize("window_s", [10.0, 0.0])
+def test_on_two_instances_each_keeps_its_own_credit_and_a_light_burst_passes(tiny, window_s: float) -> None:
+    # the heavy tenant fills both instances (4 slots each) and keeps a backlog; the light tenant sends
+    # one long request, then after 15 s a burst of four: late binding spreads the burst over the two
+    # saturated instances, where each core (and the holds' tracker of each) preempts heavy requests;
+    # without credit three pass on instantaneous shares (2 a side, l0 holding one) and one waits
+    spec = tiny.spec(services=(S7,), cluster="2xA100-80GB", engine=EngineSettings(max_running=4))
+    plan = [InstancePlan("i0", ("llama2-7b",), 1), InstancePlan("i1", ("llama2-7b",), 1)]
+    light = [W("l0", 0.0, 200, 3000, "s", tenant="light")]
+    light += [W(f"l{i}", 15.0 + 0.01 * i, 200, 20, "s", tenant="light") for i in range(1, 5)]
+    heavy = [W(f"h{i}", 0.001 * (i + 1), 200, 1000, "s", tenant="heavy") for i in range(24)]
+    rule = PreemptionRule(credit_window_s=window_s)
+    sim = Simulator(spec, plan, Fcfs, JoinShortestQueue(), tiny.book(spec), preemption=rule)
+    sim.fleet.set_binding("late", Saturation(queue_slack=0))
+    records = {r.request_id: r for r in sim.run(sorted(light + heavy, key=lambda w: w.arrival_s)).records}
+    assert all(r.done for r in records.values())
+    assert min(r.latency_s for r in records.values() if r.tenant == "heavy") > 10.0
+    burst = sorted(r.ttft_s for r in (records[f"l{i}"] for i in range(1, 5)))
+    assert burst[2] < 1.0  # three pass at once either way
+    assert (burst[3] < 1.0) == (window_s > 0)  # the fourth needs credit: else a heavy request's end
+    assert {records[f"l{i}"].instance for i in range(1, 5)} == {"i0", "i1"}
