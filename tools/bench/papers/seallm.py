@@ -153,7 +153,7 @@ class _Sweep:
     def at(self, rate: float, names: tuple[str, ...]) -> dict[str, dict]:
         """``names``' rows at ``rate`` (each rate's workload and history are seeded by the rate's index)."""
         cfg, log = self.cfg, self.log
-        i = _index(rate)
+        i = rate_index(rate)
         wl = S.workload(self.pools, self.share, rate, cfg["horizon_s"], seed=100 + i)
         load = S.offered_load(self.sp, self.pools, self.share, rate, C.COST_SOURCE)
         out = {}
@@ -190,7 +190,7 @@ class _Sweep:
         return lengths
 
 
-def _sweep(cfg: dict, lengths: str, assignment: int, share: dict, log: C.Log) -> _Sweep:
+def make_sweep(cfg: dict, lengths: str, assignment: int, share: dict, log: C.Log) -> _Sweep:
     trace = str(C.TRACE) if lengths == "conv" else ""
     return _Sweep(cfg, lengths, assignment, S.spec(assignment), _pools(lengths, assignment, trace), share,
                   _systems(), log)  # fmt: skip
@@ -230,7 +230,7 @@ def _sweeps(cfg: dict) -> list[tuple[str, int, tuple[float, ...], tuple[str, ...
     return out
 
 
-def _index(rate: float) -> int:
+def rate_index(rate: float) -> int:
     """A rate's index, which seeds its workload and Algorithm 1's history."""
     return S.RATES.index(rate) if rate in S.RATES else len(S.RATES) + int(rate)
 
@@ -305,16 +305,16 @@ def _part(
     results of the pieces :func:`_after` names (their searched plans are used, not searched again)."""
     kind, a, rate, group = job
     share = S.shares(S.popularity(POPULARITY))
-    sw = _sweep(cfg, kind, a, share, log)
+    sw = make_sweep(cfg, kind, a, share, log)
     for got in (before or {}).values():
         r, plan, why = got["searched"]
         sw.plans[r] = ([InstancePlan(i, tuple(m), tp) for i, m, tp in plan], why)
     out: dict[str, Any] = {"services": _services(sw)}
     if group == "lengths":
         rates = next(r for k, x, r, _ in _sweeps(cfg) if (k, x) == (kind, a))
-        out["run_length"] = sw.run_lengths(_index(rate) if rate in rates else 99)
+        out["run_length"] = sw.run_lengths(rate_index(rate) if rate in rates else 99)
     elif group == "search":
-        sw.plan_at(rate, _index(rate))
+        sw.plan_at(rate, rate_index(rate))
         plan, why = sw.plans[rate]
         out["searched"] = (rate, [[p.instance_id, list(p.models), p.tp] for p in plan], why)
     else:

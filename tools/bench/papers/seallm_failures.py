@@ -1,10 +1,10 @@
 """Which requests SeaLLM's fixed plan fails in a ``make bench-papers`` run, per service, with the reason.
 
-    python tools/bench/papers/seallm_failures.py --papers .bench/papers/papers.json --rate 20 --rate 40
+    python -m tools.bench.papers.seallm_failures --papers .bench/papers/papers.json --sweep sharegpt/a2 --rate 2
 
-Re-simulates the sweep's workload at each rate (same seeds as ``papers/seallm.py``) on the plan that run
-recorded for it (``papers.json`` → ``seallm.plans``), and prints failed / total per service and the most
-common failure reasons. Normalized latency counts completed requests only, so a failed request drops
+Re-simulates each sweep's workload at each rate (same pools and seeds as ``papers/seallm.py``) on the
+plan that run recorded for it (``papers.json`` → ``seallm.plans``, keyed ``lengths/aN@rate``), and
+prints failed / total per service and the most common failure reasons. Normalized latency counts completed requests only, so a failed request drops
 out of SeaLLM's figures; this says which ones. ``--by-service`` also prints, per service, the mean
 normalized latency of the completed requests and the last finish, on that plan and under ``vllm-v0.4``.
 """
@@ -21,6 +21,7 @@ from llmfleet.policies.placement import InstancePlan
 
 from tools.bench.papers import common as C
 from tools.bench.papers import seallm_setup as S
+from tools.bench.papers.seallm import make_sweep, rate_index
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,22 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rate", type=float, action="append", help="req/s (repeatable; default: every planned rate)"
     )
+    ap.add_argument(
+        "--sweep", action="append", help="lengths/aN, e.g. sharegpt/a2 (repeatable; default: all)"
+    )
     ap.add_argument("--by-service", action="store_true", help="per-service latency, SeaLLM's plan and vLLM")
     a = ap.parse_args(argv)
 
     res = json.loads(a.papers.read_text())["papers"]["seallm"]
-    sp = S.spec()
-    pools = S.length_pools(C.conv_trace(), sp)
     share = S.shares(S.popularity())
-    model = {s.name: s.model for s in sp.services}
-    rates = list(S.RATES)
-    for rate in a.rate or sorted(float(r) for r in res["plans"]):
-        if str(rate) not in res["plans"] or rate not in rates:
-            print(f"{rate:g} req/s: no plan for it in {a.papers}")
+    for key in res["plans"]:
+        tag, rate_text = key.rsplit("@", 1)
+        rate = float(rate_text)
+        if (a.rate and rate not in a.rate) or (a.sweep and tag not in a.sweep):
             continue
-        wl = S.workload(pools, share, rate, S.HORIZON_S, seed=100 + rates.index(rate))
+        lengths, assignment = tag.split("/a")
+        sw = make_sweep({}, lengths, int(assignment), share, lambda _msg: None)
+        sp, model = sw.sp, {s.name: s.model for s in sw.sp.services}
+        wl = S.workload(sw.pools, share, rate, S.HORIZON_S, seed=100 + rate_index(rate))
         plan = []
-        for line in res["plans"][str(rate)]["plan"]:
+        for line in res["plans"][key]["plan"]:
             iid, rest = line.split(": ")
             tp, models = rest.split(" ", 1)
             plan.append(InstancePlan(iid, tuple(models.split("+")), int(tp.removeprefix("tp"))))
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 reason = rec.failed.split(";")[0]
                 why["prompt too long for the KV pool" if "KV blocks" in reason else reason[:80]] += 1
         print(
-            f"{rate:g} req/s: {sum(failed.values())} of {len(wl)} failed; "
+            f"{tag} {rate:g} req/s: {sum(failed.values())} of {len(wl)} failed; "
             + ", ".join(f"{s} ({model[s]}) {failed[s]}/{total[s]}" for s in sorted(total))
         )
         for reason, n in why.most_common(3):
