@@ -8,7 +8,6 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
 from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.capacity import Saturation
 from llmfleet.policies.dispatch import JoinShortestQueue
