@@ -305,9 +305,9 @@ def markdown(report: dict[str, Any]) -> str:
     if "live" in report:
         lv = report["live"]
         lines += [
-            f"## Live: llmfleet up --emulate 1xA100-80GB, {lv['slots']} requests at once, {lv['tokens']}-token "
-            f"streams, {lv['step_s']:.0f} s per arm × {lv.get('repeats', 1)} runs in turn, light/high "
-            f"{lv['light_rate']} req/s, heavy/low 10x",
+            f"## Live: llmfleet up --emulate {lv.get('gpus', 1)}xA100-80GB, {lv['slots']} requests at once "
+            f"each, {lv['tokens']}-token streams, {lv['step_s']:.0f} s per arm × {lv.get('repeats', 1)} runs in "
+            f"turn, light/high {lv['light_rate']} req/s per GPU, heavy/low 10x",
             "",
             "| arm | key | served | TTFT p50 s | TTFT p99 s | errors | the other key |",
             "|---|---|---|---|---|---|---|",
@@ -347,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--live-repeats", type=int, default=1, help="live: runs of every arm, in turn, their TTFTs pooled"
     )
+    ap.add_argument(
+        "--live-gpus", type=int, default=1, help="live: emulated GPUs (every key's rate scales with them)"
+    )
     a = ap.parse_args(argv)
     setup = Setup(a.slots, a.prompt_tokens, a.output_tokens, a.prefill_s_per_token, a.tpot_s, a.max_held,
                   a.duration_s, a.seed)  # fmt: skip
@@ -356,9 +359,9 @@ def main(argv: list[str] | None = None) -> None:
 
         report["live"] = {
             "slots": a.live_slots, "step_s": a.live_step_s, "light_rate": a.live_light_rate, "tokens": a.live_tokens,
-            "repeats": a.live_repeats,
+            "repeats": a.live_repeats, "gpus": a.live_gpus,
             "arms": run_live(a.out / "live", a.live_slots, a.live_step_s, a.live_light_rate, a.live_tokens,
-                             a.live_repeats),
+                             a.live_repeats, a.live_gpus),
         }  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))

@@ -1,8 +1,8 @@
 """``make bench-fairness BENCH_ARGS=--live``: the fairness bench's arms on a live cluster.
 
-``llmfleet up --emulate 1xA100-80GB`` (one emulated GPU whose engine runs at most ``--live-slots``
-requests at once, late binding with no queue slack: every request beyond them waits in the
-scheduler's hold queue), API keys ``light``, ``heavy``, ``high`` (max_priority 1) and ``low``, one
+``llmfleet up --emulate NxA100-80GB`` (``--live-gpus`` emulated GPUs, default 1, each engine running at
+most ``--live-slots`` requests at once, late binding with no queue slack: every request beyond them
+waits in the scheduler's hold queue; every key's rate is per GPU, so each engine sees the same load), API keys ``light``, ``heavy``, ``high`` (max_priority 1) and ``low``, one
 service of 32-token streams. Each key is an SDK client sending an open-loop Poisson stream for
 ``--live-step-s``; TTFT is the client's, to its first token. One cluster per ``fairness`` setting
 (``vtc``, then ``none``, the cluster file's ``scheduler:`` section). With ``--live-repeats N`` the
@@ -109,7 +109,7 @@ def summary(res: dict[str, list]) -> dict[str, Any]:
 
 
 def run_live(
-    out: Path, slots: int, step_s: float, light_rate: float, tokens: int, repeats: int = 1
+    out: Path, slots: int, step_s: float, light_rate: float, tokens: int, repeats: int = 1, gpus: int = 1
 ) -> list[dict[str, Any]]:
     """Rows as the model's arms: (arm, key, fairness, served, p50, p99, errors)."""
     logging.getLogger("llmfleet.client").setLevel(logging.ERROR)
@@ -122,6 +122,7 @@ def run_live(
             for k, v in KEYS.items()
         )
     )
+    light_rate *= gpus
     heavy = 10 * light_rate
     plan = {
         "vtc": [
@@ -134,7 +135,7 @@ def run_live(
     }
     rows = []
     for fairness, arms in plan.items():
-        up = LocalUp(out / fairness, config(fairness, slots, tokens), "--emulate", "1xA100-80GB",
+        up = LocalUp(out / fairness, config(fairness, slots, tokens), "--emulate", f"{gpus}xA100-80GB",
                      "--schedulers", "1", "--api-keys", str(keys))  # fmt: skip
         up.start()
         pooled: list[dict[str, dict[str, list]]] = [{} for _ in arms]
