@@ -86,7 +86,7 @@ def _live(path: Path) -> dict[str, Any]:
         "dispatch": _config(make_dispatch_policy(sched.dispatch, **sched.dispatch_options)),
         "capacity": (sched.binding, sched.queue_slack, sched.kv_room_fraction, sched.move_queued),
         "preemption": (
-            [ns.preemption.rule("vtc") for ns in engines],
+            [ns.preemption.rule() for ns in engines],
             SCHEDULER_FLAGS.read(sched).preemption_rule(),
         ),
         "placement": _config(make_placement_policy(p.policy, **p.options)),

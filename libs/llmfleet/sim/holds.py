@@ -19,14 +19,13 @@ instance as the live gate keeps it per engine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass
 
 from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
-from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.preemption import Claim, PreemptionRule, under_hold_queue
 from llmfleet.policies.request.slot_credit import EngineCredits
 from llmfleet.sim.fleet_view import FleetView
 from llmfleet.sim.records import RequestRecord
@@ -43,11 +42,6 @@ class Held:
     predicted: float | None
     reason: str
     deadline: float = float("inf")
-
-
-@lru_cache(maxsize=8)
-def _without_fairness(rule: PreemptionRule) -> PreemptionRule:
-    return replace(rule, fairness=False)
 
 
 def _kind(h: Held) -> tuple[int | None, str, str]:
@@ -73,10 +67,7 @@ class Holds:
     def preemption(self) -> PreemptionRule | None:
         """Late binding's preemption rule, as the live gate's: the instances' cores' rule, with fairness
         among tenants only under vtc (None: no preemption)."""
-        rule = self.fleet.preemption
-        if rule is not None and rule.fairness and self.fleet.fairness != "vtc":
-            return _without_fairness(rule)
-        return rule
+        return under_hold_queue(self.fleet.preemption, self.fleet.fairness == "vtc")
 
     def __contains__(self, model: str) -> bool:
         return bool(self.queues.get(model))

@@ -229,13 +229,13 @@ class PreemptionSpec(BaseModel):
         "instantaneous shares)",
     )
 
-    def rule(self, fairness: defaults.Fairness) -> preemption_rule.PreemptionRule | None:
-        """The rule under the hold queue's ``fairness`` (fairness among keys only with vtc); None: no
-        preemption but for a KV shortage."""
-        fair = self.fairness and fairness == "vtc"
-        if not (self.priority or fair):
+    def rule(self) -> preemption_rule.PreemptionRule | None:
+        """The rule these settings give (None: no preemption but for a KV shortage)."""
+        if not (self.priority or self.fairness):
             return None
-        return preemption_rule.PreemptionRule(self.priority, fair, self.max_preemptions, self.credit_window_s)
+        return preemption_rule.PreemptionRule(
+            self.priority, self.fairness, self.max_preemptions, self.credit_window_s
+        )
 
     def resolved(self, fairness: defaults.Fairness) -> PreemptionSpec:
         """This section with ``fairness`` on only where the hold queue's ``fairness`` keeps it: what
@@ -295,7 +295,7 @@ class CapacitySpec(BaseModel):
 
     def preemption_rule(self) -> preemption_rule.PreemptionRule | None:
         """The engines' and late binding's preemption rule under this section's ``fairness``."""
-        return self.preemption.rule(self.fairness)
+        return self.preemption.resolved(self.fairness).rule()
 
 
 class FleetPolicies(BaseModel):

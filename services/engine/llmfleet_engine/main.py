@@ -63,7 +63,7 @@ def make_executor(args: argparse.Namespace) -> EngineBackend:
         "policy": entry.policy,
         "options": entry.options,
         "stream_interval_s": entry.stream_interval_s,
-        "preemption": args.preemption.rule("vtc"),  # resolved by llmfleet up: fairness on means vtc
+        "preemption": args.preemption.rule(),  # llmfleet up resolves its fairness by scheduler.fairness
         **entry.limits(),
         **({"memory_budget_bytes": args.memory_budget} if args.memory_budget is not None else {}),
     }

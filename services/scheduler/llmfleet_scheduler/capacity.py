@@ -45,7 +45,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from llmfleet.costmodel import UnknownModel, model_arch
 from llmfleet.load import LoadReport
@@ -63,7 +63,7 @@ from llmfleet.policies.capacity.cold_start import EngineSize, cold_start_timeout
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
 from llmfleet.policies.capacity.priority import sheddable
 from llmfleet.policies.dispatch import DispatchPolicy, DispatchRequest, EngineCandidate, NoCandidate
-from llmfleet.policies.request.preemption import Claim, PreemptionRule
+from llmfleet.policies.request.preemption import Claim, PreemptionRule, under_hold_queue
 from llmfleet.policies.request.slot_credit import EngineCredits
 from llmfleet.spec.defaults import FAIRNESS, Binding, Fairness
 from llmfleet.spec.services import ServiceSpec
@@ -137,8 +137,7 @@ class CapacityGate:
     def __post_init__(self) -> None:
         if self.binding not in BINDINGS:
             raise ValueError(f"binding must be one of {BINDINGS}, got {self.binding!r}")
-        if self.preemption is not None and self.fairness != "vtc" and self.preemption.fairness:
-            self.preemption = replace(self.preemption, fairness=False)
+        self.preemption = under_hold_queue(self.preemption, self.fairness == "vtc")
 
     # ------------------------------------------------------------------------------------ requests
     async def place(

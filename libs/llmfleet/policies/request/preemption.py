@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 DEFAULT_MAX_PREEMPTIONS = 2
 DEFAULT_CREDIT_WINDOW_S = 10.0
@@ -172,3 +173,12 @@ class PreemptionRule:
             k = (c.priority, c.tenant)
             mine = held.get(k, 0) - (credit.get(k, 0.0) if credit is not None else 0.0)
         return (-c.priority, mine, c.arrival_s, c.key)
+
+
+@lru_cache(maxsize=16)
+def under_hold_queue(rule: PreemptionRule | None, fair_queue: bool) -> PreemptionRule | None:
+    """``rule`` as late binding applies it: fairness among tenants only where the hold queue itself is
+    fair (``fairness: vtc``), so that a tenant is not sent past an order that ignores tenants."""
+    if rule is None or fair_queue or not rule.fairness:
+        return rule
+    return replace(rule, fairness=False)

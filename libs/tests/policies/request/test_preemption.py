@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.policies.capacity.preempt_room import may_preempt
-from llmfleet.policies.request.preemption import Claim, PreemptionRule, fair_shares
+from llmfleet.policies.request.preemption import Claim, PreemptionRule, fair_shares, under_hold_queue
 
 RULE = PreemptionRule()
 
@@ -149,3 +149,14 @@ def test_a_gap_of_one_slot_under_fractional_shares_is_a_swap() -> None:
     holders = [c("a1", tenant="a"), c("a2", tenant="a"), c("b1", tenant="b"), c("d1", tenant="d")]
     waiting = [c("b2", tenant="b"), c("a3", tenant="a"), c("d2", tenant="d")]
     assert RULE.victim(waiting[0], holders, 4, waiting) is None
+
+
+def test_late_binding_keeps_fairness_only_under_a_fair_hold_queue() -> None:
+    rule = PreemptionRule(max_preemptions=3, credit_window_s=4.0)
+    assert under_hold_queue(rule, True) is rule
+    assert under_hold_queue(rule, False) == PreemptionRule(
+        fairness=False, max_preemptions=3, credit_window_s=4.0
+    )
+    assert under_hold_queue(None, False) is None
+    priority_only = PreemptionRule(fairness=False)
+    assert under_hold_queue(priority_only, False) is priority_only
