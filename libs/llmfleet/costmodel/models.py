@@ -38,6 +38,7 @@ class ModelArch:
     head_dim: int
     ffn_size: int
     vocab_size: int
+    max_context: int  # the longest sequence (prompt + output) in tokens: HF's max_position_embeddings
     dtype: str = "float16"
     gated_mlp: bool = True
     tie_embeddings: bool = False
@@ -47,7 +48,7 @@ class ModelArch:
 
     def __post_init__(self) -> None:
         dims = (self.num_layers, self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim)
-        if min(*dims, self.ffn_size, self.vocab_size) <= 0:
+        if min(*dims, self.ffn_size, self.vocab_size, self.max_context) <= 0:
             raise ValueError(f"ModelArch dimensions must be positive: {self}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -129,6 +130,7 @@ def arch_from_hf_config(config: Any, dtype: str = "float16", name: str | None = 
         head_dim=head_dim,
         ffn_size=int(_get(config, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)),
         vocab_size=int(_get(config, "vocab_size")),
+        max_context=int(_get(config, "max_position_embeddings", "seq_length", "n_positions")),
         dtype=dtype,
         gated_mlp=not is_opt,
         tie_embeddings=bool(_get(config, "tie_word_embeddings", default=is_opt)),
@@ -139,34 +141,34 @@ def arch_from_hf_config(config: Any, dtype: str = "float16", name: str | None = 
 
 
 def _llama(
-    name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, **kw: Any
+    name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, context: int, **kw: Any
 ) -> ModelArch:
     head_dim = kw.pop("head_dim", hidden // heads)
-    return ModelArch(name, layers, hidden, heads, kv, head_dim, ffn, vocab, **kw)
+    return ModelArch(name, layers, hidden, heads, kv, head_dim, ffn, vocab, context, **kw)
 
 
 _CATALOG = [
     # huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     # huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
     # huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json (GQA, 8 KV heads)
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, dtype="bfloat16"),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, dtype="bfloat16"),
     # huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, dtype="bfloat16"),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, dtype="bfloat16"),
     # huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json
-    _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, dtype="bfloat16"),
+    _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, dtype="bfloat16"),
     # huggingface.co/Qwen/Qwen2-7B/blob/main/config.json (qkv bias, untied lm_head)
-    _llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, dtype="bfloat16", qkv_bias=True),
+    _llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 131072, dtype="bfloat16", qkv_bias=True),
     # huggingface.co/Qwen/Qwen3-32B/blob/main/config.json: head_dim 128 (not hidden / heads), no attention
     # bias, untied lm_head (its per-head q/k RMSNorms, 256 parameters a layer, are left out)
-    _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, dtype="bfloat16", head_dim=128),
+    _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, dtype="bfloat16", head_dim=128),
     # huggingface.co/THUDM/chatglm2-6b/blob/main/config.json: num_layers 28, hidden_size 4096, 32 heads of
     # kv_channels 128, multi-query attention with multi_query_group_num 2 (2 KV heads), SwiGLU
     # ffn_hidden_size 13696, padded_vocab_size 65024, add_qkv_bias, no other bias, untied output layer
-    _llama("chatglm2-6b", 28, 4096, 32, 2, 13696, 65024, qkv_bias=True),
+    _llama("chatglm2-6b", 28, 4096, 32, 2, 13696, 65024, 32768, qkv_bias=True),
     # huggingface.co/facebook/opt-6.7b/blob/main/config.json (ReLU MLP, biases, learned positions 2048+2)
     _llama(
         "opt-6.7b",
@@ -176,15 +178,16 @@ _CATALOG = [
         32,
         16384,
         50272,
+        2048,
         gated_mlp=False,
         tie_embeddings=True,
         linear_bias=True,
         learned_positions=2050,
     ),
     # services/engine/llmfleet_engine/models.py TINY_ARCHS (vocab 512 from the tiny tokenizer, float32)
-    _llama("tiny-llama", 2, 64, 4, 2, 256, 512, dtype="float32"),
-    _llama("tiny-qwen2", 3, 96, 4, 2, 256, 512, dtype="float32", tie_embeddings=True, qkv_bias=True),
-    _llama("tiny-mistral", 2, 128, 4, 2, 256, 512, dtype="float32"),
+    _llama("tiny-llama", 2, 64, 4, 2, 256, 512, 2048, dtype="float32"),
+    _llama("tiny-qwen2", 3, 96, 4, 2, 256, 512, 2048, dtype="float32", tie_embeddings=True, qkv_bias=True),
+    _llama("tiny-mistral", 2, 128, 4, 2, 256, 512, 2048, dtype="float32"),
 ]
 MODEL_CATALOG: dict[str, ModelArch] = {a.name: a for a in _CATALOG}
 

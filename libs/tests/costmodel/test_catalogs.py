@@ -83,6 +83,7 @@ def test_arch_from_hf_config_dict_matches_catalog():
         "num_hidden_layers": 32,
         "num_key_value_heads": 32,
         "vocab_size": 32000,
+        "max_position_embeddings": 4096,
         "tie_word_embeddings": False,
     }
     assert arch_from_hf_config(llama, "float16", name="llama2-7b") == model_arch("llama2-7b")
@@ -110,6 +111,7 @@ def test_tiny_models_match_engine_configs():
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
+            max_position_embeddings=2048,
             tie_word_embeddings=mt == "qwen2",
         )
         assert arch_from_hf_config(cfg, "float32", name=name) == model_arch(name)

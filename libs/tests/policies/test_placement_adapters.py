@@ -117,15 +117,16 @@ def test_dedicated_and_colocated_plans_fit_the_adapter_pool_with_the_weights() -
 
 
 def test_seallm_refuses_a_group_whose_adapter_pool_leaves_no_kv_for_a_request() -> None:
-    """CanAllocate: one request of 4,000 + 2,000 tokens (3 GiB of 7B KV) fits the ~7.3 GiB KV pool one
-    L4 keeps for the bare base, not the ~2.5 GiB left beside a 4.8 GiB adapter pool."""
-    loads = [ServiceLoad("A", SEVEN_B, 1.0, 4000, 2000, slo=SLO, adapter="a0")]
-    options = SeaLLMOptions(tp_candidates=(1,), kv_sigmas=0.0)
+    """CanAllocate: one request of the 7B's longest context (4,096 tokens, 2 GiB of KV) fits the ~7.3 GiB
+    KV pool one L4 keeps for the bare base, not the ~1.3 GiB left beside a 6 GiB adapter pool."""
+    loads = [ServiceLoad("A", SEVEN_B, 1.0, 400, 200, slo=SLO, adapter="a0")]
+    options = SeaLLMOptions(tp_candidates=(1,))
 
     def plan(gpus: GpuPool):
         ctx = PlacementContext(evaluator=EvenEvaluator())
         return SeaLLMPlacement(options).place(gpus, loads, ctx)
 
     assert [p.models for p in plan(GpuPool(L4, 1, 1))] == [(SEVEN_B,)]
+    assert [p.models for p in plan(GpuPool(L4, 1, 1, adapter_slots=12, max_lora_rank=64))] == [(SEVEN_B,)]
     with pytest.raises(PlacementInfeasible, match="no service fits"):
-        plan(GpuPool(L4, 1, 1, adapter_slots=16, max_lora_rank=64))
+        plan(GpuPool(L4, 1, 1, adapter_slots=20, max_lora_rank=64))

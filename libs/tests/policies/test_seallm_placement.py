@@ -263,26 +263,28 @@ def _svc(name: str, rate: float, prompt: float, output: float, std: float = 0.0)
     return ServiceLoad(name, MODEL[name], rate, prompt, output, std, 0.0)
 
 
-def test_a_service_is_not_placed_where_its_requests_do_not_fit_the_kv_pool():
+def test_a_service_is_not_placed_where_its_longest_request_does_not_fit_the_kv_pool():
     """CanAllocate checks the KV pool, not only the weights: 70B + 7B on two A100-80GB leave ~1 GB of
-    KV (3,105 tokens of the 70B), so a 70B service of 3,800-token prompts must not share its TP-2 group
-    with the 7B, however high the 7B's unserved index."""
-    ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
-    p = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,)))
-    plan = p.place(
-        GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 1100, 400), _svc("X", 1.0, 3800, 20)],
-        PlacementContext(evaluator=ev),
-    )  # fmt: skip
-    hosts_x = [x for x in plan if "llama2-70b" in x.models]
-    assert hosts_x and all(x.models == ("llama2-70b",) for x in hosts_x)
-    assert any("llama2-7b" in x.models for x in plan)
-    # short 70B requests do fit the shared pool: then sharing stays allowed
-    ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
+    KV (3,105 tokens of the 70B, less than its 4,096-token context), so a 70B service must not share its
+    TP-2 group with the 7B, however high the 7B's unserved index and however short the 70B's requests
+    (a preempted request at the model's longest context could never be prefilled again; vLLM refuses
+    such an engine)."""
+    for prompt in (3800, 500):
+        ev = HandEvaluator({"A": 30, "X": 10}, {"A": 3, "X": 1})
+        plan = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,))).place(
+            GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 1100, 400), _svc("X", 1.0, prompt, 20)],
+            PlacementContext(evaluator=ev),
+        )  # fmt: skip
+        hosts_x = [x for x in plan if "llama2-70b" in x.models]
+        assert hosts_x and all(x.models == ("llama2-70b",) for x in hosts_x)
+        assert any("llama2-7b" in x.models for x in plan)
+    # the 7B and the 13B keep room for each other's longest requests on one GPU: they share
+    ev = HandEvaluator({"A": 30, "B": 10}, {"A": 3, "B": 1})
     plan = SeaLLMPlacement(SeaLLMOptions(tp_candidates=(1,))).place(
-        GpuPool("a100-80gb", 4, 4), [_svc("A", 3.0, 200, 100), _svc("X", 1.0, 500, 20)],
+        GpuPool("a100-80gb", 1, 1), [_svc("A", 3.0, 200, 100), _svc("B", 1.0, 500, 20)],
         PlacementContext(evaluator=ev),
     )  # fmt: skip
-    assert any(set(x.models) == {"llama2-70b", "llama2-7b"} for x in plan)
+    assert any(set(x.models) == {"llama2-13b", "llama2-7b"} for x in plan)
 
 
 def test_every_service_with_traffic_gets_an_instance():

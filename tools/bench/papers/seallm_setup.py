@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from llmfleet.costmodel.models import model_arch
 from llmfleet.policies.placement import (
     GpuPool,
     InstancePlan,
@@ -72,7 +73,6 @@ from llmfleet.workload import (
 
 CLUSTER = "32xA100-80GB"
 MODELS = ("opt-6.7b", "llama2-7b", "llama2-13b", "llama2-70b")  # shortest → longest clusters
-CONTEXT = {"opt-6.7b": 2048, "llama2-7b": 4096, "llama2-13b": 4096, "llama2-70b": 4096}
 SERVICES = tuple(f"svc{i}" for i in range(len(MODELS)))
 ARRIVAL_CV = 4.0
 LONG_SAMPLES = 4000
@@ -170,7 +170,7 @@ def length_pools(short: Workload, sp: SimSpec | None = None) -> dict[str, tuple[
     model = {s.name: s.model for s in sp.services}
     out: dict[str, list[tuple[int, int]]] = {s.name: [] for s in sp.services}
     for r in labelled.requests:
-        ctx = CONTEXT[model[r.service]]
+        ctx = model_arch(model[r.service]).max_context
         o = min(r.output_tokens, ctx - 1)
         out[r.service].append((max(1, min(r.prompt_tokens, ctx - o)), o))
     for s, v in out.items():

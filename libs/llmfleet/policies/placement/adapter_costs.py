@@ -25,7 +25,10 @@ from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
 from llmfleet.costmodel.memory import kv_pool_bytes
 from llmfleet.costmodel.models import ModelArch
+from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.policies.placement.base import GpuPool, ServiceLoad
+
+_LIMITS = EngineLimits()
 
 IterationTime = Callable[[int, float, float], float]
 """(n_gpus, batch, mean_context_tokens) -> seconds per decode iteration."""
@@ -56,6 +59,18 @@ class InstanceMemory:
         """The KV pool a ``tp``-GPU instance hosting ``archs`` keeps at the engine's defaults, after
         weights, peak activations and adapter pools (≤ 0: they do not fit)."""
         return kv_pool_bytes(self.hw, tp, archs) - sum(self.pool_bytes(a) for a in archs)
+
+    def holds_longest(self, tp: int, archs: Sequence[ModelArch]) -> bool:
+        """Whether that pool admits one sequence of each model at its longest context, as the engine's
+        allocator counts it at its defaults (:class:`~llmfleet.engine_core.limits.EngineLimits`):
+        merged blocks of ``block_tokens`` tokens of the largest model, less the watermark's blocks. This
+        is vLLM's start-up rule (``max_model_len`` must fit the KV cache)."""
+        kv = self.kv_bytes(tp, archs)
+        block_bytes = _LIMITS.block_tokens * max(a.kv_bytes_per_token for a in archs)
+        usable = kv // block_bytes - int(_LIMITS.watermark * (kv // block_bytes))
+        return kv > 0 and all(
+            -(-a.max_context // a.kv_shape.tokens_per_block(block_bytes)) <= usable for a in archs
+        )
 
 
 @dataclass(frozen=True)

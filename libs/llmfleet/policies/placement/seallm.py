@@ -21,8 +21,10 @@ Resolutions (the paper leaves these open):
   evaluation shares at most 2 per engine), b's GPUs hold the weights of every distinct model in b ∪ {s}
   with ``MIN_KV_FRACTION`` of the memory left, and the unified KV pool left after weights and peak
   activations (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine's defaults, as the simulator
-  sizes it) holds one request of every service of b ∪ {s} at its mean + ``kv_sigmas`` σ prompt and
-  output lengths. With LoRA on (``GpuPool.adapter_slots``) each model's adapter pool counts with its
+  sizes it) holds one request of every model of b ∪ {s} at its longest context
+  (:attr:`~llmfleet.costmodel.models.ModelArch.max_context`), vLLM's start-up rule (``max_model_len``
+  must fit the KV cache). A pool that holds the mean request but not the longest passes groups whose
+  longest requests, once preempted by the pool filling, can never be prefilled again. With LoRA on (``GpuPool.adapter_slots``) each model's adapter pool counts with its
   weights and comes out of the KV pool, as the engines reserve it
   (:class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`); the LoRA computation is in the
   simulated score. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
@@ -106,15 +108,12 @@ class SeaLLMOptions:
             plans, so sharing is chosen only where the simulator says it helps — our extension).
         alpha: α of the unserved index (paper: 1e-4).
         tp_candidates: TP sizes to try (default: powers of two ≤ GPUs per node).
-        kv_sigmas: a group's KV pool must hold one request of each of its services at mean + this many
-            standard deviations of the prompt and output lengths (see the module doc).
         speculate: fill idle evaluator slots with guessed next plans (same result; see the module doc).
     """
 
     max_services: int | Sequence[int] = 2
     alpha: float = 1e-4
     tp_candidates: Sequence[int] | None = None
-    kv_sigmas: float = 2.0
     speculate: bool = True
 
     def __post_init__(self) -> None:
@@ -126,8 +125,6 @@ class SeaLLMOptions:
         for tp in self.tp_candidates or ():
             if tp < 1 or tp & (tp - 1):
                 raise ValueError(f"tp candidates must be powers of two, got {tp}")
-        if self.kv_sigmas < 0:
-            raise ValueError(f"kv_sigmas must be >= 0, got {self.kv_sigmas}")
 
     @property
     def caps(self) -> tuple[int, ...]:
@@ -149,7 +146,6 @@ class SeaLLMPlacement(PlannerReport):
         self.caps = o.caps
         self.alpha = float(o.alpha)
         self.tp_candidates = tuple(o.tp_candidates) if o.tp_candidates else None
-        self.kv_sigmas = float(o.kv_sigmas)
         self.speculate = bool(o.speculate)
         self.last_score: PlanScore | None = None  # M_est of the last plan returned (None: not simulated)
         self.last_reason = ""
@@ -159,21 +155,15 @@ class SeaLLMPlacement(PlannerReport):
         self.search_log: dict = {}  # tp (or (tp, cap)) -> (group, service) added, in order
 
     # ---------------------------------------------------------------------------------- helpers
-    def request_tokens(self, s: ServiceLoad) -> float:
-        """KV tokens of one request of ``s`` that a group hosting it must hold (mean + kv_sigmas·σ)."""
-        k = self.kv_sigmas
-        return s.mean_prompt_tokens + k * s.std_prompt_tokens + s.mean_output_tokens + k * s.std_output_tokens
-
-    def _fits(self, members: Sequence[ServiceLoad], tp: int, memory: InstanceMemory) -> bool:
-        """CanAllocate's memory check: weights and adapter pools (with ``MIN_KV_FRACTION`` left) and one
-        request of each member in the KV pool left after weights, adapter pools and peak activations."""
+    @staticmethod
+    def _fits(members: Sequence[ServiceLoad], tp: int, memory: InstanceMemory) -> bool:
+        """CanAllocate's memory check: weights and adapter pools (with ``MIN_KV_FRACTION`` left), and one
+        request of each member's model at its longest context in the KV pool left after weights, adapter
+        pools and peak activations."""
         archs = [model_arch(m) for m in sorted({s.model for s in members})]
         if not fits_tp(memory.fixed_bytes(archs), memory.hw.mem_bytes, tp, MIN_KV_FRACTION):
             return False
-        kv = memory.kv_bytes(tp, archs)
-        return kv > 0 and all(
-            self.request_tokens(s) * model_arch(s.model).kv_bytes_per_token <= kv for s in members
-        )
+        return memory.holds_longest(tp, archs)
 
     def unserved_index(self, score: PlanScore, services: Sequence[ServiceLoad]) -> dict[str, float]:
         """UI_s = Σ_r 1[L_r > SLO_s] + α·L_N^s for every service (0 for one with no requests)."""
