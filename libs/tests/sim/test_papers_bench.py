@@ -337,6 +337,35 @@ def test_driver_writes_json_markdown_and_pngs(bench, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["scls_sweep.png", "uellm_sweep.png"]
 
 
+def test_resume_takes_the_journal_units_and_runs_the_rest(bench, tmp_path):
+    """A run that ended early (its journal cut mid-line) resumed with --resume: the journal's units
+    are not run again, the rest are, and the numbers equal a run from scratch."""
+    args = ["--tiny", "--only", "mell", "--no-plots", "--processes", "1"]
+    assert bench.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    lines = (tmp_path / "whole" / "units.jsonl").read_text().splitlines()
+    assert len(lines) >= 3
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "units.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
+    logged: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("builtins.print", lambda *a, **k: logged.append(" ".join(map(str, a))))
+        assert bench.main([*args, "--resume", "--out", str(cut)]) == 0
+    assert any(f"2 of {len(lines)} units taken from the journal" in m for m in logged)
+    journal = [json.loads(x) for x in (cut / "units.jsonl").read_text().splitlines()]
+    assert [j["key"] for j in journal] == [json.loads(x)["key"] for x in lines]  # the two kept, the rest ran
+
+    def numbers(path: Path):  # every simulated figure (the wall and CPU times of this machine aside)
+        def strip(x):
+            if isinstance(x, dict):
+                return {k: strip(v) for k, v in x.items() if "wall" not in k and k not in ("unit_s", "cpu_s")}
+            return [strip(v) for v in x] if isinstance(x, list) else x
+
+        return strip(json.loads((path / "papers.json").read_text())["papers"]["mell"])
+
+    assert numbers(tmp_path / "whole") == numbers(cut)
+
+
 def test_seallm_setup_assignments_share_plan_and_load(bench):
     from tools.bench.papers import seallm_setup as S
 

@@ -195,6 +195,21 @@ def execute(unit: Unit, quick: bool, tiny: bool, before: dict[str, Any]) -> tupl
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
+def read_journal(path: Path) -> dict[tuple[str, str | None], tuple[Any, float, float]]:
+    """The finished units of an earlier run's ``units.jsonl`` (empty when there is none), by (paper, key);
+    a line cut short by the run's end is skipped."""
+    if not path.exists():
+        return {}
+    out: dict[tuple[str, str | None], tuple[Any, float, float]] = {}
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        out[(line["paper"], line["key"])] = (line["result"], line["wall_s"], line["cpu_s"])
+    return out
+
+
 def run_units(
     work: list[Unit],
     processes: int,
@@ -202,15 +217,24 @@ def run_units(
     tiny: bool,
     log: Callable[[str], None],
     journal: Path | None = None,
+    resumed: dict[tuple[str, str | None], tuple[Any, float, float]] | None = None,
 ) -> dict[Unit, tuple[Any, float, float]]:
     """Every unit once, on ``processes`` forked workers (they inherit the parent's settings), each as
     soon as the parts it waits for have finished; of the ready units, the one with the longest chain
     (:func:`chains`) first. Each finished unit is appended to ``journal`` (JSON lines: paper, key, wall
-    and CPU seconds, result) as it ends, so a long run's finished units survive it."""
+    and CPU seconds, result) as it ends, so a long run's finished units survive it. ``resumed``: units a journal
+    already holds, by (paper, key), taken as finished without running them again."""
     done: dict[Unit, tuple[Any, float, float]] = {}
     rank = chains(work)
     results: dict[tuple[str, str | None], Any] = {}
     waiting = sorted(work, key=lambda u: -rank[u])
+    for u in list(waiting):
+        if resumed and (u.paper, u.key) in resumed:
+            done[u] = resumed[(u.paper, u.key)]
+            results[(u.paper, u.key)] = done[u][0]
+            waiting.remove(u)
+    if done:
+        log(f"{len(done)} of {len(work)} units taken from the journal")
 
     def next_ready() -> Unit | None:
         for u in waiting:
@@ -331,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", choices=list(package().SCENARIOS), help="repeatable")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="take the units that --out's units.jsonl already holds (an earlier run of the same options "
+        "that ended early) and run the rest",
+    )
+    ap.add_argument(
         "--processes",
         type=int,
         default=default_processes(),
@@ -374,8 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(work)} units of {', '.join(names)} on {a.processes} process(es)")
     a.out.mkdir(parents=True, exist_ok=True)
     journal = a.out / "units.jsonl"
+    resumed = read_journal(journal) if a.resume else {}
     journal.unlink(missing_ok=True)
-    done = run_units(work, a.processes, a.quick, a.tiny, log, journal)
+    for (paper, key), (result, wall_s, cpu_s) in resumed.items():  # whole lines only: appends start clean
+        with journal.open("a") as f:
+            f.write(
+                json.dumps({"paper": paper, "key": key, "wall_s": wall_s, "cpu_s": cpu_s, "result": result})
+                + "\n"
+            )
+    done = run_units(work, a.processes, a.quick, a.tiny, log, journal, resumed)
     results = assemble(names, done, a.quick, a.tiny, log)
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {
