@@ -45,7 +45,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tools.bench.papers import common as C
 from tools.bench.placement_bench_adaptive import CV, adaptive_section
 from tools.bench.placement_bench_aladdin import ALADDIN_MODEL, ALADDIN_SLO, ENGINE, THETA, aladdin_section
-from tools.bench.placement_bench_common import CONTEXT, COST, MODELS4, S
+from tools.bench.placement_bench_common import COST, MODELS4, S
 from tools.bench.placement_bench_report import markdown, plot
 from tools.bench.placement_bench_seallm import (
     HISTORY_S,
@@ -61,7 +61,6 @@ from tools.bench.placement_bench_seallm import (
 __all__ = [
     "ALADDIN_MODEL",
     "ALADDIN_SLO",
-    "CONTEXT",
     "COST",
     "CV",
     "ENGINE",

@@ -8,4 +8,3 @@ from tools.bench.papers import seallm_setup as S
 
 COST = "roofline cost models on the catalog a100-80gb (not GPU-fitted)"
 MODELS4 = S.MODELS
-CONTEXT = S.CONTEXT
