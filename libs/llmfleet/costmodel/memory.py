@@ -20,6 +20,12 @@ DEFAULT_MAX_PREFILL_TOKENS = 8192
 DEFAULT_MAX_BATCH_REQUESTS = 256
 
 
+def merged_block_bytes(archs: Sequence[ModelArch], block_tokens: int) -> int:
+    """Bytes of one merged KV block of a unified pool hosting ``archs``: ``block_tokens`` tokens of the
+    model with the most KV per token (the others fit ``block_bytes // their bytes per token``)."""
+    return block_tokens * max(a.kv_bytes_per_token for a in archs)
+
+
 def activation_bytes(
     arch: ModelArch,
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,

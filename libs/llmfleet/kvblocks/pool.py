@@ -50,6 +50,11 @@ class SeqEntry:
         self.hits = hits  # leading blocks taken from the prefix cache
 
 
+def watermark_blocks(num_blocks: int, watermark: float) -> int:
+    """Blocks a pool of ``num_blocks`` keeps free when it admits a new sequence."""
+    return int(watermark * num_blocks)
+
+
 def non_negative(name: str, value: object) -> int:
     """``value``, checked to be a non-negative int (ValueError naming ``name`` otherwise)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -82,7 +87,7 @@ class BlockPool:
         self._num_blocks = num_blocks
         self._block_bytes = block_bytes
         self._watermark = float(watermark)
-        self._wm = int(watermark * num_blocks)
+        self._wm = watermark_blocks(num_blocks, watermark)
         # pop() hands out the lowest ids first; freed blocks are reused first (LIFO).
         self._free = FreeBlocks(num_blocks)
         # Reference counts, sparse: a block is free, idle in the prefix cache, held by one sequence, or

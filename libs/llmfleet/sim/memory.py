@@ -39,7 +39,7 @@ class PoolLayout:
 
 
 def pool_layout(hw: Hardware, tp: int, archs: Sequence[ModelArch], eng: EngineSettings) -> PoolLayout:
-    block_bytes = eng.block_tokens * max(a.kv_bytes_per_token for a in archs)
+    block_bytes = _mem.merged_block_bytes(archs, eng.block_tokens)
     if eng.kv_bytes is not None:
         kv = eng.kv_bytes
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
+from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.placement import (
     AladdinPlanner,
     AladdinWorkers,
@@ -25,6 +26,8 @@ from llmfleet.policies.placement.adapter_costs import (
     adapter_traffic,
     lora_step_seconds,
 )
+from llmfleet.sim.memory import DoesNotFit, pool_layout
+from llmfleet.sim.spec import EngineSettings
 from llmfleet.types import Slo
 
 
@@ -130,3 +133,32 @@ def test_seallm_refuses_a_group_whose_adapter_pool_leaves_no_kv_for_a_request() 
     assert [p.models for p in plan(GpuPool(L4, 1, 1, adapter_slots=12, max_lora_rank=64))] == [(SEVEN_B,)]
     with pytest.raises(PlacementInfeasible, match="no service fits"):
         plan(GpuPool(L4, 1, 1, adapter_slots=20, max_lora_rank=64))
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tp", "models", "slots"),
+    [
+        ("a100-80gb", 2, ("llama2-70b", "llama2-7b"), 0),  # ~1 GB of KV: refused
+        ("a100-80gb", 2, ("llama2-70b", "opt-6.7b"), 0),
+        ("a100-80gb", 4, ("llama2-70b", "opt-6.7b"), 0),
+        ("a100-80gb", 1, ("llama2-13b", "llama2-7b"), 0),
+        ("l4", 1, ("llama2-7b",), 0),
+        ("l4", 1, ("llama2-7b",), 20),  # the adapter pool leaves too little
+    ],
+)
+def test_holds_longest_counts_as_the_engines_allocator(gpu, tp, models, slots) -> None:
+    """``InstanceMemory.holds_longest`` says yes exactly when the allocator the engines build for that
+    pool (merged blocks, watermark) admits one sequence of each model's longest context."""
+    archs = [model_arch(m) for m in models]
+    memory = InstanceMemory(hardware(gpu), adapter_slots=slots, max_lora_rank=64)
+    eng = EngineSettings(max_loras=slots, max_lora_rank=64)
+    try:
+        layout = pool_layout(hardware(gpu), tp, archs, eng)
+    except DoesNotFit:  # not one block
+        assert not memory.holds_longest(tp, archs)
+        return
+    alloc = BlockAllocator(layout.num_blocks, layout.block_bytes, eng.watermark)
+    for a in archs:
+        alloc.register_model(a.name, a.kv_shape)
+    engine_says = all(alloc.can_allocate(a.name, a.max_context) for a in archs)
+    assert memory.holds_longest(tp, archs) == engine_says

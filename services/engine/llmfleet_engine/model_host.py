@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from llmfleet.engine_core import EngineCore
 from llmfleet.kvblocks import KvShape, OutOfBlocks
+from llmfleet.kvblocks.pool import watermark_blocks
 from llmfleet.types import ModelSpec
 
 from llmfleet_engine.executor_config import ExecutorConfig
@@ -107,7 +108,7 @@ class ModelHost:
     @property
     def watermark_blocks(self) -> int:
         """Blocks kept free when admitting new requests: ``watermark`` of the KV capacity."""
-        return int(self.config.watermark * (self.kv_capacity_bytes // self.pool.plan.block_bytes))
+        return watermark_blocks(self.kv_capacity_bytes // self.pool.plan.block_bytes, self.config.watermark)
 
     def check_fits(self, model: HostedModel, tokens: int) -> None:
         """A request whose KV can never fit the pool is refused up front (never a hang)."""

@@ -405,13 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     journal = a.out / "units.jsonl"
     resumed = read_journal(journal) if a.resume else {}
-    journal.unlink(missing_ok=True)
-    for (paper, key), (result, wall_s, cpu_s) in resumed.items():  # whole lines only: appends start clean
-        with journal.open("a") as f:
-            f.write(
-                json.dumps({"paper": paper, "key": key, "wall_s": wall_s, "cpu_s": cpu_s, "result": result})
-                + "\n"
-            )
+    journal.write_text(  # whole lines only, so the next append starts on a line of its own
+        "".join(
+            json.dumps({"paper": p, "key": k, "wall_s": w, "cpu_s": c, "result": r}, default=float) + "\n"
+            for (p, k), (r, w, c) in resumed.items()
+        )
+    )
     done = run_units(work, a.processes, a.quick, a.tiny, log, journal, resumed)
     results = assemble(names, done, a.quick, a.tiny, log)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
-from llmfleet.costmodel.memory import kv_pool_bytes
+from llmfleet.costmodel.memory import kv_pool_bytes, merged_block_bytes
 from llmfleet.costmodel.models import ModelArch
 from llmfleet.engine_core.limits import EngineLimits
+from llmfleet.kvblocks.pool import watermark_blocks
 from llmfleet.policies.placement.base import GpuPool, ServiceLoad
 
 _LIMITS = EngineLimits()
@@ -66,11 +67,12 @@ class InstanceMemory:
         merged blocks of ``block_tokens`` tokens of the largest model, less the watermark's blocks. This
         is vLLM's start-up rule (``max_model_len`` must fit the KV cache)."""
         kv = self.kv_bytes(tp, archs)
-        block_bytes = _LIMITS.block_tokens * max(a.kv_bytes_per_token for a in archs)
-        usable = kv // block_bytes - int(_LIMITS.watermark * (kv // block_bytes))
-        return kv > 0 and all(
-            -(-a.max_context // a.kv_shape.tokens_per_block(block_bytes)) <= usable for a in archs
-        )
+        if kv <= 0:
+            return False
+        block_bytes = merged_block_bytes(archs, _LIMITS.block_tokens)
+        blocks = kv // block_bytes
+        usable = blocks - watermark_blocks(blocks, _LIMITS.watermark)
+        return all(-(-a.max_context // a.kv_shape.tokens_per_block(block_bytes)) <= usable for a in archs)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ Resolutions (the paper leaves these open):
   sizes it) holds one request of every model of b ∪ {s} at its longest context
   (:attr:`~llmfleet.costmodel.models.ModelArch.max_context`), vLLM's start-up rule (``max_model_len``
   must fit the KV cache). A pool that holds the mean request but not the longest passes groups whose
-  longest requests, once preempted by the pool filling, can never be prefilled again. With LoRA on (``GpuPool.adapter_slots``) each model's adapter pool counts with its
-  weights and comes out of the KV pool, as the engines reserve it
+  longest requests, once preempted by the pool filling, can never be prefilled again. With LoRA on
+  (``GpuPool.adapter_slots``) each model's adapter pool counts with its weights and comes out of the KV pool, as the engines reserve it
   (:class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`); the LoRA computation is in the
   simulated score. Without the KV term, 70B + 7B on two A100-80GB passed with a 1 GB pool (3,105 tokens
   of the 70B) while the 70B's prompts averaged 3,836 tokens: the engine fails such requests. A model
