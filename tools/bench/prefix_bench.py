@@ -34,6 +34,14 @@ Sections (``--only``):
   builders, so each instance's ``prefix_queries``/``prefix_hits`` are at hand): every setup over the
   sweep; reported at both loads: TTFT mean/p50/p99, completed req/s, output tokens/s (whole run and
   window), prompt tokens sent vs computed (hit rate), SLO attainment.
+* ``users`` — the same conversations held by a closed population (``llmfleet sim --users N``, span
+  ``--users-span`` 60 s, quick 40 s): N users, each opening a new conversation a think time after the
+  last one ended, as multi-turn serving benchmarks load a server (vLLM's ``benchmarks/multi_turn``,
+  ``--num-clients``). The sweep doubles N from ``--start-users`` (512 at 32 GPUs, scaled by GPUs /
+  32) with the same saturation rule; ``round_robin``, ``jsq`` and ``prefix_affinity``, caching on. An
+  open stream past capacity holds mostly first turns, whose only shared prefix is the system prompt
+  (docs/benchmarks/prefix.md, "What the saturated window holds"); a population past capacity slows
+  its users down instead, and its turns keep the workload's mix. Both sections report the goals.
 * ``emulated`` — the same workload live (``llmfleet load --conversations``) on ``llmfleet up --emulate
   NxA100-80GB`` beside ``llmfleet sim`` of the same cluster file and workload (``llmfleet compare``),
   every setup at JSQ's SLO load and at its own first saturated rate (not one past it: a live run that
@@ -82,13 +90,13 @@ from pathlib import Path
 import psutil
 from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
 
-from tools.bench.prefix_bench_common import Conversations, setups, sweep_rates
+from tools.bench.prefix_bench_common import Conversations, Users, setups, sweep_rates
 from tools.bench.prefix_bench_groups import REQUESTS, bench_groups
 from tools.bench.prefix_bench_live import bench_emulated, bench_native
 from tools.bench.prefix_bench_report import markdown, plot
 from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, bench_burst, bench_sim
 
-SECTIONS = ("sim", "groups", "emulated", "native", "burst")
+SECTIONS = ("sim", "users", "groups", "emulated", "native", "burst")
 SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT = 1000, 3.7, 10.0, 4096
 
 
@@ -103,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--span", type=float, default=None, help="seconds of conversation starts (30; quick 20)")
     ap.add_argument("--start-rate", type=float, default=16.0, help="sweep: first conversations/s at 32 GPUs")
     ap.add_argument("--steps", type=int, default=8, help="sweep: at most this many doublings")
+    ap.add_argument("--start-users", type=int, default=512, help="users: the sweep's first N at 32 GPUs")
+    ap.add_argument(
+        "--users-span", type=float, default=None, help="users: seconds the users converse (60; quick 40)"
+    )
     ap.add_argument("--groups-start-rate", type=float, default=2.5, help="groups: first req/s of the sweep")
     ap.add_argument(
         "--groups-requests", type=int, default=REQUESTS, help=f"groups: requests per run ({REQUESTS})"
@@ -141,7 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only or SECTIONS)
     if "sim" in only:
         rates = sweep_rates(args.start_rate * args.gpus / 32, 2.0, args.steps)
-        report["sim"] = bench_sim(out, args.gpus, conv, setups(engine=args.engine_policy), rates)
+        report["sim"] = bench_sim(out, args.gpus, conv, setups(engine=args.engine_policy), rates, "sim")
+        save(out, report)
+    if "users" in only:
+        population = Users(
+            SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT, args.users_span or (40.0 if args.quick else 60.0)
+        )
+        counts = sweep_rates(args.start_users * args.gpus / 32, 2.0, args.steps)
+        compared = setups(caching=(True,), engine=args.engine_policy)
+        report["users"] = bench_sim(out, args.gpus, population, compared, counts, "users")
         save(out, report)
     if "groups" in only:
         rates = sweep_rates(args.groups_start_rate, 2.0, args.steps)

@@ -63,6 +63,7 @@ class Conversations:
     max_context: int
     span_s: float
     seed: int = 0
+    unit = "conv/s"
 
     @property
     def window(self) -> tuple[float, float]:
@@ -77,6 +78,34 @@ class Conversations:
         """``llmfleet sim``/``llmfleet load`` workload flags at ``rate`` conversations per second."""
         return [
             "--conversations", str(self.count(rate)), "--rate", f"{rate:g}",
+            "--system-prompt-tokens", str(self.system_tokens), "--mean-turns", f"{self.mean_turns:g}",
+            "--think-s", f"{self.think_s:g}", "--max-context", str(self.max_context), "--seed", str(self.seed),
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Users:
+    """The multi-turn workload carried by a closed population (``llmfleet.workload.conversations.users``):
+    N users, each holding one conversation after another for ``span_s`` seconds; the load is N."""
+
+    system_tokens: int
+    mean_turns: float
+    think_s: float
+    max_context: int
+    span_s: float
+    seed: int = 0
+    unit = "users"
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """Where throughput is measured: the span without its first quarter (every user has started
+        within the first think time, and all of them are active up to the span's end)."""
+        return 0.25 * self.span_s, self.span_s
+
+    def flags(self, n: float) -> list[str]:
+        """``llmfleet sim``/``llmfleet load`` workload flags for ``n`` users."""
+        return [
+            "--users", str(max(1, round(n))), "--span", f"{self.span_s:g}",
             "--system-prompt-tokens", str(self.system_tokens), "--mean-turns", f"{self.mean_turns:g}",
             "--think-s", f"{self.think_s:g}", "--max-context", str(self.max_context), "--seed", str(self.seed),
         ]  # fmt: skip

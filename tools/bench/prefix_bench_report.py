@@ -1,5 +1,5 @@
-"""``make bench-prefix``'s markdown (prefix.md) and plots (sim_sweep.png, emulated.png, native.png,
-burst.png) from its report."""
+"""``make bench-prefix``'s markdown (prefix.md) and plots (sim_sweep.png, users_sweep.png, emulated.png,
+native.png, burst.png) from its report."""
 
 from __future__ import annotations
 
@@ -41,28 +41,33 @@ def _goals(goals: dict[str, Any]) -> list[str]:
     return [*(f"- {k}: **{v}**" for k, v in goals.items()), ""]
 
 
-def sim_lines(s: dict) -> list[str]:
+def sim_lines(s: dict, section: str) -> list[str]:
     w = s["workload"]
+    unit = w.get("unit", "conv/s")
+    how = (
+        f"a closed population of users for {w['span_s']:g} s" if unit == "users"
+        else f"conversations for {w['span_s']:g} s"
+    )  # fmt: skip
     lines = [
-        f"## Simulated: {s['gpus']} A100-80GB (`llmfleet sim`)", "",
-        f"Workload: conversations for {w['span_s']:g} s, {w['system_tokens']}-token system prompt, "
+        f"## Simulated ({section}): {s['gpus']} A100-80GB (`llmfleet sim`)", "",
+        f"Workload: {how}, {w['system_tokens']}-token system prompt, "
         f"{w['mean_turns']} turns mean, {w['think_s']:g} s think, {w['max_context']} max context. "
-        f"Swept conversations/s: {', '.join(s['sweep'])}. JSQ's SLO load: {s['loads']['slo']} conv/s; "
-        f"each setup's first saturated rate: {s['loads']['saturation']}.", "",
+        f"Swept {unit}: {', '.join(s['sweep'])}. JSQ's SLO load: {s['loads']['slo']} {unit}; "
+        f"each setup's first saturated load: {s['loads']['saturation']}.", "",
         f"Ratios (prefix_affinity/cache over jsq/cache): {s['ratios']}", "", *_goals(s["goals"]),
     ]  # fmt: skip
     if s["at"].get("slo"):
         lines += [
-            f"### At JSQ's SLO load ({s['loads']['slo']} conv/s)",
+            f"### At JSQ's SLO load ({s['loads']['slo']} {unit})",
             "",
             *table(s["at"]["slo"], SIM_COLUMNS),
         ]
     if s["at"].get("saturation"):
         lines += [
-            "### At saturation (each setup where it sustains the most window tokens/s, at or past its first saturated rate)",
+            "### At saturation (each setup where it sustains the most window tokens/s, at or past its first saturated load)",
             "",
         ]
-        lines += table(s["at"]["saturation"], (("conv/s", "rate"), *SIM_COLUMNS))
+        lines += table(s["at"]["saturation"], ((unit, "rate"), *SIM_COLUMNS))
     return lines
 
 
@@ -164,8 +169,9 @@ def markdown(report: dict) -> str:
         f"Machine: {report['machine']}",
     ]
     lines += [f"Quick: {report.get('quick')}", ""]
-    if report.get("sim"):
-        lines += sim_lines(report["sim"])
+    for section in ("sim", "users"):
+        if report.get(section):
+            lines += sim_lines(report[section], section)
     if report.get("groups"):
         lines += groups_lines(report["groups"])
     if report.get("emulated"):
@@ -183,28 +189,10 @@ def plot(report: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = report.get("sim")
-    if s and s.get("sweep"):
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-        rates = [float(r) for r in s["sweep"]]
-        names = list(next(iter(s["sweep"].values())))
-        for name in names:
-            rows = [s["sweep"][k].get(name) or {} for k in s["sweep"]]
-            style = "-" if name.endswith("/cache") else "--"
-            a1.plot(rates, [r.get("ttft_mean_s") or float("nan") for r in rows], "o" + style, label=name)
-            a2.plot(
-                rates, [r.get("window_tokens_per_s") or float("nan") for r in rows], "o" + style, label=name
-            )
-        for ax, label in ((a1, "TTFT mean (s)"), (a2, "output tokens/s in the window")):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("conversations/s")
-            ax.set_ylabel(label)
-        a1.set_yscale("log")
-        a1.legend(fontsize=8)
-        fig.suptitle(f"llmfleet sim, {s['gpus']} A100-80GB: dispatch × prefix caching")
-        fig.tight_layout()
-        fig.savefig(out / "sim_sweep.png", dpi=110)
-        plt.close(fig)
+    for section in ("sim", "users"):
+        s = report.get(section)
+        if s and s.get("sweep"):
+            _sweep(s, out / f"{section}_sweep.png", plt)
     _bars(report.get("native", {}).get("runs"), "native CPU engines", out / "native.png", plt)
     e = report.get("emulated")
     for load, runs in (e or {}).get("runs", {}).items():
@@ -222,6 +210,29 @@ def plot(report: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "burst.png", dpi=110)
         plt.close(fig)
+
+
+def _sweep(s: dict, path: Path, plt: Any) -> None:
+    """TTFT and the window's tokens/s of every setup over a sweep's loads."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    rates = [float(r) for r in s["sweep"]]
+    names = list(next(iter(s["sweep"].values())))
+    for name in names:
+        rows = [s["sweep"][k].get(name) or {} for k in s["sweep"]]
+        style = "-" if name.endswith("/cache") else "--"
+        a1.plot(rates, [r.get("ttft_mean_s") or float("nan") for r in rows], "o" + style, label=name)
+        a2.plot(rates, [r.get("window_tokens_per_s") or float("nan") for r in rows], "o" + style, label=name)
+    unit = s["workload"].get("unit", "conv/s")
+    for ax, label in ((a1, "TTFT mean (s)"), (a2, "output tokens/s in the window")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("users" if unit == "users" else "conversations/s")
+        ax.set_ylabel(label)
+    a1.set_yscale("log")
+    a1.legend(fontsize=8)
+    fig.suptitle(f"llmfleet sim, {s['gpus']} A100-80GB, {unit}: dispatch × prefix caching")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _bars(runs: dict[str, dict] | None, title: str, path: Path, plt: Any) -> None:

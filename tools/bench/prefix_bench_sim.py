@@ -1,4 +1,5 @@
-"""The simulated sections of ``make bench-prefix``: the rate sweep and the two loads (``sim``), and the
+"""The simulated sections of ``make bench-prefix``: the load sweep and the two loads, of an open stream
+of conversations (``sim``, conversations/s) and of a closed population (``users``, N users), and the
 same-prefix burst over 4 engines (``burst``, simulated and live on 4 emulated GPUs)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tools.bench.prefix_bench_common import (
     PLACEMENT,
     Conversations,
     Setup,
+    Users,
     pick_loads,
     ratio,
     simulate,
@@ -63,9 +65,10 @@ def run_one(
 
 
 def sweep(
-    out: Path, gpus: int, conv: Conversations, compared: list[Setup], rates: list[float]
+    out: Path, gpus: int, conv: Conversations | Users, compared: list[Setup], rates: list[float]
 ) -> dict[float, dict[str, dict]]:
-    """The setups at each rate in turn, each until it is saturated (see ``still_needed``)."""
+    """The setups at each load (conversations/s or users) in turn, each until it is saturated (see
+    ``still_needed``)."""
     rows: dict[float, dict[str, dict]] = {}
     for rate in rates:
         todo = [s for s in compared if still_needed(rows, REFERENCE.name, s.name)]
@@ -83,8 +86,10 @@ def at_saturation(rows: dict[float, dict[str, dict]]) -> dict[str, dict]:
     return {n: row for n in names if (row := sustained(rows, n)) is not None}
 
 
-def bench_sim(out: Path, gpus: int, conv: Conversations, compared: list[Setup], rates: list[float]) -> dict:
-    rows = sweep(out / "sim", gpus, conv, compared, rates)
+def bench_sim(
+    out: Path, gpus: int, conv: Conversations | Users, compared: list[Setup], rates: list[float], section: str
+) -> dict:
+    rows = sweep(out / section, gpus, conv, compared, rates)
     loads = pick_loads(rows, REFERENCE.name)
     at = {
         "slo": rows[loads["slo"]] if loads["slo"] is not None else {},
@@ -104,7 +109,7 @@ def bench_sim(out: Path, gpus: int, conv: Conversations, compared: list[Setup], 
     return {
         "gpus": gpus,
         "engine_policy": sorted({s.engine for s in compared}),
-        "workload": conv.__dict__,
+        "workload": {**conv.__dict__, "unit": conv.unit},
         "rates": rates,
         "sweep": {f"{r:g}": v for r, v in rows.items()},
         "loads": loads,

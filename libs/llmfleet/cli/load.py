@@ -37,7 +37,7 @@ from rich.markup import escape
 
 from llmfleet.cli.load_lines import Outcome, interval_line, pct
 from llmfleet.cli.load_replay import run_replay
-from llmfleet.cli.workload_args import WORKLOAD_SOURCES, add_workload_arguments
+from llmfleet.cli.workload_args import add_workload_arguments, workload_source
 from llmfleet.client import AsyncClient, LlmfleetError
 from llmfleet.costmodel import hardware
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
@@ -284,14 +284,9 @@ def phases_of(args: argparse.Namespace) -> list[Phase]:
     return [Phase.parse(f"{args.service}:{rate}:{args.duration}")]
 
 
-def _given(args: argparse.Namespace, flag: str) -> bool:
-    """Whether the workload source ``flag`` was given."""
-    return getattr(args, flag.removeprefix("--").replace("-", "_"), None) is not None
-
-
 def replay_usage_error(args: argparse.Namespace) -> str | None:
     """What is wrong with a replay's flags, argparse style (``argument --flag: ...``), or None."""
-    source = next(f for f in WORKLOAD_SOURCES if _given(args, f))
+    source = workload_source(args)
     if args.phase:
         return f"argument --phase: not allowed with argument {source}"
     if args.service:
@@ -312,7 +307,7 @@ def replay_usage_error(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if any(_given(args, f) for f in WORKLOAD_SOURCES):
+    if workload_source(args) is not None:
         problem = replay_usage_error(args)
         if problem is not None:
             parser = getattr(args, "load_parser", None)

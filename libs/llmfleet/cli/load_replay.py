@@ -30,7 +30,7 @@ from llmfleet.cli.compare import plot_gpus
 from llmfleet.cli.load_lines import Outcome, interval_line
 from llmfleet.cli.load_sampler import FleetSampler
 from llmfleet.cli.load_senders import Send, http_sender, sdk_sender
-from llmfleet.cli.workload_args import build_workload
+from llmfleet.cli.workload_args import build_workload, describe_source
 from llmfleet.client import AsyncClient
 from llmfleet.config import ClusterConfig, EtcdSettings
 from llmfleet.coord import EtcdClient
@@ -377,12 +377,7 @@ def run_replay(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
-    source = (
-        f"trace {args.trace.name} ×{args.rate_scale}" if args.trace
-        else f"{args.conversations} conversations" if args.conversations
-        else f"{args.shared_prefix} shared-prefix requests" if args.shared_prefix
-        else f"synthetic {len(workload)} requests"
-    )  # fmt: skip
+    source = describe_source(args)
     context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"
     paths = write_live_report(report, args.out, context, plots=not args.no_plots)
     if args.json is not None:

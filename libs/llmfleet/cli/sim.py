@@ -50,7 +50,13 @@ from llmfleet.cli.sim_args import (
     describe,
     sim_spec,
 )
-from llmfleet.cli.workload_args import DEFAULT_SYNTHETIC_RATE, add_workload_arguments, build_workload
+from llmfleet.cli.workload_args import (
+    DEFAULT_SYNTHETIC_RATE,
+    add_workload_arguments,
+    build_workload,
+    describe_source,
+    workload_source,
+)
 from llmfleet.config import ClusterConfig
 from llmfleet.costmodel import load_record
 from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
@@ -121,14 +127,9 @@ def _list_policies() -> int:
 def _prepare(args: argparse.Namespace):
     """(spec, bundles, profile records, workload, workers) from the flags; ValueError naming a bad one."""
 
-    if (
-        args.trace is None
-        and args.synthetic is None
-        and args.conversations is None
-        and args.shared_prefix is None
-    ):
+    if workload_source(args) is None:
         raise ValueError(
-            "give the workload: --trace FILE, --synthetic N, --conversations N or --shared-prefix N"
+            "give the workload: --trace FILE, --synthetic N, --conversations N, --users N or --shared-prefix N"
         )
     if args.placement_processes < 1:
         raise ValueError(f"--placement-processes must be >= 1, got {args.placement_processes}")
@@ -185,12 +186,7 @@ def _simulate_all(args, spec, runs, records, workload, workers, console) -> list
 
 
 def _write(args, spec, workload, experiments, console) -> int:
-    source = (
-        f", trace {args.trace.name} ×{args.rate_scale}" if args.trace
-        else f", {args.conversations} conversations" if args.conversations
-        else f", {args.shared_prefix} shared-prefix requests at {args.rate} req/s" if args.shared_prefix
-        else f", synthetic {args.rate} req/s"
-    )  # fmt: skip
+    source = f", {describe_source(args)}"
     context = (
         f"{len(workload)} requests, {spec.cluster}, services "
         + ", ".join(f"{s.name}→{s.model}" for s in spec.services)

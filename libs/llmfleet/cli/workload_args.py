@@ -1,5 +1,5 @@
 """The workload flags ``llmfleet sim`` and ``llmfleet load`` share: ``--trace FILE``, ``--synthetic N`` or
-``--conversations N``, with ``--rate-scale``, ``--lengths-from``, ``--start``/``--end``/``--limit``,
+``--conversations N`` or ``--users N`` (with ``--span``), with ``--rate-scale``, ``--lengths-from``, ``--start``/``--end``/``--limit``,
 ``--system-prompt-tokens``, ``--mean-turns``/``--think-s``, ``--shared-prefix N`` with its group shape, and the
 workload they build.
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from llmfleet.rpc.cli_args import nonnegative_float, positive_float, positive_int
 from llmfleet.workload import Workload, WorkloadRequest, load_azure_trace, poisson
-from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, THINK_S, conversations
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, MAX_CONTEXT, SPAN_S, THINK_S, conversations, users
 from llmfleet.workload.prompts import with_system_prompts
 from llmfleet.workload.shared_prefix import (
     GROUPS,
@@ -26,7 +26,13 @@ from llmfleet.workload.shared_prefix import (
     shared_prefix,
 )
 
-WORKLOAD_SOURCES = ("--trace", "--synthetic", "--conversations", "--shared-prefix")  # one of them, exclusive
+WORKLOAD_SOURCES = (
+    "--trace",
+    "--synthetic",
+    "--conversations",
+    "--users",
+    "--shared-prefix",
+)  # one of them, exclusive
 DEFAULT_SYNTHETIC_RATE = 10.0
 # the group shape of --shared-prefix: (flag, default, what it sets)
 _SHARED_PREFIX_FLAGS = (
@@ -65,6 +71,13 @@ def add_workload_arguments(p: ArgumentContainer, *, required: bool) -> None:
         "(LMSYS-Chat-1M's turn and length means; llmfleet.workload.conversations)",
     )
     src.add_argument(
+        "--users",
+        type=positive_int,
+        metavar="N",
+        help="a closed population of N users, each holding --conversations-like conversations one after "
+        "another for --span seconds (llmfleet.workload.conversations.users)",
+    )
+    src.add_argument(
         "--shared-prefix",
         type=positive_int,
         metavar="N",
@@ -92,24 +105,52 @@ def add_workload_arguments(p: ArgumentContainer, *, required: bool) -> None:
         help="every prompt starts with its service's system prompt of K tokens (shared prefixes)",
     )
     p.add_argument(
+        "--span",
+        type=positive_float,
+        default=SPAN_S,
+        metavar="SECONDS",
+        help=f"--users: seconds the users keep opening turns (default {SPAN_S:g})",
+    )
+    p.add_argument(
         "--mean-turns",
         type=_at_least_one,
-        help=f"--conversations: mean turns per conversation (default {LMSYS_CHAT_1M.mean_turns:g}, LMSYS-Chat-1M's)",
+        help=f"--conversations/--users: mean turns per conversation (default {LMSYS_CHAT_1M.mean_turns:g}, LMSYS-Chat-1M's)",
     )
     p.add_argument(
         "--think-s",
         type=nonnegative_float,
         default=THINK_S,
-        help=f"--conversations: mean seconds between a conversation's turns (default {THINK_S:g})",
+        help=f"--conversations/--users: mean seconds between a conversation's turns (default {THINK_S:g})",
     )
     p.add_argument(
         "--max-context",
         type=positive_int,
         default=MAX_CONTEXT,
         metavar="TOKENS",
-        help=f"--conversations: a conversation ends before its prompt plus answer would pass TOKENS "
+        help=f"--conversations/--users: a conversation ends before its prompt plus answer would pass TOKENS "
         f"(default {MAX_CONTEXT}; the model's context, in the engines' tokens)",
     )
+
+
+def workload_source(args: argparse.Namespace) -> str | None:
+    """The workload source flag given (one of ``WORKLOAD_SOURCES``), or None."""
+    return next(
+        (f for f in WORKLOAD_SOURCES if getattr(args, f.removeprefix("--").replace("-", "_")) is not None),
+        None,
+    )
+
+
+def describe_source(args: argparse.Namespace) -> str:
+    """The workload source in words, for a report's context line."""
+    if args.trace is not None:
+        return f"trace {args.trace.name} ×{args.rate_scale}"
+    if args.conversations is not None:
+        return f"{args.conversations} conversations at {args.rate} conversations/s"
+    if args.users is not None:
+        return f"{args.users} users for {args.span:g} s"
+    if args.shared_prefix is not None:
+        return f"{args.shared_prefix} shared-prefix requests at {args.rate} req/s"
+    return f"synthetic {args.synthetic} requests at {args.rate} req/s"
 
 
 def _at_least_one(text: str) -> float:
@@ -133,8 +174,21 @@ def _requests(args: argparse.Namespace) -> Workload:
         return load_azure_trace(
             args.trace, start_s=args.start, end_s=args.end, limit=args.limit, rate_scale=args.rate_scale
         )
-    if args.conversations is None and args.mean_turns is not None:
-        raise ValueError("--mean-turns needs --conversations")
+    if args.conversations is None and args.users is None and args.mean_turns is not None:
+        raise ValueError("--mean-turns needs --conversations or --users")
+    if args.users is not None:
+        if args.lengths_from is not None:
+            raise ValueError(
+                "--lengths-from: users' conversations draw their lengths from LMSYS-Chat-1M's means"
+            )
+        if args.think_s <= 0:
+            raise ValueError("--think-s: --users needs a think time > 0")
+        workload = users(
+            args.users, span_s=args.span, stats=LMSYS_CHAT_1M, mean_turns=args.mean_turns,
+            system_tokens=args.system_prompt_tokens or 0, think_s=args.think_s, max_context=args.max_context,
+            seed=args.seed,
+        )  # fmt: skip
+        return workload.head(args.limit) if args.limit is not None else workload
     if args.conversations is not None:
         if args.lengths_from is not None:
             raise ValueError("--lengths-from: conversations draw their lengths from LMSYS-Chat-1M's means")

@@ -12,7 +12,8 @@
 - ``prompts``: a request's prompt content (its service's system prompt, seeded segments) as token ids
   or text; ``with_system_prompts`` gives plain requests per-service system prompts.
 - ``conversations``: multi-turn conversations, each turn resending the history (LMSYS-Chat-1M's
-  means), and ``deal_sessions`` to label them with services whole.
+  means), ``users`` (a closed population of users, each holding one conversation after another), and
+  ``deal_sessions`` to label them with services whole.
 """
 
 from llmfleet.workload.arrivals import (
@@ -33,7 +34,13 @@ from llmfleet.workload.azure_trace import (
     load_azure_trace,
     read_azure_trace,
 )
-from llmfleet.workload.conversations import LMSYS_CHAT_1M, ConversationStats, conversations, deal_sessions
+from llmfleet.workload.conversations import (
+    LMSYS_CHAT_1M,
+    ConversationStats,
+    conversations,
+    deal_sessions,
+    users,
+)
 from llmfleet.workload.datasets import alpaca_lengths, approx_token_count
 from llmfleet.workload.paperlike import (
     LONGBENCH_SEALLM,
@@ -105,6 +112,7 @@ __all__ = [
     "sinusoid_poisson",
     "synthesize",
     "thinned_poisson",
+    "users",
     "with_system_prompts",
     "zipf_exponent_for",
     "zipf_popularity",

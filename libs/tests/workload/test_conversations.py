@@ -1,6 +1,7 @@
 """Prompt content (system prompts, seeded segments) and multi-turn conversations: each turn resends
 the history; turn counts and lengths follow the published means; conversations stay whole when dealt
-to services; ``llmfleet sim`` and ``llmfleet load`` build and replay them."""
+to services; a closed population of users holds one conversation after another; ``llmfleet sim`` and
+``llmfleet load`` build and replay them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from llmfleet.replay.requests import replay_requests
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.workload import Workload, WorkloadRequest
-from llmfleet.workload.conversations import LMSYS_CHAT_1M, conversations, deal_sessions
+from llmfleet.workload.conversations import LMSYS_CHAT_1M, conversations, deal_sessions, users
 from llmfleet.workload.prompts import (
     VOCAB,
     prompt_text,
@@ -187,6 +188,65 @@ def test_conversations_are_dealt_to_services_whole():
     assert prompt_text(a_turn).split()[:20] != prompt_text(b_turn).split()[:20]  # per-service system prompts
 
 
+# ------------------------------------------------------------------------------------------ users
+
+
+def by_user(w: Workload) -> dict[str, list[WorkloadRequest]]:
+    out: dict[str, list[WorkloadRequest]] = defaultdict(list)
+    for r in w:
+        out[r.request_id.split("-")[0]].append(r)
+    return out
+
+
+def test_each_user_holds_one_conversation_after_another_until_the_span():
+    w = users(40, span_s=120.0, mean_turns=3.0, system_tokens=50, think_s=5.0, seed=2)
+    people = by_user(w)
+    assert sorted(people) == sorted(f"user{u}" for u in range(40))
+    for u, (name, turns) in enumerate(sorted(people.items(), key=lambda kv: int(kv[0][4:]))):
+        assert (
+            turns[0].arrival_s == pytest.approx(5.0 * u / 40) and turns[0].follows == ""
+        )  # evenly over one think
+        for prev, nxt in itertools.pairwise(turns):  # one chain: every turn waits for the one before
+            assert nxt.follows == prev.request_id and nxt.think_s > 0
+            assert nxt.arrival_s == pytest.approx(prev.arrival_s + nxt.think_s)
+            if nxt.session != prev.session:  # a new conversation: after the last turn of the one before
+                assert nxt.request_id.endswith("-t1") and prev.session.startswith(f"{name}-conv")
+                assert int(nxt.session.rsplit("conv", 1)[1]) == int(prev.session.rsplit("conv", 1)[1]) + 1
+        assert turns[-1].arrival_s <= 120.0
+    assert max(len({r.session for r in t}) for t in people.values()) >= 3
+    for turns in by_session(w).values():  # each conversation resends its own history only
+        assert turns[0].parts[:1] == turns[0].parts and turns[0].prompt_tokens == 50 + turns[0].parts[0][1]
+        for prev, nxt in itertools.pairwise(turns):
+            assert nxt.parts[: len(prev.parts)] == prev.parts
+
+
+def test_users_mix_the_turns_in_the_workloads_proportions():
+    """In the span's second half (every user past their first conversation), the share of first turns
+    is about 1 / mean_turns, where an open stream past capacity holds mostly first turns."""
+    w = users(400, span_s=400.0, mean_turns=3.7, think_s=10.0, seed=3, max_context=100_000)
+    late = [r for r in w if r.arrival_s >= 200.0]
+    share = sum(r.request_id.endswith("-t1") for r in late) / len(late)
+    assert share == pytest.approx(1 / 3.7, rel=0.1)
+    assert users(30, span_s=50.0, seed=1) == users(30, span_s=50.0, seed=1)
+    assert users(30, span_s=50.0, seed=1) != users(30, span_s=50.0, seed=2)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"n": 0}, "n must be an int >= 1"),
+        ({"span_s": 0.0}, "span_s must be finite and > 0"),
+        ({"think_s": 0.0}, "users need think_s > 0"),
+        ({"mean_turns": 0.5}, "mean_turns must be finite and >= 1"),
+        ({"system_tokens": 100, "max_context": 102}, "leaves almost no conversation room"),
+    ],
+)
+def test_bad_user_options_are_refused(options, message):
+    kwargs = {"n": 3, "span_s": 30.0, **options}
+    with pytest.raises(ValueError, match=message):
+        users(**kwargs)
+
+
 # ------------------------------------------------------------------------------------- CLI, replay
 
 
@@ -213,8 +273,22 @@ def test_sim_and_load_build_the_same_conversations_and_load_sends_their_text():
     assert all(t[:16] == texts[0][:16] for t in texts) and texts[0][16:40] != texts[1][16:40]
 
 
+def test_sim_and_load_build_the_same_users():
+    argv = ["--users", "12", "--span", "30", "--mean-turns", "3", "--think-s", "4", "--seed", "9"]
+    argv += ["--system-prompt-tokens", "64", "--max-context", "2048"]
+    w = build_workload(args("load", argv))
+    assert w == build_workload(args("sim", argv))
+    assert w == users(
+        12, span_s=30.0, mean_turns=3.0, think_s=4.0, system_tokens=64, max_context=2048, seed=9
+    )
+    with pytest.raises(ValueError, match="--think-s: --users needs a think time > 0"):
+        build_workload(args("sim", [*argv, "--think-s", "0"]))
+    with pytest.raises(SystemExit):
+        args("sim", ["--users", "5", "--conversations", "5"])
+
+
 def test_workload_flags_that_do_not_apply_are_refused():
-    with pytest.raises(ValueError, match="--mean-turns needs --conversations"):
+    with pytest.raises(ValueError, match="--mean-turns needs --conversations or --users"):
         build_workload(args("sim", ["--synthetic", "5", "--mean-turns", "3"]))
     with pytest.raises(ValueError, match="--lengths-from"):
         build_workload(args("sim", ["--conversations", "5", "--lengths-from", "x.csv"]))
