@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmfleet.costmodel import UnknownModel, hardware, model_arch
 from llmfleet.costmodel.memory import kv_pool_bytes
+from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.spec.engines import EmulatedPool, EngineConfig
 from llmfleet.spec.live_loops import (
     MigrationConfig,
@@ -207,14 +209,25 @@ class ClusterConfig(BaseModel):
             if s.model != self.host_model(s.model)
         }
 
-    def adapter_pool(self) -> tuple[int, int]:
-        """The engines' LoRA adapter pool as a planner prices it: (slots per base, largest rank). An
-        ``emulated:`` pool's engine settings, else the largest ``max_loras`` and ``max_lora_rank`` any
-        engine sets (the planner plans one pool, so it reserves the largest; (0, 16): LoRA off)."""
-        engines = [self.emulated.engine] if self.emulated is not None else list(self.engines.values())
+    def planned_engines(self) -> dict[str, Any]:
+        """The engines' settings a planner prices, as :class:`~llmfleet.policies.placement.base.GpuPool`
+        keywords: the LoRA adapter pool (slots per base, largest rank), the limits (block size,
+        watermark, batch sizes) and the memory fraction. An ``emulated:`` pool's engine settings;
+        else the largest ``max_loras`` and ``max_lora_rank`` any engine sets (the planner plans one
+        pool, so it reserves the largest; 0 slots: LoRA off) with the engine defaults, since a native
+        engine's KV pool is its own ``kv_cache_gb``, not a share of a catalog GPU."""
+        if self.emulated is not None:
+            e = self.emulated.engine
+            return {
+                "adapter_slots": e.max_loras or 0,
+                "max_lora_rank": e.max_lora_rank or 16,
+                "limits": EngineLimits(**e.limits()),
+                "mem_fraction": self.emulated.mem_fraction,
+            }
+        engines = list(self.engines.values())
         slots = max((e.max_loras or 0 for e in engines), default=0)
         rank = max((e.max_lora_rank or 16 for e in engines if e.max_loras), default=16)
-        return slots, rank
+        return {"adapter_slots": slots, "max_lora_rank": rank}
 
     def catalog_models(self) -> dict[str, str]:
         """Served checkpoint -> its cost-model catalog name (``sim_model``, else the model's own name when

@@ -26,6 +26,7 @@ from llmfleet.policies.placement.adapter_costs import (
     adapter_traffic,
     lora_step_seconds,
 )
+from llmfleet.policies.placement.aladdin_workers import kv_capacity, kv_room
 from llmfleet.sim.memory import DoesNotFit, pool_layout
 from llmfleet.sim.spec import EngineSettings
 from llmfleet.types import Slo
@@ -146,19 +147,43 @@ def test_seallm_refuses_a_group_whose_adapter_pool_leaves_no_kv_for_a_request() 
         ("l4", 1, ("llama2-7b",), 20),  # the adapter pool leaves too little
     ],
 )
-def test_holds_longest_counts_as_the_engines_allocator(gpu, tp, models, slots) -> None:
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"block_tokens": 32, "watermark": 0.2, "max_batch_requests": 64, "mem_fraction": 0.8}],
+    ids=["defaults", "tuned"],
+)
+def test_holds_longest_counts_as_the_engines_allocator(gpu, tp, models, slots, settings) -> None:
     """``InstanceMemory.holds_longest`` says yes exactly when the allocator the engines build for that
-    pool (merged blocks, watermark) admits one sequence of each model's longest context."""
+    pool (merged blocks, watermark) admits one sequence of each model's longest context, at the
+    defaults and at engine settings that change the pool and its blocks."""
     archs = [model_arch(m) for m in models]
-    memory = InstanceMemory(hardware(gpu), adapter_slots=slots, max_lora_rank=64)
-    eng = EngineSettings(max_loras=slots, max_lora_rank=64)
+    eng = EngineSettings(max_loras=slots, max_lora_rank=64, **settings)
+    pool = GpuPool(gpu, 8, 8, slots, 64, eng.limits, eng.mem_fraction)
+    memory = InstanceMemory.of(pool)
     try:
         layout = pool_layout(hardware(gpu), tp, archs, eng)
     except DoesNotFit:  # not one block
         assert not memory.holds_longest(tp, archs)
         return
+    assert memory.kv_bytes(tp, archs) == layout.kv_bytes
     alloc = BlockAllocator(layout.num_blocks, layout.block_bytes, eng.watermark)
     for a in archs:
         alloc.register_model(a.name, a.kv_shape)
     engine_says = all(alloc.can_allocate(a.name, a.max_context) for a in archs)
     assert memory.holds_longest(tp, archs) == engine_says
+
+
+def test_planners_read_the_engines_memory_settings() -> None:
+    """A pool whose engines keep less of the GPU (``mem_fraction``) or a larger watermark has less KV
+    room: Llama-2-7B fits its longest context on one L4 at the defaults, not at 0.65 of it, and
+    Aladdin's M shrinks by the same bytes as the engines' pool."""
+    seven = model_arch(SEVEN_B)
+    assert InstanceMemory.of(GpuPool(L4, 1, 1)).holds_longest(1, [seven])
+    tight = GpuPool(L4, 1, 1, mem_fraction=0.65)
+    assert not InstanceMemory.of(tight).holds_longest(1, [seven])
+    eng = EngineSettings(mem_fraction=0.65)
+    assert (
+        kv_room(seven, hardware(L4), 1, memory=InstanceMemory.of(tight))
+        == pool_layout(hardware(L4), 1, [seven], eng).kv_bytes
+    )
+    assert kv_room(seven, hardware(L4), 1) == kv_capacity(seven, hardware(L4), 1)

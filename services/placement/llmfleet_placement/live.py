@@ -259,7 +259,7 @@ class LivePlacementLoop:
         """Run the planner over the monitored demand and the live pool (off the event loop): its plan,
         the loads it planned for and the reason so far; None (recorded as failed) when it cannot."""
         cfg = self.config.placement
-        pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node, self.config.adapter_pool())
+        pool, note = gpu_pool(engines, cfg.hardware, cfg.gpus_per_node, self.config.planned_engines())
         specs = self.config.service_specs()
         try:
             loads = planner_loads(self.workload.loads(now), specs, self.names, drain_s=self.interval_s)

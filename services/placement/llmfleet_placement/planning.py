@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llmfleet.costmodel.hardware import UnknownHardware, hardware
 from llmfleet.policies.placement import (
@@ -109,13 +110,13 @@ def gpu_pool(
     engines: Sequence[LiveEngine],
     default_hardware: str,
     gpus_per_node: int,
-    adapter_pool: tuple[int, int] = (0, 16),
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[GpuPool, str]:
     """One pool of Σ tp GPUs: the engines' common hardware, else ``default_hardware`` (with a note
     when they disagree or report none). A planner's instance must match an engine's size, so groups
     are at most the largest engine (``gpus_per_node`` is capped by it: tp-1 engines plan tp-1
-    instances). ``adapter_pool``: the engines' LoRA slots per base and largest rank
-    (``ClusterConfig.adapter_pool``), which the planners price."""
+    instances). ``settings``: the engines' settings a planner prices, as ``GpuPool`` keywords
+    (``ClusterConfig.planned_engines``: LoRA slots and rank, limits, memory fraction)."""
     kinds = Counter(e.hardware for e in engines if e.hardware)
     note = ""
     if len(kinds) == 1 and sum(kinds.values()) == len(engines):
@@ -130,8 +131,7 @@ def gpu_pool(
         note = f"engine hardware {hw!r} is not in the catalog; planning as {default_hardware}"
         hw = default_hardware
     per_node = max(1, min(gpus_per_node, max(e.tp for e in engines)))
-    slots, rank = adapter_pool
-    return GpuPool(hw, sum(e.tp for e in engines), per_node, slots, rank), note
+    return GpuPool(hw, sum(e.tp for e in engines), per_node, **(settings or {})), note
 
 
 def planner_loads(

@@ -198,7 +198,7 @@ def test_an_adapter_services_demand_counts_on_its_base_and_the_plan_places_the_b
 
 
 def test_the_pool_carries_the_engines_adapter_slots_from_the_cluster_file() -> None:
-    """The leader's pool holds the engines' LoRA pool (``ClusterConfig.adapter_pool``), so its planner
+    """The leader's pool holds the engines' LoRA pool (``ClusterConfig.planned_engines``), so its planner
     reserves the adapter pool beside each base; the largest any engine sets, LoRA off without one."""
     cfg = ClusterConfig.model_validate(
         {
@@ -214,10 +214,10 @@ def test_the_pool_carries_the_engines_adapter_slots_from_the_cluster_file() -> N
             },
         }
     )
-    assert cfg.adapter_pool() == (4, 16)
+    assert cfg.planned_engines() == {"adapter_slots": 4, "max_lora_rank": 16}
     engines = [LiveEngine(f"e{i}", hardware="cpu") for i in range(3)]
-    pool, _ = gpu_pool(engines, "cpu", 8, cfg.adapter_pool())
+    pool, _ = gpu_pool(engines, "cpu", 8, cfg.planned_engines())
     assert (pool.adapter_slots, pool.max_lora_rank) == (4, 16)
     assert gpu_pool(engines, "cpu", 8)[0].adapter_slots == 0
     cfg.engines = {"e0": cfg.engines["e2"]}
-    assert cfg.adapter_pool() == (0, 16)
+    assert cfg.planned_engines() == {"adapter_slots": 0, "max_lora_rank": 16}

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
-from llmfleet.costmodel.memory import kv_pool_bytes, merged_block_bytes
+from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION, kv_pool_bytes, merged_block_bytes
 from llmfleet.costmodel.models import ModelArch
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.kvblocks.pool import watermark_blocks
 from llmfleet.policies.placement.base import GpuPool, ServiceLoad
-
-_LIMITS = EngineLimits()
 
 IterationTime = Callable[[int, float, float], float]
 """(n_gpus, batch, mean_context_tokens) -> seconds per decode iteration."""
@@ -37,16 +35,21 @@ IterationTime = Callable[[int, float, float], float]
 
 @dataclass(frozen=True)
 class InstanceMemory:
-    """What an instance of the pool's GPUs holds besides KV: each model's weights and, with LoRA on,
-    its adapter pool (see the module docstring)."""
+    """What an instance of the pool's GPUs holds besides KV: each model's weights, peak activations
+    and, with LoRA on, its adapter pool (see the module docstring), under the engines' ``limits`` and
+    ``mem_fraction`` (:class:`~llmfleet.policies.placement.base.GpuPool`)."""
 
     hw: Hardware
     adapter_slots: int = 0
     max_lora_rank: int = 16
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    mem_fraction: float = DEFAULT_MEM_FRACTION
 
     @classmethod
     def of(cls, gpus: GpuPool) -> InstanceMemory:
-        return cls(hardware(gpus.hardware), gpus.adapter_slots, gpus.max_lora_rank)
+        return cls(
+            hardware(gpus.hardware), gpus.adapter_slots, gpus.max_lora_rank, gpus.limits, gpus.mem_fraction
+        )
 
     def pool_bytes(self, arch: ModelArch) -> int:
         """The adapter pool reserved beside ``arch`` (0 with LoRA off)."""
@@ -57,21 +60,30 @@ class InstanceMemory:
         return sum(a.weight_bytes + self.pool_bytes(a) for a in archs)
 
     def kv_bytes(self, tp: int, archs: Sequence[ModelArch]) -> int:
-        """The KV pool a ``tp``-GPU instance hosting ``archs`` keeps at the engine's defaults, after
-        weights, peak activations and adapter pools (≤ 0: they do not fit)."""
-        return kv_pool_bytes(self.hw, tp, archs) - sum(self.pool_bytes(a) for a in archs)
+        """The KV pool a ``tp``-GPU instance hosting ``archs`` keeps, as the simulator's pool layout and
+        the emulated engines size it: ``mem_fraction`` of its GPUs less weights, peak activations (at
+        the limits' batch sizes) and adapter pools (≤ 0: they do not fit)."""
+        kv = kv_pool_bytes(
+            self.hw,
+            tp,
+            archs,
+            self.mem_fraction,
+            self.limits.max_prefill_tokens,
+            self.limits.max_batch_requests,
+        )
+        return kv - sum(self.pool_bytes(a) for a in archs)
 
     def holds_longest(self, tp: int, archs: Sequence[ModelArch]) -> bool:
         """Whether that pool admits one sequence of each model at its longest context, as the engine's
-        allocator counts it at its defaults (:class:`~llmfleet.engine_core.limits.EngineLimits`):
-        merged blocks of ``block_tokens`` tokens of the largest model, less the watermark's blocks. This
-        is vLLM's start-up rule (``max_model_len`` must fit the KV cache)."""
+        allocator counts it under the limits: merged blocks of ``block_tokens`` tokens of the largest
+        model, less the watermark's blocks. This is vLLM's start-up rule (``max_model_len`` must fit the
+        KV cache)."""
         kv = self.kv_bytes(tp, archs)
         if kv <= 0:
             return False
-        block_bytes = merged_block_bytes(archs, _LIMITS.block_tokens)
+        block_bytes = merged_block_bytes(archs, self.limits.block_tokens)
         blocks = kv // block_bytes
-        usable = blocks - watermark_blocks(blocks, _LIMITS.watermark)
+        usable = blocks - watermark_blocks(blocks, self.limits.watermark)
         return all(-(-a.max_context // a.kv_shape.tokens_per_block(block_bytes)) <= usable for a in archs)
 
 

@@ -11,9 +11,9 @@ M > 0 (ties to the smaller N); it does not depend on the arrival rate.
 
 M is the paper's N·m_gpu − m_model with what a serving engine really keeps for KV: the memory fraction
 f it may use (vLLM's gpu_memory_utilization, 0.9) and its peak activations m_act reserved — the same
-pool the simulator gives an instance (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine
-defaults unless ``mem_fraction``/``max_prefill_tokens``/``max_batch_requests`` say otherwise), so a
-worker sized here holds exactly the KV its simulated (or live, at those settings) instance has.
+pool the simulator gives an instance (:func:`llmfleet.costmodel.memory.kv_pool_bytes`: the engine
+defaults, or the pool's engines' settings, :class:`~llmfleet.policies.placement.adapter_costs.InstanceMemory`),
+so a worker sized here holds exactly the KV its simulated (or live, at those settings) instance has.
 
 Resolutions: the iteration time t_compute + t_comm defaults to the decode iteration of the default
 cost source (``costmodel.latency_model.decode_iteration_time``: what the simulator and the emulated
@@ -132,6 +132,17 @@ def paper_kv_capacity(arch: ModelArch, hw: Hardware, n: int) -> float:
     return float(n * hw.mem_bytes - arch.weight_bytes)
 
 
+def kv_room(
+    arch: ModelArch, hw: Hardware, n: int, paper_memory: bool = False, memory: InstanceMemory | None = None
+) -> float:
+    """M of an N-GPU worker: the engine's pool (``memory``'s engines, else the defaults:
+    :func:`kv_capacity`), or with ``paper_memory`` the paper's N·m_gpu − m_model less ``memory``'s
+    adapter pool."""
+    if paper_memory:
+        return paper_kv_capacity(arch, hw, n) - (memory.pool_bytes(arch) if memory is not None else 0)
+    return float(memory.kv_bytes(n, [arch])) if memory is not None else kv_capacity(arch, hw, n)
+
+
 def slo_batch(it: IterationTime, n: int, t_dec: float, context: float) -> float:
     """B: the (continuous) batch whose decode iteration takes t_dec; 0 if even batch 1 is slower."""
     if it(n, 1.0, context) > t_dec:
@@ -154,12 +165,13 @@ def worker_throughput(
     iteration_time: IterationTime | None = None,
     *,
     paper_memory: bool = False,
-    reserved_bytes: float = 0.0,
+    memory: InstanceMemory | None = None,
 ) -> float:
     """T_max(N) of Eq. 6 in tokens/s per GPU (0 when the weights do not fit or no batch meets T_dec).
     ``paper_memory``: M = N·m_gpu − m_model as printed, instead of the engine's pool;
-    ``reserved_bytes``: memory the instance keeps out of M besides the weights (an adapter pool)."""
-    m = (paper_kv_capacity(arch, hw, n) if paper_memory else kv_capacity(arch, hw, n)) - reserved_bytes
+    ``memory``: the pool's engines (their memory fraction, batch limits and adapter pool) instead of the
+    engine defaults."""
+    m = kv_room(arch, hw, n, paper_memory, memory)
     if m <= 0:
         return 0.0
     it = iteration_time or decode_iteration_time(arch, hw)
@@ -179,7 +191,7 @@ def optimal_tp(
     gpus_per_node: int | None = None,
     iteration_time: IterationTime | None = None,
     paper_memory: bool = False,
-    reserved_bytes: float = 0.0,
+    memory: InstanceMemory | None = None,
 ) -> int:
     """N* = argmax over powers of two N ≤ gpus_per_node of T_max(N) (Eq. 6); ties to the smaller N.
 
@@ -202,7 +214,7 @@ def optimal_tp(
     while n <= top:
         t = worker_throughput(
             a, h, n, t_dec, mean_kv_per_request, iteration_time,
-            paper_memory=paper_memory, reserved_bytes=reserved_bytes,
+            paper_memory=paper_memory, memory=memory,
         )  # fmt: skip
         if t > best:
             best_n, best = n, t
@@ -297,11 +309,11 @@ class AladdinWorkers(PlannerReport):
             try:
                 n = optimal_tp(
                     arch, hw, t_dec, m_r, gpus_per_node=gpus.gpus_per_node, iteration_time=it,
-                    reserved_bytes=pool,
+                    memory=memory,
                 )  # fmt: skip
             except ValueError as e:
                 raise PlacementInfeasible(f"model {m!r}: {e}{pool_note(pool)}") from None
-            tput = worker_throughput(arch, hw, n, t_dec, m_r, it, reserved_bytes=pool)
+            tput = worker_throughput(arch, hw, n, t_dec, m_r, it, memory=memory)
             work = sum(
                 s.rate_rps * (s.mean_output_tokens or self.default_seq_tokens / 2) for s in svcs
             )  # output tokens/s

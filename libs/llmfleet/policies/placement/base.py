@@ -16,20 +16,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION
+from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.types import Slo
 
 
 @dataclass(frozen=True)
 class GpuPool:
     """``count`` GPUs of one catalog ``hardware`` type, ``gpus_per_node`` per node, and the engines'
-    LoRA adapter pool: ``adapter_slots`` slots per base model (0: LoRA off) of rank up to
-    ``max_lora_rank`` (an engine with LoRA on reserves that pool beside each base it hosts)."""
+    settings that size and count their KV pools: their ``limits`` (block size, watermark, the batch
+    limits that size peak activations), ``mem_fraction`` of each GPU for weights and KV, and the LoRA
+    adapter pool, ``adapter_slots`` slots per base model (0: LoRA off) of rank up to ``max_lora_rank``
+    (an engine with LoRA on reserves that pool beside each base it hosts)."""
 
     hardware: str
     count: int
     gpus_per_node: int = 8
     adapter_slots: int = 0
     max_lora_rank: int = 16
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    mem_fraction: float = DEFAULT_MEM_FRACTION
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.gpus_per_node < 1:
@@ -38,6 +44,8 @@ class GpuPool:
             raise ValueError(f"GpuPool.adapter_slots must be >= 0, got {self.adapter_slots}")
         if self.max_lora_rank < 1:
             raise ValueError(f"GpuPool.max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"GpuPool.mem_fraction must be in (0, 1], got {self.mem_fraction}")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ Resolutions (the paper leaves these open):
   memory usage", §4.1): s is not in b yet, b holds fewer than ``max_services`` services (the paper's
   evaluation shares at most 2 per engine), b's GPUs hold the weights of every distinct model in b ∪ {s}
   with ``MIN_KV_FRACTION`` of the memory left, and the unified KV pool left after weights and peak
-  activations (:func:`llmfleet.costmodel.memory.kv_pool_bytes`, the engine's defaults, as the simulator
-  sizes it) holds one request of every model of b ∪ {s} at its longest context
+  activations (:meth:`InstanceMemory.kv_bytes <llmfleet.policies.placement.adapter_costs.InstanceMemory.kv_bytes>`,
+  at the pool's engine settings, as the simulator sizes it) holds one request of every model of b ∪ {s} at its longest context
   (:attr:`~llmfleet.costmodel.models.ModelArch.max_context`), vLLM's start-up rule (``max_model_len``
   must fit the KV cache). A pool that holds the mean request but not the longest passes groups whose
   longest requests, once preempted by the pool filling, can never be prefilled again. With LoRA on
