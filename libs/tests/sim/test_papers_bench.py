@@ -530,3 +530,19 @@ def test_aladdin_split_units_combine_to_the_in_process_run(bench, monkeypatch):
         assert all(0 < d <= n for d, n in zip(h["decode_requests"], h["requests"], strict=True))
         if h["workers"] is not None:
             assert h["holds"] == (all(h["p100_at"]) and all(h["p100_above"]))
+
+
+def test_low_load_spread_gives_the_least_hosted_model_every_third_pair() -> None:
+    """``seallm_low_load.spread``: one change to Algorithm 1's plan, in every third group of its most
+    replicated pair the pair's first model is replaced by the least hosted model (the 70B aside)."""
+    from llmfleet.policies.placement import InstancePlan
+
+    from tools.bench.papers.seallm_low_load import spread
+
+    pair = ("llama2-13b", "llama2-7b")
+    plan = [InstancePlan(f"g{i}", pair, 1) for i in range(6)]
+    plan += [InstancePlan("o", ("llama2-13b", "opt-6.7b"), 1), InstancePlan("big", ("llama2-70b",), 2)]
+    out, change = spread(plan)
+    assert [p.models for p in out[:6]] == [pair, pair, ("llama2-7b", "opt-6.7b")] * 2
+    assert out[6:] == plan[6:] and [p.instance_id for p in out] == [p.instance_id for p in plan]
+    assert change == "llama2-13b+llama2-7b ×6: every third hosts opt-6.7b instead"
