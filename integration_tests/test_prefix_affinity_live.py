@@ -19,7 +19,7 @@ import pytest
 from harness import BIN, launch
 from llmfleet.client import AsyncClient
 from llmfleet.supervisor import free_port
-from llmfleet.workload.conversations import conversations
+from llmfleet.workload.conversations import conversations, users
 
 ENGINES = {"engine-0": {"models": ["tiny-llama"]}, "engine-1": {"models": ["tiny-llama"]}}
 CONFIG = {
@@ -132,3 +132,24 @@ def test_llmfleet_load_replays_conversations(cluster, tmp_path):
     # the tiny model's tokenizer splits a word w<k> into about 3 tokens; its context is 2,048
     n = len(conversations(6, rate=3.0, mean_turns=3.0, think_s=0.5, system_tokens=40, max_context=400))
     assert run["overall"]["completed"] == n > 6 and run["overall"]["failed"] == 0
+
+
+def test_llmfleet_load_replays_a_closed_population_of_users(cluster, tmp_path):
+    """``--users``: each of 3 users opens its next conversation a think time after its last answer, for
+    4 s of earliest times; every turn of every chain is sent and completes."""
+    out = tmp_path / "users"
+    load = subprocess.run(
+        [
+            str(BIN / "llmfleet"), "load", "--users", "3", "--span", "4", "--mean-turns", "2",
+            "--think-s", "0.5", "--system-prompt-tokens", "40", "--max-context", "400", "--services", "s-prefix",
+            "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
+            "--out", str(out), "--report-s", "2", "--no-plots",
+        ],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert load.returncode == 0, load.stdout + load.stderr
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    w = users(3, span_s=4.0, mean_turns=2.0, think_s=0.5, system_tokens=40, max_context=400)
+    assert len({r.session for r in w}) > 3  # some user holds more than one conversation
+    assert run["overall"]["completed"] == len(w) and run["overall"]["failed"] == 0
+    assert "3 users for 4 s" in (out / "report.md").read_text()

@@ -153,20 +153,23 @@ async def send_all(
     follow = FollowUps.of(
         requests, lambda turn: heapq.heappush(released, (turn.arrival_s, position[turn.request_id], turn))
     )
-    turns_after: Counter[str] = Counter()  # followed request id -> its turns not sent yet
+    session_of = {r.request_id: r.session for r in requests}
+    # a turn that continues its conversation (it follows a request of the same session, or neither names
+    # one) resends that request's prompt and answer; one that opens another (a user's next) only waits
+    continuing = {r.request_id for r in requests if r.follows and session_of[r.follows] == r.session}
+    turns_after: Counter[str] = Counter()  # resent request id -> its continuing turns not sent yet
     for r in requests:
         if follow is not None and r.follows:
             follow.read(r)
-            turns_after[r.follows] += 1
+            if r.request_id in continuing:
+                turns_after[r.follows] += 1
     opening = [k for k, r in enumerate(requests) if follow is None or not r.follows]
-    sent_prompts: dict[str, str] = {}  # a followed request's prompt, until it finishes
-    histories: dict[
-        str, str
-    ] = {}  # a finished followed request's prompt and answer, until its turns are sent
+    sent_prompts: dict[str, str] = {}  # a resent request's prompt, until it finishes
+    histories: dict[str, str] = {}  # a finished resent request's prompt and answer, until its turns are sent
 
     def prompt_of(r: ReplayRequest) -> str:
-        """A turn resends the prompt and the answer of the turn before, as sent and received."""
-        if not r.follows:
+        """A continuing turn resends the prompt and the answer of the turn before, as sent and received."""
+        if r.request_id not in continuing:
             return r.prompt(seed)
         history = histories[r.follows]
         turns_after[r.follows] -= 1
@@ -194,14 +197,14 @@ async def send_all(
             prompt = sent_prompts.pop(o.request_id, None)
             if prompt is not None and o.ok:
                 histories[o.request_id] = " ".join(x for x in (prompt, o.text.strip()) if x)
-                assert follow is not None  # a prompt is kept only for a followed request
+            if follow is not None and o.ok:
                 follow.ended(o.request_id, time.monotonic() - t0)
             o.text = ""  # the report keeps no completion text
             bar.update(task_id, advance=1, inflight=len(tasks), failed=failed)
 
         def start(k: int, r: ReplayRequest) -> None:
             prompt = prompt_of(r)
-            if follow is not None and r.request_id in follow.followed:
+            if r.request_id in turns_after:
                 sent_prompts[r.request_id] = prompt
             task = asyncio.create_task(_safe(send, r, prompt, t0))
             task.add_done_callback(lambda t: finished(k, t))

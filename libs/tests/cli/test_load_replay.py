@@ -317,3 +317,48 @@ def test_send_all_sends_a_turn_its_think_time_after_the_turn_before_finished() -
     # b resends a's prompt and the answer a got, then its own message
     assert prompts["b"] == f"{prompts['a']} answer of a {reqs[2].prompt()}"
     assert all(o.text == "" for o in out.values())  # the report keeps no completion text
+
+
+def test_a_users_next_conversation_waits_for_the_last_one_but_does_not_resend_it() -> None:
+    """A user's next conversation follows the last turn of the one before (it is sent its think time
+    after that turn finished) but opens a new session: its prompt is its own, not that history; the
+    turn after it continues it and resends it."""
+    import asyncio
+    import io
+    import time
+
+    from llmfleet.cli.load_replay import send_all
+    from llmfleet.replay.requests import replay_requests
+    from llmfleet.sim.spec import SimService
+    from llmfleet.workload.conversations import users
+    from rich.console import Console
+
+    w = users(1, span_s=60.0, mean_turns=2.0, think_s=0.02, system_tokens=8, max_context=400, seed=3)
+    reqs = replay_requests(w, [SimService("chat", "llama2-7b")])[:6]
+    opener = next(r for r in reqs if r.follows and r.session != reqs[0].session)
+    sent: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    prompts: dict[str, str] = {}
+
+    async def main_() -> list[LiveOutcome]:
+        t0 = time.monotonic()
+
+        async def send(r, prompt: str) -> LiveOutcome:
+            now = sent[r.request_id] = time.monotonic() - t0
+            prompts[r.request_id] = prompt
+            await asyncio.sleep(0.02)
+            end = ended[r.request_id] = time.monotonic() - t0
+            out = LiveOutcome(r.request_id, r.service, r.arrival_s, now, 3, 2, end - 0.005, end, 2, "e0")
+            out.text = f" answer of {r.request_id}"
+            return out
+
+        return await send_all(reqs, send, t0, report_s=0.1, console=Console(file=io.StringIO()))
+
+    out = asyncio.run(main_())
+    assert all(o.ok for o in out)
+    assert sent[opener.request_id] >= ended[opener.follows] + opener.think_s - 0.005
+    assert prompts[opener.request_id] == opener.prompt()  # its own system prompt and first message
+    assert f"answer of {opener.follows}" not in prompts[opener.request_id]
+    after = next(r for r in reqs if r.follows == opener.request_id)  # user0-conv1-t2 continues it
+    assert after.session == opener.session
+    assert prompts[after.request_id].startswith(f"{prompts[opener.request_id]} answer of {opener.request_id}")
