@@ -116,19 +116,25 @@ def dispatched(cluster) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, body)}
 
 
-def test_llmfleet_load_replays_conversations(cluster, tmp_path):
-    out = tmp_path / "live"
-    load = subprocess.run(
+def load(cluster, out, *workload: str) -> dict:
+    """``llmfleet load`` of ``workload`` flags on the cluster's ``s-prefix`` service: its run's report."""
+    run = subprocess.run(
         [
-            str(BIN / "llmfleet"), "load", "--conversations", "6", "--rate", "3", "--mean-turns", "3",
-            "--think-s", "0.5", "--system-prompt-tokens", "40", "--max-context", "400", "--services", "s-prefix",
-            "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
-            "--out", str(out), "--report-s", "2", "--no-plots",
+            str(BIN / "llmfleet"), "load", *workload, "--services", "s-prefix", "--etcd", cluster.etcd.endpoint,
+            "--prefix", cluster.prefix, "--scheduler", cluster.scheduler, "--out", str(out), "--report-s", "2",
+            "--no-plots",
         ],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
-    assert load.returncode == 0, load.stdout + load.stderr
-    run = json.loads((out / "report.json").read_text())["runs"][0]
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads((out / "report.json").read_text())["runs"][0]
+
+
+def test_llmfleet_load_replays_conversations(cluster, tmp_path):
+    run = load(
+        cluster, tmp_path / "live", "--conversations", "6", "--rate", "3", "--mean-turns", "3", "--think-s", "0.5",
+        "--system-prompt-tokens", "40", "--max-context", "400",
+    )  # fmt: skip
     # the tiny model's tokenizer splits a word w<k> into about 3 tokens; its context is 2,048
     n = len(conversations(6, rate=3.0, mean_turns=3.0, think_s=0.5, system_tokens=40, max_context=400))
     assert run["overall"]["completed"] == n > 6 and run["overall"]["failed"] == 0
@@ -136,20 +142,13 @@ def test_llmfleet_load_replays_conversations(cluster, tmp_path):
 
 def test_llmfleet_load_replays_a_closed_population_of_users(cluster, tmp_path):
     """``--users``: each of 3 users opens its next conversation a think time after its last answer, for
-    4 s of earliest times; every turn of every chain is sent and completes."""
-    out = tmp_path / "users"
-    load = subprocess.run(
-        [
-            str(BIN / "llmfleet"), "load", "--users", "3", "--span", "4", "--mean-turns", "2",
-            "--think-s", "0.5", "--system-prompt-tokens", "40", "--max-context", "400", "--services", "s-prefix",
-            "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
-            "--out", str(out), "--report-s", "2", "--no-plots",
-        ],
-        capture_output=True, text=True, timeout=180,
+    4 s of earliest times; every turn of every chain is sent and completes (a new conversation resends
+    only its own history, within the model's context)."""
+    run = load(
+        cluster, tmp_path / "users", "--users", "3", "--span", "4", "--mean-turns", "2", "--think-s", "0.5",
+        "--system-prompt-tokens", "40", "--max-context", "400",
     )  # fmt: skip
-    assert load.returncode == 0, load.stdout + load.stderr
-    run = json.loads((out / "report.json").read_text())["runs"][0]
     w = users(3, span_s=4.0, mean_turns=2.0, think_s=0.5, system_tokens=40, max_context=400)
     assert len({r.session for r in w}) > 3  # some user holds more than one conversation
     assert run["overall"]["completed"] == len(w) and run["overall"]["failed"] == 0
-    assert "3 users for 4 s" in (out / "report.md").read_text()
+    assert "3 users for 4 s" in (tmp_path / "users" / "report.md").read_text()

@@ -53,9 +53,9 @@ def setups(
 
 
 @dataclass(frozen=True)
-class Conversations:
-    """The multi-turn workload (``llmfleet.workload.conversations``): conversations start at ``rate``
-    per second for ``span_s`` seconds; each turn resends the system prompt and the history."""
+class ChatShape:
+    """The multi-turn workload's shape (``llmfleet.workload.conversations``): each turn resends the
+    system prompt and the history; ``span_s`` seconds of load."""
 
     system_tokens: int
     mean_turns: float
@@ -63,52 +63,45 @@ class Conversations:
     max_context: int
     span_s: float
     seed: int = 0
-    unit = "conv/s"
 
     @property
     def window(self) -> tuple[float, float]:
-        """Where throughput is measured: the conversation starts' span without its first quarter (the
-        history has built up; the arrivals after the span thin out as conversations end)."""
+        """Where throughput is measured: the span without its first quarter (the histories have built
+        up; after the span the load thins out as conversations end)."""
         return 0.25 * self.span_s, self.span_s
 
-    def count(self, rate: float) -> int:
-        return max(1, round(rate * self.span_s))
-
-    def flags(self, rate: float) -> list[str]:
-        """``llmfleet sim``/``llmfleet load`` workload flags at ``rate`` conversations per second."""
+    def shape_flags(self) -> list[str]:
         return [
-            "--conversations", str(self.count(rate)), "--rate", f"{rate:g}",
             "--system-prompt-tokens", str(self.system_tokens), "--mean-turns", f"{self.mean_turns:g}",
             "--think-s", f"{self.think_s:g}", "--max-context", str(self.max_context), "--seed", str(self.seed),
         ]  # fmt: skip
 
 
 @dataclass(frozen=True)
-class Users:
-    """The multi-turn workload carried by a closed population (``llmfleet.workload.conversations.users``):
-    N users, each holding one conversation after another for ``span_s`` seconds; the load is N."""
+class Conversations(ChatShape):
+    """An open stream: conversations start at ``rate`` per second for ``span_s`` seconds."""
 
-    system_tokens: int
-    mean_turns: float
-    think_s: float
-    max_context: int
-    span_s: float
-    seed: int = 0
+    unit = "conv/s"
+
+    def count(self, rate: float) -> int:
+        return max(1, round(rate * self.span_s))
+
+    def flags(self, rate: float) -> list[str]:
+        """``llmfleet sim``/``llmfleet load`` workload flags at ``rate`` conversations per second."""
+        return ["--conversations", str(self.count(rate)), "--rate", f"{rate:g}", *self.shape_flags()]
+
+
+@dataclass(frozen=True)
+class Users(ChatShape):
+    """A closed population (``llmfleet.workload.conversations.users``): N users, each holding one
+    conversation after another for ``span_s`` seconds (all of them started within the first think
+    time, and active up to the span's end); the load is N."""
+
     unit = "users"
-
-    @property
-    def window(self) -> tuple[float, float]:
-        """Where throughput is measured: the span without its first quarter (every user has started
-        within the first think time, and all of them are active up to the span's end)."""
-        return 0.25 * self.span_s, self.span_s
 
     def flags(self, n: float) -> list[str]:
         """``llmfleet sim``/``llmfleet load`` workload flags for ``n`` users."""
-        return [
-            "--users", str(max(1, round(n))), "--span", f"{self.span_s:g}",
-            "--system-prompt-tokens", str(self.system_tokens), "--mean-turns", f"{self.mean_turns:g}",
-            "--think-s", f"{self.think_s:g}", "--max-context", str(self.max_context), "--seed", str(self.seed),
-        ]  # fmt: skip
+        return ["--users", str(max(1, round(n))), "--span", f"{self.span_s:g}", *self.shape_flags()]
 
 
 def sweep_rates(start: float, factor: float, steps: int) -> list[float]:
