@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmfleet.costmodel.hardware import Hardware
+from llmfleet.costmodel.lora import adapter_pool_bytes
 from llmfleet.costmodel.models import ModelArch
 
 DEFAULT_MEM_FRACTION = 0.9
@@ -50,6 +51,23 @@ def kv_pool_bytes(
         a.weight_bytes + activation_bytes(a, max_prefill_tokens, max_batch_requests) for a in archs
     )
     return total - reserved
+
+
+def engine_kv_bytes(
+    hw: Hardware,
+    tp: int,
+    archs: Sequence[ModelArch],
+    mem_fraction: float,
+    max_prefill_tokens: int,
+    max_batch_requests: int,
+    adapter_slots: int = 0,
+    max_lora_rank: int = 16,
+) -> int:
+    """The KV pool an engine keeps: :func:`kv_pool_bytes` less the LoRA adapter pool it reserves
+    beside each model (``adapter_slots`` of rank ``max_lora_rank``; 0 slots: LoRA off). The simulator's
+    pool layout and the planners' memory fit both size it here."""
+    kv = kv_pool_bytes(hw, tp, archs, mem_fraction, max_prefill_tokens, max_batch_requests)
+    return kv - sum(adapter_pool_bytes(a, adapter_slots, max_lora_rank) for a in archs)
 
 
 def load_seconds(archs: Sequence[ModelArch], hw: Hardware, tp: int) -> float:

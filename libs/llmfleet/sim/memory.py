@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from llmfleet.costmodel import Hardware, ModelArch
 from llmfleet.costmodel import memory as _mem
-from llmfleet.costmodel.lora import adapter_pool_bytes
 from llmfleet.sim.spec import EngineSettings
 
 
@@ -43,9 +42,10 @@ def pool_layout(hw: Hardware, tp: int, archs: Sequence[ModelArch], eng: EngineSe
     if eng.kv_bytes is not None:
         kv = eng.kv_bytes
     else:
-        kv = _mem.kv_pool_bytes(
-            hw, tp, archs, eng.mem_fraction, eng.max_prefill_tokens, eng.max_batch_requests
-        ) - sum(adapter_pool_bytes(a, eng.max_loras, eng.max_lora_rank) for a in archs)
+        kv = _mem.engine_kv_bytes(
+            hw, tp, archs, eng.mem_fraction, eng.max_prefill_tokens, eng.max_batch_requests,
+            eng.max_loras, eng.max_lora_rank,
+        )  # fmt: skip
     if kv < block_bytes:
         names = ", ".join(a.name for a in archs)
         raise DoesNotFit(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from llmfleet.costmodel.hardware import Hardware, hardware
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
-from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION, kv_pool_bytes, merged_block_bytes
+from llmfleet.costmodel.memory import DEFAULT_MEM_FRACTION, engine_kv_bytes, merged_block_bytes
 from llmfleet.costmodel.models import ModelArch
 from llmfleet.engine_core.limits import EngineLimits
 from llmfleet.kvblocks.pool import watermark_blocks
@@ -63,15 +63,10 @@ class InstanceMemory:
         """The KV pool a ``tp``-GPU instance hosting ``archs`` keeps, as the simulator's pool layout and
         the emulated engines size it: ``mem_fraction`` of its GPUs less weights, peak activations (at
         the limits' batch sizes) and adapter pools (≤ 0: they do not fit)."""
-        kv = kv_pool_bytes(
-            self.hw,
-            tp,
-            archs,
-            self.mem_fraction,
-            self.limits.max_prefill_tokens,
-            self.limits.max_batch_requests,
-        )
-        return kv - sum(self.pool_bytes(a) for a in archs)
+        return engine_kv_bytes(
+            self.hw, tp, archs, self.mem_fraction, self.limits.max_prefill_tokens,
+            self.limits.max_batch_requests, self.adapter_slots, self.max_lora_rank,
+        )  # fmt: skip
 
     def holds_longest(self, tp: int, archs: Sequence[ModelArch]) -> bool:
         """Whether that pool admits one sequence of each model at its longest context, as the engine's
