@@ -36,6 +36,10 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     assert run["cluster"]["gpus_in_use"][0][1] == 2  # both engines host tiny-llama
     assert {p["instance_id"] for p in run["plan"] if "tiny-llama" in p["models"]} == {"engine-0", "engine-1"}
     assert run["overall"]["slo"]["seallm"] is not None  # tiny-llama has a cost model (cpu)
+    engines, path = run["live"]["engine_ttft_s"], run["live"]["path_ttft_s"]
+    assert engines["n"] == 16 and 0 < engines["p50"] < run["overall"]["ttft_s"]["p50"]  # the engines' own
+    assert path["n"] == 16 and path["p50"] > 0  # the SDK → scheduler → engine path added to each
+    assert "(the engines' own " in load.stdout
 
     sim = tmp_path / "sim"
     out = subprocess.run(
@@ -56,3 +60,4 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     rows = {r["figure"]: r for r in doc["rows"]}
     assert rows["completed"]["a"] == rows["completed"]["b"] == 16
+    assert rows["engines' TTFT p50 s"]["b"] == engines["p50"]

@@ -18,25 +18,18 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
-from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses, scrape_sums
+from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
 
 BASE_SOURCE = {"source": "emulated://llama2-7b", "dtype": "float16"}
-LIVE_VS_SIM = ("output_tokens_per_s", "completed_rps", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s")
-_TTFT = re.compile(r"^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$")
-
-
-def engine_ttft_mean(addresses: list[str]) -> float | None:
-    """The engines' own TTFT mean (``vllm:time_to_first_token_seconds``: engine arrival to first token,
-    without the client's and the scheduler's hops), summed over every engine's /metrics."""
-    total = scrape_sums(addresses, _TTFT, {"sum": 0.0, "count": 0.0})
-    return total["sum"] / total["count"] if total["count"] else None
+LIVE_VS_SIM = (
+    "output_tokens_per_s", "completed_rps", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s", "engine_ttft_mean_s"
+)  # fmt: skip
 
 
 def write_trace(path: Path, requests: list[Any]) -> Path:
@@ -94,14 +87,12 @@ def live_arm(
         with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
         pacing = fleet.emulated_pacing()
-        engines_ttft = engine_ttft_mean(metrics_addresses(fleet.endpoints))
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, ["--dispatch", dispatch, "--records"])
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live = live_figures(fleet.dir / "live" / "report.json")
-    live["engine_ttft_mean_s"] = None if engines_ttft is None else round(engines_ttft, 4)
     sim = live_figures(sim_dir / "report.json")
     counters = sampler.last()
     row = {
@@ -110,10 +101,7 @@ def live_arm(
         "sim_rc": sim_rc,
         "live": live,
         "sim": sim,
-        "live_over_sim": {
-            **{k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
-            "engine_ttft_mean_s": ratio(live["engine_ttft_mean_s"], sim.get("ttft_mean_s")),
-        },
+        "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
         "engine_counters": {
             k: counters.get(k)
             for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")

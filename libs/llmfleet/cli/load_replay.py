@@ -110,9 +110,8 @@ def _outcome(o: LiveOutcome) -> Any:
 
     if not o.ok:
         return Outcome(o.service, False, engine_id=o.engine_id, error=o.error)
-    first = o.first_token_s if o.first_token_s is not None else o.finish_s
     return Outcome(
-        o.service, True, (first or 0.0) - o.arrival_s, (o.finish_s or 0.0) - o.arrival_s, o.engine_id
+        o.service, True, (o.first_s or 0.0) - o.arrival_s, (o.finish_s or 0.0) - o.arrival_s, o.engine_id
     )
 
 
@@ -360,6 +359,10 @@ def write_live_report(report: dict, out: Path, context: str, plots: bool = True)
     return paths
 
 
+def _engines_ttft(d: dict) -> str:
+    return f" (the engines' own {d['p50']:.3f}s over {d['n']})" if d["n"] else ""
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """The replay subcommand's body (flags already checked by ``llmfleet.cli.load``)."""
 
@@ -389,7 +392,8 @@ def run_replay(args: argparse.Namespace) -> int:
     o = report["overall"]
     console.print(
         f"{o['completed']} of {o['requests']} completed, {o['failed']} failed; latency mean "
-        f"{o['latency_s']['mean']:.3f}s p99 {o['latency_s']['p99']:.3f}s; TTFT p50 {o['ttft_s']['p50']:.3f}s; "
+        f"{o['latency_s']['mean']:.3f}s p99 {o['latency_s']['p99']:.3f}s; TTFT p50 {o['ttft_s']['p50']:.3f}s"
+        f"{_engines_ttft(report['live']['engine_ttft_s'])}; "
         f"GPUs mean {report['cluster']['mean_gpus_in_use']:.2f} peak {report['cluster']['peak_gpus_in_use']}",
         highlight=False,
     )

@@ -23,7 +23,8 @@ def _outcome(req: ReplayRequest, t0: float, sent: float) -> LiveOutcome:
 
 
 def sdk_sender(client: AsyncClient, t0: float) -> Send:
-    """Send through ``client`` (``AsyncClient``): first token = the first chunk with tokens."""
+    """Send through ``client`` (``AsyncClient``): first token = the first chunk with tokens; the
+    engine's own TTFT from the final usage."""
 
     async def send(req: ReplayRequest, prompt: str) -> LiveOutcome:
         sent = time.monotonic()
@@ -48,6 +49,7 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
         out.completion_tokens = u.completion_tokens
         out.engine_id = u.engine_id
         out.finish_reason = u.finish_reason
+        out.engine_ttft_s = u.engine_ttft_s or None  # 0: the scheduler does not know it
         return out
 
     return send

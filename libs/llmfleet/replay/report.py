@@ -44,7 +44,9 @@ UNOBSERVED = (
 @dataclass
 class LiveOutcome:
     """One sent request: its times in seconds from the run's start (``planned_s``: the workload's
-    arrival; ``arrival_s``: when it was sent), what came back, and why it failed (``""``: it did not)."""
+    arrival; ``arrival_s``: when it was sent), what came back, and why it failed (``""``: it did not).
+    ``engine_ttft_s``: the serving engine's own TTFT, from its receipt of the request (None: not
+    reported, e.g. through the HTTP API or after a migration)."""
 
     request_id: str
     service: str
@@ -59,10 +61,16 @@ class LiveOutcome:
     finish_reason: str = ""
     error: str = ""
     text: str = field(default="", repr=False)  # the completion (a closed-loop turn resends it)
+    engine_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return not self.error and self.finish_s is not None
+
+    @property
+    def first_s(self) -> float | None:
+        """When its first token came (its finish when it streamed none)."""
+        return self.first_token_s if self.first_token_s is not None else self.finish_s
 
 
 @dataclass
@@ -147,7 +155,7 @@ def records_of(
         )  # fmt: skip
         if o.ok:
             rec.finish_s = o.finish_s
-            rec.first_token_s = o.first_token_s if o.first_token_s is not None else o.finish_s
+            rec.first_token_s = o.first_s
         if solo is not None and rec.model:
             rec.solo_s = solo(rec.model, hw, o.prompt_tokens, rec.output_tokens)
         out.append(rec)
@@ -228,9 +236,14 @@ def live_report(
     report["policy"] = {"name": "live", **(policy or {})}
     report["plan"] = [dataclasses.asdict(p) for p in (samples[0].plan(names) if samples else [])]
     sent = [o for o in outcomes]
+    timed = [o for o in outcomes if o.ok and o.engine_ttft_s is not None]
     report["live"] = {
         "sent": len(sent),
         "send_lag_s": dist([max(0.0, o.arrival_s - o.planned_s) for o in sent]),
+        # the engines' own TTFT (what the simulator models: it hands a request to its engine at arrival)
+        # and what the path outside them added (client TTFT minus the engine's), per request
+        "engine_ttft_s": dist([o.engine_ttft_s for o in timed if o.engine_ttft_s is not None]),
+        "path_ttft_s": dist([(o.first_s or 0.0) - o.arrival_s - (o.engine_ttft_s or 0.0) for o in timed]),
         "samples": len(samples),
         "errors": _count(o.error for o in outcomes if not o.ok),
         "finish_reasons": _count(o.finish_reason for o in outcomes if o.ok),

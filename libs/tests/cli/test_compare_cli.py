@@ -112,3 +112,16 @@ def test_unknown_run_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     p = _write(tmp_path / "r.json", _run("vllm", 1.0, []))
     assert main(["compare", str(p), str(p), "--run", "nope", "--out", str(tmp_path / "o")]) == 2
     assert "no run 'nope'; runs: vllm" in capsys.readouterr().err
+
+
+def test_the_engines_ttft_is_the_live_reports_own_and_the_simulators_ttft() -> None:
+    sim = _run("seallm", 1.0, [[0.0, 1]])
+    engines = {"n": 10, "mean": 0.09, "p50": 0.08, "p99": 0.15}
+    live = _run("live", 1.0, [[0.0, 1]], live={"sent": 10, "engine_ttft_s": engines})
+    row = {r.figure: r for r in compare(sim, live, "sim", "live").rows}
+    assert row["engines' TTFT p50 s"].a == pytest.approx(0.1)  # the simulator's TTFT
+    assert row["engines' TTFT p50 s"].b == pytest.approx(0.08) and row["TTFT p50 s"].b == pytest.approx(0.1)
+    assert row["engines' TTFT mean s"].rel == pytest.approx(-0.1)
+    via_http = _run("live", 1.0, [[0.0, 1]], live={"sent": 10, "engine_ttft_s": {**engines, "n": 0}})
+    row = {r.figure: r for r in compare(sim, via_http, "sim", "live").rows}
+    assert row["engines' TTFT p50 s"].b is None  # no engine reported one: not the client's TTFT instead

@@ -362,3 +362,15 @@ def test_a_users_next_conversation_waits_for_the_last_one_but_does_not_resend_it
     after = next(r for r in reqs if r.follows == opener.request_id)  # user0-conv1-t2 continues it
     assert after.session == opener.session
     assert prompts[after.request_id].startswith(f"{prompts[opener.request_id]} answer of {opener.request_id}")
+
+
+def test_report_splits_ttft_into_the_engines_own_and_the_path_outside_them() -> None:
+    outcomes = _outcomes()
+    for o, engine in zip(outcomes, (0.15, 0.12, None, 0.19, 0.1, 0.18), strict=False):
+        o.engine_ttft_s = engine  # None: e.g. through the HTTP API, or a migrated request
+    services = [SimService("chat", "tiny-llama", Slo(ttft_s=0.5, tpot_s=0.05))]
+    live = live_report(outcomes, _samples(), services)["live"]
+    assert live["engine_ttft_s"]["n"] == 5  # the failed request and the unreported one are left out
+    assert live["engine_ttft_s"]["p50"] == pytest.approx(0.15)
+    # client TTFT (first token − sent) is 0.19 s for each: the path added 0.04, 0.07, 0.0, 0.09, 0.01
+    assert live["path_ttft_s"]["mean"] == pytest.approx((0.04 + 0.07 + 0.0 + 0.09 + 0.01) / 5)
