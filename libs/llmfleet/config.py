@@ -215,7 +215,8 @@ class ClusterConfig(BaseModel):
         watermark, batch sizes) and the memory fraction. An ``emulated:`` pool's engine settings;
         else the largest ``max_loras`` and ``max_lora_rank`` any engine sets (the planner plans one
         pool, so it reserves the largest; 0 slots: LoRA off) with the engine defaults, since a native
-        engine's KV pool is its own ``kv_cache_gb``, not a share of a catalog GPU."""
+        engine sizes its own KV pool (its ``--memory-budget`` less weights and activations), not a share of
+        a catalog GPU."""
         if self.emulated is not None:
             e = self.emulated.engine
             return {

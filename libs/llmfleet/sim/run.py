@@ -204,6 +204,7 @@ def simulate(
     gpus = GpuPool(
         spec.cluster.hw.name, spec.cluster.count, spec.cluster.max_tp,
         spec.engine.max_loras, spec.engine.max_lora_rank, spec.engine.limits, spec.engine.mem_fraction,
+        spec.engine.kv_bytes,
     )  # fmt: skip
     planner = _planner(policy, plan, evaluator_factory)
     if plan is None:

@@ -149,8 +149,13 @@ def test_seallm_refuses_a_group_whose_adapter_pool_leaves_no_kv_for_a_request() 
 )
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"block_tokens": 32, "watermark": 0.2, "max_batch_requests": 64, "mem_fraction": 0.8}],
-    ids=["defaults", "tuned"],
+    [
+        {},
+        {"block_tokens": 32, "watermark": 0.2, "max_batch_requests": 64, "mem_fraction": 0.8},
+        {"kv_bytes": 2**30},  # the simulator's override: every pool this size, whatever it hosts
+        {"kv_bytes": 3 * 2**30},
+    ],
+    ids=["defaults", "tuned", "1GiB", "3GiB"],
 )
 def test_holds_longest_counts_as_the_engines_allocator(gpu, tp, models, slots, settings) -> None:
     """``InstanceMemory.holds_longest`` says yes exactly when the allocator the engines build for that
@@ -158,7 +163,7 @@ def test_holds_longest_counts_as_the_engines_allocator(gpu, tp, models, slots, s
     defaults and at engine settings that change the pool and its blocks."""
     archs = [model_arch(m) for m in models]
     eng = EngineSettings(max_loras=slots, max_lora_rank=64, **settings)
-    pool = GpuPool(gpu, 8, 8, slots, 64, eng.limits, eng.mem_fraction)
+    pool = GpuPool(gpu, 8, 8, slots, 64, eng.limits, eng.mem_fraction, eng.kv_bytes)
     memory = InstanceMemory.of(pool)
     try:
         layout = pool_layout(hardware(gpu), tp, archs, eng)

@@ -44,12 +44,14 @@ class InstanceMemory:
     max_lora_rank: int = 16
     limits: EngineLimits = field(default_factory=EngineLimits)
     mem_fraction: float = DEFAULT_MEM_FRACTION
+    kv_override: int | None = None  # GpuPool.kv_bytes
 
     @classmethod
     def of(cls, gpus: GpuPool) -> InstanceMemory:
         return cls(
-            hardware(gpus.hardware), gpus.adapter_slots, gpus.max_lora_rank, gpus.limits, gpus.mem_fraction
-        )
+            hardware(gpus.hardware), gpus.adapter_slots, gpus.max_lora_rank, gpus.limits, gpus.mem_fraction,
+            gpus.kv_bytes,
+        )  # fmt: skip
 
     def pool_bytes(self, arch: ModelArch) -> int:
         """The adapter pool reserved beside ``arch`` (0 with LoRA off)."""
@@ -62,7 +64,10 @@ class InstanceMemory:
     def kv_bytes(self, tp: int, archs: Sequence[ModelArch]) -> int:
         """The KV pool a ``tp``-GPU instance hosting ``archs`` keeps, as the simulator's pool layout and
         the emulated engines size it: ``mem_fraction`` of its GPUs less weights, peak activations (at
-        the limits' batch sizes) and adapter pools (≤ 0: they do not fit)."""
+        the limits' batch sizes) and adapter pools (≤ 0: they do not fit); the pool's ``kv_bytes``
+        when it sets one, as the simulator's engines then keep."""
+        if self.kv_override is not None:
+            return self.kv_override
         return engine_kv_bytes(
             self.hw, tp, archs, self.mem_fraction, self.limits.max_prefill_tokens,
             self.limits.max_batch_requests, self.adapter_slots, self.max_lora_rank,

@@ -27,7 +27,9 @@ class GpuPool:
     settings that size and count their KV pools: their ``limits`` (block size, watermark, the batch
     limits that size peak activations), ``mem_fraction`` of each GPU for weights and KV, and the LoRA
     adapter pool, ``adapter_slots`` slots per base model (0: LoRA off) of rank up to ``max_lora_rank``
-    (an engine with LoRA on reserves that pool beside each base it hosts)."""
+    (an engine with LoRA on reserves that pool beside each base it hosts). ``kv_bytes``, when set, is
+    every engine's KV pool whatever it hosts (the simulator's ``EngineSettings.kv_bytes``), in place of
+    the ``mem_fraction`` rule."""
 
     hardware: str
     count: int
@@ -36,6 +38,7 @@ class GpuPool:
     max_lora_rank: int = 16
     limits: EngineLimits = field(default_factory=EngineLimits)
     mem_fraction: float = DEFAULT_MEM_FRACTION
+    kv_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.gpus_per_node < 1:
@@ -46,6 +49,8 @@ class GpuPool:
             raise ValueError(f"GpuPool.max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"GpuPool.mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.kv_bytes is not None and self.kv_bytes <= 0:
+            raise ValueError(f"GpuPool.kv_bytes must be > 0 when set, got {self.kv_bytes}")
 
 
 @dataclass(frozen=True)
