@@ -52,6 +52,9 @@ Sections (``--only``):
   together, so the live side would measure the host, not the policies; and six setups at two loads
   are twelve live runs of two to three minutes each. Live hit rates are the engines'
   ``vllm:prefix_cache_*``.
+* ``emulated-users`` — the ``users`` section's closed population live the same way (``llmfleet load
+  --users``), ``jsq`` and ``prefix_affinity`` with caching at JSQ's SLO load and at saturation, found
+  by a simulated sweep of N users from ``--start-users`` scaled to the emulated GPUs.
 * ``native`` — live on ``--native-engines`` (2) native CPU engines, each one torch thread, serving a
   random llama with 16 KiB of KV per token (4 layers, hidden 512: ``engine_bench.medium_llama``), so
   a prefill's cost is real compute: ``jsq`` and ``prefix_affinity``, caching on and off, a small
@@ -90,13 +93,13 @@ from pathlib import Path
 import psutil
 from llmfleet.policies.request import POLICIES as REQUEST_POLICIES
 
-from tools.bench.prefix_bench_common import Conversations, Users, setups, sweep_rates
+from tools.bench.prefix_bench_common import Conversations, Setup, Users, setups, sweep_rates
 from tools.bench.prefix_bench_groups import REQUESTS, bench_groups
 from tools.bench.prefix_bench_live import bench_emulated, bench_native
 from tools.bench.prefix_bench_report import markdown, plot
 from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, bench_burst, bench_sim
 
-SECTIONS = ("sim", "users", "groups", "emulated", "native", "burst")
+SECTIONS = ("sim", "users", "groups", "emulated", "emulated-users", "native", "burst")
 SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT = 1000, 3.7, 10.0, 4096
 
 
@@ -155,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         rates = sweep_rates(args.start_rate * args.gpus / 32, 2.0, args.steps)
         report["sim"] = bench_sim(out, args.gpus, conv, setups(engine=args.engine_policy), rates, "sim")
         save(out, report)
+    population = Users(
+        SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT, args.users_span or (40.0 if args.quick else 60.0)
+    )
     if "users" in only:
-        population = Users(
-            SYSTEM_TOKENS, MEAN_TURNS, THINK_S, MAX_CONTEXT, args.users_span or (40.0 if args.quick else 60.0)
-        )
         counts = sweep_rates(args.start_users * args.gpus / 32, 2.0, args.steps)
         compared = setups(caching=(True,), engine=args.engine_policy)
         report["users"] = bench_sim(out, args.gpus, population, compared, counts, "users")
@@ -175,17 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         compared = setups(("jsq", "prefix_affinity"))
         report["native"] = bench_native(out, args.native_engines, native, args.native_rate, compared, 1)
         save(out, report)
-    if "emulated" in only:
-        gpus = args.emulated_gpus or (4 if args.quick else 8)
-        first = [REFERENCE, CANDIDATE]  # the goals' pair first: a run cut short keeps them
-        live = first if args.quick else first + [s for s in setups() if s not in first]
-        rates = sweep_rates(args.start_rate * gpus / 32, 2.0, args.steps)
+    gpus = args.emulated_gpus or (4 if args.quick else 8)
+    first = [REFERENCE, CANDIDATE]  # the goals' pair first: a run cut short keeps them
+    live = first if args.quick else first + [s for s in setups() if s not in first]
+    emulated: dict[str, tuple[Conversations | Users, list[float], list[Setup]]] = {
+        "emulated": (conv, sweep_rates(args.start_rate * gpus / 32, 2.0, args.steps), live),
+        "emulated-users": (population, sweep_rates(args.start_users * gpus / 32, 2.0, args.steps), first),
+    }
+    for section, (shape, loads, compared) in emulated.items():
+        if section not in only:
+            continue
 
-        def progress(doc: dict) -> None:
-            report["emulated"] = doc
+        def progress(doc: dict, section: str = section) -> None:
+            report[section] = doc
             save(out, report)
 
-        report["emulated"] = bench_emulated(out, gpus, conv, live, rates, progress)
+        report[section] = bench_emulated(out, gpus, shape, compared, loads, progress, section)
         save(out, report)
     return 0
 

@@ -15,7 +15,15 @@ import yaml
 from tools.bench.engine_bench import medium_llama
 from tools.bench.fleet_common import BIN, Fleet, FleetSpec, compare, run_load, run_sim
 from tools.bench.local_up import LocalUp
-from tools.bench.prefix_bench_common import PLACEMENT, Conversations, Setup, pick_loads, ratio, window_rates
+from tools.bench.prefix_bench_common import (
+    PLACEMENT,
+    Conversations,
+    Setup,
+    Users,
+    pick_loads,
+    ratio,
+    window_rates,
+)
 from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
 from tools.bench.prefix_bench_sim import CANDIDATE, REFERENCE, fleet_spec, sweep
 
@@ -113,20 +121,23 @@ def sim_window(sim_dir: Path, window: tuple[float, float]) -> tuple[float | None
 def bench_emulated(
     out: Path,
     gpus: int,
-    conv: Conversations,
+    conv: Conversations | Users,
     compared: list[Setup],
     rates: list[float],
     progress: Callable[[dict], None] = lambda doc: None,
+    section: str = "emulated",
 ) -> dict:
-    """The loads by the sim section's rule at ``gpus`` GPUs (a simulated sweep of ``compared``), then
-    every setup live and simulated at JSQ's SLO load and at its own first saturated rate (the goals'
-    pair first, at both loads); ``progress`` gets the section so far after each live run."""
-    d = out / "emulated"
+    """The loads (conversations/s, or users) by the sim section's rule at ``gpus`` GPUs (a simulated
+    sweep of ``compared``), then every setup live and simulated at JSQ's SLO load and at its own first
+    saturated load (the goals' pair first, at both loads), under ``out / section``; ``progress`` gets
+    the section so far after each live run."""
+    d = out / section
     rows = sweep(d / "sweep", gpus, conv, compared, rates)
     loads = pick_loads(rows, REFERENCE.name)
     runs: dict[str, dict[str, dict]] = {"slo": {}, "saturation": {}}
     doc = {
         "gpus": gpus,
+        "unit": conv.unit,
         "workload": conv.__dict__,
         "loads": loads,
         "sweep": {f"{r:g}": v for r, v in rows.items()},

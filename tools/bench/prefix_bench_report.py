@@ -1,5 +1,5 @@
-"""``make bench-prefix``'s markdown (prefix.md) and plots (sim_sweep.png, users_sweep.png, emulated.png,
-native.png, burst.png) from its report."""
+"""``make bench-prefix``'s markdown (prefix.md) and plots (sim_sweep.png, users_sweep.png, emulated_*.png,
+emulated_users_*.png, native.png, burst.png) from its report."""
 
 from __future__ import annotations
 
@@ -102,24 +102,26 @@ def groups_lines(g: dict) -> list[str]:
     return lines
 
 
-def emulated_lines(e: dict) -> list[str]:
+def emulated_lines(e: dict, section: str) -> list[str]:
+    unit = e.get("unit", "conv/s")
+    workload = "the closed population of users" if section == "emulated-users" else "the open stream"
     lines = [
-        f"## Live on {e['gpus']} emulated A100-80GB vs `llmfleet sim`", "",
-        f"Loads (same rule, simulated sweep at {e['gpus']} GPUs): {e['loads']} conv/s. Live ratios "
+        f"## Live on {e['gpus']} emulated A100-80GB vs `llmfleet sim`: {workload}", "",
+        f"Loads (same rule, simulated sweep at {e['gpus']} GPUs): {e['loads']} ({unit}). Live ratios "
         f"(prefix_affinity/cache over jsq/cache): {e['ratios']}", "",
     ]  # fmt: skip
     for load, runs in e["runs"].items():
         where = (
-            f"{e['loads']['slo']} conv/s"
+            f"{e['loads']['slo']} {unit}"
             if load == "slo"
-            else "each setup at its first saturated rate in the simulated sweep"
+            else "each setup at its first saturated load in the simulated sweep"
         )
         lines += [
             f"### At {load} ({where}): live",
             "",
             *table(
                 {k: {"rate": v.get("rate"), **v["live"]} for k, v in runs.items()},
-                (("conv/s", "rate"), *LIVE_COLUMNS),
+                ((unit, "rate"), *LIVE_COLUMNS),
             ),
         ]
         lines += ["Live over simulated (1 = equal; goal within 15% on TTFT p50 and throughput):", "",
@@ -178,8 +180,9 @@ def markdown(report: dict) -> str:
             lines += sim_lines(report[section], section)
     if report.get("groups"):
         lines += groups_lines(report["groups"])
-    if report.get("emulated"):
-        lines += emulated_lines(report["emulated"])
+    for section in ("emulated", "emulated-users"):
+        if report.get(section):
+            lines += emulated_lines(report[section], section)
     if report.get("native"):
         lines += native_lines(report["native"])
     if report.get("burst"):
@@ -198,9 +201,12 @@ def plot(report: dict, out: Path) -> None:
         if s and s.get("sweep"):
             _sweep(s, out / f"{section}_sweep.png", plt)
     _bars(report.get("native", {}).get("runs"), "native CPU engines", out / "native.png", plt)
-    e = report.get("emulated")
-    for load, runs in (e or {}).get("runs", {}).items():
-        _bars({k: v["live"] for k, v in runs.items()}, f"emulated, {load}", out / f"emulated_{load}.png", plt)
+    for section in ("emulated", "emulated-users"):
+        for load, runs in (report.get(section) or {}).get("runs", {}).items():
+            name = section.replace("-", "_")
+            _bars(
+                {k: v["live"] for k, v in runs.items()}, f"{section}, {load}", out / f"{name}_{load}.png", plt
+            )
     b = report.get("burst")
     if b:
         fig, ax = plt.subplots(figsize=(6, 3.5))
