@@ -23,7 +23,6 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.rpc.mux import MuxStream
 from llmfleet.spec.services import ServiceSpec
-from llmfleet.token_estimate import approx_token_count
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -128,7 +127,7 @@ class Relay:
         # the scheduler does not tokenize: the prompt length is estimated (llmfleet.token_estimate);
         # the prompt text and the conversation go along for policies that read them (prefix_affinity)
         dreq = DispatchRequest(
-            rec.request_id, rec.model, rec.service, approx_token_count(req.prompt), predicted or 0.0,
+            rec.request_id, rec.model, rec.service, rec.prompt_estimate, predicted or 0.0,
             int(self.directory.load.kv_bytes_per_token(rec.model)), rec.arrival, prompt=req.prompt,
             session=rec.session, base=self.directory.base_of(rec.model),
         )  # fmt: skip
@@ -318,7 +317,7 @@ class Relay:
         total = req.sampling.max_tokens
         failures = 0
         while True:
-            prompt = rec.prompt_tokens or approx_token_count(req.prompt)
+            prompt = rec.prompt_tokens or rec.prompt_estimate
             a = await central.next_slice(
                 rec.request_id, rec.service, rec.model, rec.arrival, prompt + rec.n_tokens
             )

@@ -199,10 +199,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return self._complete(rid, spec, request)
         cls = self._class(request, spec, key, sampling.max_tokens)
         assert self.classes is not None
+        estimate = approx_token_count(request.prompt)
         try:
             ticket = self.admission.admit(
                 spec.name,
-                estimate_tokens(request.prompt, sampling.max_tokens),
+                estimate + sampling.max_tokens,
                 spec.max_waiting,
                 spec.max_queued_tokens,
                 cls.priority,
@@ -232,6 +233,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             release=ticket.release,
             prefix_token_ids=prefix,
             n_tokens=len(prefix),
+            prompt_estimate=estimate,
             session=request.session,
         )
         self.journal.add(rec)

@@ -82,8 +82,10 @@ class Recorder(FinishListener):
 
     def __init__(self) -> None:
         self.finished: list[tuple[str, str, int]] = []
+        self.prompt_tokens: list[int] = []  # what each dispatch was told of the prompt
 
     def choose(self, model, candidates, exclude=frozenset(), request=None) -> str:
+        self.prompt_tokens.append(request.prompt_tokens)
         ids = sorted(c.engine_id for c in candidates if model in c.models and c.engine_id not in exclude)
         if not ids:
             raise NoCandidate(f"no engine for {model!r}")
@@ -147,6 +149,14 @@ async def test_finished(cluster):
     assert rec.final.finish_reason == common_pb2.FINISH_REASON_LENGTH and rec.n_tokens == 2
     assert policy.finished == [("r-ok", "e0", 2)]
     assert directory.load.pending("e0") == 0
+
+
+async def test_dispatch_is_told_the_records_prompt_estimate(cluster):
+    _, _, policy, relay = cluster
+    rec = RequestRecord(request_id="r-est", service="s", model=M, fingerprint=b"", prompt_estimate=123)
+    req = engine_pb2.GenerateRequest(request_id="r-est", model=M, prompt="ok", service="s")
+    await relay.run(rec, req, None)
+    assert policy.prompt_tokens == [123]  # the servicer's estimate, not the prompt counted again
 
 
 async def test_failed(cluster):
