@@ -535,7 +535,9 @@ class EngineCore:
             if r.prompt_ids is None:
                 continue
             s = r.sched
-            tpb = tpbs[s.model]
+            tpb = tpbs.get(s.model)
+            if tpb is None:  # its model was unloaded while the step ran: its blocks are gone
+                continue
             full = (s.prompt_tokens + s.generated - 1) // tpb  # blocks whose every token has K/V
             if full > r.filled and (produced is None or produced[i]):
                 named = r.filled
