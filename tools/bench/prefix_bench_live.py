@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmfleet.cli.compare import engine_ttft
 
 from tools.bench.engine_bench import medium_llama
 from tools.bench.fleet_common import BIN, Fleet, FleetSpec, compare, run_load, run_sim
@@ -38,8 +39,6 @@ def live_figures(report: Path, prefix: dict[str, float] | None = None) -> dict[s
     run = json.loads(report.read_text())["runs"][0]
     o, cl = run["overall"], run["cluster"]
     ttft = o.get("ttft_s") or {}
-    engines = ttft if "live" not in run else run["live"].get("engine_ttft_s") or {}
-    engines_known = bool(engines.get("n"))
     doc = {
         "requests": o["requests"],
         "completed": o["completed"],
@@ -49,8 +48,8 @@ def live_figures(report: Path, prefix: dict[str, float] | None = None) -> dict[s
         "ttft_mean_s": _r(ttft.get("mean"), 4),
         "ttft_p50_s": _r(ttft.get("p50"), 4),
         "ttft_p99_s": _r(ttft.get("p99"), 4),
-        "engine_ttft_mean_s": _r(engines.get("mean"), 4) if engines_known else None,
-        "engine_ttft_p50_s": _r(engines.get("p50"), 4) if engines_known else None,
+        "engine_ttft_mean_s": _r(engine_ttft("mean")(run), 4),
+        "engine_ttft_p50_s": _r(engine_ttft("p50")(run), 4),
         "slo_attainment": _r((o.get("slo") or {}).get("aladdin"), 4),
     }
     if prefix:

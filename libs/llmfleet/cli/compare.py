@@ -51,7 +51,7 @@ def _count(key: str) -> Getter:
     return lambda run: float(len(run[key])) if isinstance(run.get(key), list) else 0.0
 
 
-def _engine_ttft(stat: str) -> Getter:
+def engine_ttft(stat: str) -> Getter:
     """The engines' own TTFT: a live report's ``live.engine_ttft_s`` (None when no engine reported it),
     else the report's TTFT (the simulator hands each request to its engine at its arrival)."""
     overall = _get("overall", "ttft_s", stat)
@@ -78,8 +78,8 @@ FIGURES: tuple[tuple[str, Getter], ...] = (
     ("TTFT mean s", _get("overall", "ttft_s", "mean")),
     ("TTFT p50 s", _get("overall", "ttft_s", "p50")),
     ("TTFT p99 s", _get("overall", "ttft_s", "p99")),
-    ("engines' TTFT mean s", _engine_ttft("mean")),
-    ("engines' TTFT p50 s", _engine_ttft("p50")),
+    ("engines' TTFT mean s", engine_ttft("mean")),
+    ("engines' TTFT p50 s", engine_ttft("p50")),
     ("TPOT (ATGT) mean s", _get("overall", "tpot_s", "mean")),
     ("TPOT (ATGT) p99 s", _get("overall", "tpot_s", "p99")),
     ("SLO TTFT+ATGT (Aladdin)", _get("overall", "slo", "aladdin")),

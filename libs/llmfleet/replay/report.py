@@ -242,7 +242,7 @@ def live_report(
         "send_lag_s": dist([max(0.0, o.arrival_s - o.planned_s) for o in sent]),
         # the engines' own TTFT (what the simulator models: it hands a request to its engine at arrival)
         # and what the path outside them added (client TTFT minus the engine's), per request
-        "engine_ttft_s": dist([o.engine_ttft_s for o in timed if o.engine_ttft_s is not None]),
+        "engine_ttft_s": dist([o.engine_ttft_s or 0.0 for o in timed]),
         "path_ttft_s": dist([(o.first_s or 0.0) - o.arrival_s - (o.engine_ttft_s or 0.0) for o in timed]),
         "samples": len(samples),
         "errors": _count(o.error for o in outcomes if not o.ok),
