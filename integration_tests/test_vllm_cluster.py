@@ -128,6 +128,8 @@ async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
         s = client.generate(PROMPT, service="chat", max_tokens=24)
         chunks = [c async for c in s]
         assert s.usage.finish_reason == "length" and s.usage.completion_tokens == 24
+        # the engine's own TTFT (its backend's first-token time) is part of the scheduler's
+        assert 0 < s.usage.engine_ttft_s <= s.usage.ttft_s, s.usage
         return s.usage.engine_id, flatten(chunks)
 
     async def complete() -> tuple[str, list[int]]:

@@ -18,6 +18,9 @@ from llmfleet.workload import alpaca_lengths, approx_token_count, from_lengths, 
         ("Hi, there!", 4),
         ("日本語", 3),
         ("  \n\t ", 0),
+        ("abcdefghijklm", 3),  # 13 letters
+        ("hello1234567", 4),  # a letter run, then a digit run: 1 + 3
+        ("١٢٣", 3),  # non-ASCII digits: one each
     ],
 )
 def test_approx_token_count(text, expected):

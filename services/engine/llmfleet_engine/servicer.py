@@ -227,7 +227,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         """One request's chunks (a new request, or one migrated in and attached); ``StreamRefused``
         with the status its Generate call ends with. Closing the iterator cancels the request."""
-        stream = self._open_stream(request)
+        stream = await self._open_stream(request)
         out: list[common_pb2.TokenChunk] = []
         try:
             async for chunk in stream:
@@ -246,7 +246,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def generate_into(self, request: engine_pb2.GenerateRequest, emit: Emit) -> None:
         """``generate_chunks`` handing each chunk to ``emit`` as the worker produces it (no task wakes
         per token: the multiplexed path)."""
-        stream = self._open_stream(request)
+        stream = await self._open_stream(request)
         try:
             await stream.run_into(lambda chunk: self._to_proto(chunk, emit))
         finally:
@@ -264,8 +264,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise StreamRefused(grpc.StatusCode.UNAVAILABLE, why)
         emit(chunk_to_proto(chunk, self.engine_id))
 
-    def _open_stream(self, request: engine_pb2.GenerateRequest) -> RequestStream:
-        """Start ``request`` (or attach to it, migrated in); ``StreamRefused`` with Generate's status."""
+    async def _open_stream(self, request: engine_pb2.GenerateRequest) -> RequestStream:
+        """Start ``request`` (or attach to it, migrated in); ``StreamRefused`` with Generate's status.
+
+        The prompt is validated and tokenized on a worker thread: tokenizers release the GIL, so a long
+        prompt (a few ms for thousands of tokens) does not hold up the event loop that streams every
+        other request's tokens. The drain check and the submit follow on the loop, with no await
+        between them."""
         attached = self.executor.attach(request.request_id) if request.request_id else None
         try:
             if attached is not None:  # a request migrated in: continue its stream
@@ -275,9 +280,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             if isinstance(self.executor, LoraBackend):  # an engine's LoRA adapters run on their base
                 models = self.executor.adapters.with_adapters(models)
                 base = self.executor.adapters.base_of(request.model) or base
+            req = await asyncio.to_thread(
+                validate_generate, request, models, default_max_tokens=self.default_max_tokens
+            )
             if why := self.executor.host.draining_reason(base):  # the relay re-routes UNAVAILABLE
                 raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")
-            req = validate_generate(request, models, default_max_tokens=self.default_max_tokens)
             return self.executor.submit(req)
         except UnknownModelError as e:
             raise StreamRefused(grpc.StatusCode.NOT_FOUND, str(e)) from None

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -103,6 +106,43 @@ async def test_client_cancel_frees_engine_work(engine: Engine, endless: LoadedMo
     call.cancel()
     await _wait_for(lambda: engine.executor.load_snapshot().running == 0)
     assert engine.executor.load_snapshot().kv_used_bytes == 0
+
+
+class _HeldTokenizer:
+    """``tokenizer`` that, for a prompt containing ``word``, waits (at most 5 s) until ``release`` is set."""
+
+    def __init__(self, tokenizer: Any, word: str) -> None:
+        self._tokenizer, self._word = tokenizer, word
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        if self._word in text:
+            self.entered.set()
+            self.release.wait(5.0)
+        return self._tokenizer(text, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
+async def test_a_prompt_being_tokenized_holds_up_no_other_stream(
+    engine: Engine, endless: LoadedModel
+) -> None:
+    """Prompts are tokenized off the event loop: while one request's tokenizer runs, another request
+    on the engine streams to its end."""
+    tokenizer = _HeldTokenizer(endless.tokenizer, "HOLD")
+    engine.executor.host.add_loaded(dataclasses.replace(endless, name="tiny-llama-held", tokenizer=tokenizer))
+
+    async def run(prompt: str, n: int) -> list[common_pb2.TokenChunk]:
+        return [c async for c in engine.stub.Generate(_generate("tiny-llama-held", prompt, max_tokens=n))]
+
+    held = asyncio.ensure_future(run("HOLD the quick brown fox", 4))
+    await _wait_for(tokenizer.entered.is_set)
+    other = await run("The quick brown fox", 8)
+    assert len(other) == 8 and other[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert not held.done()  # still in its tokenizer
+    tokenizer.release.set()
+    assert len(await held) == 4
 
 
 async def test_cancel_rpc(engine: Engine, endless: LoadedModel) -> None:
