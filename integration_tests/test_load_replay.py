@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 
 
@@ -39,6 +41,10 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     engines, path = run["live"]["engine_ttft_s"], run["live"]["path_ttft_s"]
     assert engines["n"] == 16 and 0 < engines["p50"] < run["overall"]["ttft_s"]["p50"]  # the engines' own
     assert path["n"] == 16 and path["p50"] > 0  # the SDK → scheduler → engine path added to each
+    parts = run["live"]["path_parts_s"]  # split at the scheduler: its own TTFT and time to dispatch
+    assert all(parts[k]["n"] == 16 for k in ("client_scheduler", "scheduler_dispatch", "scheduler_engine"))
+    assert parts["client_scheduler"]["p50"] > 0 and parts["scheduler_engine"]["p50"] > 0
+    assert sum(p["mean"] for p in parts.values()) == pytest.approx(path["mean"])
     assert "(the engines' own " in load.stdout
 
     sim = tmp_path / "sim"

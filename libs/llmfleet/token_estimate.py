@@ -19,5 +19,5 @@ def approx_token_count(text: str) -> int:
     overcounts Latin text with accents). It ignores the tokenizer's vocabulary, so it can be off by tens
     of percent on code, numbers or non-English text.
     """
-    # subn counts the matches without building them (a scheduler runs this once per request)
+    # subn counts the matches without a list of them (a scheduler runs this once per request)
     return _TOKENS.subn("", text)[1]

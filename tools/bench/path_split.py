@@ -1,9 +1,9 @@
-"""Where the client's TTFT goes on the emulated fleet: the mean TTFT measured at the client (``llmfleet
-load``), at the schedulers (``llmfleet_scheduler_ttft_seconds``, from a scheduler's receipt of the
-request) and at the engines (the report's ``live.engine_ttft_s``, from an engine's stamp of its
-arrival), on bench-prefix's multi-turn workload and fleet (``--quick``'s emulated section: 4 emulated
-A100-80GB, one setup at one load). Means add up where percentiles do not, so the differences split
-the path outside the engines into client-to-scheduler and scheduler-to-engine, both ways.
+"""Where the client's TTFT goes on the emulated fleet: one ``llmfleet load`` of bench-prefix's multi-turn
+workload on its fleet (``--quick``'s emulated section: 4 emulated A100-80GB, one setup at one load),
+and from its report the client's TTFT, the engines' own, and the path between them in the report's
+three parts (``live.path_parts_s``): client to scheduler and back, the scheduler choosing an engine,
+and scheduler to engine and back (the hop, the engine's tokenizing before it stamps the request's
+arrival, and the first token's way back), each as mean and p50 in ms.
 
     .venv/bin/python -m tools.bench.path_split --rate 32 --runs 2 --out .bench/path-split
 """
@@ -13,53 +13,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from tools.bench.fleet_common import Fleet, metrics_ports, run_load
+from tools.bench.fleet_common import Fleet, run_load
 from tools.bench.prefix_bench import MAX_CONTEXT, MEAN_TURNS, SYSTEM_TOKENS, THINK_S
 from tools.bench.prefix_bench_common import Conversations, Setup
 from tools.bench.prefix_bench_sim import fleet_spec
 
-SCHEDULER_TTFT = "llmfleet_scheduler_ttft_seconds"
+PARTS = ("client_scheduler", "scheduler_dispatch", "scheduler_engine")
 
 
-def histogram_totals(text: str, name: str) -> tuple[float, float]:
-    """(sum, count) of histogram ``name`` over every label set of one /metrics page."""
-    total = count = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            if sample.name == f"{name}_sum":
-                total += sample.value
-            elif sample.name == f"{name}_count":
-                count += sample.value
-    return total, count
-
-
-def _scrape(fleet: Fleet, name: str) -> tuple[float, float]:
-    total = count = 0.0
-    for row in fleet.endpoints.values():
-        for address in metrics_ports(row["metrics"]) if row.get("metrics") else []:
-            try:
-                with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
-                    s, c = histogram_totals(resp.read().decode(), name)
-            except OSError:
-                continue
-            total, count = total + s, count + c
-    return total, count
-
-
-def split(client_ms: float, scheduler_ms: float, engine_ms: float) -> dict[str, float]:
-    """The path's parts (ms): client↔scheduler and scheduler↔engine, each both ways."""
-    return {
-        "client_scheduler_ms": round(client_ms - scheduler_ms, 2),
-        "scheduler_engine_ms": round(scheduler_ms - engine_ms, 2),
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    """Mean and p50 (ms) of the client's TTFT, the engines' own, the path and its parts, of one
+    ``llmfleet load`` report run."""
+    live = report["live"]
+    dists = {
+        "client": report["overall"]["ttft_s"],
+        "engine": live["engine_ttft_s"],
+        "path": live["path_ttft_s"],
+        **{p: live["path_parts_s"][p] for p in PARTS},
     }
+    row: dict[str, Any] = {"requests": report["overall"]["ttft_s"]["n"], "timed": live["path_ttft_s"]["n"]}
+    for name, d in dists.items():
+        row[f"{name}_mean_ms"] = round(1e3 * d["mean"], 2) if d["n"] else None
+        row[f"{name}_p50_ms"] = round(1e3 * d["p50"], 2) if d["n"] else None
+    return row
 
 
 def run(out: Path, gpus: int, setup: Setup, rate: float, span_s: float) -> dict[str, Any]:
@@ -68,34 +47,20 @@ def run(out: Path, gpus: int, setup: Setup, rate: float, span_s: float) -> dict[
     fleet.start()
     try:
         load = run_load(fleet, conv.flags(rate), out / "live", conv.span_s * 8 + 900)
-        scheduler = _scrape(fleet, SCHEDULER_TTFT)
     finally:
         fleet.stop()
     if load.returncode != 0:
         raise RuntimeError(f"llmfleet load exited {load.returncode}: see {out / 'live.out'}")
-    report = json.loads((out / "live" / "report.json").read_text())["runs"][0]
-    client, engines = report["overall"]["ttft_s"], report["live"]["engine_ttft_s"]
-    means = {
-        "client_ms": round(1e3 * client["mean"], 2),
-        "scheduler_ms": round(1e3 * scheduler[0] / scheduler[1], 2) if scheduler[1] else None,
-        "engine_ms": round(1e3 * engines["mean"], 2),
-    }
-    row = {"requests": client["n"], "scheduler_requests": int(scheduler[1]), **means}
-    if means["scheduler_ms"] is not None:
-        row |= split(means["client_ms"], means["scheduler_ms"], means["engine_ms"])
-    return row
+    return figures(json.loads((out / "live" / "report.json").read_text())["runs"][0])
 
 
 def markdown(rows: list[dict[str, Any]], context: str) -> str:
-    head = (
-        "| run | client TTFT mean ms | schedulers' | engines' | client↔scheduler ms | scheduler↔engine ms |"
-    )
-    lines = [f"# Where the client's TTFT goes ({context})", "", head, "|---|---:|---:|---:|---:|---:|"]
+    names = ("client", "engine", "path", *PARTS)
+    head = "| run | " + " | ".join(f"{n} mean / p50 ms" for n in names) + " |"
+    lines = [f"# Where the client's TTFT goes ({context})", "", head, "|---|" + "---:|" * len(names)]
     for i, r in enumerate(rows, 1):
-        lines.append(
-            f"| {i} | {r['client_ms']} | {r['scheduler_ms']} | {r['engine_ms']} | "
-            f"{r.get('client_scheduler_ms')} | {r.get('scheduler_engine_ms')} |"
-        )
+        cells = " | ".join(f"{r[f'{n}_mean_ms']} / {r[f'{n}_p50_ms']}" for n in names)
+        lines.append(f"| {i} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

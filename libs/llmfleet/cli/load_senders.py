@@ -50,6 +50,7 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
         out.engine_id = u.engine_id
         out.finish_reason = u.finish_reason
         out.engine_ttft_s = u.engine_ttft_s or None  # 0: the scheduler does not know it
+        out.scheduler_ttft_s, out.scheduler_queue_s = u.ttft_s, u.queue_s
         return out
 
     return send

@@ -46,7 +46,9 @@ class LiveOutcome:
     """One sent request: its times in seconds from the run's start (``planned_s``: the workload's
     arrival; ``arrival_s``: when it was sent), what came back, and why it failed (``""``: it did not).
     ``engine_ttft_s``: the serving engine's own TTFT, from its receipt of the request (None: not
-    reported, e.g. through the HTTP API or after a migration)."""
+    reported, e.g. through the HTTP API or after a migration); ``scheduler_ttft_s`` and
+    ``scheduler_queue_s``: the scheduler's TTFT and its time to choose an engine, both from its receipt
+    of the request (None: not reported, through the HTTP API)."""
 
     request_id: str
     service: str
@@ -62,6 +64,8 @@ class LiveOutcome:
     error: str = ""
     text: str = field(default="", repr=False)  # the completion (a closed-loop turn resends it)
     engine_ttft_s: float | None = None
+    scheduler_ttft_s: float | None = None
+    scheduler_queue_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -244,6 +248,7 @@ def live_report(
         # and what the path outside them added (client TTFT minus the engine's), per request
         "engine_ttft_s": dist([o.engine_ttft_s or 0.0 for o in timed]),
         "path_ttft_s": dist([(o.first_s or 0.0) - o.arrival_s - (o.engine_ttft_s or 0.0) for o in timed]),
+        "path_parts_s": _path_parts([o for o in timed if o.scheduler_ttft_s is not None]),
         "samples": len(samples),
         "errors": _count(o.error for o in outcomes if not o.ok),
         "finish_reasons": _count(o.finish_reason for o in outcomes if o.ok),
@@ -259,3 +264,20 @@ def _count(items) -> dict[str, int]:
     for x in items:
         out[x or "?"] = out.get(x or "?", 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _path_parts(outcomes: list[LiveOutcome]) -> dict[str, dict[str, float]]:
+    """Per request, the path outside the engine in three parts that add up to it: client to scheduler
+    and back (client TTFT minus the scheduler's), the scheduler choosing an engine (its queue time), and
+    scheduler to engine and back (the scheduler's TTFT after dispatch minus the engine's own)."""
+    client, dispatch, engine = [], [], []
+    for o in outcomes:
+        sched, queue = o.scheduler_ttft_s or 0.0, o.scheduler_queue_s or 0.0
+        client.append((o.first_s or 0.0) - o.arrival_s - sched)
+        dispatch.append(queue)
+        engine.append(sched - queue - (o.engine_ttft_s or 0.0))
+    return {
+        "client_scheduler": dist(client),
+        "scheduler_dispatch": dist(dispatch),
+        "scheduler_engine": dist(engine),
+    }

@@ -374,3 +374,19 @@ def test_report_splits_ttft_into_the_engines_own_and_the_path_outside_them() -> 
     assert live["engine_ttft_s"]["p50"] == pytest.approx(0.15)
     # client TTFT (first token − sent) is 0.19 s for each: the path added 0.04, 0.07, 0.0, 0.09, 0.01
     assert live["path_ttft_s"]["mean"] == pytest.approx((0.04 + 0.07 + 0.0 + 0.09 + 0.01) / 5)
+    assert live["path_parts_s"]["client_scheduler"]["n"] == 0  # no scheduler figures: no parts
+
+
+def test_report_splits_the_path_at_the_scheduler() -> None:
+    outcomes = _outcomes()
+    for o, engine in zip(outcomes, (0.15, 0.12, None, 0.19, 0.1, 0.18), strict=False):
+        o.engine_ttft_s = engine
+        o.scheduler_ttft_s, o.scheduler_queue_s = 0.17 if o.request_id != "r1" else None, 0.005
+    live = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))])["live"]
+    parts = live["path_parts_s"]
+    # the requests with every figure (r1 has no scheduler figure): the engines' TTFT 0.15, 0.19, 0.1, 0.18 s
+    assert parts["client_scheduler"]["n"] == 4
+    assert parts["client_scheduler"]["mean"] == pytest.approx(0.19 - 0.17)  # client TTFT 0.19 s
+    assert parts["scheduler_dispatch"]["mean"] == pytest.approx(0.005)
+    engine = [0.17 - 0.005 - e for e in (0.15, 0.19, 0.1, 0.18)]  # the parts add up to the path
+    assert parts["scheduler_engine"]["mean"] == pytest.approx(sum(engine) / 4)
