@@ -2,8 +2,8 @@
 workload on its fleet (``--quick``'s emulated section: 4 emulated A100-80GB, one setup at one load),
 and from its report the client's TTFT, the engines' own, and the path between them in the report's
 three parts (``live.path_parts_s``): client to scheduler and back, the scheduler choosing an engine,
-and scheduler to engine and back (the hop, the engine's tokenizing before it stamps the request's
-arrival, and the first token's way back), each as mean and p50 in ms.
+and scheduler to engine and back (the hop and the first token's way back; the engine's TTFT counts
+from its receipt of the request, its tokenizing included), each as mean and p50 in ms.
 
     .venv/bin/python -m tools.bench.path_split --rate 32 --runs 2 --out .bench/path-split
 """

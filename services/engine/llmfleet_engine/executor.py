@@ -405,7 +405,7 @@ class Executor:
                 if metrics is not None:
                     last = r.last_token_s
                     if last is None:
-                        metrics.first_token(r.req.model, r.req.prompt_tokens, now - r.req.arrival_s)
+                        metrics.first_token(r.req.model, r.req.prompt_tokens, now - r.req.since_s)
                     else:
                         previous[last] = previous.get(last, 0) + 1
                     r.last_token_s = now

@@ -86,7 +86,7 @@ class LiveRequest:
         token (TTFT, prompt tokens) or the gap since the previous one (inter-token latency)."""
         model = self.req.model
         if self.last_token_s is None:
-            metrics.first_token(model, self.req.prompt_tokens, now - self.req.arrival_s)
+            metrics.first_token(model, self.req.prompt_tokens, now - self.req.since_s)
         else:
             metrics.inter_token(model, now - self.last_token_s)
         self.last_token_s = now
@@ -94,13 +94,13 @@ class LiveRequest:
 
     def usage(self, now: float) -> EngineUsage:
         """The final chunk's usage, the request ending at ``now``."""
-        arrival = self.req.arrival_s
+        arrival, since = self.req.arrival_s, self.req.since_s
         return EngineUsage(
             prompt_tokens=self.req.prompt_tokens,
             completion_tokens=len(self.tokens),
             queue_s=max(0.0, (self.scheduled_s if self.scheduled_s is not None else now) - arrival),
-            ttft_s=max(0.0, self.first_token_s - arrival) if self.first_token_s is not None else 0.0,
-            latency_s=max(0.0, now - arrival),
+            ttft_s=max(0.0, self.first_token_s - since) if self.first_token_s is not None else 0.0,
+            latency_s=max(0.0, now - since),
         )
 
 

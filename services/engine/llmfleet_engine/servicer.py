@@ -270,7 +270,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         The prompt is validated and tokenized on a worker thread: tokenizers release the GIL, so a long
         prompt (a few ms for thousands of tokens) does not hold up the event loop that streams every
         other request's tokens. The drain check and the submit follow on the loop, with no await
-        between them."""
+        between them. The request's TTFT and latency count from its receipt here, before tokenizing,
+        as vLLM counts from its arrival time; the executor's scheduling sees it from the submit."""
         attached = self.executor.attach(request.request_id) if request.request_id else None
         try:
             if attached is not None:  # a request migrated in: continue its stream
@@ -280,8 +281,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             if isinstance(self.executor, LoraBackend):  # an engine's LoRA adapters run on their base
                 models = self.executor.adapters.with_adapters(models)
                 base = self.executor.adapters.base_of(request.model) or base
+            received_s = time.monotonic()
             req = await asyncio.to_thread(
-                validate_generate, request, models, default_max_tokens=self.default_max_tokens
+                validate_generate,
+                request,
+                models,
+                default_max_tokens=self.default_max_tokens,
+                received_s=received_s,
             )
             if why := self.executor.host.draining_reason(base):  # the relay re-routes UNAVAILABLE
                 raise StreamRefused(grpc.StatusCode.UNAVAILABLE, f"{why}; retry on another engine")

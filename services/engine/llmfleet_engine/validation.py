@@ -57,7 +57,8 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingConfig
     resume_token_ids: tuple[int, ...] = ()
-    arrival_s: float = field(default_factory=time.monotonic)
+    arrival_s: float = field(default_factory=time.monotonic)  # when it entered the executor (tokenized)
+    received_s: float | None = None  # when the engine received it, before tokenizing; None: arrival_s
     service: str = ""  # budget group for the local policy; empty means the model name
     predicted_output_tokens: float | None = None  # the scheduler's length prediction, if any
     deadline_s: float | None = None  # relative SLO deadline (seconds after arrival), if any
@@ -65,6 +66,12 @@ class GenerationRequest:
     batch_size: int = 0
     priority: int = 0  # higher runs first, preempting lower ones (the scheduler's resolved priority)
     tenant: str = ""  # the API key's name ("" none): preemption shares the engine's slots among tenants
+
+    @property
+    def since_s(self) -> float:
+        """What the request's TTFT and latency count from: its receipt, before the prompt was tokenized
+        (vLLM's arrival time), or its arrival where no receipt was stamped (migrated in)."""
+        return self.arrival_s if self.received_s is None else self.received_s
 
     @property
     def group(self) -> str:
@@ -92,6 +99,7 @@ def build_request(
     resume_token_ids: Sequence[int] = (),
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     arrival_s: float | None = None,
+    received_s: float | None = None,
     service: str = "",
     predicted_output_tokens: float | None = None,
     deadline_s: float | None = None,
@@ -125,6 +133,7 @@ def build_request(
         sampling=sampling,
         resume_token_ids=resume,
         arrival_s=time.monotonic() if arrival_s is None else arrival_s,
+        received_s=received_s,
         service=service,
         predicted_output_tokens=_positive("predicted_output_tokens", predicted_output_tokens),
         deadline_s=_positive("deadline_s", deadline_s),
@@ -203,6 +212,7 @@ def validate_generate(
     *,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     arrival_s: float | None = None,
+    received_s: float | None = None,
 ) -> GenerationRequest:
     """Validate a protobuf ``GenerateRequest`` against the loaded ``models``. The request keeps the
     name it was sent with where ``models`` maps it to another model (a LoRA adapter to its base)."""
@@ -224,6 +234,7 @@ def validate_generate(
         resume_token_ids=list(request.resume_token_ids),
         default_max_tokens=default_max_tokens,
         arrival_s=arrival_s,
+        received_s=received_s,
         service=request.service,
         predicted_output_tokens=request.predicted_output_tokens,
         deadline_s=request.deadline_s,

@@ -397,7 +397,7 @@ class VllmRequests:
                 ):
                     loras.refresh()  # vLLM holds the adapter now, maybe evicting another
                 if metrics is not None:
-                    metrics.first_token(model, state.req.prompt_tokens, now - state.req.arrival_s)
+                    metrics.first_token(model, state.req.prompt_tokens, now - state.req.since_s)
             elif metrics is not None and step.token_ids and state.last_token_s is not None:
                 metrics.inter_token(model, now - state.last_token_s)
             state.assembler.commit(step)
@@ -425,7 +425,7 @@ class VllmRequests:
         now = time.monotonic() if now is None else now
         state.finished = True
         self._requests.pop(state.request_id, None)
-        arrival = state.req.arrival_s
+        arrival, since = state.req.arrival_s, state.req.since_s
         first = state.first_token_s
         if state.handed_s is None:
             scheduled = now if first is None else first
@@ -437,8 +437,8 @@ class VllmRequests:
             prompt_tokens=state.req.prompt_tokens,
             completion_tokens=len(state.assembler.tokens),
             queue_s=max(0.0, min(scheduled, now) - arrival),
-            ttft_s=max(0.0, first - arrival) if first is not None else 0.0,
-            latency_s=max(0.0, now - arrival),
+            ttft_s=max(0.0, first - since) if first is not None else 0.0,
+            latency_s=max(0.0, now - since),
         )
         if self.metrics is not None:
             self.metrics.finished(

@@ -145,6 +145,25 @@ async def test_a_prompt_being_tokenized_holds_up_no_other_stream(
     assert len(await held) == 4
 
 
+async def test_ttft_counts_from_receipt_before_tokenizing(engine: Engine, endless: LoadedModel) -> None:
+    """A request's TTFT and latency count from the engine's receipt, before its prompt is tokenized (as
+    vLLM counts from its arrival time); its queue time from the executor's arrival, after it."""
+    tokenizer = _HeldTokenizer(endless.tokenizer, "HOLD")
+    engine.executor.host.add_loaded(dataclasses.replace(endless, name="tiny-llama-held", tokenizer=tokenizer))
+    call = engine.stub.Generate(_generate("tiny-llama-held", "HOLD the quick brown fox", max_tokens=2))
+    chunks = asyncio.ensure_future(_collect(call))
+    await _wait_for(tokenizer.entered.is_set)
+    await asyncio.sleep(0.3)
+    tokenizer.release.set()
+    usage = (await chunks)[-1].usage
+    assert usage.ttft_s >= 0.3 and usage.latency_s >= usage.ttft_s
+    assert usage.queue_s < 0.3
+
+
+async def _collect(call: Any) -> list[common_pb2.TokenChunk]:
+    return [c async for c in call]
+
+
 async def test_cancel_rpc(engine: Engine, endless: LoadedModel) -> None:
     request = _generate(endless.name, "The quick brown fox", max_tokens=1500)
     request.request_id = "to-cancel"
