@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import grpc
 import openai
 import psutil
 import pytest
 from harness import TTL_S, Cluster, launch
+from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.client import AsyncClient
 from llmfleet.client.errors import InvalidArgument, NotFound
 from llmfleet.config import EtcdSettings
@@ -216,7 +218,11 @@ async def test_bad_input_is_refused_and_the_engine_keeps_serving(
 async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8):
     """A long stream that runs on the vLLM engine, after ``tokens`` of it were read: (stream, chunks).
     The dispatch alternates: a stream the vLLM engine does not report running within a few load
-    reports ran on the native engine (which may finish it in under a second) and is read to its end."""
+    reports ran on the native engine (which may finish it in under a second) and is read to its end.
+    The leader's report can be a second old, and a quiet machine's vLLM runs a long stream in a few
+    seconds, so the stream is returned only if the vLLM engine's own snapshot, read last, shows it
+    with at least half of its tokens still to come; otherwise it is read to its end and another is
+    started."""
     migration = vcluster.addresses["migration"]
     for _ in range(8):
         stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
@@ -227,10 +233,23 @@ async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8)
                 break
         try:
             await wait_running(migration, lambda r: r.get(VLLM) == 1, 5, "the stream to run on vLLM")
-            return stream, chunks
         except AssertionError:
             chunks.extend([c async for c in stream])
+            continue
+        if any(n < LONG_TOKENS // 2 for n in await vllm_tokens_held(vcluster)):
+            return stream, chunks
+        chunks.extend([c async for c in stream])
     raise AssertionError("no stream reached the vLLM engine")
+
+
+async def vllm_tokens_held(vcluster: Cluster) -> list[int]:
+    """The tokens (prompt and output) of each request the vLLM engine holds now, from its own load
+    snapshot."""
+    async with grpc.aio.insecure_channel(vcluster.addresses[VLLM]) as ch:
+        stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
+        snap = await anext(aiter(stream))
+        stream.cancel()
+    return [r.tokens for r in snap.requests]
 
 
 async def assert_vllm_serves(client: AsyncClient, reference: list[int]) -> None:
