@@ -219,8 +219,8 @@ async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8)
     """A long stream that runs on the vLLM engine, after ``tokens`` of it were read: (stream, chunks).
     The dispatch alternates: a stream the vLLM engine does not report running within a few load
     reports ran on the native engine (which may finish it in under a second) and is read to its end.
-    The leader's report can be a second old, and a quiet machine's vLLM runs a long stream in a few
-    seconds, so the stream is returned only if the vLLM engine's own snapshot, read last, shows it
+    The leader's view comes from periodic load reports and can lag, and vLLM-CPU runs a long stream
+    in a few seconds (about 350 tokens/s here), so the stream is returned only if the vLLM engine's own snapshot, read last, shows it
     with at least half of its tokens still to come; otherwise it is read to its end and another is
     started."""
     migration = vcluster.addresses["migration"]
