@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -41,9 +42,11 @@ def etcd_settings(etcd: LocalEtcd) -> EtcdSettings:
 
 @pytest.fixture
 async def etcd_client(etcd_settings: EtcdSettings) -> AsyncIterator[EtcdClient]:
-    """A connected EtcdClient for ``etcd_settings``; closed afterwards."""
+    """A connected EtcdClient for ``etcd_settings``; closed afterwards. It retries for up to 30 s: on a
+    loaded machine the first probe of a just-started etcd can miss its 2 s timeout."""
     client = EtcdClient(etcd_settings)
-    await client.connect(wait=False)
+    async with asyncio.timeout(30):
+        await client.connect()
     try:
         yield client
     finally:
