@@ -17,7 +17,7 @@ from llmfleet.rpc.server import service_name
 from llmfleet.supervisor import ProcessGroup, free_port
 from llmfleet.testing import eventually
 from llmfleet_engine.kv_rpc import ACCEPTED_METADATA
-from util import hf_greedy
+from util import hf_greedy, load_snapshot
 
 BIN = Path(sys.executable).parent
 PROMPT = "Move this request to another engine and keep going"
@@ -79,11 +79,7 @@ async def wait_model(address: str) -> None:
 
 
 async def blocks_used(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as ch:
-        stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
-        snap = await anext(aiter(stream))
-        stream.cancel()
-        return snap.kv_blocks_used
+    return (await load_snapshot(address)).kv_blocks_used
 
 
 def generate_request(rid: str, n: int, resume: list[int] | None = None) -> engine_pb2.GenerateRequest:

@@ -11,9 +11,9 @@ import time
 import grpc
 import pytest
 from harness import Cluster, launch, prepare_endless_llama
-from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc, migration_pb2, migration_pb2_grpc
+from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
 from llmfleet.client import AsyncClient
-from util import hf_greedy
+from util import hf_greedy, load_snapshot
 
 PROMPT = "Once upon a time there was a fleet of models"
 LONG = 1900
@@ -54,12 +54,7 @@ async def status(address: str) -> migration_pb2.StatusResponse:
 
 
 async def blocks_used(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as ch:
-        stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
-        async for snap in stream:
-            stream.cancel()
-            return snap.kv_blocks_used
-    return -1
+    return (await load_snapshot(address)).kv_blocks_used
 
 
 async def wait_leader(c: Cluster, not_: str = "") -> tuple[str, migration_pb2.StatusResponse]:

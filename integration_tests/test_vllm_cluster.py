@@ -18,12 +18,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import grpc
 import openai
 import psutil
 import pytest
 from harness import TTL_S, Cluster, launch
-from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
 from llmfleet.client import AsyncClient
 from llmfleet.client.errors import InvalidArgument, NotFound
 from llmfleet.config import EtcdSettings
@@ -32,7 +30,7 @@ from llmfleet.coord.desired import put_placement
 from llmfleet.supervisor import free_port
 from llmfleet.types import DesiredPlacement
 from llmfleet_engine.models import materialize, without_eos
-from util import flatten, hf_greedy, migration_status, wait_running
+from util import flatten, hf_greedy, load_snapshot, migration_status, wait_running
 from vllm_marks import VLLM_DEVICE, VLLM_TINY_SOURCE, requires_vllm
 
 pytestmark = [pytest.mark.integration, *requires_vllm]
@@ -236,20 +234,11 @@ async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8)
         except AssertionError:
             chunks.extend([c async for c in stream])
             continue
-        if any(n < LONG_TOKENS // 2 for n in await vllm_tokens_held(vcluster)):
+        held = (await load_snapshot(vcluster.addresses[VLLM])).requests
+        if any(r.tokens < LONG_TOKENS // 2 for r in held):
             return stream, chunks
         chunks.extend([c async for c in stream])
     raise AssertionError("no stream reached the vLLM engine")
-
-
-async def vllm_tokens_held(vcluster: Cluster) -> list[int]:
-    """The tokens (prompt and output) of each request the vLLM engine holds now, from its own load
-    snapshot."""
-    async with grpc.aio.insecure_channel(vcluster.addresses[VLLM]) as ch:
-        stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
-        snap = await anext(aiter(stream))
-        stream.cancel()
-    return [r.tokens for r in snap.requests]
 
 
 async def assert_vllm_serves(client: AsyncClient, reference: list[int]) -> None:

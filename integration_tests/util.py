@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import torch
-from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
+from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc, migration_pb2, migration_pb2_grpc
 
 
 def hf_greedy(model_dir: Path | str, prompt: str, max_new_tokens: int) -> list[int]:
@@ -33,6 +33,15 @@ def hf_greedy(model_dir: Path | str, prompt: str, max_new_tokens: int) -> list[i
 async def migration_status(address: str) -> migration_pb2.StatusResponse:
     async with grpc.aio.insecure_channel(address) as ch:
         return await migration_pb2_grpc.MigrationStub(ch).Status(migration_pb2.StatusRequest(), timeout=5)
+
+
+async def load_snapshot(address: str) -> common_pb2.LoadSnapshot:
+    """The engine at ``address``'s load now: the first snapshot of its ``WatchLoad``."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        stream = engine_pb2_grpc.EngineStub(ch).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=0.05))
+        snap = await anext(aiter(stream))
+        stream.cancel()
+    return snap
 
 
 async def wait_running(address: str, predicate, timeout: float, what: str) -> dict[str, int]:

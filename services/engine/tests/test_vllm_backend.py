@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,6 +171,16 @@ async def test_greedy_matches_hf_generate(
     snap = vexec.load_snapshot()
     assert (snap.running, snap.waiting, snap.kv_used_bytes) == (0, 0, 0)
     assert list(snap.requests.rows()) == []
+
+
+async def test_ttft_counts_from_receipt(vexec: VllmExecutor, model: VllmLoadedModel, prompts) -> None:
+    """TTFT and latency count from the request's receipt (``received_s``, before tokenizing), the queue
+    time from its arrival in the executor: a receipt 0.5 s earlier adds 0.5 s to TTFT, not to the queue."""
+    req = build_request(
+        model, prompts[0], max_tokens=2, request_id="received-early", received_s=time.monotonic() - 0.5
+    )
+    usage = (await vexec.submit(req).collect())[-1].usage
+    assert usage.ttft_s - usage.queue_s >= 0.5 and usage.latency_s >= usage.ttft_s
 
 
 async def test_concurrent_requests(
