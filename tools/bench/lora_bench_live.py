@@ -5,11 +5,10 @@ compared by ``llmfleet compare``.
 
 The cluster file: the base ``llama2-7b`` (``emulated://llama2-7b``), one adapter entry per service
 (``emulated://r16``: rank 16, no files), ``colocate_all`` placement (the base on every engine; the
-adapters follow their traffic), the arm's dispatch on the schedulers, and prefix caching off: a
-length-only trace's requests have no content, so the simulator never finds a cached prefix, while
-``llmfleet load`` fills their prompts with words the emulated tokenizer reads as one unknown token,
-which would make every prompt of an adapter a prefix of the next on the live engines. The trace is the simulated arms'
-request list (same seed, Zipf over the adapters, log-normal lengths) at a rate and duration small
+adapters follow their traffic), the arm's dispatch on the schedulers, and prefix caching on (the
+default): a length-only trace's requests have no content, and ``llmfleet load`` fills their prompts
+with seeded words that share no cached block, so neither side finds a cached prefix (the engine
+counters in the report show it). The trace is the simulated arms' request list (same seed, Zipf over the adapters, log-normal lengths) at a rate and duration small
 enough for the host (a CSV with a ``Service`` column, which ``llmfleet load`` and ``llmfleet sim``
 keep as each request's service).
 """
@@ -69,7 +68,7 @@ def cluster_file(
         "emulated": {
             "hardware": hardware,
             "count": gpus,
-            "engine": {"max_loras": max_loras, "max_lora_rank": rank, "prefix_caching": False},
+            "engine": {"max_loras": max_loras, "max_lora_rank": rank},
         },
     }
 

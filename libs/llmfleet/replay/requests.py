@@ -1,6 +1,10 @@
 """Workload → requests for a live cluster: each trace request keeps its arrival time, gets a prompt of
-exactly its prompt-token count (N seeded short words: the emulated engines' word-level tokenizer counts
-one token per whitespace-separated word, no BOS) and ``max_tokens`` = its output length. A request
+exactly its prompt-token count and ``max_tokens`` = its output length. The prompt is N seeded words of
+the workload's vocabulary (:data:`~llmfleet.workload.prompts.WORDS`): the emulated engines' word-level
+tokenizer gives each exactly one token id (no BOS), and two requests' prompts share no block of a
+prefix cache, as the simulator, which knows their lengths only, assumes. (A word the tokenizer does not
+know is ``<unk>``: prompts of unknown words would all be the same ids and hit each other's cached
+blocks.) A request
 with prompt content (system prompts, conversations: :mod:`llmfleet.workload.prompts`) sends that
 content's words instead, so requests that share a prefix in the workload share it live. A
 closed-loop turn keeps what it ``follows`` and its think time (:mod:`llmfleet.workload.followups`).
@@ -20,7 +24,7 @@ import numpy as np
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import SimService
 from llmfleet.workload import Workload, WorkloadRequest
-from llmfleet.workload.prompts import VOCAB, prompt_text, segment_text
+from llmfleet.workload.prompts import VOCAB, WORDS, prompt_text, segment_text
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,11 @@ class ReplayRequest:
 
 
 def synthetic_prompt(n_tokens: int, seed: int, index: int) -> str:
-    """``n_tokens`` words ``w<k>`` (at least one: an empty prompt is refused), seeded by (seed, index)."""
+    """``n_tokens`` words of :data:`~llmfleet.workload.prompts.WORDS` (at least one: an empty prompt is
+    refused), seeded by (seed, index)."""
     rng = np.random.default_rng([seed, index])
-    return " ".join(f"w{k}" for k in rng.integers(0, VOCAB, max(1, n_tokens)).tolist())
+    words = WORDS
+    return " ".join([words[k] for k in rng.integers(0, VOCAB, max(1, n_tokens)).tolist()])
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.types import Slo
 from llmfleet.workload import load_azure_trace
+from llmfleet.workload.prompts import WORDS
 
 
 def _trace(tmp_path: Path, rows: list[tuple[float, int, int]]) -> Path:
@@ -51,9 +52,18 @@ def test_requests_keep_arrivals_lengths_and_get_sims_services(tmp_path: Path) ->
     assert {r.service for r in reqs if r.prompt_tokens < 100} == {"short"}
     for r in reqs:  # exactly N whitespace-separated words, deterministic per (seed, request)
         words = r.prompt(seed=3).split()
-        assert len(words) == r.prompt_tokens and all(w.startswith("w") for w in words)
+        assert len(words) == r.prompt_tokens and set(words) <= set(WORDS)
         assert r.prompt(seed=3) == r.prompt(seed=3) != r.prompt(seed=4)
     assert synthetic_prompt(0, 0, 0).split() != []  # an empty prompt is refused: one word
+
+
+def test_synthetic_prompts_share_no_prefix_block() -> None:
+    """The simulator sees a trace's lengths only, so no two of its prompts share cached blocks: live, no
+    two synthetic prompts start with the same 16 words (one block), and every word is one the emulated
+    engines' tokenizer knows (an unknown word is <unk>, the same id for every word)."""
+    firsts = {tuple(synthetic_prompt(64, 0, i).split()[:16]) for i in range(500)}
+    assert len(firsts) == 500
+    assert all(set(w) <= set(WORDS) for w in firsts)
 
 
 def test_synthetic_workload_is_the_sims(tmp_path: Path) -> None:

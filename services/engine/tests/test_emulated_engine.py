@@ -10,11 +10,13 @@ from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.memory import load_seconds
 from llmfleet.metrics.engine import engine_metrics
 from llmfleet.metrics.server import samples
+from llmfleet.replay.requests import synthetic_prompt
 from llmfleet.sim.memory import pool_layout
 from llmfleet.sim.spec import EngineSettings
 from llmfleet.types import ModelSpec
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.clock import Lag
+from llmfleet_engine.emulated.tokenizer import UNK_ID
 from llmfleet_engine.validation import build_request
 from prometheus_client import CollectorRegistry
 
@@ -91,6 +93,34 @@ async def test_lag_is_exported_next_to_the_vllm_metrics():
         assert got["llmfleet_emulated_waits_total"] >= 6  # the load and five steps
         assert "llmfleet_emulated_lag_seconds_total" in got
         assert any(k.startswith("vllm:generation_tokens_total") for k in got)
+    finally:
+        await ex.aclose()
+
+
+async def test_a_replayed_trace_s_prompts_share_no_cached_block():
+    """``llmfleet load --trace`` sends a length-only request as seeded words: one known token each, and
+    no two prompts share a cached block, as in the simulator (which knows their lengths only). Words the
+    tokenizer does not know are all ``<unk>``: such prompts would hit each other's blocks."""
+    ex = EmulatedExecutor(
+        EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=SteppedClock()
+    )
+    try:
+        await asyncio.to_thread(ex.host.load, ModelSpec("m", "emulated://llama2-7b"))
+        model = ex.host.models["m"]
+
+        async def serve(prompts: list[str]) -> tuple[int, int]:
+            before = (ex.core.prefix_queries, ex.core.prefix_hits)
+            for i, text in enumerate(prompts):
+                req = build_request(model, text, request_id=f"r{before[0]}-{i}", max_tokens=2)
+                assert len(req.prompt_token_ids) == len(text.split())
+                await asyncio.wait_for(ex.submit(req).collect(), 30)
+            return ex.core.prefix_queries - before[0], ex.core.prefix_hits - before[1]
+
+        replayed = [synthetic_prompt(200, 0, i) for i in range(4)]
+        assert not any(UNK_ID in build_request(model, p, request_id="x").prompt_token_ids for p in replayed)
+        assert await serve(replayed) == (800, 0)
+        unknown = [" ".join(f"w{(7 * i + k) % 100}" for k in range(200)) for i in range(2)]
+        assert (await serve(unknown))[1] > 0  # distinct texts, the same <unk> ids
     finally:
         await ex.aclose()
 
