@@ -320,12 +320,15 @@ class EpochWork:
         return top == L and not any(x.cls in (S, M) for x in others) and big + it.size < b.capacity
 
     def join_bundle(self, it: Item, b: Bin) -> None:
+        """``it`` (tiny, on ``b``) joins the largest multi-item of its model there that stays within
+        its class, else becomes one. Never a finished multi-item: its Depart takes all its requests."""
         self.detach(it)
         room = [
             x
             for x in b.items.values()
             if x.bundle and x.model == it.model and fits_bundle(x.size + it.size, self.cap)
-        ]
+            and self.ghosts.isdisjoint(x.reqs)
+        ]  # fmt: skip
         if room:
             x = max(room, key=lambda x: (x.size, x.item_id))
             self.detach(x)

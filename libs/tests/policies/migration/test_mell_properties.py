@@ -114,6 +114,22 @@ def state(g: str, place, model_of, hosts, active) -> GpuState:
     return GpuState(g, hosts[g], C, reqs, g in active)
 
 
+# a run Hypothesis found (without batching, operations run in id order, so a finished multi-item is
+# still on its GPU when another operation moves a tiny request there)
+GHOST_BUNDLE_EPOCHS = [
+    ([450, 134], 54, 50), ([120], 144, 204), ([979, 95, 48, 325, 1058, 218], 74, 969), ([147, 154, 1], 114, 5499),
+    ([340, 1041], 95, 0), ([599, 1029, 33, 134, 256], 49, 88), ([664, 45, 743, 231, 231, 803], 86, 1112),
+    ([35, 94, 807, 23, 704], 18, 188824), ([151, 90, 141], 87, 25379), ([566, 282], 60, 2746), ([], 13, 23993),
+]  # fmt: skip
+
+
+def test_a_tiny_request_never_joins_a_finished_multi_item():
+    """A tiny request moved onto a GPU joins a multi-item there, never one whose requests all finished:
+    that one's Depart takes every request it holds, and the live one would vanish from the plan's
+    view of its GPU, which then takes more than it can hold."""
+    simulate(GHOST_BUNDLE_EPOCHS, False, {f"g{i:02d}": ("m",) for i in range(100)}, ("m",))
+
+
 ADDITIVE = 3
 
 
