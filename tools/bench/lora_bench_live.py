@@ -8,9 +8,9 @@ The cluster file: the base ``llama2-7b`` (``emulated://llama2-7b``), one adapter
 adapters follow their traffic), the arm's dispatch on the schedulers, and prefix caching on (the
 default): a length-only trace's requests have no content, and ``llmfleet load`` fills their prompts
 with seeded words that share no cached block, so neither side finds a cached prefix (the engine
-counters in the report show it). The trace is the simulated arms' request list (same seed, Zipf over the adapters, log-normal lengths) at a rate and duration small
-enough for the host (a CSV with a ``Service`` column, which ``llmfleet load`` and ``llmfleet sim``
-keep as each request's service).
+counters in the report show it). The trace is the simulated arms' request list (same seed, Zipf over
+the adapters, log-normal lengths) at a rate and duration small enough for the host (a CSV with a
+``Service`` column, which ``llmfleet load`` and ``llmfleet sim`` keep as each request's service).
 """
 
 from __future__ import annotations
