@@ -19,12 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from llmfleet.sim.run import assign_services
 from llmfleet.sim.spec import SimService
 from llmfleet.workload import Workload, WorkloadRequest
-from llmfleet.workload.prompts import VOCAB, WORDS, prompt_text, segment_text
+from llmfleet.workload.prompts import prompt_text, segment_text, stable_seed
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,9 @@ class ReplayRequest:
 
 
 def synthetic_prompt(n_tokens: int, seed: int, index: int) -> str:
-    """``n_tokens`` words of :data:`~llmfleet.workload.prompts.WORDS` (at least one: an empty prompt is
-    refused), seeded by (seed, index)."""
-    rng = np.random.default_rng([seed, index])
-    words = WORDS
-    return " ".join([words[k] for k in rng.integers(0, VOCAB, max(1, n_tokens)).tolist()])
+    """``n_tokens`` words (at least one: an empty prompt is refused): the workload's seeded segment of
+    (seed, index) (:func:`~llmfleet.workload.prompts.segment_text`)."""
+    return segment_text(stable_seed("replay", seed, index), max(1, n_tokens))
 
 
 @dataclass(frozen=True)
