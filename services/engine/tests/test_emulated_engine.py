@@ -99,8 +99,8 @@ async def test_lag_is_exported_next_to_the_vllm_metrics():
 
 async def test_a_replayed_trace_s_prompts_share_no_cached_block():
     """``llmfleet load --trace`` sends a length-only request as seeded words: one known token each, and
-    no two prompts share a cached block, as in the simulator (which knows their lengths only). Words the
-    tokenizer does not know are all ``<unk>``: such prompts would hit each other's blocks."""
+    no two prompts share a cached block, as in the simulator (which knows their lengths only). Text of
+    words the tokenizer does not know shares blocks only where it shares leading words."""
     ex = EmulatedExecutor(
         EmulatedConfig(hardware="a100-80gb", sim_models={"m": "llama2-7b"}), clock=SteppedClock()
     )
@@ -120,7 +120,9 @@ async def test_a_replayed_trace_s_prompts_share_no_cached_block():
         assert not any(UNK_ID in build_request(model, p, request_id="x").prompt_token_ids for p in replayed)
         assert await serve(replayed) == (800, 0)
         unknown = [" ".join(f"w{(7 * i + k) % 100}" for k in range(200)) for i in range(2)]
-        assert (await serve(unknown))[1] > 0  # distinct texts, the same <unk> ids
+        assert await serve(unknown) == (400, 0)  # distinct texts, distinct ids
+        shared = " ".join(f"word{k}" for k in range(100))  # 6 full blocks of 16, then 4 words
+        assert await serve([f"{shared} and then {i}" for i in range(2)]) == (206, 96)
     finally:
         await ex.aclose()
 
