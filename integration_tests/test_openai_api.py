@@ -82,6 +82,31 @@ def test_greedy_completion_equals_sdk(api):
     assert chunks[-1].usage.completion_tokens == 8
 
 
+def test_usage_counts_the_prompt_tokens_found_in_a_prefix_cache(api):
+    """``usage.prompt_tokens_details.cached_tokens``, as OpenAI's prompt caching reports it: a prompt
+    sent again finds its full blocks cached on the engine that served it (the chat service's engines
+    take turns or the least loaded, so one of two repeats lands where the first ran)."""
+    c, base = api
+    prompt = " ".join(f"cache{i}" for i in range(120))
+    client = sync_client(base)
+    usages = [
+        client.completions.create(model="chat", prompt=prompt, max_tokens=2, temperature=0).usage
+        for _ in range(3)
+    ]
+    cached = [u.prompt_tokens_details.cached_tokens for u in usages]
+    assert cached[0] == 0, cached
+    assert 0 < max(cached[1:]) < usages[0].prompt_tokens, cached
+
+    async def sdk():
+        async with AsyncClient(c.scheduler, timeout_s=60) as sdk_client:
+            return [
+                (await sdk_client.complete(prompt, service="chat", max_tokens=2, temperature=0)).usage
+                for _ in range(2)
+            ]
+
+    assert max(u.cached_tokens for u in asyncio.run(sdk())) == max(cached[1:])
+
+
 def test_chat_sync_and_async_streaming(api):
     _, base = api
     messages = [{"role": "user", "content": "Say something"}]

@@ -51,6 +51,7 @@ def sdk_sender(client: AsyncClient, t0: float) -> Send:
         out.finish_reason = u.finish_reason
         out.engine_ttft_s = u.engine_ttft_s or None  # 0: the scheduler does not know it
         out.scheduler_ttft_s, out.scheduler_queue_s = u.ttft_s, u.queue_s
+        out.cached_tokens = u.cached_tokens
         return out
 
     return send
@@ -84,6 +85,8 @@ def http_sender(client: Any, t0: float) -> Send:
                         out.finish_reason = choice.finish_reason
                 if chunk.usage is not None:
                     out.completion_tokens = chunk.usage.completion_tokens
+                    details = chunk.usage.prompt_tokens_details
+                    out.cached_tokens = details.cached_tokens if details is not None else None
         except openai.APIStatusError as e:
             out.error = f"HTTP {e.status_code}: {e.message}"
             return out

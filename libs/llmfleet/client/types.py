@@ -28,6 +28,7 @@ class Usage:
     finish_reason: str
     engine_id: str
     engine_ttft_s: float = 0.0  # the engine's own TTFT (ttft_s minus this: what the path added)
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache (not computed)
 
 
 @dataclass(frozen=True)
@@ -87,4 +88,5 @@ def usage_from_chunk(chunk: common_pb2.TokenChunk, engine_id: str = "") -> Usage
         finish_reason=finish_reason_name(chunk.finish_reason),
         engine_id=chunk.engine_id or engine_id,
         engine_ttft_s=u.engine_ttft_s,
+        cached_tokens=u.cached_tokens,
     )

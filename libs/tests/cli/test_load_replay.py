@@ -387,6 +387,20 @@ def test_report_splits_ttft_into_the_engines_own_and_the_path_outside_them() -> 
     assert live["path_parts_s"]["client_scheduler"]["n"] == 0  # no scheduler figures: no parts
 
 
+def test_report_sums_the_prompt_tokens_the_engines_found_cached() -> None:
+    outcomes = _outcomes()  # 6 served with 100 prompt tokens each, then a failed one
+    for o, cached in zip(outcomes, (0, 64, None, 96, 0, 32, 48), strict=True):
+        o.cached_tokens = cached  # None: the usage did not say
+    live = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))])["live"]
+    # the failed request and the silent one are left out
+    assert live["prefix_cache"] == {
+        "requests": 5,
+        "prompt_tokens": 500,
+        "cached_tokens": 192,
+        "cached_share": pytest.approx(0.384),
+    }
+
+
 def test_report_splits_the_path_at_the_scheduler() -> None:
     outcomes = _outcomes()
     for o, engine in zip(outcomes, (0.15, 0.12, None, 0.19, 0.1, 0.18), strict=False):

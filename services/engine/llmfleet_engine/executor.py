@@ -330,6 +330,10 @@ class Executor:
             return None
         if plan.prefills:  # reported as phase "prefill" until the step completes
             self.table.prefilling = {r.sched.request_id for r in plan.prefills}
+            for r in plan.prefills:
+                live: LiveRequest = r.payload
+                if live.cached_tokens is None:  # a recompute after preemption keeps the first count
+                    live.cached_tokens = r.cached
         for r in plan.preempted:
             log.info("preempted %s (%d tokens to recompute)", r.request_id, r.sched.prompt_tokens)
             if self.metrics is not None:

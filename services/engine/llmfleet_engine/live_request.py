@@ -44,6 +44,7 @@ class LiveRequest:
     scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None  # when its latest token was produced (inter-token latency)
+    cached_tokens: int | None = None  # prompt tokens its first prefill here took from the prefix cache
     finished: bool = False
     worker_text: bool = field(init=False)  # stop strings: the worker needs the text
 
@@ -101,6 +102,7 @@ class LiveRequest:
             queue_s=max(0.0, (self.scheduled_s if self.scheduled_s is not None else now) - arrival),
             ttft_s=max(0.0, self.first_token_s - since) if self.first_token_s is not None else 0.0,
             latency_s=max(0.0, now - since),
+            cached_tokens=min(self.cached_tokens or 0, self.req.prompt_tokens),
         )
 
 

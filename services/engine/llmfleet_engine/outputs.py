@@ -63,6 +63,7 @@ class EngineUsage:
     queue_s: float
     ttft_s: float
     latency_s: float
+    cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
 
 
 @dataclass(frozen=True)

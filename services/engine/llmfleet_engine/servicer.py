@@ -78,6 +78,7 @@ def chunk_to_proto(chunk: EngineChunk, engine_id: str) -> common_pb2.TokenChunk:
                 queue_s=u.queue_s,
                 ttft_s=u.ttft_s,
                 latency_s=u.latency_s,
+                cached_tokens=u.cached_tokens,
             )
         )
     return msg

@@ -242,6 +242,7 @@ class ActiveRequest:
     engine_queue_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    cached_tokens: int = 0  # vLLM's num_cached_tokens: prompt tokens its prefix cache held
     finished: bool = False
 
     @property
@@ -384,6 +385,9 @@ class VllmRequests:
                 return True
             if queued is not None:
                 state.engine_queue_s = queued
+            cached = getattr(output, "num_cached_tokens", None)
+            if cached:
+                state.cached_tokens = int(cached)
             if step is None:
                 return False
             metrics, model = self.metrics, state.req.model
@@ -439,6 +443,7 @@ class VllmRequests:
             queue_s=max(0.0, min(scheduled, now) - arrival),
             ttft_s=max(0.0, first - since) if first is not None else 0.0,
             latency_s=max(0.0, now - since),
+            cached_tokens=min(state.cached_tokens, state.req.prompt_tokens),
         )
         if self.metrics is not None:
             self.metrics.finished(

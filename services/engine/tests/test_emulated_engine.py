@@ -123,6 +123,9 @@ async def test_a_replayed_trace_s_prompts_share_no_cached_block():
         assert await serve(unknown) == (400, 0)  # distinct texts, distinct ids
         shared = " ".join(f"word{k}" for k in range(100))  # 6 full blocks of 16, then 4 words
         assert await serve([f"{shared} and then {i}" for i in range(2)]) == (206, 96)
+        again = build_request(model, f"{shared} and then 0", request_id="again", max_tokens=2)
+        usage = (await asyncio.wait_for(ex.submit(again).collect(), 30))[-1].usage
+        assert usage is not None and usage.cached_tokens == 96  # the final usage counts them too
     finally:
         await ex.aclose()
 

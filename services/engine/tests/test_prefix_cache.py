@@ -13,7 +13,7 @@ from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.testing import eventually
 from llmfleet_engine.executor import Executor
 from llmfleet_engine.models import LoadedModel
-from llmfleet_engine.servicer import snapshot_to_proto
+from llmfleet_engine.servicer import chunk_to_proto, snapshot_to_proto
 from llmfleet_engine.validation import build_request
 from prometheus_client import CollectorRegistry, generate_latest
 from test_paged_engine import migrate_in_process
@@ -98,6 +98,21 @@ async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, ll
     wire = snapshot_to_proto(ex.load_snapshot(), "e0").prefix_cache
     assert (wire.queries, wire.hits, list(wire.recent_hashes)) == (100, 48, list(cache.recent_hashes))
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "idle cached blocks are free")
+
+
+async def test_the_final_usage_counts_the_prompt_tokens_found_cached(make_executor, llama):
+    """vLLM's ``num_cached_tokens``: what the request's prefill took from the cache, per request."""
+    ex = make_executor(block_bytes=BLOCK)
+    ids = [(5 * i + 2) % 200 + 5 for i in range(50)]  # 6 full blocks and 2 tokens
+    finals = []
+    for i in range(2):
+        req = dataclasses.replace(
+            build_request(llama, "x", request_id=f"u{i}", max_tokens=2), prompt_token_ids=tuple(ids)
+        )
+        finals.append((await ex.submit(req).collect())[-1])
+    assert [f.usage.prompt_tokens for f in finals if f.usage] == [50, 50]
+    assert [f.usage.cached_tokens for f in finals if f.usage] == [0, 48]
+    assert chunk_to_proto(finals[1], "e0").usage.cached_tokens == 48
 
 
 async def test_the_next_turn_starts_on_the_previous_answer_s_cached_blocks(make_executor, llama, hf_greedy):

@@ -321,6 +321,7 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(vexec: VllmExecutor, model
     assert n_prompt > size
     prompt = words("b", n_prompt)
     hits: list[float] = []
+    cached: list[int] = []  # each final usage's cached_tokens (vLLM's num_cached_tokens)
     for i in range(2):
         req = build_request(model, prompt, max_tokens=2, request_id=f"prefix-{i}")
         assert req.prompt_tokens == n_prompt
@@ -328,6 +329,7 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(vexec: VllmExecutor, model
         view = scheduler_view(vexec)
         chunks = await vexec.submit(req).collect()
         cc.check_stream(chunks)
+        cached.append(chunks[-1].usage.cached_tokens if chunks[-1].usage else -1)
         expected = queries + n_prompt
         await cc.wait_for(lambda e=expected: metric(vexec, "vllm:prefix_cache_queries_total") >= e, WAIT_S)
         assert metric(vexec, "vllm:prefix_cache_queries_total") == expected
@@ -338,6 +340,7 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(vexec: VllmExecutor, model
     assert hits[0] == 0  # nothing of it was cached
     # the repeat finds its full blocks cached (never the last token, which vLLM computes again)
     assert size <= hits[1] < n_prompt and hits[1] % size == 0
+    assert cached == [0, hits[1]]
     cache = vexec.load_snapshot().prefix_cache  # the load report carries vLLM's totals
     assert cache is not None
     view = scheduler_view(vexec)

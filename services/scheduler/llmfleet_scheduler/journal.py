@@ -45,6 +45,7 @@ class RequestRecord:
     first_token_at: float | None = None
     dispatched_at: float | None = None
     engine_ttft_s: float = 0.0  # the first engine's own TTFT (its final chunk's usage)
+    cached_tokens: int = 0  # prompt tokens the first engine found in its prefix cache (its usage)
     final: common_pb2.TokenChunk | None = None
     error: RequestFailed | None = None
     subscribers: int = 0
@@ -79,6 +80,7 @@ class RequestRecord:
                 ttft_s=(self.first_token_at or now) - self.arrival,
                 latency_s=now - self.arrival,
                 engine_ttft_s=self.engine_ttft_s,
+                cached_tokens=self.cached_tokens,
             ),
         )
 

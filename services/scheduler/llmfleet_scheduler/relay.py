@@ -223,8 +223,10 @@ class Relay:
     ) -> str | None:
         """Relay one engine stream into the journal; returns the destination if the request migrated."""
         final = await self._relay_stream(rec, req, address, timeout, engine_id)
-        if not rec.engine_ttft_s and final.usage.ttft_s and len(rec.engines) == 1:
-            rec.engine_ttft_s = final.usage.ttft_s
+        if len(rec.engines) == 1:
+            if not rec.engine_ttft_s and final.usage.ttft_s:
+                rec.engine_ttft_s = final.usage.ttft_s
+            rec.cached_tokens = final.usage.cached_tokens
         if final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to:
             return final.migrated_to
         await rec.finish(rec.final_chunk(final.finish_reason, engine_id))

@@ -18,10 +18,18 @@ from llmfleet_scheduler.validation import validate_submit
 
 
 class FakeBackend:
-    """Echoes words of ``reply`` one chunk each; honours max_tokens and stop like an engine."""
+    """Echoes words of ``reply`` one chunk each; honours max_tokens and stop like an engine; reports
+    ``cached`` prompt tokens found in a prefix cache (at most the prompt's)."""
 
-    def __init__(self, reply: str = "a b c d e f", fail: RequestFailed | None = None, ready: bool = True):
+    def __init__(
+        self,
+        reply: str = "a b c d e f",
+        fail: RequestFailed | None = None,
+        ready: bool = True,
+        cached: int = 0,
+    ):
         self.reply = reply.split(" ")
+        self.cached = cached
         self.fail = fail
         self._ready = ready
         self.submitted: list[scheduler_pb2.SubmitRequest] = []
@@ -73,7 +81,11 @@ class FakeBackend:
             request_id=request.request_id,
             index=n,
             finish_reason=reason,
-            usage=common_pb2.Usage(prompt_tokens=len(request.prompt.split()), completion_tokens=n),
+            usage=common_pb2.Usage(
+                prompt_tokens=len(request.prompt.split()),
+                completion_tokens=n,
+                cached_tokens=min(self.cached, len(request.prompt.split())),
+            ),
         )
 
     async def cancel(self, request_id: str) -> bool:
@@ -138,7 +150,12 @@ def test_completion_usage_and_finish_length():
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == "chat"
     assert body["choices"] == [{"index": 0, "text": "a b c", "logprobs": None, "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     s = b.submitted[0].sampling
     assert s.max_tokens == 3 and s.temperature == 0 and not s.HasField("top_p")
 
@@ -155,14 +172,20 @@ def test_finish_stop_on_eos_and_stop_strings():
 
 
 def test_n_choices_are_independent_requests_with_seed_plus_i():
-    c, b = client()
+    c, b = client(FakeBackend(cached=1))
     r = c.post("/v1/completions", json={"model": "chat", "prompt": "p q", "n": 3, "seed": 7, "max_tokens": 2})
     body = r.json()
     assert [ch["index"] for ch in body["choices"]] == [0, 1, 2]
     assert [ch["text"] for ch in body["choices"]] == ["a7 b7", "a8 b8", "a9 b9"]
     assert [s.sampling.seed for s in b.submitted] == [7, 8, 9]
     assert len({s.request_id for s in b.submitted}) == 3
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}
+    # the prompt and its cached tokens count once, as OpenAI counts n choices of one prompt
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 6,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
 
 
 def test_chat_renders_default_template_and_max_completion_tokens():
@@ -209,7 +232,12 @@ def test_completion_stream_sse_framing_and_usage_chunk():
     assert all(e["object"] == "text_completion" for e in events)
     assert all(e["usage"] is None for e in events[:-1])
     assert events[-1]["choices"] == []
-    assert events[-1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert events[-1]["usage"] == {
+        "prompt_tokens": 1,
+        "completion_tokens": 2,
+        "total_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert len({e["id"] for e in events}) == 1
 
 

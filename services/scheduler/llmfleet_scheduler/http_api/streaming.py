@@ -48,6 +48,7 @@ class Choice:
     text: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens its engine found in its prefix cache
     finish_reason: str | None = None
     count_prompt: bool = True  # n>1 copies of a prompt count its tokens once
     started: bool = False  # its first piece is out
@@ -88,6 +89,7 @@ class Run:
         if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
             c.prompt_tokens = chunk.usage.prompt_tokens
             c.completion_tokens = chunk.usage.completion_tokens
+            c.cached_tokens = chunk.usage.cached_tokens
             c.finish_reason = _FINISH.get(chunk.finish_reason, "stop")
             if chunk.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
                 self._failed(RequestFailed(grpc.StatusCode.CANCELLED, "request cancelled"))
@@ -144,9 +146,13 @@ class Run:
         self.frames.clear()
         return data
 
-    def usage(self) -> dict[str, int]:
-        p = sum(c.prompt_tokens for c in self.choices if c.count_prompt)
-        return usage_dict(p, sum(c.completion_tokens for c in self.choices))
+    def usage(self) -> dict[str, Any]:
+        counted = [c for c in self.choices if c.count_prompt]
+        return usage_dict(
+            sum(c.prompt_tokens for c in counted),
+            sum(c.completion_tokens for c in self.choices),
+            sum(c.cached_tokens for c in counted),
+        )
 
     async def close(self) -> None:
         """Stop listening; requests still running are cancelled (client gone, or a sibling failed)."""
