@@ -363,6 +363,11 @@ def _engines_ttft(d: dict) -> str:
     return f" (the engines' own {d['p50']:.3f}s over {d['n']})" if d["n"] else ""
 
 
+def _cached(d: dict) -> str:
+    share = d["cached_share"]
+    return f"; prompt tokens found cached {share:.1%}" if share is not None else ""
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """The replay subcommand's body (flags already checked by ``llmfleet.cli.load``)."""
 
@@ -394,7 +399,8 @@ def run_replay(args: argparse.Namespace) -> int:
         f"{o['completed']} of {o['requests']} completed, {o['failed']} failed; latency mean "
         f"{o['latency_s']['mean']:.3f}s p99 {o['latency_s']['p99']:.3f}s; TTFT p50 {o['ttft_s']['p50']:.3f}s"
         f"{_engines_ttft(report['live']['engine_ttft_s'])}; "
-        f"GPUs mean {report['cluster']['mean_gpus_in_use']:.2f} peak {report['cluster']['peak_gpus_in_use']}",
+        f"GPUs mean {report['cluster']['mean_gpus_in_use']:.2f} peak {report['cluster']['peak_gpus_in_use']}"
+        f"{_cached(report['live']['prefix_cache'])}",
         highlight=False,
     )
     for msg, n in report["live"]["errors"].items():
