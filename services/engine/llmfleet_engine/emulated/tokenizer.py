@@ -6,8 +6,9 @@ tokenizer, so the engine's validation, detokenizer and stop strings treat it as 
 bytes over the regular ids, the same in every process), still exactly one token. So a prompt of ``n``
 words is ``n`` prompt tokens, which is how ``llmfleet load --trace`` sends a trace's prompt lengths, and
 two texts share prefix-cache blocks where they share leading words, as with a real tokenizer (two
-distinct words share an id only by a hash collision, about one pair in ``V`` per word). Every id
-decodes to its ``t<k>`` word: generated text and decoded prompts read as those words.
+distinct words share an id only by a collision of their hashes over the ``V - 4`` regular ids: about
+``n² / 2V`` pairs among ``n`` distinct words). Every id decodes to its ``t<k>`` word: generated text and
+decoded prompts read as those words.
 """
 
 from __future__ import annotations
