@@ -5,7 +5,8 @@
   llmfleet compare .sim/report.json .load/report.json --out .compare
 
 Each figure (latency mean/p50/p99, normalized latency, TTFT, the engines' own TTFT (a live report's,
-from each engine's receipt of the request), TPOT (ATGT), SLO attainment, failed requests, throughput,
+from each engine's receipt of the request), TPOT (ATGT), the prompt tokens found in the engines' prefix
+caches (each request's first prefill), SLO attainment, failed requests, throughput,
 GPUs in use: mean, peak, GPU-seconds) with the difference and the relative
 difference (B − A) / A; whether the two ran the same sequence of distinct placement plans; and a PNG
 of GPUs in use over time for both. Writes ``compare.md``, ``compare.json`` and ``gpus_in_use.png``
@@ -82,6 +83,8 @@ FIGURES: tuple[tuple[str, Getter], ...] = (
     ("engines' TTFT p50 s", engine_ttft("p50")),
     ("TPOT (ATGT) mean s", _get("overall", "tpot_s", "mean")),
     ("TPOT (ATGT) p99 s", _get("overall", "tpot_s", "p99")),
+    ("prompt tokens cached", _get("overall", "prefix_cache", "cached_tokens")),
+    ("prompt share cached", _get("overall", "prefix_cache", "cached_share")),
     ("SLO TTFT+ATGT (Aladdin)", _get("overall", "slo", "aladdin")),
     ("SLO latency (SeaLLM)", _get("overall", "slo", "seallm")),
     ("SLO deadline (UELLM)", _get("overall", "slo", "uellm")),

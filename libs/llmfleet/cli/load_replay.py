@@ -400,7 +400,7 @@ def run_replay(args: argparse.Namespace) -> int:
         f"{o['latency_s']['mean']:.3f}s p99 {o['latency_s']['p99']:.3f}s; TTFT p50 {o['ttft_s']['p50']:.3f}s"
         f"{_engines_ttft(report['live']['engine_ttft_s'])}; "
         f"GPUs mean {report['cluster']['mean_gpus_in_use']:.2f} peak {report['cluster']['peak_gpus_in_use']}"
-        f"{_cached(report['live']['prefix_cache'])}",
+        f"{_cached(o['prefix_cache'])}",
         highlight=False,
     )
     for msg, n in report["live"]["errors"].items():

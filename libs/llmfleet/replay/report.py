@@ -162,6 +162,7 @@ def records_of(
         if o.ok:
             rec.finish_s = o.finish_s
             rec.first_token_s = o.first_s
+            rec.cached_tokens = o.cached_tokens
         if solo is not None and rec.model:
             rec.solo_s = solo(rec.model, hw, o.prompt_tokens, rec.output_tokens)
         out.append(rec)
@@ -251,7 +252,6 @@ def live_report(
         "engine_ttft_s": dist([o.engine_ttft_s or 0.0 for o in timed]),
         "path_ttft_s": dist([(o.first_s or 0.0) - o.arrival_s - (o.engine_ttft_s or 0.0) for o in timed]),
         "path_parts_s": _path_parts([o for o in timed if o.scheduler_ttft_s is not None]),
-        "prefix_cache": _prefix_cache([o for o in outcomes if o.ok and o.cached_tokens is not None]),
         "samples": len(samples),
         "errors": _count(o.error for o in outcomes if not o.ok),
         "finish_reasons": _count(o.finish_reason for o in outcomes if o.ok),
@@ -267,19 +267,6 @@ def _count(items) -> dict[str, int]:
     for x in items:
         out[x or "?"] = out.get(x or "?", 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def _prefix_cache(told: list[LiveOutcome]) -> dict[str, Any]:
-    """The prompt tokens the engines found cached, over the requests whose usage said (all of them over
-    the SDK and the HTTP API, on both backends), against those requests' workload prompt tokens."""
-    sent = sum(o.prompt_tokens for o in told)
-    cached = sum(o.cached_tokens or 0 for o in told)
-    return {
-        "requests": len(told),
-        "prompt_tokens": sent,
-        "cached_tokens": cached,
-        "cached_share": cached / sent if sent else None,
-    }
 
 
 def _path_parts(outcomes: list[LiveOutcome]) -> dict[str, dict[str, float]]:

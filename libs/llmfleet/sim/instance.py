@@ -346,6 +346,10 @@ class SimInstance:
         if plan is None:
             self._flush_batch_end(now)
             return None
+        for r in plan.prefills:
+            rec = record_of(r)
+            if rec.cached_tokens is None:  # a recompute after preemption keeps the first count
+                rec.cached_tokens = min(r.cached, rec.prompt_tokens)
         if plan.static:
             self.work = self._static_work(plan, now)
         else:

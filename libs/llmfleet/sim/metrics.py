@@ -138,6 +138,7 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
         # static batching: times a request went back unfinished (SCLS: reschedules, one per extra slice)
         "reschedules": dist([r.requeues for r in done]),
         "rescheduled_under_3": sum(1 for r in done if r.requeues < 3) / len(done) if done else 0.0,
+        "prefix_cache": prefix_cache([r for r in done if r.cached_tokens is not None]),
         "slo": {},
     }
     slo = {name: s.slo for name, s in by_name.items()}
@@ -154,6 +155,19 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
     if ue:
         out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= slo[r.service].deadline_s)
     return out
+
+
+def prefix_cache(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The prompt tokens the requests' first prefills found in the prefix cache, against their prompt
+    tokens (the requests that say: in a live report, those whose final usage carried the count)."""
+    sent = sum(r.prompt_tokens for r in records)
+    cached = sum(r.cached_tokens or 0 for r in records)
+    return {
+        "requests": len(records),
+        "prompt_tokens": sent,
+        "cached_tokens": cached,
+        "cached_share": cached / sent if sent else None,
+    }
 
 
 def mean_active_gpus(samples: Sequence[Sample], end_s: float) -> float:

@@ -26,6 +26,8 @@ class RequestRecord:
     tenant: str = ""  # the API key it comes from (fair queueing while it is held)
     priority: int | None = None  # its own priority (None: its service's)
     adapter: str = ""  # the LoRA adapter it names ("" : its model itself); it runs on ``model``, the base
+    # prompt tokens its first prefill found in the prefix cache (None: not prefilled yet, or not told)
+    cached_tokens: int | None = None
     # the workload request, when it says what its prompt holds (prefix caching hashes its token ids)
     content: Any = field(default=None, repr=False, compare=False)
 

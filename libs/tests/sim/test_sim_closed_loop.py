@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from llmfleet.sim.metrics import summarize
 from llmfleet.sim.partition import run_partitioned
 from llmfleet.sim.run import preset, simulate
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
@@ -101,3 +102,20 @@ def test_a_simulated_engine_caches_the_answer_the_next_turn_resends():
 
     with_answers, prompts_only = hit_rate(work), hit_rate(blind)
     assert with_answers > prompts_only + 0.05 and with_answers > 0.85
+
+
+def test_each_request_records_what_its_first_prefill_found_cached():
+    """The report's ``prefix_cache`` (the schema a live run fills from the engines' usage) adds up the
+    requests' own counts, which add up to the engine's hits when nothing is prefilled twice."""
+    spec = SimSpec(ClusterSpec.parse("1xA100-80GB"), (SimService("chat", "llama2-7b", Slo(ttft_s=1.0)),))
+    work = conversations(40, rate=2.0, mean_turns=4.0, system_tokens=200, think_s=1.0, seed=5)
+    result = simulate(spec, work, preset("fcfs-jsq"), samples=2).result
+    (inst,) = result.instances
+    assert inst["preemptions"] == 0
+    done = [r for r in result.records if r.done]
+    assert len(done) == len(work) and all(r.cached_tokens is not None for r in done)
+    assert sum(r.cached_tokens or 0 for r in done) == inst["prefix_hits"] > 0
+    cache = summarize(result, spec.services)["overall"]["prefix_cache"]
+    assert cache["requests"] == len(work) and cache["cached_tokens"] == inst["prefix_hits"]
+    assert cache["prompt_tokens"] == sum(r.prompt_tokens for r in done)
+    assert 0 < cache["cached_share"] < 1
