@@ -68,3 +68,23 @@ def test_a_small_vocabulary_still_maps_every_word_into_range():
     assert all(WORD_BASE <= i < 16 for i in got)
     with pytest.raises(ValueError, match="vocab_size must exceed 4"):
         word_tokenizer(4)
+
+
+def test_every_entry_point_gives_unknown_words_their_ids():
+    tok = word_tokenizer(VOCAB)
+    want = ids(TEXT)
+    assert tok.encode(TEXT) == want
+    assert tok([TEXT, "t1 t2"])["input_ids"] == [want, [WORD_BASE + 1, WORD_BASE + 2]]
+    assert tok(TEXT, return_tensors="pt")["input_ids"].tolist() == [want]
+
+
+def test_a_text_of_known_words_is_encoded_by_the_library_alone(monkeypatch):
+    """No Python step runs for it (the library releases the GIL while it encodes); a text with an
+    unknown word is rewritten once."""
+    tok = word_tokenizer(VOCAB)
+    calls = []
+    real = tok.known_words
+    monkeypatch.setattr(tok, "known_words", lambda text: calls.append(text) or real(text))
+    assert ids("t3 t4 t5") == [WORD_BASE + 3, WORD_BASE + 4, WORD_BASE + 5] and calls == []
+    ids("t3 café")
+    assert calls == ["t3 café"]

@@ -9,16 +9,20 @@ two texts share prefix-cache blocks where they share leading words, as with a re
 distinct words share an id only by a collision of their hashes over the ``V - 4`` regular ids: about
 ``n² / 2V`` pairs among ``n`` distinct words). Every id decodes to its ``t<k>`` word: generated text and
 decoded prompts read as those words.
+
+A text is encoded by the library alone (which releases the GIL: an engine host's event loops keep
+running while a worker thread tokenizes); only a text in which it found an unknown word is rewritten,
+each such word as the word of its id, and encoded again.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 
-from tokenizers import NormalizedString, PreTokenizedString, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import BatchEncoding, PreTrainedTokenizerFast
 
 SPECIALS = ("<s>", "</s>", "<pad>", "<unk>")  # ids 0..3, as the tiny tokenizer
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = range(4)
@@ -36,31 +40,38 @@ def unknown_word_id(text: str, vocab_size: int) -> int:
     return WORD_BASE + zlib.crc32(text.encode()) % (vocab_size - WORD_BASE)
 
 
-class KnownWords:
-    """A pre-tokenizer step that rewrites each word outside ``vocab`` as the word of its stable id.
+def _has_unknown(ids: Any) -> bool:
+    """Whether encoded ``input_ids`` (one sequence, a batch, or a tensor of either) hold ``<unk>``."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return any(_has_unknown(row) for row in ids) if ids and isinstance(ids[0], list) else UNK_ID in ids
 
-    A text of known words only (every replayed trace prompt) passes through untouched after one set
-    test; otherwise the text is rebuilt once, word by word."""
 
-    def __init__(self, vocab: Iterable[str], vocab_size: int) -> None:
-        self.vocab = frozenset(vocab)
-        self.vocab_size = vocab_size
+class WordTokenizer(PreTrainedTokenizerFast):
+    """The word-level tokenizer, giving each word outside the vocabulary its stable id."""
 
-    def known(self, text: str) -> str:
-        return text if text in self.vocab else word(unknown_word_id(text, self.vocab_size))
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.vocab_words = frozenset(self.get_vocab())
 
-    def rewrite(self, _index: int, text: NormalizedString) -> list[NormalizedString]:
-        words = str(text).split()
-        if self.vocab.issuperset(words):
-            return [text]
-        return [NormalizedString(" ".join(map(self.known, words)))]
+    def _encode_plus(self, text: Any, text_pair: Any = None, *args: Any, **kwargs: Any) -> BatchEncoding:
+        # every encoding entry point (``__call__``, ``encode``, batches) ends here
+        encoded = super()._encode_plus(text, text_pair, *args, **kwargs)
+        if not _has_unknown(encoded["input_ids"]):
+            return encoded
+        pair = self.known_words(text_pair) if text_pair is not None else None
+        return super()._encode_plus(self.known_words(text), pair, *args, **kwargs)
 
-    def pre_tokenize(self, pretok: PreTokenizedString) -> None:
-        pretok.split(self.rewrite)
+    def known_words(self, text: Any) -> Any:
+        """``text`` (a string, or nested lists of them) with every unknown word replaced by its id's word."""
+        if not isinstance(text, str):
+            return type(text)(self.known_words(t) for t in text)
+        vocab = self.vocab_words
+        return " ".join(w if w in vocab else word(unknown_word_id(w, self.vocab_size)) for w in text.split())
 
 
 @lru_cache(maxsize=8)
-def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+def word_tokenizer(vocab_size: int) -> WordTokenizer:
     """A word-level tokenizer of ``vocab_size`` ids (shared by every emulated model of that vocab)."""
     if vocab_size <= WORD_BASE:
         raise ValueError(f"vocab_size must exceed {WORD_BASE}, got {vocab_size}")
@@ -69,7 +80,7 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with one space
-    fast = PreTrainedTokenizerFast(
+    return WordTokenizer(
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
@@ -77,9 +88,3 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         model_max_length=MAX_CONTEXT,
     )
-    # a custom (Python) step cannot be serialized, and the wrapper copies the tokenizer it is given, so
-    # the step goes onto the wrapper's own backend tokenizer
-    fast.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.PreTokenizer.custom(KnownWords(vocab, vocab_size)), pre_tokenizers.WhitespaceSplit()]
-    )
-    return fast
