@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from llmfleet_engine.emulated.tokenizer import BOS_ID, UNK_ID, WORD_BASE, word, word_tokenizer
+from llmfleet_engine.emulated.tokenizer import BOS_ID, EOS_ID, UNK_ID, WORD_BASE, word, word_tokenizer
 
 VOCAB = 32000
 TEXT = "Explain the French revolution in simple terms, café au lait, 東京 and t7"
@@ -58,6 +58,11 @@ def test_ids_are_the_same_in_another_process():
 
 def test_special_tokens_in_the_text_stay_special_and_ids_decode_to_words():
     assert ids("<s> hello")[0] == BOS_ID
+    # a special token glued to an unknown word stays special, on either side and literal ``<unk>`` too
+    hello = ids("hello")[0]
+    assert ids("<s>hello") == [BOS_ID, hello]
+    assert ids("hello</s>t7") == [hello, EOS_ID, WORD_BASE + 7]
+    assert ids("<unk>hello") == [UNK_ID, hello]
     tok = word_tokenizer(VOCAB)
     assert tok.decode(ids(TEXT)).split() == [word(i) for i in ids(TEXT)]
     assert tok.decode([WORD_BASE + 5, WORD_BASE + 6]) == "t5 t6"

@@ -12,7 +12,8 @@ decoded prompts read as those words.
 
 A text is encoded by the library alone (which releases the GIL: an engine host's event loops keep
 running while a worker thread tokenizes); only a text in which it found an unknown word is rewritten,
-each such word as the word of its id, and encoded again.
+each such word as the word of its id where the library's split found it (so a special token glued to a
+word stays special), and encoded again.
 """
 
 from __future__ import annotations
@@ -50,10 +51,6 @@ def _has_unknown(ids: Any) -> bool:
 class WordTokenizer(PreTrainedTokenizerFast):
     """The word-level tokenizer, giving each word outside the vocabulary its stable id."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.vocab_words = frozenset(self.get_vocab())
-
     def _encode_plus(self, text: Any, text_pair: Any = None, *args: Any, **kwargs: Any) -> BatchEncoding:
         # every encoding entry point (``__call__``, ``encode``, batches) ends here
         encoded = super()._encode_plus(text, text_pair, *args, **kwargs)
@@ -66,8 +63,15 @@ class WordTokenizer(PreTrainedTokenizerFast):
         """``text`` (a string, or nested lists of them) with every unknown word replaced by its id's word."""
         if not isinstance(text, str):
             return type(text)(self.known_words(t) for t in text)
-        vocab = self.vocab_words
-        return " ".join(w if w in vocab else word(unknown_word_id(w, self.vocab_size)) for w in text.split())
+        # the library's own split (added tokens first, then words) says where each unknown word stands,
+        # so a special token glued to a word (``<s>hello``) stays special
+        pieces = self.backend_tokenizer.encode(text, add_special_tokens=False)
+        out, end = [], 0
+        for token_id, (start, stop) in zip(pieces.ids, pieces.offsets, strict=True):
+            if token_id == UNK_ID and text[start:stop] != self.unk_token:
+                out += [text[end:start], " ", word(unknown_word_id(text[start:stop], self.vocab_size)), " "]
+                end = stop
+        return "".join([*out, text[end:]])
 
 
 @lru_cache(maxsize=8)
