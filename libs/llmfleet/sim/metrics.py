@@ -253,4 +253,6 @@ def summarize(result: SimResult, services: Sequence[SimService]) -> dict:
     }
     if result.placement:
         out["placement"] = result.placement
+    if result.stopped_s is not None:  # ended early by ``Simulator.run``'s ``stop``: over the records so far
+        out["stopped_s"] = result.stopped_s
     return out

@@ -39,6 +39,7 @@ from llmfleet.sim.cost import CostBook
 from llmfleet.sim.metrics import summarize
 from llmfleet.sim.migration import MigrationLoop, QueueMoveLoop, RebalanceLoop
 from llmfleet.sim.partition import partition_blocker, run_partitioned
+from llmfleet.sim.records import RequestRecord
 from llmfleet.sim.replan import EvaluatorFactory, PlacementLoop
 from llmfleet.sim.scls_central import make_central
 from llmfleet.sim.simulator import Predict, SimResult, Simulator
@@ -186,6 +187,7 @@ def simulate(
     progress: Callable[[int, float], None] | None = None,
     workers: int = 1,
     evaluator_factory: EvaluatorFactory | None = None,
+    stop: Callable[[RequestRecord], bool] | None = None,
 ) -> Experiment:
     """Place, dispatch and run ``workload`` under ``policy`` on ``spec.cluster``.
 
@@ -196,7 +198,10 @@ def simulate(
 
     ``workers`` > 1 splits the run across that many processes when the result stays exact (a
     load-blind dispatcher, a fixed plan and no closed-loop turns, see :mod:`llmfleet.sim.partition`);
-    otherwise it runs in this process and ``result.workers`` is 1."""
+    otherwise it runs in this process and ``result.workers`` is 1.
+
+    ``stop``: end the run at the first completed request it answers True for (``Simulator.run``); the
+    report is over the records so far and says when (``stopped_s``). Such a run is not split."""
     policy.validate()
     if not workload.requests:
         raise ValueError("the workload has no requests")
@@ -227,12 +232,13 @@ def simulate(
     )  # fmt: skip
     loops = _Loops(central=central)
     loops.install(sim, policy, planner, gpus, evaluator_factory, workload.requests[0].arrival_s)
-    if workers > 1 and not workload.closed_loop and partition_blocker(sim) is None:
+    if workers > 1 and stop is None and not workload.closed_loop and partition_blocker(sim) is None:
         result = run_partitioned(sim, workload.requests, workers, progress=progress, strict_services=True)
     else:
         result = sim.run(
-            workload.requests, total=len(workload.requests), progress=progress, strict_services=True
-        )
+            workload.requests, total=len(workload.requests), progress=progress, strict_services=True,
+            stop=stop,
+        )  # fmt: skip
     if loops.placement is not None:
         result.placement = [d.to_dict() for d in loops.placement.decisions]
     report = summarize(result, spec.services)

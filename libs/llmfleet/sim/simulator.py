@@ -44,6 +44,7 @@ from llmfleet.sim.spec import SimService, SimSpec
 from llmfleet.workload.followups import PREDECESSOR_FAILED, FollowUps
 
 Predict = Callable[[str, int], float]  # (service, prompt_tokens) -> predicted output tokens
+FinishCallback = Callable[[str, str, int, float], None]  # (request id, instance id, output tokens, now)
 
 
 class Route(NamedTuple):
@@ -106,6 +107,7 @@ class SimResult:
     workers: int = 1  # processes the run was split across (llmfleet.sim.partition)
     gpu_log: list[tuple[float, int]] = field(default_factory=list)  # (t, GPUs in use) at each change
     placement: list[dict] = field(default_factory=list)  # placement decisions (llmfleet.sim.replan)
+    stopped_s: float | None = None  # when ``run``'s ``stop`` ended the run early (None: it ran to the end)
 
 
 class Simulator:
@@ -250,14 +252,23 @@ class Simulator:
         total: int | None = None,
         progress: Callable[[int, float], None] | None = None,
         strict_services: bool = False,
+        stop: Callable[[RequestRecord], bool] | None = None,
     ) -> SimResult:
         """Simulate ``requests`` (arrival-ordered objects with request_id, arrival_s, prompt_tokens,
         output_tokens, service). With one service and ``strict_services`` False, every request goes
-        to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``."""
+        to it whatever its label. ``progress(done, now)`` is called every ~1% of ``total``.
+
+        ``stop(record)`` is asked at each request's completion; once it answers True the run ends at
+        that step's end (``result.stopped_s``): no later event runs, and the requests still under way or
+        not yet arrived have no record or an unfinished one (not failed). A search that only needs to
+        know that a run misses its target stops at the miss that decides it."""
         t0 = time.perf_counter()
         self.fleet.use_services(strict_services)
         self._follow = FollowUps.of(requests, self._release)
-        finished = self._finished if self._follow is not None else self._on_finish
+        finished: FinishCallback | None = self._finished if self._follow is not None else self._on_finish
+        stopped: list[float] = []
+        if stop is not None:
+            finished = self._stopping(finished, stop, stopped)
         it = iter(requests)
         first = next(it, None)
         if first is None:
@@ -286,9 +297,12 @@ class Simulator:
                     self.events.push(t + period, SAMPLE)
             else:
                 self._handle(kind, t, a, b, finished)
+                if stopped:
+                    break
         if progress:
             progress(arrived, self.now)
-        self._close()
+        if not stopped:
+            self._close()
         fleet = self.fleet
         return SimResult(
             records=self.records,
@@ -300,7 +314,31 @@ class Simulator:
             cost_sources=self.cost.sources(),
             provisioned_gpus=max(n for _, n in fleet.gpu_log),
             gpu_log=list(fleet.gpu_log),
+            stopped_s=stopped[0] if stopped else None,
         )
+
+    def _stopping(
+        self,
+        finished: FinishCallback | None,
+        stop: Callable[[RequestRecord], bool],
+        stopped: list[float],
+    ) -> FinishCallback:
+        """``finished`` (if any), then ``stop`` asked with the completed request's record; the time of
+        its first True goes into ``stopped``."""
+        unfinished = {r.request_id: r for r in self.records}
+        seen = len(self.records)
+
+        def on_finish(request_id: str, instance_id: str, output_tokens: int, now: float) -> None:
+            nonlocal seen
+            if finished is not None:
+                finished(request_id, instance_id, output_tokens, now)
+            if len(self.records) > seen:  # the records made since the last completion
+                unfinished.update((r.request_id, r) for r in self.records[seen:])
+                seen = len(self.records)
+            if not stopped and stop(unfinished.pop(request_id)):
+                stopped.append(now)
+
+        return on_finish
 
     def _start(self, first) -> None:
         """The first arrival, the hooks' first ticks and the first sample."""
@@ -329,9 +367,7 @@ class Simulator:
             )
         self.events.push(nxt.arrival_s, ARRIVAL, nxt)
 
-    def _handle(
-        self, kind: int, t: float, a: Any, b: Any, finished: Callable[[str, str, int, float], None] | None
-    ) -> None:
+    def _handle(self, kind: int, t: float, a: Any, b: Any, finished: FinishCallback | None) -> None:
         """A step end (``finished`` hears of each request it completes), a move's landing, a hook or a
         model load."""
         if kind == END:

@@ -546,3 +546,27 @@ def test_low_load_spread_gives_the_least_hosted_model_every_third_pair() -> None
     assert [p.models for p in out[:6]] == [pair, pair, ("llama2-7b", "opt-6.7b")] * 2
     assert out[6:] == plan[6:] and [p.instance_id for p in out] == [p.instance_id for p in plan]
     assert change == "llama2-13b+llama2-7b ×6: every third hosts opt-6.7b instead"
+
+
+def test_a_p100_search_that_stops_at_the_first_miss_answers_as_full_runs(bench):
+    """Aladdin's headline asks only whether P100 holds at most counts: a run cut at its first miss gives
+    the same answer, and the counts that held keep their full run's numbers."""
+    from llmfleet.costmodel import hardware
+    from llmfleet.workload import Workload, WorkloadRequest
+
+    from tools.bench.papers.aladdin_sweep import Search
+
+    wl = Workload(
+        tuple(WorkloadRequest(f"r{i}", 0.05 * i, 700 + 53 * (i % 9), 30 + 11 * (i % 6), "chat", "llama2-7b")
+              for i in range(240))
+    )  # fmt: skip
+    args = ("llama2-7b", 1, "jsq", wl, (0.4, 0.015), None, None, hardware("a100-80gb"))
+    full, cut = Search(*args), Search(*args, stop_at_miss=True)
+    counts = (1, 2, 4, 8)  # P100 fails below 8 workers here
+    answers = [full.eval(n)["p100"] for n in counts]
+    assert [cut.p100(n) for n in counts] == answers and False in answers and True in answers
+    assert cut.missed == {n for n, ok in zip(counts, answers, strict=True) if not ok}
+    assert cut.p100_by_n() == dict(zip(counts, answers, strict=True))
+    for n in set(counts) - cut.missed:
+        assert cut.seen[n] == full.seen[n]
+    assert cut.ok(1, "p100") is False and cut.eval(1) == full.seen[1]  # a full run where one is asked for

@@ -263,7 +263,10 @@ def _headline(model, mc, n_star, tp, rate, wls, d: _Data, log: C.Log, configs) -
     suffix = "" if tp == n_star else f"@{tp}gpu"
 
     def searches(policy, mode=None):
-        return [Search(model, tp, policy, wl, mc["slo"], d.predict, d.pred, d.hw, mode) for wl in wls]
+        return [
+            Search(model, tp, policy, wl, mc["slo"], d.predict, d.pred, d.hw, mode, stop_at_miss=True)
+            for wl in wls
+        ]
 
     t0 = time.perf_counter()
     jsq = Headline("jsq-opt" + suffix, searches("jsq")).fewest(max(1, round(rate / 5)))

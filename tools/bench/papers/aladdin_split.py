@@ -64,8 +64,9 @@ def headline(model: str, mc: dict, tp: int, rate: float, wls: list, d: Any, log:
     dec = [decode_phase(w) for w in wls]
 
     def searches(policy: str, mode: dict | None) -> list[Search]:
+        args = (model, tp, policy)
         return [
-            Search(model, tp, policy, w, mc["slo"], d.predict, d.pred, d.hw, mode, decode_only=True)
+            Search(*args, w, mc["slo"], d.predict, d.pred, d.hw, mode, decode_only=True, stop_at_miss=True)
             for w in dec
         ]
 

@@ -12,6 +12,7 @@ from llmfleet.costmodel.decode_worker import decode_worker
 from llmfleet.costmodel.latency_model import decode_iteration_time, latency_model
 from llmfleet.policies.placement import InstancePlan, optimal_tp
 from llmfleet.sim.capacity import fewest_passing
+from llmfleet.sim.metrics import aladdin_ratio
 from llmfleet.sim.run import PolicyBundle
 from llmfleet.sim.spec import ClusterSpec, EngineSettings, SimService, SimSpec
 from llmfleet.types import Slo
@@ -59,13 +60,21 @@ def open_row(model, rate, label, policy, tp, n, cap, at, requests, tag) -> dict:
 class Search:
     """Fewest workers of ``tp`` GPUs reaching the target attainment; evaluations are memoised.
     ``decode_only``: the workers are split-phase decode instances (requests arrive prefilled,
-    ``llmfleet.sim.decode_only``) and Aladdin prices them with no prefill (``costmodel.decode_worker``)."""
+    ``llmfleet.sim.decode_only``) and Aladdin prices them with no prefill (``costmodel.decode_worker``).
 
-    def __init__(self, model, tp, policy, wl, slo, predict, pred, hw, mode=None, decode_only=False) -> None:
+    ``stop_at_miss``: a P100 question (:meth:`ok` with ``"p100"``) about a count not yet simulated runs
+    until the first request that misses the SLO, which settles it (P100 is the worst request's ratio);
+    such counts are in ``missed``, not ``seen``, and every other answer is the same as a full run's."""
+
+    def __init__(
+        self, model, tp, policy, wl, slo, predict, pred, hw, mode=None, decode_only=False, stop_at_miss=False
+    ) -> None:
         self.model, self.tp, self.policy, self.wl, self.mode = model, tp, policy, wl, mode or {}
         self.slo, self.predict, self.pred, self.hw = slo, predict, pred, hw
         self.decode_only = decode_only
+        self.stop_at_miss = stop_at_miss
         self.seen: dict[int, dict] = {}
+        self.missed: set[int] = set()  # counts whose run stopped at a request missing the SLO (P100 fails)
 
     def bundle(self) -> PolicyBundle:
         if self.policy == "aladdin_bestfit":  # priced as the simulator charges the engines
@@ -84,42 +93,69 @@ class Search:
             )
         return PolicyBundle(self.policy, dispatch=self.policy, engine={"policy": "fcfs", "options": ENGINE})
 
+    def _simulate(self, n: int, stop_at_miss: bool = False) -> Any:
+        slo = Slo(ttft_s=self.slo[0], tpot_s=self.slo[1])
+        svc = SimService("chat", self.model, slo, max_tokens=2048)
+        engine = EngineSettings(decode_only=self.decode_only)
+        spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,), engine)
+        plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
+        stop = (lambda r: aladdin_ratio(r, slo) > 1.0) if stop_at_miss else None
+        return C.simulate(
+            spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10, stop=stop
+        )
+
     def eval(self, n: int) -> dict:
         if n not in self.seen:
-            svc = SimService("chat", self.model, Slo(ttft_s=self.slo[0], tpot_s=self.slo[1]), max_tokens=2048)
-            engine = EngineSettings(decode_only=self.decode_only)
-            spec = SimSpec(ClusterSpec(n * self.tp, self.hw), (svc,), engine)
-            plan = [InstancePlan(f"w{i:03d}", (self.model,), self.tp) for i in range(n)]
-            e = C.simulate(spec, self.wl, self.bundle(), plan=plan, predict=self.predict, samples=10)
-            o = e.report["overall"]
-            used = sum(i["tp"] for i in e.result.instances if i["iterations"] > 0)
-            recs = e.result.records
-            done = [r for r in recs if r.done]
-            span = max((r.finish_s for r in done), default=0.0) - min(r.arrival_s for r in recs)
-            self.seen[n] = {
-                "viol_ttft": sum(r.ttft_s > self.slo[0] for r in done) / max(1, len(recs)),
-                "viol_atgt": sum(r.tpot_s > self.slo[1] for r in done) / max(1, len(recs)),
-                "preemptions": o["preemptions"],
-                "attainment": o["slo"]["aladdin"],
-                "gpus_used": used,
-                # workers running an iteration, averaged over first arrival → last finish
-                "busy_workers": sum(i["busy_s"] for i in e.result.instances) / span if span > 0 else 0.0,
-                "ttft_p99_s": o["ttft_s"]["p99"],
-                "tpot_p99_ms": 1e3 * o["tpot_s"]["p99"],
-                "failed": o["failed"],
-                # Aladdin's attainment at P100 / P99: the percentile of max(TTFT/T_pre, ATGT/T_dec) <= 1
-                "p100": o["aladdin_at"]["p100"]["met"],
-                "p99": o["aladdin_at"]["p99"]["met"],
-                "ratio_p100": o["aladdin_at"]["p100"]["ratio"],
-                "ratio_p99": o["aladdin_at"]["p99"]["ratio"],
-                "cost_source": "/".join(sorted(set(e.report.get("cost_models", {}).values())))
-                or C.COST_SOURCE,
-            }
+            self._measure(n, self._simulate(n))
         return self.seen[n]
+
+    def p100(self, n: int) -> bool:
+        """Whether P100 holds with n workers (a run stopped at a miss where ``stop_at_miss``)."""
+        if n in self.seen or not self.stop_at_miss:
+            return bool(self.eval(n)["p100"])
+        if n not in self.missed:
+            e = self._simulate(n, stop_at_miss=True)
+            if e.result.stopped_s is None:  # no request missed: the full run
+                self._measure(n, e)
+            else:
+                self.missed.add(n)
+        return n not in self.missed and bool(self.seen[n]["p100"])
+
+    def p100_by_n(self) -> dict[int, bool]:
+        """P100 at every count run, fully or up to a miss."""
+        return {**dict.fromkeys(self.missed, False), **{m: bool(v["p100"]) for m, v in self.seen.items()}}
+
+    def _measure(self, n: int, e: Any) -> None:
+        """``seen[n]``: what the bench reads of the full run ``e`` with n workers."""
+        o = e.report["overall"]
+        used = sum(i["tp"] for i in e.result.instances if i["iterations"] > 0)
+        recs = e.result.records
+        done = [r for r in recs if r.done]
+        span = max((r.finish_s for r in done), default=0.0) - min(r.arrival_s for r in recs)
+        self.seen[n] = {
+            "viol_ttft": sum(r.ttft_s > self.slo[0] for r in done) / max(1, len(recs)),
+            "viol_atgt": sum(r.tpot_s > self.slo[1] for r in done) / max(1, len(recs)),
+            "preemptions": o["preemptions"],
+            "attainment": o["slo"]["aladdin"],
+            "gpus_used": used,
+            # workers running an iteration, averaged over first arrival → last finish
+            "busy_workers": sum(i["busy_s"] for i in e.result.instances) / span if span > 0 else 0.0,
+            "ttft_p99_s": o["ttft_s"]["p99"],
+            "tpot_p99_ms": 1e3 * o["tpot_s"]["p99"],
+            "failed": o["failed"],
+            # Aladdin's attainment at P100 / P99: the percentile of max(TTFT/T_pre, ATGT/T_dec) <= 1
+            "p100": o["aladdin_at"]["p100"]["met"],
+            "p99": o["aladdin_at"]["p99"]["met"],
+            "ratio_p100": o["aladdin_at"]["p100"]["ratio"],
+            "ratio_p99": o["aladdin_at"]["p99"]["ratio"],
+            "cost_source": "/".join(sorted(set(e.report.get("cost_models", {}).values()))) or C.COST_SOURCE,
+        }
 
     def ok(self, n: int, key: str = "p99") -> bool:
         if key == "p99":
             return self.eval(n)["attainment"] >= TARGET
+        if key == "p100":
+            return self.p100(n)
         return bool(self.eval(n)[key])
 
     def run(self, guess: int, key: str = "p99", cap: int | None = None) -> int | None:
@@ -271,10 +307,8 @@ class Headline:
         while n is not None and not all(holds(s, n) for s in self.searches):
             n = n + 1 if n + 1 < top else None
         out = self._checked(n, per_seed)
-        seen = sorted(set().union(*(s.seen for s in self.searches)))
-        out["p100_by_n"] = {
-            str(m): [s.seen[m]["p100"] if m in s.seen else None for s in self.searches] for m in seen
-        }
+        known = [s.p100_by_n() for s in self.searches]
+        out["p100_by_n"] = {str(m): [k.get(m) for k in known] for m in sorted(set().union(*known))}
         return out
 
     def opened(self, pool: int) -> dict:
@@ -295,7 +329,7 @@ class Headline:
         if n is None:
             return out
         for k, m in (("below", n - 1), ("at", n), ("above", n + 1)):
-            out[f"p100_{k}"] = [bool(s.eval(m)["p100"]) for s in self.searches] if m >= 1 else []
+            out[f"p100_{k}"] = [s.p100(m) for s in self.searches] if m >= 1 else []
         out["gpus"] = n * tp
         out["busy_workers"] = [round(s.eval(n)["busy_workers"], 2) for s in self.searches]
         out["ratio_p100"] = [s.eval(n)["ratio_p100"] for s in self.searches]
