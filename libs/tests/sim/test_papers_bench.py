@@ -570,3 +570,8 @@ def test_a_p100_search_that_stops_at_the_first_miss_answers_as_full_runs(bench):
     for n in set(counts) - cut.missed:
         assert cut.seen[n] == full.seen[n]
     assert cut.ok(1, "p100") is False and cut.eval(1) == full.seen[1]  # a full run where one is asked for
+    other = Search(*args, stop_at_miss=True)  # the same config on the same workload takes a run as is
+    other.adopt(full, 8)
+    assert other.seen == {8: full.seen[8]}
+    with pytest.raises(ValueError, match="same config"):
+        Search("llama2-7b", 1, "round_robin", *args[3:]).adopt(full, 8)

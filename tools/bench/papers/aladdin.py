@@ -272,13 +272,18 @@ def _headline(model, mc, n_star, tp, rate, wls, d: _Data, log: C.Log, configs) -
     jsq = Headline("jsq-opt" + suffix, searches("jsq")).fewest(max(1, round(rate / 5)))
     found = [jsq]
     pool = min(MAX_GPUS // tp, 2 * (jsq["workers"] or 8) + 2)
+    opened: list[list[Search]] = []  # the opened configs' searches: their pool runs are the fewest's too
     for label, mode, count in configs if tp == n_star else [c for c in configs if c[0] in GOAL_CONFIGS]:
         head = Headline(label + suffix, searches("aladdin_bestfit", mode))
+        for same in (o for o in opened if o[0].mode == head.searches[0].mode):
+            for s, o in zip(head.searches, same, strict=True):
+                s.adopt(o, pool)
         if count == FEWEST:  # from the count it opens on the large pool up, every pool runs as that one
             cap = max(s.eval(pool)["gpus_used"] // tp for s in head.searches) + 2
             found.append(head.fewest(jsq["workers"] or 8, cap))
         else:
             found.append(head.opened(pool))
+            opened.append(head.searches)
     for h in found:
         h.update({"model": model, "rate_rps": rate, "requests": [len(w) for w in wls]})
         log(f"  aladdin {model} {rate:g} req/s {h['config']:26s} TP{tp}: {h['workers']} workers per seed "

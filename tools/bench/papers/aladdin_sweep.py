@@ -121,6 +121,16 @@ class Search:
                 self.missed.add(n)
         return n not in self.missed and bool(self.seen[n]["p100"])
 
+    def adopt(self, other: Search, n: int) -> None:
+        """``other``'s full run with n workers as this search's: the same config on the same workload
+        runs the same simulation."""
+        mine = (self.model, self.tp, self.policy, self.mode, self.slo, self.decode_only)
+        if (other.model, other.tp, other.policy, other.mode, other.slo, other.decode_only) != mine or (
+            other.wl is not self.wl
+        ):
+            raise ValueError("adopt takes a run of the same config on the same workload")
+        self.seen[n] = other.eval(n)
+
     def p100_by_n(self) -> dict[int, bool]:
         """P100 at every count run, fully or up to a miss."""
         return {**dict.fromkeys(self.missed, False), **{m: bool(v["p100"]) for m, v in self.seen.items()}}
