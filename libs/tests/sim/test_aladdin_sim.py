@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from llmfleet.policies.dispatch import DispatchNeeds, EngineCandidate, Rebalancer
+from llmfleet.sim.candidates import progress_of
 from llmfleet.sim.migration import RebalanceLoop
 from llmfleet.sim.spec import EngineSettings
 from llmfleet.workload import WorkloadRequest as W
@@ -53,6 +54,33 @@ def test_progress_seen_mid_chunk_equals_the_step_by_step_run(tiny):
     for t, _, rows in seen_ff:
         for rid, g, f in rows:
             assert f == round(first[rid], 9) and f <= t and 1 <= g < out[rid]
+
+
+class FreshnessProbe(ProgressProbe):
+    """Checks that every candidate a dispatch sees is what the instance looks like now, built afresh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = None
+        self.checked = 0
+
+    def choose(self, model, candidates: list[EngineCandidate], exclude=frozenset(), request=None) -> str:
+        for c in candidates:
+            inst = self.sim.instances[c.engine_id]
+            assert c.requests == progress_of(inst, self.sim.now)
+            assert (c.running, c.waiting, c.kv_used_bytes) == (
+                len(inst.running), len(inst.waiting), inst.kv_used_bytes
+            )  # fmt: skip
+            self.checked += 1
+        return super().choose(model, candidates, exclude, request)
+
+
+def test_each_dispatch_sees_every_instance_as_it_is_now(tiny):
+    probe = FreshnessProbe()
+    sim = probe.sim = tiny.sim(instances=2, dispatch=probe)
+    res = sim.run(_workload())  # arrivals far apart: chunks end iterations between dispatches
+    assert probe.checked >= len(res.records) and all(r.done for r in res.records)
+    assert max(g for _, _, rows in probe.seen for _, g, _ in rows) > 2  # seen mid-decode
 
 
 class FixedMoves:
