@@ -42,7 +42,7 @@ def report_from_proto(snap: common_pb2.LoadSnapshot) -> LoadReport:
     """The plain-data view of a snapshot; KV bytes per token per model from its tokens and bytes;
     the queued requests' prompt KV from the per-request loads (at the models' bytes per token); the
     prefix cache's bytes from its blocks, when the engine counts its pool in blocks (vLLM engines
-    report lookups and hits only); an adapter pool per model with LoRA on (slots, resident adapters)."""
+    count theirs from vLLM's KV-cache events, and report no size when they cannot); an adapter pool per model with LoRA on (slots, resident adapters)."""
     bpt = {m.model: m.kv_used_bytes / m.kv_tokens for m in snap.models if m.kv_tokens}
     waiting = sum(r.tokens * bpt.get(r.model, 0.0) for r in snap.requests if r.phase == "waiting")
     cached = None

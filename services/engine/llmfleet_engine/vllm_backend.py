@@ -13,7 +13,8 @@ What differs from the native executor:
   (``vllm_drains``): its requests finish, or are evicted and resumed elsewhere by the scheduler;
 * the load snapshot's running and waiting counts and its KV in use are vLLM's own, from the scheduler
   stats vLLM hands a stat logger after each step (``vllm_stats``); its KV capacity is vLLM's block count
-  times its block size. Per request, the KV bytes are the adapter's count (prompt + generated tokens
+  times its block size; with prefix caching on, the blocks its prefix cache holds are counted from
+  vLLM's KV-cache events (``vllm_kv_events``), so cache-aware dispatch sees what vLLM evicted. Per request, the KV bytes are the adapter's count (prompt + generated tokens
   times the model's bytes per token): vLLM does not report a request's blocks.
 
 Completion text is not vLLM's: token ids come from vLLM (cumulative ``RequestOutput``s turned into
@@ -43,6 +44,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -93,6 +95,7 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
         self.memory_bytes = _device_memory_bytes(self.config.device) * self.config.tensor_parallel_size
         self.on_models_changed: list[Callable[[tuple[str, ...]], None]] = []
         self._runtimes: dict[str, ModelRuntime] = {}
+        self._events_dir: str | None = None
         self._requests: dict[str, ActiveRequest] = {}
         self._drains = DrainBook()  # draining models and evicted requests, as the native engine keeps them
         self._generated: deque[tuple[float, int]] = deque()
@@ -157,6 +160,8 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             for name, rt in sorted(runtimes.items())
         )
         views = [rt.stats.view() for rt in runtimes.values()]
+        counts = [rt.cached.count() if rt.cached is not None else None for rt in runtimes.values()]
+        known = None not in counts  # every model's cache counted (vacuously so with no model)
         return LoadSnapshot(
             timestamp=time.time(),
             running=sum(m.running for m in models),
@@ -166,9 +171,13 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             tokens_per_s=generated / self.config.throughput_window_s,
             models=models,
             requests=RequestLoads(ids, mods, toks, kvb, phases, adapters),
-            # vLLM's lookups and hits; its block hashes are its own, so none are reported
+            # the blocks vLLM caches when its KV events counted them all (else the total is left 0: no size
+            # reported); its lookups and hits; its block hashes are its own, so none are reported
+            kv_blocks_total=sum(rt.kv_blocks for rt in runtimes.values()) if known else 0,
             prefix_cache=PrefixCacheLoad(
-                queries=sum(v.prefix_queries for v in views), hits=sum(v.prefix_hits for v in views)
+                blocks=sum(c or 0 for c in counts) if known else 0,
+                queries=sum(v.prefix_queries for v in views),
+                hits=sum(v.prefix_hits for v in views),
             ),
         )
 
@@ -188,6 +197,8 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
         for name in names:
             self._unload(name, timeout_s)
         self.adapters.close()
+        if self._events_dir is not None:
+            shutil.rmtree(self._events_dir, ignore_errors=True)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

@@ -4,7 +4,7 @@ this module.
 The backend runs the vLLM that ``make setup-vllm`` installs (``VLLM_VERSION`` in the Makefile): its V1
 engine, ``vllm.v1.engine.async_llm.AsyncLLM``, whose engine core runs in a process of its own.
 Here: the import (:func:`import_vllm`), what a started engine says about itself
-(:func:`engine_facts`), a request's queueing time (:func:`engine_queue_s`), cancellation
+(:func:`engine_facts`), the decoder of its KV-cache events (:func:`kv_event_decoder`), a request's queueing time (:func:`engine_queue_s`), cancellation
 (:func:`abort_request`, :func:`close_output_stream`) and the GPU's memory
 (:func:`total_gpu_memory_bytes`).
 """
@@ -37,12 +37,16 @@ class VllmApi:
     sampling_params_cls: Any
     stat_logger_cls: Any
     lora_request_cls: Any
+    kv_events_config_cls: Any  # vllm.config.KVEventsConfig
+    kv_event_batch_cls: Any  # vllm.distributed.kv_events.KVEventBatch, what the publisher sends
 
 
 def import_vllm() -> VllmApi:
     """Import the vLLM classes the adapter uses; ``BackendUnavailable`` when that fails."""
     try:
         import vllm
+        from vllm.config import KVEventsConfig
+        from vllm.distributed.kv_events import KVEventBatch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
@@ -57,7 +61,17 @@ def import_vllm() -> VllmApi:
         sampling_params_cls=SamplingParams,
         stat_logger_cls=StatLoggerBase,
         lora_request_cls=LoRARequest,
+        kv_events_config_cls=KVEventsConfig,
+        kv_event_batch_cls=KVEventBatch,
     )
+
+
+def kv_event_decoder(api: VllmApi) -> Any:
+    """A function from a published KV-event payload to vLLM's ``KVEventBatch`` (msgpack, vLLM's own
+    schema)."""
+    import msgspec
+
+    return msgspec.msgpack.Decoder(type=api.kv_event_batch_cls).decode
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import itertools
 import logging
 import threading
 import time
@@ -37,8 +38,9 @@ from llmfleet_engine.outputs import (
     ReconcileResult,
 )
 from llmfleet_engine.reconcile import reconcile as reconcile_models
-from llmfleet_engine.vllm_compat import EngineFacts, VllmApi, engine_facts
+from llmfleet_engine.vllm_compat import EngineFacts, VllmApi, engine_facts, kv_event_decoder
 from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs
+from llmfleet_engine.vllm_kv_events import CachedBlocks, EventEndpoints, endpoints, private_directory
 from llmfleet_engine.vllm_lora_residency import LoraResidency
 from llmfleet_engine.vllm_stats import ModelStats, stat_logger_factory
 from llmfleet_engine.vllm_zero_adapter import ZERO_LORA_ID
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_ENGINE_NUMBERS = itertools.count(1)  # each engine's event sockets are its own, also when a model reloads
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -106,6 +109,7 @@ class ModelRuntime:
     stats: ModelStats
     dead: bool = False  # its engine core died; it is being unloaded
     loras: LoraResidency | None = None  # the LoRA adapters its engine holds (None: LoRA off)
+    cached: CachedBlocks | None = None  # its prefix cache's blocks, from vLLM's KV events (None: off)
     drivers: set[asyncio.Task] = field(default_factory=set)  # touched only in the host loop
 
     @property
@@ -122,6 +126,11 @@ class ModelRuntime:
     def kv_capacity_bytes(self) -> int:
         return self.kv_capacity_tokens * self.model.kv_bytes_per_token
 
+    @property
+    def kv_blocks(self) -> int:
+        """vLLM's KV blocks but its null block (what ``kv_capacity_tokens`` counts)."""
+        return max(0, self.facts.num_blocks - 1)
+
 
 class VllmModels:
     """Models of ``VllmExecutor`` (a mixin; the state is made in ``VllmExecutor.__init__``; unloading
@@ -137,6 +146,7 @@ class VllmModels:
     _load_lock: threading.Lock
     _closed: bool
     _runtimes: dict[str, ModelRuntime]
+    _events_dir: str | None  # where the engines publish their KV events (made at the first load)
     _requests: dict[str, Any]  # request id -> vllm_requests.ActiveRequest (owned by VllmRequests)
     _drains: DrainBook  # owned by vllm_drains.VllmDrains
     evict: Callable[[str, str], bool]  # vllm_drains.VllmDrains
@@ -217,6 +227,14 @@ class VllmModels:
             tokenizer.pad_token = tokenizer.eos_token
         dtype = engine_dtype(label, self.config.settings.dtype)
         args = self._api.engine_args_cls(**engine_kwargs(self.config, path, dtype))
+        events = self._event_endpoints(spec.name)
+        if events is not None:
+            args.kv_events_config = self._api.kv_events_config_cls(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=events.publish,
+                replay_endpoint=events.replay,
+            )
         stats = ModelStats(spec.name, self.metrics)
         logger = stat_logger_factory(self._api.stat_logger_cls, stats)
         host = EngineHost(spec.name)
@@ -230,16 +248,33 @@ class VllmModels:
         except Exception as e:
             host.stop(self.config.shutdown_timeout_s)
             raise ModelLoadError(f"vLLM could not start {spec.source!r}: {type(e).__name__}: {e}") from e
+        cached = None
         try:
+            if events is not None:
+                cached = CachedBlocks(events, kv_event_decoder(self._api), spec.name)
             runtime = self._describe(spec, label, path, local_only, hf_config, tokenizer, engine, host, stats)
         except Exception as e:  # never leak a started engine
             facts = EngineFacts(max_model_len=0, dtype="", num_blocks=0, block_size=0)
             self._stop_runtime(
-                ModelRuntime(model=_bare_model(spec, engine), host=host, facts=facts, stats=stats)
+                ModelRuntime(
+                    model=_bare_model(spec, engine), host=host, facts=facts, stats=stats, cached=cached
+                )
             )
             raise ModelLoadError(f"cannot describe model {spec.source!r}: {type(e).__name__}: {e}") from e
+        runtime.cached = cached
         runtime.model.load_s = time.perf_counter() - started
         return runtime
+
+    def _event_endpoints(self, name: str) -> EventEndpoints | None:
+        """Where the engine of model ``name`` publishes its KV events: with prefix caching on, unless
+        the settings' ``engine_args`` configure vLLM's events themselves (then the node does not count
+        the cache)."""
+        s = self.config.settings
+        if not s.enable_prefix_caching or "kv_events_config" in s.engine_args:
+            return None
+        if self._events_dir is None:
+            self._events_dir = private_directory()
+        return endpoints(self._events_dir, f"{name}-{next(_ENGINE_NUMBERS)}")
 
     def _describe(
         self,
@@ -351,6 +386,8 @@ class VllmModels:
         except Exception:
             log.warning("shutting down the vLLM engine of %s failed", runtime.model.name, exc_info=True)
         runtime.host.stop(timeout)
+        if runtime.cached is not None:
+            runtime.cached.close()
         runtime.model.model = None  # drop the engine reference so its memory can be freed
         gc.collect()
 

@@ -23,6 +23,7 @@ import chunk_checks as cc
 import grpc
 import pytest
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.load.monitor import report_from_proto
 from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.metrics.server import samples
 from llmfleet.rpc.channels import open_channel
@@ -31,7 +32,7 @@ from llmfleet.spec.vllm import VllmSettings
 from llmfleet.types import ModelSpec
 from llmfleet_engine.models import LoadedModel, ModelLoadError, load_model
 from llmfleet_engine.outputs import DuplicateRequestError, FinishReason, ModelConflictError
-from llmfleet_engine.servicer import EngineServicer
+from llmfleet_engine.servicer import EngineServicer, snapshot_to_proto
 from llmfleet_engine.validation import UnknownModelError, ValidationError, build_request
 from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor, VllmLoadedModel
 from llmfleet_engine.vllm_stats import SchedulerView
@@ -347,6 +348,35 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(vexec: VllmExecutor, model
     assert (cache.queries, cache.hits) == (view.prefix_queries, view.prefix_hits)
 
 
+async def test_load_report_counts_the_blocks_vllm_caches(vexec: VllmExecutor, model: VllmLoadedModel) -> None:
+    """vLLM's KV-cache events reach the load report: the blocks its prefix cache holds (held or idle),
+    out of its blocks, so the scheduler's load monitor gives cache-aware dispatch the cache's size."""
+    size = block_size(model)
+    total = int(model.model.vllm_config.cache_config.num_gpu_blocks) - 1  # but vLLM's null block
+    before = vexec.load_snapshot()
+    assert before.kv_blocks_total == total
+    assert before.prefix_cache is not None
+    n_prompt = 3 * size + size // 2  # three full blocks, none of them cached yet
+    req = build_request(model, words("c", n_prompt), max_tokens=2, request_id="counted-blocks")
+    cc.check_stream(await vexec.submit(req).collect())
+    expected = before.prefix_cache.blocks + 3  # the prompt's full blocks (its output fills none)
+
+    def blocks() -> int:
+        cache = vexec.load_snapshot().prefix_cache
+        return cache.blocks if cache is not None else -1
+
+    await cc.wait_for(lambda: blocks() >= expected, WAIT_S)
+    assert blocks() == expected  # the request finished: they stay cached, idle
+    snap = vexec.load_snapshot()
+    report = report_from_proto(snapshot_to_proto(snap, "vllm-engine"))
+    assert report.prefix_cached_bytes == expected * snap.kv_capacity_bytes // total
+    hits = scheduler_view(vexec).prefix_hits
+    again = build_request(model, words("c", n_prompt), max_tokens=2, request_id="counted-again")
+    cc.check_stream(await vexec.submit(again).collect())
+    await cc.wait_for(lambda: scheduler_view(vexec).prefix_hits >= hits + 3 * size, WAIT_S)
+    assert blocks() == expected  # a hit caches nothing new
+
+
 async def test_context_limit(
     vexec: VllmExecutor, model: VllmLoadedModel, reference: LoadedModel, hf_greedy
 ) -> None:
@@ -437,6 +467,9 @@ async def test_second_model_loads_serves_and_unloads(
     vexec: VllmExecutor, model: VllmLoadedModel, reference: LoadedModel, hf_greedy, long_prompt
 ) -> None:
     single = vexec.kv_capacity_bytes
+    alone = vexec.load_snapshot()
+    blocks_alone = alone.kv_blocks_total
+    cached_alone = alone.prefix_cache.blocks if alone.prefix_cache is not None else 0
     changes: list[tuple[str, ...]] = []
     vexec.on_models_changed.append(changes.append)
     try:
@@ -456,6 +489,19 @@ async def test_second_model_loads_serves_and_unloads(
         both = vexec.load_snapshot()
         assert [m.model for m in both.models] == [NAME, SECOND.name]
         assert both.kv_capacity_bytes == 2 * single
+        assert both.kv_blocks_total == 2 * blocks_alone
+        # each engine's cached blocks are counted from its own events: a prompt of two full blocks on
+        # the second engine adds two to the node's count (the pair above filled none: short prompts)
+        size = block_size(model)
+        filled = build_request(second, words("e", 2 * size + size // 2), max_tokens=2, request_id="e-blocks")
+        cc.check_stream(await vexec.submit(filled).collect())
+
+        def cached() -> int:
+            cache = vexec.load_snapshot().prefix_cache
+            return cache.blocks if cache is not None else -1
+
+        await cc.wait_for(lambda: cached() >= cached_alone + 2, WAIT_S)
+        assert cached() == cached_alone + 2
 
         moving = build_request(second, prompt, max_tokens=n, request_id="on-second")
         stream = vexec.submit(moving)
@@ -468,7 +514,10 @@ async def test_second_model_loads_serves_and_unloads(
         assert len(delivered) < n
         assert delivered == hf_greedy(reference, moving.prompt_token_ids, n)[: len(delivered)]
         assert vexec.model_names() == (NAME,) and vexec.kv_capacity_bytes == single
-        assert [m.model for m in vexec.load_snapshot().models] == [NAME]
+        after = vexec.load_snapshot()
+        assert [m.model for m in after.models] == [NAME]
+        # the second engine's cache went with it
+        assert after.kv_blocks_total == blocks_alone and cached() == cached_alone
         assert not vexec.unload(SECOND.name)
         with pytest.raises(UnknownModelError):
             vexec.submit(build_request(second, "hi", max_tokens=2))

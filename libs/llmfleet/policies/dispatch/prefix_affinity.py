@@ -28,7 +28,8 @@ and corrected by the engines' reports:
   an engine that evicted under memory pressure, restarted or unloaded the model (0 bytes) is no longer
   credited with what it dropped. The cut acts on a *change* of the reported size only, so entries
   added since the last report (whose prefills the engine has not run yet) survive a stale report;
-  engines that do not report a size (vLLM's) are corrected by expiry alone.
+  engines that report no size (a vLLM engine whose KV-cache events are not counted) are corrected by
+  expiry alone.
 
 Time is the request's ``arrival_s`` (the caller's clock): the policy reads no clock.
 
