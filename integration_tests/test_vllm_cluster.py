@@ -7,7 +7,8 @@ engine ``vllm-0`` and a native engine ``native-0``, both serving ``vtiny``: a ti
 reach ``max_tokens``. vLLM runs it in float32, so both engines' greedy tokens equal HF ``generate``'s.
 
 Covered: SDK and OpenAI completions (stream, non-stream, stop strings, ``max_tokens``, usage, cancel)
-served by the vLLM engine; the load it reports (vLLM's own numbers); bad input; a drain of a request
+served by the vLLM engine; the load it reports (vLLM's own numbers, and its prefix cache's size from
+vLLM's KV-cache events as the migration coordinator's load monitor reads it); bad input; a drain of a request
 off the vLLM engine when placement takes the model away (token transfer to the native engine), its
 unload and its reload from etcd; kill -9 of the vLLM engine mid-stream (every token exactly once).
 Destructive tests come last.
@@ -15,6 +16,8 @@ Destructive tests come last.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from llmfleet.client.errors import InvalidArgument, NotFound
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient
 from llmfleet.coord.desired import put_placement
+from llmfleet.load.monitor import report_from_proto
 from llmfleet.supervisor import free_port
 from llmfleet.types import DesiredPlacement
 from llmfleet_engine.models import materialize, without_eos
@@ -141,6 +145,32 @@ async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
         await until_on(NATIVE, attempt)
         for engine_id, tokens in results:
             assert tokens == reference[:24], engine_id
+
+
+async def test_the_cluster_sees_the_blocks_vllm_caches(vcluster: Cluster, client: AsyncClient) -> None:
+    """vLLM's KV-cache events reach the cluster's load monitor: a prompt of three full blocks (vLLM's
+    128 tokens here) served by the vLLM engine raises the prefix-cache size its load report gives
+    cache-aware dispatch."""
+    prompt = " ".join(["fleet"] * (3 * 128 + 40))  # one token per word on the tiny tokenizer, after BOS
+
+    async def size() -> int:
+        status = await migration_status(vcluster.addresses["migration"])
+        report = report_from_proto(next(e.load for e in status.engines if e.engine_id == VLLM))
+        assert report.prefix_cached_bytes is not None, "the vLLM engine reports its cache's size"
+        return report.prefix_cached_bytes
+
+    before = await size()
+
+    async def complete() -> tuple[str, object]:
+        r = await client.complete(prompt, service="chat", max_tokens=4)
+        return r.usage.engine_id, r
+
+    await until_on(VLLM, complete)
+    block_bytes = 128 * 1024  # 128 tokens of 1 KiB of KV each (see the capacity test)
+    deadline = time.monotonic() + 60
+    while await size() < before + 3 * block_bytes:
+        assert time.monotonic() < deadline, "the vLLM engine's cached blocks never reached the load report"
+        await asyncio.sleep(0.2)
 
 
 async def test_openai_completion_usage_max_tokens_and_stream(vcluster: Cluster) -> None:
