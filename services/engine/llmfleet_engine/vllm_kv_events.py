@@ -14,9 +14,10 @@ again (its ``kv_cache_report_mode="full"``), which must not count twice. A batch
 gap in the numbers, e.g. the first batches sent before the subscription took hold) is fetched from the
 replay socket, as soon as a later batch shows the gap, and while none arrives by asking the replay
 socket every ``CATCH_UP_S`` for batches past the last one seen (a lost last batch shows no gap); when
-replay cannot fill a gap (the publisher's buffer moved on), the count is unknown from then on
-(:meth:`CachedBlocks.count` is None) rather than wrong, and the load report says nothing of the
-cache's size, as before.
+replay cannot fill a gap (the publisher's buffer moved on), or the replay socket stops answering
+(``SILENT_CATCH_UPS`` catch-ups in a row: the sockets are gone while the engine runs), the count is
+unknown from then on (:meth:`CachedBlocks.count` is None) rather than wrong, and the load report says
+nothing of the cache's size, as before.
 
 The events ride on ``ipc://`` sockets in a private directory (:func:`endpoints`), so they never leave
 the node. No vLLM is needed to import this module; the batch decoder is vLLM's own
@@ -42,6 +43,7 @@ END_SEQ = -1  # the replay socket's end-of-replay marker (a signed 8-byte sequen
 POLL_MS = 100  # how often the subscriber thread looks at whether it was closed
 REPLAY_TIMEOUT_MS = 2000  # the longest wait for a replayed batch
 CATCH_UP_S = 1.0  # while no batch arrives, how often the replay socket is asked for any missed
+SILENT_CATCH_UPS = 3  # unanswered catch-ups in a row after which the events are taken as lost
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class CachedBlocks:
         poller = zmq.Poller()
         poller.register(self._sub, zmq.POLLIN)
         checked = 0.0  # when the replay socket was last asked for batches past the last one seen
+        silent = 0  # catch-ups in a row the replay socket did not answer
         while not self._closed.is_set():
             try:
                 if dict(poller.poll(POLL_MS)):
@@ -117,7 +120,9 @@ class CachedBlocks:
                     self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
                 elif time.monotonic() - checked >= CATCH_UP_S:
                     checked = time.monotonic()
-                    if self._replay() is False:
+                    caught = self._replay()
+                    silent = silent + 1 if caught is None else 0
+                    if caught is False or silent >= SILENT_CATCH_UPS:
                         self._lose()
                         return
             except zmq.ZMQError:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llmfleet_engine import vllm_kv_events as kv_events
 from llmfleet_engine.vllm_compat import import_vllm, kv_event_decoder
 from llmfleet_engine.vllm_kv_events import CachedBlocks, endpoints
 from vllm_marks import requires_vllm
@@ -175,6 +176,24 @@ def test_a_gap_replay_cannot_fill_leaves_the_count_unknown(tmp_path: Path, decod
             blocks.close()
     finally:
         publisher.close()
+
+
+def test_a_publisher_gone_silent_leaves_the_count_unknown(
+    where: Any, decode: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's sockets disappear while it is taken to run (no batch, no replay answer): after a
+    few unanswered catch-ups the count is dropped, not kept stale."""
+    monkeypatch.setattr(kv_events, "CATCH_UP_S", 0.05)
+    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_MS", 100)
+    publisher = Publisher(where)
+    blocks = CachedBlocks(where, decode, "tiny-model")
+    try:
+        publisher.publish(publisher.stored(1, 2))
+        wait_for(lambda: blocks.count() == 2)
+        publisher.close()
+        wait_for(lambda: blocks.count() is None)
+    finally:
+        blocks.close()
 
 
 def test_close_stops_the_subscriber(where: Any, decode: Any) -> None:
