@@ -14,8 +14,9 @@ What differs from the native executor:
 * the load snapshot's running and waiting counts and its KV in use are vLLM's own, from the scheduler
   stats vLLM hands a stat logger after each step (``vllm_stats``); its KV capacity is vLLM's block count
   times its block size; with prefix caching on, the blocks its prefix cache holds are counted from
-  vLLM's KV-cache events (``vllm_kv_events``), so cache-aware dispatch sees what vLLM evicted. Per request, the KV bytes are the adapter's count (prompt + generated tokens
-  times the model's bytes per token): vLLM does not report a request's blocks.
+  vLLM's KV-cache events (``vllm_kv_events``), so cache-aware dispatch sees what vLLM evicted. Per
+  request, the KV bytes are the adapter's count (prompt + generated tokens times the model's bytes
+  per token): vLLM does not report a request's blocks.
 
 Completion text is not vLLM's: token ids come from vLLM (cumulative ``RequestOutput``s turned into
 deltas), text and stop strings go through the same ``TextStream`` as the native executor, so both

@@ -4,9 +4,9 @@ this module.
 The backend runs the vLLM that ``make setup-vllm`` installs (``VLLM_VERSION`` in the Makefile): its V1
 engine, ``vllm.v1.engine.async_llm.AsyncLLM``, whose engine core runs in a process of its own.
 Here: the import (:func:`import_vllm`), what a started engine says about itself
-(:func:`engine_facts`), the decoder of its KV-cache events (:func:`kv_event_decoder`), a request's queueing time (:func:`engine_queue_s`), cancellation
-(:func:`abort_request`, :func:`close_output_stream`) and the GPU's memory
-(:func:`total_gpu_memory_bytes`).
+(:func:`engine_facts`), the decoder of its KV-cache events (:func:`kv_event_decoder`), a request's
+queueing time (:func:`engine_queue_s`), cancellation (:func:`abort_request`,
+:func:`close_output_stream`) and the GPU's memory (:func:`total_gpu_memory_bytes`).
 """
 
 from __future__ import annotations
