@@ -1,5 +1,9 @@
 """The migration part of ``llmfleet status``: the migration leader's Status (per-engine active flag,
-Mell GPU type and KV use; migrations running and recent; migrations per epoch)."""
+Mell GPU type, KV use and prefix cache; migrations running and recent; migrations per epoch).
+
+An engine's prefix cache is its share of the KV pool that cached blocks hold (held by requests or
+idle, as the load monitor reads it for cache-aware dispatch: ``-`` when the engine reports no size)
+and its hit rate since it started (prompt tokens found cached over those looked up)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.api.v1 import migration_pb2, migration_pb2_grpc
+from llmfleet.load.monitor import report_from_proto
 from llmfleet.rpc.channels import open_channel
 from llmfleet.types import NodeRecord
 
@@ -28,6 +33,8 @@ class MigrationEngineRow:
     waiting: int
     kv_used_bytes: int
     kv_capacity_bytes: int
+    prefix_cached_bytes: int | None = None  # KV its prefix cache holds (None: not reported)
+    prefix_hit_rate: float | None = None  # prompt tokens found cached / looked up (None: none looked up)
 
 
 @dataclass
@@ -82,6 +89,7 @@ def _row(r: migration_pb2.MigrationRecord) -> MigrationRow:
 
 def _engine_row(e: migration_pb2.EngineKvStatus) -> MigrationEngineRow:
     load = e.load
+    cache = load.prefix_cache if load.HasField("prefix_cache") else None
     return MigrationEngineRow(
         e.engine_id,
         e.active,
@@ -90,6 +98,8 @@ def _engine_row(e: migration_pb2.EngineKvStatus) -> MigrationEngineRow:
         load.waiting,
         load.kv_used_bytes,
         load.kv_capacity_bytes,
+        report_from_proto(load).prefix_cached_bytes,
+        cache.hits / cache.queries if cache is not None and cache.queries else None,
     )
 
 
@@ -130,10 +140,13 @@ def render_migration(m: MigrationStatus, console: Console) -> None:
     engines = Table(
         title=f"migration ({m.policy or '?'}, epoch {m.epoch_s:g} s, leader {m.leader})", title_justify="left"
     )
-    for col in ("engine", "active", "type", "running", "waiting", "kv use"):
+    for col in ("engine", "active", "type", "running", "waiting", "kv use", "prefix cache", "hit rate"):
         engines.add_column(col)
     for e in m.engines:
-        use = f"{e.kv_used_bytes / e.kv_capacity_bytes:.1%}" if e.kv_capacity_bytes else "-"
+        cap = e.kv_capacity_bytes
+        use = f"{e.kv_used_bytes / cap:.1%}" if cap else "-"
+        cached = f"{e.prefix_cached_bytes / cap:.1%}" if cap and e.prefix_cached_bytes is not None else "-"
+        hits = f"{e.prefix_hit_rate:.1%}" if e.prefix_hit_rate is not None else "-"
         engines.add_row(
             e.engine_id,
             "yes" if e.active else "[dim]no[/]",
@@ -141,6 +154,8 @@ def render_migration(m: MigrationStatus, console: Console) -> None:
             str(e.running),
             str(e.waiting),
             use,
+            cached,
+            hits,
         )
     console.print(engines)
     if m.epochs:
