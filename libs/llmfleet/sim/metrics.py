@@ -24,8 +24,9 @@ mean active GPUs (instances with requests), mean and peak KV utilisation (from t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from llmfleet.sim.records import RequestRecord
@@ -111,10 +112,35 @@ def gpu_seconds(gpu_log: Sequence[tuple[float, int]], start: float, end: float) 
     return area + level * (end - t)
 
 
-def _attain(records: Sequence[RequestRecord], ok) -> float | None:
+@dataclass(frozen=True)
+class SloKind:
+    """One paper's SLO attainment: whether a service's SLO sets it (``sets``; its requests are the
+    attainment's denominator) and whether a finished request of that service meets it (``met``)."""
+
+    sets: Callable[[Slo], bool]
+    met: Callable[[RequestRecord, Slo], bool]
+
+
+def _aladdin_met(r: RequestRecord, slo: Slo) -> bool:
+    return r.ttft_s <= cast(float, slo.ttft_s) and r.tpot_s <= cast(float, slo.tpot_s)
+
+
+# the attainments ``request_metrics`` reports under "slo", by name (see the module docstring)
+SLO_KINDS: dict[str, SloKind] = {
+    "seallm": SloKind(lambda slo: True, lambda r, slo: r.latency_s <= slo.latency_scale * r.solo_s),
+    "aladdin": SloKind(lambda slo: slo.ttft_s is not None and slo.tpot_s is not None, _aladdin_met),
+    "uellm": SloKind(
+        lambda slo: slo.deadline_s is not None, lambda r, slo: r.latency_s <= cast(float, slo.deadline_s)
+    ),
+}
+
+
+def _attain(records: Sequence[RequestRecord], kind: SloKind, slos: Mapping[str, Slo]) -> float | None:
+    """The share of ``records`` that finished within ``kind``'s SLO of their service (None: no record)."""
     if not records:
         return None
-    return sum(1 for r in records if r.done and ok(r)) / len(records)
+    met = kind.met
+    return sum(1 for r in records if r.done and met(r, slos[r.service])) / len(records)
 
 
 def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimService]) -> dict:
@@ -142,18 +168,13 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
         "slo": {},
     }
     slo = {name: s.slo for name, s in by_name.items()}
-    out["slo"]["seallm"] = _attain(records, lambda r: r.latency_s <= slo[r.service].latency_scale * r.solo_s)
-    ala = [r for r in records if slo[r.service].ttft_s is not None and slo[r.service].tpot_s is not None]
-    if ala:
-        out["slo"]["aladdin"] = _attain(
-            ala, lambda r: r.ttft_s <= slo[r.service].ttft_s and r.tpot_s <= slo[r.service].tpot_s
-        )
+    for name, kind in SLO_KINDS.items():
+        counted = [r for r in records if kind.sets(slo[r.service])]
+        if counted or name == "seallm":  # SeaLLM's applies to every service (None without records)
+            out["slo"][name] = _attain(counted, kind, slo)
     at = {f"p{pct}": attainment_at(records, slo, pct) for pct in ATTAINMENT_PCTS}
     if all(v is not None for v in at.values()):
         out["aladdin_at"] = at  # Aladdin's attainment at P100 and P99 (``attainment_at``)
-    ue = [r for r in records if slo[r.service].deadline_s is not None]
-    if ue:
-        out["slo"]["uellm"] = _attain(ue, lambda r: r.latency_s <= slo[r.service].deadline_s)
     return out
 
 
