@@ -196,7 +196,13 @@ def test_a_publisher_gone_silent_leaves_the_count_unknown(
         blocks.close()
 
 
-def test_close_stops_the_subscriber(where: Any, decode: Any) -> None:
+def test_close_stops_the_subscriber(where: Any, decode: Any, publisher: Publisher) -> None:
+    """After close, batches the engine still publishes are no longer applied."""
     blocks = CachedBlocks(where, decode, "tiny-model")
+    publisher.publish(publisher.stored(1))
+    wait_for(lambda: blocks.count() == 1)
     blocks.close()
-    assert blocks.count() == 0
+    publisher.publish(publisher.stored(2, 3))
+    publisher.flushed()  # sent: a subscriber still reading would have applied it by now
+    time.sleep(0.3)
+    assert (blocks.count(), blocks.batches) == (1, 1)
