@@ -115,10 +115,12 @@ def gpu_seconds(gpu_log: Sequence[tuple[float, int]], start: float, end: float) 
 @dataclass(frozen=True)
 class SloKind:
     """One paper's SLO attainment: whether a service's SLO sets it (``sets``; its requests are the
-    attainment's denominator) and whether a finished request of that service meets it (``met``)."""
+    attainment's denominator), whether a finished request of that service meets it (``met``), and
+    whether a report carries it even when no request counts (``always``; its value is then None)."""
 
     sets: Callable[[Slo], bool]
     met: Callable[[RequestRecord, Slo], bool]
+    always: bool = False
 
 
 def _aladdin_met(r: RequestRecord, slo: Slo) -> bool:
@@ -127,7 +129,9 @@ def _aladdin_met(r: RequestRecord, slo: Slo) -> bool:
 
 # the attainments ``request_metrics`` reports under "slo", by name (see the module docstring)
 SLO_KINDS: dict[str, SloKind] = {
-    "seallm": SloKind(lambda slo: True, lambda r, slo: r.latency_s <= slo.latency_scale * r.solo_s),
+    "seallm": SloKind(  # every service has SeaLLM's
+        lambda slo: True, lambda r, slo: r.latency_s <= slo.latency_scale * r.solo_s, always=True
+    ),
     "aladdin": SloKind(lambda slo: slo.ttft_s is not None and slo.tpot_s is not None, _aladdin_met),
     "uellm": SloKind(
         lambda slo: slo.deadline_s is not None, lambda r, slo: r.latency_s <= cast(float, slo.deadline_s)
@@ -170,7 +174,7 @@ def request_metrics(records: Sequence[RequestRecord], services: Sequence[SimServ
     slo = {name: s.slo for name, s in by_name.items()}
     for name, kind in SLO_KINDS.items():
         counted = [r for r in records if kind.sets(slo[r.service])]
-        if counted or name == "seallm":  # SeaLLM's applies to every service (None without records)
+        if counted or kind.always:
             out["slo"][name] = _attain(counted, kind, slo)
     at = {f"p{pct}": attainment_at(records, slo, pct) for pct in ATTAINMENT_PCTS}
     if all(v is not None for v in at.values()):

@@ -173,13 +173,16 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             models=models,
             requests=RequestLoads(ids, mods, toks, kvb, phases, adapters),
             # the blocks vLLM caches when its KV events counted them all (else the total is left 0: no size
-            # reported); its lookups and hits; its block hashes are its own, so none are reported
+            # reported); its lookups and hits; its block hashes are its own, so none are reported. With
+            # prefix caching off there is no cache to report.
             kv_blocks_total=sum(rt.kv_blocks for rt in runtimes.values()) if known else 0,
             prefix_cache=PrefixCacheLoad(
                 blocks=sum(c or 0 for c in counts) if known else 0,
                 queries=sum(v.prefix_queries for v in views),
                 hits=sum(v.prefix_hits for v in views),
-            ),
+            )
+            if self.config.settings.enable_prefix_caching
+            else None,
         )
 
     def scheduler_view(self, model: str) -> SchedulerView:

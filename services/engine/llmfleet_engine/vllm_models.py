@@ -117,19 +117,19 @@ class ModelRuntime:
         return self.model.model
 
     @property
+    def kv_blocks(self) -> int:
+        """vLLM's KV blocks but the one it keeps as a null block."""
+        return max(0, self.facts.num_blocks - 1)
+
+    @property
     def kv_capacity_tokens(self) -> int:
-        """Tokens vLLM's KV cache holds: its blocks but the one vLLM keeps as a null block, x block
-        size (what its ``kv_cache_usage`` is a fraction of)."""
-        return max(0, self.facts.num_blocks - 1) * self.facts.block_size
+        """Tokens vLLM's KV cache holds: ``kv_blocks`` x block size (what its ``kv_cache_usage`` is a
+        fraction of)."""
+        return self.kv_blocks * self.facts.block_size
 
     @property
     def kv_capacity_bytes(self) -> int:
         return self.kv_capacity_tokens * self.model.kv_bytes_per_token
-
-    @property
-    def kv_blocks(self) -> int:
-        """vLLM's KV blocks but its null block (what ``kv_capacity_tokens`` counts)."""
-        return max(0, self.facts.num_blocks - 1)
 
 
 class VllmModels:
@@ -252,7 +252,9 @@ class VllmModels:
         try:
             if events is not None:
                 cached = CachedBlocks(events, kv_event_decoder(self._api), spec.name)
-            runtime = self._describe(spec, label, path, local_only, hf_config, tokenizer, engine, host, stats)
+            runtime = self._describe(
+                spec, label, path, local_only, hf_config, tokenizer, engine, host, stats, cached
+            )
         except Exception as e:  # never leak a started engine
             facts = EngineFacts(max_model_len=0, dtype="", num_blocks=0, block_size=0)
             self._stop_runtime(
@@ -261,7 +263,6 @@ class VllmModels:
                 )
             )
             raise ModelLoadError(f"cannot describe model {spec.source!r}: {type(e).__name__}: {e}") from e
-        runtime.cached = cached
         runtime.model.load_s = time.perf_counter() - started
         return runtime
 
@@ -287,8 +288,10 @@ class VllmModels:
         engine: Any,
         host: EngineHost,
         stats: ModelStats,
+        cached: CachedBlocks | None,
     ) -> ModelRuntime:
-        """The ``ModelRuntime`` of a started engine: context, dtype and KV blocks as vLLM reports them."""
+        """The ``ModelRuntime`` of a started engine: context, dtype and KV blocks as vLLM reports them,
+        and its prefix cache's counter."""
         facts = engine_facts(engine)
         torch_dtype = _TORCH_DTYPES.get(facts.dtype, torch.float16)
         model = VllmLoadedModel(
@@ -313,7 +316,7 @@ class VllmModels:
             if self.config.max_loras
             else None
         )
-        return ModelRuntime(model=model, host=host, facts=facts, stats=stats, loras=loras)
+        return ModelRuntime(model=model, host=host, facts=facts, stats=stats, loras=loras, cached=cached)
 
     def _resolve_source(self, source: str) -> tuple[str, bool]:
         """A checkpoint dir or hub id for vLLM (``tiny://`` built first) and whether it is local-only."""

@@ -377,6 +377,18 @@ async def test_load_report_counts_the_blocks_vllm_caches(vexec: VllmExecutor, mo
     assert blocks() == expected  # a hit caches nothing new
 
 
+def test_no_prefix_cache_is_reported_with_caching_off(models_dir: Path) -> None:
+    """With vLLM's prefix caching off the load report carries no prefix cache (as a native engine's
+    without caching), not one of zeros; with it on, the report has one before any model loads."""
+    for caching in (False, True):
+        settings = SETTINGS.model_copy(update={"enable_prefix_caching": caching})
+        executor = VllmExecutor(VllmConfig(settings=settings, device=VLLM_DEVICE, cache_dir=models_dir))
+        try:
+            assert (executor.load_snapshot().prefix_cache is not None) is caching
+        finally:
+            executor.close()
+
+
 async def test_context_limit(
     vexec: VllmExecutor, model: VllmLoadedModel, reference: LoadedModel, hf_greedy
 ) -> None:
