@@ -8,7 +8,8 @@ reach ``max_tokens``. vLLM runs it in float32, so both engines' greedy tokens eq
 
 Covered: SDK and OpenAI completions (stream, non-stream, stop strings, ``max_tokens``, usage, cancel)
 served by the vLLM engine; the load it reports (vLLM's own numbers, and its prefix cache's size from
-vLLM's KV-cache events as the migration coordinator's load monitor reads it); bad input; a drain of a request
+vLLM's KV-cache events, on a ``kv_events_config`` the cluster file gives, as the migration
+coordinator's load monitor reads it); bad input; a drain of a request
 off the vLLM engine when placement takes the model away (token transfer to the native engine), its
 unload and its reload from etcd; kill -9 of the vLLM engine mid-stream (every token exactly once).
 Destructive tests come last.
@@ -24,6 +25,7 @@ from pathlib import Path
 import openai
 import psutil
 import pytest
+import zmq
 from harness import TTL_S, Cluster, launch
 from llmfleet.client import AsyncClient
 from llmfleet.client.aio import GenerateStream
@@ -35,6 +37,8 @@ from llmfleet.load.monitor import report_from_proto
 from llmfleet.supervisor import free_port
 from llmfleet.types import DesiredPlacement
 from llmfleet_engine.models import materialize, without_eos
+from llmfleet_engine.vllm_compat import import_vllm, kv_event_decoder
+from llmfleet_engine.vllm_kv_events import user_endpoints
 from util import flatten, hf_greedy, load_snapshot, migration_status, wait_running
 from vllm_marks import VLLM_DEVICE, VLLM_TINY_SOURCE, requires_vllm
 
@@ -46,11 +50,20 @@ NATIVE = "native-0"
 PROMPT = "Once upon a time there was a fleet of models"
 MAX_MODEL_LEN = 2048
 LONG_TOKENS = 2000  # still running when a test acts on it mid-stream (prompt + 2,000 < max_model_len)
+# vLLM's KV events as a user feeding an external indexer configures them (TCP on every interface, a
+# topic); the node counts its prefix cache from them too
+KV_EVENTS = {
+    "enable_kv_cache_events": True,
+    "endpoint": f"tcp://*:{free_port()}",
+    "replay_endpoint": f"tcp://*:{free_port()}",
+    "topic": "vtiny-kv",
+}
 VLLM_SETTINGS = {
     "kv_cache_memory_bytes": "256MiB",
     "max_model_len": MAX_MODEL_LEN,
     "enforce_eager": True,
     "dtype": "float32",
+    "engine_args": {"kv_events_config": KV_EVENTS},
 }
 LOAD_TIMEOUT_S = 600  # a vLLM start on a busy 2-core machine
 
@@ -151,8 +164,16 @@ async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
 async def test_the_cluster_sees_the_blocks_vllm_caches(vcluster: Cluster, client: AsyncClient) -> None:
     """vLLM's KV-cache events reach the cluster's load monitor: a prompt of three full blocks (vLLM's
     128 tokens here) served by the vLLM engine raises the prefix-cache size its load report gives
-    cache-aware dispatch."""
+    cache-aware dispatch. The events are the user's ``kv_events_config`` (``engine_args``): an external
+    subscriber, as llm-d's indexer, receives them on its topic as well."""
     prompt = " ".join(["fleet"] * (3 * 128 + 40))  # one token per word on the tiny tokenizer, after BOS
+    ctx = zmq.Context()
+    indexer = ctx.socket(zmq.SUB)
+    indexer.setsockopt(zmq.SUBSCRIBE, KV_EVENTS["topic"].encode())
+    where = user_endpoints(KV_EVENTS)
+    assert where is not None
+    indexer.connect(where.publish)
+    await asyncio.sleep(0.5)  # its subscription takes hold before the prompt is sent
 
     async def size() -> int:
         status = await migration_status(vcluster.addresses["migration"])
@@ -172,6 +193,18 @@ async def test_the_cluster_sees_the_blocks_vllm_caches(vcluster: Cluster, client
     while await size() < before + 3 * block_bytes:
         assert time.monotonic() < deadline, "the vLLM engine's cached blocks never reached the load report"
         await asyncio.sleep(0.2)
+    decode = kv_event_decoder(import_vllm())
+    stored = 0
+    try:
+        while indexer.poll(1000):  # what it has received, and what is still on its way
+            topic, _, payload = indexer.recv_multipart()
+            assert topic == KV_EVENTS["topic"].encode()
+            batch = decode(payload)
+            stored += sum(len(e.block_hashes) for e in batch.events if type(e).__name__ == "BlockStored")
+    finally:
+        indexer.close(linger=0)
+        ctx.term()
+    assert stored >= 3, "the external subscriber got the prompt's blocks too"
 
 
 async def test_openai_completion_usage_max_tokens_and_stream(vcluster: Cluster) -> None:

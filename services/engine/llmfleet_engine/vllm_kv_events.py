@@ -20,8 +20,11 @@ unknown from then on (:meth:`CachedBlocks.count` is None) rather than wrong, and
 nothing of the cache's size, as before.
 
 The events ride on ``ipc://`` sockets in a private directory (:func:`endpoints`), so they never leave
-the node. No vLLM is needed to import this module; the batch decoder is vLLM's own
-(``vllm.distributed.kv_events.KVEventBatch``), passed in.
+the node. A ``kv_events_config`` the settings' ``engine_args`` give (e.g. to feed llm-d's indexer
+too) is vLLM's as written; the count then subscribes to its sockets (:func:`user_endpoints`: the
+addresses it binds, read as this host's), provided it publishes over ZeroMQ with a replay socket, since
+without replay a lost batch could not be told from none. No vLLM is needed to import this module; the
+batch decoder is vLLM's own (``vllm.distributed.kv_events.KVEventBatch``), passed in.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ POLL_MS = 100  # how often the subscriber thread looks at whether it was closed
 REPLAY_TIMEOUT_MS = 2000  # the longest wait for a replayed batch
 CATCH_UP_S = 1.0  # while no batch arrives, how often the replay socket is asked for any missed
 SILENT_CATCH_UPS = 3  # unanswered catch-ups in a row after which the events are taken as lost
+DEFAULT_ENDPOINT = "tcp://*:5557"  # vLLM's KVEventsConfig.endpoint when a config leaves it out
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,45 @@ def endpoints(directory: str | Path, name: str) -> EventEndpoints:
     slug = "".join(c if c.isalnum() else "-" for c in name)[:40] or "model"
     base = Path(directory) / slug
     return EventEndpoints(f"ipc://{base}.kv-events", f"ipc://{base}.kv-replay")
+
+
+def user_endpoints(config: Mapping[str, Any] | Any) -> EventEndpoints | None:
+    """Where a user's ``kv_events_config`` (a mapping, as a cluster file gives it, or vLLM's
+    ``KVEventsConfig``) has the engine publish, as a subscriber on this host connects to it: a TCP
+    address bound on every interface (``*``, ``0.0.0.0``, ``::``) reads as the loopback's. None when
+    it publishes nothing to count from: events off, a publisher other than ZeroMQ, or no replay
+    socket (the reason is logged)."""
+
+    def get(key: str, default: Any) -> Any:
+        if isinstance(config, Mapping):
+            return config.get(key, default)
+        return getattr(config, key, default)
+
+    if not get("enable_kv_cache_events", False):
+        return None
+    publisher = get("publisher", None) or "zmq"
+    replay = get("replay_endpoint", None)
+    if publisher != "zmq" or not replay:
+        log.warning(
+            "kv_events_config publishes %s: the prefix cache's size is not counted (it needs ZeroMQ with "
+            "a replay_endpoint)",
+            "no replay socket" if publisher == "zmq" else f"with publisher {publisher!r}",
+        )
+        return None
+    return EventEndpoints(_connectable(get("endpoint", DEFAULT_ENDPOINT)), _connectable(replay))
+
+
+def _connectable(endpoint: str) -> str:
+    """The address a subscriber on this host connects to for a publisher bound at ``endpoint``."""
+    scheme, sep, rest = endpoint.partition("://")
+    if scheme != "tcp" or not sep:
+        return endpoint
+    host, _, port = rest.rpartition(":")
+    if host in ("*", "0.0.0.0"):
+        return f"tcp://127.0.0.1:{port}"
+    if host in ("[::]", "::", "[*]"):
+        return f"tcp://[::1]:{port}"
+    return endpoint
 
 
 def private_directory() -> str:

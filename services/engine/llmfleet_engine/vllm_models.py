@@ -40,7 +40,13 @@ from llmfleet_engine.outputs import (
 from llmfleet_engine.reconcile import reconcile as reconcile_models
 from llmfleet_engine.vllm_compat import EngineFacts, VllmApi, engine_facts, kv_event_decoder
 from llmfleet_engine.vllm_config import VllmConfig, engine_dtype, engine_kwargs
-from llmfleet_engine.vllm_kv_events import CachedBlocks, EventEndpoints, endpoints, private_directory
+from llmfleet_engine.vllm_kv_events import (
+    CachedBlocks,
+    EventEndpoints,
+    endpoints,
+    private_directory,
+    user_endpoints,
+)
 from llmfleet_engine.vllm_lora_residency import LoraResidency
 from llmfleet_engine.vllm_stats import ModelStats, stat_logger_factory
 from llmfleet_engine.vllm_zero_adapter import ZERO_LORA_ID
@@ -228,7 +234,7 @@ class VllmModels:
         dtype = engine_dtype(label, self.config.settings.dtype)
         args = self._api.engine_args_cls(**engine_kwargs(self.config, path, dtype))
         events = self._event_endpoints(spec.name)
-        if events is not None:
+        if events is not None and "kv_events_config" not in self.config.settings.engine_args:
             args.kv_events_config = self._api.kv_events_config_cls(
                 enable_kv_cache_events=True,
                 publisher="zmq",
@@ -267,12 +273,14 @@ class VllmModels:
         return runtime
 
     def _event_endpoints(self, name: str) -> EventEndpoints | None:
-        """Where the engine of model ``name`` publishes its KV events: with prefix caching on, unless
-        the settings' ``engine_args`` configure vLLM's events themselves (then the node does not count
-        the cache)."""
+        """Where the engine of model ``name`` publishes its KV events, with prefix caching on: private
+        sockets of the node, or those of the ``kv_events_config`` the settings' ``engine_args`` give
+        (None where that one cannot be counted from)."""
         s = self.config.settings
-        if not s.enable_prefix_caching or "kv_events_config" in s.engine_args:
+        if not s.enable_prefix_caching:
             return None
+        if "kv_events_config" in s.engine_args:  # the user's, as vLLM takes it
+            return user_endpoints(s.engine_args["kv_events_config"])
         if self._events_dir is None:
             self._events_dir = private_directory()
         return endpoints(self._events_dir, f"{name}-{next(_ENGINE_NUMBERS)}")

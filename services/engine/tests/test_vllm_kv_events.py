@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llmfleet.supervisor import free_port
 from llmfleet_engine import vllm_kv_events as kv_events
 from llmfleet_engine.vllm_compat import import_vllm, kv_event_decoder
-from llmfleet_engine.vllm_kv_events import CachedBlocks, endpoints
+from llmfleet_engine.vllm_kv_events import CachedBlocks, EventEndpoints, endpoints, user_endpoints
 from vllm_marks import requires_vllm
 
 pytestmark = [*requires_vllm, pytest.mark.timeout(120)]
@@ -32,12 +33,13 @@ def wait_for(predicate: Any, timeout_s: float = WAIT_S) -> None:
 class Publisher:
     """vLLM's ZMQ KV-event publisher, as an engine core runs it, and the event classes."""
 
-    def __init__(self, where: Any, buffer_steps: int = 10_000) -> None:
+    def __init__(self, where: Any, buffer_steps: int = 10_000, topic: str = "", probe_at: str = "") -> None:
+        """Bound at ``where`` (``probe_at``: where its probe connects, when not ``where.publish``)."""
         from vllm.distributed import kv_events as ev
 
         self.ev = ev
         self.pub = ev.ZmqEventPublisher(
-            0, endpoint=where.publish, replay_endpoint=where.replay, buffer_steps=buffer_steps
+            0, endpoint=where.publish, replay_endpoint=where.replay, buffer_steps=buffer_steps, topic=topic
         )
         self.sent = 0
         # a plain subscriber of its own, to know when batches have left (their receivers got them)
@@ -45,7 +47,7 @@ class Publisher:
         self._probe = self._ctx.socket(zmq.SUB)
         self._probe.setsockopt(zmq.SUBSCRIBE, b"")
         self._probe.setsockopt(zmq.RCVTIMEO, int(WAIT_S * 1000))
-        self._probe.connect(where.publish)
+        self._probe.connect(probe_at or where.publish)
         self._seen = 0
         time.sleep(0.3)  # the probe's subscription takes hold before anything is published
 
@@ -206,3 +208,65 @@ def test_close_stops_the_subscriber(where: Any, decode: Any, publisher: Publishe
     publisher.flushed()  # sent: a subscriber still reading would have applied it by now
     time.sleep(0.3)
     assert (blocks.count(), blocks.batches) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (  # vLLM's addresses bound on every interface read as the loopback's
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": "tcp://*:7001",
+                "replay_endpoint": "tcp://0.0.0.0:7002",
+            },
+            EventEndpoints("tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"),
+        ),
+        (
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": "tcp://[::]:7001",
+                "replay_endpoint": "ipc:///run/r",
+            },
+            EventEndpoints("tcp://[::1]:7001", "ipc:///run/r"),
+        ),
+        (  # vLLM's default endpoint; a named host is kept
+            {"enable_kv_cache_events": True, "publisher": "zmq", "replay_endpoint": "tcp://10.0.0.5:7002"},
+            EventEndpoints("tcp://127.0.0.1:5557", "tcp://10.0.0.5:7002"),
+        ),
+        ({"enable_kv_cache_events": True, "endpoint": "tcp://*:7001"}, None),  # no replay socket
+        ({"enable_kv_cache_events": False, "replay_endpoint": "tcp://*:7002"}, None),  # events off
+        ({"enable_kv_cache_events": True, "publisher": "null", "replay_endpoint": "tcp://*:7002"}, None),
+    ],
+)
+def test_a_users_kv_events_config_is_read_as_a_subscriber_connects(config: dict, expected: Any) -> None:
+    assert user_endpoints(config) == expected
+    from vllm.config.kv_events import KVEventsConfig
+
+    assert user_endpoints(KVEventsConfig(**config)) == expected  # vLLM's own config object reads the same
+
+
+def test_counts_from_a_users_kv_events_config_on_tcp(decode: Any) -> None:
+    """A user's config (TCP bound on every interface, a topic of its own, as one that also feeds an
+    external indexer sets it) is counted from, batches sent before the subscription included."""
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+        "topic": "kv-events",
+    }
+    where = user_endpoints(config)
+    assert where is not None
+    bound = EventEndpoints(config["endpoint"], config["replay_endpoint"])
+    publisher = Publisher(bound, topic=config["topic"], probe_at=where.publish)
+    try:
+        publisher.publish(publisher.stored(1, 2))
+        publisher.flushed()
+        blocks = CachedBlocks(where, decode, "tiny-model")
+        try:
+            publisher.publish(publisher.stored(3))
+            counted(blocks, publisher.sent)
+            assert blocks.count() == 3 and blocks.replayed >= 1
+        finally:
+            blocks.close()
+    finally:
+        publisher.close()
