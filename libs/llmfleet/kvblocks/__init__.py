@@ -14,14 +14,13 @@ from llmfleet.kvblocks.errors import (
     UnknownModel,
     UnknownSequence,
 )
-from llmfleet.kvblocks.prefix import RECENT_HASHES, block_hash, prefix_block_hashes
+from llmfleet.kvblocks.prefix import block_hash, prefix_block_hashes
 from llmfleet.kvblocks.shapes import DTYPE_BYTES, KvShape
 from llmfleet.kvblocks.stats import ModelUsage, PoolStats, PrefixCacheStats
 from llmfleet.kvblocks.table import BlockTable, Slot
 
 __all__ = [
     "DTYPE_BYTES",
-    "RECENT_HASHES",
     "BlockAllocator",
     "BlockTable",
     "DuplicateSequence",

@@ -179,7 +179,7 @@ class BlockPool:
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         cache = self._cache
-        return PrefixCacheStats(len(cache), cache.idle_count, tuple(cache.recent))
+        return PrefixCacheStats(len(cache), cache.idle_count)
 
     # ----------------------------------------------------------------------------- queries
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections import deque
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
-RECENT_HASHES = 256  # recently cached block hashes a load report carries (bounded)
 _UNCACHED, _HELD, _IDLE = 0, 1, 2  # a block's state in the index
 
-__all__ = ["RECENT_HASHES", "PrefixIndex", "block_hash", "prefix_block_hashes"]
+__all__ = ["PrefixIndex", "block_hash", "prefix_block_hashes"]
 
 
 def _token_bytes(token_ids: Iterable[int]) -> bytes:
@@ -104,7 +102,6 @@ class PrefixIndex:
         "by_hash",
         "idle_by_model",
         "idle_count",
-        "recent",
     )
 
     def __init__(self, num_blocks: int) -> None:
@@ -120,7 +117,6 @@ class PrefixIndex:
         self._model_ids: dict[str, int] = {}
         self.idle_count = 0
         self.idle_by_model: dict[str, int] = {}
-        self.recent: deque[int] = deque(maxlen=RECENT_HASHES)
 
     def __len__(self) -> int:
         return len(self.by_hash)
@@ -166,7 +162,6 @@ class PrefixIndex:
         self.by_hash[h] = block
         self._hash[block] = h
         self._state[block] = _HELD
-        self.recent.append(h)
         return True
 
     def park(self, block: int, model: str) -> bool:

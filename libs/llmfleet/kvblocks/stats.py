@@ -58,9 +58,7 @@ class PoolStats:
 @dataclass(frozen=True, slots=True)
 class PrefixCacheStats:
     """The prefix cache of a pool: ``blocks`` cached (held or idle), ``idle_blocks`` of them no
-    sequence holds, and the hashes of the blocks cached most recently (the latest last, bounded by
-    ``llmfleet.kvblocks.prefix.RECENT_HASHES``)."""
+    sequence holds."""
 
     blocks: int
     idle_blocks: int
-    recent_hashes: tuple[int, ...]

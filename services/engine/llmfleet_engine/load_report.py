@@ -83,7 +83,7 @@ class LoadReport:
             if self.core.prefix_caching:
                 pc = seqs.prefix_cache_stats()
                 q, h = self.core.prefix_queries, self.core.prefix_hits
-                cache = PrefixCacheLoad(pc.blocks, pc.idle_blocks, q, h, pc.recent_hashes)
+                cache = PrefixCacheLoad(pc.blocks, pc.idle_blocks, q, h)
         return LoadSnapshot(
             timestamp=time.time(),
             running=running,

@@ -128,17 +128,13 @@ class RequestLoads:
 @dataclass(frozen=True)
 class PrefixCacheLoad:
     """The engine's prefix cache, compactly (for cache-aware dispatch): the KV blocks it caches (held by
-    requests or idle) and the idle ones among them, the prompt tokens looked up and found cached since
-    the engine started, and the hashes of the blocks cached most recently (latest last, at most
-    ``llmfleet.kvblocks.RECENT_HASHES``). A prompt's hashes are
-    ``llmfleet.kvblocks.prefix_block_hashes(model, token_ids, tokens_per_block)`` with the model's
-    ``ModelLoad.tokens_per_block``."""
+    requests or idle) and the idle ones among them, and the prompt tokens looked up and found cached
+    since the engine started: counts, not which blocks (the dispatcher's index is its own)."""
 
     blocks: int = 0
     idle_blocks: int = 0
     queries: int = 0
     hits: int = 0
-    recent_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,6 @@ def snapshot_to_proto(snap: LoadSnapshot, engine_id: str) -> common_pb2.LoadSnap
                 idle_blocks=cache.idle_blocks,
                 queries=cache.queries,
                 hits=cache.hits,
-                recent_hashes=cache.recent_hashes,
             )
         )
     add = msg.requests.add  # one message per request, built in place

@@ -91,12 +91,13 @@ async def test_a_repeated_prompt_computes_only_its_last_tokens(make_executor, ll
     assert f'vllm:prefix_cache_hits_total{{model_name="{llama.name}"}} 48.0' in text
     cache = ex.load_snapshot().prefix_cache
     assert cache is not None and (cache.queries, cache.hits) == (100, 48)
-    # the dispatcher's hashes of the prompt are the ones the engine cached
+    # the prompt's full blocks, named by the hash chain over the model and its token ids, are cached
     hashes = prefix_block_hashes(llama.name, ids, ex.host.tokens_per_block(llama.name))
-    assert len(hashes) == 6 and set(hashes) <= set(cache.recent_hashes)
+    assert len(hashes) == 6 and ex.allocator.match(hashes) == 6
+    assert ex.allocator.match(prefix_block_hashes("another-model", ids, 8)) == 0
     assert cache.blocks == cache.idle_blocks == 6  # the requests finished: idle, still cached
     wire = snapshot_to_proto(ex.load_snapshot(), "e0").prefix_cache
-    assert (wire.queries, wire.hits, list(wire.recent_hashes)) == (100, 48, list(cache.recent_hashes))
+    assert (wire.blocks, wire.idle_blocks, wire.queries, wire.hits) == (6, 6, 100, 48)
     await eventually(lambda: ex.load_snapshot().kv_blocks_used == 0, 5, "idle cached blocks are free")
 
 

@@ -151,18 +151,16 @@ class LoadSnapshot(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_used_bytes: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelLoad, _Mapping]]] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_fragmentation: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestLoad, _Mapping]]] = ..., max_running: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheLoad, _Mapping]] = ...) -> None: ...
 
 class PrefixCacheLoad(_message.Message):
-    __slots__ = ("blocks", "idle_blocks", "queries", "hits", "recent_hashes")
+    __slots__ = ("blocks", "idle_blocks", "queries", "hits")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     IDLE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
-    RECENT_HASHES_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     idle_blocks: int
     queries: int
     hits: int
-    recent_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, blocks: _Optional[int] = ..., idle_blocks: _Optional[int] = ..., queries: _Optional[int] = ..., hits: _Optional[int] = ..., recent_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, blocks: _Optional[int] = ..., idle_blocks: _Optional[int] = ..., queries: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)
