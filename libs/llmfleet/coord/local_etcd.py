@@ -257,10 +257,6 @@ class LocalEtcd:
         self.kill() if kill else self.stop()
         return self.start(timeout)
 
-    async def arestart(self, timeout: float = 20.0, kill: bool = False) -> LocalEtcd:
-        self.kill() if kill else self.stop()
-        return await self.astart(timeout)
-
     def wipe(self) -> None:
         """Delete etcd's data (only while stopped): the next start is a brand-new cluster."""
         if self.running:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmfleet.monitor.records import RequestSample
-from llmfleet.welford import RunningStats
 
 
 @dataclass(frozen=True)
@@ -33,10 +32,6 @@ class LengthStats:
             return cls()
         mean = float(a.mean())
         return cls(int(a.size), mean, float(((a - mean) ** 2).sum()))
-
-    @classmethod
-    def from_running(cls, rs: RunningStats) -> LengthStats:
-        return cls(rs.count, rs.mean, rs.m2)
 
     @classmethod
     def merge(cls, parts: Iterable[LengthStats]) -> LengthStats:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -116,9 +116,6 @@ class SecuritySettings:
             if v:
                 out[var] = "1" if v is True else str(v)
         return out
-
-    def with_api_key(self, api_key: str | None) -> SecuritySettings:
-        return replace(self, api_key=api_key)
 
 
 def add_security_args(ap: argparse.ArgumentParser, server: bool = True) -> None:

@@ -51,7 +51,6 @@ from llmfleet.costmodel.memory import (
 )
 from llmfleet.costmodel.models import ModelArch, model_arch
 from llmfleet.costmodel.roofline import decode_time
-from llmfleet.costmodel.vidur import vidur_legs
 from llmfleet.policies.placement.adapter_costs import (
     InstanceMemory,
     IterationTime,
@@ -100,18 +99,6 @@ def with_overhead(it: IterationTime, overhead: Callable[[float, int], float]) ->
 def roofline_iteration_time(arch: ModelArch, hw: Hardware, overhead=None) -> IterationTime:
     """The roofline decode iteration, plus ``overhead(batch, n)`` if given."""
     it = _roofline(arch, hw)
-    return it if overhead is None else with_overhead(it, overhead)
-
-
-def vidur_iteration_time(arch: ModelArch, hw: Hardware, overhead=None) -> IterationTime:
-    """The vidur source's decode iteration (measured operators, roofline attention) without its
-    constant 2 ms, plus ``overhead(batch, n)`` if given. Raises ``VidurDataError`` (a LookupError) when
-    ``hw`` or a TP degree has no measurements."""
-
-    def it(n: int, batch: float, ctx: float) -> float:
-        legs = vidur_legs(arch, hw, n, overhead_s=0.0).decode
-        return max(a + b * batch + g * batch * ctx for a, b, g in legs)
-
     return it if overhead is None else with_overhead(it, overhead)
 
 
