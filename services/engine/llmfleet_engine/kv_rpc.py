@@ -5,7 +5,10 @@ acceptance (initial metadata ``llmfleet-kv-accepted: 1``, sent once it has reser
 stream the K/V chunks and end the local stream with MIGRATED. The handshake sends no K/V to a
 destination that refuses, and lets the source read the refusal itself: a client stream that the server
 ends while the client is still writing reports the failed write (INTERNAL), not the server's status. Any failure before the destination acknowledges resumes the
-request here, so a broken transfer costs a pause, never the request. Mode "kv" sends the K/V (Mell's
+request here, so a broken transfer costs a pause, never the request. A failure after the destination
+accepted the header may come after it committed the import (the reply lost): the source then cancels
+the destination's copy (best effort; one that no consumer attaches is cancelled there after the
+servicer's unattached timeout anyway), so the request runs in one place. Mode "kv" sends the K/V (Mell's
 KV transfer); mode "tokens" sends the header alone and the destination re-prefills prompt + generated
 tokens (Mell's token transfer; the same landing path as a request that holds no KV yet).
 
@@ -38,6 +41,7 @@ DEFAULT_CHUNK_TOKENS = 256
 MAX_CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit of any client
 TRANSFER_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = 5.0  # how long a migration waits for the destination's connection
+CANCEL_TIMEOUT_S = 2.0  # how long a failed migration tries to cancel a copy the destination may hold
 ACCEPTED_METADATA = ("llmfleet-kv-accepted", "1")  # ImportKv's initial metadata once the header is taken
 
 MigrateMode = Literal["kv", "tokens"]
@@ -165,6 +169,22 @@ async def import_stream(
     )
 
 
+async def _cancel_copy(stub: engine_pb2_grpc.EngineStub, request_id: str, destination: str) -> None:
+    """Cancel the destination's copy of ``request_id`` after a failure that may have followed its commit
+    (the reply lost), as the request runs on here. Best effort: if the destination cannot be reached,
+    the copy, attached by no one, is cancelled there after its unattached timeout."""
+    try:
+        reply = await stub.Cancel(common_pb2.CancelRequest(request_id=request_id), timeout=CANCEL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as e:
+        log.warning("migration of %s to %s failed after its header was accepted, and the cancel of a "
+                    "copy there failed too (%s): the destination cancels it once unattached",
+                    request_id, destination, e.code().name)  # fmt: skip
+        return
+    if reply.found:
+        log.warning("migration of %s to %s failed after the import was committed there: that copy is "
+                    "cancelled, the request runs on here", request_id, destination)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MigrationResult:
     num_tokens: int  # tokens of K/V sent (0: a token transfer)
@@ -202,9 +222,10 @@ async def _connect(channel: grpc.aio.Channel, destination: str) -> None:
 
 
 async def _send(
-    stub: engine_pb2_grpc.EngineStub, chunks: AsyncIterator[engine_pb2.KvChunk]
+    stub: engine_pb2_grpc.EngineStub, chunks: AsyncIterator[engine_pb2.KvChunk], accepted: Callable[[], None]
 ) -> engine_pb2.ImportKvResponse:
-    """Send the header, wait for the destination's acceptance, then stream the K/V chunks.
+    """Send the header, wait for the destination's acceptance (then call ``accepted``), then stream the
+    K/V chunks.
 
     A destination that refuses the header ends the call before any K/V is written, so its own status
     (e.g. FAILED_PRECONDITION "model not loaded") is what the caller sees; a destination that breaks
@@ -214,6 +235,7 @@ async def _send(
         await call.write(await anext(chunks))
         if ACCEPTED_METADATA not in tuple(await call.initial_metadata() or ()):
             return await call  # refused: raises the destination's status
+        accepted()
         async for chunk in chunks:
             await call.write(chunk)
         await call.done_writing()
@@ -243,12 +265,28 @@ async def migrate(
         header, source_engine_id=engine_id, num_tokens=header.num_tokens if mode == "kv" else 0
     )
     t1 = time.perf_counter()
+    accepted = asyncio.Event()  # the destination took the header: from then on it may commit the import
+    resumed = False
+
+    def resume() -> None:
+        nonlocal resumed
+        if not resumed:
+            resumed = True
+            ops.resume_request(request_id, moving=True)
+
     try:
         async with open_channel(destination, tracing=False) as channel:  # see open_channel
             await _connect(channel, destination)
-            resp = await _send(engine_pb2_grpc.EngineStub(channel), export_stream(ops, header, chunk_tokens))
+            stub = engine_pb2_grpc.EngineStub(channel)
+            try:
+                resp = await _send(stub, export_stream(ops, header, chunk_tokens), accepted.set)
+            except Exception:
+                if accepted.is_set():  # a committed import whose reply was lost must not run on there
+                    resume()
+                    await _cancel_copy(stub, request_id, destination)
+                raise
     except BaseException as e:
-        ops.resume_request(request_id, moving=True)
+        resume()
         if isinstance(e, grpc.aio.AioRpcError):
             raise TransferError(f"transfer to {destination} failed: {e.code().name}: {e.details()}") from e
         raise

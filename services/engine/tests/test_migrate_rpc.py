@@ -59,12 +59,16 @@ async def nodes(make_executor) -> AsyncIterator[Callable[..., Node]]:
     servers, channels = [], []
 
     async def make(
-        engine_id: str, slow: bool = False, executor_kw: dict | None = None, **servicer_kw
+        engine_id: str,
+        slow: bool = False,
+        executor_kw: dict | None = None,
+        servicer_cls: type[EngineServicer] = EngineServicer,
+        **servicer_kw,
     ) -> Node:
         executor = make_executor(**(executor_kw or {}))
         if slow:
             throttle(executor, STEP_S)
-        servicer = EngineServicer(executor, engine_id, **servicer_kw)
+        servicer = servicer_cls(executor, engine_id, **servicer_kw)
         server = await serve(servicer)
         channel = open_channel(server.address)
         servers.append(server)
@@ -280,6 +284,35 @@ async def test_an_unreachable_destination_leaves_the_request_here(pair, endless,
     await finish_here(call, tokens)
     assert tokens == want
     await eventually(lambda: a.executor.load_snapshot().kv_blocks_used == 0, 5, "a's blocks freed")
+
+
+class LosesImportReplies(EngineServicer):
+    """Commits every import, then fails the call as a link that drops before the reply arrives."""
+
+    async def ImportKv(self, request_iterator, context) -> engine_pb2.ImportKvResponse:
+        await super().ImportKv(request_iterator, context)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the reply is lost")
+
+
+@pytest.mark.parametrize("mode", [KV, TOKENS], ids=["kv", "tokens"])
+async def test_a_lost_import_reply_leaves_the_request_in_one_place(nodes, endless, reference, mode) -> None:
+    a = await nodes("a", slow=True)
+    b = await nodes("b", servicer_cls=LosesImportReplies, unattached_timeout_s=600.0)
+    want = await expected(a, endless.name, reference)
+    call = a.stub.Generate(request("r", endless.name))
+    tokens: list[int] = []
+    await read(call, tokens, 10)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await a.stub.Migrate(migrate("r", b.address, mode), timeout=30)
+    assert e.value.code() == grpc.StatusCode.ABORTED
+    assert "UNAVAILABLE" in e.value.details() and "continues here" in e.value.details()
+    # b had committed the import (its reply was lost): the source cancelled that copy at once, long
+    # before b's unattached timeout would have
+    snap = b.executor.load_snapshot()
+    assert (snap.running, snap.waiting) == (0, 0) and b.executor.attach("r") is None
+    await eventually(lambda: b.executor.load_snapshot().kv_blocks_used == 0, 5, "b's blocks freed")
+    await finish_here(call, tokens)
+    assert tokens == want
 
 
 async def test_measure_link_and_the_estimates_in_get_info(pair, endless) -> None:
