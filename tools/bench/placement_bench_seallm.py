@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from llmfleet.policies.placement import GpuPool, PlacementContext, SeaLLMOptions, SeaLLMPlacement
-from llmfleet.sim.plan_eval import SimPlanEvaluator
+from llmfleet.sim.plan_eval import PlanWorkers, SimPlanEvaluator
 from llmfleet.sim.run import PolicyBundle, preset, service_loads, simulate
 from llmfleet.sim.spec import SimSpec
 from llmfleet.workload import Workload
@@ -38,16 +38,17 @@ def bursty_workload(pairs: dict, rate: float, duration_s: float, seed: int) -> W
 def seallm_place(
     sp: SimSpec,
     history: Workload,
-    processes: int,
+    workers: PlanWorkers,
     caps=(2,),
     bundle: PolicyBundle | None = None,
     speculate: bool = True,
 ) -> tuple[list, dict]:
-    """Algorithm 1 on ``history``, candidates simulated with ``bundle`` (default: the seallm preset)."""
+    """Algorithm 1 on ``history``, candidates simulated with ``bundle`` (default: the seallm preset) on
+    ``workers``."""
     planner = SeaLLMPlacement(SeaLLMOptions(max_services=caps, speculate=speculate))
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
     t0 = time.perf_counter()
-    with SimPlanEvaluator(sp, history.requests, bundle or preset("seallm"), processes=processes) as ev:
+    with SimPlanEvaluator(sp, history.requests, bundle or preset("seallm"), workers=workers) as ev:
         plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
     info = {
         "search_s": time.perf_counter() - t0,
@@ -61,16 +62,16 @@ def seallm_place(
     return plan, info
 
 
-def _placements(sp: SimSpec, history: Workload, cfg: dict, rate: float, log) -> dict[str, Any]:
+def _placements(sp: SimSpec, history: Workload, workers: PlanWorkers, rate: float, log) -> dict[str, Any]:
     """Algorithm 1 at one rate three ways: cap 2 (the headline), caps (1, 2), caps (1, 2) on FCFS engines."""
-    plan, info = seallm_place(sp, history, cfg["processes"])
+    plan, info = seallm_place(sp, history, workers)
     info["rate_rps"] = rate
-    plan12, info12 = seallm_place(sp, history, cfg["processes"], caps=(1, 2))
+    plan12, info12 = seallm_place(sp, history, workers, caps=(1, 2))
     info12["rate_rps"] = rate
     info12["variant"] = "caps (1, 2)"
     log(f"  seallm caps (1, 2) at {rate:g} req/s: {info12['search_s']:.1f} s; {info12['reason']}")
     fcfs = PolicyBundle("seallm-placement-fcfs", "seallm", "jsq", "fcfs")
-    plan_f, info_f = seallm_place(sp, history, cfg["processes"], caps=(1, 2), bundle=fcfs)
+    plan_f, info_f = seallm_place(sp, history, workers, caps=(1, 2), bundle=fcfs)
     info_f["rate_rps"] = rate
     info_f["variant"] = "caps (1, 2), FCFS engines"
     log(f"  seallm caps (1, 2) + FCFS at {rate:g} req/s: {info_f['search_s']:.1f} s; {info_f['reason']}")
@@ -80,7 +81,7 @@ def _placements(sp: SimSpec, history: Workload, cfg: dict, rate: float, log) -> 
     return {"plan": plan, "info": info, "plan12": plan12, "fcfs": fcfs, "plan_f": plan_f}
 
 
-def _runs(cfg: dict, pl: dict[str, Any]) -> dict[str, tuple[PolicyBundle, Any]]:
+def _runs(pl: dict[str, Any]) -> dict[str, tuple[PolicyBundle, Any]]:
     """Every policy of the headline at one rate: (bundle, fixed plan or None)."""
     plan, plan12, fcfs, plan_f = pl["plan"], pl["plan12"], pl["fcfs"], pl["plan_f"]
     return {
@@ -89,7 +90,7 @@ def _runs(cfg: dict, pl: dict[str, Any]) -> dict[str, tuple[PolicyBundle, Any]]:
         "alpaserve": (dataclasses.replace(preset("alpaserve-v0.4"), name="alpaserve"), None),
         "muxserve": (preset("muxserve"), None),
         "seallm-colocated": (preset("seallm"), None),
-        "seallm-adaptive": (S.seallm(cfg["processes"])[0], None),
+        "seallm-adaptive": (S.seallm()[0], None),
         "seallm": (dataclasses.replace(preset("seallm"), name="seallm-placed", placement="seallm"), plan),
         "seallm-cap12": (
             dataclasses.replace(preset("seallm"), name="seallm-cap12", placement="seallm"),
@@ -136,20 +137,21 @@ def seallm_section(cfg: dict, log) -> dict:
     sp = seallm_spec()
     pairs = clusters(sp)
     rows, searches = [], []
-    for rate in cfg["rates"]:
-        wl = bursty_workload(pairs, rate, cfg["horizon_s"], seed=1)
-        history = bursty_workload(pairs, rate, HISTORY_S, seed=2)
-        pl = _placements(sp, history, cfg, rate, log)
-        searches.append(pl["info"])
-        for name, (bundle, p) in _runs(cfg, pl).items():
-            ef = S.seallm(cfg["processes"])[1] if name == "seallm-adaptive" else None
-            e = simulate(sp, wl, bundle, plan=p, samples=20, evaluator_factory=ef)
-            m = C.metrics(e)
-            rows.append({"rate_rps": rate, "policy": name, **m})
-            log(
-                f"  seallm {rate:>4g} req/s {name:17s} norm {m['norm_latency_mean']:.2f} p99 {m['latency_p99_s']:.1f}s "
-                f"slo {m['slo_seallm']:.3f} gpus {m['gpus']}"
-            )
+    with PlanWorkers(cfg["processes"]) as workers:
+        for rate in cfg["rates"]:
+            wl = bursty_workload(pairs, rate, cfg["horizon_s"], seed=1)
+            history = bursty_workload(pairs, rate, HISTORY_S, seed=2)
+            pl = _placements(sp, history, workers, rate, log)
+            searches.append(pl["info"])
+            for name, (bundle, p) in _runs(pl).items():
+                ef = S.seallm(workers)[1] if name == "seallm-adaptive" else None
+                e = simulate(sp, wl, bundle, plan=p, samples=20, evaluator_factory=ef)
+                m = C.metrics(e)
+                rows.append({"rate_rps": rate, "policy": name, **m})
+                log(
+                    f"  seallm {rate:>4g} req/s {name:17s} norm {m['norm_latency_mean']:.2f} "
+                    f"p99 {m['latency_p99_s']:.1f}s slo {m['slo_seallm']:.3f} gpus {m['gpus']}"
+                )
     top = max(cfg["rates"])
     ratios = _ratios(rows, cfg["rates"])
     high = ratios[-1]["norm_vllm_over_seallm"]
@@ -189,14 +191,16 @@ def speculation_section(cfg: dict, log) -> dict:
     history = bursty_workload(clusters(sp), rate, HISTORY_S, seed=2)
     times: dict[bool, list[float]] = {True: [], False: []}
     runs: dict[bool, dict] = {}
-    for _ in range(cfg["search_reps"]):
-        for on in (True, False):
-            _, info = seallm_place(sp, history, cfg["processes"], speculate=on)
-            times[on].append(info["search_s"])
-            runs[on] = {k: info[k] for k in ("simulations", "speculated", "hits", "plan")}
-            log(
-                f"  search {rate:g} req/s speculate={on}: {info['search_s']:.1f} s, {info['simulations']} simulations"
-            )
+    with PlanWorkers(cfg["processes"]) as workers:  # spawned during the first search (its time includes it)
+        for _ in range(cfg["search_reps"]):
+            for on in (True, False):
+                _, info = seallm_place(sp, history, workers, speculate=on)
+                times[on].append(info["search_s"])
+                runs[on] = {k: info[k] for k in ("simulations", "speculated", "hits", "plan")}
+                log(
+                    f"  search {rate:g} req/s speculate={on}: {info['search_s']:.1f} s, "
+                    f"{info['simulations']} simulations"
+                )
 
     def spread(xs: list[float]) -> dict:
         return {"min": min(xs), "median": float(np.median(xs)), "max": max(xs)}

@@ -27,7 +27,8 @@ with the same file; each policy flag below overrides one field of one section (`
 runs during the simulation, every interval over the last ``--placement-window-s`` of the workload
 (``--adaptive-interval``: SeaLLM's Eq. 8 adapts the interval), and its plans are applied with load,
 move and drain times (report.json: ``placement`` decisions, ``cluster.gpu_seconds``, GPUs in use).
-Planners that score plans by simulation (seallm) simulate on ``--placement-processes`` processes.
+Planners that score plans by simulation (seallm) simulate on ``--placement-processes`` processes,
+spawned once for the whole run.
 
 ``--migration mell|llumnix_lb|none`` runs a request-migration policy every ``--migration-epoch-s``
 (moves travel by ``--transfer hybrid|kv|tokens``); with ``--dispatch mell`` arrivals go where Mell's
@@ -63,7 +64,7 @@ from llmfleet.costmodel.sources import COST_SOURCES, DEFAULT_COST_SOURCE
 from llmfleet.policies.placement import POLICIES as PLACEMENT
 from llmfleet.rpc.cli_args import positive_float
 from llmfleet.sim.partition import auto_workers
-from llmfleet.sim.plan_eval import evaluator_factory
+from llmfleet.sim.plan_eval import PlanWorkers, evaluator_factory
 from llmfleet.sim.report import markdown_table, write_report
 from llmfleet.sim.run import PRESETS, simulate
 
@@ -169,7 +170,8 @@ def _simulate_all(args, spec, runs, records, workload, workers, console) -> list
 
     experiments = []
     with Progress(TextColumn("{task.description:18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("sim t={task.fields[now]:.0f}s"), TimeElapsedColumn(), console=console) as bar:  # fmt: skip
+                  TextColumn("sim t={task.fields[now]:.0f}s"), TimeElapsedColumn(), console=console) as bar, \
+            PlanWorkers(args.placement_processes) as plan_workers:  # fmt: skip
         for b in runs:
             task = bar.add_task(b.name, total=len(workload), now=0.0)
             try:
@@ -177,7 +179,7 @@ def _simulate_all(args, spec, runs, records, workload, workers, console) -> list
                     spec, workload, b, records=records,
                     progress=lambda done, now, task=task: bar.update(task, completed=done, now=now),
                     workers=workers,
-                    evaluator_factory=evaluator_factory(b, records=records, processes=args.placement_processes),
+                    evaluator_factory=evaluator_factory(b, records=records, workers=plan_workers),
                 )  # fmt: skip
             except ValueError as err:
                 raise ValueError(f"policy {b.name}: {err}") from None

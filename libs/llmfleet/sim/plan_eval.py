@@ -17,9 +17,12 @@ costs. Score (:class:`~llmfleet.policies.placement.PlanScore`):
 the live placement leader is given: it turns a cluster config, the GPU pool and the monitored window
 into a :class:`SimPlanEvaluator`, as ``llmfleet sim --cluster-config`` reads that config.
 
-``processes`` > 1 simulates the plans of one :meth:`evaluate` call side by side in that many worker
-processes (spawned once, each holding the workload and the cost tables; "spawn" so that a process with
-gRPC threads can use it safely).
+:class:`PlanWorkers` with ``processes`` > 1 simulates the plans of one :meth:`~SimPlanEvaluator.evaluate`
+call side by side in that many worker processes ("spawn", so that a process with gRPC threads can use
+them safely). The workers outlive the evaluators that use them: a placement loop makes an evaluator
+per tick (each on its own window of requests), and spawning processes per tick cost more CPU than the
+searches they ran in parallel. Each evaluator's workload travels pickled with its tasks; a worker
+builds a scorer for the latest workload it was sent and keeps it while the tasks keep naming it.
 
 **Plans by component.** With a dispatch policy whose choices for a model depend only on the instances
 hosting that model and on its own state for that model (``needs.per_model``: JSQ, round robin), and no LoRA
@@ -35,7 +38,9 @@ A component's records are kept for the evaluator's life: a search that changes o
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
+import pickle
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -185,23 +190,53 @@ class _Scorer:
         )
 
 
-_WORKER: _Scorer | None = None
+_WORKER: tuple[int, _Scorer] | None = None  # in a worker process: (workload key, its scorer)
 
 
-def _init_worker(spec, requests, bundle, records) -> None:  # runs in each pool process
+def _score_in_worker(key: int, workload: bytes, plan: list[InstancePlan]) -> PlanScore:
     global _WORKER
-    _WORKER = _Scorer(spec, requests, bundle, records)
+    if _WORKER is None or _WORKER[0] != key:
+        _WORKER = (key, _Scorer(*pickle.loads(workload)))
+    return _WORKER[1].score(plan)
 
 
-def _score_in_worker(plan: list[InstancePlan]) -> PlanScore:
-    assert _WORKER is not None
-    return _WORKER.score(plan)
+class PlanWorkers:
+    """``processes`` worker processes scoring plans for one :class:`SimPlanEvaluator` after another
+    (see the module docstring); spawned at the first parallel evaluation. With ``processes`` = 1 the
+    evaluators score in the calling process. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, processes: int = 1) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+
+    def score(self, key: int, workload: bytes, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
+        """Each plan's score on ``workload`` (a pickled scorer's arguments, named by ``key``)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"))
+        n = len(plans)
+        return list(self._pool.map(_score_in_worker, [key] * n, [workload] * n, [list(p) for p in plans]))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> PlanWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_KEYS = itertools.count()  # one per evaluator: what a worker's scorer was built for
 
 
 class SimPlanEvaluator:
     """A :class:`PlanEvaluator` that simulates ``requests`` (arrival-ordered, labelled with the spec's
-    services) under each plan; see the module docstring. Use as a context manager or call
-    :meth:`close` to stop the worker processes."""
+    services) under each plan, on ``workers`` when given (see the module docstring). :meth:`close` (or
+    the context manager) releases the records it keeps; the workers stay with their owner."""
 
     def __init__(
         self,
@@ -210,10 +245,8 @@ class SimPlanEvaluator:
         bundle: PolicyBundle,
         *,
         records: Sequence[ProfileRecord] = (),
-        processes: int = 1,
+        workers: PlanWorkers | None = None,
     ) -> None:
-        if processes < 1:
-            raise ValueError(f"processes must be >= 1, got {processes}")
         bundle.validate()
         names = {s.name for s in spec.services}
         stray = sorted({r.service for r in requests} - names)
@@ -221,40 +254,38 @@ class SimPlanEvaluator:
             raise ValueError(
                 f"requests name services the spec does not have: {stray}; known: {sorted(names)}"
             )
-        self.processes = processes
+        self.workers = workers
         self._args = (spec, list(requests), bundle, list(records))
+        self._key = next(_KEYS)
+        self._payload: bytes | None = None
         self._local: _Scorer | None = None
-        self._pool: ProcessPoolExecutor | None = None
         self.simulated = 0
+
+    def _scorer(self) -> _Scorer:
+        if self._local is None:
+            self._local = _Scorer(*self._args)
+        return self._local
 
     def records(self, plan: Sequence[InstancePlan]) -> list[RequestRecord]:
         """Every request's record under ``plan`` in arrival order, as :meth:`evaluate` scores it (in
         this process; a request no instance hosts fails with "no instance")."""
-        if self._local is None:
-            self._local = _Scorer(*self._args)
-        return self._local.records(plan)
+        return self._scorer().records(plan)
 
     @property
     def parallelism(self) -> int:
         """Plans scored side by side (:class:`PlanEvaluator`): the worker processes."""
-        return self.processes
+        return self.workers.processes if self.workers is not None else 1
 
     def evaluate(self, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
         self.simulated += len(plans)
-        if self.processes == 1 or len(plans) == 1:
-            if self._local is None:
-                self._local = _Scorer(*self._args)
-            return [self._local.score(p) for p in plans]
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.processes, multiprocessing.get_context("spawn"), _init_worker, self._args
-            )
-        return list(self._pool.map(_score_in_worker, [list(p) for p in plans]))
+        if self.workers is None or self.workers.processes == 1 or len(plans) == 1:
+            return [self._scorer().score(p) for p in plans]
+        if self._payload is None:
+            self._payload = pickle.dumps(self._args)
+        return self.workers.score(self._key, self._payload, plans)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        self._local = self._payload = None
 
     def __enter__(self) -> SimPlanEvaluator:
         return self
@@ -264,13 +295,14 @@ class SimPlanEvaluator:
 
 
 def evaluator_factory(
-    bundle: PolicyBundle, *, records: Sequence[ProfileRecord] = (), processes: int = 1
+    bundle: PolicyBundle, *, records: Sequence[ProfileRecord] = (), workers: PlanWorkers | None = None
 ) -> Callable[[SimSpec, Sequence[WorkloadRequest], float], SimPlanEvaluator]:
     """``(spec, requests, now) -> SimPlanEvaluator`` simulating candidate plans with ``bundle``'s engine
-    policy and dispatch: what ``simulate(evaluator_factory=...)`` and the placement loop take."""
+    policy and dispatch, on ``workers`` (kept across the evaluators): what ``simulate(evaluator_factory=...)``
+    and the placement loop take."""
 
     def make(spec: SimSpec, requests: Sequence[WorkloadRequest], now: float) -> SimPlanEvaluator:
-        return SimPlanEvaluator(spec, requests, bundle, records=records, processes=processes)
+        return SimPlanEvaluator(spec, requests, bundle, records=records, workers=workers)
 
     return make
 

@@ -159,7 +159,7 @@ def test_bad_input():
 
 def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
     import numpy as np
-    from llmfleet.sim.plan_eval import SimPlanEvaluator
+    from llmfleet.sim.plan_eval import PlanWorkers, SimPlanEvaluator
     from llmfleet.sim.run import preset
     from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
     from llmfleet.workload import WorkloadRequest
@@ -185,8 +185,15 @@ def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
     ]
     with SimPlanEvaluator(spec, reqs, preset("seallm")) as serial:
         s = serial.evaluate(plans)
-    with SimPlanEvaluator(spec, reqs, preset("seallm"), processes=2) as par:
-        assert par.evaluate(plans) == s
+    half = reqs[: len(reqs) // 2]
+    with SimPlanEvaluator(spec, half, preset("seallm")) as serial:
+        s_half = serial.evaluate(plans)
+    assert s_half != s
+    # one pool of workers for evaluator after evaluator on other workloads (a placement loop's ticks)
+    with PlanWorkers(2) as workers:
+        for workload, want in ((reqs, s), (half, s_half), (reqs, s)):
+            with SimPlanEvaluator(spec, workload, preset("seallm"), workers=workers) as par:
+                assert par.parallelism == 2 and par.evaluate(plans) == want
     nb = sum(1 for r in reqs if r.service == "B")
     assert s[0].slo_attainment == 0 and s[0].violations == {"A": len(reqs) - nb, "B": nb}
     assert s[1].violations["B"] == nb and s[1].violations["A"] < len(reqs) - nb

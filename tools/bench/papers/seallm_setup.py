@@ -55,7 +55,7 @@ from llmfleet.policies.placement import (
 )
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
-from llmfleet.sim.plan_eval import SimPlanEvaluator, evaluator_factory
+from llmfleet.sim.plan_eval import PlanWorkers, SimPlanEvaluator, evaluator_factory
 from llmfleet.sim.run import PolicyBundle, assign_services, preset, service_loads
 from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
 from llmfleet.workload import (
@@ -201,14 +201,15 @@ def vllm() -> PolicyBundle:
 HISTORY_S = 60.0  # the arrivals Algorithm 1 is searched on, for the fixed-plan variant
 
 
-def place(sp: SimSpec, history: Workload, processes: int = 1) -> tuple[list, str]:
+def place(sp: SimSpec, history: Workload, workers: PlanWorkers | None = None) -> tuple[list, str]:
     """Algorithm 1 (≤ 2 services per engine) searched once on ``history`` with the preset's own engines
-    and dispatch: the plan and the planner's reason (SeaLLM without re-placement: the paper's SeaLLM-A)."""
+    and dispatch (on ``workers``, else in this process): the plan and the planner's reason (SeaLLM
+    without re-placement: the paper's SeaLLM-A)."""
 
     b = preset("seallm-placement")
     planner = SeaLLMPlacement(SeaLLMOptions(max_services=(2,)))
     gpus = GpuPool(sp.cluster.hw.name, sp.cluster.count, sp.cluster.hw.gpus_per_node)
-    with SimPlanEvaluator(sp, history.requests, b, processes=processes) as ev:
+    with SimPlanEvaluator(sp, history.requests, b, workers=workers) as ev:
         plan = planner.place(gpus, service_loads(history, sp), PlacementContext(evaluator=ev))
     return plan, planner.last_reason
 
@@ -229,8 +230,9 @@ def seallm_fcfs() -> PolicyBundle:
     return dataclasses.replace(seallm_fixed().with_overrides(engine=vllm().engine), name="seallm-fcfs")
 
 
-def seallm(processes: int = 1) -> tuple[PolicyBundle, Callable]:
+def seallm(workers: PlanWorkers | None = None) -> tuple[PolicyBundle, Callable]:
     """The ``seallm-placement`` preset (Algorithm 1 ≤ 2 services per engine, Eq. 8) and the factory of
-    the simulator that scores its candidate plans (with the preset's own engines and dispatch)."""
+    the simulator that scores its candidate plans (with the preset's own engines and dispatch, on
+    ``workers``, else in this process)."""
     b = preset("seallm-placement", placement={"options": {"max_services": (2,)}})
-    return b, evaluator_factory(b, processes=processes)
+    return b, evaluator_factory(b, workers=workers)
