@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -124,6 +125,18 @@ async def finish_moved(a: Node, b: Node, call, tokens: list[int], rid: str, mode
     assert final.finish_reason == common_pb2.FINISH_REASON_MIGRATED and final.migrated_to == b.address
     final = await read(b.stub.Generate(request(rid, model, resume=tokens, **sampling)), tokens)
     assert final.finish_reason == common_pb2.FINISH_REASON_LENGTH and final.engine_id == "b"
+
+
+async def failed_move(a: Node, dest: str, model: str, mode=KV) -> tuple[Any, list[int], str]:
+    """Request "r" started on a, then a Migrate to ``dest`` that fails (ABORTED): the stream, its first
+    tokens and the error's details."""
+    call = a.stub.Generate(request("r", model))
+    tokens: list[int] = []
+    await read(call, tokens, 10)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await a.stub.Migrate(migrate("r", dest, mode), timeout=30)
+    assert e.value.code() == grpc.StatusCode.ABORTED
+    return call, tokens, e.value.details() or ""
 
 
 async def finish_here(call, tokens: list[int]) -> None:
@@ -258,14 +271,8 @@ async def test_a_destination_without_the_model_leaves_the_request_here(pair, end
     a, b = pair
     want = await expected(a, endless.name, reference)
     assert await asyncio.to_thread(b.executor.host.unload, endless.name)
-    call = a.stub.Generate(request("r", endless.name))
-    tokens: list[int] = []
-    await read(call, tokens, 10)
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await a.stub.Migrate(migrate("r", b.address, mode), timeout=30)
-    assert e.value.code() == grpc.StatusCode.ABORTED
-    assert "FAILED_PRECONDITION" in e.value.details() and "not loaded" in e.value.details()
-    assert "continues here" in e.value.details()
+    call, tokens, details = await failed_move(a, b.address, endless.name, mode)
+    assert "FAILED_PRECONDITION" in details and "not loaded" in details and "continues here" in details
     await finish_here(call, tokens)
     assert tokens == want
     assert b.executor.load_snapshot().kv_blocks_used == 0
@@ -274,13 +281,8 @@ async def test_a_destination_without_the_model_leaves_the_request_here(pair, end
 async def test_an_unreachable_destination_leaves_the_request_here(pair, endless, reference) -> None:
     a, b = pair
     want = await expected(b, endless.name, reference)
-    call = a.stub.Generate(request("r", endless.name))
-    tokens: list[int] = []
-    await read(call, tokens, 10)
-    nowhere = f"127.0.0.1:{free_port()}"
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await a.stub.Migrate(migrate("r", nowhere), timeout=30)
-    assert e.value.code() == grpc.StatusCode.ABORTED and "UNAVAILABLE" in e.value.details()
+    call, tokens, details = await failed_move(a, f"127.0.0.1:{free_port()}", endless.name)
+    assert "UNAVAILABLE" in details
     await finish_here(call, tokens)
     assert tokens == want
     await eventually(lambda: a.executor.load_snapshot().kv_blocks_used == 0, 5, "a's blocks freed")
@@ -299,13 +301,8 @@ async def test_a_lost_import_reply_leaves_the_request_in_one_place(nodes, endles
     a = await nodes("a", slow=True)
     b = await nodes("b", servicer_cls=LosesImportReplies, unattached_timeout_s=600.0)
     want = await expected(a, endless.name, reference)
-    call = a.stub.Generate(request("r", endless.name))
-    tokens: list[int] = []
-    await read(call, tokens, 10)
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await a.stub.Migrate(migrate("r", b.address, mode), timeout=30)
-    assert e.value.code() == grpc.StatusCode.ABORTED
-    assert "UNAVAILABLE" in e.value.details() and "continues here" in e.value.details()
+    call, tokens, details = await failed_move(a, b.address, endless.name, mode)
+    assert "UNAVAILABLE" in details and "continues here" in details
     # b had committed the import (its reply was lost): the source cancelled that copy at once, long
     # before b's unattached timeout would have
     snap = b.executor.load_snapshot()
