@@ -39,10 +39,12 @@ A component's records are kept for the evaluator's life: a search that changes o
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import pickle
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +64,8 @@ from llmfleet.workload import WorkloadRequest
 
 if TYPE_CHECKING:
     from llmfleet.config import ClusterConfig
+
+log = logging.getLogger(__name__)
 
 
 def components(plan: Sequence[InstancePlan]) -> list[tuple[InstancePlan, ...]]:
@@ -212,11 +216,22 @@ class PlanWorkers:
         self._pool: ProcessPoolExecutor | None = None
 
     def score(self, key: int, workload: bytes, plans: Sequence[Sequence[InstancePlan]]) -> list[PlanScore]:
-        """Each plan's score on ``workload`` (a pickled scorer's arguments, named by ``key``)."""
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"))
+        """Each plan's score on ``workload`` (a pickled scorer's arguments, named by ``key``). A pool
+        that lost a worker (killed, out of memory) is replaced, and the plans scored again once."""
         n = len(plans)
-        return list(self._pool.map(_score_in_worker, [key] * n, [workload] * n, [list(p) for p in plans]))
+        args = ([key] * n, [workload] * n, [list(p) for p in plans])
+        retried = False
+        while True:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"))
+            try:
+                return list(self._pool.map(_score_in_worker, *args))
+            except BrokenProcessPool:
+                self.close()
+                if retried:
+                    raise
+                retried = True
+                log.warning("a plan worker process died; the workers are spawned again")
 
     def close(self) -> None:
         if self._pool is not None:

@@ -159,6 +159,7 @@ def test_bad_input():
 
 def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
     import numpy as np
+    import psutil
     from llmfleet.sim.plan_eval import PlanWorkers, SimPlanEvaluator
     from llmfleet.sim.run import preset
     from llmfleet.sim.spec import ClusterSpec, SimService, SimSpec
@@ -194,6 +195,11 @@ def test_simulated_evaluator_end_to_end_and_parallel_equals_serial():
         for workload, want in ((reqs, s), (half, s_half), (reqs, s)):
             with SimPlanEvaluator(spec, workload, preset("seallm"), workers=workers) as par:
                 assert par.parallelism == 2 and par.evaluate(plans) == want
+        for child in psutil.Process().children():  # a worker dies (killed, out of memory): new ones score
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                child.kill()
+        with SimPlanEvaluator(spec, half, preset("seallm"), workers=workers) as par:
+            assert par.evaluate(plans) == s_half
     nb = sum(1 for r in reqs if r.service == "B")
     assert s[0].slo_attainment == 0 and s[0].violations == {"A": len(reqs) - nb, "B": nb}
     assert s[1].violations["B"] == nb and s[1].violations["A"] < len(reqs) - nb
