@@ -269,9 +269,12 @@ def run(setup: Setup, rates: list[float]) -> dict[str, Any]:
     }
 
 
-def live(setup: Setup, out: Path, arms: list[str], rate: float, duration_s: float) -> dict[str, Any]:
-    """The live arms: the workload at ``rate`` for ``duration_s`` on the emulated fleet and in the
-    simulator (same cluster file and trace), with the live/sim ratios."""
+def live(
+    setup: Setup, out: Path, arms: list[str], rate: float, duration_s: float, host_processes: int = 0
+) -> dict[str, Any]:
+    """The live arms: the workload at ``rate`` for ``duration_s`` on the emulated fleet (on
+    ``host_processes`` engine hosts) and in the simulator (same cluster file and trace), with the
+    live/sim ratios."""
     small = replace(setup, duration_s=duration_s)
     out.mkdir(parents=True, exist_ok=True)
     trace = write_trace(out / "trace.csv", make_requests(small, rate))
@@ -283,8 +286,14 @@ def live(setup: Setup, out: Path, arms: list[str], rate: float, duration_s: floa
         cluster = cluster_file(services, setup.engines, HARDWARE, setup.max_loras, setup.rank, arm, slo_doc)
         if options:
             cluster["scheduler"]["dispatch"]["options"] = options
-        rows.append(live_arm(out, cluster, trace, arm, timeout_s=duration_s * 4 + 300))
-    return {"rate": rate, "duration_s": duration_s, "arms": rows, "within_15pct": within_tolerance(rows)}
+        rows.append(live_arm(out, cluster, trace, arm, duration_s * 4 + 300, host_processes))
+    return {
+        "rate": rate,
+        "duration_s": duration_s,
+        "host_processes": host_processes,
+        "arms": rows,
+        "within_15pct": within_tolerance(rows),
+    }
 
 
 def within_tolerance(rows: list[dict[str, Any]]) -> dict[str, bool]:
@@ -430,6 +439,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--live-rate", type=float, default=LIVE_RATE, help="requests/s of the live arms")
     p.add_argument("--live-duration-s", type=float, default=LIVE_DURATION_S)
     p.add_argument("--live-only", action="store_true", help="the live arms only (no simulated sweep)")
+    p.add_argument(
+        "--live-host-processes",
+        type=int,
+        default=0,
+        help="engine host processes of the emulated fleet (0: one per 16 GPUs)",
+    )
     a = p.parse_args(argv)
     setup = Setup(
         adapters=a.adapters, engines=a.engines, max_loras=a.max_loras, rate=a.rate, duration_s=a.duration_s,
@@ -441,7 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     if not a.live_only:
         report = run(setup, sorted(set(rates) | {a.rate}))
     if a.live_arms:
-        report["live"] = live(setup, a.out / "live", a.live_arms, a.live_rate, a.live_duration_s)
+        report["live"] = live(
+            setup, a.out / "live", a.live_arms, a.live_rate, a.live_duration_s, a.live_host_processes
+        )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))
     (a.out / "report.md").write_text(markdown(report))

@@ -44,8 +44,10 @@ def write_trace(path: Path, requests: list[Any]) -> Path:
 class LoraFleetSpec(FleetSpec):
     """An emulated fleet whose cluster file is given whole (adapter entries, engine LoRA slots)."""
 
-    def __init__(self, cluster: dict[str, Any], gpus: int, hardware: str) -> None:
-        super().__init__(gpus=gpus, placement=cluster["placement"], hardware=hardware, services={})
+    def __init__(self, cluster: dict[str, Any], gpus: int, hardware: str, processes: int = 0) -> None:
+        super().__init__(
+            gpus=gpus, placement=cluster["placement"], hardware=hardware, processes=processes, services={}
+        )
         self.cluster = cluster
 
     def config(self) -> dict[str, Any]:
@@ -74,11 +76,12 @@ def cluster_file(
 
 
 def live_arm(
-    out: Path, cluster: dict[str, Any], trace: Path, dispatch: str, timeout_s: float
+    out: Path, cluster: dict[str, Any], trace: Path, dispatch: str, timeout_s: float, host_processes: int = 0
 ) -> dict[str, Any]:
-    """The trace live on the emulated fleet and in ``llmfleet sim`` (same cluster file), compared."""
+    """The trace live on the emulated fleet (its GPUs on ``host_processes`` engine hosts; 0: one per 16)
+    and in ``llmfleet sim`` (same cluster file), compared."""
     pool = cluster["emulated"]
-    spec = LoraFleetSpec(cluster, pool["count"], pool["hardware"])
+    spec = LoraFleetSpec(cluster, pool["count"], pool["hardware"], host_processes)
     fleet = Fleet(out / dispatch, spec)
     workload = ["--trace", str(trace)]
     fleet.start()
