@@ -314,16 +314,17 @@ def live_markdown(doc: dict[str, Any]) -> list[str]:
         f"{doc['duration_s']:g} s:",
         "",
         "| dispatch | completed (live/sim) | tok/s live | tok/s sim | ratio | TTFT p50 live (s) | TTFT p50 sim (s) "
-        "| ratio | TTFT p99 ratio | engines' TTFT mean / sim's |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio | TTFT p99 ratio | engines' TTFT mean / sim's | adapter loads live / sim |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["arms"]:
         lv, sm, q = r["live"], r["sim"], r["live_over_sim"]
+        loads = r.get("adapter_loads") or {}
         lines.append(
             f"| {r['dispatch']} | {lv.get('completed')}/{sm.get('completed')} | {lv.get('output_tokens_per_s')} | "
             f"{sm.get('output_tokens_per_s')} | {q.get('output_tokens_per_s')} | {lv.get('ttft_p50_s')} | "
             f"{sm.get('ttft_p50_s')} | {q.get('ttft_p50_s')} | {q.get('ttft_p99_s')} | "
-            f"{q.get('engine_ttft_mean_s')} |"
+            f"{q.get('engine_ttft_mean_s')} | {loads.get('live', '-')} / {loads.get('sim', '-')} |"
         )
     within = doc["within_15pct"]
     if isinstance(within, bool):  # a report written before the per-figure verdicts

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
-from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses
+from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses, scrape_sums
+
+ADAPTER_LOADS = re.compile(r"^llmfleet_lora_(adapter_loads)_total(?:\{[^}]*\})? (\S+)$")
 
 BASE_SOURCE = {"source": "emulated://llama2-7b", "dtype": "float16"}
 LIVE_VS_SIM = (
@@ -86,9 +89,11 @@ def live_arm(
     workload = ["--trace", str(trace)]
     fleet.start()
     try:
-        with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
+        addresses = metrics_addresses(fleet.endpoints)
+        with Sampler(addresses) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
         pacing = fleet.emulated_pacing()
+        live_loads = scrape_sums(addresses, ADAPTER_LOADS, {"adapter_loads": 0.0})["adapter_loads"]
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
@@ -109,7 +114,15 @@ def live_arm(
             for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")
         },
         "pacing": pacing,
+        # adapters put in a slot (misses), the engines' count against the simulator's
+        "adapter_loads": {"live": int(live_loads), "sim": _sim_adapter_loads(sim_dir / "report.json")},
         "compare": cmp.get("text", ""),
     }
     print(json.dumps({k: v for k, v in row.items() if k != "compare"}), flush=True)
     return row
+
+
+def _sim_adapter_loads(report: Path) -> int | None:
+    if not report.exists():
+        return None
+    return json.loads(report.read_text())["runs"][0]["cluster"].get("adapter_loads")

@@ -68,7 +68,7 @@ class _LoadCollector(Collector):
     def describe(self) -> list:
         return []  # unchecked: the families only exist once a backend is attached
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         fn = self.snapshot
         if fn is None:
             return
@@ -86,15 +86,24 @@ class _LoadCollector(Collector):
         usage = GaugeMetricFamily(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=[LABEL]
         )
+        adapter_loads = CounterMetricFamily(
+            "llmfleet_lora_adapter_loads",
+            "LoRA adapters copied into a base model's adapter slots (slot misses).",
+            labels=[LABEL],
+        )
         cap = snap.kv_capacity_bytes
         for m in snap.models:
             running.add_metric([m.model], m.running)
             waiting.add_metric([m.model], m.waiting)
             # the pool is shared by every model: each model's share of it
             usage.add_metric([m.model], min(1.0, m.kv_used_bytes / cap) if cap > 0 else 0.0)
+            if m.adapter_slots:
+                adapter_loads.add_metric([m.model], m.adapter_loads)
         yield running
         yield waiting
         yield usage
+        if adapter_loads.samples:
+            yield adapter_loads
 
 
 class _Counter:

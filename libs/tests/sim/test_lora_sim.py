@@ -16,6 +16,7 @@ from llmfleet.policies.request import Fcfs
 from llmfleet.sim.bundle import PolicyBundle
 from llmfleet.sim.cost import CostBook
 from llmfleet.sim.memory import pool_layout
+from llmfleet.sim.metrics import cluster_metrics
 from llmfleet.sim.migration import MigrationLoop
 from llmfleet.sim.run import simulate
 from llmfleet.sim.simulator import Simulator
@@ -93,6 +94,7 @@ def test_every_request_of_an_adapter_is_served_on_its_base(dispatch):
     assert all(r.adapter == f"a{r.service[1:]}" and r.model == BASE for r in res.records)
     loads = sum(d["adapter_loads"] for d in res.instances)
     assert loads >= 8  # each adapter loaded at least once
+    assert cluster_metrics(res)["adapter_loads"] == loads  # the report's, as the engines' /metrics count
     for inst in sim.instances.values():
         for slots in inst.adapter_slots.values():
             assert len(slots.resident) <= 2 and all(slots.pins(a) == 0 for a in slots.resident)

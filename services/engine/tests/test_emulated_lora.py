@@ -11,12 +11,14 @@ import pytest
 from llmfleet.costmodel import hardware, model_arch
 from llmfleet.costmodel.lora import LoraCost, adapter_pool_bytes
 from llmfleet.engine_core import AdapterSlots
+from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.types import ModelSpec
 from llmfleet_engine.emulated import EmulatedConfig, EmulatedExecutor
 from llmfleet_engine.emulated.adapters import adapter_rank, emulated_adapter
 from llmfleet_engine.lora import AdapterError
 from llmfleet_engine.servicer import snapshot_to_proto
 from llmfleet_engine.validation import GenerationRequest, build_request
+from prometheus_client import CollectorRegistry, generate_latest
 
 BASE = "llama2-7b"
 ADAPTERS = {"a0": "emulated://r8", "a1": "/adapters/a1", "a2": "emulated://r16"}
@@ -64,6 +66,9 @@ async def test_an_adapter_service_is_served_with_the_simulators_lru_and_listed_i
         )
         (msg,) = snapshot_to_proto(ex.load_snapshot(), "e0").models
         assert (list(msg.adapters), msg.adapter_loads, msg.adapter_slots) == (["a0", "a2"], 3, 2)
+        registry = CollectorRegistry()  # the loads on /metrics, to be compared with the simulator's
+        ex.attach_metrics(EngineMetrics(registry))
+        assert f'llmfleet_lora_adapter_loads_total{{model_name="{BASE}"}} 3.0' in generate_latest(registry).decode()
     finally:
         await ex.aclose()
 
