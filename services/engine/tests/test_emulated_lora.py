@@ -68,7 +68,10 @@ async def test_an_adapter_service_is_served_with_the_simulators_lru_and_listed_i
         assert (list(msg.adapters), msg.adapter_loads, msg.adapter_slots) == (["a0", "a2"], 3, 2)
         registry = CollectorRegistry()  # the loads on /metrics, to be compared with the simulator's
         ex.attach_metrics(EngineMetrics(registry))
-        assert f'llmfleet_lora_adapter_loads_total{{model_name="{BASE}"}} 3.0' in generate_latest(registry).decode()
+        assert (
+            f'llmfleet_lora_adapter_loads_total{{model_name="{BASE}"}} 3.0'
+            in generate_latest(registry).decode()
+        )
     finally:
         await ex.aclose()
 
