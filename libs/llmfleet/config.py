@@ -300,7 +300,7 @@ class ClusterConfig(BaseModel):
                     f"{svc.dispatch.policy!r} {svc.dispatch.options}, the schedulers by {dispatch.policy!r} "
                     f"{dispatch.options}"
                 )
-        capacity = self.scheduler.model_dump(exclude={"dispatch", "ready_when"})
+        capacity = self.scheduler.capacity()
         sections = {"placement": self.placement.model_dump(exclude={"hardware", "gpus_per_node"}),
                     "migration": self.migration.model_dump(exclude={"max_concurrency", "load_interval_s"})}  # fmt: skip
         return FleetPolicies(

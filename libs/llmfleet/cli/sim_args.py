@@ -115,7 +115,7 @@ def bundles(args: argparse.Namespace, config: ClusterConfig | None) -> list[Poli
     for name in names:
         b = preset(name)
         if config is not None:  # the live schedulers' capacity setting
-            b = b.with_overrides(capacity=config.scheduler.model_dump(exclude={"dispatch", "ready_when"}))
+            b = b.with_overrides(capacity=config.scheduler.capacity())
         out.append(_applied(b, given))
     return out
 

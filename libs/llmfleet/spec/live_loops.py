@@ -8,7 +8,7 @@ hysteresis; the scheduler binds late), the value is in :mod:`llmfleet.spec.defau
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -99,6 +99,13 @@ class SchedulerConfig(CapacitySpec):
     simulates the same)."""
 
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
+    load_interval_s: float = Field(
+        0.5,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds between the engines' load snapshots (WatchLoad) the load monitor reads; "
+        "the simulator's dispatch reads the engines' state as it is",
+    )
     ready_when: Literal["servable", "started"] = Field(
         "servable",
         description="when the scheduler says SERVING (gRPC health, HTTP /ready): servable = every service "
@@ -108,6 +115,10 @@ class SchedulerConfig(CapacitySpec):
     def args(self) -> list[str]:
         """The ``llmfleet-scheduler`` flags for these settings."""
         return SCHEDULER_FLAGS.argv(self)
+
+    def capacity(self) -> dict[str, Any]:
+        """The capacity settings alone (what the simulator runs as well)."""
+        return self.model_dump(include=set(CapacitySpec.model_fields))
 
 
 # each service's flags for its section: llmfleet up writes them (args()), the service parses them

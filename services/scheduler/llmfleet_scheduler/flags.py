@@ -57,9 +57,6 @@ def add_load_flags(ap: argparse.ArgumentParser) -> None:
         "--predict-window-s", type=float, default=0.002, help="requests within this window share one Predict"
     )
     g.add_argument(
-        "--load-interval-s", type=float, default=0.5, help="WatchLoad snapshot interval of the load monitor"
-    )
-    g.add_argument(
         "--no-load-monitor",
         dest="load_monitor",
         action="store_false",
