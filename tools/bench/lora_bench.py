@@ -270,7 +270,13 @@ def run(setup: Setup, rates: list[float]) -> dict[str, Any]:
 
 
 def live(
-    setup: Setup, out: Path, arms: list[str], rate: float, duration_s: float, host_processes: int = 0
+    setup: Setup,
+    out: Path,
+    arms: list[str],
+    rate: float,
+    duration_s: float,
+    host_processes: int = 0,
+    load_interval_s: float | None = None,
 ) -> dict[str, Any]:
     """The live arms: the workload at ``rate`` for ``duration_s`` on the emulated fleet (on
     ``host_processes`` engine hosts) and in the simulator (same cluster file and trace), with the
@@ -286,11 +292,14 @@ def live(
         cluster = cluster_file(services, setup.engines, HARDWARE, setup.max_loras, setup.rank, arm, slo_doc)
         if options:
             cluster["scheduler"]["dispatch"]["options"] = options
+        if load_interval_s is not None:
+            cluster["scheduler"]["load_interval_s"] = load_interval_s
         rows.append(live_arm(out, cluster, trace, arm, duration_s * 4 + 300, host_processes))
     return {
         "rate": rate,
         "duration_s": duration_s,
         "host_processes": host_processes,
+        "load_interval_s": load_interval_s,
         "arms": rows,
         "within_15pct": within_tolerance(rows),
     }
@@ -441,6 +450,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--live-duration-s", type=float, default=LIVE_DURATION_S)
     p.add_argument("--live-only", action="store_true", help="the live arms only (no simulated sweep)")
     p.add_argument(
+        "--live-load-interval-s",
+        type=float,
+        default=None,
+        help="the schedulers' load-report interval in the live arms (default: the cluster file's)",
+    )
+    p.add_argument(
         "--live-host-processes",
         type=int,
         default=0,
@@ -458,7 +473,13 @@ def main(argv: list[str] | None = None) -> None:
         report = run(setup, sorted(set(rates) | {a.rate}))
     if a.live_arms:
         report["live"] = live(
-            setup, a.out / "live", a.live_arms, a.live_rate, a.live_duration_s, a.live_host_processes
+            setup,
+            a.out / "live",
+            a.live_arms,
+            a.live_rate,
+            a.live_duration_s,
+            a.live_host_processes,
+            a.live_load_interval_s,
         )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "report.json").write_text(json.dumps(report, indent=2))
