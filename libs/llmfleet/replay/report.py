@@ -34,6 +34,7 @@ UNOBSERVED = (
     "kv_utilization_mean",
     "kv_utilization_peak",
     "iterations",
+    "adapter_loads",  # the engines count them on /metrics (llmfleet_lora_adapter_loads_total)
     "static_batches",
     "early_return_fraction",
     "events",
@@ -213,7 +214,7 @@ def live_report(
         records=records,
         samples=cluster_samples(samples, records, engines),
         instances=[
-            {"instance_id": e, "tp": tp, "hardware": hw, "busy_s": 0.0, "iterations": 0}
+            {"instance_id": e, "tp": tp, "hardware": hw, "busy_s": 0.0, "iterations": 0, "adapter_loads": 0}
             for e, (tp, hw) in sorted(engines.items())
         ],
         end_s=max(done, default=0.0),

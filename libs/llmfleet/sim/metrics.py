@@ -251,7 +251,7 @@ def cluster_metrics(result: SimResult) -> dict:
         "kv_utilization_mean": float(np.mean(kv)) if kv else 0.0,
         "kv_utilization_peak": float(max(kv)) if kv else 0.0,
         "iterations": sum(i["iterations"] for i in result.instances),
-        "adapter_loads": sum(i.get("adapter_loads", 0) for i in result.instances),  # LoRA slot misses
+        "adapter_loads": sum(i["adapter_loads"] for i in result.instances),  # LoRA slot misses
         "static_batches": batches,
         # SCLS §5.6: batches that ended before their slice limit because every row finished
         "early_return_fraction": sum(i.get("early_returns", 0) for i in result.instances) / batches

@@ -141,7 +141,7 @@ def test_report_from_outcomes_has_the_sim_schema() -> None:
     assert c["gpus_in_use"] == [[0.0, 1], [3.0, 3]] and c["peak_gpus_in_use"] == 3
     assert c["mean_gpus_in_use"] == pytest.approx((1 * 2.99 + 3 * 0.6) / 3.59)  # first arrival → last finish
     assert c["peak_active_gpus"] == 2  # at t=3 only engine-1 (tp 2) has requests in flight
-    assert c["gpu_seconds_busy"] is None and c["kv_utilization_mean"] is None
+    assert c["gpu_seconds_busy"] is None and c["kv_utilization_mean"] is None and c["adapter_loads"] is None
     assert [d["plan_id"] for d in report["placement"]] == [2]
     assert report["plan"] == [{"instance_id": "engine-0", "models": ("tiny-llama",), "tp": 1}]
     assert report["live"]["errors"] == {"UNAVAILABLE: no engine": 1}

@@ -22,6 +22,7 @@ import grpc
 import pytest
 import torch
 from llmfleet.api.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmfleet.metrics.engine import EngineMetrics
 from llmfleet.rpc.channels import open_channel
 from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.spec.vllm import VllmSettings
@@ -34,6 +35,7 @@ from llmfleet_engine.validation import GenerationRequest, UnknownModelError, bui
 from llmfleet_engine.vllm_backend import VllmConfig, VllmExecutor, VllmLoadedModel
 from lora_checkpoints import ALL_LINEAR, fresh_base, hf_greedy, merged
 from peft import LoraConfig, get_peft_model
+from prometheus_client import CollectorRegistry, generate_latest
 from transformers import AutoModelForCausalLM
 from vllm_marks import VLLM_DEVICE, requires_vllm
 
@@ -189,6 +191,12 @@ async def test_the_load_report_lists_the_adapters_vllm_holds(
     (m,) = vexec.load_snapshot().models
     assert set(m.adapters) <= set(ADAPTERS) and len(m.adapters) <= 2 + (VLLM_DEVICE == "cpu")
     assert m.model == BASE and m.adapter_loads >= 3 and m.adapter_slots == 2
+    # the loads on /metrics, as the native and emulated engines export them
+    metrics = EngineMetrics(CollectorRegistry())
+    metrics.attach(vexec.load_snapshot)
+    text = generate_latest(metrics.registry).decode()
+    line = next(x for x in text.splitlines() if x.startswith("llmfleet_lora_adapter_loads_total{"))
+    assert f'model_name="{BASE}"' in line and float(line.split()[-1]) >= 3
 
 
 async def test_bad_adapters_are_refused_by_name_and_the_engine_keeps_serving(
