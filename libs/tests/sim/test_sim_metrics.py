@@ -110,7 +110,10 @@ def test_cluster_metrics_hand_built():
         Sample(1.0, kv_used=50, kv_capacity=100, active_gpus=3, in_system=2),
         Sample(3.0, kv_used=0, kv_capacity=100, active_gpus=0, in_system=0),
     ]
-    inst = [{"tp": 2, "busy_s": 3.0, "iterations": 7}, {"tp": 1, "busy_s": 1.5, "iterations": 5}]
+    inst = [
+        {"tp": 2, "busy_s": 3.0, "iterations": 7, "adapter_loads": 4},
+        {"tp": 1, "busy_s": 1.5, "iterations": 5, "adapter_loads": 0},
+    ]
     res = SimResult(recs, samples, inst, end_s=4.0, events=40, wall_s=2.0, provisioned_gpus=3)
     c = cluster_metrics(res)
     assert c["makespan_s"] == 4.0  # first arrival 0 → last finish 4
@@ -122,7 +125,12 @@ def test_cluster_metrics_hand_built():
     # step function 2 on [0,1), 3 on [1,3), 0 on [3,4] → (2 + 6 + 0) / 4
     assert c["mean_active_gpus"] == approx(2.0)
     assert c["kv_utilization_mean"] == approx(0.2) and c["kv_utilization_peak"] == approx(0.5)
-    assert c["iterations"] == 12 and c["events"] == 40 and c["events_per_s"] == approx(20.0)
+    assert (
+        c["iterations"] == 12
+        and c["adapter_loads"] == 4
+        and c["events"] == 40
+        and c["events_per_s"] == approx(20.0)
+    )
     assert mean_active_gpus([], 5.0) == 0.0
     assert mean_active_gpus([Sample(2.0, 0, 0, 4, 0)], 2.0) == 4.0  # a single instant
 
