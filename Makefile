@@ -11,7 +11,7 @@ TEST_WORKERS  ?= 2
 VLLM_VERSION  ?= 0.32.0
 VLLM_STAMP    := $(VENV)/.llmfleet-vllm-installed
 
-.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-fairness bench-lora bench-costs bench-metrics compose-smoke chaos soak gpu-check
+.PHONY: setup setup-vllm run test test-unit test-integration test-vllm protos protos-check lint fmt clean help bench bench-engine bench-profiler bench-sim bench-papers bench-hop bench-placement bench-migration bench-migration-live bench-fleet bench-burst bench-prefix bench-capacity bench-fairness bench-lora bench-costs bench-metrics bench-load-reports compose-smoke chaos soak gpu-check
 
 help:
 	@echo "make run    - start etcd, all services and two CPU engines (llmfleet up)"
@@ -33,6 +33,7 @@ help:
 	@echo "               bench-lora (32 LoRA adapters on 4 shared A100s: lora_affinity, llm-d's rule, JSQ vs dedicated; sim, live on 4 emulated A100s, and live on 4 native CPU engines)"
 	@echo "               bench-costs (the measured-GPU cost source against the Vidur data it came from)"
 	@echo "               bench-metrics (engine throughput and CPU with /metrics on vs off)"
+	@echo "               bench-load-reports (what the engines' load reports cost the schedulers and engines, per interval; not in bench)"
 	@echo "make chaos  - kill/freeze every component under load (SDK + HTTP streams); report in .bench/chaos"
 	@echo "make soak   - 2,000 concurrent streams, 20,000 requests (HTTP + SDK); errors, TTFT, RSS; .bench/soak"
 	@echo "make gpu-check - engine costs on a GPU (1B random Llama, bf16) vs HF generate and the vidur tables; .bench/gpu (GPU_CHECK_ARGS=\"--device cpu --shape tiny\" on CPU)"
@@ -130,6 +131,9 @@ bench-lora: setup
 
 bench-metrics: setup
 	$(PYTHON) -m tools.bench.metrics_overhead --out .bench/metrics $(BENCH_ARGS)
+
+bench-load-reports: setup
+	$(PYTHON) -m tools.bench.load_report_cost --out .bench/load-reports $(BENCH_ARGS)
 
 # With a CUDA GPU it also installs vLLM's CUDA build and checks the vLLM backend on the GPU.
 gpu-check: setup

@@ -317,14 +317,23 @@ def within_tolerance(rows: list[dict[str, Any]]) -> dict[str, bool]:
     }
 
 
+def cpu_share(row: dict[str, Any], prefix: str) -> str:
+    """CPU seconds of the fleet's processes named ``prefix…`` while the load ran ('-' if not recorded)."""
+    cpu = row.get("cpu_s")
+    if not cpu:
+        return "-"
+    return f"{sum(v for k, v in cpu.items() if k.startswith(prefix)):.1f}"
+
+
 def live_markdown(doc: dict[str, Any]) -> list[str]:
     lines = [
         f"Live (emulated, `llmfleet up --emulate`) vs simulated at {doc['rate']:g} req/s for "
         f"{doc['duration_s']:g} s:",
         "",
         "| dispatch | completed (live/sim) | tok/s live | tok/s sim | ratio | TTFT p50 live (s) | TTFT p50 sim (s) "
-        "| ratio | TTFT p99 ratio | engines' TTFT mean / sim's | adapter loads live / sim |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio | TTFT p99 ratio | engines' TTFT mean / sim's | adapter loads live / sim "
+        "| CPU-s scheduler / engine hosts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["arms"]:
         lv, sm, q = r["live"], r["sim"], r["live_over_sim"]
@@ -333,7 +342,8 @@ def live_markdown(doc: dict[str, Any]) -> list[str]:
             f"| {r['dispatch']} | {lv.get('completed')}/{sm.get('completed')} | {lv.get('output_tokens_per_s')} | "
             f"{sm.get('output_tokens_per_s')} | {q.get('output_tokens_per_s')} | {lv.get('ttft_p50_s')} | "
             f"{sm.get('ttft_p50_s')} | {q.get('ttft_p50_s')} | {q.get('ttft_p99_s')} | "
-            f"{q.get('engine_ttft_mean_s')} | {loads.get('live', '-')} / {loads.get('sim', '-')} |"
+            f"{q.get('engine_ttft_mean_s')} | {loads.get('live', '-')} / {loads.get('sim', '-')} | "
+            f"{cpu_share(r, 'scheduler')} / {cpu_share(r, 'emu')} |"
         )
     within = doc["within_15pct"]
     if isinstance(within, bool):  # a report written before the per-figure verdicts

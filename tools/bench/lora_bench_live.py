@@ -90,8 +90,10 @@ def live_arm(
     fleet.start()
     try:
         addresses = metrics_addresses(fleet.endpoints)
+        cpu0 = fleet.cpu_seconds()
         with Sampler(addresses) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
+        cpu = {k: round(v - cpu0.get(k, 0.0), 2) for k, v in fleet.cpu_seconds().items()}
         pacing = fleet.emulated_pacing()
         live_loads = scrape_sums(addresses, ADAPTER_LOADS, {"adapter_loads": 0.0})["adapter_loads"]
     finally:
@@ -114,6 +116,7 @@ def live_arm(
             for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")
         },
         "pacing": pacing,
+        "cpu_s": cpu,  # per process of the fleet, while the load ran
         # adapters put in a slot (misses), the engines' count against the simulator's
         "adapter_loads": {"live": int(live_loads), "sim": _sim_adapter_loads(sim_dir / "report.json")},
         "compare": cmp.get("text", ""),

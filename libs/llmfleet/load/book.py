@@ -23,10 +23,8 @@ Accounting (per engine; pure, single-threaded, no clock):
   after its admission and as pending): the error is at most one report interval long and always
   towards "busier", never towards the burst problem.
 - ``released(engine, request)`` ends a placement (the request finished, failed, was cancelled or
-  migrated away): a pending request is dropped at once. A covered one stays in the last report until
-  the next one (reports are snapshots; the candidate never subtracts from them), but the engine's
-  occupancy (what late binding compares with its room) leaves it out at once: a held request goes
-  as soon as one ends, not at the next report.
+  migrated away): a pending request is dropped at once, and one the last report names is left out of
+  the engine's count at once (its slot is free now, not at the next report).
 - Without any report from an engine (monitor off, engine not reporting yet) nothing is ever covered:
   its load is exactly the requests this dispatcher has outstanding there — a local join-the-shortest-
   queue that needs no load source.
@@ -36,10 +34,16 @@ Accounting (per engine; pure, single-threaded, no clock):
   candidate built ``with_progress`` carries these as ``requests`` (Aladdin's constraint (d)). They
   are this dispatcher's own requests only: other scheduler replicas' are not seen.
 
-A candidate (:meth:`LoadBook.candidate`) is the report's ``running``, ``waiting + pending count``,
-``kv_used + Σ pending KV`` and the report's KV capacity (else the caller's fallback, e.g. the capacity
-the engine registered in etcd), with the report's adapter pools (what LoRA-affinity dispatch reads). Each operation is O(1) amortised (pending requests are kept in send
-order, so covering pops from the front).
+Each request is counted once: the report's requests less those that ended since, plus the pending
+ones the report does not name (engines name every request they hold, ``request_ids``). A candidate
+(:meth:`LoadBook.candidate`) is the report's ``running`` less the requests that ended since, its
+``waiting`` plus the pending requests it does not name (so ``queued`` is :meth:`LoadBook.occupancy`:
+a dispatcher between two reports sees its own sends and ends at once, as the simulator's dispatch
+sees an instance), ``kv_used + Σ pending KV`` (a pending request's KV may be counted twice until it
+is covered: towards "busier") and the report's KV capacity (else the caller's fallback, e.g. the capacity
+the engine registered in etcd), with the report's adapter pools (what LoRA-affinity dispatch reads).
+Each operation is O(1) amortised (pending requests are kept in send order, so covering pops from the
+front) except ``report``, which also counts the pending requests the report names (O(pending)).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class _Engine:
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # request -> (reports, kv bytes)
     pending_kv: int = 0
     ended: set[str] = field(default_factory=set)  # requests the last report names that ended since
+    pending_named: int = 0  # pending requests the last report names (counted there already)
     # request -> its measured progress (tokens relayed so far, first-token time), while placed here
     progress: dict[str, RequestProgress] = field(default_factory=dict)
 
@@ -110,17 +115,22 @@ class LoadBook:
                 break
             del pending[rid]
             e.pending_kv -= kv
+        named = report.request_ids
+        e.pending_named = sum(1 for rid in pending if rid in named) if named else 0
 
     def dispatched(self, engine_id: str, request_id: str, kv_bytes: int = 0) -> None:
         """``request_id`` was sent to ``engine_id`` (again: it is re-stamped)."""
         e = self._engine(engine_id)
         e.ended.discard(request_id)
+        named = e.last is not None and request_id in e.last.request_ids
         old = e.pending.pop(request_id, None)
         if old is not None:
             e.pending_kv -= old[1]
+            e.pending_named -= named
         kv = max(0, int(kv_bytes))
         e.pending[request_id] = (e.reports, kv)
         e.pending_kv += kv
+        e.pending_named += named
 
     def released(self, engine_id: str, request_id: str) -> None:
         """The placement of ``request_id`` on ``engine_id`` ended (any outcome); unknown ids are ignored."""
@@ -128,10 +138,12 @@ class LoadBook:
         if e is None:
             return
         e.progress.pop(request_id, None)
+        named = e.last is not None and request_id in e.last.request_ids
         old = e.pending.pop(request_id, None)
         if old is not None:
             e.pending_kv -= old[1]
-        if e.last is not None and request_id in e.last.request_ids:
+            e.pending_named -= named
+        if named:
             e.ended.add(request_id)
 
     def progress(
@@ -167,16 +179,12 @@ class LoadBook:
     def occupancy(self, engine_id: str) -> int:
         """Requests on ``engine_id`` counted once: its last report's running + waiting less those that
         ended since, plus the pending requests that report does not name (engines name every request
-        they hold). The candidate's
-        ``queued`` may count a pending request twice for up to two report intervals, which is harmless
-        for choosing among engines but would hold back late binding (what it compares with the
-        engine's room) for as long."""
+        they hold): a candidate's ``queued``."""
         e = self._engines.get(engine_id)
         if e is None:
             return 0
         r = e.last or _EMPTY
-        named = r.request_ids
-        return r.running + r.waiting - len(e.ended) + sum(1 for rid in e.pending if rid not in named)
+        return r.running + r.waiting - len(e.ended) + len(e.pending) - e.pending_named
 
     def placed(self, engine_id: str) -> list[str]:
         """The ids of the requests on ``engine_id`` that :meth:`occupancy` counts: those its last report
@@ -205,11 +213,12 @@ class LoadBook:
                 engine_id, models, kv_capacity_bytes=kv_capacity_bytes, requests=() if with_progress else None
             )
         r = e.last or _EMPTY
+        ended = len(e.ended)  # ended since the report: running ones, or waiting ones cancelled
         return EngineCandidate(
             engine_id,
             models,
-            running=r.running,
-            waiting=r.waiting + len(e.pending),
+            running=max(0, r.running - ended),
+            waiting=max(0, r.waiting - max(0, ended - r.running)) + len(e.pending) - e.pending_named,
             kv_used_bytes=r.kv_used_bytes + e.pending_kv,
             kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
             kv_waiting_bytes=r.kv_waiting_bytes,

@@ -150,7 +150,7 @@ def test_occupancy_counts_a_pending_request_once_when_the_report_names_it() -> N
     book.dispatched("e", "b")
     assert book.occupancy("e") == 5  # the report predates both
     book.report("e", LoadReport(running=4, waiting=0, request_ids=frozenset({"x", "y", "z", "a"})))
-    assert book.candidate("e", ("m",)).queued == 6  # the candidate still counts "a" twice
+    assert book.candidate("e", ("m",)).queued == 5  # "a" once: the report names it
     assert book.occupancy("e") == 5  # "a" is in the report; "b" is not yet
     book.released("e", "b")
     assert book.occupancy("e") == 4 and book.occupancy("unknown") == 0
@@ -164,9 +164,29 @@ def test_occupancy_leaves_out_a_request_that_ended_since_the_report_named_it() -
     book.released("e", "x")  # ended: its slot is free now, not at the next report
     book.released("e", "other")  # not named: nothing to leave out
     assert book.occupancy("e") == 2
-    assert book.candidate("e", ("m",)).running == 2  # the candidate is still the report
+    c = book.candidate("e", ("m",))
+    assert (c.running, c.waiting) == (1, 1)  # the candidate leaves it out at once too
     book.dispatched("e", "x")  # sent again (a resumed stream): counted again
     assert book.occupancy("e") == 3
     book.report("e", LoadReport(running=1, waiting=0, request_ids=frozenset({"y"})))
     book.released("e", "y")
     assert book.occupancy("e") == 0 + 1  # y ended; x is pending, not in this report
+
+
+def test_candidates_see_ends_and_sends_between_reports_as_occupancy_does() -> None:
+    """Between two reports a candidate's queue is the report less what ended plus what was sent and is
+    not named, whatever the order of events; ends beyond the running requests come off the waiting."""
+    book = LoadBook()
+    book.report("e", LoadReport(running=2, waiting=2, request_ids=frozenset({"a", "b", "c", "d"})))
+    book.dispatched("e", "c")  # re-sent while the report names it: counted once
+    book.dispatched("e", "x")
+    assert book.candidate("e", (M,)).queued == book.occupancy("e") == 5
+    for rid in ("a", "b", "c"):  # c ends while pending: dropped from pending and from the report
+        book.released("e", rid)
+    c = book.candidate("e", (M,))
+    assert (c.running, c.waiting) == (0, 2) and c.queued == book.occupancy("e")  # d waiting, x pending
+    book.report("e", LoadReport(running=1, waiting=0, request_ids=frozenset({"x"})))  # x admitted
+    assert book.pending("e") == 1 and book.candidate("e", (M,)).queued == book.occupancy("e") == 1
+    book.dispatched("e", "y")
+    book.released("e", "x")  # named and pending: out of both
+    assert book.candidate("e", (M,)).queued == book.occupancy("e") == 1
