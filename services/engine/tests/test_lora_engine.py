@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import chunk_checks as cc
@@ -188,28 +189,27 @@ def test_the_adapter_pool_is_reserved_with_the_base(make) -> None:
     assert extra == pool_bytes(base.model, 2, 8) == 2 * per_layer
 
 
+@contextlib.asynccontextmanager
+async def engine_stub(ex: Executor) -> AsyncIterator[engine_pb2_grpc.EngineStub]:
+    """``ex`` served as engine ``e0`` on loopback, and a stub to it."""
+    add = engine_pb2_grpc.add_EngineServicer_to_server
+    server = await GrpcServer([(add, EngineServicer(ex, "e0"), service_name(engine_pb2, "Engine"))]).start()
+    channel = open_channel(server.address)
+    try:
+        yield engine_pb2_grpc.EngineStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
 async def test_a_generate_rpc_names_the_adapter_like_a_model(make, checkpoints) -> None:
     base_dir, dirs = checkpoints
     ex, base = make(max_loras=2)
-    server = await GrpcServer(
-        [
-            (
-                engine_pb2_grpc.add_EngineServicer_to_server,
-                EngineServicer(ex, "e0"),
-                service_name(engine_pb2, "Engine"),
-            )
-        ]
-    ).start()
-    channel = open_channel(server.address)
-    try:
-        stub = engine_pb2_grpc.EngineStub(channel)
+    async with engine_stub(ex) as stub:
         call = engine_pb2.GenerateRequest(
             model="mlp", prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=N)
         )
         got = [t for c in [c async for c in stub.Generate(call)] for t in c.token_ids]
-    finally:
-        await channel.close()
-        await server.stop(0)
     assert got == hf_greedy(merged(base_dir, dirs["mlp"]), request(base, "mlp", "x").prompt_token_ids, N)
     # the node record advertises the adapters with their base
     assert ex.adapters.serving(ex.host.serving_model_names()) == ("all", BASE, "mlp", "qv")
@@ -217,18 +217,8 @@ async def test_a_generate_rpc_names_the_adapter_like_a_model(make, checkpoints) 
 
 async def test_a_load_stream_reports_an_adapter_load_at_once_not_at_its_interval(make) -> None:
     ex, base = make(max_loras=2)
-    server = await GrpcServer(
-        [
-            (
-                engine_pb2_grpc.add_EngineServicer_to_server,
-                EngineServicer(ex, "e0"),
-                service_name(engine_pb2, "Engine"),
-            )
-        ]
-    ).start()
-    channel = open_channel(server.address)
-    try:
-        stream = engine_pb2_grpc.EngineStub(channel).WatchLoad(engine_pb2.WatchLoadRequest(interval_s=600))
+    async with engine_stub(ex) as stub:
+        stream = stub.WatchLoad(engine_pb2.WatchLoadRequest(interval_s=600))
         first = await stream.read()
         assert [list(m.adapters) for m in first.models] == [[]] and ex.adapter_loads == 0
         await ex.submit(request(base, "mlp", "r0", max_tokens=2)).collect()
@@ -236,9 +226,6 @@ async def test_a_load_stream_reports_an_adapter_load_at_once_not_at_its_interval
         # the next report comes with the load, not 600 s later
         second = await asyncio.wait_for(stream.read(), timeout=30)
         stream.cancel()
-    finally:
-        await channel.close()
-        await server.stop(0)
     assert [(list(m.adapters), m.adapter_loads) for m in second.models] == [(["mlp"], 1)]
 
 
