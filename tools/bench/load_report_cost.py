@@ -89,7 +89,6 @@ class FixedLoad:
 
     snapshot: Any
     migration: None = None
-    adapter_loads: int = 0  # no adapter is ever loaded: every report waits its full interval
 
     def load_snapshot(self) -> Any:
         return self.snapshot

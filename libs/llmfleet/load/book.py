@@ -19,12 +19,9 @@ Accounting (per engine; pure, single-threaded, no clock):
   ``n + 2`` was taken one full report interval after report ``n + 1``, which itself was taken no
   earlier than (send time - network transit). So no engine clock is needed; the rule only assumes
   that an engine admits a request within one report interval of its sending, and that reports are
-  not held up longer than that. An engine also reports sooner when it loads a LoRA adapter (at least
-  0.05 s after its previous report); around such a report the rule assumes admission within 0.05 s,
-  and a request slower than that drops out of the count until the next report names it. Until
-  covered, a request the report already names is counted once (by the report), but its KV estimate
-  may be counted twice (in the report's KV and as pending): towards "busier", never towards the
-  burst problem.
+  not held up longer than that. Until covered, a request the report already names is counted once
+  (by the report), but its KV estimate may be counted twice (in the report's KV and as pending):
+  towards "busier", never towards the burst problem.
 - ``released(engine, request)`` ends a placement (the request finished, failed, was cancelled or
   migrated away): a pending request is dropped at once, and one the last report names is left out of
   the engine's count at once (its slot is free now, not at the next report).

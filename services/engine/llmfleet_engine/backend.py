@@ -117,12 +117,6 @@ class EngineBackend(Protocol):
 
     def load_snapshot(self) -> LoadSnapshot: ...
 
-    @property
-    def adapter_loads(self) -> int:
-        """LoRA adapters put in a slot so far, over every base (an eviction comes with a load): a cheap
-        counter ``WatchLoad`` polls, to report a change of residency at once."""
-        ...
-
     def attach_metrics(self, metrics: EngineMetrics) -> None:
         """Export the ``vllm:*`` metrics (gauges from the load snapshot, counters from requests)."""
         ...

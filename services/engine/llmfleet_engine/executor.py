@@ -38,7 +38,7 @@ from llmfleet_engine.delivery import Delivery, RateWindow
 from llmfleet_engine.executor_config import ExecutorConfig
 from llmfleet_engine.live_request import LiveRequest, Outcome, new_live_request, seq_steps
 from llmfleet_engine.load_report import LoadReport
-from llmfleet_engine.lora.hosting import AdapterHost, pool_of
+from llmfleet_engine.lora.hosting import AdapterHost
 from llmfleet_engine.memory import (
     RESERVED_MODEL,
     KvPool,
@@ -140,12 +140,6 @@ class Executor:
     def load_snapshot(self) -> LoadSnapshot:
         """The node's load now (``EngineBackend.load_snapshot``, read by the ``load_report`` part)."""
         return self.load_report.load_snapshot()
-
-    @property
-    def adapter_loads(self) -> int:
-        """Adapters put in a slot so far, over every hosted base (``EngineBackend.adapter_loads``)."""
-        hosted = list(self.host.hosted.values())  # a model may load meanwhile on another thread
-        return sum(pool.slots.loads for m in hosted if (pool := pool_of(m)) is not None)
 
     def _device_memory(self) -> tuple[str, int, int]:
         """The device, its memory and the budget (weights + activations + KV pool)."""

@@ -364,18 +364,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         interval = min(max(interval, MIN_WATCH_INTERVAL_S), MAX_WATCH_INTERVAL_S)
         while True:
             yield snapshot_to_proto(self.executor.load_snapshot(), self.engine_id)
-            await self._next_report(interval)
-
-    async def _next_report(self, interval: float) -> None:
-        """Waits ``interval``, or less: until the engine's adapter residency changes (a load, with the
-        eviction it makes), looked at every ``MIN_WATCH_INTERVAL_S``. Adapter-affine dispatch then reads
-        where adapters are within that delay, while the rest of the load keeps the caller's interval."""
-        loads = self.executor.adapter_loads
-        deadline = time.monotonic() + interval
-        while (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(left, MIN_WATCH_INTERVAL_S))
-            if self.executor.adapter_loads != loads:
-                return
+            await asyncio.sleep(interval)
 
     # ------------------------------------------------------------ KV transfer
 

@@ -185,13 +185,6 @@ class VllmExecutor(VllmModels, VllmRequests, VllmDrains):
             else None,
         )
 
-    @property
-    def adapter_loads(self) -> int:
-        """Adapters vLLM put in its cache so far, as ``list_loras`` showed them (``EngineBackend.adapter_loads``)."""
-        with self._lock:
-            runtimes = list(self._runtimes.values())
-        return sum(rt.loras.loads for rt in runtimes if rt.loras is not None)
-
     def scheduler_view(self, model: str) -> SchedulerView:
         """vLLM's last scheduler numbers for ``model`` and its totals (KeyError if it is not loaded)."""
         with self._lock:

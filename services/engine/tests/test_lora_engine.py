@@ -215,20 +215,6 @@ async def test_a_generate_rpc_names_the_adapter_like_a_model(make, checkpoints) 
     assert ex.adapters.serving(ex.host.serving_model_names()) == ("all", BASE, "mlp", "qv")
 
 
-async def test_a_load_stream_reports_an_adapter_load_at_once_not_at_its_interval(make) -> None:
-    ex, base = make(max_loras=2)
-    async with engine_stub(ex) as stub:
-        stream = stub.WatchLoad(engine_pb2.WatchLoadRequest(interval_s=600))
-        first = await stream.read()
-        assert [list(m.adapters) for m in first.models] == [[]] and ex.adapter_loads == 0
-        await ex.submit(request(base, "mlp", "r0", max_tokens=2)).collect()
-        assert ex.adapter_loads == 1
-        # the next report comes with the load, not 600 s later
-        second = await asyncio.wait_for(stream.read(), timeout=30)
-        stream.cancel()
-    assert [(list(m.adapters), m.adapter_loads) for m in second.models] == [(["mlp"], 1)]
-
-
 def test_the_adapter_flag_reads_name_base_and_directory() -> None:
     assert adapter_flag("chat=base-llama:/adapters/chat") == ("chat", "base-llama", "/adapters/chat")
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=BASE:DIR"):

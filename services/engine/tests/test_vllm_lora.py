@@ -191,7 +191,6 @@ async def test_the_load_report_lists_the_adapters_vllm_holds(
     (m,) = vexec.load_snapshot().models
     assert set(m.adapters) <= set(ADAPTERS) and len(m.adapters) <= 2 + (VLLM_DEVICE == "cpu")
     assert m.model == BASE and m.adapter_loads >= 3 and m.adapter_slots == 2
-    assert vexec.adapter_loads == m.adapter_loads  # what WatchLoad watches to report a load at once
     # the loads on /metrics, as the native and emulated engines export them
     metrics = EngineMetrics(CollectorRegistry())
     metrics.attach(vexec.load_snapshot)
