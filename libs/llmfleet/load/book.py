@@ -19,9 +19,9 @@ Accounting (per engine; pure, single-threaded, no clock):
   ``n + 2`` was taken one full report interval after report ``n + 1``, which itself was taken no
   earlier than (send time - network transit). So no engine clock is needed; the rule only assumes
   that an engine admits a request within one report interval of its sending, and that reports are
-  not held up longer than that. Until covered, a request the report already names is counted once
-  (by the report), but its KV estimate may be counted twice (in the report's KV and as pending):
-  towards "busier", never towards the burst problem.
+  not held up longer than that. Until covered, a request the report already names is counted once,
+  by the report: its place in the queue and its KV (in the report's ``kv_used_bytes`` once admitted,
+  in ``kv_waiting_bytes`` while it waits), not its pending KV estimate.
 - ``released(engine, request)`` ends a placement (the request finished, failed, was cancelled or
   migrated away): a pending request is dropped at once, and one the last report names is left out of
   the engine's count at once (its slot is free now, not at the next report).
@@ -39,9 +39,9 @@ ones the report does not name (engines name every request they hold, ``request_i
 (:meth:`LoadBook.candidate`) is the report's ``running`` less the requests that ended since, its
 ``waiting`` plus the pending requests it does not name (so ``queued`` is :meth:`LoadBook.occupancy`:
 a dispatcher between two reports sees its own sends and ends at once, as the simulator's dispatch
-sees an instance), ``kv_used + Σ pending KV`` (a pending request's KV may be counted twice until it
-is covered: towards "busier") and the report's KV capacity (else the caller's fallback, e.g. the capacity
-the engine registered in etcd), with the report's adapter pools (what LoRA-affinity dispatch reads).
+sees an instance), ``kv_used`` plus the KV estimates of the pending requests the report does not name,
+and the report's KV capacity (else the caller's fallback, e.g. the capacity the engine registered in
+etcd), with the report's adapter pools (what LoRA-affinity dispatch reads).
 Each operation is O(1) amortised (pending requests are kept in send order, so covering pops from the
 front) except ``report``, which also counts the pending requests the report names (O(pending)).
 """
@@ -82,6 +82,7 @@ class _Engine:
     pending_kv: int = 0
     ended: set[str] = field(default_factory=set)  # requests the last report names that ended since
     pending_named: int = 0  # pending requests the last report names (counted there already)
+    pending_named_kv: int = 0  # their KV estimates (the report counts their KV)
     # request -> its measured progress (tokens relayed so far, first-token time), while placed here
     progress: dict[str, RequestProgress] = field(default_factory=dict)
 
@@ -116,21 +117,25 @@ class LoadBook:
             del pending[rid]
             e.pending_kv -= kv
         named = report.request_ids
-        e.pending_named = sum(1 for rid in pending if rid in named) if named else 0
+        e.pending_named = e.pending_named_kv = 0
+        if named:
+            for rid, (_, kv) in pending.items():
+                if rid in named:
+                    e.pending_named += 1
+                    e.pending_named_kv += kv
 
     def dispatched(self, engine_id: str, request_id: str, kv_bytes: int = 0) -> None:
         """``request_id`` was sent to ``engine_id`` (again: it is re-stamped)."""
         e = self._engine(engine_id)
         e.ended.discard(request_id)
         named = e.last is not None and request_id in e.last.request_ids
-        old = e.pending.pop(request_id, None)
-        if old is not None:
-            e.pending_kv -= old[1]
-            e.pending_named -= named
+        self._drop_pending(e, request_id, named)
         kv = max(0, int(kv_bytes))
         e.pending[request_id] = (e.reports, kv)
         e.pending_kv += kv
-        e.pending_named += named
+        if named:
+            e.pending_named += 1
+            e.pending_named_kv += kv
 
     def released(self, engine_id: str, request_id: str) -> None:
         """The placement of ``request_id`` on ``engine_id`` ended (any outcome); unknown ids are ignored."""
@@ -139,12 +144,19 @@ class LoadBook:
             return
         e.progress.pop(request_id, None)
         named = e.last is not None and request_id in e.last.request_ids
-        old = e.pending.pop(request_id, None)
-        if old is not None:
-            e.pending_kv -= old[1]
-            e.pending_named -= named
+        self._drop_pending(e, request_id, named)
         if named:
             e.ended.add(request_id)
+
+    @staticmethod
+    def _drop_pending(e: _Engine, request_id: str, named: bool) -> None:
+        old = e.pending.pop(request_id, None)
+        if old is None:
+            return
+        e.pending_kv -= old[1]
+        if named:
+            e.pending_named -= 1
+            e.pending_named_kv -= old[1]
 
     def progress(
         self, engine_id: str, request_id: str, model: str, generated_tokens: int, first_token_s: float
@@ -219,7 +231,7 @@ class LoadBook:
             models,
             running=max(0, r.running - ended),
             waiting=max(0, r.waiting - max(0, ended - r.running)) + len(e.pending) - e.pending_named,
-            kv_used_bytes=r.kv_used_bytes + e.pending_kv,
+            kv_used_bytes=r.kv_used_bytes + e.pending_kv - e.pending_named_kv,
             kv_capacity_bytes=r.kv_capacity_bytes or kv_capacity_bytes,
             kv_waiting_bytes=r.kv_waiting_bytes,
             max_running=r.max_running,

@@ -190,3 +190,24 @@ def test_candidates_see_ends_and_sends_between_reports_as_occupancy_does() -> No
     book.dispatched("e", "y")
     book.released("e", "x")  # named and pending: out of both
     assert book.candidate("e", (M,)).queued == book.occupancy("e") == 1
+
+
+def test_a_pending_request_the_report_names_has_its_kv_counted_by_the_report_only() -> None:
+    """Until covered, a request the report names counts its KV in the report, not again as pending;
+    the pending KV of requests the report does not name stays, in any order of events."""
+    book = LoadBook()
+    book.report("e", LoadReport(running=1, kv_used_bytes=100, request_ids=frozenset({"a"})))
+    book.dispatched("e", "b", kv_bytes=40)
+    book.dispatched("e", "c", kv_bytes=25)
+    assert book.candidate("e", (M,)).kv_used_bytes == 165
+    # b admitted: the next report counts its KV; c still in flight
+    book.report("e", LoadReport(running=2, kv_used_bytes=140, request_ids=frozenset({"a", "b"})))
+    assert (book.pending("e"), book.candidate("e", (M,)).kv_used_bytes) == (2, 165)
+    book.dispatched("e", "b", kv_bytes=50)  # re-sent while named: still counted by the report
+    assert book.candidate("e", (M,)).kv_used_bytes == 165
+    book.released("e", "b")
+    book.released("e", "c")
+    assert (book.pending("e"), book.candidate("e", (M,)).kv_used_bytes) == (0, 140)
+    book.dispatched("e", "d", kv_bytes=7)  # a report that names nobody counts no pending KV twice
+    book.report("e", LoadReport(running=1, kv_used_bytes=100))
+    assert book.candidate("e", (M,)).kv_used_bytes == 107
