@@ -382,10 +382,21 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
     raw = await etcd.get(etcd.keys.placement(VLLM))
     assert raw is not None, "the placement leader wrote the vLLM engine's placement"
     placed = DesiredPlacement.from_json(raw)
+    restored = False
     try:
         stream, chunks, cores = await start_on_vllm(vcluster, client)
-        cores.resume()
-        await put_placement(etcd, DesiredPlacement(VLLM, ()))  # the model leaves the vLLM engine
+        try:
+            # the model leaves the vLLM engine while its core is held still, so that the stream cannot
+            # finish there however long the drain takes on a busy machine
+            await put_placement(etcd, DesiredPlacement(VLLM, ()))
+            await wait_running(
+                vcluster.addresses["migration"],
+                lambda r: not r.get(VLLM),
+                60,
+                "the drain to take the request off the vLLM engine",
+            )
+        finally:
+            cores.resume()
         chunks.extend([c async for c in stream])
         assert_whole(stream, chunks, reference, NATIVE)
         vcluster.wait_status(
@@ -394,12 +405,15 @@ async def test_drain_moves_a_request_off_vllm_then_unloads_and_reloads(
             what="the vLLM engine to unload the model",
         )
         await put_placement(etcd, placed)  # and comes back
+        restored = True
         vcluster.wait_status(
             lambda s: any(n["node_id"] == VLLM and n["models"] == [MODEL] for n in s["nodes"]),
             timeout=LOAD_TIMEOUT_S,
             what="the vLLM engine to load the model again",
         )
     finally:
+        if not restored:  # the tests after this one find the vLLM engine serving
+            await put_placement(etcd, placed)
         await etcd.close()
 
     await assert_vllm_serves(client, reference)
