@@ -68,6 +68,7 @@ from llmfleet.types import Slo
 from llmfleet.workload import WorkloadRequest
 
 from tools.bench.lora_bench_live import cluster_file, live_arm, write_trace
+from tools.bench.path_split import PARTS
 
 BASE = "llama2-7b"
 HARDWARE = "A100-80GB"
@@ -325,6 +326,14 @@ def cpu_share(row: dict[str, Any], prefix: str) -> str:
     return f"{sum(v for k, v in cpu.items() if k.startswith(prefix)):.1f}"
 
 
+def path_parts(row: dict[str, Any]) -> str:
+    """The path's three parts at p50 (ms) from the arm's ``path_ms`` ('-' if not recorded)."""
+    path = row.get("path_ms")
+    if not path:
+        return "-"
+    return " / ".join(str(path.get(f"{p}_p50_ms")) for p in PARTS)
+
+
 def live_markdown(doc: dict[str, Any]) -> list[str]:
     lines = [
         f"Live (emulated, `llmfleet up --emulate`) vs simulated at {doc['rate']:g} req/s for "
@@ -332,8 +341,8 @@ def live_markdown(doc: dict[str, Any]) -> list[str]:
         "",
         "| dispatch | completed (live/sim) | tok/s live | tok/s sim | ratio | TTFT p50 live (s) | TTFT p50 sim (s) "
         "| ratio | TTFT p99 ratio | engines' TTFT mean / sim's | adapter loads live / sim "
-        "| CPU-s scheduler / engine hosts |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU-s scheduler / engine hosts | path p50 ms: client↔scheduler / scheduler / scheduler↔engine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["arms"]:
         lv, sm, q = r["live"], r["sim"], r["live_over_sim"]
@@ -343,7 +352,7 @@ def live_markdown(doc: dict[str, Any]) -> list[str]:
             f"{sm.get('output_tokens_per_s')} | {q.get('output_tokens_per_s')} | {lv.get('ttft_p50_s')} | "
             f"{sm.get('ttft_p50_s')} | {q.get('ttft_p50_s')} | {q.get('ttft_p99_s')} | "
             f"{q.get('engine_ttft_mean_s')} | {loads.get('live', '-')} / {loads.get('sim', '-')} | "
-            f"{cpu_share(r, 'scheduler')} / {cpu_share(r, 'emu')} |"
+            f"{cpu_share(r, 'scheduler')} / {cpu_share(r, 'emu')} | {path_parts(r)} |"
         )
     within = doc["within_15pct"]
     if isinstance(within, bool):  # a report written before the per-figure verdicts

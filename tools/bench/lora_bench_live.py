@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_sim
+from tools.bench.path_split import figures as path_figures
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
 from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses, scrape_sums
@@ -101,7 +102,8 @@ def live_arm(
     sim_dir = fleet.dir / "sim"
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, ["--dispatch", dispatch, "--records"])
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
-    live = live_figures(fleet.dir / "live" / "report.json")
+    live_report = fleet.dir / "live" / "report.json"
+    live = live_figures(live_report)
     sim = live_figures(sim_dir / "report.json")
     counters = sampler.last()
     row = {
@@ -117,6 +119,10 @@ def live_arm(
         },
         "pacing": pacing,
         "cpu_s": cpu,  # per process of the fleet, while the load ran
+        # the client's TTFT, the engines' own and the path between them in its three parts (ms)
+        "path_ms": path_figures(json.loads(live_report.read_text())["runs"][0])
+        if live_report.exists()
+        else {},
         # adapters put in a slot (misses), the engines' count against the simulator's
         "adapter_loads": {"live": int(live_loads), "sim": _sim_adapter_loads(sim_dir / "report.json")},
         "compare": cmp.get("text", ""),

@@ -5,7 +5,6 @@ tell when it is whole again (every process registered, leaders elected, both sch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -179,11 +178,24 @@ class ChaosCluster:
         return out
 
     # -- the state etcd and the schedulers report --------------------------------------------------------
-    async def leader(self, role: str) -> str | None:
-        with contextlib.suppress(Exception):
-            status = await self.etcd_status(timeout_s=3.0)
-            return next((r.leader for r in status.leaders if r.role == role), None)
-        return None
+    async def leader(self, role: str, timeout_s: float = 30.0) -> tuple[str | None, str]:
+        """The process holding ``leaders/<role>`` (None if none within ``timeout_s``) and, when none,
+        why: etcd's answer is asked again until then, since a busy host can time out one read or a
+        campaign can be between two leases."""
+        deadline = time.monotonic() + timeout_s
+        why = ""
+        while True:
+            try:
+                status = await self.etcd_status(timeout_s=3.0)
+                leader = next((r.leader for r in status.leaders if r.role == role), None)
+                if leader is not None:
+                    return leader, ""
+                why = f"leaders: {sorted(r.role for r in status.leaders)}"
+            except Exception as e:
+                why = f"etcd: {type(e).__name__}: {e}"
+            if time.monotonic() >= deadline:
+                return None, why
+            await asyncio.sleep(0.5)
 
     async def etcd_status(self, timeout_s: float = 2.0) -> Any:
         """What etcd says (nodes with their leases, leaders): ``llmfleet status`` without asking the

@@ -53,9 +53,9 @@ async def inject(cluster: ChaosCluster, fault: str, restart_delay_s: float) -> t
         )
         if target is None:
             role = fault.split("-")[0]
-            target = await cluster.leader(role)
+            target, why = await cluster.leader(role)
             if target not in cluster.nodes:
-                raise RuntimeError(f"no {role} leader in etcd (got {target!r})")
+                raise RuntimeError(f"no {role} leader in etcd (got {target!r}; {why})")
         t0 = time.monotonic()
         cluster.restart_exited()
         cluster.group.kill(target, signal.SIGKILL)
