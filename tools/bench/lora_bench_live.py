@@ -25,7 +25,7 @@ from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_si
 from tools.bench.path_split import figures as path_figures
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
-from tools.bench.prefix_bench_metrics import Sampler, metrics_addresses, scrape_sums
+from tools.bench.prefix_bench_metrics import counters, metrics_addresses, scrape_sums
 
 ADAPTER_LOADS = re.compile(r"^llmfleet_lora_(adapter_loads)_total(?:\{[^}]*\})? (\S+)$")
 
@@ -92,8 +92,10 @@ def live_arm(
     try:
         addresses = metrics_addresses(fleet.endpoints)
         cpu0 = fleet.cpu_seconds()
-        with Sampler(addresses) as sampler:
-            load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
+        # the counters are read once, after the load: a /metrics page is built under the engine host's
+        # GIL, and scraping it through the run would delay the emulated steps it measures
+        load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
+        engine_counters = counters(addresses)
         cpu = {k: round(v - cpu0.get(k, 0.0), 2) for k, v in fleet.cpu_seconds().items()}
         pacing = fleet.emulated_pacing()
         live_loads = scrape_sums(addresses, ADAPTER_LOADS, {"adapter_loads": 0.0})["adapter_loads"]
@@ -105,7 +107,6 @@ def live_arm(
     live_report = fleet.dir / "live" / "report.json"
     live = live_figures(live_report)
     sim = live_figures(sim_dir / "report.json")
-    counters = sampler.last()
     row = {
         "dispatch": dispatch,
         "load_rc": load.returncode,
@@ -114,7 +115,7 @@ def live_arm(
         "sim": sim,
         "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
         "engine_counters": {
-            k: counters.get(k)
+            k: engine_counters.get(k)
             for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")
         },
         "pacing": pacing,
