@@ -76,7 +76,7 @@ def emulated_run(
     fleet = Fleet(out / setup.slug, spec)
     fleet.start()
     try:
-        with Sampler(metrics_addresses(fleet.endpoints)) as sampler:
+        with Sampler(metrics_addresses(fleet.endpoints), window) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
     finally:
         fleet.stop()
@@ -85,7 +85,7 @@ def emulated_run(
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, extra)
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live = live_figures(fleet.dir / "live" / "report.json", sampler.last())
-    live["window_tokens_per_s"] = _r(sampler.window_tokens_per_s(window), 1)
+    live["window_tokens_per_s"] = _r(sampler.window_tokens_per_s(), 1)
     sim = live_figures(sim_dir / "report.json")
     sim["window_tokens_per_s"], sim["window_offered_tokens_per_s"] = sim_window(sim_dir, window)
     row = {
@@ -194,7 +194,7 @@ def native_run(
     up = start_serving(LocalUp(d / setup.slug, native_config(model_dir, engines, setup, threads)), engines)
     try:
         t0 = time.monotonic()
-        with Sampler(metrics_addresses(up.endpoints)) as sampler:
+        with Sampler(metrics_addresses(up.endpoints), conv.window) as sampler:
             run = subprocess.run(
                 [str(BIN / "llmfleet"), "load", *conv.flags(rate), "--scheduler", up.scheduler, "--etcd",
                  up.etcd, "--cluster-config", str(up.config), "--out", str(up.dir / "live"), "--no-plots"],
@@ -208,7 +208,7 @@ def native_run(
         "load_rc": run.returncode,
         "wall_s": round(wall, 1),
         **live_figures(up.dir / "live" / "report.json", sampler.last()),
-        "window_tokens_per_s": _r(sampler.window_tokens_per_s(conv.window), 1),
+        "window_tokens_per_s": _r(sampler.window_tokens_per_s(), 1),
     }
     print(json.dumps({"setup": setup.name, **row}), flush=True)
     return row

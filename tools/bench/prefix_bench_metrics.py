@@ -1,5 +1,5 @@
 """The engines' vLLM counters during a live run of ``make bench-prefix``: their /metrics pages
-scraped every half second, for prefix-cache hits and output tokens in a window."""
+scraped at the start and at the edges of a window, for prefix-cache hits and output tokens in it."""
 
 from __future__ import annotations
 
@@ -38,10 +38,16 @@ def counters(addresses: list[str]) -> dict[str, float]:
 
 
 class Sampler:
-    """The engines' counters every ``period_s`` in a thread: (monotonic time, counters)."""
+    """The engines' counters in a thread, (monotonic time, counters), read as seldom as the figures
+    need: every ``period_s`` until the first prompt token is counted (the start), then once at each
+    edge of ``window`` (seconds after the start; none without one), then once at exit. An engine host
+    builds its /metrics pages under its GIL, so a scrape every half second through a run would delay
+    the very steps the run measures."""
 
-    def __init__(self, addresses: list[str], period_s: float = 0.5) -> None:
-        self.addresses, self.period_s = addresses, period_s
+    def __init__(
+        self, addresses: list[str], window: tuple[float, float] | None = None, period_s: float = 0.5
+    ) -> None:
+        self.addresses, self.window, self.period_s = addresses, window, period_s
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -55,21 +61,34 @@ class Sampler:
         self._thread.join()
         self.samples.append((time.monotonic(), counters(self.addresses)))
 
+    def _take(self) -> None:
+        self.samples.append((time.monotonic(), counters(self.addresses)))
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic(), counters(self.addresses)))
+        while not self._stop.is_set() and self.start() is None:
+            self._take()
             self._stop.wait(self.period_s)
+        start = self.start()
+        for edge in self.window or ():
+            if start is None or self._stop.wait(max(0.0, start + edge - time.monotonic())):
+                return
+            self._take()
+
+    def start(self) -> float | None:
+        """When the first prompt token was counted (to within a sampling period); None before."""
+        return next((t for t, c in self.samples if c["prompt_tokens"] > 0), None)
 
     def last(self) -> dict[str, float]:
         return self.samples[-1][1] if self.samples else {}
 
-    def window_tokens_per_s(self, window: tuple[float, float]) -> float | None:
-        """Generation tokens per second in ``window``, in seconds after the first prompt token (the
-        first request's arrival, to within a sampling period and its queueing), interpolated."""
-        start = next((t for t, c in self.samples if c["prompt_tokens"] > 0), None)
-        if start is None:
+    def window_tokens_per_s(self) -> float | None:
+        """Generation tokens per second in the window, in seconds after the first prompt token (the
+        first request's arrival, to within a sampling period and its queueing), interpolated between
+        the samples around each edge; None if the run ended before the window did."""
+        start = self.start()
+        if start is None or self.window is None:
             return None
-        t0, t1 = start + window[0], start + window[1]
+        t0, t1 = start + self.window[0], start + self.window[1]
         if self.samples[-1][0] < t1:
             return None
         return (self._at(t1) - self._at(t0)) / (t1 - t0)
