@@ -64,8 +64,11 @@ def test_after_the_start_only_the_window_edges_and_the_exit_are_scraped(engine: 
     with Sampler([address], window=(0.3, 0.6), period_s=0.05) as sampler:
         while sampler.start() is None:
             time.sleep(0.01)
-        before = e.scrapes
-        time.sleep(0.9)  # past the window's end
+        before, taken = e.scrapes, len(sampler.samples)
+        deadline = time.monotonic() + 30
+        while len(sampler.samples) < taken + 2 and time.monotonic() < deadline:  # both edges read
+            time.sleep(0.01)
+        time.sleep(0.3)  # six polling periods: a sampler still polling would read again
     assert e.scrapes - before == 3  # the two edges, then the exit
     rate = sampler.window_tokens_per_s()
     assert rate is not None and rate == pytest.approx(TOKENS_PER_S, rel=0.05)
