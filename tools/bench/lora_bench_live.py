@@ -25,7 +25,7 @@ from tools.bench.fleet_common import Fleet, FleetSpec, compare, run_load, run_si
 from tools.bench.path_split import figures as path_figures
 from tools.bench.prefix_bench_common import ratio
 from tools.bench.prefix_bench_live import live_figures
-from tools.bench.prefix_bench_metrics import counters, metrics_addresses, scrape_sums
+from tools.bench.prefix_bench_metrics import COUNTER, COUNTER_NAMES, metrics_addresses, scrape_sums
 
 ADAPTER_LOADS = re.compile(r"^llmfleet_lora_(adapter_loads)_total(?:\{[^}]*\})? (\S+)$")
 
@@ -95,10 +95,10 @@ def live_arm(
         # the counters are read once, after the load: a /metrics page is built under the engine host's
         # GIL, and scraping it through the run would delay the emulated steps it measures
         load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
-        engine_counters = counters(addresses)
+        totals = dict.fromkeys((*COUNTER_NAMES, "adapter_loads"), 0.0)
+        engine_counters = scrape_sums(addresses, totals, COUNTER, ADAPTER_LOADS)
         cpu = {k: round(v - cpu0.get(k, 0.0), 2) for k, v in fleet.cpu_seconds().items()}
         pacing = fleet.emulated_pacing()
-        live_loads = scrape_sums(addresses, ADAPTER_LOADS, {"adapter_loads": 0.0})["adapter_loads"]
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
@@ -114,10 +114,7 @@ def live_arm(
         "live": live,
         "sim": sim,
         "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
-        "engine_counters": {
-            k: engine_counters.get(k)
-            for k in ("generation_tokens", "prompt_tokens", "prefix_cache_queries", "prefix_cache_hits")
-        },
+        "engine_counters": {k: engine_counters[k] for k in COUNTER_NAMES},
         "pacing": pacing,
         "cpu_s": cpu,  # per process of the fleet, while the load ran
         # the client's TTFT, the engines' own and the path between them in its three parts (ms)
@@ -125,7 +122,10 @@ def live_arm(
         if live_report.exists()
         else {},
         # adapters put in a slot (misses), the engines' count against the simulator's
-        "adapter_loads": {"live": int(live_loads), "sim": _sim_adapter_loads(sim_dir / "report.json")},
+        "adapter_loads": {
+            "live": int(engine_counters["adapter_loads"]),
+            "sim": _sim_adapter_loads(sim_dir / "report.json"),
+        },
         "compare": cmp.get("text", ""),
     }
     print(json.dumps({k: v for k, v in row.items() if k != "compare"}), flush=True)

@@ -14,9 +14,14 @@ COUNTER = re.compile(
 )
 
 
-def scrape_sums(addresses: list[str], pattern: re.Pattern[str], total: dict[str, float]) -> dict[str, float]:
-    """``total`` plus, summed over the /metrics pages at ``addresses`` (an unreachable one left out),
-    the value (group 2) of every line ``pattern`` matches, by its group 1."""
+COUNTER_NAMES = ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens", "prompt_tokens")
+
+
+def scrape_sums(
+    addresses: list[str], total: dict[str, float], *patterns: re.Pattern[str]
+) -> dict[str, float]:
+    """``total`` plus, summed over the /metrics pages at ``addresses`` (each read once; an unreachable
+    one left out), the value (group 2) of every line a pattern matches, by its group 1."""
     for address in addresses:
         try:
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
@@ -24,17 +29,17 @@ def scrape_sums(addresses: list[str], pattern: re.Pattern[str], total: dict[str,
         except OSError:
             continue
         for line in text.splitlines():
-            m = pattern.match(line)
-            if m:
-                total[m.group(1)] += float(m.group(2))
+            for pattern in patterns:
+                m = pattern.match(line)
+                if m:
+                    total[m.group(1)] += float(m.group(2))
     return total
 
 
 def counters(addresses: list[str]) -> dict[str, float]:
     """The engines' vLLM counters (prefix-cache queries and hits, prompt and generation tokens),
     summed over their /metrics pages."""
-    names = ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens", "prompt_tokens")
-    return scrape_sums(addresses, COUNTER, dict.fromkeys(names, 0.0))
+    return scrape_sums(addresses, dict.fromkeys(COUNTER_NAMES, 0.0), COUNTER)
 
 
 class Sampler:
@@ -59,7 +64,7 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append((time.monotonic(), counters(self.addresses)))
+        self._take()
 
     def _take(self) -> None:
         self.samples.append((time.monotonic(), counters(self.addresses)))

@@ -3,6 +3,7 @@ then only at the window's edges and at exit, and gives the window's output token
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools.bench.prefix_bench_metrics import Sampler
+from tools.bench.prefix_bench_metrics import Sampler, scrape_sums
 
 LOAD_AT_S = 0.2  # the first prompt token, after the sampler starts
 TOKENS_PER_S = 1000.0
@@ -83,3 +84,17 @@ def test_a_run_that_ends_inside_the_window_has_no_window_rate(engine: tuple[Engi
         time.sleep(0.4)
     assert sampler.window_tokens_per_s() is None
     assert Sampler([address]).window_tokens_per_s() is None  # no window asked
+
+
+def test_one_read_of_each_page_sums_every_pattern(engine: tuple[Engine, str]) -> None:
+    e, address = engine
+    e.t0 -= 10  # loaded: 100 prompt tokens on each page
+    hits = re.compile(r"^vllm:(prefix_cache_hits)_total (\S+)$")
+    totals = scrape_sums([address, address], {"prompt_tokens": 0.0, "prefix_cache_hits": 5.0}, PROMPTS, hits)
+    assert e.scrapes == 2 and totals == {"prompt_tokens": 200.0, "prefix_cache_hits": 5.0}
+    assert scrape_sums(["127.0.0.1:1"], {"prompt_tokens": 1.0}, PROMPTS) == {
+        "prompt_tokens": 1.0
+    }  # unreachable
+
+
+PROMPTS = re.compile(r'^vllm:(prompt_tokens)_total\{model_name="m"\} (\S+)$')
