@@ -14,7 +14,9 @@ benchmark measures that price on the real stream:
 - a **scheduler process** runs the real ``LoadMonitor`` feeding a ``LoadBook``, as
   ``llmfleet-scheduler`` does, following every engine at the interval under test;
 - for ``--seconds`` each, both processes' CPU time (user + system) is read, and the reports the book
-  received are counted.
+  received are counted. Each process reads its own (``getrusage``, microseconds): the kernel's
+  per-process figures elsewhere (``/proc``, ``psutil``) count 10 ms ticks, coarser than a short row's
+  engine CPU.
 
 Per (engines, requests, interval) it reports reports/s, CPU seconds per second of each process (the
 share of one core), CPU per report on each side, and the wire bytes/s. Nothing is asserted: the
@@ -30,8 +32,10 @@ import asyncio
 import json
 import multiprocessing as mp
 import resource
+import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +103,16 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def serve_engines(engines: int, requests: int, ports: Any, stop: Any) -> None:
-    """The engines process: ``engines`` servicers, their ports put on ``ports``, until ``stop``."""
+def answer_cpu_s(asked: Connection) -> None:
+    """Answers each message on ``asked`` with this process's CPU seconds, blocked (no CPU) between."""
+    while True:
+        asked.recv()
+        asked.send(cpu_s())
+
+
+def serve_engines(engines: int, requests: int, ports: Any, stop: Any, cpu: Connection) -> None:
+    """The engines process: ``engines`` servicers, their ports put on ``ports``, until ``stop``;
+    answers each message on ``cpu`` with its CPU seconds so far."""
     from llmfleet.api.v1 import engine_pb2, engine_pb2_grpc
     from llmfleet.rpc.server import GrpcServer, service_name
     from llmfleet_engine.servicer import EngineServicer
@@ -113,6 +125,7 @@ def serve_engines(engines: int, requests: int, ports: Any, stop: Any) -> None:
             add = engine_pb2_grpc.add_EngineServicer_to_server
             servers.append(await GrpcServer([(add, servicer, service_name(engine_pb2, "Engine"))]).start())
         ports.put([s.port for s in servers])
+        threading.Thread(target=answer_cpu_s, args=(cpu,), daemon=True).start()
         while not stop.is_set():
             await asyncio.sleep(0.1)
 
@@ -136,9 +149,16 @@ class CountingBook:
         self.book.forget(engine_id)
 
 
-async def follow(ports: list[int], interval_s: float, seconds: float, engine_pid: int) -> dict[str, float]:
-    """The scheduler side: a ``LoadMonitor`` at ``interval_s`` over every engine for ``seconds``."""
-    import psutil
+def ask_cpu_s(engines: Connection) -> float:
+    engines.send(None)
+    return float(engines.recv())
+
+
+async def follow(
+    ports: list[int], interval_s: float, seconds: float, engines: Connection
+) -> dict[str, float]:
+    """The scheduler side: a ``LoadMonitor`` at ``interval_s`` over every engine for ``seconds``;
+    ``engines`` answers with the engines process's CPU seconds."""
     from llmfleet.load.monitor import LoadMonitor
     from llmfleet.types import ENGINE_ROLE, NodeRecord
 
@@ -148,10 +168,11 @@ async def follow(ports: list[int], interval_s: float, seconds: float, engine_pid
         {f"emu-{i}": NodeRecord(f"emu-{i}", ENGINE_ROLE, f"127.0.0.1:{p}") for i, p in enumerate(ports)}
     )
     await asyncio.sleep(max(1.0, 2 * interval_s))  # streams open, first snapshots in
-    engines = psutil.Process(engine_pid)
-    e0, s0, r0, t0 = sum(engines.cpu_times()[:2]), cpu_s(), book.reports, time.monotonic()
+    e0 = await asyncio.to_thread(ask_cpu_s, engines)
+    s0, r0, t0 = cpu_s(), book.reports, time.monotonic()
     await asyncio.sleep(seconds)
-    e1, s1, r1, t1 = sum(engines.cpu_times()[:2]), cpu_s(), book.reports, time.monotonic()
+    s1, r1, t1 = cpu_s(), book.reports, time.monotonic()
+    e1 = await asyncio.to_thread(ask_cpu_s, engines)
     await monitor.close()
     wall, n = t1 - t0, r1 - r0
     return {
@@ -168,10 +189,11 @@ def measure(engines: int, requests: int, interval_s: float, seconds: float) -> d
 
     ctx = mp.get_context("spawn")
     ports, stop = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=serve_engines, args=(engines, requests, ports, stop), daemon=True)
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=serve_engines, args=(engines, requests, ports, stop, there), daemon=True)
     proc.start()
     try:
-        got = asyncio.run(follow(ports.get(timeout=120), interval_s, seconds, proc.pid or 0))
+        got = asyncio.run(follow(ports.get(timeout=120), interval_s, seconds, here))
     finally:
         stop.set()
         proc.join(timeout=10)
