@@ -4,6 +4,7 @@ services and `llmfleet compare` of the two reports."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
         [
             str(BIN / "llmfleet"), "load", "--trace", str(trace), "--services", str(services),
             "--etcd", cluster.etcd.endpoint, "--prefix", cluster.prefix, "--scheduler", cluster.scheduler,
-            "--out", str(live), "--report-s", "2", "--no-plots",
+            "--out", str(live), "--report-s", "2", "--no-plots", "--records",
         ],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -46,12 +47,16 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     assert parts["client_scheduler"]["p50"] > 0 and parts["scheduler_engine"]["p50"] > 0
     assert sum(p["mean"] for p in parts.values()) == pytest.approx(path["mean"])
     assert "(the engines' own " in load.stdout
+    records = [json.loads(line) for line in (live / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 16 and {r["instance"] for r in records} <= {"engine-0", "engine-1"}
+    assert all(r["engine_ttft_s"] > 0 and r["first_token_s"] - r["arrival_s"] > r["engine_ttft_s"] for r in records)
+    assert statistics.median(r["engine_ttft_s"] for r in records) == pytest.approx(engines["p50"])
 
     sim = tmp_path / "sim"
     out = subprocess.run(
         [
             str(BIN / "llmfleet"), "sim", "--trace", str(trace), "--services", str(services), "--cluster", "2xcpu",
-            "--policy", "vllm", "--out", str(sim), "--no-plots", "--workers", "1",
+            "--policy", "vllm", "--out", str(sim), "--no-plots", "--workers", "1", "--records",
         ],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -67,3 +72,8 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     rows = {r["figure"]: r for r in doc["rows"]}
     assert rows["completed"]["a"] == rows["completed"]["b"] == 16
     assert rows["engines' TTFT p50 s"]["b"] == engines["p50"]
+    pairs = doc["per_request"]  # both reports have their requests beside them: paired by id
+    assert pairs["paired"] == 16 and pairs["only_a"] == pairs["only_b"] == 0
+    assert pairs["diffs"]["engine_ttft_s"]["n"] == 16 and pairs["diffs"]["ttft_s"]["n"] == 16
+    assert "## Per request" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert "per request: 16 paired" in cmp.stdout

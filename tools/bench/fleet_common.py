@@ -145,11 +145,12 @@ def scrape(address: str) -> dict[str, float]:
 
 
 def run_load(fleet: Fleet, window: list[str], out: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """``llmfleet load`` of a trace window against the fleet (the SDK, both schedulers)."""
+    """``llmfleet load`` of a trace window against the fleet (the SDK, both schedulers), with its requests
+    (``requests.jsonl``: ``llmfleet compare`` pairs them with a simulation's ``--records``)."""
     run = subprocess.run(
         [str(BIN / "llmfleet"), "load", *window, "--scheduler", fleet.endpoints["scheduler"]["address"],
          "--etcd", fleet.etcd, "--cluster-config", str(fleet.config), "--out", str(out),
-         "--cost-source", fleet.spec.cost_source],
+         "--cost-source", fleet.spec.cost_source, "--records"],
         capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
     (out.parent / f"{out.name}.out").write_text(run.stdout + run.stderr)
@@ -159,7 +160,8 @@ def run_load(fleet: Fleet, window: list[str], out: Path, timeout_s: float) -> su
 def run_sim(
     spec: FleetSpec, config: Path, window: list[str], policy: str, out: Path, extra: list[str]
 ) -> int:
-    """``llmfleet sim`` of the same window and cluster config, starting as the live leader does."""
+    """``llmfleet sim`` of the same window and cluster config, starting as the live leader does, with its
+    requests (``requests.jsonl``)."""
     pl = spec.placement
     sim = subprocess.run(
         [str(BIN / "llmfleet"), "sim", *window, "--cluster", f"{spec.gpus}x{spec.hardware}", "--cluster-config",
@@ -167,7 +169,7 @@ def run_sim(
          "--placement-interval-s", str(pl["interval_s"]), "--placement-window-s", str(pl.get("window_s") or 60),
          "--placement-confirm-intervals", str(pl.get("confirm_intervals", 2)),
          "--engine-gpus", "1", "--first-plan", "cold", "--cost-source", spec.cost_source, "--out", str(out),
-         *extra],
+         "--records", *extra],
         capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     (out.parent / f"{out.name}.out").write_text(sim.stdout + sim.stderr)
@@ -187,6 +189,7 @@ def compare(sim_dir: Path, live_dir: Path, out: Path) -> dict[str, Any]:
         c = json.loads(path.read_text())
         doc["rows"] = {r["figure"]: {"sim": r["a"], "live": r["b"], "rel": r["rel"]} for r in c["rows"]}
         doc["same_plans"] = c["same_plans"]
+        doc["per_request"] = c.get("per_request")  # the requests paired (both runs write requests.jsonl)
         doc["plans"] = {"sim": c["plans_a"], "live": c["plans_b"]}
     return doc
 

@@ -102,7 +102,7 @@ def live_arm(
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
-    sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, ["--dispatch", dispatch, "--records"])
+    sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, ["--dispatch", dispatch])
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live_report = fleet.dir / "live" / "report.json"
     live = live_figures(live_report)

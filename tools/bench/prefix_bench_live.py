@@ -71,17 +71,18 @@ def emulated_run(
     timeout_s: float,
 ) -> dict:
     """One setup live on the emulated fleet ``spec`` (``llmfleet load`` of the ``workload`` flags) and in
-    ``llmfleet sim`` on the same workload and cluster file, compared by ``llmfleet compare``; throughput
-    in ``window``."""
+    ``llmfleet sim`` on the same workload and cluster file, compared by ``llmfleet compare`` (figures
+    and requests paired); throughput in ``window``; the emulated GPUs' pacing after the load."""
     fleet = Fleet(out / setup.slug, spec)
     fleet.start()
     try:
         with Sampler(metrics_addresses(fleet.endpoints), window) as sampler:
             load = run_load(fleet, workload, fleet.dir / "live", timeout_s)
+        pacing = fleet.emulated_pacing()
     finally:
         fleet.stop()
     sim_dir = fleet.dir / "sim"
-    extra = ["--dispatch", setup.dispatch, "--records"]
+    extra = ["--dispatch", setup.dispatch]
     sim_rc = run_sim(spec, fleet.config, workload, "fcfs-jsq", sim_dir, extra)
     cmp = compare(sim_dir, fleet.dir / "live", fleet.dir / "compare")
     live = live_figures(fleet.dir / "live" / "report.json", sampler.last())
@@ -94,6 +95,10 @@ def emulated_run(
         "live": live,
         "sim": sim,
         "live_over_sim": {k: ratio(live.get(k), sim.get(k)) for k in LIVE_VS_SIM},
+        # each request live against itself simulated (llmfleet compare's pairs), and the emulated GPUs'
+        # pacing: how late their steps ran against the simulated clock
+        "per_request": cmp.get("per_request"),
+        "pacing": pacing,
         "compare": cmp.get("text", ""),
     }
     print(json.dumps({"setup": setup.name, **{k: v for k, v in row.items() if k != "compare"}}), flush=True)

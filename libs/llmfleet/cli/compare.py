@@ -9,8 +9,11 @@ from each engine's receipt of the request), TPOT (ATGT), the prompt tokens found
 caches (each request's first prefill), SLO attainment, failed requests, throughput,
 GPUs in use: mean, peak, GPU-seconds) with the difference and the relative
 difference (B − A) / A; whether the two ran the same sequence of distinct placement plans; and a PNG
-of GPUs in use over time for both. Writes ``compare.md``, ``compare.json`` and ``gpus_in_use.png``
-to ``--out``. A report with several runs (``llmfleet sim --compare``) is read at ``--run NAME``
+of GPUs in use over time for both. When both reports have their requests beside them
+(``requests.jsonl``: ``llmfleet sim --records``, ``llmfleet load --records``), the requests are also
+compared one by one (:mod:`llmfleet.replay.pairs`: the spread of each request's TTFT, engines' TTFT
+and latency difference, and whether both found the same prompt tokens cached). Writes ``compare.md``,
+``compare.json`` and ``gpus_in_use.png`` to ``--out``. A report with several runs (``llmfleet sim --compare``) is read at ``--run NAME``
 (default: its first run). Exit 0, or 2 on a report that cannot be read.
 """
 
@@ -26,6 +29,8 @@ from typing import Any
 
 from llmfleet.policies.placement import InstancePlan
 from llmfleet.replay.fleet import plan_sequence
+from llmfleet.replay.pairs import Pairing, pair, read_rows
+from llmfleet.replay.pairs import markdown as pairs_markdown
 from llmfleet.sim.replan import plan_summary
 
 Getter = Callable[[Mapping[str, Any]], float | None]
@@ -116,6 +121,7 @@ class Comparison:
     rows: list[Row]
     plans_a: list[str]
     plans_b: list[str]
+    per_request: Pairing | None = None  # when both reports have their requests.jsonl
 
     @property
     def same_plans(self) -> bool:
@@ -126,9 +132,14 @@ class BadReport(ValueError):
     pass
 
 
+def report_path(path: Path) -> Path:
+    """The report file of ``path`` (a file, or a directory holding ``report.json``)."""
+    return path / "report.json" if path.is_dir() else path
+
+
 def load_run(path: Path, run: str | None = None) -> tuple[str, dict]:
     """(label, run) of a report file (or a directory holding ``report.json``)."""
-    p = path / "report.json" if path.is_dir() else path
+    p = report_path(path)
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
@@ -157,7 +168,30 @@ def plans_of(run: Mapping[str, Any]) -> list[str]:
     return plan_sequence(plan_summary(start) if start else "", run.get("placement") or ())
 
 
-def compare(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str = "A", b_name: str = "B") -> Comparison:
+def per_request(a_path: Path, a: Mapping[str, Any], b_path: Path, b: Mapping[str, Any]) -> Pairing | None:
+    """The two runs' requests paired, when both reports have ``requests.jsonl`` beside them (each read
+    at its run's rows); None otherwise. BadReport naming a file that cannot be read."""
+    files = [report_path(p).parent / "requests.jsonl" for p in (a_path, b_path)]
+    if not all(f.exists() for f in files):
+        return None
+    try:
+        rows = [
+            read_rows(f, str((r.get("policy") or {}).get("name", "")))
+            for f, r in zip(files, (a, b), strict=True)
+        ]
+    except (OSError, ValueError) as e:
+        raise BadReport(str(e)) from None
+    return pair(*rows)
+
+
+def compare(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    a_name: str = "A",
+    b_name: str = "B",
+    pairs: Pairing | None = None,
+) -> Comparison:
+    """The figures of ``a`` and ``b`` side by side, their plans, and ``pairs`` (their requests paired)."""
     rows = []
     for label, get in FIGURES:
         x, y = get(a), get(b)
@@ -166,7 +200,7 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str = "A", b_nam
         diff = y - x if x is not None and y is not None else None
         rel = diff / abs(x) if diff is not None and x else None
         rows.append(Row(label, x, y, diff, rel))
-    return Comparison(a_name, b_name, rows, plans_of(a), plans_of(b))
+    return Comparison(a_name, b_name, rows, plans_of(a), plans_of(b), pairs)
 
 
 def _fmt(v: float | None) -> str:
@@ -192,6 +226,8 @@ def markdown(c: Comparison) -> str:
     lines += ["", f"**Same placement plans: {'yes' if c.same_plans else 'no'}**", ""]
     for name, plans in ((c.a_name, c.plans_a), (c.b_name, c.plans_b)):
         lines.append(f"- {name}: " + (" → ".join(f"`{p}`" for p in plans) or "(no plan)"))
+    if c.per_request is not None:
+        lines += ["", pairs_markdown(c.per_request, c.a_name, c.b_name)]
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +245,15 @@ def render(c: Comparison, console: Any) -> None:
     console.print(f"same placement plans: {same}")
     for name, plans in ((c.a_name, c.plans_a), (c.b_name, c.plans_b)):
         console.print(f"  {escape(name)}: " + escape(" → ".join(plans) or "(no plan)"), highlight=False)
+    p = c.per_request
+    if p is not None:
+        d = p.diffs["engine_ttft_s"]
+        median = f"{1e3 * d['p50']:+.1f} ms" if d.get("n") else "–"
+        console.print(
+            f"per request: {p.paired} paired; engines' TTFT B − A p50 {median}; same prompt tokens cached "
+            + ("–" if p.same_cached_share is None else f"{p.same_cached_share:.1%}"),
+            highlight=False,
+        )
 
 
 def plot_gpus(series: Mapping[str, tuple[Sequence[Sequence[float]], float]], path: Path) -> Path:
@@ -271,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         a_name, a = load_run(args.a, args.run)
         b_name, b = load_run(args.b, args.run_b)
+        pairs = per_request(args.a, a, args.b, b)
     except BadReport as e:
         from rich.markup import escape
 
@@ -280,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if a_name == b_name:
         a_name, b_name = f"A: {a_name}", f"B: {b_name}"
-    c = compare(a, b, a_name, b_name)
+    c = compare(a, b, a_name, b_name, pairs)
     render(c, console)
     paths = write(c, a, b, args.out)
     console.print(f"written: {paths['markdown']}  {paths['json']}  {paths['png']}", highlight=False)

@@ -268,6 +268,12 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "--cost-source", choices=COST_SOURCES, default=DEFAULT_COST_SOURCE, help="solo times' cost model"
     )
     g.add_argument("--out", type=Path, default=Path(".load"), help="report directory (default .load)")
+    g.add_argument(
+        "--records",
+        action="store_true",
+        help="also write requests.jsonl: every request as llmfleet sim --records writes it, with the engine's "
+        "and the scheduler's TTFT (llmfleet compare pairs the two runs' requests)",
+    )
     g.add_argument("--no-plots", action="store_true")
 
 

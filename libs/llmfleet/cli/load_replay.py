@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from llmfleet.config import ClusterConfig, EtcdSettings
 from llmfleet.coord import EtcdClient
 from llmfleet.coord.desired import ModelEntry
 from llmfleet.replay.migration import migration_summary
-from llmfleet.replay.report import LiveOutcome, SoloTimes, live_report
+from llmfleet.replay.report import LiveOutcome, SoloTimes, live_records, live_report
 from llmfleet.replay.requests import ReplayRequest, replay_requests
 from llmfleet.replay.targets import (
     UnknownService,
@@ -262,8 +262,11 @@ async def _open_sender(args: argparse.Namespace, t0: float) -> tuple[Send, Any]:
     return sdk_sender(sdk, t0), sdk
 
 
-async def replay(args: argparse.Namespace, workload: Any, console: Console) -> dict:
-    """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema)."""
+async def replay(
+    args: argparse.Namespace, workload: Any, console: Console
+) -> tuple[dict, list[dict[str, Any]] | None]:
+    """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema) and,
+    with ``--records``, the requests' rows."""
 
     settings = EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix)
     etcd = EtcdClient(settings)
@@ -319,10 +322,13 @@ async def replay(args: argparse.Namespace, workload: Any, console: Console) -> d
         "description": f"live replay via {args.via}",
     }
     extra = {"via": args.via, "sample_errors": sampler.errors, "migration_error": sampler.migration_error}
-    return live_report(
-        outcomes, sampler.samples, plan.services, solo=SoloTimes(hw, args.cost_source), names=plan.names,
-        migration=migration, policy=policy, wall_s=wall, extra=extra,
+    solo = SoloTimes(hw, args.cost_source)
+    report = live_report(
+        outcomes, sampler.samples, plan.services, solo=solo, names=plan.names, migration=migration,
+        policy=policy, wall_s=wall, extra=extra,
     )  # fmt: skip
+    rows = live_records(outcomes, sampler.samples, plan.services, solo) if args.records else None
+    return report, rows
 
 
 @dataclass(frozen=True)
@@ -338,12 +344,21 @@ class _Run:
     report: dict
 
 
-def write_live_report(report: dict, out: Path, context: str, plots: bool = True) -> dict[str, Path]:
+def write_live_report(
+    report: dict,
+    out: Path,
+    context: str,
+    plots: bool = True,
+    records: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Path]:
     """``report.json`` (``{"title", "context", "runs": [report]}``, as ``llmfleet sim`` writes it),
-    ``report.md`` and ``gpus_in_use.png``."""
+    ``report.md``, ``gpus_in_use.png`` and, given ``records``, ``requests.jsonl`` (one row each)."""
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "markdown": out / "report.md"}
+    if records is not None:
+        paths["requests"] = out / "requests.jsonl"
+        paths["requests"].write_text("".join(json.dumps(r) + "\n" for r in records))
     doc = {"title": "llmfleet load", "context": context, "runs": [report]}
     paths["json"].write_text(json.dumps(doc, indent=1, default=float))
     table = markdown_table([_Run(_Named("live"), report)])
@@ -381,7 +396,7 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print("[red]llmfleet load:[/] the workload has no requests", highlight=False)
         return 2
     try:
-        report = asyncio.run(replay(args, workload, console))
+        report, records = asyncio.run(replay(args, workload, console))
     except UsageError as e:
         console.print(f"[red]llmfleet load: error: argument {e.flag}:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -390,7 +405,7 @@ def run_replay(args: argparse.Namespace) -> int:
         return 130
     source = describe_source(args)
     context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"
-    paths = write_live_report(report, args.out, context, plots=not args.no_plots)
+    paths = write_live_report(report, args.out, context, plots=not args.no_plots, records=records)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(paths["json"].read_text())
@@ -405,5 +420,6 @@ def run_replay(args: argparse.Namespace) -> int:
     )
     for msg, n in report["live"]["errors"].items():
         console.print(f"[red]{n} × {escape(msg)}[/]", highlight=False)
-    console.print(f"report: {paths['json']}  {paths['markdown']}", highlight=False)
+    written = "  ".join(str(paths[k]) for k in ("json", "markdown", "requests") if k in paths)
+    console.print(f"report: {written}", highlight=False)
     return 0 if o["failed"] == 0 and o["completed"] == o["requests"] else 1

@@ -170,6 +170,30 @@ def records_of(
     return out
 
 
+def live_records(
+    outcomes: Sequence[LiveOutcome],
+    samples: Sequence[FleetSample],
+    services: Sequence[SimService],
+    solo: SoloTimes | None = None,
+) -> list[dict[str, Any]]:
+    """``requests.jsonl`` rows of a live run: each request as ``llmfleet sim --records`` writes it (the
+    same fields, ``arrival_s`` when it was sent, ``instance`` the engine that served it last), with what
+    only a live run knows: ``planned_s`` (the workload's arrival), the engine's own TTFT, the
+    scheduler's TTFT and queue time (None: not reported) and the finish reason."""
+    records = records_of(outcomes, services, _engines(samples), solo)
+    return [
+        {
+            **r.to_dict(),
+            "planned_s": o.planned_s,
+            "engine_ttft_s": o.engine_ttft_s,
+            "scheduler_ttft_s": o.scheduler_ttft_s,
+            "scheduler_queue_s": o.scheduler_queue_s,
+            "finish_reason": o.finish_reason,
+        }
+        for o, r in zip(outcomes, records, strict=True)
+    ]
+
+
 def cluster_samples(
     samples: Sequence[FleetSample], records: Sequence[RequestRecord], engines: Mapping[str, tuple[int, str]]
 ) -> list[Sample]:
