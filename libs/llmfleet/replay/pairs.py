@@ -6,8 +6,8 @@ whether every request is late by about the same (a fixed cost on the path or in 
 by much (a request that another engine served, or that found less of its prompt cached), and which
 requests. Per figure the difference B − A of each request served in both: TTFT and latency from the
 request's arrival (when it was sent, live), and the engine's own TTFT (a live row's ``engine_ttft_s``,
-from the engine's receipt; a simulated row's TTFT, since the simulator hands a request to its engine
-at its arrival). The prompt tokens found cached are compared too: the share of pairs in which both
+from the engine's receipt; a simulated row's from its ``dispatched_s``: its arrival, or the end of its
+hold in the scheduler; its TTFT when the row has no dispatch time). The prompt tokens found cached are compared too: the share of pairs in which both
 found the same, and the engines' TTFT difference of those pairs apart from the others.
 """
 
@@ -40,7 +40,13 @@ def timed(row: Mapping[str, object]) -> Timed | None:
     if row.get("failed") or not isinstance(arrival, int | float) or not isinstance(finish, int | float):
         return None
     ttft = first - arrival if isinstance(first, int | float) else None
-    engine = row.get("engine_ttft_s", ttft)  # a simulated row: its TTFT
+    sent = row.get("dispatched_s")
+    if "engine_ttft_s" in row:  # a live row: from the engine's receipt
+        engine = row["engine_ttft_s"]
+    elif isinstance(sent, int | float) and isinstance(first, int | float):  # simulated: from its dispatch
+        engine = first - sent
+    else:
+        engine = ttft
     cached = row.get("cached_tokens")
     return Timed(
         ttft,

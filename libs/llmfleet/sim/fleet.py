@@ -278,6 +278,8 @@ class Fleet:
         """Hand an arrived request to instance ``iid`` at ``now``."""
         inst = self.instances[iid]
         rec.instance, ref = iid, self.reference_tp[svc.model]
+        if rec.dispatched_s is None:  # its engine's receipt, after any hold
+            rec.dispatched_s = now
         rec.solo_s = self.cost.solo_time(svc.model, ref, rec.prompt_tokens, rec.output_tokens)
         deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
         inst.admit(rec, svc.max_tokens, now, predicted, deadline, svc.lora_rank)

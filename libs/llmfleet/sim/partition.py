@@ -63,7 +63,7 @@ def balanced_groups(counts: dict[str, int], instance_ids: Sequence[str], workers
 # tenant, priority and adapter, inputs too, ride along (tests/sim/test_partition.py checks the order)
 OUTCOME_FIELDS = (
     "instance", "first_token_s", "finish_s", "produced", "solo_s", "preemptions", "moves", "requeues", "failed",
-    "tenant", "priority", "adapter", "cached_tokens",
+    "tenant", "priority", "adapter", "cached_tokens", "dispatched_s",
 )  # fmt: skip
 
 

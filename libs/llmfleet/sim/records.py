@@ -28,6 +28,8 @@ class RequestRecord:
     adapter: str = ""  # the LoRA adapter it names ("" : its model itself); it runs on ``model``, the base
     # prompt tokens its first prefill found in the prefix cache (None: not prefilled yet, or not told)
     cached_tokens: int | None = None
+    # when it first went to an engine: its arrival, or the end of its hold in the scheduler (None: not yet)
+    dispatched_s: float | None = None
     # the workload request, when it says what its prompt holds (prefix caching hashes its token ids)
     content: Any = field(default=None, repr=False, compare=False)
 

@@ -36,8 +36,13 @@ def test_each_request_is_compared_with_itself(tmp_path: Path) -> None:
         [_sim(f"r{i}", float(i), 0.100, 1.0, 64 if i < 8 else 0) for i in range(10)]
         + [_sim("only-sim", 0.0, 0.1, 1.0, 0)],
     )
-    live_rows = [_live(f"r{i}", i + 0.5, 0.110 + 0.001 * i, 0.104, 1.02, 64 if i < 6 else 0) for i in range(10)]
-    live_rows += [_live("only-live", 0.0, 0.1, 0.1, 1.0, 0), {**_live("r-failed", 0, 0.1, 0.1, 1, 0), "failed": "x"}]
+    live_rows = [
+        _live(f"r{i}", i + 0.5, 0.110 + 0.001 * i, 0.104, 1.02, 64 if i < 6 else 0) for i in range(10)
+    ]
+    live_rows += [
+        _live("only-live", 0.0, 0.1, 0.1, 1.0, 0),
+        {**_live("r-failed", 0, 0.1, 0.1, 1, 0), "failed": "x"},
+    ]
     live = _write(tmp_path / "live.jsonl", live_rows)
 
     p = pair(read_rows(sim, "fcfs"), read_rows(live, "live"))
@@ -65,6 +70,17 @@ def test_a_file_of_several_runs_is_read_at_one_and_an_unreported_engine_ttft_is_
     assert "| engines' TTFT | 0 | – |" in markdown(p, "a", "b")
 
 
+def test_a_simulated_requests_engine_ttft_counts_from_its_dispatch(tmp_path: Path) -> None:
+    held = {**_sim("r0", 1.0, 0.5, 2.0, 0), "dispatched_s": 1.4}  # held 0.4 s in the simulated scheduler
+    sim = _write(tmp_path / "sim.jsonl", [held, _sim("r1", 2.0, 0.1, 1.0, 0)])  # r1: no dispatch time
+    live = _write(
+        tmp_path / "live.jsonl", [_live("r0", 1.0, 0.5, 0.12, 1.0, 0), _live("r1", 2.0, 0.1, 0.1, 1.0, 0)]
+    )
+    p = pair(read_rows(sim), read_rows(live))
+    # r0: 0.12 live against 0.5 − 0.4 (not 0.5: −0.38); r1: 0.1 against its TTFT, 0.1
+    assert p.diffs["engine_ttft_s"]["mean"] == pytest.approx(0.01) and p.diffs["ttft_s"]["mean"] == 0.0
+
+
 @pytest.mark.parametrize(
     ("text", "why"), [("{not json\n", "1: not JSON"), ('{"arrival_s": 1}\n', "1: a row needs a request_id")]
 )
@@ -79,7 +95,12 @@ def _report(path: Path, name: str) -> None:
     path.mkdir()
     run = {
         "policy": {"name": name},
-        "overall": {"requests": 2, "completed": 2, "failed": 0, "ttft_s": {"mean": 0.1, "p50": 0.1, "p99": 0.1}},
+        "overall": {
+            "requests": 2,
+            "completed": 2,
+            "failed": 0,
+            "ttft_s": {"mean": 0.1, "p50": 0.1, "p99": 0.1},
+        },
         "cluster": {"gpus_in_use": [[0.0, 1]], "makespan_s": 2.0},
     }
     (path / "report.json").write_text(json.dumps({"runs": [run]}))
@@ -94,8 +115,14 @@ def test_compare_pairs_the_requests_when_both_reports_have_them(tmp_path: Path, 
     assert json.loads((out / "compare.json").read_text())["per_request"] is None  # no requests.jsonl
 
     _write(tmp_path / "sim" / "requests.jsonl", [_sim("r0", 0, 0.1, 1, 0), _sim("r1", 1, 0.1, 1, 0)])
-    _write(tmp_path / "live" / "requests.jsonl", [_live("r0", 0, 0.12, 0.11, 1, 0), _live("r1", 1, 0.12, 0.11, 1, 0)])
-    assert main(["compare", str(tmp_path / "sim" / "report.json"), str(tmp_path / "live"), "--out", str(out)]) == 0
+    _write(
+        tmp_path / "live" / "requests.jsonl",
+        [_live("r0", 0, 0.12, 0.11, 1, 0), _live("r1", 1, 0.12, 0.11, 1, 0)],
+    )
+    assert (
+        main(["compare", str(tmp_path / "sim" / "report.json"), str(tmp_path / "live"), "--out", str(out)])
+        == 0
+    )
     assert "per request: 2 paired; engines' TTFT B − A p50 +10.0 ms" in capsys.readouterr().out
     doc = json.loads((out / "compare.json").read_text())
     assert doc["per_request"]["paired"] == 2 and doc["per_request"]["same_cached_share"] == 1.0

@@ -176,6 +176,7 @@ def test_a_new_instance_waits_for_gpus_and_arrivals_wait_for_its_load(tiny):
     assert a.finish_s == approx(6.379, abs=1e-9) and a.instance == "i1"
     ready = a.finish_s + load_s(sim, "llama2-7b", 2)
     assert b.instance == "n" and b.first_token_s == approx(ready + 0.21, abs=1e-9)
+    assert a.dispatched_s == 0.0 and b.dispatched_s == approx(ready, abs=1e-9)  # b held until n is ready
     assert res.gpu_log == [(0.0, 2), (1.0, 1), (a.finish_s, 2)]  # i0 out at 1 s; i1 out and n in at a's end
     assert res.instances[2]["started_s"] == a.finish_s
 
