@@ -154,6 +154,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         admission=Admission(args.max_waiting, args.max_queued_tokens, displace=gate.displace),
         classes=classes,
         key_shares=KeyShares(nid),
+        prompt_tokens=relay.prompt_tokens,
     )
     gate.refuse = servicer.refuse  # a displaced or shed request's record fails RESOURCE_EXHAUSTED
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)

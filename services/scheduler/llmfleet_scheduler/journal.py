@@ -41,7 +41,10 @@ class RequestRecord:
     chunks: list[common_pb2.TokenChunk] = field(default_factory=list)
     n_tokens: int = 0
     prompt_tokens: int = 0
-    prompt_estimate: int = 0  # approx_token_count of the prompt, counted once (no tokenizer here)
+    # the prompt's tokens as estimated here (no tokenizer): approx_token_count (``prompt_raw``), counted
+    # once, scaled by what the model's engines counted (llmfleet.token_estimate.PromptTokens)
+    prompt_estimate: int = 0
+    prompt_raw: int = 0
     first_token_at: float | None = None
     dispatched_at: float | None = None
     engine_ttft_s: float = 0.0  # the first engine's own TTFT (its final chunk's usage)

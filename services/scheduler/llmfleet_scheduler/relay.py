@@ -23,6 +23,7 @@ from llmfleet.policies.dispatch import (
 )
 from llmfleet.rpc.mux import MuxStream
 from llmfleet.spec.services import ServiceSpec
+from llmfleet.token_estimate import PromptTokens
 
 from llmfleet_scheduler.capacity import CapacityGate, ColdStartTimeout
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -75,6 +76,8 @@ class Relay:
     _cut: set[int] = field(default_factory=set)  # id() of calls cut that way
     # request id -> engine a dispatch policy's rebalance is moving it to (see rebalance.py)
     planned_moves: dict[str, str] = field(default_factory=dict)
+    # the prompt-token estimate, scaled per model by the engines' counts (each request's first count)
+    prompt_tokens: PromptTokens = field(default_factory=PromptTokens)
 
     async def run(self, rec: RequestRecord, req: engine_pb2.GenerateRequest, deadline: float | None) -> None:
         """Run ``req`` to completion into ``rec``; every outcome ends in rec.finish or rec.fail."""
@@ -257,7 +260,7 @@ class Relay:
                     take(chunk)
                     continue
                 if chunk.usage.prompt_tokens:
-                    rec.prompt_tokens = chunk.usage.prompt_tokens
+                    self._counted(rec, chunk.usage.prompt_tokens)
                 final = chunk
                 tail = common_pb2.TokenChunk()
                 tail.CopyFrom(chunk)
@@ -290,6 +293,13 @@ class Relay:
             )
         return final
 
+    def _counted(self, rec: RequestRecord, tokens: int) -> None:
+        """An engine counted ``rec``'s prompt tokens; the first engine's count of a prompt sent whole
+        (no resumed tokens) calibrates the estimate for its model."""
+        if not rec.prompt_tokens and not rec.prefix_token_ids and len(rec.engines) == 1:
+            self.prompt_tokens.observe(rec.model, rec.prompt_raw, tokens)
+        rec.prompt_tokens = tokens
+
     def _taker(self, rec: RequestRecord, engine_id: str | None) -> Callable[[common_pb2.TokenChunk], None]:
         """What ``_relay_stream`` does with each chunk before the final one (a callback on the
         multiplexed path): into the journal, and the load book hears the request's progress."""
@@ -297,7 +307,7 @@ class Relay:
 
         def take(chunk: common_pb2.TokenChunk) -> None:
             if chunk.usage.prompt_tokens:
-                rec.prompt_tokens = chunk.usage.prompt_tokens
+                self._counted(rec, chunk.usage.prompt_tokens)
             rec.add(chunk)
             if engine_id is not None and rec.first_token_at is not None:  # Aladdin's (d)
                 load.progress(engine_id, rec.request_id, rec.model, rec.n_tokens, rec.first_token_at)

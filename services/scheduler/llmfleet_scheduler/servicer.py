@@ -22,7 +22,7 @@ from llmfleet.security.limit_shares import KeyShares
 from llmfleet.security.rate_limits import KeyRateLimiter, RateLimited
 from llmfleet.security.settings import current as current_security
 from llmfleet.spec.services import ServiceSpec
-from llmfleet.token_estimate import approx_token_count
+from llmfleet.token_estimate import PromptTokens, approx_token_count
 
 from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
 from llmfleet_scheduler.directory import ClusterDirectory
@@ -59,6 +59,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     key_shares: KeyShares | None = None
     # live requests' priorities and keys, which the capacity gate reads (None: one on the relay's metrics)
     classes: RequestClasses | None = None
+    # the prompt-token estimate for admission and dispatch: the relay's, which its engines' counts scale
+    prompt_tokens: PromptTokens = field(default_factory=PromptTokens)
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def Submit(self, request: scheduler_pb2.SubmitRequest, context: grpc.aio.ServicerContext):
@@ -199,7 +201,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return self._complete(rid, spec, request)
         cls = self._class(request, spec, key, sampling.max_tokens)
         assert self.classes is not None
-        estimate = approx_token_count(request.prompt)
+        raw = approx_token_count(request.prompt)
+        estimate = self.prompt_tokens.estimate(spec.model, raw)
         try:
             ticket = self.admission.admit(
                 spec.name,
@@ -234,6 +237,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prefix_token_ids=prefix,
             n_tokens=len(prefix),
             prompt_estimate=estimate,
+            prompt_raw=raw,
             session=request.session,
         )
         self.journal.add(rec)
@@ -274,7 +278,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prefix = tuple(request.resume_token_ids)
         rec = RequestRecord(
             request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request),
-            prefix_token_ids=prefix, n_tokens=len(prefix), prompt_tokens=approx_token_count(request.prompt),
+            prefix_token_ids=prefix, n_tokens=len(prefix),
+            prompt_tokens=self.prompt_tokens.estimate(spec.model, approx_token_count(request.prompt)),
         )  # fmt: skip
         self.journal.add(rec)
         rec.driver = asyncio.create_task(rec.finish(rec.final_chunk(common_pb2.FINISH_REASON_LENGTH)))

@@ -71,6 +71,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             token_ids=[8],
             finish_reason=common_pb2.FINISH_REASON_LENGTH,
             engine_id=self.engine_id,
+            usage=common_pb2.Usage(prompt_tokens=50 if prompt == "ok" else 0),  # counts an ok prompt as 50
         )
 
 
@@ -157,6 +158,21 @@ async def test_dispatch_is_told_the_records_prompt_estimate(cluster):
     req = engine_pb2.GenerateRequest(request_id="r-est", model=M, prompt="ok", service="s")
     await relay.run(rec, req, None)
     assert policy.prompt_tokens == [123]  # the servicer's estimate, not the prompt counted again
+
+
+async def test_the_first_engines_count_of_a_whole_prompt_scales_the_models_estimate(cluster):
+    _, _, _, relay = cluster
+    rec = RequestRecord(request_id="r-c", service="s", model=M, fingerprint=b"", prompt_estimate=100, prompt_raw=100)
+    await relay.run(rec, engine_pb2.GenerateRequest(request_id="r-c", model=M, prompt="ok", service="s"), None)
+    assert rec.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
+    assert relay.prompt_tokens.estimate(M, 300) == 150  # the next request of the model
+    # a resumed request's count holds its resumed tokens too: it does not calibrate
+    resumed = RequestRecord(
+        request_id="r-r", service="s", model=M, fingerprint=b"", prompt_raw=25, prefix_token_ids=(7,), n_tokens=1
+    )
+    req = engine_pb2.GenerateRequest(request_id="r-r", model=M, prompt="ok", service="s", resume_token_ids=[7])
+    await relay.run(resumed, req, None)
+    assert resumed.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
 
 
 async def test_failed(cluster):
