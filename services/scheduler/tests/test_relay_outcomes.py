@@ -162,15 +162,27 @@ async def test_dispatch_is_told_the_records_prompt_estimate(cluster):
 
 async def test_the_first_engines_count_of_a_whole_prompt_scales_the_models_estimate(cluster):
     _, _, _, relay = cluster
-    rec = RequestRecord(request_id="r-c", service="s", model=M, fingerprint=b"", prompt_estimate=100, prompt_raw=100)
-    await relay.run(rec, engine_pb2.GenerateRequest(request_id="r-c", model=M, prompt="ok", service="s"), None)
+    rec = RequestRecord(
+        request_id="r-c", service="s", model=M, fingerprint=b"", prompt_estimate=100, prompt_raw=100
+    )
+    await relay.run(
+        rec, engine_pb2.GenerateRequest(request_id="r-c", model=M, prompt="ok", service="s"), None
+    )
     assert rec.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
     assert relay.prompt_tokens.estimate(M, 300) == 150  # the next request of the model
     # a resumed request's count holds its resumed tokens too: it does not calibrate
     resumed = RequestRecord(
-        request_id="r-r", service="s", model=M, fingerprint=b"", prompt_raw=25, prefix_token_ids=(7,), n_tokens=1
+        request_id="r-r",
+        service="s",
+        model=M,
+        fingerprint=b"",
+        prompt_raw=25,
+        prefix_token_ids=(7,),
+        n_tokens=1,
     )
-    req = engine_pb2.GenerateRequest(request_id="r-r", model=M, prompt="ok", service="s", resume_token_ids=[7])
+    req = engine_pb2.GenerateRequest(
+        request_id="r-r", model=M, prompt="ok", service="s", resume_token_ids=[7]
+    )
     await relay.run(resumed, req, None)
     assert resumed.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
 
