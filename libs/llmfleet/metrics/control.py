@@ -11,7 +11,8 @@ Scheduler (hooked in ``llmfleet_scheduler.relay``):
   by an API key's service list (``forbidden``) or by its rate limits (``rate_limited``).
   ``llmfleet_scheduler_rate_limited_total{key,limit}``: refused by an API key's rate limits, by key name
   and limit (``requests``: requests/s, ``tokens``: tokens/min). ``llmfleet_scheduler_waiting{service}``:
-  requests admitted without a first token yet.
+  requests admitted without a first token yet. ``llmfleet_scheduler_prompt_token_scale{model}``: the
+  engines' prompt tokens per token the scheduler's regex estimated (``llmfleet.token_estimate.PromptTokens``).
   ``llmfleet_scheduler_key_requests_total{key,priority,outcome}``: requests by API key name ("" with
   keys off) and priority: ``admitted``, ``refused`` (overloaded, or displaced by a higher priority) and
   ``shed`` (sheddable, dropped from the hold queue before its TTFT SLO);
@@ -95,6 +96,13 @@ class SchedulerMetrics:
             "llmfleet_scheduler_rate_limited",
             "Requests refused by an API key's rate limits, by key name and limit (requests, tokens).",
             ["key", "limit"],
+            registry=registry,
+        )
+        self.prompt_token_scale = Gauge(
+            "llmfleet_scheduler_prompt_token_scale",
+            "Prompt tokens the engines counted per token the scheduler's regex estimated, by model "
+            "(the factor its prompt estimates are scaled by).",
+            ["model"],
             registry=registry,
         )
         self.waiting = Gauge(

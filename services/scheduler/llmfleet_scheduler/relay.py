@@ -298,6 +298,7 @@ class Relay:
         (no resumed tokens) calibrates the estimate for its model."""
         if not rec.prompt_tokens and not rec.prefix_token_ids and len(rec.engines) == 1:
             self.prompt_tokens.observe(rec.model, rec.prompt_raw, tokens)
+            self.metrics.prompt_token_scale.labels(rec.model).set(self.prompt_tokens.scale(rec.model))
         rec.prompt_tokens = tokens
 
     def _taker(self, rec: RequestRecord, engine_id: str | None) -> Callable[[common_pb2.TokenChunk], None]:

@@ -160,33 +160,6 @@ async def test_dispatch_is_told_the_records_prompt_estimate(cluster):
     assert policy.prompt_tokens == [123]  # the servicer's estimate, not the prompt counted again
 
 
-async def test_the_first_engines_count_of_a_whole_prompt_scales_the_models_estimate(cluster):
-    _, _, _, relay = cluster
-    rec = RequestRecord(
-        request_id="r-c", service="s", model=M, fingerprint=b"", prompt_estimate=100, prompt_raw=100
-    )
-    await relay.run(
-        rec, engine_pb2.GenerateRequest(request_id="r-c", model=M, prompt="ok", service="s"), None
-    )
-    assert rec.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
-    assert relay.prompt_tokens.estimate(M, 300) == 150  # the next request of the model
-    # a resumed request's count holds its resumed tokens too: it does not calibrate
-    resumed = RequestRecord(
-        request_id="r-r",
-        service="s",
-        model=M,
-        fingerprint=b"",
-        prompt_raw=25,
-        prefix_token_ids=(7,),
-        n_tokens=1,
-    )
-    req = engine_pb2.GenerateRequest(
-        request_id="r-r", model=M, prompt="ok", service="s", resume_token_ids=[7]
-    )
-    await relay.run(resumed, req, None)
-    assert resumed.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
-
-
 async def test_failed(cluster):
     _, directory, policy, relay = cluster
     rec, task = start(relay, "r-bad", "bad")
@@ -477,3 +450,31 @@ async def test_the_service_monitor_hears_each_request_dispatch_counted_infeasibl
         await task
     assert heard.heard["infeasible"] == ["r-full-1", "r-full-2"] and policy.infeasible == 2
     assert heard.heard["arrived"] == heard.heard["finished"] == ["r-ok-1", "r-full-1", "r-ok-2", "r-full-2"]
+
+
+async def test_the_first_engines_count_of_a_whole_prompt_scales_the_models_estimate(metered):
+    _, relay, registry = metered
+    rec = RequestRecord(
+        request_id="r-c", service="s", model=M, fingerprint=b"", prompt_estimate=100, prompt_raw=100
+    )
+    await relay.run(
+        rec, engine_pb2.GenerateRequest(request_id="r-c", model=M, prompt="ok", service="s"), None
+    )
+    assert rec.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
+    assert relay.prompt_tokens.estimate(M, 300) == 150  # the next request of the model
+    # a resumed request's count holds its resumed tokens too: it does not calibrate
+    resumed = RequestRecord(
+        request_id="r-r",
+        service="s",
+        model=M,
+        fingerprint=b"",
+        prompt_raw=25,
+        prefix_token_ids=(7,),
+        n_tokens=1,
+    )
+    req = engine_pb2.GenerateRequest(
+        request_id="r-r", model=M, prompt="ok", service="s", resume_token_ids=[7]
+    )
+    await relay.run(resumed, req, None)
+    assert resumed.prompt_tokens == 50 and relay.prompt_tokens.scale(M) == 0.5
+    assert _samples(registry)['llmfleet_scheduler_prompt_token_scale{model="m"}'] == 0.5
