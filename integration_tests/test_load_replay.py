@@ -49,7 +49,9 @@ def test_replay_a_trace_and_compare_with_the_simulator(cluster, tmp_path):
     assert "(the engines' own " in load.stdout
     records = [json.loads(line) for line in (live / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 16 and {r["instance"] for r in records} <= {"engine-0", "engine-1"}
-    assert all(r["engine_ttft_s"] > 0 and r["first_token_s"] - r["arrival_s"] > r["engine_ttft_s"] for r in records)
+    assert all(
+        r["engine_ttft_s"] > 0 and r["first_token_s"] - r["arrival_s"] > r["engine_ttft_s"] for r in records
+    )
     assert statistics.median(r["engine_ttft_s"] for r in records) == pytest.approx(engines["p50"])
 
     sim = tmp_path / "sim"
