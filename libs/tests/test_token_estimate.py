@@ -7,6 +7,12 @@ from llmfleet.token_estimate import MAX_SCALE, PromptTokens, approx_token_count
 from llmfleet.workload.prompts import segment_text
 
 
+def test_the_raw_estimate_counts_short_words_once_and_bytes_not_characters() -> None:
+    assert approx_token_count("") == 0
+    assert approx_token_count("abcd " * 10) == 10  # ten short words: one token each
+    assert approx_token_count("é") == 1
+
+
 def test_the_raw_estimate_reads_the_emulated_words_as_two_tokens_each() -> None:
     text = segment_text(7, 1000)  # 1,000 words t0 … t99: one token each to the emulated tokenizer
     assert approx_token_count(text) == 2000

@@ -36,7 +36,7 @@ from llmfleet.config import ClusterConfig, EtcdSettings
 from llmfleet.coord import EtcdClient
 from llmfleet.coord.desired import ModelEntry
 from llmfleet.replay.migration import migration_summary
-from llmfleet.replay.report import LiveOutcome, SoloTimes, live_records, live_report
+from llmfleet.replay.report import LiveOutcome, LiveRun, SoloTimes, live_report
 from llmfleet.replay.requests import ReplayRequest, replay_requests
 from llmfleet.replay.targets import (
     UnknownService,
@@ -262,11 +262,9 @@ async def _open_sender(args: argparse.Namespace, t0: float) -> tuple[Send, Any]:
     return sdk_sender(sdk, t0), sdk
 
 
-async def replay(
-    args: argparse.Namespace, workload: Any, console: Console
-) -> tuple[dict, list[dict[str, Any]] | None]:
-    """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema) and,
-    with ``--records``, the requests' rows."""
+async def replay(args: argparse.Namespace, workload: Any, console: Console) -> LiveRun:
+    """Connect, plan, send while sampling etcd, and build the report (one run of the sim schema) and
+    the requests' rows."""
 
     settings = EtcdSettings.from_env(endpoints=args.etcd, prefix=args.prefix)
     etcd = EtcdClient(settings)
@@ -322,13 +320,10 @@ async def replay(
         "description": f"live replay via {args.via}",
     }
     extra = {"via": args.via, "sample_errors": sampler.errors, "migration_error": sampler.migration_error}
-    solo = SoloTimes(hw, args.cost_source)
-    report = live_report(
-        outcomes, sampler.samples, plan.services, solo=solo, names=plan.names, migration=migration,
-        policy=policy, wall_s=wall, extra=extra,
+    return live_report(
+        outcomes, sampler.samples, plan.services, solo=SoloTimes(hw, args.cost_source), names=plan.names,
+        migration=migration, policy=policy, wall_s=wall, extra=extra,
     )  # fmt: skip
-    rows = live_records(outcomes, sampler.samples, plan.services, solo) if args.records else None
-    return report, rows
 
 
 @dataclass(frozen=True)
@@ -396,16 +391,18 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print("[red]llmfleet load:[/] the workload has no requests", highlight=False)
         return 2
     try:
-        report, records = asyncio.run(replay(args, workload, console))
+        run = asyncio.run(replay(args, workload, console))
     except UsageError as e:
         console.print(f"[red]llmfleet load: error: argument {e.flag}:[/] {escape(str(e))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
+    report = run.report
     source = describe_source(args)
     context = f"{len(workload)} requests, {source}, live via {args.via}, cluster {report['cluster']['spec']}"
-    paths = write_live_report(report, args.out, context, plots=not args.no_plots, records=records)
+    rows = run.rows if args.records else None
+    paths = write_live_report(report, args.out, context, plots=not args.no_plots, records=rows)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(paths["json"].read_text())

@@ -170,17 +170,11 @@ def records_of(
     return out
 
 
-def live_records(
-    outcomes: Sequence[LiveOutcome],
-    samples: Sequence[FleetSample],
-    services: Sequence[SimService],
-    solo: SoloTimes | None = None,
-) -> list[dict[str, Any]]:
-    """``requests.jsonl`` rows of a live run: each request as ``llmfleet sim --records`` writes it (the
-    same fields, ``arrival_s`` when it was sent, ``instance`` the engine that served it last), with what
-    only a live run knows: ``planned_s`` (the workload's arrival), the engine's own TTFT, the
-    scheduler's TTFT and queue time (None: not reported) and the finish reason."""
-    records = records_of(outcomes, services, _engines(samples), solo)
+def live_rows(outcomes: Sequence[LiveOutcome], records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """``requests.jsonl`` rows of a live run: each request as ``llmfleet sim --records`` writes it (its
+    record: the same fields, ``arrival_s`` when it was sent, ``instance`` the engine that served it
+    last), with what only a live run knows: ``planned_s`` (the workload's arrival), the engine's own
+    TTFT, the scheduler's TTFT and queue time (None: not reported) and the finish reason."""
     return [
         {
             **r.to_dict(),
@@ -192,6 +186,15 @@ def live_records(
         }
         for o, r in zip(outcomes, records, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """A live run as ``llmfleet sim`` reports one: ``report`` (``runs[i]``) and its requests' ``rows``
+    (:func:`live_rows`)."""
+
+    report: dict
+    rows: list[dict[str, Any]]
 
 
 def cluster_samples(
@@ -225,10 +228,11 @@ def live_report(
     policy: Mapping[str, Any] | None = None,
     wall_s: float = 0.0,
     extra: Mapping[str, Any] | None = None,
-) -> dict:
+) -> LiveRun:
     """One run of the ``llmfleet sim`` report (``runs[i]``): ``overall``, ``services``, ``cluster``,
     ``cost_models``, ``placement`` (when a plan was written during the run), ``migration`` (when given),
-    ``policy``, ``plan`` (the plan in force at the start) and ``live`` (send lag, samples, via)."""
+    ``policy``, ``plan`` (the plan in force at the start) and ``live`` (send lag, samples, via); with
+    the requests' rows, from the same records."""
     engines = _engines(samples)
     records = records_of(outcomes, services, engines, solo)
     log = gpu_log(samples)
@@ -284,7 +288,7 @@ def live_report(
         "engines": _count(o.engine_id for o in outcomes if o.ok and o.engine_id),  # served by (the last one)
         **(extra or {}),
     }
-    return report
+    return LiveRun(report, live_rows(outcomes, records))
 
 
 def _count(items) -> dict[str, int]:

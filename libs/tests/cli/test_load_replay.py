@@ -129,7 +129,7 @@ def test_fleet_samples_give_gpus_over_time_and_the_plans_written() -> None:
 
 def test_report_from_outcomes_has_the_sim_schema() -> None:
     services = [SimService("chat", "tiny-llama", Slo(ttft_s=0.5, tpot_s=0.05))]
-    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes(), wall_s=5.0)
+    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes(), wall_s=5.0).report
     o, c = report["overall"], report["cluster"]
     assert (o["requests"], o["completed"], o["failed"]) == (7, 6, 1)
     assert o["latency_s"]["mean"] == pytest.approx(1.09) and o["ttft_s"]["p50"] == pytest.approx(0.19)
@@ -152,7 +152,7 @@ def test_report_from_outcomes_has_the_sim_schema() -> None:
 
 def test_report_without_a_cost_model_leaves_seallm_out() -> None:
     services = [SimService("chat", "not-a-catalog-model", Slo(ttft_s=2, tpot_s=1))]
-    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes())
+    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes()).report
     assert report["overall"]["slo"]["seallm"] is None and report["overall"]["normalized_latency"]["n"] == 0
     assert report["overall"]["slo"]["aladdin"] == pytest.approx(6 / 7)
 
@@ -182,11 +182,33 @@ def test_migration_summary_merges_epochs_and_moves() -> None:
 
 def test_report_files_are_written(tmp_path: Path) -> None:
     services = [SimService("chat", "tiny-llama", Slo(ttft_s=0.5, tpot_s=0.05))]
-    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes())
+    report = live_report(_outcomes(), _samples(), services, solo=SoloTimes()).report
     paths = write_live_report(report, tmp_path / "out", "ctx")
     doc = json.loads(paths["json"].read_text())
     assert doc["title"] == "llmfleet load" and doc["runs"][0]["overall"]["completed"] == 6
     assert "| live |" in paths["markdown"].read_text() and paths["gpus"].stat().st_size > 0
+    assert "requests" not in paths and not (tmp_path / "out" / "requests.jsonl").exists()
+
+
+def test_the_requests_rows_are_the_records_the_report_counts_with_what_only_a_live_run_knows(
+    tmp_path: Path,
+) -> None:
+    services = [SimService("chat", "tiny-llama", Slo(ttft_s=0.5, tpot_s=0.05))]
+    run = live_report(_outcomes(), _samples(), services, solo=SoloTimes())
+    paths = write_live_report(run.report, tmp_path / "out", "ctx", plots=False, records=run.rows)
+    rows = [json.loads(line) for line in paths["requests"].read_text().splitlines()]
+    assert [r["request_id"] for r in rows] == [f"r{i}" for i in range(7)]
+    r0 = rows[0]
+    assert (r0["arrival_s"], r0["planned_s"], r0["first_token_s"], r0["instance"]) == (
+        0.01,
+        0.0,
+        0.2,
+        "engine-0",
+    )
+    assert r0["solo_s"] > 0 and r0["finish_reason"] == "length" and r0["engine_ttft_s"] is None
+    assert rows[6]["failed"] == "UNAVAILABLE: no engine" and rows[6]["first_token_s"] is None
+    done = [r for r in rows if not r["failed"]]
+    assert len(done) == run.report["overall"]["completed"]
 
 
 @pytest.mark.parametrize(
@@ -379,7 +401,7 @@ def test_report_splits_ttft_into_the_engines_own_and_the_path_outside_them() -> 
     for o, engine in zip(outcomes, (0.15, 0.12, None, 0.19, 0.1, 0.18), strict=False):
         o.engine_ttft_s = engine  # None: e.g. through the HTTP API, or a migrated request
     services = [SimService("chat", "tiny-llama", Slo(ttft_s=0.5, tpot_s=0.05))]
-    live = live_report(outcomes, _samples(), services)["live"]
+    live = live_report(outcomes, _samples(), services).report["live"]
     assert live["engine_ttft_s"]["n"] == 5  # the failed request and the unreported one are left out
     assert live["engine_ttft_s"]["p50"] == pytest.approx(0.15)
     # client TTFT (first token − sent) is 0.19 s for each: the path added 0.04, 0.07, 0.0, 0.09, 0.01
@@ -391,7 +413,9 @@ def test_report_sums_the_prompt_tokens_the_engines_found_cached() -> None:
     outcomes = _outcomes()  # 6 served with 100 prompt tokens each, then a failed one
     for o, cached in zip(outcomes, (0, 64, None, 96, 0, 32, 48), strict=True):
         o.cached_tokens = cached  # None: the usage did not say
-    overall = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))])["overall"]
+    overall = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))]).report[
+        "overall"
+    ]
     # the failed request and the silent one are left out, as in the simulator's report (its schema)
     assert overall["prefix_cache"] == {
         "requests": 5,
@@ -406,7 +430,9 @@ def test_report_splits_the_path_at_the_scheduler() -> None:
     for o, engine in zip(outcomes, (0.15, 0.12, None, 0.19, 0.1, 0.18), strict=False):
         o.engine_ttft_s = engine
         o.scheduler_ttft_s, o.scheduler_queue_s = 0.17 if o.request_id != "r1" else None, 0.005
-    live = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))])["live"]
+    live = live_report(outcomes, _samples(), [SimService("chat", "tiny-llama", Slo(0.5, 0.05))]).report[
+        "live"
+    ]
     parts = live["path_parts_s"]
     # the requests with every figure (r1 has no scheduler figure): the engines' TTFT 0.15, 0.19, 0.1, 0.18 s
     assert parts["client_scheduler"]["n"] == 4

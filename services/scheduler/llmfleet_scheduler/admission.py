@@ -1,8 +1,8 @@
 """Admission control: per-service bounds on waiting requests and queued tokens.
 
 A request *waits* from admission until its first token (queued here or at an engine). Its *queued
-tokens* are its prompt, estimated by :func:`llmfleet.token_estimate.approx_token_count` (the
-scheduler holds no tokenizer; dispatch and the SCLS pool use the same estimate), plus its ``max_tokens``: the KV it may grow to. Past either bound a request is refused at
+tokens* are its prompt, estimated by :class:`llmfleet.token_estimate.PromptTokens` (the
+scheduler holds no tokenizer; rate limits, dispatch and the SCLS pool use the same estimate), plus its ``max_tokens``: the KV it may grow to. Past either bound a request is refused at
 once with RESOURCE_EXHAUSTED (HTTP 429) and a retry-after, so an overload never queues without bound
 or runs a process out of memory; one request larger than the token bound alone is still admitted
 into an empty queue (else it could never run).
@@ -25,8 +25,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmfleet.token_estimate import approx_token_count
-
 DEFAULT_MAX_WAITING = 1024
 DEFAULT_MAX_QUEUED_TOKENS = 4_000_000
 
@@ -36,11 +34,6 @@ class Overloaded(Exception):
         super().__init__(f"service {service!r} is overloaded ({what}); retry after {retry_after_s}s")
         self.service = service
         self.retry_after_s = retry_after_s
-
-
-def estimate_tokens(prompt: str, max_tokens: int) -> int:
-    """The KV a request may grow to: its estimated prompt tokens plus its output cap."""
-    return approx_token_count(prompt) + max_tokens
 
 
 @dataclass

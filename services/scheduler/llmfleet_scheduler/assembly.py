@@ -22,6 +22,7 @@ from llmfleet.rpc.server import GrpcServer, service_name
 from llmfleet.security import current as current_security
 from llmfleet.security.limit_shares import KeyShares
 from llmfleet.spec.live_loops import SCHEDULER_FLAGS, SchedulerConfig
+from llmfleet.token_estimate import PromptTokens
 
 from llmfleet_scheduler.admission import Admission
 from llmfleet_scheduler.capacity import CapacityGate
@@ -134,6 +135,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
     gate = _gate(config, directory, stats, metrics, classes)
     if monitor is not None:
         monitor.listeners.append(gate)  # after the load book: the pump reads the updated book
+    prompt_tokens = PromptTokens()  # the relay's engine counts scale the servicer's estimates
     relay = Relay(
         directory,
         router,
@@ -146,6 +148,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         predict_mode=args.predict,
         stats=stats,
         central=central,
+        prompt_tokens=prompt_tokens,
     )
     servicer = SchedulerServicer(
         directory,
@@ -154,7 +157,7 @@ def build_parts(args: argparse.Namespace, nid: str) -> SchedulerParts:
         admission=Admission(args.max_waiting, args.max_queued_tokens, displace=gate.displace),
         classes=classes,
         key_shares=KeyShares(nid),
-        prompt_tokens=relay.prompt_tokens,
+        prompt_tokens=prompt_tokens,
     )
     gate.refuse = servicer.refuse  # a displaced or shed request's record fails RESOURCE_EXHAUSTED
     if stats is not None:  # each report carries the services' backlog (requests not started, cold)

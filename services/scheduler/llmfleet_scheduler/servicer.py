@@ -24,7 +24,7 @@ from llmfleet.security.settings import current as current_security
 from llmfleet.spec.services import ServiceSpec
 from llmfleet.token_estimate import PromptTokens, approx_token_count
 
-from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
+from llmfleet_scheduler.admission import Admission, Overloaded
 from llmfleet_scheduler.directory import ClusterDirectory
 from llmfleet_scheduler.journal import Journal, RequestFailed, RequestRecord
 from llmfleet_scheduler.priorities import RequestClass, RequestClasses
@@ -59,7 +59,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     key_shares: KeyShares | None = None
     # live requests' priorities and keys, which the capacity gate reads (None: one on the relay's metrics)
     classes: RequestClasses | None = None
-    # the prompt-token estimate for admission and dispatch: the relay's, which its engines' counts scale
+    # the prompt-token estimate for rate limits, admission and dispatch: the relay's, which its engines'
+    # counts scale
     prompt_tokens: PromptTokens = field(default_factory=PromptTokens)
     _reapers: dict[str, asyncio.Task] = field(default_factory=dict)
 
@@ -294,11 +295,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         assert key.limits is not None
         max_tokens = tokens = 0
         if key.limits.tokens_per_min is not None:
+            spec = self.directory.services().get(request.service)
             if request.sampling.HasField("max_tokens"):
                 max_tokens = request.sampling.max_tokens
-            elif (spec := self.directory.services().get(request.service)) is not None:
+            elif spec is not None:
                 max_tokens = spec.max_tokens
-            tokens = estimate_tokens(request.prompt, max_tokens)
+            raw = approx_token_count(request.prompt)
+            tokens = (self.prompt_tokens.estimate(spec.model, raw) if spec is not None else raw) + max_tokens
         share = self.key_shares.share(key.name, tokens) if self.key_shares is not None else (1.0, 1.0)
         try:
             self.key_limits.take(key.name, key.limits, tokens, share)

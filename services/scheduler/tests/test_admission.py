@@ -4,7 +4,7 @@ end, and a retry-after from the queue's recent drain rate."""
 from __future__ import annotations
 
 import pytest
-from llmfleet_scheduler.admission import Admission, Overloaded, estimate_tokens
+from llmfleet_scheduler.admission import Admission, Overloaded
 
 
 class Clock:
@@ -77,12 +77,6 @@ def test_retry_after_follows_the_drain_rate():
     with pytest.raises(Overloaded) as e:
         fast.admit("chat", 1)
     assert e.value.retry_after_s == 1  # clamped below at 1 s
-
-
-def test_estimate_tokens():
-    assert estimate_tokens("", 16) == 16
-    assert estimate_tokens("abcd " * 10, 0) == 10  # ten short words: one token each
-    assert estimate_tokens("é", 0) == 1  # bytes, not characters
 
 
 def test_observe_reports_the_waiting_count():

@@ -141,6 +141,17 @@ async def test_a_noisy_key_cannot_starve_another_keys_requests(keys):
     assert not any('reason="overloaded"' in k for k in s)
 
 
+async def test_tokens_per_min_counts_the_prompt_as_the_models_engines_count_it(keys):
+    metered = keys.authenticate("sk-metered-01")
+    servicer, _ = scheduler(Clock())
+    servicer.prompt_tokens.observe("m", 100, 400)  # m's engines count 4 tokens per estimated one
+    prompt = "abcd " * 10  # 10 estimated, 40 as m's engines count it: + max_tokens 50 = 90 of 100
+    servicer.open_request(submit(prompt, 50), None, metered)
+    with pytest.raises(RequestFailed, match="this request counts 90"):
+        servicer.open_request(submit(prompt, 50), None, metered)
+    await servicer.close()
+
+
 async def test_tokens_per_min_counts_prompt_and_max_tokens_and_gives_back_the_unused_part(keys):
     metered = keys.authenticate("sk-metered-01")
     clock = Clock()
