@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from llmfleet.coord import EtcdClient
 from llmfleet.coord.desired import put_placement
 from llmfleet.load.monitor import report_from_proto
 from llmfleet.supervisor import free_port
+from llmfleet.token_estimate import approx_token_count
 from llmfleet.types import DesiredPlacement
 from llmfleet_engine.models import materialize, without_eos
 from llmfleet_engine.vllm_compat import import_vllm, kv_event_decoder
@@ -118,6 +121,11 @@ def engine_node(c: Cluster, engine_id: str) -> dict:
     return next(n for n in c.status()["nodes"] if n["node_id"] == engine_id)
 
 
+def scheduler_metrics_url(c: Cluster) -> str:
+    """The scheduler's /metrics URL, from its log."""
+    return re.search(r"metrics on (http://\S+/metrics)", c.log("scheduler")).group(1)
+
+
 async def until_on(engine_id: str, attempt, tries: int = 8):
     """Run ``attempt()`` (a request that reports its engine) until ``engine_id`` served one; the
     dispatch policy alternates between the two engines."""
@@ -141,14 +149,17 @@ async def test_the_vllm_engine_reports_vllms_kv_capacity(vcluster: Cluster) -> N
 
 
 async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
-    client: AsyncClient, reference: list[int]
+    vcluster: Cluster, client: AsyncClient, reference: list[int]
 ) -> None:
+    counted: dict[str, int] = {}  # engine -> the prompt's tokens as it counted them
+
     async def stream() -> tuple[str, list[int]]:
         s = client.generate(PROMPT, service="chat", max_tokens=24)
         chunks = [c async for c in s]
         assert s.usage.finish_reason == "length" and s.usage.completion_tokens == 24
         # the engine's own TTFT (its backend's first-token time) is part of the scheduler's
         assert 0 < s.usage.engine_ttft_s <= s.usage.ttft_s, s.usage
+        counted[s.usage.engine_id] = s.usage.prompt_tokens
         return s.usage.engine_id, flatten(chunks)
 
     async def complete() -> tuple[str, list[int]]:
@@ -160,6 +171,13 @@ async def test_sdk_streams_and_completions_equal_hf_on_both_engines(
         await until_on(NATIVE, attempt)
         for engine_id, tokens in results:
             assert tokens == reference[:24], engine_id
+    # both backends' counts of the prompt scale the scheduler's estimate for the model
+    assert counted[VLLM] == counted[NATIVE] > 0, counted
+    body = urllib.request.urlopen(scheduler_metrics_url(vcluster), timeout=5).read().decode()
+    scale = float(
+        re.search(rf'llmfleet_scheduler_prompt_token_scale\{{model="{MODEL}"\}} (\S+)', body).group(1)
+    )
+    assert scale == pytest.approx(counted[VLLM] / approx_token_count(PROMPT)), (scale, counted)
 
 
 async def test_the_cluster_sees_the_blocks_vllm_caches(vcluster: Cluster, client: AsyncClient) -> None:
