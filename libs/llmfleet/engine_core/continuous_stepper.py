@@ -112,7 +112,7 @@ class ContinuousStepper:
                 except OutOfBlocks:
                     core.release_adapter(r)
                     continue  # the policy over-admitted; it retries next iteration
-                del core.waiting[rid]
+                core.waiting.pop(rid)
                 core.running[rid] = r
                 s.phase = "decode"
                 cached = r.cached = len(hit) * core.alloc.tokens_per_block(s.model) if hit else 0

@@ -80,6 +80,7 @@ from llmfleet.engine_core.stepper import (
     Stepper,
     chunkable_policy,
 )
+from llmfleet.engine_core.waiting import WaitingQueue
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
 from llmfleet.policies.request.base import (
@@ -133,7 +134,7 @@ class EngineCore:
         self.watermark_blocks = allocator.watermark_blocks if watermark_blocks is None else watermark_blocks
         self.tpb: dict[str, int] = {}
         self.requests: dict[str, CoreRequest] = {}
-        self.waiting: dict[str, CoreRequest] = {}
+        self.waiting = WaitingQueue()
         self.running: dict[str, CoreRequest] = {}
         self.failed: list[tuple[CoreRequest, str]] = []  # stuck requests, drained by the driver
         self.preemptions = 0
@@ -145,7 +146,10 @@ class EngineCore:
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
         self._pool: PoolView | None = None
         self._paused = 0
-        self._ranked = False  # a request with a priority or a tenant entered: rank waiting requests
+        self.claims_differ = (
+            False  # a request with a priority or a tenant entered (else all claims are alike)
+        )
+        self._ranked = False  # ... and the preemption rule ranks waiting requests
         self.slot_claimant: CoreRequest | None = None  # preempted for: takes its adapter slot at once
 
     # ------------------------------------------------------------------------------------ models
@@ -182,15 +186,17 @@ class EngineCore:
         if r.sched.model not in self.tpb:
             raise ValueError(f"model {r.sched.model!r} is not served here; known: {sorted(self.tpb)}")
         self.requests[rid] = r
+        if not self.claims_differ and (r.sched.request_priority or r.sched.tenant):
+            self.claims_differ = True
+            self._ranked = self.preemption is not None and not self.static
         return rid
 
     def enqueue(self, r: CoreRequest, now: float) -> None:
         """``r`` (registered) joins waiting as a prefill; the policy's ``on_arrival``."""
-        r.sched.phase = "prefill"
-        self.waiting[r.sched.request_id] = r
-        if not self._ranked and (r.sched.request_priority or r.sched.tenant):
-            self._ranked = self.preemption is not None and not self.static
-        self.policy.on_arrival(r.sched, now)
+        s = r.sched
+        s.phase = "prefill"
+        self.waiting.add(r, -(-s.prompt_tokens // self.tpb[s.model]))
+        self.policy.on_arrival(s, now)
 
     def land(self, r: CoreRequest, now: float, kv_tokens: int = 0, reserved: bool = False) -> bool:
         """A request migrated in. With ``kv_tokens`` (= its context − 1) its KV comes along: it joins
@@ -245,7 +251,7 @@ class EngineCore:
         except AdapterUnavailable as e:
             rid = r.sched.request_id
             self.requests.pop(rid, None)
-            self.waiting.pop(rid, None)
+            self.waiting.pop(rid)
             self.failed.append((r, str(e)))
             return False
         if slot is None:
@@ -272,7 +278,7 @@ class EngineCore:
         r = self.requests.pop(request_id, None)
         if r is None:
             return None
-        self.waiting.pop(request_id, None)
+        self.waiting.pop(request_id)
         self.running.pop(request_id, None)
         if r.paused:
             r.paused = False
@@ -486,7 +492,7 @@ class EngineCore:
         leave the core as failed (:meth:`drain_failed`)."""
         for s in stuck_requests(scheds_w, [], pool):
             r = self.requests.pop(s.request_id)
-            del self.waiting[s.request_id]
+            self.waiting.pop(s.request_id)
             need = pool.blocks_for(s.model, s.prompt_tokens + 1)
             usable = self.alloc.num_blocks - self.watermark_blocks
             self.failed.append(

@@ -65,7 +65,7 @@ class StaticStepper:
                     f"static policy {core.policy.name} formed a batch that does not fit the pool"
                 ) from None
         for r in rows:
-            del core.waiting[r.sched.request_id]
+            core.waiting.pop(r.sched.request_id)
             core.running[r.sched.request_id] = r
             r.sched.phase = "decode"
         self.batch, self.rows, self.done, self.iterations, self.duration_s = sb, rows, set(), 0, 0.0

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, cast, runtime_checkable
 
 from llmfleet.engine_core.request import CoreRequest, StepEnd, StepPlan, StepResult
+from llmfleet.engine_core.waiting import WaitingQueue
 from llmfleet.kvblocks import BlockAllocator
 from llmfleet.policies.batching.base import StaticBatch, StaticBatchPolicy
 from llmfleet.policies.request.base import Batch, BatchLimits, PoolView, RequestPolicy, SchedRequest
@@ -57,7 +58,7 @@ class SteppedCore(Protocol):
     policy: RequestPolicy | StaticBatchPolicy
     batch_limits: BatchLimits
     requests: dict[str, CoreRequest]
-    waiting: dict[str, CoreRequest]
+    waiting: WaitingQueue
     running: dict[str, CoreRequest]
     preemptions: int
     requeues: int

@@ -33,7 +33,6 @@ class CandidateBook:
         adapters: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._adapters = dict(adapters or {})  # base model -> its adapters (served where LoRA is on)
-        self._reads_kv = needs.reads_kv
         # a dispatcher reading per-request progress (Aladdin's constraint (d)) sees every busy instance
         # as of the dispatch time: tokens of the chunk in flight count up to ``now``
         self.reads_progress = needs.reads_progress
@@ -45,12 +44,7 @@ class CandidateBook:
 
     def candidate(self, inst: SimInstance) -> EngineCandidate:
         """``inst`` as a dispatcher sees it now."""
-        queued = 0
-        if self._reads_kv:  # queued prompts as promised KV: a scan only KV readers pay for
-            block, tpb = inst.layout.block_bytes, inst.tpb
-            queued = (
-                sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values()) * block
-            )
+        block = inst.layout.block_bytes
         models, pools = inst.serving, tuple[AdapterPoolView, ...]()
         if inst.adapter_slots:
             models = (*models, *(a for m in inst.serving for a in self._adapters.get(m, ())))
@@ -61,7 +55,7 @@ class CandidateBook:
             )
         return EngineCandidate(
             inst.instance_id, models, len(inst.running), len(inst.waiting),
-            inst.kv_used_bytes, inst.kv_capacity_bytes, queued,
+            inst.kv_used_bytes, inst.kv_capacity_bytes, inst.waiting.prompt_blocks * block,
             progress_of(inst, self._clock.now) if self.reads_progress else None,
             self._batch_cap,
             inst.alloc.cached_blocks * inst.layout.block_bytes if inst.core.prefix_caching else None,

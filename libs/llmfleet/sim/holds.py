@@ -200,11 +200,14 @@ class Holds:
         """A saturated instance serving ``model`` whose core would preempt one of its requests for
         ``rec`` (the first by id); None: none."""
         me = Claim(rec.request_id, rec.priority or 0, rec.tenant, rec.arrival_s)
+        alike = me.priority == 0 and not me.tenant
         for iid in sorted(self.fleet.instances):
             inst = self.fleet.instances[iid]
             if model not in inst.models:
                 continue
             core = inst.core
+            if alike and not core.claims_differ:
+                continue  # every claim there is priority 0 with no tenant, as ``rec``'s: no victim
             present = [core.claim(r) for r in core.requests.values()]
             slots = core.limits.max_running
             credit = self._credit.band(

@@ -173,3 +173,17 @@ def test_preemption_off_keeps_the_policy_order() -> None:
     core.add(req("high", now, priority=1), now)
     plan = core.schedule(now)
     assert plan is not None and not plan.preempted and plan.request_ids == ["low"]
+
+
+def test_claims_differ_once_a_request_with_a_priority_or_a_tenant_entered():
+    """What late binding's holds read to skip an engine whose claims are all alike (priority 0, no
+    tenant), where a claimant alike them can preempt nothing: set by an arrival or a landing."""
+    core = make_core()
+    core.add(req("a", 0.0), 0.0)
+    assert not core.claims_differ
+    landed = req("b", 0.1, tenant="t")
+    landed.sched.generated, landed.sched.phase = 1, "decode"
+    assert core.land(landed, 0.1, kv_tokens=landed.kv_tokens) and core.claims_differ
+    other = make_core()
+    other.add(req("c", 0.0, priority=-1), 0.0)
+    assert other.claims_differ

@@ -59,7 +59,8 @@ class Tiny:
     def kv_mismatches(sim: Simulator) -> list[tuple[str, str, int, int]]:
         """Requests whose KV length breaks the engine's bookkeeping (continuous instances): a request in
         the batch in flight holds ``context_tokens`` tokens (its decode slot appended, or its prefill),
-        another running request ``context_tokens − 1`` (the newest token is sampled, not yet in the KV).
+        another running request ``context_tokens − 1`` (the newest token is sampled, not yet in the KV);
+        the waiting queue's sum of prompt blocks is the sum over its requests.
         Returns (instance, request, tokens held, tokens expected) for each mismatch."""
         out = []
         for iid, inst in sim.instances.items():
@@ -72,6 +73,10 @@ class Tiny:
                 if have != want:
                     out.append((iid, rid, have, want))
             out.extend((iid, rid, -1, 0) for rid in inst.waiting if rid in inst.alloc)
+            tpb = inst.tpb
+            want = sum(-(-r.sched.prompt_tokens // tpb[r.sched.model]) for r in inst.waiting.values())
+            if inst.waiting.prompt_blocks != want:  # the waiting queue's running sum of prompt blocks
+                out.append((iid, "<waiting prompt blocks>", inst.waiting.prompt_blocks, want))
         return out
 
     def spec(

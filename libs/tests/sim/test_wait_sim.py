@@ -108,3 +108,18 @@ def test_the_first_request_held_for_a_saturated_model_wakes_the_placement_loop(t
     loop.install(sim, 0.0)
     sim.run([W(f"r{i}", 0.0, 100, 40, "s") for i in range(24)], strict_services=True)
     assert loop.decisions[0].t == 0.0  # not 100 s later
+
+
+def test_late_binding_holds_arrivals_whose_queued_prompts_would_fill_the_kv(tiny) -> None:
+    """The room check counts the KV the queued prompts will take (as a live engine reports it) under a
+    dispatcher that reads no KV: a burst of long prompts that no batch or queue bound stops is held
+    once the queued prompts reach ``kv_fraction`` of the pool, and none of it is lost."""
+    engine = EngineSettings(max_running=4)
+    sim = make(tiny, [InstancePlan("i0", ("llama2-7b",), 1)], services=(S7,), engine=engine)
+    sim.fleet.set_binding("late", Saturation(queue_slack=100))
+    cap_tokens = sim.fleet.instances["i0"].kv_capacity_bytes // sim.fleet.kv_bytes_per_token["llama2-7b"]
+    n = int(2 * cap_tokens // 3000) + 1  # twice the pool in prompts
+    res = sim.run([W(f"r{i}", 0.0, 3000, 4, "s") for i in range(n)], strict_services=True)
+    at_once = [r for r in res.records if r.dispatched_s == 0.0]
+    assert all(r.done for r in res.records) and len(res.records) == n
+    assert len(at_once) == int(0.95 * cap_tokens / 3000) + 1  # up to the first past 95 % of the pool
