@@ -7,11 +7,15 @@ landed.
 The batch size is the engine's own report (``EngineCandidate.max_running``: the most requests it
 admits at once, vLLM's ``max_num_seqs``); without one, only the engine's waiting queue counts. Pure.
 
-The default slack is 4. Slack 0 served the emulated L4 burst of ``make bench-burst`` (1,000 identical
-48-token requests) better: 1.66-1.72x early binding's throughput against 1.57-1.62x, since requests
-queued past an engine's batch are bound early and became a cohort of their own. But on bursts of mixed
-lengths in the simulator slack 4 finished a little sooner (``python -m tools.bench.burst_sim_factors
---hetero``), so the default stays with the mixed workloads; set 0 for bursts of uniform requests.
+The default slack is 4 (``spec/defaults.py``). Slack 0 served the emulated L4 burst of ``make
+bench-burst`` (1,000 identical 48-token requests) better live: 1.66-1.72x early binding's throughput
+against 1.57-1.62x, since requests queued past an engine's batch are bound early and became a cohort of
+their own. On bursts of mixed lengths the simulator once finished a little sooner with slack 4, but
+only because its room check did not count the queued prompts' KV; counting it, slack 0 and 4 finish
+within about 1% of each other on L4 and A100 (``python -m tools.bench.burst_sim_factors --hetero``).
+The simulator has no control-plane delay, which a few requests queued at an engine may cover (it
+refills its batch before the scheduler's next dispatch); no live burst of mixed lengths has been
+measured, so the default stays 4 until one is. Set 0 for bursts of uniform requests.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmfleet.policies.dispatch.base import EngineCandidate
+from llmfleet.spec.defaults import KV_ROOM_FRACTION, QUEUE_SLACK
 
 
 @dataclass(frozen=True)
@@ -27,8 +32,8 @@ class Saturation:
     """``queue_slack``: requests an engine may hold waiting beyond its batch; ``kv_fraction``: the
     share of its KV pool (used plus what its queued prompts will take) past which it has no room."""
 
-    queue_slack: int = 4
-    kv_fraction: float = 0.95
+    queue_slack: int = QUEUE_SLACK
+    kv_fraction: float = KV_ROOM_FRACTION
 
     def __post_init__(self) -> None:
         if self.queue_slack < 0:
