@@ -22,6 +22,9 @@ Scenarios (``--only``):
   GPUs it, not the engines, can bound the throughput (the L4 pool keeps the engines the bottleneck).
   ``llmfleet.sim`` runs the same burst (same services, placement, initial plan, binding, tp-1 engines)
   and is compared: engines hosting chat over time, and p50 latency (goal: within 15 %).
+  ``--hetero SEED``: the emulated burst is of mixed lengths instead (log-normal prompts around 100
+  tokens, outputs around 60, drawn with SEED; :func:`heterogeneous`, as ``burst_sim_factors --hetero``
+  draws them), the same rows live and simulated.
 
 Each figure is from one run on this machine (named in the report); ratios are taken within the run.
 """
@@ -90,17 +93,24 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def send_all(
-    address: str, service: str, delays: list[float], max_tokens: int, prompt: str = PROMPT
+    address: str,
+    service: str,
+    delays: list[float],
+    max_tokens: int,
+    prompt: str = PROMPT,
+    rows: list[tuple[int, int]] | None = None,
 ) -> list[dict]:
-    """One SDK request per delay (seconds from now), concurrently; each one's outcome."""
+    """One SDK request per delay (seconds from now), concurrently; each one's outcome. ``rows``: each
+    request's (prompt, output) tokens (:func:`prompt_of` words, ``max_tokens`` its output) instead."""
 
     async with AsyncClient(address, timeout_s=600) as client:
 
         async def one(i: int, delay: float) -> dict:
             await asyncio.sleep(delay)
+            text, cap = (prompt_of(rows[i][0], i), rows[i][1]) if rows else (f"{prompt} {i}", max_tokens)
             t0 = time.monotonic()
             try:
-                r = await client.complete(f"{prompt} {i}", service=service, max_tokens=max_tokens)
+                r = await client.complete(text, service=service, max_tokens=cap)
             except LlmfleetError as e:
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"[:300], "sent": t0}
             u = r.usage
@@ -110,6 +120,27 @@ async def send_all(
             }  # fmt: skip
 
         return list(await asyncio.gather(*(one(i, d) for i, d in enumerate(delays))))
+
+
+def prompt_of(tokens: int, i: int) -> str:
+    """A prompt of ``tokens`` tokens for the emulated engines' word-level tokenizer (one per word),
+    ending in the request's number so that no two are the same."""
+    words = PROMPT.split()
+    return " ".join([*(words[k % len(words)] for k in range(max(0, tokens - 1))), str(i)])
+
+
+def identical(n: int) -> list[tuple[int, int]]:
+    """The burst's ``n`` identical requests: the prompt and its number, 48 output tokens."""
+    return [(len(PROMPT.split()) + 1, 48)] * n
+
+
+def heterogeneous(seed: int, n: int = 1000) -> list[tuple[int, int]]:
+    """``n`` requests of mixed lengths: log-normal prompts around 100 tokens (4-1,000) and outputs
+    around 60 (4-400), drawn with ``seed``."""
+    rng = np.random.default_rng(seed)
+    prompts = np.clip(rng.lognormal(np.log(100), 0.8, n), 4, 1000).astype(int)
+    outputs = np.clip(rng.lognormal(np.log(60), 0.8, n), 4, 400).astype(int)
+    return list(zip(prompts.tolist(), outputs.tolist(), strict=True))
 
 
 def outcome(results: list[dict]) -> dict[str, Any]:
@@ -232,7 +263,15 @@ def bench_after_up(out: Path, base: dict, arm: str, n: int = 200, seed: int = 0)
         up.stop()
 
 
-def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = None) -> dict:
+def bench_burst(
+    out: Path,
+    base: dict,
+    arm: str,
+    n: int,
+    emulate: str | None = None,
+    rows: list[tuple[int, int]] | None = None,
+) -> dict:
+    """The burst of ``n`` identical requests, or of ``rows`` ((prompt, output) tokens) when given."""
     cfg, args = arm_config(base, arm)
     if emulate:
         args += ["--emulate", emulate]
@@ -247,7 +286,7 @@ def bench_burst(out: Path, base: dict, arm: str, n: int, emulate: str | None = N
         lag0 = emulated_lag(up)
         t0 = time.monotonic()
         watch = HostWatch(up.scheduler, "chat").start(t0)
-        results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * n, 48))
+        results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * len(rows or [0] * n), 48, rows=rows))
         timeline = watch.stop()
         # each request's times (from the burst's start), for a look at how each engine's batches formed
         (up.dir / "requests.json").write_text(
@@ -317,9 +356,11 @@ def burst_sim(cfg: dict, pool: str, plan: Any, rows: list[tuple[int, int]]) -> A
     return simulate(spec, work, bundle, plan=plan, samples=50).result
 
 
-def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], n: int) -> dict:
-    """The emulated burst in the simulator: the config's services and placement, the live initial
-    plan (which models each engine hosted before the burst), late binding as configured."""
+def simulate_burst(
+    cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[str]], rows: list[tuple[int, int]]
+) -> dict:
+    """The emulated burst ``rows`` in the simulator: the config's services and placement, the live
+    initial plan (which models each engine hosted before the burst), late binding as configured."""
 
     config = ClusterConfig.model_validate(cfg)
     catalog = {name: config.models[s.model].sim_model for name, s in config.services.items()}
@@ -328,8 +369,7 @@ def simulate_burst(cfg: dict, gpus: int, hardware: str, hosts: dict[str, list[st
         for e in engines:
             by_engine.setdefault(e, []).append(catalog[svc])
     plan = [InstancePlan(e, tuple(sorted(ms))) for e, ms in sorted(by_engine.items())]
-    prompt_tokens = len(PROMPT.split()) + 1  # the emulated engines' word-level tokenizer
-    result = burst_sim(cfg, f"{gpus}x{hardware}", plan, [(prompt_tokens, 48)] * n)
+    result = burst_sim(cfg, f"{gpus}x{hardware}", plan, rows)
     lat = [r.latency_s for r in result.records if r.done]
     over_time = [(round(d["t"], 2), _count(d["plan"], catalog["chat"])) for d in result.placement]
     return {
@@ -363,7 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         "--arms", nargs="+", choices=BURST_ARMS, default=None,
         help="run only these arms (default: all; a ratio needs today's arm in the same run)",
     )  # fmt: skip
+    ap.add_argument(
+        "--hetero", type=int, default=None, metavar="SEED",
+        help="emulated: a burst of mixed lengths (log-normal, drawn with SEED) instead of identical requests",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    rows = heterogeneous(args.hetero, args.burst) if args.hetero is not None else identical(args.burst)
     only = set(args.only or ("cold", "after_up", "burst", "emulated"))
     args.out.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(args.config.read_text())
@@ -371,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()},
         "config": str(args.config),
         "burst_size": args.burst,
+        "emulated_lengths": f"heterogeneous, seed {args.hetero}" if args.hetero is not None else "identical",
     }
     logging.getLogger("llmfleet.client").setLevel(logging.ERROR)  # the SDK's retry notes
     scenarios = [n for n in ("cold", "after_up", "burst") if n in only]
@@ -390,11 +436,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 pool = name.removeprefix("emulated-")
                 emu = {**copy.deepcopy(base), "models": EMULATED_MODELS}
-                r = bench_burst(args.out, emu, arm, args.burst, emulate=pool)
+                r = bench_burst(args.out, emu, arm, args.burst, emulate=pool, rows=rows)
                 if arm == "new":
                     count, hw = pool.split("x", 1)
                     r["sim"] = simulate_burst(
-                        arm_config(emu, arm)[0], int(count), hw, r["hosts_before"], args.burst
+                        arm_config(emu, arm)[0], int(count), hw, r["hosts_before"], rows
                     )
             report[name][arm] = r
             print(json.dumps({k: v for k, v in r.items() if k != "placement_decisions"}, default=str)[:800])

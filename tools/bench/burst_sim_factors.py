@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 from llmfleet.policies.placement import InstancePlan
 
-from tools.bench.burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, PROMPT, burst_sim
+from tools.bench.burst_bench import DEFAULT_CONFIG, EMULATED_MODELS, burst_sim, heterogeneous, identical
 
 L4 = "3xL4"
 CHAT, SUMMARIZE = ("llama2-7b",), ("opt-6.7b",)
@@ -52,23 +52,12 @@ def run(
     }  # fmt: skip
 
 
-def identical() -> list[tuple[int, int]]:
-    return [(len(PROMPT.split()) + 1, 48)] * 1000  # the emulated engines' word-level tokenizer
-
-
-def heterogeneous(seed: int) -> list[tuple[int, int]]:
-    rng = np.random.default_rng(seed)
-    prompts = np.clip(rng.lognormal(np.log(100), 0.8, 1000), 4, 1000).astype(int)
-    outputs = np.clip(rng.lognormal(np.log(60), 0.8, 1000), 4, 400).astype(int)
-    return list(zip(prompts.tolist(), outputs.tolist(), strict=True))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hetero", type=int, nargs="*", default=[], help="seeds of heterogeneous bursts")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     args = ap.parse_args(argv)
-    same = identical()
+    same = identical(1000)
     rows = [("early binding, one chat engine", run({"binding": "early"}, same, SCALE_OUT))]
     for slack in (4, 0, 16, 34, 64):
         rows.append((f"late, queue_slack {slack}", run({"queue_slack": slack}, same, SCALE_OUT)))
