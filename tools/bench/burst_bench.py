@@ -124,9 +124,10 @@ async def send_all(
 
 def prompt_of(tokens: int, i: int) -> str:
     """A prompt of ``tokens`` tokens for the emulated engines' word-level tokenizer (one per word),
-    ending in the request's number so that no two are the same."""
+    starting with the request's number, so that no two share a prefix block (the simulator's requests
+    carry no content, so none of its prompts are found cached)."""
     words = PROMPT.split()
-    return " ".join([*(words[k % len(words)] for k in range(max(0, tokens - 1))), str(i)])
+    return " ".join([str(i), *(words[k % len(words)] for k in range(max(0, tokens - 1)))])
 
 
 def identical(n: int) -> list[tuple[int, int]]:
