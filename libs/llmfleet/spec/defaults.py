@@ -33,7 +33,7 @@ BINDING: Binding = "late"
 Fairness = Literal["vtc", "none"]
 FAIRNESS_MODES: tuple[Fairness, ...] = get_args(Fairness)
 FAIRNESS: Fairness = "vtc"
-QUEUE_SLACK = 4  # requests an engine may queue past its batch under late binding (docs/benchmarks/burst.md)
+QUEUE_SLACK = 0  # requests an engine may queue past its batch under late binding (docs/benchmarks/burst.md)
 KV_ROOM_FRACTION = 0.95
 
 # Where the simulator's presets differ, and why: they reproduce the papers' systems, which plan once
