@@ -28,6 +28,7 @@ from llmfleet.engine_core import CoreRequest
 from llmfleet.engine_core.core import DEFAULT_PREEMPTION
 from llmfleet.policies.batching import StaticBatchPolicy
 from llmfleet.policies.capacity import Saturation
+from llmfleet.policies.capacity.priority import request_priority
 from llmfleet.policies.dispatch import CountsInfeasible, DispatchPolicy, DispatchRequest, EngineCandidate
 from llmfleet.policies.placement.base import InstancePlan
 from llmfleet.policies.request import RequestPolicy
@@ -282,7 +283,8 @@ class Fleet:
             rec.dispatched_s = now
         rec.solo_s = self.cost.solo_time(svc.model, ref, rec.prompt_tokens, rec.output_tokens)
         deadline = rec.arrival_s + svc.deadline_s if svc.deadline_s is not None else None
-        inst.admit(rec, svc.max_tokens, now, predicted, deadline, svc.lora_rank)
+        priority = request_priority(rec.priority, svc.priority, None)
+        inst.admit(rec, svc.max_tokens, now, predicted, deadline, svc.lora_rank, priority)
         self._where[rec.request_id] = inst
         self.holds.served(rec)
         self.kick(inst, now)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llmfleet.policies.capacity import HeldQueue, cold_start_timeout_s, make_hold_queue, weighted_tokens
 from llmfleet.policies.capacity.preempt_room import first_preempting, may_preempt
-from llmfleet.policies.capacity.priority import sheddable
+from llmfleet.policies.capacity.priority import request_priority, sheddable
 from llmfleet.policies.dispatch import HostList, NoCandidate
 from llmfleet.policies.request.preemption import Claim, PreemptionRule, under_hold_queue
 from llmfleet.policies.request.slot_credit import EngineCredits
@@ -118,7 +118,7 @@ class Holds:
         if reason == COLD and not fleet.coming(rec.model) and not self._cold_wait(held):
             return False
         svc = fleet.service(rec.service)
-        priority = rec.priority if rec.priority is not None else svc.priority
+        priority = request_priority(rec.priority, svc.priority, None)
         if sheddable(priority) and svc.slo.ttft_s is not None:  # dropped at its TTFT SLO
             shed_at = rec.arrival_s + svc.slo.ttft_s
             model, rid = rec.model, rec.request_id
@@ -199,7 +199,8 @@ class Holds:
     def preemptible(self, rec: RequestRecord, model: str) -> str | None:
         """A saturated instance serving ``model`` whose core would preempt one of its requests for
         ``rec`` (the first by id); None: none."""
-        me = Claim(rec.request_id, rec.priority or 0, rec.tenant, rec.arrival_s)
+        priority = request_priority(rec.priority, self.fleet.service(rec.service).priority, None)
+        me = Claim(rec.request_id, priority, rec.tenant, rec.arrival_s)
         alike = me.priority == 0 and not me.tenant
         for iid in sorted(self.fleet.instances):
             inst = self.fleet.instances[iid]

@@ -271,10 +271,12 @@ class SimInstance:
         predicted: float | None = None,
         deadline: float | None = None,
         lora_rank: int = 16,
+        priority: int = 0,
     ) -> None:
         """A request dispatched here at ``now`` joins the core (call :meth:`interrupt` afterwards if
-        busy); one naming a LoRA adapter (``rec.adapter``, of rank ``lora_rank``) takes it when the core
-        admits it."""
+        busy), running at ``priority`` (its own, else its service's: what a live scheduler sends its
+        engine); one naming a LoRA adapter (``rec.adapter``, of rank ``lora_rank``) takes it when the
+        core admits it."""
         if rec.model not in self.tpb:
             raise ValueError(f"instance {self.instance_id} does not host model {rec.model!r}")
         cap = max(cap, rec.output_tokens)
@@ -294,7 +296,7 @@ class SimInstance:
             cap,
             predicted_output_tokens=predicted,
             deadline_s=deadline,
-            request_priority=rec.priority or 0,
+            request_priority=priority,
             tenant=rec.tenant,
         )
         content = rec.content

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from llmfleet.engine_core import CoreRequest
 from llmfleet.policies.batching.base import StaticBatch
 from llmfleet.policies.batching.scls_dp import SclsWorkerQueue
+from llmfleet.policies.capacity.priority import request_priority
 from llmfleet.policies.central.scls_central import (
     MODE,
     CentralBatch,
@@ -178,7 +179,8 @@ class SclsCentral:
                         rec.model, sim.fleet.reference_tp[rec.model], rec.prompt_tokens, rec.output_tokens
                     )
                 deadline = rec.arrival_s + p.svc.deadline_s if p.svc.deadline_s is not None else None
-                inst.admit(rec, p.svc.max_tokens, now, p.predicted, deadline)
+                priority = request_priority(rec.priority, p.svc.priority, None)
+                inst.admit(rec, p.svc.max_tokens, now, p.predicted, deadline, priority=priority)
             else:
                 core.add(p.core, now)
         feed = inst.policy

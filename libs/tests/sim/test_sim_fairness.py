@@ -136,3 +136,19 @@ def test_on_two_instances_each_keeps_its_own_credit_and_a_light_burst_passes(tin
     assert burst[2] < 1.0  # three pass at once either way
     assert (burst[3] < 1.0) == (window_s > 0)  # the fourth needs credit: else a heavy request's end
     assert {records[f"l{i}"].instance for i in range(1, 5)} == {"i0", "i1"}
+
+
+def test_a_services_priority_is_what_its_requests_run_at(tiny) -> None:
+    """A request with no priority of its own runs at its service's, as the live scheduler sends it to
+    its engine: a request of a priority-3 service preempts a running one of a priority-0 service on a
+    shared instance, where the model is the same."""
+    top = SimService("top", "llama2-7b", Slo(ttft_s=2.0, tpot_s=1.0), priority=3)
+    spec = tiny.spec(services=(S7, top), cluster="1xA100-80GB", engine=EngineSettings(max_running=4))
+    sim = Simulator(spec, PLAN, Fcfs, JoinShortestQueue(), tiny.book(spec), preemption=DEFAULT_PREEMPTION)
+    sim.fleet.set_binding("late", Saturation(queue_slack=0))
+    work = [W(f"n{i}", 0.0, 200, 100, "s") for i in range(4)] + [W("t", 0.5, 200, 100, "top")]
+    records = {r.request_id: r for r in sim.run(work, strict_services=True).records}
+    assert all(r.done for r in records.values())
+    slot_s = min(records[f"n{i}"].latency_s for i in range(4))
+    assert records["t"].ttft_s is not None and records["t"].ttft_s < 0.2 * slot_s
+    assert sum(records[f"n{i}"].preemptions for i in range(4)) == 1
