@@ -146,9 +146,8 @@ class EngineCore:
         self._deferred: list[str] = []  # KV of dropped in-flight members, freed at complete
         self._pool: PoolView | None = None
         self._paused = 0
-        self.claims_differ = (
-            False  # a request with a priority or a tenant entered (else all claims are alike)
-        )
+        # a request with a priority or a tenant entered (else every claim is alike: priority 0, no tenant)
+        self.claims_differ = False
         self._ranked = False  # ... and the preemption rule ranks waiting requests
         self.slot_claimant: CoreRequest | None = None  # preempted for: takes its adapter slot at once
 
