@@ -4,10 +4,9 @@ will take kept as a running sum.
 A dispatcher reading KV and late binding's room check both count an engine's KV in use plus what its
 queued prompts will take (``EngineCandidate.kv_waiting_bytes``). A live engine reports the second with
 each load report; the simulator refreshes an instance's candidate whenever its state changes, so
-there the sum is read at every step end, and kept as the queue changes it costs nothing to read. Each
-request's block
-count is fixed when it joins (its prompt does not change while it waits: preemption and a static
-batch's end fold the output in before it joins again)."""
+there the sum is read at every step end, and kept as the queue changes it costs nothing to read.
+Each request's block count is fixed when it joins (its prompt does not change while it waits:
+preemption and a static batch's end fold the output in before it joins again)."""
 
 from __future__ import annotations
 
