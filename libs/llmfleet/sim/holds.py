@@ -62,6 +62,9 @@ class Holds:
         # model -> arrivals waiting for capacity (kept when empty: its tenants' counters)
         self.queues: dict[str, HeldQueue[Held]] = {}
         self._credit = EngineCredits()  # each instance's tenants' fairness credit
+        # model -> held requests with a priority or a tenant (ids; some may have left since): where every
+        # engine's claims are alike, only these may preempt, so the hold queue need not be walked
+        self._unlike: dict[str, set[str]] = {}
 
     @property
     def preemption(self) -> PreemptionRule | None:
@@ -125,6 +128,8 @@ class Holds:
             fleet.events.at(shed_at, lambda sim, t: self._expire(model, rid, t, shed=True))
         cost = weighted_tokens(rec.prompt_tokens, rec.output_tokens)  # what ``served`` charges it
         q.push(rec.request_id, held, rec.arrival_s, priority, held.deadline, rec.tenant, cost)
+        if priority or rec.tenant:
+            self._unlike.setdefault(rec.model, set()).add(rec.request_id)
         if reason == SATURATED:  # it may preempt now, not at the next step end
             iid = self.preemptible(rec, svc.routed_model)
             if iid is not None:
@@ -175,15 +180,20 @@ class Holds:
             except NoCandidate:
                 return
             except Saturated:
-                self._serve_preempting(q, now)
+                self._serve_preempting(model, q, now)
                 return
             q.remove(rec.request_id)  # the head; admit charges its tenant
             fleet.admit(rec, svc, iid, held.predicted, now)
 
-    def _serve_preempting(self, q: HeldQueue[Held], now: float) -> None:
+    def _serve_preempting(self, model: str, q: HeldQueue[Held], now: float) -> None:
         """Every instance is saturated for the head: admit the held requests that may preempt on one
         (``first_preempting``), out of turn, while there are such."""
         fleet = self.fleet
+        unlike = self._unlike.get(model)
+        if unlike:
+            unlike.intersection_update([rid for rid in unlike if rid in q])
+        if not unlike and not any(inst.core.claims_differ for inst in fleet.instances.values()):
+            return  # every claim held and placed is priority 0 with no tenant: none may preempt
         where: dict[str, str] = {}
 
         def may(h: Held) -> bool:
