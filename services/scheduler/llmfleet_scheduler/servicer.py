@@ -143,13 +143,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"service: API key {key.name!r} may not use service {request.service!r}",
             )
-        counted = self._rate_limit(key, request) if key is not None and key.limits is not None else 0
+        raw = approx_token_count(request.prompt)  # the prompt's estimate before scaling: made once
+        counted = self._rate_limit(key, request, raw) if key is not None and key.limits is not None else 0
         rid = request.request_id or uuid.uuid4().hex
         rec = self.journal.get(rid)
         if rec is None and counted:
-            rec = self._start_counted(rid, request, deadline, key, counted)
+            rec = self._start_counted(rid, request, deadline, key, counted, raw)
         elif rec is None:
-            rec = self._start(rid, request, deadline, key)
+            rec = self._start(rid, request, deadline, key, raw)
         elif rec.fingerprint != _fingerprint(request):
             raise RequestFailed(
                 grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} was already used for a different request"
@@ -179,8 +180,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         rid: str,
         request: scheduler_pb2.SubmitRequest,
         deadline: float | None,
-        key: ApiKey | None = None,
+        key: ApiKey | None,
+        raw: int,
     ) -> RequestRecord:
+        """Admit, journal and relay a new request; ``raw``: its prompt's regex estimate
+        (:func:`approx_token_count`), which the model's engines' counts scale."""
         if not self.directory.ready:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "scheduler is not connected to etcd yet; retry")
         spec = self.directory.services().get(request.service)
@@ -199,10 +203,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 f"has {len(request.resume_token_ids)} tokens; the request ends at {sampling.max_tokens}",
             )
         if len(request.resume_token_ids) == sampling.max_tokens:  # every token arrived, only the end was lost
-            return self._complete(rid, spec, request)
+            return self._complete(rid, spec, request, raw)
         cls = self._class(request, spec, key, sampling.max_tokens)
         assert self.classes is not None
-        raw = approx_token_count(request.prompt)
         estimate = self.prompt_tokens.estimate(spec.model, raw)
         try:
             ticket = self.admission.admit(
@@ -272,7 +275,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 rec.fail(grpc.StatusCode.RESOURCE_EXHAUSTED, details, retry_after_s)
             )
 
-    def _complete(self, rid: str, spec: ServiceSpec, request: scheduler_pb2.SubmitRequest) -> RequestRecord:
+    def _complete(
+        self, rid: str, spec: ServiceSpec, request: scheduler_pb2.SubmitRequest, raw: int
+    ) -> RequestRecord:
         """A resume that holds every token of the request (its final chunk was lost in a failover): the
         record ends at once with FINISH_REASON_LENGTH; nothing is dispatched and its prompt's tokens are
         estimated (no engine counted them here)."""
@@ -280,7 +285,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         rec = RequestRecord(
             request_id=rid, service=spec.name, model=spec.model, fingerprint=_fingerprint(request),
             prefix_token_ids=prefix, n_tokens=len(prefix),
-            prompt_tokens=self.prompt_tokens.estimate(spec.model, approx_token_count(request.prompt)),
+            prompt_tokens=self.prompt_tokens.estimate(spec.model, raw),
         )  # fmt: skip
         self.journal.add(rec)
         rec.driver = asyncio.create_task(rec.finish(rec.final_chunk(common_pb2.FINISH_REASON_LENGTH)))
@@ -289,7 +294,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _rejected(self, service: str, reason: str) -> None:
         self.relay.metrics.rejected.labels(service, reason).inc()
 
-    def _rate_limit(self, key: ApiKey, request: scheduler_pb2.SubmitRequest) -> int:
+    def _rate_limit(self, key: ApiKey, request: scheduler_pb2.SubmitRequest, raw: int) -> int:
         """Count a submission against ``key``'s rate limits (RESOURCE_EXHAUSTED with a retry-after past
         one); its tokens are the prompt estimate plus max_tokens. Returns the max_tokens counted."""
         assert key.limits is not None
@@ -300,7 +305,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 max_tokens = request.sampling.max_tokens
             elif spec is not None:
                 max_tokens = spec.max_tokens
-            raw = approx_token_count(request.prompt)
             tokens = (self.prompt_tokens.estimate(spec.model, raw) if spec is not None else raw) + max_tokens
         share = self.key_shares.share(key.name, tokens) if self.key_shares is not None else (1.0, 1.0)
         try:
@@ -318,12 +322,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         deadline: float | None,
         key: ApiKey | None,
         max_tokens: int,
+        raw: int,
     ) -> RequestRecord:
         """``_start`` for a request counted against ``key``'s tokens/min: gives back the part of
         ``max_tokens`` it did not generate when it ends (all of it when it is refused)."""
         assert key is not None
         try:
-            rec = self._start(rid, request, deadline, key)
+            rec = self._start(rid, request, deadline, key, raw)
         except (InvalidField, RequestFailed):
             self.key_limits.give_back(key.name, max_tokens)
             raise
