@@ -287,7 +287,8 @@ def bench_burst(
         lag0 = emulated_lag(up)
         t0 = time.monotonic()
         watch = HostWatch(up.scheduler, "chat").start(t0)
-        results = asyncio.run(send_all(up.scheduler, "chat", [0.0] * len(rows or [0] * n), 48, rows=rows))
+        delays = [0.0] * (len(rows) if rows is not None else n)
+        results = asyncio.run(send_all(up.scheduler, "chat", delays, 48, rows=rows))
         timeline = watch.stop()
         # each request's times (from the burst's start), for a look at how each engine's batches formed
         (up.dir / "requests.json").write_text(
